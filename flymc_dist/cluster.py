@@ -1,0 +1,291 @@
+"""Connecting to Dask and placing shard actors on workers.
+
+``client=None`` starts an embedded :class:`distributed.LocalCluster` (worker
+processes, one thread each) and closes it afterwards; a :class:`distributed.Client`
+is used as it is; a string is a scheduler address (``tcp://…``, ``tls://…``) or the
+path of a scheduler file.
+
+Each worker holds one :class:`~flymc_dist.shard.ShardHost` actor with a contiguous
+block of shards, which open their own rows from the zarr store: no data rows pass
+through the client. A round trip is one ``actor_execute`` RPC per worker, all sent
+concurrently from one coroutine (one hop into the client's event loop per round
+trip) with a deadline, so a dead worker is noticed at once (its connection fails)
+or, at worst, after ``timeout`` seconds.
+
+Faults: when a host fails, its shards are recreated on live workers from the
+store, every chain's z on them is redrawn exactly from ``p(z | θ_current)`` (a
+valid Gibbs move on that auxiliary block, so the chains stay exact), and the round
+is replayed — the surviving shards answer a replayed round from their cache
+(:meth:`Shard.round` is idempotent in its sequence number).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from flymc_dist.shard import Request, ShardConfig, ShardHost, ShardSpec
+from flymc_dist.transport import InProcessTransport
+
+log = logging.getLogger("flymc_dist")
+
+
+class ShardLost(RuntimeError):
+    """A host (worker) stopped answering."""
+
+
+def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
+    """Return ``(client, cluster_or_None, owned)``."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    # a short connect timeout: a dead worker must not stall a call for ~30 s
+    dask.config.set({"distributed.comm.timeouts.connect": "5s"})
+    if client is None:
+        n = n_workers or max(1, min(os.cpu_count() or 1, 8))
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                               dashboard_address=None, silence_logs=logging.ERROR)
+        return Client(cluster, direct_to_workers=True), cluster, True
+    if isinstance(client, Client):
+        return client, None, False
+    if isinstance(client, str):
+        if "://" in client:
+            return Client(client, direct_to_workers=True), None, True
+        if os.path.exists(client):
+            return Client(scheduler_file=client, direct_to_workers=True), None, True
+        raise ValueError(f"client {client!r} is neither a scheduler address (tcp://…, "
+                         f"tls://…) nor an existing scheduler file")
+    raise TypeError(f"client must be None, 'synchronous', a distributed.Client, an address or "
+                    f"a scheduler file, not {type(client).__name__}")
+
+
+def open_transport(client: Any, specs: list[ShardSpec], config: ShardConfig,
+                   mem: dict | None, options: dict[str, Any]) -> Any:
+    """The transport for ``client`` (see :func:`flymc_dist.sample`)."""
+    if isinstance(client, str) and client == "synchronous":
+        return InProcessTransport(specs, config, mem)
+    if mem is not None:
+        raise ValueError("in-memory (X, y) data runs only with client='synchronous'; write it "
+                         "to a store with fd.from_numpy to use a cluster")
+    return DaskTransport(client, specs, config, n_workers=options.get("n_workers"),
+                         timeout=float(options.get("timeout", 60.0)))
+
+
+class DaskTransport:
+    """Shard hosts as Dask actors, one per worker.
+
+    Parameters
+    ----------
+    client
+        See :func:`_client_from`.
+    specs, config
+        The shards and their configuration.
+    n_workers
+        Workers of an embedded LocalCluster (default: the machine's cores, at most 8).
+    timeout
+        Seconds a single round trip may take before its host is declared lost.
+    """
+
+    name = "dask"
+
+    def __init__(self, client: Any, specs: list[ShardSpec], config: ShardConfig, *,
+                 n_workers: int | None = None, timeout: float = 60.0) -> None:
+        self.client, self.cluster, self.owned = _client_from(client, n_workers)
+        self.specs = sorted(specs, key=lambda s: s.shard_id)
+        self.config = config
+        self.timeout = timeout
+        self.round_trips = 0
+        self.recoveries: list[dict[str, Any]] = []
+        self.generation = 0
+        self._futures: dict[str, Any] = {}  # worker -> actor future (keeps the actor alive)
+        self._keys: dict[str, str] = {}  # worker -> actor key
+        self.placement: dict[str, list[ShardSpec]] = {}
+        try:
+            workers = sorted(self.client.scheduler_info()["workers"])
+            if not workers:
+                self.client.wait_for_workers(1, timeout=60)
+                workers = sorted(self.client.scheduler_info()["workers"])
+            blocks = np.array_split(np.arange(len(self.specs)), min(len(workers),
+                                                                    len(self.specs)))
+            for w, block in zip(workers, blocks, strict=False):
+                self._start_host(w, [self.specs[i] for i in block])
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def n_workers(self) -> int:
+        """Workers holding shards."""
+        return len(self.placement)
+
+    def _start_host(self, worker: str, specs: list[ShardSpec]) -> None:
+        key = f"flymc-shardhost-{uuid.uuid4().hex}"
+        fut = self.client.submit(ShardHost, specs, self.config, actor=True, workers=[worker],
+                                 allow_other_workers=False, pure=False, key=key)
+        fut.result(timeout=max(self.timeout, 120))
+        self._futures[worker] = fut
+        self._keys[worker] = key
+        self.placement[worker] = list(specs)
+
+    # ------------------------------------------------------------- raw calls
+    async def _execute(self, worker: str, function: str, args: tuple,
+                       kwargs: dict) -> Any:
+        from distributed.protocol import to_serialize
+
+        rpc = self.client.rpc(worker)
+        result = await rpc.actor_execute(function=function, actor=self._keys[worker],
+                                         args=[to_serialize(a) for a in args],
+                                         kwargs={k: to_serialize(v) for k, v in kwargs.items()})
+        if result["status"] == "OK":
+            return result["result"]
+        raise result["exception"]
+
+    def _fanout(self, calls: dict[str, tuple[str, tuple, dict]]) -> tuple[dict[str, Any],
+                                                                          dict[str, BaseException]]:
+        """Run ``{worker: (function, args, kwargs)}`` concurrently; results and failures."""
+
+        async def one(w: str, f: str, a: tuple, k: dict) -> Any:
+            return await asyncio.wait_for(self._execute(w, f, a, k), self.timeout)
+
+        async def run() -> list[Any]:
+            return await asyncio.gather(*(one(w, *c) for w, c in calls.items()),
+                                        return_exceptions=True)
+
+        out = self.client.sync(run)
+        self.round_trips += 1
+        ok, bad = {}, {}
+        for w, r in zip(calls, out, strict=True):
+            if isinstance(r, BaseException):
+                bad[w] = r
+            else:
+                ok[w] = r
+        return ok, bad
+
+    def _lost(self, bad: dict[str, BaseException]) -> list[str]:
+        """Which failures are lost hosts (connection, timeout); re-raise real errors."""
+        lost = []
+        for w, e in bad.items():
+            if isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ShardLost)) or \
+                    type(e).__name__ in ("CommClosedError", "StreamClosedError"):
+                lost.append(w)
+            else:
+                raise e
+        return lost
+
+    # ---------------------------------------------------------- the protocol
+    def _per_shard(self, results: dict[str, dict[int, Any]]) -> list[Any]:
+        merged: dict[int, Any] = {}
+        for r in results.values():
+            merged.update(r)
+        return [merged[s.shard_id] for s in self.specs]
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``Shard.<method>`` on every shard, in shard order (no recovery: set-up calls)."""
+        ok, bad = self._fanout({w: ("call", (method, args, kwargs), {}) for w in self.placement})
+        if bad:
+            lost = self._lost(bad)
+            raise ShardLost(f"workers {lost} were lost during {method!r}")
+        return self._per_shard(ok)
+
+    def call_each(self, method: str, per_shard: list[tuple]) -> list[Any]:
+        """``Shard.<method>(*per_shard[i])`` on shard i, in shard order."""
+        args = {s.shard_id: a for s, a in zip(self.specs, per_shard, strict=True)}
+        calls = {w: ("call_each", (method, {s.shard_id: args[s.shard_id] for s in specs}), {})
+                 for w, specs in self.placement.items()}
+        ok, bad = self._fanout(calls)
+        if bad:
+            raise ShardLost(f"workers {self._lost(bad)} were lost during {method!r}")
+        return self._per_shard(ok)
+
+    def call_some(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
+        """``Shard.<method>(*args)`` on the listed shards only, one RPC per worker involved."""
+        calls = {}
+        for w, specs in self.placement.items():
+            mine = {s.shard_id: per_shard[s.shard_id] for s in specs if s.shard_id in per_shard}
+            if mine:
+                calls[w] = ("call_each", (method, mine), {})
+        ok, bad = self._fanout(calls)
+        if bad:
+            raise ShardLost(f"workers {self._lost(bad)} were lost during {method!r}")
+        merged: dict[int, Any] = {}
+        for r in ok.values():
+            merged.update(r)
+        return merged
+
+    def round(self, seq: Any, commits: np.ndarray, update_z: bool,
+              requests: list[Request | None], positions: np.ndarray) -> list[dict]:
+        """One protocol round on every shard, recovering lost workers' shards.
+
+        ``positions`` are the chains' current (post-commit) positions, used to redraw
+        the z of recreated shards exactly.
+        """
+        for _attempt in range(5):
+            calls = {w: ("round", (seq, commits, update_z, requests), {})
+                     for w in self.placement}
+            ok, bad = self._fanout(calls)
+            if not bad:
+                return self._per_shard(ok)
+            self._recover(self._lost(bad), positions)
+        raise ShardLost("giving up after 5 recoveries in one round")
+
+    def _recover(self, lost: list[str], positions: np.ndarray) -> None:
+        t0 = time.perf_counter()
+        orphans = [s for w in lost for s in self.placement.pop(w)]
+        for w in lost:
+            self._futures.pop(w, None)
+            self._keys.pop(w, None)
+        self.generation += 1
+        live = [w for w in sorted(self.client.scheduler_info()["workers"]) if w not in lost]
+        deadline = time.time() + 30
+        while not live and time.time() < deadline:
+            time.sleep(0.2)
+            live = [w for w in sorted(self.client.scheduler_info()["workers"])
+                    if w not in lost]
+        if not live:
+            raise ShardLost("no live worker left to recreate the lost shards on")
+        # fill new (restarted) workers first, then the least loaded
+        for spec in orphans:
+            target = min(live, key=lambda w: len(self.placement.get(w, [])))
+            if target not in self.placement:
+                self._start_host(target, [spec])
+            else:
+                ok, bad = self._fanout({target: ("add_shards", ([spec],), {})})
+                if bad:
+                    raise ShardLost(f"recovery failed on {target}: {bad[target]!r}")
+                self.placement[target].append(spec)
+        ids = {s.shard_id: (positions, self.generation) for s in orphans}
+        by_worker: dict[str, dict[int, tuple]] = {}
+        for w, specs in self.placement.items():
+            mine = {s.shard_id: ids[s.shard_id] for s in specs if s.shard_id in ids}
+            if mine:
+                by_worker[w] = mine
+        ok, bad = self._fanout({w: ("call_each", ("set_positions", m), {})
+                                for w, m in by_worker.items()})
+        if bad:
+            raise ShardLost(f"recovery failed: {bad!r}")
+        queries = int(sum(sum(r.values()) for r in ok.values()))
+        event = {"lost_workers": lost, "shards": [s.shard_id for s in orphans],
+                 "generation": self.generation, "queries": queries,
+                 "seconds": time.perf_counter() - t0, "time": time.time()}
+        self.recoveries.append(event)
+        log.warning("lost worker(s) %s: recreated shards %s on live workers, z redrawn exactly "
+                    "(%.2f s)", lost, event["shards"], event["seconds"])
+
+    def close(self) -> None:
+        """Release the actors; close the client and cluster if we started them."""
+        for f in self._futures.values():
+            try:
+                f.release()
+            except Exception:  # noqa: BLE001 - best effort on shutdown
+                log.debug("releasing an actor future failed", exc_info=True)
+        self._futures.clear()
+        if self.owned:
+            self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()

@@ -1,0 +1,352 @@
+"""The driver: runs every chain against the shards, one round trip at a time.
+
+FlyMC is a composite Gibbs kernel: each iteration first updates the brightness
+variables z given θ (on the shards), then moves θ given z with a θ-kernel. The
+conditional target of θ given z is
+
+    log p(θ | z, x) = log p(θ) + Σ_all β_n(θ) + Σ_bright log L~_n(θ) + const,
+
+where the collapsed bound Σ_all β_n is a quadratic form the driver holds (summed
+once from the shards' sufficient statistics), and the bright sum comes back from
+the shards every round trip. Regular MCMC is the same loop with the full
+likelihood Σ_n l_n in place of the bright sum and no bound.
+
+The round-trip protocol (one call to all shards carries every chain):
+
+1. first round trip of an iteration: each shard commits each chain's previous
+   decision (the row of the chain's last evaluated points that became current),
+   updates z at the committed θ, evaluates the points the chain's kernel asked
+   for, and returns sums (and the sum at the current θ, which z changed);
+2. later round trips of the same iteration (slice, MALA): evaluation only.
+
+RWMH therefore costs exactly one round trip per iteration for all chains.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+
+from flymc_dist.kernels.base import EvalRequest, EvalResponse, Kernel, KernelInfo
+from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.shard import ROLE_INIT, ROLE_KERNEL, Request, stream
+
+log = logging.getLogger("flymc_dist")
+
+STAT_NAMES: dict[str, str] = {
+    "accepted": "bool",
+    "accept_prob": "float64",
+    "n_bright": "int64",
+    "likelihood_queries": "int64",
+    "round_trips": "int64",
+    "log_joint": "float64",
+}
+
+
+def laplace_covariance(neg_hessian: np.ndarray) -> np.ndarray:
+    """Covariance of the Gaussian with precision ``neg_hessian``, eigenvalues clipped positive.
+
+    Robust and softmax log posteriors need not be strictly concave; clipping keeps a
+    valid (if imperfect) preconditioner — it affects efficiency, never exactness.
+    """
+    H = 0.5 * (neg_hessian + neg_hessian.T)
+    w, V = np.linalg.eigh(H)
+    top = max(float(np.max(np.abs(w))), 1e-12)
+    w = np.clip(w, top * 1e-8, None)
+    return (V / w) @ V.T
+
+
+class Driver:
+    """Runs ``chains`` chains of one algorithm through a transport.
+
+    Parameters
+    ----------
+    model
+        The likelihood, bound and prior.
+    transport
+        Reaches the shards (in-process or Dask actors).
+    kernel
+        The θ-kernel (knows nothing of FlyMC or Dask).
+    n_features
+        D, the number of data columns.
+    algorithm
+        ``"flymc"`` or ``"regular"``.
+    bounds
+        ``"map"`` or ``"untuned"`` (FlyMC only).
+    chains, seed
+        Number of chains; the seed of every random stream.
+    init
+        ``"map"`` (default: start near the MAP, jittered by the Laplace covariance) or an
+        array of shape ``(P,)`` or ``(chains, P)``.
+    precondition
+        ``"laplace"`` (the Gaussian at the MAP, default), ``"identity"``, or a (P, P)
+        covariance.
+    map_maxiter
+        Iteration limit of the MAP search (its accuracy affects speed, never exactness).
+    """
+
+    def __init__(self, model: Model, transport: Any, kernel: Kernel, *, n_features: int,
+                 algorithm: str = "flymc", bounds: str = "map", chains: int = 4, seed: int = 0,
+                 init: str | np.ndarray = "map", precondition: str | np.ndarray = "laplace",
+                 map_maxiter: int = 100) -> None:
+        self.model = model
+        self.transport = transport
+        self.kernel = kernel
+        self.algorithm = algorithm
+        self.bounds = bounds
+        self.chains = int(chains)
+        self.seed = int(seed)
+        self.n_features = int(n_features)
+        self.param_shape = model.param_shape(n_features)
+        self.P = model.n_params(n_features)
+        self.init = init
+        self.precondition = precondition
+        self.map_maxiter = int(map_maxiter)
+        self.bound: BoundStats | None = None
+        self.theta_map: np.ndarray | None = None
+        self.map_info: dict[str, Any] = {}
+        self.positions = np.zeros((self.chains, self.P))
+        self.params: list[Any] = []
+        self.commits = np.full(self.chains, -1, dtype=np.int64)
+        self.rngs = [stream(self.seed, ROLE_KERNEL, c) for c in range(self.chains)]
+        self.seq = 0
+        self.setup_queries = 0
+        self.setup_seconds = 0.0
+
+    # ------------------------------------------------------------------ set-up
+    def _log_post_full(self, theta: np.ndarray, order: int) -> tuple[float, np.ndarray, Any]:
+        parts = self.transport.call("loglik_sum", theta, order)
+        val = float(self.model.log_prior(theta[None])[0]) + sum(p[0] for p in parts)
+        grad = self.model.log_prior_grad(theta[None])[0] + sum(p[1] for p in parts)
+        hess = sum(p[2] for p in parts) if order >= 2 else None
+        return val, grad, hess
+
+    def find_map(self, x0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """MAP estimate by trust-region Newton with shard-summed gradients and Hessians.
+
+        Returns
+        -------
+        theta_map, neg_hessian
+            The estimate and the negative Hessian of the log posterior there (the
+            prior's curvature from :meth:`Model.prior_precision`).
+        """
+        cache: dict[bytes, tuple[float, np.ndarray, np.ndarray]] = {}
+        prior_prec = self.model.prior_precision(self.P)
+
+        def evaluate(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+            key = np.asarray(theta, float).tobytes()
+            if key not in cache:
+                v, g, h = self._log_post_full(np.asarray(theta, float), 2)
+                cache.clear()
+                cache[key] = (-v, -g, -h + prior_prec)
+            return cache[key]
+
+        x0 = np.zeros(self.P) if x0 is None else np.asarray(x0, float)
+        res = scipy.optimize.minimize(lambda t: evaluate(t)[0], x0, jac=lambda t: evaluate(t)[1],
+                                      hess=lambda t: evaluate(t)[2], method="trust-exact",
+                                      options={"maxiter": self.map_maxiter, "gtol": 1e-6})
+        theta = np.asarray(res.x, float)
+        _, _, neg_h = evaluate(theta)
+        self.map_info = {"success": bool(res.success), "iterations": int(res.nit),
+                         "evaluations": int(res.nfev), "message": str(res.message)}
+        if not np.all(np.isfinite(theta)):
+            raise FloatingPointError(f"MAP search diverged: {res.message}")
+        return theta, neg_h
+
+    def setup(self) -> None:
+        """MAP, tight points, collapsed bound, preconditioner, initial positions, initial z."""
+        t0 = time.perf_counter()
+        need_map = (self.init == "map" or (isinstance(self.precondition, str)
+                                           and self.precondition == "laplace")
+                    or (self.algorithm == "flymc" and self.bounds == "map"))
+        neg_h = None
+        if need_map:
+            self.theta_map, neg_h = self.find_map()
+        if self.algorithm == "flymc":
+            self.transport.call("set_tight_points",
+                                self.theta_map if self.bounds == "map" else None)
+            stats = self.transport.call("bound_stats")
+            total = stats[0]
+            for s in stats[1:]:
+                total = total + s
+            self.bound = total
+        if isinstance(self.precondition, np.ndarray):
+            cov = np.asarray(self.precondition, float)
+        elif self.precondition == "laplace":
+            cov = laplace_covariance(neg_h)
+        elif self.precondition == "identity":
+            cov = np.eye(self.P)
+        else:
+            raise ValueError(f"precondition must be 'laplace', 'identity' or an array, "
+                             f"not {self.precondition!r}")
+        chol = np.linalg.cholesky(cov)
+        self.scale_tril = chol
+        if isinstance(self.init, str):
+            if self.init != "map":
+                raise ValueError(f"init must be 'map' or an array, not {self.init!r}")
+            for c in range(self.chains):
+                z = stream(self.seed, ROLE_INIT, c).standard_normal(self.P)
+                self.positions[c] = self.theta_map + chol @ z
+        else:
+            init = np.asarray(self.init, float)
+            self.positions[:] = np.broadcast_to(init.reshape(-1, self.P), self.positions.shape)
+        self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
+        q = self.transport.call("set_positions", self.positions, 0)
+        self.setup_queries += int(sum(q))
+        self.setup_seconds = time.perf_counter() - t0
+
+    # ------------------------------------------------------------ the target
+    def _base(self, points: np.ndarray, grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Prior (+ collapsed bound for FlyMC) at points (k, P)."""
+        val = self.model.log_prior(points)
+        g = self.model.log_prior_grad(points) if grad else None
+        if self.bound is not None:
+            val = val + self.bound.value(points)
+            if grad:
+                g = g + self.bound.grad(points)
+        return val, g
+
+    def _respond(self, c: int, req: EvalRequest, agg: dict[str, np.ndarray]) -> EvalResponse:
+        pos = self.positions[c][None]
+        cur_val, cur_grad = self._base(pos, req.current_grad)
+        logp_current = float(cur_val[0] + agg["current"][c])
+        grad_current = cur_grad[0] + agg["current_grad"][c] if req.current_grad else None
+        k = req.points.shape[0]
+        if k:
+            val, g = self._base(req.points, req.grad)
+            logp = val + agg["points"][c, :k]
+            grad = g + agg["points_grad"][c, :k] if req.grad else None
+        else:
+            logp, grad = np.empty(0), None
+        return EvalResponse(logp_current, grad_current, logp, grad)
+
+    @staticmethod
+    def _aggregate(replies: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Sum shard replies in global shard order (placement-independent rounding)."""
+        out = {}
+        for key in replies[0]:
+            out[key] = np.sum(np.stack([r[key] for r in replies]), axis=0)
+        return out
+
+    # ------------------------------------------------------------- iteration
+    def step(self, adapters: list[Any] | None = None) -> dict[str, np.ndarray]:
+        """One iteration of every chain. Returns this iteration's stats, shape (C,)."""
+        C = self.chains
+        gens = [self.kernel.step(self.rngs[c], self.positions[c], self.params[c])
+                for c in range(C)]
+        reqs: list[EvalRequest | None] = [next(g) for g in gens]
+        infos: list[KernelInfo | None] = [None] * C
+        last: list[EvalResponse | None] = [None] * C
+        pending = self.positions.copy()  # post-commit positions, for fault recovery
+        queries = np.zeros(C, dtype=np.int64)
+        n_bright = np.zeros(C, dtype=np.int64)
+        new_positions = self.positions.copy()
+        first = True
+        round_trips = 0
+        while any(r is not None for r in reqs):
+            commits = self.commits if first else np.full(C, -1, dtype=np.int64)
+            shard_reqs = [None if r is None else Request(r.points, r.grad, r.current_grad)
+                          for r in reqs]
+            self.seq += 1
+            replies = self.transport.round(self.seq, commits, first and self.algorithm == "flymc",
+                                           shard_reqs, pending)
+            round_trips += 1
+            agg = self._aggregate(replies)
+            queries += agg["queries"]
+            if first:
+                n_bright[:] = agg["n_bright"]
+            for c in range(C):
+                req = reqs[c]
+                if req is None:
+                    continue
+                resp = self._respond(c, req, agg)
+                last[c] = resp
+                try:
+                    reqs[c] = gens[c].send(resp)
+                except StopIteration as stop:
+                    reqs[c] = None
+                    new_pos, info = stop.value
+                    infos[c] = info
+                    new_positions[c] = new_pos
+                    pending[c] = new_pos
+            first = False
+        log_joint = np.empty(C)
+        for c in range(C):
+            info = infos[c]
+            self.commits[c] = info.index
+            log_joint[c] = (last[c].logp[info.index] if info.index >= 0
+                            else last[c].logp_current)
+            if adapters is not None:
+                self.params[c] = adapters[c].update(info)
+        self.positions = new_positions
+        return {
+            "accepted": np.array([i.accepted for i in infos]),
+            "accept_prob": np.array([i.accept_prob for i in infos], dtype=float),
+            "n_bright": n_bright,
+            "likelihood_queries": queries,
+            "round_trips": np.full(C, round_trips, dtype=np.int64),
+            "log_joint": log_joint,
+        }
+
+    def iterations(self, num_warmup: int, num_samples: int,
+                   start: int = 0) -> Iterator[tuple[int, bool, np.ndarray, dict[str, np.ndarray]]]:
+        """Generator over iterations: ``(i, is_warmup, positions (C, P), stats)``.
+
+        Warm-up adapts the kernel parameters (outside the kernel); at its end the
+        adapted parameters are fixed, so warm-up cannot leak into sampling.
+        """
+        adapters = None
+        if start < num_warmup:
+            adapters = [self.kernel.adapter(p, num_warmup - start) for p in self.params]
+        for i in range(start, num_warmup + num_samples):
+            warm = i < num_warmup
+            stats = self.step(adapters if warm else None)
+            if warm and i == num_warmup - 1:
+                self.params = [a.final() for a in adapters]
+                adapters = None
+            yield i, warm, self.positions.copy(), stats
+
+    def checkpoint(self, iteration: int) -> dict[str, Any]:
+        """A JSON-able snapshot to resume from (positions, params, kernel RNG states)."""
+        return {
+            "iteration": int(iteration),
+            "positions": self.positions.tolist(),
+            "params": [_params_to_json(p) for p in self.params],
+            "rng_states": [_rng_state_to_json(r.bit_generator.state) for r in self.rngs],
+            "seq": int(self.seq),
+        }
+
+
+def _params_to_json(params: Any) -> dict[str, Any]:
+    out = {}
+    for k, v in params._asdict().items():
+        out[k] = np.asarray(v).tolist() if v is not None else None
+    return out
+
+
+def _rng_state_to_json(state: dict[str, Any]) -> dict[str, Any]:
+    def conv(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: conv(v) for k, v in x.items()}
+        if isinstance(x, int) and not isinstance(x, bool):
+            return str(x)
+        return x
+
+    return conv(state)
+
+
+def rng_state_from_json(state: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of the JSON encoding of a bit generator state."""
+    def conv(x: Any, key: str = "") -> Any:
+        if isinstance(x, dict):
+            return {k: conv(v, k) for k, v in x.items()}
+        if isinstance(x, str) and key != "bit_generator":
+            return int(x)
+        return x
+
+    return conv(state)

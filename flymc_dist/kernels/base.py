@@ -1,0 +1,106 @@
+"""The protocol between a θ-kernel and whatever evaluates the log density.
+
+Kernels know nothing of FlyMC, shards or Dask. A kernel step is a *generator*:
+it yields :class:`EvalRequest` objects (a batch of points to evaluate) and is
+sent back an :class:`EvalResponse` for each; when it returns, its return value
+(``StopIteration.value``) is ``(new_position, KernelInfo)``.
+
+Why a generator: the driver runs all chains at once and puts every chain's
+pending request into one round trip to the shards; a kernel that needs several
+evaluations per iteration (slice, MALA) simply yields several times.
+
+Rules every kernel obeys (the driver relies on them):
+
+1. Every response carries ``logp_current``: the log target at the *current*
+   position, freshly computed. The target may change between iterations
+   (FlyMC's brightness variables move), so a kernel must never reuse a log
+   density cached from a previous iteration; within one iteration the target is
+   fixed.
+2. The new position is either the current one (``info.index == -1``) or row
+   ``info.index`` of ``points`` of the *last* request the step yielded. (That is
+   how the shards commit a move from their caches without recomputing.)
+3. ``logp`` values may be ``-inf`` (a point of zero density): treat as reject.
+   NaN is a bug upstream: raise ``FloatingPointError``.
+4. A step yields at least one request.
+5. All randomness comes from the ``rng`` passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+
+class EvalRequest(NamedTuple):
+    """A batch of points to evaluate in one round trip."""
+
+    points: np.ndarray  # (k, P), k >= 0
+    grad: bool = False  # gradients at the points wanted
+    current_grad: bool = False  # gradient at the current position wanted
+
+
+class EvalResponse(NamedTuple):
+    """The log target (and gradients) for an :class:`EvalRequest`."""
+
+    logp_current: float
+    grad_current: np.ndarray | None  # (P,) when requested
+    logp: np.ndarray  # (k,)
+    grad: np.ndarray | None  # (k, P) when requested
+
+
+class KernelInfo(NamedTuple):
+    """What one kernel step did."""
+
+    accepted: bool  # the position moved
+    accept_prob: float  # MH acceptance probability (slice: 1.0)
+    index: int  # row of the last request's points now current, or -1
+    n_evals: int  # number of points evaluated in this step
+    n_requests: int  # number of requests (round trips) this step used
+
+
+StepGenerator = Generator[EvalRequest, EvalResponse, tuple[np.ndarray, KernelInfo]]
+
+
+class Kernel(Protocol):
+    """A θ-kernel. ``params`` is whatever the kernel's adapter hands back."""
+
+    name: str
+    target_accept: float
+
+    def init_params(self, dim: int, scale_tril: np.ndarray | None) -> Any:
+        """Initial parameters: ``scale_tril`` is a Cholesky factor of an approximate
+        posterior covariance (a preconditioner), or None for the identity."""
+
+    def step(self, rng: np.random.Generator, position: np.ndarray, params: Any) -> StepGenerator:
+        """One transition from ``position``."""
+
+    def adapter(self, params: Any, num_warmup: int) -> Adapter:
+        """A fresh warm-up adapter starting from ``params``."""
+
+
+class Adapter(Protocol):
+    """Warm-up adaptation, outside the kernel."""
+
+    def update(self, info: KernelInfo) -> Any:
+        """Feed one warm-up step's info; returns the params for the next step."""
+
+    def final(self) -> Any:
+        """The params to sample with after warm-up."""
+
+
+def run_step(step: StepGenerator, evaluate) -> tuple[np.ndarray, KernelInfo]:
+    """Drive a single step with ``evaluate(request, is_first) -> EvalResponse``.
+
+    A convenience for tests and single-chain use; the driver interleaves chains.
+    """
+    request = next(step)
+    first = True
+    while True:
+        response = evaluate(request, first)
+        first = False
+        try:
+            request = step.send(response)
+        except StopIteration as stop:
+            return stop.value

@@ -1,0 +1,394 @@
+"""One shard: a contiguous row range of the data, with everything that lives beside it.
+
+A :class:`Shard` owns its rows, its per-datum tight points, the bright/dark
+structure of every chain, one random stream per chain and its query counters.
+It is a plain Python class: in ``client="synchronous"`` mode the driver calls it
+in-process; on a cluster a :class:`ShardHost` holding several shards runs as a
+Dask actor on a worker. One code path, two transports.
+
+The per-iteration protocol is :meth:`Shard.round` (see the driver): in one call
+a shard commits each chain's previous decision, updates z at the committed θ
+(first round trip of an iteration only), and evaluates the points the chains'
+kernels asked for, returning only sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from flymc_dist._numerics import log_expm1
+from flymc_dist.brightness import BrightSet, explicit_update, implicit_update
+from flymc_dist.models.base import BoundStats, Model
+
+#: spawn-key roles: randomness is keyed by (seed, role, shard, chain, generation), never by worker
+ROLE_Z = 1
+ROLE_AUSTERITY = 2
+ROLE_KERNEL = 3
+ROLE_INIT = 4
+
+
+def stream(seed: int, *key: int) -> np.random.Generator:
+    """The random stream for ``SeedSequence(seed, spawn_key=key)``."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=tuple(int(k) for k in key)))
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Where a shard's rows are: ``[start, stop)`` of the store at ``path``."""
+
+    shard_id: int
+    path: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """How the shards of one run behave (the same for every shard)."""
+
+    model: Model
+    algorithm: str  # "flymc" | "regular" | "austerity"
+    chains: int
+    seed: int
+    z_update: str = "implicit"  # "implicit" | "explicit"
+    q_db: float = 0.01
+    resample_fraction: float = 0.1
+    track_grad: bool = False
+
+
+class Request(NamedTuple):
+    """One chain's part of a round trip (see :class:`flymc_dist.kernels.base.EvalRequest`)."""
+
+    points: np.ndarray  # (k, P)
+    grad: bool
+    current_grad: bool
+
+
+@dataclass
+class _Chain:
+    theta: np.ndarray
+    rng: np.random.Generator
+    bright: BrightSet | None = None  # flymc
+    cur_sum: float = 0.0  # regular: sum of l_n at theta
+    cur_grad: np.ndarray | None = None  # regular: its gradient when known
+    last_points: np.ndarray | None = None
+    last_vals: np.ndarray | None = None  # flymc (k, M) / regular (k,)
+    last_dvals: np.ndarray | None = None  # flymc (k, M, E) / regular grads (k, P)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Shard:
+    """One shard's rows, tight points, brightness per chain, random streams and counters.
+
+    Parameters
+    ----------
+    spec
+        The row range (and store path) of this shard.
+    config
+        Model and algorithm settings shared by all shards.
+    data
+        ``(X, y)`` already in memory (tests); otherwise read from ``spec.path``.
+    """
+
+    def __init__(self, spec: ShardSpec, config: ShardConfig,
+                 data: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        self.spec = spec
+        self.config = config
+        self.model = config.model
+        if data is None:
+            from flymc_dist.data import open_dataset
+
+            data = open_dataset(spec.path).read(spec.start, spec.stop)
+        X, y = data
+        self.X = np.ascontiguousarray(X, dtype=np.float64)
+        self.y = np.asarray(y)
+        self.n = int(self.X.shape[0])
+        self.n_params = self.model.n_params(self.X.shape[1])
+        self.flymc = config.algorithm == "flymc"
+        self.xi = self.model.untuned_xi(self.y) if self.flymc else None
+        self.chains: list[_Chain] = []
+        self.generation = 0
+        self.total_queries = 0
+        self._seq: Any = None
+        self._reply: dict[str, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
+        """Tight points at ``theta_hat`` (MAP-tuned) or the model's untuned ones (None)."""
+        if theta_hat is None:
+            self.xi = self.model.untuned_xi(self.y)
+        else:
+            eta = self.model.linear_predictor(np.asarray(theta_hat, float)[None], self.X)[0]
+            self.xi = self.model.tuned_xi(eta, self.y)
+
+    def bound_stats(self) -> BoundStats:
+        """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic."""
+        return self.model.suffstats(self.X, self.y, self.xi)
+
+    def loglik_sum(self, theta: np.ndarray, order: int = 1,
+                   block: int = 65536) -> tuple[float, np.ndarray | None, np.ndarray | None]:
+        """``sum_n l_n(theta)`` with its gradient (order ≥ 1) and Hessian (order 2).
+
+        Used by MAP tuning; a full pass over the shard (not counted as sampler queries).
+        """
+        theta = np.asarray(theta, float)[None]
+        m = self.model
+        E = m.n_outputs
+        D = self.X.shape[1]
+        val = 0.0
+        grad = np.zeros(self.n_params) if order >= 1 else None
+        hess = np.zeros((self.n_params, self.n_params)) if order >= 2 else None
+        for lo in range(0, self.n, block):
+            X, y = self.X[lo:lo + block], self.y[lo:lo + block]
+            eta = m.linear_predictor(theta, X)
+            if order >= 1:
+                ll, dl = m.loglik_grad(eta, y)
+                grad += m.grad_theta(dl, X)[0]
+            else:
+                ll = m.loglik(eta, y)
+            val += float(ll.sum())
+            if order >= 2:
+                h = m.loglik_hess(eta[0], y)  # (n, E, E)
+                if E == 1:
+                    hess += (X * h[:, 0, 0][:, None]).T @ X
+                else:
+                    hk = np.einsum("nkl,nd,ne->kdle", h, X, X, optimize=True)
+                    hess += hk.reshape(E * D, E * D)
+        return val, grad, hess
+
+    def set_positions(self, thetas: np.ndarray, generation: int = 0) -> int:
+        """Put every chain at ``thetas[c]`` and draw its z exactly from ``p(z | θ)``.
+
+        This is how chains start, and how a recreated shard rejoins a run: an exact
+        Gibbs draw of this shard's auxiliary block, so the chain stays exact.
+
+        Returns
+        -------
+        int
+            Likelihood queries made.
+        """
+        thetas = np.asarray(thetas, float)
+        self.generation = int(generation)
+        sid = self.spec.shard_id
+        self.chains = []
+        queries = 0
+        for c in range(thetas.shape[0]):
+            ch = _Chain(theta=thetas[c].copy(), rng=stream(self.config.seed, ROLE_Z, sid, c,
+                                                           self.generation))
+            if self.flymc:
+                ch.bright = BrightSet(self.n, self.model.n_outputs, self.config.track_grad)
+                queries += explicit_update(ch.rng, ch.bright, 1.0, self._row_evaluator(ch))
+            else:
+                s, g = self._regular_eval(ch.theta[None], self.config.track_grad)
+                ch.cur_sum = float(s[0])
+                ch.cur_grad = g[0] if g is not None else None
+                queries += self.n
+            self.chains.append(ch)
+        self._seq, self._reply = None, None
+        self.total_queries += queries
+        return queries
+
+    # -------------------------------------------------------------- evaluation
+    def _bright_eval(self, thetas: np.ndarray, rows: np.ndarray,
+                     grad: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """``log L~`` of ``rows`` at each of ``thetas`` (k, P): (k, m), (k, m, E) or None, X."""
+        m = self.model
+        X, y, xi = self.X[rows], self.y[rows], self.xi[rows]
+        eta = m.linear_predictor(thetas, X)
+        if grad:
+            ll, dl = m.loglik_grad(eta, y)
+            lb, db = m.logbound_grad(eta, y, xi)
+        else:
+            ll, lb = m.loglik(eta, y), m.logbound(eta, y, xi)
+        delta = np.maximum(ll - lb, 0.0)
+        vals = log_expm1(delta)
+        dvals = None
+        if grad:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                w = (dl - db) / -np.expm1(-delta)[..., None]
+            dvals = np.where(delta[..., None] > 0.0, w, 0.0)
+        return vals, dvals, X
+
+    def _row_evaluator(self, ch: _Chain):
+        grad = self.config.track_grad
+
+        def evaluate(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+            vals, dvals, _ = self._bright_eval(ch.theta[None], rows, grad)
+            return vals[0], (dvals[0] if dvals is not None else None)
+
+        return evaluate
+
+    def _regular_eval(self, thetas: np.ndarray,
+                      grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """``sum_n l_n`` over all rows at each of ``thetas`` (k, P) (and gradients)."""
+        m = self.model
+        eta = m.linear_predictor(thetas, self.X)
+        if grad:
+            ll, dl = m.loglik_grad(eta, self.y)
+            return ll.sum(axis=1), m.grad_theta(dl, self.X)
+        return m.loglik(eta, self.y).sum(axis=1), None
+
+    # --------------------------------------------------------------- the round
+    def _commit(self, ch: _Chain, j: int) -> None:
+        ch.theta = ch.last_points[j].copy()
+        if self.flymc:
+            ch.bright.set_values(ch.last_vals[j],
+                                 ch.last_dvals[j] if ch.last_dvals is not None else None)
+        else:
+            ch.cur_sum = float(ch.last_vals[j])
+            ch.cur_grad = ch.last_dvals[j] if ch.last_dvals is not None else None
+
+    def _update_z(self, ch: _Chain) -> int:
+        cfg = self.config
+        if cfg.z_update == "implicit":
+            return implicit_update(ch.rng, ch.bright, cfg.q_db, self._row_evaluator(ch))
+        return explicit_update(ch.rng, ch.bright, cfg.resample_fraction, self._row_evaluator(ch))
+
+    def round(self, seq: Any, commits: np.ndarray, update_z: bool,
+              requests: list[Request | None]) -> dict[str, np.ndarray]:
+        """One round trip for all chains.
+
+        For each chain: commit the previous decision (``commits[c]`` is the row of the
+        chain's last evaluated points that became current, or -1), update z at the
+        committed θ if ``update_z``, then evaluate the requested points. Idempotent
+        in ``seq``: a repeated ``seq`` returns the cached reply (fault recovery
+        replays a round without re-applying it).
+
+        Returns
+        -------
+        dict
+            ``current`` (C,): the shard's likelihood part at each chain's current θ
+            (FlyMC: ``sum_bright log L~``; regular: ``sum_n l_n``); ``current_grad``
+            (C, P) or absent; ``points`` (C, kmax) padded with NaN; ``points_grad``
+            (C, kmax, P) or absent; ``n_bright`` (C,); ``queries`` (C,).
+        """
+        if seq is not None and seq == self._seq:
+            return self._reply
+        C = len(self.chains)
+        P = self.n_params
+        kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
+        any_grad = any(r is not None and r.grad for r in requests)
+        any_cgrad = any(r is not None and r.current_grad for r in requests)
+        current = np.empty(C)
+        points = np.full((C, kmax), np.nan)
+        points_grad = np.zeros((C, kmax, P)) if any_grad else None
+        current_grad = np.zeros((C, P)) if any_cgrad else None
+        n_bright = np.zeros(C, dtype=np.int64)
+        queries = np.zeros(C, dtype=np.int64)
+        for c, ch in enumerate(self.chains):
+            # A chain whose position was set explicitly (start, recovery) has no batch of
+            # its own yet: the driver set it at the committed θ, so there is nothing to commit.
+            j = int(commits[c])
+            if j >= 0 and ch.last_points is not None:
+                self._commit(ch, j)
+            if update_z and self.flymc:
+                queries[c] += self._update_z(ch)
+            req = requests[c]
+            if self.flymc:
+                rows = ch.bright.idx
+                M = rows.size
+                if req is not None and req.points.shape[0]:
+                    vals, dvals, X = self._bright_eval(req.points, rows, req.grad)
+                    k = req.points.shape[0]
+                    points[c, :k] = vals.sum(axis=1)
+                    if req.grad:
+                        points_grad[c, :k] = self.model.grad_theta(dvals, X)
+                    ch.last_points, ch.last_vals, ch.last_dvals = req.points, vals, dvals
+                    queries[c] += k * M
+                if req is not None and req.current_grad:
+                    if ch.bright.dvals is None:
+                        raise RuntimeError("gradient kernel on a shard built without track_grad")
+                    current_grad[c] = self.model.grad_theta(ch.bright.dvals[None],
+                                                            self.X[rows])[0]
+                current[c] = ch.bright.vals.sum()
+                n_bright[c] = M
+            else:
+                if req is not None and req.points.shape[0]:
+                    sums, grads = self._regular_eval(req.points, req.grad)
+                    k = req.points.shape[0]
+                    points[c, :k] = sums
+                    if req.grad:
+                        points_grad[c, :k] = grads
+                    ch.last_points, ch.last_vals, ch.last_dvals = req.points, sums, grads
+                    queries[c] += k * self.n
+                if req is not None and req.current_grad:
+                    if ch.cur_grad is None:
+                        s, g = self._regular_eval(ch.theta[None], True)
+                        ch.cur_grad = g[0]
+                        queries[c] += self.n
+                    current_grad[c] = ch.cur_grad
+                current[c] = ch.cur_sum
+                n_bright[c] = self.n
+        reply = {"current": current, "points": points, "n_bright": n_bright, "queries": queries}
+        if current_grad is not None:
+            reply["current_grad"] = current_grad
+        if points_grad is not None:
+            reply["points_grad"] = points_grad
+        self.total_queries += int(queries.sum())
+        self._seq, self._reply = seq, reply
+        return reply
+
+    def state(self) -> dict[str, Any]:
+        """Counters and brightness for inspection (tests, fault logs)."""
+        return {
+            "shard_id": self.spec.shard_id,
+            "n_rows": self.n,
+            "generation": self.generation,
+            "total_queries": self.total_queries,
+            "n_bright": [ch.bright.n_bright if ch.bright is not None else self.n
+                         for ch in self.chains],
+        }
+
+    def bright_mask(self, chain: int) -> np.ndarray:
+        """The z of one chain as a boolean array over the shard's rows (tests)."""
+        return self.chains[chain].bright.mask.copy()
+
+
+class ShardHost:
+    """Several shards in one place: in-process, or as one Dask actor per worker.
+
+    Every method fans out to the host's shards and returns a dict keyed by shard id,
+    so the driver can combine results in a fixed global shard order (bit-identical
+    sums whatever the placement).
+    """
+
+    def __init__(self, specs: list[ShardSpec], config: ShardConfig,
+                 data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        self.config = config
+        self.shards: dict[int, Shard] = {}
+        self.add_shards(specs, data)
+
+    def add_shards(self, specs: list[ShardSpec],
+                   data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> list[int]:
+        """Open more shards here (placement, or recovery of a lost worker's shards)."""
+        for spec in specs:
+            self.shards[spec.shard_id] = Shard(spec, self.config,
+                                               None if data is None else data[spec.shard_id])
+        return sorted(self.shards)
+
+    def shard_ids(self) -> list[int]:
+        """The ids of the shards held here."""
+        return sorted(self.shards)
+
+    def call(self, method: str, args: tuple = (), kwargs: dict | None = None,
+             shard_ids: list[int] | None = None) -> dict[int, Any]:
+        """Call ``Shard.<method>(*args, **kwargs)`` on some or all shards here."""
+        ids = self.shard_ids() if shard_ids is None else shard_ids
+        kwargs = kwargs or {}
+        return {i: getattr(self.shards[i], method)(*args, **kwargs) for i in ids}
+
+    def call_each(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
+        """Call ``Shard.<method>(*per_shard[id])`` on each listed shard."""
+        return {i: getattr(self.shards[i], method)(*a) for i, a in per_shard.items()}
+
+    def round(self, seq: Any, commits: np.ndarray, update_z: bool,
+              requests: list[Request | None]) -> dict[int, dict[str, np.ndarray]]:
+        """:meth:`Shard.round` on every shard here."""
+        return {i: s.round(seq, commits, update_z, requests) for i, s in self.shards.items()}
+
+    def ping(self) -> int:
+        """Liveness check: the number of shards held."""
+        return len(self.shards)

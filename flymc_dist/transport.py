@@ -1,0 +1,60 @@
+"""How the driver reaches its shards: in-process, or Dask actors (see :mod:`flymc_dist.cluster`).
+
+A transport holds shards grouped in :class:`~flymc_dist.shard.ShardHost` objects and
+returns every result as a list in *global shard order*, so the driver combines
+them identically whatever the placement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flymc_dist.shard import Request, ShardConfig, ShardHost, ShardSpec
+
+
+class InProcessTransport:
+    """All shards in this process: ``client="synchronous"`` (tests, debugging)."""
+
+    name = "synchronous"
+
+    def __init__(self, specs: list[ShardSpec], config: ShardConfig,
+                 data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        self.specs = sorted(specs, key=lambda s: s.shard_id)
+        self.host = ShardHost(self.specs, config, data)
+        self.round_trips = 0
+        self.recoveries: list[dict[str, Any]] = []
+
+    @property
+    def n_workers(self) -> int:
+        """Places the shards live in."""
+        return 1
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``Shard.<method>`` on every shard, in shard order."""
+        self.round_trips += 1
+        out = self.host.call(method, args, kwargs)
+        return [out[s.shard_id] for s in self.specs]
+
+    def call_each(self, method: str, per_shard: list[tuple]) -> list[Any]:
+        """``Shard.<method>(*per_shard[i])`` on shard i, in shard order."""
+        self.round_trips += 1
+        out = self.host.call_each(method, {s.shard_id: a for s, a in zip(self.specs, per_shard,
+                                                                            strict=True)})
+        return [out[s.shard_id] for s in self.specs]
+
+    def call_some(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
+        """``Shard.<method>(*args)`` on the listed shards only (one round trip)."""
+        self.round_trips += 1
+        return self.host.call_each(method, per_shard)
+
+    def round(self, seq: Any, commits: np.ndarray, update_z: bool,
+              requests: list[Request | None], positions: np.ndarray) -> list[dict]:
+        """One protocol round on every shard (``positions`` serve fault recovery)."""
+        self.round_trips += 1
+        out = self.host.round(seq, commits, update_z, requests)
+        return [out[s.shard_id] for s in self.specs]
+
+    def close(self) -> None:
+        """Nothing to release."""

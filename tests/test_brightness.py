@@ -1,0 +1,152 @@
+"""z-updates: invariance of p(z | θ), cost scaling, and the Algorithm-2 sign trap."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from flymc_dist.brightness import BrightSet, explicit_update, implicit_update, log_uniform
+
+
+def _fixed_evaluator(log_lt: np.ndarray, counter: list[int]):
+    def evaluate(rows: np.ndarray):
+        counter[0] += rows.size
+        return log_lt[rows], None
+
+    return evaluate
+
+
+def _flipped_implicit_update(rng, bright: BrightSet, q: float, evaluate) -> int:
+    """The known fork's bug: Algorithm 2 line 10 taken literally (dark→bright when u > L~/q)."""
+    log_q = math.log(q)
+    darken = log_uniform(rng, bright.n_bright) < log_q - bright.vals
+    m = int(rng.binomial(bright.n_rows, q))
+    cand = rng.choice(bright.n_rows, size=m, replace=False, shuffle=False)
+    cand = np.sort(cand[~bright.mask[cand]]).astype(np.int64)
+    vals, _ = evaluate(cand)
+    accept = log_uniform(rng, cand.size) > vals - log_q  # wrong sign
+    bright.replace(~darken, cand[accept], vals[accept], None)
+    return int(cand.size)
+
+
+def _stationarity_z(update, log_lt: np.ndarray, q: float, sweeps: int, seed: int) -> np.ndarray:
+    """Per-datum z-scores of the bright frequency against p = sigmoid(log L~).
+
+    Each z_n is a two-state Markov chain with P(0→1) = q·min(1, L~/q) and
+    P(1→0) = min(1, q/L~); its lag-1 autocorrelation is rho = 1 − P01 − P10, so the
+    variance of the time-average is p(1 − p)/T · (1 + rho)/(1 − rho) exactly.
+    """
+    rng = np.random.default_rng(seed)
+    n = log_lt.size
+    bright = BrightSet(n)  # start all dark: far from stationarity
+    counter = [0]
+    evaluate = _fixed_evaluator(log_lt, counter)
+    burn = 50
+    freq = np.zeros(n)
+    for t in range(burn + sweeps):
+        update(rng, bright, q, evaluate)
+        if t >= burn:
+            freq += bright.mask
+    freq /= sweeps
+    lt = np.exp(log_lt)
+    p = lt / (1.0 + lt)
+    p01 = q * np.minimum(1.0, lt / q)
+    p10 = np.minimum(1.0, q / lt)
+    rho = 1.0 - p01 - p10
+    var = p * (1 - p) / sweeps * (1 + rho) / (1 - rho)
+    return (freq - p) / np.sqrt(var)
+
+
+LOG_LT = np.linspace(-3.0, 3.0, 60)  # bright probabilities 0.05 … 0.95
+CRIT = stats.norm.ppf(1 - 0.001 / (2 * LOG_LT.size))  # Bonferroni, family-wise 0.1%
+
+
+@pytest.mark.parametrize("q", [0.1, 0.5, 1.0])
+def test_implicit_update_leaves_conditional_invariant(q):
+    z = _stationarity_z(implicit_update, LOG_LT, q, sweeps=4000, seed=1)
+    assert np.max(np.abs(z)) < CRIT, np.round(z, 2)
+    # and as a whole: sum of squares ~ chi2(N)
+    assert stats.chi2.sf(np.sum(z**2), LOG_LT.size) > 1e-4
+
+
+def test_flipped_sign_negative_control_fails():
+    """The same check must reject Algorithm 2 with the paper's typo (the trap in DESIGN.md)."""
+    z = _stationarity_z(_flipped_implicit_update, LOG_LT, 0.1, sweeps=4000, seed=1)
+    assert np.max(np.abs(z)) > CRIT
+    assert stats.chi2.sf(np.sum(z**2), LOG_LT.size) < 1e-6
+
+
+def test_explicit_update_draws_exact_conditional():
+    rng = np.random.default_rng(2)
+    log_lt = np.linspace(-4, 4, 40)
+    p = 1 / (1 + np.exp(-log_lt))
+    reps = 3000
+    counts = np.zeros(log_lt.size)
+    for _ in range(reps):
+        b = BrightSet(log_lt.size)
+        explicit_update(rng, b, 1.0, _fixed_evaluator(log_lt, [0]))
+        counts += b.mask
+    z = (counts - reps * p) / np.sqrt(reps * p * (1 - p))
+    assert np.max(np.abs(z)) < stats.norm.ppf(1 - 0.001 / (2 * log_lt.size))
+
+
+def test_explicit_partial_update_leaves_conditional_invariant():
+    rng = np.random.default_rng(3)
+    log_lt = np.linspace(-3, 3, 30)
+    p = 1 / (1 + np.exp(-log_lt))
+    b = BrightSet(log_lt.size)
+    ev = _fixed_evaluator(log_lt, [0])
+    sweeps = 6000
+    freq = np.zeros(log_lt.size)
+    for t in range(sweeps + 50):
+        explicit_update(rng, b, 0.25, ev)
+        if t >= 50:
+            freq += b.mask
+    freq /= sweeps
+    # each z_n is refreshed with probability ~0.25 per sweep: rho = 0.75
+    var = p * (1 - p) / sweeps * (1 + 0.75) / (1 - 0.75)
+    z = (freq - p) / np.sqrt(var)
+    assert np.max(np.abs(z)) < stats.norm.ppf(1 - 0.001 / (2 * log_lt.size))
+
+
+def test_bright_structure_consistent_after_updates():
+    rng = np.random.default_rng(4)
+    log_lt = rng.normal(size=500)
+    b = BrightSet(500)
+    ev = _fixed_evaluator(log_lt, [0])
+    for _ in range(200):
+        implicit_update(rng, b, 0.2, ev)
+        assert np.array_equal(np.sort(b.idx), np.flatnonzero(b.mask))
+        assert np.array_equal(b.vals, log_lt[b.idx])
+        explicit_update(rng, b, 0.1, ev)
+        assert np.array_equal(np.sort(b.idx), np.flatnonzero(b.mask))
+        assert np.array_equal(b.vals, log_lt[b.idx])
+
+
+def test_implicit_cost_scales_with_proposals_not_n():
+    """Queries per sweep = dark rows proposed (~ q·(N − M)); nothing touches all N rows."""
+    rng = np.random.default_rng(5)
+    n, q = 200_000, 0.001
+    log_lt = np.full(n, -8.0)  # bright probability ~3e-4: M small
+    b = BrightSet(n)
+    counter = [0]
+    ev = _fixed_evaluator(log_lt, counter)
+    total = 0
+    for _ in range(100):
+        total += implicit_update(rng, b, q, ev)
+    assert total == counter[0]
+    expected = 100 * q * n
+    assert abs(total - expected) < 5 * math.sqrt(expected)
+
+
+def test_tight_bound_bright_row_always_darkens():
+    """log L~ = -inf (bound tight): a bright row there has probability zero."""
+    rng = np.random.default_rng(6)
+    b = BrightSet(3)
+    b.replace(np.zeros(0, bool), np.array([0, 1, 2]), np.array([-np.inf, 0.0, -np.inf]), None)
+    log_lt = np.array([-np.inf, 0.0, -np.inf])
+    implicit_update(rng, b, 0.5, _fixed_evaluator(log_lt, [0]))
+    assert not b.mask[0] and not b.mask[2]
