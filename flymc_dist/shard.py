@@ -331,6 +331,11 @@ class Shard:
         self._seq, self._reply = seq, reply
         return reply
 
+    def apply(self, func: Any, *args: Any) -> Any:
+        """Run ``func(self, *args)`` here: how add-on samplers (austerity) use a shard's rows
+        without the shard knowing them. ``func`` must be a module-level function."""
+        return func(self, *args)
+
     def state(self) -> dict[str, Any]:
         """Counters and brightness for inspection (tests, fault logs)."""
         return {
