@@ -50,7 +50,7 @@ def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
     if client is None:
         n = n_workers or max(1, min(os.cpu_count() or 1, 8))
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                               dashboard_address=None, silence_logs=logging.ERROR)
+                               dashboard_address=":0", silence_logs=logging.ERROR)
         return Client(cluster, direct_to_workers=True), cluster, True
     if isinstance(client, Client):
         return client, None, False

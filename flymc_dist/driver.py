@@ -45,6 +45,7 @@ STAT_NAMES: dict[str, str] = {
     "likelihood_queries": "int64",
     "round_trips": "int64",
     "log_joint": "float64",
+    "recoveries": "int64",
 }
 
 
@@ -248,6 +249,7 @@ class Driver:
         new_positions = self.positions.copy()
         first = True
         round_trips = 0
+        n_recoveries = len(getattr(self.transport, "recoveries", ()))
         while any(r is not None for r in reqs):
             commits = self.commits if first else np.full(C, -1, dtype=np.int64)
             shard_reqs = [None if r is None else Request(r.points, r.grad, r.current_grad)
@@ -291,6 +293,8 @@ class Driver:
             "likelihood_queries": queries,
             "round_trips": np.full(C, round_trips, dtype=np.int64),
             "log_joint": log_joint,
+            "recoveries": np.full(C, len(getattr(self.transport, "recoveries", ()))
+                                  - n_recoveries, dtype=np.int64),
         }
 
     def iterations(self, num_warmup: int, num_samples: int,

@@ -1,0 +1,739 @@
+"""Austerity Metropolis–Hastings over shards (approximate; every output says so).
+
+The sequential-test MH of Korattikara, Chen & Welling (2014), in the form of Chen,
+Mansinghka & Ghahramani (2016, Algorithm 2, "Sequential Test for MH Decision").
+An MH step with proposal ``θ′`` and uniform ``u`` accepts iff
+
+    mean_{i=1..N} l_i  >  μ₀ = (1/N) [log u + log p(θ) − log p(θ′) + log q(θ′|θ) − log q(θ|θ′)],
+
+with ``l_i = ℓ_i(θ′) − ℓ_i(θ)``. Instead of the full mean, the decision is taken
+from a *simple random sample* of the ``l_i`` that grows in minibatches (drawn
+without replacement from the whole population across shards). After each batch,
+with ``n`` rows used, mean ``l̄`` and sample sd ``s_l``,
+
+    s = s_l / √n · √(1 − (n − 1)/(N − 1)),   t = (l̄ − μ₀) / s,
+
+and the test stops when ``P(|T_{n−1}| > |t|) < eps`` (accept iff ``l̄ > μ₀``). There
+is no test while ``s_l = 0``; when every row has been used the decision is the
+exact MH decision. ``eps = 0`` therefore reproduces exact MH.
+
+Minibatches across shards
+-------------------------
+Per test round and chain, the driver draws how many of the batch's rows come from
+each shard from a multivariate hypergeometric distribution over the shards'
+*unseen* row counts (rows not yet used by this decision); each shard then draws that
+many of its own unseen rows uniformly without replacement. Together the batches are
+a simple random sample of all ``N`` rows, whatever the shard sizes. One round trip
+per test round (:meth:`call_some` to the shards drawn from), carrying every still
+undecided chain. A shard keeps, per chain, which of its rows the current decision
+has used (a boolean mask plus the list of used rows; a new decision resets it in
+O(used)); new rows are drawn by rejection against the mask while less than half the
+shard is used (O(batch)), else from one permutation of the remainder.
+
+Each shard returns, per chain, ``(count, mean, M2)`` of its new ``l_i`` (the batch's
+mean and sum of squared deviations, which the driver merges with Chan et al.'s
+pairwise update in global shard order — the same information as ``(n, Σl, Σl²)``
+without the cancellation of ``Σl² − n l̄²``).
+
+Randomness (placement-independent): the proposal and ``u`` of chain ``c`` come from
+``stream(seed, ROLE_AUSTERITY, 0, c)`` (``P`` standard normals, then one standard
+exponential ``−log u``, in that order, every iteration, as the RWMH kernel draws);
+the per-shard counts from ``stream(seed, ROLE_AUSTERITY, 1, c)``; the rows a shard
+draws for chain ``c`` from ``stream(seed, ROLE_AUSTERITY, 2, shard_id, c)``.
+
+Statistics per iteration: ``accepted``; ``accept_prob`` (the decision as 0.0/1.0 —
+the MH probability is never computed); ``data_used`` and ``n_bright`` (rows in the
+decision); ``likelihood_queries`` (``2 × data_used``: ``ℓ_i`` at ``θ`` and at ``θ′``);
+``round_trips`` (test rounds of the iteration, shared by all chains, as for the
+other algorithms); ``test_rounds`` (rounds this chain took part in); ``log_joint``
+(NaN: the full-data log joint is never computed).
+
+Kernels: only RWMH. A MALA proposal needs the full-data gradient (a minibatch
+gradient would make ``q(θ′|θ)`` itself random and the ratio wrong); slice sampling
+takes no accept/reject decision to test.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from scipy.special import stdtr
+
+from flymc_dist.kernels.base import KernelInfo
+from flymc_dist.kernels.rwmh import RandomWalkMH, tril_matvec
+from flymc_dist.models.base import Model
+from flymc_dist.shard import ROLE_AUSTERITY, ROLE_INIT, Shard, ShardConfig, ShardSpec, stream
+
+__all__ = [
+    "AUSTERITY_STATS",
+    "Decisions",
+    "SequentialTester",
+    "decision_data_used",
+    "loglog_slope",
+    "sample_austerity",
+    "shard_counts",
+    "stop_rule",
+]
+
+#: per-iteration statistics of an austerity run, name -> dtype
+AUSTERITY_STATS: dict[str, str] = {
+    "accepted": "bool",
+    "accept_prob": "float64",
+    "n_bright": "int64",
+    "likelihood_queries": "int64",
+    "round_trips": "int64",
+    "log_joint": "float64",
+    "data_used": "int64",
+    "test_rounds": "int64",
+}
+
+#: sub-roles under ROLE_AUSTERITY
+_SUB_PROPOSAL = 0
+_SUB_SELECT = 1
+_SUB_SHARD = 2
+
+#: numpy's multivariate hypergeometric ("marginals") needs sum(colors) < 1e9
+_MVHG_LIMIT = 1_000_000_000
+
+
+# ===================================================================== shard side
+class _SlotRows:
+    """One chain's without-replacement row draws on one shard, within one decision."""
+
+    __slots__ = ("rng", "decision", "mask", "used", "n_used", "perm", "pos")
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.decision: int | None = None
+        self.mask: np.ndarray | None = None  # bool (n,), allocated on first use
+        self.used: list[np.ndarray] = []
+        self.n_used = 0
+        self.perm: np.ndarray | None = None  # dense mode: the remainder, shuffled
+        self.pos = 0
+
+    def reset(self, decision: int) -> None:
+        """Start a new decision: every row unseen again (O(rows used))."""
+        if self.mask is not None:
+            if self.perm is not None:
+                self.mask[:] = False
+            else:
+                for u in self.used:
+                    self.mask[u] = False
+        self.decision = decision
+        self.used = []
+        self.n_used = 0
+        self.perm = None
+        self.pos = 0
+
+    def draw(self, n: int, k: int) -> np.ndarray:
+        """``k`` rows of ``0..n-1`` not drawn yet in this decision, uniformly at random.
+
+        Rejection against the mask while fewer than half the rows are used (expected
+        O(k)); otherwise one permutation of the remaining rows, consumed in order.
+        """
+        if k > n - self.n_used:
+            raise ValueError(f"asked for {k} new rows but only {n - self.n_used} are unseen")
+        if k == 0:
+            return np.empty(0, dtype=np.int64)
+        if self.mask is None:
+            self.mask = np.zeros(n, dtype=bool)
+        if self.perm is None and 2 * (self.n_used + k) > n:
+            rest = np.flatnonzero(~self.mask)
+            self.perm = self.rng.permutation(rest)
+            self.pos = 0
+        if self.perm is not None:
+            rows = self.perm[self.pos:self.pos + k]
+            self.pos += k
+            self.n_used += k
+            return rows
+        parts = []
+        need = k
+        while need:
+            cand = self.rng.integers(0, n, size=need + need // 4 + 8)
+            cand = cand[~self.mask[cand]]
+            _, first = np.unique(cand, return_index=True)
+            cand = cand[np.sort(first)][:need]  # first occurrences, in draw order
+            self.mask[cand] = True
+            parts.append(cand)
+            need -= cand.size
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self.used.append(rows)
+        self.n_used += k
+        return rows
+
+
+def _shard_slots(shard: Shard, run: int) -> dict[int, _SlotRows]:
+    """This shard's per-chain row state for the run ``run`` (fresh for a new run)."""
+    state = shard.__dict__.get("_austerity")
+    if state is None or state[0] != run:
+        state = (run, {})
+        shard.__dict__["_austerity"] = state
+    return state[1]
+
+
+def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray,
+                thetas: np.ndarray, proposals: np.ndarray, counts: np.ndarray,
+                record: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, list | None]:
+    """Run on a shard via :meth:`Shard.apply`: one test round's new rows for several chains.
+
+    Parameters
+    ----------
+    shard
+        The shard (supplied by :meth:`Shard.apply`).
+    run
+        Identifies the sampler run; a new run starts every chain's state afresh.
+    decisions
+        ``(m,)`` decision number of each requesting chain; a number different from the
+        chain's previous one starts a new decision (all rows unseen again).
+    slots
+        ``(m,)`` chain (slot) indices.
+    thetas, proposals
+        ``(m, P)`` current and proposed parameters.
+    counts
+        ``(m,)`` how many new rows to draw for each chain.
+    record
+        Also return the global indices of the rows drawn (tests).
+
+    Returns
+    -------
+    count, mean, m2, rows
+        ``(m,)`` arrays: rows drawn, mean of ``l_i = ℓ_i(θ′) − ℓ_i(θ)`` over them, and
+        their sum of squared deviations from that mean; ``rows`` is a list of index
+        arrays (or None).
+    """
+    states = _shard_slots(shard, int(run))
+    sid = shard.spec.shard_id
+    model = shard.model
+    m = len(slots)
+    n_out = np.zeros(m, dtype=np.int64)
+    mean = np.zeros(m)
+    m2 = np.zeros(m)
+    rows_out: list | None = [] if record else None
+    for j in range(m):
+        slot = int(slots[j])
+        st = states.get(slot)
+        if st is None:
+            st = _SlotRows(stream(shard.config.seed, ROLE_AUSTERITY, _SUB_SHARD, sid, slot))
+            states[slot] = st
+        if st.decision != int(decisions[j]):
+            st.reset(int(decisions[j]))
+        rows = st.draw(shard.n, int(counts[j]))
+        if record:
+            rows_out.append(rows + shard.spec.start)
+        k = rows.size
+        n_out[j] = k
+        if k == 0:
+            continue
+        pts = np.stack([thetas[j], proposals[j]])
+        ll = model.loglik(model.linear_predictor(pts, shard.X[rows]), shard.y[rows])
+        diff = ll[1] - ll[0]
+        if not np.all(np.isfinite(diff)):
+            if np.isnan(diff).any():
+                mean[j] = np.nan
+            else:  # an infinite l_i decides alone (the full mean is infinite too)
+                mean[j] = float(np.sum(diff[~np.isfinite(diff)]))
+            continue
+        mu = float(diff.mean())
+        mean[j] = mu
+        m2[j] = float(np.sum((diff - mu) ** 2))
+    shard.total_queries += int(2 * n_out.sum())
+    return n_out, mean, m2, rows_out
+
+
+# ==================================================================== driver side
+def stop_rule(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, mu0: np.ndarray, N: int,
+              eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sequential test after a round (vectorised over chains).
+
+    Parameters
+    ----------
+    n, mean, m2
+        Rows used so far, their mean ``l̄`` and sum of squared deviations.
+    mu0
+        The thresholds ``μ₀``.
+    N
+        Population size.
+    eps
+        Test tolerance: stop when ``P(|T_{n−1}| > |t|) < eps``.
+
+    Returns
+    -------
+    stop, accept, p_value
+        Whether each decision is taken, the decision (``l̄ > μ₀``; meaningful where
+        ``stop``), and the test's p-value (0 when all ``N`` rows are used, 1 while the
+        test cannot run: ``n < 2`` or zero sample sd).
+    """
+    n = np.asarray(n)
+    mean = np.asarray(mean, float)
+    mu0 = np.asarray(mu0, float)
+    exact = n >= N
+    p = np.ones(mean.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sd = np.sqrt(np.asarray(m2, float) / (n - 1))
+        fpc = np.sqrt(np.clip(1.0 - (n - 1) / max(N - 1, 1), 0.0, None))
+        s = sd / np.sqrt(n) * fpc
+        t = (mean - mu0) / s
+        can = (n >= 2) & (sd > 0) & (s > 0) & ~exact
+        p = np.where(can, 2.0 * stdtr(np.maximum(n - 1, 1), -np.abs(t)), p)
+    p = np.where(exact, 0.0, p)
+    infinite = ~np.isfinite(mean) | ~np.isfinite(mu0)
+    stop = exact | (p < eps) | infinite
+    accept = mean > mu0
+    return stop, accept, p
+
+
+def shard_counts(rng: np.random.Generator, unseen: np.ndarray, m: int) -> np.ndarray:
+    """How many of ``m`` new rows come from each shard: multivariate hypergeometric.
+
+    Equivalent to choosing ``m`` of the ``unseen.sum()`` unseen rows uniformly without
+    replacement and counting them per shard; for populations of 10⁹ rows or more it is
+    done literally that way (``m`` distinct ranks, O(m)).
+    """
+    unseen = np.asarray(unseen, dtype=np.int64)
+    total = int(unseen.sum())
+    if m > total:
+        raise ValueError(f"cannot draw {m} rows from {total} unseen")
+    if m == total:
+        return unseen.copy()
+    if total < _MVHG_LIMIT:
+        return rng.multivariate_hypergeometric(unseen, m).astype(np.int64)
+    ranks = rng.choice(total, size=m, replace=False)
+    which = np.searchsorted(np.cumsum(unseen), ranks, side="right")
+    return np.bincount(which, minlength=unseen.size).astype(np.int64)
+
+
+class Decisions(NamedTuple):
+    """The outcome of one sequential test per slot (chain)."""
+
+    accept: np.ndarray  # (S,) bool
+    data_used: np.ndarray  # (S,) int64: rows in the decision
+    rounds: np.ndarray  # (S,) int64: test rounds each slot took part in
+    round_trips: int  # round trips of the whole call (shared by all slots)
+    mean: np.ndarray  # (S,) l̄ over the rows used
+    p_value: np.ndarray  # (S,) p-value at the stop (0 when exact)
+    rows: list | None  # per slot, per round: global row indices (record_rows only)
+
+
+class SequentialTester:
+    """Driver side of the sequential MH test, for several chains ("slots") at once.
+
+    Parameters
+    ----------
+    transport
+        Reaches the shards (``call_some``); in-process or Dask.
+    specs
+        The shards (their ids and row ranges).
+    slots
+        Number of concurrent decisions (chains).
+    eps
+        Test tolerance (``0`` = exact MH).
+    batch_size
+        Rows added to each decision per round (the last round may be smaller).
+    seed
+        Seed of the selection streams.
+    record_rows
+        Return the global row indices every decision drew (tests; costs bandwidth).
+    """
+
+    def __init__(self, transport: Any, specs: Sequence[ShardSpec], slots: int, *,
+                 eps: float, batch_size: int, seed: int, record_rows: bool = False) -> None:
+        self.transport = transport
+        specs = sorted(specs, key=lambda s: s.shard_id)
+        self.shard_ids = np.array([s.shard_id for s in specs], dtype=np.int64)
+        self.sizes = np.array([s.stop - s.start for s in specs], dtype=np.int64)
+        self.N = int(self.sizes.sum())
+        self.slots = int(slots)
+        self.eps = _check_eps(eps)
+        self.batch_size = _check_batch_size(batch_size)
+        self.seed = int(seed)
+        self.record_rows = bool(record_rows)
+        self.rngs = [stream(self.seed, ROLE_AUSTERITY, _SUB_SELECT, c) for c in range(self.slots)]
+        self.run = uuid.uuid4().int & ((1 << 62) - 1)
+        self.decision = 0
+
+    def decide(self, thetas: np.ndarray, proposals: np.ndarray,
+               mu0: np.ndarray) -> Decisions:
+        """One sequential MH test per slot: accept iff the mean of ``l_i`` exceeds ``μ₀``.
+
+        Parameters
+        ----------
+        thetas, proposals
+            ``(S, P)`` current and proposed parameters.
+        mu0
+            ``(S,)`` thresholds.
+
+        Returns
+        -------
+        Decisions
+        """
+        S = self.slots
+        thetas = np.asarray(thetas, float).reshape(S, -1)
+        proposals = np.asarray(proposals, float).reshape(S, -1)
+        mu0 = np.asarray(mu0, float).reshape(S)
+        if np.isnan(mu0).any():
+            raise FloatingPointError("the MH threshold mu0 is NaN (log prior or log u)")
+        key = self.decision
+        self.decision += 1
+        N, B = self.N, self.batch_size
+        unseen = np.tile(self.sizes, (S, 1))
+        n = np.zeros(S, dtype=np.int64)
+        mean = np.zeros(S)
+        m2 = np.zeros(S)
+        rounds = np.zeros(S, dtype=np.int64)
+        accept = np.zeros(S, dtype=bool)
+        p_val = np.ones(S)
+        # a threshold of +inf (θ′ outside the prior's support) rejects; -inf accepts
+        done = ~np.isfinite(mu0)
+        accept[done] = mu0[done] < 0
+        p_val[done] = 0.0
+        rows_log: list | None = [[] for _ in range(S)] if self.record_rows else None
+        trips = 0
+        keys = np.full(S, key, dtype=np.int64)
+        while not done.all():
+            active = np.flatnonzero(~done)
+            per_shard: dict[int, tuple[list[int], list[int]]] = {}
+            for c in active:
+                m = min(B, N - int(n[c]))
+                cnt = shard_counts(self.rngs[c], unseen[c], m)
+                unseen[c] -= cnt
+                for j in np.flatnonzero(cnt):
+                    slots_j, counts_j = per_shard.setdefault(int(j), ([], []))
+                    slots_j.append(int(c))
+                    counts_j.append(int(cnt[j]))
+            calls = {}
+            for j, (sl, ct) in per_shard.items():
+                sl_a = np.array(sl, dtype=np.int64)
+                calls[int(self.shard_ids[j])] = (shard_batch, self.run, keys[sl_a], sl_a,
+                                                 thetas[sl_a], proposals[sl_a],
+                                                 np.array(ct, dtype=np.int64), self.record_rows)
+            replies = self.transport.call_some("apply", calls)
+            trips += 1
+            rounds[active] += 1
+            if rows_log is not None:
+                got: dict[int, list] = {int(c): [] for c in active}
+            for j in sorted(per_shard):  # global shard order: placement-independent sums
+                sl, _ = per_shard[j]
+                cnt_b, mean_b, m2_b, rows_b = replies[int(self.shard_ids[j])]
+                for i, c in enumerate(sl):
+                    nb = int(cnt_b[i])
+                    if nb == 0:
+                        continue
+                    na = int(n[c])
+                    tot = na + nb
+                    if np.isfinite(mean_b[i]) and np.isfinite(mean[c]):
+                        delta = mean_b[i] - mean[c]
+                        mean[c] += delta * nb / tot
+                        m2[c] += m2_b[i] + delta * delta * na * nb / tot
+                    elif np.isfinite(mean[c]):  # an infinite l_i: the full mean is too
+                        mean[c] = mean_b[i]
+                    elif not np.isfinite(mean_b[i]):
+                        mean[c] += mean_b[i]  # +inf + -inf -> NaN -> error below
+                    n[c] = tot
+                    if rows_log is not None:
+                        got[c].append(rows_b[i])
+            if rows_log is not None:
+                for c, parts in got.items():
+                    rows_log[c].append(np.concatenate(parts) if parts else
+                                       np.empty(0, dtype=np.int64))
+            if np.isnan(mean[active]).any():
+                raise FloatingPointError("a log-likelihood difference is NaN")
+            stop, acc, p = stop_rule(n[active], mean[active], m2[active], mu0[active], N,
+                                     self.eps)
+            fin = active[stop]
+            accept[fin] = acc[stop]
+            p_val[fin] = p[stop]
+            done[fin] = True
+        return Decisions(accept, n.copy(), rounds, trips, mean, p_val, rows_log)
+
+
+def _check_eps(eps: Any) -> float:
+    try:
+        out = float(eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"eps must be a number in [0, 1), not {eps!r}") from None
+    if not 0.0 <= out < 1.0:
+        raise ValueError(f"eps must be in [0, 1), not {eps!r}")
+    return out
+
+
+def _check_batch_size(batch_size: Any) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) \
+            or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
+    return int(batch_size)
+
+
+# ====================================================================== sampling
+def _setup(model: Model, transport: Any, kernel: RandomWalkMH, n_features: int, chains: int,
+           seed: int, options: dict[str, Any]) -> dict[str, Any]:
+    """MAP (if needed), preconditioner and initial positions, as the FlyMC driver does."""
+    from flymc_dist.driver import Driver, laplace_covariance
+
+    t0 = time.perf_counter()
+    init = options.get("init", "map")
+    precondition = options.get("precondition", "laplace")
+    driver = Driver(model, transport, kernel, n_features=n_features, algorithm="regular",
+                    chains=chains, seed=seed, init=init, precondition=precondition,
+                    map_maxiter=int(options.get("map_maxiter", 100)))
+    P = driver.P
+    theta_map, neg_h = None, None
+    need_map = (isinstance(init, str) and init == "map") or (
+        isinstance(precondition, str) and precondition == "laplace")
+    trips0 = transport.round_trips
+    if need_map:
+        theta_map, neg_h = driver.find_map()
+    map_passes = transport.round_trips - trips0
+    if isinstance(precondition, np.ndarray):
+        cov = np.asarray(precondition, float)
+    elif isinstance(precondition, str) and precondition == "laplace":
+        cov = laplace_covariance(neg_h)
+    elif isinstance(precondition, str) and precondition == "identity":
+        cov = np.eye(P)
+    else:
+        raise ValueError(f"precondition must be 'laplace', 'identity' or an array, "
+                         f"not {precondition!r}")
+    chol = np.linalg.cholesky(cov)
+    positions = np.empty((chains, P))
+    if isinstance(init, str):
+        if init != "map":
+            raise ValueError(f"init must be 'map' or an array, not {init!r}")
+        for c in range(chains):
+            z = stream(seed, ROLE_INIT, c).standard_normal(P)
+            positions[c] = theta_map + chol @ z
+    else:
+        arr = np.asarray(init, float)
+        positions[:] = np.broadcast_to(arr.reshape(-1, P), positions.shape)
+    return {"theta_map": theta_map, "map_info": driver.map_info, "chol": chol,
+            "positions": positions, "setup_passes": map_passes,
+            "setup_seconds": time.perf_counter() - t0, "P": P,
+            "param_shape": driver.param_shape}
+
+
+def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, n_rows: int,
+                     n_features: int, path: str, kernel: Any, num_warmup: int,
+                     num_samples: int, chains: int, seed: int, client: Any,
+                     options: dict[str, Any]) -> Any:
+    """Austerity MH (approximate) — what ``fd.sample(..., algorithm="austerity")`` runs.
+
+    Parameters
+    ----------
+    model
+        The likelihood and prior.
+    specs, mem
+        Shard layout and, for in-memory ``(X, y)``, the rows per shard.
+    n_rows, n_features, path
+        Data size and where it lives (for ``info``).
+    kernel
+        The θ-kernel; must be RWMH (its step size and preconditioner are used, and its
+        step size adapts during warm-up towards ``target_accept`` from the decisions).
+    num_warmup, num_samples, chains, seed, client
+        As for :func:`flymc_dist.sample`.
+    options
+        ``eps`` (test tolerance, default 0.01; 0 gives exact MH), ``batch_size`` (rows
+        per round per decision, default 500), ``init``, ``precondition``,
+        ``map_maxiter``, ``n_shards``/``rows_per_shard``, ``trace`` (zarr path, written
+        as the run goes; ``resume`` is not supported), ``overwrite_trace``,
+        ``progress``, ``n_workers``, ``timeout``.
+
+    Returns
+    -------
+    Result
+        ``info["algorithm"] == "austerity"``, ``info["approximate"] is True`` (and
+        ``Result.approximate``); ``stats`` as listed in the module docstring.
+
+    Raises
+    ------
+    ValueError
+        Bad ``eps``/``batch_size``, a kernel other than RWMH, or ``resume``.
+    """
+    from flymc_dist.api import Result
+    from flymc_dist.cluster import open_transport
+    from flymc_dist.progress import Progress
+
+    eps = _check_eps(options.get("eps", 0.01))
+    batch_size = _check_batch_size(options.get("batch_size", 500))
+    if not isinstance(kernel, RandomWalkMH):
+        raise ValueError(f"austerity MH supports kernel='rwmh' only, not "
+                         f"{getattr(kernel, 'name', kernel)!r}: MALA's proposal needs the "
+                         f"full-data gradient and slice sampling has no MH decision to test")
+    if options.get("resume"):
+        raise ValueError("austerity runs cannot be resumed (no checkpoint is written)")
+    config = ShardConfig(model=model, algorithm="austerity", chains=chains, seed=seed)
+    transport = open_transport(client, specs, config, mem, options)
+    try:
+        setup = _setup(model, transport, kernel, n_features, chains, seed, options)
+        P, shape = setup["P"], setup["param_shape"]
+        info: dict[str, Any] = {
+            "algorithm": "austerity", "approximate": True, "eps": eps,
+            "batch_size": batch_size, "bounds": None, "kernel": kernel.name, "z_update": None,
+            "q_db": None, "resample_fraction": None, "chains": chains, "seed": seed,
+            "n_rows": n_rows, "n_features": n_features, "n_shards": len(specs),
+            "transport": transport.name, "n_workers": transport.n_workers, "data": path,
+            "model": model.to_dict(), "num_warmup": num_warmup, "num_samples": num_samples,
+            "log_joint": "not computed (NaN): austerity never evaluates the full likelihood",
+        }
+        info["map"] = (None if setup["theta_map"] is None
+                       else setup["theta_map"].reshape(shape))
+        info["map_info"] = setup["map_info"]
+        info["setup_queries"] = int(setup["setup_passes"]) * int(n_rows)
+        info["setup_seconds"] = setup["setup_seconds"]
+        trace = None
+        if options.get("trace") is not None:
+            from flymc_dist.trace import Trace
+
+            attrs = {k: v for k, v in info.items() if k != "map"}
+            trace = Trace.create(options["trace"], chains=chains, param_shape=shape,
+                                 stats={k: np.dtype(v) for k, v in AUSTERITY_STATS.items()},
+                                 attrs=attrs,
+                                 overwrite=bool(options.get("overwrite_trace", False)))
+        tester = SequentialTester(transport, specs, chains, eps=eps, batch_size=batch_size,
+                                  seed=seed)
+        rngs = [stream(seed, ROLE_AUSTERITY, _SUB_PROPOSAL, c) for c in range(chains)]
+        params = [kernel.init_params(P, setup["chol"]) for _ in range(chains)]
+        adapters = ([kernel.adapter(p, num_warmup) for p in params] if num_warmup else None)
+        positions = setup["positions"].copy()
+        total = num_warmup + num_samples
+        draws = np.empty((chains, total, P))
+        stats = {k: np.zeros((chains, total), dtype=v) for k, v in AUSTERITY_STATS.items()}
+        progress = Progress(total, enabled=options.get("progress"), label="austerity")
+        every = int(options.get("checkpoint_every", 100))
+        flushed = 0
+        t0 = time.perf_counter()
+        t_warm = t0 if num_warmup == 0 else None
+        try:
+            for i in range(total):
+                props = np.empty_like(positions)
+                log_u = np.empty(chains)
+                for c in range(chains):
+                    noise = rngs[c].standard_normal(P)
+                    log_u[c] = -rngs[c].standard_exponential()
+                    props[c] = positions[c] + params[c].step_size * tril_matvec(
+                        params[c].scale_tril, noise)
+                # symmetric proposal: log q(θ′|θ) − log q(θ|θ′) = 0
+                mu0 = (log_u + model.log_prior(positions) - model.log_prior(props)) / n_rows
+                dec = tester.decide(positions, props, mu0)
+                positions = np.where(dec.accept[:, None], props, positions)
+                draws[:, i] = positions
+                st = {"accepted": dec.accept, "accept_prob": dec.accept.astype(float),
+                      "n_bright": dec.data_used, "likelihood_queries": 2 * dec.data_used,
+                      "round_trips": np.full(chains, dec.round_trips, dtype=np.int64),
+                      "log_joint": np.full(chains, np.nan), "data_used": dec.data_used,
+                      "test_rounds": dec.rounds}
+                for k, v in st.items():
+                    stats[k][:, i] = v
+                if adapters is not None:
+                    for c in range(chains):
+                        a = bool(dec.accept[c])
+                        params[c] = adapters[c].update(KernelInfo(
+                            accepted=a, accept_prob=float(a), index=0 if a else -1,
+                            n_evals=1, n_requests=int(dec.rounds[c])))
+                    if i == num_warmup - 1:
+                        params = [a.final() for a in adapters]
+                        adapters = None
+                        t_warm = time.perf_counter()
+                progress.update(st)
+                if trace is not None and (i + 1 - flushed >= every or i == total - 1
+                                          or i == num_warmup - 1):
+                    flushed = _flush(trace, draws, stats, flushed, i + 1, num_warmup, shape)
+        finally:
+            progress.close()
+        t_end = time.perf_counter()
+        info["sampling_seconds"] = t_end - (t_warm if t_warm is not None else t0)
+        info["warmup_seconds"] = (t_warm - t0) if t_warm is not None else 0.0
+        info["total_round_trips"] = int(transport.round_trips)
+        info["recoveries"] = list(getattr(transport, "recoveries", []))
+        info["kernel_params"] = [{"step_size": float(p.step_size),
+                                  "scale_tril": np.asarray(p.scale_tril).tolist()}
+                                 for p in params]
+        keep = slice(num_warmup, total)
+        info["data_used_fraction"] = float(stats["data_used"][:, keep].mean() / n_rows)
+        info["exact_fraction"] = float((stats["data_used"][:, keep] >= n_rows).mean())
+        samples = draws[:, keep].reshape((chains, num_samples) + shape)
+        wsamples = draws[:, :num_warmup].reshape((chains, num_warmup) + shape)
+        return Result(samples, {k: v[:, keep] for k, v in stats.items()}, wsamples,
+                      {k: v[:, :num_warmup] for k, v in stats.items()}, info)
+    finally:
+        transport.close()
+
+
+def _flush(trace: Any, draws: np.ndarray, stats: dict[str, np.ndarray], lo: int, hi: int,
+           num_warmup: int, shape: tuple[int, ...]) -> int:
+    """Append iterations ``lo:hi`` to the trace (split at the end of warm-up)."""
+    C = draws.shape[0]
+    for a, b, warm in ((lo, min(hi, num_warmup), True), (max(lo, num_warmup), hi, False)):
+        if b > a:
+            trace.append(draws[:, a:b].reshape((C, b - a) + shape),
+                         {k: v[:, a:b] for k, v in stats.items()}, warmup=warm)
+    return hi
+
+
+# ================================================================ measurements
+def decision_data_used(model: Model, data: Any, theta: np.ndarray, proposal: np.ndarray, *,
+                       n_decisions: int = 200, eps: float = 0.05, batch_size: int = 500,
+                       seed: int = 0, n_shards: int | None = None, client: Any = "synchronous",
+                       log_u: np.ndarray | None = None) -> dict[str, Any]:
+    """Rows used by austerity decisions between one fixed pair ``θ → θ′``.
+
+    ``n_decisions`` independent decisions (fresh ``u`` and fresh minibatches each),
+    run concurrently as slots of one :class:`SequentialTester`.
+
+    Parameters
+    ----------
+    model
+        The likelihood and prior.
+    data
+        ``(X, y)`` (synchronous only), a Dataset or its path.
+    theta, proposal
+        The current and proposed parameters (flattened or in ``param_shape``).
+    n_decisions, eps, batch_size, seed, n_shards, client
+        Decisions to average over, test settings, seed, shard count, where to run.
+    log_u
+        ``(n_decisions,)`` log uniforms (default: drawn from ``seed``).
+
+    Returns
+    -------
+    dict
+        ``n_rows``, ``data_used`` (array), ``mean_data_used``, ``fraction``,
+        ``accept`` (array), ``exact_accept`` (array; the full-data decision, from one
+        extra full pass), ``error_rate``, ``rounds`` (array), ``round_trips``.
+    """
+    from flymc_dist.api import _shard_layout
+    from flymc_dist.cluster import open_transport
+
+    options: dict[str, Any] = {} if n_shards is None else {"n_shards": n_shards}
+    specs, mem, N, _, _, _, _ = _shard_layout(data, options)
+    config = ShardConfig(model=model, algorithm="austerity", chains=1, seed=seed)
+    transport = open_transport(client, specs, config, mem, options)
+    try:
+        theta = np.asarray(theta, float).ravel()
+        proposal = np.asarray(proposal, float).ravel()
+        if log_u is None:
+            log_u = -stream(seed, ROLE_AUSTERITY, 3).standard_exponential(n_decisions)
+        log_u = np.asarray(log_u, float)
+        prior = float(model.log_prior(theta[None])[0] - model.log_prior(proposal[None])[0])
+        mu0 = (log_u + prior) / N
+        tester = SequentialTester(transport, specs, n_decisions, eps=eps,
+                                  batch_size=batch_size, seed=seed)
+        dec = tester.decide(np.tile(theta, (n_decisions, 1)),
+                            np.tile(proposal, (n_decisions, 1)), mu0)
+        full = transport.call("loglik_sum", proposal, 0)
+        base = transport.call("loglik_sum", theta, 0)
+        exact_mean = (sum(f[0] for f in full) - sum(b[0] for b in base)) / N
+        exact = exact_mean > mu0
+    finally:
+        transport.close()
+    return {"n_rows": N, "data_used": dec.data_used, "mean_data_used": float(dec.data_used.mean()),
+            "fraction": float(dec.data_used.mean() / N), "accept": dec.accept,
+            "exact_accept": exact, "error_rate": float(np.mean(dec.accept != exact)),
+            "rounds": dec.rounds, "round_trips": dec.round_trips,
+            "exact_mean": float(exact_mean)}
+
+
+def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """Least-squares slope of ``log y`` against ``log x``."""
+    lx, ly = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
+    return float(np.polyfit(lx, ly, 1)[0])

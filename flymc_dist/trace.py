@@ -1,0 +1,656 @@
+"""An incremental, resumable zarr trace of MCMC draws (STYLE 6; DESIGN §3 "Faults").
+
+Layout of a trace (a zarr v3 group)::
+
+    <path>/
+      zarr.json                     group attributes: the caller's ``attrs`` (algorithm
+                                    config, model, dataset path, seed, ...) plus the
+                                    reserved key "flymc_trace" (format, shapes, counts,
+                                    checkpoint)
+      samples          (chains, n_draws, *param_shape)          float64
+      warmup_samples   (chains, n_warmup_draws, *param_shape)   float64
+      stats/<name>         (chains, n_draws)         the declared dtype
+      warmup_stats/<name>  (chains, n_warmup_draws)  the declared dtype
+
+Arrays grow along the draw axis (axis 1) and are chunked along it
+(``chunk_draws`` draws per chunk, all chains and parameters in one chunk).
+
+Crash consistency
+-----------------
+The authoritative number of draws is stored in the group attributes, never
+inferred from the array shapes, and every write puts data before the record
+that refers to it:
+
+1. :meth:`Trace.append` writes the draws (arrays grown, data written), and only
+   then updates the committed draw counts in the attributes.
+2. :meth:`Trace.set_checkpoint` writes the caller's state together with the
+   draw counts it refers to, in a single attribute write.
+
+On :meth:`Trace.open` the draw counts are those of the last checkpoint if one
+exists, else the last committed counts. Array entries beyond them (a crash
+after writing draws but before recording them, or draws appended after the last
+checkpoint) are *ignored*: the properties never show them and the next
+:meth:`Trace.append` overwrites them. So after a crash the trace and its
+checkpoint agree, and resuming from the checkpoint regenerates exactly the
+discarded draws. A trace that is shorter than its record is corrupt and
+:meth:`Trace.open` raises. Opening never modifies the store (a concurrent
+reader cannot damage a running writer); there must be one writer at a time.
+With a local path every zarr metadata write is atomic (temporary file, then
+rename), so a crash leaves either the old or the new record.
+
+Checkpoint encoding
+-------------------
+Checkpoint states and ``attrs`` must be JSON-like: ``dict`` with ``str`` keys,
+``list``/``tuple`` (read back as lists), ``str``, ``bool``, ``int``, ``float``,
+``None``, numpy scalars (read back as Python scalars) and numpy arrays of
+bool/integer/float dtype (read back as arrays of the same dtype and shape).
+Integers beyond ±2**53 (e.g. the 128-bit words of a numpy bit-generator state)
+and non-finite floats are stored as tagged strings, so they survive any JSON
+reader exactly; ``rng.bit_generator.state`` of every numpy bit generator
+round-trips and restores the stream exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from numpy.typing import ArrayLike, DTypeLike
+
+__all__ = ["Trace", "TRACE_FORMAT", "TRACE_VERSION"]
+
+TRACE_FORMAT = "flymc_dist.trace"
+TRACE_VERSION = 1
+
+_RESERVED_ATTR = "flymc_trace"
+_TAG = "__flymc_type__"
+_MAX_EXACT_INT = 2**53
+_STAT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DEFAULT_CHUNK_DRAWS = 256
+
+
+# --------------------------------------------------------------------------------------------
+# JSON encoding of checkpoint states and attributes
+# --------------------------------------------------------------------------------------------
+
+
+def _encode(value: Any, where: str) -> Any:
+    """Encode ``value`` into plain JSON types, tagging what JSON cannot hold exactly."""
+    if value is None or isinstance(value, (bool, np.bool_, str)):
+        return bool(value) if isinstance(value, np.bool_) else value
+    if isinstance(value, (int, np.integer)):
+        number = int(value)
+        if abs(number) <= _MAX_EXACT_INT:
+            return number
+        return {_TAG: "int", "value": str(number)}
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isfinite(number):
+            return number
+        return {_TAG: "float", "value": repr(number)}
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"{where}: cannot store an array of dtype {value.dtype}")
+        return {
+            _TAG: "ndarray",
+            "dtype": value.dtype.str,
+            "shape": list(value.shape),
+            "data": [_encode(item, where) for item in value.ravel().tolist()],
+        }
+    if isinstance(value, (list, tuple)):
+        return [_encode(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, Mapping):
+        if _TAG in value:
+            raise ValueError(f"{where}: the key {_TAG!r} is reserved")
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where}: dict keys must be str, got {key!r}")
+            out[key] = _encode(item, f"{where}[{key!r}]")
+        return out
+    raise TypeError(f"{where}: cannot store a value of type {type(value).__name__} as JSON")
+
+
+def _decode(value: Any) -> Any:
+    """Invert :func:`_encode`."""
+    if isinstance(value, list):
+        return [_decode(item) for item in value]
+    if isinstance(value, dict):
+        tag = value.get(_TAG)
+        if tag == "int":
+            return int(value["value"])
+        if tag == "float":
+            return float(value["value"])
+        if tag == "ndarray":
+            data = [_decode(item) for item in value["data"]]
+            return np.array(data, dtype=np.dtype(value["dtype"])).reshape(value["shape"])
+        return {key: _decode(item) for key, item in value.items()}
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _is_url(path: str | os.PathLike[str]) -> bool:
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def _local(path: str | os.PathLike[str]) -> Path:
+    text = os.fspath(path)
+    return Path(text[len("file://") :] if text.startswith("file://") else text)
+
+
+def _record_of(group: zarr.Group) -> dict[str, Any] | None:
+    """The trace record of ``group``, or None if the group is not a trace."""
+    record = group.attrs.get(_RESERVED_ATTR)
+    if isinstance(record, dict) and record.get("format") == TRACE_FORMAT:
+        return record
+    return None
+
+
+def _probe(path: str | os.PathLike[str]) -> str:
+    """Classify ``path``: ``"missing"`` (free to use), ``"trace"`` or ``"other"``."""
+    if not _is_url(path):
+        local = _local(path)
+        if not local.exists():
+            return "missing"
+        if local.is_dir() and not any(local.iterdir()):
+            return "missing"
+        if not local.is_dir():
+            return "other"
+    try:
+        group = zarr.open_group(path, mode="r")
+    except FileNotFoundError:  # includes zarr's GroupNotFoundError
+        return "missing" if _is_url(path) else "other"
+    except (ValueError, OSError):  # an array, or unreadable metadata
+        return "other"
+    return "trace" if _record_of(group) is not None else "other"
+
+
+def _validate_shape(param_shape: object) -> tuple[int, ...]:
+    try:
+        shape = tuple(param_shape)  # type: ignore[arg-type]
+    except TypeError as err:
+        raise ValueError(f"param_shape must be a tuple of ints, got {param_shape!r}") from err
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"param_shape must hold positive ints, got {param_shape!r}")
+    return tuple(int(dim) for dim in shape)
+
+
+def _validate_positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _validate_stats(stats: object) -> dict[str, np.dtype]:
+    if not isinstance(stats, Mapping):
+        raise TypeError(f"stats must be a dict of name -> dtype, got {type(stats).__name__}")
+    out: dict[str, np.dtype] = {}
+    for name, dtype in stats.items():
+        if not isinstance(name, str) or not _STAT_NAME.match(name) or name.startswith("__"):
+            raise ValueError(f"stat names must be identifiers not starting with '__', got {name!r}")
+        try:
+            resolved = np.dtype(dtype)
+        except TypeError as err:
+            raise ValueError(f"stat {name!r}: invalid dtype {dtype!r}") from err
+        if resolved.kind not in "biuf":
+            raise ValueError(f"stat {name!r}: dtype must be bool, integer or float, got {resolved}")
+        out[name] = resolved
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the trace
+# --------------------------------------------------------------------------------------------
+
+
+class Trace:
+    """An incrementally written, crash-consistent, resumable zarr trace.
+
+    Create one with :meth:`create` or open one with :meth:`open`; do not call the
+    constructor directly. See the module docstring for the layout and the
+    crash-consistency contract.
+    """
+
+    def __init__(
+        self,
+        group: zarr.Group,
+        record: dict[str, Any],
+        *,
+        path: str | os.PathLike[str],
+        read_only: bool,
+    ) -> None:
+        self._group = group
+        self._record = record
+        self._path = path
+        self._read_only = read_only
+        self._chains = int(record["chains"])
+        self._param_shape = tuple(int(d) for d in record["param_shape"])
+        self._stat_dtypes = {name: np.dtype(d) for name, d in record["stats"].items()}
+        counts = record["checkpoint"] if record["checkpoint"] is not None else record["committed"]
+        self._n = {False: int(counts["n_draws"]), True: int(counts["n_warmup_draws"])}
+        self._arrays: dict[str, zarr.Array] = {}  # handles, filled by _check_arrays
+
+    # ----------------------------------------------------------------------------- creation
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        chains: int,
+        param_shape: tuple[int, ...],
+        stats: Mapping[str, DTypeLike],
+        attrs: Mapping[str, Any],
+        overwrite: bool = False,
+        chunk_draws: int = _DEFAULT_CHUNK_DRAWS,
+    ) -> Trace:
+        """Create an empty trace at ``path``.
+
+        Everything is validated before anything is written.
+
+        Parameters
+        ----------
+        path
+            A local directory (created) or an fsspec URL understood by zarr.
+        chains
+            Number of chains.
+        param_shape
+            Shape of one draw of one chain, e.g. ``(D,)`` or ``(K, D)``; positive ints.
+        stats
+            Per-draw statistics to record, name -> numpy dtype (bool, int or float),
+            e.g. ``{"accepted": bool, "n_bright": np.int64, "log_joint": np.float64}``.
+        attrs
+            JSON-like metadata (algorithm configuration, model, dataset path, seed, ...);
+            see the module docstring for the accepted types. The key ``"flymc_trace"`` is
+            reserved.
+        overwrite
+            Replace an existing *trace* at ``path``. Anything else that is not an empty
+            directory is never deleted.
+        chunk_draws
+            Draws per chunk along the draw axis.
+
+        Returns
+        -------
+        Trace
+            The new, writable trace with no draws.
+
+        Raises
+        ------
+        FileExistsError
+            If ``path`` exists (and is not an empty directory) and ``overwrite`` is False,
+            or if it exists and is not a trace.
+        ValueError
+            For an invalid ``chains``, ``param_shape``, ``stats``, ``chunk_draws`` or a
+            reserved key in ``attrs``.
+        TypeError
+            If ``attrs`` is not a dict of JSON-like values.
+        """
+        n_chains = _validate_positive_int(chains, "chains")
+        shape = _validate_shape(param_shape)
+        stat_dtypes = _validate_stats(stats)
+        chunk = _validate_positive_int(chunk_draws, "chunk_draws")
+        if not isinstance(attrs, Mapping):
+            raise TypeError(f"attrs must be a dict, got {type(attrs).__name__}")
+        if _RESERVED_ATTR in attrs:
+            raise ValueError(f"the attribute key {_RESERVED_ATTR!r} is reserved")
+        user_attrs = _encode(dict(attrs), "attrs")
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"overwrite must be a bool, got {overwrite!r}")
+
+        state = _probe(path)
+        if state == "other":
+            raise FileExistsError(
+                f"{os.fspath(path)!s} exists and is not a flymc trace; refusing to "
+                "write there (remove it yourself if it is disposable)"
+            )
+        if state == "trace" and not overwrite:
+            raise FileExistsError(
+                f"a trace already exists at {os.fspath(path)!s}; pass overwrite=True to replace it"
+            )
+
+        record: dict[str, Any] = {
+            "format": TRACE_FORMAT,
+            "version": TRACE_VERSION,
+            "chains": n_chains,
+            "param_shape": list(shape),
+            "stats": {name: dtype.str for name, dtype in stat_dtypes.items()},
+            "chunk_draws": chunk,
+            "committed": {"n_draws": 0, "n_warmup_draws": 0},
+            "checkpoint": None,
+        }
+        created_dir = not _is_url(path) and not _local(path).exists()
+        try:
+            # The group (with its format marker) first, so that an interrupted create
+            # leaves something recognisable as a trace that overwrite=True may replace.
+            group = zarr.create_group(
+                store=path,
+                overwrite=state == "trace",
+                attributes={**user_attrs, _RESERVED_ATTR: record},
+                zarr_format=3,
+            )
+            for prefix in ("", "warmup_"):
+                group.create_array(
+                    f"{prefix}samples",
+                    shape=(n_chains, 0, *shape),
+                    chunks=(n_chains, chunk, *shape),
+                    dtype=np.float64,
+                    fill_value=np.nan,
+                )
+                stats_group = group.create_group(f"{prefix}stats")
+                for name, dtype in stat_dtypes.items():
+                    stats_group.create_array(
+                        name,
+                        shape=(n_chains, 0),
+                        chunks=(n_chains, chunk),
+                        dtype=dtype,
+                        fill_value=0,
+                    )
+        except BaseException:
+            if created_dir:
+                shutil.rmtree(_local(path), ignore_errors=True)
+            raise
+        trace = cls(group, record, path=path, read_only=False)
+        trace._check_arrays()
+        return trace
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, read_only: bool = False) -> Trace:
+        """Open an existing trace.
+
+        Draws beyond the last checkpoint (or, without a checkpoint, beyond the last
+        committed append) are ignored; see the module docstring. Opening never writes.
+
+        Parameters
+        ----------
+        path
+            The trace's location, as given to :meth:`create`.
+        read_only
+            Open without write access (:meth:`append` and :meth:`set_checkpoint` raise).
+
+        Returns
+        -------
+        Trace
+
+        Raises
+        ------
+        FileNotFoundError
+            If nothing exists at ``path``.
+        ValueError
+            If ``path`` is not a flymc trace, or is a corrupt one (missing arrays, arrays
+            shorter than recorded, inconsistent shapes).
+        """
+        state = _probe(path)
+        if state == "missing":
+            raise FileNotFoundError(f"no trace at {os.fspath(path)!s}")
+        if state == "other":
+            raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
+        group = zarr.open_group(path, mode="r" if read_only else "r+")
+        record = _record_of(group)
+        if record is None:  # pragma: no cover - changed under our feet
+            raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
+        if record.get("version") != TRACE_VERSION:
+            raise ValueError(
+                f"unsupported trace version {record.get('version')!r} (expected {TRACE_VERSION})"
+            )
+        try:
+            trace = cls(group, record, path=path, read_only=read_only)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"corrupt trace {os.fspath(path)!s}: bad record ({err})") from err
+        trace._check_arrays()
+        return trace
+
+    def _check_arrays(self) -> None:
+        """Check every array exists and holds the recorded draws; keep their handles.
+
+        Raises
+        ------
+        ValueError
+            If the trace is corrupt.
+        """
+        for warmup in (False, True):
+            prefix = "warmup_" if warmup else ""
+            n = self._n[warmup]
+            for key, tail, dtype in self._array_specs(warmup):
+                try:
+                    array = self._group[key]
+                except KeyError as err:
+                    msg = f"corrupt trace {self._path!s}: missing array {key!r}"
+                    raise ValueError(msg) from err
+                if not isinstance(array, zarr.Array):
+                    raise ValueError(f"corrupt trace {self._path!s}: {key!r} is not an array")
+                shape = array.shape
+                if shape[0] != self._chains or tuple(shape[2:]) != tail:
+                    raise ValueError(f"corrupt trace {self._path!s}: {key!r} has shape {shape}")
+                if array.dtype != dtype:
+                    msg = f"corrupt trace {self._path!s}: {key!r} has dtype {array.dtype}"
+                    raise ValueError(msg)
+                if shape[1] < n:
+                    raise ValueError(
+                        f"corrupt trace {self._path!s}: {key!r} holds {shape[1]} draws but "
+                        f"{n} {prefix}draws are recorded"
+                    )
+                self._arrays[key] = array
+
+    def _array_specs(self, warmup: bool) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+        """``(key, trailing shape, dtype)`` of every array of one phase, samples first."""
+        prefix = "warmup_" if warmup else ""
+        specs = [(f"{prefix}samples", self._param_shape, np.dtype(np.float64))]
+        specs += [(f"{prefix}stats/{name}", (), dt) for name, dt in self._stat_dtypes.items()]
+        return specs
+
+    # ----------------------------------------------------------------------------- writing
+
+    def _require_writable(self) -> None:
+        if self._read_only:
+            raise PermissionError(f"trace {self._path!s} was opened read-only")
+
+    def _write_record(self) -> None:
+        self._group.update_attributes({_RESERVED_ATTR: self._record})
+
+    def append(
+        self,
+        samples: ArrayLike,
+        stats: Mapping[str, ArrayLike],
+        *,
+        warmup: bool,
+    ) -> None:
+        """Append ``n`` draws of every chain.
+
+        The arrays are written first, then the new draw count is committed; a crash in
+        between leaves the previous count in force (the partial draws are ignored).
+
+        Parameters
+        ----------
+        samples
+            Array of shape ``(chains, n, *param_shape)`` (cast to float64); ``n`` may be 0.
+        stats
+            Exactly the declared statistics, each of shape ``(chains, n)``; cast to the
+            declared dtype with ``same_kind`` casting (float into an int stat is refused).
+        warmup
+            Append to the warm-up arrays instead of the sampling arrays.
+
+        Raises
+        ------
+        ValueError
+            For wrong shapes or missing/unknown statistics.
+        TypeError
+            For a non-real ``samples`` dtype, a non-bool ``warmup``, or a statistic that
+            cannot be cast to its declared dtype.
+        PermissionError
+            If the trace was opened read-only.
+        """
+        self._require_writable()
+        if not isinstance(warmup, (bool, np.bool_)):
+            raise TypeError(f"warmup must be a bool, got {warmup!r}")
+        warmup = bool(warmup)
+        draws = np.asarray(samples)
+        if draws.dtype.kind not in "biuf":
+            raise TypeError(f"samples must hold real numbers, got dtype {draws.dtype}")
+        expected = (self._chains, *self._param_shape)
+        if draws.ndim != len(expected) + 1 or (draws.shape[0], *draws.shape[2:]) != expected:
+            raise ValueError(
+                f"samples must have shape (chains={self._chains}, n, *{self._param_shape}), "
+                f"got {draws.shape}"
+            )
+        n_new = draws.shape[1]
+        if not isinstance(stats, Mapping):
+            raise TypeError(f"stats must be a dict, got {type(stats).__name__}")
+        missing = set(self._stat_dtypes) - set(stats)
+        unknown = set(stats) - set(self._stat_dtypes)
+        if missing or unknown:
+            raise ValueError(
+                f"stats must hold exactly {sorted(self._stat_dtypes)}; "
+                f"missing {sorted(missing)}, unknown {sorted(unknown)}"
+            )
+        columns: dict[str, np.ndarray] = {}
+        for name, dtype in self._stat_dtypes.items():
+            column = np.asarray(stats[name])
+            if column.shape != (self._chains, n_new):
+                raise ValueError(
+                    f"stat {name!r} must have shape ({self._chains}, {n_new}), got {column.shape}"
+                )
+            if not np.can_cast(column.dtype, dtype, casting="same_kind"):
+                raise TypeError(f"stat {name!r}: cannot cast {column.dtype} to {dtype}")
+            columns[name] = column.astype(dtype, copy=False)
+        if n_new == 0:
+            return
+
+        start = self._n[warmup]
+        stop = start + n_new
+        payload = [draws.astype(np.float64, copy=False), *columns.values()]
+        for (key, tail, _), data in zip(self._array_specs(warmup), payload, strict=True):
+            array = self._arrays[key]
+            array.resize((self._chains, stop, *tail))  # also drops ignored stale draws
+            array[:, start:stop] = data
+        counts = dict(self._record["committed"])
+        counts["n_warmup_draws" if warmup else "n_draws"] = stop
+        # Keep the other phase's committed count consistent with what this session shows.
+        counts["n_draws" if warmup else "n_warmup_draws"] = self._n[not warmup]
+        self._record = {**self._record, "committed": counts}
+        self._write_record()
+        self._n[warmup] = stop
+
+    def set_checkpoint(self, state: Mapping[str, Any]) -> None:
+        """Record a resumable state referring to all draws appended so far.
+
+        Call it after :meth:`append`, never before: the checkpoint records the current
+        draw counts, and on :meth:`open` those counts are authoritative.
+
+        Parameters
+        ----------
+        state
+            A JSON-like dict (see the module docstring): iteration count, current
+            positions, kernel parameters, ``rng.bit_generator.state`` dicts, ...
+
+        Raises
+        ------
+        TypeError, ValueError
+            If ``state`` is not a dict of storable values (nothing is written).
+        PermissionError
+            If the trace was opened read-only.
+        """
+        self._require_writable()
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        encoded = _encode(dict(state), "state")
+        counts = {"n_draws": self._n[False], "n_warmup_draws": self._n[True]}
+        self._record = {
+            **self._record,
+            "committed": dict(counts),
+            "checkpoint": {**counts, "state": encoded},
+        }
+        self._write_record()
+
+    # ----------------------------------------------------------------------------- reading
+
+    @property
+    def path(self) -> str | os.PathLike[str]:
+        """Where the trace lives."""
+        return self._path
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the trace was opened without write access."""
+        return self._read_only
+
+    @property
+    def chains(self) -> int:
+        """Number of chains."""
+        return self._chains
+
+    @property
+    def param_shape(self) -> tuple[int, ...]:
+        """Shape of one draw of one chain."""
+        return self._param_shape
+
+    @property
+    def stat_dtypes(self) -> dict[str, np.dtype]:
+        """Declared statistics and their dtypes."""
+        return dict(self._stat_dtypes)
+
+    @property
+    def n_draws(self) -> int:
+        """Number of (post-warm-up) draws per chain."""
+        return self._n[False]
+
+    @property
+    def n_warmup_draws(self) -> int:
+        """Number of warm-up draws per chain."""
+        return self._n[True]
+
+    @property
+    def samples(self) -> np.ndarray:
+        """Post-warm-up draws, ``(chains, n_draws, *param_shape)`` float64."""
+        return self._arrays["samples"][:, : self._n[False]]
+
+    @property
+    def warmup_samples(self) -> np.ndarray:
+        """Warm-up draws, ``(chains, n_warmup_draws, *param_shape)`` float64."""
+        return self._arrays["warmup_samples"][:, : self._n[True]]
+
+    @property
+    def stats(self) -> dict[str, np.ndarray]:
+        """Post-warm-up statistics, name -> ``(chains, n_draws)``."""
+        return self._read_stats(warmup=False)
+
+    @property
+    def warmup_stats(self) -> dict[str, np.ndarray]:
+        """Warm-up statistics, name -> ``(chains, n_warmup_draws)``."""
+        return self._read_stats(warmup=True)
+
+    def _read_stats(self, *, warmup: bool) -> dict[str, np.ndarray]:
+        prefix = "warmup_" if warmup else ""
+        n = self._n[warmup]
+        return {name: self._arrays[f"{prefix}stats/{name}"][:, :n] for name in self._stat_dtypes}
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The metadata given to :meth:`create` (decoded; tuples come back as lists)."""
+        raw = dict(self._group.attrs)
+        raw.pop(_RESERVED_ATTR, None)
+        return _decode(raw)
+
+    @property
+    def checkpoint(self) -> dict[str, Any] | None:
+        """The state of the last :meth:`set_checkpoint` (decoded), or None."""
+        checkpoint = self._record["checkpoint"]
+        return None if checkpoint is None else _decode(checkpoint["state"])
+
+    def __repr__(self) -> str:
+        return (
+            f"Trace({os.fspath(self._path)!s}, chains={self._chains}, "
+            f"param_shape={self._param_shape}, n_warmup_draws={self.n_warmup_draws}, "
+            f"n_draws={self.n_draws}, stats={sorted(self._stat_dtypes)})"
+        )

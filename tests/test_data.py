@@ -1,0 +1,716 @@
+"""Tests of the data layer: layout, validation, atomic writes, shards, generators, ingest."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from flymc_dist import data as fdata
+from flymc_dist.data import (
+    FORMAT,
+    Dataset,
+    from_blocks,
+    from_numpy,
+    ingest,
+    make_logistic,
+    make_opv_like,
+    make_robust,
+    make_softmax,
+    open_dataset,
+)
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _xy(n: int = 50, d: int = 3, task: str = "real", seed: int = 0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    if task == "binary":
+        y = rng.integers(0, 2, n)
+    elif task == "multiclass":
+        y = rng.integers(0, 4, n)
+    else:
+        y = rng.standard_normal(n)
+    return X, y
+
+
+def _leftovers(parent: Path, name: str) -> list[str]:
+    """Temporary siblings of ``parent / name`` that a writer may have left behind."""
+    return [p for p in os.listdir(parent) if p.startswith(f".{name}.flymc-")]
+
+
+def assert_nothing_written(path: Path) -> None:
+    assert not path.exists(), f"{path} should not exist"
+    if path.parent.exists():
+        assert _leftovers(path.parent, path.name) == []
+
+
+def assert_clean(path: Path) -> None:
+    assert _leftovers(path.parent, path.name) == []
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+@pytest.mark.parametrize("task", ["real", "binary", "multiclass"])
+def test_round_trip(tmp_path: Path, task: str) -> None:
+    X, y = _xy(103, 4, task)
+    ds = from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=10)
+    assert isinstance(ds, Dataset)
+    ds2 = open_dataset(tmp_path / "d.zarr")
+    for d in (ds, ds2):
+        assert d.path == str((tmp_path / "d.zarr").resolve())
+        assert (d.n_rows, d.n_features, d.chunk_rows, d.task) == (103, 4, 10, task)
+        assert d.shape == (103, 4) and len(d) == 103 and d.n_chunks == 11
+        Xr, yr = d.read(0, 103)
+        np.testing.assert_array_equal(Xr, X)
+        np.testing.assert_array_equal(yr, y)
+        assert Xr.dtype == np.float64 and Xr.flags.c_contiguous
+        assert yr.dtype == (np.float64 if task == "real" else np.int64)
+    assert ds2.n_classes == {"real": None, "binary": 2, "multiclass": 4}[task]
+    g = zarr.open_group(str(tmp_path / "d.zarr"), mode="r")
+    assert g.attrs["format"] == FORMAT
+    assert g["X"].chunks == (10, 4) and g["y"].chunks == (10,)
+    assert g["X"].dtype == np.float64
+    assert_clean(tmp_path / "d.zarr")
+
+
+def test_round_trip_dtypes_names_and_defaults(tmp_path: Path) -> None:
+    X = np.arange(12, dtype=np.int32).reshape(6, 2)
+    y = np.array([True, False, True, True, False, False])
+    ds = from_numpy(X, y, str(tmp_path / "a"), feature_names=["a", "b"])
+    assert ds.task == "binary" and ds.n_classes == 2
+    assert ds.chunk_rows == 6  # default clipped to N
+    assert ds.feature_names == ["a", "b"]
+    Xr, yr = ds.read(0, 6)
+    np.testing.assert_array_equal(Xr, X.astype(float))
+    np.testing.assert_array_equal(yr, y.astype(np.int64))
+    # float32 features are widened exactly; chunk_rows larger than N is clipped
+    Xf = np.random.default_rng(1).standard_normal((7, 3)).astype(np.float32)
+    ds = from_numpy(Xf, np.zeros(7) + 0.5, tmp_path / "b", chunk_rows=1000)
+    assert ds.chunk_rows == 7
+    np.testing.assert_array_equal(ds.read(0, 7)[0], Xf.astype(np.float64))
+
+
+def test_default_chunk_rows_about_8_mib() -> None:
+    cr = fdata.default_chunk_rows(10**7, 57)
+    assert abs(cr * 57 * 8 - 8 * 2**20) <= 57 * 8
+    assert fdata.default_chunk_rows(10, 57) == 10
+    assert fdata.default_chunk_rows(10**7, 10**7) == 1
+
+
+@pytest.mark.parametrize(
+    ("y", "task", "k"),
+    [
+        (np.array([0.0, 1.0, 1.0, 0.0]), "binary", 2),
+        (np.array([0, 0, 0, 0]), "binary", 2),
+        (np.array([0, 2, 1, 4]), "multiclass", 5),
+        (np.array([1.0, 2.0, 3.0, 2.0]), "multiclass", 4),
+        (np.array([-1, 0, 1, 1]), "real", None),
+        (np.array([0.5, 1.0, 0.0, 1.0]), "real", None),
+    ],
+)
+def test_task_inference(tmp_path: Path, y: np.ndarray, task: str, k: int | None) -> None:
+    ds = from_numpy(np.ones((4, 1)), y, tmp_path / "t")
+    assert (ds.task, ds.n_classes) == (task, k)
+
+
+def test_explicit_task(tmp_path: Path) -> None:
+    y = np.array([0, 1, 1, 0])
+    ds = from_numpy(np.ones((4, 1)), y, tmp_path / "r", task="real")
+    assert ds.task == "real" and ds.read()[1].dtype == np.float64
+    ds = from_numpy(np.ones((4, 1)), y, tmp_path / "m", task="multiclass", n_classes=3)
+    assert (ds.task, ds.n_classes) == ("multiclass", 3)
+    ds = from_numpy(np.ones((4, 1)), y, tmp_path / "m2", task="multiclass")
+    assert ds.n_classes == 2
+
+
+# --------------------------------------------------------------------------- validation
+
+_rng = np.random.default_rng(0)
+_X = _rng.standard_normal((20, 3))
+_y = _rng.standard_normal(20)
+_yb = _rng.integers(0, 2, 20)
+
+
+def _with(a: np.ndarray, idx: tuple, value: float) -> np.ndarray:
+    a = a.astype(float)
+    a[idx] = value
+    return a
+
+
+BAD = {
+    "X 1-D": (dict(X=np.ones(5), y=np.ones(5)), "X must be 2-D"),
+    "X 3-D": (dict(X=np.ones((5, 2, 2)), y=np.ones(5)), "X must be 2-D"),
+    "y 2-D": (dict(X=np.ones((5, 2)), y=np.ones((5, 1))), "y must be 1-D"),
+    "length mismatch": (dict(X=np.ones((5, 2)), y=np.ones(4)), "5 rows but y has 4"),
+    "N = 0": (dict(X=np.ones((0, 2)), y=np.ones(0)), "empty"),
+    "D = 0": (dict(X=np.ones((5, 0)), y=np.ones(5)), "no columns"),
+    "X strings": (dict(X=np.array([["a", "b"]]), y=np.ones(1)), "numeric dtype"),
+    "X complex": (dict(X=np.ones((2, 2), dtype=complex), y=np.ones(2)), "numeric dtype"),
+    "X object": (dict(X=np.array([[1, None]], dtype=object), y=np.ones(1)), "numeric dtype"),
+    "y strings": (dict(X=np.ones((2, 2)), y=np.array(["a", "b"])), "numeric dtype"),
+    "NaN in X": (dict(X=_with(_X, (7, 2), np.nan), y=_y), r"row 7, column 2"),
+    "inf in X": (dict(X=_with(_X, (3, 0), -np.inf), y=_y), r"row 3, column 0"),
+    "NaN in y": (dict(X=_X, y=_with(_y, (11,), np.nan)), r"y contains .* row 11"),
+    "inf in y": (dict(X=_X, y=_with(_y, (0,), np.inf)), r"y contains .* row 0"),
+    "binary label 2": (dict(X=_X, y=_with(_yb, (4,), 2), task="binary"), r"\{0, 1\}.*row 4"),
+    "binary label -1": (dict(X=_X, y=_with(_yb, (5,), -1), task="binary"), r"row 5"),
+    "binary non-integer": (dict(X=_X, y=_with(_yb, (6,), 0.5), task="binary"), "integer"),
+    "multiclass out of range": (
+        dict(X=_X, y=_with(_yb, (9,), 3), task="multiclass", n_classes=3),
+        r"0\.\.2.*row 9",
+    ),
+    "multiclass K < 2": (
+        dict(X=_X, y=np.zeros(20), task="multiclass", n_classes=1),
+        "n_classes >= 2",
+    ),
+    "binary n_classes 3": (dict(X=_X, y=_yb, task="binary", n_classes=3), "must be 2"),
+    "real with n_classes": (dict(X=_X, y=_y, task="real", n_classes=3), "None for task 'real'"),
+    "unknown task": (dict(X=_X, y=_y, task="poisson"), "task must be one of"),
+    "chunk_rows 0": (dict(X=_X, y=_y, chunk_rows=0), "chunk_rows must be >= 1"),
+    "chunk_rows -3": (dict(X=_X, y=_y, chunk_rows=-3), "chunk_rows must be >= 1"),
+    "chunk_rows float": (dict(X=_X, y=_y, chunk_rows=2.5), "chunk_rows must be a positive"),
+    "feature_names length": (dict(X=_X, y=_y, feature_names=["a"]), "feature_names has 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_validation_errors_write_nothing(tmp_path: Path, case: str) -> None:
+    kwargs, match = BAD[case]
+    path = tmp_path / "sub" / "bad.zarr"
+    with pytest.raises(ValueError, match=match):
+        from_numpy(path=path, **kwargs)
+    assert_nothing_written(path)
+    assert not (tmp_path / "sub").exists()  # not even the parent directory
+
+
+def test_existing_path_without_overwrite(tmp_path: Path) -> None:
+    X, y = _xy()
+    path = tmp_path / "d.zarr"
+    from_numpy(X, y, path)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        from_numpy(X + 1, y, path)
+    np.testing.assert_array_equal(open_dataset(path).read()[0], X)
+    assert_clean(path)
+
+
+def test_overwrite_replaces(tmp_path: Path) -> None:
+    X, y = _xy(30, 2)
+    path = tmp_path / "d.zarr"
+    old = from_numpy(X, y, path, chunk_rows=7)
+    X2, y2 = _xy(41, 5, "binary", seed=3)
+    new = from_numpy(X2, y2, path, overwrite=True, chunk_rows=4)
+    assert (new.n_rows, new.n_features, new.task, new.chunk_rows) == (41, 5, "binary", 4)
+    np.testing.assert_array_equal(open_dataset(path).read()[0], X2)
+    assert old.path == new.path
+    assert_clean(path)
+
+
+def test_overwrite_refuses_non_stores(tmp_path: Path) -> None:
+    X, y = _xy()
+    f = tmp_path / "file.txt"
+    f.write_text("precious")
+    with pytest.raises(FileExistsError, match="not a directory"):
+        from_numpy(X, y, f, overwrite=True)
+    assert f.read_text() == "precious"
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "precious.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a zarr store"):
+        from_numpy(X, y, d, overwrite=True)
+    assert (d / "precious.txt").read_text() == "keep me"
+    # an empty directory may be replaced
+    e = tmp_path / "empty"
+    e.mkdir()
+    assert from_numpy(X, y, e, overwrite=True).n_rows == 50
+    assert_clean(e)
+
+
+# --------------------------------------------------------------------------- interrupt safety
+
+
+class _Boom(Exception):
+    pass
+
+
+def _failing_write_block(monkeypatch: pytest.MonkeyPatch, after: int, exc: BaseException):
+    """Make the writer's block write raise ``exc`` on call number ``after + 1``."""
+    real = fdata._write_block
+    calls = {"n": 0}
+
+    def fake(array, start, values):
+        calls["n"] += 1
+        if calls["n"] > after:
+            raise exc
+        real(array, start, values)
+
+    monkeypatch.setattr(fdata, "_write_block", fake)
+    # one chunk per zarr write, so that there are many writes
+    monkeypatch.setattr(fdata, "_WORK_BLOCK_BYTES", 1)
+    return calls
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), _Boom("disk full"), OSError("EIO")])
+def test_interrupt_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> None:
+    X, y = _xy(100, 3)
+    path = tmp_path / "d.zarr"
+    calls = _failing_write_block(monkeypatch, after=5, exc=exc)
+    with pytest.raises(type(exc)):
+        from_numpy(X, y, path, chunk_rows=10)
+    assert calls["n"] > 5  # it really failed midway
+    assert_nothing_written(path)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), _Boom("disk full")])
+def test_interrupt_keeps_old_store_on_overwrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> None:
+    X, y = _xy(100, 3)
+    path = tmp_path / "d.zarr"
+    from_numpy(X, y, path, chunk_rows=10)
+    _failing_write_block(monkeypatch, after=4, exc=exc)
+    with pytest.raises(type(exc)):
+        from_numpy(X + 100, y, path, chunk_rows=10, overwrite=True)
+    ds = open_dataset(path)
+    np.testing.assert_array_equal(ds.read()[0], X)
+    assert ds.chunk_rows == 10
+    assert_clean(path)
+
+
+def test_interrupt_in_generator_leaves_nothing(tmp_path: Path) -> None:
+    def blocks():
+        for i in range(5):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield np.ones((10, 2)), np.zeros(10)
+
+    path = tmp_path / "g.zarr"
+    with pytest.raises(KeyboardInterrupt):
+        from_blocks(blocks(), path, 50, 2, task="real", chunk_rows=4)
+    assert_nothing_written(path)
+
+
+def test_from_blocks_validates_each_block(tmp_path: Path) -> None:
+    good = (np.ones((10, 2)), np.zeros(10))
+    bad_x = (_with(np.ones((10, 2)), (4, 1), np.nan), np.zeros(10))
+    path = tmp_path / "g.zarr"
+    with pytest.raises(ValueError, match="row 14, column 1"):
+        from_blocks([good, bad_x], path, 20, 2, task="real")
+    assert_nothing_written(path)
+    with pytest.raises(ValueError, match="row 13"):
+        from_blocks([good, (np.ones((10, 2)), _with(np.zeros(10), (3,), 2))], path, 20, 2,
+                    task="binary")
+    assert_nothing_written(path)
+    with pytest.raises(ValueError, match="expected n_rows = 30"):
+        from_blocks([good, good], path, 30, 2, task="real")
+    assert_nothing_written(path)
+    with pytest.raises(ValueError, match="more than n_rows"):
+        from_blocks([good, good], path, 15, 2, task="real")
+    assert_nothing_written(path)
+    with pytest.raises(ValueError, match="expected \\(n, 3\\)"):
+        from_blocks([good], path, 10, 3, task="real")
+    assert_nothing_written(path)
+    with pytest.raises(ValueError, match="reserved"):
+        from_blocks([good], path, 10, 2, task="real", attrs={"task": "x"})
+    assert_nothing_written(path)
+    with pytest.raises(ValueError, match="n_classes"):
+        from_blocks([good], path, 10, 2, task="multiclass")
+    assert_nothing_written(path)
+    ds = from_blocks([good, good], path, 20, 2, task="binary", attrs={"note": np.float64(2)})
+    assert ds.attrs["note"] == 2.0 and ds.task == "binary"
+
+
+def test_from_blocks_caller_may_reuse_its_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fdata, "_WORK_BLOCK_BYTES", 1)  # blocks take the direct path
+    buf_X, buf_y = np.empty((20, 2)), np.empty(20)
+
+    def blocks():
+        for i in range(5):
+            buf_X[:] = i
+            buf_y[:] = i
+            yield buf_X, buf_y
+
+    ds = from_blocks(blocks(), tmp_path / "r", 100, 2, task="real", chunk_rows=10)
+    X, y = ds.read()
+    np.testing.assert_array_equal(y, np.repeat(np.arange(5.0), 20))
+    np.testing.assert_array_equal(X[:, 1], y)
+
+
+# --------------------------------------------------------------------------- opening
+
+
+def test_open_dataset_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no flymc_dist data set"):
+        open_dataset(tmp_path / "missing.zarr")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="not a zarr"):
+        open_dataset(tmp_path / "plain")
+    g = zarr.open_group(str(tmp_path / "other.zarr"), mode="w", zarr_format=3)
+    g.attrs["hello"] = "world"
+    with pytest.raises(ValueError, match="not a complete flymc_dist data set"):
+        open_dataset(tmp_path / "other.zarr")
+    zarr.create_array(str(tmp_path / "arr.zarr"), shape=(3,), dtype="float64")
+    with pytest.raises(ValueError, match="not a flymc_dist data set"):
+        open_dataset(tmp_path / "arr.zarr")
+
+
+def test_open_detects_mismatched_arrays(tmp_path: Path) -> None:
+    path = tmp_path / "d.zarr"
+    from_numpy(*_xy(20, 2), path)
+    g = zarr.open_group(str(path), mode="r+")
+    g.attrs["n_rows"] = 21
+    with pytest.raises(ValueError, match="do not match"):
+        open_dataset(path)
+
+
+def test_fsspec_memory_url() -> None:
+    url = "memory://flymc-test/d.zarr"
+    X, y = _xy(33, 2, "binary")
+    try:
+        ds = from_numpy(X, y, url, chunk_rows=8)
+        assert ds.path == url
+        ds2 = pickle.loads(pickle.dumps(open_dataset(url)))
+        np.testing.assert_array_equal(ds2.read()[0], X)
+        with pytest.raises(FileExistsError):
+            from_numpy(X, y, url)
+        assert from_numpy(X[:5], y[:5], url, overwrite=True).n_rows == 5
+    finally:
+        import fsspec
+
+        fs = fsspec.filesystem("memory")
+        if fs.exists("/flymc-test"):
+            fs.rm("/flymc-test", recursive=True)
+    with pytest.raises(FileNotFoundError):
+        open_dataset("memory://flymc-test/missing.zarr")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@pytest.fixture
+def ds(tmp_path: Path) -> Dataset:
+    X, y = _xy(103, 4, "multiclass")
+    return from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=10)
+
+
+def test_read_ranges(ds: Dataset) -> None:
+    Xa, ya = ds.read()
+    X, y = ds.read(17, 42)
+    np.testing.assert_array_equal(X, Xa[17:42])
+    np.testing.assert_array_equal(y, ya[17:42])
+    X, y = ds.read(5, 5)
+    assert X.shape == (0, 4) and y.shape == (0,)
+    for bad in [(-1, 3), (3, 2), (0, 104)]:
+        with pytest.raises(IndexError):
+            ds.read(*bad)
+
+
+def test_read_rows(ds: Dataset) -> None:
+    Xa, ya = ds.read()
+    idx = np.array([0, 3, 3, 9, 10, 55, 99, 102])
+    X, y = ds.read_rows(idx)
+    np.testing.assert_array_equal(X, Xa[idx])
+    np.testing.assert_array_equal(y, ya[idx])
+    assert X.flags.c_contiguous and X.dtype == np.float64
+    X, y = ds.read_rows([])
+    assert X.shape == (0, 4) and y.shape == (0,)
+    with pytest.raises(ValueError, match="sorted"):
+        ds.read_rows([5, 2])
+    with pytest.raises(IndexError):
+        ds.read_rows([0, 103])
+    with pytest.raises(IndexError):
+        ds.read_rows([-1, 2])
+    with pytest.raises(ValueError, match="integers"):
+        ds.read_rows([0.5])
+
+
+def test_iter_chunks(ds: Dataset) -> None:
+    Xa, ya = ds.read()
+    pieces = list(ds.iter_chunks())
+    assert [(s, e) for s, e, _, _ in pieces] == ds.chunk_ranges()
+    np.testing.assert_array_equal(np.concatenate([p[2] for p in pieces]), Xa)
+    np.testing.assert_array_equal(np.concatenate([p[3] for p in pieces]), ya)
+    sub = [(s, e) for s, e, _, _ in ds.iter_chunks(15, 42)]
+    assert sub == [(15, 20), (20, 30), (30, 40), (40, 42)]
+
+
+def test_pickle_is_cheap_and_lazy(ds: Dataset) -> None:
+    ds.read(0, 3)  # open the arrays
+    blob = pickle.dumps(ds)
+    assert len(blob) < 2000
+    ds2 = pickle.loads(blob)
+    assert ds2.__dict__["_arrays"] is None
+    np.testing.assert_array_equal(ds2.read(5, 25)[0], ds.read(5, 25)[0])
+    assert (ds2.n_rows, ds2.task, ds2.n_classes) == (ds.n_rows, ds.task, ds.n_classes)
+
+
+def test_repr(ds: Dataset) -> None:
+    r = repr(ds)
+    assert "n_rows=103" in r and "n_features=4" in r and "multiclass" in r and "d.zarr" in r
+
+
+# --------------------------------------------------------------------------- shard ranges
+
+
+def _check_shards(ranges: list[tuple[int, int]], n: int, cr: int) -> None:
+    assert ranges[0][0] == 0 and ranges[-1][1] == n
+    for (s0, e0), (s1, _) in zip(ranges[:-1], ranges[1:]):
+        assert e0 == s1
+    for s, e in ranges:
+        assert s < e and s % cr == 0
+        assert e % cr == 0 or e == n
+
+
+@pytest.mark.parametrize(("n", "cr"), [(1, 1), (10, 3), (100, 10), (101, 10), (1000, 7)])
+def test_shard_ranges_cover_once_and_align(tmp_path: Path, n: int, cr: int) -> None:
+    ds = from_numpy(np.zeros((n, 1)), np.zeros(n), tmp_path / "s", chunk_rows=cr)
+    n_chunks = -(-n // cr)
+    for k in [1, 2, 3, 5, 8, 1000]:
+        r = ds.shard_ranges(n_shards=k)
+        _check_shards(r, n, cr)
+        assert len(r) == min(k, n_chunks)
+        sizes = [-(-(e - s) // cr) for s, e in r]  # chunks per shard
+        assert max(sizes) - min(sizes) <= 1
+    for rps in [1, cr, 2 * cr, 3 * cr + 1, 10**9]:
+        r = ds.shard_ranges(rows_per_shard=rps)
+        _check_shards(r, n, cr)
+        per = max(1, round(rps / cr))
+        assert all(e - s == per * cr for s, e in r[:-1])
+    _check_shards(ds.shard_ranges(), n, cr)
+    covered = np.zeros(n, int)
+    for s, e in ds.shard_ranges(n_shards=3):
+        covered[s:e] += 1
+    assert np.all(covered == 1)
+
+
+def test_shard_ranges_depend_only_on_layout(tmp_path: Path) -> None:
+    a = from_numpy(np.zeros((1000, 1)), np.zeros(1000), tmp_path / "a", chunk_rows=30)
+    b = from_numpy(*_xy(1000, 7, "binary"), tmp_path / "b", chunk_rows=30)
+    for kw in [{}, {"n_shards": 4}, {"rows_per_shard": 200}]:
+        assert a.shard_ranges(**kw) == b.shard_ranges(**kw)
+        assert a.shard_ranges(**kw) == open_dataset(a.path).shard_ranges(**kw)
+        assert a.shard_ranges(**kw) == pickle.loads(pickle.dumps(a)).shard_ranges(**kw)
+
+
+def test_shard_ranges_default_and_errors(tmp_path: Path) -> None:
+    n = 600_000
+    ds = from_blocks(
+        [(np.zeros((n, 1)), np.zeros(n))], tmp_path / "big", n, 1, task="real",
+        chunk_rows=50_000,
+    )
+    r = ds.shard_ranges()
+    # 2**18 rows per shard rounded to 5 chunks of 50k rows
+    assert r == [(0, 250_000), (250_000, 500_000), (500_000, 600_000)]
+    with pytest.raises(ValueError, match="not both"):
+        ds.shard_ranges(n_shards=2, rows_per_shard=100)
+    with pytest.raises(ValueError):
+        ds.shard_ranges(n_shards=0)
+    with pytest.raises(ValueError):
+        ds.shard_ranges(rows_per_shard=0)
+
+
+# --------------------------------------------------------------------------- generators
+
+
+def _spy_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record (start, rows) of every X write, with one chunk per write."""
+    real = fdata._write_block
+    log: list[tuple[int, int]] = []
+
+    def spy(array, start, values):
+        if values.ndim == 2:
+            log.append((start, values.shape[0]))
+        real(array, start, values)
+
+    monkeypatch.setattr(fdata, "_write_block", spy)
+    monkeypatch.setattr(fdata, "_WORK_BLOCK_BYTES", 1)
+    return log
+
+
+def test_make_logistic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = _spy_writes(monkeypatch)
+    ds = make_logistic(tmp_path / "l", 5000, 6, seed=1, chunk_rows=700)
+    assert (ds.n_rows, ds.n_features, ds.task, ds.n_classes) == (5000, 6, "binary", 2)
+    # written chunk by chunk, each chunk once
+    assert log == [(s, min(700, 5000 - s)) for s in range(0, 5000, 700)]
+    X, y = ds.read()
+    theta = np.array(ds.attrs["true_theta"])
+    assert theta.shape == (6,)
+    assert np.all(X[:, 0] == 1.0)
+    assert set(np.unique(y)) == {0, 1}
+    assert 0.2 < y.mean() < 0.8  # not trivial
+    # labels agree with the true logit most, but not all, of the time (not separable)
+    agree = np.mean((X @ theta > 0) == (y == 1))
+    assert 0.6 < agree < 0.9
+    assert ds.attrs["generator"] == "make_logistic" and ds.feature_names[0] == "bias"
+
+
+def test_generators_deterministic_and_chunk_independent(tmp_path: Path) -> None:
+    n = 40_000  # crosses a generation block boundary (2**15 rows)
+    a = make_robust(tmp_path / "a", n, 3, seed=5, chunk_rows=999)
+    b = make_robust(tmp_path / "b", n, 3, seed=5, chunk_rows=4096)
+    c = make_robust(tmp_path / "c", n, 3, seed=6, chunk_rows=999)
+    Xa, ya = a.read()
+    Xb, yb = b.read()
+    np.testing.assert_array_equal(Xa, Xb)
+    np.testing.assert_array_equal(ya, yb)
+    assert a.attrs["true_theta"] == b.attrs["true_theta"]
+    assert not np.array_equal(ya, c.read()[1])
+    s1 = make_softmax(tmp_path / "s1", 300, 4, 3, seed=2, chunk_rows=7)
+    s2 = make_softmax(tmp_path / "s2", 300, 4, 3, seed=2, chunk_rows=300)
+    np.testing.assert_array_equal(s1.read()[1], s2.read()[1])
+
+
+def test_make_softmax(tmp_path: Path) -> None:
+    ds = make_softmax(tmp_path / "s", 3000, 5, 4, seed=0)
+    assert (ds.task, ds.n_classes, ds.n_features) == ("multiclass", 4, 5)
+    X, y = ds.read()
+    assert y.dtype == np.int64 and set(np.unique(y)) == {0, 1, 2, 3}
+    theta = np.array(ds.attrs["true_theta"])
+    assert theta.shape == (4, 5)
+    # the true model predicts better than chance but is far from perfect
+    acc = np.mean(np.argmax(X @ theta.T, axis=1) == y)
+    assert 0.35 < acc < 0.95
+
+
+def test_make_robust_heavy_tails(tmp_path: Path) -> None:
+    ds = make_robust(tmp_path / "r", 20_000, 4, seed=0)
+    assert ds.task == "real" and ds.n_classes is None and ds.attrs["nu"] == 4.0
+    X, y = ds.read()
+    r = y - X @ np.array(ds.attrs["true_theta"])
+    kurt = np.mean((r - r.mean()) ** 4) / np.var(r) ** 2
+    assert kurt > 4.0  # Student-t(4) noise: far heavier tails than Gaussian (3)
+    assert abs(np.median(r)) < 0.05
+
+
+def test_make_opv_like_small(tmp_path: Path) -> None:
+    ds = make_opv_like(tmp_path / "o", n_rows=20_000, seed=0)
+    assert ds.shape == (20_000, 57) and ds.task == "real"
+    X, _ = ds.read()
+    assert np.all(X[:, 0] == 1.0)
+    sd = X[:, 1:].std(axis=0)
+    np.testing.assert_allclose(sd, 1.0, atol=0.05)  # standardised
+    C = np.corrcoef(X[:, 1:], rowvar=False)
+    off = np.abs(C[~np.eye(56, dtype=bool)])
+    assert off.max() > 0.3  # correlated features
+
+
+@pytest.mark.parametrize(
+    ("fn", "kwargs", "match"),
+    [
+        (make_logistic, dict(n_rows=0, n_features=3), "n_rows"),
+        (make_logistic, dict(n_rows=10, n_features=0), "n_features"),
+        (make_logistic, dict(n_rows=10, n_features=2, seed=-1), "seed"),
+        (make_softmax, dict(n_rows=10, n_features=2, n_classes=1), "n_classes"),
+        (make_robust, dict(n_rows=10.5, n_features=2), "n_rows"),
+        (make_robust, dict(n_rows=10, n_features=2, nu=0.0), "nu"),
+        (make_logistic, dict(n_rows=10, n_features=2, chunk_rows=0), "chunk_rows"),
+    ],
+)
+def test_generator_argument_errors(tmp_path: Path, fn, kwargs: dict, match: str) -> None:
+    path = tmp_path / "g"
+    with pytest.raises(ValueError, match=match):
+        fn(path, **kwargs)
+    assert_nothing_written(path)
+
+
+def test_generator_existing_path(tmp_path: Path) -> None:
+    make_logistic(tmp_path / "g", 10, 2)
+    with pytest.raises(FileExistsError):
+        make_logistic(tmp_path / "g", 10, 2)
+    assert make_logistic(tmp_path / "g", 20, 2, overwrite=True).n_rows == 20
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+def test_ingest_npy(tmp_path: Path) -> None:
+    X, y = _xy(40, 3, "binary")
+    A = np.column_stack([X, y])
+    np.save(tmp_path / "a.npy", A)
+    ds = ingest(tmp_path / "a.npy", tmp_path / "a.zarr", chunk_rows=16)
+    assert ds.task == "binary" and ds.chunk_rows == 16
+    np.testing.assert_array_equal(ds.read()[0], X)
+    np.testing.assert_array_equal(ds.read()[1], y)
+    B = np.column_stack([X[:, :1], y, X[:, 1:]])
+    np.save(tmp_path / "b.npy", B)
+    ds = ingest(tmp_path / "b.npy", tmp_path / "b.zarr", target=1, task="real")
+    np.testing.assert_array_equal(ds.read()[0], X)
+    assert ds.task == "real"
+    ds = ingest(tmp_path / "a.npy", tmp_path / "c.zarr", target=0)
+    np.testing.assert_array_equal(ds.read()[1], X[:, 0])
+
+
+def test_ingest_npz(tmp_path: Path) -> None:
+    X, y = _xy(40, 3, "multiclass")
+    np.savez(tmp_path / "a.npz", X=X, y=y, feature_names=np.array(["p", "q", "r"]))
+    ds = ingest(tmp_path / "a.npz", tmp_path / "a.zarr")
+    assert ds.task == "multiclass" and ds.feature_names == ["p", "q", "r"]
+    np.testing.assert_array_equal(ds.read()[0], X)
+
+
+def test_ingest_csv(tmp_path: Path) -> None:
+    src = tmp_path / "a.csv"
+    src.write_text("x1,label,x2\n1.5,0,2\n-1,1,3e2\n\n0,1,4\n")
+    ds = ingest(src, tmp_path / "a.zarr", target="label")
+    assert ds.task == "binary" and ds.feature_names == ["x1", "x2"]
+    np.testing.assert_array_equal(ds.read()[0], [[1.5, 2], [-1, 300], [0, 4]])
+    np.testing.assert_array_equal(ds.read()[1], [0, 1, 1])
+    ds = ingest(src, tmp_path / "b.zarr")  # default: last column
+    assert ds.task == "multiclass" and ds.feature_names == ["x1", "label"]
+
+
+def test_ingest_errors(tmp_path: Path) -> None:
+    out = tmp_path / "out.zarr"
+    with pytest.raises(FileNotFoundError, match="not found"):
+        ingest(tmp_path / "nope.npy", out)
+    (tmp_path / "a.txt").write_text("1,2\n")
+    with pytest.raises(ValueError, match="unknown extension"):
+        ingest(tmp_path / "a.txt", out)
+    np.save(tmp_path / "one_d.npy", np.ones(5))
+    with pytest.raises(ValueError, match="2-D"):
+        ingest(tmp_path / "one_d.npy", out)
+    np.save(tmp_path / "one_col.npy", np.ones((5, 1)))
+    with pytest.raises(ValueError, match="at least 2 columns"):
+        ingest(tmp_path / "one_col.npy", out)
+    np.save(tmp_path / "ok.npy", np.ones((5, 3)))
+    with pytest.raises(ValueError, match="out of range"):
+        ingest(tmp_path / "ok.npy", out, target=3)
+    nan = np.ones((5, 3))
+    nan[2, 1] = np.nan
+    np.save(tmp_path / "nan.npy", nan)
+    with pytest.raises(ValueError, match="row 2, column 1"):
+        ingest(tmp_path / "nan.npy", out)
+    np.savez(tmp_path / "bad.npz", X=np.ones((3, 2)))
+    with pytest.raises(ValueError, match="missing \\['y'\\]"):
+        ingest(tmp_path / "bad.npz", out)
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n3,oops\n")
+    with pytest.raises(ValueError, match="line 3, column 'b'"):
+        ingest(tmp_path / "bad.csv", out)
+    (tmp_path / "ragged.csv").write_text("a,b\n1,2\n3\n")
+    with pytest.raises(ValueError, match="2 fields|1 fields"):
+        ingest(tmp_path / "ragged.csv", out)
+    with pytest.raises(ValueError, match="not in the header"):
+        ingest(tmp_path / "bad.csv", out, target="zzz")
+    (tmp_path / "nan.csv").write_text("a,b\n1,2\nnan,3\n")
+    with pytest.raises(ValueError, match="row 1, column 0"):
+        ingest(tmp_path / "nan.csv", out)
+    (tmp_path / "empty.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match="empty"):
+        ingest(tmp_path / "empty.csv", out)
+    with pytest.raises(ValueError, match="n_classes >= 2"):
+        ingest(tmp_path / "ok.npy", out, task="multiclass", n_classes=1)
+    np.save(tmp_path / "lab.npy", np.column_stack([np.ones(4), [0, 1, 2, 1]]))
+    with pytest.raises(ValueError, match=r"labels must be in \{0, 1\}.*row 2"):
+        ingest(tmp_path / "lab.npy", out, task="binary")
+    assert_nothing_written(out)

@@ -1,0 +1,542 @@
+"""Tests for flymc_dist.trace: round trips, growth, checkpoints, crash consistency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from flymc_dist.trace import Trace
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+STATS = {
+    "accepted": np.bool_,
+    "n_bright": np.int64,
+    "likelihood_queries": np.int64,
+    "log_joint": np.float64,
+}
+
+
+def _batch(rng: np.random.Generator, chains: int, n: int, param_shape: tuple[int, ...]) -> tuple:
+    samples = rng.standard_normal((chains, n, *param_shape))
+    stats = {
+        "accepted": rng.random((chains, n)) < 0.3,
+        "n_bright": rng.integers(0, 1000, (chains, n)),
+        "likelihood_queries": rng.integers(0, 10**12, (chains, n)),
+        "log_joint": rng.standard_normal((chains, n)) * 1e3,
+    }
+    return samples, stats
+
+
+def _new(path: Path, chains: int = 3, param_shape: tuple[int, ...] = (4,), **kw) -> Trace:
+    return Trace.create(
+        path, chains=chains, param_shape=param_shape, stats=STATS, attrs={"seed": 0}, **kw
+    )
+
+
+def _concat(batches: list[tuple]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    samples = np.concatenate([b[0] for b in batches], axis=1)
+    stats = {k: np.concatenate([b[1][k] for b in batches], axis=1) for k in STATS}
+    return samples, stats
+
+
+def _assert_content(trace: Trace, batches: list[tuple], *, warmup: bool) -> None:
+    samples, stats = _concat(batches)
+    got_samples = trace.warmup_samples if warmup else trace.samples
+    got_stats = trace.warmup_stats if warmup else trace.stats
+    np.testing.assert_array_equal(got_samples, samples)
+    assert got_samples.dtype == np.float64
+    assert set(got_stats) == set(STATS)
+    for name, dtype in STATS.items():
+        assert got_stats[name].dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got_stats[name], stats[name])
+    assert (trace.n_warmup_draws if warmup else trace.n_draws) == samples.shape[1]
+
+
+# --------------------------------------------------------------------------------------------
+# round trips and growth
+# --------------------------------------------------------------------------------------------
+
+
+def test_create_append_open_round_trip(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    attrs = {
+        "algorithm": {"name": "flymc", "kernel": "rwmh", "q_db": 0.01, "steps": (1, 2)},
+        "model": {"class": "LogisticRegression", "prior_scale": np.float64(1.5)},
+        "dataset": "/data/x.zarr",
+        "seed": 12345,
+        "prior_mean": np.zeros(3),
+    }
+    trace = Trace.create(
+        tmp_path / "t", chains=2, param_shape=(3,), stats=STATS, attrs=attrs
+    )
+    assert trace.n_draws == trace.n_warmup_draws == 0
+    assert trace.samples.shape == (2, 0, 3) and trace.warmup_samples.shape == (2, 0, 3)
+    assert trace.checkpoint is None
+    warm = [_batch(rng, 2, 5, (3,))]
+    main = [_batch(rng, 2, 7, (3,))]
+    trace.append(*warm[0], warmup=True)
+    trace.append(*main[0], warmup=False)
+    _assert_content(trace, warm, warmup=True)
+    _assert_content(trace, main, warmup=False)
+
+    reopened = Trace.open(tmp_path / "t")
+    _assert_content(reopened, warm, warmup=True)
+    _assert_content(reopened, main, warmup=False)
+    assert reopened.chains == 2 and reopened.param_shape == (3,)
+    assert reopened.stat_dtypes == {k: np.dtype(v) for k, v in STATS.items()}
+    got = reopened.attrs
+    assert got["algorithm"] == {"name": "flymc", "kernel": "rwmh", "q_db": 0.01, "steps": [1, 2]}
+    assert got["model"]["prior_scale"] == 1.5 and got["seed"] == 12345
+    np.testing.assert_array_equal(got["prior_mean"], np.zeros(3))
+    assert "flymc_trace" not in got
+    assert "n_draws=7" in repr(reopened)
+
+
+@pytest.mark.parametrize("param_shape", [(), (2, 3)])
+def test_other_parameter_shapes(tmp_path: Path, param_shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(1)
+    trace = _new(tmp_path / "t", chains=2, param_shape=param_shape)
+    batches = [_batch(rng, 2, n, param_shape) for n in (3, 4)]
+    for batch in batches:
+        trace.append(*batch, warmup=False)
+    _assert_content(Trace.open(tmp_path / "t"), batches, warmup=False)
+
+
+def test_growth_across_many_appends_and_chunks(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    trace = _new(tmp_path / "t", chunk_draws=16)
+    warm, main = [], []
+    for i in range(20):
+        n = int(rng.integers(0, 40))
+        batch = _batch(rng, 3, n, (4,))
+        (warm if i < 8 else main).append(batch)
+        trace.append(*batch, warmup=i < 8)
+        if i % 7 == 0:
+            trace.set_checkpoint({"iteration": i})
+    trace.set_checkpoint({"iteration": 20})
+    _assert_content(trace, warm, warmup=True)
+    _assert_content(trace, main, warmup=False)
+    reopened = Trace.open(tmp_path / "t", read_only=True)
+    _assert_content(reopened, warm, warmup=True)
+    _assert_content(reopened, main, warmup=False)
+    assert zarr.open_group(tmp_path / "t", mode="r")["samples"].chunks == (3, 16, 4)
+
+
+def test_appends_continue_after_reopen(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    batches = [_batch(rng, 3, n, (4,)) for n in (10, 20, 5)]
+    trace = _new(tmp_path / "t", chunk_draws=8)
+    trace.append(*batches[0], warmup=False)
+    trace.set_checkpoint({"iteration": 10})
+    trace = Trace.open(tmp_path / "t")
+    trace.append(*batches[1], warmup=False)
+    trace.set_checkpoint({"iteration": 30})
+    trace = Trace.open(tmp_path / "t")
+    trace.append(*batches[2], warmup=False)
+    trace.set_checkpoint({"iteration": 35})
+    reopened = Trace.open(tmp_path / "t")
+    _assert_content(reopened, batches, warmup=False)
+    assert reopened.checkpoint == {"iteration": 35}
+
+
+def test_append_without_checkpoint_persists(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    batches = [_batch(rng, 3, n, (4,)) for n in (6, 9)]
+    trace = _new(tmp_path / "t")
+    for batch in batches:
+        trace.append(*batch, warmup=False)
+    _assert_content(Trace.open(tmp_path / "t"), batches, warmup=False)
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def _advance(gen: np.random.Generator) -> None:
+    gen.standard_normal(17)
+    gen.random(3)  # leaves a buffered uint32 / odd state for some bit generators
+    gen.integers(0, 2**40, 5)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.random.default_rng(1),
+        lambda: np.random.default_rng(np.random.SeedSequence(2024).spawn(4)[3]),
+        lambda: np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence(7, spawn_key=(2, 5)))
+        ),
+        lambda: np.random.Generator(np.random.PCG64DXSM(3)),
+        lambda: np.random.Generator(np.random.MT19937(4)),
+        lambda: np.random.Generator(np.random.Philox(5)),
+        lambda: np.random.Generator(np.random.SFC64(6)),
+    ],
+    ids=["default_rng", "spawned", "spawn_key", "pcg64dxsm", "mt19937", "philox", "sfc64"],
+)
+def test_bit_generator_state_round_trip(tmp_path: Path, make) -> None:
+    gen = make()
+    _advance(gen)
+    state = gen.bit_generator.state
+    trace = _new(tmp_path / "t")
+    trace.set_checkpoint({"rng": state, "chain_rngs": [state, state]})
+    expected = gen.standard_normal(50), gen.integers(0, 2**63, 20), gen.random(7)
+
+    restored_state = Trace.open(tmp_path / "t").checkpoint["rng"]
+    fresh = np.random.Generator(type(gen.bit_generator)())
+    fresh.bit_generator.state = restored_state
+    got = fresh.standard_normal(50), fresh.integers(0, 2**63, 20), fresh.random(7)
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # The restored state equals the original, element for element.
+    assert json.dumps(_plain(restored_state)) == json.dumps(_plain(state))
+
+
+def _plain(value):
+    """Make a bit-generator state comparable as JSON (arrays to lists)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return [value.dtype.str, value.tolist()]
+    return value
+
+
+def test_seed_sequence_can_be_rebuilt_from_checkpoint(tmp_path: Path) -> None:
+    root = np.random.SeedSequence()  # 128-bit OS entropy: a big int
+    child = root.spawn(3)[1]
+    grandchild_before = child.spawn(2)[1]
+    trace = _new(tmp_path / "t")
+    trace.set_checkpoint(
+        {
+            "entropy": child.entropy,
+            "spawn_key": child.spawn_key,
+            "n_children_spawned": child.n_children_spawned,
+        }
+    )
+    ck = Trace.open(tmp_path / "t").checkpoint
+    rebuilt = np.random.SeedSequence(
+        ck["entropy"], spawn_key=tuple(ck["spawn_key"]), n_children_spawned=0
+    )
+    np.testing.assert_array_equal(rebuilt.generate_state(4), child.generate_state(4))
+    np.testing.assert_array_equal(
+        rebuilt.spawn(2)[1].generate_state(4), grandchild_before.generate_state(4)
+    )
+    assert ck["n_children_spawned"] == 2
+
+
+def test_checkpoint_values_round_trip_exactly(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    state = {
+        "iteration": 1234,
+        "positions": rng.standard_normal((3, 4)),
+        "positions32": rng.standard_normal(5).astype(np.float32),
+        "step_sizes": [0.1, 1 / 3, 2.0**-1074, 1.7976931348623157e308],
+        "special": [float("nan"), float("inf"), float("-inf"), -0.0],
+        "big": [2**53, 2**53 + 1, -(2**64) - 3, 2**200],
+        "u64": np.array([0, 2**63, 2**64 - 1], dtype=np.uint64),
+        "flags": np.array([True, False]),
+        "numpy_scalars": [np.int64(-5), np.float64(0.25), np.bool_(True)],
+        "nested": {"a": (1, (2, 3)), "b": None, "c": "text", "d": True},
+        "empty": np.zeros((0, 3)),
+    }
+    trace = _new(tmp_path / "t")
+    trace.set_checkpoint(state)
+    got = Trace.open(tmp_path / "t").checkpoint
+    assert got["iteration"] == 1234
+    for key in ("positions", "positions32", "u64", "flags", "empty"):
+        assert got[key].dtype == state[key].dtype and got[key].shape == state[key].shape
+        np.testing.assert_array_equal(got[key], state[key])
+    assert got["step_sizes"] == state["step_sizes"]
+    assert np.isnan(got["special"][0]) and got["special"][1:3] == [np.inf, -np.inf]
+    assert str(got["special"][3]) == "-0.0"
+    assert got["big"] == state["big"] and all(type(v) is int for v in got["big"])
+    assert got["numpy_scalars"] == [-5, 0.25, True]
+    assert got["nested"] == {"a": [1, [2, 3]], "b": None, "c": "text", "d": True}
+    # The stored attributes are strict JSON (no NaN literals, no ints beyond 2**53).
+    text = (tmp_path / "t" / "zarr.json").read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    record = json.loads(text)["attributes"]["flymc_trace"]
+    assert record["checkpoint"]["n_draws"] == 0
+
+
+@pytest.mark.parametrize(
+    ("state", "error"),
+    [
+        ({"x": object()}, TypeError),
+        ({1: 2}, TypeError),
+        ({"x": {3: 4}}, TypeError),
+        ({"x": np.array([1 + 2j])}, TypeError),
+        ({"x": np.array(["a"])}, TypeError),
+        ({"x": {"__flymc_type__": "int", "value": "1"}}, ValueError),
+        ([1, 2], TypeError),
+    ],
+)
+def test_bad_checkpoint_state_writes_nothing(tmp_path: Path, state, error) -> None:
+    trace = _new(tmp_path / "t")
+    trace.set_checkpoint({"iteration": 1})
+    with pytest.raises(error):
+        trace.set_checkpoint(state)
+    assert trace.checkpoint == {"iteration": 1}
+    assert Trace.open(tmp_path / "t").checkpoint == {"iteration": 1}
+
+
+# --------------------------------------------------------------------------------------------
+# creation and opening: refusals and validation
+# --------------------------------------------------------------------------------------------
+
+
+def test_overwrite_refusal_and_overwrite(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    trace = _new(tmp_path / "t")
+    trace.append(*_batch(rng, 3, 5, (4,)), warmup=False)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        _new(tmp_path / "t")
+    assert Trace.open(tmp_path / "t").n_draws == 5  # untouched
+    fresh = _new(tmp_path / "t", chains=2, param_shape=(7,), overwrite=True)
+    assert fresh.n_draws == 0 and fresh.samples.shape == (2, 0, 7)
+    reopened = Trace.open(tmp_path / "t")
+    assert reopened.n_draws == 0 and reopened.param_shape == (7,)
+
+
+def test_never_deletes_what_is_not_a_trace(tmp_path: Path) -> None:
+    precious = tmp_path / "data"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match="not a flymc trace"):
+            _new(precious, overwrite=overwrite)
+    assert (precious / "thesis.tex").read_text() == "years of work"
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    with pytest.raises(FileExistsError):
+        _new(a_file, overwrite=True)
+    zarr.create_group(tmp_path / "other_group", attributes={"foo": 1})
+    with pytest.raises(FileExistsError):
+        _new(tmp_path / "other_group", overwrite=True)
+    assert zarr.open_group(tmp_path / "other_group", mode="r").attrs["foo"] == 1
+
+
+def test_empty_directory_is_usable(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert _new(tmp_path / "empty").n_draws == 0
+    assert Trace.open(str(tmp_path / "empty")).chains == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"chains": 0}, ValueError),
+        ({"chains": 2.0}, ValueError),
+        ({"chains": True}, ValueError),
+        ({"param_shape": (0,)}, ValueError),
+        ({"param_shape": (-1, 2)}, ValueError),
+        ({"param_shape": 3}, ValueError),
+        ({"param_shape": (2.5,)}, ValueError),
+        ({"stats": {"bad name": float}}, ValueError),
+        ({"stats": {"__x": float}}, ValueError),
+        ({"stats": {"s": "U3"}}, ValueError),
+        ({"stats": {"s": complex}}, ValueError),
+        ({"stats": {"s": "not-a-dtype"}}, ValueError),
+        ({"stats": ["accepted"]}, TypeError),
+        ({"attrs": {"flymc_trace": 1}}, ValueError),
+        ({"attrs": {"x": object()}}, TypeError),
+        ({"attrs": [1]}, TypeError),
+        ({"chunk_draws": 0}, ValueError),
+        ({"overwrite": "yes"}, TypeError),
+    ],
+)
+def test_create_validates_before_writing(tmp_path: Path, kwargs: dict, error: type) -> None:
+    args = {"chains": 2, "param_shape": (3,), "stats": STATS, "attrs": {}}
+    args.update(kwargs)
+    with pytest.raises(error):
+        Trace.create(tmp_path / "t", **args)
+    assert not (tmp_path / "t").exists()
+
+
+def test_open_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Trace.open(tmp_path / "missing")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "x").write_text("x")
+    with pytest.raises(ValueError, match="not a flymc trace"):
+        Trace.open(tmp_path / "plain")
+    zarr.create_group(tmp_path / "group")
+    with pytest.raises(ValueError, match="not a flymc trace"):
+        Trace.open(tmp_path / "group")
+    zarr.create_array(tmp_path / "array", shape=(3,), dtype="f8")
+    with pytest.raises(ValueError, match="not a flymc trace"):
+        Trace.open(tmp_path / "array")
+
+
+def test_read_only(tmp_path: Path) -> None:
+    rng = np.random.default_rng(10)
+    _new(tmp_path / "t").append(*_batch(rng, 3, 4, (4,)), warmup=False)
+    trace = Trace.open(tmp_path / "t", read_only=True)
+    assert trace.read_only and trace.n_draws == 4
+    with pytest.raises(PermissionError):
+        trace.append(*_batch(rng, 3, 4, (4,)), warmup=False)
+    with pytest.raises(PermissionError):
+        trace.set_checkpoint({})
+
+
+def test_append_validation(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    trace = _new(tmp_path / "t")
+    samples, stats = _batch(rng, 3, 4, (4,))
+    bad_calls = [
+        (ValueError, samples[:2], stats),
+        (ValueError, samples[..., :3], stats),
+        (ValueError, samples[:, :, :, None], stats),
+        (ValueError, samples, {k: v for k, v in stats.items() if k != "accepted"}),
+        (ValueError, samples, {**stats, "extra": np.zeros((3, 4))}),
+        (ValueError, samples, {**stats, "n_bright": np.zeros((3, 5), int)}),
+        (TypeError, samples, {**stats, "n_bright": np.zeros((3, 4))}),  # float into int
+        (TypeError, samples.astype(complex), stats),
+        (TypeError, samples, [1, 2]),
+    ]
+    for error, s, st in bad_calls:
+        with pytest.raises(error):
+            trace.append(s, st, warmup=False)
+    with pytest.raises(TypeError):
+        trace.append(samples, stats, warmup="no")  # type: ignore[arg-type]
+    assert trace.n_draws == 0 and Trace.open(tmp_path / "t").n_draws == 0
+    trace.append(samples[:, :0], {k: v[:, :0] for k, v in stats.items()}, warmup=False)
+    assert trace.n_draws == 0
+
+
+# --------------------------------------------------------------------------------------------
+# crash consistency
+# --------------------------------------------------------------------------------------------
+
+
+class _Crash(RuntimeError):
+    """A simulated process death."""
+
+
+def test_draws_after_last_checkpoint_are_ignored_on_open(tmp_path: Path) -> None:
+    rng = np.random.default_rng(12)
+    good = [_batch(rng, 3, 9, (4,))]
+    trace = _new(tmp_path / "t", chunk_draws=4)
+    trace.append(*good[0], warmup=False)
+    trace.set_checkpoint({"iteration": 9})
+    # A crash between append and set_checkpoint: the draws are written, the checkpoint is not.
+    trace.append(*_batch(rng, 3, 6, (4,)), warmup=False)
+    assert trace.n_draws == 15
+    assert zarr.open_group(tmp_path / "t", mode="r")["samples"].shape[1] == 15
+
+    resumed = Trace.open(tmp_path / "t")
+    assert resumed.checkpoint == {"iteration": 9}
+    _assert_content(resumed, good, warmup=False)
+    # Resuming regenerates the discarded draws; they overwrite the stale ones.
+    more = _batch(rng, 3, 2, (4,))
+    resumed.append(*more, warmup=False)
+    resumed.set_checkpoint({"iteration": 11})
+    final = Trace.open(tmp_path / "t")
+    _assert_content(final, [*good, more], warmup=False)
+    assert zarr.open_group(tmp_path / "t", mode="r")["samples"].shape[1] == 11
+
+
+def test_crash_before_commit_keeps_previous_count(tmp_path: Path, monkeypatch) -> None:
+    rng = np.random.default_rng(13)
+    good = [_batch(rng, 3, 5, (4,))]
+    trace = _new(tmp_path / "t")
+    trace.append(*good[0], warmup=False)  # no checkpoint: committed counts rule
+
+    def crash(self) -> None:
+        raise _Crash
+
+    monkeypatch.setattr(Trace, "_write_record", crash)
+    with pytest.raises(_Crash):
+        trace.append(*_batch(rng, 3, 7, (4,)), warmup=False)
+    monkeypatch.undo()
+    assert zarr.open_group(tmp_path / "t", mode="r")["samples"].shape[1] == 12  # data written
+    _assert_content(Trace.open(tmp_path / "t"), good, warmup=False)  # but not committed
+
+
+def test_crash_between_arrays_of_one_append(tmp_path: Path, monkeypatch) -> None:
+    """Samples written, a stat array not yet: arrays of unequal lengths, all ignored."""
+    rng = np.random.default_rng(14)
+    good = [_batch(rng, 3, 5, (4,))]
+    trace = _new(tmp_path / "t")
+    trace.append(*good[0], warmup=True)
+    trace.set_checkpoint({"phase": "warmup"})
+    original = zarr.Array.__setitem__
+    calls = {"n": 0}
+
+    def flaky(self, key, value) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise _Crash
+        original(self, key, value)
+
+    monkeypatch.setattr(zarr.Array, "__setitem__", flaky)
+    with pytest.raises(_Crash):
+        trace.append(*_batch(rng, 3, 4, (4,)), warmup=True)
+    monkeypatch.undo()
+    lengths = {
+        key: zarr.open_group(tmp_path / "t", mode="r")[key].shape[1]
+        for key in ("warmup_samples", "warmup_stats/accepted", "warmup_stats/log_joint")
+    }
+    assert lengths["warmup_samples"] == 9 and lengths["warmup_stats/log_joint"] == 5
+    reopened = Trace.open(tmp_path / "t")
+    _assert_content(reopened, good, warmup=True)
+    assert reopened.n_draws == 0 and reopened.checkpoint == {"phase": "warmup"}
+
+
+def test_set_checkpoint_records_the_draws_it_refers_to(tmp_path: Path) -> None:
+    rng = np.random.default_rng(15)
+    trace = _new(tmp_path / "t")
+    trace.append(*_batch(rng, 3, 3, (4,)), warmup=True)
+    trace.append(*_batch(rng, 3, 8, (4,)), warmup=False)
+    trace.set_checkpoint({"iteration": 11})
+    record = zarr.open_group(tmp_path / "t", mode="r").attrs["flymc_trace"]
+    assert record["checkpoint"]["n_warmup_draws"] == 3
+    assert record["checkpoint"]["n_draws"] == 8
+
+
+def test_truncated_arrays_are_reported_as_corrupt(tmp_path: Path) -> None:
+    rng = np.random.default_rng(16)
+    trace = _new(tmp_path / "t")
+    trace.append(*_batch(rng, 3, 6, (4,)), warmup=False)
+    trace.set_checkpoint({"iteration": 6})
+    zarr.open_group(tmp_path / "t", mode="r+")["stats/n_bright"].resize((3, 4))
+    with pytest.raises(ValueError, match="corrupt"):
+        Trace.open(tmp_path / "t")
+
+
+def test_missing_array_is_reported_as_corrupt(tmp_path: Path) -> None:
+    _new(tmp_path / "t")
+    group = zarr.open_group(tmp_path / "t", mode="r+")
+    del group["warmup_stats/log_joint"]
+    with pytest.raises(ValueError, match="corrupt"):
+        Trace.open(tmp_path / "t")
+
+
+def test_unsupported_version_is_refused(tmp_path: Path) -> None:
+    _new(tmp_path / "t")
+    group = zarr.open_group(tmp_path / "t", mode="r+")
+    record = dict(group.attrs["flymc_trace"])
+    group.update_attributes({"flymc_trace": {**record, "version": 99}})
+    with pytest.raises(ValueError, match="version"):
+        Trace.open(tmp_path / "t")
+
+
+def test_fsspec_url(request: pytest.FixtureRequest) -> None:
+    url = f"memory://flymc-trace-test/{request.node.name}"
+    rng = np.random.default_rng(17)
+    batch = _batch(rng, 3, 5, (4,))
+    trace = _new(url)  # type: ignore[arg-type]
+    trace.append(*batch, warmup=False)
+    trace.set_checkpoint({"iteration": 5})
+    with pytest.raises(FileExistsError):
+        _new(url)  # type: ignore[arg-type]
+    reopened = Trace.open(url)
+    _assert_content(reopened, [batch], warmup=False)
+    assert reopened.checkpoint == {"iteration": 5}
+    with pytest.raises(FileNotFoundError):
+        Trace.open(url + "-missing")
