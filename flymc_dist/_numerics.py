@@ -215,9 +215,7 @@ def softmax(a: ArrayLike, axis: int = -1) -> np.ndarray:
     return _result(e)
 
 
-def weighted_gram(
-    X: ArrayLike, w: ArrayLike | None = None, chunk_rows: int = 32768
-) -> np.ndarray:
+def weighted_gram(X: ArrayLike, w: ArrayLike | None = None, chunk_rows: int = 32768) -> np.ndarray:
     """Symmetric ``sum_n w_n x_n x_n^T`` (or ``X^T X`` when ``w`` is None).
 
     Rows are processed in chunks so the temporary ``w * X`` never exceeds

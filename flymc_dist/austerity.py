@@ -129,11 +129,13 @@ class _SlotRows:
         self.perm = None
         self.pos = 0
 
-    def draw(self, n: int, k: int) -> np.ndarray:
+    def draw(self, n: int, k: int, scratch: np.ndarray) -> np.ndarray:
         """``k`` rows of ``0..n-1`` not drawn yet in this decision, uniformly at random.
 
         Rejection against the mask while fewer than half the rows are used (expected
         O(k)); otherwise one permutation of the remaining rows, consumed in order.
+        ``scratch`` is an int array of length ``n`` (any contents) used to keep the
+        first occurrence of repeated candidates in O(k).
         """
         if k > n - self.n_used:
             raise ValueError(f"asked for {k} new rows but only {n - self.n_used} are unseen")
@@ -142,8 +144,7 @@ class _SlotRows:
         if self.mask is None:
             self.mask = np.zeros(n, dtype=bool)
         if self.perm is None and 2 * (self.n_used + k) > n:
-            rest = np.flatnonzero(~self.mask)
-            self.perm = self.rng.permutation(rest)
+            self.perm = self.rng.permutation(np.flatnonzero(~self.mask))
             self.pos = 0
         if self.perm is not None:
             rows = self.perm[self.pos:self.pos + k]
@@ -155,8 +156,11 @@ class _SlotRows:
         while need:
             cand = self.rng.integers(0, n, size=need + need // 4 + 8)
             cand = cand[~self.mask[cand]]
-            _, first = np.unique(cand, return_index=True)
-            cand = cand[np.sort(first)][:need]  # first occurrences, in draw order
+            # first occurrence of each candidate, in draw order: the last write of a
+            # reversed assignment wins, so scratch[v] is the first index holding v
+            idx = np.arange(cand.size)
+            scratch[cand[::-1]] = idx[::-1]
+            cand = cand[scratch[cand] == idx][:need]
             self.mask[cand] = True
             parts.append(cand)
             need -= cand.size
@@ -166,13 +170,13 @@ class _SlotRows:
         return rows
 
 
-def _shard_slots(shard: Shard, run: int) -> dict[int, _SlotRows]:
+def _shard_state(shard: Shard, run: int) -> tuple[dict[int, _SlotRows], np.ndarray]:
     """This shard's per-chain row state for the run ``run`` (fresh for a new run)."""
     state = shard.__dict__.get("_austerity")
     if state is None or state[0] != run:
-        state = (run, {})
+        state = (run, {}, np.zeros(shard.n, dtype=np.int64))
         shard.__dict__["_austerity"] = state
-    return state[1]
+    return state[1], state[2]
 
 
 def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray,
@@ -205,14 +209,12 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
         their sum of squared deviations from that mean; ``rows`` is a list of index
         arrays (or None).
     """
-    states = _shard_slots(shard, int(run))
+    states, scratch = _shard_state(shard, int(run))
     sid = shard.spec.shard_id
     model = shard.model
     m = len(slots)
-    n_out = np.zeros(m, dtype=np.int64)
-    mean = np.zeros(m)
-    m2 = np.zeros(m)
-    rows_out: list | None = [] if record else None
+    counts = np.asarray(counts, dtype=np.int64)
+    drawn = []
     for j in range(m):
         slot = int(slots[j])
         st = states.get(slot)
@@ -221,27 +223,33 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
             states[slot] = st
         if st.decision != int(decisions[j]):
             st.reset(int(decisions[j]))
-        rows = st.draw(shard.n, int(counts[j]))
-        if record:
-            rows_out.append(rows + shard.spec.start)
-        k = rows.size
-        n_out[j] = k
-        if k == 0:
-            continue
-        pts = np.stack([thetas[j], proposals[j]])
-        ll = model.loglik(model.linear_predictor(pts, shard.X[rows]), shard.y[rows])
-        diff = ll[1] - ll[0]
-        if not np.all(np.isfinite(diff)):
-            if np.isnan(diff).any():
-                mean[j] = np.nan
-            else:  # an infinite l_i decides alone (the full mean is infinite too)
-                mean[j] = float(np.sum(diff[~np.isfinite(diff)]))
-            continue
-        mu = float(diff.mean())
-        mean[j] = mu
-        m2[j] = float(np.sum((diff - mu) ** 2))
-    shard.total_queries += int(2 * n_out.sum())
-    return n_out, mean, m2, rows_out
+        drawn.append(st.draw(shard.n, int(counts[j]), scratch))
+    rows = np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
+    seg = np.repeat(np.arange(m), counts)
+    # l_i for every requested row at once: each row with its own chain's (θ, θ′)
+    X = shard.X[rows]
+    E = model.n_outputs
+    shape = (m, E, X.shape[1])
+    th = np.asarray(thetas, float).reshape(shape)[seg]
+    pr = np.asarray(proposals, float).reshape(shape)[seg]
+    eta = np.stack([np.einsum("med,md->me", th, X), np.einsum("med,md->me", pr, X)])
+    ll = model.loglik(eta, shard.y[rows])
+    diff = ll[1] - ll[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.bincount(seg, diff, minlength=m) / counts
+        m2 = np.bincount(seg, (diff - mean[seg]) ** 2, minlength=m)
+    mean[counts == 0] = 0.0
+    m2[counts == 0] = 0.0
+    bad = ~np.isfinite(diff)
+    if bad.any():  # an infinite l_i decides alone (the full mean is infinite too); NaN errs
+        for j in np.unique(seg[bad]):
+            mean[j] = float(np.sum(diff[bad & (seg == j)]))
+            m2[j] = 0.0
+    shard.total_queries += int(2 * rows.size)
+    rows_out = None
+    if record:
+        rows_out = [r + shard.spec.start for r in drawn]
+    return counts, mean, m2, rows_out
 
 
 # ==================================================================== driver side
@@ -416,25 +424,13 @@ class SequentialTester:
             if rows_log is not None:
                 got: dict[int, list] = {int(c): [] for c in active}
             for j in sorted(per_shard):  # global shard order: placement-independent sums
-                sl, _ = per_shard[j]
+                sl = np.array(per_shard[j][0], dtype=np.int64)
                 cnt_b, mean_b, m2_b, rows_b = replies[int(self.shard_ids[j])]
-                for i, c in enumerate(sl):
-                    nb = int(cnt_b[i])
-                    if nb == 0:
-                        continue
-                    na = int(n[c])
-                    tot = na + nb
-                    if np.isfinite(mean_b[i]) and np.isfinite(mean[c]):
-                        delta = mean_b[i] - mean[c]
-                        mean[c] += delta * nb / tot
-                        m2[c] += m2_b[i] + delta * delta * na * nb / tot
-                    elif np.isfinite(mean[c]):  # an infinite l_i: the full mean is too
-                        mean[c] = mean_b[i]
-                    elif not np.isfinite(mean_b[i]):
-                        mean[c] += mean_b[i]  # +inf + -inf -> NaN -> error below
-                    n[c] = tot
-                    if rows_log is not None:
-                        got[c].append(rows_b[i])
+                _merge(n, mean, m2, sl, np.asarray(cnt_b, dtype=np.int64),
+                       np.asarray(mean_b, float), np.asarray(m2_b, float))
+                if rows_log is not None:
+                    for i, c in enumerate(sl):
+                        got[int(c)].append(rows_b[i])
             if rows_log is not None:
                 for c, parts in got.items():
                     rows_log[c].append(np.concatenate(parts) if parts else
@@ -448,6 +444,29 @@ class SequentialTester:
             p_val[fin] = p[stop]
             done[fin] = True
         return Decisions(accept, n.copy(), rounds, trips, mean, p_val, rows_log)
+
+
+def _merge(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, sl: np.ndarray, nb: np.ndarray,
+           mean_b: np.ndarray, m2_b: np.ndarray) -> None:
+    """Chan et al.'s pairwise update of ``(n, mean, M2)`` at slots ``sl`` (each once), in place.
+
+    An infinite batch mean (an infinite ``l_i``) makes the slot's mean infinite (opposite
+    infinities give NaN, which the caller reports).
+    """
+    na = n[sl]
+    tot = na + nb
+    ma = mean[sl]
+    ok = np.isfinite(mean_b) & np.isfinite(ma) & (nb > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delta = mean_b - ma
+        new_mean = np.where(ok, ma + delta * nb / tot, ma)
+        new_m2 = np.where(ok, m2[sl] + m2_b + delta * delta * na * nb / tot, m2[sl])
+    inf = (nb > 0) & ~np.isfinite(mean_b)
+    if inf.any():
+        new_mean = np.where(inf & np.isfinite(ma), mean_b, np.where(inf, ma + mean_b, new_mean))
+    mean[sl] = new_mean
+    m2[sl] = new_m2
+    n[sl] = tot
 
 
 def _check_eps(eps: Any) -> float:

@@ -25,7 +25,9 @@ Generators add more attributes (e.g. ``true_theta``); :attr:`Dataset.attrs` expo
 
 Atomicity
 ---------
-For local paths every writer validates its input first, then writes into a temporary
+:func:`from_numpy` and :func:`ingest` validate all of their input before writing
+anything (:func:`from_blocks` and the generators validate each block as it arrives).
+For local paths every writer then writes into a temporary
 sibling directory (``.<name>.flymc-tmp-<random>``) and renames it into place only on
 success; with ``overwrite=True`` the old store is moved aside and deleted only after the
 new one is complete. Any failure, including ``KeyboardInterrupt``, removes the temporary
@@ -816,6 +818,9 @@ class Dataset:
             X, y = group["X"], group["y"]
         except KeyError as e:
             raise ValueError(f"{self.path!r} is missing the array {e}") from None
+        missing = [k for k in ("n_rows", "n_features", "chunk_rows", "task") if k not in attrs]
+        if missing:
+            raise ValueError(f"{self.path!r}: group attributes {missing} are missing")
         self.n_rows = int(attrs["n_rows"])
         self.n_features = int(attrs["n_features"])
         self.chunk_rows = int(attrs["chunk_rows"])

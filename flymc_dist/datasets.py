@@ -2,7 +2,8 @@
 
 The data folder is located, in order, from
 
-1. the environment variable ``FLYMC_DATA_DIR``,
+1. the environment variable ``FLYMC_DATA_DIR`` (if set, it is the only place searched:
+   an explicit setting is never silently bypassed),
 2. ``<repository root>/../shared/data`` (the repository root is the parent of the
    ``flymc_dist`` package directory),
 3. ``/work/shared/data``.
@@ -301,6 +302,11 @@ class _FlightsPlan:
     """Row selection, constants and names of the flights features (small: 1-D arrays)."""
 
     def __init__(self, n_rows: int | None, n_airports: int, seed: int) -> None:
+        # cheap checks before loading anything
+        if n_rows is not None:
+            _check_int("n_rows", n_rows, 1)
+        _check_int("n_airports", n_airports, 0)
+        _check_int("seed", seed, 0)
         with np.load(data_dir(_FLIGHTS)) as f:
             minute = f["minute"]
             delay = f["delay"]

@@ -86,10 +86,36 @@ class MALA:
 
     def step(self, rng: np.random.Generator, position: np.ndarray,
              params: MALAParams) -> StepGenerator:
-        """One transition from ``position`` (a generator; see :mod:`.base`).
+        """One transition from ``position``: a generator (see :mod:`.base`).
 
         Randomness: ``P`` standard normals, then one standard exponential (``−log u``),
         whatever happens.
+
+        Parameters
+        ----------
+        rng
+            The chain's random stream (the only source of randomness).
+        position
+            Current position, shape ``(P,)``.
+        params
+            Step size and preconditioner.
+
+        Yields
+        ------
+        EvalRequest
+            Two requests: the gradient at ``position``, then ``θ′[None]`` with its
+            gradient.
+
+        Returns
+        -------
+        tuple of numpy.ndarray and KernelInfo
+            The new position and what the step did (``StopIteration.value``).
+
+        Raises
+        ------
+        FloatingPointError
+            If a response holds a NaN (or +inf) log density,
+            or a non-finite gradient where the density is positive.
         """
         dim = position.shape[0]
         eps = params.step_size

@@ -202,7 +202,33 @@ class SliceSampler:
 
     def step(self, rng: np.random.Generator, position: np.ndarray,
              params: SliceParams) -> StepGenerator:
-        """One transition from ``position`` (a generator; see :mod:`.base`)."""
+        """One transition from ``position``: a generator (see :mod:`.base`).
+
+        Parameters
+        ----------
+        rng
+            The chain's random stream (the only source of randomness).
+        position
+            Current position, shape ``(P,)``.
+        params
+            Width and preconditioner.
+
+        Yields
+        ------
+        EvalRequest
+            The interval ends (and ``shrink_ahead`` candidates), then batches of
+            step-out positions, then batches of shrinkage candidates.
+
+        Returns
+        -------
+        tuple of numpy.ndarray and SliceInfo
+            The new position and what the step did (``StopIteration.value``).
+
+        Raises
+        ------
+        FloatingPointError
+            If a response holds a NaN (or +inf) log density.
+        """
         dim = position.shape[0]
         width = params.width
         batch = self.batch
@@ -213,7 +239,7 @@ class SliceSampler:
         u = rng.random(2 + _BLOCK)
         uniforms = _Uniforms(u[2:], int(rng.integers(0, 2**63 - 1)))
         norm = math.sqrt(float(z @ z))
-        if norm == 0.0:  # probability zero; keep the randomness pattern and stay put
+        if norm == 0.0:  # probability zero: any fixed direction will do
             z = np.ones(dim)
             norm = math.sqrt(dim)
         direction = tril_matvec(params.scale_tril, z / norm)

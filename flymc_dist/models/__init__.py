@@ -31,9 +31,7 @@ MODELS: dict[str, type[Model]] = {
 
 def _model_class(name: object) -> type[Model]:
     if not isinstance(name, str) or name.strip().lower() not in MODELS:
-        raise ValueError(
-            f"unknown model {name!r}; valid names are {', '.join(map(repr, MODELS))}"
-        )
+        raise ValueError(f"unknown model {name!r}; valid names are {', '.join(map(repr, MODELS))}")
     return MODELS[name.strip().lower()]
 
 

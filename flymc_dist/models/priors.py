@@ -46,7 +46,8 @@ class Prior:
 
     def __init__(self, kind: str = "normal", scale: float = 1.0) -> None:
         if not isinstance(kind, str) or kind not in VALID_PRIORS:
-            raise ValueError(f"prior must be one of {', '.join(map(repr, VALID_PRIORS))}; got {kind!r}")
+            valid = ", ".join(map(repr, VALID_PRIORS))
+            raise ValueError(f"prior must be one of {valid}; got {kind!r}")
         self.kind = kind
         self.scale = _check_positive("prior_scale", scale)
         if kind == "normal":
