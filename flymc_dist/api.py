@@ -143,9 +143,9 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; valid options are "
                         f"{sorted(_DRIVER_OPTIONS | _OTHER_OPTIONS)}")
-    q = options.get("q_db", 0.01)
-    if not 0.0 < q <= 1.0:
-        raise ValueError(f"q_db must be in (0, 1], not {q!r}")
+    q = options.get("q_db", "auto")
+    if not (q == "auto" or (isinstance(q, (int, float)) and 0.0 < q <= 1.0)):
+        raise ValueError(f"q_db must be 'auto' or a number in (0, 1], not {q!r}")
     f = options.get("resample_fraction", 0.1)
     if not 0.0 < f <= 1.0:
         raise ValueError(f"resample_fraction must be in (0, 1], not {f!r}")
@@ -224,7 +224,8 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
         ``distributed.Client``; a scheduler address (``tcp://…``/``tls://…``) or scheduler
         file; or ``"synchronous"`` to run in this process.
     **options
-        ``q_db`` (0.01), ``resample_fraction`` (0.1), ``n_shards`` / ``rows_per_shard``,
+        ``q_db`` ("auto": about as many dark→bright proposals as bright rows; or a
+        number in (0, 1]), ``resample_fraction`` (0.1), ``n_shards`` / ``rows_per_shard``,
         ``init`` ("map" or array), ``precondition`` ("laplace", "identity" or a
         covariance), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path),
         ``resume``, ``overwrite_trace``, ``checkpoint_every``, ``progress``,
@@ -247,7 +248,7 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
                                 num_samples=num_samples, chains=chains, seed=seed, client=client,
                                 options=options)
     config = ShardConfig(model=model, algorithm=algorithm, chains=chains, seed=seed,
-                         z_update=z_update, q_db=float(options.get("q_db", 0.01)),
+                         z_update=z_update,
                          resample_fraction=float(options.get("resample_fraction", 0.1)),
                          track_grad=kernel == "mala")
     from flymc_dist.cluster import open_transport
@@ -256,10 +257,11 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
     try:
         driver = Driver(model, transport, kern, n_features=n_features, algorithm=algorithm,
                         bounds=bounds, chains=chains, seed=seed,
+                        q_db=options.get("q_db", "auto"), n_rows=n_rows,
                         **{k: options[k] for k in _DRIVER_OPTIONS if k in options})
         info = {"algorithm": algorithm, "bounds": bounds if algorithm == "flymc" else None,
                 "kernel": kernel, "z_update": z_update if algorithm == "flymc" else None,
-                "q_db": config.q_db, "resample_fraction": config.resample_fraction,
+                "resample_fraction": config.resample_fraction,
                 "chains": chains, "seed": seed, "n_rows": n_rows, "n_features": n_features,
                 "n_shards": len(specs), "transport": transport.name,
                 "n_workers": transport.n_workers, "data": path, "model": model.to_dict(),
@@ -287,6 +289,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
                 raise ValueError(f"trace {trace_path} has no checkpoint to resume from")
             start = int(ck["iteration"]) + 1
     driver.setup()
+    info["q_db"] = driver.q_db if info["algorithm"] == "flymc" else None
     info["map"] = None if driver.theta_map is None else driver.theta_map.reshape(shape)
     info["map_info"] = driver.map_info
     info["setup_queries"] = driver.setup_queries

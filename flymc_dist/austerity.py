@@ -74,6 +74,7 @@ __all__ = [
     "SequentialTester",
     "decision_data_used",
     "loglog_slope",
+    "run_decisions",
     "sample_austerity",
     "shard_counts",
     "stop_rule",
@@ -691,14 +692,34 @@ def _flush(trace: Any, draws: np.ndarray, stats: dict[str, np.ndarray], lo: int,
 
 
 # ================================================================ measurements
-def decision_data_used(model: Model, data: Any, theta: np.ndarray, proposal: np.ndarray, *,
-                       n_decisions: int = 200, eps: float = 0.05, batch_size: int = 500,
-                       seed: int = 0, n_shards: int | None = None, client: Any = "synchronous",
-                       log_u: np.ndarray | None = None) -> dict[str, Any]:
-    """Rows used by austerity decisions between one fixed pair ``θ → θ′``.
+def shard_exact_diff(shard: Shard, thetas: np.ndarray, proposals: np.ndarray,
+                     block: int = 1 << 20) -> np.ndarray:
+    """Run on a shard via :meth:`Shard.apply`: ``sum_i ℓ_i(θ′_s) − ℓ_i(θ_s)`` over all rows.
 
-    ``n_decisions`` independent decisions (fresh ``u`` and fresh minibatches each),
-    run concurrently as slots of one :class:`SequentialTester`.
+    For each of the ``S`` pairs (rows of ``thetas``/``proposals``); a full pass, used only
+    to score decisions against exact MH (benchmarks, tests).
+    """
+    model = shard.model
+    pts = np.concatenate([np.asarray(thetas, float), np.asarray(proposals, float)])
+    S = pts.shape[0] // 2
+    out = np.zeros(S)
+    step = max(1, block // max(1, pts.shape[0]))
+    for lo in range(0, shard.n, step):
+        ll = model.loglik(model.linear_predictor(pts, shard.X[lo:lo + step]),
+                          shard.y[lo:lo + step]).sum(axis=1)
+        out += ll[S:] - ll[:S]
+    return out
+
+
+def run_decisions(model: Model, data: Any, thetas: np.ndarray, proposals: np.ndarray,
+                  log_u: np.ndarray, *, eps: float | Sequence[float] = 0.05,
+                  batch_size: int = 500, seed: int = 0, n_shards: int | None = None,
+                  client: Any = "synchronous", exact: bool = True) -> dict[str, Any]:
+    """Austerity decisions for given ``(θ, θ′, u)`` triples, scored against exact MH.
+
+    All triples are decided concurrently (as slots of one :class:`SequentialTester`,
+    each with its own minibatch streams); with several ``eps`` the same triples and
+    the same row streams are reused for each (common random numbers).
 
     Parameters
     ----------
@@ -706,50 +727,91 @@ def decision_data_used(model: Model, data: Any, theta: np.ndarray, proposal: np.
         The likelihood and prior.
     data
         ``(X, y)`` (synchronous only), a Dataset or its path.
-    theta, proposal
-        The current and proposed parameters (flattened or in ``param_shape``).
-    n_decisions, eps, batch_size, seed, n_shards, client
-        Decisions to average over, test settings, seed, shard count, where to run.
+    thetas, proposals
+        ``(S, P)`` current and proposed parameters, or ``(P,)`` for one fixed pair used by
+        every decision (then ``S = len(log_u)``).
     log_u
-        ``(n_decisions,)`` log uniforms (default: drawn from ``seed``).
+        ``(S,)`` log uniforms of the MH decisions.
+    eps, batch_size, seed, n_shards, client
+        Test tolerance(s), rows per round, seed, shard count, where to run.
+    exact
+        Also compute the exact decisions (one extra full pass per pair) and error rates.
 
     Returns
     -------
     dict
-        ``n_rows``, ``data_used`` (array), ``mean_data_used``, ``fraction``,
-        ``accept`` (array), ``exact_accept`` (array; the full-data decision, from one
-        extra full pass), ``error_rate``, ``rounds`` (array), ``round_trips``.
+        ``n_rows``; ``exact_accept`` (S,) and ``exact_mean`` (S,) when ``exact``; and
+        ``by_eps``: a list (one per eps) of dicts with ``eps``, ``accept``, ``data_used``,
+        ``rounds`` (arrays), ``mean_data_used``, ``fraction``, ``round_trips``,
+        ``error_rate`` (when ``exact``).
     """
     from flymc_dist.api import _shard_layout
     from flymc_dist.cluster import open_transport
 
+    log_u = np.asarray(log_u, float).ravel()
+    S = log_u.size
+    thetas = np.asarray(thetas, float)
+    proposals = np.asarray(proposals, float)
+    single = thetas.ndim == 1 and proposals.ndim == 1
+    if thetas.ndim == 1:
+        thetas = np.tile(thetas.ravel(), (S, 1))
+    if proposals.ndim == 1:
+        proposals = np.tile(proposals.ravel(), (S, 1))
+    thetas = thetas.reshape(S, -1)
+    proposals = proposals.reshape(S, -1)
+    eps_list = [float(eps)] if np.ndim(eps) == 0 else [float(e) for e in eps]
     options: dict[str, Any] = {} if n_shards is None else {"n_shards": n_shards}
     specs, mem, N, _, _, _, _ = _shard_layout(data, options)
     config = ShardConfig(model=model, algorithm="austerity", chains=1, seed=seed)
     transport = open_transport(client, specs, config, mem, options)
+    out: dict[str, Any] = {"n_rows": N, "by_eps": []}
     try:
-        theta = np.asarray(theta, float).ravel()
-        proposal = np.asarray(proposal, float).ravel()
-        if log_u is None:
-            log_u = -stream(seed, ROLE_AUSTERITY, 3).standard_exponential(n_decisions)
-        log_u = np.asarray(log_u, float)
-        prior = float(model.log_prior(theta[None])[0] - model.log_prior(proposal[None])[0])
-        mu0 = (log_u + prior) / N
-        tester = SequentialTester(transport, specs, n_decisions, eps=eps,
-                                  batch_size=batch_size, seed=seed)
-        dec = tester.decide(np.tile(theta, (n_decisions, 1)),
-                            np.tile(proposal, (n_decisions, 1)), mu0)
-        full = transport.call("loglik_sum", proposal, 0)
-        base = transport.call("loglik_sum", theta, 0)
-        exact_mean = (sum(f[0] for f in full) - sum(b[0] for b in base)) / N
-        exact = exact_mean > mu0
+        mu0 = (log_u + model.log_prior(thetas) - model.log_prior(proposals)) / N
+        if exact:
+            k = 1 if single else S  # one fixed pair: one full pass
+            parts = transport.call("apply", shard_exact_diff, thetas[:k], proposals[:k])
+            exact_mean = np.broadcast_to(np.sum(np.stack(parts), axis=0) / N, (S,))
+            out["exact_mean"] = exact_mean
+            out["exact_accept"] = exact_mean > mu0
+        for e in eps_list:
+            tester = SequentialTester(transport, specs, S, eps=e, batch_size=batch_size,
+                                      seed=seed)
+            dec = tester.decide(thetas, proposals, mu0)
+            row = {"eps": e, "accept": dec.accept, "data_used": dec.data_used,
+                   "rounds": dec.rounds, "mean_data_used": float(dec.data_used.mean()),
+                   "fraction": float(dec.data_used.mean() / N),
+                   "round_trips": dec.round_trips}
+            if exact:
+                row["error_rate"] = float(np.mean(dec.accept != out["exact_accept"]))
+            out["by_eps"].append(row)
     finally:
         transport.close()
-    return {"n_rows": N, "data_used": dec.data_used, "mean_data_used": float(dec.data_used.mean()),
-            "fraction": float(dec.data_used.mean() / N), "accept": dec.accept,
-            "exact_accept": exact, "error_rate": float(np.mean(dec.accept != exact)),
-            "rounds": dec.rounds, "round_trips": dec.round_trips,
-            "exact_mean": float(exact_mean)}
+    return out
+
+
+def decision_data_used(model: Model, data: Any, theta: np.ndarray, proposal: np.ndarray, *,
+                       n_decisions: int = 200, eps: float = 0.05, batch_size: int = 500,
+                       seed: int = 0, n_shards: int | None = None,
+                       client: Any = "synchronous") -> dict[str, Any]:
+    """Rows used by ``n_decisions`` austerity decisions of one fixed move ``θ → θ′``.
+
+    Each decision has its own ``u`` (from ``seed``) and its own minibatches.
+
+    Returns
+    -------
+    dict
+        ``n_rows``, ``data_used`` (array), ``mean_data_used``, ``fraction``, ``accept``,
+        ``exact_accept``, ``error_rate``, ``rounds``, ``round_trips``.
+    """
+    log_u = -stream(seed, ROLE_AUSTERITY, 3).standard_exponential(n_decisions)
+    r = run_decisions(model, data, theta, proposal, log_u, eps=eps, batch_size=batch_size,
+                      seed=seed, n_shards=n_shards, client=client)
+    row = r["by_eps"][0]
+    return {"n_rows": r["n_rows"], "data_used": row["data_used"],
+            "mean_data_used": row["mean_data_used"], "fraction": row["fraction"],
+            "accept": row["accept"], "exact_accept": r["exact_accept"],
+            "error_rate": row["error_rate"], "rounds": row["rounds"],
+            "round_trips": row["round_trips"]}
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:

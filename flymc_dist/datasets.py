@@ -228,7 +228,11 @@ def mnist_7_vs_9(
 
 
 def qm9_gap(
-    standardise: bool = True, bias: bool = True, *, return_info: bool = False
+    standardise: bool = True,
+    bias: bool = True,
+    *,
+    drop_duplicates: bool = False,
+    return_info: bool = False,
 ) -> tuple[np.ndarray, ...] | tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """QM9 HOMO-LUMO gap on 57 RDKit descriptors (robust regression, OPV stand-in).
 
@@ -236,7 +240,10 @@ def qm9_gap(
     descriptors (+ bias = 57 features). With ``standardise`` every remaining column and
     ``y`` are centred and scaled to unit standard deviation (population sd, ``ddof=0``).
     Strongly collinear columns (e.g. ``MolWt`` / ``HeavyAtomMolWt`` / ``ExactMolWt``) are
-    kept: a real-data property.
+    kept: a real-data property. Six columns are exact copies of another one in QM9
+    (``MaxEStateIndex`` = ``MaxAbsEStateIndex`` and ``Chi{0..4}v`` = ``Chi{0..4}n``), so by
+    default X has rank 51 of 57 and the likelihood is flat along 6 directions (only the
+    prior identifies them); ``drop_duplicates=True`` removes them (50 + bias, full rank).
 
     Parameters
     ----------
@@ -245,6 +252,9 @@ def qm9_gap(
         the gap in hartree.
     bias : bool, default True
         Prepend a column of ones (after standardising).
+    drop_duplicates : bool, default False
+        Also drop every column exactly equal to an earlier one (they are listed in
+        ``info["dropped"]`` too).
     return_info : bool, default False
         Also return ``info = {"feature_names", "dropped", "x_mean", "x_sd", "y_mean",
         "y_sd", "index"}``: names of the kept columns (with ``"bias"`` first if
@@ -255,7 +265,7 @@ def qm9_gap(
 
     Returns
     -------
-    X : ndarray, shape (130831, 56 + bias)
+    X : ndarray, shape (130831, 56 + bias) (50 + bias with ``drop_duplicates``)
     y : ndarray of float64, shape (130831,)
     info : dict, only if ``return_info``
     """
@@ -265,6 +275,12 @@ def qm9_gap(
         names = [str(s) for s in f["feature_names"]]
         index = f["index"]
     keep = np.ptp(Xr, axis=0) > 0
+    if drop_duplicates:
+        for j in range(Xr.shape[1]):
+            if keep[j] and any(
+                keep[i] and np.array_equal(Xr[:, i], Xr[:, j]) for i in range(j)
+            ):
+                keep[j] = False
     dropped = [n for n, k in zip(names, keep) if not k]
     Z = np.ascontiguousarray(Xr[:, keep])
     del Xr

@@ -94,7 +94,7 @@ class Driver:
     def __init__(self, model: Model, transport: Any, kernel: Kernel, *, n_features: int,
                  algorithm: str = "flymc", bounds: str = "map", chains: int = 4, seed: int = 0,
                  init: str | np.ndarray = "map", precondition: str | np.ndarray = "laplace",
-                 map_maxiter: int = 100) -> None:
+                 map_maxiter: int = 100, q_db: float | str = "auto", n_rows: int = 0) -> None:
         self.model = model
         self.transport = transport
         self.kernel = kernel
@@ -108,6 +108,8 @@ class Driver:
         self.init = init
         self.precondition = precondition
         self.map_maxiter = int(map_maxiter)
+        self.q_db = q_db
+        self.n_rows = int(n_rows)
         self.bound: BoundStats | None = None
         self.theta_map: np.ndarray | None = None
         self.map_info: dict[str, Any] = {}
@@ -199,7 +201,27 @@ class Driver:
         self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
         q = self.transport.call("set_positions", self.positions, 0)
         self.setup_queries += int(sum(q))
+        if self.algorithm == "flymc":
+            self.q_db = self._choose_q()
+            self.transport.call("set_q", self.q_db)
         self.setup_seconds = time.perf_counter() - t0
+
+    def _choose_q(self) -> float:
+        """``q_db``: a number, or "auto" = M / (N - M) from the exact initial draw of z.
+
+        With tight bounds L~_n is tiny and a dark datum brightens at rate min(q, L~_n):
+        any q above the typical L~ mixes z as well as a larger one, while costing
+        q·N proposals per iteration. "auto" proposes about as many dark rows as there
+        are bright ones (at least 1e-4·N so that z keeps mixing when almost nothing is
+        bright, at most 0.1·N), chosen once before sampling and then fixed, so the kernel
+        stays valid.
+        """
+        if not isinstance(self.q_db, str):
+            return float(self.q_db)
+        states = self.transport.call("state")
+        m = float(np.mean(np.sum([s["n_bright"] for s in states], axis=0)))
+        n = max(self.n_rows, 1)
+        return float(np.clip(m / max(n - m, 1.0), max(1.0 / n, 1e-4), 0.1))
 
     # ------------------------------------------------------------ the target
     def _base(self, points: np.ndarray, grad: bool) -> tuple[np.ndarray, np.ndarray | None]:

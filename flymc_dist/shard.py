@@ -54,7 +54,7 @@ class ShardConfig:
     chains: int
     seed: int
     z_update: str = "implicit"  # "implicit" | "explicit"
-    q_db: float = 0.01
+    q_db: float = 0.01  # the driver may replace it ("auto") through Shard.set_q
     resample_fraction: float = 0.1
     track_grad: bool = False
 
@@ -109,6 +109,7 @@ class Shard:
         self.n_params = self.model.n_params(self.X.shape[1])
         self.flymc = config.algorithm == "flymc"
         self.xi = self.model.untuned_xi(self.y) if self.flymc else None
+        self.q_db = float(config.q_db)
         self.chains: list[_Chain] = []
         self.generation = 0
         self.total_queries = 0
@@ -123,6 +124,10 @@ class Shard:
         else:
             eta = self.model.linear_predictor(np.asarray(theta_hat, float)[None], self.X)[0]
             self.xi = self.model.tuned_xi(eta, self.y)
+
+    def set_q(self, q_db: float) -> None:
+        """Set the dark→bright proposal probability of the implicit z-update."""
+        self.q_db = float(q_db)
 
     def bound_stats(self) -> BoundStats:
         """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic."""
@@ -244,7 +249,7 @@ class Shard:
     def _update_z(self, ch: _Chain) -> int:
         cfg = self.config
         if cfg.z_update == "implicit":
-            return implicit_update(ch.rng, ch.bright, cfg.q_db, self._row_evaluator(ch))
+            return implicit_update(ch.rng, ch.bright, self.q_db, self._row_evaluator(ch))
         return explicit_update(ch.rng, ch.bright, cfg.resample_fraction, self._row_evaluator(ch))
 
     def round(self, seq: Any, commits: np.ndarray, update_z: bool,

@@ -108,6 +108,15 @@ def test_qm9_gap(qm9) -> None:
     assert np.all(np.isfinite(X))
 
 
+def test_qm9_gap_drop_duplicates() -> None:
+    _require("qm9_gap_57.npz")
+    X, _, info = datasets.qm9_gap(drop_duplicates=True, return_info=True)
+    assert X.shape == (130_831, 51)
+    assert set(info["dropped"]) == {"NumRadicalElectrons", "MaxEStateIndex", "Chi0v", "Chi1v",
+                                    "Chi2v", "Chi3v", "Chi4v"}
+    assert np.linalg.matrix_rank(X) == 51
+
+
 def test_qm9_gap_raw() -> None:
     _require("qm9_gap_57.npz")
     X, y, info = datasets.qm9_gap(standardise=False, bias=False, return_info=True)
