@@ -184,8 +184,14 @@ def _shard_layout(data: Any, options: dict[str, Any]) -> tuple[list[ShardSpec], 
         specs = [ShardSpec(i, "", int(a), int(b)) for i, (a, b) in
                  enumerate(zip(edges[:-1], edges[1:], strict=True))]
         mem = {s.shard_id: (X[s.start:s.stop], y[s.start:s.stop]) for s in specs}
-        task = "binary" if set(np.unique(y)) <= {0, 1} else "real"
-        return specs, mem, N, X.shape[1], task, None, "<in memory>"
+        integer = bool(np.all(np.mod(y, 1) == 0)) if y.dtype.kind != "b" else True
+        if integer and set(np.unique(y).tolist()) <= {0, 1}:
+            task, k = "binary", 2
+        elif integer and y.min() >= 0:
+            task, k = "multiclass", int(y.max()) + 1
+        else:
+            task, k = "real", None
+        return specs, mem, N, X.shape[1], task, k, "<in memory>"
     from flymc_dist.data import Dataset, open_dataset
 
     ds = data if isinstance(data, Dataset) else open_dataset(str(data))
@@ -239,6 +245,8 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
     _validate(model, algorithm, bounds, z_update, num_warmup, num_samples, chains, options)
     specs, mem, n_rows, n_features, task, n_classes, path = _shard_layout(data, options)
     _check_task(model, task, n_classes)
+    if mem is not None:
+        model.validate_targets(np.concatenate([v[1] for v in mem.values()]))
     kern = get_kernel(kernel, **options.get("kernel_options", {}))
     if algorithm == "austerity":
         from flymc_dist.austerity import sample_austerity

@@ -83,6 +83,41 @@ class BrightSet:
             self.dvals = np.concatenate([self.dvals[keep], new_dvals])  # type: ignore[index]
 
 
+def implicit_propose(rng: np.random.Generator, bright: BrightSet,
+                     q: float) -> tuple[np.ndarray, np.ndarray]:
+    """First half of :func:`implicit_update`: which bright rows go dark, which dark rows propose.
+
+    Returns
+    -------
+    darken, cand
+        A boolean mask over the bright rows, and the (sorted) dark rows proposing
+        to brighten; evaluate ``log L~`` of ``cand`` and pass it to
+        :func:`implicit_accept`.
+    """
+    log_q = math.log(q)
+    n = bright.n_rows
+    # bright -> dark: accept iff log u < log q - log L~ (a row with L~ = 0 always goes dark)
+    darken = log_uniform(rng, bright.n_bright) < log_q - bright.vals
+    # dark -> bright proposals, decided on the z as it was before this sweep
+    m = int(rng.binomial(n, q)) if n else 0
+    cand = rng.choice(n, size=m, replace=False, shuffle=False) if m else np.empty(0, np.int64)
+    cand = np.sort(cand[~bright.mask[cand]]).astype(np.int64, copy=False)
+    return darken, cand
+
+
+def implicit_accept(rng: np.random.Generator, bright: BrightSet, q: float, darken: np.ndarray,
+                    cand: np.ndarray, vals: np.ndarray, dvals: np.ndarray | None) -> None:
+    """Second half of :func:`implicit_update`: accept dark→bright with ``min(1, L~/q)``."""
+    if cand.size:
+        accept = log_uniform(rng, cand.size) < vals - math.log(q)
+        new_rows, new_vals = cand[accept], vals[accept]
+        new_dvals = dvals[accept] if dvals is not None else None
+    else:
+        new_rows, new_vals = cand, np.empty(0)
+        new_dvals = np.empty((0, bright.n_outputs)) if bright.track_grad else None
+    bright.replace(~darken, new_rows, new_vals, new_dvals)
+
+
 def implicit_update(rng: np.random.Generator, bright: BrightSet, q: float,
                     evaluate: RowEvaluator) -> int:
     """Metropolis–Hastings update of every z_n (the paper's Algorithm 2, sign corrected).
@@ -110,24 +145,34 @@ def implicit_update(rng: np.random.Generator, bright: BrightSet, q: float,
     int
         The number of likelihood queries made (dark rows evaluated).
     """
-    log_q = math.log(q)
-    n = bright.n_rows
-    # bright -> dark: accept iff log u < log q - log L~ (a row with L~ = 0 always goes dark)
-    darken = log_uniform(rng, bright.n_bright) < log_q - bright.vals
-    # dark -> bright proposals, decided on the z as it was before this sweep
-    m = int(rng.binomial(n, q)) if n else 0
-    cand = rng.choice(n, size=m, replace=False, shuffle=False) if m else np.empty(0, np.int64)
-    cand = np.sort(cand[~bright.mask[cand]]).astype(np.int64, copy=False)
-    if cand.size:
-        vals, dvals = evaluate(cand)
-        accept = log_uniform(rng, cand.size) < vals - log_q
-        new_rows, new_vals = cand[accept], vals[accept]
-        new_dvals = dvals[accept] if dvals is not None else None
-    else:
-        new_rows, new_vals = cand, np.empty(0)
-        new_dvals = np.empty((0, bright.n_outputs)) if bright.track_grad else None
-    bright.replace(~darken, new_rows, new_vals, new_dvals)
+    darken, cand = implicit_propose(rng, bright, q)
+    vals, dvals = evaluate(cand) if cand.size else (np.empty(0), None)
+    implicit_accept(rng, bright, q, darken, cand, vals, dvals)
     return int(cand.size)
+
+
+def explicit_propose(rng: np.random.Generator, bright: BrightSet, fraction: float) -> np.ndarray:
+    """First half of :func:`explicit_update`: the ``ceil(fraction * N)`` rows to resample."""
+    n = bright.n_rows
+    m = min(n, math.ceil(fraction * n))
+    if m == n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(rng.choice(n, size=m, replace=False, shuffle=False)).astype(np.int64)
+
+
+def explicit_accept(rng: np.random.Generator, bright: BrightSet, rows: np.ndarray,
+                    vals: np.ndarray, dvals: np.ndarray | None) -> None:
+    """Second half of :func:`explicit_update`: draw z of ``rows`` from ``sigmoid(log L~)``."""
+    if rows.size == 0:
+        return
+    z = log_uniform(rng, rows.size) < log_sigmoid(vals)
+    was_bright = bright.mask[rows]
+    # rows resampled as dark: drop them from the bright set
+    off = rows[was_bright & ~z]
+    keep = ~np.isin(bright.idx, off, assume_unique=True) if off.size else np.ones(
+        bright.n_bright, dtype=bool)
+    on = ~was_bright & z
+    bright.replace(keep, rows[on], vals[on], dvals[on] if dvals is not None else None)
 
 
 def explicit_update(rng: np.random.Generator, bright: BrightSet, fraction: float,
@@ -142,21 +187,9 @@ def explicit_update(rng: np.random.Generator, bright: BrightSet, fraction: float
     int
         The number of likelihood queries made (rows evaluated).
     """
-    n = bright.n_rows
-    m = min(n, math.ceil(fraction * n))
-    if m == 0:
+    rows = explicit_propose(rng, bright, fraction)
+    if rows.size == 0:
         return 0
-    if m == n:
-        rows = np.arange(n, dtype=np.int64)
-    else:
-        rows = np.sort(rng.choice(n, size=m, replace=False, shuffle=False)).astype(np.int64)
     vals, dvals = evaluate(rows)
-    z = log_uniform(rng, m) < log_sigmoid(vals)
-    was_bright = bright.mask[rows]
-    # rows resampled as dark: drop them from the bright set
-    off = rows[was_bright & ~z]
-    keep = ~np.isin(bright.idx, off, assume_unique=True) if off.size else np.ones(
-        bright.n_bright, dtype=bool)
-    on = ~was_bright & z
-    bright.replace(keep, rows[on], vals[on], dvals[on] if dvals is not None else None)
-    return int(m)
+    explicit_accept(rng, bright, rows, vals, dvals)
+    return int(rows.size)

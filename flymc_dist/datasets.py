@@ -276,11 +276,15 @@ def qm9_gap(
         index = f["index"]
     keep = np.ptp(Xr, axis=0) > 0
     if drop_duplicates:
-        for j in range(Xr.shape[1]):
+        cols = np.ascontiguousarray(Xr.T)  # contiguous columns for fast comparison
+        sums = cols.sum(axis=1)
+        for j in range(cols.shape[0]):
             if keep[j] and any(
-                keep[i] and np.array_equal(Xr[:, i], Xr[:, j]) for i in range(j)
+                keep[i] and sums[i] == sums[j] and np.array_equal(cols[i], cols[j])
+                for i in range(j)
             ):
                 keep[j] = False
+        del cols
     dropped = [n for n, k in zip(names, keep) if not k]
     Z = np.ascontiguousarray(Xr[:, keep])
     del Xr

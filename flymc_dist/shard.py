@@ -20,7 +20,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from flymc_dist._numerics import log_expm1
-from flymc_dist.brightness import BrightSet, explicit_update, implicit_update
+from flymc_dist.brightness import (
+    BrightSet,
+    explicit_accept,
+    explicit_propose,
+    explicit_update,
+    implicit_accept,
+    implicit_propose,
+)
 from flymc_dist.models.base import BoundStats, Model
 
 #: spawn-key roles: randomness is keyed by (seed, role, shard, chain, generation), never by worker
@@ -217,6 +224,51 @@ class Shard:
             dvals = np.where(delta[..., None] > 0.0, w, 0.0)
         return vals, dvals, X
 
+    def _bright_eval_many(self, segments: list[tuple[np.ndarray, np.ndarray]], grad: bool
+                          ) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray]]:
+        """:meth:`_bright_eval` of several ``(thetas (k, P), rows)`` segments in one pass.
+
+        The linear predictors are computed per segment (one small matmul each); the
+        model's per-datum work then runs once over all segments together, which is what
+        makes a round over C chains cost little more than a round over one.
+        """
+        if len(segments) <= 1:
+            return [self._bright_eval(t, r, grad) for t, r in segments]
+        m = self.model
+        E = m.n_outputs
+        Xs, etas, ys, xis, shapes = [], [], [], [], []
+        for thetas, rows in segments:
+            X = self.X[rows]
+            k = thetas.shape[0]
+            Xs.append(X)
+            etas.append(m.linear_predictor(thetas, X).reshape(k * rows.size, E))
+            y, xi = self.y[rows], self.xi[rows]
+            ys.append(np.tile(y, k) if k > 1 else y)
+            xis.append(np.tile(xi, (k,) + (1,) * (xi.ndim - 1)) if k > 1 else xi)
+            shapes.append((k, rows.size))
+        eta = np.concatenate(etas)[None]
+        y, xi = np.concatenate(ys), np.concatenate(xis)
+        if grad:
+            ll, dl = m.loglik_grad(eta, y)
+            lb, db = m.logbound_grad(eta, y, xi)
+        else:
+            ll, lb = m.loglik(eta, y), m.logbound(eta, y, xi)
+        delta = np.maximum(ll[0] - lb[0], 0.0)
+        vals = log_expm1(delta)
+        dvals = None
+        if grad:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                w = (dl[0] - db[0]) / -np.expm1(-delta)[:, None]
+            dvals = np.where(delta[:, None] > 0.0, w, 0.0)
+        out = []
+        off = 0
+        for (k, n), X in zip(shapes, Xs, strict=True):
+            v = vals[off:off + k * n].reshape(k, n)
+            d = dvals[off:off + k * n].reshape(k, n, E) if dvals is not None else None
+            out.append((v, d, X))
+            off += k * n
+        return out
+
     def _row_evaluator(self, ch: _Chain):
         grad = self.config.track_grad
 
@@ -246,11 +298,108 @@ class Shard:
             ch.cur_sum = float(ch.last_vals[j])
             ch.cur_grad = ch.last_dvals[j] if ch.last_dvals is not None else None
 
-    def _update_z(self, ch: _Chain) -> int:
-        cfg = self.config
-        if cfg.z_update == "implicit":
-            return implicit_update(ch.rng, ch.bright, self.q_db, self._row_evaluator(ch))
-        return explicit_update(ch.rng, ch.bright, cfg.resample_fraction, self._row_evaluator(ch))
+    def _update_z_all(self) -> np.ndarray:
+        """Update every chain's z at its current θ; one batched evaluation for all chains.
+
+        Each chain draws from its own stream in the same order as a chain-by-chain
+        update would, so the result does not depend on the batching.
+        """
+        track = self.config.track_grad
+        implicit = self.config.z_update == "implicit"
+        props = []
+        for ch in self.chains:
+            if implicit:
+                props.append(implicit_propose(ch.rng, ch.bright, self.q_db))
+            else:
+                props.append((None, explicit_propose(ch.rng, ch.bright,
+                                                     self.config.resample_fraction)))
+        segs = [(ch.theta[None], rows) for ch, (_, rows) in zip(self.chains, props, strict=True)]
+        live = [i for i, (_, rows) in enumerate(segs) if rows.size]
+        evals = dict(zip(live, self._bright_eval_many([segs[i] for i in live], track),
+                         strict=True)) if live else {}
+        queries = np.zeros(len(self.chains), dtype=np.int64)
+        for c, (ch, (darken, rows)) in enumerate(zip(self.chains, props, strict=True)):
+            if c in evals:
+                v, d, _ = evals[c]
+                vals, dvals = v[0], (d[0] if d is not None else None)
+            else:
+                vals, dvals = np.empty(0), (np.empty((0, self.model.n_outputs)) if track
+                                            else None)
+            if implicit:
+                implicit_accept(ch.rng, ch.bright, self.q_db, darken, rows, vals, dvals)
+            else:
+                explicit_accept(ch.rng, ch.bright, rows, vals, dvals)
+            queries[c] = rows.size
+        return queries
+
+    def _flymc_points(self, requests: list[Request | None], current: np.ndarray,
+                      current_grad: np.ndarray | None, points: np.ndarray,
+                      points_grad: np.ndarray | None, n_bright: np.ndarray,
+                      queries: np.ndarray) -> None:
+        """Evaluate every chain's requested points on its bright rows (one batched pass)."""
+        want = [c for c, r in enumerate(requests)
+                if r is not None and r.points.shape[0] and self.chains[c].bright.n_bright]
+        grad = any(requests[c].grad for c in want)
+        evals = self._bright_eval_many(
+            [(requests[c].points, self.chains[c].bright.idx) for c in want], grad)
+        results = dict(zip(want, evals, strict=True))
+        for c, ch in enumerate(self.chains):
+            req = requests[c]
+            rows = ch.bright.idx
+            M = rows.size
+            if req is not None and req.points.shape[0]:
+                k = req.points.shape[0]
+                if c in results:
+                    vals, dvals, X = results[c]
+                    points[c, :k] = vals.sum(axis=1)
+                    if req.grad:
+                        points_grad[c, :k] = self.model.grad_theta(dvals, X)
+                else:  # nothing bright: the bright sum is empty
+                    vals = np.zeros((k, 0))
+                    dvals = np.zeros((k, 0, self.model.n_outputs)) if req.grad else None
+                    points[c, :k] = 0.0
+                ch.last_points, ch.last_vals, ch.last_dvals = req.points, vals, dvals
+                queries[c] += k * M
+            if req is not None and req.current_grad:
+                if ch.bright.dvals is None:
+                    raise RuntimeError("gradient kernel on a shard built without track_grad")
+                current_grad[c] = self.model.grad_theta(ch.bright.dvals[None], self.X[rows])[0]
+            current[c] = ch.bright.vals.sum()
+            n_bright[c] = M
+
+    def _regular_points(self, requests: list[Request | None], current: np.ndarray,
+                        current_grad: np.ndarray | None, points: np.ndarray,
+                        points_grad: np.ndarray | None, n_bright: np.ndarray,
+                        queries: np.ndarray) -> None:
+        """Full-data sums at every chain's requested points (all chains in one pass)."""
+        want = [c for c, r in enumerate(requests) if r is not None and r.points.shape[0]]
+        if want:
+            grad = any(requests[c].grad for c in want)
+            sums, grads = self._regular_eval(np.concatenate([requests[c].points for c in want]),
+                                             grad)
+            off = 0
+            for c in want:
+                req = requests[c]
+                k = req.points.shape[0]
+                s_c = sums[off:off + k]
+                g_c = grads[off:off + k] if grads is not None else None
+                off += k
+                points[c, :k] = s_c
+                if req.grad:
+                    points_grad[c, :k] = g_c
+                ch = self.chains[c]
+                ch.last_points, ch.last_vals, ch.last_dvals = req.points, s_c, g_c
+                queries[c] += k * self.n
+        for c, ch in enumerate(self.chains):
+            req = requests[c]
+            if req is not None and req.current_grad:
+                if ch.cur_grad is None:
+                    _, g = self._regular_eval(ch.theta[None], True)
+                    ch.cur_grad = g[0]
+                    queries[c] += self.n
+                current_grad[c] = ch.cur_grad
+            current[c] = ch.cur_sum
+            n_bright[c] = self.n
 
     def round(self, seq: Any, commits: np.ndarray, update_z: bool,
               requests: list[Request | None]) -> dict[str, np.ndarray]:
@@ -289,44 +438,14 @@ class Shard:
             j = int(commits[c])
             if j >= 0 and ch.last_points is not None:
                 self._commit(ch, j)
-            if update_z and self.flymc:
-                queries[c] += self._update_z(ch)
-            req = requests[c]
-            if self.flymc:
-                rows = ch.bright.idx
-                M = rows.size
-                if req is not None and req.points.shape[0]:
-                    vals, dvals, X = self._bright_eval(req.points, rows, req.grad)
-                    k = req.points.shape[0]
-                    points[c, :k] = vals.sum(axis=1)
-                    if req.grad:
-                        points_grad[c, :k] = self.model.grad_theta(dvals, X)
-                    ch.last_points, ch.last_vals, ch.last_dvals = req.points, vals, dvals
-                    queries[c] += k * M
-                if req is not None and req.current_grad:
-                    if ch.bright.dvals is None:
-                        raise RuntimeError("gradient kernel on a shard built without track_grad")
-                    current_grad[c] = self.model.grad_theta(ch.bright.dvals[None],
-                                                            self.X[rows])[0]
-                current[c] = ch.bright.vals.sum()
-                n_bright[c] = M
-            else:
-                if req is not None and req.points.shape[0]:
-                    sums, grads = self._regular_eval(req.points, req.grad)
-                    k = req.points.shape[0]
-                    points[c, :k] = sums
-                    if req.grad:
-                        points_grad[c, :k] = grads
-                    ch.last_points, ch.last_vals, ch.last_dvals = req.points, sums, grads
-                    queries[c] += k * self.n
-                if req is not None and req.current_grad:
-                    if ch.cur_grad is None:
-                        s, g = self._regular_eval(ch.theta[None], True)
-                        ch.cur_grad = g[0]
-                        queries[c] += self.n
-                    current_grad[c] = ch.cur_grad
-                current[c] = ch.cur_sum
-                n_bright[c] = self.n
+        if self.flymc:
+            if update_z:
+                queries += self._update_z_all()
+            self._flymc_points(requests, current, current_grad, points, points_grad,
+                               n_bright, queries)
+        else:
+            self._regular_points(requests, current, current_grad, points, points_grad,
+                                 n_bright, queries)
         reply = {"current": current, "points": points, "n_bright": n_bright, "queries": queries}
         if current_grad is not None:
             reply["current_grad"] = current_grad

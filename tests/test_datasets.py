@@ -114,7 +114,8 @@ def test_qm9_gap_drop_duplicates() -> None:
     assert X.shape == (130_831, 51)
     assert set(info["dropped"]) == {"NumRadicalElectrons", "MaxEStateIndex", "Chi0v", "Chi1v",
                                     "Chi2v", "Chi3v", "Chi4v"}
-    assert np.linalg.matrix_rank(X) == 51
+    w = np.linalg.eigvalsh(X.T @ X)  # full column rank, cheaply
+    assert w.min() > 1e-12 * w.max()  # (MolWt & co. stay: nearly, not exactly, collinear)
 
 
 def test_qm9_gap_raw() -> None:

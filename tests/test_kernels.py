@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from flymc_dist.diagnostics import ess_bulk
@@ -503,6 +505,21 @@ def test_slice_batching_gives_identical_draws(target_name: str, width: float) ->
         draws, n_req, _ = _slice_run(kernel, target, params, 150, seed=11)
         np.testing.assert_array_equal(draws, ref)
         assert n_req < req_ref
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), log_width=st.floats(-3.0, 3.0),
+       batch=st.integers(1, 9), ahead=st.integers(0, 9), max_steps_out=st.integers(1, 12))
+def test_slice_batching_identical_property(seed: int, log_width: float, batch: int, ahead: int,
+                                           max_steps_out: int) -> None:
+    target = Gaussian([0.0, 1.0], [[1.0, 0.9], [0.9, 1.0]])
+    params = SliceParams(width=math.exp(log_width), scale_tril=None)
+    ref, _, _ = _slice_run(SliceSampler(batch=1, shrink_ahead=0, max_steps_out=max_steps_out),
+                           target, params, 25, seed=seed)
+    draws, _, _ = _slice_run(SliceSampler(batch=batch, shrink_ahead=ahead,
+                                          max_steps_out=max_steps_out), target, params, 25,
+                             seed=seed)
+    np.testing.assert_array_equal(draws, ref)
 
 
 def test_slice_batching_identical_under_adaptation() -> None:

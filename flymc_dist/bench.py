@@ -1,0 +1,355 @@
+"""``flymc bench overhead``: FlyMC's per-iteration cost against the bare round trip.
+
+One run, one cluster, three measurements side by side on the same workers and the same
+``rows × features`` logistic data set:
+
+(a) MAP-tuned FlyMC with RWMH (``fd.sample(..., client=<the client>)``),
+(b) regular full-data MCMC with the same kernel,
+(c) a bare actor fan-out round trip: the :class:`~flymc_dist.cluster.DaskTransport`
+    fan-out calling :meth:`ShardHost.ping <flymc_dist.shard.ShardHost.ping>` on every
+    worker — the floor any one-round-trip-per-iteration sampler pays.
+
+(a) and (b) run with one shard per worker (``n_shards=workers``, so one actor call per
+worker per iteration, like (c)) and again with the default data-layout sharding. Their
+per-iteration time is that of the post-warm-up iterations
+(``res.info["sampling_seconds"] / num_samples``). The bare round trip is timed in two
+batches, before (a) and after (b), so a drift in the machine's load shows.
+
+The goals the ratios are checked against: FlyMC / bare round trip ≤ 1.5 (FlyMC adds
+little to the communication floor) and regular / FlyMC ≥ 8 per iteration.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import math
+import os
+import platform
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GOAL_FLYMC_OVER_BARE", "GOAL_REGULAR_OVER_FLYMC", "format_overhead",
+           "local_client", "run_overhead"]
+
+#: Goal for (FlyMC seconds per iteration) / (bare round trip seconds).
+GOAL_FLYMC_OVER_BARE = 1.5
+#: Goal for (regular seconds per iteration) / (FlyMC seconds per iteration).
+GOAL_REGULAR_OVER_FLYMC = 8.0
+
+
+def local_client(workers: int) -> tuple[Any, Any]:
+    """Start a LocalCluster like ``fd.sample(client=None)`` does, and a client for it.
+
+    Worker processes with one thread each, no dashboard, quiet logs, and a client with
+    ``direct_to_workers=True`` (actor calls go straight to the workers).
+
+    Parameters
+    ----------
+    workers
+        Number of worker processes.
+
+    Returns
+    -------
+    client, cluster
+        Close both when done (``client.close(); cluster.close()``).
+    """
+    import dask
+    from distributed import Client, LocalCluster
+
+    dask.config.set({"distributed.comm.timeouts.connect": "5s"})
+    cluster = LocalCluster(n_workers=int(workers), threads_per_worker=1, processes=True,
+                           dashboard_address=None, silence_logs=logging.ERROR)
+    try:
+        client = Client(cluster, direct_to_workers=True)
+    except BaseException:
+        cluster.close()
+        raise
+    return client, cluster
+
+
+def _check_int(name: str, value: Any, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return int(value)
+
+
+def _time_pings(transport: Any, n: int) -> dict[str, float]:
+    """Time ``n`` bare fan-out round trips (``ShardHost.ping`` on every worker)."""
+    calls = {w: ("ping", (), {}) for w in transport.placement}
+    times = np.empty(n)
+    for i in range(n):
+        t = time.perf_counter()
+        _ok, bad = transport._fanout(calls)
+        times[i] = time.perf_counter() - t
+        if bad:
+            raise RuntimeError(f"a bare round trip failed: {bad!r}")
+    return {"mean": float(times.mean()), "median": float(np.median(times)),
+            "p90": float(np.quantile(times, 0.9)), "n": int(n)}
+
+
+def _sampler_figures(res: Any) -> dict[str, Any]:
+    """Per-iteration time and efficiency figures of one ``fd.sample`` result."""
+    eff = res.efficiency()
+    return {
+        "seconds_per_iteration": eff["seconds_per_iteration"],
+        "iterations": int(res.samples.shape[1]),
+        "warmup": int(res.info["num_warmup"]),
+        "n_shards": int(res.info["n_shards"]),
+        "n_workers": int(res.info["n_workers"]),
+        "queries_per_iteration": eff["queries_per_iteration"],
+        "bright_fraction": eff["bright_fraction"],
+        "acceptance": eff["acceptance"],
+        "round_trips_per_iteration": eff["round_trips_per_iteration"],
+        "ess_mean": eff["ess_mean"],
+        "ess_min": eff["ess_min"],
+        "ess_per_iteration": eff["ess_mean"] / (res.samples.shape[0] * res.samples.shape[1]),
+        "ess_per_second": eff["ess_per_second"],
+        "ess_per_query": eff["ess_per_query"],
+        "setup_seconds": float(res.info["setup_seconds"]),
+        "sampling_seconds": float(res.info["sampling_seconds"]),
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
+
+
+def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
+                 iterations: int = 1000, chains: int = 4, seed: int = 0, *,
+                 regular_iterations: int = 40, warmup: int = 200, regular_warmup: int = 10,
+                 pings: int = 1000, default_sharding: bool = True,
+                 workdir: str | None = None) -> dict[str, Any]:
+    """Measure FlyMC's, regular MCMC's and a bare round trip's per-iteration wall time.
+
+    Parameters
+    ----------
+    rows, features
+        Shape of the synthetic logistic data set (``features`` includes the bias).
+    workers
+        Worker processes of the LocalCluster started for the run.
+    iterations
+        Post-warm-up FlyMC iterations timed.
+    chains
+        Chains (all carried by every round trip).
+    seed
+        Seeds the data and the samplers.
+    regular_iterations
+        Post-warm-up regular MCMC iterations timed: fewer than FlyMC's, since each one
+        is a full pass over the data (per-iteration times are what is compared).
+    warmup, regular_warmup
+        Warm-up iterations of FlyMC and of regular MCMC. The RWMH step size starts at its
+        optimal-scaling value on the Laplace preconditioner, so regular MCMC needs little.
+    pings
+        Bare round trips timed (half before the samplers, half after).
+    default_sharding
+        Also time both samplers with the default (data-layout) sharding.
+    workdir
+        Directory for the temporary data store (default: the system's temp directory).
+
+    Returns
+    -------
+    dict
+        ``setup`` (how it was run), ``bare_round_trip``, ``flymc``, ``regular`` (and
+        ``flymc_default_sharding``, ``regular_default_sharding``), ``ratios`` and ``goals``.
+        Times are in seconds.
+    """
+    import flymc_dist as fd
+    from flymc_dist.cluster import DaskTransport
+    from flymc_dist.data import make_logistic
+    from flymc_dist.shard import ShardConfig, ShardSpec
+
+    rows = _check_int("rows", rows, 2)
+    features = _check_int("features", features, 1)
+    workers = _check_int("workers", workers, 1)
+    iterations = _check_int("iterations", iterations, 4)
+    regular_iterations = _check_int("regular_iterations", regular_iterations, 4)
+    warmup = _check_int("warmup", warmup, 0)
+    regular_warmup = _check_int("regular_warmup", regular_warmup, 0)
+    chains = _check_int("chains", chains, 1)
+    seed = _check_int("seed", seed, 0)
+    pings = _check_int("pings", pings, 2)
+    t_start = time.perf_counter()
+    out: dict[str, Any] = {
+        "setup": {
+            "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
+            "cores": os.cpu_count(),
+            "load_average": _loadavg(),
+            "python": platform.python_version(),
+            "rows": rows, "features": features, "workers": workers, "chains": chains,
+            "iterations": iterations, "warmup": warmup,
+            "regular_iterations": regular_iterations, "regular_warmup": regular_warmup,
+            "pings": pings, "seed": seed, "kernel": "rwmh", "bounds": "map",
+        },
+    }
+    model = fd.LogisticRegression()
+    with tempfile.TemporaryDirectory(prefix="flymc-bench-", dir=workdir) as tmp:
+        t = time.perf_counter()
+        ds = make_logistic(os.path.join(tmp, "data.zarr"), rows, features, seed=seed)
+        out["setup"]["data_seconds"] = time.perf_counter() - t
+        t = time.perf_counter()
+        client, cluster = local_client(workers)
+        out["setup"]["cluster_seconds"] = time.perf_counter() - t
+        try:
+            client.wait_for_workers(workers, timeout=120)
+            # (c) the bare round trip: the same transport, actors and shard layout as (a)
+            specs = [ShardSpec(i, ds.path, a, b)
+                     for i, (a, b) in enumerate(ds.shard_ranges(n_shards=workers))]
+            config = ShardConfig(model=model, algorithm="flymc", chains=chains, seed=seed,
+                                 z_update="implicit", q_db=0.01, resample_fraction=0.1,
+                                 track_grad=False)
+            transport = DaskTransport(client, specs, config)
+            try:
+                _time_pings(transport, 50)  # warm the connections
+                first = _time_pings(transport, pings // 2)
+            finally:
+                transport.close()
+
+            def run(algorithm: str, n_iter: int, n_warm: int, **opts: Any) -> dict[str, Any]:
+                res = fd.sample(model, ds, algorithm=algorithm, bounds="map", kernel="rwmh",
+                                num_warmup=n_warm, num_samples=n_iter, chains=chains,
+                                seed=seed, client=client, progress=False, **opts)
+                return _sampler_figures(res)
+
+            out["flymc"] = run("flymc", iterations, warmup, n_shards=workers)
+            out["regular"] = run("regular", regular_iterations, regular_warmup,
+                                 n_shards=workers)
+            if default_sharding:
+                out["flymc_default_sharding"] = run("flymc", iterations, warmup)
+                out["regular_default_sharding"] = run("regular", regular_iterations,
+                                                      regular_warmup)
+            transport = DaskTransport(client, specs, config)
+            try:
+                _time_pings(transport, 20)
+                second = _time_pings(transport, pings - pings // 2)
+            finally:
+                transport.close()
+        finally:
+            client.close()
+            cluster.close()
+    n1, n2 = first["n"], second["n"]
+    out["bare_round_trip"] = {
+        "mean": (first["mean"] * n1 + second["mean"] * n2) / (n1 + n2),
+        "median": float(np.median([first["median"], second["median"]])),
+        "before": first, "after": second,
+    }
+    f, r, bare = out["flymc"], out["regular"], out["bare_round_trip"]["mean"]
+    ratios = {
+        "flymc_over_bare": _ratio(f["seconds_per_iteration"], bare),
+        "regular_over_flymc_per_iteration": _ratio(r["seconds_per_iteration"],
+                                                   f["seconds_per_iteration"]),
+        "flymc_over_regular_ess_per_second": _ratio(f["ess_per_second"], r["ess_per_second"]),
+        "flymc_over_regular_ess_per_query": _ratio(f["ess_per_query"], r["ess_per_query"]),
+    }
+    if "flymc_default_sharding" in out:
+        fd_ = out["flymc_default_sharding"]
+        ratios["flymc_default_sharding_over_bare"] = _ratio(fd_["seconds_per_iteration"], bare)
+        ratios["regular_over_flymc_default_sharding"] = _ratio(
+            out["regular_default_sharding"]["seconds_per_iteration"],
+            fd_["seconds_per_iteration"])
+    out["ratios"] = ratios
+    out["goals"] = {
+        "flymc_over_bare": {"goal": f"<= {GOAL_FLYMC_OVER_BARE}",
+                            "met": bool(ratios["flymc_over_bare"] <= GOAL_FLYMC_OVER_BARE)},
+        "regular_over_flymc_per_iteration": {
+            "goal": f">= {GOAL_REGULAR_OVER_FLYMC}",
+            "met": bool(ratios["regular_over_flymc_per_iteration"] >= GOAL_REGULAR_OVER_FLYMC)},
+    }
+    out["setup"]["load_average_after"] = _loadavg()
+    out["seconds"] = time.perf_counter() - t_start
+    return out
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on every platform
+        return None
+
+
+def _ms(x: float) -> str:
+    return f"{1e3 * x:8.2f} ms" if math.isfinite(x) else "     n/a"
+
+
+def _sig(x: float) -> str:
+    return f"{x:.3g}" if math.isfinite(x) else "n/a"
+
+
+def format_overhead(d: dict[str, Any]) -> str:
+    """Render the result of :func:`run_overhead` as a short report.
+
+    Parameters
+    ----------
+    d
+        The dict :func:`run_overhead` returned.
+
+    Returns
+    -------
+    str
+        Several lines, no trailing newline.
+    """
+    s = d["setup"]
+    load = s.get("load_average")
+    load_txt = ""
+    if load:
+        after = s.get("load_average_after")
+        load_txt = f"; load average {load[0]:.2f}" + (f" → {after[0]:.2f}" if after else "")
+    lines = [
+        "flymc bench overhead — per-iteration wall time, all on one cluster",
+        f"  run       {s['date']}; {s['machine']}{load_txt}; Python {s['python']}",
+        f"  data      {s['rows']:,} rows × {s['features']} features (logistic, incl. bias); "
+        f"generated in {s['data_seconds']:.1f} s",
+        f"  cluster   LocalCluster, {s['workers']} workers × 1 thread "
+        f"(started in {s['cluster_seconds']:.1f} s)",
+        f"  sampling  RWMH, {s['chains']} chains; FlyMC {s['warmup']} warm-up + "
+        f"{s['iterations']} timed iterations; regular {s['regular_warmup']} + "
+        f"{s['regular_iterations']}",
+        "",
+        f"  {'':34s}{'s / iteration':>13s}  {'shards':>6s}  {'queries/it/chain':>16s}  "
+        f"{'ESS/s':>8s}",
+    ]
+    b = d["bare_round_trip"]
+    lines.append(f"  {'(c) bare round trip (ping)':34s}{_ms(b['mean'])}  {'':>6s}  "
+                 f"{'0':>16s}  {'':>8s}   median {_ms(b['median']).strip()}, "
+                 f"before {_ms(b['before']['mean']).strip()} / after "
+                 f"{_ms(b['after']['mean']).strip()}")
+    rows = [("(a) FlyMC, MAP-tuned", "flymc"), ("(b) regular MCMC", "regular"),
+            ("    FlyMC, default sharding", "flymc_default_sharding"),
+            ("    regular, default sharding", "regular_default_sharding")]
+    for label, key in rows:
+        if key not in d:
+            continue
+        r = d[key]
+        lines.append(f"  {label:34s}{_ms(r['seconds_per_iteration'])}  {r['n_shards']:>6d}  "
+                     f"{r['queries_per_iteration']:>16,.0f}  {_sig(r['ess_per_second']):>8s}")
+    f = d["flymc"]
+    lines.append(f"  FlyMC bright fraction {f['bright_fraction']:.3g}, acceptance "
+                 f"{f['acceptance']:.3f}, {f['round_trips_per_iteration']:.2f} round trips per "
+                 f"iteration; ESS (bulk, mean) FlyMC {_sig(f['ess_mean'])}, regular "
+                 f"{_sig(d['regular']['ess_mean'])} (from "
+                 f"{d['regular']['iterations']} × {s['chains']} draws: rough)")
+    ra, g = d["ratios"], d["goals"]
+
+    def verdict(key: str) -> str:
+        return "met" if g[key]["met"] else "NOT met"
+
+    lines += [
+        "",
+        f"  FlyMC / bare round trip       {_sig(ra['flymc_over_bare']):>8s}×   "
+        f"(goal {g['flymc_over_bare']['goal']}: {verdict('flymc_over_bare')})",
+        f"  regular / FlyMC per iteration {_sig(ra['regular_over_flymc_per_iteration']):>8s}×   "
+        f"(goal {g['regular_over_flymc_per_iteration']['goal']}: "
+        f"{verdict('regular_over_flymc_per_iteration')})",
+        f"  FlyMC / regular ESS per second {_sig(ra['flymc_over_regular_ess_per_second']):>7s}×",
+        f"  FlyMC / regular ESS per query  {_sig(ra['flymc_over_regular_ess_per_query']):>7s}×",
+    ]
+    if "flymc_default_sharding_over_bare" in ra:
+        lines.append(f"  default sharding: FlyMC / bare "
+                     f"{_sig(ra['flymc_default_sharding_over_bare'])}×, regular / FlyMC "
+                     f"{_sig(ra['regular_over_flymc_default_sharding'])}×")
+    lines.append(f"  total {d['seconds']:.0f} s")
+    return "\n".join(lines)
