@@ -227,14 +227,13 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
         drawn.append(st.draw(shard.n, int(counts[j]), scratch))
     rows = np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
     seg = np.repeat(np.arange(m), counts)
-    # l_i for every requested row at once, each row with its own chain's (θ, θ′): one
-    # product with all 2m parameter vectors, then each row's own two columns
+    # l_i for every requested row at once, each row with its own chain's (θ, θ′):
+    # O(rows × P), however many chains ask
     X = shard.X[rows]
     E, D = model.n_outputs, X.shape[1]
-    pts = np.concatenate([np.asarray(thetas, float), np.asarray(proposals, float)])
-    full = (X @ pts.reshape(2 * m * E, D).T).reshape(rows.size, 2, m, E)
-    at = np.arange(rows.size)
-    eta = np.stack([full[at, 0, seg], full[at, 1, seg]])  # (2, M, E)
+    pts = np.stack([np.asarray(thetas, float).reshape(m, E, D),
+                    np.asarray(proposals, float).reshape(m, E, D)], axis=1)  # (m, 2, E, D)
+    eta = np.einsum("mked,md->kme", pts[seg], X)  # (2, M, E)
     ll = model.loglik(eta, shard.y[rows])
     diff = ll[1] - ll[0]
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -61,8 +61,11 @@ def local_client(workers: int) -> tuple[Any, Any]:
     from distributed import Client, LocalCluster
 
     dask.config.set({"distributed.comm.timeouts.connect": "5s"})
+    # No dashboard; the scheduler's bare HTTP server on a free port (":0"), so another
+    # cluster holding the default port 8787 causes no warning.
     cluster = LocalCluster(n_workers=int(workers), threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=logging.ERROR)
+                           dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+                           silence_logs=logging.ERROR)
     try:
         client = Client(cluster, direct_to_workers=True)
     except BaseException:

@@ -40,6 +40,11 @@ class ShardLost(RuntimeError):
     """A host (worker) stopped answering."""
 
 
+#: set-up calls that change a shard's state; replayed, in order, on recreated shards so
+#: that they rejoin with the same tight points (hence the same collapsed bound) and q
+REPLAYED = ("set_tight_points", "set_q")
+
+
 def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
     """Return ``(client, cluster_or_None, owned)``."""
     import dask
@@ -106,6 +111,7 @@ class DaskTransport:
         self._futures: dict[str, Any] = {}  # worker -> actor future (keeps the actor alive)
         self._keys: dict[str, str] = {}  # worker -> actor key
         self.placement: dict[str, list[ShardSpec]] = {}
+        self._replay: list[tuple[str, tuple, dict]] = []
         try:
             workers = sorted(self.client.scheduler_info()["workers"])
             if not workers:
@@ -191,6 +197,8 @@ class DaskTransport:
         if bad:
             lost = self._lost(bad)
             raise ShardLost(f"workers {lost} were lost during {method!r}")
+        if method in REPLAYED:
+            self._replay.append((method, args, kwargs))
         return self._per_shard(ok)
 
     def call_each(self, method: str, per_shard: list[tuple]) -> list[Any]:
@@ -259,6 +267,15 @@ class DaskTransport:
                 if bad:
                     raise ShardLost(f"recovery failed on {target}: {bad[target]!r}")
                 self.placement[target].append(spec)
+        orphan_ids = {s.shard_id for s in orphans}
+        for method, args, kwargs in self._replay:
+            calls = {w: ("call", (method, args, kwargs,
+                                  [s.shard_id for s in specs if s.shard_id in orphan_ids]), {})
+                     for w, specs in self.placement.items()
+                     if any(s.shard_id in orphan_ids for s in specs)}
+            _, bad = self._fanout(calls)
+            if bad:
+                raise ShardLost(f"recovery failed replaying {method!r}: {bad!r}")
         ids = {s.shard_id: (positions, self.generation) for s in orphans}
         by_worker: dict[str, dict[int, tuple]] = {}
         for w, specs in self.placement.items():

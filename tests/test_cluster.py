@@ -182,10 +182,15 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path):
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         pids = client.run(os.getpid)
 
+        def enough_draws() -> bool:
+            try:  # the trace may be half-created when we look
+                return Trace.open(trace).n_draws >= 100
+            except (FileNotFoundError, ValueError, KeyError):
+                return False
+
         def killer() -> None:
             try:
-                _wait_for(lambda: os.path.exists(trace) and Trace.open(trace).n_draws >= 100,
-                          120, "draws in the trace")
+                _wait_for(enough_draws, 120, "draws in the trace")
             except Exception as err:  # noqa: BLE001 - reported through `killed`
                 killed["error"] = err
                 return

@@ -58,7 +58,8 @@ class MALA:
 
     Requests per step: ``EvalRequest(points=np.empty((0, P)), current_grad=True)``,
     then ``EvalRequest(points=θ′[None], grad=True)``. The acceptance test uses the
-    ``logp_current`` of the second response.
+    ``logp_current`` of the second response. ``info.n_evals`` is 1: the proposal (the
+    gradient at the current position is not counted as an evaluated point).
 
     Parameters
     ----------

@@ -1,0 +1,359 @@
+"""Austerity MH over shards: exactness at eps = 0, sublinear data use, bias against exact
+MCMC, error shrinking with eps, unbiased shard selection, and the API's labelling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from scipy.special import expit
+
+import flymc_dist as fd
+from flymc_dist import austerity as aus
+from flymc_dist import diagnostics
+from flymc_dist.bench_sublinear import logistic_data
+from flymc_dist.kernels.rwmh import tril_matvec
+from flymc_dist.shard import ROLE_AUSTERITY, ShardConfig, ShardSpec, stream
+from flymc_dist.transport import InProcessTransport
+
+MODEL = fd.LogisticRegression()
+
+
+def _data(n: int, seed: int = 0, d: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return logistic_data(n, d, seed)
+
+
+def _map_and_cov(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MAP and Laplace covariance of logistic regression with a N(0, 1) prior (Newton)."""
+    th = np.zeros(X.shape[1])
+    for _ in range(25):
+        p = expit(X @ th)
+        g = X.T @ (y - p) - th
+        H = (X * (p * (1 - p))[:, None]).T @ X + np.eye(X.shape[1])
+        th = th + np.linalg.solve(H, g)
+    p = expit(X @ th)
+    H = (X * (p * (1 - p))[:, None]).T @ X + np.eye(X.shape[1])
+    return th, np.linalg.inv(H)
+
+
+def _transport(X: np.ndarray, y: np.ndarray, sizes: list[int], seed: int = 0):
+    edges = np.concatenate([[0], np.cumsum(sizes)])
+    specs = [ShardSpec(i, "", int(a), int(b)) for i, (a, b) in enumerate(zip(edges[:-1],
+                                                                             edges[1:]))]
+    mem = {s.shard_id: (X[s.start:s.stop], y[s.start:s.stop]) for s in specs}
+    config = ShardConfig(model=MODEL, algorithm="austerity", chains=1, seed=seed)
+    return InProcessTransport(specs, config, mem), specs
+
+
+# ------------------------------------------------------------------ the test itself
+def test_stop_rule_formula():
+    """t with the finite-population correction, two-sided p-value, no test at sd = 0,
+    exact decision at n = N."""
+    n, mean, sd, mu0, N = 50, 0.02, 0.1, 0.0, 400
+    m2 = sd**2 * (n - 1)
+    stop, acc, p = aus.stop_rule(np.array([n]), np.array([mean]), np.array([m2]),
+                                 np.array([mu0]), N, 0.05)
+    s = sd / math.sqrt(n) * math.sqrt(1 - (n - 1) / (N - 1))
+    p_ref = 2 * stats.t.sf(abs((mean - mu0) / s), n - 1)
+    assert p[0] == pytest.approx(p_ref, rel=1e-10)
+    assert bool(stop[0]) == (p_ref < 0.05) and bool(acc[0])
+    # zero sample sd: no test, however large the difference
+    stop, _, p = aus.stop_rule(np.array([10]), np.array([5.0]), np.array([0.0]),
+                               np.array([0.0]), N, 0.5)
+    assert not stop[0] and p[0] == 1.0
+    # all rows used: exact, whatever eps (even 0)
+    stop, acc, p = aus.stop_rule(np.array([N]), np.array([-1e-9]), np.array([3.0]),
+                                 np.array([-2e-9]), N, 0.0)
+    assert stop[0] and acc[0] and p[0] == 0.0
+    # eps = 0 never stops early
+    stop, _, _ = aus.stop_rule(np.array([N - 1]), np.array([1.0]), np.array([1e-6]),
+                               np.array([0.0]), N, 0.0)
+    assert not stop[0]
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-7])
+def test_tiny_eps_reproduces_exact_mh(eps):
+    """Given the same proposals and uniforms, eps = 0 (and a tiny eps) takes exactly the
+    exact-MH decisions; the draw order is the documented one."""
+    X, y, th0 = _data(1500, seed=1)
+    cov = np.diag([0.06, 0.07, 0.07]) ** 2
+    init = th0 + 0.02
+    S, C, seed = 120, 2, 5
+    res = fd.sample(MODEL, (X, y), algorithm="austerity", client="synchronous",
+                    num_warmup=0, num_samples=S, chains=C, seed=seed, eps=eps, batch_size=150,
+                    n_shards=3, init=init, precondition=cov, kernel_options={"step_size": 1.0})
+    L = np.linalg.cholesky(cov)
+
+    def log_post(t):
+        return float(MODEL.log_prior(t[None])[0]
+                     + MODEL.loglik(MODEL.linear_predictor(t[None], X), y).sum())
+
+    for c in range(C):
+        g = stream(seed, ROLE_AUSTERITY, 0, c)
+        pos, acc = init.copy(), []
+        out = np.empty((S, 3))
+        for i in range(S):
+            prop = pos + tril_matvec(L, g.standard_normal(3))
+            neg_log_u = g.standard_exponential()
+            a = log_post(prop) - log_post(pos) > -neg_log_u
+            pos = prop if a else pos
+            out[i] = pos
+            acc.append(a)
+        np.testing.assert_array_equal(res.stats["accepted"][c], np.array(acc))
+        np.testing.assert_allclose(res.samples[c], out, rtol=0, atol=1e-12)
+    used = res.stats["data_used"]
+    if eps == 0.0:
+        assert np.all(used == 1500)
+    else:
+        assert used.mean() < 1500  # the test really stopped early sometimes
+    assert 0.05 < res.stats["accepted"].mean() < 0.95
+
+
+def _fixed_move_data_used(n: int, eps: float, batch: int) -> float:
+    X, y, th0 = _data(n, seed=2)
+    v = np.ones(3) / math.sqrt(3)
+    log_u = -np.random.default_rng(3).standard_exponential(80)
+    r = aus.run_decisions(MODEL, (X, y), th0, th0 + 0.2 * v, log_u, eps=eps, batch_size=batch,
+                          seed=4, n_shards=4, exact=False)
+    return r["by_eps"][0]["mean_data_used"]
+
+
+def test_data_used_sublinear_in_n():
+    """Rows used per decision of a fixed move, N = 10^3 … 10^5: log-log slope ≤ 0.5."""
+    ns = [1_000, 10_000, 100_000]
+    used = [_fixed_move_data_used(n, 0.05, 100) for n in ns]
+    slope = aus.loglog_slope(ns, used)
+    assert slope <= 0.5, (used, slope)
+    assert used[-1] / ns[-1] < 0.1 * used[0] / ns[0]  # the fraction falls by > 10x
+
+
+def _moves(X, y, k, seed):
+    """RWMH-like moves from the Laplace approximation, with uniforms."""
+    th, cov = _map_and_cov(X, y)
+    L = np.linalg.cholesky(cov)
+    rng = np.random.default_rng(seed)
+    thetas = th + rng.standard_normal((k, 3)) @ L.T
+    props = thetas + (2.38 / math.sqrt(3)) * rng.standard_normal((k, 3)) @ L.T
+    return thetas, props, -rng.standard_exponential(k)
+
+
+def test_decision_error_shrinks_with_eps():
+    """Share of decisions that differ from exact MH on the same (θ, θ′, u): falls with eps
+    (common random numbers across eps)."""
+    X, y, _ = _data(10_000, seed=6)
+    thetas, props, log_u = _moves(X, y, 300, seed=7)
+    eps_list = [0.3, 0.1, 0.01, 1e-4]
+    r = aus.run_decisions(MODEL, (X, y), thetas, props, log_u, eps=eps_list, batch_size=500,
+                          seed=8, n_shards=3)
+    err = np.array([b["error_rate"] for b in r["by_eps"]])
+    used = np.array([b["mean_data_used"] for b in r["by_eps"]])
+    assert err[0] >= 0.03, err  # the test can see an error at a loose eps
+    assert np.all(np.diff(err) <= 0.01), err  # (nearly) monotone
+    assert err[-1] <= 0.01 and err[-1] < err[0] / 4, err
+    assert np.all(np.diff(used) > 0), used  # a tighter test costs more data
+
+
+@pytest.mark.slow
+def test_posterior_mean_close_to_exact_mcmc():
+    """eps = 0.01 on 10^4 rows: posterior mean within 0.1 posterior sd of exact regular MCMC,
+    up to Monte Carlo error (|Δ| ≤ 0.1 sd + 2 se, with se ≤ 0.05 sd so the check has power);
+    and eps = 0.3 is visibly worse (inflated posterior sd), so the error shrinks with eps."""
+    X, y, _ = _data(10_000, seed=9)
+    common = {"client": "synchronous", "num_warmup": 200, "num_samples": 800, "chains": 16,
+              "seed": 10, "n_shards": 2}
+    exact = fd.sample(MODEL, (X, y), algorithm="regular", **common)
+    aust = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.01, batch_size=2000, **common)
+    loose = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.3, batch_size=2000, **common)
+    ex = exact.samples.reshape(16, 800, 3)
+    sd = ex.std(axis=(0, 1), ddof=1)
+    se = np.sqrt(np.asarray(diagnostics.mcse_mean(ex)) ** 2
+                 + np.asarray(diagnostics.mcse_mean(aust.samples)) ** 2)
+    delta = aust.samples.mean(axis=(0, 1)) - ex.mean(axis=(0, 1))
+    assert np.all(se <= 0.05 * sd), se / sd
+    assert np.all(np.abs(delta) <= 0.1 * sd + 2 * se), (delta / sd, se / sd)
+    sd_err = np.abs(aust.samples.std(axis=(0, 1), ddof=1) / sd - 1)
+    sd_err_loose = np.abs(loose.samples.std(axis=(0, 1), ddof=1) / sd - 1)
+    assert sd_err.max() < 0.1, sd_err
+    assert sd_err_loose.min() > sd_err.max(), (sd_err_loose, sd_err)
+    assert aust.info["data_used_fraction"] > loose.info["data_used_fraction"]
+
+
+# ------------------------------------------------------------ minibatches across shards
+def test_shard_selection_unbiased():
+    """Every row equally likely in every round of a decision, whatever the shard sizes;
+    no row twice in a decision. Negative control: equal per-shard counts are caught."""
+    N, sizes, batch, R = 1000, [100, 300, 600], 100, 600
+    X, y, th0 = _data(N, seed=11)
+    transport, specs = _transport(X, y, sizes, seed=12)
+    tester = aus.SequentialTester(transport, specs, R, eps=0.0, batch_size=batch, seed=13,
+                                  record_rows=True)
+    thetas = np.tile(th0, (R, 1))
+    dec = tester.decide(thetas, thetas + 0.3, np.zeros(R))
+    assert np.all(dec.data_used == N) and dec.round_trips == N // batch
+    for r in range(R):
+        allr = np.concatenate(dec.rows[r])
+        assert allr.size == N and np.unique(allr).size == N
+    p = batch / N
+    for rnd in (0, 1, 5, 9):
+        counts = np.bincount(np.concatenate([dec.rows[r][rnd] for r in range(R)]),
+                             minlength=N)
+        chi2 = float(np.sum((counts - R * p) ** 2) / (R * p * (1 - p)))
+        assert stats.chi2.sf(chi2, N - 1) > 1e-3, (rnd, chi2)
+        shard_tot = np.add.reduceat(counts, [0, 100, 400])
+        assert stats.chisquare(shard_tot, R * batch * np.array(sizes) / N).pvalue > 1e-3
+
+    # negative control: a biased selection (equal counts per shard) must fail
+    def equal_split(rng, unseen, m):
+        out = np.minimum(unseen, m // len(unseen))
+        out[np.argmax(unseen)] += m - out.sum()
+        return out
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(aus, "shard_counts", equal_split)
+    try:
+        bad = aus.SequentialTester(transport, specs, R, eps=0.0, batch_size=batch, seed=13,
+                                   record_rows=True).decide(thetas, thetas + 0.3, np.zeros(R))
+    finally:
+        mp.undo()
+    counts = np.bincount(np.concatenate([bad.rows[r][0] for r in range(R)]), minlength=N)
+    chi2 = float(np.sum((counts - R * p) ** 2) / (R * p * (1 - p)))
+    assert stats.chi2.sf(chi2, N - 1) < 1e-6
+
+
+def test_shard_counts_huge_population():
+    """Beyond numpy's 10^9 limit the counts come from distinct global ranks."""
+    rng = np.random.default_rng(0)
+    unseen = np.array([4 * 10**8, 10**9, 6 * 10**8], dtype=np.int64)
+    tot = np.zeros(3)
+    for _ in range(200):
+        c = aus.shard_counts(rng, unseen, 500)
+        assert c.sum() == 500 and np.all(c >= 0)
+        tot += c
+    assert stats.chisquare(tot, 200 * 500 * unseen / unseen.sum()).pvalue > 1e-3
+
+
+class _Spy:
+    """Wraps a transport and records which shards each call reached."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def call_some(self, method, per_shard):
+        self.calls.append(sorted(per_shard))
+        return self.inner.call_some(method, per_shard)
+
+
+def test_one_round_trip_per_round_to_drawn_shards_only():
+    X, y, th0 = _data(2000, seed=14)
+    transport, specs = _transport(X, y, [200] * 10)
+    spy = _Spy(transport)
+    tester = aus.SequentialTester(spy, specs, 1, eps=0.0, batch_size=3, seed=15)
+    dec = tester.decide(th0[None], th0[None] + 0.1, np.zeros(1))
+    assert dec.round_trips == len(spy.calls) == math.ceil(2000 / 3)
+    assert max(len(c) for c in spy.calls) <= 3
+    assert transport.round_trips == dec.round_trips
+
+
+# ------------------------------------------------------------------------ the API
+def test_sample_api_labels_and_stats():
+    X, y, _ = _data(3000, seed=16)
+    res = fd.sample(MODEL, (X, y), algorithm="austerity", client="synchronous", num_warmup=30,
+                    num_samples=40, chains=3, seed=17, eps=0.05, batch_size=300, n_shards=3)
+    assert res.approximate and res.info["approximate"] is True
+    assert res.info["algorithm"] == "austerity"
+    assert res.info["eps"] == 0.05 and res.info["batch_size"] == 300
+    assert "APPROXIMATE" in str(res.summary()) and "APPROXIMATE" in repr(res)
+    for key in ("sampling_seconds", "warmup_seconds", "n_rows", "n_features", "n_shards",
+                "total_round_trips", "setup_queries", "map", "kernel_params", "transport"):
+        assert key in res.info, key
+    st = res.stats
+    assert res.samples.shape == (3, 40, 3) and res.warmup_samples.shape == (3, 30, 3)
+    for key in ("accepted", "accept_prob", "n_bright", "likelihood_queries", "round_trips",
+                "log_joint", "data_used", "test_rounds"):
+        assert st[key].shape == (3, 40), key
+    assert np.all(st["n_bright"] == st["data_used"])
+    assert np.all(st["likelihood_queries"] == 2 * st["data_used"])
+    assert np.all((st["data_used"] >= 300) & (st["data_used"] <= 3000))
+    assert np.all(st["round_trips"] >= st["test_rounds"])
+    assert np.all(st["round_trips"] == st["round_trips"][0])  # shared by the chains
+    assert np.all(st["accept_prob"] == st["accepted"])
+    assert np.all(np.isnan(st["log_joint"]))
+    eff = res.efficiency()
+    assert 0 < eff["bright_fraction"] <= 1
+    moved = np.any(np.diff(res.samples, axis=1) != 0, axis=2)
+    np.testing.assert_array_equal(moved, st["accepted"][:, 1:])
+    total_iter_trips = int(res.stats["round_trips"][0].sum()
+                           + res.warmup_stats["round_trips"][0].sum())
+    assert res.info["total_round_trips"] >= total_iter_trips
+
+
+def test_sample_api_reproducible():
+    X, y, _ = _data(1000, seed=18)
+    kw = {"algorithm": "austerity", "client": "synchronous", "num_warmup": 10,
+          "num_samples": 20, "chains": 2, "seed": 3, "eps": 0.1, "batch_size": 100}
+    a = fd.sample(MODEL, (X, y), n_shards=2, **kw)
+    b = fd.sample(MODEL, (X, y), n_shards=2, **kw)
+    np.testing.assert_array_equal(a.samples, b.samples)
+    np.testing.assert_array_equal(a.stats["data_used"], b.stats["data_used"])
+
+
+@pytest.mark.parametrize("opts,match", [({"eps": 1.0}, "eps"), ({"eps": -0.1}, "eps"),
+                                        ({"batch_size": 0}, "batch_size"),
+                                        ({"batch_size": 2.5}, "batch_size"),
+                                        ({"kernel": "mala"}, "rwmh"),
+                                        ({"kernel": "slice"}, "rwmh"),
+                                        ({"resume": True}, "resume")])
+def test_sample_api_rejects_bad_options(opts, match):
+    X, y, _ = _data(200, seed=19)
+    with pytest.raises(ValueError, match=match):
+        fd.sample(MODEL, (X, y), algorithm="austerity", client="synchronous", num_warmup=0,
+                  num_samples=2, chains=1, **opts)
+
+
+def test_trace_written(tmp_path):
+    from flymc_dist.trace import Trace
+
+    X, y, _ = _data(600, seed=20)
+    res = fd.sample(MODEL, (X, y), algorithm="austerity", client="synchronous", num_warmup=5,
+                    num_samples=7, chains=2, seed=1, batch_size=100, trace=str(tmp_path / "t"),
+                    checkpoint_every=3)
+    tr = Trace.open(str(tmp_path / "t"), read_only=True)
+    np.testing.assert_array_equal(tr.samples, res.samples)
+    np.testing.assert_array_equal(tr.stats["data_used"], res.stats["data_used"])
+    assert tr.attrs["algorithm"] == "austerity" and tr.attrs["approximate"] is True
+
+
+def test_softmax_works():
+    """Any GLM model: softmax with K x D parameters, decisions from its per-datum loglik."""
+    rng = np.random.default_rng(21)
+    X = np.c_[np.ones(900), rng.standard_normal((900, 2))]
+    y = rng.integers(0, 3, 900)
+    model = fd.SoftmaxRegression(n_classes=3)
+    res = fd.sample(model, (X, y), algorithm="austerity", client="synchronous", num_warmup=10,
+                    num_samples=10, chains=2, seed=2, batch_size=200, n_shards=2)
+    assert res.samples.shape == (2, 10, 3, 3) and res.approximate
+
+
+# --------------------------------------------------------------------- on a cluster
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_same_draws_on_dask_cluster(tmp_path):
+    """The same seed gives identical draws in-process and on Dask actors (2 workers)."""
+    from distributed import Client, LocalCluster
+
+    X, y, _ = _data(1200, seed=22)
+    path = str(tmp_path / "d.zarr")
+    fd.from_numpy(X, y, path, chunk_rows=200)
+    kw = {"algorithm": "austerity", "num_warmup": 10, "num_samples": 15, "chains": 2,
+          "seed": 4, "eps": 0.05, "batch_size": 150, "n_shards": 3}
+    local = fd.sample(MODEL, path, client="synchronous", **kw)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, \
+            Client(cluster, direct_to_workers=True) as client:
+        remote = fd.sample(MODEL, path, client=client, **kw)
+    assert remote.info["transport"] == "dask" and remote.info["n_workers"] == 2
+    np.testing.assert_array_equal(local.samples, remote.samples)
+    np.testing.assert_array_equal(local.stats["data_used"], remote.stats["data_used"])
+    np.testing.assert_array_equal(local.stats["round_trips"], remote.stats["round_trips"])
