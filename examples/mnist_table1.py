@@ -29,10 +29,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1000)
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--prior-scale", type=float, default=1.0)
-    p.add_argument("--q-db", type=float, default=0.01)
+    p.add_argument("--q-db", default="auto", help='"auto" or a number in (0, 1]')
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--client", default="synchronous")
     args = p.parse_args()
+    if args.q_db != "auto":
+        args.q_db = float(args.q_db)
 
     X, y = mnist_7_vs_9()
     model = fd.LogisticRegression(prior="normal", prior_scale=args.prior_scale)
@@ -48,11 +50,13 @@ def main() -> None:
         eff = res.efficiency()
         eff["wall"] = time.perf_counter() - t0
         eff["rhat_max"] = float(np.nanmax(res.summary()["r_hat"]))
+        eff["q_db"] = res.info["q_db"]
         runs[label] = (res, eff)
 
     base = runs["regular"][1]
+    qs = ", ".join(f"{runs[k][1]['q_db']:.4g}" for k in ("untuned FlyMC", "MAP-tuned FlyMC"))
     print(f"MNIST 7 vs 9: N = {X.shape[0]}, D = {X.shape[1]}; RWMH, implicit z (q_db = "
-          f"{args.q_db}), Gaussian prior sd {args.prior_scale}; {args.chains} chains x "
+          f"{args.q_db}: {qs}), Gaussian prior sd {args.prior_scale}; {args.chains} chains x "
           f"{args.samples} draws after {args.warmup} warm-up; client={args.client}; "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}")
     hdr = (f"{'algorithm':<18}{'queries/it':>12}{'ESS/1000 it':>13}{'accept':>8}"
