@@ -48,6 +48,12 @@ decision); ``likelihood_queries`` (``2 × data_used``: ``ℓ_i`` at ``θ`` and a
 other algorithms); ``test_rounds`` (rounds this chain took part in); ``log_joint``
 (NaN: the full-data log joint is never computed).
 
+Cost and limits: a shard keeps one byte per row per chain (the used-rows mask, allocated
+on first use) plus one int64 scratch array per run. ``info["setup_queries"]`` counts the
+full passes of the MAP search (``N`` per pass). There is no fault recovery: a lost worker
+ends the run with :class:`~flymc_dist.cluster.ShardLost` (the FlyMC/regular protocol's
+replay does not apply to these add-on calls).
+
 Kernels: only RWMH. A MALA proposal needs the full-data gradient (a minibatch
 gradient would make ``q(θ′|θ)`` itself random and the ratio wrong); slice sampling
 takes no accept/reject decision to test.
@@ -215,7 +221,12 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
     model = shard.model
     m = len(slots)
     counts = np.asarray(counts, dtype=np.int64)
+    E = model.n_outputs
+    D = shard.X.shape[1]
+    M = int(counts.sum())
+    eta = np.empty((M, 2 * E))
     drawn = []
+    o = 0
     for j in range(m):
         slot = int(slots[j])
         st = states.get(slot)
@@ -224,17 +235,17 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
             states[slot] = st
         if st.decision != int(decisions[j]):
             st.reset(int(decisions[j]))
-        drawn.append(st.draw(shard.n, int(counts[j]), scratch))
+        rows_j = st.draw(shard.n, int(counts[j]), scratch)
+        drawn.append(rows_j)
+        if rows_j.size:
+            # linear predictors of these rows at this chain's θ and θ′: one small GEMM
+            pts = np.concatenate([np.asarray(thetas[j], float).reshape(E, D),
+                                  np.asarray(proposals[j], float).reshape(E, D)])
+            np.matmul(shard.X[rows_j], pts.T, out=eta[o:o + rows_j.size])
+            o += rows_j.size
     rows = np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
     seg = np.repeat(np.arange(m), counts)
-    # l_i for every requested row at once, each row with its own chain's (θ, θ′):
-    # O(rows × P), however many chains ask
-    X = shard.X[rows]
-    E, D = model.n_outputs, X.shape[1]
-    pts = np.stack([np.asarray(thetas, float).reshape(m, E, D),
-                    np.asarray(proposals, float).reshape(m, E, D)], axis=1)  # (m, 2, E, D)
-    eta = np.einsum("mked,md->kme", pts[seg], X)  # (2, M, E)
-    ll = model.loglik(eta, shard.y[rows])
+    ll = model.loglik(eta.reshape(M, 2, E).transpose(1, 0, 2), shard.y[rows])
     diff = ll[1] - ll[0]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.bincount(seg, diff, minlength=m) / counts
@@ -306,8 +317,8 @@ def shard_counts(rng: np.random.Generator, unseen: np.ndarray, m: int) -> np.nda
     total = int(unseen.sum())
     if m > total:
         raise ValueError(f"cannot draw {m} rows from {total} unseen")
-    if m == total:
-        return unseen.copy()
+    if m == total or unseen.size == 1:
+        return unseen.copy() if m == total else np.array([m], dtype=np.int64)
     if total < _MVHG_LIMIT:
         return rng.multivariate_hypergeometric(unseen, m).astype(np.int64)
     ranks = rng.choice(total, size=m, replace=False)

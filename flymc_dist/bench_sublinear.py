@@ -84,8 +84,8 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
                   batch_size: int = 500, seed: int = 0, client: Any = "synchronous", *,
                   n_features: int = 3, distance: float = 0.2, n_decisions: int = 100,
                   n_shards: int = 4, bias_eps: Sequence[float] | None = (0.2, 0.1, 0.05, 0.01),
-                  bias_rows: int = 10_000, bias_chains: int = 8, bias_warmup: int = 200,
-                  bias_samples: int = 600, bias_batch_size: int = 1000,
+                  bias_rows: int = 10_000, bias_chains: int = 8, bias_warmup: int = 150,
+                  bias_samples: int = 450, bias_batch_size: int = 2000, bias_shards: int = 2,
                   error_moves: int = 400, workdir: str | None = None) -> dict[str, Any]:
     """Data used per austerity decision against N, and bias against eps.
 
@@ -98,8 +98,9 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
     seed
         Seeds data, ``u`` draws, minibatches and chains.
     client
-        ``"synchronous"`` (in-memory data) or anything :func:`flymc_dist.sample` takes
-        (data are then written to zarr stores under ``workdir`` or a temporary directory).
+        ``"synchronous"`` (in-memory data) or anything :func:`flymc_dist.sample` takes:
+        ``None`` starts one embedded LocalCluster for the whole benchmark; data are then
+        written to zarr stores under ``workdir`` or a temporary directory.
     n_features
         D, including the bias column.
     distance
@@ -110,8 +111,9 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
         Shards per data set.
     bias_eps
         Tolerances of the bias table (None or empty: skip the bias part).
-    bias_rows, bias_chains, bias_warmup, bias_samples, bias_batch_size
-        The bias problem's size and the chains run on it (exact and austerity alike).
+    bias_rows, bias_chains, bias_warmup, bias_samples, bias_batch_size, bias_shards
+        The bias problem's size, the chains run on it (exact and austerity alike), the
+        austerity batch size and the shard count there.
     error_moves
         Moves scored for the per-decision error rate.
     workdir
@@ -133,6 +135,11 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
     local = isinstance(client, str) and client == "synchronous"
     tmpdir = None if local or workdir is not None else tempfile.TemporaryDirectory()
     tmp = workdir if workdir is not None else (tmpdir.name if tmpdir is not None else None)
+    cluster, owned = None, False
+    if not local:  # one client (and embedded cluster, for None) for the whole benchmark
+        from flymc_dist.cluster import _client_from
+
+        client, cluster, owned = _client_from(client, None)
     try:
         used, frac, rounds, errs, secs = [], [], [], [], []
         log_u = -stream(seed, ROLE_AUSTERITY, _BENCH, 2).standard_exponential(n_decisions)
@@ -158,9 +165,13 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
         if bias_eps:
             bias = _bias_vs_eps(model, list(bias_eps), bias_rows, n_features, seed, client, tmp,
                                 chains=bias_chains, warmup=bias_warmup, samples=bias_samples,
-                                batch_size=bias_batch_size, n_shards=n_shards,
+                                batch_size=bias_batch_size, n_shards=bias_shards,
                                 error_moves=error_moves)
     finally:
+        if owned:
+            client.close()
+            if cluster is not None:
+                cluster.close()
         if tmpdir is not None:
             tmpdir.cleanup()
     return {"approximate": True, "sublinear": sub, "bias": bias,

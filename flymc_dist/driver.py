@@ -124,6 +124,7 @@ class Driver:
     # ------------------------------------------------------------------ set-up
     def _log_post_full(self, theta: np.ndarray, order: int) -> tuple[float, np.ndarray, Any]:
         parts = self.transport.call("loglik_sum", theta, order)
+        self.setup_queries += self.n_rows  # a full pass: every datum at one θ
         val = float(self.model.log_prior(theta[None])[0]) + sum(p[0] for p in parts)
         grad = self.model.log_prior_grad(theta[None])[0] + sum(p[1] for p in parts)
         hess = sum(p[2] for p in parts) if order >= 2 else None

@@ -158,20 +158,25 @@ def test_decision_error_shrinks_with_eps():
 @pytest.mark.slow
 def test_posterior_mean_close_to_exact_mcmc():
     """eps = 0.01 on 10^4 rows: posterior mean within 0.1 posterior sd of exact regular MCMC,
-    up to Monte Carlo error (|Δ| ≤ 0.1 sd + 2 se, with se ≤ 0.05 sd so the check has power);
-    and eps = 0.3 is visibly worse (inflated posterior sd), so the error shrinks with eps."""
+    up to Monte Carlo error: |Δ| ≤ 0.1 sd + 2 se, where se is the MC standard error of Δ
+    from both runs' ESS, required ≤ 0.06 sd so that the check has power (it fails for a
+    bias of ~0.25 sd). And eps = 0.3 is visibly worse (inflated posterior sd): the error
+    shrinks with eps."""
     X, y, _ = _data(10_000, seed=9)
-    common = {"client": "synchronous", "num_warmup": 200, "num_samples": 800, "chains": 16,
-              "seed": 10, "n_shards": 2}
-    exact = fd.sample(MODEL, (X, y), algorithm="regular", **common)
-    aust = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.01, batch_size=2000, **common)
-    loose = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.3, batch_size=2000, **common)
-    ex = exact.samples.reshape(16, 800, 3)
+    common = {"client": "synchronous", "num_warmup": 200, "chains": 16, "seed": 10,
+              "n_shards": 2}
+    # the exact reference is cheap per draw: run it longer so its MC error is small
+    exact = fd.sample(MODEL, (X, y), algorithm="regular", num_samples=1500, **common)
+    aust = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.01, batch_size=2000,
+                     num_samples=550, **common)
+    loose = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.3, batch_size=2000,
+                      **{**common, "num_warmup": 100, "num_samples": 200})
+    ex = exact.samples
     sd = ex.std(axis=(0, 1), ddof=1)
     se = np.sqrt(np.asarray(diagnostics.mcse_mean(ex)) ** 2
                  + np.asarray(diagnostics.mcse_mean(aust.samples)) ** 2)
     delta = aust.samples.mean(axis=(0, 1)) - ex.mean(axis=(0, 1))
-    assert np.all(se <= 0.05 * sd), se / sd
+    assert np.all(se <= 0.06 * sd), se / sd
     assert np.all(np.abs(delta) <= 0.1 * sd + 2 * se), (delta / sd, se / sd)
     sd_err = np.abs(aust.samples.std(axis=(0, 1), ddof=1) / sd - 1)
     sd_err_loose = np.abs(loose.samples.std(axis=(0, 1), ddof=1) / sd - 1)
@@ -357,3 +362,19 @@ def test_same_draws_on_dask_cluster(tmp_path):
     np.testing.assert_array_equal(local.samples, remote.samples)
     np.testing.assert_array_equal(local.stats["data_used"], remote.stats["data_used"])
     np.testing.assert_array_equal(local.stats["round_trips"], remote.stats["round_trips"])
+
+
+def test_bench_sublinear_smoke():
+    from flymc_dist import bench_sublinear as bench
+
+    r = bench.run_sublinear(ns=(1000, 10_000), n_decisions=10, bias_eps=(0.2,), bias_rows=2000,
+                            bias_chains=2, bias_warmup=20, bias_samples=30, bias_batch_size=500,
+                            error_moves=20)
+    assert r["approximate"] is True
+    s = r["sublinear"]
+    assert len(s["mean_data_used"]) == 2 and math.isfinite(s["slope"])
+    assert s["fraction"][1] < s["fraction"][0]
+    assert len(r["bias"]["rows"]) == 1
+    text = bench.format(r)
+    assert text.startswith("APPROXIMATE") and "log-log slope" in text and "Bias vs eps" in text
+    assert bench.format is bench.format_sublinear
