@@ -44,7 +44,7 @@ EXIT_INTERRUPT = 130
 
 _DEMO_ROWS = 1_000_000
 _DEMO_FEATURES = 10
-_DEMO_SAMPLES = 2000
+_DEMO_SAMPLES = 1500
 
 
 class CLIError(Exception):
@@ -104,6 +104,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _q_db(text: str) -> str | float:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number in (0, 1], got "
+                                         f"{text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number in (0, 1], got {text!r}")
+    return value
+
+
 def _progress(args: argparse.Namespace) -> bool | None:
     """``False`` with ``--no-progress``; else None (on for a terminal, off under ``CI``)."""
     return False if getattr(args, "no_progress", False) else None
@@ -151,8 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_nonnegative_int, default=None,
                    help="FlyMC warm-up iterations (default: samples / 4)")
     p.add_argument("--regular-samples", type=_positive_int, default=None,
-                   help="regular MCMC draws per chain (default: samples / 4; each one is a "
-                   "full pass over the data)")
+                   help="regular MCMC draws per chain (default: 15%% of --samples; each "
+                   "one is a full pass over the data)")
     p.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
     p.add_argument("--workers", type=_positive_int, default=None,
                    help="workers of the embedded LocalCluster (default: the machine's cores, "
@@ -231,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="theta kernel (default rwmh)")
     g.add_argument("--z-update", choices=("implicit", "explicit"), default="implicit",
                    help="FlyMC z-update (default implicit)")
-    g.add_argument("--q-db", type=_positive_float, default=None,
-                   help="implicit z-update: dark→bright proposal probability")
+    g.add_argument("--q-db", type=_q_db, default=None,
+                   help="implicit z-update: dark→bright proposal probability, or 'auto' "
+                   "(the library's default)")
     g.add_argument("--resample-fraction", type=_positive_float, default=None,
                    help="explicit z-update: fraction of z resampled per iteration")
     g.add_argument("--eps", type=_positive_float, default=None,
@@ -290,15 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=_positive_int, default=2, help="workers (default 2)")
     b.add_argument("--iterations", type=_positive_int, default=1000,
                    help="timed FlyMC iterations (default 1000)")
-    b.add_argument("--regular-iterations", type=_positive_int, default=40,
-                   help="timed regular MCMC iterations (default 40)")
+    b.add_argument("--regular-iterations", type=_positive_int, default=20,
+                   help="timed regular MCMC iterations (default 20)")
     b.add_argument("--warmup", type=_nonnegative_int, default=200,
                    help="FlyMC warm-up iterations (default 200)")
     b.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
     b.add_argument("--pings", type=_positive_int, default=1000,
                    help="bare round trips timed (default 1000)")
-    b.add_argument("--no-default-sharding", action="store_true",
-                   help="skip the runs with the default (data-layout) sharding")
+    b.add_argument("--default-sharding", choices=("flymc", "both", "none"), default="flymc",
+                   help="samplers timed again with the default (data-layout) sharding "
+                   "(default: flymc)")
     b.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
     b.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
     b.set_defaults(func=_cmd_bench_overhead)
@@ -317,7 +332,7 @@ def _demo_table(rows: list[tuple[str, str, str]]) -> list[str]:
     return [f"  {a:<{w}}  {b:>14}  {c:>14}" for a, b, c in rows]
 
 
-def _agreement(a: Any, b: Any) -> str:
+def _agreement(a: Any, b: Any, names: list[str] | None = None) -> str:
     """One line comparing two posteriors' means, in posterior sd and in Monte Carlo error."""
     from flymc_dist import diagnostics
 
@@ -332,9 +347,10 @@ def _agreement(a: Any, b: Any) -> str:
     if not (np.all(np.isfinite(d)) and np.all(np.isfinite(z))):
         return "agreement: not computable (a parameter has no finite ESS)"
     j = int(np.argmax(d))
+    label = names[j] if names is not None and len(names) == d.size else f"parameter {j}"
     # a z above ~4 for any of a handful of parameters is not Monte Carlo noise
     verdict = "agree" if float(z.max()) < 4.0 else "DISAGREE"
-    return (f"agreement: max |Δmean|/sd = {d[j]:.3f} (parameter {j}; Monte Carlo error of "
+    return (f"agreement: max |Δmean|/sd = {d[j]:.3f} ({label}; Monte Carlo error of "
             f"the difference ≈ {mcse[j]:.3f} sd, max z = {z.max():.2f} over {d.size} "
             f"parameters) — the posteriors {verdict}")
 
@@ -347,7 +363,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     t_all = time.perf_counter()
     samples = args.samples
     warmup = args.warmup if args.warmup is not None else max(samples // 4, 20)
-    reg_samples = args.regular_samples or max(samples // 4, 20)
+    reg_samples = args.regular_samples or max(round(0.15 * samples), 20)
     if samples < 4 or reg_samples < 4:
         raise CLIError("--samples and --regular-samples must be at least 4 (for the ESS)")
     n, d, chains = args.rows, args.features, args.chains
@@ -359,6 +375,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         ds = make_logistic(os.path.join(tmp, "demo.zarr"), n, d, seed=args.seed)
         _say(f"  data      {n:,} rows × {d} features (incl. bias) → temporary zarr store, "
              f"{ds.n_chunks} chunks ({time.perf_counter() - t:.1f} s)")
+        shards: dict[str, Any] = {}
         if args.synchronous:
             client = "synchronous"
             _say("  cluster   none: every shard in this process (--synchronous)")
@@ -369,14 +386,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             t = time.perf_counter()
             client, cluster = local_client(workers)
             client.wait_for_workers(workers, timeout=120)
-            _say(f"  cluster   embedded LocalCluster, {workers} workers × 1 thread "
-                 f"({time.perf_counter() - t:.1f} s to start)")
+            # one shard per worker: one actor call per worker per iteration, the cheapest
+            shards = {"n_shards": workers}
+            _say(f"  cluster   embedded LocalCluster, {workers} workers × 1 thread, one shard "
+                 f"per worker ({time.perf_counter() - t:.1f} s to start)")
         _say(f"  sampling  RWMH, {chains} chains, Laplace-preconditioned, started near the MAP:"
              f" FlyMC {warmup} warm-up + {samples} draws; regular MCMC {reg_samples} draws "
              f"with FlyMC's tuned step size (each of its iterations is a full data pass)")
         model = fd.LogisticRegression()
         common = {"kernel": "rwmh", "chains": chains, "seed": args.seed, "client": client,
-                  "progress": _progress(args)}
+                  "progress": _progress(args), **shards}
         t = time.perf_counter()
         fly = fd.sample(model, ds, algorithm="flymc", bounds="map", num_warmup=warmup,
                         num_samples=samples, **common)
@@ -424,14 +443,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     ]
     for line in _demo_table(rows):
         _say(line)
-    _say("  (queries and seconds per iteration are for all chains together)")
+    _say("  (queries and seconds per iteration: all chains together; regular MCMC ran fewer "
+         "draws, so its ESS and R̂ are rougher)")
     per_it = er["seconds_per_iteration"] / ef["seconds_per_iteration"]
     per_q = ef["ess_per_query"] / er["ess_per_query"]
     per_s = ef["ess_per_second"] / er["ess_per_second"]
     _say("")
     _say(f"speedup of FlyMC: {per_it:.1f}× per iteration, {_fmt(per_q)}× in ESS per likelihood "
          f"query, {_fmt(per_s)}× in ESS per second")
-    _say(_agreement(fly, reg))
+    _say(_agreement(fly, reg, names))
     _say(f"done in {time.perf_counter() - t_all:.0f} s (FlyMC {t_fly:.0f} s, regular "
          f"{t_reg:.0f} s including set-up)")
     return 0
@@ -752,7 +772,7 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
     d = run_overhead(rows=args.rows, features=args.features, workers=args.workers,
                      iterations=args.iterations, chains=args.chains, seed=args.seed,
                      regular_iterations=args.regular_iterations, warmup=args.warmup,
-                     pings=args.pings, default_sharding=not args.no_default_sharding)
+                     pings=args.pings, default_sharding=args.default_sharding)
     _say(format_overhead(d))
     if args.json:
         with open(args.json, "w") as fh:
@@ -760,15 +780,48 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _param_docs(func: Callable[..., Any]) -> dict[str, str]:
+    """Parameter descriptions from a numpydoc ``Parameters`` section (first paragraph)."""
+    lines = (inspect.getdoc(func) or "").splitlines()
+    out: dict[str, str] = {}
+    try:
+        i = next(k for k, line in enumerate(lines) if line.strip() == "Parameters") + 2
+    except StopIteration:
+        return out
+    names: list[str] = []
+    text: list[str] = []
+
+    def flush() -> None:
+        for n in names:
+            out[n] = " ".join(text).strip()
+
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() and not line.startswith(" "):
+            if i + 1 < len(lines) and set(lines[i + 1].strip()) == {"-"}:
+                break  # the next section
+            flush()
+            names = [n.strip() for n in line.split(":")[0].split(",")]
+            text = []
+        elif line.strip():
+            text.append(line.strip())
+        i += 1
+    flush()
+    return out
+
+
 def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> _Parser:
     """A parser with one ``--option`` per keyword parameter of ``func`` (by its default)."""
     parser = _Parser(prog=prog, description=description)
+    docs = _param_docs(func)
     for name, par in inspect.signature(func).parameters.items():
         if par.kind in (par.VAR_POSITIONAL, par.VAR_KEYWORD):
             continue
         flag = "--" + name.replace("_", "-")
         default = par.default
         ann = str(par.annotation)
+        doc = docs.get(name, "").replace("%", "%%")
+        helptext = f"{doc} (default {default!r})".strip()
         if name == "client":
             parser.add_argument(flag, default=default, metavar="CLIENT",
                                 help="'synchronous', 'local' (an embedded LocalCluster), a "
@@ -776,20 +829,19 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
                                 f"(default {default!r})")
         elif isinstance(default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                help=f"(default {default})")
+                                help=helptext)
         elif isinstance(default, (list, tuple)) or "Sequence" in ann or "list" in ann:
             kind = float if ("float" in ann or any(isinstance(v, float)
                                                    for v in (default or ()))) else int
             parser.add_argument(flag, nargs="*", type=kind, default=default, metavar="X",
-                                help=f"(default {default!r})")
+                                help=helptext + "; give no value for none")
         elif isinstance(default, int) or (default is None and "int" in ann):
-            parser.add_argument(flag, type=int, default=default, help=f"(default {default!r})")
+            parser.add_argument(flag, type=int, default=default, help=helptext)
         elif isinstance(default, float) or (default is None and "float" in ann):
-            parser.add_argument(flag, type=float, default=default,
-                                help=f"(default {default!r})")
+            parser.add_argument(flag, type=float, default=default, help=helptext)
         else:
             parser.add_argument(flag, default=None if default is par.empty else default,
-                                required=default is par.empty, help=f"(default {default!r})")
+                                required=default is par.empty, help=helptext)
     return parser
 
 

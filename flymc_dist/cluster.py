@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import time
 import uuid
 from typing import Any
@@ -233,12 +234,12 @@ class DaskTransport:
         ``positions`` are the chains' current (post-commit) positions, used to redraw
         the z of recreated shards exactly.
         """
+        blob = pickle.dumps((seq, commits, update_z, requests), protocol=pickle.HIGHEST_PROTOCOL)
         for _attempt in range(5):
-            calls = {w: ("round", (seq, commits, update_z, requests), {})
-                     for w in self.placement}
+            calls = {w: ("round_packed", (blob,), {}) for w in self.placement}
             ok, bad = self._fanout(calls)
             if not bad:
-                return self._per_shard(ok)
+                return self._per_shard({w: pickle.loads(r) for w, r in ok.items()})
             self._recover(self._lost(bad), positions)
         raise ShardLost("giving up after 5 recoveries in one round")
 

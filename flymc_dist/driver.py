@@ -165,7 +165,8 @@ class Driver:
     def setup(self) -> None:
         """MAP, tight points, collapsed bound, preconditioner, initial positions, initial z."""
         t0 = time.perf_counter()
-        need_map = (self.init == "map" or (isinstance(self.precondition, str)
+        need_map = ((isinstance(self.init, str) and self.init == "map")
+                    or (isinstance(self.precondition, str)
                                            and self.precondition == "laplace")
                     or (self.algorithm == "flymc" and self.bounds == "map"))
         neg_h = None

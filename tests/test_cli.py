@@ -1,0 +1,430 @@
+"""The ``flymc`` command line, end to end on small stores.
+
+Most tests call :func:`flymc_dist.cli.main` in-process (``--synchronous`` where a run is
+involved); a few run the real entry point in a subprocess, and the ones that start a
+LocalCluster are marked ``cluster``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flymc_dist.cli import main
+from flymc_dist.data import open_dataset
+from flymc_dist.trace import Trace
+
+ROWS = 2000
+FEATURES = 4
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``main(args)`` with its exit status, stdout and stderr."""
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_subprocess(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    """``python -m flymc_dist.cli args`` in a fresh process (as a user would run it)."""
+    env = {**os.environ, "CI": "1"}
+    return subprocess.run([sys.executable, "-m", "flymc_dist.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_usage_error(code: int, err: str, *needles: str) -> None:
+    """Exit status 2 and exactly one line ``flymc: error: …`` on stderr, no traceback."""
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("flymc: error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle.lower() in lines[0].lower(), lines[0]
+
+
+def assert_nothing_written(path: Path) -> None:
+    """``path`` does not exist and no temporary sibling was left behind."""
+    assert not path.exists()
+    leftovers = [p.name for p in path.parent.iterdir()
+                 if p.name == path.name or p.name.startswith(f".{path.name}.")]
+    assert leftovers == [], leftovers
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small logistic store made by ``flymc make-data``."""
+    path = tmp_path_factory.mktemp("cli") / "logistic.zarr"
+    assert main(["make-data", str(path), "--like", "logistic", "--rows", str(ROWS),
+                 "--features", str(FEATURES), "--seed", "1", "--chunk-rows", "500"]) == 0
+    return path
+
+
+def run_args(store: Path, trace: Path, *extra: str) -> list[str]:
+    """A quick synchronous ``flymc run`` of the logistic model."""
+    return ["run", str(store), "--model", "logistic", "--synchronous", "--warmup", "20",
+            "--samples", "40", "--chains", "2", "--no-progress", "--trace", str(trace), *extra]
+
+
+# --------------------------------------------------------------------------- make-data
+
+
+@pytest.mark.parametrize(("like", "extra", "task"), [
+    ("logistic", [], "binary"),
+    ("softmax", ["--classes", "3"], "multiclass"),
+    ("robust", ["--nu", "5"], "real"),
+    ("opv", [], "real"),
+])
+def test_make_data_every_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str], like: str,
+                              extra: list[str], task: str) -> None:
+    out = tmp_path / f"{like}.zarr"
+    code, stdout, err = run_cli(["make-data", out, "--like", like, "--rows", 300, "--features",
+                                 5, *extra], capsys)
+    assert code == 0, err
+    ds = open_dataset(out)
+    assert ds.shape == (300, 5)
+    assert ds.task == task
+    assert "300 rows" in stdout
+
+
+def test_make_data_bad_options_write_nothing(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "d.zarr"
+    cases = [
+        (["--like", "softmax", "--rows", 100, "--features", 3], "--classes"),
+        (["--like", "logistic", "--features", 3], "--rows"),
+        (["--like", "logistic", "--rows", 0, "--features", 3], "positive integer"),
+        (["--like", "nonsense", "--rows", 10, "--features", 3], "invalid choice"),
+        (["--like", "logistic", "--rows", 10, "--features", 3, "--classes", 2], "softmax"),
+    ]
+    for args, needle in cases:
+        code, _, err = run_cli(["make-data", out, *args], capsys)
+        assert_usage_error(code, err, needle)
+        assert_nothing_written(out)
+
+
+def test_make_data_refuses_to_overwrite(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["make-data", store, "--rows", 10, "--features", 2], capsys)
+    assert_usage_error(code, err, "exists")
+    assert open_dataset(store).shape == (ROWS, FEATURES)
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+def _xy(n: int = 200, d: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.column_stack([np.ones(n), rng.standard_normal((n, d - 1))])
+    y = (rng.random(n) < 0.5).astype(np.int64)
+    return X, y
+
+
+def test_ingest_npy_npz_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    X, y = _xy()
+    np.save(tmp_path / "a.npy", np.column_stack([y, X]))  # target first
+    np.savez(tmp_path / "b.npz", X=X, y=y)
+    with open(tmp_path / "c.csv", "w") as fh:
+        fh.write("bias,u,v,label\n")
+        for xi, yi in zip(X, y, strict=True):
+            fh.write(",".join(repr(float(v)) for v in xi) + f",{yi}\n")
+    for src, extra in (("a.npy", ["--target", "0"]), ("b.npz", []),
+                       ("c.csv", ["--target", "label"])):
+        out = tmp_path / (src + ".zarr")
+        code, stdout, err = run_cli(["ingest", tmp_path / src, out, *extra], capsys)
+        assert code == 0, err
+        ds = open_dataset(out)
+        Xr, yr = ds.read()
+        np.testing.assert_array_equal(Xr, X)
+        np.testing.assert_array_equal(yr, y)
+        assert ds.task == "binary"
+        assert "200 rows" in stdout
+    assert open_dataset(tmp_path / "c.csv.zarr").feature_names == ["bias", "u", "v"]
+
+
+def test_ingest_bad_input_writes_nothing(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    X, y = _xy()
+    Xn = X.copy()
+    Xn[17, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", X=Xn, y=y)
+    with open(tmp_path / "nan.csv", "w") as fh:
+        fh.write("a,b,y\n1.0,2.0,1\n3.0,nan,0\n")
+    np.savez(tmp_path / "labels.npz", X=X, y=y + 5.5)
+    out = tmp_path / "out.zarr"
+    cases = [
+        (tmp_path / "missing.npy", [], "not found"),
+        (tmp_path / "nan.npz", [], "non-finite"),
+        (tmp_path / "nan.csv", [], "non-finite"),
+        (tmp_path / "nan.npz", ["--task", "binary"], "non-finite"),
+        (tmp_path / "labels.npz", ["--task", "binary"], "integer"),
+        (tmp_path / "nan.npz", ["--task", "nonsense"], "invalid choice"),
+    ]
+    for src, extra, needle in cases:
+        code, _, err = run_cli(["ingest", src, out, *extra], capsys)
+        assert_usage_error(code, err, needle)
+        assert_nothing_written(out)
+
+
+def test_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
+    """The installed entry point: status 2, one line on stderr, no traceback."""
+    proc = run_subprocess(["ingest", tmp_path / "nope.csv", tmp_path / "out.zarr"])
+    assert_usage_error(proc.returncode, proc.stderr, "not found")
+    assert proc.stdout == ""
+    assert_nothing_written(tmp_path / "out.zarr")
+
+
+# --------------------------------------------------------------------------- run, summary, resume
+
+
+def test_run_then_summary(store: Path, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.zarr"
+    code, out, err = run_cli(run_args(store, trace), capsys)
+    assert code == 0, err
+    t = Trace.open(trace, read_only=True)
+    assert t.samples.shape == (2, 40, FEATURES)
+    assert t.warmup_samples.shape == (2, 20, FEATURES)
+    assert set(t.stats) >= {"accepted", "n_bright", "likelihood_queries", "log_joint"}
+    assert "ess_bulk" in out and "r_hat" in out and "x1" in out  # names from the store
+    assert "likelihood queries" in out
+    code, out2, err = run_cli(["summary", trace], capsys)
+    assert code == 0, err
+    assert "flymc" in out2 and "ess_bulk" in out2 and "bright fraction" in out2
+    # the table printed by summary is the one printed by run
+    table = [line for line in out.splitlines() if line.startswith("x1 ")]
+    assert table and table[0] in out2
+
+
+@pytest.mark.parametrize(("algorithm", "extra"), [
+    ("regular", []),
+    ("flymc", ["--kernel", "mala", "--z-update", "explicit", "--bounds", "untuned"]),
+    ("austerity", ["--eps", "0.1", "--batch-size", "200"]),
+])
+def test_run_algorithms(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                        algorithm: str, extra: list[str]) -> None:
+    trace = tmp_path / f"{algorithm}.zarr"
+    code, out, err = run_cli(run_args(store, trace, "--algorithm", algorithm, *extra), capsys)
+    assert code == 0, err
+    assert Trace.open(trace, read_only=True).n_draws == 40
+    if algorithm == "austerity":
+        assert "APPROXIMATE" in out
+
+
+def test_run_other_models(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for like, model, extra in (("softmax", "softmax", ["--classes", "3"]),
+                               ("robust", "robust", ["--nu", "4"])):
+        data = tmp_path / f"{like}.zarr"
+        make = ["make-data", data, "--like", like, "--rows", 600, "--features", 3]
+        assert run_cli(make + (["--classes", "3"] if like == "softmax" else []), capsys)[0] == 0
+        trace = tmp_path / f"{like}-trace.zarr"
+        args = ["run", data, "--model", model, *extra, "--synchronous", "--warmup", 10,
+                "--samples", 10, "--chains", 2, "--no-progress", "--trace", trace]
+        code, out, err = run_cli(args, capsys)
+        assert code == 0, err
+        shape = (3, 3) if model == "softmax" else (3,)
+        assert Trace.open(trace, read_only=True).samples.shape == (2, 10, *shape)
+
+
+def test_resume_after_interrupt_continues_exactly(store: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C keeps the checkpointed trace; --resume finishes it with the same draws."""
+    from flymc_dist.driver import Driver
+
+    ref = tmp_path / "ref.zarr"
+    extra = ["--algorithm", "regular", "--checkpoint-every", "10"]
+    assert run_cli(run_args(store, ref, *extra), capsys)[0] == 0
+
+    original = Driver.step
+    calls = {"n": 0}
+
+    def interrupted_step(self: Driver, *args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 36:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    trace = tmp_path / "t.zarr"
+    monkeypatch.setattr(Driver, "step", interrupted_step)
+    code, _, err = run_cli(run_args(store, trace, *extra), capsys)
+    monkeypatch.undo()
+    assert code == 130
+    assert "--resume" in err
+    part = Trace.open(trace, read_only=True)
+    assert part.checkpoint is not None and part.checkpoint["iteration"] == 29
+    assert part.n_draws == 10
+
+    code, out, err = run_cli(run_args(store, trace, *extra, "--resume"), capsys)
+    assert code == 0, err
+    done, full = Trace.open(trace, read_only=True), Trace.open(ref, read_only=True)
+    assert done.samples.shape == full.samples.shape == (2, 40, FEATURES)
+    np.testing.assert_allclose(done.samples, full.samples, rtol=0, atol=1e-12)
+
+
+def test_resume_and_overwrite_rules(store: Path, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.zarr"
+    assert run_cli(run_args(store, trace), capsys)[0] == 0
+    before = Trace.open(trace, read_only=True).samples.copy()
+    # exists: refused without --overwrite / --resume, and left as it was
+    code, _, err = run_cli(run_args(store, trace), capsys)
+    assert_usage_error(code, err, "already exists")
+    # resume with other settings: refused
+    code, _, err = run_cli(run_args(store, trace, "--resume", "--seed", "5"), capsys)
+    assert_usage_error(code, err, "seed")
+    np.testing.assert_array_equal(Trace.open(trace, read_only=True).samples, before)
+    # resume of a finished run: nothing to do, same draws
+    code, _, err = run_cli(run_args(store, trace, "--resume"), capsys)
+    assert code == 0, err
+    np.testing.assert_array_equal(Trace.open(trace, read_only=True).samples, before)
+    # overwrite: a new run
+    code, _, err = run_cli(run_args(store, trace, "--overwrite", "--seed", "3"), capsys)
+    assert code == 0, err
+    assert not np.array_equal(Trace.open(trace, read_only=True).samples, before)
+    # resume of nothing; overwrite of something that is not a trace
+    code, _, err = run_cli(run_args(store, tmp_path / "none.zarr", "--resume"), capsys)
+    assert_usage_error(code, err, "no trace")
+    assert_nothing_written(tmp_path / "none.zarr")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    code, _, err = run_cli(run_args(store, other, "--overwrite"), capsys)
+    assert_usage_error(code, err, "not a flymc trace")
+    assert (other / "keep.txt").read_text() == "mine"
+
+
+def test_run_bad_input_writes_nothing(store: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.zarr"
+    robust = tmp_path / "robust.zarr"
+    assert run_cli(["make-data", robust, "--like", "robust", "--rows", 100, "--features", 2],
+                   capsys)[0] == 0
+    cases = [
+        (["run", store, "--model", "probit", "--trace", trace], "invalid choice"),
+        (["run", tmp_path / "missing.zarr", "--model", "logistic", "--synchronous",
+          "--trace", trace], "no flymc_dist data set"),
+        (run_args(store, trace)[:1] + [tmp_path], "not a zarr"),
+        (["run", robust, "--model", "logistic", "--synchronous", "--trace", trace], "0/1"),
+        (run_args(store, trace, "--kernel", "hmc"), "invalid choice"),
+        (run_args(store, trace, "--samples", "0"), "positive integer"),
+        (run_args(store, trace, "--q-db", "2"), "--q-db"),
+        (run_args(store, trace, "--nu", "3"), "robust"),
+        (["run", store, "--model", "logistic", "--synchronous"], "--trace"),
+        (run_args(store, trace, "--workers", "2"), "--workers"),
+    ]
+    for args, needle in cases:
+        if args[:1] == ["run"] and len(args) == 2:  # the bare directory, as STORE
+            args = ["run", args[1], "--model", "logistic", "--synchronous", "--trace", trace]
+        code, _, err = run_cli(args, capsys)
+        assert_usage_error(code, err, needle)
+        assert_nothing_written(trace)
+
+
+def test_summary_errors(tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["summary", tmp_path / "missing.zarr"], capsys)
+    assert_usage_error(code, err, "no trace")
+    code, _, err = run_cli(["summary", store], capsys)
+    assert_usage_error(code, err, "not a flymc trace")
+
+
+def test_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["frobnicate"], capsys)
+    assert_usage_error(code, err, "invalid choice")
+    assert run_cli([], capsys)[0] == 2
+    code, out, _ = run_cli(["run", "--help"], capsys)
+    assert code == 0 and "--scheduler-file" in out
+    code, out, _ = run_cli(["bench", "sublinear", "--help"], capsys)
+    assert code == 0 and "--ns" in out
+
+
+# --------------------------------------------------------------------------- demo, bench
+
+
+def test_demo_synchronous(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["demo", "--rows", 3000, "--features", 3, "--samples", 200,
+                              "--chains", 2, "--synchronous", "--no-progress"], capsys)
+    assert code == 0, err
+    for needle in ("FlyMC", "regular", "ESS bulk", "R̂ max", "bright fraction",
+                   "likelihood queries", "seconds / iteration", "speedup", "agreement"):
+        assert needle in out
+    assert "DISAGREE" not in out
+
+
+def test_demo_removes_its_data(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    code, _, err = run_cli(["demo", "--rows", 500, "--features", 2, "--samples", 20,
+                            "--chains", 2, "--synchronous", "--no-progress"], capsys)
+    assert code == 0, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_sublinear_is_wired(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["bench", "sublinear", "--ns", 1000, 3000, "--n-decisions", 5,
+                              "--bias-eps"], capsys)
+    assert code == 0, err
+    assert "APPROXIMATE" in out and "slope" in out
+    code, _, err = run_cli(["bench", "sublinear", "--ns", "many"], capsys)
+    assert_usage_error(code, err, "--ns")
+
+
+@pytest.fixture(scope="module")
+def cluster_client() -> object:
+    """One 2-worker LocalCluster shared by the cluster tests (started once: it is slow)."""
+    from flymc_dist.bench import local_client
+
+    client, cluster = local_client(2)
+    client.wait_for_workers(2, timeout=120)
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.mark.cluster
+def test_run_on_a_scheduler(store: Path, tmp_path: Path, cluster_client: object,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The real entry point, on a running scheduler; then its summary."""
+    trace = tmp_path / "t.zarr"
+    address = cluster_client.scheduler.address  # type: ignore[attr-defined]
+    proc = run_subprocess(["run", store, "--model", "logistic", "--scheduler", address,
+                           "--warmup", 20, "--samples", 30, "--chains", 2, "--trace", trace])
+    assert proc.returncode == 0, proc.stderr
+    assert "ess_bulk" in proc.stdout and "x1" in proc.stdout
+    assert Trace.open(trace, read_only=True).n_draws == 30
+    code, out, err = run_cli(["summary", trace], capsys)
+    assert code == 0, err
+    assert "x1" in out
+
+
+@pytest.mark.cluster
+def test_bench_overhead_tiny(cluster_client: object) -> None:
+    from flymc_dist.bench import format_overhead, run_overhead
+
+    d = run_overhead(rows=4000, features=3, workers=2, iterations=20, chains=2,
+                     regular_iterations=5, warmup=5, pings=20, default_sharding="none",
+                     client=cluster_client)
+    for key in ("bare_round_trip", "flymc", "regular", "ratios", "goals", "setup"):
+        assert key in d
+    assert d["setup"]["workers"] == 2
+    assert d["bare_round_trip"]["mean"] > 0
+    assert d["flymc"]["round_trips_per_iteration"] == 1.0
+    assert d["regular"]["queries_per_iteration"] == 4000
+    text = format_overhead(d)
+    assert "FlyMC / bare round trip" in text and "4,000 rows" in text
+
+
+@pytest.mark.cluster
+def test_demo_on_an_embedded_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    """What a newcomer runs, in small: its own 2-worker LocalCluster, closed afterwards."""
+    code, out, err = run_cli(["demo", "--rows", 4000, "--features", 3, "--samples", 60,
+                              "--chains", 2, "--workers", 2, "--no-progress"], capsys)
+    assert code == 0, err
+    assert "2 workers" in out and "speedup" in out and "agreement" in out
