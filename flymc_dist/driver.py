@@ -236,19 +236,26 @@ class Driver:
                 g = g + self.bound.grad(points)
         return val, g
 
-    def _respond(self, c: int, req: EvalRequest, agg: dict[str, np.ndarray]) -> EvalResponse:
-        pos = self.positions[c][None]
-        cur_val, cur_grad = self._base(pos, req.current_grad)
-        logp_current = float(cur_val[0] + agg["current"][c])
-        grad_current = cur_grad[0] + agg["current_grad"][c] if req.current_grad else None
-        k = req.points.shape[0]
-        if k:
-            val, g = self._base(req.points, req.grad)
-            logp = val + agg["points"][c, :k]
-            grad = g + agg["points_grad"][c, :k] if req.grad else None
-        else:
-            logp, grad = np.empty(0), None
-        return EvalResponse(logp_current, grad_current, logp, grad)
+    def _respond_all(self, reqs: list[EvalRequest | None],
+                     agg: dict[str, np.ndarray]) -> dict[int, EvalResponse]:
+        """Responses for every chain with a pending request: the prior and the collapsed
+        bound are evaluated for all chains' current positions and points in one call."""
+        active = [c for c, r in enumerate(reqs) if r is not None]
+        want_grad = any(reqs[c].grad or reqs[c].current_grad for c in active)
+        allp = np.concatenate([self.positions[active]] + [reqs[c].points for c in active])
+        val, g = self._base(allp, want_grad)
+        out = {}
+        off = len(active)
+        for i, c in enumerate(active):
+            req = reqs[c]
+            k = req.points.shape[0]
+            logp_current = float(val[i] + agg["current"][c])
+            grad_current = g[i] + agg["current_grad"][c] if req.current_grad else None
+            logp = val[off:off + k] + agg["points"][c, :k]
+            grad = g[off:off + k] + agg["points_grad"][c, :k] if (req.grad and k) else None
+            off += k
+            out[c] = EvalResponse(logp_current, grad_current, logp, grad)
+        return out
 
     @staticmethod
     def _aggregate(replies: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -286,11 +293,7 @@ class Driver:
             queries += agg["queries"]
             if first:
                 n_bright[:] = agg["n_bright"]
-            for c in range(C):
-                req = reqs[c]
-                if req is None:
-                    continue
-                resp = self._respond(c, req, agg)
+            for c, resp in self._respond_all(reqs, agg).items():
                 last[c] = resp
                 try:
                     reqs[c] = gens[c].send(resp)
