@@ -27,17 +27,29 @@ def _logistic_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
-def _grid_reference(X: np.ndarray, y: np.ndarray, prior_sd: float) -> tuple[np.ndarray, np.ndarray]:
-    """Posterior mean and sd of 2-D Bayesian logistic regression by grid quadrature."""
-    g = np.linspace(-4, 4, 801)
-    t0, t1 = np.meshgrid(g, g, indexing="ij")
+_REFERENCES: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _grid_moments(X: np.ndarray, y: np.ndarray, prior_sd: float, lo: np.ndarray,
+                  hi: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    g0, g1 = np.linspace(lo[0], hi[0], n), np.linspace(lo[1], hi[1], n)
+    t0, t1 = np.meshgrid(g0, g1, indexing="ij")
     th = np.stack([t0.ravel(), t1.ravel()], 1)
     s = (th @ X.T) * (2 * y - 1)
     lp = -np.logaddexp(0, -s).sum(1) - 0.5 * (th**2).sum(1) / prior_sd**2
     w = np.exp(lp - logsumexp(lp))
     mean = w @ th
-    sd = np.sqrt(w @ (th - mean) ** 2)
-    return mean, sd
+    return mean, np.sqrt(w @ (th - mean) ** 2)
+
+
+def _grid_reference(X: np.ndarray, y: np.ndarray, prior_sd: float) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior mean and sd of 2-D Bayesian logistic regression by grid quadrature:
+    a coarse grid to locate the posterior, then a fine grid over mean ± 8 sd."""
+    key = X.tobytes() + y.tobytes() + np.float64(prior_sd).tobytes()
+    if key not in _REFERENCES:
+        m, sd = _grid_moments(X, y, prior_sd, np.array([-4.0, -4.0]), np.array([4.0, 4.0]), 161)
+        _REFERENCES[key] = _grid_moments(X, y, prior_sd, m - 8 * sd, m + 8 * sd, 241)
+    return _REFERENCES[key]
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +115,8 @@ def test_posterior_on_local_cluster(store, local_client, kernel):
     """A representative subset of the exactness battery, on a 2-worker LocalCluster."""
     path, X, y = store
     mean, sd = _grid_reference(X, y, prior_sd=2.0)
-    res = _run(path, local_client, kernel=kernel, num_warmup=500, num_samples=2500, chains=4)
+    res = _run(path, local_client, kernel=kernel, num_warmup=400,
+               num_samples=1500 if kernel == "rwmh" else 800, chains=4)
     from flymc_dist.diagnostics import ess_mean
 
     draws = res.samples
@@ -201,11 +214,11 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path):
 
         th = threading.Thread(target=killer, daemon=True)
         th.start()
-        res = _run(path, client, num_warmup=300, num_samples=3000, chains=4, trace=trace,
+        res = _run(path, client, num_warmup=300, num_samples=2000, chains=4, trace=trace,
                    checkpoint_every=50, timeout=10)
         th.join(timeout=5)
     assert "worker" in killed, killed
-    assert res.samples.shape == (4, 3000, 2)
+    assert res.samples.shape == (4, 2000, 2)
     assert np.all(np.isfinite(res.samples))
     rec = res.info["recoveries"]
     assert len(rec) >= 1 and rec[0]["lost_workers"] == [killed["worker"]]
@@ -219,4 +232,4 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path):
         x = res.samples[:, :, j]
         ess = ess_mean(x)
         assert abs(x.mean() - mean[j]) / (x.std() / np.sqrt(ess)) < 3.5
-    assert Trace.open(trace).n_draws == 3000
+    assert Trace.open(trace).n_draws == 2000
