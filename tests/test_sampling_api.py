@@ -210,13 +210,24 @@ class CountingLogistic(fd.LogisticRegression):
 def test_query_counters_match_actual_evaluations(algorithm, kernel, z_update):
     """Count every (datum, θ) likelihood evaluation at the model; the counters must agree.
 
-    A fixed start and identity preconditioner with untuned bounds: no MAP search, whose
-    full passes are set-up work outside the sampler's counters.
+    A fixed start and identity preconditioner with untuned bounds: no MAP search.
     """
     model = CountingLogistic()
     res = _run(model=model, algorithm=algorithm, kernel=kernel, z_update=z_update,
                bounds="untuned", q_db=0.2, init=[0.2, 0.9], precondition="identity")
     assert res.info["map"] is None
+    counted = (res.info["setup_queries"] + res.warmup_stats["likelihood_queries"].sum()
+               + res.stats["likelihood_queries"].sum())
+    assert counted == model.evaluated
+
+
+@pytest.mark.parametrize("algorithm", ["regular", "flymc"])
+def test_query_counters_include_the_map_search(algorithm):
+    """With the MAP search (MAP bounds, MAP start, Laplace preconditioner) its full passes
+    are set-up queries too: the counters still match every evaluation made."""
+    model = CountingLogistic()
+    res = _run(model=model, algorithm=algorithm, kernel="mala", q_db=0.2)
+    assert res.info["map"] is not None and res.info["map_info"]["evaluations"] > 0
     counted = (res.info["setup_queries"] + res.warmup_stats["likelihood_queries"].sum()
                + res.stats["likelihood_queries"].sum())
     assert counted == model.evaluated
