@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from flymc_dist import diagnostics
-from flymc_dist.driver import STAT_NAMES, Driver, rng_state_from_json
+from flymc_dist.driver import STAT_NAMES, Driver, params_to_json, rng_state_from_json
 from flymc_dist.kernels import get_kernel
 from flymc_dist.models.base import Model
 from flymc_dist.progress import Progress
@@ -365,7 +365,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
     info["warmup_seconds"] = (t_warm_end - t0) if t_warm_end is not None else 0.0
     info["total_round_trips"] = int(transport.round_trips)
     info["recoveries"] = list(getattr(transport, "recoveries", []))
-    info["kernel_params"] = [_params_to_json_safe(p) for p in driver.params]
+    info["kernel_params"] = [params_to_json(p) for p in driver.params]
     return Result(samples.reshape((C, n_keep) + shape), stats,
                   wsamples.reshape((C, num_warmup) + shape), wstats, info)
 
@@ -379,11 +379,3 @@ def _flush(trace: Any, buf: list[tuple[bool, np.ndarray, dict]], shape: tuple[in
         s = np.stack([b[1] for b in part], axis=1).reshape((C, len(part)) + shape)
         st = {k: np.stack([b[2][k] for b in part], axis=1) for k in STAT_NAMES}
         trace.append(s, st, warmup=warm)
-
-
-def _params_to_json_safe(p: Any) -> dict[str, Any]:
-    try:
-        return {k: (np.asarray(v).tolist() if v is not None else None)
-                for k, v in p._asdict().items()}
-    except AttributeError:
-        return {"params": repr(p)}

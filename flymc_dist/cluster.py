@@ -259,6 +259,7 @@ class DaskTransport:
         if not live:
             raise ShardLost("no live worker left to recreate the lost shards on")
         # fill new (restarted) workers first, then the least loaded
+        placed: dict[str, list[int]] = {}  # worker -> ids of the shards recreated there
         for spec in orphans:
             target = min(live, key=lambda w: len(self.placement.get(w, [])))
             if target not in self.placement:
@@ -268,23 +269,15 @@ class DaskTransport:
                 if bad:
                     raise ShardLost(f"recovery failed on {target}: {bad[target]!r}")
                 self.placement[target].append(spec)
-        orphan_ids = {s.shard_id for s in orphans}
+            placed.setdefault(target, []).append(spec.shard_id)
         for method, args, kwargs in self._replay:
-            calls = {w: ("call", (method, args, kwargs,
-                                  [s.shard_id for s in specs if s.shard_id in orphan_ids]), {})
-                     for w, specs in self.placement.items()
-                     if any(s.shard_id in orphan_ids for s in specs)}
-            _, bad = self._fanout(calls)
+            _, bad = self._fanout({w: ("call", (method, args, kwargs, ids), {})
+                                   for w, ids in placed.items()})
             if bad:
                 raise ShardLost(f"recovery failed replaying {method!r}: {bad!r}")
-        ids = {s.shard_id: (positions, self.generation) for s in orphans}
-        by_worker: dict[str, dict[int, tuple]] = {}
-        for w, specs in self.placement.items():
-            mine = {s.shard_id: ids[s.shard_id] for s in specs if s.shard_id in ids}
-            if mine:
-                by_worker[w] = mine
-        ok, bad = self._fanout({w: ("call_each", ("set_positions", m), {})
-                                for w, m in by_worker.items()})
+        ok, bad = self._fanout({w: ("call_each", ("set_positions",
+                                                  {i: (positions, self.generation) for i in ids}),
+                                    {}) for w, ids in placed.items()})
         if bad:
             raise ShardLost(f"recovery failed: {bad!r}")
         queries = int(sum(sum(r.values()) for r in ok.values()))

@@ -274,9 +274,10 @@ class Driver:
         reqs: list[EvalRequest | None] = [next(g) for g in gens]
         infos: list[KernelInfo | None] = [None] * C
         last: list[EvalResponse | None] = [None] * C
-        pending = self.positions.copy()  # post-commit positions, for fault recovery
         queries = np.zeros(C, dtype=np.int64)
         n_bright = np.zeros(C, dtype=np.int64)
+        # post-commit positions: chains that finished this iteration hold their new
+        # position (also what fault recovery puts recreated shards at)
         new_positions = self.positions.copy()
         first = True
         round_trips = 0
@@ -287,7 +288,7 @@ class Driver:
                           for r in reqs]
             self.seq += 1
             replies = self.transport.round(self.seq, commits, first and self.algorithm == "flymc",
-                                           shard_reqs, pending)
+                                           shard_reqs, new_positions)
             round_trips += 1
             agg = self._aggregate(replies)
             queries += agg["queries"]
@@ -302,7 +303,6 @@ class Driver:
                     new_pos, info = stop.value
                     infos[c] = info
                     new_positions[c] = new_pos
-                    pending[c] = new_pos
             first = False
         log_joint = np.empty(C)
         for c in range(C):
@@ -347,13 +347,14 @@ class Driver:
         return {
             "iteration": int(iteration),
             "positions": self.positions.tolist(),
-            "params": [_params_to_json(p) for p in self.params],
+            "params": [params_to_json(p) for p in self.params],
             "rng_states": [_rng_state_to_json(r.bit_generator.state) for r in self.rngs],
             "seq": int(self.seq),
         }
 
 
-def _params_to_json(params: Any) -> dict[str, Any]:
+def params_to_json(params: Any) -> dict[str, Any]:
+    """A kernel's parameters (a NamedTuple of scalars and arrays) as JSON-able lists."""
     out = {}
     for k, v in params._asdict().items():
         out[k] = np.asarray(v).tolist() if v is not None else None

@@ -43,6 +43,19 @@ def stream(seed: int, *key: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=tuple(int(k) for k in key)))
 
 
+def _log_bright_ratio(ll: np.ndarray, lb: np.ndarray, dl: np.ndarray | None,
+                      db: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``log L~ = log expm1(l - beta)`` and, given the eta-derivatives of ``l`` and ``beta``,
+    ``d log L~ / d eta = (dl - dbeta) / (1 - exp(-delta))`` (0 where the bound is tight)."""
+    delta = np.maximum(ll - lb, 0.0)
+    vals = log_expm1(delta)
+    if dl is None:
+        return vals, None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = (dl - db) / -np.expm1(-delta)[..., None]
+    return vals, np.where(delta[..., None] > 0.0, w, 0.0)
+
+
 @dataclass(frozen=True)
 class ShardSpec:
     """Where a shard's rows are: ``[start, stop)`` of the store at ``path``."""
@@ -215,14 +228,8 @@ class Shard:
             ll, dl = m.loglik_grad(eta, y)
             lb, db = m.logbound_grad(eta, y, xi)
         else:
-            ll, lb = m.loglik(eta, y), m.logbound(eta, y, xi)
-        delta = np.maximum(ll - lb, 0.0)
-        vals = log_expm1(delta)
-        dvals = None
-        if grad:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                w = (dl - db) / -np.expm1(-delta)[..., None]
-            dvals = np.where(delta[..., None] > 0.0, w, 0.0)
+            ll, lb, dl, db = m.loglik(eta, y), m.logbound(eta, y, xi), None, None
+        vals, dvals = _log_bright_ratio(ll, lb, dl, db)
         return vals, dvals, X
 
     def _bright_eval_many(self, segments: list[tuple[np.ndarray, np.ndarray]], grad: bool
@@ -253,14 +260,10 @@ class Shard:
             ll, dl = m.loglik_grad(eta, y)
             lb, db = m.logbound_grad(eta, y, xi)
         else:
-            ll, lb = m.loglik(eta, y), m.logbound(eta, y, xi)
-        delta = np.maximum(ll[0] - lb[0], 0.0)
-        vals = log_expm1(delta)
-        dvals = None
-        if grad:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                w = (dl[0] - db[0]) / -np.expm1(-delta)[:, None]
-            dvals = np.where(delta[:, None] > 0.0, w, 0.0)
+            ll, lb, dl, db = m.loglik(eta, y), m.logbound(eta, y, xi), None, None
+        vals, dvals = _log_bright_ratio(ll, lb, dl, db)
+        vals = vals[0]
+        dvals = dvals[0] if dvals is not None else None
         out = []
         off = 0
         for (k, n), X in zip(shapes, Xs, strict=True):
