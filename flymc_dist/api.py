@@ -21,7 +21,7 @@ ALGORITHMS = ("flymc", "regular", "austerity")
 BOUNDS = ("map", "untuned")
 Z_UPDATES = ("implicit", "explicit")
 
-_DRIVER_OPTIONS = {"init", "precondition", "map_maxiter"}
+_DRIVER_OPTIONS = {"init", "precondition", "map_maxiter", "speculate"}
 _OTHER_OPTIONS = {"q_db", "resample_fraction", "n_shards", "rows_per_shard", "trace", "resume",
                   "overwrite_trace", "progress", "kernel_options", "eps", "batch_size",
                   "n_workers", "timeout", "checkpoint_every"}
@@ -149,6 +149,9 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
     f = options.get("resample_fraction", 0.1)
     if not 0.0 < f <= 1.0:
         raise ValueError(f"resample_fraction must be in (0, 1], not {f!r}")
+    spec = options.get("speculate", "auto")
+    if not (spec is True or spec is False or spec == "auto"):
+        raise ValueError(f"speculate must be 'auto', True or False, not {spec!r}")
 
 
 def _check_task(model: Model, task: str, n_classes: int | None) -> None:
@@ -231,7 +234,10 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
         file; or ``"synchronous"`` to run in this process.
     **options
         ``q_db`` ("auto": about as many dark→bright proposals as bright rows; or a
-        number in (0, 1]), ``resample_fraction`` (0.1), ``n_shards`` / ``rows_per_shard``,
+        number in (0, 1]), ``speculate`` ("auto": on a Dask cluster, FlyMC with RWMH
+        updates z while the driver decides, as if the proposal will be rejected, and
+        undoes it when it was not — the same draws, fewer milliseconds per iteration;
+        undone work is reported as ``info["speculative_queries"]``; True / False), ``resample_fraction`` (0.1), ``n_shards`` / ``rows_per_shard``,
         ``init`` ("map" or array), ``precondition`` ("laplace", "identity" or a
         covariance), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path),
         ``resume``, ``overwrite_trace``, ``checkpoint_every``, ``progress``,
@@ -364,6 +370,8 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
     info["sampling_seconds"] = t_end - (t_warm_end if t_warm_end is not None else t0)
     info["warmup_seconds"] = (t_warm_end - t0) if t_warm_end is not None else 0.0
     info["total_round_trips"] = int(transport.round_trips)
+    info["speculate"] = bool(driver.speculate)
+    info["speculative_queries"] = int(driver.wasted_queries)
     info["recoveries"] = list(getattr(transport, "recoveries", []))
     info["kernel_params"] = [params_to_json(p) for p in driver.params]
     return Result(samples.reshape((C, n_keep) + shape), stats,

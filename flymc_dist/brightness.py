@@ -7,8 +7,8 @@ aligned with ``idx``), optionally with the derivative of ``log L~_n`` with
 respect to the linear predictor (``dvals``) for gradient kernels.
 
 Everything here costs O(M + number of proposals), never O(N): darkening filters
-``idx`` (O(M)); dark→bright proposals are a Binomial(N, q) count of distinct
-rows drawn with Floyd's algorithm (numpy's ``choice(replace=False)``), O(m).
+``idx`` (O(M)); the dark→bright proposals (every row independently with
+probability q) are the partial sums of Geometric(q) gaps, O(number of proposals).
 
 With ``log L~_n = log(expm1(delta_n))`` (``delta_n = l_n - beta_n``) the
 conditional brightness probability is ``p(z_n = 1 | θ) = 1 - exp(-delta_n)
@@ -49,11 +49,16 @@ class BrightSet:
         Keep ``d log L~ / d eta`` of the bright rows (gradient kernels).
     """
 
-    def __init__(self, n_rows: int, n_outputs: int = 1, track_grad: bool = False) -> None:
+    def __init__(self, n_rows: int, n_outputs: int = 1, track_grad: bool = False,
+                 mask: np.ndarray | None = None) -> None:
         self.n_rows = int(n_rows)
         self.n_outputs = int(n_outputs)
         self.track_grad = bool(track_grad)
-        self.mask = np.zeros(self.n_rows, dtype=bool)
+        if mask is None:
+            mask = np.zeros(self.n_rows, dtype=bool)
+        elif mask.shape != (self.n_rows,) or mask.dtype != bool or mask.any():
+            raise ValueError("mask must be an all-False boolean array of shape (n_rows,)")
+        self.mask = mask  # may be a row of a shard's (chains, n_rows) array
         self.idx = np.empty(0, dtype=np.int64)
         self.vals = np.empty(0, dtype=np.float64)
         self.dvals: np.ndarray | None = (
@@ -94,28 +99,59 @@ def implicit_propose(rng: np.random.Generator, bright: BrightSet,
         to brighten; evaluate ``log L~`` of ``cand`` and pass it to
         :func:`implicit_accept`.
     """
-    log_q = math.log(q)
-    n = bright.n_rows
     # bright -> dark: accept iff log u < log q - log L~ (a row with L~ = 0 always goes dark)
-    darken = log_uniform(rng, bright.n_bright) < log_q - bright.vals
+    darken = log_uniform(rng, bright.n_bright) < math.log(q) - bright.vals
     # dark -> bright proposals, decided on the z as it was before this sweep
-    m = int(rng.binomial(n, q)) if n else 0
-    cand = rng.choice(n, size=m, replace=False, shuffle=False) if m else np.empty(0, np.int64)
-    cand = np.sort(cand[~bright.mask[cand]]).astype(np.int64, copy=False)
-    return darken, cand
+    cand = bernoulli_rows(rng, bright.n_rows, q)
+    return darken, cand[~bright.mask[cand]]
+
+
+def proposal_slots(n: int, q: float) -> int:
+    """Geometric gaps drawn at once for Bernoulli(q) trials over n rows: the mean count
+    plus six standard deviations plus eight, so that they reach past the last row in
+    all but a vanishing fraction of draws."""
+    mean = n * q
+    return int(mean + 6.0 * math.sqrt(mean) + 8.0)
+
+
+def bernoulli_rows(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
+    """The rows of ``0..n-1`` kept by independent Bernoulli(q) trials, sorted (int64).
+
+    Drawn as the partial sums of Geometric(q) gaps (the waiting times of a Bernoulli
+    process): O(nq) work, one draw of gaps in all but a vanishing fraction of calls.
+    """
+    if n <= 0 or q <= 0.0:
+        return np.empty(0, dtype=np.int64)
+    if q >= 1.0:
+        return np.arange(n, dtype=np.int64)
+    k = proposal_slots(n, q)
+    # gaps above n + 1 place the row beyond n either way; clipping keeps the sums in int64
+    pos = np.cumsum(np.minimum(rng.geometric(q, size=k), n + 1)) - 1
+    while pos[-1] < n:  # not yet past the last row: draw more gaps (rare)
+        more = np.cumsum(np.minimum(rng.geometric(q, size=k), n + 1)) + pos[-1]
+        pos = np.concatenate([pos, more])
+    return pos[:np.searchsorted(pos, n)]
 
 
 def implicit_accept(rng: np.random.Generator, bright: BrightSet, q: float, darken: np.ndarray,
                     cand: np.ndarray, vals: np.ndarray, dvals: np.ndarray | None) -> None:
     """Second half of :func:`implicit_update`: accept dark→bright with ``min(1, L~/q)``."""
     if cand.size:
-        accept = log_uniform(rng, cand.size) < vals - math.log(q)
+        accept = brighten(log_uniform(rng, cand.size), vals, q)
         new_rows, new_vals = cand[accept], vals[accept]
         new_dvals = dvals[accept] if dvals is not None else None
     else:
         new_rows, new_vals = cand, np.empty(0)
         new_dvals = np.empty((0, bright.n_outputs)) if bright.track_grad else None
     bright.replace(~darken, new_rows, new_vals, new_dvals)
+
+
+def brighten(log_u: np.ndarray, vals: np.ndarray, q: float) -> np.ndarray:
+    """Which dark→bright proposals are accepted: ``u < L~ / q``, i.e. ``log u < log L~ - log q``.
+
+    (Algorithm 2's line 10 prints the comparison the other way round: a typo.)
+    """
+    return log_u < vals - math.log(q)
 
 
 def implicit_update(rng: np.random.Generator, bright: BrightSet, q: float,
@@ -126,8 +162,9 @@ def implicit_update(rng: np.random.Generator, bright: BrightSet, q: float,
     propose bright with probability ``q`` and are accepted with ``min(1, L~_n / q)``.
     (The paper's line 10 reads "<" where ">" is meant: the dark→bright move is
     accepted when ``u < L~_n / q``.) Which rows propose is drawn as a
-    Binomial(N, q) count of distinct rows over *all* rows, the bright ones among
-    them being skipped — the same as proposing each dark row with probability q.
+    Bernoulli(q) trial per row over *all* rows (:func:`bernoulli_rows`), the bright
+    ones among them being skipped — the same as proposing each dark row with
+    probability q.
 
     Parameters
     ----------

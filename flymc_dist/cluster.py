@@ -25,6 +25,7 @@ import asyncio
 import logging
 import os
 import pickle
+import socket
 import time
 import uuid
 from typing import Any
@@ -40,6 +41,12 @@ log = logging.getLogger("flymc_dist")
 class ShardLost(RuntimeError):
     """A host (worker) stopped answering."""
 
+
+#: calls run inline on the worker's event loop with raw ``bytes`` arguments: the per-iteration
+#: protocol (short: FlyMC's rounds touch the bright rows only) and the bench's bare round trips.
+#: Regular MCMC's rounds are full passes over the shard and stay on the actor thread, so a
+#: worker's event loop (heartbeats, other clients) never blocks for a whole pass.
+INLINE = ("round_packed", "echo", "ping")
 
 #: set-up calls that change a shard's state; replayed, in order, on recreated shards so
 #: that they rejoin with the same tight points (hence the same collapsed bound) and q
@@ -83,6 +90,26 @@ def open_transport(client: Any, specs: list[ShardSpec], config: ShardConfig,
                          timeout=float(options.get("timeout", 60.0)))
 
 
+def _spare_cores(workers: dict[str, dict], used: list[str]) -> bool:
+    """Whether the workers holding shards have CPU to spare between round trips.
+
+    A speculative z-update (:meth:`~flymc_dist.shard.Shard.speculate`) runs while the
+    driver decides; it is free when a worker's core would otherwise idle, and a loss
+    when the workers and the driver already share every core of one machine (as with
+    a LocalCluster of one worker per core): then it competes with the driver. So: no
+    when the shard-holding workers on this machine, plus the driver, need more cores
+    than it has; yes otherwise (workers on other machines, or spare local cores).
+    """
+    local = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
+    try:
+        local.add(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    threads = sum(int(workers.get(w, {}).get("nthreads", 1)) for w in used
+                  if workers.get(w, {}).get("host") in local)
+    return threads + 1 <= (os.cpu_count() or 1) if threads else True
+
+
 class DaskTransport:
     """Shard hosts as Dask actors, one per worker.
 
@@ -106,6 +133,9 @@ class DaskTransport:
         self.specs = sorted(specs, key=lambda s: s.shard_id)
         self.config = config
         self.timeout = timeout
+        self.inline_rounds = config.algorithm == "flymc"
+        #: whether speculative z-updates pay (see :func:`_spare_cores`)
+        self.speculates = False
         self.round_trips = 0
         self.recoveries: list[dict[str, Any]] = []
         self.generation = 0
@@ -122,6 +152,8 @@ class DaskTransport:
                                                                     len(self.specs)))
             for w, block in zip(workers, blocks, strict=False):
                 self._start_host(w, [self.specs[i] for i in block])
+            self.speculates = _spare_cores(self.client.scheduler_info()["workers"],
+                                           list(self.placement))
         except BaseException:
             self.close()
             raise
@@ -146,9 +178,17 @@ class DaskTransport:
         from distributed.protocol import to_serialize
 
         rpc = self.client.rpc(worker)
-        result = await rpc.actor_execute(function=function, actor=self._keys[worker],
-                                         args=[to_serialize(a) for a in args],
-                                         kwargs={k: to_serialize(v) for k, v in kwargs.items()})
+        if function in INLINE and (function != "round_packed" or self.inline_rounds):
+            # A protocol call: one ``bytes`` argument, which msgpack carries as it is (no
+            # serialisation family, no extra frames), run on the worker's event loop
+            # rather than handed to the actor thread (one thread hop less each way).
+            result = await rpc.actor_execute(function=function, actor=self._keys[worker],
+                                             args=list(args), kwargs={"separate_thread": False})
+        else:
+            result = await rpc.actor_execute(
+                function=function, actor=self._keys[worker],
+                args=[to_serialize(a) for a in args],
+                kwargs={k: to_serialize(v) for k, v in kwargs.items()})
         if result["status"] == "OK":
             return result["result"]
         raise result["exception"]
@@ -228,13 +268,15 @@ class DaskTransport:
         return merged
 
     def round(self, seq: Any, commits: np.ndarray, update_z: bool,
-              requests: list[Request | None], positions: np.ndarray) -> list[dict]:
+              requests: list[Request | None], positions: np.ndarray,
+              speculate: bool = False) -> list[dict]:
         """One protocol round on every shard, recovering lost workers' shards.
 
         ``positions`` are the chains' current (post-commit) positions, used to redraw
         the z of recreated shards exactly.
         """
-        blob = pickle.dumps((seq, commits, update_z, requests), protocol=pickle.HIGHEST_PROTOCOL)
+        blob = pickle.dumps((seq, commits, update_z, requests, speculate),
+                            protocol=pickle.HIGHEST_PROTOCOL)
         for _attempt in range(5):
             calls = {w: ("round_packed", (blob,), {}) for w in self.placement}
             ok, bad = self._fanout(calls)

@@ -94,7 +94,8 @@ class Driver:
     def __init__(self, model: Model, transport: Any, kernel: Kernel, *, n_features: int,
                  algorithm: str = "flymc", bounds: str = "map", chains: int = 4, seed: int = 0,
                  init: str | np.ndarray = "map", precondition: str | np.ndarray = "laplace",
-                 map_maxiter: int = 100, q_db: float | str = "auto", n_rows: int = 0) -> None:
+                 map_maxiter: int = 100, q_db: float | str = "auto", n_rows: int = 0,
+                 speculate: bool | str = "auto") -> None:
         self.model = model
         self.transport = transport
         self.kernel = kernel
@@ -120,6 +121,16 @@ class Driver:
         self.seq = 0
         self.setup_queries = 0
         self.setup_seconds = 0.0
+        if speculate not in ("auto", True, False):
+            raise ValueError(f"speculate must be 'auto', True or False, not {speculate!r}")
+        # speculative z-updates (Shard.speculate): FlyMC with a one-request kernel, where
+        # every round trip starts an iteration; "auto" where the transport gains by it
+        self.speculate = (algorithm == "flymc"
+                          and getattr(kernel, "requests_per_step", None) == 1
+                          and (speculate is True or (speculate == "auto" and
+                                                     getattr(transport, "speculates", False))))
+        #: likelihood queries of speculative z-updates undone because the chain moved
+        self.wasted_queries = 0
 
     # ------------------------------------------------------------------ set-up
     def _log_post_full(self, theta: np.ndarray, order: int) -> tuple[float, np.ndarray, Any]:
@@ -288,10 +299,12 @@ class Driver:
                           for r in reqs]
             self.seq += 1
             replies = self.transport.round(self.seq, commits, first and self.algorithm == "flymc",
-                                           shard_reqs, new_positions)
+                                           shard_reqs, new_positions, self.speculate)
             round_trips += 1
             agg = self._aggregate(replies)
             queries += agg["queries"]
+            if "wasted" in agg:
+                self.wasted_queries += int(agg["wasted"].sum())
             if first:
                 n_bright[:] = agg["n_bright"]
             for c, resp in self._respond_all(reqs, agg).items():

@@ -14,6 +14,8 @@ kernels asked for, returning only sums.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -23,11 +25,14 @@ import numpy as np
 from flymc_dist._numerics import log_expm1
 from flymc_dist.brightness import (
     BrightSet,
+    brighten,
     explicit_accept,
     explicit_propose,
     explicit_update,
     implicit_accept,
     implicit_propose,
+    log_uniform,
+    proposal_slots,
 )
 from flymc_dist.models.base import BoundStats, Model
 
@@ -88,6 +93,17 @@ class Request(NamedTuple):
     current_grad: bool
 
 
+class _Spec(NamedTuple):
+    """What undoes one chain's speculative z-update (see :meth:`Shard.speculate`)."""
+
+    rng_state: dict
+    idx: np.ndarray
+    vals: np.ndarray
+    gone_rows: np.ndarray  # rows it darkened
+    new_rows: np.ndarray  # rows it brightened
+    queries: int
+
+
 @dataclass
 class _Chain:
     theta: np.ndarray
@@ -119,23 +135,47 @@ class Shard:
         self.spec = spec
         self.config = config
         self.model = config.model
+        self.flymc = config.algorithm == "flymc"
+        # FlyMC with a fused log L~ keeps each row's constants beside its features, in
+        # one (n, D + K) buffer: evaluating a scattered row then touches one place in
+        # memory, not two (the z-update's cost is mostly such cache misses)
+        K = self._n_row_constants() if self.flymc else 0
         if data is None:
             from flymc_dist.data import open_dataset
 
-            data = open_dataset(spec.path).read(spec.start, spec.stop)
-        X, y = data
-        self.X = np.ascontiguousarray(X, dtype=np.float64)
+            ds = open_dataset(spec.path)
+            n, D = spec.stop - spec.start, ds.n_features
+            self._XC = np.empty((n, D + K))
+            ys = []
+            step = max(int(ds.chunk_rows), 1)
+            cuts = [spec.start] + list(range(spec.start - spec.start % step + step, spec.stop,
+                                             step)) + [spec.stop]
+            for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):  # chunk by chunk: no 2nd copy
+                Xb, yb = ds.read(lo, hi)
+                self._XC[lo - spec.start:hi - spec.start, :D] = Xb
+                ys.append(yb)
+            y = np.concatenate(ys) if ys else np.empty(0)
+        else:
+            X, y = data
+            X = np.asarray(X, dtype=np.float64)
+            self._XC = np.empty((X.shape[0], X.shape[1] + K))
+            self._XC[:, :X.shape[1]] = X
+        D = self._XC.shape[1] - K
+        self.X = self._XC[:, :D]
         self.y = np.asarray(y)
         self.n = int(self.X.shape[0])
-        self.n_params = self.model.n_params(self.X.shape[1])
-        self.flymc = config.algorithm == "flymc"
+        self.n_params = self.model.n_params(D)
         self.xi = self.model.untuned_xi(self.y) if self.flymc else None
+        self.consts: np.ndarray | None = self._XC[:, D:] if K else None
+        self._set_row_constants()
         self.q_db = float(config.q_db)
         self.chains: list[_Chain] = []
         self.generation = 0
         self.total_queries = 0
         self._seq: Any = None
         self._reply: dict[str, np.ndarray] | None = None
+        self._spec: dict[int, _Spec] = {}  # chain -> its pending speculative z-update
+        self._spec_pending = False  # speculate() has work to do
 
     # ------------------------------------------------------------------ set-up
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
@@ -145,6 +185,24 @@ class Shard:
         else:
             eta = self.model.linear_predictor(np.asarray(theta_hat, float)[None], self.X)[0]
             self.xi = self.model.tuned_xi(eta, self.y)
+        self._set_row_constants()
+
+    def _n_row_constants(self) -> int:
+        """K, the number of per-row constants of the model's fused ``log L~`` (0: none)."""
+        if self.model.n_outputs != 1:
+            return 0
+        y0 = np.zeros(1)
+        c = self.model.row_constants(y0, self.model.untuned_xi(y0))
+        return 0 if c is None else int(c.shape[1])
+
+    def _set_row_constants(self) -> None:
+        """(Re)compute the model's per-row constants of the fused ``log L~``, in place."""
+        if self.consts is not None:
+            c = self.model.row_constants(self.y, self.xi)
+            if c.shape != self.consts.shape:
+                raise ValueError(f"{type(self.model).__name__}.row_constants gave shape "
+                                 f"{c.shape}, expected {self.consts.shape}")
+            self.consts[...] = c
 
     def set_q(self, q_db: float) -> None:
         """Set the dark→bright proposal probability of the implicit z-update."""
@@ -201,12 +259,17 @@ class Shard:
         sid = self.spec.shard_id
         self.chains = []
         queries = 0
+        # every chain's z as one (chains, rows) array: the batched z-update reads and
+        # writes all chains' masks with one fancy index each
+        self._masks = np.zeros((thetas.shape[0], self.n), dtype=bool) if self.flymc else None
         for c in range(thetas.shape[0]):
             ch = _Chain(theta=thetas[c].copy(), rng=stream(self.config.seed, ROLE_Z, sid, c,
                                                            self.generation))
             if self.flymc:
-                ch.bright = BrightSet(self.n, self.model.n_outputs, self.config.track_grad)
-                queries += explicit_update(ch.rng, ch.bright, 1.0, self._row_evaluator(ch))
+                ch.bright = BrightSet(self.n, self.model.n_outputs, self.config.track_grad,
+                                      mask=self._masks[c])
+                with np.errstate(over="ignore", divide="ignore"):
+                    queries += explicit_update(ch.rng, ch.bright, 1.0, self._row_evaluator(ch))
             else:
                 s, g = self._regular_eval(ch.theta[None], self.config.track_grad)
                 ch.cur_sum = float(s[0])
@@ -214,6 +277,7 @@ class Shard:
                 queries += self.n
             self.chains.append(ch)
         self._seq, self._reply = None, None
+        self._spec, self._spec_pending = {}, False
         self.total_queries += queries
         return queries
 
@@ -221,6 +285,8 @@ class Shard:
     def _bright_eval(self, thetas: np.ndarray, rows: np.ndarray,
                      grad: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """``log L~`` of ``rows`` at each of ``thetas`` (k, P): (k, m), (k, m, E) or None, X."""
+        if not grad and self.consts is not None:
+            return self._bright_eval_many([(thetas, rows)], False)[0]
         m = self.model
         X, y, xi = self.X[rows], self.y[rows], self.xi[rows]
         eta = m.linear_predictor(thetas, X)
@@ -240,6 +306,8 @@ class Shard:
         model's per-datum work then runs once over all segments together, which is what
         makes a round over C chains cost little more than a round over one.
         """
+        if not grad and self.consts is not None:
+            return self._fused_eval(segments)
         if len(segments) <= 1:
             return [self._bright_eval(t, r, grad) for t, r in segments]
         m = self.model
@@ -271,6 +339,40 @@ class Shard:
             d = dvals[off:off + k * n].reshape(k, n, E) if dvals is not None else None
             out.append((v, d, X))
             off += k * n
+        return out
+
+    def _fused_eval(self, segments: list[tuple[np.ndarray, np.ndarray]]
+                    ) -> list[tuple[np.ndarray, None, np.ndarray]]:
+        """:meth:`_bright_eval_many` without gradients, through the model's fused
+        ``log L~`` (E = 1): one gather of all segments' rows, one product for their
+        linear predictors, one pass of the per-datum work."""
+        if not segments:
+            return []
+        rows = np.concatenate([r for _, r in segments]) if len(segments) > 1 \
+            else segments[0][1]
+        G = self._XC[rows]
+        X = G[:, :self.X.shape[1]]
+        if all(t.shape[0] == 1 for t, _ in segments):
+            eta = np.empty(rows.size)
+            lo = 0
+            for t, r in segments:
+                np.dot(X[lo:lo + r.size], t[0], out=eta[lo:lo + r.size])
+                lo += r.size
+            vals = self.model.log_bright_rows(eta, G[:, self.X.shape[1]:])
+        else:  # k points per segment: eta laid out (k, rows) per segment
+            etas, crows, off = [], [], 0
+            for t, r in segments:
+                etas.append((X[off:off + r.size] @ t.T).T.ravel())
+                crows.append(np.tile(r, t.shape[0]))
+                off += r.size
+            vals = self.model.log_bright_rows(np.concatenate(etas),
+                                              self.consts[np.concatenate(crows)])
+        out, off, xoff = [], 0, 0
+        for t, r in segments:
+            k, n = t.shape[0], r.size
+            out.append((vals[off:off + k * n].reshape(k, n), None, X[xoff:xoff + n]))
+            off += k * n
+            xoff += n
         return out
 
     def _row_evaluator(self, ch: _Chain):
@@ -310,6 +412,8 @@ class Shard:
         """
         track = self.config.track_grad
         implicit = self.config.z_update == "implicit"
+        if self.fused_z:
+            return self._update_z_fused()
         props = []
         for ch in self.chains:
             if implicit:
@@ -335,6 +439,158 @@ class Shard:
                 explicit_accept(ch.rng, ch.bright, rows, vals, dvals)
             queries[c] = rows.size
         return queries
+
+    @property
+    def fused_z(self) -> bool:
+        """Whether the z-update runs all chains at once (:meth:`_update_z_fused`): implicit
+        updates, no gradients, and a model with a fused ``log L~``."""
+        return (self.flymc and self.config.z_update == "implicit"
+                and not self.config.track_grad and self.consts is not None)
+
+    def _update_z_fused(self, sel: list[int] | None = None, record: bool = False
+                        ) -> np.ndarray:
+        """The implicit z-update of every chain in ``sel`` (default: all) at once.
+
+        The same moves as :func:`~flymc_dist.brightness.implicit_update` chain by chain
+        (bright→dark accepted with ``min(1, q/L~)``, each dark row proposed with
+        probability q and accepted with ``min(1, L~/q)``), with all chains' arrays laid
+        end to end so that a round costs a fixed number of array operations, not a
+        number per chain. Each chain draws from its own stream — its darkening
+        uniforms, then ``2K`` uniforms for its proposal gaps and their acceptance — so
+        the draws do not depend on which chains are updated together.
+
+        With ``record``, what is needed to undo each chain's update is kept in
+        ``self._spec`` (see :meth:`speculate`).
+
+        Returns
+        -------
+        numpy.ndarray
+            Likelihood queries of each chain in ``sel``.
+        """
+        sel = list(range(len(self.chains))) if sel is None else list(sel)
+        C, n, q = len(sel), self.n, self.q_db
+        if C == 0:
+            return np.zeros(0, dtype=np.int64)
+        log_q = math.log(q)
+        chains = [self.chains[c] for c in sel]
+        brights = [ch.bright for ch in chains]
+        states = [ch.rng.bit_generator.state for ch in chains] if record else None
+        sizes = np.fromiter((b.idx.size for b in brights), dtype=np.int64, count=C)
+        b_idx = np.concatenate([b.idx for b in brights])
+        b_vals = np.concatenate([b.vals for b in brights])
+        b_chain = np.repeat(np.arange(C), sizes)
+        K = proposal_slots(n, q)
+        u_dark = np.empty(b_idx.size)
+        u_prop = np.empty((C, 2 * K))
+        off = 0
+        for i, ch in enumerate(chains):
+            ch.rng.random(out=u_dark[off:off + sizes[i]])
+            ch.rng.random(out=u_prop[i])
+            off += sizes[i]
+        # bright -> dark: log u < log q - log L~
+        keep = ~(np.log1p(-u_dark) < log_q - b_vals)
+        # dark -> bright proposals: rows at the partial sums of Geometric(q) gaps (by
+        # inversion of the first K uniforms), then accepted on the last K
+        gaps = np.ceil(np.log1p(-u_prop[:, :K]) / math.log1p(-q)) if q < 1.0 \
+            else np.ones((C, K))
+        np.clip(gaps, 1.0, n + 1.0, out=gaps)
+        pos = np.cumsum(gaps.astype(np.int64), axis=1) - 1
+        slot = pos < n
+        short = np.flatnonzero(slot[:, -1])
+        cand = pos[slot]
+        cand_chain = np.nonzero(slot)[0]
+        log_u = np.log1p(-u_prop[:, K:][slot])
+        if short.size:  # a chain's K gaps did not reach the last row (rare): more from its stream
+            extra = [self._more_proposals(sel[i], int(pos[i, -1])) for i in short]
+            cand = np.concatenate([cand] + [r for r, _ in extra])
+            cand_chain = np.concatenate([cand_chain] + [np.full(r.size, i) for i, (r, _)
+                                                         in zip(short, extra, strict=True)])
+            log_u = np.concatenate([log_u] + [lu for _, lu in extra])
+        rows_of = np.asarray(sel)
+        dark = ~self._masks[rows_of[cand_chain], cand]
+        cand, cand_chain, log_u = cand[dark], cand_chain[dark], log_u[dark]
+        queries = np.bincount(cand_chain, minlength=C).astype(np.int64)
+        if cand.size:
+            # candidates come chain by chain: one gather, then one matrix-vector product
+            # per chain for the linear predictors
+            G = self._XC[cand]
+            Xc, consts = G[:, :self.X.shape[1]], G[:, self.X.shape[1]:]
+            eta = np.empty(cand.size)
+            ends = np.cumsum(queries).tolist()
+            lo = 0
+            for ch, hi in zip(chains, ends, strict=True):
+                if hi > lo:
+                    np.dot(Xc[lo:hi], ch.theta, out=eta[lo:hi])
+                lo = hi
+            vals = self.model.log_bright_rows(eta, consts)
+            acc = brighten(log_u, vals, q)
+        else:
+            vals, acc = np.empty(0), np.zeros(0, dtype=bool)
+        gone = ~keep
+        gone_chain, gone_rows = b_chain[gone], b_idx[gone]
+        new_chain, new_rows = cand_chain[acc], cand[acc]
+        self._masks[rows_of[gone_chain], gone_rows] = False
+        self._masks[rows_of[new_chain], new_rows] = True
+        if record:
+            for i, c in enumerate(sel):
+                self._spec[c] = _Spec(states[i], brights[i].idx, brights[i].vals,
+                                      gone_rows[gone_chain == i], new_rows[new_chain == i],
+                                      int(queries[i]))
+        # new bright sets: kept rows in their order, then the accepted ones, chain by chain
+        all_chain = np.concatenate([b_chain[keep], new_chain])
+        order = np.argsort(all_chain, kind="stable")
+        new_idx = np.concatenate([b_idx[keep], new_rows])[order]
+        new_vals = np.concatenate([b_vals[keep], vals[acc]])[order]
+        lo = 0
+        for b, hi in zip(brights, np.cumsum(np.bincount(all_chain, minlength=C)).tolist(),
+                         strict=True):
+            b.idx, b.vals = new_idx[lo:hi], new_vals[lo:hi]
+            lo = hi
+        return queries
+
+    # ------------------------------------------------------------ speculation
+    def speculate(self) -> None:
+        """Update z now, at each chain's current θ, as if its pending proposal will be
+        rejected (the likelier outcome at the acceptance rates RWMH is tuned to).
+
+        Called after a round's reply has gone out, while the driver decides; the next
+        round then keeps the update of every chain whose proposal was rejected and
+        undoes (rng state, bright set, masks) that of every chain that moved, which is
+        then updated at its new θ as usual. Either way each chain's z-update is the one
+        the plain protocol would make, draw for draw: speculation changes when the
+        work is done, never the chain. The undone updates' queries are counted apart
+        (``wasted``): they are the price of taking the z-update off the critical path.
+        """
+        if not self._spec_pending:
+            return
+        self._spec_pending = False
+        todo = [c for c, ch in enumerate(self.chains)
+                if c not in self._spec and ch.last_points is not None]
+        with np.errstate(over="ignore", divide="ignore"):
+            self._update_z_fused(todo, record=True)
+
+    def _undo_spec(self, c: int) -> int:
+        """Undo chain ``c``'s speculative z-update; returns its (wasted) queries."""
+        sp = self._spec.pop(c)
+        ch = self.chains[c]
+        self._masks[c, sp.new_rows] = False
+        self._masks[c, sp.gone_rows] = True
+        ch.bright.idx, ch.bright.vals = sp.idx, sp.vals
+        ch.rng.bit_generator.state = sp.rng_state
+        return sp.queries
+
+    def _more_proposals(self, c: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+        """Proposal rows after ``last`` for chain ``c`` (its gaps fell short), with the
+        log-uniforms deciding them: more gaps, then their uniforms, from its stream."""
+        rng, q, n = self.chains[c].rng, self.q_db, self.n
+        rows = []
+        while last < n:
+            g = min(int(rng.geometric(q)), n + 1)
+            last += g
+            if last < n:
+                rows.append(last)
+        r = np.array(rows, dtype=np.int64)
+        return r, log_uniform(rng, r.size)
 
     def _flymc_points(self, requests: list[Request | None], current: np.ndarray,
                       current_grad: np.ndarray | None, points: np.ndarray,
@@ -406,7 +662,7 @@ class Shard:
             n_bright[c] = self.n
 
     def round(self, seq: Any, commits: np.ndarray, update_z: bool,
-              requests: list[Request | None]) -> dict[str, np.ndarray]:
+              requests: list[Request | None], speculate: bool = False) -> dict[str, np.ndarray]:
         """One round trip for all chains.
 
         For each chain: commit the previous decision (``commits[c]`` is the row of the
@@ -414,6 +670,9 @@ class Shard:
         committed θ if ``update_z``, then evaluate the requested points. Idempotent
         in ``seq``: a repeated ``seq`` returns the cached reply (fault recovery
         replays a round without re-applying it).
+
+        With ``speculate`` (one-request kernels: every round starts an iteration), the
+        next z-update may be done early, by :meth:`speculate`, once the reply is out.
 
         Returns
         -------
@@ -425,6 +684,13 @@ class Shard:
         """
         if seq is not None and seq == self._seq:
             return self._reply
+        # one errstate for the whole round (the fused log L~ relies on it; entering one
+        # per evaluation would cost as much as the evaluation itself)
+        with np.errstate(over="ignore", divide="ignore"):
+            return self._round(seq, commits, update_z, requests, speculate)
+
+    def _round(self, seq: Any, commits: np.ndarray, update_z: bool,
+               requests: list[Request | None], speculate: bool) -> dict[str, np.ndarray]:
         C = len(self.chains)
         P = self.n_params
         kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
@@ -436,27 +702,39 @@ class Shard:
         current_grad = np.zeros((C, P)) if any_cgrad else None
         n_bright = np.zeros(C, dtype=np.int64)
         queries = np.zeros(C, dtype=np.int64)
+        wasted = np.zeros(C, dtype=np.int64)
+        self.speculate()  # if it has not run since the last reply (in-process transports)
         for c, ch in enumerate(self.chains):
             # A chain whose position was set explicitly (start, recovery) has no batch of
             # its own yet: the driver set it at the committed θ, so there is nothing to commit.
             j = int(commits[c])
+            if c in self._spec and (j >= 0 or not update_z):
+                wasted[c] = self._undo_spec(c)  # it moved: z must be updated at its new θ
             if j >= 0 and ch.last_points is not None:
                 self._commit(ch, j)
         if self.flymc:
-            if update_z:
+            if update_z and self._spec:
+                done = sorted(self._spec)
+                for c in done:
+                    queries[c] += self._spec.pop(c).queries
+                rest = [c for c in range(C) if c not in done]
+                queries[rest] += self._update_z_fused(rest)
+            elif update_z:
                 queries += self._update_z_all()
             self._flymc_points(requests, current, current_grad, points, points_grad,
                                n_bright, queries)
         else:
             self._regular_points(requests, current, current_grad, points, points_grad,
                                  n_bright, queries)
-        reply = {"current": current, "points": points, "n_bright": n_bright, "queries": queries}
+        reply = {"current": current, "points": points, "n_bright": n_bright, "queries": queries,
+                 "wasted": wasted}
         if current_grad is not None:
             reply["current_grad"] = current_grad
         if points_grad is not None:
             reply["points_grad"] = points_grad
-        self.total_queries += int(queries.sum())
+        self.total_queries += int(queries.sum() + wasted.sum())
         self._seq, self._reply = seq, reply
+        self._spec_pending = bool(speculate) and self.fused_z
         return reply
 
     def apply(self, func: Any, *args: Any) -> Any:
@@ -518,20 +796,37 @@ class ShardHost:
         return {i: getattr(self.shards[i], method)(*a) for i, a in per_shard.items()}
 
     def round(self, seq: Any, commits: np.ndarray, update_z: bool,
-              requests: list[Request | None]) -> dict[int, dict[str, np.ndarray]]:
+              requests: list[Request | None],
+              speculate: bool = False) -> dict[int, dict[str, np.ndarray]]:
         """:meth:`Shard.round` on every shard here."""
-        return {i: s.round(seq, commits, update_z, requests) for i, s in self.shards.items()}
+        return {i: s.round(seq, commits, update_z, requests, speculate)
+                for i, s in self.shards.items()}
 
-    def round_packed(self, blob: bytes) -> bytes:
+    def speculate(self) -> None:
+        """:meth:`Shard.speculate` on every shard here."""
+        for s in self.shards.values():
+            s.speculate()
+
+    async def round_packed(self, blob: bytes) -> bytes:
         """:meth:`round` with its arguments and reply pickled into one buffer each.
 
         A round's payload is a handful of small arrays; one buffer each way costs the
-        Dask RPC layer far less than serialising every array as its own frame.
+        Dask RPC layer far less than serialising every array as its own frame. A
+        coroutine, so the worker runs it on its event loop (no thread hop); a
+        speculative z-update is scheduled behind the reply (a timer callback runs only
+        after the callbacks already queued, among them the one that writes the reply).
         """
-        seq, commits, update_z, requests = pickle.loads(blob)
-        return pickle.dumps(self.round(seq, commits, update_z, requests),
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        seq, commits, update_z, requests, speculate = pickle.loads(blob)
+        reply = pickle.dumps(self.round(seq, commits, update_z, requests, speculate),
+                             protocol=pickle.HIGHEST_PROTOCOL)
+        if speculate:
+            asyncio.get_running_loop().call_later(0.0, self.speculate)
+        return reply
 
     def ping(self) -> int:
         """Liveness check: the number of shards held."""
         return len(self.shards)
+
+    def echo(self, blob: bytes) -> bytes:
+        """Return ``blob`` unchanged: a bare round trip carrying a round's payload (bench)."""
+        return blob

@@ -49,11 +49,15 @@ class InProcessTransport:
         self.round_trips += 1
         return self.host.call_each(method, per_shard)
 
+    #: speculative z-updates gain nothing here (no idle time between round trips)
+    speculates = False
+
     def round(self, seq: Any, commits: np.ndarray, update_z: bool,
-              requests: list[Request | None], positions: np.ndarray) -> list[dict]:
+              requests: list[Request | None], positions: np.ndarray,
+              speculate: bool = False) -> list[dict]:
         """One protocol round on every shard (``positions`` serve fault recovery)."""
         self.round_trips += 1
-        out = self.host.round(seq, commits, update_z, requests)
+        out = self.host.round(seq, commits, update_z, requests, speculate)
         return [out[s.shard_id] for s in self.specs]
 
     def close(self) -> None:

@@ -377,19 +377,24 @@ def _flipped_implicit_update(rng, bright, q, evaluate):
     return int(cand.size)
 
 
+def _flipped_brighten(log_u, vals, q):
+    """The same bug in the batched z-update's acceptance test."""
+    return log_u > vals - math.log(q)  # wrong sign
+
+
 @pytest.mark.parametrize("name", ["logistic", "robust"])
 def test_negative_control_flipped_z_sign_fails(runs, monkeypatch, name):
     """FlyMC with Algorithm 2's typo must fail the battery by a wide margin."""
     good = runs.get(name, CONTROL_COMBO)
-    # the shard has used either form of the implicit update (one call, or propose/accept
-    # halves batched over chains); patch whichever it has — the brightness check below
-    # proves the patch took effect
-    patched = [n for n in ("implicit_update", "implicit_accept") if hasattr(shard_module, n)]
+    # the shard has used several forms of the implicit update (one call, propose/accept
+    # halves per chain, all chains at once with the acceptance test by name); patch
+    # whichever it has — the brightness check below proves the patch took effect
+    flips = {"implicit_update": _flipped_implicit_update,
+             "implicit_accept": _flipped_implicit_accept, "brighten": _flipped_brighten}
+    patched = [n for n in flips if hasattr(shard_module, n)]
     assert patched, "flymc_dist.shard no longer calls an implicit z-update by name"
-    if "implicit_update" in patched:
-        monkeypatch.setattr(shard_module, "implicit_update", _flipped_implicit_update)
-    if "implicit_accept" in patched:
-        monkeypatch.setattr(shard_module, "implicit_accept", _flipped_implicit_accept)
+    for n in patched:
+        monkeypatch.setattr(shard_module, n, flips[n])
     bad = run_sampler(name, CONTROL_COMBO)  # here, in this process: the patch applies
     # the patch took effect: the chains are far too bright
     assert bad.stats["n_bright"].mean() > 3 * good.stats["n_bright"].mean()

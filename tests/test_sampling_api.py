@@ -13,7 +13,7 @@ accounting"; ``Shard.round`` / ``implicit_update`` / ``explicit_update``):
 
   - explicit, ``resample_fraction = f``: ``sum_s ceil(f n_s)`` rows resampled, so
     ``queries_t = sum_s ceil(f n_s) + M_t``;
-  - implicit with ``q_db = 1``: Binomial(n_s, 1) = n_s proposals over all rows, the
+  - implicit with ``q_db = 1``: every one of the n_s rows proposes (Bernoulli(1)), the
     ones bright *before* the sweep skipped, so ``n_s - M_{t-1,s}`` dark rows evaluated
     and ``queries_t = N - M_{t-1} + M_t`` (t ≥ 1; M_{t-1} is the previous iteration's
     ``n_bright``, continuing across the warm-up/sampling boundary).
@@ -198,6 +198,10 @@ class CountingLogistic(fd.LogisticRegression):
     def loglik_grad(self, eta, y):
         self.evaluated += int(np.prod(np.shape(eta)[:2]))
         return super().loglik_grad(eta, y)
+
+    def log_bright_rows(self, eta, consts):  # the shards' fused log L~: one datum per entry
+        self.evaluated += int(np.size(eta))
+        return super().log_bright_rows(eta, consts)
 
 
 @pytest.mark.parametrize("algorithm,kernel,z_update", [

@@ -126,6 +126,23 @@ class Model(ABC):
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(beta_n, d beta_n / d eta)``: shapes (B, n) and (B, n, E)."""
 
+    def row_constants(self, y: np.ndarray, xi: np.ndarray) -> np.ndarray | None:
+        """Per-row constants ``(n, K)`` for the fused :meth:`log_bright_rows`, or None.
+
+        A model with one linear predictor (E = 1) may precompute, once per set of tight
+        points, everything ``log L~_n`` needs besides ``eta_n`` (the label and the bound's
+        coefficients), so that evaluating a few hundred scattered rows costs one gather
+        and a handful of array operations. None (the default): shards use
+        :meth:`loglik` and :meth:`logbound`.
+        """
+        return None
+
+    def log_bright_rows(self, eta: np.ndarray, consts: np.ndarray) -> np.ndarray:
+        """``log L~_n = log(expm1(l_n - beta_n))`` from ``eta`` (n,) and
+        :meth:`row_constants` rows ``consts`` (n, K); (n,). The same value as
+        ``log_expm1(loglik - logbound)`` up to rounding."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused log L~")
+
     @abstractmethod
     def suffstats(self, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> BoundStats:
         """Collapsed bound over these rows: ``sum_n beta_n(theta)`` as a quadratic."""
