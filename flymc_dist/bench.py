@@ -6,12 +6,17 @@ One run, one cluster, three measurements side by side on the same workers and th
 (a) MAP-tuned FlyMC with RWMH (``fd.sample(..., client=<the client>)``),
 (b) regular full-data MCMC with the same kernel,
 (c) a bare actor fan-out round trip: the :class:`~flymc_dist.cluster.DaskTransport`
-    fan-out calling :meth:`ShardHost.ping <flymc_dist.shard.ShardHost.ping>` on every
-    worker — the floor any one-round-trip-per-iteration sampler pays.
+    fan-out calling :meth:`ShardHost.echo <flymc_dist.shard.ShardHost.echo>` on every
+    worker with a FlyMC round's request as payload, through the samplers' own RPC path
+    (raw bytes, run on the worker's event loop) — the floor any
+    one-round-trip-per-iteration sampler pays. Dask's default actor call (arguments
+    serialised, method run on the actor's thread) is timed too, for reference.
 
 (a) and (b) run with one shard per worker (``n_shards=workers``, so one actor call per
-worker per iteration, like (c)); (a) also with the default data-layout sharding (and (b)
-too with ``default_sharding="both"``). Their per-iteration time is that of the
+worker per iteration, like (c)); (a) twice: with speculative z-updates as ``"auto"``
+chooses them and switched the other way (the same draws; see
+:meth:`Shard.speculate <flymc_dist.shard.Shard.speculate>`); (a) also with the default
+data-layout sharding (and (b) too with ``default_sharding="both"``). Their per-iteration time is that of the
 post-warm-up iterations (``res.info["sampling_seconds"] / num_samples``). The bare round
 trip is timed in two batches, before (a) and after the last sampler, so a drift in the
 machine's load shows.
@@ -87,9 +92,29 @@ def _check_int(name: str, value: Any, lo: int) -> int:
     return int(value)
 
 
-def _time_pings(transport: Any, n: int) -> dict[str, float]:
-    """Time ``n`` bare fan-out round trips (``ShardHost.ping`` on every worker)."""
-    calls = {w: ("ping", (), {}) for w in transport.placement}
+def _round_payload(chains: int, n_params: int) -> bytes:
+    """A FlyMC RWMH round's request, pickled as the driver sends it (its size matters)."""
+    import pickle
+
+    from flymc_dist.shard import Request
+
+    reqs = [Request(np.zeros((1, n_params)), False, False) for _ in range(chains)]
+    return pickle.dumps((1, np.full(chains, -1, dtype=np.int64), True, reqs, False),
+                        protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _time_pings(transport: Any, n: int, payload: bytes | None = None) -> dict[str, float]:
+    """Time ``n`` bare fan-out round trips on every worker.
+
+    With ``payload``: ``ShardHost.echo(payload)`` through the samplers' own RPC path (a
+    raw ``bytes`` argument, run on the worker's event loop) — the floor of a round.
+    Without: ``ShardHost.shard_ids()`` as Dask calls an actor method by default
+    (arguments serialised, the method run on the actor's thread).
+    """
+    if payload is None:
+        calls = {w: ("shard_ids", (), {}) for w in transport.placement}
+    else:
+        calls = {w: ("echo", (payload,), {}) for w in transport.placement}
     times = np.empty(n)
     for i in range(n):
         t = time.perf_counter()
@@ -119,6 +144,9 @@ def _sampler_figures(res: Any) -> dict[str, Any]:
         "ess_per_iteration": eff["ess_mean"] / (res.samples.shape[0] * res.samples.shape[1]),
         "ess_per_second": eff["ess_per_second"],
         "ess_per_query": eff["ess_per_query"],
+        "speculate": bool(res.info.get("speculate", False)),
+        "speculative_queries_per_iteration": res.info.get("speculative_queries", 0) / max(
+            res.samples.shape[0] * (res.samples.shape[1] + int(res.info["num_warmup"])), 1),
         "setup_seconds": float(res.info["setup_seconds"]),
         "sampling_seconds": float(res.info["sampling_seconds"]),
     }
@@ -223,10 +251,14 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
             config = ShardConfig(model=model, algorithm="flymc", chains=chains, seed=seed,
                                  z_update="implicit", q_db=0.01, resample_fraction=0.1,
                                  track_grad=False)
+            P = model.n_params(features)
+            payload = _round_payload(chains, P)
+            out["setup"]["payload_bytes"] = len(payload)
             transport = DaskTransport(client, specs, config)
             try:
-                _time_pings(transport, 50)  # warm the connections
-                first = _time_pings(transport, pings // 2)
+                _time_pings(transport, 50, payload)  # warm the connections
+                first = _time_pings(transport, pings // 2, payload)
+                default_call = _time_pings(transport, max(pings // 4, 2))
             finally:
                 transport.close()
 
@@ -237,6 +269,11 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
 
             fly = run("flymc", iterations, warmup, n_shards=workers)
             out["flymc"] = _sampler_figures(fly)
+            # the same run with speculative z-updates switched the other way ("auto"
+            # chose by the cores the workers and the driver share): same draws, other time
+            other = not fly.info["speculate"]
+            alt = run("flymc", iterations, warmup, n_shards=workers, speculate=other)
+            out["flymc_speculate" if other else "flymc_no_speculate"] = _sampler_figures(alt)
             # regular MCMC: FlyMC's last draws, step size and preconditioner (no MAP search,
             # no warm-up needed: the chains already sample the posterior)
             kp = fly.info["kernel_params"]
@@ -256,8 +293,8 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
                     run("regular", regular_iterations, 0, **reg_opts))
             transport = DaskTransport(client, specs, config)
             try:
-                _time_pings(transport, 20)
-                second = _time_pings(transport, pings - pings // 2)
+                _time_pings(transport, 20, payload)
+                second = _time_pings(transport, pings - pings // 2, payload)
             finally:
                 transport.close()
         finally:
@@ -270,6 +307,7 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
         "median": float(np.median([first["median"], second["median"]])),
         "before": first, "after": second,
     }
+    out["default_actor_call"] = default_call
     f, r, bare = out["flymc"], out["regular"], out["bare_round_trip"]["mean"]
     ratios = {
         "flymc_over_bare": _ratio(f["seconds_per_iteration"], bare),
@@ -278,6 +316,9 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
         "flymc_over_regular_ess_per_second": _ratio(f["ess_per_second"], r["ess_per_second"]),
         "flymc_over_regular_ess_per_query": _ratio(f["ess_per_query"], r["ess_per_query"]),
     }
+    for key in ("flymc_speculate", "flymc_no_speculate"):
+        if key in out:
+            ratios[f"{key}_over_bare"] = _ratio(out[key]["seconds_per_iteration"], bare)
     if "flymc_default_sharding" in out:
         fd_ = out["flymc_default_sharding"]
         ratios["flymc_default_sharding_over_bare"] = _ratio(fd_["seconds_per_iteration"], bare)
@@ -349,11 +390,19 @@ def format_overhead(d: dict[str, Any]) -> str:
         f"{'ESS/s':>8s}  {'set-up s':>8s}",
     ]
     b = d["bare_round_trip"]
-    lines.append(f"  {'(c) bare round trip (ping)':34s}{_ms(b['mean'])}  {s['workers']:>6d}  "
+    lines.append(f"  {'(c) bare round trip (echo)':34s}{_ms(b['mean'])}  {s['workers']:>6d}  "
                  f"{'0':>16s}  {'':>8s}  {'':>8s}  median {_ms(b['median']).strip()}, "
                  f"before {_ms(b['before']['mean']).strip()} / after "
                  f"{_ms(b['after']['mean']).strip()}")
-    rows = [("(a) FlyMC, MAP-tuned", "flymc"), ("(b) regular MCMC", "regular"),
+    if "default_actor_call" in d:
+        lines.append(f"  {'    Dask default actor call':34s}{_ms(d['default_actor_call']['mean'])}"
+                     f"  {s['workers']:>6d}  {'0':>16s}  (for reference: serialised "
+                     f"arguments, actor thread)")
+    spec = "speculative z" if d["flymc"].get("speculate") else "no speculation"
+    rows = [(f"(a) FlyMC, MAP-tuned ({spec})", "flymc"),
+            ("    FlyMC, speculative z-updates", "flymc_speculate"),
+            ("    FlyMC, no speculation", "flymc_no_speculate"),
+            ("(b) regular MCMC", "regular"),
             ("    FlyMC, default sharding", "flymc_default_sharding"),
             ("    regular, default sharding", "regular_default_sharding")]
     for label, key in rows:
@@ -389,6 +438,13 @@ def format_overhead(d: dict[str, Any]) -> str:
         lines.append(f"    (per ESS: rough — regular MCMC ran {s['regular_iterations']} draws "
                      f"per chain; use --regular-iterations {_MIN_ESS_DRAWS} or more for a "
                      f"usable figure)")
+    for key, label in (("flymc_speculate", "with speculative z-updates"),
+                       ("flymc_no_speculate", "without speculation")):
+        if f"{key}_over_bare" in ra:
+            extra = d[key]
+            lines.append(f"  FlyMC {label}: / bare {_sig(ra[f'{key}_over_bare'])}×"
+                         + (f" ({extra['speculative_queries_per_iteration']:.0f} undone "
+                            f"queries/it/chain)" if extra.get("speculate") else ""))
     if "flymc_default_sharding_over_bare" in ra:
         lines.append(f"  default sharding: FlyMC / bare "
                      f"{_sig(ra['flymc_default_sharding_over_bare'])}×, regular / FlyMC "

@@ -273,7 +273,10 @@ class Driver:
         """Sum shard replies in global shard order (placement-independent rounding)."""
         out = {}
         for key in replies[0]:
-            out[key] = np.sum(np.stack([r[key] for r in replies]), axis=0)
+            acc = np.array(replies[0][key], copy=True)
+            for r in replies[1:]:
+                acc += r[key]  # one shard after another, always in the same order
+            out[key] = acc
         return out
 
     # ------------------------------------------------------------- iteration

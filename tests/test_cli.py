@@ -417,8 +417,14 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
     assert d["bare_round_trip"]["mean"] > 0
     assert d["flymc"]["round_trips_per_iteration"] == 1.0
     assert d["regular"]["queries_per_iteration"] == 4000
+    # FlyMC ran both ways, with and without speculative z-updates: the same draws
+    alt = d.get("flymc_speculate", d.get("flymc_no_speculate"))
+    assert alt is not None and alt["speculate"] != d["flymc"]["speculate"]
+    assert alt["ess_mean"] == d["flymc"]["ess_mean"]
+    assert d["default_actor_call"]["mean"] > 0 and d["setup"]["payload_bytes"] > 100
     text = format_overhead(d)
     assert "FlyMC / bare round trip" in text and "4,000 rows" in text
+    assert "speculat" in text and "Dask default actor call" in text
 
 
 @pytest.mark.cluster

@@ -43,7 +43,13 @@ class BoundStats(NamedTuple):
 
     def value(self, theta: np.ndarray) -> np.ndarray:
         """Evaluate at ``theta`` of shape ``(..., P)``; returns shape ``(...)``."""
-        return np.einsum("...i,ij,...j->...", theta, self.A, theta) + theta @ self.b + self.c
+        theta = np.asarray(theta, dtype=np.float64)
+        quad = theta @ self.A  # one BLAS call; einsum's three-operand loop is ~10x slower
+        quad *= theta
+        out = quad.sum(axis=-1)
+        out += theta @ self.b
+        out += self.c
+        return out
 
     def grad(self, theta: np.ndarray) -> np.ndarray:
         """Gradient at ``theta`` of shape ``(..., P)``."""
