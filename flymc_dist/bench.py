@@ -386,20 +386,20 @@ def format_overhead(d: dict[str, Any]) -> str:
         f"{s['iterations']} timed iterations; regular {s['regular_iterations']} timed "
         f"iterations from FlyMC's last draws, step size and preconditioner",
         "",
-        f"  {'':34s}{'s / iteration':>13s}  {'shards':>6s}  {'queries/it/chain':>16s}  "
+        f"  {'':36s}{'s / iteration':>13s}  {'shards':>6s}  {'queries/it/chain':>16s}  "
         f"{'ESS/s':>8s}  {'set-up s':>8s}",
     ]
     b = d["bare_round_trip"]
-    lines.append(f"  {'(c) bare round trip (echo)':34s}{_ms(b['mean'])}  {s['workers']:>6d}  "
+    lines.append(f"  {'(c) bare round trip (echo)':36s}{_ms(b['mean'])}  {s['workers']:>6d}  "
                  f"{'0':>16s}  {'':>8s}  {'':>8s}  median {_ms(b['median']).strip()}, "
                  f"before {_ms(b['before']['mean']).strip()} / after "
                  f"{_ms(b['after']['mean']).strip()}")
     if "default_actor_call" in d:
-        lines.append(f"  {'    Dask default actor call':34s}{_ms(d['default_actor_call']['mean'])}"
+        lines.append(f"  {'    Dask default actor call':36s}{_ms(d['default_actor_call']['mean'])}"
                      f"  {s['workers']:>6d}  {'0':>16s}  (for reference: serialised "
                      f"arguments, actor thread)")
-    spec = "speculative z" if d["flymc"].get("speculate") else "no speculation"
-    rows = [(f"(a) FlyMC, MAP-tuned ({spec})", "flymc"),
+    rows = [("(a) FlyMC, MAP-tuned" + (" (speculative)" if d["flymc"].get("speculate")
+                                       else ""), "flymc"),
             ("    FlyMC, speculative z-updates", "flymc_speculate"),
             ("    FlyMC, no speculation", "flymc_no_speculate"),
             ("(b) regular MCMC", "regular"),
@@ -409,7 +409,7 @@ def format_overhead(d: dict[str, Any]) -> str:
         if key not in d:
             continue
         r = d[key]
-        lines.append(f"  {label:34s}{_ms(r['seconds_per_iteration'])}  {r['n_shards']:>6d}  "
+        lines.append(f"  {label:36s}{_ms(r['seconds_per_iteration'])}  {r['n_shards']:>6d}  "
                      f"{r['queries_per_iteration']:>16,.0f}  {_sig(r['ess_per_second']):>8s}  "
                      f"{r['setup_seconds']:>8.1f}")
     f = d["flymc"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import pickle
+import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -770,42 +771,52 @@ class ShardHost:
                  data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self.config = config
         self.shards: dict[int, Shard] = {}
+        # On a worker, protocol calls and speculative z-updates run on the event loop
+        # while set-up and recovery calls run on the actor's thread: one lock per shard
+        # keeps them from interleaving on the same shard (a speculation on a surviving
+        # shard never waits for a recreated shard's set-up).
+        self._locks: dict[int, threading.Lock] = {}
         self.add_shards(specs, data)
 
     def add_shards(self, specs: list[ShardSpec],
                    data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> list[int]:
         """Open more shards here (placement, or recovery of a lost worker's shards)."""
         for spec in specs:
-            self.shards[spec.shard_id] = Shard(spec, self.config,
-                                               None if data is None else data[spec.shard_id])
+            shard = Shard(spec, self.config, None if data is None else data[spec.shard_id])
+            self._locks[spec.shard_id] = threading.Lock()
+            self.shards = {**self.shards, spec.shard_id: shard}  # never mutated in place
         return sorted(self.shards)
 
     def shard_ids(self) -> list[int]:
         """The ids of the shards held here."""
         return sorted(self.shards)
 
+    def _on(self, i: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        with self._locks[i]:
+            return getattr(self.shards[i], method)(*args, **kwargs)
+
     def call(self, method: str, args: tuple = (), kwargs: dict | None = None,
              shard_ids: list[int] | None = None) -> dict[int, Any]:
         """Call ``Shard.<method>(*args, **kwargs)`` on some or all shards here."""
         ids = self.shard_ids() if shard_ids is None else shard_ids
         kwargs = kwargs or {}
-        return {i: getattr(self.shards[i], method)(*args, **kwargs) for i in ids}
+        return {i: self._on(i, method, *args, **kwargs) for i in ids}
 
     def call_each(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
         """Call ``Shard.<method>(*per_shard[id])`` on each listed shard."""
-        return {i: getattr(self.shards[i], method)(*a) for i, a in per_shard.items()}
+        return {i: self._on(i, method, *a) for i, a in per_shard.items()}
 
     def round(self, seq: Any, commits: np.ndarray, update_z: bool,
               requests: list[Request | None],
               speculate: bool = False) -> dict[int, dict[str, np.ndarray]]:
         """:meth:`Shard.round` on every shard here."""
-        return {i: s.round(seq, commits, update_z, requests, speculate)
-                for i, s in self.shards.items()}
+        return {i: self._on(i, "round", seq, commits, update_z, requests, speculate)
+                for i in self.shards}
 
     def speculate(self) -> None:
         """:meth:`Shard.speculate` on every shard here."""
-        for s in self.shards.values():
-            s.speculate()
+        for i in self.shards:
+            self._on(i, "speculate")
 
     async def round_packed(self, blob: bytes) -> bytes:
         """:meth:`round` with its arguments and reply pickled into one buffer each.

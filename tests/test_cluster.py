@@ -99,6 +99,12 @@ def test_deterministic_across_placements(store, local_client):
     np.testing.assert_array_equal(sync.samples, one.samples)
     for k in ("n_bright", "likelihood_queries", "accepted"):
         np.testing.assert_array_equal(sync.stats[k], two.stats[k])
+    # speculative z-updates on the workers (after each reply) change no draw and no count
+    spec = _run(path, local_client, speculate=True)
+    assert spec.info["speculate"] and spec.info["speculative_queries"] > 0
+    np.testing.assert_array_equal(sync.samples, spec.samples)
+    for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):
+        np.testing.assert_array_equal(sync.stats[k], spec.stats[k])
     other = _run(path, local_client, seed=4)
     assert not np.array_equal(other.samples, two.samples)
 
@@ -214,10 +220,13 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path):
 
         th = threading.Thread(target=killer, daemon=True)
         th.start()
+        # with speculative z-updates: the surviving worker holds undone-or-kept
+        # speculation across the recovery and the replayed round
         res = _run(path, client, num_warmup=300, num_samples=2000, chains=4, trace=trace,
-                   checkpoint_every=50, timeout=10)
+                   checkpoint_every=50, timeout=10, speculate=True)
         th.join(timeout=5)
     assert "worker" in killed, killed
+    assert res.info["speculate"] and res.info["speculative_queries"] > 0
     assert res.samples.shape == (4, 2000, 2)
     assert np.all(np.isfinite(res.samples))
     rec = res.info["recoveries"]
