@@ -234,10 +234,12 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
         file; or ``"synchronous"`` to run in this process.
     **options
         ``q_db`` ("auto": about as many dark→bright proposals as bright rows; or a
-        number in (0, 1]), ``speculate`` ("auto": on a Dask cluster, FlyMC with RWMH
-        updates z while the driver decides, as if the proposal will be rejected, and
-        undoes it when it was not — the same draws, fewer milliseconds per iteration;
-        undone work is reported as ``info["speculative_queries"]``; True / False), ``resample_fraction`` (0.1), ``n_shards`` / ``rows_per_shard``,
+        number in (0, 1]), ``speculate`` ("auto": where the workers have cores to
+        spare, FlyMC with RWMH updates z while the driver decides, as if the proposal
+        will be rejected, and undoes it when it was not — the same draws, fewer
+        milliseconds per iteration; undone work is reported as
+        ``info["speculative_queries"]``; or True / False), ``resample_fraction`` (0.1),
+        ``n_shards`` / ``rows_per_shard``,
         ``init`` ("map" or array), ``precondition`` ("laplace", "identity" or a
         covariance), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path),
         ``resume``, ``overwrite_trace``, ``checkpoint_every``, ``progress``,

@@ -507,6 +507,10 @@ class Shard:
             cand_chain = np.concatenate([cand_chain] + [np.full(r.size, i) for i, (r, _)
                                                          in zip(short, extra, strict=True)])
             log_u = np.concatenate([log_u] + [lu for _, lu in extra])
+            # back to chain order (each chain's rows stay ascending): the linear
+            # predictors below are computed chain block by chain block
+            order = np.argsort(cand_chain, kind="stable")
+            cand, cand_chain, log_u = cand[order], cand_chain[order], log_u[order]
         rows_of = np.asarray(sel)
         dark = ~self._masks[rows_of[cand_chain], cand]
         cand, cand_chain, log_u = cand[dark], cand_chain[dark], log_u[dark]
