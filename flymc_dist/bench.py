@@ -18,8 +18,8 @@ chooses them and switched the other way (the same draws; see
 :meth:`Shard.speculate <flymc_dist.shard.Shard.speculate>`); (a) also with the default
 data-layout sharding (and (b) too with ``default_sharding="both"``). Their per-iteration
 time is that of the post-warm-up iterations (``res.info["sampling_seconds"] /
-num_samples``). The bare round trip is timed in two batches, before (a) and after the last sampler, so a drift in the
-machine's load shows.
+num_samples``). The bare round trip is timed in two batches, before (a) and after the
+last sampler, so a drift in the machine's load shows.
 
 Regular MCMC starts where FlyMC's chains ended, with FlyMC's adapted step size and
 preconditioner (both target the same posterior), so it needs neither a MAP search nor a
