@@ -343,6 +343,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
             stats[k][:, :prev.shape[1]] = trace.stats[k]
     progress = Progress(total, enabled=options.get("progress"), initial=start)
     buf: list[tuple[bool, np.ndarray, dict]] = []
+    snap = _timing_snapshot(driver, transport) if num_warmup <= start else None
     t0 = time.perf_counter()
     t_warm_end = t0 if num_warmup <= start else None
     try:
@@ -357,6 +358,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
                 for k in STAT_NAMES:
                     stats[k][:, j] = st[k]
             if i == num_warmup - 1:
+                snap = _timing_snapshot(driver, transport)
                 t_warm_end = time.perf_counter()
             progress.update(st)
             if trace is not None:
@@ -371,6 +373,9 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
     t_end = time.perf_counter()
     info["sampling_seconds"] = t_end - (t_warm_end if t_warm_end is not None else t0)
     info["warmup_seconds"] = (t_warm_end - t0) if t_warm_end is not None else 0.0
+    if snap is not None:
+        info["timing"] = _timing_report(snap, _timing_snapshot(driver, transport),
+                                        num_samples - max(start - num_warmup, 0))
     info["total_round_trips"] = int(transport.round_trips)
     info["speculate"] = bool(driver.speculate)
     info["speculative_queries"] = int(driver.wasted_queries)
@@ -378,6 +383,35 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
     info["kernel_params"] = [params_to_json(p) for p in driver.params]
     return Result(samples.reshape((C, n_keep) + shape), stats,
                   wsamples.reshape((C, num_warmup) + shape), wstats, info)
+
+
+def _timing_snapshot(driver: Driver, transport: Any) -> dict[str, Any]:
+    return {"step": driver.step_seconds, "round": driver.round_seconds,
+            "hosts": transport.timing() if hasattr(transport, "timing") else []}
+
+
+def _timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict[str, Any]:
+    """Seconds per post-warm-up iteration: where the time of a step went.
+
+    ``step`` (the driver's whole iteration) = ``round_trip`` (waiting on the transport:
+    the round trips' communication plus the workers' ``host_round_wall``) + ``driver``
+    (kernels, sums, bookkeeping). Per host: rounds served, wall and CPU seconds per
+    round, and speculation's wall seconds per iteration (work done after replies).
+    """
+    n = max(int(iterations), 1)
+    hosts = []
+    if len(a["hosts"]) == len(b["hosts"]):
+        for ha, hb in zip(a["hosts"], b["hosts"], strict=True):
+            rounds = hb["rounds"] - ha["rounds"]
+            per = max(rounds, 1)
+            hosts.append({"rounds": int(rounds),
+                          "round_wall": (hb["round_wall"] - ha["round_wall"]) / per,
+                          "round_cpu": (hb["round_cpu"] - ha["round_cpu"]) / per,
+                          "speculate_wall": (hb["speculate_wall"] - ha["speculate_wall"]) / n})
+    step = (b["step"] - a["step"]) / n
+    rt = (b["round"] - a["round"]) / n
+    return {"iterations": n, "step": step, "round_trip": rt, "driver": step - rt,
+            "hosts": hosts}
 
 
 def _flush(trace: Any, buf: list[tuple[bool, np.ndarray, dict]], shape: tuple[int, ...]) -> None:

@@ -145,6 +145,7 @@ def _sampler_figures(res: Any) -> dict[str, Any]:
         "ess_per_second": eff["ess_per_second"],
         "ess_per_query": eff["ess_per_query"],
         "speculate": bool(res.info.get("speculate", False)),
+        "timing": res.info.get("timing"),
         "speculative_queries_per_iteration": res.info.get("speculative_queries", 0) / max(
             res.samples.shape[0] * (res.samples.shape[1] + int(res.info["num_warmup"])), 1),
         "setup_seconds": float(res.info["setup_seconds"]),
@@ -438,6 +439,18 @@ def format_overhead(d: dict[str, Any]) -> str:
         lines.append(f"    (per ESS: rough — regular MCMC ran {s['regular_iterations']} draws "
                      f"per chain; use --regular-iterations {_MIN_ESS_DRAWS} or more for a "
                      f"usable figure)")
+    for key, label in (("flymc", "(a)"), ("flymc_speculate", "speculative"),
+                       ("flymc_no_speculate", "no speculation")):
+        t = d.get(key, {}).get("timing")
+        if t and t.get("hosts"):
+            hw = max(h["round_wall"] for h in t["hosts"])
+            hc = max(h["round_cpu"] for h in t["hosts"])
+            sp = max(h["speculate_wall"] for h in t["hosts"])
+            lines.append(f"  where FlyMC's time goes, {label}: step {_ms(t['step']).strip()} = "
+                         f"round trip {_ms(t['round_trip']).strip()} (busiest worker's round "
+                         f"{_ms(hw).strip()} wall, {_ms(hc).strip()} CPU"
+                         + (f"; speculation {_ms(sp).strip()}/it after replies" if sp else "")
+                         + f") + driver {_ms(t['driver']).strip()}")
     for key, label in (("flymc_speculate", "with speculative z-updates"),
                        ("flymc_no_speculate", "without speculation")):
         if f"{key}_over_bare" in ra:

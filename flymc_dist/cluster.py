@@ -330,6 +330,13 @@ class DaskTransport:
         log.warning("lost worker(s) %s: recreated shards %s on live workers, z redrawn exactly "
                     "(%.2f s)", lost, event["shards"], event["seconds"])
 
+    def timing(self) -> list[dict[str, float]]:
+        """:meth:`ShardHost.timing` of every host, in worker order (hosts that fail to
+        answer are left out: timing is for reports, never worth a recovery)."""
+        ok, _bad = self._fanout({w: ("timing", (), {}) for w in self.placement})
+        self.round_trips -= 1  # not a protocol round trip
+        return [ok[w] for w in sorted(ok)]
+
     def close(self) -> None:
         """Release the actors; close the client and cluster if we started them."""
         for f in self._futures.values():

@@ -131,6 +131,9 @@ class Driver:
                                                      getattr(transport, "speculates", False))))
         #: likelihood queries of speculative z-updates undone because the chain moved
         self.wasted_queries = 0
+        #: wall seconds in :meth:`step` and, within it, waiting on the transport's rounds
+        self.step_seconds = 0.0
+        self.round_seconds = 0.0
 
     # ------------------------------------------------------------------ set-up
     def _log_post_full(self, theta: np.ndarray, order: int) -> tuple[float, np.ndarray, Any]:
@@ -282,6 +285,7 @@ class Driver:
     # ------------------------------------------------------------- iteration
     def step(self, adapters: list[Any] | None = None) -> dict[str, np.ndarray]:
         """One iteration of every chain. Returns this iteration's stats, shape (C,)."""
+        t_step = time.perf_counter()
         C = self.chains
         gens = [self.kernel.step(self.rngs[c], self.positions[c], self.params[c])
                 for c in range(C)]
@@ -301,8 +305,10 @@ class Driver:
             shard_reqs = [None if r is None else Request(r.points, r.grad, r.current_grad)
                           for r in reqs]
             self.seq += 1
+            t_rt = time.perf_counter()
             replies = self.transport.round(self.seq, commits, first and self.algorithm == "flymc",
                                            shard_reqs, new_positions, self.speculate)
+            self.round_seconds += time.perf_counter() - t_rt
             round_trips += 1
             agg = self._aggregate(replies)
             queries += agg["queries"]
@@ -329,6 +335,7 @@ class Driver:
             if adapters is not None:
                 self.params[c] = adapters[c].update(info)
         self.positions = new_positions
+        self.step_seconds += time.perf_counter() - t_step
         return {
             "accepted": np.array([i.accepted for i in infos]),
             "accept_prob": np.array([i.accept_prob for i in infos], dtype=float),

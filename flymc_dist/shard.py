@@ -18,6 +18,7 @@ import asyncio
 import math
 import pickle
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -780,6 +781,9 @@ class ShardHost:
         # keeps them from interleaving on the same shard (a speculation on a surviving
         # shard never waits for a recreated shard's set-up).
         self._locks: dict[int, threading.Lock] = {}
+        #: wall and CPU seconds spent in rounds (and in speculation, after replies)
+        self._busy = {"rounds": 0, "round_wall": 0.0, "round_cpu": 0.0,
+                      "speculate_wall": 0.0, "speculate_cpu": 0.0}
         self.add_shards(specs, data)
 
     def add_shards(self, specs: list[ShardSpec],
@@ -814,13 +818,26 @@ class ShardHost:
               requests: list[Request | None],
               speculate: bool = False) -> dict[int, dict[str, np.ndarray]]:
         """:meth:`Shard.round` on every shard here."""
-        return {i: self._on(i, "round", seq, commits, update_z, requests, speculate)
-                for i in self.shards}
+        w, c = time.perf_counter(), time.thread_time()
+        out = {i: self._on(i, "round", seq, commits, update_z, requests, speculate)
+               for i in self.shards}
+        b = self._busy
+        b["rounds"] += 1
+        b["round_wall"] += time.perf_counter() - w
+        b["round_cpu"] += time.thread_time() - c
+        return out
 
     def speculate(self) -> None:
         """:meth:`Shard.speculate` on every shard here."""
+        w, c = time.perf_counter(), time.thread_time()
         for i in self.shards:
             self._on(i, "speculate")
+        self._busy["speculate_wall"] += time.perf_counter() - w
+        self._busy["speculate_cpu"] += time.thread_time() - c
+
+    def timing(self) -> dict[str, float]:
+        """Rounds served here and the wall / CPU seconds they (and speculation) took."""
+        return dict(self._busy)
 
     async def round_packed(self, blob: bytes) -> bytes:
         """:meth:`round` with its arguments and reply pickled into one buffer each.

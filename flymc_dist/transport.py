@@ -60,5 +60,9 @@ class InProcessTransport:
         out = self.host.round(seq, commits, update_z, requests, speculate)
         return [out[s.shard_id] for s in self.specs]
 
+    def timing(self) -> list[dict[str, float]]:
+        """:meth:`ShardHost.timing` of every host (here: one)."""
+        return [self.host.timing()]
+
     def close(self) -> None:
         """Nothing to release."""

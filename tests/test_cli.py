@@ -425,6 +425,10 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
     text = format_overhead(d)
     assert "FlyMC / bare round trip" in text and "4,000 rows" in text
     assert "speculat" in text and "Dask default actor call" in text
+    assert "where FlyMC's time goes" in text
+    t = d["flymc"]["timing"]
+    assert len(t["hosts"]) == d["flymc"]["n_workers"]
+    assert all(h["rounds"] == t["iterations"] for h in t["hosts"])
 
 
 @pytest.mark.cluster

@@ -305,3 +305,17 @@ def test_in_memory_softmax_accepted():
     y = np.arange(30) % 3
     res = _run((X, y), model=fd.SoftmaxRegression(n_classes=3), num_warmup=2, num_samples=3)
     assert res.samples.shape == (3, 3, 3, 1)
+
+
+def test_timing_breakdown_adds_up():
+    """``info["timing"]``: per post-warm-up iteration, step = round trip + driver, and the
+    host served one round per RWMH iteration, each taking at most the round trip's time."""
+    res = _run(num_warmup=10, num_samples=40)
+    t = res.info["timing"]
+    assert t["iterations"] == 40
+    assert t["step"] > 0 and t["round_trip"] > 0 and t["driver"] > 0
+    assert t["step"] == pytest.approx(t["round_trip"] + t["driver"])
+    (host,) = t["hosts"]
+    assert host["rounds"] == 40
+    assert 0 < host["round_wall"] <= t["round_trip"] * 1.0001
+    assert host["speculate_wall"] == 0.0  # in-process: no speculation by default
