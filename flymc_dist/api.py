@@ -149,7 +149,7 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
     f = options.get("resample_fraction", 0.1)
     if not 0.0 < f <= 1.0:
         raise ValueError(f"resample_fraction must be in (0, 1], not {f!r}")
-    spec = options.get("speculate", "auto")
+    spec = options.get("speculate", False)
     if not (spec is True or spec is False or spec == "auto"):
         raise ValueError(f"speculate must be 'auto', True or False, not {spec!r}")
 
@@ -234,11 +234,12 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
         file; or ``"synchronous"`` to run in this process.
     **options
         ``q_db`` ("auto": about as many dark→bright proposals as bright rows; or a
-        number in (0, 1]), ``speculate`` ("auto": where the workers have cores to
-        spare, FlyMC with RWMH updates z while the driver decides, as if the proposal
-        will be rejected, and undoes it when it was not — the same draws, fewer
-        milliseconds per iteration; undone work is reported as
-        ``info["speculative_queries"]``; or True / False), ``resample_fraction`` (0.1),
+        number in (0, 1]), ``speculate`` (False; True: FlyMC with RWMH on a cluster
+        updates z while the driver decides, as if the proposal will be rejected, and
+        undoes it when it was not — the same draws, sometimes fewer milliseconds per
+        iteration (not on 2-core machines: measure with ``flymc bench overhead``);
+        undone work is reported as ``info["speculative_queries"]``; "auto": only when
+        every worker holding shards is on another machine), ``resample_fraction`` (0.1),
         ``n_shards`` / ``rows_per_shard``,
         ``init`` ("map" or array), ``precondition`` ("laplace", "identity" or a
         covariance), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path),

@@ -95,7 +95,7 @@ class Driver:
                  algorithm: str = "flymc", bounds: str = "map", chains: int = 4, seed: int = 0,
                  init: str | np.ndarray = "map", precondition: str | np.ndarray = "laplace",
                  map_maxiter: int = 100, q_db: float | str = "auto", n_rows: int = 0,
-                 speculate: bool | str = "auto") -> None:
+                 speculate: bool | str = False) -> None:
         self.model = model
         self.transport = transport
         self.kernel = kernel
@@ -124,7 +124,7 @@ class Driver:
         if speculate not in ("auto", True, False):
             raise ValueError(f"speculate must be 'auto', True or False, not {speculate!r}")
         # speculative z-updates (Shard.speculate): FlyMC with a one-request kernel, where
-        # every round trip starts an iteration; "auto" where the transport gains by it
+        # every round trip starts an iteration; "auto": where the transport says so
         self.speculate = (algorithm == "flymc"
                           and getattr(kernel, "requests_per_step", None) == 1
                           and (speculate is True or (speculate == "auto" and

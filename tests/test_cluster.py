@@ -101,6 +101,7 @@ def test_deterministic_across_placements(store, local_client):
         np.testing.assert_array_equal(sync.stats[k], two.stats[k])
     # speculative z-updates on the workers (after each reply) change no draw and no count
     spec = _run(path, local_client, speculate=True)
+    assert not two.info["speculate"]  # off by default
     assert spec.info["speculate"] and spec.info["speculative_queries"] > 0
     np.testing.assert_array_equal(sync.samples, spec.samples)
     for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):

@@ -11,7 +11,7 @@ Everything else is exact: bit-for-bit equality of arrays, replies and RNG states
 from __future__ import annotations
 
 import math
-import os
+import socket
 
 import numpy as np
 import pytest
@@ -22,7 +22,7 @@ import flymc_dist.brightness as brightness_mod
 import flymc_dist.shard as shard_mod
 from flymc_dist._numerics import log_expm1
 from flymc_dist.brightness import bernoulli_rows
-from flymc_dist.cluster import _spare_cores
+from flymc_dist.cluster import _all_remote
 from flymc_dist.shard import Request, Shard, ShardConfig, ShardSpec
 
 
@@ -599,42 +599,22 @@ def test_sample_bad_speculate_raises_before_writing(stores, tmp_path, bad):
     assert not trace.exists()
 
 
-# ------------------------------------------------------------------------ _spare_cores
+# ------------------------------------------------------------------------ _all_remote
 def _workers(hosts_threads: list[tuple[str, int]]) -> dict[str, dict]:
     return {f"tcp://{h}:{4000 + i}": {"host": h, "nthreads": t}
             for i, (h, t) in enumerate(hosts_threads)}
 
 
-def test_spare_cores_local_workers_filling_the_machine():
-    """One single-thread local worker per core leaves no core for the driver: no."""
-    cores = os.cpu_count() or 1
-    w = _workers([("127.0.0.1", 1)] * cores)
-    assert _spare_cores(w, list(w)) is False
-    w = _workers([("127.0.0.1", cores)])  # one worker with a thread per core
-    assert _spare_cores(w, list(w)) is False
-    w = _workers([("localhost", 1)] * (cores + 3))
-    assert _spare_cores(w, list(w)) is False
-
-
-def test_spare_cores_room_for_the_driver():
-    """Local worker threads + the driver fit in the cores: yes."""
-    cores = os.cpu_count() or 1
-    if cores >= 2:
-        w = _workers([("127.0.0.1", 1)] * (cores - 1))
-        assert _spare_cores(w, list(w)) is True
-    # workers not holding shards do not count
-    w = _workers([("127.0.0.1", 1)] * (cores + 2))
-    assert _spare_cores(w, list(w)[:max(cores - 1, 0)]) is True
-    assert _spare_cores(w, []) is True
-
-
-def test_spare_cores_remote_workers():
-    """Workers on other machines never compete with the driver: yes."""
-    cores = os.cpu_count() or 1
-    w = _workers([("192.0.2.7", 1)] * (4 * cores) + [("198.51.100.3", 8)])
-    assert _spare_cores(w, list(w)) is True
-    # remote threads are not added to local ones
-    mixed = _workers([("192.0.2.7", 64)] + [("127.0.0.1", 1)] * max(cores - 1, 1))
-    assert _spare_cores(mixed, list(mixed)) is (cores >= 2)
-    # an address the scheduler no longer lists counts as nothing
-    assert _spare_cores({}, ["tcp://127.0.0.1:1"]) is True
+def test_all_remote_only_when_every_shard_worker_is_elsewhere():
+    """``speculate="auto"`` speculates only when every worker holding shards is remote."""
+    remote = _workers([("192.0.2.7", 1)] * 3 + [("198.51.100.3", 8)])
+    assert _all_remote(remote, list(remote)) is True
+    local = _workers([("127.0.0.1", 1)] * 2)
+    assert _all_remote(local, list(local)) is False
+    mixed = _workers([("192.0.2.7", 64), ("127.0.0.1", 1)])
+    assert _all_remote(mixed, list(mixed)) is False
+    assert _all_remote(mixed, [list(mixed)[0]]) is True  # only shard-holding workers count
+    assert _all_remote(remote, []) is False  # no shards placed: nothing to speculate on
+    assert _all_remote({}, ["tcp://192.0.2.7:1"]) is False  # unknown host: assume local
+    here = _workers([(socket.gethostname(), 1)])
+    assert _all_remote(here, list(here)) is False
