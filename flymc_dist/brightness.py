@@ -124,6 +124,8 @@ def bernoulli_rows(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
     if q >= 1.0:
         return np.arange(n, dtype=np.int64)
+    if n > 2**53:  # partial sums of up to k gaps of n + 1 must fit in int64
+        raise ValueError(f"bernoulli_rows: n = {n} rows is beyond 2**53")
     k = proposal_slots(n, q)
     # gaps above n + 1 place the row beyond n either way; clipping keeps the sums in int64
     pos = np.cumsum(np.minimum(rng.geometric(q, size=k), n + 1)) - 1

@@ -132,6 +132,8 @@ def test_bernoulli_rows_edge_cases():
     for n in (1, 1000, 10**9, 10**15):
         r = bernoulli_rows(rng, n, 1e-300)
         assert r.size == 0 and r.dtype == np.int64
+    with pytest.raises(ValueError, match="2\\*\\*53"):  # gap sums would overflow int64
+        bernoulli_rows(rng, 2**62, 1e-300)
 
 
 # ------------------------------------------------------------- the fused z-update: exactness
