@@ -839,20 +839,24 @@ class ShardHost:
         """Rounds served here and the wall / CPU seconds they (and speculation) took."""
         return dict(self._busy)
 
-    async def round_packed(self, blob: bytes) -> bytes:
+    def round_packed(self, blob: bytes) -> bytes:
         """:meth:`round` with its arguments and reply pickled into one buffer each.
 
         A round's payload is a handful of small arrays; one buffer each way costs the
-        Dask RPC layer far less than serialising every array as its own frame. A
-        coroutine, so the worker runs it on its event loop (no thread hop); a
-        speculative z-update is scheduled behind the reply (a timer callback runs only
-        after the callbacks already queued, among them the one that writes the reply).
+        Dask RPC layer far less than serialising every array as its own frame. When the
+        transport runs it on the worker's event loop (FlyMC), a speculative z-update is
+        scheduled behind the reply (a timer callback runs only after the callbacks
+        already queued, among them the one that writes the reply); on the actor's thread
+        there is no loop, and the next round runs the pending speculation first.
         """
         seq, commits, update_z, requests, speculate = pickle.loads(blob)
         reply = pickle.dumps(self.round(seq, commits, update_z, requests, speculate),
                              protocol=pickle.HIGHEST_PROTOCOL)
         if speculate:
-            asyncio.get_running_loop().call_later(0.0, self.speculate)
+            try:
+                asyncio.get_running_loop().call_later(0.0, self.speculate)
+            except RuntimeError:  # not on an event loop: Shard.round catches up
+                pass
         return reply
 
     def ping(self) -> int:
