@@ -127,12 +127,17 @@ def bernoulli_rows(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
     if n > 2**53:  # partial sums of up to k gaps of n + 1 must fit in int64
         raise ValueError(f"bernoulli_rows: n = {n} rows is beyond 2**53")
     k = proposal_slots(n, q)
-    # gaps above n + 1 place the row beyond n either way; clipping keeps the sums in int64
-    pos = np.cumsum(np.minimum(rng.geometric(q, size=k), n + 1)) - 1
+    pos = gap_positions(rng.geometric(q, size=k), n)
     while pos[-1] < n:  # not yet past the last row: draw more gaps (rare)
-        more = np.cumsum(np.minimum(rng.geometric(q, size=k), n + 1)) + pos[-1]
-        pos = np.concatenate([pos, more])
+        pos = np.concatenate([pos, gap_positions(rng.geometric(q, size=k), n) + pos[-1] + 1])
     return pos[:np.searchsorted(pos, n)]
+
+
+def gap_positions(gaps: np.ndarray, n: int) -> np.ndarray:
+    """The rows reached from row -1 by successive integer gaps (each >= 1), along the
+    last axis. Gaps above ``n + 1`` are clipped: the row lands past the last one either
+    way, and the sums stay within int64."""
+    return np.cumsum(np.minimum(gaps, n + 1), axis=-1) - 1
 
 
 def implicit_accept(rng: np.random.Generator, bright: BrightSet, q: float, darken: np.ndarray,

@@ -27,10 +27,12 @@ import numpy as np
 from flymc_dist._numerics import log_expm1
 from flymc_dist.brightness import (
     BrightSet,
+    bernoulli_rows,
     brighten,
     explicit_accept,
     explicit_propose,
     explicit_update,
+    gap_positions,
     implicit_accept,
     implicit_propose,
     log_uniform,
@@ -343,6 +345,22 @@ class Shard:
             off += k * n
         return out
 
+    def _fused_values(self, rows: np.ndarray, thetas: list[np.ndarray],
+                      sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Fused ``log L~`` of ``rows`` laid out in consecutive blocks of ``sizes``, block
+        i at ``thetas[i]`` (P,): one gather of features and row constants together, one
+        matrix-vector product per block. Returns the values and the rows' features."""
+        G = self._XC[rows]
+        D = self.X.shape[1]
+        X = G[:, :D]
+        eta = np.empty(rows.size)
+        lo = 0
+        for theta, size in zip(thetas, sizes, strict=True):
+            if size:
+                np.dot(X[lo:lo + size], theta, out=eta[lo:lo + size])
+            lo += size
+        return self.model.log_bright_rows(eta, G[:, D:]), X
+
     def _fused_eval(self, segments: list[tuple[np.ndarray, np.ndarray]]
                     ) -> list[tuple[np.ndarray, None, np.ndarray]]:
         """:meth:`_bright_eval_many` without gradients, through the model's fused
@@ -352,16 +370,11 @@ class Shard:
             return []
         rows = np.concatenate([r for _, r in segments]) if len(segments) > 1 \
             else segments[0][1]
-        G = self._XC[rows]
-        X = G[:, :self.X.shape[1]]
         if all(t.shape[0] == 1 for t, _ in segments):
-            eta = np.empty(rows.size)
-            lo = 0
-            for t, r in segments:
-                np.dot(X[lo:lo + r.size], t[0], out=eta[lo:lo + r.size])
-                lo += r.size
-            vals = self.model.log_bright_rows(eta, G[:, self.X.shape[1]:])
+            vals, X = self._fused_values(rows, [t[0] for t, _ in segments],
+                                         [r.size for _, r in segments])
         else:  # k points per segment: eta laid out (k, rows) per segment
+            X = self.X[rows]
             etas, crows, off = [], [], 0
             for t, r in segments:
                 etas.append((X[off:off + r.size] @ t.T).T.ravel())
@@ -495,8 +508,8 @@ class Shard:
         # inversion of the first K uniforms), then accepted on the last K
         gaps = np.ceil(np.log1p(-u_prop[:, :K]) / math.log1p(-q)) if q < 1.0 \
             else np.ones((C, K))
-        np.clip(gaps, 1.0, n + 1.0, out=gaps)
-        pos = np.cumsum(gaps.astype(np.int64), axis=1) - 1
+        np.clip(gaps, 1.0, n + 1.0, out=gaps)  # in float: huge gaps cast safely
+        pos = gap_positions(gaps.astype(np.int64), n)
         slot = pos < n
         short = np.flatnonzero(slot[:, -1])
         cand = pos[slot]
@@ -516,19 +529,8 @@ class Shard:
         dark = ~self._masks[rows_of[cand_chain], cand]
         cand, cand_chain, log_u = cand[dark], cand_chain[dark], log_u[dark]
         queries = np.bincount(cand_chain, minlength=C).astype(np.int64)
-        if cand.size:
-            # candidates come chain by chain: one gather, then one matrix-vector product
-            # per chain for the linear predictors
-            G = self._XC[cand]
-            Xc, consts = G[:, :self.X.shape[1]], G[:, self.X.shape[1]:]
-            eta = np.empty(cand.size)
-            ends = np.cumsum(queries).tolist()
-            lo = 0
-            for ch, hi in zip(chains, ends, strict=True):
-                if hi > lo:
-                    np.dot(Xc[lo:hi], ch.theta, out=eta[lo:hi])
-                lo = hi
-            vals = self.model.log_bright_rows(eta, consts)
+        if cand.size:  # candidates come chain by chain
+            vals, _ = self._fused_values(cand, [ch.theta for ch in chains], queries.tolist())
             acc = brighten(log_u, vals, q)
         else:
             vals, acc = np.empty(0), np.zeros(0, dtype=bool)
@@ -588,14 +590,8 @@ class Shard:
     def _more_proposals(self, c: int, last: int) -> tuple[np.ndarray, np.ndarray]:
         """Proposal rows after ``last`` for chain ``c`` (its gaps fell short), with the
         log-uniforms deciding them: more gaps, then their uniforms, from its stream."""
-        rng, q, n = self.chains[c].rng, self.q_db, self.n
-        rows = []
-        while last < n:
-            g = min(int(rng.geometric(q)), n + 1)
-            last += g
-            if last < n:
-                rows.append(last)
-        r = np.array(rows, dtype=np.int64)
+        rng = self.chains[c].rng
+        r = bernoulli_rows(rng, self.n - 1 - last, self.q_db) + (last + 1)
         return r, log_uniform(rng, r.size)
 
     def _flymc_points(self, requests: list[Request | None], current: np.ndarray,
