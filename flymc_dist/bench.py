@@ -93,14 +93,11 @@ def _check_int(name: str, value: Any, lo: int) -> int:
 
 
 def _round_payload(chains: int, n_params: int) -> bytes:
-    """A FlyMC RWMH round's request, pickled as the driver sends it (its size matters)."""
-    import pickle
-
-    from flymc_dist.shard import Request
+    """A FlyMC RWMH round's request, packed as the transport sends it (its size matters)."""
+    from flymc_dist.shard import Request, pack_round
 
     reqs = [Request(np.zeros((1, n_params)), False, False) for _ in range(chains)]
-    return pickle.dumps((1, np.full(chains, -1, dtype=np.int64), True, reqs, False),
-                        protocol=pickle.HIGHEST_PROTOCOL)
+    return pack_round(1, np.full(chains, -1, dtype=np.int64), True, reqs, False)
 
 
 def _time_pings(transport: Any, n: int, payload: bytes | None = None) -> dict[str, float]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.shard import Request, ShardConfig, ShardHost, ShardSpec
+from flymc_dist.shard import Request, ShardConfig, ShardHost, ShardSpec, pack_round
 from flymc_dist.transport import InProcessTransport
 
 log = logging.getLogger("flymc_dist")
@@ -274,8 +274,7 @@ class DaskTransport:
         ``positions`` are the chains' current (post-commit) positions, used to redraw
         the z of recreated shards exactly.
         """
-        blob = pickle.dumps((seq, commits, update_z, requests, speculate),
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        blob = pack_round(seq, commits, update_z, requests, speculate)
         for _attempt in range(5):
             calls = {w: ("round_packed", (blob,), {}) for w in self.placement}
             ok, bad = self._fanout(calls)

@@ -312,8 +312,7 @@ class Driver:
             round_trips += 1
             agg = self._aggregate(replies)
             queries += agg["queries"]
-            if "wasted" in agg:
-                self.wasted_queries += int(agg["wasted"].sum())
+            self.wasted_queries += int(agg["wasted"].sum())
             if first:
                 n_bright[:] = agg["n_bright"]
             for c, resp in self._respond_all(reqs, agg).items():

@@ -760,6 +760,13 @@ class Shard:
         return self.chains[chain].bright.mask.copy()
 
 
+def pack_round(seq: Any, commits: np.ndarray, update_z: bool,
+               requests: list[Request | None], speculate: bool) -> bytes:
+    """A round's arguments as the one buffer :meth:`ShardHost.round_packed` takes."""
+    return pickle.dumps((seq, commits, update_z, requests, speculate),
+                        protocol=pickle.HIGHEST_PROTOCOL)
+
+
 class ShardHost:
     """Several shards in one place: in-process, or as one Dask actor per worker.
 
