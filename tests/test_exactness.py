@@ -42,8 +42,8 @@ import references as R
 from scipy import stats
 
 import flymc_dist as fd
+import flymc_dist.brightness as brightness_module
 import flymc_dist.shard as shard_module
-from flymc_dist.brightness import log_uniform
 from flymc_dist.diagnostics import ess_mean
 
 pytestmark = pytest.mark.slow
@@ -353,32 +353,8 @@ def test_targets_exact_posterior(runs, name, combo):
 # --------------------------------------------------------------------------------------------
 # negative controls: the battery must see an error
 # --------------------------------------------------------------------------------------------
-def _flipped_implicit_accept(rng, bright, q, darken, cand, vals, dvals):
-    """The fork's bug: dark→bright accepted when u > L~/q (Algorithm 2, line 10, literally)."""
-    if cand.size:
-        accept = log_uniform(rng, cand.size) > vals - math.log(q)  # wrong sign
-        new_rows, new_vals = cand[accept], vals[accept]
-        new_dvals = dvals[accept] if dvals is not None else None
-    else:
-        new_rows, new_vals = cand, np.empty(0)
-        new_dvals = np.empty((0, bright.n_outputs)) if bright.track_grad else None
-    bright.replace(~darken, new_rows, new_vals, new_dvals)
-
-
-def _flipped_implicit_update(rng, bright, q, evaluate):
-    """The same bug in the one-call form of the z-update."""
-    log_q = math.log(q)
-    darken = log_uniform(rng, bright.n_bright) < log_q - bright.vals
-    m = int(rng.binomial(bright.n_rows, q))
-    cand = rng.choice(bright.n_rows, size=m, replace=False, shuffle=False)
-    cand = np.sort(cand[~bright.mask[cand]]).astype(np.int64)
-    vals, dvals = evaluate(cand) if cand.size else (np.empty(0), None)
-    _flipped_implicit_accept(rng, bright, q, darken, cand, vals, dvals)
-    return int(cand.size)
-
-
 def _flipped_brighten(log_u, vals, q):
-    """The same bug in the batched z-update's acceptance test."""
+    """The fork's bug: dark→bright accepted when u > L~/q (Algorithm 2, line 10, literally)."""
     return log_u > vals - math.log(q)  # wrong sign
 
 
@@ -386,15 +362,12 @@ def _flipped_brighten(log_u, vals, q):
 def test_negative_control_flipped_z_sign_fails(runs, monkeypatch, name):
     """FlyMC with Algorithm 2's typo must fail the battery by a wide margin."""
     good = runs.get(name, CONTROL_COMBO)
-    # the shard has used several forms of the implicit update (one call, propose/accept
-    # halves per chain, all chains at once with the acceptance test by name); patch
-    # whichever it has — the brightness check below proves the patch took effect
-    flips = {"implicit_update": _flipped_implicit_update,
-             "implicit_accept": _flipped_implicit_accept, "brighten": _flipped_brighten}
-    patched = [n for n in flips if hasattr(shard_module, n)]
-    assert patched, "flymc_dist.shard no longer calls an implicit z-update by name"
-    for n in patched:
-        monkeypatch.setattr(shard_module, n, flips[n])
+    # every implicit z-update (per chain in flymc_dist.brightness, all chains at once in
+    # the shard) takes its dark→bright decision from `brighten`, looked up by name in its
+    # module: flip it in both — the brightness check below proves the patch took effect
+    assert hasattr(shard_module, "brighten"), "the shard no longer calls brighten by name"
+    monkeypatch.setattr(brightness_module, "brighten", _flipped_brighten)
+    monkeypatch.setattr(shard_module, "brighten", _flipped_brighten)
     bad = run_sampler(name, CONTROL_COMBO)  # here, in this process: the patch applies
     # the patch took effect: the chains are far too bright
     assert bad.stats["n_bright"].mean() > 3 * good.stats["n_bright"].mean()
