@@ -65,6 +65,17 @@ def _log_bright_ratio(ll: np.ndarray, lb: np.ndarray, dl: np.ndarray | None,
     return vals, np.where(delta[..., None] > 0.0, w, 0.0)
 
 
+def _bright_terms(model: Model, eta: np.ndarray, y: np.ndarray, xi: np.ndarray,
+                  grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``log L~`` (and its eta-derivative if ``grad``) at linear predictors ``eta``
+    (B, n, E), through the model's ``loglik`` and ``logbound``."""
+    if grad:
+        ll, dl = model.loglik_grad(eta, y)
+        lb, db = model.logbound_grad(eta, y, xi)
+        return _log_bright_ratio(ll, lb, dl, db)
+    return _log_bright_ratio(model.loglik(eta, y), model.logbound(eta, y, xi), None, None)
+
+
 @dataclass(frozen=True)
 class ShardSpec:
     """Where a shard's rows are: ``[start, stop)`` of the store at ``path``."""
@@ -293,13 +304,7 @@ class Shard:
             return self._bright_eval_many([(thetas, rows)], False)[0]
         m = self.model
         X, y, xi = self.X[rows], self.y[rows], self.xi[rows]
-        eta = m.linear_predictor(thetas, X)
-        if grad:
-            ll, dl = m.loglik_grad(eta, y)
-            lb, db = m.logbound_grad(eta, y, xi)
-        else:
-            ll, lb, dl, db = m.loglik(eta, y), m.logbound(eta, y, xi), None, None
-        vals, dvals = _log_bright_ratio(ll, lb, dl, db)
+        vals, dvals = _bright_terms(m, m.linear_predictor(thetas, X), y, xi, grad)
         return vals, dvals, X
 
     def _bright_eval_many(self, segments: list[tuple[np.ndarray, np.ndarray]], grad: bool
@@ -327,13 +332,7 @@ class Shard:
             xis.append(np.tile(xi, (k,) + (1,) * (xi.ndim - 1)) if k > 1 else xi)
             shapes.append((k, rows.size))
         eta = np.concatenate(etas)[None]
-        y, xi = np.concatenate(ys), np.concatenate(xis)
-        if grad:
-            ll, dl = m.loglik_grad(eta, y)
-            lb, db = m.logbound_grad(eta, y, xi)
-        else:
-            ll, lb, dl, db = m.loglik(eta, y), m.logbound(eta, y, xi), None, None
-        vals, dvals = _log_bright_ratio(ll, lb, dl, db)
+        vals, dvals = _bright_terms(m, eta, np.concatenate(ys), np.concatenate(xis), grad)
         vals = vals[0]
         dvals = dvals[0] if dvals is not None else None
         out = []
