@@ -9,7 +9,13 @@ from typing import Any
 import numpy as np
 
 from flymc_dist import diagnostics
-from flymc_dist.driver import STAT_NAMES, Driver, params_to_json, rng_state_from_json
+from flymc_dist.driver import (
+    STAT_NAMES,
+    Driver,
+    check_speculate,
+    params_to_json,
+    rng_state_from_json,
+)
 from flymc_dist.kernels import get_kernel
 from flymc_dist.models.base import Model
 from flymc_dist.progress import Progress
@@ -149,9 +155,7 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
     f = options.get("resample_fraction", 0.1)
     if not 0.0 < f <= 1.0:
         raise ValueError(f"resample_fraction must be in (0, 1], not {f!r}")
-    spec = options.get("speculate", False)
-    if not (spec is True or spec is False or spec == "auto"):
-        raise ValueError(f"speculate must be 'auto', True or False, not {spec!r}")
+    check_speculate(options.get("speculate", False))
 
 
 def _check_task(model: Model, task: str, n_classes: int | None) -> None:

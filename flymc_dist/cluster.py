@@ -132,7 +132,9 @@ class DaskTransport:
         self.specs = sorted(specs, key=lambda s: s.shard_id)
         self.config = config
         self.timeout = timeout
-        self.inline_rounds = config.algorithm == "flymc"
+        # FlyMC's rounds are short and run inline; regular MCMC's are full passes
+        self._inline = set(INLINE) if config.algorithm == "flymc" else set(INLINE) - {
+            "round_packed"}
         #: whether ``speculate="auto"`` speculates (see :func:`_all_remote`)
         self.speculates = False
         self.round_trips = 0
@@ -177,7 +179,7 @@ class DaskTransport:
         from distributed.protocol import to_serialize
 
         rpc = self.client.rpc(worker)
-        if function in INLINE and (function != "round_packed" or self.inline_rounds):
+        if function in self._inline:
             # A protocol call: one ``bytes`` argument, which msgpack carries as it is (no
             # serialisation family, no extra frames), run on the worker's event loop
             # rather than handed to the actor thread (one thread hop less each way).

@@ -121,8 +121,7 @@ class Driver:
         self.seq = 0
         self.setup_queries = 0
         self.setup_seconds = 0.0
-        if speculate not in ("auto", True, False):
-            raise ValueError(f"speculate must be 'auto', True or False, not {speculate!r}")
+        check_speculate(speculate)
         # speculative z-updates (Shard.speculate): FlyMC with a one-request kernel, where
         # every round trip starts an iteration; "auto": where the transport says so
         self.speculate = (algorithm == "flymc"
@@ -373,6 +372,12 @@ class Driver:
             "rng_states": [_rng_state_to_json(r.bit_generator.state) for r in self.rngs],
             "seq": int(self.seq),
         }
+
+
+def check_speculate(value: Any) -> None:
+    """Raise ``ValueError`` unless ``value`` is a valid ``speculate`` option."""
+    if not (value is True or value is False or value == "auto"):
+        raise ValueError(f"speculate must be 'auto', True or False, not {value!r}")
 
 
 def params_to_json(params: Any) -> dict[str, Any]:
