@@ -182,6 +182,14 @@ class Shard:
         self.n_params = self.model.n_params(D)
         self.xi = self.model.untuned_xi(self.y) if self.flymc else None
         self.consts: np.ndarray | None = self._XC[:, D:] if K else None
+        #: ``(kind, params)`` of the model's compiled fused log L~ (the hot path), or None
+        self._kernel: tuple[int, np.ndarray] | None = None
+        compiled = self.model.compiled_bright() if K else None
+        if compiled is not None:
+            from flymc_dist import _compiled  # numba: imported where shards compute
+
+            self._jit = _compiled
+            self._kernel = (_compiled.KINDS[compiled[0]], np.asarray(compiled[1], float))
         self._set_row_constants()
         self.q_db = float(config.q_db)
         self.chains: list[_Chain] = []
@@ -300,7 +308,7 @@ class Shard:
     def _bright_eval(self, thetas: np.ndarray, rows: np.ndarray,
                      grad: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """``log L~`` of ``rows`` at each of ``thetas`` (k, P): (k, m), (k, m, E) or None, X."""
-        if not grad and self.consts is not None:
+        if not grad and self._kernel is not None:
             return self._bright_eval_many([(thetas, rows)], False)[0]
         m = self.model
         X, y, xi = self.X[rows], self.y[rows], self.xi[rows]
@@ -315,8 +323,8 @@ class Shard:
         model's per-datum work then runs once over all segments together, which is what
         makes a round over C chains cost little more than a round over one.
         """
-        if not grad and self.consts is not None:
-            return self._fused_eval(segments)
+        if not grad and self._kernel is not None:
+            return [(v, None, None) for v, _ in self._fused_eval(segments)]
         if len(segments) <= 1:
             return [self._bright_eval(t, r, grad) for t, r in segments]
         m = self.model
@@ -344,49 +352,42 @@ class Shard:
             off += k * n
         return out
 
-    def _fused_values(self, rows: np.ndarray, thetas: list[np.ndarray],
-                      sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Fused ``log L~`` of ``rows`` laid out in consecutive blocks of ``sizes``, block
-        i at ``thetas[i]`` (P,): one gather of features and row constants together, one
-        matrix-vector product per block. Returns the values and the rows' features."""
-        G = self._XC[rows]
-        D = self.X.shape[1]
-        X = G[:, :D]
-        eta = np.empty(rows.size)
-        lo = 0
-        for theta, size in zip(thetas, sizes, strict=True):
-            if size:
-                np.dot(X[lo:lo + size], theta, out=eta[lo:lo + size])
-            lo += size
-        return self.model.log_bright_rows(eta, G[:, D:]), X
+    def _fused_values(self, rows: np.ndarray, thetas: np.ndarray, seg: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Fused ``log L~`` of ``rows`` laid out in segments — rows ``seg[i]:seg[i+1]``
+        at ``thetas[i]`` (P,) — in one compiled pass. Returns the values and each
+        segment's sum."""
+        vals = np.empty(rows.size)
+        sums = np.empty(seg.size - 1)
+        kind, par = self._kernel
+        self._jit.eval_rows(self._XC, self.X.shape[1], rows, seg, thetas, kind, par, vals, sums)
+        return vals, sums
 
     def _fused_eval(self, segments: list[tuple[np.ndarray, np.ndarray]]
-                    ) -> list[tuple[np.ndarray, None, np.ndarray]]:
-        """:meth:`_bright_eval_many` without gradients, through the model's fused
-        ``log L~`` (E = 1): one gather of all segments' rows, one product for their
-        linear predictors, one pass of the per-datum work."""
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``log L~`` of several ``(thetas (k, P), rows)`` segments without gradients,
+        through the model's compiled fused form (E = 1), in one pass: each segment's
+        values (k, rows) and their sums (k,)."""
         if not segments:
             return []
-        rows = np.concatenate([r for _, r in segments]) if len(segments) > 1 \
-            else segments[0][1]
-        if all(t.shape[0] == 1 for t, _ in segments):
-            vals, X = self._fused_values(rows, [t[0] for t, _ in segments],
-                                         [r.size for _, r in segments])
-        else:  # k points per segment: eta laid out (k, rows) per segment
-            X = self.X[rows]
-            etas, crows, off = [], [], 0
-            for t, r in segments:
-                etas.append((X[off:off + r.size] @ t.T).T.ravel())
-                crows.append(np.tile(r, t.shape[0]))
-                off += r.size
-            vals = self.model.log_bright_rows(np.concatenate(etas),
-                                              self.consts[np.concatenate(crows)])
-        out, off, xoff = [], 0, 0
+        if all(t.shape[0] == 1 for t, _ in segments):  # the usual case: no tiling
+            rows = np.concatenate([r for _, r in segments]) if len(segments) > 1 \
+                else segments[0][1]
+            thetas = np.concatenate([t for t, _ in segments])
+            sizes = [r.size for _, r in segments]
+        else:  # k points per segment: its rows once per point
+            rows = np.concatenate([np.tile(r, t.shape[0]) for t, r in segments])
+            thetas = np.concatenate([t for t, _ in segments])
+            sizes = [r.size for t, r in segments for _ in range(t.shape[0])]
+        seg = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=seg[1:])
+        vals, sums = self._fused_values(rows, thetas, seg)
+        out, off, j = [], 0, 0
         for t, r in segments:
             k, n = t.shape[0], r.size
-            out.append((vals[off:off + k * n].reshape(k, n), None, X[xoff:xoff + n]))
+            out.append((vals[off:off + k * n].reshape(k, n), sums[j:j + k]))
             off += k * n
-            xoff += n
+            j += k
         return out
 
     def _row_evaluator(self, ch: _Chain):
@@ -457,9 +458,9 @@ class Shard:
     @property
     def fused_z(self) -> bool:
         """Whether the z-update runs all chains at once (:meth:`_update_z_fused`): implicit
-        updates, no gradients, and a model with a fused ``log L~``."""
+        updates, no gradients, and a model with a compiled fused ``log L~``."""
         return (self.flymc and self.config.z_update == "implicit"
-                and not self.config.track_grad and self.consts is not None)
+                and not self.config.track_grad and self._kernel is not None)
 
     def _update_z_fused(self, sel: list[int] | None = None, record: bool = False
                         ) -> np.ndarray:
@@ -467,11 +468,12 @@ class Shard:
 
         The same moves as :func:`~flymc_dist.brightness.implicit_update` chain by chain
         (bright→dark accepted with ``min(1, q/L~)``, each dark row proposed with
-        probability q and accepted with ``min(1, L~/q)``), with all chains' arrays laid
-        end to end so that a round costs a fixed number of array operations, not a
-        number per chain. Each chain draws from its own stream — its darkening
-        uniforms, then ``2K`` uniforms for its proposal gaps and their acceptance — so
-        the draws do not depend on which chains are updated together.
+        probability q and accepted with ``min(1, L~/q)``, by :func:`brighten`), in three
+        compiled passes over all chains (:mod:`flymc_dist._compiled`): proposals,
+        their ``log L~``, and the update of the bright sets and masks. Each chain draws
+        from its own stream — its darkening uniforms, then ``2K`` uniforms for its
+        proposal gaps and their acceptance — so the draws do not depend on which chains
+        are updated together.
 
         With ``record``, what is needed to undo each chain's update is kept in
         ``self._spec`` (see :meth:`speculate`).
@@ -485,75 +487,75 @@ class Shard:
         C, n, q = len(sel), self.n, self.q_db
         if C == 0:
             return np.zeros(0, dtype=np.int64)
-        log_q = math.log(q)
+        jit = self._jit
         chains = [self.chains[c] for c in sel]
         brights = [ch.bright for ch in chains]
         states = [ch.rng.bit_generator.state for ch in chains] if record else None
-        sizes = np.fromiter((b.idx.size for b in brights), dtype=np.int64, count=C)
+        bounds = [0]
+        for b in brights:
+            bounds.append(bounds[-1] + b.idx.size)
+        b_seg = np.array(bounds, dtype=np.int64)
         b_idx = np.concatenate([b.idx for b in brights])
         b_vals = np.concatenate([b.vals for b in brights])
-        b_chain = np.repeat(np.arange(C), sizes)
         K = proposal_slots(n, q)
-        u_dark = np.empty(b_idx.size)
+        u_dark = np.empty(bounds[-1])
         u_prop = np.empty((C, 2 * K))
-        off = 0
+        thetas = np.empty((C, self.n_params))
         for i, ch in enumerate(chains):
-            ch.rng.random(out=u_dark[off:off + sizes[i]])
+            ch.rng.random(out=u_dark[bounds[i]:bounds[i + 1]])
             ch.rng.random(out=u_prop[i])
-            off += sizes[i]
-        # bright -> dark: log u < log q - log L~
-        keep = ~(np.log1p(-u_dark) < log_q - b_vals)
-        # dark -> bright proposals: rows at the partial sums of Geometric(q) gaps (by
-        # inversion of the first K uniforms), then accepted on the last K
-        gaps = np.ceil(np.log1p(-u_prop[:, :K]) / math.log1p(-q)) if q < 1.0 \
-            else np.ones((C, K))
-        np.clip(gaps, 1.0, n + 1.0, out=gaps)  # in float: huge gaps cast safely
-        pos = gap_positions(gaps.astype(np.int64), n)
-        slot = pos < n
-        short = np.flatnonzero(slot[:, -1])
-        cand = pos[slot]
-        cand_chain = np.nonzero(slot)[0]
-        log_u = np.log1p(-u_prop[:, K:][slot])
-        if short.size:  # a chain's K gaps did not reach the last row (rare): more from its stream
-            extra = [self._more_proposals(sel[i], int(pos[i, -1])) for i in short]
-            cand = np.concatenate([cand] + [r for r, _ in extra])
-            cand_chain = np.concatenate([cand_chain] + [np.full(r.size, i) for i, (r, _)
-                                                         in zip(short, extra, strict=True)])
-            log_u = np.concatenate([log_u] + [lu for _, lu in extra])
-            # back to chain order (each chain's rows stay ascending): the linear
-            # predictors below are computed chain block by chain block
-            order = np.argsort(cand_chain, kind="stable")
-            cand, cand_chain, log_u = cand[order], cand_chain[order], log_u[order]
-        rows_of = np.asarray(sel)
-        dark = ~self._masks[rows_of[cand_chain], cand]
-        cand, cand_chain, log_u = cand[dark], cand_chain[dark], log_u[dark]
-        queries = np.bincount(cand_chain, minlength=C).astype(np.int64)
-        if cand.size:  # candidates come chain by chain
-            vals, _ = self._fused_values(cand, [ch.theta for ch in chains], queries.tolist())
-            acc = brighten(log_u, vals, q)
-        else:
-            vals, acc = np.empty(0), np.zeros(0, dtype=bool)
-        gone = ~keep
-        gone_chain, gone_rows = b_chain[gone], b_idx[gone]
-        new_chain, new_rows = cand_chain[acc], cand[acc]
-        self._masks[rows_of[gone_chain], gone_rows] = False
-        self._masks[rows_of[new_chain], new_rows] = True
-        if record:
-            for i, c in enumerate(sel):
-                self._spec[c] = _Spec(states[i], brights[i].idx, brights[i].vals,
-                                      gone_rows[gone_chain == i], new_rows[new_chain == i],
-                                      int(queries[i]))
-        # new bright sets: kept rows in their order, then the accepted ones, chain by chain
-        all_chain = np.concatenate([b_chain[keep], new_chain])
-        order = np.argsort(all_chain, kind="stable")
-        new_idx = np.concatenate([b_idx[keep], new_rows])[order]
-        new_vals = np.concatenate([b_vals[keep], vals[acc]])[order]
-        lo = 0
-        for b, hi in zip(brights, np.cumsum(np.bincount(all_chain, minlength=C)).tolist(),
-                         strict=True):
+            thetas[i] = ch.theta
+        # dark -> bright proposals: rows at the partial sums of Geometric(q) gaps, the
+        # bright ones skipped
+        rows_of = np.asarray(sel, dtype=np.int64)
+        cand = np.empty(C * K, dtype=np.int64)
+        log_u = np.empty(C * K)
+        counts = np.empty(C, dtype=np.int64)
+        last = np.empty(C, dtype=np.int64)
+        m = jit.propose(u_prop, K, math.log1p(-q) if q < 1.0 else -math.inf, n, self._masks,
+                        rows_of, cand, log_u, counts, last)
+        cand, log_u = cand[:m], log_u[:m]
+        if last.max() >= 0:  # a chain's K gaps did not reach the last row (rare)
+            cand, log_u = self._refill(sel, last, cand, log_u, counts)
+        cand_seg = np.zeros(C + 1, dtype=np.int64)
+        counts.cumsum(out=cand_seg[1:])
+        vals, _ = self._fused_values(cand, thetas, cand_seg)
+        acc = brighten(log_u, vals, q)
+        new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
+        new_vals = np.empty(new_idx.size)
+        new_seg = np.empty(C + 1, dtype=np.int64)
+        gone = np.empty(b_idx.size, dtype=np.int64)
+        gone_seg = np.empty(C + 1, dtype=np.int64)
+        added = np.empty(C, dtype=np.int64)
+        jit.apply(self._masks, rows_of, b_idx, b_vals, b_seg, u_dark, math.log(q), cand,
+                  cand_seg, vals, acc, new_idx, new_vals, new_seg, gone, gone_seg, added)
+        new_bounds = new_seg.tolist()
+        for i, b in enumerate(brights):
+            lo, hi = new_bounds[i], new_bounds[i + 1]
+            if record:
+                self._spec[sel[i]] = _Spec(states[i], b.idx, b.vals,
+                                           gone[gone_seg[i]:gone_seg[i + 1]],
+                                           new_idx[hi - added[i]:hi], int(counts[i]))
             b.idx, b.vals = new_idx[lo:hi], new_vals[lo:hi]
-            lo = hi
-        return queries
+        return counts
+
+    def _refill(self, sel: list[int], last: np.ndarray, cand: np.ndarray, log_u: np.ndarray,
+                counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append to each chain whose gaps fell short (``last[i] >= 0``) its further dark
+        proposals (:meth:`_more_proposals`), keeping candidates chain after chain;
+        ``counts`` is updated in place."""
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        rows, logs = [], []
+        for i, c in enumerate(sel):
+            rows.append(cand[bounds[i]:bounds[i + 1]])
+            logs.append(log_u[bounds[i]:bounds[i + 1]])
+            if last[i] >= 0:
+                r, lu = self._more_proposals(c, int(last[i]))
+                dark = ~self._masks[c, r]
+                rows.append(r[dark])
+                logs.append(lu[dark])
+                counts[i] += int(dark.sum())
+        return np.concatenate(rows), np.concatenate(logs)
 
     # ------------------------------------------------------------ speculation
     def speculate(self) -> None:
@@ -601,9 +603,13 @@ class Shard:
         want = [c for c, r in enumerate(requests)
                 if r is not None and r.points.shape[0] and self.chains[c].bright.n_bright]
         grad = any(requests[c].grad for c in want)
-        evals = self._bright_eval_many(
-            [(requests[c].points, self.chains[c].bright.idx) for c in want], grad)
-        results = dict(zip(want, evals, strict=True))
+        segments = [(requests[c].points, self.chains[c].bright.idx) for c in want]
+        if not grad and self._kernel is not None:  # compiled, with the sums
+            results = {c: (v, None, None, sums) for c, (v, sums) in
+                       zip(want, self._fused_eval(segments), strict=True)}
+        else:
+            results = {c: (v, d, X, v.sum(axis=1)) for c, (v, d, X) in
+                       zip(want, self._bright_eval_many(segments, grad), strict=True)}
         for c, ch in enumerate(self.chains):
             req = requests[c]
             rows = ch.bright.idx
@@ -611,8 +617,8 @@ class Shard:
             if req is not None and req.points.shape[0]:
                 k = req.points.shape[0]
                 if c in results:
-                    vals, dvals, X = results[c]
-                    points[c, :k] = vals.sum(axis=1)
+                    vals, dvals, X, sums = results[c]
+                    points[c, :k] = sums
                     if req.grad:
                         points_grad[c, :k] = self.model.grad_theta(dvals, X)
                 else:  # nothing bright: the bright sum is empty

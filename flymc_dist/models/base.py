@@ -149,6 +149,12 @@ class Model(ABC):
         ``log_expm1(loglik - logbound)`` up to rounding."""
         raise NotImplementedError(f"{type(self).__name__} has no fused log L~")
 
+    def compiled_bright(self) -> tuple[str, np.ndarray] | None:
+        """``(kind, params)`` of the compiled form of :meth:`log_bright_rows` in
+        :mod:`flymc_dist._compiled` (the shards' hot path), or None (the default:
+        shards use the numpy form). ``params`` are the model's scalar constants."""
+        return None
+
     @abstractmethod
     def suffstats(self, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> BoundStats:
         """Collapsed bound over these rows: ``sum_n beta_n(theta)`` as a quadratic."""

@@ -199,6 +199,10 @@ class LogisticRegression(PriorMixin, Model):
         delta -= e
         return log_expm1_inplace(delta)
 
+    def compiled_bright(self) -> tuple[str, np.ndarray]:
+        """``("logistic", no parameters)``: see :meth:`Model.compiled_bright`."""
+        return "logistic", np.zeros(0)
+
     def logbound_grad(
         self, eta: np.ndarray, y: np.ndarray, xi: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -210,6 +210,11 @@ class RobustRegression(PriorMixin, Model):
         delta -= r
         return log_expm1_inplace(delta)
 
+    def compiled_bright(self) -> tuple[str, np.ndarray]:
+        """``("robust", (h, const, 1/(nu sigma^2), log 1/(nu sigma^2)))``: see
+        :meth:`Model.compiled_bright`."""
+        return "robust", np.array([self._h, self._const, self._inv_nus2, self._log_inv_nus2])
+
     def logbound_grad(
         self, eta: np.ndarray, y: np.ndarray, xi: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,186 @@
+"""Compiled (numba) kernels of a shard's hot path: FlyMC's implicit z-update and bright sums.
+
+What remains of a FlyMC round once the data are sharded is a few hundred scattered
+rows per chain — the dark→bright proposals and the bright rows — each a dot product
+and a handful of transcendental functions. In numpy that work is dominated by the
+cost of launching array operations (tens per round, a few microseconds each), not by
+the arithmetic; here each phase is one compiled loop.
+
+The kernels implement the models' fused ``log L~`` (see
+:meth:`~flymc_dist.models.base.Model.log_bright_rows`) for the models that
+provide a compiled form (:meth:`~flymc_dist.models.base.Model.compiled_bright`),
+operation for operation in the same order as their numpy versions; the results
+agree to a few ulp (the libm and numpy's vectorised ``exp``/``log`` may differ in the
+last bit), and every transport runs these same kernels, so draws are identical
+in-process and on any number of workers.
+
+Random numbers are never drawn here: the shard draws each chain's uniforms from the
+chain's own stream, in the documented order, and passes them in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+#: model kinds of :meth:`Model.compiled_bright`
+LOGISTIC = 0
+ROBUST = 1
+KINDS = {"logistic": LOGISTIC, "robust": ROBUST}
+
+_JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+
+@numba.njit(inline="always", **_JIT)
+def _log_expm1(delta: float) -> float:
+    """``log(exp(delta) - 1)`` of ``max(delta, 0)``, as ``_numerics.log_expm1_inplace``."""
+    d = max(delta, 0.0)
+    return d + math.log(-math.expm1(-d))
+
+
+@numba.njit(inline="always", **_JIT)
+def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float,
+                c2: float) -> float:
+    """Fused ``log L~`` of one row at linear predictor ``eta`` with row constants
+    ``(c0, c1, c2)`` (the models' ``row_constants``)."""
+    if kind == LOGISTIC:  # c = (t, a, c); s = t eta
+        s = eta * c0
+        delta = min(s, 0.0) - math.log1p(math.exp(-abs(s)))
+        beta = c1 * s * s + 0.5 * s + c2
+        return _log_expm1(delta - beta)
+    # ROBUST: c = (y, a, c); r = y - eta; par = (h, const, 1/(nu s^2), log(1/(nu s^2)))
+    r = c0 - eta
+    qq = r * r * par[2]
+    if math.isinf(qq):
+        lq = 2.0 * math.log(abs(r)) + par[3]
+    else:
+        lq = math.log1p(qq)
+    delta = lq * -par[0] + par[1]
+    return _log_expm1(delta - (r * r * c1 + c2))
+
+
+@numba.njit(**_JIT)
+def touch_rows(XC: np.ndarray, rows: np.ndarray) -> float:
+    """Read one value per cache line of every row in ``rows``.
+
+    The rows are scattered over a large buffer, so each costs a TLB walk and several
+    cache misses. Loads in this loop are independent of each other and the loop body
+    is tiny, so the processor keeps many of them in flight; in a loop that also does
+    each row's dot product, the next row's misses start only once the current row's
+    arithmetic is under way. Measured on 400 random rows of 60 float64: 185 µs without
+    this pass, 100 µs with it. Returns a sum so that the loads are not optimised away.
+    """
+    W = XC.shape[1]
+    t = 0.0
+    for j in range(rows.size):
+        r = rows[j]
+        for d in range(0, W, 8):
+            t += XC[r, d]
+        t += XC[r, W - 1]
+    return t
+
+
+@numba.njit(**_JIT)
+def eval_rows(XC: np.ndarray, D: int, rows: np.ndarray, seg: np.ndarray, thetas: np.ndarray,
+              kind: int, par: np.ndarray, out: np.ndarray, sums: np.ndarray) -> float:
+    """Fused ``log L~`` of ``rows``, laid out in segments: rows ``seg[i]:seg[i+1]`` at
+    ``thetas[i]``. Writes the values to ``out`` and each segment's sum to ``sums[i]``.
+    Returns :func:`touch_rows`'s sum (meaningless)."""
+    t = touch_rows(XC, rows)
+    for i in range(seg.size - 1):
+        total = 0.0
+        for j in range(seg[i], seg[i + 1]):
+            r = rows[j]
+            eta = 0.0
+            for d in range(D):
+                eta += XC[r, d] * thetas[i, d]
+            v = _log_bright(kind, par, eta, XC[r, D], XC[r, D + 1], XC[r, D + 2])
+            out[j] = v
+            total += v
+        sums[i] = total
+    return t
+
+
+@numba.njit(**_JIT)
+def propose(u_prop: np.ndarray, K: int, log1m_q: float, n: int, masks: np.ndarray,
+            chain_rows: np.ndarray, cand: np.ndarray, log_u: np.ndarray,
+            counts: np.ndarray, last: np.ndarray) -> int:
+    """Dark→bright proposals of every chain from its ``2K`` uniforms (row c of ``u_prop``).
+
+    The proposed rows are the partial sums of Geometric(q) gaps, by inversion of the
+    first K uniforms (``ceil(log(1-u) / log(1-q))``, clipped to ``[1, n+1]``), starting
+    from row -1; proposal k is then decided by the uniform ``K + k``. Rows that are
+    already bright in the chain (``masks[chain_rows[c]]``) are skipped. The dark ones
+    are written chain after chain to ``cand`` with ``log(1-u)`` in ``log_u``;
+    ``counts[c]`` is their number, and ``last[c]`` is the chain's last position when
+    its K gaps fell short of the last row (more must be drawn), else -1.
+
+    Returns the number of candidates written.
+    """
+    m = 0
+    for c in range(u_prop.shape[0]):
+        mask = masks[chain_rows[c]]
+        pos = -1
+        short = True
+        k0 = m
+        for k in range(K):
+            if log1m_q == -math.inf:  # q = 1: every row
+                g = 1.0
+            else:
+                g = math.ceil(math.log1p(-u_prop[c, k]) / log1m_q)
+                g = min(max(g, 1.0), n + 1.0)
+            pos += int(g)
+            if pos >= n:
+                short = False
+                break
+            if not mask[pos]:
+                cand[m] = pos
+                log_u[m] = math.log1p(-u_prop[c, K + k])
+                m += 1
+        counts[c] = m - k0
+        last[c] = pos if short else -1
+    return m
+
+
+@numba.njit(**_JIT)
+def apply(masks: np.ndarray, chain_rows: np.ndarray, b_idx: np.ndarray, b_vals: np.ndarray,
+          b_seg: np.ndarray, u_dark: np.ndarray, log_q: float, cand: np.ndarray,
+          cand_seg: np.ndarray, vals: np.ndarray, acc: np.ndarray, new_idx: np.ndarray,
+          new_vals: np.ndarray, new_seg: np.ndarray, gone: np.ndarray, gone_seg: np.ndarray,
+          added_seg: np.ndarray) -> None:
+    """Apply every chain's z-update: its bright rows go dark when
+    ``log(1-u) < log q - log L~`` (``u`` from ``u_dark``), its accepted candidates
+    (``acc``) turn bright; masks are updated in place.
+
+    The new bright set of chain c is written to ``new_idx``/``new_vals`` at
+    ``new_seg[c]:new_seg[c+1]``: the rows it keeps, in their order, then the accepted
+    ones. The rows that went dark are written to ``gone`` (``gone_seg``), and
+    ``added_seg[c]`` counts the accepted ones, for undoing the update.
+    """
+    o = 0
+    g = 0
+    for c in range(b_seg.size - 1):
+        mask = masks[chain_rows[c]]
+        new_seg[c] = o
+        gone_seg[c] = g
+        for j in range(b_seg[c], b_seg[c + 1]):
+            if math.log1p(-u_dark[j]) < log_q - b_vals[j]:
+                mask[b_idx[j]] = False
+                gone[g] = b_idx[j]
+                g += 1
+            else:
+                new_idx[o] = b_idx[j]
+                new_vals[o] = b_vals[j]
+                o += 1
+        a0 = o
+        for j in range(cand_seg[c], cand_seg[c + 1]):
+            if acc[j]:
+                mask[cand[j]] = True
+                new_idx[o] = cand[j]
+                new_vals[o] = vals[j]
+                o += 1
+        added_seg[c] = o - a0
+    new_seg[b_seg.size - 1] = o
+    gone_seg[b_seg.size - 1] = g
