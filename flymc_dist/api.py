@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from flymc_dist import diagnostics
+from flymc_dist.channel import check_channel
 from flymc_dist.driver import (
     STAT_NAMES,
     Driver,
@@ -30,7 +31,7 @@ Z_UPDATES = ("implicit", "explicit")
 _DRIVER_OPTIONS = {"init", "precondition", "map_maxiter", "speculate"}
 _OTHER_OPTIONS = {"q_db", "resample_fraction", "n_shards", "rows_per_shard", "trace", "resume",
                   "overwrite_trace", "progress", "kernel_options", "eps", "batch_size",
-                  "n_workers", "timeout", "checkpoint_every"}
+                  "n_workers", "timeout", "checkpoint_every", "channel"}
 
 
 class Summary(dict):
@@ -156,6 +157,7 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
     if not 0.0 < f <= 1.0:
         raise ValueError(f"resample_fraction must be in (0, 1], not {f!r}")
     check_speculate(options.get("speculate", False))
+    check_channel(options.get("channel", "auto"))
 
 
 def _check_task(model: Model, task: str, n_classes: int | None) -> None:
@@ -244,7 +246,9 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
         iteration (not on 2-core machines: measure with ``flymc bench overhead``);
         undone work is reported as ``info["speculative_queries"]``; "auto": only when
         every worker holding shards is on another machine), ``resample_fraction`` (0.1),
-        ``n_shards`` / ``rows_per_shard``,
+        ``n_shards`` / ``rows_per_shard``, ``channel`` ("auto": rounds travel on a
+        direct socket to each worker's shard host unless the cluster uses TLS;
+        "socket"; "dask": Dask's actor RPC; see :class:`~flymc_dist.cluster.DaskTransport`),
         ``init`` ("map" or array), ``precondition`` ("laplace", "identity" or a
         covariance), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path),
         ``resume``, ``overwrite_trace``, ``checkpoint_every``, ``progress``,
@@ -383,6 +387,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
                                         num_samples - max(start - num_warmup, 0))
     info["total_round_trips"] = int(transport.round_trips)
     info["speculate"] = bool(driver.speculate)
+    info["channel"] = getattr(transport, "channel", "in-process")
     info["speculative_queries"] = int(driver.wasted_queries)
     info["recoveries"] = list(getattr(transport, "recoveries", []))
     info["kernel_params"] = [params_to_json(p) for p in driver.params]

@@ -1,32 +1,39 @@
 """``flymc bench overhead``: FlyMC's per-iteration cost against the bare round trip.
 
-One run, one cluster, three measurements side by side on the same workers and the same
+One run, one cluster, measurements side by side on the same workers and the same
 ``rows × features`` logistic data set:
 
-(a) MAP-tuned FlyMC with RWMH (``fd.sample(..., client=<the client>)``),
-(b) regular full-data MCMC with the same kernel,
-(c) a bare actor fan-out round trip: the :class:`~flymc_dist.cluster.DaskTransport`
-    fan-out calling :meth:`ShardHost.echo <flymc_dist.shard.ShardHost.echo>` on every
-    worker with a FlyMC round's request as payload, through the samplers' own RPC path
-    (raw bytes, run on the worker's event loop) — the floor any
-    one-round-trip-per-iteration sampler pays. Dask's default actor call (arguments
-    serialised, method run on the actor's thread) is timed too, for reference.
+(a) MAP-tuned FlyMC with RWMH (``fd.sample(..., client=<the client>)``), its rounds on
+    the direct socket channel (:mod:`flymc_dist.channel`, the default on ``tcp://``
+    clusters), and again with its rounds on Dask's actor RPC (``channel="dask"``);
+(b) regular full-data MCMC with the same kernel;
+(c) the bare actor fan-out round trip: a no-op method
+    (:meth:`ShardHost.shard_ids <flymc_dist.shard.ShardHost.shard_ids>`) called on the
+    shard-host actor of every worker, the way Dask calls an actor method (arguments
+    serialised, run on the actor's thread) — what any sampler that calls its actors
+    once per iteration pays. The goal's denominator.
 
-(a) and (b) run with one shard per worker (``n_shards=workers``, so one actor call per
-worker per iteration, like (c)); (a) twice: with speculative z-updates as ``"auto"``
-chooses them and switched the other way (the same draws; see
-:meth:`Shard.speculate <flymc_dist.shard.Shard.speculate>`); (a) also with the default
-data-layout sharding (and (b) too with ``default_sharding="both"``). Their per-iteration
-time is that of the post-warm-up iterations (``res.info["sampling_seconds"] /
-num_samples``). The bare round trip is timed in two batches, before (a) and after the
-last sampler, so a drift in the machine's load shows.
+For the floors of the two ways rounds travel, two echoes of a FlyMC round's request are
+timed on the same actors too: on the socket channel, and on Dask's RPC as the Dask
+channel sends rounds (raw bytes, run on the worker's event loop).
+
+(a) and (b) run with one shard per worker (``n_shards=workers``, so one call per
+worker per iteration, like (c)); (a) also with speculative z-updates switched the
+other way from ``"auto"`` (the same draws; see
+:meth:`Shard.speculate <flymc_dist.shard.Shard.speculate>`) and with the default
+data-layout sharding (and (b) too with ``default_sharding="both"``). Their
+per-iteration time is that of the post-warm-up iterations
+(``res.info["sampling_seconds"] / num_samples``). The actor call and the socket echo
+are timed in two batches, before (a) and after the last sampler, so a drift in the
+machine's load shows.
 
 Regular MCMC starts where FlyMC's chains ended, with FlyMC's adapted step size and
 preconditioner (both target the same posterior), so it needs neither a MAP search nor a
 warm-up: its iterations are full passes over the data, and only their time matters here.
 
-The goals the ratios are checked against: FlyMC / bare round trip ≤ 1.5 (FlyMC adds
-little to the communication floor) and regular / FlyMC ≥ 8 per iteration.
+The goals the ratios are checked against: FlyMC / bare actor round trip ≤ 1.5 (a FlyMC
+iteration costs little more than calling the actors once) and regular / FlyMC ≥ 8 per
+iteration.
 """
 
 from __future__ import annotations
@@ -100,27 +107,40 @@ def _round_payload(chains: int, n_params: int) -> bytes:
     return pack_round(1, np.full(chains, -1, dtype=np.int64), True, reqs, False)
 
 
-def _time_pings(transport: Any, n: int, payload: bytes | None = None) -> dict[str, float]:
-    """Time ``n`` bare fan-out round trips on every worker.
+def _time_pings(transport: Any, n: int, how: str, payload: bytes = b"") -> dict[str, float]:
+    """Time ``n`` bare fan-out round trips to every host of ``transport``.
 
-    With ``payload``: ``ShardHost.echo(payload)`` through the samplers' own RPC path (a
-    raw ``bytes`` argument, run on the worker's event loop) — the floor of a round.
-    Without: ``ShardHost.shard_ids()`` as Dask calls an actor method by default
-    (arguments serialised, the method run on the actor's thread).
+    ``how``: ``"actor"`` — :meth:`ShardHost.shard_ids` as Dask calls an actor method
+    (arguments serialised, run on the actor's thread); ``"socket"`` — an echo of
+    ``payload`` on the socket channel (:meth:`DaskTransport.echo`); ``"rpc"`` — an echo
+    of ``payload`` on Dask's RPC the way the Dask channel sends rounds (a raw ``bytes``
+    argument, run on the worker's event loop).
     """
-    if payload is None:
+    if how == "actor":
         calls = {w: ("shard_ids", (), {}) for w in transport.placement}
-    else:
+    elif how == "rpc":
         calls = {w: ("echo", (payload,), {}) for w in transport.placement}
+    elif how != "socket":
+        raise ValueError(f"unknown round trip {how!r}")
     times = np.empty(n)
     for i in range(n):
         t = time.perf_counter()
-        _ok, bad = transport._fanout(calls)
+        if how == "socket":
+            transport.echo(payload)
+        else:
+            _ok, bad = transport._fanout(calls)
+            if bad:
+                raise RuntimeError(f"a bare round trip failed: {bad!r}")
         times[i] = time.perf_counter() - t
-        if bad:
-            raise RuntimeError(f"a bare round trip failed: {bad!r}")
     return {"mean": float(times.mean()), "median": float(np.median(times)),
             "p90": float(np.quantile(times, 0.9)), "n": int(n)}
+
+
+def _merge(first: dict[str, float], second: dict[str, float]) -> dict[str, Any]:
+    n1, n2 = first["n"], second["n"]
+    return {"mean": (first["mean"] * n1 + second["mean"] * n2) / (n1 + n2),
+            "median": float(np.median([first["median"], second["median"]])),
+            "before": first, "after": second}
 
 
 def _sampler_figures(res: Any) -> dict[str, Any]:
@@ -225,6 +245,7 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
             "iterations": iterations, "warmup": warmup,
             "regular_iterations": regular_iterations, "default_sharding": default_sharding,
             "pings": pings, "seed": seed, "kernel": "rwmh", "bounds": "map",
+            "pinning": "none: driver, scheduler and workers share the machine's cores",
         },
     }
     model = fd.LogisticRegression()
@@ -252,11 +273,14 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
             P = model.n_params(features)
             payload = _round_payload(chains, P)
             out["setup"]["payload_bytes"] = len(payload)
-            transport = DaskTransport(client, specs, config)
+            transport = DaskTransport(client, specs, config, channel="socket")
             try:
-                _time_pings(transport, 50, payload)  # warm the connections
-                first = _time_pings(transport, pings // 2, payload)
-                default_call = _time_pings(transport, max(pings // 4, 2))
+                _time_pings(transport, 50, "actor")  # warm the connections
+                _time_pings(transport, 50, "socket", payload)
+                _time_pings(transport, 20, "rpc", payload)
+                first = _time_pings(transport, pings // 2, "actor")
+                first_socket = _time_pings(transport, pings // 2, "socket", payload)
+                rpc_echo = _time_pings(transport, max(pings // 4, 2), "rpc", payload)
             finally:
                 transport.close()
 
@@ -267,6 +291,10 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
 
             fly = run("flymc", iterations, warmup, n_shards=workers)
             out["flymc"] = _sampler_figures(fly)
+            out["setup"]["channel"] = fly.info["channel"]
+            # the same run with its rounds on Dask's actor RPC: same draws, other time
+            out["flymc_dask_channel"] = _sampler_figures(
+                run("flymc", iterations, warmup, n_shards=workers, channel="dask"))
             # the same run with speculative z-updates switched the other way ("auto"
             # chose by the cores the workers and the driver share): same draws, other time
             other = not fly.info["speculate"]
@@ -289,26 +317,30 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
             if default_sharding == "both":
                 out["regular_default_sharding"] = _sampler_figures(
                     run("regular", regular_iterations, 0, **reg_opts))
-            transport = DaskTransport(client, specs, config)
+            transport = DaskTransport(client, specs, config, channel="socket")
             try:
-                _time_pings(transport, 20, payload)
-                second = _time_pings(transport, pings - pings // 2, payload)
+                _time_pings(transport, 20, "actor")
+                _time_pings(transport, 20, "socket", payload)
+                second = _time_pings(transport, pings - pings // 2, "actor")
+                second_socket = _time_pings(transport, pings - pings // 2, "socket", payload)
             finally:
                 transport.close()
         finally:
             if own:
                 client.close()
                 cluster.close()
-    n1, n2 = first["n"], second["n"]
-    out["bare_round_trip"] = {
-        "mean": (first["mean"] * n1 + second["mean"] * n2) / (n1 + n2),
-        "median": float(np.median([first["median"], second["median"]])),
-        "before": first, "after": second,
-    }
-    out["default_actor_call"] = default_call
+    out["bare_round_trip"] = _merge(first, second)
+    out["socket_echo"] = _merge(first_socket, second_socket)
+    out["rpc_echo"] = rpc_echo
     f, r, bare = out["flymc"], out["regular"], out["bare_round_trip"]["mean"]
     ratios = {
         "flymc_over_bare": _ratio(f["seconds_per_iteration"], bare),
+        "flymc_over_socket_echo": _ratio(f["seconds_per_iteration"],
+                                         out["socket_echo"]["mean"]),
+        "flymc_dask_channel_over_bare": _ratio(
+            out["flymc_dask_channel"]["seconds_per_iteration"], bare),
+        "flymc_dask_channel_over_rpc_echo": _ratio(
+            out["flymc_dask_channel"]["seconds_per_iteration"], rpc_echo["mean"]),
         "regular_over_flymc_per_iteration": _ratio(r["seconds_per_iteration"],
                                                    f["seconds_per_iteration"]),
         "flymc_over_regular_ess_per_second": _ratio(f["ess_per_second"], r["ess_per_second"]),
@@ -387,17 +419,21 @@ def format_overhead(d: dict[str, Any]) -> str:
         f"  {'':36s}{'s / iteration':>13s}  {'shards':>6s}  {'queries/it/chain':>16s}  "
         f"{'ESS/s':>8s}  {'set-up s':>8s}",
     ]
-    b = d["bare_round_trip"]
-    lines.append(f"  {'(c) bare round trip (echo)':36s}{_ms(b['mean'])}  {s['workers']:>6d}  "
-                 f"{'0':>16s}  {'':>8s}  {'':>8s}  median {_ms(b['median']).strip()}, "
-                 f"before {_ms(b['before']['mean']).strip()} / after "
-                 f"{_ms(b['after']['mean']).strip()}")
-    if "default_actor_call" in d:
-        lines.append(f"  {'    Dask default actor call':36s}{_ms(d['default_actor_call']['mean'])}"
-                     f"  {s['workers']:>6d}  {'0':>16s}  (for reference: serialised "
-                     f"arguments, actor thread)")
+    def floor(label: str, b: dict[str, Any], note: str) -> None:
+        extra = (f"before {_ms(b['before']['mean']).strip()} / after "
+                 f"{_ms(b['after']['mean']).strip()}; " if "before" in b else "")
+        lines.append(f"  {label:36s}{_ms(b['mean'])}  {s['workers']:>6d}  {'0':>16s}  "
+                     f"{'':>8s}  {'':>8s}  {extra}{note}")
+
+    floor("(c) bare actor round trip", d["bare_round_trip"],
+          "a no-op actor method on every worker, as Dask calls it")
+    floor("    echo on the socket channel", d["socket_echo"],
+          f"a round's {s.get('payload_bytes', 0):,}-byte request, as FlyMC's rounds travel")
+    floor("    echo on Dask's RPC", d["rpc_echo"],
+          "the same, as rounds travel with channel='dask'")
     rows = [("(a) FlyMC, MAP-tuned" + (" (speculative)" if d["flymc"].get("speculate")
                                        else ""), "flymc"),
+            ("    FlyMC, rounds on Dask's RPC", "flymc_dask_channel"),
             ("    FlyMC, speculative z-updates", "flymc_speculate"),
             ("    FlyMC, no speculation", "flymc_no_speculate"),
             ("(b) regular MCMC", "regular"),
@@ -423,8 +459,13 @@ def format_overhead(d: dict[str, Any]) -> str:
 
     lines += [
         "",
-        f"  FlyMC / bare round trip       {_sig(ra['flymc_over_bare']):>8s}×   "
+        f"  FlyMC / bare actor round trip {_sig(ra['flymc_over_bare']):>8s}×   "
         f"(goal {g['flymc_over_bare']['goal']}: {verdict('flymc_over_bare')})",
+        f"  FlyMC / socket echo           {_sig(ra['flymc_over_socket_echo']):>8s}×   "
+        f"(what FlyMC adds to its own channel's floor: compute, not communication)",
+        f"  FlyMC on Dask's RPC: / bare actor round trip "
+        f"{_sig(ra['flymc_dask_channel_over_bare'])}×, / its echo "
+        f"{_sig(ra['flymc_dask_channel_over_rpc_echo'])}×",
         f"  regular / FlyMC per iteration {_sig(ra['regular_over_flymc_per_iteration']):>8s}×   "
         f"(goal {g['regular_over_flymc_per_iteration']['goal']}: "
         f"{verdict('regular_over_flymc_per_iteration')})",
@@ -436,7 +477,8 @@ def format_overhead(d: dict[str, Any]) -> str:
         lines.append(f"    (per ESS: rough — regular MCMC ran {s['regular_iterations']} draws "
                      f"per chain; use --regular-iterations {_MIN_ESS_DRAWS} or more for a "
                      f"usable figure)")
-    for key, label in (("flymc", "(a)"), ("flymc_speculate", "speculative"),
+    for key, label in (("flymc", "(a)"), ("flymc_dask_channel", "Dask's RPC"),
+                       ("flymc_speculate", "speculative"),
                        ("flymc_no_speculate", "no speculation")):
         t = d.get(key, {}).get("timing")
         if t and t.get("hosts"):
@@ -452,11 +494,12 @@ def format_overhead(d: dict[str, Any]) -> str:
                        ("flymc_no_speculate", "without speculation")):
         if f"{key}_over_bare" in ra:
             extra = d[key]
-            lines.append(f"  FlyMC {label}: / bare {_sig(ra[f'{key}_over_bare'])}×"
+            lines.append(f"  FlyMC {label}: / bare actor round trip "
+                         f"{_sig(ra[f'{key}_over_bare'])}×"
                          + (f" ({extra['speculative_queries_per_iteration']:.0f} undone "
                             f"queries/it/chain)" if extra.get("speculate") else ""))
     if "flymc_default_sharding_over_bare" in ra:
-        lines.append(f"  default sharding: FlyMC / bare "
+        lines.append(f"  default sharding: FlyMC / bare actor round trip "
                      f"{_sig(ra['flymc_default_sharding_over_bare'])}×, regular / FlyMC "
                      f"{_sig(ra['regular_over_flymc_default_sharding'])}×")
     lines.append(f"  total {d['seconds']:.0f} s")

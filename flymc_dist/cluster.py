@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from flymc_dist.channel import ECHO, ROUND, ChannelClient, check_channel
 from flymc_dist.shard import Request, ShardConfig, ShardHost, ShardSpec, pack_round
 from flymc_dist.transport import InProcessTransport
 
@@ -87,7 +88,9 @@ def open_transport(client: Any, specs: list[ShardSpec], config: ShardConfig,
         raise ValueError("in-memory (X, y) data runs only with client='synchronous'; write it "
                          "to a store with fd.from_numpy to use a cluster")
     return DaskTransport(client, specs, config, n_workers=options.get("n_workers"),
-                         timeout=float(options.get("timeout", 60.0)))
+                         timeout=float(options.get("timeout", 60.0)),
+                         channel=options.get("channel", "auto"))
+
 
 
 def _all_remote(workers: dict[str, dict], used: list[str]) -> bool:
@@ -122,12 +125,20 @@ class DaskTransport:
         Workers of an embedded LocalCluster (default: the machine's cores, at most 8).
     timeout
         Seconds a single round trip may take before its host is declared lost.
+    channel
+        How the per-iteration rounds travel. ``"socket"``: a direct TCP connection to
+        each host (:mod:`flymc_dist.channel`), set up through Dask; ``"dask"``: Dask's
+        actor RPC. ``"auto"`` (default): the socket when every worker is reached over
+        plain ``tcp://`` — with TLS the rounds stay on Dask's authenticated, encrypted
+        connections. Set-up, recovery and every other call always go through Dask.
     """
 
     name = "dask"
 
     def __init__(self, client: Any, specs: list[ShardSpec], config: ShardConfig, *,
-                 n_workers: int | None = None, timeout: float = 60.0) -> None:
+                 n_workers: int | None = None, timeout: float = 60.0,
+                 channel: str = "auto") -> None:
+        check_channel(channel)
         self.client, self.cluster, self.owned = _client_from(client, n_workers)
         self.specs = sorted(specs, key=lambda s: s.shard_id)
         self.config = config
@@ -144,11 +155,15 @@ class DaskTransport:
         self._keys: dict[str, str] = {}  # worker -> actor key
         self.placement: dict[str, list[ShardSpec]] = {}
         self._replay: list[tuple[str, tuple, dict]] = []
+        self._chan: ChannelClient | None = None
         try:
             workers = sorted(self.client.scheduler_info()["workers"])
             if not workers:
                 self.client.wait_for_workers(1, timeout=60)
                 workers = sorted(self.client.scheduler_info()["workers"])
+            if channel == "socket" or (channel == "auto" and
+                                       all(w.startswith("tcp://") for w in workers)):
+                self._chan = ChannelClient()
             blocks = np.array_split(np.arange(len(self.specs)), min(len(workers),
                                                                     len(self.specs)))
             for w, block in zip(workers, blocks, strict=False):
@@ -172,6 +187,25 @@ class DaskTransport:
         self._futures[worker] = fut
         self._keys[worker] = key
         self.placement[worker] = list(specs)
+        if self._chan is not None:
+            self._open_channel(worker)
+
+    def _open_channel(self, worker: str) -> None:
+        """Connect the round channel to the host on ``worker``."""
+        from distributed.comm.addressing import get_address_host
+
+        ok, bad = self._fanout({worker: ("open_channel", (get_address_host(worker),), {})})
+        self.round_trips -= 1  # set-up, not a protocol round trip
+        if bad:
+            raise ShardLost(f"worker {worker} failed to open the round channel: "
+                            f"{bad[worker]!r}")
+        address, token = ok[worker]
+        self._chan.connect(worker, address, token, timeout=min(self.timeout, 10.0))
+
+    @property
+    def channel(self) -> str:
+        """How rounds travel: ``"socket"`` or ``"dask"``."""
+        return "socket" if self._chan is not None else "dask"
 
     # ------------------------------------------------------------- raw calls
     async def _execute(self, worker: str, function: str, args: tuple,
@@ -278,8 +312,12 @@ class DaskTransport:
         """
         blob = pack_round(seq, commits, update_z, requests, speculate)
         for _attempt in range(5):
-            calls = {w: ("round_packed", (blob,), {}) for w in self.placement}
-            ok, bad = self._fanout(calls)
+            if self._chan is not None:
+                ok, bad = self._chan.fanout(ROUND, blob, list(self.placement), self.timeout)
+                self.round_trips += 1
+            else:
+                ok, bad = self._fanout({w: ("round_packed", (blob,), {})
+                                        for w in self.placement})
             if not bad:
                 return self._per_shard({w: pickle.loads(r) for w, r in ok.items()})
             self._recover(self._lost(bad), positions)
@@ -291,6 +329,8 @@ class DaskTransport:
         for w in lost:
             self._futures.pop(w, None)
             self._keys.pop(w, None)
+            if self._chan is not None:
+                self._chan.drop(w)
         self.generation += 1
         live = [w for w in sorted(self.client.scheduler_info()["workers"]) if w not in lost]
         deadline = time.time() + 30
@@ -337,8 +377,25 @@ class DaskTransport:
         self.round_trips -= 1  # not a protocol round trip
         return [ok[w] for w in sorted(ok)]
 
+    def echo(self, payload: bytes) -> None:
+        """One bare round trip carrying ``payload`` to every host and back, the way
+        rounds travel (the bench's floor)."""
+        if self._chan is not None:
+            _ok, bad = self._chan.fanout(ECHO, payload, list(self.placement), self.timeout)
+        else:
+            _ok, bad = self._fanout({w: ("echo", (payload,), {}) for w in self.placement})
+            self.round_trips -= 1
+        if bad:
+            raise ShardLost(f"a bare round trip failed: {bad!r}")
+
     def close(self) -> None:
         """Release the actors; close the client and cluster if we started them."""
+        if self._chan is not None:
+            self._chan.close()
+            try:  # stop the hosts' servers (a live cluster keeps its workers)
+                self._fanout({w: ("close_channel", (), {}) for w in self.placement})
+            except Exception:  # noqa: BLE001 - best effort on shutdown
+                log.debug("closing the hosts' round channels failed", exc_info=True)
         for f in self._futures.values():
             try:
                 f.release()

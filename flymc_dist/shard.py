@@ -32,7 +32,6 @@ from flymc_dist.brightness import (
     explicit_accept,
     explicit_propose,
     explicit_update,
-    gap_positions,
     implicit_accept,
     implicit_propose,
     log_uniform,
@@ -790,6 +789,7 @@ class ShardHost:
         # shard never waits for a recreated shard's set-up).
         self._locks: dict[int, threading.Lock] = {}
         #: wall and CPU seconds spent in rounds (and in speculation, after replies)
+        self._channel: Any = None  # a ChannelServer once open_channel is called
         self._busy = {"rounds": 0, "round_wall": 0.0, "round_cpu": 0.0,
                       "speculate_wall": 0.0, "speculate_cpu": 0.0}
         self.add_shards(specs, data)
@@ -847,6 +847,14 @@ class ShardHost:
         """Rounds served here and the wall / CPU seconds they (and speculation) took."""
         return dict(self._busy)
 
+    def _round_blob(self, blob: bytes) -> tuple[bytes, bool]:
+        """:meth:`round` with its arguments and reply pickled into one buffer each;
+        also whether a speculative z-update should follow the reply."""
+        seq, commits, update_z, requests, speculate = pickle.loads(blob)
+        reply = pickle.dumps(self.round(seq, commits, update_z, requests, speculate),
+                             protocol=pickle.HIGHEST_PROTOCOL)
+        return reply, bool(speculate)
+
     def round_packed(self, blob: bytes) -> bytes:
         """:meth:`round` with its arguments and reply pickled into one buffer each.
 
@@ -857,15 +865,42 @@ class ShardHost:
         already queued, among them the one that writes the reply); on the actor's thread
         there is no loop, and the next round runs the pending speculation first.
         """
-        seq, commits, update_z, requests, speculate = pickle.loads(blob)
-        reply = pickle.dumps(self.round(seq, commits, update_z, requests, speculate),
-                             protocol=pickle.HIGHEST_PROTOCOL)
+        reply, speculate = self._round_blob(blob)
         if speculate:
             try:
                 asyncio.get_running_loop().call_later(0.0, self.speculate)
             except RuntimeError:  # not on an event loop: Shard.round catches up
                 pass
         return reply
+
+    # ------------------------------------------------------------ the channel
+    def open_channel(self, host: str) -> tuple[tuple[str, int], bytes]:
+        """Serve rounds on a socket of ``host`` (see :mod:`flymc_dist.channel`).
+
+        Returns the address to connect to and the token to present. A speculative
+        z-update runs on the channel's thread right after its reply is sent.
+        """
+        from flymc_dist.channel import ChannelServer
+
+        self.close_channel()
+        self._channel = ChannelServer(self._serve_channel, host)
+        return self._channel.address, self._channel.token
+
+    def _serve_channel(self, code: int, payload: bytes) -> tuple[bytes, Any]:
+        from flymc_dist.channel import ECHO, ROUND
+
+        if code == ROUND:
+            reply, speculate = self._round_blob(payload)
+            return reply, (self.speculate if speculate else None)
+        if code == ECHO:
+            return payload, None
+        raise ValueError(f"unknown channel request code {code}")
+
+    def close_channel(self) -> None:
+        """Stop serving rounds on the socket (if open)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     def ping(self) -> int:
         """Liveness check: the number of shards held."""

@@ -421,10 +421,15 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
     alt = d.get("flymc_speculate", d.get("flymc_no_speculate"))
     assert alt is not None and alt["speculate"] != d["flymc"]["speculate"]
     assert alt["ess_mean"] == d["flymc"]["ess_mean"]
-    assert d["default_actor_call"]["mean"] > 0 and d["setup"]["payload_bytes"] > 100
+    assert d["socket_echo"]["mean"] > 0 and d["rpc_echo"]["mean"] > 0
+    assert d["setup"]["payload_bytes"] > 100 and d["setup"]["channel"] == "socket"
+    # FlyMC with its rounds on Dask's RPC: the same draws
+    assert d["flymc_dask_channel"]["ess_mean"] == d["flymc"]["ess_mean"]
+    assert d["ratios"]["flymc_over_socket_echo"] > 0
     text = format_overhead(d)
-    assert "FlyMC / bare round trip" in text and "4,000 rows" in text
-    assert "speculat" in text and "Dask default actor call" in text
+    assert "FlyMC / bare actor round trip" in text and "4,000 rows" in text
+    assert "speculat" in text and "echo on the socket channel" in text
+    assert "Dask's RPC" in text
     assert "where FlyMC's time goes" in text
     t = d["flymc"]["timing"]
     assert len(t["hosts"]) == d["flymc"]["n_workers"]

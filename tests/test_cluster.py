@@ -106,6 +106,13 @@ def test_deterministic_across_placements(store, local_client):
     np.testing.assert_array_equal(sync.samples, spec.samples)
     for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):
         np.testing.assert_array_equal(sync.stats[k], spec.stats[k])
+    # rounds on the direct socket (the default here: plain tcp://) or on Dask's actor RPC
+    assert two.info["channel"] == "socket" and spec.info["channel"] == "socket"
+    rpc = _run(path, local_client, channel="dask")
+    assert rpc.info["channel"] == "dask"
+    np.testing.assert_array_equal(sync.samples, rpc.samples)
+    for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):
+        np.testing.assert_array_equal(sync.stats[k], rpc.stats[k])
     other = _run(path, local_client, seed=4)
     assert not np.array_equal(other.samples, two.samples)
 
