@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pickle
 import socket
 import time
 import uuid
@@ -33,7 +32,14 @@ from typing import Any
 import numpy as np
 
 from flymc_dist.channel import ECHO, ROUND, ChannelClient, check_channel
-from flymc_dist.shard import Request, ShardConfig, ShardHost, ShardSpec, pack_round
+from flymc_dist.shard import (
+    Request,
+    ShardConfig,
+    ShardHost,
+    ShardSpec,
+    pack_round,
+    unpack_reply,
+)
 from flymc_dist.transport import InProcessTransport
 
 log = logging.getLogger("flymc_dist")
@@ -319,7 +325,7 @@ class DaskTransport:
                 ok, bad = self._fanout({w: ("round_packed", (blob,), {})
                                         for w in self.placement})
             if not bad:
-                return self._per_shard({w: pickle.loads(r) for w, r in ok.items()})
+                return self._per_shard({w: unpack_reply(r) for w, r in ok.items()})
             self._recover(self._lost(bad), positions)
         raise ShardLost("giving up after 5 recoveries in one round")
 
