@@ -144,7 +144,7 @@ class DaskTransport:
     def __init__(self, client: Any, specs: list[ShardSpec], config: ShardConfig, *,
                  n_workers: int | None = None, timeout: float = 60.0,
                  channel: str = "auto") -> None:
-        check_channel(channel)
+        self._channel_mode = check_channel(channel)
         self.client, self.cluster, self.owned = _client_from(client, n_workers)
         self.specs = sorted(specs, key=lambda s: s.shard_id)
         self.config = config
@@ -206,7 +206,16 @@ class DaskTransport:
             raise ShardLost(f"worker {worker} failed to open the round channel: "
                             f"{bad[worker]!r}")
         address, token = ok[worker]
-        self._chan.connect(worker, address, token, timeout=min(self.timeout, 10.0))
+        try:
+            self._chan.connect(worker, address, token, timeout=min(self.timeout, 10.0))
+        except OSError as e:
+            if self._channel_mode == "socket":
+                raise ShardLost(f"cannot reach the round channel of {worker} at "
+                                f"{address}: {e!r}") from e
+            log.warning("cannot reach the round channel of %s at %s (%r): rounds go "
+                        "through Dask's RPC instead", worker, address, e)
+            self._chan.close()
+            self._chan = None
 
     @property
     def channel(self) -> str:

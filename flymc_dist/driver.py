@@ -254,95 +254,161 @@ class Driver:
         """Responses for every chain with a pending request: the prior and the collapsed
         bound are evaluated for all chains' current positions and points in one call."""
         active = [c for c, r in enumerate(reqs) if r is not None]
+        n = len(active)
+        # every chain (a slice, not a copy) or the active ones
+        rows = slice(None) if n == self.chains else active
+        points = [reqs[c].points for c in active]
         want_grad = any(reqs[c].grad or reqs[c].current_grad for c in active)
-        allp = np.concatenate([self.positions[active]] + [reqs[c].points for c in active])
-        val, g = self._base(allp, want_grad)
+        val, g = self._base(np.concatenate([self.positions[rows], *points]), want_grad)
+        # the current positions' log targets of the active chains in one addition
+        logp_current = (val[:n] + agg["current"][rows]).tolist()
+        agg_points = agg["points"]
         out = {}
-        off = len(active)
+        off = n
         for i, c in enumerate(active):
             req = reqs[c]
-            k = req.points.shape[0]
-            logp_current = float(val[i] + agg["current"][c])
+            k = points[i].shape[0]
             grad_current = g[i] + agg["current_grad"][c] if req.current_grad else None
-            logp = val[off:off + k] + agg["points"][c, :k]
+            logp = val[off:off + k] + agg_points[c, :k]
             grad = g[off:off + k] + agg["points_grad"][c, :k] if (req.grad and k) else None
             off += k
-            out[c] = EvalResponse(logp_current, grad_current, logp, grad)
+            out[c] = EvalResponse(logp_current[i], grad_current, logp, grad)
         return out
 
     @staticmethod
     def _aggregate(replies: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """Sum shard replies in global shard order (placement-independent rounding)."""
+        if len(replies) == 1:
+            return {key: np.array(value, copy=True) for key, value in replies[0].items()}
+        first, second, *rest = replies
         out = {}
-        for key in replies[0]:
-            acc = np.array(replies[0][key], copy=True)
-            for r in replies[1:]:
+        for key, value in first.items():
+            acc = value + second[key]  # a fresh array: the replies stay untouched
+            for r in rest:
                 acc += r[key]  # one shard after another, always in the same order
             out[key] = acc
         return out
 
     # ------------------------------------------------------------- iteration
-    def step(self, adapters: list[Any] | None = None) -> dict[str, np.ndarray]:
-        """One iteration of every chain. Returns this iteration's stats, shape (C,)."""
-        t_step = time.perf_counter()
+    def _round(self, first: bool, requests: list[Request | None],
+               positions: np.ndarray) -> dict[str, np.ndarray]:
+        """One round trip to every shard; returns the summed replies.
+
+        Parameters
+        ----------
+        first
+            The iteration's first round trip: commit the previous decisions, update z.
+        requests
+            Each chain's request (None: the chain has finished its step).
+        positions
+            Every chain's post-commit position (where fault recovery puts new shards).
+        """
+        commits = self.commits if first else np.full(self.chains, -1, dtype=np.int64)
+        self.seq += 1
+        t_rt = time.perf_counter()
+        replies = self.transport.round(self.seq, commits, first and self.algorithm == "flymc",
+                                       requests, positions, self.speculate)
+        self.round_seconds += time.perf_counter() - t_rt
+        agg = self._aggregate(replies)
+        if self.speculate:  # only speculative z-updates are ever undone
+            self.wasted_queries += int(agg["wasted"].sum())
+        return agg
+
+    def _step_interleaved(self) -> tuple[list[KernelInfo], list[float], dict[str, np.ndarray],
+                                         int]:
+        """Every chain's kernel generator, their pending requests sharing round trips.
+
+        Returns
+        -------
+        infos, log_joint, first_agg, round_trips
+            Each chain's info and log target at its new position, the first round
+            trip's summed replies (``queries`` summed over all round trips), and the
+            number of round trips. Sets :attr:`positions`.
+        """
         C = self.chains
-        gens = [self.kernel.step(self.rngs[c], self.positions[c], self.params[c])
-                for c in range(C)]
+        kernel_step = self.kernel.step
+        gens = [kernel_step(rng, position, params) for rng, position, params
+                in zip(self.rngs, self.positions, self.params, strict=True)]
         reqs: list[EvalRequest | None] = [next(g) for g in gens]
+        pending = C  # every step yields at least one request (rule 4 of the kernel protocol)
         infos: list[KernelInfo | None] = [None] * C
         last: list[EvalResponse | None] = [None] * C
-        queries = np.zeros(C, dtype=np.int64)
-        n_bright = np.zeros(C, dtype=np.int64)
         # post-commit positions: chains that finished this iteration hold their new
         # position (also what fault recovery puts recreated shards at)
         new_positions = self.positions.copy()
-        first = True
+        first_agg = None
         round_trips = 0
-        n_recoveries = len(getattr(self.transport, "recoveries", ()))
-        while any(r is not None for r in reqs):
-            commits = self.commits if first else np.full(C, -1, dtype=np.int64)
+        while pending:
             shard_reqs = [None if r is None else Request(r.points, r.grad, r.current_grad)
                           for r in reqs]
-            self.seq += 1
-            t_rt = time.perf_counter()
-            replies = self.transport.round(self.seq, commits, first and self.algorithm == "flymc",
-                                           shard_reqs, new_positions, self.speculate)
-            self.round_seconds += time.perf_counter() - t_rt
+            agg = self._round(first_agg is None, shard_reqs, new_positions)
             round_trips += 1
-            agg = self._aggregate(replies)
-            queries += agg["queries"]
-            self.wasted_queries += int(agg["wasted"].sum())
-            if first:
-                n_bright[:] = agg["n_bright"]
+            if first_agg is None:
+                first_agg = agg
+            else:
+                first_agg["queries"] += agg["queries"]
             for c, resp in self._respond_all(reqs, agg).items():
                 last[c] = resp
                 try:
                     reqs[c] = gens[c].send(resp)
                 except StopIteration as stop:
                     reqs[c] = None
+                    pending -= 1
                     new_pos, info = stop.value
                     infos[c] = info
                     new_positions[c] = new_pos
-            first = False
-        log_joint = np.empty(C)
-        for c in range(C):
-            info = infos[c]
-            self.commits[c] = info.index
-            log_joint[c] = (last[c].logp[info.index] if info.index >= 0
-                            else last[c].logp_current)
-            if adapters is not None:
-                self.params[c] = adapters[c].update(info)
+        log_joint = [last[c].logp[info.index] if info.index >= 0 else last[c].logp_current
+                     for c, info in enumerate(infos)]
         self.positions = new_positions
+        return infos, log_joint, first_agg, round_trips
+
+    def _step_chains(self) -> tuple[list[KernelInfo], np.ndarray, dict[str, np.ndarray], int]:
+        """Every chain at once through the kernel's ``step_chains`` (one round trip).
+
+        The same arithmetic as :meth:`_respond_all` on the same arrays, without a
+        request, a response and a generator per chain. Returns as
+        :meth:`_step_interleaved`.
+        """
+        C = self.chains
+        gen = self.kernel.step_chains(self.rngs, self.positions, self.params)
+        proposals = next(gen)
+        agg = self._round(True, [Request(proposals[c:c + 1], False, False) for c in range(C)],
+                          self.positions)
+        val, _ = self._base(np.concatenate([self.positions, proposals]), False)
+        logp_current = val[:C] + agg["current"]
+        logp = val[C:] + agg["points"][:, 0]
+        try:
+            gen.send((logp_current, logp))
+        except StopIteration as stop:
+            new_positions, infos = stop.value
+        else:
+            raise RuntimeError(f"{self.kernel!r}.step_chains yielded more than once")
+        moved = np.array([info.index >= 0 for info in infos])
+        self.positions = new_positions
+        return infos, np.where(moved, logp, logp_current), agg, 1
+
+    def step(self, adapters: list[Any] | None = None) -> dict[str, np.ndarray]:
+        """One iteration of every chain. Returns this iteration's stats, shape (C,)."""
+        t_step = time.perf_counter()
+        C = self.chains
+        recoveries = getattr(self.transport, "recoveries", ())
+        n_recoveries = len(recoveries)
+        if getattr(self.kernel, "step_chains", None) is not None:
+            infos, log_joint, agg, round_trips = self._step_chains()
+        else:
+            infos, log_joint, agg, round_trips = self._step_interleaved()
+        if adapters is not None:
+            self.params = [a.update(info) for a, info in zip(adapters, infos, strict=True)]
+        self.commits = np.array([info.index for info in infos], dtype=np.int64)
         self.step_seconds += time.perf_counter() - t_step
         return {
-            "accepted": np.array([i.accepted for i in infos]),
-            "accept_prob": np.array([i.accept_prob for i in infos], dtype=float),
-            "n_bright": n_bright,
-            "likelihood_queries": queries,
-            "round_trips": np.full(C, round_trips, dtype=np.int64),
-            "log_joint": log_joint,
-            "recoveries": np.full(C, len(getattr(self.transport, "recoveries", ()))
-                                  - n_recoveries, dtype=np.int64),
+            "accepted": np.array([info.accepted for info in infos], dtype=bool),
+            "accept_prob": np.array([info.accept_prob for info in infos], dtype=float),
+            "n_bright": np.asarray(agg["n_bright"], dtype=np.int64),  # of the first round trip
+            "likelihood_queries": np.asarray(agg["queries"], dtype=np.int64),
+            "round_trips": np.array([round_trips] * C, dtype=np.int64),
+            "log_joint": np.asarray(log_joint, dtype=float),
+            "recoveries": np.array([len(recoveries) - n_recoveries] * C, dtype=np.int64),
         }
 
     def iterations(self, num_warmup: int, num_samples: int,

@@ -117,6 +117,26 @@ def test_deterministic_across_placements(store, local_client):
     assert not np.array_equal(other.samples, two.samples)
 
 
+def test_unreachable_channel_falls_back_to_dask(store, local_client, monkeypatch, caplog):
+    """A host whose socket cannot be reached (a firewall, say): with channel="auto" the
+    rounds go through Dask's RPC instead (same draws); with channel="socket" it is an
+    error."""
+    from flymc_dist import channel as channel_mod
+
+    def refuse(self, key, address, token, timeout=10.0):
+        raise ConnectionRefusedError(f"refused by the test: {address}")
+
+    monkeypatch.setattr(channel_mod.ChannelClient, "connect", refuse)
+    path = store[0]
+    res = _run(path, local_client, num_warmup=20, num_samples=30)
+    assert res.info["channel"] == "dask"
+    assert "rounds go through Dask's RPC instead" in caplog.text
+    sync = _run(path, "synchronous", num_warmup=20, num_samples=30)
+    np.testing.assert_array_equal(res.samples, sync.samples)
+    with pytest.raises(Exception, match="cannot reach the round channel"):
+        _run(path, local_client, num_warmup=5, num_samples=5, channel="socket")
+
+
 def test_one_round_trip_per_rwmh_iteration(store, local_client):
     res = _run(store[0], local_client, num_warmup=20, num_samples=30)
     assert np.all(res.stats["round_trips"] == 1)

@@ -9,6 +9,12 @@ Why a generator: the driver runs all chains at once and puts every chain's
 pending request into one round trip to the shards; a kernel that needs several
 evaluations per iteration (slice, MALA) simply yields several times.
 
+A kernel whose every step is exactly one request of one point without gradients
+(RWMH) may also offer :meth:`ChainsKernel.step_chains`: every chain's step as one
+generator over arrays, which the driver prefers because it spares a generator, a
+request and a response per chain. It must give bit for bit what :meth:`Kernel.step`
+gives chain by chain.
+
 Rules every kernel obeys (the driver relies on them):
 
 1. Every response carries ``logp_current``: the log target at the *current*
@@ -62,6 +68,11 @@ class KernelInfo(NamedTuple):
 
 StepGenerator = Generator[EvalRequest, EvalResponse, tuple[np.ndarray, KernelInfo]]
 
+#: yields the proposals (C, P), is sent ``(logp_current (C,), logp (C,))``, returns
+#: ``(new_positions (C, P), infos)``
+ChainsStepGenerator = Generator[np.ndarray, tuple[np.ndarray, np.ndarray],
+                                tuple[np.ndarray, list[KernelInfo]]]
+
 
 class Kernel(Protocol):
     """A θ-kernel. ``params`` is whatever the kernel's adapter hands back."""
@@ -78,6 +89,34 @@ class Kernel(Protocol):
 
     def adapter(self, params: Any, num_warmup: int) -> Adapter:
         """A fresh warm-up adapter starting from ``params``."""
+
+
+class ChainsKernel(Kernel, Protocol):
+    """A kernel that can also step every chain at once (one point per chain and step)."""
+
+    def step_chains(self, rngs: list[np.random.Generator], positions: np.ndarray,
+                    params: list[Any]) -> ChainsStepGenerator:
+        """One transition of every chain, as :meth:`Kernel.step` of each chain would make it.
+
+        Parameters
+        ----------
+        rngs
+            One random stream per chain.
+        positions
+            Current positions, shape ``(C, P)``.
+        params
+            One parameter set per chain.
+
+        Yields
+        ------
+        numpy.ndarray
+            The proposals, shape ``(C, P)``: chain c's one request is row c.
+
+        Returns
+        -------
+        tuple of numpy.ndarray and list of KernelInfo
+            A fresh array of the new positions ``(C, P)`` and each chain's info.
+        """
 
 
 class Adapter(Protocol):

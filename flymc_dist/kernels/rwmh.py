@@ -20,7 +20,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from flymc_dist.kernels.base import EvalRequest, EvalResponse, KernelInfo, StepGenerator
+from flymc_dist.kernels.base import (
+    ChainsStepGenerator,
+    EvalRequest,
+    EvalResponse,
+    KernelInfo,
+    StepGenerator,
+)
 
 __all__ = ["DualAveraging", "RWMHParams", "RandomWalkMH", "StepSizeAdapter"]
 
@@ -106,12 +112,17 @@ def tril_rmatvec(tril: np.ndarray | None, x: np.ndarray) -> np.ndarray:
     return np.dot(x, tril)
 
 
+def checked_value(value: float, where: str) -> float:
+    """``value`` as a float; NaN or +inf raise FloatingPointError naming ``where``."""
+    value = float(value)
+    if math.isnan(value) or value == math.inf:
+        raise FloatingPointError(f"log density at {where} is {value}")
+    return value
+
+
 def checked_logp_current(response: EvalResponse) -> float:
     """The response's ``logp_current`` as a float; NaN or +inf raise FloatingPointError."""
-    value = float(response.logp_current)
-    if math.isnan(value) or value == math.inf:
-        raise FloatingPointError(f"log density at the current position is {value}")
-    return value
+    return checked_value(response.logp_current, "the current position")
 
 
 def checked_logp(response: EvalResponse, k: int) -> np.ndarray:
@@ -123,9 +134,19 @@ def checked_logp(response: EvalResponse, k: int) -> np.ndarray:
     logp = np.asarray(response.logp, dtype=np.float64)
     if logp.shape != (k,):
         raise ValueError(f"response has logp of shape {logp.shape}, expected ({k},)")
-    if np.isnan(logp).any() or (logp == np.inf).any():
+    # one reduction: the maximum is NaN if any entry is, and +inf if any entry is
+    if k and not logp.max() < math.inf:
         raise FloatingPointError(f"log density is NaN or +inf at an evaluated point: {logp}")
     return logp
+
+
+def checked_logp_single(response: EvalResponse) -> float:
+    """The one ``logp`` of a one-point response as a float: :func:`checked_logp` with
+    ``k = 1`` checked on the Python float (no array reductions for a single value)."""
+    logp = np.asarray(response.logp, dtype=np.float64)
+    if logp.shape != (1,):
+        raise ValueError(f"response has logp of shape {logp.shape}, expected (1,)")
+    return checked_value(logp[0], "the evaluated point")
 
 
 def mh_accept_prob(log_ratio: float) -> float:
@@ -332,17 +353,81 @@ class RandomWalkMH:
         FloatingPointError
             If a response holds a NaN (or +inf) log density.
         """
-        noise = rng.standard_normal(position.shape[0])
-        neg_log_u = rng.standard_exponential()
-        proposal = position + params.step_size * tril_matvec(params.scale_tril, noise)
-        response = yield EvalRequest(points=proposal[None])
+        direction, neg_log_u = self._draw(rng, position.shape[0], params)
+        proposal = direction  # θ′ = θ + ε L z, in place in the fresh array L z
+        proposal *= params.step_size
+        proposal += position
+        response = yield EvalRequest(proposal[None])
         logp_current = checked_logp_current(response)
-        logp_new = float(checked_logp(response, 1)[0])
-        log_ratio = self._log_ratio(logp_new, logp_current)
-        accepted = log_ratio > -neg_log_u  # False for NaN and -inf
-        info = KernelInfo(accepted=bool(accepted), accept_prob=mh_accept_prob(log_ratio),
+        logp_new = checked_logp_single(response)
+        info = self._decide(self._log_ratio(logp_new, logp_current), neg_log_u)
+        return (proposal if info.accepted else position), info
+
+    def step_chains(self, rngs: list[np.random.Generator], positions: np.ndarray,
+                    params: list[RWMHParams]) -> ChainsStepGenerator:
+        """Every chain's :meth:`step` at once (see :class:`.base.ChainsKernel`).
+
+        The same draws from each chain's stream and the same floating-point operations
+        as :meth:`step`, element by element, so the same result bit for bit; only the
+        scaling by ε and the shift by θ run once for all chains. A subclass that
+        overrides :meth:`step` must override this too (or set it to None).
+
+        Parameters
+        ----------
+        rngs
+            One random stream per chain.
+        positions
+            Current positions, shape ``(C, P)``.
+        params
+            One parameter set per chain.
+
+        Yields
+        ------
+        numpy.ndarray
+            The proposals ``θ′``, shape ``(C, P)``.
+
+        Returns
+        -------
+        tuple of numpy.ndarray and list of KernelInfo
+            The new positions (a fresh array) and each chain's info.
+
+        Raises
+        ------
+        FloatingPointError
+            If a log density sent back is NaN (or +inf).
+        """
+        C, P = positions.shape
+        proposals = np.empty((C, P))
+        neg_log_u = [0.0] * C
+        for c in range(C):
+            proposals[c], neg_log_u[c] = self._draw(rngs[c], P, params[c])
+        proposals *= np.array([[p.step_size] for p in params])
+        proposals += positions
+        logp_current, logp = yield proposals
+        infos = []
+        for c, (cur, new) in enumerate(zip(logp_current.tolist(), logp.tolist(), strict=True)):
+            cur = checked_value(cur, "the current position")
+            new = checked_value(new, "an evaluated point")
+            infos.append(self._decide(self._log_ratio(new, cur), neg_log_u[c]))
+        accepted = np.array([[info.accepted] for info in infos])
+        return np.where(accepted, proposals, positions), infos
+
+    @staticmethod
+    def _draw(rng: np.random.Generator, dim: int, params: RWMHParams) -> tuple[np.ndarray, float]:
+        """A step's randomness: the direction ``L z`` (a fresh array) and ``−log u``.
+
+        ``P`` standard normals, then one standard exponential, whatever happens.
+        """
+        noise = rng.standard_normal(dim)
+        neg_log_u = rng.standard_exponential()
+        return tril_matvec(params.scale_tril, noise), neg_log_u
+
+    @staticmethod
+    def _decide(log_ratio: float, neg_log_u: float) -> KernelInfo:
+        """Accept iff ``log u < log_ratio`` (so never for NaN or -inf)."""
+        accepted = bool(log_ratio > -neg_log_u)
+        return KernelInfo(accepted=accepted, accept_prob=mh_accept_prob(log_ratio),
                           index=0 if accepted else -1, n_evals=1, n_requests=1)
-        return (proposal if accepted else position), info
 
     def _log_ratio(self, logp_new: float, logp_current: float) -> float:
         """Log acceptance ratio (Python floats: ``-inf - -inf`` is a silent NaN)."""
