@@ -227,16 +227,16 @@ class Driver:
         With tight bounds L~_n is tiny and a dark datum brightens at rate min(q, L~_n):
         any q above the typical L~ mixes z as well as a larger one, while costing
         q·N proposals per iteration. "auto" proposes about as many dark rows as there
-        are bright ones (at least 1e-4·N so that z keeps mixing when almost nothing is
-        bright, at most 0.1·N), chosen once before sampling and then fixed, so the kernel
-        stays valid.
+        are bright ones (at least ``Q_FLOOR``·N so that z keeps mixing when almost
+        nothing is bright, at most 0.1·N), chosen once before sampling and then fixed,
+        so the kernel stays valid.
         """
         if not isinstance(self.q_db, str):
             return float(self.q_db)
         states = self.transport.call("state")
         m = float(np.mean(np.sum([s["n_bright"] for s in states], axis=0)))
         n = max(self.n_rows, 1)
-        return float(np.clip(m / max(n - m, 1.0), max(1.0 / n, 1e-4), 0.1))
+        return float(np.clip(m / max(n - m, 1.0), max(1.0 / n, Q_FLOOR), 0.1))
 
     # ------------------------------------------------------------ the target
     def _base(self, points: np.ndarray, grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -438,6 +438,14 @@ class Driver:
             "rng_states": [_rng_state_to_json(r.bit_generator.state) for r in self.rngs],
             "seq": int(self.seq),
         }
+
+
+#: the smallest ``q_db`` "auto" chooses. Measured on 2M × 57 logistic with MAP-tuned
+#: bounds (M/N = 3.8e-6; RWMH, 4 chains × 8000 draws, two seeds each): the ESS per
+#: iteration did not change between q = 1e-4, 1e-5 and 3e-6 (bulk ESS 120, 121, 117),
+#: while 1e-4 made ~200 proposals per iteration and chain against ~20 at 1e-5, and cost
+#: 1.6× the time per iteration in-process.
+Q_FLOOR = 1e-5
 
 
 def check_speculate(value: Any) -> None:
