@@ -137,6 +137,25 @@ def test_unreachable_channel_falls_back_to_dask(store, local_client, monkeypatch
         _run(path, local_client, num_warmup=5, num_samples=5, channel="socket")
 
 
+def test_tls_cluster_keeps_rounds_on_dask(store):
+    """On a TLS cluster (temporary self-signed credentials) the rounds stay on Dask's
+    encrypted, authenticated RPC with channel="auto"; the draws are the same."""
+    pytest.importorskip("cryptography")
+    from distributed import Client, LocalCluster
+    from distributed.security import Security
+
+    sec = Security.temporary()
+    path = store[0]
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, protocol="tls://",
+                      security=sec, dashboard_address=":0") as cluster, \
+            Client(cluster, security=sec, direct_to_workers=True) as client:
+        assert all(w.startswith("tls://") for w in client.scheduler_info()["workers"])
+        res = _run(path, client, num_warmup=30, num_samples=40)
+    assert res.info["channel"] == "dask" and res.info["n_workers"] == 2
+    sync = _run(path, "synchronous", num_warmup=30, num_samples=40)
+    np.testing.assert_array_equal(res.samples, sync.samples)
+
+
 def test_one_round_trip_per_rwmh_iteration(store, local_client):
     res = _run(store[0], local_client, num_warmup=20, num_samples=30)
     assert np.all(res.stats["round_trips"] == 1)
