@@ -104,27 +104,38 @@ def eval_rows(XC: np.ndarray, D: int, rows: np.ndarray, seg: np.ndarray, thetas:
 
 
 @numba.njit(**_JIT)
+def segment_sums(vals: np.ndarray, seg: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = sum(vals[seg[i]:seg[i+1]])``, in order."""
+    for i in range(seg.size - 1):
+        total = 0.0
+        for j in range(seg[i], seg[i + 1]):
+            total += vals[j]
+        out[i] = total
+
+
+@numba.njit(**_JIT)
 def propose(u_prop: np.ndarray, K: int, log1m_q: float, n: int, masks: np.ndarray,
             chain_rows: np.ndarray, cand: np.ndarray, log_u: np.ndarray,
-            counts: np.ndarray, last: np.ndarray) -> int:
+            cand_seg: np.ndarray, last: np.ndarray) -> int:
     """Dark→bright proposals of every chain from its ``2K`` uniforms (row c of ``u_prop``).
 
     The proposed rows are the partial sums of Geometric(q) gaps, by inversion of the
     first K uniforms (``ceil(log(1-u) / log(1-q))``, clipped to ``[1, n+1]``), starting
     from row -1; proposal k is then decided by the uniform ``K + k``. Rows that are
     already bright in the chain (``masks[chain_rows[c]]``) are skipped. The dark ones
-    are written chain after chain to ``cand`` with ``log(1-u)`` in ``log_u``;
-    ``counts[c]`` is their number, and ``last[c]`` is the chain's last position when
-    its K gaps fell short of the last row (more must be drawn), else -1.
+    are written chain after chain to ``cand`` with ``log(1-u)`` in ``log_u``, chain c's
+    at ``cand_seg[c]:cand_seg[c+1]``; ``last[c]`` is the chain's last position when its
+    K gaps fell short of the last row (more must be drawn), else -1.
 
-    Returns the number of candidates written.
+    Returns the number of chains that fell short.
     """
     m = 0
+    n_short = 0
+    cand_seg[0] = 0
     for c in range(u_prop.shape[0]):
         mask = masks[chain_rows[c]]
         pos = -1
         short = True
-        k0 = m
         for k in range(K):
             if log1m_q == -math.inf:  # q = 1: every row
                 g = 1.0
@@ -139,9 +150,10 @@ def propose(u_prop: np.ndarray, K: int, log1m_q: float, n: int, masks: np.ndarra
                 cand[m] = pos
                 log_u[m] = math.log1p(-u_prop[c, K + k])
                 m += 1
-        counts[c] = m - k0
+        cand_seg[c + 1] = m
         last[c] = pos if short else -1
-    return m
+        n_short += short
+    return n_short
 
 
 @numba.njit(**_JIT)

@@ -378,9 +378,10 @@ class Shard:
             rows = np.concatenate([np.tile(r, t.shape[0]) for t, r in segments])
             thetas = np.concatenate([t for t, _ in segments])
             sizes = [r.size for t, r in segments for _ in range(t.shape[0])]
-        seg = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=seg[1:])
-        vals, sums = self._fused_values(rows, thetas, seg)
+        bounds = [0]
+        for size in sizes:
+            bounds.append(bounds[-1] + size)
+        vals, sums = self._fused_values(rows, thetas, np.array(bounds, dtype=np.int64))
         out, off, j = [], 0, 0
         for t, r in segments:
             k, n = t.shape[0], r.size
@@ -506,18 +507,18 @@ class Shard:
             thetas[i] = ch.theta
         # dark -> bright proposals: rows at the partial sums of Geometric(q) gaps, the
         # bright ones skipped
-        rows_of = np.asarray(sel, dtype=np.int64)
+        rows_of = np.array(sel, dtype=np.int64)
         cand = np.empty(C * K, dtype=np.int64)
         log_u = np.empty(C * K)
-        counts = np.empty(C, dtype=np.int64)
+        cand_seg = np.empty(C + 1, dtype=np.int64)
         last = np.empty(C, dtype=np.int64)
-        m = jit.propose(u_prop, K, math.log1p(-q) if q < 1.0 else -math.inf, n, self._masks,
-                        rows_of, cand, log_u, counts, last)
+        short = jit.propose(u_prop, K, math.log1p(-q) if q < 1.0 else -math.inf, n,
+                            self._masks, rows_of, cand, log_u, cand_seg, last)
+        m = int(cand_seg[C])
         cand, log_u = cand[:m], log_u[:m]
-        if last.max() >= 0:  # a chain's K gaps did not reach the last row (rare)
-            cand, log_u = self._refill(sel, last, cand, log_u, counts)
-        cand_seg = np.zeros(C + 1, dtype=np.int64)
-        counts.cumsum(out=cand_seg[1:])
+        if short:  # a chain's K gaps did not reach the last row (rare)
+            cand, log_u = self._refill(sel, last, cand, log_u, cand_seg)
+        counts = cand_seg[1:] - cand_seg[:-1]
         vals, _ = self._fused_values(cand, thetas, cand_seg)
         acc = brighten(log_u, vals, q)
         new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
@@ -539,21 +540,21 @@ class Shard:
         return counts
 
     def _refill(self, sel: list[int], last: np.ndarray, cand: np.ndarray, log_u: np.ndarray,
-                counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                cand_seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append to each chain whose gaps fell short (``last[i] >= 0``) its further dark
         proposals (:meth:`_more_proposals`), keeping candidates chain after chain;
-        ``counts`` is updated in place."""
-        bounds = np.concatenate([[0], np.cumsum(counts)])
+        ``cand_seg`` is updated in place."""
+        bounds = cand_seg.tolist()
         rows, logs = [], []
         for i, c in enumerate(sel):
-            rows.append(cand[bounds[i]:bounds[i + 1]])
-            logs.append(log_u[bounds[i]:bounds[i + 1]])
+            r_i, l_i = cand[bounds[i]:bounds[i + 1]], log_u[bounds[i]:bounds[i + 1]]
             if last[i] >= 0:
                 r, lu = self._more_proposals(c, int(last[i]))
                 dark = ~self._masks[c, r]
-                rows.append(r[dark])
-                logs.append(lu[dark])
-                counts[i] += int(dark.sum())
+                r_i, l_i = np.concatenate([r_i, r[dark]]), np.concatenate([l_i, lu[dark]])
+            rows.append(r_i)
+            logs.append(l_i)
+            cand_seg[i + 1] = cand_seg[i] + r_i.size
         return np.concatenate(rows), np.concatenate(logs)
 
     # ------------------------------------------------------------ speculation
@@ -630,8 +631,16 @@ class Shard:
                 if ch.bright.dvals is None:
                     raise RuntimeError("gradient kernel on a shard built without track_grad")
                 current_grad[c] = self.model.grad_theta(ch.bright.dvals[None], self.X[rows])[0]
-            current[c] = ch.bright.vals.sum()
             n_bright[c] = M
+        if self._kernel is not None:  # the bright sums at the current θ, in one pass
+            bounds = [0]
+            for ch in self.chains:
+                bounds.append(bounds[-1] + ch.bright.vals.size)
+            self._jit.segment_sums(np.concatenate([ch.bright.vals for ch in self.chains]),
+                                   np.array(bounds, dtype=np.int64), current)
+        else:
+            for c, ch in enumerate(self.chains):
+                current[c] = ch.bright.vals.sum()
 
     def _regular_points(self, requests: list[Request | None], current: np.ndarray,
                         current_grad: np.ndarray | None, points: np.ndarray,
@@ -703,7 +712,8 @@ class Shard:
         any_grad = any(r is not None and r.grad for r in requests)
         any_cgrad = any(r is not None and r.current_grad for r in requests)
         current = np.empty(C)
-        points = np.full((C, kmax), np.nan)
+        points = np.empty((C, kmax))
+        points.fill(np.nan)
         points_grad = np.zeros((C, kmax, P)) if any_grad else None
         current_grad = np.zeros((C, P)) if any_cgrad else None
         n_bright = np.zeros(C, dtype=np.int64)
