@@ -118,6 +118,13 @@ def _all_remote(workers: dict[str, dict], used: list[str]) -> bool:
     return bool(hosts) and all(h is not None and h not in local for h in hosts)
 
 
+def _channel_host(worker: str) -> str:
+    """The interface a worker's round channel listens on: the host of its address."""
+    from distributed.comm.addressing import get_address_host
+
+    return get_address_host(worker)
+
+
 class DaskTransport:
     """Shard hosts as Dask actors, one per worker.
 
@@ -198,22 +205,18 @@ class DaskTransport:
 
     def _open_channel(self, worker: str) -> None:
         """Connect the round channel to the host on ``worker``."""
-        from distributed.comm.addressing import get_address_host
-
-        ok, bad = self._fanout({worker: ("open_channel", (get_address_host(worker),), {})})
+        ok, bad = self._fanout({worker: ("open_channel", (_channel_host(worker),), {})})
         self.round_trips -= 1  # set-up, not a protocol round trip
-        if bad:
-            raise ShardLost(f"worker {worker} failed to open the round channel: "
-                            f"{bad[worker]!r}")
-        address, token = ok[worker]
         try:
+            if bad:  # e.g. the worker's contact address is not one it can listen on
+                raise OSError(f"the host could not open it: {bad[worker]!r}")
+            address, token = ok[worker]
             self._chan.connect(worker, address, token, timeout=min(self.timeout, 10.0))
         except OSError as e:
             if self._channel_mode == "socket":
-                raise ShardLost(f"cannot reach the round channel of {worker} at "
-                                f"{address}: {e!r}") from e
-            log.warning("cannot reach the round channel of %s at %s (%r): rounds go "
-                        "through Dask's RPC instead", worker, address, e)
+                raise ShardLost(f"cannot reach the round channel of {worker}: {e!r}") from e
+            log.warning("cannot reach the round channel of %s (%r): rounds go through "
+                        "Dask's RPC instead", worker, e)
             self._chan.close()
             self._chan = None
 

@@ -137,6 +137,19 @@ def test_unreachable_channel_falls_back_to_dask(store, local_client, monkeypatch
         _run(path, local_client, num_warmup=5, num_samples=5, channel="socket")
 
 
+def test_host_that_cannot_listen_falls_back_to_dask(store, local_client, monkeypatch):
+    """The host's side refuses (its contact address is not one it can listen on, say):
+    the same fallback. The refusal is made in the driver's process by handing the host
+    an address no machine has (TEST-NET-1), so the worker's bind fails for real."""
+    import flymc_dist.cluster as cluster_mod
+
+    monkeypatch.setattr(cluster_mod, "_channel_host", lambda worker: "192.0.2.1")
+    res = _run(store[0], local_client, num_warmup=10, num_samples=10)
+    assert res.info["channel"] == "dask"
+    with pytest.raises(Exception, match="cannot reach the round channel"):
+        _run(store[0], local_client, num_warmup=5, num_samples=5, channel="socket")
+
+
 def test_tls_cluster_keeps_rounds_on_dask(store):
     """On a TLS cluster (temporary self-signed credentials) the rounds stay on Dask's
     encrypted, authenticated RPC with channel="auto"; the draws are the same."""
