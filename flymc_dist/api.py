@@ -355,6 +355,17 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
     snap = _timing_snapshot(driver, transport) if num_warmup <= start else None
     t0 = time.perf_counter()
     t_warm_end = t0 if num_warmup <= start else None
+    # wall seconds of warm-up and of sampling, over every segment of a resumed run (kept
+    # in the trace's checkpoint, so that `flymc summary` can report seconds per iteration)
+    before = dict((trace.checkpoint or {}).get("seconds", {})) if start else {}
+
+    def seconds_so_far() -> dict[str, float]:
+        now = time.perf_counter()
+        end_w = t_warm_end if t_warm_end is not None else now
+        return {"warmup": float(before.get("warmup", 0.0)) + end_w - t0,
+                "sampling": float(before.get("sampling", 0.0))
+                + (now - t_warm_end if t_warm_end is not None else 0.0)}
+
     try:
         for i, warm, pos, st in driver.iterations(num_warmup, num_samples, start=start):
             if warm:
@@ -375,7 +386,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
                 if len(buf) >= checkpoint_every or i == total - 1 or (
                         warm and i == num_warmup - 1):
                     _flush(trace, buf, shape)
-                    trace.set_checkpoint(driver.checkpoint(i))
+                    trace.set_checkpoint({**driver.checkpoint(i), "seconds": seconds_so_far()})
                     buf = []
     finally:
         progress.close()

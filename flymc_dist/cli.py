@@ -710,9 +710,13 @@ def _trace_efficiency(trace: Any) -> dict[str, float]:
     bright = np.asarray(st.get("n_bright", np.full((C, S), np.nan)), float)
     mean_ess = float(np.nanmean(ess))
     total_q = float(np.nansum(q))
+    # wall seconds of the post-warm-up iterations, recorded with the checkpoint
+    secs = (trace.checkpoint or {}).get("seconds", {}).get("sampling")
+    per_it = float(secs) / S if secs and S else float("nan")
     return {
         "queries_per_iteration": float(np.nanmean(q)),
-        "seconds_per_iteration": float("nan"),
+        "seconds_per_iteration": per_it,
+        "ess_per_second": mean_ess / (per_it * S) if per_it > 0 else float("nan"),
         "bright_fraction": float(bright.mean() / n_rows) if n_rows else float("nan"),
         "acceptance": float(np.mean(st["accepted"])) if "accepted" in st else float("nan"),
         "round_trips_per_iteration": (float(np.mean(st["round_trips"]))

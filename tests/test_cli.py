@@ -195,6 +195,12 @@ def test_run_then_summary(store: Path, tmp_path: Path,
     code, out2, err = run_cli(["summary", trace], capsys)
     assert code == 0, err
     assert "flymc" in out2 and "ess_bulk" in out2 and "bright fraction" in out2
+    # wall time is kept with the checkpoint: seconds per iteration and ESS per second
+    secs = t.checkpoint["seconds"]
+    assert secs["warmup"] > 0 and secs["sampling"] > 0
+    line = next(x for x in out2.splitlines() if x.startswith("seconds per iteration"))
+    assert float(line.split()[-1]) == pytest.approx(secs["sampling"] / 40, rel=1e-3)
+    assert "ESS per second" in out2
     # the table printed by summary is the one printed by run
     table = [line for line in out.splitlines() if line.startswith("x1 ")]
     assert table and table[0] in out2
@@ -258,12 +264,16 @@ def test_resume_after_interrupt_continues_exactly(store: Path, tmp_path: Path,
     part = Trace.open(trace, read_only=True)
     assert part.checkpoint is not None and part.checkpoint["iteration"] == 29
     assert part.n_draws == 10
+    first = part.checkpoint["seconds"]
 
     code, out, err = run_cli(run_args(store, trace, *extra, "--resume"), capsys)
     assert code == 0, err
     done, full = Trace.open(trace, read_only=True), Trace.open(ref, read_only=True)
     assert done.samples.shape == full.samples.shape == (2, 40, FEATURES)
     np.testing.assert_allclose(done.samples, full.samples, rtol=0, atol=1e-12)
+    # the resumed segment's seconds are added to the first one's
+    assert done.checkpoint["seconds"]["warmup"] == pytest.approx(first["warmup"])
+    assert done.checkpoint["seconds"]["sampling"] > first["sampling"]
 
 
 def test_resume_and_overwrite_rules(store: Path, tmp_path: Path,
