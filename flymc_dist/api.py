@@ -136,6 +136,10 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
               num_samples: int, chains: int, options: dict[str, Any]) -> None:
     if not isinstance(model, Model):
         raise TypeError(f"model must be a flymc_dist model, not {type(model).__name__}")
+    if getattr(model, "task", None) == "multiclass" and getattr(model, "prior", None) == "flat":
+        raise ValueError("softmax regression with prior='flat' has an improper posterior "
+                         "(adding one vector to every class's weights leaves the likelihood "
+                         "unchanged): use prior='normal' or 'laplace'")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, not {algorithm!r}")
     if bounds not in BOUNDS:

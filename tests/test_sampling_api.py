@@ -340,3 +340,19 @@ def test_timing_breakdown_adds_up():
     assert host["rounds"] == 40
     assert 0 < host["round_wall"] <= t["round_trip"] * 1.0001
     assert host["speculate_wall"] == 0.0  # in-process: no speculation by default
+
+
+def test_softmax_flat_prior_is_refused_before_anything_runs(tmp_path):
+    """Softmax weights are identified only up to one vector added to every class: with a
+    flat prior the posterior is improper, so sampling it is refused (nothing written)."""
+    rng = np.random.default_rng(0)
+    X = np.column_stack([np.ones(60), rng.normal(size=60)])
+    y = rng.integers(0, 3, size=60).astype(float)
+    trace = tmp_path / "t.zarr"
+    with pytest.raises(ValueError, match="improper posterior"):
+        fd.sample(fd.SoftmaxRegression(3, prior="flat"), (X, y), client="synchronous",
+                  num_warmup=5, num_samples=5, chains=1, progress=False, trace=str(trace))
+    assert not trace.exists()
+    res = fd.sample(fd.SoftmaxRegression(3, prior="normal"), (X, y), client="synchronous",
+                    num_warmup=5, num_samples=5, chains=1, progress=False)
+    assert res.samples.shape == (1, 5, 3, 2)
