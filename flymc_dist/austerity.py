@@ -50,9 +50,16 @@ other algorithms); ``test_rounds`` (rounds this chain took part in); ``log_joint
 
 Cost and limits: a shard keeps one byte per row per chain (the used-rows mask, allocated
 on first use) plus one int64 scratch array per run. ``info["setup_queries"]`` counts the
-full passes of the MAP search (``N`` per pass). There is no fault recovery: a lost worker
-ends the run with :class:`~flymc_dist.cluster.ShardLost` (the FlyMC/regular protocol's
-replay does not apply to these add-on calls).
+full passes of the MAP search (``N`` per pass).
+
+Faults: when a worker is lost during a test round, its shards are reopened on live
+workers and the decision in progress starts over as a new one (every row unseen again).
+The moment of a fault does not depend on the data, so the restarted test is distributed
+as a fresh one and the sampler is unchanged; the draws differ from a run without the
+fault (the selection streams move on). Recoveries are listed in
+``info["recoveries"]``, the restarted decisions counted in
+``info["restarted_decisions"]`` and the queries of their abandoned attempts in
+``info["restarted_queries"]``.
 
 Kernels: only RWMH. A MALA proposal needs the full-data gradient (a minibatch
 gradient would make ``q(θ′|θ)`` itself random and the ratio wrong); slice sampling
@@ -374,6 +381,10 @@ class SequentialTester:
         self.rngs = [stream(self.seed, ROLE_AUSTERITY, _SUB_SELECT, c) for c in range(self.slots)]
         self.run = uuid.uuid4().int & ((1 << 62) - 1)
         self.decision = 0
+        #: decisions started over after a lost worker's shards were recreated
+        self.restarts = 0
+        #: rows evaluated by decisions that were started over (their queries: twice that)
+        self.restarted_rows = 0
 
     def decide(self, thetas: np.ndarray, proposals: np.ndarray,
                mu0: np.ndarray) -> Decisions:
@@ -396,8 +407,29 @@ class SequentialTester:
         mu0 = np.asarray(mu0, float).reshape(S)
         if np.isnan(mu0).any():
             raise FloatingPointError("the MH threshold mu0 is NaN (log prior or log u)")
-        key = self.decision
-        self.decision += 1
+        from flymc_dist.cluster import ShardLost
+
+        for _attempt in range(5):
+            key = self.decision
+            self.decision += 1
+            try:
+                return self._decide(thetas, proposals, mu0, key)
+            except ShardLost as lost:
+                if not lost.workers or not hasattr(self.transport, "recover"):
+                    raise
+                # The lost shards are reopened on live workers and the test starts over
+                # as a new decision (every shard's rows unseen again). When a worker dies
+                # does not depend on the data, so a restarted test is distributed as a
+                # fresh one: the sampler stays what it was.
+                self.transport.recover(lost.workers)
+                self.restarts += 1
+                self.restarted_rows += int(getattr(lost, "rows_used", 0))
+        raise ShardLost("giving up after 5 recoveries in one decision")
+
+    def _decide(self, thetas: np.ndarray, proposals: np.ndarray, mu0: np.ndarray,
+                key: int) -> Decisions:
+        """:meth:`decide` as decision number ``key``."""
+        S = self.slots
         N, B = self.N, self.batch_size
         unseen = np.tile(self.sizes, (S, 1))
         n = np.zeros(S, dtype=np.int64)
@@ -430,7 +462,11 @@ class SequentialTester:
                 calls[int(self.shard_ids[j])] = (shard_batch, self.run, keys[sl_a], sl_a,
                                                  thetas[sl_a], proposals[sl_a],
                                                  np.array(ct, dtype=np.int64), self.record_rows)
-            replies = self.transport.call_some("apply", calls)
+            try:
+                replies = self.transport.call_some("apply", calls)
+            except Exception as e:  # a lost worker: say how many rows this attempt used
+                e.rows_used = int(n.sum())
+                raise
             trips += 1
             rounds[active] += 1
             if rows_log is not None:
@@ -677,6 +713,8 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
         info["warmup_seconds"] = (t_warm - t0) if t_warm is not None else 0.0
         info["total_round_trips"] = int(transport.round_trips)
         info["recoveries"] = list(getattr(transport, "recoveries", []))
+        info["restarted_decisions"] = int(tester.restarts)
+        info["restarted_queries"] = 2 * int(tester.restarted_rows)
         info["kernel_params"] = [{"step_size": float(p.step_size),
                                   "scale_tril": np.asarray(p.scale_tril).tolist()}
                                  for p in params]

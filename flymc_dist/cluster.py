@@ -46,7 +46,11 @@ log = logging.getLogger("flymc_dist")
 
 
 class ShardLost(RuntimeError):
-    """A host (worker) stopped answering."""
+    """A host (worker) stopped answering; ``workers`` are the lost ones, when known."""
+
+    def __init__(self, message: str, workers: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.workers = list(workers or [])
 
 
 #: calls run inline on the worker's event loop with raw ``bytes`` arguments: the per-iteration
@@ -315,7 +319,8 @@ class DaskTransport:
                 calls[w] = ("call_each", (method, mine), {})
         ok, bad = self._fanout(calls)
         if bad:
-            raise ShardLost(f"workers {self._lost(bad)} were lost during {method!r}")
+            lost = self._lost(bad)
+            raise ShardLost(f"workers {lost} were lost during {method!r}", lost)
         merged: dict[int, Any] = {}
         for r in ok.values():
             merged.update(r)
@@ -342,7 +347,16 @@ class DaskTransport:
             self._recover(self._lost(bad), positions)
         raise ShardLost("giving up after 5 recoveries in one round")
 
-    def _recover(self, lost: list[str], positions: np.ndarray) -> None:
+    def recover(self, lost: list[str]) -> None:
+        """Recreate the shards of the ``lost`` workers on live ones, without positions.
+
+        For samplers that keep no per-chain state on the shards between calls
+        (austerity): the shards are reopened from the store and the set-up calls
+        replayed; nothing is redrawn.
+        """
+        self._recover(lost, None)
+
+    def _recover(self, lost: list[str], positions: np.ndarray | None) -> None:
         t0 = time.perf_counter()
         orphans = [s for w in lost for s in self.placement.pop(w)]
         for w in lost:
@@ -376,12 +390,15 @@ class DaskTransport:
                                    for w, ids in placed.items()})
             if bad:
                 raise ShardLost(f"recovery failed replaying {method!r}: {bad!r}")
-        ok, bad = self._fanout({w: ("call_each", ("set_positions",
-                                                  {i: (positions, self.generation) for i in ids}),
-                                    {}) for w, ids in placed.items()})
-        if bad:
-            raise ShardLost(f"recovery failed: {bad!r}")
-        queries = int(sum(sum(r.values()) for r in ok.values()))
+        queries = 0
+        if positions is not None:
+            ok, bad = self._fanout({w: ("call_each", ("set_positions",
+                                                      {i: (positions, self.generation)
+                                                       for i in ids}),
+                                        {}) for w, ids in placed.items()})
+            if bad:
+                raise ShardLost(f"recovery failed: {bad!r}")
+            queries = int(sum(sum(r.values()) for r in ok.values()))
         event = {"lost_workers": lost, "shards": [s.shard_id for s in orphans],
                  "generation": self.generation, "queries": queries,
                  "seconds": time.perf_counter() - t0, "time": time.time()}

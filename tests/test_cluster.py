@@ -302,3 +302,49 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path):
         ess = ess_mean(x)
         assert abs(x.mean() - mean[j]) / (x.std() / np.sqrt(ess)) < 3.5
     assert Trace.open(trace).n_draws == 2000
+
+
+def test_worker_killed_mid_austerity_run(store, process_cluster, tmp_path):
+    """Austerity: SIGKILL a worker mid-run; its shards are reopened on the live worker,
+    the decision in progress starts over, and the run completes with all its draws."""
+    from distributed import Client
+
+    from flymc_dist.trace import Trace
+
+    path, X, y = store
+    trace = str(tmp_path / "aus.zarr")
+    killed: dict[str, object] = {}
+    with Client(process_cluster["address"], direct_to_workers=True) as client:
+        pids = client.run(os.getpid)
+
+        def enough_draws() -> bool:
+            try:
+                return Trace.open(trace).n_draws >= 10
+            except (FileNotFoundError, ValueError, KeyError):
+                return False
+
+        def killer() -> None:
+            try:
+                _wait_for(enough_draws, 120, "draws in the trace")
+            except Exception as err:  # noqa: BLE001 - reported through `killed`
+                killed["error"] = err
+                return
+            victim = sorted(pids)[-1]
+            os.kill(pids[victim], signal.SIGKILL)
+            killed["worker"] = victim
+
+        th = threading.Thread(target=killer, daemon=True)
+        th.start()
+        res = _run(path, client, algorithm="austerity", eps=0.05, batch_size=150,
+                   num_warmup=30, num_samples=300, chains=2, trace=trace,
+                   checkpoint_every=5, timeout=10)
+        th.join(timeout=5)
+    assert "worker" in killed, killed
+    assert res.samples.shape == (2, 300, 2) and np.all(np.isfinite(res.samples))
+    rec = res.info["recoveries"]
+    assert len(rec) >= 1 and rec[0]["lost_workers"] == [killed["worker"]]
+    assert res.info["restarted_decisions"] >= 1 and res.info["restarted_queries"] >= 0
+    assert Trace.open(trace).n_draws == 300
+    # approximate, but not far off: within half a posterior sd of the exact mean
+    mean, sd = _grid_reference(X, y, prior_sd=2.0)
+    assert np.all(np.abs(res.samples.reshape(-1, 2).mean(axis=0) - mean) < 0.5 * sd)
