@@ -198,6 +198,7 @@ class Shard:
         self._reply: dict[str, np.ndarray] | None = None
         self._spec: dict[int, _Spec] = {}  # chain -> its pending speculative z-update
         self._spec_pending = False  # speculate() has work to do
+        self._typed: tuple | None = None  # (key, XC list, masks list): see _lists
 
     # ------------------------------------------------------------------ set-up
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
@@ -359,7 +360,9 @@ class Shard:
         vals = np.empty(rows.size)
         sums = np.empty(seg.size - 1)
         kind, par = self._kernel
-        self._jit.eval_rows(self._XC, self.X.shape[1], rows, seg, thetas, kind, par, vals, sums)
+        XCs, _ = self._lists()
+        self._jit.eval_rows(XCs, self.X.shape[1], rows, seg, np.zeros(seg.size - 1, np.int64),
+                            thetas, kind, par, vals, sums)
         return vals, sums
 
     def _fused_eval(self, segments: list[tuple[np.ndarray, np.ndarray]]
@@ -464,98 +467,18 @@ class Shard:
 
     def _update_z_fused(self, sel: list[int] | None = None, record: bool = False
                         ) -> np.ndarray:
-        """The implicit z-update of every chain in ``sel`` (default: all) at once.
+        """The implicit z-update of every chain in ``sel`` (default: all) at once: see
+        :func:`fused_z_update`. Returns the likelihood queries of each chain in ``sel``."""
+        sel = range(len(self.chains)) if sel is None else sel
+        return fused_z_update([(self, c) for c in sel], record)
 
-        The same moves as :func:`~flymc_dist.brightness.implicit_update` chain by chain
-        (bright→dark accepted with ``min(1, q/L~)``, each dark row proposed with
-        probability q and accepted with ``min(1, L~/q)``, by :func:`brighten`), in three
-        compiled passes over all chains (:mod:`flymc_dist._compiled`): proposals,
-        their ``log L~``, and the update of the bright sets and masks. Each chain draws
-        from its own stream — its darkening uniforms, then ``2K`` uniforms for its
-        proposal gaps and their acceptance — so the draws do not depend on which chains
-        are updated together.
-
-        With ``record``, what is needed to undo each chain's update is kept in
-        ``self._spec`` (see :meth:`speculate`).
-
-        Returns
-        -------
-        numpy.ndarray
-            Likelihood queries of each chain in ``sel``.
-        """
-        sel = list(range(len(self.chains))) if sel is None else list(sel)
-        C, n, q = len(sel), self.n, self.q_db
-        if C == 0:
-            return np.zeros(0, dtype=np.int64)
-        jit = self._jit
-        chains = [self.chains[c] for c in sel]
-        brights = [ch.bright for ch in chains]
-        states = [ch.rng.bit_generator.state for ch in chains] if record else None
-        bounds = [0]
-        for b in brights:
-            bounds.append(bounds[-1] + b.idx.size)
-        b_seg = np.array(bounds, dtype=np.int64)
-        b_idx = np.concatenate([b.idx for b in brights])
-        b_vals = np.concatenate([b.vals for b in brights])
-        K = proposal_slots(n, q)
-        u_dark = np.empty(bounds[-1])
-        u_prop = np.empty((C, 2 * K))
-        thetas = np.empty((C, self.n_params))
-        for i, ch in enumerate(chains):
-            ch.rng.random(out=u_dark[bounds[i]:bounds[i + 1]])
-            ch.rng.random(out=u_prop[i])
-            thetas[i] = ch.theta
-        # dark -> bright proposals: rows at the partial sums of Geometric(q) gaps, the
-        # bright ones skipped
-        rows_of = np.array(sel, dtype=np.int64)
-        cand = np.empty(C * K, dtype=np.int64)
-        log_u = np.empty(C * K)
-        cand_seg = np.empty(C + 1, dtype=np.int64)
-        last = np.empty(C, dtype=np.int64)
-        short = jit.propose(u_prop, K, math.log1p(-q) if q < 1.0 else -math.inf, n,
-                            self._masks, rows_of, cand, log_u, cand_seg, last)
-        m = int(cand_seg[C])
-        cand, log_u = cand[:m], log_u[:m]
-        if short:  # a chain's K gaps did not reach the last row (rare)
-            cand, log_u = self._refill(sel, last, cand, log_u, cand_seg)
-        counts = cand_seg[1:] - cand_seg[:-1]
-        vals, _ = self._fused_values(cand, thetas, cand_seg)
-        acc = brighten(log_u, vals, q)
-        new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
-        new_vals = np.empty(new_idx.size)
-        new_seg = np.empty(C + 1, dtype=np.int64)
-        gone = np.empty(b_idx.size, dtype=np.int64)
-        gone_seg = np.empty(C + 1, dtype=np.int64)
-        added = np.empty(C, dtype=np.int64)
-        jit.apply(self._masks, rows_of, b_idx, b_vals, b_seg, u_dark, math.log(q), cand,
-                  cand_seg, vals, acc, new_idx, new_vals, new_seg, gone, gone_seg, added)
-        new_bounds = new_seg.tolist()
-        for i, b in enumerate(brights):
-            lo, hi = new_bounds[i], new_bounds[i + 1]
-            if record:
-                self._spec[sel[i]] = _Spec(states[i], b.idx, b.vals,
-                                           gone[gone_seg[i]:gone_seg[i + 1]],
-                                           new_idx[hi - added[i]:hi], int(counts[i]))
-            b.idx, b.vals = new_idx[lo:hi], new_vals[lo:hi]
-        return counts
-
-    def _refill(self, sel: list[int], last: np.ndarray, cand: np.ndarray, log_u: np.ndarray,
-                cand_seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Append to each chain whose gaps fell short (``last[i] >= 0``) its further dark
-        proposals (:meth:`_more_proposals`), keeping candidates chain after chain;
-        ``cand_seg`` is updated in place."""
-        bounds = cand_seg.tolist()
-        rows, logs = [], []
-        for i, c in enumerate(sel):
-            r_i, l_i = cand[bounds[i]:bounds[i + 1]], log_u[bounds[i]:bounds[i + 1]]
-            if last[i] >= 0:
-                r, lu = self._more_proposals(c, int(last[i]))
-                dark = ~self._masks[c, r]
-                r_i, l_i = np.concatenate([r_i, r[dark]]), np.concatenate([l_i, lu[dark]])
-            rows.append(r_i)
-            logs.append(l_i)
-            cand_seg[i + 1] = cand_seg[i] + r_i.size
-        return np.concatenate(rows), np.concatenate(logs)
+    def _lists(self) -> tuple[Any, Any]:
+        """This shard's buffer and masks as one-element typed lists (the kernels' form)."""
+        key = (id(self._XC), id(self._masks))
+        if self._typed is None or self._typed[0] != key:
+            self._typed = (key, self._jit.typed_list([self._XC]),
+                           self._jit.typed_list([self._masks]))
+        return self._typed[1], self._typed[2]
 
     # ------------------------------------------------------------ speculation
     def speculate(self) -> None:
@@ -774,6 +697,130 @@ class Shard:
         return self.chains[chain].bright.mask.copy()
 
 
+def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
+                   lists: tuple[list[Shard], Any, Any] | None = None) -> np.ndarray:
+    """The implicit z-update of every (shard, chain) pair in ``pairs`` at once.
+
+    The same moves as :func:`~flymc_dist.brightness.implicit_update` pair by pair
+    (bright→dark accepted with ``min(1, q/L~)``, each dark row proposed with
+    probability q and accepted with ``min(1, L~/q)``, by :func:`brighten`), in three
+    compiled passes over all pairs (:mod:`flymc_dist._compiled`): proposals, their
+    ``log L~``, and the update of the bright sets and masks. Each pair draws from its
+    chain's stream on its shard — its darkening uniforms, then ``2K`` uniforms for its
+    proposal gaps and their acceptance — so the draws do not depend on which pairs are
+    updated together: one shard's chains (:meth:`Shard._update_z_fused`) or every
+    shard of a host (:meth:`ShardHost.round`). The shards must share their model,
+    features and ``q``.
+
+    With ``record``, what is needed to undo each pair's update is kept in its shard's
+    ``_spec`` (see :meth:`Shard.speculate`). ``lists``: the pairs' shards, in the order
+    the pairs first name them, with their buffers and masks as typed lists (built here
+    when not given; building them costs more than the update itself).
+
+    Returns
+    -------
+    numpy.ndarray
+        Likelihood queries of each pair.
+    """
+    P = len(pairs)
+    if P == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = pairs[0][0]
+    jit, q = first._jit, first.q_db
+    shards: list[Shard] = []
+    where: dict[int, int] = {}
+    for sh, _ in pairs:
+        if id(sh) not in where:
+            if sh.q_db != q:
+                raise ValueError("a fused z-update needs one q_db for all its shards")
+            where[id(sh)] = len(shards)
+            shards.append(sh)
+    if lists is not None and [id(sh) for sh in lists[0]] == [id(sh) for sh in shards]:
+        XCs, masks = lists[1], lists[2]
+    elif len(shards) == 1:
+        XCs, masks = first._lists()
+    else:
+        XCs = jit.typed_list([sh._XC for sh in shards])
+        masks = jit.typed_list([sh._masks for sh in shards])
+    chains = [sh.chains[c] for sh, c in pairs]
+    brights = [ch.bright for ch in chains]
+    states = [ch.rng.bit_generator.state for ch in chains] if record else None
+    bounds = [0]
+    for b in brights:
+        bounds.append(bounds[-1] + b.idx.size)
+    b_seg = np.array(bounds, dtype=np.int64)
+    b_idx = np.concatenate([b.idx for b in brights])
+    b_vals = np.concatenate([b.vals for b in brights])
+    ns = [sh.n for sh, _ in pairs]
+    Ks = [proposal_slots(n, q) for n in ns]
+    pair_n = np.array(ns, dtype=np.int64)
+    pair_K = np.array(Ks, dtype=np.int64)
+    pair_shard = np.array([where[id(sh)] for sh, _ in pairs], dtype=np.int64)
+    pair_chain = np.array([c for _, c in pairs], dtype=np.int64)
+    u_dark = np.empty(bounds[-1])
+    u_prop = np.empty((P, 2 * max(Ks)))
+    thetas = np.empty((P, first.n_params))
+    for i, ch in enumerate(chains):
+        ch.rng.random(out=u_dark[bounds[i]:bounds[i + 1]])
+        ch.rng.random(out=u_prop[i, :2 * Ks[i]])
+        thetas[i] = ch.theta
+    # dark -> bright proposals: rows at the partial sums of Geometric(q) gaps, the
+    # bright ones skipped
+    cap = sum(Ks)
+    cand = np.empty(cap, dtype=np.int64)
+    log_u = np.empty(cap)
+    cand_seg = np.empty(P + 1, dtype=np.int64)
+    last = np.empty(P, dtype=np.int64)
+    short = jit.propose(u_prop, pair_K, math.log1p(-q) if q < 1.0 else -math.inf, pair_n,
+                        masks, pair_shard, pair_chain, cand, log_u, cand_seg, last)
+    m = int(cand_seg[P])
+    cand, log_u = cand[:m], log_u[:m]
+    if short:  # a pair's K gaps did not reach its last row (rare)
+        cand, log_u = _refill(pairs, last, cand, log_u, cand_seg)
+    counts = cand_seg[1:] - cand_seg[:-1]
+    vals = np.empty(cand.size)
+    kind, par = first._kernel
+    jit.eval_rows(XCs, first.X.shape[1], cand, cand_seg, pair_shard, thetas, kind, par,
+                  vals, np.empty(P))
+    acc = brighten(log_u, vals, q)
+    new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
+    new_vals = np.empty(new_idx.size)
+    new_seg = np.empty(P + 1, dtype=np.int64)
+    gone = np.empty(b_idx.size, dtype=np.int64)
+    gone_seg = np.empty(P + 1, dtype=np.int64)
+    added = np.empty(P, dtype=np.int64)
+    jit.apply(masks, pair_shard, pair_chain, b_idx, b_vals, b_seg, u_dark, math.log(q), cand,
+              cand_seg, vals, acc, new_idx, new_vals, new_seg, gone, gone_seg, added)
+    new_bounds = new_seg.tolist()
+    for i, b in enumerate(brights):
+        lo, hi = new_bounds[i], new_bounds[i + 1]
+        if record:
+            sh, c = pairs[i]
+            sh._spec[c] = _Spec(states[i], b.idx, b.vals, gone[gone_seg[i]:gone_seg[i + 1]],
+                                new_idx[hi - added[i]:hi], int(counts[i]))
+        b.idx, b.vals = new_idx[lo:hi], new_vals[lo:hi]
+    return counts
+
+
+def _refill(pairs: list[tuple[Shard, int]], last: np.ndarray, cand: np.ndarray,
+            log_u: np.ndarray, cand_seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Append to each pair whose gaps fell short (``last[i] >= 0``) its further dark
+    proposals (:meth:`Shard._more_proposals`), keeping candidates pair after pair;
+    ``cand_seg`` is updated in place."""
+    bounds = cand_seg.tolist()
+    rows, logs = [], []
+    for i, (sh, c) in enumerate(pairs):
+        r_i, l_i = cand[bounds[i]:bounds[i + 1]], log_u[bounds[i]:bounds[i + 1]]
+        if last[i] >= 0:
+            r, lu = sh._more_proposals(c, int(last[i]))
+            dark = ~sh._masks[c, r]
+            r_i, l_i = np.concatenate([r_i, r[dark]]), np.concatenate([l_i, lu[dark]])
+        rows.append(r_i)
+        logs.append(l_i)
+        cand_seg[i + 1] = cand_seg[i] + r_i.size
+    return np.concatenate(rows), np.concatenate(logs)
+
+
 def pack_arrays(meta: Any, arrays: list[np.ndarray]) -> bytes:
     """``meta`` (small plain Python data) and ``arrays`` as one buffer.
 
@@ -852,6 +899,7 @@ class ShardHost:
         self._locks: dict[int, threading.Lock] = {}
         #: wall and CPU seconds spent in rounds (and in speculation, after replies)
         self._channel: Any = None  # a ChannelServer once open_channel is called
+        self._typed: tuple | None = None  # the shards' typed lists: see _round_fused
         self._busy = {"rounds": 0, "round_wall": 0.0, "round_cpu": 0.0,
                       "speculate_wall": 0.0, "speculate_cpu": 0.0}
         self.add_shards(specs, data)
@@ -889,12 +937,105 @@ class ShardHost:
               speculate: bool = False) -> dict[int, dict[str, np.ndarray]]:
         """:meth:`Shard.round` on every shard here."""
         w, c = time.perf_counter(), time.thread_time()
-        out = {i: self._on(i, "round", seq, commits, update_z, requests, speculate)
-               for i in self.shards}
+        out = self._round_fused(seq, commits, update_z, requests, speculate)
+        if out is None:
+            out = {i: self._on(i, "round", seq, commits, update_z, requests, speculate)
+                   for i in self.shards}
         b = self._busy
         b["rounds"] += 1
         b["round_wall"] += time.perf_counter() - w
         b["round_cpu"] += time.thread_time() - c
+        return out
+
+    def _round_fused(self, seq: Any, commits: np.ndarray, update_z: bool,
+                     requests: list[Request | None], speculate: bool
+                     ) -> dict[int, dict[str, np.ndarray]] | None:
+        """:meth:`Shard.round` on every shard here in one pass, or None where it does not
+        apply (then the shards run one by one).
+
+        With several shards per host, a round's fixed cost (tens of small array
+        operations per shard) would grow with the shards; here the z-updates of all
+        (shard, chain) pairs run as one :func:`fused_z_update` and the bright sums at
+        the requested points as one compiled pass. It applies to FlyMC rounds with the
+        compiled z-update and one gradient-free point per chain (RWMH's rounds), without
+        speculation or a replayed round. Every shard's reply is the one its own
+        :meth:`Shard.round` would give, bit for bit: the same draws from the same
+        streams, and every sum taken over the same values in the same order.
+        """
+        shards = [self.shards[i] for i in sorted(self.shards)]
+        if len(shards) < 2 or speculate or not all(
+                sh.fused_z and sh.chains and not sh._spec and (seq is None or sh._seq != seq)
+                for sh in shards):
+            return None
+        if not all(r is not None and r.points.shape[0] == 1 and not r.grad
+                   and not r.current_grad for r in requests):
+            return None
+        C = len(requests)
+        ids = sorted(self.shards)
+        locks = [self._locks[i] for i in ids]
+        for lk in locks:
+            lk.acquire()
+        try:
+            with np.errstate(over="ignore", divide="ignore"):
+                return self._round_fused_locked(shards, ids, seq, commits, update_z,
+                                                requests, C)
+        finally:
+            for lk in reversed(locks):
+                lk.release()
+
+    def _round_fused_locked(self, shards: list[Shard], ids: list[int], seq: Any,
+                            commits: np.ndarray, update_z: bool,
+                            requests: list[Request], C: int
+                            ) -> dict[int, dict[str, np.ndarray]]:
+        jit = shards[0]._jit
+        key = tuple((id(sh), id(sh._XC), id(sh._masks)) for sh in shards)
+        if self._typed is None or self._typed[0] != key:  # (re)built when shards change
+            self._typed = (key, (shards, jit.typed_list([sh._XC for sh in shards]),
+                                 jit.typed_list([sh._masks for sh in shards])))
+        lists = self._typed[1]
+        js = [int(j) for j in commits]
+        for sh in shards:
+            sh._spec_pending = False
+            for c, ch in enumerate(sh.chains):
+                if js[c] >= 0 and ch.last_points is not None:
+                    sh._commit(ch, js[c])
+        pairs = [(sh, c) for sh in shards for c in range(C)]
+        queries = (fused_z_update(pairs, lists=lists) if update_z
+                   else np.zeros(len(pairs), dtype=np.int64))
+        # the bright sums at each chain's point and at its current θ, pair by pair
+        brights = [sh.chains[c].bright for sh, c in pairs]
+        sizes = [b.idx.size for b in brights]
+        bounds = [0]
+        for m in sizes:
+            bounds.append(bounds[-1] + m)
+        seg = np.array(bounds, dtype=np.int64)
+        rows = np.concatenate([b.idx for b in brights])
+        thetas = np.concatenate([requests[c].points for _, c in pairs])
+        kind, par = shards[0]._kernel
+        XCs = lists[1]
+        vals = np.empty(rows.size)
+        sums = np.empty(len(pairs))
+        jit.eval_rows(XCs, shards[0].X.shape[1], rows, seg,
+                      np.repeat(np.arange(len(shards), dtype=np.int64), C), thetas, kind, par,
+                      vals, sums)
+        current = np.empty(len(pairs))
+        jit.segment_sums(np.concatenate([b.vals for b in brights]), seg, current)
+        out = {}
+        for s_i, (sid, sh) in enumerate(zip(ids, shards, strict=True)):
+            lo = s_i * C
+            for c, ch in enumerate(sh.chains):
+                p = lo + c
+                ch.last_points = requests[c].points
+                ch.last_vals = vals[bounds[p]:bounds[p + 1]].reshape(1, sizes[p])
+                ch.last_dvals = None
+            q_s = queries[lo:lo + C] + np.array(sizes[lo:lo + C], dtype=np.int64)
+            points = sums[lo:lo + C].reshape(C, 1).copy()
+            reply = {"current": current[lo:lo + C].copy(), "points": points,
+                     "n_bright": np.array(sizes[lo:lo + C], dtype=np.int64),
+                     "queries": q_s, "wasted": np.zeros(C, dtype=np.int64)}
+            sh.total_queries += int(q_s.sum())
+            sh._seq, sh._reply = seq, reply
+            out[sid] = reply
         return out
 
     def speculate(self) -> None:

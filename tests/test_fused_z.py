@@ -355,8 +355,9 @@ def _assert_compiled_matches(model, eta: np.ndarray, consts: np.ndarray, ref: np
     n = eta.size
     XC = np.column_stack([eta, consts])  # one feature, theta = 1: eta exactly
     out, sums = np.empty(n), np.empty(1)
-    _compiled.eval_rows(XC, 1, np.arange(n), np.array([0, n]), np.ones((1, 1)),
-                        _compiled.KINDS[kind], np.asarray(par, float), out, sums)
+    _compiled.eval_rows(_compiled.typed_list([XC]), 1, np.arange(n), np.array([0, n]),
+                        np.zeros(1, np.int64), np.ones((1, 1)), _compiled.KINDS[kind],
+                        np.asarray(par, float), out, sums)
     fin = np.isfinite(ref)
     np.testing.assert_array_equal(out[~fin], ref[~fin])
     assert np.all(np.isfinite(out[fin]))
@@ -644,3 +645,76 @@ def test_all_remote_only_when_every_shard_worker_is_elsewhere():
     assert _all_remote({}, ["tcp://192.0.2.7:1"]) is False  # unknown host: assume local
     here = _workers([(socket.gethostname(), 1)])
     assert _all_remote(here, list(here)) is False
+
+
+# ------------------------------------------------------ several shards per host: one pass
+@pytest.mark.parametrize("model_name", ["logistic", "robust"])
+def test_host_fused_round_equals_shard_by_shard(model_name):
+    """A host with several shards runs RWMH rounds as one pass over all (shard, chain)
+    pairs (ShardHost._round_fused); every shard's reply, bright set and stream must be
+    the ones its own Shard.round gives, bit for bit (the placement-independence of the
+    draws rests on it). Shards of different sizes, one so small that chains go dark."""
+    from flymc_dist.shard import ShardHost, pack_round, unpack_reply
+
+    rng = np.random.default_rng(61)
+    n, C = 1500, 3
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
+    if model_name == "logistic":
+        model = fd.LogisticRegression()
+        y = (rng.random(n) < 1 / (1 + np.exp(-X @ np.array([0.3, 1.0, -1.0])))).astype(float)
+    else:
+        model = fd.RobustRegression()
+        y = X @ np.array([0.3, 1.0, -1.0]) + rng.standard_t(4, size=n)
+    theta_hat = np.array([0.3, 1.0, -1.0])
+    cuts = [0, 700, 1200, 1490, 1500]
+    specs = [ShardSpec(i, "unused", a, b)
+             for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))]
+    data = {s.shard_id: (X[s.start:s.stop], y[s.start:s.stop]) for s in specs}
+    config = ShardConfig(model=model, algorithm="flymc", chains=C, seed=62, q_db=0.02)
+    fused = ShardHost(specs, config, data)
+    single = [ShardHost([s], config, {s.shard_id: data[s.shard_id]}) for s in specs]
+    thetas = theta_hat + 0.2 * rng.normal(size=(C, 3))
+    for host in [fused, *single]:
+        host.call("set_tight_points", (theta_hat,))
+        host.call("set_positions", (thetas,))
+    used = {"fused": 0}
+    real = ShardHost._round_fused
+
+    def counting(self, *a):
+        out = real(self, *a)
+        used["fused"] += out is not None
+        return out
+
+    current, proposals = thetas.copy(), thetas.copy()
+    moved = empty = bright = 0
+    for r in range(1, 151):
+        commits = np.where(rng.random(C) < 0.4, 0, -1) if r > 1 else np.full(C, -1)
+        current = np.where(commits[:, None] == 0, proposals, current)
+        proposals = current + 0.1 * rng.normal(size=(C, 3))
+        reqs = [Request(proposals[c:c + 1], False, False) for c in range(C)]
+        blob = pack_round(r, commits, True, reqs, False)
+        ShardHost._round_fused = counting
+        try:
+            got = unpack_reply(fused._serve_channel(1, blob)[0])
+        finally:
+            ShardHost._round_fused = real
+        for host in single:
+            want = unpack_reply(host._serve_channel(1, blob)[0])
+            for sid, rep in want.items():
+                assert list(rep) == list(got[sid])
+                for key in rep:
+                    np.testing.assert_array_equal(got[sid][key], rep[key], err_msg=key)
+        moved += int((commits == 0).sum())
+        empty += int((got[3]["n_bright"] == 0).sum())
+        bright += int(got[0]["n_bright"].sum())
+    # the fused pass ran every round; chains moved; the 10-row shard's chains were often
+    # all dark (empty segments) while the big shard's were not
+    assert used["fused"] == 150 and moved > 50 and empty > 0 and bright > 0
+    for host in single:
+        (sid, sh), = host.shards.items()
+        mine = fused.shards[sid]
+        for c in range(C):
+            np.testing.assert_array_equal(mine.chains[c].bright.idx, sh.chains[c].bright.idx)
+            np.testing.assert_array_equal(mine.chains[c].bright.vals, sh.chains[c].bright.vals)
+            assert (mine.chains[c].rng.bit_generator.state
+                    == sh.chains[c].rng.bit_generator.state)
