@@ -957,8 +957,9 @@ class ShardHost:
         operations per shard) would grow with the shards; here the z-updates of all
         (shard, chain) pairs run as one :func:`fused_z_update` and the bright sums at
         the requested points as one compiled pass. It applies to FlyMC rounds with the
-        compiled z-update and one gradient-free point per chain (RWMH's rounds), without
-        speculation or a replayed round. Every shard's reply is the one its own
+        compiled z-update and gradient-free requests (RWMH's and the slice sampler's
+        rounds: any number of points per chain, or none), without speculation or a
+        replayed round. Every shard's reply is the one its own
         :meth:`Shard.round` would give, bit for bit: the same draws from the same
         streams, and every sum taken over the same values in the same order.
         """
@@ -967,8 +968,7 @@ class ShardHost:
                 sh.fused_z and sh.chains and not sh._spec and (seq is None or sh._seq != seq)
                 for sh in shards):
             return None
-        if not all(r is not None and r.points.shape[0] == 1 and not r.grad
-                   and not r.current_grad for r in requests):
+        if not all(r is None or (not r.grad and not r.current_grad) for r in requests):
             return None
         C = len(requests)
         ids = sorted(self.shards)
@@ -985,7 +985,7 @@ class ShardHost:
 
     def _round_fused_locked(self, shards: list[Shard], ids: list[int], seq: Any,
                             commits: np.ndarray, update_z: bool,
-                            requests: list[Request], C: int
+                            requests: list[Request | None], C: int
                             ) -> dict[int, dict[str, np.ndarray]]:
         jit = shards[0]._jit
         key = tuple((id(sh), id(sh._XC), id(sh._masks)) for sh in shards)
@@ -1002,34 +1002,55 @@ class ShardHost:
         pairs = [(sh, c) for sh in shards for c in range(C)]
         queries = (fused_z_update(pairs, lists=lists) if update_z
                    else np.zeros(len(pairs), dtype=np.int64))
-        # the bright sums at each chain's point and at its current θ, pair by pair
+        # the bright sums at each chain's points (k of them: k segments of its bright
+        # rows, as Shard._fused_eval lays them out) and at its current θ, pair by pair
+        ks = [0 if r is None else r.points.shape[0] for r in requests]
+        kmax = max(ks, default=0)
         brights = [sh.chains[c].bright for sh, c in pairs]
         sizes = [b.idx.size for b in brights]
-        bounds = [0]
+        row_parts, theta_parts, seg_bounds, seg_shard = [], [], [0], []
+        for p, (_, c) in enumerate(pairs):
+            k = ks[c]
+            if k:
+                idx = brights[p].idx
+                row_parts.append(idx if k == 1 else np.tile(idx, k))
+                theta_parts.append(requests[c].points)
+                for _ in range(k):
+                    seg_bounds.append(seg_bounds[-1] + sizes[p])
+                    seg_shard.append(p // C)
+        n_seg = len(seg_shard)
+        vals = np.empty(seg_bounds[-1])
+        sums = np.empty(n_seg)
+        if n_seg:
+            kind, par = shards[0]._kernel
+            jit.eval_rows(lists[1], shards[0].X.shape[1], np.concatenate(row_parts),
+                          np.array(seg_bounds, dtype=np.int64),
+                          np.array(seg_shard, dtype=np.int64), np.concatenate(theta_parts),
+                          kind, par, vals, sums)
+        cur_bounds = [0]
         for m in sizes:
-            bounds.append(bounds[-1] + m)
-        seg = np.array(bounds, dtype=np.int64)
-        rows = np.concatenate([b.idx for b in brights])
-        thetas = np.concatenate([requests[c].points for _, c in pairs])
-        kind, par = shards[0]._kernel
-        XCs = lists[1]
-        vals = np.empty(rows.size)
-        sums = np.empty(len(pairs))
-        jit.eval_rows(XCs, shards[0].X.shape[1], rows, seg,
-                      np.repeat(np.arange(len(shards), dtype=np.int64), C), thetas, kind, par,
-                      vals, sums)
+            cur_bounds.append(cur_bounds[-1] + m)
         current = np.empty(len(pairs))
-        jit.segment_sums(np.concatenate([b.vals for b in brights]), seg, current)
+        jit.segment_sums(np.concatenate([b.vals for b in brights]),
+                         np.array(cur_bounds, dtype=np.int64), current)
         out = {}
+        off = j = 0
         for s_i, (sid, sh) in enumerate(zip(ids, shards, strict=True)):
             lo = s_i * C
+            points = np.empty((C, kmax))
+            points.fill(np.nan)
+            q_s = queries[lo:lo + C].copy()
             for c, ch in enumerate(sh.chains):
-                p = lo + c
+                k, M = ks[c], sizes[lo + c]
+                if not k:
+                    continue
                 ch.last_points = requests[c].points
-                ch.last_vals = vals[bounds[p]:bounds[p + 1]].reshape(1, sizes[p])
+                ch.last_vals = vals[off:off + k * M].reshape(k, M)
                 ch.last_dvals = None
-            q_s = queries[lo:lo + C] + np.array(sizes[lo:lo + C], dtype=np.int64)
-            points = sums[lo:lo + C].reshape(C, 1).copy()
+                points[c, :k] = sums[j:j + k]
+                q_s[c] += k * M
+                off += k * M
+                j += k
             reply = {"current": current[lo:lo + C].copy(), "points": points,
                      "n_bright": np.array(sizes[lo:lo + C], dtype=np.int64),
                      "queries": q_s, "wasted": np.zeros(C, dtype=np.int64)}

@@ -648,12 +648,15 @@ def test_all_remote_only_when_every_shard_worker_is_elsewhere():
 
 
 # ------------------------------------------------------ several shards per host: one pass
+@pytest.mark.parametrize("kernel", ["rwmh", "slice"])
 @pytest.mark.parametrize("model_name", ["logistic", "robust"])
-def test_host_fused_round_equals_shard_by_shard(model_name):
+def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
     """A host with several shards runs RWMH rounds as one pass over all (shard, chain)
     pairs (ShardHost._round_fused); every shard's reply, bright set and stream must be
     the ones its own Shard.round gives, bit for bit (the placement-independence of the
-    draws rests on it). Shards of different sizes, one so small that chains go dark."""
+    draws rests on it). Shards of different sizes, one so small that chains go dark.
+    "slice": rounds like the slice sampler's — 0 to 3 points per chain, some chains
+    without a request, z updated on every third round only."""
     from flymc_dist.shard import ShardHost, pack_round, unpack_reply
 
     rng = np.random.default_rng(61)
@@ -685,14 +688,34 @@ def test_host_fused_round_equals_shard_by_shard(model_name):
         used["fused"] += out is not None
         return out
 
-    current, proposals = thetas.copy(), thetas.copy()
+    current = thetas.copy()
     moved = empty = bright = 0
+    # each chain's last evaluated points, and the round they were evaluated in: as in the
+    # driver's protocol, a chain commits only to points evaluated since the last z-update
+    last_pts: list[np.ndarray | None] = [None] * C
+    evaluated = [0] * C
+    z_round = 0
     for r in range(1, 151):
-        commits = np.where(rng.random(C) < 0.4, 0, -1) if r > 1 else np.full(C, -1)
-        current = np.where(commits[:, None] == 0, proposals, current)
-        proposals = current + 0.1 * rng.normal(size=(C, 3))
-        reqs = [Request(proposals[c:c + 1], False, False) for c in range(C)]
-        blob = pack_round(r, commits, True, reqs, False)
+        commits = np.full(C, -1)
+        for c in range(C):
+            if (last_pts[c] is not None and last_pts[c].shape[0] and evaluated[c] > z_round
+                    and rng.random() < 0.4):
+                commits[c] = int(rng.integers(last_pts[c].shape[0]))
+                current[c] = last_pts[c][commits[c]]
+        ks = np.ones(C, dtype=int) if kernel == "rwmh" else rng.integers(0, 4, size=C)
+        reqs = []
+        for c in range(C):
+            if kernel == "slice" and rng.random() < 0.2:
+                reqs.append(None)
+                continue
+            pts = current[c] + 0.1 * rng.normal(size=(int(ks[c]), 3))
+            reqs.append(Request(pts, False, False))
+            if ks[c]:
+                last_pts[c], evaluated[c] = pts, r
+        update_z = kernel == "rwmh" or r % 3 == 1
+        if update_z:
+            z_round = r - 1  # z moves before this round's points are evaluated
+        blob = pack_round(r, commits, update_z, reqs, False)
         ShardHost._round_fused = counting
         try:
             got = unpack_reply(fused._serve_channel(1, blob)[0])
