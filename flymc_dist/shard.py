@@ -198,7 +198,7 @@ class Shard:
         self._reply: dict[str, np.ndarray] | None = None
         self._spec: dict[int, _Spec] = {}  # chain -> its pending speculative z-update
         self._spec_pending = False  # speculate() has work to do
-        self._typed: tuple | None = None  # (key, XC list, masks list): see _lists
+        self._typed: tuple | None = None  # see _typed_lists
 
     # ------------------------------------------------------------------ set-up
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
@@ -474,11 +474,7 @@ class Shard:
 
     def _lists(self) -> tuple[Any, Any]:
         """This shard's buffer and masks as one-element typed lists (the kernels' form)."""
-        key = (id(self._XC), id(self._masks))
-        if self._typed is None or self._typed[0] != key:
-            self._typed = (key, self._jit.typed_list([self._XC]),
-                           self._jit.typed_list([self._masks]))
-        return self._typed[1], self._typed[2]
+        return _typed_lists([self], self)
 
     # ------------------------------------------------------------ speculation
     def speculate(self) -> None:
@@ -697,8 +693,27 @@ class Shard:
         return self.chains[chain].bright.mask.copy()
 
 
+def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
+    """The shards' feature buffers and masks as numba typed lists (the kernels' form).
+
+    Building them costs more than a round's update, so they are kept on ``owner``
+    (its ``_typed``) and rebuilt only when the shards or their arrays change (masks are
+    reallocated by :meth:`Shard.set_positions`). The kept tuple holds the shards, so
+    the ids in its key stay theirs. Without an owner they are built afresh.
+    """
+    key = tuple((id(sh), id(sh._XC), id(sh._masks)) for sh in shards)
+    if owner is not None and owner._typed is not None and owner._typed[0] == key:
+        return owner._typed[2], owner._typed[3]
+    jit = shards[0]._jit
+    lists = (key, list(shards), jit.typed_list([sh._XC for sh in shards]),
+             jit.typed_list([sh._masks for sh in shards]))
+    if owner is not None:
+        owner._typed = lists
+    return lists[2], lists[3]
+
+
 def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
-                   lists: tuple[list[Shard], Any, Any] | None = None) -> np.ndarray:
+                   owner: Any = None) -> np.ndarray:
     """The implicit z-update of every (shard, chain) pair in ``pairs`` at once.
 
     The same moves as :func:`~flymc_dist.brightness.implicit_update` pair by pair
@@ -713,9 +728,9 @@ def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
     features and ``q``.
 
     With ``record``, what is needed to undo each pair's update is kept in its shard's
-    ``_spec`` (see :meth:`Shard.speculate`). ``lists``: the pairs' shards, in the order
-    the pairs first name them, with their buffers and masks as typed lists (built here
-    when not given; building them costs more than the update itself).
+    ``_spec`` (see :meth:`Shard.speculate`). ``owner`` keeps the typed lists of the
+    shards' buffers and masks between calls (:func:`_typed_lists`; default: the shard,
+    when the pairs are all on one).
 
     Returns
     -------
@@ -735,13 +750,8 @@ def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
                 raise ValueError("a fused z-update needs one q_db for all its shards")
             where[id(sh)] = len(shards)
             shards.append(sh)
-    if lists is not None and [id(sh) for sh in lists[0]] == [id(sh) for sh in shards]:
-        XCs, masks = lists[1], lists[2]
-    elif len(shards) == 1:
-        XCs, masks = first._lists()
-    else:
-        XCs = jit.typed_list([sh._XC for sh in shards])
-        masks = jit.typed_list([sh._masks for sh in shards])
+    XCs, masks = _typed_lists(shards, owner if owner is not None or len(shards) > 1
+                              else first)
     chains = [sh.chains[c] for sh, c in pairs]
     brights = [ch.bright for ch in chains]
     states = [ch.rng.bit_generator.state for ch in chains] if record else None
@@ -899,7 +909,7 @@ class ShardHost:
         self._locks: dict[int, threading.Lock] = {}
         #: wall and CPU seconds spent in rounds (and in speculation, after replies)
         self._channel: Any = None  # a ChannelServer once open_channel is called
-        self._typed: tuple | None = None  # the shards' typed lists: see _round_fused
+        self._typed: tuple | None = None  # the shards' typed lists: see _typed_lists
         self._busy = {"rounds": 0, "round_wall": 0.0, "round_cpu": 0.0,
                       "speculate_wall": 0.0, "speculate_cpu": 0.0}
         self.add_shards(specs, data)
@@ -988,11 +998,7 @@ class ShardHost:
                             requests: list[Request | None], C: int
                             ) -> dict[int, dict[str, np.ndarray]]:
         jit = shards[0]._jit
-        key = tuple((id(sh), id(sh._XC), id(sh._masks)) for sh in shards)
-        if self._typed is None or self._typed[0] != key:  # (re)built when shards change
-            self._typed = (key, (shards, jit.typed_list([sh._XC for sh in shards]),
-                                 jit.typed_list([sh._masks for sh in shards])))
-        lists = self._typed[1]
+        XCs, _ = _typed_lists(shards, self)
         js = [int(j) for j in commits]
         for sh in shards:
             sh._spec_pending = False
@@ -1000,7 +1006,7 @@ class ShardHost:
                 if js[c] >= 0 and ch.last_points is not None:
                     sh._commit(ch, js[c])
         pairs = [(sh, c) for sh in shards for c in range(C)]
-        queries = (fused_z_update(pairs, lists=lists) if update_z
+        queries = (fused_z_update(pairs, owner=self) if update_z
                    else np.zeros(len(pairs), dtype=np.int64))
         # the bright sums at each chain's points (k of them: k segments of its bright
         # rows, as Shard._fused_eval lays them out) and at its current θ, pair by pair
@@ -1023,7 +1029,7 @@ class ShardHost:
         sums = np.empty(n_seg)
         if n_seg:
             kind, par = shards[0]._kernel
-            jit.eval_rows(lists[1], shards[0].X.shape[1], np.concatenate(row_parts),
+            jit.eval_rows(XCs, shards[0].X.shape[1], np.concatenate(row_parts),
                           np.array(seg_bounds, dtype=np.int64),
                           np.array(seg_shard, dtype=np.int64), np.concatenate(theta_parts),
                           kind, par, vals, sums)

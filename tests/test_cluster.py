@@ -247,6 +247,35 @@ def test_real_cluster_by_address(store, process_cluster):
     assert by_file.samples.shape == (2, 10, 2)
 
 
+def _kill_a_worker_once(pids: dict, trace: str, draws: int) -> tuple[threading.Thread, dict]:
+    """A started thread that SIGKILLs the last worker of ``pids`` once ``trace`` holds
+    ``draws`` draws; the dict it fills says which worker and when (or the error)."""
+    from flymc_dist.trace import Trace
+
+    killed: dict[str, object] = {}
+
+    def enough_draws() -> bool:
+        try:  # the trace may be half-created when we look
+            return Trace.open(trace).n_draws >= draws
+        except (FileNotFoundError, ValueError, KeyError):
+            return False
+
+    def killer() -> None:
+        try:
+            _wait_for(enough_draws, 120, "draws in the trace")
+        except Exception as err:  # noqa: BLE001 - reported through `killed`
+            killed["error"] = err
+            return
+        victim = sorted(pids)[-1]
+        os.kill(pids[victim], signal.SIGKILL)
+        killed["worker"] = victim
+        killed["time"] = time.time()
+
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    return th, killed
+
+
 def test_worker_killed_mid_run(store, process_cluster, tmp_path):
     """SIGKILL a worker mid-run: the run completes, the lost shards are recreated on the
     live worker with z redrawn exactly, and the posterior is still right."""
@@ -256,30 +285,8 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path):
 
     path, X, y = store
     trace = str(tmp_path / "trace.zarr")
-    killed: dict[str, object] = {}
-
     with Client(process_cluster["address"], direct_to_workers=True) as client:
-        pids = client.run(os.getpid)
-
-        def enough_draws() -> bool:
-            try:  # the trace may be half-created when we look
-                return Trace.open(trace).n_draws >= 100
-            except (FileNotFoundError, ValueError, KeyError):
-                return False
-
-        def killer() -> None:
-            try:
-                _wait_for(enough_draws, 120, "draws in the trace")
-            except Exception as err:  # noqa: BLE001 - reported through `killed`
-                killed["error"] = err
-                return
-            victim = sorted(pids)[-1]
-            os.kill(pids[victim], signal.SIGKILL)
-            killed["worker"] = victim
-            killed["time"] = time.time()
-
-        th = threading.Thread(target=killer, daemon=True)
-        th.start()
+        th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 100)
         # with speculative z-updates: the surviving worker holds undone-or-kept
         # speculation across the recovery and the replayed round
         res = _run(path, client, num_warmup=300, num_samples=2000, chains=4, trace=trace,
@@ -313,28 +320,8 @@ def test_worker_killed_mid_austerity_run(store, process_cluster, tmp_path):
 
     path, X, y = store
     trace = str(tmp_path / "aus.zarr")
-    killed: dict[str, object] = {}
     with Client(process_cluster["address"], direct_to_workers=True) as client:
-        pids = client.run(os.getpid)
-
-        def enough_draws() -> bool:
-            try:
-                return Trace.open(trace).n_draws >= 10
-            except (FileNotFoundError, ValueError, KeyError):
-                return False
-
-        def killer() -> None:
-            try:
-                _wait_for(enough_draws, 120, "draws in the trace")
-            except Exception as err:  # noqa: BLE001 - reported through `killed`
-                killed["error"] = err
-                return
-            victim = sorted(pids)[-1]
-            os.kill(pids[victim], signal.SIGKILL)
-            killed["worker"] = victim
-
-        th = threading.Thread(target=killer, daemon=True)
-        th.start()
+        th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 10)
         res = _run(path, client, algorithm="austerity", eps=0.05, batch_size=150,
                    num_warmup=30, num_samples=300, chains=2, trace=trace,
                    checkpoint_every=5, timeout=10)
