@@ -11,8 +11,10 @@ import numpy as np
 from flymc_dist import diagnostics
 from flymc_dist.channel import check_channel
 from flymc_dist.driver import (
+    REPLICA_BUDGET,
     STAT_NAMES,
     Driver,
+    check_bright_replica,
     check_speculate,
     params_to_json,
     rng_state_from_json,
@@ -28,7 +30,8 @@ ALGORITHMS = ("flymc", "regular", "austerity")
 BOUNDS = ("map", "untuned")
 Z_UPDATES = ("implicit", "explicit")
 
-_DRIVER_OPTIONS = {"init", "precondition", "map_maxiter", "speculate"}
+_DRIVER_OPTIONS = {"init", "precondition", "map_maxiter", "speculate", "bright_replica",
+                   "replica_budget"}
 _OTHER_OPTIONS = {"q_db", "resample_fraction", "n_shards", "rows_per_shard", "trace", "resume",
                   "overwrite_trace", "progress", "kernel_options", "eps", "batch_size",
                   "n_workers", "timeout", "checkpoint_every", "channel"}
@@ -161,6 +164,8 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
     if not 0.0 < f <= 1.0:
         raise ValueError(f"resample_fraction must be in (0, 1], not {f!r}")
     check_speculate(options.get("speculate", False))
+    check_bright_replica(options.get("bright_replica", "auto"),
+                         options.get("replica_budget", REPLICA_BUDGET))
     check_channel(options.get("channel", "auto"))
 
 
@@ -279,7 +284,7 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
     config = ShardConfig(model=model, algorithm=algorithm, chains=chains, seed=seed,
                          z_update=z_update,
                          resample_fraction=float(options.get("resample_fraction", 0.1)),
-                         track_grad=kernel == "mala")
+                         track_grad=bool(getattr(kern, "needs_grad", False)))
     from flymc_dist.cluster import open_transport
 
     transport = open_transport(client, specs, config, mem, options)
@@ -402,6 +407,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
                                         num_samples - max(start - num_warmup, 0))
     info["total_round_trips"] = int(transport.round_trips)
     info["speculate"] = bool(driver.speculate)
+    info["bright_replica"] = driver.replica is not None
     info["channel"] = getattr(transport, "channel", "in-process")
     info["speculative_queries"] = int(driver.wasted_queries)
     info["recoveries"] = list(getattr(transport, "recoveries", []))

@@ -34,6 +34,7 @@ import scipy.optimize
 
 from flymc_dist.kernels.base import EvalRequest, EvalResponse, Kernel, KernelInfo
 from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.replica import BrightReplica
 from flymc_dist.shard import ROLE_INIT, ROLE_KERNEL, Request, stream
 
 log = logging.getLogger("flymc_dist")
@@ -60,6 +61,20 @@ def laplace_covariance(neg_hessian: np.ndarray) -> np.ndarray:
     top = max(float(np.max(np.abs(w))), 1e-12)
     w = np.clip(w, top * 1e-8, None)
     return (V / w) @ V.T
+
+
+#: the replica's default memory budget in ``bright_replica="auto"`` mode (bytes)
+REPLICA_BUDGET = 256 * 2**20
+
+
+def check_bright_replica(value: Any, budget: Any = REPLICA_BUDGET) -> None:
+    """Raise ``ValueError`` unless ``value`` and ``budget`` are valid ``bright_replica`` and
+    ``replica_budget`` options."""
+    if not (value is True or value is False or value == "auto"):
+        raise ValueError(f"bright_replica must be 'auto', True or False, not {value!r}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+        raise ValueError(f"replica_budget must be a number of bytes >= 0, not {budget!r}")
+
 
 
 class Driver:
@@ -89,13 +104,23 @@ class Driver:
         covariance.
     map_maxiter
         Iteration limit of the MAP search (its accuracy affects speed, never exactness).
+    bright_replica
+        FlyMC only. True: keep a replica of every chain's bright rows here and run the
+        θ-kernel on it, one round trip per iteration whatever the kernel
+        (:mod:`flymc_dist.replica`); False: the shards evaluate every point the kernel
+        asks for; ``"auto"`` (default): the replica for kernels that evaluate more than
+        one point per iteration, when the expected bright rows at the starting point
+        (all chains) fit ``replica_budget`` bytes.
+    replica_budget
+        Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
     """
 
     def __init__(self, model: Model, transport: Any, kernel: Kernel, *, n_features: int,
                  algorithm: str = "flymc", bounds: str = "map", chains: int = 4, seed: int = 0,
                  init: str | np.ndarray = "map", precondition: str | np.ndarray = "laplace",
                  map_maxiter: int = 100, q_db: float | str = "auto", n_rows: int = 0,
-                 speculate: bool | str = False) -> None:
+                 speculate: bool | str = False, bright_replica: bool | str = "auto",
+                 replica_budget: float = REPLICA_BUDGET) -> None:
         self.model = model
         self.transport = transport
         self.kernel = kernel
@@ -119,6 +144,13 @@ class Driver:
         self.commits = np.full(self.chains, -1, dtype=np.int64)
         self.rngs = [stream(self.seed, ROLE_KERNEL, c) for c in range(self.chains)]
         self.seq = 0
+        check_bright_replica(bright_replica, replica_budget)
+        self.bright_replica = bright_replica
+        self.replica_budget = float(replica_budget)
+        #: the replica of the bright rows (replica mode), set up by :meth:`setup`
+        self.replica: BrightReplica | None = None
+        self._replica_current: list[tuple[float, np.ndarray | None] | None] = []
+        self._trips = 0  # round trips made by :meth:`_round`
         self.setup_queries = 0
         self.setup_seconds = 0.0
         check_speculate(speculate)
@@ -214,12 +246,31 @@ class Driver:
             init = np.asarray(self.init, float)
             self.positions[:] = np.broadcast_to(init.reshape(-1, self.P), self.positions.shape)
         self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
+        if self.algorithm == "flymc" and self._use_replica():
+            self.transport.call("set_replica", True)
+            self.replica = BrightReplica(self.model, self.chains,
+                                         [(s.start, s.stop) for s in self.transport.specs])
         q = self.transport.call("set_positions", self.positions, 0)
         self.setup_queries += int(sum(q))
         if self.algorithm == "flymc":
             self.q_db = self._choose_q()
             self.transport.call("set_q", self.q_db)
         self.setup_seconds = time.perf_counter() - t0
+
+    def _use_replica(self) -> bool:
+        """Whether FlyMC runs in replica mode (see ``bright_replica``)."""
+        if self.bright_replica is not True and self.bright_replica != "auto":
+            return False
+        if self.bright_replica == "auto":
+            if getattr(self.kernel, "requests_per_step", None) == 1:
+                return False  # one round trip per iteration either way
+            start = self.theta_map if self.theta_map is not None else self.positions[0]
+            expected = float(sum(self.transport.call("expected_bright", start)))
+            self.setup_queries += self.n_rows
+            # features, target, tight point (up to K floats) and id of each row
+            row_bytes = 8 * (self.n_features + 3 + self.model.n_outputs)
+            return expected * self.chains * row_bytes <= self.replica_budget
+        return True
 
     def _choose_q(self) -> float:
         """``q_db``: a number, or "auto" = M / (N - M) from the exact initial draw of z.
@@ -303,8 +354,11 @@ class Driver:
         positions
             Every chain's post-commit position (where fault recovery puts new shards).
         """
+        if self.replica is not None:
+            return self._replica_round(first, requests, positions)
         commits = self.commits if first else np.full(self.chains, -1, dtype=np.int64)
         self.seq += 1
+        self._trips += 1
         t_rt = time.perf_counter()
         replies = self.transport.round(self.seq, commits, first and self.algorithm == "flymc",
                                        requests, positions, self.speculate)
@@ -314,16 +368,73 @@ class Driver:
             self.wasted_queries += int(agg["wasted"].sum())
         return agg
 
-    def _step_interleaved(self) -> tuple[list[KernelInfo], list[float], dict[str, np.ndarray],
-                                         int]:
+    def _replica_round(self, first: bool, requests: list[Request | None],
+                       positions: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`_round` in replica mode: the iteration's first call updates z at every
+        chain's position on the shards and applies the change to the replica (the one
+        round trip); every call then evaluates the requests on the replica, here."""
+        C = self.chains
+        queries = np.zeros(C, dtype=np.int64)
+        if first:
+            self.seq += 1
+            self._trips += 1
+            t_rt = time.perf_counter()
+            replies = self.transport.round(self.seq, np.full(C, -1, dtype=np.int64), True,
+                                           [Request(positions[c:c + 1], False, False)
+                                            for c in range(C)], positions, False)
+            self.round_seconds += time.perf_counter() - t_rt
+            self.replica.apply(replies)
+            for r in replies:  # in global shard order
+                queries += r["queries"]
+            self._replica_current = [None] * C
+        # the bright sum at the current θ changes only with z: once per iteration
+        cur_pts: list[np.ndarray | None] = [None] * C
+        for c, r in enumerate(requests):
+            known = self._replica_current[c]
+            if r is not None and (known is None or (r.current_grad and known[1] is None)):
+                cur_pts[c] = positions[c:c + 1]
+        cur_grad = [r is not None and r.current_grad for r in requests]
+        for c, res in enumerate(self.replica.evaluate(cur_pts, cur_grad)):
+            if res is not None:
+                self._replica_current[c] = (float(res[0][0]),
+                                            None if res[1] is None else res[1][0])
+                queries[c] += res[2]
+        kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
+        want_grad = [r is not None and r.grad for r in requests]
+        points = np.full((C, kmax), np.nan)
+        points_grad = np.zeros((C, kmax, self.P)) if any(want_grad) else None
+        current = np.zeros(C)
+        current_grad = np.zeros((C, self.P)) if any(cur_grad) else None
+        evals = self.replica.evaluate([None if r is None else r.points for r in requests],
+                                      want_grad)
+        for c, res in enumerate(evals):
+            if res is None:
+                continue
+            k = requests[c].points.shape[0]
+            points[c, :k] = res[0]
+            if want_grad[c]:
+                points_grad[c, :k] = res[1]
+            queries[c] += res[2]
+            current[c] = self._replica_current[c][0]
+            if cur_grad[c]:
+                current_grad[c] = self._replica_current[c][1]
+        agg = {"current": current, "points": points, "n_bright": self.replica.n_bright(),
+               "queries": queries, "wasted": np.zeros(C, dtype=np.int64)}
+        if current_grad is not None:
+            agg["current_grad"] = current_grad
+        if points_grad is not None:
+            agg["points_grad"] = points_grad
+        return agg
+
+    def _step_interleaved(self) -> tuple[list[KernelInfo], list[float], dict[str, np.ndarray]]:
         """Every chain's kernel generator, their pending requests sharing round trips.
 
         Returns
         -------
-        infos, log_joint, first_agg, round_trips
-            Each chain's info and log target at its new position, the first round
-            trip's summed replies (``queries`` summed over all round trips), and the
-            number of round trips. Sets :attr:`positions`.
+        infos, log_joint, first_agg
+            Each chain's info and log target at its new position, and the first round
+            trip's summed replies (``queries`` summed over all round trips). Sets
+            :attr:`positions`.
         """
         C = self.chains
         kernel_step = self.kernel.step
@@ -337,12 +448,10 @@ class Driver:
         # position (also what fault recovery puts recreated shards at)
         new_positions = self.positions.copy()
         first_agg = None
-        round_trips = 0
         while pending:
             shard_reqs = [None if r is None else Request(r.points, r.grad, r.current_grad)
                           for r in reqs]
             agg = self._round(first_agg is None, shard_reqs, new_positions)
-            round_trips += 1
             if first_agg is None:
                 first_agg = agg
             else:
@@ -360,9 +469,9 @@ class Driver:
         log_joint = [last[c].logp[info.index] if info.index >= 0 else last[c].logp_current
                      for c, info in enumerate(infos)]
         self.positions = new_positions
-        return infos, log_joint, first_agg, round_trips
+        return infos, log_joint, first_agg
 
-    def _step_chains(self) -> tuple[list[KernelInfo], np.ndarray, dict[str, np.ndarray], int]:
+    def _step_chains(self) -> tuple[list[KernelInfo], np.ndarray, dict[str, np.ndarray]]:
         """Every chain at once through the kernel's ``step_chains`` (one round trip).
 
         The same arithmetic as :meth:`_respond_all` on the same arrays, without a
@@ -385,7 +494,7 @@ class Driver:
             raise RuntimeError(f"{self.kernel!r}.step_chains yielded more than once")
         moved = np.array([info.index >= 0 for info in infos])
         self.positions = new_positions
-        return infos, np.where(moved, logp, logp_current), agg, 1
+        return infos, np.where(moved, logp, logp_current), agg
 
     def step(self, adapters: list[Any] | None = None) -> dict[str, np.ndarray]:
         """One iteration of every chain. Returns this iteration's stats, shape (C,)."""
@@ -393,10 +502,12 @@ class Driver:
         C = self.chains
         recoveries = getattr(self.transport, "recoveries", ())
         n_recoveries = len(recoveries)
+        trips = self._trips
         if getattr(self.kernel, "step_chains", None) is not None:
-            infos, log_joint, agg, round_trips = self._step_chains()
+            infos, log_joint, agg = self._step_chains()
         else:
-            infos, log_joint, agg, round_trips = self._step_interleaved()
+            infos, log_joint, agg = self._step_interleaved()
+        round_trips = self._trips - trips
         if adapters is not None:
             self.params = [a.update(info) for a, info in zip(adapters, infos, strict=True)]
         self.commits = np.array([info.index for info in infos], dtype=np.int64)

@@ -24,7 +24,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from flymc_dist._numerics import log_expm1
 from flymc_dist.brightness import (
     BrightSet,
     bernoulli_rows,
@@ -37,6 +36,7 @@ from flymc_dist.brightness import (
     log_uniform,
     proposal_slots,
 )
+from flymc_dist.evaluate import bright_terms, bright_terms_many
 from flymc_dist.models.base import BoundStats, Model
 
 #: spawn-key roles: randomness is keyed by (seed, role, shard, chain, generation), never by worker
@@ -49,30 +49,6 @@ ROLE_INIT = 4
 def stream(seed: int, *key: int) -> np.random.Generator:
     """The random stream for ``SeedSequence(seed, spawn_key=key)``."""
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=tuple(int(k) for k in key)))
-
-
-def _log_bright_ratio(ll: np.ndarray, lb: np.ndarray, dl: np.ndarray | None,
-                      db: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """``log L~ = log expm1(l - beta)`` and, given the eta-derivatives of ``l`` and ``beta``,
-    ``d log L~ / d eta = (dl - dbeta) / (1 - exp(-delta))`` (0 where the bound is tight)."""
-    delta = np.maximum(ll - lb, 0.0)
-    vals = log_expm1(delta)
-    if dl is None:
-        return vals, None
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = (dl - db) / -np.expm1(-delta)[..., None]
-    return vals, np.where(delta[..., None] > 0.0, w, 0.0)
-
-
-def _bright_terms(model: Model, eta: np.ndarray, y: np.ndarray, xi: np.ndarray,
-                  grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """``log L~`` (and its eta-derivative if ``grad``) at linear predictors ``eta``
-    (B, n, E), through the model's ``loglik`` and ``logbound``."""
-    if grad:
-        ll, dl = model.loglik_grad(eta, y)
-        lb, db = model.logbound_grad(eta, y, xi)
-        return _log_bright_ratio(ll, lb, dl, db)
-    return _log_bright_ratio(model.loglik(eta, y), model.logbound(eta, y, xi), None, None)
 
 
 @dataclass(frozen=True)
@@ -191,6 +167,11 @@ class Shard:
             self._kernel = (_compiled.KINDS[compiled[0]], np.asarray(compiled[1], float))
         self._set_row_constants()
         self.q_db = float(config.q_db)
+        #: gradients of the bright terms kept with z (shard-evaluated gradient kernels)
+        self.track_grad = bool(config.track_grad)
+        #: rounds reply the change of each chain's bright set (see :meth:`set_replica`)
+        self.replica = False
+        self._sent: list[np.ndarray | None] = []  # replica mode: the bright rows last sent
         self.chains: list[_Chain] = []
         self.generation = 0
         self.total_queries = 0
@@ -230,6 +211,31 @@ class Shard:
     def set_q(self, q_db: float) -> None:
         """Set the dark→bright proposal probability of the implicit z-update."""
         self.q_db = float(q_db)
+
+    def set_replica(self, on: bool) -> None:
+        """Serve rounds for a driver-side replica of the bright rows (before
+        :meth:`set_positions`).
+
+        In replica mode a round carries one point per chain, the chain's current θ: the
+        shard puts the chain there, updates its z at θ, and replies with the change of
+        the chain's bright set since its last reply (:meth:`_replica_round`); the
+        driver evaluates the θ-kernel on its replica. No gradients are kept here then.
+        """
+        self.replica = bool(on)
+        self.track_grad = bool(self.config.track_grad) and not self.replica
+
+    def expected_bright(self, theta: np.ndarray) -> float:
+        """``Σ_n p(z_n = 1 | θ) = Σ_n −expm1(−δ_n(θ))`` over this shard's rows: the
+        expected number of bright rows at ``theta`` (a full pass; set-up only)."""
+        theta = np.asarray(theta, float)[None]
+        m = self.model
+        total = 0.0
+        for lo in range(0, self.n, 65536):
+            X, y, xi = self.X[lo:lo + 65536], self.y[lo:lo + 65536], self.xi[lo:lo + 65536]
+            eta = m.linear_predictor(theta, X)
+            delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
+            total += float(-np.expm1(-delta).sum())
+        return total
 
     def bound_stats(self) -> BoundStats:
         """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic."""
@@ -289,18 +295,19 @@ class Shard:
             ch = _Chain(theta=thetas[c].copy(), rng=stream(self.config.seed, ROLE_Z, sid, c,
                                                            self.generation))
             if self.flymc:
-                ch.bright = BrightSet(self.n, self.model.n_outputs, self.config.track_grad,
+                ch.bright = BrightSet(self.n, self.model.n_outputs, self.track_grad,
                                       mask=self._masks[c])
                 with np.errstate(over="ignore", divide="ignore"):
                     queries += explicit_update(ch.rng, ch.bright, 1.0, self._row_evaluator(ch))
             else:
-                s, g = self._regular_eval(ch.theta[None], self.config.track_grad)
+                s, g = self._regular_eval(ch.theta[None], self.track_grad)
                 ch.cur_sum = float(s[0])
                 ch.cur_grad = g[0] if g is not None else None
                 queries += self.n
             self.chains.append(ch)
         self._seq, self._reply = None, None
         self._spec, self._spec_pending = {}, False
+        self._sent = [None] * len(self.chains)  # the next replica reply sends whole sets
         self.total_queries += queries
         return queries
 
@@ -312,7 +319,7 @@ class Shard:
             return self._bright_eval_many([(thetas, rows)], False)[0]
         m = self.model
         X, y, xi = self.X[rows], self.y[rows], self.xi[rows]
-        vals, dvals = _bright_terms(m, m.linear_predictor(thetas, X), y, xi, grad)
+        vals, dvals = bright_terms(m, m.linear_predictor(thetas, X), y, xi, grad)
         return vals, dvals, X
 
     def _bright_eval_many(self, segments: list[tuple[np.ndarray, np.ndarray]], grad: bool
@@ -327,30 +334,10 @@ class Shard:
             return [(v, None, None) for v, _ in self._fused_eval(segments)]
         if len(segments) <= 1:
             return [self._bright_eval(t, r, grad) for t, r in segments]
-        m = self.model
-        E = m.n_outputs
-        Xs, etas, ys, xis, shapes = [], [], [], [], []
-        for thetas, rows in segments:
-            X = self.X[rows]
-            k = thetas.shape[0]
-            Xs.append(X)
-            etas.append(m.linear_predictor(thetas, X).reshape(k * rows.size, E))
-            y, xi = self.y[rows], self.xi[rows]
-            ys.append(np.tile(y, k) if k > 1 else y)
-            xis.append(np.tile(xi, (k,) + (1,) * (xi.ndim - 1)) if k > 1 else xi)
-            shapes.append((k, rows.size))
-        eta = np.concatenate(etas)[None]
-        vals, dvals = _bright_terms(m, eta, np.concatenate(ys), np.concatenate(xis), grad)
-        vals = vals[0]
-        dvals = dvals[0] if dvals is not None else None
-        out = []
-        off = 0
-        for (k, n), X in zip(shapes, Xs, strict=True):
-            v = vals[off:off + k * n].reshape(k, n)
-            d = dvals[off:off + k * n].reshape(k, n, E) if dvals is not None else None
-            out.append((v, d, X))
-            off += k * n
-        return out
+        Xs = [self.X[rows] for _, rows in segments]
+        terms = bright_terms_many(self.model, [(t, X, self.y[r], self.xi[r]) for (t, r), X
+                                               in zip(segments, Xs, strict=True)], grad)
+        return [(v, d, X) for (v, d), X in zip(terms, Xs, strict=True)]
 
     def _fused_values(self, rows: np.ndarray, thetas: np.ndarray, seg: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
@@ -394,7 +381,7 @@ class Shard:
         return out
 
     def _row_evaluator(self, ch: _Chain):
-        grad = self.config.track_grad
+        grad = self.track_grad
 
         def evaluate(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
             vals, dvals, _ = self._bright_eval(ch.theta[None], rows, grad)
@@ -428,7 +415,7 @@ class Shard:
         Each chain draws from its own stream in the same order as a chain-by-chain
         update would, so the result does not depend on the batching.
         """
-        track = self.config.track_grad
+        track = self.track_grad
         implicit = self.config.z_update == "implicit"
         if self.fused_z:
             return self._update_z_fused()
@@ -463,7 +450,7 @@ class Shard:
         """Whether the z-update runs all chains at once (:meth:`_update_z_fused`): implicit
         updates, no gradients, and a model with a compiled fused ``log L~``."""
         return (self.flymc and self.config.z_update == "implicit"
-                and not self.config.track_grad and self._kernel is not None)
+                and not self.track_grad and self._kernel is not None)
 
     def _update_z_fused(self, sel: list[int] | None = None, record: bool = False
                         ) -> np.ndarray:
@@ -621,7 +608,64 @@ class Shard:
         # one errstate for the whole round (the fused log L~ relies on it; entering one
         # per evaluation would cost as much as the evaluation itself)
         with np.errstate(over="ignore", divide="ignore"):
+            if self.replica:
+                return self._replica_round(seq, requests)
             return self._round(seq, commits, update_z, requests, speculate)
+
+    def _replica_round(self, seq: Any, requests: list[Request | None]) -> dict[str, np.ndarray]:
+        """A replica-mode round (see :meth:`set_replica`): each chain's one requested
+        point is its current θ; z is updated there and the change of the bright set
+        since the last reply comes back.
+
+        Returns
+        -------
+        dict
+            ``n_bright`` and ``queries`` (C,) as in :meth:`round`; ``full`` (C,) bool: the
+            chain's whole bright set is sent (its first reply, or after a redraw of z), so
+            the replica drops every row of this shard first; ``gone_ids`` and
+            ``new_ids`` (global row ids, chain after chain, ``gone_seg`` / ``new_seg``
+            (C + 1,) delimiting each chain's part); ``new_X``, ``new_y``, ``new_xi``:
+            the features, target and tight point of each newly bright row.
+        """
+        C = len(self.chains)
+        queries = np.zeros(C, dtype=np.int64)
+        for c, ch in enumerate(self.chains):
+            ch.theta = np.array(requests[c].points[0], dtype=float)
+        if self.config.z_update == "implicit":
+            # the bright→dark moves need log L~ of the bright rows at the new θ
+            live = [c for c, ch in enumerate(self.chains) if ch.bright.n_bright]
+            evals = self._bright_eval_many([(self.chains[c].theta[None],
+                                             self.chains[c].bright.idx) for c in live], False)
+            for c, (v, _, _) in zip(live, evals, strict=True):
+                self.chains[c].bright.set_values(v[0], None)
+                queries[c] += v.shape[1]
+        queries += self._update_z_all()
+        full = np.zeros(C, dtype=bool)
+        gone, new = [], []
+        for c, ch in enumerate(self.chains):
+            now = np.sort(ch.bright.idx)
+            before = self._sent[c]
+            if before is None:
+                full[c] = True
+                gone.append(np.empty(0, dtype=np.int64))
+                new.append(now)
+            else:
+                gone.append(np.setdiff1d(before, now, assume_unique=True))
+                new.append(np.setdiff1d(now, before, assume_unique=True))
+            self._sent[c] = now
+        new_rows = np.concatenate(new)
+        reply = {"n_bright": np.array([ch.bright.n_bright for ch in self.chains],
+                                      dtype=np.int64),
+                 "queries": queries, "wasted": np.zeros(C, dtype=np.int64), "full": full,
+                 "gone_ids": np.concatenate(gone) + self.spec.start,
+                 "gone_seg": np.cumsum([0] + [g.size for g in gone]).astype(np.int64),
+                 "new_ids": new_rows + self.spec.start,
+                 "new_seg": np.cumsum([0] + [r.size for r in new]).astype(np.int64),
+                 "new_X": self.X[new_rows], "new_y": self.y[new_rows],
+                 "new_xi": self.xi[new_rows]}
+        self.total_queries += int(queries.sum())
+        self._seq, self._reply = seq, reply
+        return reply
 
     def _round(self, seq: Any, commits: np.ndarray, update_z: bool,
                requests: list[Request | None], speculate: bool) -> dict[str, np.ndarray]:
@@ -975,7 +1019,8 @@ class ShardHost:
         """
         shards = [self.shards[i] for i in sorted(self.shards)]
         if len(shards) < 2 or speculate or not all(
-                sh.fused_z and sh.chains and not sh._spec and (seq is None or sh._seq != seq)
+                sh.fused_z and not sh.replica and sh.chains and not sh._spec
+                and (seq is None or sh._seq != seq)
                 for sh in shards):
             return None
         if not all(r is None or (not r.grad and not r.current_grad) for r in requests):

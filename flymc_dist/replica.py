@@ -1,0 +1,149 @@
+"""The driver's replica of every chain's bright rows: θ-steps without round trips.
+
+With MAP-tuned bounds a chain has tens of bright rows. In replica mode the shards
+stay the owners of z (its initial exact draw, every update, its redraw after a fault)
+but each round only tells the driver how each chain's bright set changed: the rows
+that became bright, with their features, target and tight point, and the ids of the
+rows that went dark (:meth:`flymc_dist.shard.Shard.set_replica`). The driver applies
+the change here and evaluates the FlyMC conditional's bright part,
+``Σ_bright log L~_n(θ)`` and its gradient, locally: a θ-kernel then makes any number
+of evaluations (a NUTS trajectory, the slice sampler's shrinkage) for one round
+trip per iteration.
+
+Each chain's rows are kept sorted by global row id, and every sum runs in that order,
+so the values (and the draws) do not depend on how the rows are spread over shards
+and workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flymc_dist.evaluate import bright_terms_many
+from flymc_dist.models.base import Model
+
+
+class _Rows:
+    """One chain's bright rows: global ids (sorted), features, targets, tight points."""
+
+    __slots__ = ("ids", "X", "y", "xi")
+
+    def __init__(self, ids: np.ndarray, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
+        self.ids, self.X, self.y, self.xi = ids, X, y, xi
+
+
+class BrightReplica:
+    """Every chain's bright rows, kept in step with the shards' z.
+
+    Parameters
+    ----------
+    model
+        The model (its ``loglik``, ``logbound``, ``linear_predictor``, ``grad_theta``).
+    chains
+        Number of chains.
+    shard_ranges
+        ``(start, stop)`` global rows of each shard, in global shard order: the replies
+        of a round come in that order.
+    """
+
+    def __init__(self, model: Model, chains: int,
+                 shard_ranges: list[tuple[int, int]]) -> None:
+        self.model = model
+        self.chains = int(chains)
+        self.shard_ranges = list(shard_ranges)
+        self._rows: list[_Rows | None] = [None] * self.chains
+
+    def n_bright(self) -> np.ndarray:
+        """Bright rows of each chain, shape (C,)."""
+        return np.array([0 if r is None else r.ids.size for r in self._rows], dtype=np.int64)
+
+    def nbytes(self) -> int:
+        """Memory held by the replica's rows."""
+        return int(sum(r.X.nbytes + r.y.nbytes + r.xi.nbytes + r.ids.nbytes
+                       for r in self._rows if r is not None))
+
+    def apply(self, replies: list[dict[str, np.ndarray]]) -> None:
+        """Apply one round's replies (one per shard, in global shard order)."""
+        for c in range(self.chains):
+            cur = self._rows[c]
+            drop: list[np.ndarray] = []
+            add: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+            ranges: list[tuple[int, int]] = []
+            for (start, stop), r in zip(self.shard_ranges, replies, strict=True):
+                if r["full"][c]:
+                    ranges.append((start, stop))
+                g0, g1 = r["gone_seg"][c], r["gone_seg"][c + 1]
+                if g1 > g0:
+                    drop.append(r["gone_ids"][g0:g1])
+                n0, n1 = r["new_seg"][c], r["new_seg"][c + 1]
+                if n1 > n0:
+                    add.append((r["new_ids"][n0:n1], r["new_X"][n0:n1], r["new_y"][n0:n1],
+                                r["new_xi"][n0:n1]))
+            if cur is not None and (drop or ranges):
+                keep = np.ones(cur.ids.size, dtype=bool)
+                for start, stop in ranges:
+                    keep &= (cur.ids < start) | (cur.ids >= stop)
+                if drop:
+                    keep &= ~np.isin(cur.ids, np.concatenate(drop), assume_unique=True)
+                cur = _Rows(cur.ids[keep], cur.X[keep], cur.y[keep], cur.xi[keep])
+            if add or cur is None:
+                parts = ([] if cur is None else [(cur.ids, cur.X, cur.y, cur.xi)]) + add
+                if parts:
+                    ids = np.concatenate([p[0] for p in parts])
+                    order = np.argsort(ids, kind="stable")
+                    cur = _Rows(ids[order],
+                                np.concatenate([p[1] for p in parts])[order],
+                                np.concatenate([p[2] for p in parts])[order],
+                                np.concatenate([p[3] for p in parts])[order])
+                else:
+                    r0 = replies[0]
+                    cur = _Rows(np.empty(0, dtype=np.int64), r0["new_X"][:0], r0["new_y"][:0],
+                                r0["new_xi"][:0])
+            self._rows[c] = cur
+
+    def evaluate(self, points: list[np.ndarray | None], grad: list[bool]
+                 ) -> list[tuple[np.ndarray, np.ndarray | None, int] | None]:
+        """``Σ_bright log L~`` (and its θ-gradient) of each chain at its points.
+
+        Parameters
+        ----------
+        points
+            Per chain, the points ``(k, P)`` to evaluate, or None.
+        grad
+            Per chain, whether gradients are wanted.
+
+        Returns
+        -------
+        list
+            Per chain (None where ``points`` was None): the sums ``(k,)``, the gradients
+            ``(k, P)`` or None, and the likelihood queries made (``k × M``).
+        """
+        out: list[tuple[np.ndarray, np.ndarray | None, int] | None] = [None] * self.chains
+        P = None
+        for g in (True, False):  # with gradients, then without: one pass each
+            sel = [c for c in range(self.chains)
+                   if points[c] is not None and bool(grad[c]) is g]
+            live = [c for c in sel if self._rows[c].ids.size and points[c].shape[0]]
+            terms = bright_terms_many(
+                self.model, [(points[c], self._rows[c].X, self._rows[c].y, self._rows[c].xi)
+                             for c in live], g) if live else []
+            done = dict(zip(live, terms, strict=True))
+            for c in sel:
+                pts = points[c]
+                k = pts.shape[0]
+                P = pts.shape[1]
+                if c in done:
+                    vals, dvals = done[c]
+                    sums = vals.sum(axis=1)
+                    grads = self.model.grad_theta(dvals, self._rows[c].X) if g else None
+                else:
+                    sums = np.zeros(k)
+                    grads = np.zeros((k, P)) if g else None
+                out[c] = (sums, grads, k * int(self._rows[c].ids.size))
+        return out
+
+    def state(self) -> list[dict[str, Any]]:
+        """Each chain's bright global row ids (tests)."""
+        return [{"ids": None if r is None else r.ids.copy()} for r in self._rows]
