@@ -343,9 +343,13 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
                                for k, v in p.items()}) for p in ck["params"]]
         for r, s in zip(driver.rngs, ck["rng_states"], strict=True):
             r.bit_generator.state = rng_state_from_json(s)
-        driver.seq = int(ck.get("seq", 0)) + 1_000_000
-        # a fresh exact draw of z at the resumed positions: a valid Gibbs step
-        transport.call("set_positions", driver.positions, 1)
+        driver.seq = int(ck.get("seq", 0))
+        # a fresh exact draw of z at the resumed positions (a valid Gibbs step), from
+        # streams of a generation no earlier segment used: the one counter that fault
+        # recovery also advances, kept in every checkpoint (traces written before it was
+        # kept had used generation 1 for their resume)
+        transport.generation = int(ck.get("generation", 1)) + 1
+        transport.call("set_positions", driver.positions, transport.generation)
     total = num_warmup + num_samples
     n_keep = num_samples
     samples = np.empty((C, n_keep, P))

@@ -548,6 +548,8 @@ class Driver:
             "params": [params_to_json(p) for p in self.params],
             "rng_states": [_rng_state_to_json(r.bit_generator.state) for r in self.rngs],
             "seq": int(self.seq),
+            # the random-stream generation of the shards' z: resume starts the next one
+            "generation": int(self.transport.generation),
         }
 
 

@@ -24,6 +24,8 @@ class InProcessTransport:
         self.specs = sorted(specs, key=lambda s: s.shard_id)
         self.host = ShardHost(self.specs, config, data)
         self.round_trips = 0
+        #: random-stream generation of the shards' z draws (advanced on resume)
+        self.generation = 0
         self.recoveries: list[dict[str, Any]] = []
 
     @property

@@ -58,11 +58,19 @@ FLYMC_OPTIONS = {"q_db": 0.1, "resample_fraction": 0.25}
 MODEL_CLASSES = {"logistic": fd.LogisticRegression, "robust": fd.RobustRegression,
                  "softmax": fd.SoftmaxRegression}
 KERNELS = ("rwmh", "mala", "slice")
-#: (algorithm, bounds, kernel, z_update); bounds/z_update are None for regular MCMC
-COMBINATIONS = ([("regular", None, k, None) for k in KERNELS]
-                + [("flymc", b, k, z) for b in ("untuned", "map") for k in KERNELS
-                   for z in ("implicit", "explicit")])
-N_RUNS = len(MODEL_CLASSES) * len(COMBINATIONS)  # 45
+#: kernels that evaluate several points per iteration: by default ("auto") FlyMC runs
+#: them on the driver's replica of the bright rows; they also run with the shards
+#: evaluating every point (bright_replica=False), and RWMH also on the replica
+MULTI_EVAL = ("mala", "slice")
+#: (algorithm, bounds, kernel, z_update, mode); bounds/z_update/mode are None for regular
+#: MCMC; mode None is the default bright_replica="auto", else "replica" or "shards"
+COMBINATIONS = ([("regular", None, k, None, None) for k in KERNELS]
+                + [("flymc", b, k, z, None) for b in ("untuned", "map") for k in KERNELS
+                   for z in ("implicit", "explicit")]
+                + [("flymc", b, k, z, "shards") for k in MULTI_EVAL
+                   for b, z in (("untuned", "implicit"), ("map", "explicit"))]
+                + [("flymc", "map", "rwmh", "implicit", "replica")])
+N_RUNS = len(MODEL_CLASSES) * len(COMBINATIONS)
 #: family-wise false-alarm rate of the whole file; each run gets alpha = FAMILY_ALPHA / N_RUNS
 FAMILY_ALPHA = 0.01
 RUN_ALPHA = FAMILY_ALPHA / N_RUNS
@@ -192,7 +200,7 @@ def check_against(samples: np.ndarray, ref_mean: np.ndarray, ref_cov: np.ndarray
 _PROBLEMS: dict[str, R.Problem] = {}
 _REFERENCES: dict[tuple, R.Moments] = {}
 #: the run the negative controls reuse
-CONTROL_COMBO = ("flymc", "map", "rwmh", "implicit")
+CONTROL_COMBO = ("flymc", "map", "rwmh", "implicit", None)
 
 
 def problem(name: str) -> R.Problem:
@@ -222,9 +230,11 @@ def run_seed(name: str, combo: tuple) -> int:
 
 def run_sampler(name: str, combo: tuple) -> fd.Result:
     """One run of the package's sampler on problem ``name`` with ``combo``."""
-    algorithm, bounds, kernel, z_update = combo
+    algorithm, bounds, kernel, z_update, mode = combo
     prob = problem(name)
     options = dict(FLYMC_OPTIONS) if algorithm == "flymc" else {}
+    if mode is not None:
+        options["bright_replica"] = mode == "replica"
     return fd.sample(MODEL_CLASSES[name](**prob.settings), (prob.X, prob.y),
                      algorithm=algorithm, bounds=bounds or "map", kernel=kernel,
                      z_update=z_update or "implicit", num_warmup=NUM_WARMUP,

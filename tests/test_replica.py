@@ -1,0 +1,186 @@
+"""The driver's replica of the bright rows (replica mode), checked deterministically.
+
+* After every round the replica holds exactly each chain's bright rows on the shards
+  (ids, features, targets and tight points), for every model and z-update, also after
+  a redraw of z (the shards then send whole sets).
+* Its sums and gradients equal the shards' own evaluation of the same rows.
+* One round trip per iteration for every kernel; the mode is chosen by
+  ``bright_replica`` ("auto": multi-evaluation kernels within the memory budget) and
+  reported in ``res.info``.
+
+The statistical proof that replica mode targets the exact posterior is in
+``test_exactness.py`` (its combinations run in both modes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flymc_dist as fd
+from flymc_dist.api import _shard_layout
+from flymc_dist.driver import Driver
+from flymc_dist.kernels import get_kernel
+from flymc_dist.shard import Request, ShardConfig
+from flymc_dist.transport import InProcessTransport
+
+
+def _data(model_name: str, n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.c_[np.ones(n), rng.standard_normal((n, 2))]
+    if model_name == "logistic":
+        y = (rng.random(n) < 1 / (1 + np.exp(-X @ [0.2, 1.0, -0.7]))).astype(int)
+    elif model_name == "softmax":
+        W = np.array([[0.0, 1.0, 0.0], [0.3, -1.0, 0.5], [-0.2, 0.0, -1.0]])
+        logits = X @ W.T
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        y = np.array([rng.choice(3, p=pi) for pi in p])
+    else:
+        y = X @ [0.5, -1.0, 2.0] + rng.standard_t(4, n)
+    return X, y
+
+
+MODELS = {"logistic": lambda: fd.LogisticRegression(),
+          "softmax": lambda: fd.SoftmaxRegression(n_classes=3),
+          "robust": lambda: fd.RobustRegression(prior="laplace")}
+
+
+def _driver(model_name: str, z_update: str, bounds: str = "map", kernel: str = "slice",
+            **options) -> tuple[Driver, InProcessTransport]:
+    X, y = _data(model_name)
+    model = MODELS[model_name]()
+    opts = {"n_shards": 3, **options}
+    specs, mem, n_rows, n_features, *_ = _shard_layout((X, y), opts)
+    kern = get_kernel(kernel)
+    config = ShardConfig(model=model, algorithm="flymc", chains=3, seed=5, z_update=z_update,
+                         resample_fraction=0.3, track_grad=kern.needs_grad
+                         if hasattr(kern, "needs_grad") else False)
+    transport = InProcessTransport(specs, config, mem)
+    driver = Driver(model, transport, kern, n_features=n_features, bounds=bounds, chains=3,
+                    seed=5, q_db=0.05, n_rows=n_rows, bright_replica=True)
+    return driver, transport
+
+
+def _shard_bright(transport: InProcessTransport, chain: int) -> np.ndarray:
+    """Global ids of one chain's bright rows over all shards."""
+    out = []
+    for spec in transport.specs:
+        shard = transport.host.shards[spec.shard_id]
+        out.append(np.flatnonzero(shard.bright_mask(chain)) + spec.start)
+    return np.concatenate(out)
+
+
+def _check_mirror(driver: Driver, transport: InProcessTransport, X, y) -> None:
+    shard = transport.host.shards[0]
+    for c in range(driver.chains):
+        rows = driver.replica._rows[c]
+        np.testing.assert_array_equal(rows.ids, _shard_bright(transport, c))
+        np.testing.assert_array_equal(rows.X, X[rows.ids])
+        np.testing.assert_array_equal(rows.y, y[rows.ids])
+        # tight points: the shards' own (shard 0 holds rows 0..n0)
+        on0 = rows.ids < shard.n
+        np.testing.assert_array_equal(rows.xi[on0], shard.xi[rows.ids[on0]])
+
+
+@pytest.mark.parametrize("z_update", ["implicit", "explicit"])
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_replica_mirrors_the_shards_z(model_name, z_update):
+    X, y = _data(model_name)
+    driver, transport = _driver(model_name, z_update, bounds="untuned")
+    driver.setup()
+    assert driver.replica is not None
+    moved = 0
+    before = None
+    for _ in range(25):
+        driver.step()
+        _check_mirror(driver, transport, X, y)
+        now = [driver.replica._rows[c].ids.copy() for c in range(driver.chains)]
+        if before is not None:
+            moved += sum(not np.array_equal(a, b) for a, b in zip(before, now, strict=True))
+        before = now
+    assert moved > 0  # z did change along the way: the deltas were exercised
+    # a redraw of z on the shards (as on resume or recovery): whole sets are sent again
+    transport.call("set_positions", driver.positions, 7)
+    driver.step()
+    _check_mirror(driver, transport, X, y)
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_replica_sums_equal_shard_evaluation(model_name):
+    """The replica's sums and gradients at arbitrary points equal the shards' own, in
+    shard mode, on the same bright rows."""
+    driver, transport = _driver(model_name, "implicit", bounds="untuned")
+    driver.setup()
+    for _ in range(5):
+        driver.step()
+    rng = np.random.default_rng(1)
+    pts = [driver.positions[c] + 0.1 * rng.standard_normal((2, driver.P))
+           for c in range(driver.chains)]
+    local = driver.replica.evaluate(pts, [True] * driver.chains)
+    # the same rows evaluated by the shards themselves (shard mode, gradients kept)
+    for sh in transport.host.shards.values():
+        sh.replica, sh.track_grad = False, True
+    for c in range(driver.chains):
+        want = np.zeros(2)
+        grad = np.zeros((2, driver.P))
+        for spec in transport.specs:
+            sh = transport.host.shards[spec.shard_id]
+            rows = np.flatnonzero(sh.bright_mask(c))
+            if rows.size:
+                v, d, Xr = sh._bright_eval(pts[c], rows, True)
+                want += v.sum(axis=1)
+                grad += driver.model.grad_theta(d, Xr)
+        np.testing.assert_allclose(local[c][0], want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(local[c][1], grad, rtol=1e-10, atol=1e-10)
+        assert local[c][2] == 2 * driver.replica._rows[c].ids.size
+
+
+@pytest.mark.parametrize("kernel", ["rwmh", "mala", "slice"])
+def test_one_round_trip_per_iteration_in_replica_mode(kernel):
+    X, y = _data("logistic")
+    res = fd.sample(fd.LogisticRegression(), (X, y), kernel=kernel, num_warmup=20,
+                    num_samples=30, chains=2, client="synchronous", n_shards=3,
+                    bright_replica=True, progress=False)
+    assert res.info["bright_replica"] is True
+    assert np.all(res.stats["round_trips"] == 1)
+    assert np.all(res.warmup_stats["round_trips"] == 1)
+    shard_mode = fd.sample(fd.LogisticRegression(), (X, y), kernel=kernel, num_warmup=20,
+                           num_samples=30, chains=2, client="synchronous", n_shards=3,
+                           bright_replica=False, progress=False)
+    assert shard_mode.info["bright_replica"] is False
+    if kernel != "rwmh":  # several evaluations per iteration: several round trips
+        assert shard_mode.stats["round_trips"].mean() > 1.5
+
+
+def test_auto_mode_follows_kernel_and_budget():
+    X, y = _data("logistic")
+    kw = dict(num_warmup=5, num_samples=5, chains=2, client="synchronous", progress=False)
+    m = fd.LogisticRegression()
+    assert fd.sample(m, (X, y), kernel="slice", **kw).info["bright_replica"] is True
+    assert fd.sample(m, (X, y), kernel="rwmh", **kw).info["bright_replica"] is False
+    assert fd.sample(m, (X, y), kernel="slice", replica_budget=0,
+                     **kw).info["bright_replica"] is False
+    assert fd.sample(m, (X, y), algorithm="regular", kernel="slice",
+                     **kw).info["bright_replica"] is False
+
+
+@pytest.mark.parametrize("bad", [{"bright_replica": "yes"}, {"bright_replica": 1},
+                                 {"replica_budget": -1}, {"replica_budget": "1GB"}])
+def test_replica_options_are_validated(bad):
+    X, y = _data("logistic")
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        fd.sample(fd.LogisticRegression(), (X, y), client="synchronous", **bad)
+
+
+def test_replica_round_is_idempotent_in_seq():
+    """A replayed round (fault recovery) returns the cached reply, not a second update."""
+    driver, transport = _driver("logistic", "implicit", bounds="untuned")
+    driver.setup()
+    reqs = [Request(driver.positions[c:c + 1], False, False) for c in range(driver.chains)]
+    commits = np.full(driver.chains, -1)
+    first = transport.round(99, commits, True, reqs, driver.positions)
+    again = transport.round(99, commits, True, reqs, driver.positions)
+    for a, b in zip(first, again, strict=True):
+        assert a is b
