@@ -167,13 +167,11 @@ class Driver:
         self.round_seconds = 0.0
 
     # ------------------------------------------------------------------ set-up
-    def _log_post_full(self, theta: np.ndarray, order: int) -> tuple[float, np.ndarray, Any]:
-        parts = self.transport.call("loglik_sum", theta, order)
+    def _log_lik_full(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """``Σ_n ℓ_n(θ)`` with its gradient and Hessian: one full pass on the shards."""
+        parts = self.transport.call("loglik_sum", theta, 2)
         self.setup_queries += self.n_rows  # a full pass: every datum at one θ
-        val = float(self.model.log_prior(theta[None])[0]) + sum(p[0] for p in parts)
-        grad = self.model.log_prior_grad(theta[None])[0] + sum(p[1] for p in parts)
-        hess = sum(p[2] for p in parts) if order >= 2 else None
-        return val, grad, hess
+        return (sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts))
 
     def find_map(self, x0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """MAP estimate by trust-region Newton with shard-summed gradients and Hessians.
@@ -185,14 +183,17 @@ class Driver:
             prior's curvature from :meth:`Model.prior_precision`).
         """
         cache: dict[bytes, tuple[float, np.ndarray, np.ndarray]] = {}
-        prior_prec = self.model.prior_precision(self.P)
+        loglik: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
 
         def evaluate(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+            """The negated (smoothed: :meth:`Model.prior_map_terms`) log posterior."""
             key = np.asarray(theta, float).tobytes()
             if key not in cache:
-                v, g, h = self._log_post_full(np.asarray(theta, float), 2)
+                v, g, h = self._log_lik_full(np.asarray(theta, float))
+                pv, pg, ph = self.model.prior_map_terms(np.asarray(theta, float))
                 cache.clear()
-                cache[key] = (-v, -g, -h + prior_prec)
+                cache[key] = (-(v + pv), -(g + pg), -(h + np.diag(ph)))
+                loglik["last"] = (v, g, h)
             return cache[key]
 
         x0 = np.zeros(self.P) if x0 is None else np.asarray(x0, float)
@@ -200,7 +201,10 @@ class Driver:
                                       hess=lambda t: evaluate(t)[2], method="trust-exact",
                                       options={"maxiter": self.map_maxiter, "gtol": 1e-6})
         theta = np.asarray(res.x, float)
-        _, _, neg_h = evaluate(theta)
+        evaluate(theta)
+        # the preconditioner's curvature: the likelihood's, plus the prior's Gaussian
+        # stand-in (:meth:`Model.prior_precision`), never the smoothing's spike at 0
+        neg_h = -loglik["last"][2] + self.model.prior_precision(self.P)
         self.map_info = {"success": bool(res.success), "iterations": int(res.nit),
                          "evaluations": int(res.nfev), "message": str(res.message)}
         if not np.all(np.isfinite(theta)):

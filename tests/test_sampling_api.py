@@ -106,10 +106,14 @@ def test_rwmh_one_round_trip_per_iteration():
 
 
 def test_mala_two_round_trips_slice_at_least_one():
-    res = _run(kernel="mala")
+    """With the shards evaluating every point; on the driver's replica of the bright
+    rows (the default for these kernels) every iteration is one round trip."""
+    res = _run(kernel="mala", bright_replica=False)
     assert np.all(_all_stats(res, "round_trips") == 2)
-    res = _run(kernel="slice")
+    res = _run(kernel="slice", bright_replica=False)
     assert np.all(_all_stats(res, "round_trips") >= 1)
+    for kernel in ("mala", "slice"):
+        assert np.all(_all_stats(_run(kernel=kernel), "round_trips") == 1)
 
 
 def test_rejected_steps_keep_position_and_accepted_flags_agree():
@@ -155,16 +159,23 @@ def test_regular_log_joint_is_the_exact_log_posterior():
                                rtol=1e-10, atol=1e-9)
 
 
+@pytest.mark.parametrize("replica", [False, True])
 @pytest.mark.parametrize("fraction", [1.0, 0.3])
 @pytest.mark.parametrize("kernel", ["rwmh", "mala"])
-def test_flymc_explicit_queries_exact(kernel, fraction):
+def test_flymc_explicit_queries_exact(kernel, fraction, replica):
+    """Shards evaluating the kernel's points: the resampled rows and the bright rows at
+    the proposal (the current θ's values are cached from the committed proposal). On
+    the driver's replica: the replica also evaluates its bright rows at the current θ
+    once per iteration (values and gradient), so 2 M."""
     X, y = _logistic_data(n=23)  # shards of 12 and 11 rows
-    res = _run((X, y), kernel=kernel, z_update="explicit", resample_fraction=fraction)
+    res = _run((X, y), kernel=kernel, z_update="explicit", resample_fraction=fraction,
+               bright_replica=replica)
+    assert res.info["bright_replica"] is replica
     sizes = (12, 11)
     resampled = sum(math.ceil(fraction * n) for n in sizes)
     q = _all_stats(res, "likelihood_queries")
     m = _all_stats(res, "n_bright")
-    np.testing.assert_array_equal(q, resampled + m)
+    np.testing.assert_array_equal(q, resampled + (2 if replica else 1) * m)
     # initial exact draw of z: every row once per chain
     # one full pass per chain to draw z exactly at the start, plus the MAP search's passes
     assert res.info["setup_queries"] >= 3 * 23 and res.info["setup_queries"] % 23 == 0
@@ -175,7 +186,8 @@ def test_flymc_explicit_queries_exact(kernel, fraction):
 def test_flymc_implicit_q1_queries_exact(kernel, bounds):
     X, y = _logistic_data(n=23)
     N = X.shape[0]
-    res = _run((X, y), kernel=kernel, bounds=bounds, z_update="implicit", q_db=1.0)
+    res = _run((X, y), kernel=kernel, bounds=bounds, z_update="implicit", q_db=1.0,
+               bright_replica=False)
     q = _all_stats(res, "likelihood_queries")
     m = _all_stats(res, "n_bright")
     np.testing.assert_array_equal(q[:, 1:], N - m[:, :-1] + m[:, 1:])
