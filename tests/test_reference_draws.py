@@ -341,6 +341,11 @@ def run_config(cfg: Config, workdir: Path,
                                 chains=CHAINS, seed=cfg.seed, client=client, n_shards=N_SHARDS,
                                 progress=False)
     opts.update(dict(cfg.options))
+    if cfg.algorithm == "flymc":
+        # recorded with the shards evaluating every point the kernel asks for: pinned,
+        # since the default ("auto") now runs multi-evaluation kernels on the driver's
+        # replica of the bright rows (a new mode, covered by tests/test_replica.py)
+        opts.setdefault("bright_replica", False)
 
     def sample(**extra: Any) -> Any:
         return fd.sample(make_model(cfg.model), data, **{**opts, **extra})
