@@ -71,6 +71,7 @@ class MALA:
     """
 
     name = "mala"
+    needs_grad = True
 
     def __init__(self, target_accept: float = 0.57, step_size: float | None = None) -> None:
         self.target_accept = check_probability("target_accept", target_accept)
