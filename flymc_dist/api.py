@@ -284,7 +284,7 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
     config = ShardConfig(model=model, algorithm=algorithm, chains=chains, seed=seed,
                          z_update=z_update,
                          resample_fraction=float(options.get("resample_fraction", 0.1)),
-                         track_grad=bool(getattr(kern, "needs_grad", False)))
+                         track_grad=kern.needs_grad)
     from flymc_dist.cluster import open_transport
 
     transport = open_transport(client, specs, config, mem, options)

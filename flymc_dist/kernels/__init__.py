@@ -1,8 +1,9 @@
 """θ-kernels: generators speaking the request/response protocol of :mod:`.base`.
 
 They know nothing of FlyMC, shards or Dask. Each kernel has ``init_params(dim,
-scale_tril)``, ``step(rng, position, params)`` (a generator) and ``adapter(params,
-num_warmup)`` (warm-up adaptation, kept outside the kernel).
+scale_tril)``, ``step(rng, position, params)`` (a generator), ``adapter(params,
+num_warmup)`` (warm-up adaptation, kept outside the kernel) and a class attribute
+``needs_grad`` (its requests ask for gradients).
 
 >>> kernel = get_kernel("rwmh", target_accept=0.3)
 >>> params = kernel.init_params(2, None)
@@ -13,6 +14,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from flymc_dist.kernels.adaptation import WindowAdaptation, build_schedule
 from flymc_dist.kernels.base import (
     Adapter,
     EvalRequest,
@@ -22,17 +24,24 @@ from flymc_dist.kernels.base import (
     StepGenerator,
     run_step,
 )
+from flymc_dist.kernels.hamiltonian import HamiltonianInfo, HamiltonianParams
+from flymc_dist.kernels.hmc import HMC
 from flymc_dist.kernels.mala import MALA, MALAParams
+from flymc_dist.kernels.nuts import NUTS
 from flymc_dist.kernels.rwmh import DualAveraging, RandomWalkMH, RWMHParams, StepSizeAdapter
 from flymc_dist.kernels.slice import SliceInfo, SliceParams, SliceSampler
 
 __all__ = [
+    "HMC",
     "KERNELS",
     "MALA",
+    "NUTS",
     "Adapter",
     "DualAveraging",
     "EvalRequest",
     "EvalResponse",
+    "HamiltonianInfo",
+    "HamiltonianParams",
     "Kernel",
     "KernelInfo",
     "MALAParams",
@@ -43,12 +52,15 @@ __all__ = [
     "SliceSampler",
     "StepGenerator",
     "StepSizeAdapter",
+    "WindowAdaptation",
+    "build_schedule",
     "get_kernel",
     "run_step",
 ]
 
 #: kernel name → class
-KERNELS: dict[str, type] = {"rwmh": RandomWalkMH, "mala": MALA, "slice": SliceSampler}
+KERNELS: dict[str, type] = {"rwmh": RandomWalkMH, "mala": MALA, "slice": SliceSampler,
+                            "hmc": HMC, "nuts": NUTS}
 
 
 def get_kernel(name: str, **options: Any) -> Kernel:
@@ -57,10 +69,13 @@ def get_kernel(name: str, **options: Any) -> Kernel:
     Parameters
     ----------
     name
-        ``"rwmh"``, ``"mala"`` or ``"slice"`` (case-insensitive).
+        ``"rwmh"``, ``"mala"``, ``"slice"``, ``"hmc"`` or ``"nuts"`` (case-insensitive).
     **options
         Constructor options of that kernel (e.g. ``target_accept``, ``step_size``;
-        ``batch``, ``max_steps_out``, ``shrink_ahead``, ``width`` for slice).
+        ``batch``, ``max_steps_out``, ``shrink_ahead``, ``width`` for slice;
+        ``metric`` (``"dense"`` or ``"diag"``), ``find_step_size``,
+        ``divergence_threshold`` for hmc and nuts; ``max_tree_depth`` for nuts;
+        ``trajectory_length``, ``jitter``, ``max_steps`` for hmc).
 
     Returns
     -------

@@ -79,6 +79,9 @@ class Kernel(Protocol):
 
     name: str
     target_accept: float
+    #: the kernel's requests ask for gradients (``grad`` / ``current_grad``): whoever
+    #: evaluates the target must be able to give them
+    needs_grad: bool
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None) -> Any:
         """Initial parameters: ``scale_tril`` is a Cholesky factor of an approximate

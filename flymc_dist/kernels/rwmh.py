@@ -306,6 +306,7 @@ class RandomWalkMH:
     """
 
     name = "rwmh"
+    needs_grad = False
     #: every step makes exactly one request (so every round trip starts an iteration)
     requests_per_step = 1
 

@@ -171,6 +171,7 @@ class SliceSampler:
     """
 
     name = "slice"
+    needs_grad = False
     target_accept = 1.0
 
     def __init__(self, batch: int = 4, max_steps_out: int = 32, shrink_ahead: int | None = None,

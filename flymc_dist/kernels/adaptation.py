@@ -1,0 +1,233 @@
+"""Stan's windowed warm-up adaptation of the step size and metric (HMC, NUTS).
+
+The warm-up is split (Stan reference manual, "HMC algorithm parameters"; blackjax
+``window_adaptation.build_schedule``) into
+
+1. an initial *fast* buffer (75 steps): only the step size adapts, while the chain
+   finds the typical set;
+2. *slow* windows (25, 50, 100, … steps, each twice the previous, the last one
+   stretched to the end of the slow phase when the next would not fit): the draws of
+   each window give a Welford estimate of the posterior (co)variance, which becomes the
+   inverse metric at the window's end, regularised as Stan does,
+   ``(n/(n+5)) Σ̂ + 10⁻³ (5/(n+5)) I``; the step size is then searched afresh (Stan's
+   heuristic, run by the kernel's next step) and dual averaging restarts from it;
+3. a terminal *fast* buffer (50 steps): the step size adapts to the last metric.
+
+When the three do not fit (fewer than 150 steps) they become 15 % / 75 % / 10 % of the
+warm-up; below 20 steps the metric is never estimated (the step size still adapts).
+One deliberate difference from Stan: Stan never stretches the *first* slow window, so
+that e.g. 160 warm-up steps give windows of 25 and 10 draws; here the first window is
+stretched like the others (one window of 35). The windows differ from Stan's only for
+151 ≤ num_warmup ≤ 199.
+
+The schedule is :func:`build_schedule`, a pure function; :class:`WindowAdaptation` is
+the :class:`~flymc_dist.kernels.base.Adapter` the Hamiltonian kernels hand the driver.
+The adapter sees only :class:`~flymc_dist.kernels.base.KernelInfo`\\ s: the warm-up
+draw comes in ``info.position`` and the heuristic's step size in ``info.step_size``
+(:class:`~flymc_dist.kernels.hamiltonian.HamiltonianInfo`).
+
+Stan's heuristic needs evaluations of the target, which an adapter cannot make: the
+adapter sets ``params.find_step_size`` and the kernel's next step runs it before its
+transition. Since the driver hands the first warm-up step the initial params (not the
+adapter's), the first search runs at the *second* warm-up step; the first step runs
+with the initial step size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flymc_dist.kernels.base import KernelInfo
+from flymc_dist.kernels.hamiltonian import HamiltonianParams, hamiltonian_params
+from flymc_dist.kernels.rwmh import DualAveraging
+
+__all__ = ["Welford", "WindowAdaptation", "build_schedule", "regularised_covariance"]
+
+#: Stan's default buffer and first-window sizes
+INITIAL_BUFFER = 75
+FIRST_WINDOW = 25
+FINAL_BUFFER = 50
+#: below this many warm-up steps the metric is not adapted (as Stan)
+MIN_WARMUP_FOR_METRIC = 20
+
+
+def build_schedule(num_warmup: int, initial_buffer: int = INITIAL_BUFFER,
+                   first_window: int = FIRST_WINDOW,
+                   final_buffer: int = FINAL_BUFFER) -> list[tuple[int, int]]:
+    """The slow (metric) windows of a warm-up of ``num_warmup`` steps.
+
+    Parameters
+    ----------
+    num_warmup
+        Number of warm-up steps (non-negative).
+    initial_buffer, first_window, final_buffer
+        Stan's 75, 25 and 50. If they do not fit they become 15 %, 75 % and 10 % of
+        ``num_warmup`` (Stan's fallback).
+
+    Returns
+    -------
+    list of (int, int)
+        Half-open windows ``[start, stop)`` of warm-up step indices (0-based),
+        contiguous and increasing. The draw of step ``i`` enters the estimate of the
+        window holding ``i``; the new metric applies from step ``stop``. Steps before the
+        first window form the initial fast buffer, steps from the last ``stop`` on the
+        terminal one. Empty when ``num_warmup < 20``.
+
+    Raises
+    ------
+    ValueError
+        On a negative or non-integer argument.
+
+    Examples
+    --------
+    >>> build_schedule(1000)
+    [(75, 100), (100, 150), (150, 250), (250, 450), (450, 950)]
+    >>> build_schedule(100)
+    [(15, 90)]
+    """
+    for name, value in (("num_warmup", num_warmup), ("initial_buffer", initial_buffer),
+                        ("first_window", first_window), ("final_buffer", final_buffer)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    num_warmup = int(num_warmup)
+    if num_warmup < MIN_WARMUP_FOR_METRIC:
+        return []
+    if initial_buffer + first_window + final_buffer > num_warmup:
+        initial_buffer = int(0.15 * num_warmup)
+        final_buffer = int(0.1 * num_warmup)
+        first_window = num_warmup - initial_buffer - final_buffer
+    if first_window < 1:
+        return []
+    end = num_warmup - final_buffer  # the slow phase is [initial_buffer, end)
+    windows = []
+    start, size = initial_buffer, first_window
+    while start < end:
+        stop = start + size
+        # stretch this window to the end when the next (twice as long) would not fit
+        if stop + 2 * size > end:
+            stop = end
+        windows.append((start, stop))
+        start, size = stop, 2 * size
+    return windows
+
+
+class Welford:
+    """Welford's running mean and (co)variance of vectors (``dense``: full covariance)."""
+
+    def __init__(self, dim: int, dense: bool) -> None:
+        self.dense = dense
+        self.count = 0
+        self.mean = np.zeros(dim)
+        self.m2 = np.zeros((dim, dim)) if dense else np.zeros(dim)
+
+    def add(self, x: np.ndarray) -> None:
+        """Add one draw."""
+        self.count += 1
+        delta = x - self.mean
+        self.mean += delta / self.count
+        if self.dense:
+            self.m2 += np.outer(x - self.mean, delta)
+        else:
+            self.m2 += (x - self.mean) * delta
+
+    def covariance(self) -> np.ndarray:
+        """The sample (co)variance (divisor ``n − 1``); needs two draws or more."""
+        if self.count < 2:
+            raise ValueError("a covariance needs at least two draws")
+        cov = self.m2 / (self.count - 1)
+        return 0.5 * (cov + cov.T) if self.dense else cov
+
+
+def regularised_covariance(cov: np.ndarray, n: int) -> np.ndarray:
+    """Stan's regularisation of an estimated (co)variance from ``n`` draws:
+    ``(n/(n+5)) Σ̂ + 10⁻³ (5/(n+5)) I`` (``I`` a vector of ones for a diagonal)."""
+    shrunk = (n / (n + 5.0)) * cov
+    jitter = 1e-3 * (5.0 / (n + 5.0))
+    if cov.ndim == 1:
+        return shrunk + jitter
+    return shrunk + jitter * np.eye(cov.shape[0])
+
+
+class WindowAdaptation:
+    """Stan's windowed adaptation (see the module docstring) as an ``Adapter``.
+
+    Parameters
+    ----------
+    params
+        The starting params; the metric estimated has the form of ``params.inv_metric``
+        (1-D: diagonal, 2-D: dense).
+    num_warmup
+        Number of warm-up steps (non-negative).
+    target_accept
+        Target of the mean acceptance statistic.
+    find_step_size
+        Ask the kernel for Stan's step-size heuristic at the second step and after each
+        metric update (default True); if False, dual averaging just restarts from its
+        current step size after a metric update.
+    initial_buffer, first_window, final_buffer
+        Passed to :func:`build_schedule`.
+    """
+
+    def __init__(self, params: HamiltonianParams, num_warmup: int, target_accept: float, *,
+                 find_step_size: bool = True, initial_buffer: int = INITIAL_BUFFER,
+                 first_window: int = FIRST_WINDOW, final_buffer: int = FINAL_BUFFER) -> None:
+        self.windows = build_schedule(num_warmup, initial_buffer, first_window, final_buffer)
+        self.num_warmup = int(num_warmup)
+        self.target = float(target_accept)
+        self.find_step_size = bool(find_step_size)
+        self.count = 0
+        self._window = 0  # index of the current or next slow window
+        self._params = params._replace(find_step_size=False)
+        self._da = DualAveraging(params.step_size, self.target)
+        self._welford: Welford | None = None
+
+    def update(self, info: KernelInfo) -> HamiltonianParams:
+        """Feed one warm-up step's info; returns the params for the next step.
+
+        Raises
+        ------
+        TypeError
+            If ``info`` carries no ``position`` (not a Hamiltonian kernel's info).
+        """
+        if self.count >= self.num_warmup:
+            return self.final()
+        i = self.count
+        self.count += 1
+        if getattr(info, "step_size_found", False):  # the step searched: restart there
+            self._da = DualAveraging(info.step_size, self.target)
+        eps = self._da.update(min(1.0, float(info.accept_prob)))
+        search = self.find_step_size and i == 0
+        params = self._params
+        if self._window < len(self.windows):
+            start, stop = self.windows[self._window]
+            if start <= i < stop:
+                position = getattr(info, "position", None)
+                if position is None:
+                    raise TypeError("windowed adaptation needs info.position (the warm-up "
+                                    f"draw); {type(info).__name__} has none")
+                if self._welford is None:
+                    self._welford = Welford(position.shape[0], params.inv_metric.ndim == 2)
+                self._welford.add(np.asarray(position, dtype=np.float64))
+            if i == stop - 1:
+                n = self._welford.count
+                inv = regularised_covariance(self._welford.covariance(), n)
+                params = hamiltonian_params(params.step_size, inv)
+                self._welford = None
+                self._window += 1
+                if self.find_step_size:
+                    search = True
+                else:  # restart dual averaging from the current step size
+                    self._da = DualAveraging(eps, self.target)
+        self._params = params._replace(step_size=eps, find_step_size=search)
+        return self._params
+
+    def final(self) -> HamiltonianParams:
+        """The params to sample with: the averaged step size and the last metric."""
+        if self.count == 0:
+            return self._params
+        return self._params._replace(step_size=self._da.final(), find_step_size=False)
+
+    def __repr__(self) -> str:
+        return (f"WindowAdaptation(num_warmup={self.num_warmup}, target={self.target}, "
+                f"windows={self.windows})")
+
