@@ -96,28 +96,10 @@ class Result:
         return Summary(table, names, header)
 
     def efficiency(self) -> dict[str, float]:
-        """Cost figures: queries and seconds per iteration, ESS per query and per second."""
-        C, S = self.samples.shape[:2]
-        flat = self.samples.reshape(C, S, -1)
-        ess = np.array([diagnostics.ess_bulk(flat[:, :, j]) for j in range(flat.shape[2])])
-        q = self.stats["likelihood_queries"]
-        secs = float(self.info.get("sampling_seconds", np.nan))
-        n_iter = S
-        min_ess = float(np.nanmin(ess)) if ess.size else float("nan")
-        mean_ess = float(np.nanmean(ess)) if ess.size else float("nan")
-        total_q = float(q.sum())
-        return {
-            "queries_per_iteration": float(q.mean()),
-            "seconds_per_iteration": secs / n_iter if n_iter else float("nan"),
-            "bright_fraction": float(self.stats["n_bright"].mean() / self.info["n_rows"]),
-            "acceptance": float(self.stats["accepted"].mean()),
-            "round_trips_per_iteration": float(self.stats["round_trips"].mean()),
-            "ess_min": min_ess,
-            "ess_mean": mean_ess,
-            "ess_per_1000_iterations": 1000.0 * mean_ess / (C * n_iter),
-            "ess_per_query": mean_ess / total_q if total_q else float("nan"),
-            "ess_per_second": mean_ess / secs if secs else float("nan"),
-        }
+        """Cost figures: queries and seconds per iteration, ESS per query and per second
+        (see :func:`efficiency`)."""
+        return efficiency(self.samples, self.stats, self.info["n_rows"],
+                          float(self.info.get("sampling_seconds", np.nan)))
 
     def to_arviz(self) -> Any:
         """An ``arviz.InferenceData`` (needs the ``arviz`` extra)."""
@@ -133,6 +115,60 @@ class Result:
         tag = " APPROXIMATE" if self.approximate else ""
         return (f"<Result{tag} algorithm={self.info.get('algorithm')} chains={C} draws={S} "
                 f"param_shape={self.param_shape}>")
+
+
+def efficiency(samples: np.ndarray, stats: dict[str, np.ndarray], n_rows: int | None,
+               sampling_seconds: float | None) -> dict[str, float]:
+    """Cost and convergence figures of post-warm-up draws: the one formula for a
+    :class:`Result` and for a trace (``flymc summary``).
+
+    Parameters
+    ----------
+    samples
+        Draws, ``(chains, draws) + param_shape``.
+    stats
+        Per-iteration statistics (``likelihood_queries``, ``n_bright``, ``accepted``,
+        ``round_trips``; missing ones give NaN figures).
+    n_rows
+        N, for the bright fraction (None: NaN).
+    sampling_seconds
+        Wall seconds of the post-warm-up iterations (None or NaN: NaN per-second figures).
+
+    Returns
+    -------
+    dict
+        ``queries_per_iteration``, ``seconds_per_iteration``, ``bright_fraction``,
+        ``acceptance``, ``round_trips_per_iteration``, ``ess_min``, ``ess_median``,
+        ``ess_mean`` (bulk ESS over parameters), ``r_hat_max``, ``ess_per_1000_iterations``,
+        ``ess_per_query`` and ``ess_per_second`` (both from the mean ESS).
+    """
+    C, S = samples.shape[:2]
+    flat = samples.reshape(C, S, -1)
+    ess = np.atleast_1d(np.asarray(diagnostics.ess_bulk(flat), float))
+    rhat = np.atleast_1d(np.asarray(diagnostics.rhat(flat), float))
+    nan = float("nan")
+
+    def stat(name: str) -> np.ndarray:
+        return np.asarray(stats[name], float) if name in stats else np.full((C, S), nan)
+
+    q = stat("likelihood_queries")
+    secs = nan if sampling_seconds is None else float(sampling_seconds)
+    mean_ess = float(np.nanmean(ess)) if ess.size else nan
+    total_q = float(np.nansum(q))
+    return {
+        "queries_per_iteration": float(np.nanmean(q)),
+        "seconds_per_iteration": secs / S if S else nan,
+        "bright_fraction": float(np.nanmean(stat("n_bright")) / n_rows) if n_rows else nan,
+        "acceptance": float(np.nanmean(stat("accepted"))),
+        "round_trips_per_iteration": float(np.nanmean(stat("round_trips"))),
+        "ess_min": float(np.nanmin(ess)) if ess.size else nan,
+        "ess_median": float(np.nanmedian(ess)) if ess.size else nan,
+        "ess_mean": mean_ess,
+        "r_hat_max": float(np.nanmax(rhat)) if rhat.size else nan,
+        "ess_per_1000_iterations": 1000.0 * mean_ess / (C * S) if S else nan,
+        "ess_per_query": mean_ess / total_q if total_q else nan,
+        "ess_per_second": mean_ess / secs if secs and secs > 0 else nan,
+    }
 
 
 def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warmup: int,

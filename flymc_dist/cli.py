@@ -8,7 +8,7 @@ Subcommands::
     flymc run STORE --model … --trace OUT.zarr
                                      sample; draws + stats go to a resumable zarr trace
     flymc summary TRACE              the posterior table and efficiency of a trace
-    flymc bench overhead|sublinear   benchmarks
+    flymc bench overhead|sublinear|mixing   benchmarks
 
 Bad input (a missing file, NaN in the data, an unknown model or option, …) ends with
 exit status 2 and one line ``flymc: error: <reason>`` on stderr, and writes nothing.
@@ -291,10 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_summary)
 
     # ---- bench
-    p = sub.add_parser("bench", help="benchmarks (overhead, sublinear)",
+    p = sub.add_parser("bench", help="benchmarks (overhead, sublinear, mixing)",
                        description="Benchmarks: 'overhead' (FlyMC per iteration against a bare "
-                       "round trip and regular MCMC) and 'sublinear' (austerity MH's data use "
-                       "against N; see 'flymc bench sublinear --help').")
+                       "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
+                       "against N; see 'flymc bench sublinear --help') and 'mixing' "
+                       "(converged draws per second of the whole run, FlyMC against regular "
+                       "MCMC with NUTS; see 'flymc bench mixing --help').")
     bsub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     b = bsub.add_parser("overhead", help="FlyMC vs bare round trip vs regular, per iteration")
     b.add_argument("--rows", type=_positive_int, default=2_000_000,
@@ -317,9 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
     b.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
     b.set_defaults(func=_cmd_bench_overhead)
-    # the options of 'sublinear' come from run_sublinear's signature (see _cmd_bench_sublinear)
+    # the options of these come from run_NAME's signature (see _cmd_bench_module)
     b = bsub.add_parser("sublinear", add_help=False,
                         help="austerity MH: data used per decision against N, bias against eps")
+    b.set_defaults(func=None)
+    b = bsub.add_parser("mixing", add_help=False,
+                        help="min-ESS per second of the whole run, FlyMC vs regular (NUTS)")
     b.set_defaults(func=None)
     return parser
 
@@ -698,33 +703,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _trace_efficiency(trace: Any) -> dict[str, float]:
-    from flymc_dist import diagnostics
+    """:func:`flymc_dist.api.efficiency` of a trace's post-warm-up draws (the wall seconds
+    of its sampling iterations are kept with the checkpoint)."""
+    from flymc_dist.api import efficiency
 
-    x = trace.samples
-    C, S = x.shape[:2]
-    flat = x.reshape(C, S, -1)
-    ess = np.atleast_1d(diagnostics.ess_bulk(flat))
-    st = trace.stats
-    q = np.asarray(st.get("likelihood_queries", np.full((C, S), np.nan)), float)
-    n_rows = trace.attrs.get("n_rows")
-    bright = np.asarray(st.get("n_bright", np.full((C, S), np.nan)), float)
-    mean_ess = float(np.nanmean(ess))
-    total_q = float(np.nansum(q))
-    # wall seconds of the post-warm-up iterations, recorded with the checkpoint
     secs = (trace.checkpoint or {}).get("seconds", {}).get("sampling")
-    per_it = float(secs) / S if secs and S else float("nan")
-    return {
-        "queries_per_iteration": float(np.nanmean(q)),
-        "seconds_per_iteration": per_it,
-        "ess_per_second": mean_ess / (per_it * S) if per_it > 0 else float("nan"),
-        "bright_fraction": float(bright.mean() / n_rows) if n_rows else float("nan"),
-        "acceptance": float(np.mean(st["accepted"])) if "accepted" in st else float("nan"),
-        "round_trips_per_iteration": (float(np.mean(st["round_trips"]))
-                                      if "round_trips" in st else float("nan")),
-        "ess_min": float(np.nanmin(ess)),
-        "ess_mean": mean_ess,
-        "ess_per_query": mean_ess / total_q if total_q else float("nan"),
-    }
+    return efficiency(trace.samples, trace.stats, trace.attrs.get("n_rows"), secs)
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
@@ -849,18 +833,25 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
     return parser
 
 
-def _cmd_bench_sublinear(argv: Sequence[str]) -> int:
+#: ``flymc bench NAME``: the module ``flymc_dist.bench_NAME`` with ``run_NAME`` (its options
+#: become the command's) and ``format_NAME``
+BENCH_MODULES = ("sublinear", "mixing")
+
+
+def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
+    import importlib
+
     try:
-        from flymc_dist import bench_sublinear as mod
+        mod = importlib.import_module(f"flymc_dist.bench_{name}")
     except ImportError as err:
-        raise CLIError(f"'bench sublinear' is not available in this installation ({err})") from None
-    run = getattr(mod, "run_sublinear", None)
-    fmt = getattr(mod, "format_sublinear", None)
+        raise CLIError(f"'bench {name}' is not available in this installation ({err})") from None
+    run = getattr(mod, f"run_{name}", None)
+    fmt = getattr(mod, f"format_{name}", None)
     if run is None or fmt is None:
-        raise CLIError("'bench sublinear' is not available: flymc_dist.bench_sublinear lacks "
-                       "run_sublinear/format_sublinear")
+        raise CLIError(f"'bench {name}' is not available: flymc_dist.bench_{name} lacks "
+                       f"run_{name}/format_{name}")
     doc = inspect.getdoc(mod) or ""
-    parser = _signature_parser(run, "flymc bench sublinear", doc.split("\n\n")[0])
+    parser = _signature_parser(run, f"flymc bench {name}", doc.split("\n\n")[0])
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="also write the figures as JSON")
     args = vars(parser.parse_args(list(argv)))
@@ -892,8 +883,8 @@ def _json_default(value: Any) -> Any:
 
 
 def _dispatch(argv: list[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "bench" and argv[1] == "sublinear":
-        return _cmd_bench_sublinear(argv[2:])
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCH_MODULES:
+        return _cmd_bench_module(argv[1], argv[2:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

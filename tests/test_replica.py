@@ -54,8 +54,7 @@ def _driver(model_name: str, z_update: str, bounds: str = "map", kernel: str = "
     specs, mem, n_rows, n_features, *_ = _shard_layout((X, y), opts)
     kern = get_kernel(kernel)
     config = ShardConfig(model=model, algorithm="flymc", chains=3, seed=5, z_update=z_update,
-                         resample_fraction=0.3, track_grad=kern.needs_grad
-                         if hasattr(kern, "needs_grad") else False)
+                         resample_fraction=0.3, track_grad=kern.needs_grad)
     transport = InProcessTransport(specs, config, mem)
     driver = Driver(model, transport, kern, n_features=n_features, bounds=bounds, chains=3,
                     seed=5, q_db=0.05, n_rows=n_rows, bright_replica=True)

@@ -1,0 +1,213 @@
+"""``flymc bench mixing``: converged draws per second of the whole run, FlyMC against regular MCMC.
+
+Both run the same θ-kernel (NUTS by default) on the same shards, side by side in one
+process: MAP-tuned FlyMC (on the driver's replica of the bright rows, one round trip
+per iteration) and regular MCMC (every gradient a full pass over the data, all chains'
+requests in one round trip). For each it reports the whole run's wall seconds (set-up:
+MAP search, bounds, first z; warm-up; sampling — the cluster is started before and is
+not counted), the minimum and median over parameters of the bulk ESS, the largest
+R̂, min-ESS per second of the whole run, and per iteration the round trips, likelihood
+queries and seconds. A speed figure means something only with R̂ ≤ 1.01 beside it.
+
+Problems:
+
+* ``qm9``: robust (Student-t, ν = 4, scale 0.5) regression of the standardised QM9
+  HOMO–LUMO gap on 56 standardised RDKit descriptors + bias, Laplace(0, 1) prior, all
+  130,831 rows, duplicated columns kept (their weights' difference is a ridge that only
+  the prior bounds) — needs the shipped data sets (``$FLYMC_DATA_DIR``);
+* ``mnist``: logistic regression, MNIST 7 vs 9 (12,214 rows, 50 principal components +
+  bias), Normal(0, 1) prior — the FlyMC paper's Table 1 problem;
+* ``logistic``: synthetic logistic regression, ``rows`` × ``features`` (the bias
+  included), Normal(0, 1) prior.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import shutil
+import tempfile
+import time
+from typing import Any
+
+PROBLEMS = ("qm9", "mnist", "logistic")
+
+
+def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) -> tuple[Any, Any]:
+    """The model and a zarr store of the data (what every worker reads)."""
+    import flymc_dist as fd
+
+    path = os.path.join(workdir, f"{problem}.zarr")
+    if problem == "qm9":
+        from flymc_dist.datasets import qm9_gap
+
+        X, y = qm9_gap()
+        model = fd.RobustRegression(nu=4.0, scale=0.5, prior="laplace", prior_scale=1.0)
+        return model, fd.from_numpy(X, y, path)
+    if problem == "mnist":
+        from flymc_dist.datasets import mnist_7_vs_9
+
+        X, y = mnist_7_vs_9()
+        return fd.LogisticRegression(prior="normal", prior_scale=1.0), fd.from_numpy(X, y, path)
+    if problem == "logistic":
+        from flymc_dist.data import make_logistic
+
+        return (fd.LogisticRegression(prior="normal", prior_scale=1.0),
+                make_logistic(path, n_rows=rows, n_features=features, seed=seed))
+    raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
+
+
+def _figures(res: Any, wall: float) -> dict[str, Any]:
+    """Convergence and cost figures of one run (``wall``: its whole run's seconds)."""
+    eff = res.efficiency()
+    iters = res.samples.shape[1] + int(res.info["num_warmup"])
+    return {
+        "wall_seconds": wall,
+        "setup_seconds": float(res.info["setup_seconds"]),
+        "warmup_seconds": float(res.info["warmup_seconds"]),
+        "sampling_seconds": float(res.info["sampling_seconds"]),
+        "draws": int(res.samples.shape[1]),
+        "warmup": int(res.info["num_warmup"]),
+        "chains": int(res.samples.shape[0]),
+        "ess_min": eff["ess_min"],
+        "ess_median": eff["ess_median"],
+        "r_hat_max": eff["r_hat_max"],
+        "converged": bool(eff["r_hat_max"] <= 1.01),
+        "min_ess_per_second": eff["ess_min"] / wall if wall > 0 else math.nan,
+        "seconds_per_iteration": (float(res.info["warmup_seconds"])
+                                  + float(res.info["sampling_seconds"])) / iters,
+        "round_trips_per_iteration": eff["round_trips_per_iteration"],
+        "queries_per_iteration": eff["queries_per_iteration"],
+        "queries_total": float(res.stats["likelihood_queries"].sum()
+                               + res.warmup_stats["likelihood_queries"].sum()
+                               + res.info["setup_queries"]),
+        "bright_rows_per_chain": float(res.stats["n_bright"].mean()),
+        "bright_replica": bool(res.info.get("bright_replica", False)),
+        "n_rows": int(res.info["n_rows"]),
+    }
+
+
+def run_mixing(problem: str = "qm9", kernel: str = "nuts", chains: int = 4,
+               num_warmup: int = 500, num_samples: int = 1000, regular_warmup: int = 300,
+               regular_samples: int = 300, rows: int = 2_000_000, features: int = 57,
+               workers: int = 2, client: str | None = "synchronous", seed: int = 0,
+               regular: bool = True, workdir: str | None = None) -> dict[str, Any]:
+    """Run FlyMC and regular MCMC with one kernel on one problem and compare them.
+
+    Parameters
+    ----------
+    problem
+        ``"qm9"``, ``"mnist"`` or ``"logistic"`` (see the module docstring).
+    kernel
+        The θ-kernel of both samplers (``"nuts"`` by default).
+    chains
+        Chains of each run.
+    num_warmup, num_samples
+        FlyMC's warm-up and kept draws per chain.
+    regular_warmup, regular_samples
+        Regular MCMC's (each of its gradients is a full pass over the data).
+    rows, features
+        Size of the ``logistic`` problem (features include the bias).
+    workers
+        Worker processes of the LocalCluster when ``client`` is None.
+    client
+        ``"synchronous"`` (in this process, the default), None (a LocalCluster of
+        ``workers`` started first and not timed), or a scheduler address.
+    seed
+        Seeds both runs.
+    regular
+        Also run regular MCMC (the ratios need it).
+    workdir
+        Where the zarr store is written (default: a temporary directory, removed after).
+
+    Returns
+    -------
+    dict
+        ``setup`` (how it ran), ``flymc`` and ``regular`` figures, and ``ratios``.
+    """
+    import flymc_dist as fd
+
+    if problem not in PROBLEMS:
+        raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
+    own_dir = workdir is None
+    workdir = tempfile.mkdtemp(prefix="flymc-mixing-") if own_dir else workdir
+    cluster = None
+    try:
+        t0 = time.perf_counter()
+        model, ds = _problem(problem, rows, features, seed, workdir)
+        ingest = time.perf_counter() - t0
+        if client is None:
+            from flymc_dist.bench import local_client
+
+            client, cluster = local_client(workers)
+        common = dict(kernel=kernel, chains=chains, seed=seed, client=client, progress=False)
+        out: dict[str, Any] = {"setup": {
+            "problem": problem, "kernel": kernel, "chains": chains, "n_rows": ds.n_rows,
+            "n_features": ds.n_features, "ingest_seconds": ingest,
+            "client": client if isinstance(client, str) else f"LocalCluster({workers})",
+            "cores": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+            "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+            "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        }}
+        t0 = time.perf_counter()
+        res = fd.sample(model, ds, algorithm="flymc", bounds="map", num_warmup=num_warmup,
+                        num_samples=num_samples, **common)
+        out["flymc"] = _figures(res, time.perf_counter() - t0)
+        if regular:
+            t0 = time.perf_counter()
+            res = fd.sample(model, ds, algorithm="regular", num_warmup=regular_warmup,
+                            num_samples=regular_samples, **common)
+            out["regular"] = _figures(res, time.perf_counter() - t0)
+            f, r = out["flymc"], out["regular"]
+            out["ratios"] = {
+                "min_ess_per_second": f["min_ess_per_second"] / r["min_ess_per_second"],
+                "seconds_per_iteration": r["seconds_per_iteration"] / f["seconds_per_iteration"],
+                "queries_per_iteration": r["queries_per_iteration"] / f["queries_per_iteration"],
+                "ess_per_query": ((f["ess_min"] / f["queries_total"])
+                                  / (r["ess_min"] / r["queries_total"])),
+            }
+        out["setup"]["loadavg_after"] = (list(os.getloadavg()) if hasattr(os, "getloadavg")
+                                         else None)
+        return out
+    finally:
+        if cluster is not None:
+            client.close()
+            cluster.close()
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def format_mixing(d: dict[str, Any]) -> str:
+    """The figures of :func:`run_mixing` as a table."""
+    s = d["setup"]
+    lines = [f"flymc bench mixing: {s['problem']} ({s['n_rows']:,} rows x {s['n_features']} "
+             f"features), {s['kernel']}, {s['chains']} chains, client {s['client']}; "
+             f"{s['cores']} cores, load {s['loadavg_before']} -> {s['loadavg_after']}",
+             "whole run = set-up (MAP, bounds, first z) + warm-up + sampling; "
+             "ESS: bulk, min and median over parameters"]
+    head = (f"{'sampler':<8}{'draws':>11}{'whole s':>9}{'setup s':>9}{'ms/it':>9}"
+            f"{'min ESS':>9}{'med ESS':>9}{'R-hat max':>10}{'minESS/s':>10}{'rt/it':>7}"
+            f"{'queries/it':>12}{'bright/chain':>13}")
+    lines.append(head)
+    for name in ("flymc", "regular"):
+        f = d.get(name)
+        if f is None:
+            continue
+        lines.append(f"{name:<8}{f['warmup']:>5}+{f['draws']:<5}{f['wall_seconds']:>9.1f}"
+                     f"{f['setup_seconds']:>9.1f}{1000 * f['seconds_per_iteration']:>9.2f}"
+                     f"{f['ess_min']:>9.0f}{f['ess_median']:>9.0f}{f['r_hat_max']:>10.3f}"
+                     f"{f['min_ess_per_second']:>10.2f}{f['round_trips_per_iteration']:>7.1f}"
+                     f"{f['queries_per_iteration']:>12.4g}{f['bright_rows_per_chain']:>13.1f}")
+    r = d.get("ratios")
+    if r:
+        lines.append(f"FlyMC / regular: min-ESS per second of the whole run "
+                     f"{r['min_ess_per_second']:.1f}x, per iteration "
+                     f"{r['seconds_per_iteration']:.1f}x faster, "
+                     f"{r['queries_per_iteration']:.0f}x fewer queries per iteration, "
+                     f"min-ESS per query {r['ess_per_query']:.0f}x")
+    bad = [n for n in ("flymc", "regular") if n in d and not d[n]["converged"]]
+    if bad:
+        lines.append(f"NOT CONVERGED (R-hat > 1.01): {', '.join(bad)} - its speed figures "
+                     "are not to be trusted")
+    return "\n".join(lines)
