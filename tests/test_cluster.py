@@ -276,24 +276,30 @@ def _kill_a_worker_once(pids: dict, trace: str, draws: int) -> tuple[threading.T
     return th, killed
 
 
-def test_worker_killed_mid_run(store, process_cluster, tmp_path):
+@pytest.mark.parametrize("kernel", ["rwmh", "nuts"])
+def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel):
     """SIGKILL a worker mid-run: the run completes, the lost shards are recreated on the
-    live worker with z redrawn exactly, and the posterior is still right."""
+    live worker with z redrawn exactly, and the posterior is still right. RWMH with
+    speculative z-updates (the surviving worker holds undone-or-kept speculation across
+    the recovery and the replayed round); NUTS on the driver's replica of the bright rows
+    (the recreated shards send their whole bright sets, which replace their rows)."""
     from distributed import Client
 
     from flymc_dist.trace import Trace
 
     path, X, y = store
     trace = str(tmp_path / "trace.zarr")
+    extra = {"speculate": True} if kernel == "rwmh" else {"bright_replica": True}
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 100)
-        # with speculative z-updates: the surviving worker holds undone-or-kept
-        # speculation across the recovery and the replayed round
-        res = _run(path, client, num_warmup=300, num_samples=2000, chains=4, trace=trace,
-                   checkpoint_every=50, timeout=10, speculate=True)
+        res = _run(path, client, kernel=kernel, num_warmup=300, num_samples=2000, chains=4,
+                   trace=trace, checkpoint_every=50, timeout=10, **extra)
         th.join(timeout=5)
     assert "worker" in killed, killed
-    assert res.info["speculate"] and res.info["speculative_queries"] > 0
+    if kernel == "rwmh":
+        assert res.info["speculate"] and res.info["speculative_queries"] > 0
+    else:
+        assert res.info["bright_replica"] and np.all(res.stats["round_trips"] == 1)
     assert res.samples.shape == (4, 2000, 2)
     assert np.all(np.isfinite(res.samples))
     rec = res.info["recoveries"]
