@@ -62,6 +62,67 @@ def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float,
     return _log_expm1(delta - (r * r * c1 + c2))
 
 
+@numba.njit(inline="always", **_JIT)
+def _bright_and_slope(kind: int, par: np.ndarray, eta: float, c0: float, c1: float,
+                      c2: float) -> tuple[float, float]:
+    """:func:`_log_bright` and its derivative in ``eta``,
+    ``(ℓ' − β') / (1 − e^−δ)`` (0 where the bound is tight, δ = 0)."""
+    if kind == LOGISTIC:  # c = (t, a, c); s = t eta
+        s = eta * c0
+        delta = min(s, 0.0) - math.log1p(math.exp(-abs(s)))
+        beta = c1 * s * s + 0.5 * s + c2
+        # dℓ/dη = t σ(−s); dβ/dη = t (2 a s + 1/2)
+        if s >= 0.0:
+            e = math.exp(-s)
+            sig_neg = e / (1.0 + e)
+        else:
+            sig_neg = 1.0 / (1.0 + math.exp(s))
+        dl = c0 * sig_neg
+        db = c0 * (2.0 * c1 * s + 0.5)
+    else:  # ROBUST: c = (y, a, c); r = y − η; par = (h, const, 1/(ν σ²), log 1/(ν σ²))
+        r = c0 - eta
+        qq = r * r * par[2]
+        if math.isinf(qq):
+            lq = 2.0 * math.log(abs(r)) + par[3]
+        else:
+            lq = math.log1p(qq)
+        delta = lq * -par[0] + par[1]
+        beta = r * r * c1 + c2
+        # dℓ/dη = 2 h r / (ν σ² + r²) = 2 h r (1/(νσ²)) / (1 + r²/(νσ²)); dβ/dη = −2 a r
+        dl = 2.0 * par[0] * r * par[2] / (1.0 + qq)
+        db = -2.0 * c1 * r
+    d = max(delta - beta, 0.0)
+    if d <= 0.0:
+        return -math.inf, 0.0
+    return d + math.log(-math.expm1(-d)), (dl - db) / -math.expm1(-d)
+
+
+@numba.njit(**_JIT)
+def replica_eval(XCs, D: int, chain_of: np.ndarray, thetas: np.ndarray, kind: int,
+                 par: np.ndarray, grad: bool, sums: np.ndarray, grads: np.ndarray) -> None:
+    """``Σ log L~`` over the rows of ``XCs[chain_of[i]]`` (features, then row constants)
+    at each point ``thetas[i]``, into ``sums[i]``; with ``grad`` also its gradient in θ
+    (the first ``D`` entries of ``grads[i]``). Rows in their order: the driver's
+    replica keeps them sorted by global row id."""
+    for i in range(thetas.shape[0]):
+        XC = XCs[chain_of[i]]
+        total = 0.0
+        for d in range(D):
+            grads[i, d] = 0.0
+        for r in range(XC.shape[0]):
+            eta = 0.0
+            for d in range(D):
+                eta += XC[r, d] * thetas[i, d]
+            if grad:
+                v, w = _bright_and_slope(kind, par, eta, XC[r, D], XC[r, D + 1], XC[r, D + 2])
+                for d in range(D):
+                    grads[i, d] += w * XC[r, d]
+            else:
+                v = _log_bright(kind, par, eta, XC[r, D], XC[r, D + 1], XC[r, D + 2])
+            total += v
+        sums[i] = total
+
+
 @numba.njit(**_JIT)
 def touch_rows(XCs, rows: np.ndarray, seg: np.ndarray, seg_shard: np.ndarray) -> float:
     """Read one value per cache line of every row in ``rows`` (segment i's rows in the

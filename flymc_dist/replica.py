@@ -54,6 +54,15 @@ class BrightReplica:
         self.chains = int(chains)
         self.shard_ranges = list(shard_ranges)
         self._rows: list[_Rows | None] = [None] * self.chains
+        #: the model's compiled fused ``log L~`` (one linear predictor per row), or None:
+        #: then every chain's rows are also kept with their row constants, in one buffer
+        self._compiled: tuple[Any, int, np.ndarray] | None = None
+        spec = model.compiled_bright() if model.n_outputs == 1 else None
+        if spec is not None:
+            from flymc_dist import _compiled  # numba: imported where it computes
+
+            self._compiled = (_compiled, _compiled.KINDS[spec[0]], np.asarray(spec[1], float))
+        self._buffers: Any = None  # the chains' (features, row constants) as a typed list
 
     def n_bright(self) -> np.ndarray:
         """Bright rows of each chain, shape (C,)."""
@@ -102,6 +111,30 @@ class BrightReplica:
                     cur = _Rows(np.empty(0, dtype=np.int64), r0["new_X"][:0], r0["new_y"][:0],
                                 r0["new_xi"][:0])
             self._rows[c] = cur
+        self._rebuild()
+
+    def set_rows(self, chain: int, ids: np.ndarray, X: np.ndarray, y: np.ndarray,
+                 xi: np.ndarray) -> None:
+        """Replace one chain's bright rows (ids sorted); tests, and anything that builds
+        a replica without shards."""
+        self._rows[chain] = _Rows(np.asarray(ids), np.asarray(X, float), np.asarray(y),
+                                  np.asarray(xi))
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The compiled kernel's buffers, once the rows have changed."""
+        if self._compiled is not None and all(r is not None for r in self._rows):
+            self._buffers = self._compiled[0].typed_list([self._buffer(r) for r in self._rows])
+
+    def _buffer(self, rows: _Rows) -> np.ndarray:
+        """One chain's rows as the compiled kernel reads them: features, then the model's
+        row constants."""
+        D = rows.X.shape[1]
+        consts = self.model.row_constants(rows.y, rows.xi)
+        buf = np.empty((rows.ids.size, D + consts.shape[1]))
+        buf[:, :D] = rows.X
+        buf[:, D:] = consts
+        return buf
 
     def evaluate(self, points: list[np.ndarray | None], grad: list[bool]
                  ) -> list[tuple[np.ndarray, np.ndarray | None, int] | None]:
@@ -120,6 +153,8 @@ class BrightReplica:
             Per chain (None where ``points`` was None): the sums ``(k,)``, the gradients
             ``(k, P)`` or None, and the likelihood queries made (``k × M``).
         """
+        if self._compiled is not None:
+            return self._evaluate_compiled(points, grad)
         out: list[tuple[np.ndarray, np.ndarray | None, int] | None] = [None] * self.chains
         P = None
         for g in (True, False):  # with gradients, then without: one pass each
@@ -142,6 +177,38 @@ class BrightReplica:
                     sums = np.zeros(k)
                     grads = np.zeros((k, P)) if g else None
                 out[c] = (sums, grads, k * int(self._rows[c].ids.size))
+        return out
+
+    def _evaluate_compiled(self, points: list[np.ndarray | None], grad: list[bool]
+                           ) -> list[tuple[np.ndarray, np.ndarray | None, int] | None]:
+        """:meth:`evaluate` through the model's compiled form: every chain's points in one
+        compiled pass per gradient flag."""
+        jit, kind, par = self._compiled
+        out: list[tuple[np.ndarray, np.ndarray | None, int] | None] = [None] * self.chains
+        for g in (True, False):
+            sel = [c for c in range(self.chains) if points[c] is not None
+                   and points[c].shape[0] and bool(grad[c]) is g]
+            if not sel:
+                continue
+            thetas = np.concatenate([points[c] for c in sel]) if len(sel) > 1 \
+                else points[sel[0]]
+            chain_of = np.repeat(np.array(sel, dtype=np.int64),
+                                 [points[c].shape[0] for c in sel])
+            n, P = thetas.shape
+            sums = np.empty(n)
+            grads = np.empty((n, P))
+            jit.replica_eval(self._buffers, P, chain_of, np.ascontiguousarray(thetas), kind,
+                             par, g, sums, grads)
+            off = 0
+            for c in sel:
+                k = points[c].shape[0]
+                out[c] = (sums[off:off + k], grads[off:off + k] if g else None,
+                          k * int(self._rows[c].ids.size))
+                off += k
+        for c in range(self.chains):  # no points: empty results
+            if points[c] is not None and out[c] is None:
+                P = points[c].shape[1]
+                out[c] = (np.zeros(0), np.zeros((0, P)) if grad[c] else None, 0)
         return out
 
     def state(self) -> list[dict[str, Any]]:
