@@ -45,6 +45,10 @@ EXIT_INTERRUPT = 130
 _DEMO_ROWS = 1_000_000
 _DEMO_FEATURES = 10
 _DEMO_SAMPLES = 1500
+#: the demo's θ-kernel: NUTS on the driver's replica of the bright rows
+_DEMO_KERNEL = "nuts"
+#: the θ-kernels (flymc_dist.kernels.KERNELS; named here to keep the CLI's start light)
+_KERNELS = ("rwmh", "mala", "slice", "hmc", "nuts")
 
 
 class CLIError(Exception):
@@ -167,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="regular MCMC draws per chain (default: 15%% of --samples; each "
                    "one is a full pass over the data)")
     p.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
+    p.add_argument("--kernel", choices=_KERNELS, default=_DEMO_KERNEL,
+                   help=f"θ-kernel of both samplers (default {_DEMO_KERNEL})")
     p.add_argument("--workers", type=_positive_int, default=None,
                    help="workers of the embedded LocalCluster (default: the machine's cores, "
                    "at most 8)")
@@ -240,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(approximate)")
     g.add_argument("--bounds", choices=("map", "untuned"), default="map",
                    help="FlyMC bounds (default map)")
-    g.add_argument("--kernel", choices=("rwmh", "mala", "slice"), default="rwmh",
+    g.add_argument("--kernel", choices=_KERNELS, default="rwmh",
                    help="theta kernel (default rwmh)")
     g.add_argument("--z-update", choices=("implicit", "explicit"), default="implicit",
                    help="FlyMC z-update (default implicit)")
@@ -395,11 +401,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             shards = {"n_shards": workers}
             _say(f"  cluster   embedded LocalCluster, {workers} workers × 1 thread, one shard "
                  f"per worker ({time.perf_counter() - t:.1f} s to start)")
-        _say(f"  sampling  RWMH, {chains} chains, Laplace-preconditioned, started near the MAP:"
-             f" FlyMC {warmup} warm-up + {samples} draws; regular MCMC {reg_samples} draws "
-             f"with FlyMC's tuned step size (each of its iterations is a full data pass)")
+        _say(f"  sampling  {args.kernel.upper()}, {chains} chains, Laplace-preconditioned, "
+             f"started near the MAP: FlyMC {warmup} warm-up + {samples} draws; regular MCMC "
+             f"{reg_samples} draws with FlyMC's tuned step size (each of its evaluations is a "
+             f"full data pass)")
         model = fd.LogisticRegression()
-        common = {"kernel": "rwmh", "chains": chains, "seed": args.seed, "client": client,
+        common = {"kernel": args.kernel, "chains": chains, "seed": args.seed, "client": client,
                   "progress": _progress(args), **shards}
         t = time.perf_counter()
         fly = fd.sample(model, ds, algorithm="flymc", bounds="map", num_warmup=warmup,

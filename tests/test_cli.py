@@ -453,3 +453,11 @@ def test_demo_on_an_embedded_cluster(capsys: pytest.CaptureFixture[str]) -> None
                               "--chains", 2, "--workers", 2, "--no-progress"], capsys)
     assert code == 0, err
     assert "2 workers" in out and "speedup" in out and "agreement" in out
+
+
+def test_cli_kernel_names_are_the_package_kernels():
+    """The CLI names the kernels without importing them (a light start): the same set."""
+    from flymc_dist import cli
+    from flymc_dist.kernels import KERNELS
+
+    assert set(cli._KERNELS) == set(KERNELS)
