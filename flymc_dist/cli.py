@@ -202,12 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="convert .npy/.npz/.csv into a zarr data set",
                        description="Validate a .npy (2-D, target column last unless --target), "
                        ".npz (arrays X and y) or .csv (header row; target column last unless "
-                       "--target) file and write it as a flymc_dist zarr store. Nothing is "
+                       "--target; a first line of numbers only is read as data, not as a "
+                       "header) file and write it as a flymc_dist zarr store. Nothing is "
                        "written if the data are invalid (NaN/inf, bad labels, wrong shapes).")
     p.add_argument("src", metavar="SRC", help="the .npy, .npz or .csv file")
     p.add_argument("out", metavar="OUT", help="the store to create (a directory)")
     p.add_argument("--target", default=None,
-                   help="the target column: an index for .npy, a header name for .csv")
+                   help="the target column: an index for .npy, a header name for .csv "
+                   "(an index for a .csv without a header row)")
     p.add_argument("--task", choices=("binary", "multiclass", "real"), default=None,
                    help="the task (default: inferred from the target)")
     p.add_argument("--classes", type=_positive_int, default=None,
