@@ -309,6 +309,25 @@ def _check_destination(
         raise FileExistsError(
             f"{path!r} exists and is not a zarr store (no zarr.json); refusing to overwrite it"
         )
+    # nor another kind of zarr store: a sampling trace, say, holds hours of work
+    if os.listdir(path) and _store_format(path) != FORMAT:
+        raise FileExistsError(
+            f"{path!r} is a zarr store but not a flymc_dist data set (a trace?); refusing to "
+            "overwrite it"
+        )
+
+
+def _store_format(path: str) -> Any:
+    """The ``"format"`` attribute of the zarr group at local ``path`` (None if it has none)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "zarr.json")) as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    return attrs.get("format") if isinstance(attrs, dict) else None
 
 
 # --------------------------------------------------------------------------- writing

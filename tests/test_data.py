@@ -225,6 +225,14 @@ def test_overwrite_refuses_non_stores(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="not a zarr store"):
         from_numpy(X, y, d, overwrite=True)
     assert (d / "precious.txt").read_text() == "keep me"
+    # nor a zarr store that is not a data set: a sampling trace
+    from flymc_dist.trace import Trace
+
+    t = tmp_path / "t.zarr"
+    Trace.create(t, chains=1, param_shape=(2,), stats={"a": bool}, attrs={})
+    with pytest.raises(FileExistsError, match="not a flymc_dist data set"):
+        from_numpy(X, y, t, overwrite=True)
+    assert Trace.open(t, read_only=True).chains == 1
     # an empty directory may be replaced
     e = tmp_path / "empty"
     e.mkdir()
