@@ -53,6 +53,26 @@ class ShardLost(RuntimeError):
         self.workers = list(workers or [])
 
 
+class SchedulerLost(ShardLost):
+    """The Dask scheduler is gone: no shard can be recreated, the run cannot go on."""
+
+
+def _scheduler_workers(client: Any) -> dict[str, dict]:
+    """The scheduler's workers; :class:`SchedulerLost` if the client lost its scheduler
+    (a closed client's ``scheduler_info()`` has no ``"workers"``)."""
+    status = getattr(client, "status", "running")
+    info = client.scheduler_info() if status == "running" else {}
+    workers = info.get("workers") if isinstance(info, dict) else None
+    if status != "running" or workers is None:
+        try:
+            address = client.scheduler.address
+        except Exception:  # noqa: BLE001 - only for the message
+            address = "?"
+        raise SchedulerLost(f"the Dask scheduler {address} was lost (the client's connection "
+                            f"to it is {status!r}); the run cannot go on without it")
+    return workers
+
+
 #: calls run inline on the worker's event loop with raw ``bytes`` arguments: the per-iteration
 #: protocol (short: FlyMC's rounds touch the bright rows only) and the bench's bare round trips.
 #: Regular MCMC's rounds are full passes over the shard and stay on the actor thread, so a
@@ -175,10 +195,10 @@ class DaskTransport:
         self._replay: list[tuple[str, tuple, dict]] = []
         self._chan: ChannelClient | None = None
         try:
-            workers = sorted(self.client.scheduler_info()["workers"])
+            workers = sorted(_scheduler_workers(self.client))
             if not workers:
                 self.client.wait_for_workers(1, timeout=60)
-                workers = sorted(self.client.scheduler_info()["workers"])
+                workers = sorted(_scheduler_workers(self.client))
             if channel == "socket" or (channel == "auto" and
                                        all(w.startswith("tcp://") for w in workers)):
                 self._chan = ChannelClient()
@@ -186,7 +206,7 @@ class DaskTransport:
                                                                     len(self.specs)))
             for w, block in zip(workers, blocks, strict=False):
                 self._start_host(w, [self.specs[i] for i in block])
-            self.speculates = _all_remote(self.client.scheduler_info()["workers"],
+            self.speculates = _all_remote(_scheduler_workers(self.client),
                                            list(self.placement))
         except BaseException:
             self.close()
@@ -365,12 +385,11 @@ class DaskTransport:
             if self._chan is not None:
                 self._chan.drop(w)
         self.generation += 1
-        live = [w for w in sorted(self.client.scheduler_info()["workers"]) if w not in lost]
+        live = [w for w in sorted(_scheduler_workers(self.client)) if w not in lost]
         deadline = time.time() + 30
         while not live and time.time() < deadline:
             time.sleep(0.2)
-            live = [w for w in sorted(self.client.scheduler_info()["workers"])
-                    if w not in lost]
+            live = [w for w in sorted(_scheduler_workers(self.client)) if w not in lost]
         if not live:
             raise ShardLost("no live worker left to recreate the lost shards on")
         # fill new (restarted) workers first, then the least loaded
