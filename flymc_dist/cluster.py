@@ -21,10 +21,12 @@ is replayed — the surviving shards answer a replayed round from their cache
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from typing import Any
@@ -92,6 +94,7 @@ def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
     # a short connect timeout: a dead worker must not stall a call for ~30 s
     dask.config.set({"distributed.comm.timeouts.connect": "5s"})
     if client is None:
+        _check_main_guard()
         n = n_workers or max(1, min(os.cpu_count() or 1, 8))
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                dashboard_address=":0", silence_logs=logging.ERROR)
@@ -107,6 +110,55 @@ def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
                          f"tls://…) nor an existing scheduler file")
     raise TypeError(f"client must be None, 'synchronous', a distributed.Client, an address or "
                     f"a scheduler file, not {type(client).__name__}")
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """Whether ``node`` is ``if __name__ == "__main__":`` (either way round)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+
+
+def _check_main_guard() -> None:
+    """Refuse to start a LocalCluster from the unguarded top level of a script.
+
+    Dask starts worker processes with ``spawn``, which imports the main script again in
+    each of them: a call at the script's top level then runs again in every worker, and
+    each fails to start a cluster of its own (hundreds of lines of tracebacks ending in
+    "Nanny failed to start"). Detected before anything starts: the line of the script
+    being run is not inside ``if __name__ == "__main__":``.
+    """
+    import dask
+
+    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
+        return
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    if not script or not os.path.isfile(script):
+        return  # an interactive session or python -c: nothing is imported again
+    frame = sys._getframe(1)
+    line = None
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            line = frame.f_lineno
+        frame = frame.f_back
+    if line is None:
+        return
+    try:
+        with open(script, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in tree.body:
+        if _is_main_guard(node) and node.lineno <= line <= (node.end_lineno or line):
+            return
+    raise RuntimeError(
+        f"fd.sample(client=None) starts Dask worker processes, which import {script} again "
+        "and would run this call again in each: put the code that calls it under "
+        "`if __name__ == \"__main__\":` (or pass client=\"synchronous\" or a Client)")
 
 
 def open_transport(client: Any, specs: list[ShardSpec], config: ShardConfig,

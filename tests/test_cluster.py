@@ -443,3 +443,26 @@ def test_scheduler_killed_mid_run_says_so_and_keeps_the_trace(store, process_clu
     assert "--resume" in lines[-1] and "keeps" in lines[-1]
     kept = Trace.open(trace, read_only=True)
     assert kept.checkpoint is not None and kept.n_draws >= 100
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do(store, tmp_path):
+    """fd.sample(client=None) at a script's unguarded top level: worker processes would
+    import the script again and run it; refused before any starts, in one line saying
+    what to do (no "Nanny failed to start" tracebacks). Guarded, the same call runs."""
+    call = (f"fd.sample(fd.LogisticRegression(), {store[0]!r}, num_warmup=5, num_samples=5, "
+            "chains=1, n_workers=1, progress=False)\nprint('sampled')\n")
+    scripts = {"bare": "import flymc_dist as fd\n" + call,
+               "guarded": "import flymc_dist as fd\nif __name__ == '__main__':\n"
+                          + "".join(f"    {line}\n" for line in call.splitlines())}
+    out = {}
+    for name, text in scripts.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        out[name] = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                                   timeout=300, cwd=tmp_path, env=dict(os.environ, CI="1"))
+    bare = out["bare"]
+    assert bare.returncode == 1 and "Nanny failed" not in bare.stderr
+    last = bare.stderr.strip().splitlines()[-1]
+    assert 'if __name__ == "__main__":' in last and "bare.py" in last
+    assert out["guarded"].returncode == 0, out["guarded"].stderr
+    assert "sampled" in out["guarded"].stdout
