@@ -361,7 +361,7 @@ def test_two_runs_on_one_trace_one_writer(store: Path, tmp_path: Path,
     assert run_cli(run_args(store, ref, *extra), capsys)[0] == 0
     trace = tmp_path / "t.zarr"
     b_reached, b_release = _gated(monkeypatch, "setup", "B")  # B: before any trace exists
-    a_reached, a_release = _gated(monkeypatch, "step", "A", at=12)  # A: after 2 checkpoints
+    a_reached, a_release = _gated(monkeypatch, "step", "A", at=32)  # A: after 6 checkpoints
     codes: dict[str, int] = {}
     tb = _in_thread("B", run_args(store, trace, *extra), codes)
     assert b_reached.wait(120)
@@ -375,10 +375,11 @@ def test_two_runs_on_one_trace_one_writer(store: Path, tmp_path: Path,
     ta.join(120)
     _, err = capsys.readouterr()
     assert sorted(codes.values()) == [0, 2], (codes, err)
-    assert "being written by another run" in err, err
-    done = Trace.open(trace, read_only=True)
+    done, full = Trace.open(trace, read_only=True), Trace.open(ref, read_only=True)
     assert done.n_draws == 40 and done.checkpoint["iteration"] == 59
-    np.testing.assert_array_equal(done.samples, Trace.open(ref, read_only=True).samples)
+    np.testing.assert_array_equal(done.warmup_samples, full.warmup_samples)
+    np.testing.assert_array_equal(done.samples, full.samples)
+    assert "being written by another run" in err, err
     assert run_cli(["summary", trace], capsys)[0] == 0
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".t.zarr")] == []
 
