@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 import logging
+import math
+import os
+import shutil
 import time
 from typing import Any
 
@@ -187,18 +193,18 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
         raise ValueError(f"z_update must be one of {Z_UPDATES}, not {z_update!r}")
     for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", num_samples, 1),
                         ("chains", chains, 1)):
-        if not isinstance(v, (int, np.integer)) or v < lo:
+        if not _is_int(v) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, not {v!r}")
     unknown = set(options) - _DRIVER_OPTIONS - _OTHER_OPTIONS
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; valid options are "
                         f"{sorted(_DRIVER_OPTIONS | _OTHER_OPTIONS)}")
     q = options.get("q_db", "auto")
-    if not (q == "auto" or (isinstance(q, (int, float)) and 0.0 < q <= 1.0)):
+    if not ((isinstance(q, str) and q == "auto") or (_is_real(q) and 0.0 < q <= 1.0)):
         raise ValueError(f"q_db must be 'auto' or a number in (0, 1], not {q!r}")
     f = options.get("resample_fraction", 0.1)
-    if not 0.0 < f <= 1.0:
-        raise ValueError(f"resample_fraction must be in (0, 1], not {f!r}")
+    if not (_is_real(f) and 0.0 < f <= 1.0):
+        raise ValueError(f"resample_fraction must be a number in (0, 1], not {f!r}")
     check_speculate(options.get("speculate", False))
     check_bright_replica(options.get("bright_replica", "auto"),
                          options.get("replica_budget", REPLICA_BUDGET))
@@ -254,6 +260,17 @@ def _shard_layout(data: Any, options: dict[str, Any]) -> tuple[list[ShardSpec], 
     return specs, None, ds.n_rows, ds.n_features, ds.task, ds.n_classes, ds.path
 
 
+def _under_trace_lock(func: Any) -> Any:
+    """See :func:`_traced_sample` (defined below, with the rest of the trace session)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return _traced_sample(func, args, kwargs)
+
+    return wrapper
+
+
+@_under_trace_lock
 def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map",
            kernel: str = "rwmh", z_update: str = "implicit", num_warmup: int = 500,
            num_samples: int = 1000, chains: int = 4, seed: int = 0, client: Any = None,
@@ -305,6 +322,7 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
     Result
     """
     _validate(model, algorithm, bounds, z_update, num_warmup, num_samples, chains, options)
+    _check_arguments(data, seed, options)
     specs, mem, n_rows, n_features, task, n_classes, path = _shard_layout(data, options)
     _check_task(model, task, n_classes)
     if mem is not None:
@@ -336,6 +354,8 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
                 "n_shards": len(specs), "transport": transport.name,
                 "n_workers": transport.n_workers, "data": path, "model": model.to_dict(),
                 "num_warmup": num_warmup, "num_samples": num_samples}
+        if options.get("trace") is not None:  # what a resumed run must match
+            info.update(data_id=_data_id(data), options=_shaping_options(options))
         return _run(driver, transport, info, num_warmup, num_samples, options)
     finally:
         transport.close()
@@ -494,3 +514,248 @@ def _flush(trace: Any, buf: list[tuple[bool, np.ndarray, dict]], shape: tuple[in
         s = np.stack([b[1] for b in part], axis=1).reshape((C, len(part)) + shape)
         st = {k: np.stack([b[2][k] for b in part], axis=1) for k in STAT_NAMES}
         trace.append(s, st, warmup=warm)
+
+
+# ------------------------------------------------------------------ arguments checked up front
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v: Any) -> bool:
+    return (isinstance(v, (int, float, np.integer, np.floating))
+            and not isinstance(v, (bool, np.bool_)))
+
+
+def _check_data(data: Any) -> None:
+    """``data`` is a Dataset, a store path, or an ``(X, y)`` pair of real arrays, D >= 1."""
+    from flymc_dist.data import Dataset
+
+    if isinstance(data, (Dataset, str, os.PathLike)):
+        return
+    if not isinstance(data, tuple):
+        shape = getattr(data, "shape", None)
+        raise TypeError(f"data must be a Dataset, a store path or an (X, y) tuple, not "
+                        f"{type(data).__name__}" + (f" of shape {shape}" if shape else ""))
+    if len(data) != 2:
+        raise ValueError(f"data as a tuple must be (X, y), not a tuple of {len(data)}")
+    for name, a, ndim in (("X", data[0], 2), ("y", data[1], 1)):
+        arr = np.asarray(a)
+        if arr.dtype.kind not in "biuf":
+            raise ValueError(f"{name} must hold real numbers (bool, integer or float), not "
+                             f"dtype {arr.dtype}")
+        if arr.ndim != ndim:
+            raise ValueError(f"{name} must have {ndim} dimension(s), not shape {arr.shape}")
+    if np.shape(data[0])[1] == 0:
+        raise ValueError("X must have at least one column (D >= 1), not shape "
+                         f"{np.shape(data[0])}")
+
+
+def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
+    """Every argument :func:`_validate` leaves, before anything starts: one line each."""
+    if not _is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, not {seed!r}")
+    _check_data(data)
+    t = options.get("timeout", 60.0)
+    if not (_is_real(t) and math.isfinite(t) and t > 0):
+        raise ValueError(f"timeout must be a number of seconds > 0, not {t!r}")
+    for name, lo in (("checkpoint_every", 1), ("n_workers", 1), ("n_shards", 1),
+                     ("rows_per_shard", 1), ("map_maxiter", 0)):
+        v = options.get(name)
+        if v is not None and (not _is_int(v) or v < lo):
+            raise ValueError(f"{name} must be an integer >= {lo}, not {v!r}")
+    if options.get("n_shards") is not None and options.get("rows_per_shard") is not None:
+        raise ValueError("give n_shards or rows_per_shard, not both")
+    for name in ("resume", "overwrite_trace"):
+        if not isinstance(options.get(name, False), (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, not {options[name]!r}")
+    if options.get("progress") is not None and not isinstance(options["progress"], bool):
+        raise ValueError(f"progress must be True, False or None, not {options['progress']!r}")
+    trace = options.get("trace")
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise ValueError(f"trace must be a path (str or os.PathLike), not "
+                         f"{type(trace).__name__}")
+    if options.get("resume") and trace is None:
+        raise ValueError("resume=True needs trace=<the path of the trace to continue>")
+    if options.get("resume") and options.get("overwrite_trace"):
+        raise ValueError("resume=True and overwrite_trace=True exclude each other")
+    if not isinstance(options.get("kernel_options", {}), dict):
+        raise ValueError(f"kernel_options must be a dict, not "
+                         f"{type(options['kernel_options']).__name__}")
+    for name, words in (("init", ("map",)), ("precondition", ("laplace", "identity"))):
+        v = options.get(name)
+        if v is None or (isinstance(v, str) and v in words):
+            continue
+        if isinstance(v, str) or np.asarray(v).dtype.kind not in "biuf":
+            raise ValueError(f"{name} must be {' or '.join(map(repr, words))} or an array of "
+                             f"numbers, not {v!r}")
+
+
+# ------------------------------------------------------------------ the trace session
+
+
+#: options that shape a run's draws, with their defaults: a resumed run must match them
+_SHAPING = {"q_db": "auto", "kernel_options": {}, "init": "map", "precondition": "laplace",
+            "map_maxiter": 100}
+
+
+def _shaping_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: options.get(k, default) for k, default in _SHAPING.items()}
+
+
+def _data_id(data: Any) -> str:
+    """The identity of the data: :meth:`Dataset.fingerprint`, or a hash of in-memory rows."""
+    if isinstance(data, tuple):
+        X = np.ascontiguousarray(data[0], dtype=float)
+        y = np.ascontiguousarray(data[1], dtype=float)
+        h = hashlib.sha256(repr((X.shape, y.shape)).encode())
+        h.update(X.tobytes())
+        h.update(y.tobytes())
+        return f"{X.shape[0]}x{X.shape[1]}:in-memory-sha256-{h.hexdigest()[:32]}"
+    from flymc_dist.data import Dataset, open_dataset
+
+    return (data if isinstance(data, Dataset) else open_dataset(str(data))).fingerprint()
+
+
+def _canon(value: Any) -> Any:
+    """A comparable form: arrays and tuples as lists, integral floats as ints, dicts sorted."""
+    if isinstance(value, np.ndarray):
+        return _canon(value.tolist())
+    if isinstance(value, dict):
+        return {str(k): _canon(v) for k, v in sorted(value.items())}
+    if isinstance(value, (list, tuple)):
+        return [_canon(v) for v in value]
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _check_resume(path: Any, args: dict[str, Any]) -> None:
+    """Refuse, in one line naming what differs, to resume a trace written by another run:
+    the model, the data set (its identity, not only its shape), the algorithm and every
+    setting that shapes the draws."""
+    from flymc_dist.trace import Trace
+
+    options = args["options"]
+    trace = Trace.open(path, read_only=True)
+    if trace.checkpoint is None:
+        raise ValueError(f"trace {os.fspath(path)!s} has no checkpoint to resume from")
+    specs, _mem, n_rows, n_features, _t, _k, data_path = _shard_layout(args["data"], options)
+    algorithm = args["algorithm"]
+    want: dict[str, Any] = {
+        "data_id": _data_id(args["data"]), "n_rows": n_rows, "n_features": n_features,
+        "model": args["model"].to_dict(), "algorithm": algorithm,
+        "kernel": str(args["kernel"]).strip().lower(), "chains": args["chains"],
+        "seed": args["seed"], "num_warmup": args["num_warmup"],
+        "num_samples": args["num_samples"], "n_shards": len(specs),
+        "options": _shaping_options(options)}
+    if algorithm == "flymc":
+        want.update(bounds=args["bounds"], z_update=args["z_update"])
+        if args["z_update"] == "explicit":
+            want["resample_fraction"] = float(options.get("resample_fraction", 0.1))
+    attrs = trace.attrs
+    if isinstance(attrs.get("kernel"), str):
+        attrs["kernel"] = attrs["kernel"].strip().lower()
+    diff = []
+    for key, value in want.items():
+        if key not in attrs or _canon(attrs[key]) == _canon(value):
+            continue
+        if key == "data_id":
+            diff.append(f"another data set ({attrs.get('data')} [{attrs[key]}]; this run: "
+                        f"{data_path} [{value}])")
+        elif key == "options":
+            old, new = _canon(attrs[key]), _canon(value)
+            diff += [f"{k} {old.get(k)!r} (this run: {new.get(k)!r})" for k in sorted(new)
+                     if old.get(k) != new.get(k)]
+        else:
+            diff.append(f"{key} {attrs[key]!r} (this run: {value!r})")
+    if diff:
+        raise ValueError(f"cannot resume {os.fspath(path)!s}: it was written with "
+                         + "; ".join(diff))
+
+
+def _stamp(path: Any) -> tuple[int, int] | None:
+    """Identity of a local trace's root metadata file (it changes with every write)."""
+    try:
+        st = os.stat(os.path.join(os.fspath(path), "zarr.json"))
+    except (OSError, TypeError):
+        return None
+    return (st.st_ino, st.st_mtime_ns)
+
+
+def kept_trace(err: BaseException) -> tuple[str, int] | None:
+    """``(path, iterations)`` of the trace a failed :func:`sample` kept to resume, or None."""
+    kept = getattr(err, "flymc_kept_trace", None)
+    return kept if isinstance(kept, tuple) else None
+
+
+def _after_failure(path: Any, before: tuple[int, int] | None, resume: bool,
+                   err: BaseException) -> None:
+    """A failed run keeps a trace that has a checkpoint (and says how to resume it), and
+    removes one it created that has none; a trace it did not write is never touched.
+
+    Runs under the trace's lock, so whatever changed at ``path`` since ``before`` is this
+    run's doing.
+    """
+    from flymc_dist.trace import Trace, _is_url
+
+    if _is_url(path):
+        return
+    after = _stamp(path)
+    if after is None or (not resume and after == before):
+        return  # nothing there, or an older trace this run did not replace yet
+    try:
+        checkpoint = Trace.open(path, read_only=True).checkpoint
+    except (OSError, ValueError):
+        checkpoint = None
+    if checkpoint is None or "iteration" not in checkpoint:
+        if not resume:
+            shutil.rmtree(os.fspath(path), ignore_errors=True)
+        return
+    n = int(checkpoint["iteration"]) + 1
+    try:
+        err.flymc_kept_trace = (os.fspath(path), n)  # type: ignore[attr-defined]
+        err.add_note(f"the trace {os.fspath(path)!s} keeps {n} iterations (to its last "
+                     "checkpoint): continue the run with resume=True")
+    except (AttributeError, TypeError):  # an exception that takes no attributes
+        pass
+
+
+def _traced_sample(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """:func:`sample` with a ``trace``: one writer at a time, a resume that matches, and a
+    failure that keeps what can be resumed and removes only what this run created.
+
+    The trace's :class:`~flymc_dist.trace.TraceLock` is held for the whole run, so a
+    second run on the same trace is refused before it starts anything (its clean-up
+    cannot touch the first run's trace), and two resumes of one trace cannot both run.
+    """
+    call = inspect.signature(func).bind(*args, **kwargs)
+    call.apply_defaults()
+    a = dict(call.arguments)
+    options = a.get("options", {})
+    path = options.get("trace")
+    if path is None:
+        return func(*args, **kwargs)
+    _validate(a["model"], a["algorithm"], a["bounds"], a["z_update"], a["num_warmup"],
+              a["num_samples"], a["chains"], options)
+    _check_arguments(a["data"], a["seed"], options)
+    from flymc_dist.trace import Trace, TraceLock
+
+    resume = bool(options.get("resume"))
+    if resume and a["algorithm"] != "austerity":
+        Trace.open(path, read_only=True)  # no trace there: FileNotFoundError, nothing made
+    lock = TraceLock(path).acquire()
+    try:
+        if resume and a["algorithm"] != "austerity":
+            _check_resume(path, a)
+        before = _stamp(path)
+        try:
+            return func(*args, **kwargs)
+        except BaseException as err:
+            _after_failure(path, before, resume, err)
+            raise
+    finally:
+        lock.release()

@@ -16,6 +16,13 @@ that does not present the token first is dropped before anything is unpickled.
 A frame is a 9-byte header — a one-byte code and an unsigned 64-bit length, network
 order — followed by that many bytes. Requests carry a method code; replies carry
 :data:`OK` (the method's ``bytes``) or :data:`ERROR` (a pickled exception).
+
+Limits: at most :data:`MAX_PENDING` connections may be waiting to present the token
+(more are closed at once, so idle connections cannot pile up threads), each for at
+most 10 s; after the token, a request larger than :data:`MAX_FRAME` closes the
+connection. The server holds its handler's owner (the shard host) weakly: closing the
+server, or the host being released (by the run, or by Dask when the driver's client
+goes away), stops the listening thread and frees the port.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +43,10 @@ log = logging.getLogger("flymc_dist")
 
 HEADER = struct.Struct("!BQ")
 TOKEN_BYTES = 32
+#: connections at most that have not presented the token yet (more are closed at once)
+MAX_PENDING = 16
+#: the largest request accepted after the token, in bytes (a round is a few kilobytes)
+MAX_FRAME = 64 * 2**20
 
 #: request codes
 ROUND = 1
@@ -86,73 +98,114 @@ class ChannelServer:
     Parameters
     ----------
     handler
-        Serves one request (see :data:`Handler`). Exceptions it raises are sent back.
+        Serves one request (see :data:`Handler`). Exceptions it raises are sent back. A
+        bound method is held weakly: once its object is gone, connections are closed.
     host
         The interface to listen on (the worker's own host).
     """
 
     def __init__(self, handler: Handler, host: str) -> None:
-        self._handler = handler
+        # a bound method weakly (its object, the shard host, must not be kept alive by
+        # this server's threads), any other callable as it is
+        self._handler_ref = (weakref.WeakMethod(handler) if hasattr(handler, "__self__")
+                             else None)
+        self._handler = handler if self._handler_ref is None else None
         self.token = secrets.token_bytes(TOKEN_BYTES)
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
+        self._pending = 0  # connections that have not presented the token yet
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, name="flymc-channel-accept", daemon=True).start()
+        self._thread = threading.Thread(target=self._accept, name="flymc-channel-accept",
+                                        daemon=True)
+        self._thread.start()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
                 conn, _ = self._listener.accept()
-            except OSError:  # closed
+            except OSError:  # closed (shut down)
                 return
             with self._lock:
                 if self._closed.is_set():
                     conn.close()
                     return
+                if self._pending >= MAX_PENDING:
+                    conn.close()
+                    log.warning("flymc channel: %d connections are waiting to present the "
+                                "token; a new one was closed", self._pending)
+                    continue
+                self._pending += 1
                 self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="flymc-channel",
                              daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        authenticated = False
         try:
             _nodelay(conn)
             conn.settimeout(10.0)  # for the token only
             if not hmac.compare_digest(_recv_exact(conn, TOKEN_BYTES), self.token):
                 log.warning("flymc channel: a connection without the token was dropped")
                 return
+            with self._lock:
+                self._pending -= 1
+                authenticated = True
             conn.settimeout(None)
             while True:
                 code, n = HEADER.unpack(_recv_exact(conn, HEADER.size))
+                if n > MAX_FRAME:
+                    log.warning("flymc channel: a request of %d bytes (more than %d) closed "
+                                "its connection", n, MAX_FRAME)
+                    return
                 payload = _recv_exact(conn, n)
+                handler = (self._handler if self._handler_ref is None
+                           else self._handler_ref())
+                if handler is None:  # the host is gone
+                    return
                 after = None
                 try:
-                    reply, after = self._handler(code, payload)
+                    reply, after = handler(code, payload)
                     status = OK
                 except BaseException as e:  # noqa: BLE001 - sent back to the driver
                     status, reply = ERROR, _pickle_error(e)
+                del handler
                 conn.sendall(HEADER.pack(status, len(reply)) + reply)
                 if after is not None:
                     after()
+                    after = None
         except (OSError, ChannelError):
             pass  # the driver went away (or this server is closing)
         finally:
             with self._lock:
                 self._conns.discard(conn)
+                if not authenticated:
+                    self._pending -= 1
             conn.close()
 
     def close(self) -> None:
-        """Stop listening and close every connection (their threads then end)."""
+        """Stop listening and close every connection (their threads then end).
+
+        The listening socket is shut down before it is closed: on Linux, closing alone
+        does not wake the thread blocked in ``accept()``, which would keep the port open
+        and its host alive.
+        """
         with self._lock:
             self._closed.set()
             conns = list(self._conns)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
         for c in conns:
             try:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10.0)
 
 
 def _pickle_error(e: BaseException) -> bytes:

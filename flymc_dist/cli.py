@@ -13,7 +13,9 @@ Subcommands::
 Bad input (a missing file, NaN in the data, an unknown model or option, …) ends with
 exit status 2 and one line ``flymc: error: <reason>`` on stderr, and writes nothing.
 An unexpected internal failure ends with status 1 (set ``FLYMC_DEBUG=1`` for the
-traceback); an interrupt with 130.
+traceback); an interrupt with 130; output cut short by its reader (``| head``) with 141,
+quietly. A run that fails after its first checkpoint keeps its trace and says, in one
+more line, how to continue it with ``--resume``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ EXIT_USAGE = 2
 EXIT_FAILURE = 1
 #: Exit status after Ctrl-C.
 EXIT_INTERRUPT = 130
+#: Exit status when stdout's reader went away (as a process killed by SIGPIPE).
+EXIT_BROKEN_PIPE = 141
 
 _DEMO_ROWS = 1_000_000
 _DEMO_FEATURES = 10
@@ -208,12 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="convert .npy/.npz/.csv into a zarr data set",
                        description="Validate a .npy (2-D, target column last unless --target), "
                        ".npz (arrays X and y) or .csv (header row; target column last unless "
-                       "--target) file and write it as a flymc_dist zarr store. Nothing is "
+                       "--target; a first line of numbers only is read as data, not as a "
+                       "header) file and write it as a flymc_dist zarr store. Nothing is "
                        "written if the data are invalid (NaN/inf, bad labels, wrong shapes).")
     p.add_argument("src", metavar="SRC", help="the .npy, .npz or .csv file")
     p.add_argument("out", metavar="OUT", help="the store to create (a directory)")
     p.add_argument("--target", default=None,
-                   help="the target column: an index for .npy, a header name for .csv")
+                   help="the target column: an index for .npy, a header name for .csv "
+                   "(an index for a .csv without a header row)")
     p.add_argument("--task", choices=("binary", "multiclass", "real"), default=None,
                    help="the task (default: inferred from the target)")
     p.add_argument("--classes", type=_positive_int, default=None,
@@ -275,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run every shard in this process (no Dask)")
     g.add_argument("--workers", type=_positive_int, default=None,
                    help="workers of the embedded LocalCluster (default: cores, at most 8)")
+    g.add_argument("--n-shards", type=_positive_int, default=None,
+                   help="shards (whole zarr chunks each; default: about 262,144 rows per "
+                   "shard); at least the number of workers keeps every worker busy")
     g = p.add_argument_group("output")
     g.add_argument("--trace", metavar="OUT.zarr", required=True,
                    help="the zarr trace to write (draws, stats, checkpoints)")
@@ -599,44 +608,15 @@ def _client(args: argparse.Namespace) -> Any:
     return None
 
 
-def _check_resume(trace: Any, args: argparse.Namespace, model: Any) -> None:
-    """The trace must come from the same run settings as the command line's."""
-    attrs = trace.attrs
-    if trace.checkpoint is None:
-        raise CLIError(f"trace {args.trace!r} has no checkpoint to resume from")
-    want = {"algorithm": args.algorithm, "kernel": args.kernel, "chains": args.chains,
-            "seed": args.seed, "num_warmup": args.warmup, "num_samples": args.samples,
-            "model": model.to_dict()}
-    if args.algorithm == "flymc":
-        want["bounds"] = args.bounds
-        want["z_update"] = args.z_update
-    diff = []
-    for key, value in want.items():
-        if key in attrs and _canon(attrs[key]) != _canon(value):
-            diff.append(f"{key} {attrs[key]!r} (command line: {value!r})")
-    if diff:
-        raise CLIError(f"cannot resume {args.trace!r}: it was written with " + "; ".join(diff))
+def _resume_hint(err: BaseException) -> None:
+    """After a failed run that kept its trace: one line saying how to continue it."""
+    from flymc_dist.api import kept_trace
 
-
-def _canon(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _canon(v) for k, v in sorted(value.items())}
-    if isinstance(value, (list, tuple)):
-        return [_canon(v) for v in value]
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _stamp(path: str) -> tuple[int, int] | None:
-    """Identity of a trace's root metadata file (changes when a trace is (re)created)."""
-    try:
-        st = os.stat(os.path.join(path, "zarr.json"))
-    except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns)
+    kept = kept_trace(err)
+    if kept is not None:
+        sys.stderr.write(f"flymc: {kept[0]} keeps {kept[1]:,} iterations (to its last "
+                         "checkpoint): continue with the same command and --resume\n")
+        sys.stderr.flush()
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -649,11 +629,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     trace_path = os.path.abspath(os.path.expanduser(args.trace))
     existed = os.path.exists(trace_path) and (not os.path.isdir(trace_path)
                                               or bool(os.listdir(trace_path)))
-    before = _stamp(trace_path)
+    # a resume must match the trace's model, data set and settings: fd.sample checks
+    # (and the trace's lock keeps a second run off it); a failed run keeps a trace that
+    # has a checkpoint and removes only one it created itself (see flymc_dist.api)
     if args.resume:
         if not existed:
             raise CLIError(f"--resume: no trace at {args.trace!r}")
-        _check_resume(Trace.open(trace_path, read_only=True), args, model)
     elif existed:
         if not args.overwrite:
             raise CLIError(f"{args.trace!r} already exists (use --overwrite to replace it, or "
@@ -668,26 +649,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for key, value in (("q_db", args.q_db), ("resample_fraction", args.resample_fraction),
                        ("eps", args.eps), ("batch_size", args.batch_size),
                        ("checkpoint_every", args.checkpoint_every),
-                       ("n_workers", args.workers)):
+                       ("n_workers", args.workers), ("n_shards", args.n_shards)):
         if value is not None:
             options[key] = value
     t = time.perf_counter()
-    try:
-        res = fd.sample(model, ds, algorithm=args.algorithm, bounds=args.bounds,
-                        kernel=args.kernel, z_update=args.z_update, num_warmup=args.warmup,
-                        num_samples=args.samples, chains=args.chains, seed=args.seed,
-                        client=client, **options)
-    except KeyboardInterrupt:
-        if os.path.exists(trace_path):
-            sys.stderr.write(f"flymc: interrupted; {args.trace} keeps the draws up to its last "
-                             f"checkpoint: continue with --resume\n")
-        raise
-    except BaseException:
-        # a failed fresh (or overwriting) run leaves nothing of its own behind; an old trace
-        # that was not replaced yet is kept
-        if not args.resume and os.path.exists(trace_path) and _stamp(trace_path) != before:
-            shutil.rmtree(trace_path, ignore_errors=True)
-        raise
+    res = fd.sample(model, ds, algorithm=args.algorithm, bounds=args.bounds,
+                    kernel=args.kernel, z_update=args.z_update, num_warmup=args.warmup,
+                    num_samples=args.samples, chains=args.chains, seed=args.seed,
+                    client=client, **options)
     seconds = time.perf_counter() - t
     names = _param_names(ds, int(np.prod(res.param_shape)))
     C, S = res.samples.shape[:2]
@@ -923,21 +892,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as err:
         _error(str(err))
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         _error("interrupted")
+        _resume_hint(err)
         return EXIT_INTERRUPT
+    except BrokenPipeError:
+        # stdout's reader went away (`flymc summary t.zarr | head -2`): stop quietly
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (ValueError, OSError) as err:
         if os.environ.get("FLYMC_DEBUG"):
             traceback.print_exc()
         _error(str(err) or type(err).__name__)
+        _resume_hint(err)
         return EXIT_USAGE
     except Exception as err:  # noqa: BLE001 - the last line of defence of a CLI
         if os.environ.get("FLYMC_DEBUG"):
             traceback.print_exc()
+            _error(f"{type(err).__name__}: {err}")
         else:
             _error(f"{type(err).__name__}: {err} (set FLYMC_DEBUG=1 for the traceback)")
-            return EXIT_FAILURE
-        _error(f"{type(err).__name__}: {err}")
+        _resume_hint(err)
         return EXIT_FAILURE
 
 

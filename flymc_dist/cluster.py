@@ -21,10 +21,12 @@ is replayed — the surviving shards answer a replayed round from their cache
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from typing import Any
@@ -53,6 +55,26 @@ class ShardLost(RuntimeError):
         self.workers = list(workers or [])
 
 
+class SchedulerLost(ShardLost):
+    """The Dask scheduler is gone: no shard can be recreated, the run cannot go on."""
+
+
+def _scheduler_workers(client: Any) -> dict[str, dict]:
+    """The scheduler's workers; :class:`SchedulerLost` if the client lost its scheduler
+    (a closed client's ``scheduler_info()`` has no ``"workers"``)."""
+    status = getattr(client, "status", "running")
+    info = client.scheduler_info() if status == "running" else {}
+    workers = info.get("workers") if isinstance(info, dict) else None
+    if status != "running" or workers is None:
+        try:
+            address = client.scheduler.address
+        except Exception:  # noqa: BLE001 - only for the message
+            address = "?"
+        raise SchedulerLost(f"the Dask scheduler {address} was lost (the client's connection "
+                            f"to it is {status!r}); the run cannot go on without it")
+    return workers
+
+
 #: calls run inline on the worker's event loop with raw ``bytes`` arguments: the per-iteration
 #: protocol (short: FlyMC's rounds touch the bright rows only) and the bench's bare round trips.
 #: Regular MCMC's rounds are full passes over the shard and stay on the actor thread, so a
@@ -72,6 +94,7 @@ def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
     # a short connect timeout: a dead worker must not stall a call for ~30 s
     dask.config.set({"distributed.comm.timeouts.connect": "5s"})
     if client is None:
+        _check_main_guard()
         n = n_workers or max(1, min(os.cpu_count() or 1, 8))
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                dashboard_address=":0", silence_logs=logging.ERROR)
@@ -87,6 +110,55 @@ def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
                          f"tls://…) nor an existing scheduler file")
     raise TypeError(f"client must be None, 'synchronous', a distributed.Client, an address or "
                     f"a scheduler file, not {type(client).__name__}")
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """Whether ``node`` is ``if __name__ == "__main__":`` (either way round)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+
+
+def _check_main_guard() -> None:
+    """Refuse to start a LocalCluster from the unguarded top level of a script.
+
+    Dask starts worker processes with ``spawn``, which imports the main script again in
+    each of them: a call at the script's top level then runs again in every worker, and
+    each fails to start a cluster of its own (hundreds of lines of tracebacks ending in
+    "Nanny failed to start"). Detected before anything starts: the line of the script
+    being run is not inside ``if __name__ == "__main__":``.
+    """
+    import dask
+
+    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
+        return
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    if not script or not os.path.isfile(script):
+        return  # an interactive session or python -c: nothing is imported again
+    frame = sys._getframe(1)
+    line = None
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            line = frame.f_lineno
+        frame = frame.f_back
+    if line is None:
+        return
+    try:
+        with open(script, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in tree.body:
+        if _is_main_guard(node) and node.lineno <= line <= (node.end_lineno or line):
+            return
+    raise RuntimeError(
+        f"fd.sample(client=None) starts Dask worker processes, which import {script} again "
+        "and would run this call again in each: put the code that calls it under "
+        "`if __name__ == \"__main__\":` (or pass client=\"synchronous\" or a Client)")
 
 
 def open_transport(client: Any, specs: list[ShardSpec], config: ShardConfig,
@@ -175,10 +247,10 @@ class DaskTransport:
         self._replay: list[tuple[str, tuple, dict]] = []
         self._chan: ChannelClient | None = None
         try:
-            workers = sorted(self.client.scheduler_info()["workers"])
+            workers = sorted(_scheduler_workers(self.client))
             if not workers:
                 self.client.wait_for_workers(1, timeout=60)
-                workers = sorted(self.client.scheduler_info()["workers"])
+                workers = sorted(_scheduler_workers(self.client))
             if channel == "socket" or (channel == "auto" and
                                        all(w.startswith("tcp://") for w in workers)):
                 self._chan = ChannelClient()
@@ -186,7 +258,7 @@ class DaskTransport:
                                                                     len(self.specs)))
             for w, block in zip(workers, blocks, strict=False):
                 self._start_host(w, [self.specs[i] for i in block])
-            self.speculates = _all_remote(self.client.scheduler_info()["workers"],
+            self.speculates = _all_remote(_scheduler_workers(self.client),
                                            list(self.placement))
         except BaseException:
             self.close()
@@ -365,12 +437,11 @@ class DaskTransport:
             if self._chan is not None:
                 self._chan.drop(w)
         self.generation += 1
-        live = [w for w in sorted(self.client.scheduler_info()["workers"]) if w not in lost]
+        live = [w for w in sorted(_scheduler_workers(self.client)) if w not in lost]
         deadline = time.time() + 30
         while not live and time.time() < deadline:
             time.sleep(0.2)
-            live = [w for w in sorted(self.client.scheduler_info()["workers"])
-                    if w not in lost]
+            live = [w for w in sorted(_scheduler_workers(self.client)) if w not in lost]
         if not live:
             raise ShardLost("no live worker left to recreate the lost shards on")
         # fill new (restarted) workers first, then the least loaded

@@ -54,11 +54,13 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.storage import WrapperStore
 
 __all__ = [
     "FORMAT",
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_ROWS_PER_SHARD",
+    "DataIntegrityError",
     "Dataset",
     "default_chunk_rows",
     "from_numpy",
@@ -307,6 +309,25 @@ def _check_destination(
         raise FileExistsError(
             f"{path!r} exists and is not a zarr store (no zarr.json); refusing to overwrite it"
         )
+    # nor another kind of zarr store: a sampling trace, say, holds hours of work
+    if os.listdir(path) and _store_format(path) != FORMAT:
+        raise FileExistsError(
+            f"{path!r} is a zarr store but not a flymc_dist data set (a trace?); refusing to "
+            "overwrite it"
+        )
+
+
+def _store_format(path: str) -> Any:
+    """The ``"format"`` attribute of the zarr group at local ``path`` (None if it has none)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "zarr.json")) as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    return attrs.get("format") if isinstance(attrs, dict) else None
 
 
 # --------------------------------------------------------------------------- writing
@@ -390,19 +411,27 @@ class _StoreWriter:
             if self.storage_options and _is_url(self.path):
                 kw["storage_options"] = self.storage_options
             self._group = zarr.open_group(store=target, mode=mode, zarr_format=3, **kw)
+            # Every chunk is stored, and the fill values are impossible data (NaN in X and
+            # real y, -1 for labels): a chunk absent from the store is always a loss, never
+            # a chunk zarr skipped for holding only the fill value (see Dataset).
+            every_chunk = {"write_empty_chunks": True}
             self._X = self._group.create_array(
                 "X",
                 shape=(self.n_rows, self.n_features),
                 chunks=(self.chunk_rows, self.n_features),
                 dtype="float64",
+                fill_value=np.nan,
                 dimension_names=("row", "feature"),
+                config=every_chunk,
             )
             self._y = self._group.create_array(
                 "y",
                 shape=(self.n_rows,),
                 chunks=(self.chunk_rows,),
                 dtype=np.dtype(self.y_dtype).name,
+                fill_value=np.nan if self.task == "real" else -1,
                 dimension_names=("row",),
+                config=every_chunk,
             )
             self._thread = threading.Thread(
                 target=self._worker, name="flymc-data-writer", daemon=True
@@ -431,6 +460,8 @@ class _StoreWriter:
                 "task": self.task,
                 "n_classes": self.n_classes,
                 "feature_names": self.feature_names,
+                # the identity of this data set (a resumed run checks it: see fingerprint)
+                "store_id": uuid.uuid4().hex,
                 **_json_safe(self.extra_attrs),
             }
             # "format" goes last: it marks the store as complete.
@@ -781,6 +812,65 @@ def from_blocks(
 # --------------------------------------------------------------------------- reading
 
 
+class DataIntegrityError(ValueError):
+    """A chunk of a data set is missing from its store, or cannot be decoded."""
+
+
+class _ChunkGuard(WrapperStore):
+    """A read-only view of a store that refuses to read an absent chunk of ``X`` or ``y``.
+
+    zarr reads a chunk that is not in the store as the array's fill value, so a partial
+    copy of a store would silently give zeros. Every chunk of a data set is stored (see
+    :class:`_StoreWriter`), so an absent one is a loss: this view raises
+    :class:`DataIntegrityError` naming the store, the chunk and its rows, on the very read
+    that would have used the fill value (no extra request to the store).
+    """
+
+    def __init__(self, store: Any, where: str = "", chunk_rows: int = 0,
+                 prefix: str = "", legacy: bool = False) -> None:
+        super().__init__(store)
+        self._where = where
+        self._chunk_rows = chunk_rows
+        self._prefix = prefix
+        self._legacy = legacy
+
+    def _with_store(self, store: Any) -> _ChunkGuard:
+        return type(self)(store, self._where, self._chunk_rows, self._prefix, self._legacy)
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        value = await self._store.get(key, prototype, byte_range)
+        if value is None:
+            name = self._array_of(key)
+            if name is not None:
+                raise DataIntegrityError(
+                    f"data set {self._where!r} is damaged: chunk {key!r} "
+                    f"({_rows_of(key, name, self._prefix, self._chunk_rows)}) is missing from "
+                    "the store (a partial copy?); nothing was read in its place"
+                    + (" (stores written before every chunk was stored may omit chunks "
+                       "holding only zeros: if so, write it again from its source)"
+                       if self._legacy else ""))
+        return value
+
+    def _array_of(self, key: str) -> str | None:
+        """``"X"`` or ``"y"`` if ``key`` is one of their chunks, else None."""
+        for name in ("X", "y"):
+            head = f"{self._prefix}{name}/"
+            if key.startswith(head) and not key.endswith("zarr.json"):
+                return name
+        return None
+
+
+def _rows_of(key: str, name: str, prefix: str, chunk_rows: int) -> str:
+    """``"rows a-b of X"`` for a chunk key of the default or v2 key encodings."""
+    rest = key[len(prefix) + len(name) + 1:]
+    digits = rest[2:] if rest.startswith(("c/", "c.")) else rest
+    head = digits.replace(".", "/").split("/")[0]
+    if not head.isdigit() or chunk_rows < 1:
+        return f"array {name}"
+    i = int(head)
+    return f"rows {i * chunk_rows}-{(i + 1) * chunk_rows - 1} of {name}"
+
+
 class Dataset:
     """A flymc_dist data set on disk (or behind an fsspec URL).
 
@@ -840,7 +930,7 @@ class Dataset:
                 f"match the attributes (n_rows={self.n_rows}, n_features={self.n_features}, "
                 f"chunk_rows={self.chunk_rows})"
             )
-        self._arrays = (X, y)
+        self._arrays = self._guarded(group)
 
     # -- opening
     def _open_group(self) -> Any:
@@ -871,9 +961,36 @@ class Dataset:
 
     def _get_arrays(self) -> tuple[Any, Any]:
         if self._arrays is None:
-            g = self._open_group()
-            self._arrays = (g["X"], g["y"])
+            self._arrays = self._guarded(self._open_group())
         return self._arrays
+
+    def _guarded(self, group: Any) -> tuple[Any, Any]:
+        """``X`` and ``y`` read through a :class:`_ChunkGuard` (an absent chunk raises)."""
+        prefix = f"{group.path}/" if group.path else ""
+        store = _ChunkGuard(group.store, self.path, self.chunk_rows, prefix,
+                            legacy="store_id" not in self._attrs)
+        g = zarr.open_group(store=store, path=group.path, mode="r", zarr_format=3)
+        return g["X"], g["y"]
+
+    def _damage(self, start: int, stop: int, err: Exception) -> Exception:
+        """The error to raise for a failed read of rows ``start:stop``: one naming the
+        first chunk that cannot be decoded on its own (found by reading them one by one,
+        only after a failure), else ``err`` itself (a transient failure)."""
+        cr = self.chunk_rows
+        for i in range(start // cr, -(-stop // cr)):
+            lo, hi = i * cr, min((i + 1) * cr, self.n_rows)
+            for name, array in (("X", self._X), ("y", self._y)):
+                try:
+                    array[lo:hi]
+                except DataIntegrityError as e:
+                    return e
+                except Exception as e:  # noqa: BLE001 - reported with the chunk named
+                    key = array.metadata.encode_chunk_key((i,) if name == "y" else (i, 0))
+                    return DataIntegrityError(
+                        f"data set {self.path!r} is damaged: chunk {f'{name}/{key}'!r} (rows "
+                        f"{lo}-{hi - 1} of {name}) cannot be decoded "
+                        f"({type(e).__name__}: {e})")
+        return err
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -901,6 +1018,34 @@ class Dataset:
 
     def __len__(self) -> int:
         return self.n_rows
+
+    def fingerprint(self) -> str:
+        """The identity of this data set, cheap to compute: what a resumed run checks.
+
+        ``"<n_rows>x<n_features>:<store_id>"``, the random id written with the store (so a
+        copy of a store is the same data set, and two stores of the same shape are not).
+        A store written before ids were written gets a hash of its layout attributes and
+        of its first and last rows (two chunks read).
+
+        Returns
+        -------
+        str
+        """
+        head = f"{self.n_rows}x{self.n_features}:"
+        sid = self._attrs.get("store_id")
+        if isinstance(sid, str) and sid:
+            return head + sid
+        import hashlib
+
+        h = hashlib.sha256()
+        layout = [self.n_rows, self.n_features, self.chunk_rows, self.task, self.n_classes,
+                  self.feature_names]
+        h.update(repr(layout).encode())
+        for lo in {0, self.n_rows - 1}:
+            X, y = self.read(lo, lo + 1)
+            h.update(X.tobytes())
+            h.update(np.asarray(y, np.float64).tobytes())
+        return head + "sha256-" + h.hexdigest()[:32]
 
     def __repr__(self) -> str:
         k = f", n_classes={self.n_classes}" if self.task != "real" else ""
@@ -999,8 +1144,13 @@ class Dataset:
                 np.empty((0, self.n_features), dtype=np.float64),
                 np.empty(0, dtype=self._y.dtype),
             )
-        X = np.ascontiguousarray(self._X[start:stop], dtype=np.float64)
-        y = np.ascontiguousarray(self._y[start:stop])
+        try:
+            X = np.ascontiguousarray(self._X[start:stop], dtype=np.float64)
+            y = np.ascontiguousarray(self._y[start:stop])
+        except DataIntegrityError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a damaged chunk, named; else re-raised
+            raise self._damage(start, stop, e) from e
         return X, y
 
     def read_rows(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -1035,8 +1185,13 @@ class Dataset:
             raise ValueError("indices must be sorted (non-decreasing)")
         if idx[0] < 0 or idx[-1] >= self.n_rows:
             raise IndexError(f"indices must be within [0, {self.n_rows})")
-        X = self._X.get_orthogonal_selection((idx, slice(None)))
-        y = self._y.get_orthogonal_selection(idx)
+        try:
+            X = self._X.get_orthogonal_selection((idx, slice(None)))
+            y = self._y.get_orthogonal_selection(idx)
+        except DataIntegrityError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a damaged chunk, named; else re-raised
+            raise self._damage(int(idx[0]), int(idx[-1]) + 1, e) from e
         return np.ascontiguousarray(X, dtype=np.float64), np.ascontiguousarray(y)
 
     def iter_chunks(
@@ -1139,41 +1294,54 @@ def _ingest_npz(src: str, target: Any) -> tuple[np.ndarray, np.ndarray, list[str
     return X, y, names
 
 
-def _ingest_csv(src: str, target: Any) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _ingest_csv(src: str, target: Any) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
     with open(src, newline="") as fh:
         reader = csv.reader(fh)
         try:
-            header = [h.strip() for h in next(reader)]
+            first = [h.strip() for h in next(reader)]
         except StopIteration:
-            raise ValueError(f"{src!r} is empty (expected a header row)") from None
-        if len(header) < 2:
+            raise ValueError(f"{src!r} is empty (expected a header row or data)") from None
+        if len(first) < 2:
             raise ValueError(f"{src!r}: needs at least 2 columns (features + target)")
+        # a first line of numbers only is data, not a header (the columns are then unnamed)
+        header: list[str] | None = None if all(_is_float(c) for c in first) else first
+        columns = header if header is not None else [str(i) for i in range(len(first))]
         if target is None:
-            t = len(header) - 1
-        else:
+            t = len(columns) - 1
+        elif header is not None:
             if str(target) not in header:
                 raise ValueError(f"target column {target!r} not in the header {header}")
             t = header.index(str(target))
-        rows: list[list[float]] = []
+        else:
+            try:
+                t = int(str(target))
+            except ValueError:
+                raise ValueError(f"{src!r} has no header row (its first line is numbers), so "
+                                 f"target must be a column index, not {target!r}") from None
+            if not -len(columns) <= t < len(columns):
+                raise ValueError(f"target column {t} out of range for {len(columns)} columns")
+            t %= len(columns)
+        rows: list[list[float]] = [] if header is not None else [[float(c) for c in first]]
         for lineno, row in enumerate(reader, start=2):
             if not row or all(not c.strip() for c in row):
                 continue
-            if len(row) != len(header):
+            if len(row) != len(columns):
                 raise ValueError(
-                    f"{src!r} line {lineno}: {len(row)} fields, header has {len(header)}"
+                    f"{src!r} line {lineno}: {len(row)} fields, "
+                    f"{'header' if header is not None else 'line 1'} has {len(columns)}"
                 )
             try:
                 rows.append([float(c) for c in row])
             except ValueError:
                 bad = next(i for i, c in enumerate(row) if not _is_float(c))
                 raise ValueError(
-                    f"{src!r} line {lineno}, column {header[bad]!r}: "
+                    f"{src!r} line {lineno}, column {columns[bad]!r}: "
                     f"non-numeric value {row[bad]!r}"
                 ) from None
-    A = np.array(rows, dtype=np.float64).reshape(len(rows), len(header))
+    A = np.array(rows, dtype=np.float64).reshape(len(rows), len(columns))
     y = A[:, t]
     X = np.delete(A, t, axis=1)
-    names = header[:t] + header[t + 1 :]
+    names = None if header is None else header[:t] + header[t + 1 :]
     return X, y, names
 
 
@@ -1206,9 +1374,11 @@ def ingest(
           another column index (negative indices allowed). Memory-mapped when y is
           the first or last column.
         * ``.npz`` — arrays ``X`` and ``y`` (and optionally ``feature_names``).
-        * ``.csv`` — comma separated with a header row; ``target`` is the name of the
+        * ``.csv`` — comma separated, with a header row; ``target`` is the name of the
           y column (default: the last column); all other columns are features, named
-          after the header. All values must parse as numbers.
+          after the header. All values must parse as numbers. A first line of numbers
+          only is not a header but the first row of data: the features are then unnamed
+          and ``target`` is a column index.
     path : str or os.PathLike
         Destination (see :func:`from_numpy`).
     target : int or str, optional

@@ -19,6 +19,7 @@ import math
 import pickle
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -1157,6 +1158,9 @@ class ShardHost:
 
         self.close_channel()
         self._channel = ChannelServer(self._serve_channel, host)
+        # the server holds this host weakly: once Dask drops the actor (its run released
+        # it, or the run's client went away), the server stops and its port is freed
+        weakref.finalize(self, self._channel.close)
         return self._channel.address, self._channel.token
 
     def _serve_channel(self, code: int, payload: bytes) -> tuple[bytes, Any]:

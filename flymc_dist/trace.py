@@ -34,7 +34,8 @@ checkpoint) are *ignored*: the properties never show them and the next
 checkpoint agree, and resuming from the checkpoint regenerates exactly the
 discarded draws. A trace that is shorter than its record is corrupt and
 :meth:`Trace.open` raises. Opening never modifies the store (a concurrent
-reader cannot damage a running writer); there must be one writer at a time.
+reader cannot damage a running writer); there must be one writer at a time:
+:class:`TraceLock` is how a run (``fd.sample``, ``flymc run``) makes sure of it.
 With a local path every zarr metadata write is atomic (temporary file, then
 rename), so a crash leaves either the old or the new record.
 
@@ -52,10 +53,16 @@ round-trips and restores the stream exactly.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import re
+import secrets
 import shutil
+import socket
+import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -64,7 +71,7 @@ import numpy as np
 import zarr
 from numpy.typing import ArrayLike, DTypeLike
 
-__all__ = ["Trace", "TRACE_FORMAT", "TRACE_VERSION"]
+__all__ = ["Trace", "TraceLock", "TraceLockedError", "TRACE_FORMAT", "TRACE_VERSION"]
 
 TRACE_FORMAT = "flymc_dist.trace"
 TRACE_VERSION = 1
@@ -654,3 +661,216 @@ class Trace:
             f"param_shape={self._param_shape}, n_warmup_draws={self.n_warmup_draws}, "
             f"n_draws={self.n_draws}, stats={sorted(self._stat_dtypes)})"
         )
+
+
+# --------------------------------------------------------------------------------------------
+# one writer at a time
+# --------------------------------------------------------------------------------------------
+
+
+class TraceLockedError(OSError):
+    """Another live process holds the lock of a trace."""
+
+
+def _boot_id() -> str | None:
+    """This machine's boot id (Linux): tells a reboot, or another machine, from this one."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _read_lock(path: str) -> dict[str, Any] | None:
+    """The holder recorded in a lock file; None if it is gone; ``{}`` if unreadable."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return {}
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _lock_is_stale(holder: dict[str, Any], lock_path: str) -> bool:
+    """Whether the process that wrote ``holder`` is certainly gone.
+
+    Only a holder on this machine can be checked: its process no longer exists, or its
+    pid now belongs to a process started at another time, or the machine rebooted since.
+    A lock file that stayed unreadable for a minute (its writer died while writing it)
+    is stale too. A holder on another machine is never presumed dead.
+    """
+    if not holder:
+        try:
+            return time.time() - os.stat(lock_path).st_mtime > 60.0
+        except OSError:
+            return False
+    if holder.get("host") != socket.gethostname():
+        return False
+    boot = _boot_id()
+    if boot is not None and holder.get("boot") not in (None, boot):
+        return True
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    started = holder.get("start")
+    return started is not None and _start_time(pid) not in (None, started)
+
+
+def _release_lock(path: str, token: str, made_dirs: list[str]) -> None:
+    holder = _read_lock(path)
+    if holder is not None and holder.get("token") == token:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    for d in made_dirs:  # directories made only to hold the lock, if still empty
+        try:
+            os.rmdir(d)
+        except OSError:
+            break
+
+
+class TraceLock:
+    """The one-writer lock of a trace: an exclusive lock file beside it.
+
+    ``<parent>/.<name>.flymc-lock`` is created with ``O_CREAT | O_EXCL`` (atomic on
+    local file systems and on NFS v3 and later) and records the holder: pid, host, boot
+    id, process start time and a random token. :meth:`release` removes it only if it
+    still holds this lock's token. A lock left by a process that died is broken by the
+    next :meth:`acquire` when the holder was on this machine (its pid is gone or reused,
+    or the machine rebooted); a holder on another machine is never presumed dead: the
+    error says which lock file to remove once that run is known to be gone. The lock is
+    also released when this object is garbage-collected or the interpreter exits. Traces
+    behind an fsspec URL are not locked (object stores have no exclusive create here).
+
+    Parameters
+    ----------
+    path
+        The trace's location (it need not exist yet).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.trace_path = path
+        self.path: str | None = None
+        if not _is_url(path):
+            local = _local(path).absolute()
+            self.path = str(local.parent / f".{local.name}.flymc-lock")
+        self._token: str | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._token is not None
+
+    def acquire(self) -> TraceLock:
+        """Take the lock.
+
+        Returns
+        -------
+        TraceLock
+            ``self``.
+
+        Raises
+        ------
+        TraceLockedError
+            If another live process holds it (one line: who, since when, and which file
+            to remove if that process is gone).
+        """
+        if self.path is None or self._token is not None:
+            return self
+        parent = os.path.dirname(self.path)
+        made: list[str] = []
+        d = parent
+        while d and not os.path.isdir(d):
+            made.append(d)
+            d = os.path.dirname(d)
+        os.makedirs(parent, exist_ok=True)
+        token = secrets.token_hex(16)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "boot": _boot_id(),
+              "start": _start_time(os.getpid()), "token": token, "since": time.time()}
+        for _attempt in range(5):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = _read_lock(self.path)
+                if holder is None:
+                    continue  # released meanwhile: try again
+                if _lock_is_stale(holder, self.path):
+                    self._break(holder)
+                    continue
+                for dd in made:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(dd)
+                raise TraceLockedError(self._held_by(holder)) from None
+            with os.fdopen(fd, "w") as fh:
+                json.dump(me, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            self._token = token
+            self._finalizer = weakref.finalize(self, _release_lock, self.path, token, made)
+            return self
+        raise TraceLockedError(f"could not take the lock {self.path} of trace "
+                               f"{os.fspath(self.trace_path)!s}: it keeps changing hands")
+
+    def _break(self, holder: dict[str, Any]) -> None:
+        """Remove a stale lock, unless it changed hands since it was read."""
+        aside = f"{self.path}.stale-{secrets.token_hex(6)}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        moved = _read_lock(aside)
+        if moved is not None and moved != holder:  # a live lock taken meanwhile: put back
+            with contextlib.suppress(OSError):
+                os.link(aside, self.path)
+        with contextlib.suppress(OSError):
+            os.unlink(aside)
+
+    def _held_by(self, holder: dict[str, Any]) -> str:
+        trace = os.fspath(self.trace_path)
+        if not holder:
+            return (f"trace {trace!s} is locked by another run (lock file {self.path} is being "
+                    "written); if no run is using it, remove that file")
+        since = holder.get("since")
+        when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+                if isinstance(since, (int, float)) else "?")
+        return (f"trace {trace!s} is being written by another run (pid {holder.get('pid')} on "
+                f"{holder.get('host')}, since {when}); one writer at a time: if that run is "
+                f"gone, remove {self.path}")
+
+    def release(self) -> None:
+        """Give the lock back (removing its file only if it is still this lock's)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._finalizer = None
+        self._token = None
+
+    def __enter__(self) -> TraceLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

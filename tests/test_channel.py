@@ -133,3 +133,102 @@ def test_sample_rejects_bad_channel_before_writing(tmp_path):
         fd.sample(fd.LogisticRegression(), (X, y), client="synchronous", num_warmup=5,
                   num_samples=5, chains=1, progress=False, channel="udp", trace=str(trace))
     assert not trace.exists()
+
+
+def _refused(address: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(address, timeout=5).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_close_wakes_the_accept_thread_and_frees_the_port():
+    server = ChannelServer(_Handler(), "127.0.0.1")
+    assert not _refused(server.address)
+    server.close()
+    assert not server._thread.is_alive()  # woken from accept(), not left blocked forever
+    assert _refused(server.address)
+
+
+def test_a_released_host_stops_its_channel():
+    """The server holds its host weakly: when the host is dropped (Dask releasing the
+    actor), its channel stops, its threads end and its port is freed."""
+    import gc
+    import weakref
+
+    from flymc_dist.shard import ShardConfig, ShardHost, ShardSpec
+
+    rng = np.random.default_rng(0)
+    X = np.column_stack([np.ones(30), rng.normal(size=30)])
+    y = (rng.random(30) < 0.5).astype(np.int64)
+    config = ShardConfig(model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0)
+    host = ShardHost([ShardSpec(0, "", 0, 30)], config, {0: (X, y)})
+    address, token = host.open_channel("127.0.0.1")
+    client = ChannelClient()
+    client.connect("w", address, token)
+    ok, bad = client.fanout(ECHO, b"abc", ["w"], timeout=5)
+    assert ok == {"w": b"abc"} and not bad
+    thread = host._channel._thread
+    alive = weakref.ref(host)
+    del host
+    gc.collect()
+    assert alive() is None
+    thread.join(10)
+    assert not thread.is_alive() and _refused(address)
+    _, bad = client.fanout(ECHO, b"abc", ["w"], timeout=5)
+    assert isinstance(bad["w"], ChannelError)
+    client.close()
+
+
+def test_connections_before_the_token_are_capped_and_frames_after_it():
+    """Idle connections cannot pile up threads (at most MAX_PENDING wait for the token;
+    more are closed at once), and an oversized request closes its connection unread."""
+    from flymc_dist.channel import HEADER, MAX_FRAME, MAX_PENDING
+
+    def serving() -> int:
+        return sum(t.name == "flymc-channel" for t in threading.enumerate())
+
+    handler = _Handler()
+    server = ChannelServer(handler, "127.0.0.1")
+    idle = []
+    base = serving()  # other tests' connection threads may still be ending
+    try:
+        for _ in range(MAX_PENDING):
+            idle.append(socket.create_connection(server.address, timeout=5))
+        t0 = time.time()
+        while server._pending < MAX_PENDING and time.time() - t0 < 30:
+            time.sleep(0.01)
+        assert server._pending == MAX_PENDING
+        extra = [socket.create_connection(server.address, timeout=5) for _ in range(20)]
+        for s in extra:  # closed by the server before any byte is read
+            try:
+                assert s.recv(10) == b""
+            except ConnectionResetError:
+                pass
+            s.close()
+        assert serving() <= base + MAX_PENDING
+        for s in idle:
+            s.close()
+        idle.clear()
+        t0 = time.time()
+        while server._pending and time.time() - t0 < 30:
+            time.sleep(0.01)
+        assert server._pending == 0
+        # the driver gets in, and an oversized request closes its connection unread
+        with socket.create_connection(server.address, timeout=5) as s:
+            s.sendall(server.token + HEADER.pack(ECHO, MAX_FRAME + 1) + b"x" * 1000)
+            try:
+                assert s.recv(100) == b""
+            except ConnectionResetError:
+                pass
+        assert handler.calls == []
+        client = ChannelClient()
+        client.connect("w", server.address, server.token)
+        ok, bad = client.fanout(ECHO, b"abc", ["w"], timeout=5)
+        assert ok == {"w": b"abc"} and not bad
+        client.close()
+    finally:
+        for s in idle:
+            s.close()
+        server.close()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -276,6 +278,137 @@ def test_resume_after_interrupt_continues_exactly(store: Path, tmp_path: Path,
     assert done.checkpoint["seconds"]["sampling"] > first["sampling"]
 
 
+def test_failure_after_a_checkpoint_keeps_the_trace(store: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh run that fails after its first checkpoint keeps its trace and says, in one
+    line, how to resume it; one that fails before any checkpoint leaves nothing behind."""
+    from flymc_dist.driver import Driver
+
+    ref = tmp_path / "ref.zarr"
+    extra = ["--algorithm", "regular", "--checkpoint-every", "10"]
+    assert run_cli(run_args(store, ref, *extra), capsys)[0] == 0
+    original = Driver.step
+
+    def failing_at(n: int) -> object:
+        calls = {"n": 0}
+
+        def step(self: Driver, *args: object, **kwargs: object) -> object:
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise RuntimeError("the cluster went away")
+            return original(self, *args, **kwargs)
+
+        return step
+
+    trace = tmp_path / "t.zarr"
+    monkeypatch.setattr(Driver, "step", failing_at(36))
+    code, _, err = run_cli(run_args(store, trace, *extra), capsys)
+    assert code == 1 and "the cluster went away" in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("flymc: error: ")
+    assert "keeps 30 iterations" in lines[1] and "--resume" in lines[1]
+    assert Trace.open(trace, read_only=True).checkpoint["iteration"] == 29
+    monkeypatch.setattr(Driver, "step", original)
+    code, _, err = run_cli(run_args(store, trace, *extra, "--resume"), capsys)
+    assert code == 0, err
+    np.testing.assert_allclose(Trace.open(trace, read_only=True).samples,
+                               Trace.open(ref, read_only=True).samples, rtol=0, atol=1e-12)
+    # no checkpoint yet: nothing to resume, nothing kept
+    early = tmp_path / "early.zarr"
+    monkeypatch.setattr(Driver, "step", failing_at(5))
+    code, _, err = run_cli(run_args(store, early, *extra), capsys)
+    assert code == 1 and "--resume" not in err
+    assert_nothing_written(early)
+
+
+def _gated(monkeypatch: pytest.MonkeyPatch, where: str, thread: str, at: int = 1
+           ) -> tuple[threading.Event, threading.Event]:
+    """Hold the run of thread ``thread`` at its ``at``-th call of ``Driver.<where>`` until
+    the returned ``release`` is set; ``reached`` is set when it gets there."""
+    from flymc_dist.driver import Driver
+
+    reached, release = threading.Event(), threading.Event()
+    original = getattr(Driver, where)
+    calls = {"n": 0}
+
+    def gated(self: Driver, *args: object, **kwargs: object) -> object:
+        if threading.current_thread().name == thread:
+            calls["n"] += 1
+            if calls["n"] == at:
+                reached.set()
+                release.wait(120)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Driver, where, gated)
+    return reached, release
+
+
+def _in_thread(name: str, args: list, codes: dict[str, int]) -> threading.Thread:
+    th = threading.Thread(target=lambda: codes.__setitem__(name, main([str(a) for a in args])),
+                          name=name, daemon=True)
+    th.start()
+    return th
+
+
+def test_two_runs_on_one_trace_one_writer(store: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two fresh runs on one trace path at once (both pass the "already exists" check): one
+    writes it, the other is refused and removes nothing, and the trace is whole."""
+    ref = tmp_path / "ref.zarr"
+    extra = ["--checkpoint-every", "5"]
+    assert run_cli(run_args(store, ref, *extra), capsys)[0] == 0
+    trace = tmp_path / "t.zarr"
+    b_reached, b_release = _gated(monkeypatch, "setup", "B")  # B: before any trace exists
+    a_reached, a_release = _gated(monkeypatch, "step", "A", at=32)  # A: after 6 checkpoints
+    codes: dict[str, int] = {}
+    tb = _in_thread("B", run_args(store, trace, *extra), codes)
+    assert b_reached.wait(120)
+    ta = _in_thread("A", run_args(store, trace, *extra), codes)
+    t0 = time.time()
+    while not (a_reached.is_set() or "A" in codes) and time.time() - t0 < 120:
+        time.sleep(0.05)
+    b_release.set()  # B goes on: it writes the trace, or (A holding it) fails
+    tb.join(120)
+    a_release.set()
+    ta.join(120)
+    _, err = capsys.readouterr()
+    assert sorted(codes.values()) == [0, 2], (codes, err)
+    done, full = Trace.open(trace, read_only=True), Trace.open(ref, read_only=True)
+    assert done.n_draws == 40 and done.checkpoint["iteration"] == 59
+    np.testing.assert_array_equal(done.warmup_samples, full.warmup_samples)
+    np.testing.assert_array_equal(done.samples, full.samples)
+    assert "being written by another run" in err, err
+    assert run_cli(["summary", trace], capsys)[0] == 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".t.zarr")] == []
+
+
+def test_a_trace_being_written_refuses_resume_and_overwrite(
+        store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a run writes a trace, a --resume or an --overwrite of it is refused at once
+    (one line naming the run that holds it) and the running one completes unharmed."""
+    ref = tmp_path / "ref.zarr"
+    extra = ["--checkpoint-every", "5"]
+    assert run_cli(run_args(store, ref, *extra), capsys)[0] == 0
+    trace = tmp_path / "t.zarr"
+    reached, release = _gated(monkeypatch, "step", "A", at=12)
+    codes: dict[str, int] = {}
+    ta = _in_thread("A", run_args(store, trace, *extra), codes)
+    assert reached.wait(120)
+    capsys.readouterr()
+    for mode in ("--resume", "--overwrite"):
+        code, _, err = run_cli(run_args(store, trace, *extra, mode), capsys)
+        assert_usage_error(code, err, "being written by another run", f"pid {os.getpid()}")
+        assert Trace.open(trace, read_only=True).checkpoint["iteration"] == 9
+    release.set()
+    ta.join(120)
+    assert codes == {"A": 0}
+    np.testing.assert_array_equal(Trace.open(trace, read_only=True).samples,
+                                  Trace.open(ref, read_only=True).samples)
+
+
 def test_resume_and_overwrite_rules(store: Path, tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.zarr"
@@ -308,6 +441,42 @@ def test_resume_and_overwrite_rules(store: Path, tmp_path: Path,
     assert (other / "keep.txt").read_text() == "mine"
 
 
+def test_run_on_a_store_missing_a_chunk_fails_naming_it(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """A partial copy of a store: never a posterior from zeros read in place of a chunk."""
+    data = tmp_path / "c.zarr"
+    assert main(["make-data", str(data), "--rows", "4000", "--features", "3",
+                 "--chunk-rows", "500"]) == 0
+    for chunk in (data / "y" / "c" / "3", data / "X" / "c" / "5" / "0"):
+        saved = chunk.read_bytes()
+        chunk.unlink()
+        trace = tmp_path / "t.zarr"
+        code, _, err = run_cli(run_args(data, trace), capsys)
+        name = "/".join(chunk.relative_to(data).parts)
+        assert_usage_error(code, err, "c.zarr", f"chunk '{name}'", "missing")
+        assert_nothing_written(trace)
+        chunk.write_bytes(saved)
+    assert run_cli(run_args(data, trace), capsys)[0] == 0
+
+
+def test_resume_with_another_store_of_the_same_width_is_refused(
+        store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Resuming on another data set of the same shape would splice two posteriors."""
+    other = tmp_path / "other.zarr"
+    assert main(["make-data", str(other), "--like", "logistic", "--rows", str(ROWS),
+                 "--features", str(FEATURES), "--seed", "2", "--chunk-rows", "500"]) == 0
+    trace = tmp_path / "t.zarr"
+    assert run_cli(run_args(store, trace), capsys)[0] == 0
+    before = Trace.open(trace, read_only=True).samples.copy()
+    args = run_args(other, trace, "--resume")
+    code, _, err = run_cli(args, capsys)
+    assert_usage_error(code, err, "cannot resume", "another data set", "other.zarr")
+    code, _, err = run_cli(run_args(store, trace, "--resume", "--n-shards", "2"), capsys)
+    assert_usage_error(code, err, "n_shards 1 (this run: 2)")
+    np.testing.assert_array_equal(Trace.open(trace, read_only=True).samples, before)
+
+
 def test_run_bad_input_writes_nothing(store: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.zarr"
@@ -333,6 +502,37 @@ def test_run_bad_input_writes_nothing(store: Path, tmp_path: Path,
         code, _, err = run_cli(args, capsys)
         assert_usage_error(code, err, needle)
         assert_nothing_written(trace)
+
+
+def test_summary_into_a_closed_pipe_is_quiet(store: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`flymc summary t.zarr | head -2`: no "Broken pipe" when the reader has gone."""
+    trace = tmp_path / "t.zarr"
+    assert run_cli(run_args(store, trace), capsys)[0] == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line is written
+    try:
+        proc = subprocess.run([sys.executable, "-m", "flymc_dist.cli", "summary", str(trace)],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=240,
+                              env={**os.environ, "CI": "1"})
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+def test_ingest_csv_without_header_and_not_over_a_trace(store: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    src = tmp_path / "noheader.csv"
+    src.write_text("".join(f"{i / 10},{i % 2}\n" for i in range(50)))
+    code, out, err = run_cli(["ingest", src, tmp_path / "o.zarr"], capsys)
+    assert code == 0, err
+    assert "50 rows" in out
+    trace = tmp_path / "t.zarr"
+    assert run_cli(run_args(store, trace), capsys)[0] == 0
+    code, _, err = run_cli(["ingest", src, trace, "--overwrite"], capsys)
+    assert_usage_error(code, err, "not a flymc_dist data set")
+    assert Trace.open(trace, read_only=True).n_draws == 40
 
 
 def test_summary_errors(tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str]) -> None:

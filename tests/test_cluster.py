@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -194,6 +195,74 @@ def test_posterior_on_local_cluster(store, local_client, kernel):
         assert abs(x.std() / sd[j] - 1) < 5 / np.sqrt(2 * ess), (j, x.std(), sd[j])
 
 
+def _worker_resources() -> dict[str, int]:
+    """Run on a worker: its shard hosts, flymc threads and listening TCP sockets."""
+
+    def count() -> tuple[int, int, int]:
+        import gc
+        import threading
+
+        import psutil
+
+        from flymc_dist.shard import ShardHost
+
+        gc.collect()
+        hosts = sum(isinstance(o, ShardHost) for o in gc.get_objects())
+        threads = sum(t.name.startswith("flymc") for t in threading.enumerate())
+        ports = sum(c.status == psutil.CONN_LISTEN
+                    for c in psutil.Process().net_connections("tcp"))
+        return hosts, threads, ports
+
+    return count
+
+
+def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, monkeypatch):
+    """Runs on one long-lived cluster leave each worker's shard hosts, flymc threads and
+    listening ports at their count before the first run, and a driver killed mid-run
+    leaves none either (Dask drops its actors; the host's channel server then stops).
+    Every round port a run used refuses connections afterwards."""
+    from distributed import Client, LocalCluster
+
+    from flymc_dist import channel as channel_mod
+
+    used: list[tuple[str, int]] = []
+    connect = channel_mod.ChannelClient.connect
+
+    def recording(self, key, address, token, timeout=10.0):
+        used.append(tuple(address))
+        return connect(self, key, address, token, timeout)
+
+    monkeypatch.setattr(channel_mod.ChannelClient, "connect", recording)
+    count = _worker_resources()
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, \
+            Client(cluster, direct_to_workers=True) as client:
+        before = client.run(count)
+        assert all(v[0] == 0 and v[1] == 0 for v in before.values()), before
+        for _ in range(3):
+            res = _run(store[0], client, num_warmup=10, num_samples=10, n_shards=2)
+            assert res.info["channel"] == "socket"
+        _wait_for(lambda: client.run(count) == before, 30, "the hosts to be released")
+        assert len(used) == 6
+        for address in used:
+            with pytest.raises(OSError):
+                socket.create_connection(address, timeout=5).close()
+        # a driver that disappears mid-run (SIGKILL): its hosts go with its client
+        code = ("import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "
+                "client=sys.argv[2], n_shards=2, num_warmup=10, num_samples=10**7, chains=2, "
+                "progress=False)")
+        driver = subprocess.Popen([sys.executable, "-c", code, store[0],
+                                   cluster.scheduler_address], stderr=subprocess.DEVNULL)
+        try:
+            _wait_for(lambda: all(v[0] == 1 and v[1] > 0 for v in client.run(count).values()),
+                      120, "the driver's hosts")
+            time.sleep(1.0)  # mid-run
+        finally:
+            driver.kill()
+            driver.wait()
+        _wait_for(lambda: client.run(count) == before, 60, "the killed driver's hosts to go")
+
+
 # ---------------------------------------------------------------- real processes
 def _wait_for(pred, timeout: float, what: str) -> None:
     t0 = time.time()
@@ -225,7 +294,7 @@ def process_cluster(tmp_path):
         with Client(scheduler_file=sched_file, direct_to_workers=True) as c:
             c.wait_for_workers(2, timeout=60)
             address = c.scheduler.address
-        yield {"address": address, "scheduler_file": sched_file}
+        yield {"address": address, "scheduler_file": sched_file, "scheduler": procs[0]}
     finally:
         for p in procs[::-1]:
             if p.poll() is None:
@@ -402,3 +471,65 @@ def test_replica_mode_deterministic_across_placements(store, local_client):
     for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):
         np.testing.assert_array_equal(sync.stats[k], two.stats[k])
     assert np.all(two.stats["round_trips"] == 1)
+
+
+def test_scheduler_killed_mid_run_says_so_and_keeps_the_trace(store, process_cluster,
+                                                              tmp_path, capsys):
+    """SIGKILL the `dask scheduler` mid-run (`flymc run --scheduler …`): the error says the
+    scheduler was lost (no KeyError), and the trace, checkpointed, is kept for --resume."""
+    from flymc_dist.cli import main
+    from flymc_dist.trace import Trace
+
+    trace = str(tmp_path / "t.zarr")
+    sched = process_cluster["scheduler"]
+
+    def killer() -> None:
+        def checkpointed() -> bool:
+            try:
+                return Trace.open(trace, read_only=True).n_draws >= 100
+            except (FileNotFoundError, ValueError, KeyError):
+                return False
+
+        _wait_for(checkpointed, 120, "draws in the trace")
+        sched.send_signal(signal.SIGKILL)
+
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    code = main(["run", store[0], "--model", "logistic", "--scheduler",
+                 process_cluster["address"], "--warmup", "50", "--samples", "100000",
+                 "--chains", "2", "--checkpoint-every", "50", "--no-progress",
+                 "--trace", trace])
+    th.join(5)
+    _, err = capsys.readouterr()
+    assert sched.poll() is not None, "the scheduler was not killed"
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) >= 2, err
+    assert "scheduler" in lines[-2] and "was lost" in lines[-2], err
+    assert "KeyError" not in err
+    assert "--resume" in lines[-1] and "keeps" in lines[-1]
+    kept = Trace.open(trace, read_only=True)
+    assert kept.checkpoint is not None and kept.n_draws >= 100
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do(store, tmp_path):
+    """fd.sample(client=None) at a script's unguarded top level: worker processes would
+    import the script again and run it; refused before any starts, in one line saying
+    what to do (no "Nanny failed to start" tracebacks). Guarded, the same call runs."""
+    call = (f"fd.sample(fd.LogisticRegression(), {store[0]!r}, num_warmup=5, num_samples=5, "
+            "chains=1, n_workers=1, progress=False)\nprint('sampled')\n")
+    scripts = {"bare": "import flymc_dist as fd\n" + call,
+               "guarded": "import flymc_dist as fd\nif __name__ == '__main__':\n"
+                          + "".join(f"    {line}\n" for line in call.splitlines())}
+    out = {}
+    for name, text in scripts.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        out[name] = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                                   timeout=300, cwd=tmp_path, env=dict(os.environ, CI="1"))
+    bare = out["bare"]
+    assert bare.returncode == 1 and "Nanny failed" not in bare.stderr
+    last = bare.stderr.strip().splitlines()[-1]
+    assert 'if __name__ == "__main__":' in last and "bare.py" in last
+    assert out["guarded"].returncode == 0, out["guarded"].stderr
+    assert "sampled" in out["guarded"].stdout

@@ -225,6 +225,14 @@ def test_overwrite_refuses_non_stores(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="not a zarr store"):
         from_numpy(X, y, d, overwrite=True)
     assert (d / "precious.txt").read_text() == "keep me"
+    # nor a zarr store that is not a data set: a sampling trace
+    from flymc_dist.trace import Trace
+
+    t = tmp_path / "t.zarr"
+    Trace.create(t, chains=1, param_shape=(2,), stats={"a": bool}, attrs={})
+    with pytest.raises(FileExistsError, match="not a flymc_dist data set"):
+        from_numpy(X, y, t, overwrite=True)
+    assert Trace.open(t, read_only=True).chains == 1
     # an empty directory may be replaced
     e = tmp_path / "empty"
     e.mkdir()
@@ -454,6 +462,66 @@ def test_pickle_is_cheap_and_lazy(ds: Dataset) -> None:
     assert (ds2.n_rows, ds2.task, ds2.n_classes) == (ds.n_rows, ds.task, ds.n_classes)
 
 
+def test_missing_or_corrupt_chunk_fails_loudly_naming_it(tmp_path: Path) -> None:
+    """A chunk absent from the store (a partial copy) is never read as the fill value, and
+    a chunk that cannot be decoded is named: every reader fails with the store and chunk.
+    Labels that are all 0 (zarr's default fill value) in a chunk are still stored."""
+    X, y = _xy(60, 2, "binary")
+    y[:20] = 0  # chunk 0 of y holds only zeros: it must be written, not skipped
+    path = tmp_path / "d.zarr"
+    ds = from_numpy(X, y, path, chunk_rows=10)
+    assert sorted(os.listdir(path / "y" / "c"), key=int) == [str(i) for i in range(6)]
+    np.testing.assert_array_equal(ds.read()[1], y)
+    (path / "y" / "c" / "3").unlink()
+    fresh = open_dataset(path)
+    readers = [lambda: fresh.read(), lambda: fresh.read(25, 35),
+               lambda: fresh.read_rows([1, 31]), lambda: list(fresh.iter_chunks()),
+               lambda: pickle.loads(pickle.dumps(fresh)).read()]
+    for read in readers:
+        with pytest.raises(fdata.DataIntegrityError,
+                           match=r"d\.zarr.*chunk 'y/c/3' \(rows 30-39 of y\) is missing"):
+            read()
+    np.testing.assert_array_equal(fresh.read(0, 30)[1], y[:30])  # the rest still reads
+    ds = from_numpy(X, y, path, chunk_rows=10, overwrite=True)
+    (path / "X" / "c" / "5" / "0").unlink()
+    with pytest.raises(fdata.DataIntegrityError, match=r"chunk 'X/c/5/0' \(rows 50-59"):
+        open_dataset(path).read()
+    from_numpy(X, y, path, chunk_rows=10, overwrite=True)
+    chunk = path / "X" / "c" / "2" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:7])
+    for read in (lambda d: d.read(), lambda d: d.read_rows([3, 24])):
+        with pytest.raises(fdata.DataIntegrityError,
+                           match=r"d\.zarr.*chunk 'X/c/2/0' \(rows 20-29 of X\) cannot be "
+                                 "decoded"):
+            read(open_dataset(path))
+
+
+def test_sampling_a_store_with_a_missing_chunk_is_refused(tmp_path: Path) -> None:
+    """The shards' load (and so the MAP and every round) refuses a damaged store."""
+    import flymc_dist as fd
+
+    X, y = _xy(200, 2, "binary")
+    path = tmp_path / "d.zarr"
+    from_numpy(X, y, path, chunk_rows=50)
+    (path / "y" / "c" / "2").unlink()
+    with pytest.raises(fdata.DataIntegrityError, match="chunk 'y/c/2'"):
+        fd.sample(fd.LogisticRegression(), open_dataset(path), num_warmup=2, num_samples=2,
+                  chains=1, client="synchronous", progress=False)
+
+
+def test_fingerprint_tells_stores_apart(tmp_path: Path) -> None:
+    X, y = _xy(40, 2, "real")
+    a = from_numpy(X, y, tmp_path / "a.zarr", chunk_rows=10)
+    b = from_numpy(X, y, tmp_path / "b.zarr", chunk_rows=10)
+    assert a.fingerprint() == open_dataset(tmp_path / "a.zarr").fingerprint()
+    assert a.fingerprint() != b.fingerprint() and a.fingerprint().startswith("40x2:")
+    # a store written before ids were: a hash of its layout and first and last rows
+    g = zarr.open_group(tmp_path / "b.zarr", mode="r+")
+    del g.attrs["store_id"]
+    old = open_dataset(tmp_path / "b.zarr").fingerprint()
+    assert old.startswith("40x2:sha256-") and old == open_dataset(tmp_path / "b.zarr").fingerprint()
+
+
 def test_repr(ds: Dataset) -> None:
     r = repr(ds)
     assert "n_rows=103" in r and "n_features=4" in r and "multiclass" in r and "d.zarr" in r
@@ -668,6 +736,21 @@ def test_ingest_csv(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ds.read()[1], [0, 1, 1])
     ds = ingest(src, tmp_path / "b.zarr")  # default: last column
     assert ds.task == "multiclass" and ds.feature_names == ["x1", "label"]
+
+
+def test_ingest_csv_without_header_keeps_its_first_row(tmp_path: Path) -> None:
+    """A first line of numbers only is data (the columns are then unnamed)."""
+    src = tmp_path / "noheader.csv"
+    rows = np.column_stack([np.arange(50) / 7, np.arange(50) % 2])
+    src.write_text("".join(f"{float(a)!r},{int(b)}\n" for a, b in rows))
+    ds = ingest(src, tmp_path / "a.zarr")
+    assert ds.n_rows == 50 and ds.feature_names is None and ds.task == "binary"
+    np.testing.assert_array_equal(ds.read()[0][:, 0], rows[:, 0])
+    ds = ingest(src, tmp_path / "b.zarr", target=0)  # an index: there are no names
+    np.testing.assert_array_equal(ds.read()[1], rows[:, 0])
+    with pytest.raises(ValueError, match="no header row.*column index"):
+        ingest(src, tmp_path / "c.zarr", target="label")
+    assert_nothing_written(tmp_path / "c.zarr")
 
 
 def test_ingest_errors(tmp_path: Path) -> None:

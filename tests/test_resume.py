@@ -77,3 +77,79 @@ def test_existing_trace_is_not_overwritten(tmp_path):
         _sample(trace, num_warmup=10, num_samples=10)
     res = _sample(trace, num_warmup=10, num_samples=20, overwrite_trace=True)
     assert Trace.open(trace).n_draws == 20 and res.samples.shape[1] == 20
+
+
+def test_resume_refuses_what_differs(tmp_path):
+    """A resume must match the trace's data set (its identity, not only its shape), model,
+    algorithm and every setting that shapes the draws; one line names what differs."""
+    trace = str(tmp_path / "t.zarr")
+    X, y = _data()
+    a = fd.from_numpy(X, y, tmp_path / "a.zarr", chunk_rows=100)
+    X2, y2 = _data(seed=6)  # another data set of the same shape
+    b = fd.from_numpy(X2, y2, tmp_path / "b.zarr", chunk_rows=100)
+    kw = dict(num_warmup=10, num_samples=20)
+    fd.sample(fd.LogisticRegression(prior_scale=3.0), a, client="synchronous", progress=False,
+              trace=trace, checkpoint_every=10, chains=2, seed=1, **kw)
+    before = Trace.open(trace).samples.copy()
+
+    def resume(data=a, model=None, **more):
+        opts = dict(client="synchronous", progress=False, trace=trace, checkpoint_every=10,
+                    chains=2, seed=1, resume=True, **kw)
+        opts.update(more)
+        return fd.sample(model or fd.LogisticRegression(prior_scale=3.0), data, **opts)
+
+    cases = [
+        (dict(data=b), r"another data set \(.*a\.zarr .*this run: .*b\.zarr"),
+        (dict(data=str(tmp_path / "b.zarr")), "another data set"),
+        (dict(data=(X, y)), "another data set"),
+        (dict(model=fd.RobustRegression()), "model"),
+        (dict(model=fd.LogisticRegression(prior_scale=1.0)), "model"),
+        (dict(chains=3), r"chains 2 \(this run: 3\)"),
+        (dict(num_warmup=11), r"num_warmup 10 \(this run: 11\)"),
+        (dict(seed=2), "seed 1"),
+        (dict(algorithm="regular"), "algorithm 'flymc'"),
+        (dict(kernel="mala"), "kernel 'rwmh'"),
+        (dict(bounds="untuned"), "bounds 'map'"),
+        (dict(q_db=0.5), r"q_db 'auto' \(this run: 0.5\)"),
+        (dict(n_shards=2), r"n_shards 1 \(this run: 2\)"),
+        (dict(precondition="identity"), "precondition"),
+    ]
+    for change, match in cases:
+        with pytest.raises(ValueError, match=match) as info:
+            resume(**change)
+        assert "\n" not in str(info.value)
+    np.testing.assert_array_equal(Trace.open(trace).samples, before)
+    # the same data set, copied elsewhere, and the same settings: accepted
+    import shutil
+
+    shutil.copytree(tmp_path / "a.zarr", tmp_path / "copy.zarr")
+    res = resume(data=str(tmp_path / "copy.zarr"))
+    np.testing.assert_array_equal(res.samples, before)
+
+
+def test_api_failure_keeps_a_checkpointed_trace_and_says_so(tmp_path, monkeypatch):
+    """fd.sample failing mid-run: a trace with a checkpoint is kept (the error says how to
+    resume); one without is removed, as it created it."""
+    trace = str(tmp_path / "t.zarr")
+    real_step = Driver.step
+    calls = {"n": 0}
+
+    def failing(self, adapters=None):
+        calls["n"] += 1
+        if calls["n"] == 90:
+            raise RuntimeError("lost")
+        return real_step(self, adapters)
+
+    monkeypatch.setattr(Driver, "step", failing)
+    with pytest.raises(RuntimeError, match="lost") as info:
+        _sample(trace)
+    assert any("keeps 80 iterations" in n and "resume=True" in n for n in info.value.__notes__)
+    assert Trace.open(trace).checkpoint["iteration"] == 79
+    calls["n"] = -1000
+    monkeypatch.setattr(Driver, "step", real_step)
+    assert _sample(trace, resume=True).samples.shape == (2, 300, 2)
+    calls["n"] = 0
+    monkeypatch.setattr(Driver, "step", failing)
+    with pytest.raises(RuntimeError, match="lost"):
+        _sample(str(tmp_path / "u.zarr"), checkpoint_every=100)
+    assert not (tmp_path / "u.zarr").exists()

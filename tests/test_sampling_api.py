@@ -26,6 +26,7 @@ methods) and checks it against the counters for every algorithm and kernel.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -292,6 +293,65 @@ def test_query_counters_include_the_map_search(algorithm, count_compiled):
 def test_bad_arguments_raise_clear_errors(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         _run(**kwargs)
+
+
+_X, _Y = _logistic_data()
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    ({"seed": -1}, ValueError, r"seed must be an integer >= 0, not -1"),
+    ({"seed": "abc"}, ValueError, r"seed must be an integer >= 0, not 'abc'"),
+    ({"seed": None}, ValueError, r"seed must be an integer >= 0, not None"),
+    ({"seed": 1.5}, ValueError, "seed"),
+    ({"seed": True}, ValueError, "seed"),
+    ({"timeout": 0}, ValueError, r"timeout must be a number of seconds > 0, not 0"),
+    ({"timeout": "10"}, ValueError, "timeout"),
+    ({"timeout": float("inf")}, ValueError, "timeout"),
+    ({"data": _X}, TypeError, r"data must be a Dataset, a store path or an \(X, y\) tuple, not "
+                              r"ndarray of shape \(40, 2\)$"),
+    ({"data": [_X, _Y]}, TypeError, "data must be"),
+    ({"data": (_X, _Y, _Y)}, ValueError, r"\(X, y\), not a tuple of 3"),
+    ({"data": (_X[:, :0], _Y)}, ValueError, "at least one column"),
+    ({"data": (_X.astype(str), _Y)}, ValueError, "X must hold real numbers.*dtype <U"),
+    ({"data": (_X, _Y.astype(str))}, ValueError, "y must hold real numbers"),
+    ({"resample_fraction": "x"}, ValueError, r"resample_fraction must be a number in \(0, 1\]"),
+    ({"resample_fraction": True}, ValueError, "resample_fraction"),
+    ({"q_db": True}, ValueError, r"q_db must be 'auto' or a number in \(0, 1\], not True"),
+    ({"q_db": "0.5"}, ValueError, "q_db"),
+    ({"checkpoint_every": 0}, ValueError, "checkpoint_every must be an integer >= 1"),
+    ({"n_workers": 0}, ValueError, "n_workers must be an integer >= 1"),
+    ({"n_shards": 0}, ValueError, "n_shards"),
+    ({"n_shards": True}, ValueError, "n_shards"),
+    ({"n_shards": 2, "rows_per_shard": 10}, ValueError, "not both"),
+    ({"map_maxiter": -1}, ValueError, "map_maxiter"),
+    ({"num_samples": True}, ValueError, "num_samples"),
+    ({"init": "zero"}, ValueError, "init must be 'map' or an array"),
+    ({"precondition": "diag"}, ValueError, "precondition must be 'laplace' or 'identity'"),
+    ({"kernel_options": 3}, ValueError, "kernel_options must be a dict"),
+    ({"resume": True}, ValueError, "resume=True needs trace="),
+    ({"resume": "yes", "trace": "t.zarr"}, ValueError, "resume must be True or False"),
+    ({"progress": "yes"}, ValueError, "progress"),
+    ({"trace": 3}, ValueError, "trace must be a path"),
+])
+def test_every_argument_is_checked_before_anything_starts(kwargs, exc, match, monkeypatch,
+                                                          tmp_path):
+    """One line naming the argument and what it takes, before a cluster (client=None) or a
+    trace is started."""
+    import distributed
+
+    def no_cluster(*args, **kw):
+        raise AssertionError("a LocalCluster was started before the arguments were checked")
+
+    monkeypatch.setattr(distributed, "LocalCluster", no_cluster)
+    monkeypatch.chdir(tmp_path)
+    args = dict(algorithm="flymc", num_warmup=5, num_samples=5, chains=2, seed=0,
+                client=None, progress=False)
+    args.update(kwargs)
+    data = args.pop("data", (_X, _Y))
+    with pytest.raises(exc, match=match) as info:
+        fd.sample(fd.LogisticRegression(), data, **args)
+    assert "\n" not in str(info.value)
+    assert os.listdir(tmp_path) == []
 
 
 def test_q_db_one_is_allowed():

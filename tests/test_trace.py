@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
-from flymc_dist.trace import Trace
+from flymc_dist.trace import Trace, TraceLock, TraceLockedError
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -540,3 +543,67 @@ def test_fsspec_url(request: pytest.FixtureRequest) -> None:
     assert reopened.checkpoint == {"iteration": 5}
     with pytest.raises(FileNotFoundError):
         Trace.open(url + "-missing")
+
+
+# --------------------------------------------------------------------------------------------
+# one writer at a time
+# --------------------------------------------------------------------------------------------
+
+
+def _holder(path: Path) -> subprocess.Popen:
+    """Another process that takes the lock of ``path`` and holds it until killed."""
+    code = ("import sys, time; from flymc_dist.trace import TraceLock; "
+            "lock = TraceLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_lock_one_holder_across_processes_and_a_dead_holder_is_broken(tmp_path: Path) -> None:
+    path = tmp_path / "t.zarr"
+    proc = _holder(path)
+    try:
+        with pytest.raises(TraceLockedError,
+                           match=rf"being written by another run \(pid {proc.pid} on .*"
+                                 r"remove .*\.t\.zarr\.flymc-lock"):
+            TraceLock(path).acquire()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    lock = TraceLock(path).acquire()  # its holder died: the stale lock is broken
+    assert lock.held and os.path.exists(lock.path)
+    with pytest.raises(TraceLockedError):
+        TraceLock(path).acquire()  # held by this live process
+    lock.release()
+    assert not os.path.exists(lock.path) and not path.exists()
+    with TraceLock(path) as again:
+        assert again.held
+    assert not os.path.exists(again.path)
+
+
+def test_lock_of_another_machine_is_never_presumed_dead(tmp_path: Path) -> None:
+    path = tmp_path / "t.zarr"
+    lock = TraceLock(path)
+    holder = {"pid": 1, "host": "some-other-host", "token": "x", "since": 0.0}
+    Path(lock.path).write_text(json.dumps(holder))
+    with pytest.raises(TraceLockedError, match="some-other-host"):
+        lock.acquire()
+    assert json.loads(Path(lock.path).read_text()) == holder  # left alone
+    # release never removes a lock that is not its own
+    lock.release()
+    assert os.path.exists(lock.path)
+    os.unlink(lock.path)
+    lock.acquire()
+    Path(lock.path).write_text(json.dumps(holder))  # someone broke and retook it
+    lock.release()
+    assert json.loads(Path(lock.path).read_text()) == holder
+
+
+def test_lock_makes_no_directories_it_leaves(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "t.zarr"
+    with TraceLock(path):
+        assert (tmp_path / "a" / "b").is_dir()
+    assert not (tmp_path / "a").exists()
