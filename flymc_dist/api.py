@@ -597,7 +597,7 @@ def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
 
 #: options that shape a run's draws, with their defaults: a resumed run must match them
 _SHAPING = {"q_db": "auto", "kernel_options": {}, "init": "map", "precondition": "laplace",
-            "map_maxiter": 100}
+            "map_maxiter": 100, "bright_replica": "auto", "replica_budget": REPLICA_BUDGET}
 
 
 def _shaping_options(options: dict[str, Any]) -> dict[str, Any]:

@@ -219,18 +219,25 @@ class CountingLogistic(fd.LogisticRegression):
 
 @pytest.fixture()
 def count_compiled(monkeypatch):
-    """Make ``model.evaluated`` also count the rows the shards' compiled kernel evaluates
-    (one datum at one θ per row; in-process runs only)."""
+    """Make ``model.evaluated`` also count the rows the compiled kernels evaluate: the
+    shards' (one datum at one θ per row) and the driver replica's (every row of the
+    chain's buffer at each point); in-process runs only."""
     from flymc_dist import _compiled
 
     def install(model: CountingLogistic) -> None:
         real = _compiled.eval_rows
+        real_replica = _compiled.replica_eval
 
         def counting(XC, D, rows, *args):
             model.evaluated += int(rows.size)
             return real(XC, D, rows, *args)
 
+        def counting_replica(XCs, D, chain_of, *args):
+            model.evaluated += int(sum(XCs[c].shape[0] for c in chain_of))
+            return real_replica(XCs, D, chain_of, *args)
+
         monkeypatch.setattr(_compiled, "eval_rows", counting)
+        monkeypatch.setattr(_compiled, "replica_eval", counting_replica)
 
     return install
 
@@ -240,18 +247,23 @@ def count_compiled(monkeypatch):
     ("regular", "slice", "implicit"),
     ("flymc", "rwmh", "implicit"), ("flymc", "mala", "implicit"),
     ("flymc", "slice", "implicit"), ("flymc", "rwmh", "explicit"),
-    ("flymc", "slice", "explicit"),
+    ("flymc", "slice", "explicit"), ("flymc", "nuts", "implicit"),
+    ("flymc", "nuts", "explicit"),
 ])
-def test_query_counters_match_actual_evaluations(algorithm, kernel, z_update,
+@pytest.mark.parametrize("replica", [False, True])
+def test_query_counters_match_actual_evaluations(algorithm, kernel, z_update, replica,
                                                  count_compiled):
-    """Count every (datum, θ) likelihood evaluation at the model; the counters must agree.
+    """Count every (datum, θ) likelihood evaluation at the model; the counters must agree,
+    with the shards evaluating the kernel's points and on the driver's replica.
 
     A fixed start and identity preconditioner with untuned bounds: no MAP search.
     """
     model = CountingLogistic()
     count_compiled(model)
     res = _run(model=model, algorithm=algorithm, kernel=kernel, z_update=z_update,
-               bounds="untuned", q_db=0.2, init=[0.2, 0.9], precondition="identity")
+               bounds="untuned", q_db=0.2, init=[0.2, 0.9], precondition="identity",
+               bright_replica=replica)
+    assert res.info["bright_replica"] is (replica and algorithm == "flymc")
     assert res.info["map"] is None
     counted = (res.info["setup_queries"] + res.warmup_stats["likelihood_queries"].sum()
                + res.stats["likelihood_queries"].sum())

@@ -299,7 +299,9 @@ class NUTS:
         else:
             new, index = sample.position, 0
             if sample is not ctx.last:  # rule 2: the new position must be in the last request
-                response = yield EvalRequest(new[None], False, False)
+                # with its gradient: shards that evaluate the kernel's points commit the
+                # move from this request and keep the gradient for the next step
+                response = yield EvalRequest(new[None], True, False)
                 checked_value(response.logp[0], "the chosen point")
                 n_requests += 1
                 n_evals += 1
