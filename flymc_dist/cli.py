@@ -46,9 +46,11 @@ EXIT_INTERRUPT = 130
 #: Exit status when stdout's reader went away (as a process killed by SIGPIPE).
 EXIT_BROKEN_PIPE = 141
 
-_DEMO_ROWS = 1_000_000
+_DEMO_ROWS = 200_000
 _DEMO_FEATURES = 10
 _DEMO_SAMPLES = 1500
+#: regular MCMC's draws: each NUTS iteration of it is tens of full passes over the data
+_DEMO_REGULAR_SAMPLES = 60
 #: the demo's θ-kernel: NUTS on the driver's replica of the bright rows
 _DEMO_KERNEL = "nuts"
 #: the θ-kernels (flymc_dist.kernels.KERNELS; named here to keep the CLI's start light)
@@ -172,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_nonnegative_int, default=None,
                    help="FlyMC warm-up iterations (default: samples / 4)")
     p.add_argument("--regular-samples", type=_positive_int, default=None,
-                   help="regular MCMC draws per chain (default: 15%% of --samples; each "
-                   "one is a full pass over the data)")
+                   help=f"regular MCMC draws per chain (default {_DEMO_REGULAR_SAMPLES}; "
+                   "each evaluation is a full pass over the data)")
     p.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
     p.add_argument("--kernel", choices=_KERNELS, default=_DEMO_KERNEL,
                    help=f"θ-kernel of both samplers (default {_DEMO_KERNEL})")
@@ -383,7 +385,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     t_all = time.perf_counter()
     samples = args.samples
     warmup = args.warmup if args.warmup is not None else max(samples // 4, 20)
-    reg_samples = args.regular_samples or max(round(0.15 * samples), 20)
+    reg_samples = args.regular_samples or _DEMO_REGULAR_SAMPLES
     if samples < 4 or reg_samples < 4:
         raise CLIError("--samples and --regular-samples must be at least 4 (for the ESS)")
     n, d, chains = args.rows, args.features, args.chains
