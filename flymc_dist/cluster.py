@@ -88,11 +88,8 @@ REPLAYED = ("set_tight_points", "set_q", "set_replica")
 
 def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
     """Return ``(client, cluster_or_None, owned)``."""
-    import dask
     from distributed import Client, LocalCluster
 
-    # a short connect timeout: a dead worker must not stall a call for ~30 s
-    dask.config.set({"distributed.comm.timeouts.connect": "5s"})
     if client is None:
         _check_main_guard()
         n = n_workers or max(1, min(os.cpu_count() or 1, 8))
@@ -229,7 +226,16 @@ class DaskTransport:
                  n_workers: int | None = None, timeout: float = 60.0,
                  channel: str = "auto") -> None:
         self._channel_mode = check_channel(channel)
-        self.client, self.cluster, self.owned = _client_from(client, n_workers)
+        import dask
+
+        # a short connect timeout (a dead worker must not stall a call for ~30 s), for this
+        # run's connections only: restored by close()
+        self._dask_config = dask.config.set({"distributed.comm.timeouts.connect": "5s"})
+        try:
+            self.client, self.cluster, self.owned = _client_from(client, n_workers)
+        except BaseException:
+            self._dask_config.__exit__(None, None, None)
+            raise
         self.specs = sorted(specs, key=lambda s: s.shard_id)
         self.config = config
         self.timeout = timeout
@@ -513,3 +519,6 @@ class DaskTransport:
             self.client.close()
             if self.cluster is not None:
                 self.cluster.close()
+        if self._dask_config is not None:  # the user's Dask settings again
+            self._dask_config.__exit__(None, None, None)
+            self._dask_config = None

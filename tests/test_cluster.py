@@ -533,3 +533,12 @@ def test_a_script_without_a_main_guard_is_told_what_to_do(store, tmp_path):
     assert 'if __name__ == "__main__":' in last and "bare.py" in last
     assert out["guarded"].returncode == 0, out["guarded"].stderr
     assert "sampled" in out["guarded"].stdout
+
+
+def test_connect_timeout_is_scoped_to_the_run(store, local_client):
+    """The short connect timeout a run uses is not left in the user's Dask settings."""
+    import dask
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "17s"}):
+        _run(store[0], local_client, num_warmup=5, num_samples=5)
+        assert dask.config.get("distributed.comm.timeouts.connect") == "17s"
