@@ -31,6 +31,8 @@ import tempfile
 import time
 from typing import Any
 
+import numpy as np
+
 PROBLEMS = ("qm9", "mnist", "logistic")
 
 
@@ -106,7 +108,10 @@ def run_mixing(problem: str = "qm9", kernel: str = "nuts", chains: int = 4,
     num_warmup, num_samples
         FlyMC's warm-up and kept draws per chain.
     regular_warmup, regular_samples
-        Regular MCMC's (each of its gradients is a full pass over the data).
+        Regular MCMC's (each of its gradients is a full pass over the data). With
+        ``regular_warmup=0`` it starts, like every run, at the MAP jittered by the Laplace
+        covariance (near a posterior draw), with that covariance as its metric and FlyMC's
+        adapted step size: the cheap way to time it on data too large for its warm-up.
     rows, features
         Size of the ``logistic`` problem (features include the bias).
     workers
@@ -155,6 +160,9 @@ def run_mixing(problem: str = "qm9", kernel: str = "nuts", chains: int = 4,
                         num_samples=num_samples, **common)
         out["flymc"] = _figures(res, time.perf_counter() - t0)
         if regular:
+            if regular_warmup == 0:
+                steps = [p["step_size"] for p in res.info["kernel_params"]]
+                common["kernel_options"] = {"step_size": float(np.mean(steps))}
             t0 = time.perf_counter()
             res = fd.sample(model, ds, algorithm="regular", num_warmup=regular_warmup,
                             num_samples=regular_samples, **common)
