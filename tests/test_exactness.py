@@ -57,11 +57,11 @@ FLYMC_OPTIONS = {"q_db": 0.1, "resample_fraction": 0.25}
 
 MODEL_CLASSES = {"logistic": fd.LogisticRegression, "robust": fd.RobustRegression,
                  "softmax": fd.SoftmaxRegression}
-KERNELS = ("rwmh", "mala", "slice")
+KERNELS = ("rwmh", "mala", "slice", "hmc", "nuts")
 #: kernels that evaluate several points per iteration: by default ("auto") FlyMC runs
 #: them on the driver's replica of the bright rows; they also run with the shards
 #: evaluating every point (bright_replica=False), and RWMH also on the replica
-MULTI_EVAL = ("mala", "slice")
+MULTI_EVAL = ("mala", "slice", "hmc", "nuts")
 #: (algorithm, bounds, kernel, z_update, mode); bounds/z_update/mode are None for regular
 #: MCMC; mode None is the default bright_replica="auto", else "replica" or "shards"
 COMBINATIONS = ([("regular", None, k, None, None) for k in KERNELS]
