@@ -145,10 +145,14 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
         Fixed-move decisions averaged per N.
     n_shards
         Shards per data set.
-    control_variates, plain
-        Measure austerity with control variates from the bounds, and plain austerity.
-    fixed, posterior
-        Run the fixed-move measurement, and the posterior-scaled one.
+    control_variates
+        Measure austerity with control variates from the bounds (the sampler's default).
+    plain
+        Measure plain austerity (``control_variates=False``).
+    fixed
+        Run the fixed-move measurement.
+    posterior
+        Run the posterior-scaled measurement (the sampler with its default adaptation).
     posterior_eps
         Test tolerance of the posterior-scaled runs (the sampler's default 0.01).
     posterior_warmup, posterior_samples, posterior_chains

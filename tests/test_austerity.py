@@ -475,6 +475,7 @@ def test_sample_api_labels_and_stats():
     assert res.approximate and res.info["approximate"] is True
     assert res.info["algorithm"] == "austerity"
     assert res.info["eps"] == 0.05 and res.info["batch_size"] == 300
+    assert res.info["control_variates"] is True and res.info["bounds"] == "map"
     assert "APPROXIMATE" in str(res.summary()) and "APPROXIMATE" in repr(res)
     for key in ("sampling_seconds", "warmup_seconds", "n_rows", "n_features", "n_shards",
                 "total_round_trips", "setup_queries", "map", "kernel_params", "transport"):
@@ -515,7 +516,10 @@ def test_sample_api_reproducible():
                                         ({"batch_size": 2.5}, "batch_size"),
                                         ({"kernel": "mala"}, "rwmh"),
                                         ({"kernel": "slice"}, "rwmh"),
-                                        ({"resume": True}, "resume")])
+                                        ({"resume": True}, "resume"),
+                                        ({"control_variates": "yes"}, "control_variates"),
+                                        ({"control_variates": 1}, "control_variates"),
+                                        ({"control_variates": None}, "control_variates")])
 def test_sample_api_rejects_bad_options(opts, match):
     X, y, _ = _data(200, seed=19)
     with pytest.raises(ValueError, match=match):
@@ -573,14 +577,30 @@ def test_same_draws_on_dask_cluster(tmp_path):
 def test_bench_sublinear_smoke():
     from flymc_dist import bench_sublinear as bench
 
-    r = bench.run_sublinear(ns=(1000, 10_000), n_decisions=10, bias_eps=(0.2,), bias_rows=2000,
-                            bias_chains=2, bias_warmup=20, bias_samples=30, bias_batch_size=500,
-                            error_moves=20)
+    r = bench.run_sublinear(ns=(1000, 10_000), n_decisions=10, posterior_warmup=30,
+                            posterior_samples=30, plain_max_n=1000, bias_eps=(0.2,),
+                            bias_rows=2000, bias_chains=2, bias_warmup=20, bias_samples=30,
+                            bias_batch_size=500, error_moves=20)
     assert r["approximate"] is True
-    s = r["sublinear"]
-    assert len(s["mean_data_used"]) == 2 and math.isfinite(s["slope"])
-    assert s["fraction"][1] < s["fraction"][0]
-    assert len(r["bias"]["rows"]) == 1
+    for part in ("fixed", "posterior"):
+        for key in ("plain", "cv"):
+            s = r[part][key]
+            assert len(s["mean_data_used"]) == 2
+    f = r["fixed"]
+    assert math.isfinite(f["plain"]["slope"]) and math.isfinite(f["cv"]["slope"])
+    assert f["plain"]["fraction"][1] < f["plain"]["fraction"][0]
+    p = r["posterior"]
+    assert p["plain"]["mean_data_used"][1] is None and p["plain"]["slope"] is None  # > max n
+    assert math.isfinite(p["cv"]["slope"]) and all(v > 0 for v in p["cv"]["seconds"])
+    assert len(r["bias"]["rows"]) == 2  # eps 0.2 without and with control variates
+    assert {row["control_variates"] for row in r["bias"]["rows"]} == {False, True}
     text = bench.format(r)
     assert text.startswith("APPROXIMATE") and "log-log slope" in text and "Bias vs eps" in text
+    assert "Posterior-scaled" in text and "Fixed move" in text and "--plain-max-n" in text
     assert bench.format is bench.format_sublinear
+    only = bench.run_sublinear(ns=(1000, 2000), n_decisions=5, plain=False, posterior=False,
+                               bias_eps=None)
+    assert only["fixed"]["plain"] is None and only["posterior"] is None
+    assert "control variates" in bench.format(only)
+    with pytest.raises(ValueError, match="nothing to measure"):
+        bench.run_sublinear(ns=(1000, 2000), plain=False, control_variates=False)
