@@ -381,7 +381,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
         from flymc_dist.trace import Trace
 
         if options.get("resume"):
-            trace = Trace.open(trace_path, storage_options=options["trace_storage_options"])
+            trace = Trace.open(trace_path, storage_options=options.get("trace_storage_options"))
             ck = trace.checkpoint
             if ck is None:
                 raise ValueError(f"trace {trace_path} has no checkpoint to resume from")
@@ -399,7 +399,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
         trace = Trace.create(trace_path, chains=C, param_shape=shape,
                              stats={k: np.dtype(v) for k, v in STAT_NAMES.items()},
                              attrs=attrs, overwrite=bool(options.get("overwrite_trace", False)),
-                             storage_options=options["trace_storage_options"])
+                             storage_options=options.get("trace_storage_options"))
     if start:
         ck = trace.checkpoint
         driver.positions = np.asarray(ck["positions"], float)

@@ -251,6 +251,12 @@ def test_cli_ingest_run_resume_and_summary_on_s3(s3, tmp_path, capsys):
     assert main(["summary", "s3://bucket/cli/t.zarr", *so]) == 0
     out = capsys.readouterr().out
     assert "2 chains × 30 draws" in out
+    # without the options: one line each, naming the store (the default endpoint is closed)
+    for argv, needle in ((run[:-3], "without storage_options"),
+                         (["summary", "s3://bucket/cli/t.zarr"], "cannot reach")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "s3://bucket/cli/" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("argv, match", [
