@@ -40,7 +40,7 @@ _DRIVER_OPTIONS = {"init", "precondition", "map_maxiter", "speculate", "bright_r
                    "replica_budget"}
 _OTHER_OPTIONS = {"q_db", "resample_fraction", "n_shards", "rows_per_shard", "trace", "resume",
                   "overwrite_trace", "progress", "kernel_options", "eps", "batch_size",
-                  "n_workers", "timeout", "checkpoint_every", "channel",
+                  "n_workers", "timeout", "checkpoint_every", "channel", "control_variates",
                   "trace_storage_options"}
 
 
@@ -210,6 +210,10 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
     check_bright_replica(options.get("bright_replica", "auto"),
                          options.get("replica_budget", REPLICA_BUDGET))
     check_channel(options.get("channel", "auto"))
+    if "control_variates" in options:
+        from flymc_dist.austerity import check_control_variates
+
+        check_control_variates(options["control_variates"])
 
 
 def _check_task(model: Model, task: str, n_classes: int | None) -> None:
@@ -321,7 +325,10 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
         e.g. both ``s3://``; ``{}`` for none; never written to the trace),
         ``resume``, ``overwrite_trace``, ``checkpoint_every``, ``progress``,
         ``n_workers`` (embedded cluster), ``timeout`` (seconds; fault detection),
-        austerity ``eps`` and ``batch_size``.
+        austerity ``eps``, ``batch_size`` and ``control_variates`` (True, the default:
+        the sequential test runs on the gap between each row's log-likelihood and its
+        MAP-tuned FlyMC bound, whose collapsed sum is exact; False: plain austerity;
+        reported as ``info["control_variates"]``).
 
     Returns
     -------

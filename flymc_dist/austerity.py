@@ -17,6 +17,42 @@ and the test stops when ``P(|T_{n−1}| > |t|) < eps`` (accept iff ``l̄ > μ₀
 is no test while ``s_l = 0``; when every row has been used the decision is the
 exact MH decision. ``eps = 0`` therefore reproduces exact MH.
 
+Control variates from the bounds (``control_variates=True``, the default)
+--------------------------------------------------------------------------
+FlyMC's per-datum lower bounds ``β_i ≤ ℓ_i`` (quadratic in θ, tight points set at the
+MAP exactly as FlyMC's ``bounds="map"`` does) split each difference into
+
+    l_i = Δβ_i + Δδ_i,   Δβ_i = β_i(θ′) − β_i(θ),   Δδ_i = δ_i(θ′) − δ_i(θ),   δ = ℓ − β ≥ 0.
+
+``Σ_all Δβ_i`` is known exactly from the collapsed sufficient statistics the driver
+sums once (``(θ′ − θ)ᵀA(θ′ + θ) + bᵀ(θ′ − θ)``: O(P²), no data), so the decision becomes
+
+    mean_{i=1..N} Δδ_i  >  μ₀ − (1/N) Σ_all Δβ_i,
+
+and the sequential test above runs on the ``Δδ_i`` instead of the ``l_i``: the same
+sampling of rows, finite-population correction, stopping rule and random streams.
+
+*Why it is valid.* Nothing about the decision rule changes: at ``n = N`` the test uses
+every row and the decision is the exact MH decision (up to rounding), so ``eps = 0``
+is exact MH as before; for ``eps > 0`` the sequential test's approximation (a t-test
+on a finite-population sample) is made on a variable of far smaller spread. A bound
+that is loose, or tight at a poor estimate, only makes ``Δδ`` less concentrated (more
+data per decision), never the target different from plain austerity's.
+
+*What it changes, and the cost.* With tight points at the MAP, ``δ_i`` is second order
+in the distance from the tight point, so for moves of posterior size (``‖θ′ − θ‖``
+∝ 1/√N, which warm-up adaptation gives) ``sd(Δδ) = O(1/N)`` while the gap
+``mean(l) − μ₀`` is also ``O(1/N)``: the rows a decision needs no longer grow with N
+(plain austerity's ``sd(l) = O(1/√N)`` makes them grow almost linearly). The price:
+one MAP search and one pass to set the tight points and sum the bound statistics at
+set-up (``info["setup_queries"]``, ``info["setup_seconds"]``), one float (or ``K``)
+of tight point per row on the shards, and the bound evaluated beside ``ℓ`` on the
+rows a decision draws (counted as no extra likelihood queries: the bound is not
+``L_n``). Works for every model (each has ``logbound`` and ``suffstats``).
+
+``control_variates=False`` is the plain sampler, draw for draw what it was before the
+option existed (same streams, same arithmetic).
+
 Minibatches across shards
 -------------------------
 Per test round and chain, the driver draws how many of the batch's rows come from
@@ -30,10 +66,10 @@ has used (a boolean mask plus the list of used rows; a new decision resets it in
 O(used)); new rows are drawn by rejection against the mask while less than half the
 shard is used (O(batch)), else from one permutation of the remainder.
 
-Each shard returns, per chain, ``(count, mean, M2)`` of its new ``l_i`` (the batch's
-mean and sum of squared deviations, which the driver merges with Chan et al.'s
-pairwise update in global shard order — the same information as ``(n, Σl, Σl²)``
-without the cancellation of ``Σl² − n l̄²``).
+Each shard returns, per chain, ``(count, mean, M2)`` of its new ``l_i`` (``Δδ_i`` with
+control variates): the batch's mean and sum of squared deviations, which the driver
+merges with Chan et al.'s pairwise update in global shard order — the same information
+as ``(n, Σl, Σl²)`` without the cancellation of ``Σl² − n l̄²``.
 
 Randomness (placement-independent): the proposal and ``u`` of chain ``c`` come from
 ``stream(seed, ROLE_AUSTERITY, 0, c)`` (``P`` standard normals, then one standard
@@ -53,7 +89,8 @@ on first use) plus one int64 scratch array per run. ``info["setup_queries"]`` co
 full passes of the MAP search (``N`` per pass).
 
 Faults: when a worker is lost during a test round, its shards are reopened on live
-workers and the decision in progress starts over as a new one (every row unseen again).
+workers (their tight points set again) and the decision in progress starts over as a
+new one (every row unseen again).
 The moment of a fault does not depend on the data, so the restarted test is distributed
 as a fresh one and the sampler is unchanged; the draws differ from a run without the
 fault (the selection streams move on). Recoveries are listed in
@@ -78,19 +115,22 @@ from scipy.special import stdtr
 
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH, tril_matvec
-from flymc_dist.models.base import Model
+from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.shard import ROLE_AUSTERITY, ROLE_INIT, Shard, ShardConfig, ShardSpec, stream
 
 __all__ = [
     "AUSTERITY_STATS",
     "Decisions",
     "SequentialTester",
+    "bound_difference",
+    "check_control_variates",
     "decision_data_used",
     "loglog_slope",
     "run_decisions",
     "sample_austerity",
     "shard_counts",
     "stop_rule",
+    "tight_bounds",
 ]
 
 #: per-iteration statistics of an austerity run, name -> dtype
@@ -195,7 +235,8 @@ def _shard_state(shard: Shard, run: int) -> tuple[dict[int, _SlotRows], np.ndarr
 
 def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray,
                 thetas: np.ndarray, proposals: np.ndarray, counts: np.ndarray,
-                record: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, list | None]:
+                record: bool, control_variates: bool = False
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list | None]:
     """Run on a shard via :meth:`Shard.apply`: one test round's new rows for several chains.
 
     Parameters
@@ -215,13 +256,18 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
         ``(m,)`` how many new rows to draw for each chain.
     record
         Also return the global indices of the rows drawn (tests).
+    control_variates
+        Return the statistics of ``Δδ_i = δ_i(θ′) − δ_i(θ)`` (``δ = ℓ − β``, with the
+        shard's tight points) instead of ``l_i``. A row whose ``l_i`` is infinite keeps
+        ``l_i`` (it decides alone, as without control variates); a finite ``l_i`` whose
+        ``Δδ_i`` is not finite (an overflowing bound) gives NaN, which the driver reports.
 
     Returns
     -------
     count, mean, m2, rows
-        ``(m,)`` arrays: rows drawn, mean of ``l_i = ℓ_i(θ′) − ℓ_i(θ)`` over them, and
-        their sum of squared deviations from that mean; ``rows`` is a list of index
-        arrays (or None).
+        ``(m,)`` arrays: rows drawn, mean of ``l_i = ℓ_i(θ′) − ℓ_i(θ)`` (or ``Δδ_i``)
+        over them, and their sum of squared deviations from that mean; ``rows`` is a
+        list of index arrays (or None).
     """
     states, scratch = _shard_state(shard, int(run))
     sid = shard.spec.shard_id
@@ -252,8 +298,19 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
             o += rows_j.size
     rows = np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
     seg = np.repeat(np.arange(m), counts)
-    ll = model.loglik(eta.reshape(M, 2, E).transpose(1, 0, 2), shard.y[rows])
+    eta = eta.reshape(M, 2, E).transpose(1, 0, 2)
+    y = shard.y[rows]
+    ll = model.loglik(eta, y)
     diff = ll[1] - ll[0]
+    if control_variates:
+        if shard.xi is None:
+            raise RuntimeError("control variates need the shard's tight points "
+                               "(set_tight_points) first")
+        with np.errstate(invalid="ignore", over="ignore"):
+            lb = model.logbound(eta, y, shard.xi[rows])
+            dd = (ll[1] - lb[1]) - (ll[0] - lb[0])
+        finite = np.isfinite(diff)
+        diff = np.where(finite, np.where(np.isfinite(dd), dd, np.nan), diff)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.bincount(seg, diff, minlength=m) / counts
         m2 = np.bincount(seg, (diff - mean[seg]) ** 2, minlength=m)
@@ -340,7 +397,7 @@ class Decisions(NamedTuple):
     data_used: np.ndarray  # (S,) int64: rows in the decision
     rounds: np.ndarray  # (S,) int64: test rounds each slot took part in
     round_trips: int  # round trips of the whole call (shared by all slots)
-    mean: np.ndarray  # (S,) l̄ over the rows used
+    mean: np.ndarray  # (S,) l̄ over the rows used (control variates: Δδ̄ + Σ_all Δβ / N)
     p_value: np.ndarray  # (S,) p-value at the stop (0 when exact)
     rows: list | None  # per slot, per round: global row indices (record_rows only)
 
@@ -364,10 +421,15 @@ class SequentialTester:
         Seed of the selection streams.
     record_rows
         Return the global row indices every decision drew (tests; costs bandwidth).
+    bound
+        The collapsed bound ``Σ_all β_n(θ)`` of the shards' current tight points (see
+        :func:`tight_bounds`): the test then runs on ``Δδ`` with the threshold
+        ``μ₀ − Σ_all Δβ / N`` (control variates). None: plain austerity on ``l``.
     """
 
     def __init__(self, transport: Any, specs: Sequence[ShardSpec], slots: int, *,
-                 eps: float, batch_size: int, seed: int, record_rows: bool = False) -> None:
+                 eps: float, batch_size: int, seed: int, record_rows: bool = False,
+                 bound: BoundStats | None = None) -> None:
         self.transport = transport
         specs = sorted(specs, key=lambda s: s.shard_id)
         self.shard_ids = np.array([s.shard_id for s in specs], dtype=np.int64)
@@ -378,6 +440,9 @@ class SequentialTester:
         self.batch_size = _check_batch_size(batch_size)
         self.seed = int(seed)
         self.record_rows = bool(record_rows)
+        self.bound = None if bound is None else BoundStats(
+            0.5 * (np.asarray(bound.A, float) + np.asarray(bound.A, float).T),
+            np.asarray(bound.b, float), float(bound.c))
         self.rngs = [stream(self.seed, ROLE_AUSTERITY, _SUB_SELECT, c) for c in range(self.slots)]
         self.run = uuid.uuid4().int & ((1 << 62) - 1)
         self.decision = 0
@@ -389,6 +454,9 @@ class SequentialTester:
     def decide(self, thetas: np.ndarray, proposals: np.ndarray,
                mu0: np.ndarray) -> Decisions:
         """One sequential MH test per slot: accept iff the mean of ``l_i`` exceeds ``μ₀``.
+
+        With a ``bound`` (control variates) the test runs on ``Δδ_i`` against
+        ``μ₀ − Σ_all Δβ / N``: the same decision at ``n = N``.
 
         Parameters
         ----------
@@ -407,13 +475,24 @@ class SequentialTester:
         mu0 = np.asarray(mu0, float).reshape(S)
         if np.isnan(mu0).any():
             raise FloatingPointError("the MH threshold mu0 is NaN (log prior or log u)")
+        shift = None
+        if self.bound is not None:
+            shift = bound_difference(self.bound, thetas, proposals) / self.N
+            with np.errstate(invalid="ignore"):
+                mu0 = mu0 - shift
+            if np.isnan(mu0).any():
+                raise FloatingPointError("the control-variate threshold is NaN (the collapsed "
+                                         "bound overflows at a proposal)")
         from flymc_dist.cluster import ShardLost
 
         for _attempt in range(5):
             key = self.decision
             self.decision += 1
             try:
-                return self._decide(thetas, proposals, mu0, key)
+                dec = self._decide(thetas, proposals, mu0, key)
+                if shift is not None:  # report the estimate of mean(l), as without
+                    dec = dec._replace(mean=dec.mean + shift)
+                return dec
             except ShardLost as lost:
                 if not lost.workers or not hasattr(self.transport, "recover"):
                     raise
@@ -445,6 +524,7 @@ class SequentialTester:
         rows_log: list | None = [[] for _ in range(S)] if self.record_rows else None
         trips = 0
         keys = np.full(S, key, dtype=np.int64)
+        cv = self.bound is not None
         while not done.all():
             active = np.flatnonzero(~done)
             per_shard: dict[int, tuple[list[int], list[int]]] = {}
@@ -461,7 +541,8 @@ class SequentialTester:
                 sl_a = np.array(sl, dtype=np.int64)
                 calls[int(self.shard_ids[j])] = (shard_batch, self.run, keys[sl_a], sl_a,
                                                  thetas[sl_a], proposals[sl_a],
-                                                 np.array(ct, dtype=np.int64), self.record_rows)
+                                                 np.array(ct, dtype=np.int64), self.record_rows,
+                                                 cv)
             try:
                 replies = self.transport.call_some("apply", calls)
             except Exception as e:  # a lost worker: say how many rows this attempt used
@@ -492,6 +573,47 @@ class SequentialTester:
             p_val[fin] = p[stop]
             done[fin] = True
         return Decisions(accept, n.copy(), rounds, trips, mean, p_val, rows_log)
+
+
+def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarray
+                     ) -> np.ndarray:
+    """``Σ_all β_n(θ′) − Σ_all β_n(θ)`` from the collapsed bound, for each row pair.
+
+    Written as ``(θ′ − θ)ᵀA(θ′ + θ) + bᵀ(θ′ − θ)`` (``A`` symmetric), which never forms
+    the two large totals (≈ N·log 2 each) whose difference it is, and drops ``c``.
+
+    Parameters
+    ----------
+    bound
+        ``Σ_all β_n(θ) = θᵀAθ + bᵀθ + c`` with ``A`` symmetric.
+    thetas, proposals
+        ``(S, P)`` current and proposed parameters.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(S,)`` differences.
+    """
+    thetas = np.asarray(thetas, float)
+    proposals = np.asarray(proposals, float)
+    d = proposals - thetas
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.sum((d @ bound.A) * (proposals + thetas), axis=-1) + d @ bound.b
+
+
+def tight_bounds(transport: Any, theta_hat: np.ndarray) -> BoundStats:
+    """Set every shard's tight points at ``theta_hat`` and sum their bound statistics.
+
+    The bounds' set-up exactly as FlyMC's driver does it for ``bounds="map"``
+    (``set_tight_points``, then ``bound_stats`` summed in global shard order); a cluster
+    transport replays ``set_tight_points`` on shards it recreates after a fault.
+    """
+    transport.call("set_tight_points", np.asarray(theta_hat, float))
+    stats = transport.call("bound_stats")
+    total = stats[0]
+    for s in stats[1:]:
+        total = total + s
+    return total
 
 
 def _merge(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, sl: np.ndarray, nb: np.ndarray,
@@ -527,6 +649,13 @@ def _check_eps(eps: Any) -> float:
     return out
 
 
+def check_control_variates(value: Any) -> bool:
+    """``value`` as a bool, else ``ValueError``: the ``control_variates`` option."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise ValueError(f"control_variates must be True or False, not {value!r}")
+
+
 def _check_batch_size(batch_size: Any) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) \
             or batch_size < 1:
@@ -536,8 +665,10 @@ def _check_batch_size(batch_size: Any) -> int:
 
 # ====================================================================== sampling
 def _setup(model: Model, transport: Any, kernel: RandomWalkMH, n_features: int, chains: int,
-           seed: int, options: dict[str, Any]) -> dict[str, Any]:
-    """MAP (if needed), preconditioner and initial positions, as the FlyMC driver does."""
+           seed: int, options: dict[str, Any], control_variates: bool = False
+           ) -> dict[str, Any]:
+    """MAP (if needed), tight points and collapsed bound (control variates),
+    preconditioner and initial positions, as the FlyMC driver does."""
     from flymc_dist.driver import Driver, laplace_covariance
 
     t0 = time.perf_counter()
@@ -549,11 +680,14 @@ def _setup(model: Model, transport: Any, kernel: RandomWalkMH, n_features: int, 
     P = driver.P
     theta_map, neg_h = None, None
     need_map = (isinstance(init, str) and init == "map") or (
-        isinstance(precondition, str) and precondition == "laplace")
+        isinstance(precondition, str) and precondition == "laplace") or control_variates
     trips0 = transport.round_trips
     if need_map:
         theta_map, neg_h = driver.find_map()
     map_passes = transport.round_trips - trips0
+    # control variates: tight points at the MAP, as FlyMC's bounds="map" (its accuracy
+    # affects how much data a decision needs, never which decision is taken at n = N)
+    bound = tight_bounds(transport, theta_map) if control_variates else None
     if isinstance(precondition, np.ndarray):
         cov = np.asarray(precondition, float)
     elif isinstance(precondition, str) and precondition == "laplace":
@@ -575,7 +709,7 @@ def _setup(model: Model, transport: Any, kernel: RandomWalkMH, n_features: int, 
         arr = np.asarray(init, float)
         positions[:] = np.broadcast_to(arr.reshape(-1, P), positions.shape)
     return {"theta_map": theta_map, "map_info": driver.map_info, "chol": chol,
-            "positions": positions, "setup_passes": map_passes,
+            "positions": positions, "setup_passes": map_passes, "bound": bound,
             "setup_seconds": time.perf_counter() - t0, "P": P,
             "param_shape": driver.param_shape}
 
@@ -601,7 +735,9 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
         As for :func:`flymc_dist.sample`.
     options
         ``eps`` (test tolerance, default 0.01; 0 gives exact MH), ``batch_size`` (rows
-        per round per decision, default 500), ``init``, ``precondition``,
+        per round per decision, default 500), ``control_variates`` (default True: the
+        test runs on the gap to FlyMC's MAP-tuned bounds, see the module docstring;
+        False: plain austerity, as before the option existed), ``init``, ``precondition``,
         ``map_maxiter``, ``n_shards``/``rows_per_shard``, ``trace`` (zarr path, written
         as the run goes; ``resume`` is not supported), ``overwrite_trace``,
         ``progress``, ``n_workers``, ``timeout``.
@@ -615,7 +751,8 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
     Raises
     ------
     ValueError
-        Bad ``eps``/``batch_size``, a kernel other than RWMH, or ``resume``.
+        Bad ``eps``/``batch_size``/``control_variates``, a kernel other than RWMH, or
+        ``resume``.
     """
     from flymc_dist.api import Result
     from flymc_dist.cluster import open_transport
@@ -623,6 +760,7 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
 
     eps = _check_eps(options.get("eps", 0.01))
     batch_size = _check_batch_size(options.get("batch_size", 500))
+    control_variates = check_control_variates(options.get("control_variates", True))
     if not isinstance(kernel, RandomWalkMH):
         raise ValueError(f"austerity MH supports kernel='rwmh' only, not "
                          f"{getattr(kernel, 'name', kernel)!r}: MALA's proposal needs the "
@@ -632,11 +770,14 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
     config = ShardConfig(model=model, algorithm="austerity", chains=chains, seed=seed)
     transport = open_transport(client, specs, config, mem, options)
     try:
-        setup = _setup(model, transport, kernel, n_features, chains, seed, options)
+        setup = _setup(model, transport, kernel, n_features, chains, seed, options,
+                       control_variates)
         P, shape = setup["P"], setup["param_shape"]
         info: dict[str, Any] = {
             "algorithm": "austerity", "approximate": True, "eps": eps,
-            "batch_size": batch_size, "bounds": None, "kernel": kernel.name, "z_update": None,
+            "batch_size": batch_size, "control_variates": control_variates,
+            "bounds": "map" if control_variates else None, "kernel": kernel.name,
+            "z_update": None,
             "q_db": None, "resample_fraction": None, "chains": chains, "seed": seed,
             "n_rows": n_rows, "n_features": n_features, "n_shards": len(specs),
             "transport": transport.name, "n_workers": transport.n_workers, "data": path,
@@ -659,7 +800,7 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
                                  overwrite=bool(options.get("overwrite_trace", False)),
                                  storage_options=options.get("trace_storage_options"))
         tester = SequentialTester(transport, specs, chains, eps=eps, batch_size=batch_size,
-                                  seed=seed)
+                                  seed=seed, bound=setup["bound"])
         rngs = [stream(seed, ROLE_AUSTERITY, _SUB_PROPOSAL, c) for c in range(chains)]
         params = [kernel.init_params(P, setup["chol"]) for _ in range(chains)]
         adapters = ([kernel.adapter(p, num_warmup) for p in params] if num_warmup else None)
@@ -764,7 +905,8 @@ def shard_exact_diff(shard: Shard, thetas: np.ndarray, proposals: np.ndarray,
 def run_decisions(model: Model, data: Any, thetas: np.ndarray, proposals: np.ndarray,
                   log_u: np.ndarray, *, eps: float | Sequence[float] = 0.05,
                   batch_size: int = 500, seed: int = 0, n_shards: int | None = None,
-                  client: Any = "synchronous", exact: bool = True) -> dict[str, Any]:
+                  client: Any = "synchronous", exact: bool = True,
+                  control_variates: bool | np.ndarray = False) -> dict[str, Any]:
     """Austerity decisions for given ``(θ, θ′, u)`` triples, scored against exact MH.
 
     All triples are decided concurrently (as slots of one :class:`SequentialTester`,
@@ -786,11 +928,16 @@ def run_decisions(model: Model, data: Any, thetas: np.ndarray, proposals: np.nda
         Test tolerance(s), rows per round, seed, shard count, where to run.
     exact
         Also compute the exact decisions (one extra full pass per pair) and error rates.
+    control_variates
+        False: plain austerity. True: control variates from bounds tight at the MAP
+        (found here as the sampler finds it). An array ``(P,)``: bounds tight at that
+        estimate instead.
 
     Returns
     -------
     dict
-        ``n_rows``; ``exact_accept`` (S,) and ``exact_mean`` (S,) when ``exact``; and
+        ``n_rows``; ``theta_hat`` (the tight points' estimate, or None);
+        ``exact_accept`` (S,) and ``exact_mean`` (S,) when ``exact``; and
         ``by_eps``: a list (one per eps) of dicts with ``eps``, ``accept``, ``data_used``,
         ``rounds`` (arrays), ``mean_data_used``, ``fraction``, ``round_trips``,
         ``error_rate`` (when ``exact``).
@@ -811,11 +958,20 @@ def run_decisions(model: Model, data: Any, thetas: np.ndarray, proposals: np.nda
     proposals = proposals.reshape(S, -1)
     eps_list = [float(eps)] if np.ndim(eps) == 0 else [float(e) for e in eps]
     options: dict[str, Any] = {} if n_shards is None else {"n_shards": n_shards}
-    specs, mem, N, _, _, _, _ = _shard_layout(data, options)
+    specs, mem, N, D, _, _, _ = _shard_layout(data, options)
     config = ShardConfig(model=model, algorithm="austerity", chains=1, seed=seed)
     transport = open_transport(client, specs, config, mem, options)
-    out: dict[str, Any] = {"n_rows": N, "by_eps": []}
+    out: dict[str, Any] = {"n_rows": N, "theta_hat": None, "by_eps": []}
     try:
+        bound = None
+        if control_variates is not False:
+            if isinstance(control_variates, bool | np.bool_):
+                theta_hat = _find_map(model, transport, D) if control_variates else None
+            else:
+                theta_hat = np.asarray(control_variates, float).ravel()
+            if theta_hat is not None:
+                out["theta_hat"] = theta_hat
+                bound = tight_bounds(transport, theta_hat)
         mu0 = (log_u + model.log_prior(thetas) - model.log_prior(proposals)) / N
         if exact:
             k = 1 if single else S  # one fixed pair: one full pass
@@ -825,7 +981,7 @@ def run_decisions(model: Model, data: Any, thetas: np.ndarray, proposals: np.nda
             out["exact_accept"] = exact_mean > mu0
         for e in eps_list:
             tester = SequentialTester(transport, specs, S, eps=e, batch_size=batch_size,
-                                      seed=seed)
+                                      seed=seed, bound=bound)
             dec = tester.decide(thetas, proposals, mu0)
             row = {"eps": e, "accept": dec.accept, "data_used": dec.data_used,
                    "rounds": dec.rounds, "mean_data_used": float(dec.data_used.mean()),
@@ -837,6 +993,15 @@ def run_decisions(model: Model, data: Any, thetas: np.ndarray, proposals: np.nda
     finally:
         transport.close()
     return out
+
+
+def _find_map(model: Model, transport: Any, n_features: int) -> np.ndarray:
+    """The MAP estimate, found as the sampler's set-up finds it."""
+    from flymc_dist.driver import Driver
+
+    driver = Driver(model, transport, RandomWalkMH(), n_features=n_features,
+                    algorithm="regular", chains=1)
+    return driver.find_map()[0]
 
 
 def decision_data_used(model: Model, data: Any, theta: np.ndarray, proposal: np.ndarray, *,

@@ -1,16 +1,26 @@
 """``flymc bench sublinear``: austerity MH's data use against N, and its bias against eps.
 
-Two measurements (Chen, Mansinghka & Ghahramani 2016, Fig. 5; Korattikara et al. 2014):
+Every measurement is made with and without control variates from the bounds
+(``control_variates=True``, the sampler's default; see :mod:`flymc_dist.austerity`), on
+logistic data sets of growing N from one generating θ₀ (Chen, Mansinghka & Ghahramani
+2016, Fig. 5; Korattikara et al. 2014; Bardenet, Doucet & Holmes 2017):
 
-1. **Data used per decision vs N.** Logistic data sets of growing N from one generating
-   θ₀; a *fixed* proposal ``θ₀ → θ₀ + distance · v`` (``v`` a fixed unit vector), decided
-   ``n_decisions`` times (fresh ``u`` and fresh minibatches each); the mean number of rows
-   a decision used, and the least-squares slope of log(rows used) on log N. With a fixed
-   move the evidence per row does not shrink with N, so the rows needed level off and the
-   slope tends to 0; it is the transition from "all rows" at small N that gives a positive
-   slope. (A proposal scaled to the posterior, ∝ 1/√N, would use a roughly constant
-   *fraction* instead — the well-known limit of austerity MH; see the report's notes.)
-2. **Bias vs eps** on one ``bias_rows``-row problem: the posterior mean of austerity
+1. **Fixed move.** A proposal ``θ₀ → θ₀ + distance · v`` (``v`` a fixed unit vector),
+   decided ``n_decisions`` times (fresh ``u`` and fresh minibatches each): the mean
+   rows a decision used, its error rate against exact MH, and the least-squares slope of
+   log(rows used) on log N. With a fixed move the evidence per row does not shrink
+   with N, so the rows needed level off and the slope tends to 0 even without control
+   variates.
+2. **Posterior-scaled proposal.** What a user runs: ``fd.sample(algorithm="austerity")``
+   with RWMH and its default warm-up adaptation (Laplace preconditioner at the MAP, step
+   size adapted), ``posterior_warmup + posterior_samples`` iterations of
+   ``posterior_chains`` chains; the rows per decision after warm-up (mean, median,
+   max), the slope of the mean against N, and the seconds of the whole run. The moves
+   shrink as 1/√N: plain austerity then needs an almost constant *fraction* of the data
+   (slope ≈ 0.9, the known limit); with control variates the spread of ``Δδ`` shrinks
+   as 1/N, like the evidence, and the rows needed stay nearly flat. Plain runs are
+   skipped above ``plain_max_n`` (they cost ≈ N rows per decision: minutes at 10⁶).
+3. **Bias vs eps** on one ``bias_rows``-row problem: the posterior mean of austerity
    chains at each eps against exact regular MH (``fd.sample(algorithm="regular")``), in
    posterior sd and with the Monte Carlo standard error of the difference; and the
    per-decision error rate (decisions that differ from the exact MH decision for the
@@ -80,10 +90,34 @@ def _dataset(n_rows: int, n_features: int, seed: int, client: Any, tmp: str | No
     return from_numpy(X, y, f"{tmp}/logistic_{n_rows}.zarr", overwrite=True), theta0
 
 
+def _variants(control_variates: bool, plain: bool) -> list[bool]:
+    """The control-variate settings to measure: plain first."""
+    out = ([False] if plain else []) + ([True] if control_variates else [])
+    if not out:
+        raise ValueError("nothing to measure: control_variates and plain are both False")
+    return out
+
+
+def _key(cv: bool) -> str:
+    return "cv" if cv else "plain"
+
+
+def _slope(ns: Sequence[int], used: Sequence[float | None]) -> float | None:
+    """log-log slope over the sizes that were measured (None below two)."""
+    pts = [(n, u) for n, u in zip(ns, used, strict=True) if u is not None]
+    if len(pts) < 2:
+        return None
+    return loglog_slope([n for n, _ in pts], [u for _, u in pts])
+
+
 def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
                   batch_size: int = 500, seed: int = 0, client: Any = "synchronous", *,
                   n_features: int = 3, distance: float = 0.2, n_decisions: int = 100,
-                  n_shards: int = 4, bias_eps: Sequence[float] | None = (0.2, 0.1, 0.05, 0.01),
+                  n_shards: int = 4, control_variates: bool = True, plain: bool = True,
+                  fixed: bool = True, posterior: bool = True, posterior_eps: float = 0.01,
+                  posterior_warmup: int = 300, posterior_samples: int = 600,
+                  posterior_chains: int = 2, plain_max_n: int = 100_000,
+                  bias_eps: Sequence[float] | None = (0.2, 0.1, 0.05, 0.01),
                   bias_rows: int = 10_000, bias_chains: int = 8, bias_warmup: int = 150,
                   bias_samples: int = 450, bias_batch_size: int = 2000, bias_shards: int = 2,
                   error_moves: int = 400, workdir: str | None = None) -> dict[str, Any]:
@@ -92,9 +126,11 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
     Parameters
     ----------
     ns
-        Data set sizes (at least two, ideally spanning two decades or more).
+        Data set sizes (at least two, ideally spanning two decades or more; up to 10⁷
+        fits in a few GB of memory).
     eps, batch_size
-        Test tolerance and rows per round for the data-use measurement.
+        Test tolerance and rows per round of the fixed-move decisions; ``batch_size`` is
+        also the posterior-scaled runs' rows per round.
     seed
         Seeds data, ``u`` draws, minibatches and chains.
     client
@@ -106,9 +142,25 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
     distance
         Length of the fixed move ``θ₀ → θ₀ + distance · v``, ``v = (1, …, 1)/√D``.
     n_decisions
-        Decisions averaged per N.
+        Fixed-move decisions averaged per N.
     n_shards
         Shards per data set.
+    control_variates
+        Measure austerity with control variates from the bounds (the sampler's default).
+    plain
+        Measure plain austerity (``control_variates=False``).
+    fixed
+        Run the fixed-move measurement.
+    posterior
+        Run the posterior-scaled measurement (the sampler with its default adaptation).
+    posterior_eps
+        Test tolerance of the posterior-scaled runs (the sampler's default 0.01).
+    posterior_warmup, posterior_samples, posterior_chains
+        Iterations (warm-up adapts the step size; only later decisions are counted) and
+        chains of each posterior-scaled run.
+    plain_max_n
+        Largest N for plain austerity with the posterior-scaled proposal (it uses a near
+        constant fraction of N per decision: ≈ 3 minutes at 10⁵ rows, ≈ 30 at 10⁶).
     bias_eps
         Tolerances of the bias table (None or empty: skip the bias part).
     bias_rows, bias_chains, bias_warmup, bias_samples, bias_batch_size, bias_shards
@@ -122,13 +174,16 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
     Returns
     -------
     dict
-        ``"sublinear"``: ``ns``, ``mean_data_used``, ``fraction``, ``mean_rounds``,
-        ``error_rate``, ``slope``, settings; ``"bias"``: ``rows`` (one dict per eps) and
-        the exact reference; ``"seconds"``; ``"approximate": True``.
+        ``"fixed"`` and ``"posterior"`` (None when not run): ``ns``, settings, and per
+        variant (``"plain"``, ``"cv"``, or None when not run) the per-N figures
+        (``mean_data_used``, ``fraction``, ``seconds``, …; None where skipped) and
+        ``slope``; ``"bias"``: ``rows`` (one dict per variant and eps) and the exact
+        reference; ``"seconds"``; ``"approximate": True``.
     """
     ns = [int(n) for n in ns]
     if len(ns) < 2:
         raise ValueError("ns needs at least two sizes to fit a slope")
+    variants = _variants(control_variates, plain)
     t0 = time.perf_counter()
     model = LogisticRegression()
     v = np.ones(n_features) / math.sqrt(n_features)
@@ -140,33 +195,59 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
         from flymc_dist.cluster import _client_from
 
         client, cluster, owned = _client_from(client, None)
+    fix_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}
+    post_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}
     try:
-        used, frac, rounds, errs, secs = [], [], [], [], []
         log_u = -stream(seed, ROLE_AUSTERITY, _BENCH, 2).standard_exponential(n_decisions)
         for n in ns:
-            t = time.perf_counter()
             data, theta0 = _dataset(n, n_features, seed, client, tmp)
-            r = run_decisions(model, data, theta0, theta0 + distance * v, log_u, eps=eps,
-                              batch_size=batch_size, seed=seed, n_shards=n_shards,
-                              client=client)
-            row = r["by_eps"][0]
-            used.append(row["mean_data_used"])
-            frac.append(row["fraction"])
-            rounds.append(float(row["rounds"].mean()))
-            errs.append(row["error_rate"])
-            secs.append(time.perf_counter() - t)
+            if fixed:
+                exact_accept = None
+                for cv in variants:
+                    t = time.perf_counter()
+                    r = run_decisions(model, data, theta0, theta0 + distance * v, log_u,
+                                      eps=eps, batch_size=batch_size, seed=seed,
+                                      n_shards=n_shards, client=client,
+                                      exact=exact_accept is None, control_variates=cv)
+                    if exact_accept is None:
+                        exact_accept = r["exact_accept"]
+                    row = r["by_eps"][0]
+                    _append(fix_rows[cv], {
+                        "mean_data_used": row["mean_data_used"], "fraction": row["fraction"],
+                        "mean_rounds": float(row["rounds"].mean()),
+                        "error_rate": float(np.mean(row["accept"] != exact_accept)),
+                        "seconds": time.perf_counter() - t})
+            if posterior:
+                for cv in variants:
+                    if not cv and n > plain_max_n:
+                        _append(post_rows[cv], None)
+                        continue
+                    _append(post_rows[cv], _posterior_run(
+                        model, data, n, cv, eps=posterior_eps, batch_size=batch_size,
+                        warmup=posterior_warmup, samples=posterior_samples,
+                        chains=posterior_chains, seed=seed, n_shards=n_shards, client=client))
             del data
-        sub = {"ns": ns, "mean_data_used": used, "fraction": frac, "mean_rounds": rounds,
-               "error_rate": errs, "seconds": secs, "slope": loglog_slope(ns, used),
-               "eps": float(eps), "batch_size": int(batch_size), "distance": float(distance),
-               "n_decisions": int(n_decisions), "n_features": int(n_features),
-               "n_shards": int(n_shards)}
+        common = {"ns": ns, "n_features": int(n_features), "n_shards": int(n_shards),
+                  "batch_size": int(batch_size)}
+        fixed_out = None
+        if fixed:
+            fixed_out = {**common, "eps": float(eps), "distance": float(distance),
+                         "n_decisions": int(n_decisions), "plain": None, "cv": None}
+            for cv, rows in fix_rows.items():
+                fixed_out[_key(cv)] = {**rows, "slope": _slope(ns, rows["mean_data_used"])}
+        post_out = None
+        if posterior:
+            post_out = {**common, "eps": float(posterior_eps), "warmup": int(posterior_warmup),
+                        "samples": int(posterior_samples), "chains": int(posterior_chains),
+                        "plain_max_n": int(plain_max_n), "plain": None, "cv": None}
+            for cv, rows in post_rows.items():
+                post_out[_key(cv)] = {**rows, "slope": _slope(ns, rows["mean_data_used"])}
         bias = None
         if bias_eps:
-            bias = _bias_vs_eps(model, list(bias_eps), bias_rows, n_features, seed, client, tmp,
-                                chains=bias_chains, warmup=bias_warmup, samples=bias_samples,
-                                batch_size=bias_batch_size, n_shards=bias_shards,
-                                error_moves=error_moves)
+            bias = _bias_vs_eps(model, list(bias_eps), variants, bias_rows, n_features, seed,
+                                client, tmp, chains=bias_chains, warmup=bias_warmup,
+                                samples=bias_samples, batch_size=bias_batch_size,
+                                n_shards=bias_shards, error_moves=error_moves)
     finally:
         if owned:
             client.close()
@@ -174,20 +255,52 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
                 cluster.close()
         if tmpdir is not None:
             tmpdir.cleanup()
-    return {"approximate": True, "sublinear": sub, "bias": bias,
+    return {"approximate": True, "fixed": fixed_out, "posterior": post_out, "bias": bias,
             "seconds": time.perf_counter() - t0}
 
 
-def _bias_vs_eps(model: LogisticRegression, eps_list: list[float], n_rows: int, n_features: int,
-                 seed: int, client: Any, tmp: str | None, *, chains: int, warmup: int,
-                 samples: int, batch_size: int, n_shards: int,
+#: the per-N figures of a posterior-scaled run (None where skipped)
+_POSTERIOR_KEYS = ("mean_data_used", "median_data_used", "max_data_used", "fraction",
+                   "exact_fraction", "acceptance", "step_size", "seconds", "setup_seconds")
+
+
+def _append(rows: dict[str, list], figures: dict[str, Any] | None) -> None:
+    """Append one N's figures to per-key lists (None for every key when skipped)."""
+    keys = figures.keys() if figures is not None else (rows.keys() or _POSTERIOR_KEYS)
+    for k in keys:
+        rows.setdefault(k, []).append(None if figures is None else figures[k])
+
+
+def _posterior_run(model: LogisticRegression, data: Any, n_rows: int, cv: bool, *,
+                   eps: float, batch_size: int, warmup: int, samples: int, chains: int,
+                   seed: int, n_shards: int, client: Any) -> dict[str, Any]:
+    """One austerity run as a user makes it (default adaptation); its data use per decision."""
+    from flymc_dist.api import sample
+
+    t = time.perf_counter()
+    res = sample(model, data, algorithm="austerity", control_variates=cv, eps=eps,
+                 batch_size=batch_size, num_warmup=warmup, num_samples=samples, chains=chains,
+                 seed=seed, client=client, n_shards=n_shards, progress=False)
+    secs = time.perf_counter() - t
+    used = res.stats["data_used"]
+    return {"mean_data_used": float(used.mean()), "median_data_used": float(np.median(used)),
+            "max_data_used": int(used.max()), "fraction": float(used.mean() / n_rows),
+            "exact_fraction": float(res.info["exact_fraction"]),
+            "acceptance": float(res.stats["accepted"].mean()),
+            "step_size": float(res.info["kernel_params"][0]["step_size"]),
+            "seconds": secs, "setup_seconds": float(res.info["setup_seconds"])}
+
+
+def _bias_vs_eps(model: LogisticRegression, eps_list: list[float], variants: list[bool],
+                 n_rows: int, n_features: int, seed: int, client: Any, tmp: str | None, *,
+                 chains: int, warmup: int, samples: int, batch_size: int, n_shards: int,
                  error_moves: int) -> dict[str, Any]:
     """Posterior-mean error and per-decision error rate of austerity MH at each eps."""
     from flymc_dist.api import sample
 
     data, _ = _dataset(n_rows, n_features, seed, client, tmp)
     common = {"num_warmup": warmup, "num_samples": samples, "chains": chains, "seed": seed,
-              "client": client, "n_shards": n_shards}
+              "client": client, "n_shards": n_shards, "progress": False}
     t = time.perf_counter()
     ref = sample(model, data, algorithm="regular", **common)
     ref_secs = time.perf_counter() - t
@@ -204,54 +317,114 @@ def _bias_vs_eps(model: LogisticRegression, eps_list: list[float], n_rows: int, 
     props = np.stack([th + step * tril_matvec(tril, mrng.standard_normal(th.size))
                       for th in thetas])
     log_u = -mrng.standard_exponential(error_moves)
-    dec = run_decisions(model, data, thetas, props, log_u, eps=eps_list,
-                        batch_size=batch_size, seed=seed, n_shards=n_shards, client=client)
     rows = []
-    for e, d in zip(eps_list, dec["by_eps"], strict=True):
-        t = time.perf_counter()
-        res = sample(model, data, algorithm="austerity", eps=e, batch_size=batch_size, **common)
-        secs = time.perf_counter() - t
-        af = res.samples.reshape(chains, samples, -1)
-        a_mean = af.mean(axis=(0, 1))
-        a_mcse = np.asarray(diagnostics.mcse_mean(af))
-        se = np.sqrt(a_mcse ** 2 + ref_mcse ** 2)
-        z = (a_mean - ref_mean) / ref_sd
-        rows.append({
-            "eps": e,
-            "mean_error_sd": float(np.max(np.abs(z))),  # max over parameters, in posterior sd
-            "mean_error_by_param": z.tolist(),
-            "mc_se_sd": float(np.max(se / ref_sd)),  # MC standard error of that difference
-            "sd_ratio": (af.std(axis=(0, 1), ddof=1) / ref_sd).tolist(),
-            "data_used_fraction": float(res.info["data_used_fraction"]),
-            "exact_fraction": float(res.info["exact_fraction"]),
-            "acceptance": float(res.stats["accepted"].mean()),
-            "round_trips_per_iteration": float(res.stats["round_trips"].mean()),
-            "decision_error_rate": float(d["error_rate"]),
-            "decision_data_fraction": float(d["fraction"]),
-            "seconds": secs,
-        })
+    for cv in variants:
+        dec = run_decisions(model, data, thetas, props, log_u, eps=eps_list,
+                            batch_size=batch_size, seed=seed, n_shards=n_shards, client=client,
+                            control_variates=cv)
+        for e, d in zip(eps_list, dec["by_eps"], strict=True):
+            t = time.perf_counter()
+            res = sample(model, data, algorithm="austerity", eps=e, batch_size=batch_size,
+                         control_variates=cv, **common)
+            secs = time.perf_counter() - t
+            af = res.samples.reshape(chains, samples, -1)
+            a_mean = af.mean(axis=(0, 1))
+            a_mcse = np.asarray(diagnostics.mcse_mean(af))
+            se = np.sqrt(a_mcse ** 2 + ref_mcse ** 2)
+            z = (a_mean - ref_mean) / ref_sd
+            rows.append({
+                "control_variates": cv,
+                "eps": e,
+                "mean_error_sd": float(np.max(np.abs(z))),  # max over parameters, in sd
+                "mean_error_by_param": z.tolist(),
+                "mc_se_sd": float(np.max(se / ref_sd)),  # MC standard error of that difference
+                "sd_ratio": (af.std(axis=(0, 1), ddof=1) / ref_sd).tolist(),
+                "data_used_fraction": float(res.info["data_used_fraction"]),
+                "exact_fraction": float(res.info["exact_fraction"]),
+                "acceptance": float(res.stats["accepted"].mean()),
+                "round_trips_per_iteration": float(res.stats["round_trips"].mean()),
+                "decision_error_rate": float(d["error_rate"]),
+                "decision_data_fraction": float(d["fraction"]),
+                "seconds": secs,
+            })
     return {"n_rows": n_rows, "chains": chains, "num_warmup": warmup, "num_samples": samples,
             "batch_size": batch_size, "exact_mean": ref_mean.tolist(),
             "exact_sd": ref_sd.tolist(), "exact_acceptance": float(ref.stats["accepted"].mean()),
             "exact_seconds": ref_secs, "error_moves": error_moves, "rows": rows}
 
 
+def _f(value: float | None, spec: str, width: int) -> str:
+    """``value`` formatted, or a dash where it was not measured."""
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+def _at(part: dict[str, Any], key: str, name: str, i: int) -> Any:
+    """Figure ``name`` at the ``i``-th N of variant ``key`` (None: not measured)."""
+    sub = part.get(key)
+    return None if sub is None else sub[name][i]
+
+
+def _slope_line(part: dict[str, Any]) -> str:
+    out = []
+    for key, name in (("plain", "plain"), ("cv", "control variates")):
+        if part.get(key) is not None:
+            sl = part[key]["slope"]
+            out.append(f"{name} {'-' if sl is None else f'{sl:.3f}'}")
+    return "log-log slope of rows per decision on N: " + ", ".join(out)
+
+
 def format_sublinear(result: dict[str, Any]) -> str:
     """The report of :func:`run_sublinear` as text."""
-    s = result["sublinear"]
-    lines = [
-        "APPROXIMATE (austerity MH): sequential-test decisions, not exact MH.",
-        f"Data used per decision vs N  (logistic, D={s['n_features']}, fixed move of length "
-        f"{s['distance']:g}, eps={s['eps']:g}, batch={s['batch_size']}, "
-        f"{s['n_decisions']} decisions, {s['n_shards']} shards)",
-        f"{'N':>12} {'rows used':>12} {'fraction':>10} {'rounds':>8} {'err rate':>9} "
-        f"{'secs':>7}",
-    ]
-    for i, n in enumerate(s["ns"]):
-        lines.append(f"{n:>12,d} {s['mean_data_used'][i]:>12.1f} {s['fraction'][i]:>10.4f} "
-                     f"{s['mean_rounds'][i]:>8.2f} {s['error_rate'][i]:>9.3f} "
-                     f"{s['seconds'][i]:>7.1f}")
-    lines.append(f"log-log slope of rows used on N: {s['slope']:.3f}")
+    lines = ["APPROXIMATE (austerity MH): sequential-test decisions, not exact MH."]
+    f = result.get("fixed")
+    if f:
+        lines += [
+            "",
+            f"Fixed move: data used per decision vs N  (logistic, D={f['n_features']}, move of "
+            f"length {f['distance']:g}, eps={f['eps']:g}, batch={f['batch_size']}, "
+            f"{f['n_decisions']} decisions, {f['n_shards']} shards)",
+            f"{'':>12} {' plain ':-^35}   {' control variates ':-^35}",
+            f"{'N':>12} {'rows used':>11} {'fraction':>9} {'err':>6} {'secs':>6}   "
+            f"{'rows used':>11} {'fraction':>9} {'err':>6} {'secs':>6}",
+        ]
+        for i, n in enumerate(f["ns"]):
+            cells = []
+            for key in ("plain", "cv"):
+                cells.append(f"{_f(_at(f, key, 'mean_data_used', i), '.1f', 11)} "
+                             f"{_f(_at(f, key, 'fraction', i), '.4f', 9)} "
+                             f"{_f(_at(f, key, 'error_rate', i), '.3f', 6)} "
+                             f"{_f(_at(f, key, 'seconds', i), '.1f', 6)}")
+            lines.append(f"{n:>12,d} " + "   ".join(cells))
+        lines.append(_slope_line(f))
+    p = result.get("posterior")
+    if p:
+        lines += [
+            "",
+            f"Posterior-scaled proposal: RWMH with the default warm-up adaptation, "
+            f"{p['warmup']} + {p['samples']} iterations x {p['chains']} chains, "
+            f"eps={p['eps']:g}, batch={p['batch_size']}; rows per decision after warm-up "
+            f"(mean, median, max) and the seconds of the whole run",
+            f"{'':>12} {' plain ':-^41}   {' control variates ':-^41}",
+            f"{'N':>12} {'mean':>9} {'median':>7} {'max':>9} {'accept':>6} {'secs':>6}   "
+            f"{'mean':>9} {'median':>7} {'max':>9} {'accept':>6} {'secs':>6} {'cv/plain':>9}",
+        ]
+        for i, n in enumerate(p["ns"]):
+            cells = []
+            for key in ("plain", "cv"):
+                cells.append(f"{_f(_at(p, key, 'mean_data_used', i), '.1f', 9)} "
+                             f"{_f(_at(p, key, 'median_data_used', i), '.0f', 7)} "
+                             f"{_f(_at(p, key, 'max_data_used', i), ',d', 9)} "
+                             f"{_f(_at(p, key, 'acceptance', i), '.3f', 6)} "
+                             f"{_f(_at(p, key, 'seconds', i), '.1f', 6)}")
+            a = _at(p, "plain", "mean_data_used", i)
+            c = _at(p, "cv", "mean_data_used", i)
+            ratio = None if a is None or c is None else c / a
+            lines.append(f"{n:>12,d} " + "   ".join(cells) + f" {_f(ratio, '.4f', 9)}")
+        lines.append(_slope_line(p))
+        if p.get("plain") is not None and any(n > p["plain_max_n"] for n in p["ns"]):
+            lines.append(f"(plain austerity skipped above N = {p['plain_max_n']:,d}: it uses a "
+                         f"near constant fraction of the rows per decision; raise "
+                         f"--plain-max-n to run it)")
     b = result.get("bias")
     if b:
         lines += [
@@ -259,11 +432,13 @@ def format_sublinear(result: dict[str, Any]) -> str:
             f"Bias vs eps  ({b['n_rows']:,d} rows; {b['chains']} chains x {b['num_samples']} "
             f"draws after {b['num_warmup']} warm-up; batch={b['batch_size']}; reference: "
             f"exact regular MH)",
-            f"{'eps':>6} {'|dmean|/sd':>11} {'MC se/sd':>9} {'sd ratio':>9} {'data frac':>10} "
-            f"{'exact':>6} {'accept':>7} {'RT/iter':>8} {'dec err':>8} {'secs':>6}",
+            f"{'CV':>5} {'eps':>6} {'|dmean|/sd':>11} {'MC se/sd':>9} {'sd ratio':>9} "
+            f"{'data frac':>10} {'exact':>6} {'accept':>7} {'RT/iter':>8} {'dec err':>8} "
+            f"{'secs':>6}",
         ]
         for r in b["rows"]:
             lines.append(
+                f"{'yes' if r['control_variates'] else 'no':>5} "
                 f"{r['eps']:>6g} {r['mean_error_sd']:>11.3f} {r['mc_se_sd']:>9.3f} "
                 f"{min(r['sd_ratio']):>4.2f}-{max(r['sd_ratio']):<4.2f} "
                 f"{r['data_used_fraction']:>10.3f} {r['exact_fraction']:>6.2f} "

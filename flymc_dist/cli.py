@@ -311,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="austerity: t-test tolerance")
     g.add_argument("--batch-size", type=_positive_int, default=None,
                    help="austerity: rows per minibatch")
+    g.add_argument("--no-control-variates", action="store_true",
+                   help="austerity: plain sequential test on the log-likelihood differences "
+                   "(default: on their gap to the MAP-tuned bounds)")
     g.add_argument("--warmup", type=_nonnegative_int, default=500,
                    help="warm-up iterations, discarded (default 500)")
     g.add_argument("--samples", type=_positive_int, default=1000,
@@ -713,6 +716,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                        ("n_workers", args.workers), ("n_shards", args.n_shards)):
         if value is not None:
             options[key] = value
+    if args.no_control_variates:
+        options["control_variates"] = False
     t = time.perf_counter()
     res = fd.sample(model, ds, algorithm=args.algorithm, bounds=args.bounds,
                     kernel=args.kernel, z_update=args.z_update, num_warmup=args.warmup,

@@ -1,12 +1,16 @@
 """Austerity MH over shards: exactness at eps = 0, sublinear data use, bias against exact
-MCMC, error shrinking with eps, unbiased shard selection, and the API's labelling."""
+MCMC, error shrinking with eps, unbiased shard selection, and the API's labelling; with
+the bounds as control variates (the default) and without (bit for bit the plain sampler)."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import pathlib
 
 import numpy as np
 import pytest
+import references as R
 from scipy import stats
 from scipy.special import expit
 
@@ -41,7 +45,8 @@ def _map_and_cov(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _transport(X: np.ndarray, y: np.ndarray, sizes: list[int], seed: int = 0):
     edges = np.concatenate([[0], np.cumsum(sizes)])
     specs = [ShardSpec(i, "", int(a), int(b)) for i, (a, b) in enumerate(zip(edges[:-1],
-                                                                             edges[1:]))]
+                                                                             edges[1:],
+                                                                             strict=True))]
     mem = {s.shard_id: (X[s.start:s.stop], y[s.start:s.stop]) for s in specs}
     config = ShardConfig(model=MODEL, algorithm="austerity", chains=1, seed=seed)
     return InProcessTransport(specs, config, mem), specs
@@ -73,17 +78,21 @@ def test_stop_rule_formula():
     assert not stop[0]
 
 
+@pytest.mark.parametrize("cv", [True, False])
 @pytest.mark.parametrize("eps", [0.0, 1e-7])
-def test_tiny_eps_reproduces_exact_mh(eps):
+def test_tiny_eps_reproduces_exact_mh(eps, cv):
     """Given the same proposals and uniforms, eps = 0 (and a tiny eps) takes exactly the
-    exact-MH decisions; the draw order is the documented one."""
+    exact-MH decisions, with and without control variates; the draw order is the
+    documented one."""
     X, y, th0 = _data(1500, seed=1)
     cov = np.diag([0.06, 0.07, 0.07]) ** 2
     init = th0 + 0.02
     S, C, seed = 120, 2, 5
     res = fd.sample(MODEL, (X, y), algorithm="austerity", client="synchronous",
                     num_warmup=0, num_samples=S, chains=C, seed=seed, eps=eps, batch_size=150,
-                    n_shards=3, init=init, precondition=cov, kernel_options={"step_size": 1.0})
+                    n_shards=3, init=init, precondition=cov, kernel_options={"step_size": 1.0},
+                    control_variates=cv)
+    assert res.info["control_variates"] is cv
     L = np.linalg.cholesky(cov)
 
     def log_post(t):
@@ -155,22 +164,21 @@ def test_decision_error_shrinks_with_eps():
     assert np.all(np.diff(used) > 0), used  # a tighter test costs more data
 
 
-@pytest.mark.slow
-def test_posterior_mean_close_to_exact_mcmc():
-    """eps = 0.01 on 10^4 rows: posterior mean within 0.1 posterior sd of exact regular MCMC,
-    up to Monte Carlo error: |Δ| ≤ 0.1 sd + 2 se, where se is the MC standard error of Δ
-    from both runs' ESS, required ≤ 0.06 sd so that the check has power (it fails for a
-    bias of ~0.25 sd). And eps = 0.3 is visibly worse (inflated posterior sd): the error
-    shrinks with eps."""
+@pytest.fixture(scope="module")
+def exact_10k():
+    """Exact regular MCMC on a 10⁴-row logistic problem: the bias tests' reference."""
     X, y, _ = _data(10_000, seed=9)
     common = {"client": "synchronous", "num_warmup": 200, "chains": 16, "seed": 10,
-              "n_shards": 2}
+              "n_shards": 2, "progress": False}
     # the exact reference is cheap per draw: run it longer so its MC error is small
     exact = fd.sample(MODEL, (X, y), algorithm="regular", num_samples=1500, **common)
-    aust = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.01, batch_size=2000,
-                     num_samples=550, **common)
-    loose = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.3, batch_size=2000,
-                      **{**common, "num_warmup": 100, "num_samples": 200})
+    return X, y, common, exact
+
+
+def _close_to_exact(exact, aust):
+    """|Δmean| ≤ 0.1 sd + 2 se for every parameter, where se is the MC standard error of Δ
+    from both runs' ESS, required ≤ 0.06 sd so that the check has power (it fails for a
+    bias of ~0.25 sd); returns the absolute relative error of the posterior sd."""
     ex = exact.samples
     sd = ex.std(axis=(0, 1), ddof=1)
     se = np.sqrt(np.asarray(diagnostics.mcse_mean(ex)) ** 2
@@ -178,11 +186,209 @@ def test_posterior_mean_close_to_exact_mcmc():
     delta = aust.samples.mean(axis=(0, 1)) - ex.mean(axis=(0, 1))
     assert np.all(se <= 0.06 * sd), se / sd
     assert np.all(np.abs(delta) <= 0.1 * sd + 2 * se), (delta / sd, se / sd)
-    sd_err = np.abs(aust.samples.std(axis=(0, 1), ddof=1) / sd - 1)
+    return np.abs(aust.samples.std(axis=(0, 1), ddof=1) / sd - 1)
+
+
+@pytest.mark.slow
+def test_posterior_mean_close_to_exact_mcmc(exact_10k):
+    """Plain austerity, eps = 0.01 on 10^4 rows: posterior mean within 0.1 posterior sd of
+    exact regular MCMC, up to Monte Carlo error (see _close_to_exact). And eps = 0.3 is
+    visibly worse (inflated posterior sd): the error shrinks with eps."""
+    X, y, common, exact = exact_10k
+    aust = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.01, batch_size=2000,
+                     num_samples=550, control_variates=False, **common)
+    loose = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.3, batch_size=2000,
+                      control_variates=False,
+                      **{**common, "num_warmup": 100, "num_samples": 200})
+    sd_err = _close_to_exact(exact, aust)
+    sd = exact.samples.std(axis=(0, 1), ddof=1)
     sd_err_loose = np.abs(loose.samples.std(axis=(0, 1), ddof=1) / sd - 1)
     assert sd_err.max() < 0.1, sd_err
     assert sd_err_loose.min() > sd_err.max(), (sd_err_loose, sd_err)
     assert aust.info["data_used_fraction"] > loose.info["data_used_fraction"]
+
+
+@pytest.mark.slow
+def test_control_variates_close_to_exact_mcmc_and_error_shrinks_with_eps(exact_10k):
+    """Control variates with the defaults (eps = 0.01, batch 500) on 10^4 rows: posterior
+    mean within 0.1 posterior sd of exact regular MCMC for every parameter, up to Monte
+    Carlo error (see _close_to_exact), posterior sd within 10 %.
+
+    The error shrinks with eps, measured on the same problem where it is resolvable: the
+    share of decisions that differ from exact MH for the same (θ, θ′, u) — the kernel's
+    own error (a bound on the one-step total-variation distance to exact MH) — on 4000
+    moves drawn like the exact chain's, with common random numbers across eps. With
+    control variates even eps = 0.9 moves the posterior by less than CI-sized runs can
+    resolve, so the posterior-mean comparison alone could not show the trend. Negative
+    control: plain austerity on the same moves at eps = 0.9 errs far more often (the
+    measurement sees errors where they are)."""
+    X, y, common, exact = exact_10k
+    aust = fd.sample(MODEL, (X, y), algorithm="austerity", num_samples=550, **common)
+    assert aust.info["control_variates"] is True and aust.info["eps"] == 0.01
+    sd_err = _close_to_exact(exact, aust)
+    assert sd_err.max() < 0.1, sd_err
+    # the decisions' error against exact MH, on RWMH-like moves from the exact posterior
+    kp = exact.info["kernel_params"][0]
+    step, tril = float(kp["step_size"]), np.asarray(kp["scale_tril"], float)
+    pool = exact.samples.reshape(-1, 3)
+    rng = np.random.default_rng(25)
+    k = 4000
+    thetas = pool[rng.integers(0, pool.shape[0], size=k)]
+    props = thetas + step * rng.standard_normal((k, 3)) @ tril.T
+    log_u = -rng.standard_exponential(k)
+    eps_list = [0.9, 0.3, 0.1, 0.01]
+    r = aus.run_decisions(MODEL, (X, y), thetas, props, log_u, eps=eps_list, seed=26,
+                          n_shards=2, control_variates=True)
+    err = np.array([b["error_rate"] for b in r["by_eps"]])
+    used = np.array([b["mean_data_used"] for b in r["by_eps"]])
+    assert err[-1] <= 0.002, err
+    assert err[0] >= 3 * max(err[-1], 1 / k), err  # larger at a large eps
+    assert np.all(np.diff(err) <= 0.002), err  # (nearly) monotone
+    assert np.all(np.diff(used) > 0), used  # a tighter test costs more data
+    plain = aus.run_decisions(MODEL, (X, y), thetas, props, log_u, eps=0.9, seed=26,
+                              n_shards=2, exact=True)
+    assert plain["by_eps"][0]["error_rate"] > 10 * err[0], (plain["by_eps"][0], err)
+
+
+# ------------------------------------------------------------------ control variates
+_GOLDEN = pathlib.Path(__file__).with_name("data") / "austerity_golden.npz"
+
+
+def _golden_module():
+    spec = importlib.util.spec_from_file_location(
+        "make_austerity_golden", _GOLDEN.with_name("make_austerity_golden.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_control_variates_off_is_the_plain_sampler_bit_for_bit():
+    """control_variates=False reproduces, bit for bit, the draws and statistics recorded
+    from the sampler before control variates existed (commit 9577f69, written by
+    tests/data/make_austerity_golden.py): a fixed-start run and a default (MAP start,
+    Laplace preconditioner) run, warm-up adaptation included. Negative control: the same
+    runs with control variates use far fewer rows, so the comparison sees a change."""
+    gold = _golden_module()
+    ref = np.load(_GOLDEN)
+    for name in gold.RUNS:
+        out = gold.run(name, control_variates=False)
+        assert sorted(out) == sorted(k for k in ref.files if k.startswith(name + "_"))
+        for key, value in out.items():
+            np.testing.assert_array_equal(value, ref[key], err_msg=key)
+        cv = gold.run(name)
+        assert cv[f"{name}_data_used"].mean() < 0.5 * ref[f"{name}_data_used"].mean()
+
+
+def _model_problem(name: str):
+    """A 1200-row problem of each model, with its log posterior written independently."""
+    rng = np.random.default_rng(30)
+    N = 1200
+    X = np.c_[np.ones(N), rng.standard_normal((N, 2))]
+    if name == "logistic":
+        y = (rng.random(N) < expit(X @ np.array([0.3, 1.0, -0.5]))).astype(np.int64)
+        return fd.LogisticRegression(), X, y, R.logistic_logpost(X, y, 1.0), 3
+    if name == "robust":
+        y = X @ np.array([0.5, 1.0, -0.7]) + rng.standard_t(4.0, N)
+        return (fd.RobustRegression(nu=4.0, scale=1.0, prior="laplace", prior_scale=1.0), X,
+                y, R.robust_logpost(X, y, 4.0, 1.0, 1.0), 3)
+    W = np.array([[0.5, -1.0, 0.3], [0.0, 0.8, 0.6], [-0.4, 0.2, -0.9]])
+    eta = X @ W.T
+    prob = np.exp(eta - eta.max(axis=1, keepdims=True))
+    prob /= prob.sum(axis=1, keepdims=True)
+    y = (rng.random(N)[:, None] > np.cumsum(prob, axis=1)).sum(axis=1).astype(np.int64)
+    return fd.SoftmaxRegression(n_classes=3), X, y, R.softmax_logpost(X, y, 3, 1.0), 9
+
+
+def _exact_mh_chain(logpost, start, step, L, g, S):
+    """Exact full-data RWMH with the sampler's documented draw order: (accepted, draws)."""
+    P = start.size
+    pos, lp = start.copy(), float(logpost(start[None])[0])
+    acc, out = np.zeros(S, dtype=bool), np.empty((S, P))
+    for i in range(S):
+        prop = pos + step * tril_matvec(L, g.standard_normal(P))
+        neg_log_u = g.standard_exponential()
+        lp_prop = float(logpost(prop[None])[0])
+        if lp_prop - lp > -neg_log_u:
+            pos, lp, acc[i] = prop, lp_prop, True
+        out[i] = pos
+    return acc, out
+
+
+@pytest.mark.parametrize("name", ["logistic", "robust", "softmax"])
+def test_control_variates_eps0_is_exact_mh(name):
+    """eps = 0 with control variates (bounds tight at the MAP): every decision is the exact
+    MH decision computed here from an independent full-data log posterior
+    (tests/references.py), given the same proposals and uniforms, and uses all N rows.
+    For logistic, robust and softmax regression. Negative control (logistic): dropping the
+    collapsed bound's share Σ_all Δβ from the threshold makes decisions wrong."""
+    model, X, y, logpost, P = _model_problem(name)
+    mode, cov = R.laplace_approximation(logpost, np.zeros(P))
+    L = np.linalg.cholesky(cov)
+    step = 2.38 / math.sqrt(P)
+    S, C, seed = 60, 2, 31
+    kw = {"algorithm": "austerity", "client": "synchronous", "num_warmup": 0,
+          "num_samples": S, "chains": C, "seed": seed, "eps": 0.0, "batch_size": 250,
+          "n_shards": 3, "init": mode, "precondition": cov,
+          "kernel_options": {"step_size": step}}
+    res = fd.sample(model, (X, y), **kw)
+    assert res.info["control_variates"] is True and res.info["bounds"] == "map"
+    flat = res.samples.reshape(C, S, P)
+    for c in range(C):
+        acc, out = _exact_mh_chain(logpost, mode, step, L, stream(seed, ROLE_AUSTERITY, 0, c), S)
+        np.testing.assert_array_equal(res.stats["accepted"][c], acc)
+        np.testing.assert_allclose(flat[c], out, rtol=0, atol=1e-12)
+    assert np.all(res.stats["data_used"] == X.shape[0])
+    assert 0.05 < res.stats["accepted"].mean() < 0.95
+    if name == "logistic":
+        mp = pytest.MonkeyPatch()
+        mp.setattr(aus, "bound_difference", lambda bound, t, p: np.zeros(len(t)))
+        try:
+            bad = fd.sample(model, (X, y), **kw)
+        finally:
+            mp.undo()
+        assert not np.array_equal(bad.stats["accepted"], res.stats["accepted"])
+
+
+def test_bound_difference_matches_explicit_sums():
+    """Σ_all Δβ from the collapsed statistics equals the explicit per-row sum."""
+    model, X, y, _, P = _model_problem("softmax")
+    rng = np.random.default_rng(32)
+    th_hat = rng.normal(scale=0.5, size=P)
+    eta_hat = model.linear_predictor(th_hat[None], X)[0]
+    xi = model.tuned_xi(eta_hat, y)
+    bound = model.suffstats(X, y, xi)
+    th, pr = rng.normal(size=(4, P)), rng.normal(size=(4, P))
+    lb = lambda t: model.logbound(model.linear_predictor(t, X), y, xi).sum(axis=1)  # noqa: E731
+    np.testing.assert_allclose(aus.bound_difference(bound, th, pr), lb(pr) - lb(th),
+                               rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_control_variates_sublinear_with_posterior_scaled_proposals():
+    """Rows per decision of the sampler as a user runs it (RWMH, default warm-up adaptation:
+    the moves shrink as 1/√N), N = 10³ … 10⁵: log-log slope ≤ 0.2 with control variates;
+    plain austerity beside it, on the same data, grows almost linearly (slope > 0.5)."""
+    ns = [1_000, 10_000, 100_000]
+    cv_used, plain_used, scale = [], [], []
+    kw = {"algorithm": "austerity", "client": "synchronous", "seed": 24, "n_shards": 4,
+          "progress": False}
+    for n in ns:
+        X, y, _ = _data(n, seed=23)
+        cv = fd.sample(MODEL, (X, y), chains=4, num_warmup=200, num_samples=300, **kw)
+        plain = fd.sample(MODEL, (X, y), chains=2, num_warmup=100, num_samples=50,
+                          control_variates=False, **kw)
+        cv_used.append(cv.stats["data_used"].mean())
+        plain_used.append(plain.stats["data_used"].mean())
+        kp = cv.info["kernel_params"][0]
+        scale.append(kp["step_size"] * np.sqrt(np.sum(np.square(kp["scale_tril"]), axis=1)))
+    slope_cv = aus.loglog_slope(ns, cv_used)
+    slope_plain = aus.loglog_slope(ns, plain_used)
+    # the proposals are posterior-scaled: their sd falls by ~√10 per decade
+    ratio = scale[0] / scale[-1]
+    assert np.all((ratio > 5) & (ratio < 20)), ratio
+    assert slope_cv <= 0.2, (cv_used, slope_cv)
+    assert slope_plain > 0.5, (plain_used, slope_plain)
+    assert cv_used[-1] < 0.05 * plain_used[-1], (cv_used, plain_used)
 
 
 # ------------------------------------------------------------ minibatches across shards
@@ -269,6 +475,7 @@ def test_sample_api_labels_and_stats():
     assert res.approximate and res.info["approximate"] is True
     assert res.info["algorithm"] == "austerity"
     assert res.info["eps"] == 0.05 and res.info["batch_size"] == 300
+    assert res.info["control_variates"] is True and res.info["bounds"] == "map"
     assert "APPROXIMATE" in str(res.summary()) and "APPROXIMATE" in repr(res)
     for key in ("sampling_seconds", "warmup_seconds", "n_rows", "n_features", "n_shards",
                 "total_round_trips", "setup_queries", "map", "kernel_params", "transport"):
@@ -309,7 +516,10 @@ def test_sample_api_reproducible():
                                         ({"batch_size": 2.5}, "batch_size"),
                                         ({"kernel": "mala"}, "rwmh"),
                                         ({"kernel": "slice"}, "rwmh"),
-                                        ({"resume": True}, "resume")])
+                                        ({"resume": True}, "resume"),
+                                        ({"control_variates": "yes"}, "control_variates"),
+                                        ({"control_variates": 1}, "control_variates"),
+                                        ({"control_variates": None}, "control_variates")])
 def test_sample_api_rejects_bad_options(opts, match):
     X, y, _ = _data(200, seed=19)
     with pytest.raises(ValueError, match=match):
@@ -367,14 +577,30 @@ def test_same_draws_on_dask_cluster(tmp_path):
 def test_bench_sublinear_smoke():
     from flymc_dist import bench_sublinear as bench
 
-    r = bench.run_sublinear(ns=(1000, 10_000), n_decisions=10, bias_eps=(0.2,), bias_rows=2000,
-                            bias_chains=2, bias_warmup=20, bias_samples=30, bias_batch_size=500,
-                            error_moves=20)
+    r = bench.run_sublinear(ns=(1000, 10_000), n_decisions=10, posterior_warmup=30,
+                            posterior_samples=30, plain_max_n=1000, bias_eps=(0.2,),
+                            bias_rows=2000, bias_chains=2, bias_warmup=20, bias_samples=30,
+                            bias_batch_size=500, error_moves=20)
     assert r["approximate"] is True
-    s = r["sublinear"]
-    assert len(s["mean_data_used"]) == 2 and math.isfinite(s["slope"])
-    assert s["fraction"][1] < s["fraction"][0]
-    assert len(r["bias"]["rows"]) == 1
+    for part in ("fixed", "posterior"):
+        for key in ("plain", "cv"):
+            s = r[part][key]
+            assert len(s["mean_data_used"]) == 2
+    f = r["fixed"]
+    assert math.isfinite(f["plain"]["slope"]) and math.isfinite(f["cv"]["slope"])
+    assert f["plain"]["fraction"][1] < f["plain"]["fraction"][0]
+    p = r["posterior"]
+    assert p["plain"]["mean_data_used"][1] is None and p["plain"]["slope"] is None  # > max n
+    assert math.isfinite(p["cv"]["slope"]) and all(v > 0 for v in p["cv"]["seconds"])
+    assert len(r["bias"]["rows"]) == 2  # eps 0.2 without and with control variates
+    assert {row["control_variates"] for row in r["bias"]["rows"]} == {False, True}
     text = bench.format(r)
     assert text.startswith("APPROXIMATE") and "log-log slope" in text and "Bias vs eps" in text
+    assert "Posterior-scaled" in text and "Fixed move" in text and "--plain-max-n" in text
     assert bench.format is bench.format_sublinear
+    only = bench.run_sublinear(ns=(1000, 2000), n_decisions=5, plain=False, posterior=False,
+                               bias_eps=None)
+    assert only["fixed"]["plain"] is None and only["posterior"] is None
+    assert "control variates" in bench.format(only)
+    with pytest.raises(ValueError, match="nothing to measure"):
+        bench.run_sublinear(ns=(1000, 2000), plain=False, control_variates=False)

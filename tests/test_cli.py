@@ -212,6 +212,7 @@ def test_run_then_summary(store: Path, tmp_path: Path,
     ("regular", []),
     ("flymc", ["--kernel", "mala", "--z-update", "explicit", "--bounds", "untuned"]),
     ("austerity", ["--eps", "0.1", "--batch-size", "200"]),
+    ("austerity", ["--no-control-variates"]),
 ])
 def test_run_algorithms(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                         algorithm: str, extra: list[str]) -> None:
@@ -221,6 +222,8 @@ def test_run_algorithms(store: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert Trace.open(trace, read_only=True).n_draws == 40
     if algorithm == "austerity":
         assert "APPROXIMATE" in out
+        cv = Trace.open(trace, read_only=True).attrs["control_variates"]
+        assert cv is ("--no-control-variates" not in extra)
 
 
 def test_run_other_models(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -489,7 +492,7 @@ def test_run_bad_input_writes_nothing(store: Path, tmp_path: Path,
           "--trace", trace], "no flymc_dist data set"),
         (run_args(store, trace)[:1] + [tmp_path], "not a zarr"),
         (["run", robust, "--model", "logistic", "--synchronous", "--trace", trace], "0/1"),
-        (run_args(store, trace, "--kernel", "hmc"), "invalid choice"),
+        (run_args(store, trace, "--kernel", "gibbs"), "invalid choice"),
         (run_args(store, trace, "--samples", "0"), "positive integer"),
         (run_args(store, trace, "--q-db", "2"), "--q-db"),
         (run_args(store, trace, "--nu", "3"), "robust"),
@@ -579,9 +582,10 @@ def test_demo_removes_its_data(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_bench_sublinear_is_wired(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["bench", "sublinear", "--ns", 1000, 3000, "--n-decisions", 5,
-                              "--bias-eps"], capsys)
+                              "--posterior-warmup", 20, "--posterior-samples", 20,
+                              "--no-plain", "--bias-eps"], capsys)
     assert code == 0, err
-    assert "APPROXIMATE" in out and "slope" in out
+    assert "APPROXIMATE" in out and "slope" in out and "Posterior-scaled" in out
     code, _, err = run_cli(["bench", "sublinear", "--ns", "many"], capsys)
     assert_usage_error(code, err, "--ns")
 

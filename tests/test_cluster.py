@@ -459,18 +459,26 @@ def test_resume_recovery_resume_never_reuse_a_z_stream(store, process_cluster, t
     assert res.samples.shape == (2, 600, 2) and np.all(np.isfinite(res.samples))
 
 
-def test_replica_mode_deterministic_across_placements(store, local_client):
+@pytest.mark.parametrize("kernel", ["slice", "nuts"])
+def test_replica_mode_deterministic_across_placements(store, local_client, kernel):
     """Replica mode (the θ-kernel on the driver's copy of the bright rows): the same
-    draws in-process and on 2 workers, one round trip per iteration."""
+    draws in-process, on 1 and on 2 workers, one round trip per iteration."""
+    from distributed import Client, LocalCluster
+
     path = store[0]
-    kw = dict(kernel="slice", bright_replica=True, num_warmup=50, num_samples=100)
+    kw = dict(kernel=kernel, bright_replica=True, num_warmup=50, num_samples=100)
     sync = _run(path, "synchronous", **kw)
     two = _run(path, local_client, **kw)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as c1, Client(c1, direct_to_workers=True) as cl1:
+        one = _run(path, cl1, **kw)
     assert sync.info["bright_replica"] and two.info["bright_replica"]
-    np.testing.assert_array_equal(sync.samples, two.samples)
-    for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):
-        np.testing.assert_array_equal(sync.stats[k], two.stats[k])
-    assert np.all(two.stats["round_trips"] == 1)
+    assert two.info["n_workers"] == 2 and one.info["n_workers"] == 1
+    for other in (one, two):
+        np.testing.assert_array_equal(sync.samples, other.samples)
+        for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):
+            np.testing.assert_array_equal(sync.stats[k], other.stats[k])
+        assert np.all(other.stats["round_trips"] == 1)
 
 
 def test_scheduler_killed_mid_run_says_so_and_keeps_the_trace(store, process_cluster,

@@ -135,7 +135,7 @@ def test_replica_sums_equal_shard_evaluation(model_name):
         assert local[c][2] == 2 * driver.replica._rows[c].ids.size
 
 
-@pytest.mark.parametrize("kernel", ["rwmh", "mala", "slice"])
+@pytest.mark.parametrize("kernel", ["rwmh", "mala", "slice", "hmc", "nuts"])
 def test_one_round_trip_per_iteration_in_replica_mode(kernel):
     X, y = _data("logistic")
     res = fd.sample(fd.LogisticRegression(), (X, y), kernel=kernel, num_warmup=20,

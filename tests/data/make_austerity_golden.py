@@ -1,0 +1,54 @@
+"""Regenerate ``austerity_golden.npz``: austerity draws of today's sampler (no control
+variates), against which ``control_variates=False`` is checked bit for bit.
+
+Generated at commit 9577f69 (before control variates existed) with
+
+    PYTHONPATH=. OPENBLAS_NUM_THREADS=1 python tests/data/make_austerity_golden.py
+
+Re-running it on later code with ``control_variates=False`` must give the same file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pathlib
+
+import numpy as np
+
+import flymc_dist as fd
+from flymc_dist.bench_sublinear import logistic_data
+
+#: the runs: name -> (data size, seed of the data, sample() keywords)
+RUNS = {
+    # fixed init and preconditioner: the draws depend on the decisions only
+    "fixed": (1500, 1, {"num_warmup": 30, "num_samples": 40, "chains": 2, "seed": 7,
+                        "eps": 0.05, "batch_size": 100, "n_shards": 3,
+                        "init": np.array([0.32, 1.16, 0.38]),
+                        "precondition": np.diag([0.06, 0.07, 0.07]) ** 2}),
+    # the defaults: MAP start, Laplace preconditioner, eps 0.01, batch 500
+    "default": (3000, 2, {"num_warmup": 30, "num_samples": 40, "chains": 2, "seed": 8,
+                          "n_shards": 2}),
+}
+KEYS = ("accepted", "data_used", "test_rounds", "round_trips")
+
+
+def run(name: str, **extra: object) -> dict[str, np.ndarray]:
+    n, dseed, kw = RUNS[name]
+    X, y, _ = logistic_data(n, 3, dseed)
+    res = fd.sample(fd.LogisticRegression(), (X, y), algorithm="austerity",
+                    client="synchronous", **kw, **extra)
+    out = {f"{name}_samples": res.samples, f"{name}_warmup_samples": res.warmup_samples}
+    for k in KEYS:
+        out[f"{name}_{k}"] = res.stats[k]
+        out[f"{name}_warmup_{k}"] = res.warmup_stats[k]
+    return out
+
+
+if __name__ == "__main__":
+    extra = {}
+    if "control_variates" in inspect.getsource(fd.api):
+        extra = {"control_variates": False}
+    arrays = {}
+    for name in RUNS:
+        arrays.update(run(name, **extra))
+    np.savez(pathlib.Path(__file__).with_name("austerity_golden.npz"), **arrays)
