@@ -40,7 +40,8 @@ _DRIVER_OPTIONS = {"init", "precondition", "map_maxiter", "speculate", "bright_r
                    "replica_budget"}
 _OTHER_OPTIONS = {"q_db", "resample_fraction", "n_shards", "rows_per_shard", "trace", "resume",
                   "overwrite_trace", "progress", "kernel_options", "eps", "batch_size",
-                  "n_workers", "timeout", "checkpoint_every", "channel", "control_variates"}
+                  "n_workers", "timeout", "checkpoint_every", "channel", "control_variates",
+                  "trace_storage_options"}
 
 
 class Summary(dict):
@@ -260,7 +261,8 @@ def _shard_layout(data: Any, options: dict[str, Any]) -> tuple[list[ShardSpec], 
 
     ds = data if isinstance(data, Dataset) else open_dataset(str(data))
     ranges = ds.shard_ranges(n_shards=n_shards, rows_per_shard=rows_per_shard)
-    specs = [ShardSpec(i, ds.path, a, b) for i, (a, b) in enumerate(ranges)]
+    # the workers open the store exactly as the driver did (endpoint, credentials, ...)
+    specs = [ShardSpec(i, ds.path, a, b, ds.storage_options) for i, (a, b) in enumerate(ranges)]
     return specs, None, ds.n_rows, ds.n_features, ds.task, ds.n_classes, ds.path
 
 
@@ -316,7 +318,11 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
         direct socket to each worker's shard host unless the cluster uses TLS;
         "socket"; "dask": Dask's actor RPC; see :class:`~flymc_dist.cluster.DaskTransport`),
         ``init`` ("map" or array), ``precondition`` ("laplace", "identity" or a
-        covariance), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path),
+        covariance), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path or
+        fsspec URL), ``trace_storage_options`` (fsspec options of a ``trace`` URL, e.g.
+        ``{"endpoint_url": …, "key": …, "secret": …}``; default: the data set's
+        ``storage_options`` when the trace URL has the same protocol as the data set's,
+        e.g. both ``s3://``; ``{}`` for none; never written to the trace),
         ``resume``, ``overwrite_trace``, ``checkpoint_every``, ``progress``,
         ``n_workers`` (embedded cluster), ``timeout`` (seconds; fault detection),
         austerity ``eps``, ``batch_size`` and ``control_variates`` (True, the default:
@@ -330,6 +336,8 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
     """
     _validate(model, algorithm, bounds, z_update, num_warmup, num_samples, chains, options)
     _check_arguments(data, seed, options)
+    if options.get("trace") is not None:
+        options["trace_storage_options"] = _trace_options(data, options)
     specs, mem, n_rows, n_features, task, n_classes, path = _shard_layout(data, options)
     _check_task(model, task, n_classes)
     if mem is not None:
@@ -380,7 +388,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
         from flymc_dist.trace import Trace
 
         if options.get("resume"):
-            trace = Trace.open(trace_path)
+            trace = Trace.open(trace_path, storage_options=options.get("trace_storage_options"))
             ck = trace.checkpoint
             if ck is None:
                 raise ValueError(f"trace {trace_path} has no checkpoint to resume from")
@@ -397,7 +405,8 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
         attrs = {k: v for k, v in info.items() if k not in ("map",)}
         trace = Trace.create(trace_path, chains=C, param_shape=shape,
                              stats={k: np.dtype(v) for k, v in STAT_NAMES.items()},
-                             attrs=attrs, overwrite=bool(options.get("overwrite_trace", False)))
+                             attrs=attrs, overwrite=bool(options.get("overwrite_trace", False)),
+                             storage_options=options.get("trace_storage_options"))
     if start:
         ck = trace.checkpoint
         driver.positions = np.asarray(ck["positions"], float)
@@ -587,6 +596,16 @@ def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
         raise ValueError("resume=True needs trace=<the path of the trace to continue>")
     if options.get("resume") and options.get("overwrite_trace"):
         raise ValueError("resume=True and overwrite_trace=True exclude each other")
+    tso = options.get("trace_storage_options")
+    if tso is not None:
+        from flymc_dist.trace import _is_url
+
+        if not isinstance(tso, dict) or not all(isinstance(k, str) for k in tso):
+            raise ValueError(f"trace_storage_options must be a dict of fsspec options with str "
+                             f"keys, not {type(tso).__name__}")
+        if trace is None or not _is_url(trace):
+            raise ValueError("trace_storage_options applies only to a trace at an fsspec URL "
+                             "(trace='s3://…')")
     if not isinstance(options.get("kernel_options", {}), dict):
         raise ValueError(f"kernel_options must be a dict, not "
                          f"{type(options['kernel_options']).__name__}")
@@ -609,6 +628,20 @@ _SHAPING = {"q_db": "auto", "kernel_options": {}, "init": "map", "precondition":
 
 def _shaping_options(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options.get(k, default) for k, default in _SHAPING.items()}
+
+
+def _trace_options(data: Any, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The fsspec options of the trace: ``trace_storage_options`` if given, else the data
+    set's ``storage_options`` when the trace is a URL of the same protocol (e.g. both s3)."""
+    from flymc_dist.trace import _is_url
+
+    if options.get("trace_storage_options") is not None:
+        return dict(options["trace_storage_options"]) or None
+    trace, ds_options = options.get("trace"), getattr(data, "storage_options", None)
+    if trace is None or not ds_options or not _is_url(trace):
+        return None
+    same = os.fspath(trace).split("://", 1)[0] == str(data.path).split("://", 1)[0]
+    return dict(ds_options) if same else None
 
 
 def _data_id(data: Any) -> str:
@@ -647,7 +680,8 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
     from flymc_dist.trace import Trace
 
     options = args["options"]
-    trace = Trace.open(path, read_only=True)
+    trace = Trace.open(path, read_only=True,
+                       storage_options=_trace_options(args["data"], options))
     if trace.checkpoint is None:
         raise ValueError(f"trace {os.fspath(path)!s} has no checkpoint to resume from")
     specs, _mem, n_rows, n_features, _t, _k, data_path = _shard_layout(args["data"], options)
@@ -752,8 +786,8 @@ def _traced_sample(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     from flymc_dist.trace import Trace, TraceLock
 
     resume = bool(options.get("resume"))
-    if resume and a["algorithm"] != "austerity":
-        Trace.open(path, read_only=True)  # no trace there: FileNotFoundError, nothing made
+    if resume and a["algorithm"] != "austerity":  # no trace there: FileNotFoundError
+        Trace.open(path, read_only=True, storage_options=_trace_options(a["data"], options))
     lock = TraceLock(path).acquire()
     try:
         if resume and a["algorithm"] != "austerity":

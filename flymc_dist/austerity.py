@@ -797,7 +797,8 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
             trace = Trace.create(options["trace"], chains=chains, param_shape=shape,
                                  stats={k: np.dtype(v) for k, v in AUSTERITY_STATS.items()},
                                  attrs=attrs,
-                                 overwrite=bool(options.get("overwrite_trace", False)))
+                                 overwrite=bool(options.get("overwrite_trace", False)),
+                                 storage_options=options.get("trace_storage_options"))
         tester = SequentialTester(transport, specs, chains, eps=eps, batch_size=batch_size,
                                   seed=seed, bound=setup["bound"])
         rngs = [stream(seed, ROLE_AUSTERITY, _SUB_PROPOSAL, c) for c in range(chains)]

@@ -127,6 +127,46 @@ def _q_db(text: str) -> str | float:
     return value
 
 
+def _storage_option(text: str) -> tuple[str, Any]:
+    """An argparse type: ``KEY=VALUE``, the value parsed as JSON where it can be, else a str."""
+    import json
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+_STORAGE_HELP = ("an fsspec storage option for URL paths (s3://…), e.g. endpoint_url=http://… "
+                 "or key=…; repeatable; the value is read as JSON where it can be (quote a "
+                 "string that looks like a number: secret='\"123\"'), else as a string")
+
+
+def _storage_options(args: argparse.Namespace, *paths: str) -> dict[str, Any] | None:
+    """The ``--storage-option`` pairs as a dict (None if none); they need a URL among ``paths``
+    (when any are given)."""
+    pairs = getattr(args, "storage_option", None) or []
+    if not pairs:
+        return None
+    if paths and not any("://" in p for p in paths):
+        raise CLIError("--storage-option applies only to fsspec URLs (s3://…), and no path "
+                       "here is one")
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise CLIError(f"--storage-option {key} given twice")
+        out[key] = value
+    return out
+
+
+def _url_options(path: str, options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``options`` for a URL ``path``, None for a local one."""
+    return options if "://" in path else None
+
+
 def _progress(args: argparse.Namespace) -> bool | None:
     """``False`` with ``--no-progress``; else None (on for a terminal, off under ``CI``)."""
     return False if getattr(args, "no_progress", False) else None
@@ -208,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-rows", type=_positive_int, default=None,
                    help="rows per zarr chunk (default ~8 MiB chunks)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument("--storage-option", type=_storage_option, action="append",
+                   metavar="KEY=VALUE", help=_STORAGE_HELP)
     p.set_defaults(func=_cmd_make_data)
 
     # ---- ingest
@@ -228,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of classes (multiclass)")
     p.add_argument("--chunk-rows", type=_positive_int, default=None, help="rows per chunk")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument("--storage-option", type=_storage_option, action="append",
+                   metavar="KEY=VALUE", help=_STORAGE_HELP)
     p.set_defaults(func=_cmd_ingest)
 
     # ---- run
@@ -299,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-every", type=_positive_int, default=None,
                    help="iterations between trace flushes / checkpoints (default 100)")
     g.add_argument("--no-progress", action="store_true", help="no progress line")
+    g.add_argument("--storage-option", type=_storage_option, action="append",
+                   metavar="KEY=VALUE", help=_STORAGE_HELP + "; used for STORE and --trace "
+                   "when they are URLs")
     p.set_defaults(func=_cmd_run)
 
     # ---- summary
@@ -308,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", metavar="TRACE", help="the zarr trace")
     p.add_argument("--max-rows", type=_positive_int, default=50,
                    help="parameters shown (default 50)")
+    p.add_argument("--storage-option", type=_storage_option, action="append",
+                   metavar="KEY=VALUE", help=_STORAGE_HELP)
     p.set_defaults(func=_cmd_summary)
 
     # ---- bench
@@ -511,7 +560,8 @@ def _cmd_make_data(args: argparse.Namespace) -> int:
              if v is not None}
     if noise and like not in ("robust", "opv"):
         raise CLIError("--nu and --noise-scale apply only to --like robust or opv")
-    common = {"seed": args.seed, "chunk_rows": args.chunk_rows, "overwrite": args.overwrite}
+    common = {"seed": args.seed, "chunk_rows": args.chunk_rows, "overwrite": args.overwrite,
+              "storage_options": _storage_options(args, args.out)}
     t = time.perf_counter()
     if like == "logistic":
         ds = data.make_logistic(args.out, rows, features, **common)
@@ -537,7 +587,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
                            f"{args.target!r}") from None
     t = time.perf_counter()
     ds = ingest(args.src, args.out, target=target, task=args.task, n_classes=args.classes,
-                chunk_rows=args.chunk_rows, overwrite=args.overwrite)
+                chunk_rows=args.chunk_rows, overwrite=args.overwrite,
+                storage_options=_storage_options(args, args.out))
     _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
     return 0
 
@@ -626,14 +677,20 @@ def _resume_hint(err: BaseException) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import flymc_dist as fd
-    from flymc_dist.trace import Trace
+    from flymc_dist.trace import Trace, _probe
 
-    ds = fd.open_dataset(args.store)
+    so = _storage_options(args, args.store, args.trace)
+    ds = fd.open_dataset(args.store, storage_options=_url_options(args.store, so))
     model = _build_model(args, ds)
     client = _client(args)
-    trace_path = os.path.abspath(os.path.expanduser(args.trace))
-    existed = os.path.exists(trace_path) and (not os.path.isdir(trace_path)
-                                              or bool(os.listdir(trace_path)))
+    trace_so = _url_options(args.trace, so)
+    if "://" in args.trace:
+        trace_path = args.trace
+        existed = _probe(trace_path, trace_so) != "missing"
+    else:
+        trace_path = os.path.abspath(os.path.expanduser(args.trace))
+        existed = os.path.exists(trace_path) and (not os.path.isdir(trace_path)
+                                                  or bool(os.listdir(trace_path)))
     # a resume must match the trace's model, data set and settings: fd.sample checks
     # (and the trace's lock keeps a second run off it); a failed run keeps a trace that
     # has a checkpoint and removes only one it created itself (see flymc_dist.api)
@@ -645,12 +702,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(f"{args.trace!r} already exists (use --overwrite to replace it, or "
                            f"--resume to continue it)")
         try:
-            Trace.open(trace_path, read_only=True)
+            Trace.open(trace_path, read_only=True, storage_options=trace_so)
         except (ValueError, OSError):
             raise CLIError(f"{args.trace!r} exists and is not a flymc trace; refusing to "
                            f"overwrite it") from None
     options: dict[str, Any] = {"trace": trace_path, "resume": args.resume,
                                "overwrite_trace": args.overwrite, "progress": _progress(args)}
+    if trace_so is not None:
+        options["trace_storage_options"] = trace_so
     for key, value in (("q_db", args.q_db), ("resample_fraction", args.resample_fraction),
                        ("eps", args.eps), ("batch_size", args.batch_size),
                        ("checkpoint_every", args.checkpoint_every),
@@ -698,8 +757,13 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     from flymc_dist import diagnostics
     from flymc_dist.trace import Trace
 
-    trace = Trace.open(args.trace, read_only=True)
+    so = _storage_options(args)  # for the trace and for its data set (for the names)
+    trace = Trace.open(args.trace, read_only=True, storage_options=_url_options(args.trace, so))
     attrs = trace.attrs
+    data_path = attrs.get("data")
+    if so and "://" not in args.trace and not (isinstance(data_path, str) and "://" in data_path):
+        raise CLIError("--storage-option applies only to fsspec URLs (s3://…), and neither the "
+                       "trace nor its data set is at one")
     C, S = trace.chains, trace.n_draws
     total = attrs.get("num_warmup", 0) + attrs.get("num_samples", 0)
     done = trace.n_warmup_draws + S
@@ -717,12 +781,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         raise CLIError(f"{args.trace!r} holds {S} post-warm-up draws per chain; a summary "
                        f"needs at least 4")
     names = None
-    data_path = attrs.get("data")
-    if isinstance(data_path, str) and os.path.isdir(data_path):
+    # a data set at a URL is read only with options given (else it could be a long wait)
+    if isinstance(data_path, str) and (os.path.isdir(data_path) or ("://" in data_path and so)):
         with contextlib.suppress(Exception):
             from flymc_dist.data import open_dataset
 
-            names = _param_names(open_dataset(data_path), int(np.prod(trace.param_shape)))
+            names = _param_names(open_dataset(data_path,
+                                              storage_options=_url_options(data_path, so)),
+                                 int(np.prod(trace.param_shape)))
     table = diagnostics.summary(trace.samples, names=names)
     _say(diagnostics.format_summary(table, max_rows=args.max_rows))
     _say("")

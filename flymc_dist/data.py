@@ -939,9 +939,18 @@ class Dataset:
             if self.storage_options:
                 kw["storage_options"] = self.storage_options
             try:
-                return zarr.open_group(store=self.path, mode="r", **kw)
+                return zarr.open_group(store=self.path, mode="r", zarr_format=3, **kw)
             except FileNotFoundError:
                 raise FileNotFoundError(f"no flymc_dist data set at {self.path!r}") from None
+            except ValueError as e:  # as for a local path: not a group
+                raise ValueError(f"{self.path!r} is not a flymc_dist data set: {e}") from e
+            except Exception as e:  # the store cannot be reached (endpoint, credentials, ...)
+                keys = sorted(self.storage_options or {})
+                how = (f"with storage_options keys {keys}" if keys else "without storage_options "
+                       "(a store that needs an endpoint or credentials must be opened with "
+                       "open_dataset(path, storage_options=...))")
+                raise OSError(f"cannot open the data set at {self.path!r} {how}: "
+                              f"{type(e).__name__}: {e}") from e
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"no flymc_dist data set at {self.path!r} (path not found)")
         if not os.path.isfile(os.path.join(self.path, "zarr.json")):
@@ -1362,6 +1371,7 @@ def ingest(
     chunk_rows: int | None = None,
     overwrite: bool = False,
     n_classes: int | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     """Convert a ``.npy``, ``.npz`` or ``.csv`` file into a flymc_dist store.
 
@@ -1391,6 +1401,8 @@ def ingest(
         Replace an existing store.
     n_classes : int, optional
         As in :func:`from_numpy`.
+    storage_options : dict, optional
+        fsspec options for a URL ``path``.
 
     Returns
     -------
@@ -1425,6 +1437,7 @@ def ingest(
         task=task,
         n_classes=n_classes,
         feature_names=names,
+        storage_options=storage_options,
     )
 
 
@@ -1489,6 +1502,8 @@ def make_logistic(
     seed: int = 0,
     chunk_rows: int | None = None,
     overwrite: bool = False,
+    *,
+    storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     """Synthetic logistic-regression data, written chunk by chunk.
 
@@ -1511,6 +1526,8 @@ def make_logistic(
         Rows per chunk.
     overwrite : bool, default False
         Replace an existing store.
+    storage_options : dict, optional
+        fsspec options for a URL ``path``.
 
     Returns
     -------
@@ -1528,7 +1545,7 @@ def make_logistic(
 
     return from_blocks(
         blocks(), path, n, d, task="binary", chunk_rows=chunk_rows, overwrite=overwrite,
-        feature_names=_gen_names(d),
+        feature_names=_gen_names(d), storage_options=storage_options,
         attrs={"generator": "make_logistic", "seed": seed, "true_theta": theta},
     )
 
@@ -1541,6 +1558,8 @@ def make_softmax(
     seed: int = 0,
     chunk_rows: int | None = None,
     overwrite: bool = False,
+    *,
+    storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     """Synthetic softmax-regression data, written chunk by chunk.
 
@@ -1562,6 +1581,8 @@ def make_softmax(
         Rows per chunk.
     overwrite : bool, default False
         Replace an existing store.
+    storage_options : dict, optional
+        fsspec options for a URL ``path``.
 
     Returns
     -------
@@ -1590,7 +1611,7 @@ def make_softmax(
 
     return from_blocks(
         blocks(), path, n, d, task="multiclass", n_classes=k, chunk_rows=chunk_rows,
-        overwrite=overwrite, feature_names=_gen_names(d),
+        overwrite=overwrite, feature_names=_gen_names(d), storage_options=storage_options,
         attrs={"generator": "make_softmax", "seed": seed, "true_theta": theta},
     )
 
@@ -1606,6 +1627,7 @@ def _robust(
     nu: float,
     noise_scale: float,
     correlated: bool,
+    storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     n, d, seed = _check_gen_args(n_rows, n_features, seed)
     if not (np.isfinite(nu) and nu > 0):
@@ -1636,7 +1658,7 @@ def _robust(
 
     return from_blocks(
         blocks(), path, n, d, task="real", chunk_rows=chunk_rows, overwrite=overwrite,
-        feature_names=_gen_names(d),
+        feature_names=_gen_names(d), storage_options=storage_options,
         attrs={"generator": f"make_{kind}" if kind == "robust" else "make_opv_like",
                "seed": seed, "true_theta": theta, "nu": float(nu),
                "noise_scale": float(noise_scale), **extra},
@@ -1653,6 +1675,7 @@ def make_robust(
     *,
     nu: float = 4.0,
     noise_scale: float = 1.0,
+    storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     """Synthetic robust-regression data with Student-t noise, written chunk by chunk.
 
@@ -1676,6 +1699,8 @@ def make_robust(
         Degrees of freedom of the noise.
     noise_scale : float, default 1.0
         Scale of the noise.
+    storage_options : dict, optional
+        fsspec options for a URL ``path``.
 
     Returns
     -------
@@ -1683,7 +1708,7 @@ def make_robust(
         Task ``"real"``; attrs ``true_theta``, ``nu``, ``noise_scale``.
     """
     return _robust("robust", path, n_rows, n_features, seed, chunk_rows, overwrite,
-                   nu, noise_scale, correlated=False)
+                   nu, noise_scale, correlated=False, storage_options=storage_options)
 
 
 def make_opv_like(
@@ -1696,6 +1721,7 @@ def make_opv_like(
     *,
     nu: float = 4.0,
     noise_scale: float = 1.0,
+    storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     """Synthetic robust regression in the shape of the paper's OPV experiment.
 
@@ -1715,6 +1741,8 @@ def make_opv_like(
     overwrite : bool, default False
     nu : float, default 4.0
     noise_scale : float, default 1.0
+    storage_options : dict, optional
+        fsspec options for a URL ``path``.
 
     Returns
     -------
@@ -1722,4 +1750,4 @@ def make_opv_like(
         Task ``"real"``; attrs ``true_theta``, ``nu``, ``noise_scale``.
     """
     return _robust("opv", path, n_rows, n_features, seed, chunk_rows, overwrite,
-                   nu, noise_scale, correlated=True)
+                   nu, noise_scale, correlated=True, storage_options=storage_options)

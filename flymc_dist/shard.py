@@ -54,12 +54,18 @@ def stream(seed: int, *key: int) -> np.random.Generator:
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """Where a shard's rows are: ``[start, stop)`` of the store at ``path``."""
+    """Where a shard's rows are: ``[start, stop)`` of the store at ``path``.
+
+    ``storage_options`` are the fsspec options the driver opened the store with (an
+    endpoint, credentials), so that a worker opens it the same way; they are left out of
+    the repr (they may hold secrets) and of the hash.
+    """
 
     shard_id: int
     path: str
     start: int
     stop: int
+    storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,8 @@ class Shard:
     config
         Model and algorithm settings shared by all shards.
     data
-        ``(X, y)`` already in memory (tests); otherwise read from ``spec.path``.
+        ``(X, y)`` already in memory (tests); otherwise read from ``spec.path`` (opened
+        with ``spec.storage_options``).
     """
 
     def __init__(self, spec: ShardSpec, config: ShardConfig,
@@ -134,15 +141,11 @@ class Shard:
         if data is None:
             from flymc_dist.data import open_dataset
 
-            ds = open_dataset(spec.path)
+            ds = open_dataset(spec.path, storage_options=spec.storage_options)
             n, D = spec.stop - spec.start, ds.n_features
             self._XC = np.empty((n, D + K))
             ys = []
-            step = max(int(ds.chunk_rows), 1)
-            cuts = [spec.start] + list(range(spec.start - spec.start % step + step, spec.stop,
-                                             step)) + [spec.stop]
-            for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):  # chunk by chunk: no 2nd copy
-                Xb, yb = ds.read(lo, hi)
+            for lo, hi, Xb, yb in ds.iter_chunks(spec.start, spec.stop):  # no 2nd copy
                 self._XC[lo - spec.start:hi - spec.start, :D] = Xb
                 ys.append(yb)
             y = np.concatenate(ys) if ys else np.empty(0)

@@ -164,7 +164,20 @@ def _record_of(group: zarr.Group) -> dict[str, Any] | None:
     return None
 
 
-def _probe(path: str | os.PathLike[str]) -> str:
+def _url_options(path: str | os.PathLike[str],
+                 storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``{"storage_options": ...}`` for zarr when ``path`` is a URL and options are given."""
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
+    if not storage_options:
+        return {}
+    if not _is_url(path):
+        raise ValueError(f"storage_options apply to a trace at an fsspec URL only, not to "
+                         f"{os.fspath(path)!s}")
+    return {"storage_options": dict(storage_options)}
+
+
+def _probe(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> str:
     """Classify ``path``: ``"missing"`` (free to use), ``"trace"`` or ``"other"``."""
     if not _is_url(path):
         local = _local(path)
@@ -175,11 +188,15 @@ def _probe(path: str | os.PathLike[str]) -> str:
         if not local.is_dir():
             return "other"
     try:
-        group = zarr.open_group(path, mode="r")
+        group = zarr.open_group(path, mode="r", **_url_options(path, storage_options))
     except FileNotFoundError:  # includes zarr's GroupNotFoundError
         return "missing" if _is_url(path) else "other"
-    except (ValueError, OSError):  # an array, or unreadable metadata
+    except (ValueError, OSError) as err:  # an array, or unreadable metadata
+        if _is_url(path) and not isinstance(err, ValueError):  # e.g. access denied
+            raise OSError(f"cannot read {path}: {type(err).__name__}: {err}") from err
         return "other"
+    except Exception as err:  # an fsspec client's own error: endpoint unreachable, ...
+        raise OSError(f"cannot reach {os.fspath(path)!s}: {type(err).__name__}: {err}") from err
     return "trace" if _record_of(group) is not None else "other"
 
 
@@ -262,6 +279,7 @@ class Trace:
         attrs: Mapping[str, Any],
         overwrite: bool = False,
         chunk_draws: int = _DEFAULT_CHUNK_DRAWS,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> Trace:
         """Create an empty trace at ``path``.
 
@@ -287,6 +305,8 @@ class Trace:
             directory is never deleted.
         chunk_draws
             Draws per chunk along the draw axis.
+        storage_options
+            fsspec options (endpoint, credentials, ...) for a trace at a URL.
 
         Returns
         -------
@@ -315,8 +335,9 @@ class Trace:
         user_attrs = _encode(dict(attrs), "attrs")
         if not isinstance(overwrite, bool):
             raise TypeError(f"overwrite must be a bool, got {overwrite!r}")
+        url_kw = _url_options(path, storage_options)
 
-        state = _probe(path)
+        state = _probe(path, storage_options)
         if state == "other":
             raise FileExistsError(
                 f"{os.fspath(path)!s} exists and is not a flymc trace; refusing to "
@@ -346,6 +367,7 @@ class Trace:
                 overwrite=state == "trace",
                 attributes={**user_attrs, _RESERVED_ATTR: record},
                 zarr_format=3,
+                **url_kw,
             )
             for prefix in ("", "warmup_"):
                 group.create_array(
@@ -373,7 +395,8 @@ class Trace:
         return trace
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, read_only: bool = False) -> Trace:
+    def open(cls, path: str | os.PathLike[str], *, read_only: bool = False,
+             storage_options: Mapping[str, Any] | None = None) -> Trace:
         """Open an existing trace.
 
         Draws beyond the last checkpoint (or, without a checkpoint, beyond the last
@@ -385,6 +408,8 @@ class Trace:
             The trace's location, as given to :meth:`create`.
         read_only
             Open without write access (:meth:`append` and :meth:`set_checkpoint` raise).
+        storage_options
+            fsspec options (endpoint, credentials, ...) for a trace at a URL.
 
         Returns
         -------
@@ -398,12 +423,13 @@ class Trace:
             If ``path`` is not a flymc trace, or is a corrupt one (missing arrays, arrays
             shorter than recorded, inconsistent shapes).
         """
-        state = _probe(path)
+        state = _probe(path, storage_options)
         if state == "missing":
             raise FileNotFoundError(f"no trace at {os.fspath(path)!s}")
         if state == "other":
             raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
-        group = zarr.open_group(path, mode="r" if read_only else "r+")
+        group = zarr.open_group(path, mode="r" if read_only else "r+",
+                                **_url_options(path, storage_options))
         record = _record_of(group)
         if record is None:  # pragma: no cover - changed under our feet
             raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")

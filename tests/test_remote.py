@@ -1,0 +1,289 @@
+"""Data sets and traces on object storage: a real S3 API (moto's server on loopback).
+
+The workers of a LocalCluster (separate processes) must open the store with the fsspec
+``storage_options`` the driver opened it with, carried by the shard specs: every ``AWS_*``
+variable of this process (and so of the workers it starts) points at a closed loopback
+port with bogus credentials, so nothing but the options reaches the server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+
+import numpy as np
+import pytest
+from scipy.special import expit
+
+try:
+    import s3fs
+    from moto.server import ThreadedMotoServer
+except ImportError as err:  # the "test" extra installs both
+    pytest.skip(f"S3 tests need moto[server] and s3fs (pip install 'flymc_dist[test]'): {err}",
+                allow_module_level=True)
+
+import flymc_dist as fd
+from flymc_dist.cli import main
+from flymc_dist.driver import Driver
+from flymc_dist.shard import ShardConfig, ShardSpec
+from flymc_dist.trace import Trace
+
+SECRET = "s3cr3t-value-never-stored"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 with a bucket; yields the storage options to reach it.
+
+    The environment meanwhile sends any S3 client that is *not* given these options to a
+    closed port on loopback, with bogus keys, one attempt, no instance metadata look-up.
+    """
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    closed = socket.socket()  # bound, never listening: connections to it are refused
+    closed.bind(("127.0.0.1", 0))
+    bogus = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    nowhere = str(tmp_path_factory.mktemp("aws") / "none")
+    env = {"AWS_ENDPOINT_URL": bogus, "AWS_ENDPOINT_URL_S3": bogus,
+           "AWS_ACCESS_KEY_ID": "bogus", "AWS_SECRET_ACCESS_KEY": "bogus",
+           "AWS_CONFIG_FILE": nowhere, "AWS_SHARED_CREDENTIALS_FILE": nowhere,
+           "AWS_MAX_ATTEMPTS": "1", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    with pytest.MonkeyPatch.context() as mp:
+        for key in [k for k in os.environ if k.startswith("AWS_")]:
+            mp.delenv(key)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            opts = {"endpoint_url": f"http://{host}:{port}", "key": "test-key",
+                    "secret": SECRET}
+            s3fs.S3FileSystem(**opts).mkdir("bucket")
+            yield {"options": opts, "bogus": bogus}
+        finally:
+            server.stop()
+            closed.close()
+
+
+@pytest.fixture(scope="module")
+def data(s3, tmp_path_factory):
+    """The same rows on local disk and on S3 (same chunk_rows)."""
+    rng = np.random.default_rng(7)
+    n = 2000
+    X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
+    y = (rng.random(n) < expit(X @ np.array([0.4, -1.0, 0.6]))).astype(np.int64)
+    local = fd.from_numpy(X, y, tmp_path_factory.mktemp("local") / "d.zarr", chunk_rows=250)
+    remote = fd.from_numpy(X, y, "s3://bucket/d.zarr", chunk_rows=250,
+                           storage_options=s3["options"])
+    return local, remote
+
+
+@pytest.fixture(scope="module")
+def client(s3):
+    """Two worker processes, started with the bogus AWS_* environment of ``s3``."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                           dashboard_address=":0")
+    c = Client(cluster, direct_to_workers=True)
+    yield c
+    c.close()
+    cluster.close()
+
+
+def _interrupted_then_resumed(monkeypatch, data, trace: str, client, stop_at: int = 110,
+                              **kw):
+    """A run stopped by Ctrl-C at step ``stop_at``, then resumed from its trace."""
+    opts = dict(algorithm="flymc", bounds="map", kernel="rwmh", num_warmup=60,
+                num_samples=120, chains=2, seed=4, n_shards=2, client=client, progress=False,
+                trace=trace, checkpoint_every=25)
+    opts.update(kw)
+    model = fd.LogisticRegression(prior_scale=3.0)
+    real_step, calls = Driver.step, {"n": 0}
+
+    def flaky_step(self, adapters=None):
+        calls["n"] += 1
+        if calls["n"] == stop_at:
+            raise KeyboardInterrupt
+        return real_step(self, adapters)
+
+    monkeypatch.setattr(Driver, "step", flaky_step)
+    with pytest.raises(KeyboardInterrupt):
+        fd.sample(model, data, **opts)
+    monkeypatch.setattr(Driver, "step", real_step)
+    return fd.sample(model, data, resume=True, **opts)
+
+
+# ------------------------------------------------------------------ the data layer on S3
+
+
+def test_open_dataset_with_options_reads_what_was_written(s3, data):
+    local, remote = data
+    ds = fd.open_dataset("s3://bucket/d.zarr", storage_options=s3["options"])
+    assert (ds.n_rows, ds.chunk_rows, ds.fingerprint()) == (2000, 250, remote.fingerprint())
+    for a, b in zip(ds.read(), local.read(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_open_without_options_is_one_clear_line(s3, data):
+    """Today's failure on a worker, seen on the driver: no options, so the client goes to the
+    (here: closed, loopback) default endpoint; one line says so, with no option values."""
+    with pytest.raises(OSError, match="without storage_options") as info:
+        fd.open_dataset("s3://bucket/d.zarr")
+    msg = str(info.value)
+    assert "\n" not in msg and "s3://bucket/d.zarr" in msg and s3["bogus"] in msg
+
+
+def test_shard_spec_carries_options_picklably_and_hides_them():
+    import pickle
+
+    opts = {"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": SECRET,
+            "client_kwargs": {"region_name": "x"}}
+    spec = ShardSpec(0, "s3://b/d.zarr", 0, 10, opts)
+    again = pickle.loads(pickle.dumps(spec))
+    assert again == spec and again.storage_options == opts
+    assert SECRET not in repr(spec)
+    assert hash(spec) == hash(ShardSpec(0, "s3://b/d.zarr", 0, 10))
+    assert ShardSpec(0, "p", 0, 10).storage_options is None  # the default: local stores
+
+
+# ------------------------------------------------------------------ a cluster run on S3
+
+
+@pytest.mark.cluster
+def test_workers_see_only_the_bogus_environment(s3, client):
+    env = client.run(lambda: {k: os.environ.get(k) for k in
+                              ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID")})
+    assert len(env) == 2
+    for got in env.values():
+        assert got == {"AWS_ENDPOINT_URL": s3["bogus"], "AWS_ACCESS_KEY_ID": "bogus"}
+
+
+@pytest.mark.cluster
+def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(s3, data, client, tmp_path,
+                                                           monkeypatch):
+    """Data and trace on S3, shards on two worker processes, interrupted and resumed: the
+    draws equal those of the same rows on local disk (same seed, chunks, shards)."""
+    local, remote = data
+    opts = s3["options"]
+    url = "s3://bucket/run/t.zarr"  # the data set's options are reused (same protocol)
+    res = _interrupted_then_resumed(monkeypatch, remote, url, client)
+    ref = _interrupted_then_resumed(monkeypatch, local, str(tmp_path / "t.zarr"), client)
+    assert res.info["transport"] == "dask" and res.info["n_workers"] == 2
+    assert res.samples.shape == (2, 120, 3)
+    np.testing.assert_array_equal(res.samples, ref.samples)
+    np.testing.assert_array_equal(res.warmup_samples, ref.warmup_samples)
+    for k in res.stats:
+        np.testing.assert_array_equal(res.stats[k], ref.stats[k])
+    tr = Trace.open(url, read_only=True, storage_options=opts)
+    assert (tr.n_warmup_draws, tr.n_draws) == (60, 120)
+    np.testing.assert_array_equal(tr.samples, res.samples)
+    assert tr.attrs["data"] == "s3://bucket/d.zarr"
+    # the credentials never reach the trace
+    fs = s3fs.S3FileSystem(**opts)
+    assert SECRET not in fs.cat("bucket/run/t.zarr/zarr.json").decode()
+
+
+@pytest.mark.cluster
+def test_workers_without_the_options_fail_in_one_line(s3, data, client):
+    """Shard specs without the options (as before they carried them): the workers cannot
+    reach the store, and the error is one line naming the store and the missing options."""
+    from flymc_dist.cluster import DaskTransport
+
+    _local, remote = data
+    config = ShardConfig(model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0)
+    specs = [ShardSpec(0, remote.path, 0, 1000), ShardSpec(1, remote.path, 1000, 2000)]
+    with pytest.raises(OSError, match="without storage_options") as info:
+        DaskTransport(client, specs, config)
+    msg = str(info.value)
+    assert "\n" not in msg and "s3://bucket/d.zarr" in msg and s3["bogus"] in msg
+
+
+# ------------------------------------------------------------------ the API's checks
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(trace_storage_options={"key": "k"}), "applies only to a trace at an fsspec URL"),
+    (dict(trace="t.zarr", trace_storage_options={"key": "k"}),
+     "applies only to a trace at an fsspec URL"),
+    (dict(trace="s3://b/t.zarr", trace_storage_options="key=k"), "must be a dict"),
+    (dict(trace="s3://b/t.zarr", trace_storage_options={1: "k"}), "str keys"),
+])
+def test_trace_storage_options_are_checked_before_anything_starts(kw, match):
+    X = np.c_[np.ones(10), np.arange(10.0)]
+    y = np.arange(10) % 2
+    with pytest.raises(ValueError, match=match) as info:
+        fd.sample(fd.LogisticRegression(), (X, y), client="synchronous", **kw)
+    assert SECRET not in str(info.value) and "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_cli_ingest_run_resume_and_summary_on_s3(s3, tmp_path, capsys):
+    opts = s3["options"]
+    so = [f"--storage-option=endpoint_url={opts['endpoint_url']}",
+          f"--storage-option=key={opts['key']}", f"--storage-option=secret={opts['secret']}"]
+    rng = np.random.default_rng(3)
+    X = np.c_[np.ones(300), rng.normal(size=300)]
+    src = tmp_path / "d.npy"
+    np.save(src, np.c_[X, (rng.random(300) < expit(X @ [0.2, 1.0])).astype(float)])
+    assert main(["ingest", str(src), "s3://bucket/cli/d.zarr", "--chunk-rows", "100", *so]) == 0
+    assert main(["make-data", "s3://bucket/cli/m.zarr", "--rows", "50", "--features", "2",
+                 *so]) == 0
+    assert fd.open_dataset("s3://bucket/cli/m.zarr", storage_options=opts).n_rows == 50
+    run = ["run", "s3://bucket/cli/d.zarr", "--model", "logistic", "--warmup", "20",
+           "--samples", "30", "--chains", "2", "--synchronous", "--no-progress",
+           "--trace", "s3://bucket/cli/t.zarr", *so]
+    assert main(run) == 0
+    first = Trace.open("s3://bucket/cli/t.zarr", storage_options=opts).samples.copy()
+    assert first.shape == (2, 30, 2)
+    capsys.readouterr()
+    assert main(run) == 2  # exists: refused in one line
+    assert "already exists" in capsys.readouterr().err
+    assert main(run + ["--resume"]) == 0  # complete already: the same draws
+    np.testing.assert_array_equal(
+        Trace.open("s3://bucket/cli/t.zarr", storage_options=opts).samples, first)
+    capsys.readouterr()
+    assert main(["summary", "s3://bucket/cli/t.zarr", *so]) == 0
+    out = capsys.readouterr().out
+    assert "2 chains × 30 draws" in out
+    # without the options: one line each, naming the store (the default endpoint is closed)
+    for argv, needle in ((run[:-3], "without storage_options"),
+                         (["summary", "s3://bucket/cli/t.zarr"], "cannot reach")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "s3://bucket/cli/" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--storage-option", "novalue"], "expected KEY=VALUE"),
+    (["--storage-option", "=x"], "expected KEY=VALUE"),
+    (["--storage-option", "key=a", "--storage-option", "key=b"], "given twice"),
+])
+def test_cli_bad_storage_options_are_one_line(tmp_path, capsys, argv, match):
+    code = main(["summary", str(tmp_path / "t.zarr"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and match in err and err.count("\n") == 1
+
+
+def test_cli_storage_option_on_local_paths_is_refused(tmp_path, capsys):
+    code = main(["ingest", str(tmp_path / "x.npy"), str(tmp_path / "d.zarr"),
+                 "--storage-option", "key=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "applies only to fsspec URLs" in err
+
+
+def test_cli_storage_option_values_are_json_where_possible():
+    from flymc_dist.cli import _storage_option
+
+    assert _storage_option("anon=true") == ("anon", True)
+    assert _storage_option('client_kwargs={"region_name": "eu"}') == (
+        "client_kwargs", {"region_name": "eu"})
+    assert _storage_option("endpoint_url=http://h:1") == ("endpoint_url", "http://h:1")
+    assert _storage_option('secret="123"') == ("secret", "123")
+    assert _storage_option("secret=a=b") == ("secret", "a=b")
+    assert json.dumps(_storage_option("n=5")) == '["n", 5]'
