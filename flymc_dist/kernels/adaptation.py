@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import math
+
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.hamiltonian import HamiltonianParams, hamiltonian_params
 from flymc_dist.kernels.rwmh import DualAveraging
@@ -170,7 +172,8 @@ class WindowAdaptation:
 
     def __init__(self, params: HamiltonianParams, num_warmup: int, target_accept: float, *,
                  find_step_size: bool = True, initial_buffer: int = INITIAL_BUFFER,
-                 first_window: int = FIRST_WINDOW, final_buffer: int = FINAL_BUFFER) -> None:
+                 first_window: int = FIRST_WINDOW, final_buffer: int = FINAL_BUFFER,
+                 settle: float = 0.3, settle_gamma: float = 0.3) -> None:
         self.windows = build_schedule(num_warmup, initial_buffer, first_window, final_buffer)
         self.num_warmup = int(num_warmup)
         self.target = float(target_accept)
@@ -180,6 +183,13 @@ class WindowAdaptation:
         self._params = params._replace(find_step_size=False)
         self._da = DualAveraging(params.step_size, self.target)
         self._welford: Welford | None = None
+        if not 0.0 <= settle < 1.0:
+            raise ValueError(f"settle must lie in [0, 1), got {settle!r}")
+        self.settle = float(settle)
+        self.settle_gamma = float(settle_gamma)
+        last_fast = self.windows[-1][1] if self.windows else 0
+        self._settle_at = (last_fast + int(self.settle * (self.num_warmup - last_fast))
+                           if self.settle > 0.0 else -1)
 
     def update(self, info: KernelInfo) -> HamiltonianParams:
         """Feed one warm-up step's info; returns the params for the next step.
@@ -195,6 +205,9 @@ class WindowAdaptation:
         self.count += 1
         if getattr(info, "step_size_found", False):  # the step searched: restart there
             self._da = DualAveraging(info.step_size, self.target)
+        if i == self._settle_at:  # settle: restart at the average, with a gentler gamma
+            x = self._da.final()
+            self._da = DualAveraging(x, self.target, mu=math.log(x), gamma=self.settle_gamma)
         eps = self._da.update(min(1.0, float(info.accept_prob)))
         search = self.find_step_size and i == 0
         params = self._params
