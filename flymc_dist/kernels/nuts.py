@@ -11,7 +11,7 @@ steps built recursively) until
 * ``max_tree_depth`` doublings are done.
 
 The U-turn test is Betancourt's generalised criterion on the sum of momenta ``ρ``
-(:func:`~flymc_dist.kernels.hamiltonian.no_u_turn`), applied, as in Stan since 2.26,
+(:func:`~flymc_dist.kernels.hamiltonian.no_u_turn`), applied, as in current Stan,
 across each merge as well as around it (three checks per merge; the two extra ones are
 the same as the first when a half is a single leaf and are then skipped). The
 criterion is evaluated in :func:`merged_rho` (inlined there for speed).
