@@ -123,7 +123,13 @@ class ChainsKernel(Kernel, Protocol):
 
 
 class Adapter(Protocol):
-    """Warm-up adaptation, outside the kernel."""
+    """Warm-up adaptation, outside the kernel.
+
+    An adapter sees only the kernel's infos: one that needs more than the acceptance
+    (the windowed adaptation of :mod:`.adaptation` estimates the metric from the warm-up
+    draws) reads it from the kernel's :class:`KernelInfo` subclass (there
+    :class:`~flymc_dist.kernels.hamiltonian.HamiltonianInfo`'s ``position``).
+    """
 
     def update(self, info: KernelInfo) -> Any:
         """Feed one warm-up step's info; returns the params for the next step."""

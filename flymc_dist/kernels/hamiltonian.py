@@ -34,14 +34,18 @@ __all__ = [
     "HamiltonianInfo",
     "HamiltonianParams",
     "Phase",
+    "accept_statistic",
     "check_metric",
     "find_reasonable_step_size",
     "hamiltonian_params",
+    "initial_hamiltonian_params",
     "initial_phase",
     "kinetic_energy",
     "leapfrog",
+    "log_add_exp",
     "metric_product",
     "no_u_turn",
+    "start_phase",
 ]
 
 #: Stan's ``max_deltaH``: an energy error above this marks a divergent trajectory

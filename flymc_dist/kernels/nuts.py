@@ -11,7 +11,7 @@ steps built recursively) until
 * ``max_tree_depth`` doublings are done.
 
 The U-turn test is Betancourt's generalised criterion on the sum of momenta ``ρ``
-(:func:`~flymc_dist.kernels.hamiltonian.no_u_turn`), applied, as in Stan since 2.26,
+(:func:`~flymc_dist.kernels.hamiltonian.no_u_turn`), applied, as in current Stan,
 across each merge as well as around it (three checks per merge; the two extra ones are
 the same as the first when a half is a single leaf and are then skipped). The
 criterion is evaluated in :func:`merged_rho` (inlined there for speed).
@@ -24,9 +24,13 @@ Requests: the gradient at the current position (``points`` empty,
 ``current_grad=True``), the step-size heuristic's trials when the params ask for it
 (warm-up only), one point per leapfrog step (``grad=True``), and — rule 2 of
 :mod:`flymc_dist.kernels.base`, because the chosen point can lie anywhere on the
-trajectory — one last request of the chosen point (``grad=False``, index 0) unless it is
-the last point evaluated or the starting point. That costs one evaluation (and in
-shard mode one round trip) per iteration.
+trajectory — one last request of the chosen point (index 0) unless it is the last point
+evaluated or the starting point. That costs one evaluation (and in shard mode one round
+trip) per iteration. The request asks for the gradient too (``grad=True``) although the
+kernel does not use it: the shards commit a move from the cache of the last request,
+and the next step's first request wants the gradient at the committed point; with
+``grad=False`` regular MCMC would recompute it in a further full pass, and FlyMC's
+bright-row cache would have no derivatives to commit.
 
 ``info.accept_prob`` is Stan's acceptance statistic, the mean over every leapfrog point
 of the tree (discarded subtrees included) of ``min(1, exp(H₀ − H))``: the quantity dual
@@ -118,30 +122,21 @@ def merged_rho(outer_a: Phase, inner_a: Phase, rho_a: np.ndarray, inner_b: Phase
     return rho
 
 
-def _build_tree(ctx: _Context, start: Phase, depth: int
-                ) -> Generator[EvalRequest, EvalResponse, _Tree | None]:
-    """A subtree of ``2^depth`` leapfrog steps of size ``ctx.eps`` from ``start``.
+def _leaf(ctx: _Context, new: Phase) -> _Tree | None:
+    """A one-point subtree from a new leapfrog point; None if the point diverges."""
+    ctx.n_leapfrog += 1
+    ctx.last = new
+    log_weight = ctx.h0 - new.energy  # −inf at zero density
+    # Stan's acceptance statistic min(1, exp(H₀ − H))
+    ctx.sum_accept += 1.0 if log_weight >= 0.0 else math.exp(log_weight)
+    if not -log_weight <= ctx.threshold:
+        ctx.divergent = True
+        return None
+    return _Tree(new, new, new, log_weight, new.momentum)
 
-    Returns None if it is invalid (a divergent leaf or an inner U-turn); the leapfrog
-    steps taken so far still count in ``ctx``'s acceptance statistic.
-    """
-    if depth == 0:
-        new = yield from leapfrog(start, ctx.eps, ctx.inv, ctx.product)
-        ctx.n_leapfrog += 1
-        ctx.last = new
-        log_weight = ctx.h0 - new.energy  # −inf at zero density
-        # Stan's acceptance statistic min(1, exp(H₀ − H)), inlined
-        ctx.sum_accept += 1.0 if log_weight >= 0.0 else math.exp(log_weight)
-        if not -log_weight <= ctx.threshold:
-            ctx.divergent = True
-            return None
-        return _Tree(new, new, new, log_weight, new.momentum)
-    init = yield from _build_tree(ctx, start, depth - 1)
-    if init is None:
-        return None
-    final = yield from _build_tree(ctx, init.last, depth - 1)
-    if final is None:
-        return None
+
+def _merge(ctx: _Context, init: _Tree, final: _Tree) -> _Tree | None:
+    """Two adjacent halves of a subtree merged; None if the merge U-turns."""
     log_weight = log_add_exp(init.log_weight, final.log_weight)
     # uniform progressive sampling: the final half with probability w_final / w_subtree
     delta = final.log_weight - log_weight
@@ -151,6 +146,31 @@ def _build_tree(ctx: _Context, start: Phase, depth: int
     if rho is None:
         return None
     return _Tree(init.first, final.last, proposal, log_weight, rho)
+
+
+def _build_tree(ctx: _Context, start: Phase, depth: int
+                ) -> Generator[EvalRequest, EvalResponse, _Tree | None]:
+    """A subtree of ``2^depth`` leapfrog steps of size ``ctx.eps`` from ``start``.
+
+    Returns None if it is invalid (a divergent leaf or an inner U-turn); the leapfrog
+    steps taken so far still count in ``ctx``'s acceptance statistic. (Depths 0 and 1
+    are written out: a generator per leaf would cost more than the leaf's arithmetic.)
+    """
+    if depth == 0:
+        return _leaf(ctx, (yield from leapfrog(start, ctx.eps, ctx.inv, ctx.product)))
+    if depth == 1:
+        init = _leaf(ctx, (yield from leapfrog(start, ctx.eps, ctx.inv, ctx.product)))
+        if init is None:
+            return None
+        final = _leaf(ctx, (yield from leapfrog(init.last, ctx.eps, ctx.inv, ctx.product)))
+    else:
+        init = yield from _build_tree(ctx, start, depth - 1)
+        if init is None:
+            return None
+        final = yield from _build_tree(ctx, init.last, depth - 1)
+    if final is None:
+        return None
+    return _merge(ctx, init, final)
 
 
 class NUTS:
@@ -299,8 +319,8 @@ class NUTS:
         else:
             new, index = sample.position, 0
             if sample is not ctx.last:  # rule 2: the new position must be in the last request
-                # with its gradient: shards that evaluate the kernel's points commit the
-                # move from this request and keep the gradient for the next step
+                # with its gradient: the evaluator commits the move from this request's
+                # cache, and the next step asks for the gradient here (see the module notes)
                 response = yield EvalRequest(new[None], True, False)
                 checked_value(response.logp[0], "the chosen point")
                 n_requests += 1
