@@ -721,16 +721,18 @@ def test_heuristic_runs_first_when_the_params_ask() -> None:
 @pytest.mark.parametrize("algorithm", ["regular", "flymc"])
 @pytest.mark.parametrize("name", ["nuts", "hmc"])
 def test_runs_through_the_driver(algorithm: str, name: str) -> None:
-    """The kernels run in today's shard-evaluated driver (each gradient a round trip):
-    ``needs_grad`` makes the shards keep gradients, and the last request of a NUTS step
-    carries the gradient the shards commit with the move."""
+    """The kernels run with the shards evaluating every point (each gradient a round
+    trip): ``needs_grad`` makes the shards keep gradients, and the last request of a NUTS
+    step carries the gradient the shards commit with the move. (FlyMC's default for them,
+    the driver's replica of the bright rows, is tested in tests/test_replica.py.)"""
     import flymc_dist as fd
 
     rng = np.random.default_rng(13)
     X = rng.standard_normal((400, 3))
     y = (rng.random(400) < 1.0 / (1.0 + np.exp(-X @ [1.0, -0.5, 0.0]))).astype(float)
     result = fd.sample(fd.LogisticRegression(), (X, y), algorithm=algorithm, kernel=name,
-                       num_warmup=60, num_samples=40, chains=2, client="synchronous", seed=2)
+                       num_warmup=60, num_samples=40, chains=2, client="synchronous", seed=2,
+                       bright_replica=False)
     assert np.isfinite(result.samples).all()
     assert result.stats["round_trips"].min() >= 2  # the current gradient, then leapfrogs
     assert 0.3 < result.stats["accept_prob"].mean() <= 1.0
