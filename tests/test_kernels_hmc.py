@@ -513,14 +513,20 @@ def test_adapter_metric_is_the_regularised_window_covariance(dense: bool) -> Non
     draws = np.random.default_rng(9).standard_normal((n, P)) * [1.0, 3.0, 0.2] + [0, 1, 2]
     draws[:, 1] += draws[:, 0]
     flags = []
+    previous = params.inv_metric
     for i in range(n):
         out = adapter.update(_info(draws[i]))
         flags.append(out.find_step_size)
         for start, stop in windows:
             if i == stop - 1:  # the new metric applies from the next step
                 cov = np.cov(draws[start:stop].T)
-                expected = regularised_covariance(cov if dense else np.diagonal(cov), stop - start)
+                cov = cov if dense else np.diagonal(cov)
+                # shrunk toward the metric it replaces, with the weight of P draws
+                expected = (((stop - start) * cov + P * previous) / (stop - start + P))
+                np.testing.assert_allclose(regularised_covariance(cov, stop - start, previous),
+                                           expected, rtol=1e-12)
                 np.testing.assert_allclose(out.inv_metric, expected, rtol=1e-10, atol=1e-14)
+                previous = out.inv_metric
                 F = out.momentum_factor
                 mass = F @ F.T if dense else np.diag(F * F)
                 inv = out.inv_metric if dense else np.diag(out.inv_metric)
@@ -624,7 +630,7 @@ CASES = {  # target factory, preconditioner (None: identity), warm-up, draws per
     "ill10": (ill_conditioned_10d,
               np.diag(np.logspace(-1, 1, 10) * np.exp(np.random.default_rng(11).uniform(
                   -0.7, 0.7, 10))), 300, 700),  # a rough diagonal preconditioner
-    "banana": (Banana, None, 300, 1000),
+    "banana": (Banana, None, 300, 2000),
     "ridge": (Ridge, None, 300, 1000),
 }
 
@@ -658,14 +664,15 @@ def test_battery_non_gaussian(name: str, metric: str, case: str) -> None:
 def test_battery_ill_conditioned_and_target_acceptance(name: str, metric: str) -> None:
     """Moments on the 10-D target, and the adapted step size gives the target acceptance.
 
-    HMC with a diagonal metric takes ~3 jittered leapfrog steps here: its acceptance is
-    not monotone in ε and its statistic (one Metropolis probability) is noisy, so its
-    adapted acceptance scatters more (0.80-0.87 over seeds 1-7); NUTS's stays within
-    0.80-0.83.
+    HMC takes a few jittered leapfrog steps of a fixed trajectory here: its acceptance is
+    not monotone in ε (the number of steps jumps with it) and its statistic (one
+    Metropolis probability) is noisy, so its adapted acceptance scatters more (diagonal
+    metric 0.80-0.87 over seeds 1-7; dense 0.86 with the metric shrunk toward the
+    previous one); NUTS's stays within 0.80-0.83.
     """
     kernel = get_kernel(name, metric=metric)
     info = _battery(kernel, "ill10")
-    tolerance = 0.08 if (name, metric) == ("hmc", "diag") else 0.05
+    tolerance = 0.08 if name == "hmc" else 0.05
     assert info["accept_prob"].mean() == pytest.approx(kernel.target_accept, abs=tolerance)
 
 

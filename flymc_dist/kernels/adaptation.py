@@ -8,8 +8,10 @@ The warm-up is split (Stan reference manual, "HMC algorithm parameters"; blackja
 2. *slow* windows (25, 50, 100, … steps, each twice the previous, the last one
    stretched to the end of the slow phase when the next would not fit): the draws of
    each window give a Welford estimate of the posterior (co)variance, which becomes the
-   inverse metric at the window's end, regularised as Stan does,
-   ``(n/(n+5)) Σ̂ + 10⁻³ (5/(n+5)) I``; the step size is then searched afresh (Stan's
+   inverse metric at the window's end, shrunk toward the metric it replaces,
+   ``(n/(n+P)) Σ̂ + (P/(n+P)) M⁻¹_prev`` (P the dimension; Stan shrinks toward
+   ``10⁻³ I`` instead, which is wrong in scale for tall-data posteriors: see
+   :func:`regularised_covariance`); the step size is then searched afresh (Stan's
    heuristic, run by the kernel's next step) and dual averaging restarts from it;
 3. a terminal *fast* buffer (50 steps): the step size adapts to the last metric.
 
@@ -153,9 +155,28 @@ class Welford:
         return 0.5 * (cov + cov.T) if self.dense else cov
 
 
-def regularised_covariance(cov: np.ndarray, n: int) -> np.ndarray:
-    """Stan's regularisation of an estimated (co)variance from ``n`` draws:
-    ``(n/(n+5)) Σ̂ + 10⁻³ (5/(n+5)) I`` (``I`` a vector of ones for a diagonal)."""
+def regularised_covariance(cov: np.ndarray, n: int, previous: np.ndarray | None = None,
+                           weight: float | None = None) -> np.ndarray:
+    """An estimated (co)variance from ``n`` draws, regularised.
+
+    With ``previous`` (the metric it replaces), shrunk toward it:
+    ``(n/(n+k)) Σ̂ + (k/(n+k)) M⁻¹_prev`` with ``k = weight`` (default: the dimension).
+    Without, Stan's ``(n/(n+5)) Σ̂ + 10⁻³ (5/(n+5)) I`` (``I`` a vector of ones for a
+    diagonal).
+
+    Why shrink toward the previous metric: Stan's target ``10⁻³ I`` assumes parameters of
+    unit scale. A tall-data posterior has standard deviations of 10⁻³ or less in its
+    well-determined directions, and a dense estimate from a 25-draw window in tens of
+    dimensions is rank-deficient: ``10⁻³ I`` then dominates exactly those directions and
+    the step size collapses (QM9 robust regression, 57 weights: ε ≈ 0.01 and ~300
+    leapfrog steps per iteration). The previous metric — at first the Laplace
+    covariance at the MAP — has the right scale in every direction, and the window's
+    draws correct it where they carry information (the ridge of two duplicated columns,
+    which the Laplace approximation misses): ε ≈ 0.2 and ~25 steps on that problem.
+    """
+    if previous is not None:
+        k = float(cov.shape[0]) if weight is None else float(weight)
+        return (n / (n + k)) * cov + (k / (n + k)) * previous
     shrunk = (n / (n + 5.0)) * cov
     jitter = 1e-3 * (5.0 / (n + 5.0))
     if cov.ndim == 1:
@@ -240,7 +261,8 @@ class WindowAdaptation:
                 self._welford.add(np.asarray(position, dtype=np.float64))
             if i == stop - 1:
                 n = self._welford.count
-                inv = regularised_covariance(self._welford.covariance(), n)
+                inv = regularised_covariance(self._welford.covariance(), n,
+                                             params.inv_metric)
                 params = hamiltonian_params(params.step_size, inv)
                 self._welford = None
                 self._window += 1
