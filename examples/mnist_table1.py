@@ -39,14 +39,27 @@ def main() -> None:
     X, y = mnist_7_vs_9()
     model = fd.LogisticRegression(prior="normal", prior_scale=args.prior_scale)
     runs = {}
-    for label, algorithm, bounds in (("regular", "regular", "map"),
-                                     ("untuned FlyMC", "flymc", "untuned"),
-                                     ("MAP-tuned FlyMC", "flymc", "map")):
+    for label, algorithm, bounds in (
+        ("regular", "regular", "map"),
+        ("untuned FlyMC", "flymc", "untuned"),
+        ("MAP-tuned FlyMC", "flymc", "map"),
+    ):
         t0 = time.perf_counter()
-        res = fd.sample(model, (X, y), algorithm=algorithm, bounds=bounds, kernel="rwmh",
-                        z_update="implicit", num_warmup=args.warmup, num_samples=args.samples,
-                        chains=args.chains, seed=args.seed, client=args.client,
-                        q_db=args.q_db, progress=False)
+        res = fd.sample(
+            model,
+            (X, y),
+            algorithm=algorithm,
+            bounds=bounds,
+            kernel="rwmh",
+            z_update="implicit",
+            num_warmup=args.warmup,
+            num_samples=args.samples,
+            chains=args.chains,
+            seed=args.seed,
+            client=args.client,
+            q_db=args.q_db,
+            progress=False,
+        )
         eff = res.efficiency()
         eff["wall"] = time.perf_counter() - t0
         eff["rhat_max"] = float(np.nanmax(res.summary()["r_hat"]))
@@ -55,27 +68,35 @@ def main() -> None:
 
     base = runs["regular"][1]
     qs = ", ".join(f"{runs[k][1]['q_db']:.4g}" for k in ("untuned FlyMC", "MAP-tuned FlyMC"))
-    print(f"MNIST 7 vs 9: N = {X.shape[0]}, D = {X.shape[1]}; RWMH, implicit z (q_db = "
-          f"{args.q_db}: {qs}), Gaussian prior sd {args.prior_scale}; {args.chains} chains x "
-          f"{args.samples} draws after {args.warmup} warm-up; client={args.client}; "
-          f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}")
-    hdr = (f"{'algorithm':<18}{'queries/it':>12}{'ESS/1000 it':>13}{'accept':>8}"
-           f"{'bright %':>10}{'s/it':>10}{'R-hat max':>11}{'speedup/query':>15}"
-           f"{'speedup/s':>11}")
+    print(
+        f"MNIST 7 vs 9: N = {X.shape[0]}, D = {X.shape[1]}; RWMH, implicit z (q_db = "
+        f"{args.q_db}: {qs}), Gaussian prior sd {args.prior_scale}; {args.chains} chains x "
+        f"{args.samples} draws after {args.warmup} warm-up; client={args.client}; "
+        f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}"
+    )
+    hdr = (
+        f"{'algorithm':<18}{'queries/it':>12}{'ESS/1000 it':>13}{'accept':>8}"
+        f"{'bright %':>10}{'s/it':>10}{'R-hat max':>11}{'speedup/query':>15}"
+        f"{'speedup/s':>11}"
+    )
     print(hdr)
     for label, (_, e) in runs.items():
-        print(f"{label:<18}{e['queries_per_iteration']:>12.1f}{e['ess_per_1000_iterations']:>13.2f}"
-              f"{e['acceptance']:>8.3f}{100 * e['bright_fraction']:>10.3f}"
-              f"{e['seconds_per_iteration']:>10.5f}{e['rhat_max']:>11.3f}"
-              f"{e['ess_per_query'] / base['ess_per_query']:>15.2f}"
-              f"{e['ess_per_second'] / base['ess_per_second']:>11.2f}")
+        print(
+            f"{label:<18}{e['queries_per_iteration']:>12.1f}{e['ess_per_1000_iterations']:>13.2f}"
+            f"{e['acceptance']:>8.3f}{100 * e['bright_fraction']:>10.3f}"
+            f"{e['seconds_per_iteration']:>10.5f}{e['rhat_max']:>11.3f}"
+            f"{e['ess_per_query'] / base['ess_per_query']:>15.2f}"
+            f"{e['ess_per_second'] / base['ess_per_second']:>11.2f}"
+        )
     mr = runs["regular"][0].samples.reshape(-1, X.shape[1])
     for label in ("untuned FlyMC", "MAP-tuned FlyMC"):
         mf = runs[label][0].samples.reshape(-1, X.shape[1])
         dev = np.max(np.abs(mf.mean(0) - mr.mean(0)) / mr.std(0))
         print(f"max |mean({label}) - mean(regular)| / sd = {dev:.3f}")
-    print("paper (Maclaurin & Adams 2014, Table 1): queries/it 12,214 / 6,252 / 207; "
-          "speedup 1 / 0.7 / 22")
+    print(
+        "paper (Maclaurin & Adams 2014, Table 1): queries/it 12,214 / 6,252 / 207; "
+        "speedup 1 / 0.7 / 22"
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 import flymc_dist as fd
 from flymc_dist.data import make_opv_like
 
@@ -57,33 +55,61 @@ def main() -> None:
         model = fd.RobustRegression(nu=4.0, scale=scale, prior="laplace", prior_scale=10.0)
         from distributed import Client, LocalCluster
 
-        with LocalCluster(n_workers=args.workers, threads_per_worker=1,
-                          dashboard_address=":0") as cluster, \
-                Client(cluster, direct_to_workers=True) as client:
-            common = dict(kernel=args.kernel, chains=args.chains, client=client, seed=0,
-                          n_shards=args.workers, progress=True)
+        with (
+            LocalCluster(
+                n_workers=args.workers, threads_per_worker=1, dashboard_address=":0"
+            ) as cluster,
+            Client(cluster, direct_to_workers=True) as client,
+        ):
+            common = dict(
+                kernel=args.kernel,
+                chains=args.chains,
+                client=client,
+                seed=0,
+                n_shards=args.workers,
+                progress=True,
+            )
             t0 = time.perf_counter()
-            fly = fd.sample(model, ds, algorithm="flymc", bounds="map",
-                            num_warmup=args.warmup, num_samples=args.samples, **common)
+            fly = fd.sample(
+                model,
+                ds,
+                algorithm="flymc",
+                bounds="map",
+                num_warmup=args.warmup,
+                num_samples=args.samples,
+                **common,
+            )
             t_fly = time.perf_counter() - t0
             t0 = time.perf_counter()
-            reg = fd.sample(model, ds, algorithm="regular", num_warmup=0,
-                            num_samples=args.regular_samples, init=fly.info["map"].ravel(),
-                            **common)
+            reg = fd.sample(
+                model,
+                ds,
+                algorithm="regular",
+                num_warmup=0,
+                num_samples=args.regular_samples,
+                init=fly.info["map"].ravel(),
+                **common,
+            )
             t_reg = time.perf_counter() - t0
         print(fly.summary())
         ef, er = fly.efficiency(), reg.efficiency()
-        print(f"FlyMC: {t_fly:.0f} s total ({fly.info['setup_seconds']:.0f} s set-up incl. MAP); "
-              f"{ef['seconds_per_iteration'] * 1e3:.1f} ms/it, "
-              f"{ef['queries_per_iteration']:.0f} queries/it "
-              f"({100 * ef['bright_fraction']:.4f}% bright), "
-              f"{ef['round_trips_per_iteration']:.2f} round trips/it, ESS/query "
-              f"{ef['ess_per_query']:.3g}")
-        print(f"regular: {t_reg:.0f} s; {er['seconds_per_iteration'] * 1e3:.1f} ms/it, "
-              f"{er['queries_per_iteration']:.0f} queries/it")
-        print(f"per iteration: regular / FlyMC = "
-              f"{er['seconds_per_iteration'] / ef['seconds_per_iteration']:.1f}x wall, "
-              f"{er['queries_per_iteration'] / ef['queries_per_iteration']:.0f}x queries")
+        print(
+            f"FlyMC: {t_fly:.0f} s total ({fly.info['setup_seconds']:.0f} s set-up incl. MAP); "
+            f"{ef['seconds_per_iteration'] * 1e3:.1f} ms/it, "
+            f"{ef['queries_per_iteration']:.0f} queries/it "
+            f"({100 * ef['bright_fraction']:.4f}% bright), "
+            f"{ef['round_trips_per_iteration']:.2f} round trips/it, ESS/query "
+            f"{ef['ess_per_query']:.3g}"
+        )
+        print(
+            f"regular: {t_reg:.0f} s; {er['seconds_per_iteration'] * 1e3:.1f} ms/it, "
+            f"{er['queries_per_iteration']:.0f} queries/it"
+        )
+        print(
+            f"per iteration: regular / FlyMC = "
+            f"{er['seconds_per_iteration'] / ef['seconds_per_iteration']:.1f}x wall, "
+            f"{er['queries_per_iteration'] / ef['queries_per_iteration']:.0f}x queries"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -42,8 +42,7 @@ def _log_expm1(delta: float) -> float:
 
 
 @numba.njit(inline="always", **_JIT)
-def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float,
-                c2: float) -> float:
+def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float) -> float:
     """Fused ``log L~`` of one row at linear predictor ``eta`` with row constants
     ``(c0, c1, c2)`` (the models' ``row_constants``)."""
     if kind == LOGISTIC:  # c = (t, a, c); s = t eta
@@ -63,8 +62,9 @@ def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float,
 
 
 @numba.njit(inline="always", **_JIT)
-def _bright_and_slope(kind: int, par: np.ndarray, eta: float, c0: float, c1: float,
-                      c2: float) -> tuple[float, float]:
+def _bright_and_slope(
+    kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float
+) -> tuple[float, float]:
     """:func:`_log_bright` and its derivative in ``eta``,
     ``(ℓ' − β') / (1 − e^−δ)`` (0 where the bound is tight, δ = 0)."""
     if kind == LOGISTIC:  # c = (t, a, c); s = t eta
@@ -98,8 +98,17 @@ def _bright_and_slope(kind: int, par: np.ndarray, eta: float, c0: float, c1: flo
 
 
 @numba.njit(**_JIT)
-def replica_eval(XCs, D: int, chain_of: np.ndarray, thetas: np.ndarray, kind: int,
-                 par: np.ndarray, grad: bool, sums: np.ndarray, grads: np.ndarray) -> None:
+def replica_eval(
+    XCs,
+    D: int,
+    chain_of: np.ndarray,
+    thetas: np.ndarray,
+    kind: int,
+    par: np.ndarray,
+    grad: bool,
+    sums: np.ndarray,
+    grads: np.ndarray,
+) -> None:
     """``Σ log L~`` over the rows of ``XCs[chain_of[i]]`` (features, then row constants)
     at each point ``thetas[i]``, into ``sums[i]``; with ``grad`` also its gradient in θ
     (the first ``D`` entries of ``grads[i]``). Rows in their order: the driver's
@@ -148,9 +157,18 @@ def touch_rows(XCs, rows: np.ndarray, seg: np.ndarray, seg_shard: np.ndarray) ->
 
 
 @numba.njit(**_JIT)
-def eval_rows(XCs, D: int, rows: np.ndarray, seg: np.ndarray, seg_shard: np.ndarray,
-              thetas: np.ndarray, kind: int, par: np.ndarray, out: np.ndarray,
-              sums: np.ndarray) -> float:
+def eval_rows(
+    XCs,
+    D: int,
+    rows: np.ndarray,
+    seg: np.ndarray,
+    seg_shard: np.ndarray,
+    thetas: np.ndarray,
+    kind: int,
+    par: np.ndarray,
+    out: np.ndarray,
+    sums: np.ndarray,
+) -> float:
     """Fused ``log L~`` of ``rows``, laid out in segments: rows ``seg[i]:seg[i+1]`` of the
     buffer ``XCs[seg_shard[i]]`` (features, then row constants) at ``thetas[i]``. Writes
     the values to ``out`` and each segment's sum to ``sums[i]``. Returns
@@ -182,9 +200,19 @@ def segment_sums(vals: np.ndarray, seg: np.ndarray, out: np.ndarray) -> None:
 
 
 @numba.njit(**_JIT)
-def propose(u_prop: np.ndarray, pair_K: np.ndarray, log1m_q: float, pair_n: np.ndarray,
-            masks, pair_shard: np.ndarray, pair_chain: np.ndarray, cand: np.ndarray,
-            log_u: np.ndarray, cand_seg: np.ndarray, last: np.ndarray) -> int:
+def propose(
+    u_prop: np.ndarray,
+    pair_K: np.ndarray,
+    log1m_q: float,
+    pair_n: np.ndarray,
+    masks,
+    pair_shard: np.ndarray,
+    pair_chain: np.ndarray,
+    cand: np.ndarray,
+    log_u: np.ndarray,
+    cand_seg: np.ndarray,
+    last: np.ndarray,
+) -> int:
     """Dark→bright proposals of every (shard, chain) pair p from its ``2 K_p`` uniforms
     (row p of ``u_prop``; ``K_p = pair_K[p]``, the shard's rows ``pair_n[p]``).
 
@@ -228,11 +256,26 @@ def propose(u_prop: np.ndarray, pair_K: np.ndarray, log1m_q: float, pair_n: np.n
 
 
 @numba.njit(**_JIT)
-def apply(masks, pair_shard: np.ndarray, pair_chain: np.ndarray, b_idx: np.ndarray,
-          b_vals: np.ndarray, b_seg: np.ndarray, u_dark: np.ndarray, log_q: float,
-          cand: np.ndarray, cand_seg: np.ndarray, vals: np.ndarray, acc: np.ndarray,
-          new_idx: np.ndarray, new_vals: np.ndarray, new_seg: np.ndarray, gone: np.ndarray,
-          gone_seg: np.ndarray, added_seg: np.ndarray) -> None:
+def apply(
+    masks,
+    pair_shard: np.ndarray,
+    pair_chain: np.ndarray,
+    b_idx: np.ndarray,
+    b_vals: np.ndarray,
+    b_seg: np.ndarray,
+    u_dark: np.ndarray,
+    log_q: float,
+    cand: np.ndarray,
+    cand_seg: np.ndarray,
+    vals: np.ndarray,
+    acc: np.ndarray,
+    new_idx: np.ndarray,
+    new_vals: np.ndarray,
+    new_seg: np.ndarray,
+    gone: np.ndarray,
+    gone_seg: np.ndarray,
+    added_seg: np.ndarray,
+) -> None:
     """Apply every (shard, chain) pair's z-update: its bright rows go dark when
     ``log(1-u) < log q - log L~`` (``u`` from ``u_dark``), its accepted candidates
     (``acc``) turn bright; masks are updated in place.

@@ -36,19 +36,41 @@ ALGORITHMS = ("flymc", "regular", "austerity")
 BOUNDS = ("map", "untuned")
 Z_UPDATES = ("implicit", "explicit")
 
-_DRIVER_OPTIONS = {"init", "precondition", "map_maxiter", "speculate", "bright_replica",
-                   "replica_budget"}
-_OTHER_OPTIONS = {"q_db", "resample_fraction", "n_shards", "rows_per_shard", "trace", "resume",
-                  "overwrite_trace", "progress", "kernel_options", "eps", "batch_size",
-                  "n_workers", "timeout", "checkpoint_every", "channel", "control_variates",
-                  "trace_storage_options"}
+_DRIVER_OPTIONS = {
+    "init",
+    "precondition",
+    "map_maxiter",
+    "speculate",
+    "bright_replica",
+    "replica_budget",
+}
+_OTHER_OPTIONS = {
+    "q_db",
+    "resample_fraction",
+    "n_shards",
+    "rows_per_shard",
+    "trace",
+    "resume",
+    "overwrite_trace",
+    "progress",
+    "kernel_options",
+    "eps",
+    "batch_size",
+    "n_workers",
+    "timeout",
+    "checkpoint_every",
+    "channel",
+    "control_variates",
+    "trace_storage_options",
+}
 
 
 class Summary(dict):
     """Per-parameter diagnostics (a dict of arrays) that prints as a table."""
 
-    def __init__(self, table: dict[str, np.ndarray], names: list[str] | None = None,
-                 header: str = "") -> None:
+    def __init__(
+        self, table: dict[str, np.ndarray], names: list[str] | None = None, header: str = ""
+    ) -> None:
         super().__init__(table)
         self._names = names
         self._header = header
@@ -79,9 +101,14 @@ class Result:
         True for austerity MH, whose draws do *not* target the exact posterior.
     """
 
-    def __init__(self, samples: np.ndarray, stats: dict[str, np.ndarray],
-                 warmup_samples: np.ndarray, warmup_stats: dict[str, np.ndarray],
-                 info: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        samples: np.ndarray,
+        stats: dict[str, np.ndarray],
+        warmup_samples: np.ndarray,
+        warmup_stats: dict[str, np.ndarray],
+        info: dict[str, Any],
+    ) -> None:
         self.samples = samples
         self.stats = stats
         self.warmup_samples = warmup_samples
@@ -105,8 +132,12 @@ class Result:
     def efficiency(self) -> dict[str, float]:
         """Cost figures: queries and seconds per iteration, ESS per query and per second
         (see :func:`efficiency`)."""
-        return efficiency(self.samples, self.stats, self.info["n_rows"],
-                          float(self.info.get("sampling_seconds", np.nan)))
+        return efficiency(
+            self.samples,
+            self.stats,
+            self.info["n_rows"],
+            float(self.info.get("sampling_seconds", np.nan)),
+        )
 
     def to_arviz(self) -> Any:
         """An ``arviz.InferenceData`` (needs the ``arviz`` extra)."""
@@ -114,18 +145,25 @@ class Result:
             import arviz as az
         except ImportError as err:  # pragma: no cover - optional extra
             raise ImportError("to_arviz needs arviz: pip install 'flymc_dist[arviz]'") from err
-        return az.from_dict(posterior={"theta": self.samples},
-                            sample_stats={k: v for k, v in self.stats.items()})
+        return az.from_dict(
+            posterior={"theta": self.samples}, sample_stats={k: v for k, v in self.stats.items()}
+        )
 
     def __repr__(self) -> str:
         C, S = self.samples.shape[:2]
         tag = " APPROXIMATE" if self.approximate else ""
-        return (f"<Result{tag} algorithm={self.info.get('algorithm')} chains={C} draws={S} "
-                f"param_shape={self.param_shape}>")
+        return (
+            f"<Result{tag} algorithm={self.info.get('algorithm')} chains={C} draws={S} "
+            f"param_shape={self.param_shape}>"
+        )
 
 
-def efficiency(samples: np.ndarray, stats: dict[str, np.ndarray], n_rows: int | None,
-               sampling_seconds: float | None) -> dict[str, float]:
+def efficiency(
+    samples: np.ndarray,
+    stats: dict[str, np.ndarray],
+    n_rows: int | None,
+    sampling_seconds: float | None,
+) -> dict[str, float]:
     """Cost and convergence figures of post-warm-up draws: the one formula for a
     :class:`Result` and for a trace (``flymc summary``).
 
@@ -178,28 +216,43 @@ def efficiency(samples: np.ndarray, stats: dict[str, np.ndarray], n_rows: int | 
     }
 
 
-def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warmup: int,
-              num_samples: int, chains: int, options: dict[str, Any]) -> None:
+def _validate(
+    model: Model,
+    algorithm: str,
+    bounds: str,
+    z_update: str,
+    num_warmup: int,
+    num_samples: int,
+    chains: int,
+    options: dict[str, Any],
+) -> None:
     if not isinstance(model, Model):
         raise TypeError(f"model must be a flymc_dist model, not {type(model).__name__}")
     if getattr(model, "task", None) == "multiclass" and getattr(model, "prior", None) == "flat":
-        raise ValueError("softmax regression with prior='flat' has an improper posterior "
-                         "(adding one vector to every class's weights leaves the likelihood "
-                         "unchanged): use prior='normal' or 'laplace'")
+        raise ValueError(
+            "softmax regression with prior='flat' has an improper posterior "
+            "(adding one vector to every class's weights leaves the likelihood "
+            "unchanged): use prior='normal' or 'laplace'"
+        )
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, not {algorithm!r}")
     if bounds not in BOUNDS:
         raise ValueError(f"bounds must be one of {BOUNDS}, not {bounds!r}")
     if z_update not in Z_UPDATES:
         raise ValueError(f"z_update must be one of {Z_UPDATES}, not {z_update!r}")
-    for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", num_samples, 1),
-                        ("chains", chains, 1)):
+    for name, v, lo in (
+        ("num_warmup", num_warmup, 0),
+        ("num_samples", num_samples, 1),
+        ("chains", chains, 1),
+    ):
         if not _is_int(v) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, not {v!r}")
     unknown = set(options) - _DRIVER_OPTIONS - _OTHER_OPTIONS
     if unknown:
-        raise TypeError(f"unknown option(s) {sorted(unknown)}; valid options are "
-                        f"{sorted(_DRIVER_OPTIONS | _OTHER_OPTIONS)}")
+        raise TypeError(
+            f"unknown option(s) {sorted(unknown)}; valid options are "
+            f"{sorted(_DRIVER_OPTIONS | _OTHER_OPTIONS)}"
+        )
     q = options.get("q_db", "auto")
     if not ((isinstance(q, str) and q == "auto") or (_is_real(q) and 0.0 < q <= 1.0)):
         raise ValueError(f"q_db must be 'auto' or a number in (0, 1], not {q!r}")
@@ -207,8 +260,9 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
     if not (_is_real(f) and 0.0 < f <= 1.0):
         raise ValueError(f"resample_fraction must be a number in (0, 1], not {f!r}")
     check_speculate(options.get("speculate", False))
-    check_bright_replica(options.get("bright_replica", "auto"),
-                         options.get("replica_budget", REPLICA_BUDGET))
+    check_bright_replica(
+        options.get("bright_replica", "auto"), options.get("replica_budget", REPLICA_BUDGET)
+    )
     check_channel(options.get("channel", "auto"))
     if "control_variates" in options:
         from flymc_dist.austerity import check_control_variates
@@ -218,19 +272,22 @@ def _validate(model: Model, algorithm: str, bounds: str, z_update: str, num_warm
 
 def _check_task(model: Model, task: str, n_classes: int | None) -> None:
     if model.task == "binary" and task != "binary":
-        raise ValueError(f"{type(model).__name__} needs 0/1 labels; this data set's task is "
-                         f"{task!r}")
+        raise ValueError(
+            f"{type(model).__name__} needs 0/1 labels; this data set's task is {task!r}"
+        )
     if model.task == "multiclass":
         if task not in ("multiclass", "binary"):
-            raise ValueError(f"{type(model).__name__} needs class labels; this data set's task "
-                             f"is {task!r}")
+            raise ValueError(
+                f"{type(model).__name__} needs class labels; this data set's task is {task!r}"
+            )
         k = getattr(model, "n_classes", None)
         if n_classes is not None and k is not None and n_classes > k:
             raise ValueError(f"the data have {n_classes} classes but the model has {k}")
 
 
-def _shard_layout(data: Any, options: dict[str, Any]) -> tuple[list[ShardSpec], dict | None,
-                                                              int, int, str, int | None, str]:
+def _shard_layout(
+    data: Any, options: dict[str, Any]
+) -> tuple[list[ShardSpec], dict | None, int, int, str, int | None, str]:
     """Shard specs (and in-memory rows for an (X, y) pair)."""
     n_shards = options.get("n_shards")
     rows_per_shard = options.get("rows_per_shard")
@@ -239,16 +296,17 @@ def _shard_layout(data: Any, options: dict[str, Any]) -> tuple[list[ShardSpec], 
         X = np.asarray(X, float)
         y = np.asarray(y)
         if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0] or X.shape[0] == 0:
-            raise ValueError(f"(X, y) must be (N, D) and (N,) with N > 0; got {X.shape}, "
-                             f"{y.shape}")
+            raise ValueError(f"(X, y) must be (N, D) and (N,) with N > 0; got {X.shape}, {y.shape}")
         if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y.astype(float)))):
             raise ValueError("X and y must be finite")
         N = X.shape[0]
         k = n_shards or (max(1, -(-N // rows_per_shard)) if rows_per_shard else 1)
         edges = np.linspace(0, N, min(k, N) + 1).astype(int)
-        specs = [ShardSpec(i, "", int(a), int(b)) for i, (a, b) in
-                 enumerate(zip(edges[:-1], edges[1:], strict=True))]
-        mem = {s.shard_id: (X[s.start:s.stop], y[s.start:s.stop]) for s in specs}
+        specs = [
+            ShardSpec(i, "", int(a), int(b))
+            for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
+        ]
+        mem = {s.shard_id: (X[s.start : s.stop], y[s.start : s.stop]) for s in specs}
         integer = bool(np.all(np.mod(y, 1) == 0)) if y.dtype.kind != "b" else True
         if integer and set(np.unique(y).tolist()) <= {0, 1}:
             task, k = "binary", 2
@@ -277,10 +335,20 @@ def _under_trace_lock(func: Any) -> Any:
 
 
 @_under_trace_lock
-def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map",
-           kernel: str = "rwmh", z_update: str = "implicit", num_warmup: int = 500,
-           num_samples: int = 1000, chains: int = 4, seed: int = 0, client: Any = None,
-           **options: Any) -> Result:
+def sample(
+    model: Model,
+    data: Any,
+    algorithm: str = "flymc",
+    bounds: str = "map",
+    kernel: str = "rwmh",
+    z_update: str = "implicit",
+    num_warmup: int = 500,
+    num_samples: int = 1000,
+    chains: int = 4,
+    seed: int = 0,
+    client: Any = None,
+    **options: Any,
+) -> Result:
     """Draw from the posterior of ``model`` given ``data``.
 
     Parameters
@@ -346,29 +414,65 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
     if algorithm == "austerity":
         from flymc_dist.austerity import sample_austerity
 
-        return sample_austerity(model, specs, mem, n_rows=n_rows, n_features=n_features,
-                                path=path, kernel=kern, num_warmup=num_warmup,
-                                num_samples=num_samples, chains=chains, seed=seed, client=client,
-                                options=options)
-    config = ShardConfig(model=model, algorithm=algorithm, chains=chains, seed=seed,
-                         z_update=z_update,
-                         resample_fraction=float(options.get("resample_fraction", 0.1)),
-                         track_grad=kern.needs_grad)
+        return sample_austerity(
+            model,
+            specs,
+            mem,
+            n_rows=n_rows,
+            n_features=n_features,
+            path=path,
+            kernel=kern,
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            chains=chains,
+            seed=seed,
+            client=client,
+            options=options,
+        )
+    config = ShardConfig(
+        model=model,
+        algorithm=algorithm,
+        chains=chains,
+        seed=seed,
+        z_update=z_update,
+        resample_fraction=float(options.get("resample_fraction", 0.1)),
+        track_grad=kern.needs_grad,
+    )
     from flymc_dist.cluster import open_transport
 
     transport = open_transport(client, specs, config, mem, options)
     try:
-        driver = Driver(model, transport, kern, n_features=n_features, algorithm=algorithm,
-                        bounds=bounds, chains=chains, seed=seed,
-                        q_db=options.get("q_db", "auto"), n_rows=n_rows,
-                        **{k: options[k] for k in _DRIVER_OPTIONS if k in options})
-        info = {"algorithm": algorithm, "bounds": bounds if algorithm == "flymc" else None,
-                "kernel": kernel, "z_update": z_update if algorithm == "flymc" else None,
-                "resample_fraction": config.resample_fraction,
-                "chains": chains, "seed": seed, "n_rows": n_rows, "n_features": n_features,
-                "n_shards": len(specs), "transport": transport.name,
-                "n_workers": transport.n_workers, "data": path, "model": model.to_dict(),
-                "num_warmup": num_warmup, "num_samples": num_samples}
+        driver = Driver(
+            model,
+            transport,
+            kern,
+            n_features=n_features,
+            algorithm=algorithm,
+            bounds=bounds,
+            chains=chains,
+            seed=seed,
+            q_db=options.get("q_db", "auto"),
+            n_rows=n_rows,
+            **{k: options[k] for k in _DRIVER_OPTIONS if k in options},
+        )
+        info = {
+            "algorithm": algorithm,
+            "bounds": bounds if algorithm == "flymc" else None,
+            "kernel": kernel,
+            "z_update": z_update if algorithm == "flymc" else None,
+            "resample_fraction": config.resample_fraction,
+            "chains": chains,
+            "seed": seed,
+            "n_rows": n_rows,
+            "n_features": n_features,
+            "n_shards": len(specs),
+            "transport": transport.name,
+            "n_workers": transport.n_workers,
+            "data": path,
+            "model": model.to_dict(),
+            "num_warmup": num_warmup,
+            "num_samples": num_samples,
+        }
         if options.get("trace") is not None:  # what a resumed run must match
             info.update(data_id=_data_id(data), options=_shaping_options(options))
         return _run(driver, transport, info, num_warmup, num_samples, options)
@@ -376,8 +480,14 @@ def sample(model: Model, data: Any, algorithm: str = "flymc", bounds: str = "map
         transport.close()
 
 
-def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
-         num_samples: int, options: dict[str, Any]) -> Result:
+def _run(
+    driver: Driver,
+    transport: Any,
+    info: dict[str, Any],
+    num_warmup: int,
+    num_samples: int,
+    options: dict[str, Any],
+) -> Result:
     C, P = driver.chains, driver.P
     shape = driver.param_shape
     trace = None
@@ -403,16 +513,23 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
         from flymc_dist.trace import Trace
 
         attrs = {k: v for k, v in info.items() if k not in ("map",)}
-        trace = Trace.create(trace_path, chains=C, param_shape=shape,
-                             stats={k: np.dtype(v) for k, v in STAT_NAMES.items()},
-                             attrs=attrs, overwrite=bool(options.get("overwrite_trace", False)),
-                             storage_options=options.get("trace_storage_options"))
+        trace = Trace.create(
+            trace_path,
+            chains=C,
+            param_shape=shape,
+            stats={k: np.dtype(v) for k, v in STAT_NAMES.items()},
+            attrs=attrs,
+            overwrite=bool(options.get("overwrite_trace", False)),
+            storage_options=options.get("trace_storage_options"),
+        )
     if start:
         ck = trace.checkpoint
         driver.positions = np.asarray(ck["positions"], float)
         kp = type(driver.params[0])
-        driver.params = [kp(**{k: (np.asarray(v) if isinstance(v, list) else v)
-                               for k, v in p.items()}) for p in ck["params"]]
+        driver.params = [
+            kp(**{k: (np.asarray(v) if isinstance(v, list) else v) for k, v in p.items()})
+            for p in ck["params"]
+        ]
         for r, s in zip(driver.rngs, ck["rng_states"], strict=True):
             r.bit_generator.state = rng_state_from_json(s)
         driver.seq = int(ck.get("seq", 0))
@@ -430,11 +547,11 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
     wstats = {k: np.zeros((C, num_warmup), dtype=v) for k, v in STAT_NAMES.items()}
     if start and trace is not None:
         prev_w, prev = trace.warmup_samples, trace.samples
-        wsamples[:, :prev_w.shape[1]] = prev_w.reshape(C, -1, P)
-        samples[:, :prev.shape[1]] = prev.reshape(C, -1, P)
+        wsamples[:, : prev_w.shape[1]] = prev_w.reshape(C, -1, P)
+        samples[:, : prev.shape[1]] = prev.reshape(C, -1, P)
         for k in STAT_NAMES:
-            wstats[k][:, :prev_w.shape[1]] = trace.warmup_stats[k]
-            stats[k][:, :prev.shape[1]] = trace.stats[k]
+            wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
+            stats[k][:, : prev.shape[1]] = trace.stats[k]
     progress = Progress(total, enabled=options.get("progress"), initial=start)
     buf: list[tuple[bool, np.ndarray, dict]] = []
     snap = _timing_snapshot(driver, transport) if num_warmup <= start else None
@@ -447,9 +564,11 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
     def seconds_so_far() -> dict[str, float]:
         now = time.perf_counter()
         end_w = t_warm_end if t_warm_end is not None else now
-        return {"warmup": float(before.get("warmup", 0.0)) + end_w - t0,
-                "sampling": float(before.get("sampling", 0.0))
-                + (now - t_warm_end if t_warm_end is not None else 0.0)}
+        return {
+            "warmup": float(before.get("warmup", 0.0)) + end_w - t0,
+            "sampling": float(before.get("sampling", 0.0))
+            + (now - t_warm_end if t_warm_end is not None else 0.0),
+        }
 
     try:
         for i, warm, pos, st in driver.iterations(num_warmup, num_samples, start=start):
@@ -468,8 +587,7 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
             progress.update(st)
             if trace is not None:
                 buf.append((warm, pos, st))
-                if len(buf) >= checkpoint_every or i == total - 1 or (
-                        warm and i == num_warmup - 1):
+                if len(buf) >= checkpoint_every or i == total - 1 or (warm and i == num_warmup - 1):
                     _flush(trace, buf, shape)
                     trace.set_checkpoint({**driver.checkpoint(i), "seconds": seconds_so_far()})
                     buf = []
@@ -479,8 +597,9 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
     info["sampling_seconds"] = t_end - (t_warm_end if t_warm_end is not None else t0)
     info["warmup_seconds"] = (t_warm_end - t0) if t_warm_end is not None else 0.0
     if snap is not None:
-        info["timing"] = _timing_report(snap, _timing_snapshot(driver, transport),
-                                        num_samples - max(start - num_warmup, 0))
+        info["timing"] = _timing_report(
+            snap, _timing_snapshot(driver, transport), num_samples - max(start - num_warmup, 0)
+        )
     info["total_round_trips"] = int(transport.round_trips)
     info["speculate"] = bool(driver.speculate)
     info["bright_replica"] = driver.replica is not None
@@ -488,13 +607,21 @@ def _run(driver: Driver, transport: Any, info: dict[str, Any], num_warmup: int,
     info["speculative_queries"] = int(driver.wasted_queries)
     info["recoveries"] = list(getattr(transport, "recoveries", []))
     info["kernel_params"] = [params_to_json(p) for p in driver.params]
-    return Result(samples.reshape((C, n_keep) + shape), stats,
-                  wsamples.reshape((C, num_warmup) + shape), wstats, info)
+    return Result(
+        samples.reshape((C, n_keep) + shape),
+        stats,
+        wsamples.reshape((C, num_warmup) + shape),
+        wstats,
+        info,
+    )
 
 
 def _timing_snapshot(driver: Driver, transport: Any) -> dict[str, Any]:
-    return {"step": driver.step_seconds, "round": driver.round_seconds,
-            "hosts": transport.timing() if hasattr(transport, "timing") else []}
+    return {
+        "step": driver.step_seconds,
+        "round": driver.round_seconds,
+        "hosts": transport.timing() if hasattr(transport, "timing") else [],
+    }
 
 
 def _timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict[str, Any]:
@@ -511,14 +638,17 @@ def _timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dic
         for ha, hb in zip(a["hosts"], b["hosts"], strict=True):
             rounds = hb["rounds"] - ha["rounds"]
             per = max(rounds, 1)
-            hosts.append({"rounds": int(rounds),
-                          "round_wall": (hb["round_wall"] - ha["round_wall"]) / per,
-                          "round_cpu": (hb["round_cpu"] - ha["round_cpu"]) / per,
-                          "speculate_wall": (hb["speculate_wall"] - ha["speculate_wall"]) / n})
+            hosts.append(
+                {
+                    "rounds": int(rounds),
+                    "round_wall": (hb["round_wall"] - ha["round_wall"]) / per,
+                    "round_cpu": (hb["round_cpu"] - ha["round_cpu"]) / per,
+                    "speculate_wall": (hb["speculate_wall"] - ha["speculate_wall"]) / n,
+                }
+            )
     step = (b["step"] - a["step"]) / n
     rt = (b["round"] - a["round"]) / n
-    return {"iterations": n, "step": step, "round_trip": rt, "driver": step - rt,
-            "hosts": hosts}
+    return {"iterations": n, "step": step, "round_trip": rt, "driver": step - rt, "hosts": hosts}
 
 
 def _flush(trace: Any, buf: list[tuple[bool, np.ndarray, dict]], shape: tuple[int, ...]) -> None:
@@ -540,8 +670,9 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_real(v: Any) -> bool:
-    return (isinstance(v, (int, float, np.integer, np.floating))
-            and not isinstance(v, (bool, np.bool_)))
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+        v, (bool, np.bool_)
+    )
 
 
 def _check_data(data: Any) -> None:
@@ -552,20 +683,22 @@ def _check_data(data: Any) -> None:
         return
     if not isinstance(data, tuple):
         shape = getattr(data, "shape", None)
-        raise TypeError(f"data must be a Dataset, a store path or an (X, y) tuple, not "
-                        f"{type(data).__name__}" + (f" of shape {shape}" if shape else ""))
+        raise TypeError(
+            f"data must be a Dataset, a store path or an (X, y) tuple, not "
+            f"{type(data).__name__}" + (f" of shape {shape}" if shape else "")
+        )
     if len(data) != 2:
         raise ValueError(f"data as a tuple must be (X, y), not a tuple of {len(data)}")
     for name, a, ndim in (("X", data[0], 2), ("y", data[1], 1)):
         arr = np.asarray(a)
         if arr.dtype.kind not in "biuf":
-            raise ValueError(f"{name} must hold real numbers (bool, integer or float), not "
-                             f"dtype {arr.dtype}")
+            raise ValueError(
+                f"{name} must hold real numbers (bool, integer or float), not dtype {arr.dtype}"
+            )
         if arr.ndim != ndim:
             raise ValueError(f"{name} must have {ndim} dimension(s), not shape {arr.shape}")
     if np.shape(data[0])[1] == 0:
-        raise ValueError("X must have at least one column (D >= 1), not shape "
-                         f"{np.shape(data[0])}")
+        raise ValueError(f"X must have at least one column (D >= 1), not shape {np.shape(data[0])}")
 
 
 def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
@@ -576,8 +709,13 @@ def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
     t = options.get("timeout", 60.0)
     if not (_is_real(t) and math.isfinite(t) and t > 0):
         raise ValueError(f"timeout must be a number of seconds > 0, not {t!r}")
-    for name, lo in (("checkpoint_every", 1), ("n_workers", 1), ("n_shards", 1),
-                     ("rows_per_shard", 1), ("map_maxiter", 0)):
+    for name, lo in (
+        ("checkpoint_every", 1),
+        ("n_workers", 1),
+        ("n_shards", 1),
+        ("rows_per_shard", 1),
+        ("map_maxiter", 0),
+    ):
         v = options.get(name)
         if v is not None and (not _is_int(v) or v < lo):
             raise ValueError(f"{name} must be an integer >= {lo}, not {v!r}")
@@ -590,8 +728,7 @@ def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
         raise ValueError(f"progress must be True, False or None, not {options['progress']!r}")
     trace = options.get("trace")
     if trace is not None and not isinstance(trace, (str, os.PathLike)):
-        raise ValueError(f"trace must be a path (str or os.PathLike), not "
-                         f"{type(trace).__name__}")
+        raise ValueError(f"trace must be a path (str or os.PathLike), not {type(trace).__name__}")
     if options.get("resume") and trace is None:
         raise ValueError("resume=True needs trace=<the path of the trace to continue>")
     if options.get("resume") and options.get("overwrite_trace"):
@@ -601,29 +738,41 @@ def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
         from flymc_dist.trace import _is_url
 
         if not isinstance(tso, dict) or not all(isinstance(k, str) for k in tso):
-            raise ValueError(f"trace_storage_options must be a dict of fsspec options with str "
-                             f"keys, not {type(tso).__name__}")
+            raise ValueError(
+                f"trace_storage_options must be a dict of fsspec options with str "
+                f"keys, not {type(tso).__name__}"
+            )
         if trace is None or not _is_url(trace):
-            raise ValueError("trace_storage_options applies only to a trace at an fsspec URL "
-                             "(trace='s3://…')")
+            raise ValueError(
+                "trace_storage_options applies only to a trace at an fsspec URL (trace='s3://…')"
+            )
     if not isinstance(options.get("kernel_options", {}), dict):
-        raise ValueError(f"kernel_options must be a dict, not "
-                         f"{type(options['kernel_options']).__name__}")
+        raise ValueError(
+            f"kernel_options must be a dict, not {type(options['kernel_options']).__name__}"
+        )
     for name, words in (("init", ("map",)), ("precondition", ("laplace", "identity"))):
         v = options.get(name)
         if v is None or (isinstance(v, str) and v in words):
             continue
         if isinstance(v, str) or np.asarray(v).dtype.kind not in "biuf":
-            raise ValueError(f"{name} must be {' or '.join(map(repr, words))} or an array of "
-                             f"numbers, not {v!r}")
+            raise ValueError(
+                f"{name} must be {' or '.join(map(repr, words))} or an array of numbers, not {v!r}"
+            )
 
 
 # ------------------------------------------------------------------ the trace session
 
 
 #: options that shape a run's draws, with their defaults: a resumed run must match them
-_SHAPING = {"q_db": "auto", "kernel_options": {}, "init": "map", "precondition": "laplace",
-            "map_maxiter": 100, "bright_replica": "auto", "replica_budget": REPLICA_BUDGET}
+_SHAPING = {
+    "q_db": "auto",
+    "kernel_options": {},
+    "init": "map",
+    "precondition": "laplace",
+    "map_maxiter": 100,
+    "bright_replica": "auto",
+    "replica_budget": REPLICA_BUDGET,
+}
 
 
 def _shaping_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -680,19 +829,25 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
     from flymc_dist.trace import Trace
 
     options = args["options"]
-    trace = Trace.open(path, read_only=True,
-                       storage_options=_trace_options(args["data"], options))
+    trace = Trace.open(path, read_only=True, storage_options=_trace_options(args["data"], options))
     if trace.checkpoint is None:
         raise ValueError(f"trace {os.fspath(path)!s} has no checkpoint to resume from")
     specs, _mem, n_rows, n_features, _t, _k, data_path = _shard_layout(args["data"], options)
     algorithm = args["algorithm"]
     want: dict[str, Any] = {
-        "data_id": _data_id(args["data"]), "n_rows": n_rows, "n_features": n_features,
-        "model": args["model"].to_dict(), "algorithm": algorithm,
-        "kernel": str(args["kernel"]).strip().lower(), "chains": args["chains"],
-        "seed": args["seed"], "num_warmup": args["num_warmup"],
-        "num_samples": args["num_samples"], "n_shards": len(specs),
-        "options": _shaping_options(options)}
+        "data_id": _data_id(args["data"]),
+        "n_rows": n_rows,
+        "n_features": n_features,
+        "model": args["model"].to_dict(),
+        "algorithm": algorithm,
+        "kernel": str(args["kernel"]).strip().lower(),
+        "chains": args["chains"],
+        "seed": args["seed"],
+        "num_warmup": args["num_warmup"],
+        "num_samples": args["num_samples"],
+        "n_shards": len(specs),
+        "options": _shaping_options(options),
+    }
     if algorithm == "flymc":
         want.update(bounds=args["bounds"], z_update=args["z_update"])
         if args["z_update"] == "explicit":
@@ -705,17 +860,23 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
         if key not in attrs or _canon(attrs[key]) == _canon(value):
             continue
         if key == "data_id":
-            diff.append(f"another data set ({attrs.get('data')} [{attrs[key]}]; this run: "
-                        f"{data_path} [{value}])")
+            diff.append(
+                f"another data set ({attrs.get('data')} [{attrs[key]}]; this run: "
+                f"{data_path} [{value}])"
+            )
         elif key == "options":
             old, new = _canon(attrs[key]), _canon(value)
-            diff += [f"{k} {old.get(k)!r} (this run: {new.get(k)!r})" for k in sorted(new)
-                     if old.get(k) != new.get(k)]
+            diff += [
+                f"{k} {old.get(k)!r} (this run: {new.get(k)!r})"
+                for k in sorted(new)
+                if old.get(k) != new.get(k)
+            ]
         else:
             diff.append(f"{key} {attrs[key]!r} (this run: {value!r})")
     if diff:
-        raise ValueError(f"cannot resume {os.fspath(path)!s}: it was written with "
-                         + "; ".join(diff))
+        raise ValueError(
+            f"cannot resume {os.fspath(path)!s}: it was written with " + "; ".join(diff)
+        )
 
 
 def _stamp(path: Any) -> tuple[int, int] | None:
@@ -733,8 +894,9 @@ def kept_trace(err: BaseException) -> tuple[str, int] | None:
     return kept if isinstance(kept, tuple) else None
 
 
-def _after_failure(path: Any, before: tuple[int, int] | None, resume: bool,
-                   err: BaseException) -> None:
+def _after_failure(
+    path: Any, before: tuple[int, int] | None, resume: bool, err: BaseException
+) -> None:
     """A failed run keeps a trace that has a checkpoint (and says how to resume it), and
     removes one it created that has none; a trace it did not write is never touched.
 
@@ -759,8 +921,10 @@ def _after_failure(path: Any, before: tuple[int, int] | None, resume: bool,
     n = int(checkpoint["iteration"]) + 1
     try:
         err.flymc_kept_trace = (os.fspath(path), n)  # type: ignore[attr-defined]
-        err.add_note(f"the trace {os.fspath(path)!s} keeps {n} iterations (to its last "
-                     "checkpoint): continue the run with resume=True")
+        err.add_note(
+            f"the trace {os.fspath(path)!s} keeps {n} iterations (to its last "
+            "checkpoint): continue the run with resume=True"
+        )
     except (AttributeError, TypeError):  # an exception that takes no attributes
         pass
 
@@ -780,8 +944,16 @@ def _traced_sample(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     path = options.get("trace")
     if path is None:
         return func(*args, **kwargs)
-    _validate(a["model"], a["algorithm"], a["bounds"], a["z_update"], a["num_warmup"],
-              a["num_samples"], a["chains"], options)
+    _validate(
+        a["model"],
+        a["algorithm"],
+        a["bounds"],
+        a["z_update"],
+        a["num_warmup"],
+        a["num_samples"],
+        a["chains"],
+        options,
+    )
     _check_arguments(a["data"], a["seed"], options)
     from flymc_dist.trace import Trace, TraceLock
 

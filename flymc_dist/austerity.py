@@ -201,7 +201,7 @@ class _SlotRows:
             self.perm = self.rng.permutation(np.flatnonzero(~self.mask))
             self.pos = 0
         if self.perm is not None:
-            rows = self.perm[self.pos:self.pos + k]
+            rows = self.perm[self.pos : self.pos + k]
             self.pos += k
             self.n_used += k
             return rows
@@ -233,10 +233,17 @@ def _shard_state(shard: Shard, run: int) -> tuple[dict[int, _SlotRows], np.ndarr
     return state[1], state[2]
 
 
-def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray,
-                thetas: np.ndarray, proposals: np.ndarray, counts: np.ndarray,
-                record: bool, control_variates: bool = False
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list | None]:
+def shard_batch(
+    shard: Shard,
+    run: int,
+    decisions: np.ndarray,
+    slots: np.ndarray,
+    thetas: np.ndarray,
+    proposals: np.ndarray,
+    counts: np.ndarray,
+    record: bool,
+    control_variates: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list | None]:
     """Run on a shard via :meth:`Shard.apply`: one test round's new rows for several chains.
 
     Parameters
@@ -292,9 +299,13 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
         drawn.append(rows_j)
         if rows_j.size:
             # linear predictors of these rows at this chain's θ and θ′: one small GEMM
-            pts = np.concatenate([np.asarray(thetas[j], float).reshape(E, D),
-                                  np.asarray(proposals[j], float).reshape(E, D)])
-            np.matmul(shard.X[rows_j], pts.T, out=eta[o:o + rows_j.size])
+            pts = np.concatenate(
+                [
+                    np.asarray(thetas[j], float).reshape(E, D),
+                    np.asarray(proposals[j], float).reshape(E, D),
+                ]
+            )
+            np.matmul(shard.X[rows_j], pts.T, out=eta[o : o + rows_j.size])
             o += rows_j.size
     rows = np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
     seg = np.repeat(np.arange(m), counts)
@@ -304,8 +315,9 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
     diff = ll[1] - ll[0]
     if control_variates:
         if shard.xi is None:
-            raise RuntimeError("control variates need the shard's tight points "
-                               "(set_tight_points) first")
+            raise RuntimeError(
+                "control variates need the shard's tight points (set_tight_points) first"
+            )
         with np.errstate(invalid="ignore", over="ignore"):
             lb = model.logbound(eta, y, shard.xi[rows])
             dd = (ll[1] - lb[1]) - (ll[0] - lb[0])
@@ -329,8 +341,9 @@ def shard_batch(shard: Shard, run: int, decisions: np.ndarray, slots: np.ndarray
 
 
 # ==================================================================== driver side
-def stop_rule(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, mu0: np.ndarray, N: int,
-              eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stop_rule(
+    n: np.ndarray, mean: np.ndarray, m2: np.ndarray, mu0: np.ndarray, N: int, eps: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The sequential test after a round (vectorised over chains).
 
     Parameters
@@ -427,9 +440,18 @@ class SequentialTester:
         ``μ₀ − Σ_all Δβ / N`` (control variates). None: plain austerity on ``l``.
     """
 
-    def __init__(self, transport: Any, specs: Sequence[ShardSpec], slots: int, *,
-                 eps: float, batch_size: int, seed: int, record_rows: bool = False,
-                 bound: BoundStats | None = None) -> None:
+    def __init__(
+        self,
+        transport: Any,
+        specs: Sequence[ShardSpec],
+        slots: int,
+        *,
+        eps: float,
+        batch_size: int,
+        seed: int,
+        record_rows: bool = False,
+        bound: BoundStats | None = None,
+    ) -> None:
         self.transport = transport
         specs = sorted(specs, key=lambda s: s.shard_id)
         self.shard_ids = np.array([s.shard_id for s in specs], dtype=np.int64)
@@ -440,9 +462,15 @@ class SequentialTester:
         self.batch_size = _check_batch_size(batch_size)
         self.seed = int(seed)
         self.record_rows = bool(record_rows)
-        self.bound = None if bound is None else BoundStats(
-            0.5 * (np.asarray(bound.A, float) + np.asarray(bound.A, float).T),
-            np.asarray(bound.b, float), float(bound.c))
+        self.bound = (
+            None
+            if bound is None
+            else BoundStats(
+                0.5 * (np.asarray(bound.A, float) + np.asarray(bound.A, float).T),
+                np.asarray(bound.b, float),
+                float(bound.c),
+            )
+        )
         self.rngs = [stream(self.seed, ROLE_AUSTERITY, _SUB_SELECT, c) for c in range(self.slots)]
         self.run = uuid.uuid4().int & ((1 << 62) - 1)
         self.decision = 0
@@ -451,8 +479,7 @@ class SequentialTester:
         #: rows evaluated by decisions that were started over (their queries: twice that)
         self.restarted_rows = 0
 
-    def decide(self, thetas: np.ndarray, proposals: np.ndarray,
-               mu0: np.ndarray) -> Decisions:
+    def decide(self, thetas: np.ndarray, proposals: np.ndarray, mu0: np.ndarray) -> Decisions:
         """One sequential MH test per slot: accept iff the mean of ``l_i`` exceeds ``μ₀``.
 
         With a ``bound`` (control variates) the test runs on ``Δδ_i`` against
@@ -481,8 +508,10 @@ class SequentialTester:
             with np.errstate(invalid="ignore"):
                 mu0 = mu0 - shift
             if np.isnan(mu0).any():
-                raise FloatingPointError("the control-variate threshold is NaN (the collapsed "
-                                         "bound overflows at a proposal)")
+                raise FloatingPointError(
+                    "the control-variate threshold is NaN (the collapsed "
+                    "bound overflows at a proposal)"
+                )
         from flymc_dist.cluster import ShardLost
 
         for _attempt in range(5):
@@ -505,8 +534,9 @@ class SequentialTester:
                 self.restarted_rows += int(getattr(lost, "rows_used", 0))
         raise ShardLost("giving up after 5 recoveries in one decision")
 
-    def _decide(self, thetas: np.ndarray, proposals: np.ndarray, mu0: np.ndarray,
-                key: int) -> Decisions:
+    def _decide(
+        self, thetas: np.ndarray, proposals: np.ndarray, mu0: np.ndarray, key: int
+    ) -> Decisions:
         """:meth:`decide` as decision number ``key``."""
         S = self.slots
         N, B = self.N, self.batch_size
@@ -539,10 +569,17 @@ class SequentialTester:
             calls = {}
             for j, (sl, ct) in per_shard.items():
                 sl_a = np.array(sl, dtype=np.int64)
-                calls[int(self.shard_ids[j])] = (shard_batch, self.run, keys[sl_a], sl_a,
-                                                 thetas[sl_a], proposals[sl_a],
-                                                 np.array(ct, dtype=np.int64), self.record_rows,
-                                                 cv)
+                calls[int(self.shard_ids[j])] = (
+                    shard_batch,
+                    self.run,
+                    keys[sl_a],
+                    sl_a,
+                    thetas[sl_a],
+                    proposals[sl_a],
+                    np.array(ct, dtype=np.int64),
+                    self.record_rows,
+                    cv,
+                )
             try:
                 replies = self.transport.call_some("apply", calls)
             except Exception as e:  # a lost worker: say how many rows this attempt used
@@ -555,19 +592,26 @@ class SequentialTester:
             for j in sorted(per_shard):  # global shard order: placement-independent sums
                 sl = np.array(per_shard[j][0], dtype=np.int64)
                 cnt_b, mean_b, m2_b, rows_b = replies[int(self.shard_ids[j])]
-                _merge(n, mean, m2, sl, np.asarray(cnt_b, dtype=np.int64),
-                       np.asarray(mean_b, float), np.asarray(m2_b, float))
+                _merge(
+                    n,
+                    mean,
+                    m2,
+                    sl,
+                    np.asarray(cnt_b, dtype=np.int64),
+                    np.asarray(mean_b, float),
+                    np.asarray(m2_b, float),
+                )
                 if rows_log is not None:
                     for i, c in enumerate(sl):
                         got[int(c)].append(rows_b[i])
             if rows_log is not None:
                 for c, parts in got.items():
-                    rows_log[c].append(np.concatenate(parts) if parts else
-                                       np.empty(0, dtype=np.int64))
+                    rows_log[c].append(
+                        np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+                    )
             if np.isnan(mean[active]).any():
                 raise FloatingPointError("a log-likelihood difference is NaN")
-            stop, acc, p = stop_rule(n[active], mean[active], m2[active], mu0[active], N,
-                                     self.eps)
+            stop, acc, p = stop_rule(n[active], mean[active], m2[active], mu0[active], N, self.eps)
             fin = active[stop]
             accept[fin] = acc[stop]
             p_val[fin] = p[stop]
@@ -575,8 +619,7 @@ class SequentialTester:
         return Decisions(accept, n.copy(), rounds, trips, mean, p_val, rows_log)
 
 
-def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarray
-                     ) -> np.ndarray:
+def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarray) -> np.ndarray:
     """``Σ_all β_n(θ′) − Σ_all β_n(θ)`` from the collapsed bound, for each row pair.
 
     Written as ``(θ′ − θ)ᵀA(θ′ + θ) + bᵀ(θ′ − θ)`` (``A`` symmetric), which never forms
@@ -616,8 +659,15 @@ def tight_bounds(transport: Any, theta_hat: np.ndarray) -> BoundStats:
     return total
 
 
-def _merge(n: np.ndarray, mean: np.ndarray, m2: np.ndarray, sl: np.ndarray, nb: np.ndarray,
-           mean_b: np.ndarray, m2_b: np.ndarray) -> None:
+def _merge(
+    n: np.ndarray,
+    mean: np.ndarray,
+    m2: np.ndarray,
+    sl: np.ndarray,
+    nb: np.ndarray,
+    mean_b: np.ndarray,
+    m2_b: np.ndarray,
+) -> None:
     """Chan et al.'s pairwise update of ``(n, mean, M2)`` at slots ``sl`` (each once), in place.
 
     An infinite batch mean (an infinite ``l_i``) makes the slot's mean infinite (opposite
@@ -657,16 +707,26 @@ def check_control_variates(value: Any) -> bool:
 
 
 def _check_batch_size(batch_size: Any) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) \
-            or batch_size < 1:
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int | np.integer)
+        or batch_size < 1
+    ):
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
     return int(batch_size)
 
 
 # ====================================================================== sampling
-def _setup(model: Model, transport: Any, kernel: RandomWalkMH, n_features: int, chains: int,
-           seed: int, options: dict[str, Any], control_variates: bool = False
-           ) -> dict[str, Any]:
+def _setup(
+    model: Model,
+    transport: Any,
+    kernel: RandomWalkMH,
+    n_features: int,
+    chains: int,
+    seed: int,
+    options: dict[str, Any],
+    control_variates: bool = False,
+) -> dict[str, Any]:
     """MAP (if needed), tight points and collapsed bound (control variates),
     preconditioner and initial positions, as the FlyMC driver does."""
     from flymc_dist.driver import Driver, laplace_covariance
@@ -674,13 +734,25 @@ def _setup(model: Model, transport: Any, kernel: RandomWalkMH, n_features: int, 
     t0 = time.perf_counter()
     init = options.get("init", "map")
     precondition = options.get("precondition", "laplace")
-    driver = Driver(model, transport, kernel, n_features=n_features, algorithm="regular",
-                    chains=chains, seed=seed, init=init, precondition=precondition,
-                    map_maxiter=int(options.get("map_maxiter", 100)))
+    driver = Driver(
+        model,
+        transport,
+        kernel,
+        n_features=n_features,
+        algorithm="regular",
+        chains=chains,
+        seed=seed,
+        init=init,
+        precondition=precondition,
+        map_maxiter=int(options.get("map_maxiter", 100)),
+    )
     P = driver.P
     theta_map, neg_h = None, None
-    need_map = (isinstance(init, str) and init == "map") or (
-        isinstance(precondition, str) and precondition == "laplace") or control_variates
+    need_map = (
+        (isinstance(init, str) and init == "map")
+        or (isinstance(precondition, str) and precondition == "laplace")
+        or control_variates
+    )
     trips0 = transport.round_trips
     if need_map:
         theta_map, neg_h = driver.find_map()
@@ -695,8 +767,9 @@ def _setup(model: Model, transport: Any, kernel: RandomWalkMH, n_features: int, 
     elif isinstance(precondition, str) and precondition == "identity":
         cov = np.eye(P)
     else:
-        raise ValueError(f"precondition must be 'laplace', 'identity' or an array, "
-                         f"not {precondition!r}")
+        raise ValueError(
+            f"precondition must be 'laplace', 'identity' or an array, not {precondition!r}"
+        )
     chol = np.linalg.cholesky(cov)
     positions = np.empty((chains, P))
     if isinstance(init, str):
@@ -708,16 +781,35 @@ def _setup(model: Model, transport: Any, kernel: RandomWalkMH, n_features: int, 
     else:
         arr = np.asarray(init, float)
         positions[:] = np.broadcast_to(arr.reshape(-1, P), positions.shape)
-    return {"theta_map": theta_map, "map_info": driver.map_info, "chol": chol,
-            "positions": positions, "setup_passes": map_passes, "bound": bound,
-            "setup_seconds": time.perf_counter() - t0, "P": P,
-            "param_shape": driver.param_shape}
+    return {
+        "theta_map": theta_map,
+        "map_info": driver.map_info,
+        "chol": chol,
+        "positions": positions,
+        "setup_passes": map_passes,
+        "bound": bound,
+        "setup_seconds": time.perf_counter() - t0,
+        "P": P,
+        "param_shape": driver.param_shape,
+    }
 
 
-def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, n_rows: int,
-                     n_features: int, path: str, kernel: Any, num_warmup: int,
-                     num_samples: int, chains: int, seed: int, client: Any,
-                     options: dict[str, Any]) -> Any:
+def sample_austerity(
+    model: Model,
+    specs: list[ShardSpec],
+    mem: dict | None,
+    *,
+    n_rows: int,
+    n_features: int,
+    path: str,
+    kernel: Any,
+    num_warmup: int,
+    num_samples: int,
+    chains: int,
+    seed: int,
+    client: Any,
+    options: dict[str, Any],
+) -> Any:
     """Austerity MH (approximate) — what ``fd.sample(..., algorithm="austerity")`` runs.
 
     Parameters
@@ -762,30 +854,45 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
     batch_size = _check_batch_size(options.get("batch_size", 500))
     control_variates = check_control_variates(options.get("control_variates", True))
     if not isinstance(kernel, RandomWalkMH):
-        raise ValueError(f"austerity MH supports kernel='rwmh' only, not "
-                         f"{getattr(kernel, 'name', kernel)!r}: MALA's proposal needs the "
-                         f"full-data gradient and slice sampling has no MH decision to test")
+        raise ValueError(
+            f"austerity MH supports kernel='rwmh' only, not "
+            f"{getattr(kernel, 'name', kernel)!r}: MALA's proposal needs the "
+            f"full-data gradient and slice sampling has no MH decision to test"
+        )
     if options.get("resume"):
         raise ValueError("austerity runs cannot be resumed (no checkpoint is written)")
     config = ShardConfig(model=model, algorithm="austerity", chains=chains, seed=seed)
     transport = open_transport(client, specs, config, mem, options)
     try:
-        setup = _setup(model, transport, kernel, n_features, chains, seed, options,
-                       control_variates)
+        setup = _setup(
+            model, transport, kernel, n_features, chains, seed, options, control_variates
+        )
         P, shape = setup["P"], setup["param_shape"]
         info: dict[str, Any] = {
-            "algorithm": "austerity", "approximate": True, "eps": eps,
-            "batch_size": batch_size, "control_variates": control_variates,
-            "bounds": "map" if control_variates else None, "kernel": kernel.name,
+            "algorithm": "austerity",
+            "approximate": True,
+            "eps": eps,
+            "batch_size": batch_size,
+            "control_variates": control_variates,
+            "bounds": "map" if control_variates else None,
+            "kernel": kernel.name,
             "z_update": None,
-            "q_db": None, "resample_fraction": None, "chains": chains, "seed": seed,
-            "n_rows": n_rows, "n_features": n_features, "n_shards": len(specs),
-            "transport": transport.name, "n_workers": transport.n_workers, "data": path,
-            "model": model.to_dict(), "num_warmup": num_warmup, "num_samples": num_samples,
+            "q_db": None,
+            "resample_fraction": None,
+            "chains": chains,
+            "seed": seed,
+            "n_rows": n_rows,
+            "n_features": n_features,
+            "n_shards": len(specs),
+            "transport": transport.name,
+            "n_workers": transport.n_workers,
+            "data": path,
+            "model": model.to_dict(),
+            "num_warmup": num_warmup,
+            "num_samples": num_samples,
             "log_joint": "not computed (NaN): austerity never evaluates the full likelihood",
         }
-        info["map"] = (None if setup["theta_map"] is None
-                       else setup["theta_map"].reshape(shape))
+        info["map"] = None if setup["theta_map"] is None else setup["theta_map"].reshape(shape)
         info["map_info"] = setup["map_info"]
         info["setup_queries"] = int(setup["setup_passes"]) * int(n_rows)
         info["setup_seconds"] = setup["setup_seconds"]
@@ -794,16 +901,27 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
             from flymc_dist.trace import Trace
 
             attrs = {k: v for k, v in info.items() if k != "map"}
-            trace = Trace.create(options["trace"], chains=chains, param_shape=shape,
-                                 stats={k: np.dtype(v) for k, v in AUSTERITY_STATS.items()},
-                                 attrs=attrs,
-                                 overwrite=bool(options.get("overwrite_trace", False)),
-                                 storage_options=options.get("trace_storage_options"))
-        tester = SequentialTester(transport, specs, chains, eps=eps, batch_size=batch_size,
-                                  seed=seed, bound=setup["bound"])
+            trace = Trace.create(
+                options["trace"],
+                chains=chains,
+                param_shape=shape,
+                stats={k: np.dtype(v) for k, v in AUSTERITY_STATS.items()},
+                attrs=attrs,
+                overwrite=bool(options.get("overwrite_trace", False)),
+                storage_options=options.get("trace_storage_options"),
+            )
+        tester = SequentialTester(
+            transport,
+            specs,
+            chains,
+            eps=eps,
+            batch_size=batch_size,
+            seed=seed,
+            bound=setup["bound"],
+        )
         rngs = [stream(seed, ROLE_AUSTERITY, _SUB_PROPOSAL, c) for c in range(chains)]
         params = [kernel.init_params(P, setup["chol"]) for _ in range(chains)]
-        adapters = ([kernel.adapter(p, num_warmup) for p in params] if num_warmup else None)
+        adapters = [kernel.adapter(p, num_warmup) for p in params] if num_warmup else None
         positions = setup["positions"].copy()
         total = num_warmup + num_samples
         draws = np.empty((chains, total, P))
@@ -821,32 +939,45 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
                     noise = rngs[c].standard_normal(P)
                     log_u[c] = -rngs[c].standard_exponential()
                     props[c] = positions[c] + params[c].step_size * tril_matvec(
-                        params[c].scale_tril, noise)
+                        params[c].scale_tril, noise
+                    )
                 # symmetric proposal: log q(θ′|θ) − log q(θ|θ′) = 0
                 mu0 = (log_u + model.log_prior(positions) - model.log_prior(props)) / n_rows
                 dec = tester.decide(positions, props, mu0)
                 positions = np.where(dec.accept[:, None], props, positions)
                 draws[:, i] = positions
-                st = {"accepted": dec.accept, "accept_prob": dec.accept.astype(float),
-                      "n_bright": dec.data_used, "likelihood_queries": 2 * dec.data_used,
-                      "round_trips": np.full(chains, dec.round_trips, dtype=np.int64),
-                      "log_joint": np.full(chains, np.nan), "data_used": dec.data_used,
-                      "test_rounds": dec.rounds}
+                st = {
+                    "accepted": dec.accept,
+                    "accept_prob": dec.accept.astype(float),
+                    "n_bright": dec.data_used,
+                    "likelihood_queries": 2 * dec.data_used,
+                    "round_trips": np.full(chains, dec.round_trips, dtype=np.int64),
+                    "log_joint": np.full(chains, np.nan),
+                    "data_used": dec.data_used,
+                    "test_rounds": dec.rounds,
+                }
                 for k, v in st.items():
                     stats[k][:, i] = v
                 if adapters is not None:
                     for c in range(chains):
                         a = bool(dec.accept[c])
-                        params[c] = adapters[c].update(KernelInfo(
-                            accepted=a, accept_prob=float(a), index=0 if a else -1,
-                            n_evals=1, n_requests=int(dec.rounds[c])))
+                        params[c] = adapters[c].update(
+                            KernelInfo(
+                                accepted=a,
+                                accept_prob=float(a),
+                                index=0 if a else -1,
+                                n_evals=1,
+                                n_requests=int(dec.rounds[c]),
+                            )
+                        )
                     if i == num_warmup - 1:
                         params = [a.final() for a in adapters]
                         adapters = None
                         t_warm = time.perf_counter()
                 progress.update(st)
-                if trace is not None and (i + 1 - flushed >= every or i == total - 1
-                                          or i == num_warmup - 1):
+                if trace is not None and (
+                    i + 1 - flushed >= every or i == total - 1 or i == num_warmup - 1
+                ):
                     flushed = _flush(trace, draws, stats, flushed, i + 1, num_warmup, shape)
         finally:
             progress.close()
@@ -857,34 +988,51 @@ def sample_austerity(model: Model, specs: list[ShardSpec], mem: dict | None, *, 
         info["recoveries"] = list(getattr(transport, "recoveries", []))
         info["restarted_decisions"] = int(tester.restarts)
         info["restarted_queries"] = 2 * int(tester.restarted_rows)
-        info["kernel_params"] = [{"step_size": float(p.step_size),
-                                  "scale_tril": np.asarray(p.scale_tril).tolist()}
-                                 for p in params]
+        info["kernel_params"] = [
+            {"step_size": float(p.step_size), "scale_tril": np.asarray(p.scale_tril).tolist()}
+            for p in params
+        ]
         keep = slice(num_warmup, total)
         info["data_used_fraction"] = float(stats["data_used"][:, keep].mean() / n_rows)
         info["exact_fraction"] = float((stats["data_used"][:, keep] >= n_rows).mean())
         samples = draws[:, keep].reshape((chains, num_samples) + shape)
         wsamples = draws[:, :num_warmup].reshape((chains, num_warmup) + shape)
-        return Result(samples, {k: v[:, keep] for k, v in stats.items()}, wsamples,
-                      {k: v[:, :num_warmup] for k, v in stats.items()}, info)
+        return Result(
+            samples,
+            {k: v[:, keep] for k, v in stats.items()},
+            wsamples,
+            {k: v[:, :num_warmup] for k, v in stats.items()},
+            info,
+        )
     finally:
         transport.close()
 
 
-def _flush(trace: Any, draws: np.ndarray, stats: dict[str, np.ndarray], lo: int, hi: int,
-           num_warmup: int, shape: tuple[int, ...]) -> int:
+def _flush(
+    trace: Any,
+    draws: np.ndarray,
+    stats: dict[str, np.ndarray],
+    lo: int,
+    hi: int,
+    num_warmup: int,
+    shape: tuple[int, ...],
+) -> int:
     """Append iterations ``lo:hi`` to the trace (split at the end of warm-up)."""
     C = draws.shape[0]
     for a, b, warm in ((lo, min(hi, num_warmup), True), (max(lo, num_warmup), hi, False)):
         if b > a:
-            trace.append(draws[:, a:b].reshape((C, b - a) + shape),
-                         {k: v[:, a:b] for k, v in stats.items()}, warmup=warm)
+            trace.append(
+                draws[:, a:b].reshape((C, b - a) + shape),
+                {k: v[:, a:b] for k, v in stats.items()},
+                warmup=warm,
+            )
     return hi
 
 
 # ================================================================ measurements
-def shard_exact_diff(shard: Shard, thetas: np.ndarray, proposals: np.ndarray,
-                     block: int = 1 << 20) -> np.ndarray:
+def shard_exact_diff(
+    shard: Shard, thetas: np.ndarray, proposals: np.ndarray, block: int = 1 << 20
+) -> np.ndarray:
     """Run on a shard via :meth:`Shard.apply`: ``sum_i ℓ_i(θ′_s) − ℓ_i(θ_s)`` over all rows.
 
     For each of the ``S`` pairs (rows of ``thetas``/``proposals``); a full pass, used only
@@ -896,17 +1044,28 @@ def shard_exact_diff(shard: Shard, thetas: np.ndarray, proposals: np.ndarray,
     out = np.zeros(S)
     step = max(1, block // max(1, pts.shape[0]))
     for lo in range(0, shard.n, step):
-        ll = model.loglik(model.linear_predictor(pts, shard.X[lo:lo + step]),
-                          shard.y[lo:lo + step]).sum(axis=1)
+        ll = model.loglik(
+            model.linear_predictor(pts, shard.X[lo : lo + step]), shard.y[lo : lo + step]
+        ).sum(axis=1)
         out += ll[S:] - ll[:S]
     return out
 
 
-def run_decisions(model: Model, data: Any, thetas: np.ndarray, proposals: np.ndarray,
-                  log_u: np.ndarray, *, eps: float | Sequence[float] = 0.05,
-                  batch_size: int = 500, seed: int = 0, n_shards: int | None = None,
-                  client: Any = "synchronous", exact: bool = True,
-                  control_variates: bool | np.ndarray = False) -> dict[str, Any]:
+def run_decisions(
+    model: Model,
+    data: Any,
+    thetas: np.ndarray,
+    proposals: np.ndarray,
+    log_u: np.ndarray,
+    *,
+    eps: float | Sequence[float] = 0.05,
+    batch_size: int = 500,
+    seed: int = 0,
+    n_shards: int | None = None,
+    client: Any = "synchronous",
+    exact: bool = True,
+    control_variates: bool | np.ndarray = False,
+) -> dict[str, Any]:
     """Austerity decisions for given ``(θ, θ′, u)`` triples, scored against exact MH.
 
     All triples are decided concurrently (as slots of one :class:`SequentialTester`,
@@ -980,13 +1139,19 @@ def run_decisions(model: Model, data: Any, thetas: np.ndarray, proposals: np.nda
             out["exact_mean"] = exact_mean
             out["exact_accept"] = exact_mean > mu0
         for e in eps_list:
-            tester = SequentialTester(transport, specs, S, eps=e, batch_size=batch_size,
-                                      seed=seed, bound=bound)
+            tester = SequentialTester(
+                transport, specs, S, eps=e, batch_size=batch_size, seed=seed, bound=bound
+            )
             dec = tester.decide(thetas, proposals, mu0)
-            row = {"eps": e, "accept": dec.accept, "data_used": dec.data_used,
-                   "rounds": dec.rounds, "mean_data_used": float(dec.data_used.mean()),
-                   "fraction": float(dec.data_used.mean() / N),
-                   "round_trips": dec.round_trips}
+            row = {
+                "eps": e,
+                "accept": dec.accept,
+                "data_used": dec.data_used,
+                "rounds": dec.rounds,
+                "mean_data_used": float(dec.data_used.mean()),
+                "fraction": float(dec.data_used.mean() / N),
+                "round_trips": dec.round_trips,
+            }
             if exact:
                 row["error_rate"] = float(np.mean(dec.accept != out["exact_accept"]))
             out["by_eps"].append(row)
@@ -999,15 +1164,25 @@ def _find_map(model: Model, transport: Any, n_features: int) -> np.ndarray:
     """The MAP estimate, found as the sampler's set-up finds it."""
     from flymc_dist.driver import Driver
 
-    driver = Driver(model, transport, RandomWalkMH(), n_features=n_features,
-                    algorithm="regular", chains=1)
+    driver = Driver(
+        model, transport, RandomWalkMH(), n_features=n_features, algorithm="regular", chains=1
+    )
     return driver.find_map()[0]
 
 
-def decision_data_used(model: Model, data: Any, theta: np.ndarray, proposal: np.ndarray, *,
-                       n_decisions: int = 200, eps: float = 0.05, batch_size: int = 500,
-                       seed: int = 0, n_shards: int | None = None,
-                       client: Any = "synchronous") -> dict[str, Any]:
+def decision_data_used(
+    model: Model,
+    data: Any,
+    theta: np.ndarray,
+    proposal: np.ndarray,
+    *,
+    n_decisions: int = 200,
+    eps: float = 0.05,
+    batch_size: int = 500,
+    seed: int = 0,
+    n_shards: int | None = None,
+    client: Any = "synchronous",
+) -> dict[str, Any]:
     """Rows used by ``n_decisions`` austerity decisions of one fixed move ``θ → θ′``.
 
     Each decision has its own ``u`` (from ``seed``) and its own minibatches.
@@ -1019,14 +1194,30 @@ def decision_data_used(model: Model, data: Any, theta: np.ndarray, proposal: np.
         ``exact_accept``, ``error_rate``, ``rounds``, ``round_trips``.
     """
     log_u = -stream(seed, ROLE_AUSTERITY, 3).standard_exponential(n_decisions)
-    r = run_decisions(model, data, theta, proposal, log_u, eps=eps, batch_size=batch_size,
-                      seed=seed, n_shards=n_shards, client=client)
+    r = run_decisions(
+        model,
+        data,
+        theta,
+        proposal,
+        log_u,
+        eps=eps,
+        batch_size=batch_size,
+        seed=seed,
+        n_shards=n_shards,
+        client=client,
+    )
     row = r["by_eps"][0]
-    return {"n_rows": r["n_rows"], "data_used": row["data_used"],
-            "mean_data_used": row["mean_data_used"], "fraction": row["fraction"],
-            "accept": row["accept"], "exact_accept": r["exact_accept"],
-            "error_rate": row["error_rate"], "rounds": row["rounds"],
-            "round_trips": row["round_trips"]}
+    return {
+        "n_rows": r["n_rows"],
+        "data_used": row["data_used"],
+        "mean_data_used": row["mean_data_used"],
+        "fraction": row["fraction"],
+        "accept": row["accept"],
+        "exact_accept": r["exact_accept"],
+        "error_rate": row["error_rate"],
+        "rounds": row["rounds"],
+        "round_trips": row["round_trips"],
+    }
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:

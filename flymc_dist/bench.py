@@ -49,8 +49,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GOAL_FLYMC_OVER_BARE", "GOAL_REGULAR_OVER_FLYMC", "format_overhead",
-           "local_client", "run_overhead"]
+__all__ = [
+    "GOAL_FLYMC_OVER_BARE",
+    "GOAL_REGULAR_OVER_FLYMC",
+    "format_overhead",
+    "local_client",
+    "run_overhead",
+]
 
 #: Goal for (FlyMC seconds per iteration) / (bare round trip seconds).
 GOAL_FLYMC_OVER_BARE = 1.5
@@ -82,9 +87,14 @@ def local_client(workers: int) -> tuple[Any, Any]:
     dask.config.set({"distributed.comm.timeouts.connect": "5s"})
     # No dashboard; the scheduler's bare HTTP server on a free port (":0"), so another
     # cluster holding the default port 8787 causes no warning.
-    cluster = LocalCluster(n_workers=int(workers), threads_per_worker=1, processes=True,
-                           dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
-                           silence_logs=logging.ERROR)
+    cluster = LocalCluster(
+        n_workers=int(workers),
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        scheduler_kwargs={"dashboard_address": ":0"},
+        silence_logs=logging.ERROR,
+    )
     try:
         client = Client(cluster, direct_to_workers=True)
     except BaseException:
@@ -132,15 +142,22 @@ def _time_pings(transport: Any, n: int, how: str, payload: bytes = b"") -> dict[
             if bad:
                 raise RuntimeError(f"a bare round trip failed: {bad!r}")
         times[i] = time.perf_counter() - t
-    return {"mean": float(times.mean()), "median": float(np.median(times)),
-            "p90": float(np.quantile(times, 0.9)), "n": int(n)}
+    return {
+        "mean": float(times.mean()),
+        "median": float(np.median(times)),
+        "p90": float(np.quantile(times, 0.9)),
+        "n": int(n),
+    }
 
 
 def _merge(first: dict[str, float], second: dict[str, float]) -> dict[str, Any]:
     n1, n2 = first["n"], second["n"]
-    return {"mean": (first["mean"] * n1 + second["mean"] * n2) / (n1 + n2),
-            "median": float(np.median([first["median"], second["median"]])),
-            "before": first, "after": second}
+    return {
+        "mean": (first["mean"] * n1 + second["mean"] * n2) / (n1 + n2),
+        "median": float(np.median([first["median"], second["median"]])),
+        "before": first,
+        "after": second,
+    }
 
 
 def _sampler_figures(res: Any) -> dict[str, Any]:
@@ -163,8 +180,8 @@ def _sampler_figures(res: Any) -> dict[str, Any]:
         "ess_per_query": eff["ess_per_query"],
         "speculate": bool(res.info.get("speculate", False)),
         "timing": res.info.get("timing"),
-        "speculative_queries_per_iteration": res.info.get("speculative_queries", 0) / max(
-            res.samples.shape[0] * (res.samples.shape[1] + int(res.info["num_warmup"])), 1),
+        "speculative_queries_per_iteration": res.info.get("speculative_queries", 0)
+        / max(res.samples.shape[0] * (res.samples.shape[1] + int(res.info["num_warmup"])), 1),
         "setup_seconds": float(res.info["setup_seconds"]),
         "sampling_seconds": float(res.info["sampling_seconds"]),
     }
@@ -174,11 +191,21 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
 
 
-def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
-                 iterations: int = 1000, chains: int = 4, seed: int = 0, *,
-                 regular_iterations: int = 20, warmup: int = 200, pings: int = 1000,
-                 default_sharding: str = "flymc", workdir: str | None = None,
-                 client: Any = None) -> dict[str, Any]:
+def run_overhead(
+    rows: int = 2_000_000,
+    features: int = 57,
+    workers: int = 2,
+    iterations: int = 1000,
+    chains: int = 4,
+    seed: int = 0,
+    *,
+    regular_iterations: int = 20,
+    warmup: int = 200,
+    pings: int = 1000,
+    default_sharding: str = "flymc",
+    workdir: str | None = None,
+    client: Any = None,
+) -> dict[str, Any]:
     """Measure FlyMC's, regular MCMC's and a bare round trip's per-iteration wall time.
 
     Parameters
@@ -228,8 +255,9 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
     regular_iterations = _check_int("regular_iterations", regular_iterations, 4)
     warmup = _check_int("warmup", warmup, 0)
     if default_sharding not in ("flymc", "both", "none"):
-        raise ValueError(f"default_sharding must be 'flymc', 'both' or 'none', got "
-                         f"{default_sharding!r}")
+        raise ValueError(
+            f"default_sharding must be 'flymc', 'both' or 'none', got {default_sharding!r}"
+        )
     chains = _check_int("chains", chains, 1)
     seed = _check_int("seed", seed, 0)
     pings = _check_int("pings", pings, 2)
@@ -241,10 +269,18 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
             "cores": os.cpu_count(),
             "load_average": _loadavg(),
             "python": platform.python_version(),
-            "rows": rows, "features": features, "workers": workers, "chains": chains,
-            "iterations": iterations, "warmup": warmup,
-            "regular_iterations": regular_iterations, "default_sharding": default_sharding,
-            "pings": pings, "seed": seed, "kernel": "rwmh", "bounds": "map",
+            "rows": rows,
+            "features": features,
+            "workers": workers,
+            "chains": chains,
+            "iterations": iterations,
+            "warmup": warmup,
+            "regular_iterations": regular_iterations,
+            "default_sharding": default_sharding,
+            "pings": pings,
+            "seed": seed,
+            "kernel": "rwmh",
+            "bounds": "map",
             "pinning": "none: driver, scheduler and workers share the machine's cores",
         },
     }
@@ -265,11 +301,20 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
         try:
             client.wait_for_workers(workers, timeout=120)
             # (c) the bare round trip: the same transport, actors and shard layout as (a)
-            specs = [ShardSpec(i, ds.path, a, b)
-                     for i, (a, b) in enumerate(ds.shard_ranges(n_shards=workers))]
-            config = ShardConfig(model=model, algorithm="flymc", chains=chains, seed=seed,
-                                 z_update="implicit", q_db=0.01, resample_fraction=0.1,
-                                 track_grad=False)
+            specs = [
+                ShardSpec(i, ds.path, a, b)
+                for i, (a, b) in enumerate(ds.shard_ranges(n_shards=workers))
+            ]
+            config = ShardConfig(
+                model=model,
+                algorithm="flymc",
+                chains=chains,
+                seed=seed,
+                z_update="implicit",
+                q_db=0.01,
+                resample_fraction=0.1,
+                track_grad=False,
+            )
             P = model.n_params(features)
             payload = _round_payload(chains, P)
             out["setup"]["payload_bytes"] = len(payload)
@@ -285,16 +330,28 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
                 transport.close()
 
             def run(algorithm: str, n_iter: int, n_warm: int, **opts: Any) -> Any:
-                return fd.sample(model, ds, algorithm=algorithm, bounds="map", kernel="rwmh",
-                                 num_warmup=n_warm, num_samples=n_iter, chains=chains,
-                                 seed=seed, client=client, progress=False, **opts)
+                return fd.sample(
+                    model,
+                    ds,
+                    algorithm=algorithm,
+                    bounds="map",
+                    kernel="rwmh",
+                    num_warmup=n_warm,
+                    num_samples=n_iter,
+                    chains=chains,
+                    seed=seed,
+                    client=client,
+                    progress=False,
+                    **opts,
+                )
 
             fly = run("flymc", iterations, warmup, n_shards=workers)
             out["flymc"] = _sampler_figures(fly)
             out["setup"]["channel"] = fly.info["channel"]
             # the same run with its rounds on Dask's actor RPC: same draws, other time
             out["flymc_dask_channel"] = _sampler_figures(
-                run("flymc", iterations, warmup, n_shards=workers, channel="dask"))
+                run("flymc", iterations, warmup, n_shards=workers, channel="dask")
+            )
             # the same run with speculative z-updates switched the other way ("auto"
             # chose by the cores the workers and the driver share): same draws, other time
             other = not fly.info["speculate"]
@@ -305,18 +362,22 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
             kp = fly.info["kernel_params"]
             tril = np.asarray(kp[0]["scale_tril"], float)
             # (init as a list: Driver.setup compares init == "map", ambiguous for an array)
-            reg_opts = {"init": fly.samples[:, -1].reshape(chains, -1).tolist(),
-                        "precondition": tril @ tril.T,
-                        "kernel_options": {"step_size": float(np.mean([p["step_size"]
-                                                                       for p in kp]))}}
-            out["regular"] = _sampler_figures(run("regular", regular_iterations, 0,
-                                                  n_shards=workers, **reg_opts))
+            reg_opts = {
+                "init": fly.samples[:, -1].reshape(chains, -1).tolist(),
+                "precondition": tril @ tril.T,
+                "kernel_options": {"step_size": float(np.mean([p["step_size"] for p in kp]))},
+            }
+            out["regular"] = _sampler_figures(
+                run("regular", regular_iterations, 0, n_shards=workers, **reg_opts)
+            )
             if default_sharding in ("flymc", "both"):
                 out["flymc_default_sharding"] = _sampler_figures(
-                    run("flymc", max(iterations // 2, 4), warmup // 2))
+                    run("flymc", max(iterations // 2, 4), warmup // 2)
+                )
             if default_sharding == "both":
                 out["regular_default_sharding"] = _sampler_figures(
-                    run("regular", regular_iterations, 0, **reg_opts))
+                    run("regular", regular_iterations, 0, **reg_opts)
+                )
             transport = DaskTransport(client, specs, config, channel="socket")
             try:
                 _time_pings(transport, 20, "actor")
@@ -335,14 +396,16 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
     f, r, bare = out["flymc"], out["regular"], out["bare_round_trip"]["mean"]
     ratios = {
         "flymc_over_bare": _ratio(f["seconds_per_iteration"], bare),
-        "flymc_over_socket_echo": _ratio(f["seconds_per_iteration"],
-                                         out["socket_echo"]["mean"]),
+        "flymc_over_socket_echo": _ratio(f["seconds_per_iteration"], out["socket_echo"]["mean"]),
         "flymc_dask_channel_over_bare": _ratio(
-            out["flymc_dask_channel"]["seconds_per_iteration"], bare),
+            out["flymc_dask_channel"]["seconds_per_iteration"], bare
+        ),
         "flymc_dask_channel_over_rpc_echo": _ratio(
-            out["flymc_dask_channel"]["seconds_per_iteration"], rpc_echo["mean"]),
-        "regular_over_flymc_per_iteration": _ratio(r["seconds_per_iteration"],
-                                                   f["seconds_per_iteration"]),
+            out["flymc_dask_channel"]["seconds_per_iteration"], rpc_echo["mean"]
+        ),
+        "regular_over_flymc_per_iteration": _ratio(
+            r["seconds_per_iteration"], f["seconds_per_iteration"]
+        ),
         "flymc_over_regular_ess_per_second": _ratio(f["ess_per_second"], r["ess_per_second"]),
         "flymc_over_regular_ess_per_query": _ratio(f["ess_per_query"], r["ess_per_query"]),
     }
@@ -354,17 +417,22 @@ def run_overhead(rows: int = 2_000_000, features: int = 57, workers: int = 2,
         ratios["flymc_default_sharding_over_bare"] = _ratio(fd_["seconds_per_iteration"], bare)
         reg_d = out.get("regular_default_sharding", r)
         ratios["regular_over_flymc_default_sharding"] = _ratio(
-            reg_d["seconds_per_iteration"], fd_["seconds_per_iteration"])
+            reg_d["seconds_per_iteration"], fd_["seconds_per_iteration"]
+        )
     # ESS from a few dozen draws per chain is noise: say so rather than print a verdict
-    ratios["per_ess_reliable"] = bool(regular_iterations >= _MIN_ESS_DRAWS
-                                      and iterations >= _MIN_ESS_DRAWS)
+    ratios["per_ess_reliable"] = bool(
+        regular_iterations >= _MIN_ESS_DRAWS and iterations >= _MIN_ESS_DRAWS
+    )
     out["ratios"] = ratios
     out["goals"] = {
-        "flymc_over_bare": {"goal": f"<= {GOAL_FLYMC_OVER_BARE}",
-                            "met": bool(ratios["flymc_over_bare"] <= GOAL_FLYMC_OVER_BARE)},
+        "flymc_over_bare": {
+            "goal": f"<= {GOAL_FLYMC_OVER_BARE}",
+            "met": bool(ratios["flymc_over_bare"] <= GOAL_FLYMC_OVER_BARE),
+        },
         "regular_over_flymc_per_iteration": {
             "goal": f">= {GOAL_REGULAR_OVER_FLYMC}",
-            "met": bool(ratios["regular_over_flymc_per_iteration"] >= GOAL_REGULAR_OVER_FLYMC)},
+            "met": bool(ratios["regular_over_flymc_per_iteration"] >= GOAL_REGULAR_OVER_FLYMC),
+        },
     }
     out["setup"]["load_average_after"] = _loadavg()
     out["seconds"] = time.perf_counter() - t_start
@@ -419,39 +487,58 @@ def format_overhead(d: dict[str, Any]) -> str:
         f"  {'':36s}{'s / iteration':>13s}  {'shards':>6s}  {'queries/it/chain':>16s}  "
         f"{'ESS/s':>8s}  {'set-up s':>8s}",
     ]
-    def floor(label: str, b: dict[str, Any], note: str) -> None:
-        extra = (f"before {_ms(b['before']['mean']).strip()} / after "
-                 f"{_ms(b['after']['mean']).strip()}; " if "before" in b else "")
-        lines.append(f"  {label:36s}{_ms(b['mean'])}  {s['workers']:>6d}  {'0':>16s}  "
-                     f"{'':>8s}  {'':>8s}  {extra}{note}")
 
-    floor("(c) bare actor round trip", d["bare_round_trip"],
-          "a no-op actor method on every worker, as Dask calls it")
-    floor("    echo on the socket channel", d["socket_echo"],
-          f"a round's {s.get('payload_bytes', 0):,}-byte request, as FlyMC's rounds travel")
-    floor("    echo on Dask's RPC", d["rpc_echo"],
-          "the same, as rounds travel with channel='dask'")
-    rows = [("(a) FlyMC, MAP-tuned" + (" (speculative)" if d["flymc"].get("speculate")
-                                       else ""), "flymc"),
-            ("    FlyMC, rounds on Dask's RPC", "flymc_dask_channel"),
-            ("    FlyMC, speculative z-updates", "flymc_speculate"),
-            ("    FlyMC, no speculation", "flymc_no_speculate"),
-            ("(b) regular MCMC", "regular"),
-            ("    FlyMC, default sharding", "flymc_default_sharding"),
-            ("    regular, default sharding", "regular_default_sharding")]
+    def floor(label: str, b: dict[str, Any], note: str) -> None:
+        extra = (
+            f"before {_ms(b['before']['mean']).strip()} / after {_ms(b['after']['mean']).strip()}; "
+            if "before" in b
+            else ""
+        )
+        lines.append(
+            f"  {label:36s}{_ms(b['mean'])}  {s['workers']:>6d}  {'0':>16s}  "
+            f"{'':>8s}  {'':>8s}  {extra}{note}"
+        )
+
+    floor(
+        "(c) bare actor round trip",
+        d["bare_round_trip"],
+        "a no-op actor method on every worker, as Dask calls it",
+    )
+    floor(
+        "    echo on the socket channel",
+        d["socket_echo"],
+        f"a round's {s.get('payload_bytes', 0):,}-byte request, as FlyMC's rounds travel",
+    )
+    floor("    echo on Dask's RPC", d["rpc_echo"], "the same, as rounds travel with channel='dask'")
+    rows = [
+        (
+            "(a) FlyMC, MAP-tuned" + (" (speculative)" if d["flymc"].get("speculate") else ""),
+            "flymc",
+        ),
+        ("    FlyMC, rounds on Dask's RPC", "flymc_dask_channel"),
+        ("    FlyMC, speculative z-updates", "flymc_speculate"),
+        ("    FlyMC, no speculation", "flymc_no_speculate"),
+        ("(b) regular MCMC", "regular"),
+        ("    FlyMC, default sharding", "flymc_default_sharding"),
+        ("    regular, default sharding", "regular_default_sharding"),
+    ]
     for label, key in rows:
         if key not in d:
             continue
         r = d[key]
-        lines.append(f"  {label:36s}{_ms(r['seconds_per_iteration'])}  {r['n_shards']:>6d}  "
-                     f"{r['queries_per_iteration']:>16,.0f}  {_sig(r['ess_per_second']):>8s}  "
-                     f"{r['setup_seconds']:>8.1f}")
+        lines.append(
+            f"  {label:36s}{_ms(r['seconds_per_iteration'])}  {r['n_shards']:>6d}  "
+            f"{r['queries_per_iteration']:>16,.0f}  {_sig(r['ess_per_second']):>8s}  "
+            f"{r['setup_seconds']:>8.1f}"
+        )
     f = d["flymc"]
-    lines.append(f"  FlyMC bright fraction {f['bright_fraction']:.3g}, acceptance "
-                 f"{f['acceptance']:.3f}, {f['round_trips_per_iteration']:.2f} round trips per "
-                 f"iteration; ESS (bulk, mean) FlyMC {_sig(f['ess_mean'])}, regular "
-                 f"{_sig(d['regular']['ess_mean'])} (from "
-                 f"{d['regular']['iterations']} × {s['chains']} draws: rough)")
+    lines.append(
+        f"  FlyMC bright fraction {f['bright_fraction']:.3g}, acceptance "
+        f"{f['acceptance']:.3f}, {f['round_trips_per_iteration']:.2f} round trips per "
+        f"iteration; ESS (bulk, mean) FlyMC {_sig(f['ess_mean'])}, regular "
+        f"{_sig(d['regular']['ess_mean'])} (from "
+        f"{d['regular']['iterations']} × {s['chains']} draws: rough)"
+    )
     ra, g = d["ratios"], d["goals"]
 
     def verdict(key: str) -> str:
@@ -469,38 +556,53 @@ def format_overhead(d: dict[str, Any]) -> str:
         f"  regular / FlyMC per iteration {_sig(ra['regular_over_flymc_per_iteration']):>8s}×   "
         f"(goal {g['regular_over_flymc_per_iteration']['goal']}: "
         f"{verdict('regular_over_flymc_per_iteration')})",
-        f"  FlyMC / regular ESS per second "
-        f"{_sig(ra['flymc_over_regular_ess_per_second']):>7s}×",
+        f"  FlyMC / regular ESS per second {_sig(ra['flymc_over_regular_ess_per_second']):>7s}×",
         f"  FlyMC / regular ESS per query  {_sig(ra['flymc_over_regular_ess_per_query']):>7s}×",
     ]
     if not ra.get("per_ess_reliable", True):
-        lines.append(f"    (per ESS: rough — regular MCMC ran {s['regular_iterations']} draws "
-                     f"per chain; use --regular-iterations {_MIN_ESS_DRAWS} or more for a "
-                     f"usable figure)")
-    for key, label in (("flymc", "(a)"), ("flymc_dask_channel", "Dask's RPC"),
-                       ("flymc_speculate", "speculative"),
-                       ("flymc_no_speculate", "no speculation")):
+        lines.append(
+            f"    (per ESS: rough — regular MCMC ran {s['regular_iterations']} draws "
+            f"per chain; use --regular-iterations {_MIN_ESS_DRAWS} or more for a "
+            f"usable figure)"
+        )
+    for key, label in (
+        ("flymc", "(a)"),
+        ("flymc_dask_channel", "Dask's RPC"),
+        ("flymc_speculate", "speculative"),
+        ("flymc_no_speculate", "no speculation"),
+    ):
         t = d.get(key, {}).get("timing")
         if t and t.get("hosts"):
             hw = max(h["round_wall"] for h in t["hosts"])
             hc = max(h["round_cpu"] for h in t["hosts"])
             sp = max(h["speculate_wall"] for h in t["hosts"])
-            lines.append(f"  where FlyMC's time goes, {label}: step {_ms(t['step']).strip()} = "
-                         f"round trip {_ms(t['round_trip']).strip()} (busiest worker's round "
-                         f"{_ms(hw).strip()} wall, {_ms(hc).strip()} CPU"
-                         + (f"; speculation {_ms(sp).strip()}/it after replies" if sp else "")
-                         + f") + driver {_ms(t['driver']).strip()}")
-    for key, label in (("flymc_speculate", "with speculative z-updates"),
-                       ("flymc_no_speculate", "without speculation")):
+            lines.append(
+                f"  where FlyMC's time goes, {label}: step {_ms(t['step']).strip()} = "
+                f"round trip {_ms(t['round_trip']).strip()} (busiest worker's round "
+                f"{_ms(hw).strip()} wall, {_ms(hc).strip()} CPU"
+                + (f"; speculation {_ms(sp).strip()}/it after replies" if sp else "")
+                + f") + driver {_ms(t['driver']).strip()}"
+            )
+    for key, label in (
+        ("flymc_speculate", "with speculative z-updates"),
+        ("flymc_no_speculate", "without speculation"),
+    ):
         if f"{key}_over_bare" in ra:
             extra = d[key]
-            lines.append(f"  FlyMC {label}: / bare actor round trip "
-                         f"{_sig(ra[f'{key}_over_bare'])}×"
-                         + (f" ({extra['speculative_queries_per_iteration']:.0f} undone "
-                            f"queries/it/chain)" if extra.get("speculate") else ""))
+            lines.append(
+                f"  FlyMC {label}: / bare actor round trip "
+                f"{_sig(ra[f'{key}_over_bare'])}×"
+                + (
+                    f" ({extra['speculative_queries_per_iteration']:.0f} undone queries/it/chain)"
+                    if extra.get("speculate")
+                    else ""
+                )
+            )
     if "flymc_default_sharding_over_bare" in ra:
-        lines.append(f"  default sharding: FlyMC / bare actor round trip "
-                     f"{_sig(ra['flymc_default_sharding_over_bare'])}×, regular / FlyMC "
-                     f"{_sig(ra['regular_over_flymc_default_sharding'])}×")
+        lines.append(
+            f"  default sharding: FlyMC / bare actor round trip "
+            f"{_sig(ra['flymc_default_sharding_over_bare'])}×, regular / FlyMC "
+            f"{_sig(ra['regular_over_flymc_default_sharding'])}×"
+        )
     lines.append(f"  total {d['seconds']:.0f} s")
     return "\n".join(lines)

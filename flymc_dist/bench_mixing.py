@@ -55,8 +55,10 @@ def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) ->
     if problem == "logistic":
         from flymc_dist.data import make_logistic
 
-        return (fd.LogisticRegression(prior="normal", prior_scale=1.0),
-                make_logistic(path, n_rows=rows, n_features=features, seed=seed))
+        return (
+            fd.LogisticRegression(prior="normal", prior_scale=1.0),
+            make_logistic(path, n_rows=rows, n_features=features, seed=seed),
+        )
     raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
 
 
@@ -77,24 +79,39 @@ def _figures(res: Any, wall: float) -> dict[str, Any]:
         "r_hat_max": eff["r_hat_max"],
         "converged": bool(eff["r_hat_max"] <= 1.01),
         "min_ess_per_second": eff["ess_min"] / wall if wall > 0 else math.nan,
-        "seconds_per_iteration": (float(res.info["warmup_seconds"])
-                                  + float(res.info["sampling_seconds"])) / iters,
+        "seconds_per_iteration": (
+            float(res.info["warmup_seconds"]) + float(res.info["sampling_seconds"])
+        )
+        / iters,
         "round_trips_per_iteration": eff["round_trips_per_iteration"],
         "queries_per_iteration": eff["queries_per_iteration"],
-        "queries_total": float(res.stats["likelihood_queries"].sum()
-                               + res.warmup_stats["likelihood_queries"].sum()
-                               + res.info["setup_queries"]),
+        "queries_total": float(
+            res.stats["likelihood_queries"].sum()
+            + res.warmup_stats["likelihood_queries"].sum()
+            + res.info["setup_queries"]
+        ),
         "bright_rows_per_chain": float(res.stats["n_bright"].mean()),
         "bright_replica": bool(res.info.get("bright_replica", False)),
         "n_rows": int(res.info["n_rows"]),
     }
 
 
-def run_mixing(problem: str = "qm9", kernel: str = "nuts", chains: int = 4,
-               num_warmup: int = 500, num_samples: int = 1000, regular_warmup: int = 300,
-               regular_samples: int = 300, rows: int = 2_000_000, features: int = 57,
-               workers: int = 2, client: str | None = "synchronous", seed: int = 0,
-               regular: bool = True, workdir: str | None = None) -> dict[str, Any]:
+def run_mixing(
+    problem: str = "qm9",
+    kernel: str = "nuts",
+    chains: int = 4,
+    num_warmup: int = 500,
+    num_samples: int = 1000,
+    regular_warmup: int = 300,
+    regular_samples: int = 300,
+    rows: int = 2_000_000,
+    features: int = 57,
+    workers: int = 2,
+    client: str | None = "synchronous",
+    seed: int = 0,
+    regular: bool = True,
+    workdir: str | None = None,
+) -> dict[str, Any]:
     """Run FlyMC and regular MCMC with one kernel on one problem and compare them.
 
     Parameters
@@ -147,36 +164,56 @@ def run_mixing(problem: str = "qm9", kernel: str = "nuts", chains: int = 4,
 
             client, cluster = local_client(workers)
         common = dict(kernel=kernel, chains=chains, seed=seed, client=client, progress=False)
-        out: dict[str, Any] = {"setup": {
-            "problem": problem, "kernel": kernel, "chains": chains, "n_rows": ds.n_rows,
-            "n_features": ds.n_features, "ingest_seconds": ingest,
-            "client": client if isinstance(client, str) else f"LocalCluster({workers})",
-            "cores": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-            "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
-            "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        }}
+        out: dict[str, Any] = {
+            "setup": {
+                "problem": problem,
+                "kernel": kernel,
+                "chains": chains,
+                "n_rows": ds.n_rows,
+                "n_features": ds.n_features,
+                "ingest_seconds": ingest,
+                "client": client if isinstance(client, str) else f"LocalCluster({workers})",
+                "cores": os.cpu_count(),
+                "machine": platform.processor() or platform.machine(),
+                "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+                "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            }
+        }
         t0 = time.perf_counter()
-        res = fd.sample(model, ds, algorithm="flymc", bounds="map", num_warmup=num_warmup,
-                        num_samples=num_samples, **common)
+        res = fd.sample(
+            model,
+            ds,
+            algorithm="flymc",
+            bounds="map",
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            **common,
+        )
         out["flymc"] = _figures(res, time.perf_counter() - t0)
         if regular:
             if regular_warmup == 0:
                 steps = [p["step_size"] for p in res.info["kernel_params"]]
                 common["kernel_options"] = {"step_size": float(np.mean(steps))}
             t0 = time.perf_counter()
-            res = fd.sample(model, ds, algorithm="regular", num_warmup=regular_warmup,
-                            num_samples=regular_samples, **common)
+            res = fd.sample(
+                model,
+                ds,
+                algorithm="regular",
+                num_warmup=regular_warmup,
+                num_samples=regular_samples,
+                **common,
+            )
             out["regular"] = _figures(res, time.perf_counter() - t0)
             f, r = out["flymc"], out["regular"]
             out["ratios"] = {
                 "min_ess_per_second": f["min_ess_per_second"] / r["min_ess_per_second"],
                 "seconds_per_iteration": r["seconds_per_iteration"] / f["seconds_per_iteration"],
                 "queries_per_iteration": r["queries_per_iteration"] / f["queries_per_iteration"],
-                "ess_per_query": ((f["ess_min"] / f["queries_total"])
-                                  / (r["ess_min"] / r["queries_total"])),
+                "ess_per_query": (
+                    (f["ess_min"] / f["queries_total"]) / (r["ess_min"] / r["queries_total"])
+                ),
             }
-        out["setup"]["loadavg_after"] = (list(os.getloadavg()) if hasattr(os, "getloadavg")
-                                         else None)
+        out["setup"]["loadavg_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
         return out
     finally:
         if cluster is not None:
@@ -189,33 +226,43 @@ def run_mixing(problem: str = "qm9", kernel: str = "nuts", chains: int = 4,
 def format_mixing(d: dict[str, Any]) -> str:
     """The figures of :func:`run_mixing` as a table."""
     s = d["setup"]
-    lines = [f"flymc bench mixing: {s['problem']} ({s['n_rows']:,} rows x {s['n_features']} "
-             f"features), {s['kernel']}, {s['chains']} chains, client {s['client']}; "
-             f"{s['cores']} cores, load {s['loadavg_before']} -> {s['loadavg_after']}",
-             "whole run = set-up (MAP, bounds, first z) + warm-up + sampling; "
-             "ESS: bulk, min and median over parameters"]
-    head = (f"{'sampler':<8}{'draws':>11}{'whole s':>9}{'setup s':>9}{'ms/it':>9}"
-            f"{'min ESS':>9}{'med ESS':>9}{'R-hat max':>10}{'minESS/s':>10}{'rt/it':>7}"
-            f"{'queries/it':>12}{'bright/chain':>13}")
+    lines = [
+        f"flymc bench mixing: {s['problem']} ({s['n_rows']:,} rows x {s['n_features']} "
+        f"features), {s['kernel']}, {s['chains']} chains, client {s['client']}; "
+        f"{s['cores']} cores, load {s['loadavg_before']} -> {s['loadavg_after']}",
+        "whole run = set-up (MAP, bounds, first z) + warm-up + sampling; "
+        "ESS: bulk, min and median over parameters",
+    ]
+    head = (
+        f"{'sampler':<8}{'draws':>11}{'whole s':>9}{'setup s':>9}{'ms/it':>9}"
+        f"{'min ESS':>9}{'med ESS':>9}{'R-hat max':>10}{'minESS/s':>10}{'rt/it':>7}"
+        f"{'queries/it':>12}{'bright/chain':>13}"
+    )
     lines.append(head)
     for name in ("flymc", "regular"):
         f = d.get(name)
         if f is None:
             continue
-        lines.append(f"{name:<8}{f['warmup']:>5}+{f['draws']:<5}{f['wall_seconds']:>9.1f}"
-                     f"{f['setup_seconds']:>9.1f}{1000 * f['seconds_per_iteration']:>9.2f}"
-                     f"{f['ess_min']:>9.0f}{f['ess_median']:>9.0f}{f['r_hat_max']:>10.3f}"
-                     f"{f['min_ess_per_second']:>10.2f}{f['round_trips_per_iteration']:>7.1f}"
-                     f"{f['queries_per_iteration']:>12.4g}{f['bright_rows_per_chain']:>13.1f}")
+        lines.append(
+            f"{name:<8}{f['warmup']:>5}+{f['draws']:<5}{f['wall_seconds']:>9.1f}"
+            f"{f['setup_seconds']:>9.1f}{1000 * f['seconds_per_iteration']:>9.2f}"
+            f"{f['ess_min']:>9.0f}{f['ess_median']:>9.0f}{f['r_hat_max']:>10.3f}"
+            f"{f['min_ess_per_second']:>10.2f}{f['round_trips_per_iteration']:>7.1f}"
+            f"{f['queries_per_iteration']:>12.4g}{f['bright_rows_per_chain']:>13.1f}"
+        )
     r = d.get("ratios")
     if r:
-        lines.append(f"FlyMC / regular: min-ESS per second of the whole run "
-                     f"{r['min_ess_per_second']:.1f}x, per iteration "
-                     f"{r['seconds_per_iteration']:.1f}x faster, "
-                     f"{r['queries_per_iteration']:.0f}x fewer queries per iteration, "
-                     f"min-ESS per query {r['ess_per_query']:.0f}x")
+        lines.append(
+            f"FlyMC / regular: min-ESS per second of the whole run "
+            f"{r['min_ess_per_second']:.1f}x, per iteration "
+            f"{r['seconds_per_iteration']:.1f}x faster, "
+            f"{r['queries_per_iteration']:.0f}x fewer queries per iteration, "
+            f"min-ESS per query {r['ess_per_query']:.0f}x"
+        )
     bad = [n for n in ("flymc", "regular") if n in d and not d[n]["converged"]]
     if bad:
-        lines.append(f"NOT CONVERGED (R-hat > 1.01): {', '.join(bad)} - its speed figures "
-                     "are not to be trusted")
+        lines.append(
+            f"NOT CONVERGED (R-hat > 1.01): {', '.join(bad)} - its speed figures "
+            "are not to be trusted"
+        )
     return "\n".join(lines)

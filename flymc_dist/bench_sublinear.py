@@ -52,8 +52,9 @@ __all__ = ["format", "format_sublinear", "logistic_data", "run_sublinear"]
 _BENCH = 7
 
 
-def logistic_data(n_rows: int, n_features: int, seed: int) -> tuple[np.ndarray, np.ndarray,
-                                                                    np.ndarray]:
+def logistic_data(
+    n_rows: int, n_features: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """In-memory logistic data: ``x = (1, z)``, ``z ~ N(0, I)``, ``y ~ Bernoulli(σ(θ₀ᵀx))``.
 
     θ₀ depends on ``(seed, n_features)`` only (the same for every N): bias 0.3, the other
@@ -110,17 +111,36 @@ def _slope(ns: Sequence[int], used: Sequence[float | None]) -> float | None:
     return loglog_slope([n for n, _ in pts], [u for _, u in pts])
 
 
-def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
-                  batch_size: int = 500, seed: int = 0, client: Any = "synchronous", *,
-                  n_features: int = 3, distance: float = 0.2, n_decisions: int = 100,
-                  n_shards: int = 4, control_variates: bool = True, plain: bool = True,
-                  fixed: bool = True, posterior: bool = True, posterior_eps: float = 0.01,
-                  posterior_warmup: int = 300, posterior_samples: int = 600,
-                  posterior_chains: int = 2, plain_max_n: int = 100_000,
-                  bias_eps: Sequence[float] | None = (0.2, 0.1, 0.05, 0.01),
-                  bias_rows: int = 10_000, bias_chains: int = 8, bias_warmup: int = 150,
-                  bias_samples: int = 450, bias_batch_size: int = 2000, bias_shards: int = 2,
-                  error_moves: int = 400, workdir: str | None = None) -> dict[str, Any]:
+def run_sublinear(
+    ns: Sequence[int] = (10**4, 10**5, 10**6),
+    eps: float = 0.05,
+    batch_size: int = 500,
+    seed: int = 0,
+    client: Any = "synchronous",
+    *,
+    n_features: int = 3,
+    distance: float = 0.2,
+    n_decisions: int = 100,
+    n_shards: int = 4,
+    control_variates: bool = True,
+    plain: bool = True,
+    fixed: bool = True,
+    posterior: bool = True,
+    posterior_eps: float = 0.01,
+    posterior_warmup: int = 300,
+    posterior_samples: int = 600,
+    posterior_chains: int = 2,
+    plain_max_n: int = 100_000,
+    bias_eps: Sequence[float] | None = (0.2, 0.1, 0.05, 0.01),
+    bias_rows: int = 10_000,
+    bias_chains: int = 8,
+    bias_warmup: int = 150,
+    bias_samples: int = 450,
+    bias_batch_size: int = 2000,
+    bias_shards: int = 2,
+    error_moves: int = 400,
+    workdir: str | None = None,
+) -> dict[str, Any]:
     """Data used per austerity decision against N, and bias against eps.
 
     Parameters
@@ -205,49 +225,106 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
                 exact_accept = None
                 for cv in variants:
                     t = time.perf_counter()
-                    r = run_decisions(model, data, theta0, theta0 + distance * v, log_u,
-                                      eps=eps, batch_size=batch_size, seed=seed,
-                                      n_shards=n_shards, client=client,
-                                      exact=exact_accept is None, control_variates=cv)
+                    r = run_decisions(
+                        model,
+                        data,
+                        theta0,
+                        theta0 + distance * v,
+                        log_u,
+                        eps=eps,
+                        batch_size=batch_size,
+                        seed=seed,
+                        n_shards=n_shards,
+                        client=client,
+                        exact=exact_accept is None,
+                        control_variates=cv,
+                    )
                     if exact_accept is None:
                         exact_accept = r["exact_accept"]
                     row = r["by_eps"][0]
-                    _append(fix_rows[cv], {
-                        "mean_data_used": row["mean_data_used"], "fraction": row["fraction"],
-                        "mean_rounds": float(row["rounds"].mean()),
-                        "error_rate": float(np.mean(row["accept"] != exact_accept)),
-                        "seconds": time.perf_counter() - t})
+                    _append(
+                        fix_rows[cv],
+                        {
+                            "mean_data_used": row["mean_data_used"],
+                            "fraction": row["fraction"],
+                            "mean_rounds": float(row["rounds"].mean()),
+                            "error_rate": float(np.mean(row["accept"] != exact_accept)),
+                            "seconds": time.perf_counter() - t,
+                        },
+                    )
             if posterior:
                 for cv in variants:
                     if not cv and n > plain_max_n:
                         _append(post_rows[cv], None)
                         continue
-                    _append(post_rows[cv], _posterior_run(
-                        model, data, n, cv, eps=posterior_eps, batch_size=batch_size,
-                        warmup=posterior_warmup, samples=posterior_samples,
-                        chains=posterior_chains, seed=seed, n_shards=n_shards, client=client))
+                    _append(
+                        post_rows[cv],
+                        _posterior_run(
+                            model,
+                            data,
+                            n,
+                            cv,
+                            eps=posterior_eps,
+                            batch_size=batch_size,
+                            warmup=posterior_warmup,
+                            samples=posterior_samples,
+                            chains=posterior_chains,
+                            seed=seed,
+                            n_shards=n_shards,
+                            client=client,
+                        ),
+                    )
             del data
-        common = {"ns": ns, "n_features": int(n_features), "n_shards": int(n_shards),
-                  "batch_size": int(batch_size)}
+        common = {
+            "ns": ns,
+            "n_features": int(n_features),
+            "n_shards": int(n_shards),
+            "batch_size": int(batch_size),
+        }
         fixed_out = None
         if fixed:
-            fixed_out = {**common, "eps": float(eps), "distance": float(distance),
-                         "n_decisions": int(n_decisions), "plain": None, "cv": None}
+            fixed_out = {
+                **common,
+                "eps": float(eps),
+                "distance": float(distance),
+                "n_decisions": int(n_decisions),
+                "plain": None,
+                "cv": None,
+            }
             for cv, rows in fix_rows.items():
                 fixed_out[_key(cv)] = {**rows, "slope": _slope(ns, rows["mean_data_used"])}
         post_out = None
         if posterior:
-            post_out = {**common, "eps": float(posterior_eps), "warmup": int(posterior_warmup),
-                        "samples": int(posterior_samples), "chains": int(posterior_chains),
-                        "plain_max_n": int(plain_max_n), "plain": None, "cv": None}
+            post_out = {
+                **common,
+                "eps": float(posterior_eps),
+                "warmup": int(posterior_warmup),
+                "samples": int(posterior_samples),
+                "chains": int(posterior_chains),
+                "plain_max_n": int(plain_max_n),
+                "plain": None,
+                "cv": None,
+            }
             for cv, rows in post_rows.items():
                 post_out[_key(cv)] = {**rows, "slope": _slope(ns, rows["mean_data_used"])}
         bias = None
         if bias_eps:
-            bias = _bias_vs_eps(model, list(bias_eps), variants, bias_rows, n_features, seed,
-                                client, tmp, chains=bias_chains, warmup=bias_warmup,
-                                samples=bias_samples, batch_size=bias_batch_size,
-                                n_shards=bias_shards, error_moves=error_moves)
+            bias = _bias_vs_eps(
+                model,
+                list(bias_eps),
+                variants,
+                bias_rows,
+                n_features,
+                seed,
+                client,
+                tmp,
+                chains=bias_chains,
+                warmup=bias_warmup,
+                samples=bias_samples,
+                batch_size=bias_batch_size,
+                n_shards=bias_shards,
+                error_moves=error_moves,
+            )
     finally:
         if owned:
             client.close()
@@ -255,13 +332,27 @@ def run_sublinear(ns: Sequence[int] = (10**4, 10**5, 10**6), eps: float = 0.05,
                 cluster.close()
         if tmpdir is not None:
             tmpdir.cleanup()
-    return {"approximate": True, "fixed": fixed_out, "posterior": post_out, "bias": bias,
-            "seconds": time.perf_counter() - t0}
+    return {
+        "approximate": True,
+        "fixed": fixed_out,
+        "posterior": post_out,
+        "bias": bias,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 #: the per-N figures of a posterior-scaled run (None where skipped)
-_POSTERIOR_KEYS = ("mean_data_used", "median_data_used", "max_data_used", "fraction",
-                   "exact_fraction", "acceptance", "step_size", "seconds", "setup_seconds")
+_POSTERIOR_KEYS = (
+    "mean_data_used",
+    "median_data_used",
+    "max_data_used",
+    "fraction",
+    "exact_fraction",
+    "acceptance",
+    "step_size",
+    "seconds",
+    "setup_seconds",
+)
 
 
 def _append(rows: dict[str, list], figures: dict[str, Any] | None) -> None:
@@ -271,36 +362,85 @@ def _append(rows: dict[str, list], figures: dict[str, Any] | None) -> None:
         rows.setdefault(k, []).append(None if figures is None else figures[k])
 
 
-def _posterior_run(model: LogisticRegression, data: Any, n_rows: int, cv: bool, *,
-                   eps: float, batch_size: int, warmup: int, samples: int, chains: int,
-                   seed: int, n_shards: int, client: Any) -> dict[str, Any]:
+def _posterior_run(
+    model: LogisticRegression,
+    data: Any,
+    n_rows: int,
+    cv: bool,
+    *,
+    eps: float,
+    batch_size: int,
+    warmup: int,
+    samples: int,
+    chains: int,
+    seed: int,
+    n_shards: int,
+    client: Any,
+) -> dict[str, Any]:
     """One austerity run as a user makes it (default adaptation); its data use per decision."""
     from flymc_dist.api import sample
 
     t = time.perf_counter()
-    res = sample(model, data, algorithm="austerity", control_variates=cv, eps=eps,
-                 batch_size=batch_size, num_warmup=warmup, num_samples=samples, chains=chains,
-                 seed=seed, client=client, n_shards=n_shards, progress=False)
+    res = sample(
+        model,
+        data,
+        algorithm="austerity",
+        control_variates=cv,
+        eps=eps,
+        batch_size=batch_size,
+        num_warmup=warmup,
+        num_samples=samples,
+        chains=chains,
+        seed=seed,
+        client=client,
+        n_shards=n_shards,
+        progress=False,
+    )
     secs = time.perf_counter() - t
     used = res.stats["data_used"]
-    return {"mean_data_used": float(used.mean()), "median_data_used": float(np.median(used)),
-            "max_data_used": int(used.max()), "fraction": float(used.mean() / n_rows),
-            "exact_fraction": float(res.info["exact_fraction"]),
-            "acceptance": float(res.stats["accepted"].mean()),
-            "step_size": float(res.info["kernel_params"][0]["step_size"]),
-            "seconds": secs, "setup_seconds": float(res.info["setup_seconds"])}
+    return {
+        "mean_data_used": float(used.mean()),
+        "median_data_used": float(np.median(used)),
+        "max_data_used": int(used.max()),
+        "fraction": float(used.mean() / n_rows),
+        "exact_fraction": float(res.info["exact_fraction"]),
+        "acceptance": float(res.stats["accepted"].mean()),
+        "step_size": float(res.info["kernel_params"][0]["step_size"]),
+        "seconds": secs,
+        "setup_seconds": float(res.info["setup_seconds"]),
+    }
 
 
-def _bias_vs_eps(model: LogisticRegression, eps_list: list[float], variants: list[bool],
-                 n_rows: int, n_features: int, seed: int, client: Any, tmp: str | None, *,
-                 chains: int, warmup: int, samples: int, batch_size: int, n_shards: int,
-                 error_moves: int) -> dict[str, Any]:
+def _bias_vs_eps(
+    model: LogisticRegression,
+    eps_list: list[float],
+    variants: list[bool],
+    n_rows: int,
+    n_features: int,
+    seed: int,
+    client: Any,
+    tmp: str | None,
+    *,
+    chains: int,
+    warmup: int,
+    samples: int,
+    batch_size: int,
+    n_shards: int,
+    error_moves: int,
+) -> dict[str, Any]:
     """Posterior-mean error and per-decision error rate of austerity MH at each eps."""
     from flymc_dist.api import sample
 
     data, _ = _dataset(n_rows, n_features, seed, client, tmp)
-    common = {"num_warmup": warmup, "num_samples": samples, "chains": chains, "seed": seed,
-              "client": client, "n_shards": n_shards, "progress": False}
+    common = {
+        "num_warmup": warmup,
+        "num_samples": samples,
+        "chains": chains,
+        "seed": seed,
+        "client": client,
+        "n_shards": n_shards,
+        "progress": False,
+    }
     t = time.perf_counter()
     ref = sample(model, data, algorithm="regular", **common)
     ref_secs = time.perf_counter() - t
@@ -314,43 +454,72 @@ def _bias_vs_eps(model: LogisticRegression, eps_list: list[float], variants: lis
     mrng = stream(seed, ROLE_AUSTERITY, _BENCH, 3)
     pool = flat.reshape(-1, flat.shape[-1])
     thetas = pool[mrng.integers(0, pool.shape[0], size=error_moves)]
-    props = np.stack([th + step * tril_matvec(tril, mrng.standard_normal(th.size))
-                      for th in thetas])
+    props = np.stack(
+        [th + step * tril_matvec(tril, mrng.standard_normal(th.size)) for th in thetas]
+    )
     log_u = -mrng.standard_exponential(error_moves)
     rows = []
     for cv in variants:
-        dec = run_decisions(model, data, thetas, props, log_u, eps=eps_list,
-                            batch_size=batch_size, seed=seed, n_shards=n_shards, client=client,
-                            control_variates=cv)
+        dec = run_decisions(
+            model,
+            data,
+            thetas,
+            props,
+            log_u,
+            eps=eps_list,
+            batch_size=batch_size,
+            seed=seed,
+            n_shards=n_shards,
+            client=client,
+            control_variates=cv,
+        )
         for e, d in zip(eps_list, dec["by_eps"], strict=True):
             t = time.perf_counter()
-            res = sample(model, data, algorithm="austerity", eps=e, batch_size=batch_size,
-                         control_variates=cv, **common)
+            res = sample(
+                model,
+                data,
+                algorithm="austerity",
+                eps=e,
+                batch_size=batch_size,
+                control_variates=cv,
+                **common,
+            )
             secs = time.perf_counter() - t
             af = res.samples.reshape(chains, samples, -1)
             a_mean = af.mean(axis=(0, 1))
             a_mcse = np.asarray(diagnostics.mcse_mean(af))
-            se = np.sqrt(a_mcse ** 2 + ref_mcse ** 2)
+            se = np.sqrt(a_mcse**2 + ref_mcse**2)
             z = (a_mean - ref_mean) / ref_sd
-            rows.append({
-                "control_variates": cv,
-                "eps": e,
-                "mean_error_sd": float(np.max(np.abs(z))),  # max over parameters, in sd
-                "mean_error_by_param": z.tolist(),
-                "mc_se_sd": float(np.max(se / ref_sd)),  # MC standard error of that difference
-                "sd_ratio": (af.std(axis=(0, 1), ddof=1) / ref_sd).tolist(),
-                "data_used_fraction": float(res.info["data_used_fraction"]),
-                "exact_fraction": float(res.info["exact_fraction"]),
-                "acceptance": float(res.stats["accepted"].mean()),
-                "round_trips_per_iteration": float(res.stats["round_trips"].mean()),
-                "decision_error_rate": float(d["error_rate"]),
-                "decision_data_fraction": float(d["fraction"]),
-                "seconds": secs,
-            })
-    return {"n_rows": n_rows, "chains": chains, "num_warmup": warmup, "num_samples": samples,
-            "batch_size": batch_size, "exact_mean": ref_mean.tolist(),
-            "exact_sd": ref_sd.tolist(), "exact_acceptance": float(ref.stats["accepted"].mean()),
-            "exact_seconds": ref_secs, "error_moves": error_moves, "rows": rows}
+            rows.append(
+                {
+                    "control_variates": cv,
+                    "eps": e,
+                    "mean_error_sd": float(np.max(np.abs(z))),  # max over parameters, in sd
+                    "mean_error_by_param": z.tolist(),
+                    "mc_se_sd": float(np.max(se / ref_sd)),  # MC standard error of that difference
+                    "sd_ratio": (af.std(axis=(0, 1), ddof=1) / ref_sd).tolist(),
+                    "data_used_fraction": float(res.info["data_used_fraction"]),
+                    "exact_fraction": float(res.info["exact_fraction"]),
+                    "acceptance": float(res.stats["accepted"].mean()),
+                    "round_trips_per_iteration": float(res.stats["round_trips"].mean()),
+                    "decision_error_rate": float(d["error_rate"]),
+                    "decision_data_fraction": float(d["fraction"]),
+                    "seconds": secs,
+                }
+            )
+    return {
+        "n_rows": n_rows,
+        "chains": chains,
+        "num_warmup": warmup,
+        "num_samples": samples,
+        "batch_size": batch_size,
+        "exact_mean": ref_mean.tolist(),
+        "exact_sd": ref_sd.tolist(),
+        "exact_acceptance": float(ref.stats["accepted"].mean()),
+        "exact_seconds": ref_secs,
+        "error_moves": error_moves,
+        "rows": rows,
+    }
 
 
 def _f(value: float | None, spec: str, width: int) -> str:
@@ -390,10 +559,12 @@ def format_sublinear(result: dict[str, Any]) -> str:
         for i, n in enumerate(f["ns"]):
             cells = []
             for key in ("plain", "cv"):
-                cells.append(f"{_f(_at(f, key, 'mean_data_used', i), '.1f', 11)} "
-                             f"{_f(_at(f, key, 'fraction', i), '.4f', 9)} "
-                             f"{_f(_at(f, key, 'error_rate', i), '.3f', 6)} "
-                             f"{_f(_at(f, key, 'seconds', i), '.1f', 6)}")
+                cells.append(
+                    f"{_f(_at(f, key, 'mean_data_used', i), '.1f', 11)} "
+                    f"{_f(_at(f, key, 'fraction', i), '.4f', 9)} "
+                    f"{_f(_at(f, key, 'error_rate', i), '.3f', 6)} "
+                    f"{_f(_at(f, key, 'seconds', i), '.1f', 6)}"
+                )
             lines.append(f"{n:>12,d} " + "   ".join(cells))
         lines.append(_slope_line(f))
     p = result.get("posterior")
@@ -411,20 +582,24 @@ def format_sublinear(result: dict[str, Any]) -> str:
         for i, n in enumerate(p["ns"]):
             cells = []
             for key in ("plain", "cv"):
-                cells.append(f"{_f(_at(p, key, 'mean_data_used', i), '.1f', 9)} "
-                             f"{_f(_at(p, key, 'median_data_used', i), '.0f', 7)} "
-                             f"{_f(_at(p, key, 'max_data_used', i), ',d', 9)} "
-                             f"{_f(_at(p, key, 'acceptance', i), '.3f', 6)} "
-                             f"{_f(_at(p, key, 'seconds', i), '.1f', 6)}")
+                cells.append(
+                    f"{_f(_at(p, key, 'mean_data_used', i), '.1f', 9)} "
+                    f"{_f(_at(p, key, 'median_data_used', i), '.0f', 7)} "
+                    f"{_f(_at(p, key, 'max_data_used', i), ',d', 9)} "
+                    f"{_f(_at(p, key, 'acceptance', i), '.3f', 6)} "
+                    f"{_f(_at(p, key, 'seconds', i), '.1f', 6)}"
+                )
             a = _at(p, "plain", "mean_data_used", i)
             c = _at(p, "cv", "mean_data_used", i)
             ratio = None if a is None or c is None else c / a
             lines.append(f"{n:>12,d} " + "   ".join(cells) + f" {_f(ratio, '.4f', 9)}")
         lines.append(_slope_line(p))
         if p.get("plain") is not None and any(n > p["plain_max_n"] for n in p["ns"]):
-            lines.append(f"(plain austerity skipped above N = {p['plain_max_n']:,d}: it uses a "
-                         f"near constant fraction of the rows per decision; raise "
-                         f"--plain-max-n to run it)")
+            lines.append(
+                f"(plain austerity skipped above N = {p['plain_max_n']:,d}: it uses a "
+                f"near constant fraction of the rows per decision; raise "
+                f"--plain-max-n to run it)"
+            )
     b = result.get("bias")
     if b:
         lines += [
@@ -443,9 +618,12 @@ def format_sublinear(result: dict[str, Any]) -> str:
                 f"{min(r['sd_ratio']):>4.2f}-{max(r['sd_ratio']):<4.2f} "
                 f"{r['data_used_fraction']:>10.3f} {r['exact_fraction']:>6.2f} "
                 f"{r['acceptance']:>7.3f} {r['round_trips_per_iteration']:>8.2f} "
-                f"{r['decision_error_rate']:>8.4f} {r['seconds']:>6.1f}")
-        lines.append(f"(|dmean|/sd: largest over parameters; 'dec err': share of "
-                     f"{b['error_moves']} RWMH-like moves decided differently from exact MH)")
+                f"{r['decision_error_rate']:>8.4f} {r['seconds']:>6.1f}"
+            )
+        lines.append(
+            f"(|dmean|/sd: largest over parameters; 'dec err': share of "
+            f"{b['error_moves']} RWMH-like moves decided differently from exact MH)"
+        )
     lines.append(f"total {result['seconds']:.1f} s")
     return "\n".join(lines)
 

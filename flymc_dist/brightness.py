@@ -49,8 +49,13 @@ class BrightSet:
         Keep ``d log L~ / d eta`` of the bright rows (gradient kernels).
     """
 
-    def __init__(self, n_rows: int, n_outputs: int = 1, track_grad: bool = False,
-                 mask: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        n_rows: int,
+        n_outputs: int = 1,
+        track_grad: bool = False,
+        mask: np.ndarray | None = None,
+    ) -> None:
         self.n_rows = int(n_rows)
         self.n_outputs = int(n_outputs)
         self.track_grad = bool(track_grad)
@@ -76,8 +81,13 @@ class BrightSet:
         if self.track_grad:
             self.dvals = dvals
 
-    def replace(self, keep: np.ndarray, new_rows: np.ndarray, new_vals: np.ndarray,
-                new_dvals: np.ndarray | None) -> None:
+    def replace(
+        self,
+        keep: np.ndarray,
+        new_rows: np.ndarray,
+        new_vals: np.ndarray,
+        new_dvals: np.ndarray | None,
+    ) -> None:
         """Keep the bright rows where ``keep`` is true and brighten ``new_rows`` (dark now)."""
         gone = self.idx[~keep]
         self.mask[gone] = False
@@ -88,8 +98,9 @@ class BrightSet:
             self.dvals = np.concatenate([self.dvals[keep], new_dvals])  # type: ignore[index]
 
 
-def implicit_propose(rng: np.random.Generator, bright: BrightSet,
-                     q: float) -> tuple[np.ndarray, np.ndarray]:
+def implicit_propose(
+    rng: np.random.Generator, bright: BrightSet, q: float
+) -> tuple[np.ndarray, np.ndarray]:
     """First half of :func:`implicit_update`: which bright rows go dark, which dark rows propose.
 
     Returns
@@ -130,7 +141,7 @@ def bernoulli_rows(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
     pos = gap_positions(rng.geometric(q, size=k), n)
     while pos[-1] < n:  # not yet past the last row: draw more gaps (rare)
         pos = np.concatenate([pos, gap_positions(rng.geometric(q, size=k), n) + pos[-1] + 1])
-    return pos[:np.searchsorted(pos, n)]
+    return pos[: np.searchsorted(pos, n)]
 
 
 def gap_positions(gaps: np.ndarray, n: int) -> np.ndarray:
@@ -140,8 +151,15 @@ def gap_positions(gaps: np.ndarray, n: int) -> np.ndarray:
     return np.cumsum(np.minimum(gaps, n + 1), axis=-1) - 1
 
 
-def implicit_accept(rng: np.random.Generator, bright: BrightSet, q: float, darken: np.ndarray,
-                    cand: np.ndarray, vals: np.ndarray, dvals: np.ndarray | None) -> None:
+def implicit_accept(
+    rng: np.random.Generator,
+    bright: BrightSet,
+    q: float,
+    darken: np.ndarray,
+    cand: np.ndarray,
+    vals: np.ndarray,
+    dvals: np.ndarray | None,
+) -> None:
     """Second half of :func:`implicit_update`: accept dark→bright with ``min(1, L~/q)``."""
     if cand.size:
         accept = brighten(log_uniform(rng, cand.size), vals, q)
@@ -161,8 +179,9 @@ def brighten(log_u: np.ndarray, vals: np.ndarray, q: float) -> np.ndarray:
     return log_u < vals - math.log(q)
 
 
-def implicit_update(rng: np.random.Generator, bright: BrightSet, q: float,
-                    evaluate: RowEvaluator) -> int:
+def implicit_update(
+    rng: np.random.Generator, bright: BrightSet, q: float, evaluate: RowEvaluator
+) -> int:
     """Metropolis–Hastings update of every z_n (the paper's Algorithm 2, sign corrected).
 
     Bright rows propose dark and are accepted with ``min(1, q / L~_n)``; dark rows
@@ -204,8 +223,13 @@ def explicit_propose(rng: np.random.Generator, bright: BrightSet, fraction: floa
     return np.sort(rng.choice(n, size=m, replace=False, shuffle=False)).astype(np.int64)
 
 
-def explicit_accept(rng: np.random.Generator, bright: BrightSet, rows: np.ndarray,
-                    vals: np.ndarray, dvals: np.ndarray | None) -> None:
+def explicit_accept(
+    rng: np.random.Generator,
+    bright: BrightSet,
+    rows: np.ndarray,
+    vals: np.ndarray,
+    dvals: np.ndarray | None,
+) -> None:
     """Second half of :func:`explicit_update`: draw z of ``rows`` from ``sigmoid(log L~)``."""
     if rows.size == 0:
         return
@@ -213,14 +237,18 @@ def explicit_accept(rng: np.random.Generator, bright: BrightSet, rows: np.ndarra
     was_bright = bright.mask[rows]
     # rows resampled as dark: drop them from the bright set
     off = rows[was_bright & ~z]
-    keep = ~np.isin(bright.idx, off, assume_unique=True) if off.size else np.ones(
-        bright.n_bright, dtype=bool)
+    keep = (
+        ~np.isin(bright.idx, off, assume_unique=True)
+        if off.size
+        else np.ones(bright.n_bright, dtype=bool)
+    )
     on = ~was_bright & z
     bright.replace(keep, rows[on], vals[on], dvals[on] if dvals is not None else None)
 
 
-def explicit_update(rng: np.random.Generator, bright: BrightSet, fraction: float,
-                    evaluate: RowEvaluator) -> int:
+def explicit_update(
+    rng: np.random.Generator, bright: BrightSet, fraction: float, evaluate: RowEvaluator
+) -> int:
     """Gibbs update of ``ceil(fraction * N)`` random z_n from their exact conditional.
 
     The paper's Algorithm 1. With ``fraction = 1`` this draws the whole of z exactly

@@ -66,8 +66,7 @@ CHANNELS = ("auto", "socket", "dask")
 def check_channel(value: Any) -> str:
     """Validate the ``channel`` option."""
     if not isinstance(value, str) or value not in CHANNELS:
-        raise ValueError(f"channel must be one of {', '.join(map(repr, CHANNELS))}, "
-                         f"not {value!r}")
+        raise ValueError(f"channel must be one of {', '.join(map(repr, CHANNELS))}, not {value!r}")
     return value
 
 
@@ -107,8 +106,7 @@ class ChannelServer:
     def __init__(self, handler: Handler, host: str) -> None:
         # a bound method weakly (its object, the shard host, must not be kept alive by
         # this server's threads), any other callable as it is
-        self._handler_ref = (weakref.WeakMethod(handler) if hasattr(handler, "__self__")
-                             else None)
+        self._handler_ref = weakref.WeakMethod(handler) if hasattr(handler, "__self__") else None
         self._handler = handler if self._handler_ref is None else None
         self.token = secrets.token_bytes(TOKEN_BYTES)
         self._listener = socket.create_server((host, 0))
@@ -117,8 +115,9 @@ class ChannelServer:
         self._conns: set[socket.socket] = set()
         self._pending = 0  # connections that have not presented the token yet
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._accept, name="flymc-channel-accept",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._accept, name="flymc-channel-accept", daemon=True
+        )
         self._thread.start()
 
     def _accept(self) -> None:
@@ -133,13 +132,17 @@ class ChannelServer:
                     return
                 if self._pending >= MAX_PENDING:
                     conn.close()
-                    log.warning("flymc channel: %d connections are waiting to present the "
-                                "token; a new one was closed", self._pending)
+                    log.warning(
+                        "flymc channel: %d connections are waiting to present the "
+                        "token; a new one was closed",
+                        self._pending,
+                    )
                     continue
                 self._pending += 1
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="flymc-channel",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn,), name="flymc-channel", daemon=True
+            ).start()
 
     def _serve(self, conn: socket.socket) -> None:
         authenticated = False
@@ -156,12 +159,14 @@ class ChannelServer:
             while True:
                 code, n = HEADER.unpack(_recv_exact(conn, HEADER.size))
                 if n > MAX_FRAME:
-                    log.warning("flymc channel: a request of %d bytes (more than %d) closed "
-                                "its connection", n, MAX_FRAME)
+                    log.warning(
+                        "flymc channel: a request of %d bytes (more than %d) closed its connection",
+                        n,
+                        MAX_FRAME,
+                    )
                     return
                 payload = _recv_exact(conn, n)
-                handler = (self._handler if self._handler_ref is None
-                           else self._handler_ref())
+                handler = self._handler if self._handler_ref is None else self._handler_ref()
                 if handler is None:  # the host is gone
                     return
                 after = None
@@ -221,8 +226,9 @@ class ChannelClient:
     def __init__(self) -> None:
         self._socks: dict[str, socket.socket] = {}
 
-    def connect(self, key: str, address: tuple[str, int], token: bytes,
-                timeout: float = 10.0) -> None:
+    def connect(
+        self, key: str, address: tuple[str, int], token: bytes, timeout: float = 10.0
+    ) -> None:
         """Connect to a host's :class:`ChannelServer` and present its token."""
         self.drop(key)
         sock = socket.create_connection(tuple(address), timeout=timeout)
@@ -240,8 +246,9 @@ class ChannelClient:
         if sock is not None:
             sock.close()
 
-    def fanout(self, code: int, payload: bytes, keys: list[str],
-               timeout: float) -> tuple[dict[str, bytes], dict[str, BaseException]]:
+    def fanout(
+        self, code: int, payload: bytes, keys: list[str], timeout: float
+    ) -> tuple[dict[str, bytes], dict[str, BaseException]]:
         """Send ``payload`` to every host in ``keys``, then collect their replies.
 
         Returns ``(replies, failures)``. A connection that fails, closes or does not

@@ -120,8 +120,9 @@ def _q_db(text: str) -> str | float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number in (0, 1], got "
-                                         f"{text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or a number in (0, 1], got {text!r}"
+        ) from None
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a number in (0, 1], got {text!r}")
     return value
@@ -140,9 +141,11 @@ def _storage_option(text: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
-_STORAGE_HELP = ("an fsspec storage option for URL paths (s3://…), e.g. endpoint_url=http://… "
-                 "or key=…; repeatable; the value is read as JSON where it can be (quote a "
-                 "string that looks like a number: secret='\"123\"'), else as a string")
+_STORAGE_HELP = (
+    "an fsspec storage option for URL paths (s3://…), e.g. endpoint_url=http://… "
+    "or key=…; repeatable; the value is read as JSON where it can be (quote a "
+    "string that looks like a number: secret='\"123\"'), else as a string"
+)
 
 
 def _storage_options(args: argparse.Namespace, *paths: str) -> dict[str, Any] | None:
@@ -152,8 +155,9 @@ def _storage_options(args: argparse.Namespace, *paths: str) -> dict[str, Any] | 
     if not pairs:
         return None
     if paths and not any("://" in p for p in paths):
-        raise CLIError("--storage-option applies only to fsspec URLs (s3://…), and no path "
-                       "here is one")
+        raise CLIError(
+            "--storage-option applies only to fsspec URLs (s3://…), and no path here is one"
+        )
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
@@ -195,205 +199,396 @@ def build_parser() -> argparse.ArgumentParser:
     """
     from flymc_dist import __version__
 
-    parser = _Parser(prog="flymc", description="Exact Bayesian inference for tall data on "
-                     "Dask: Firefly Monte Carlo, regular MCMC and (approximate) austerity MH.")
+    parser = _Parser(
+        prog="flymc",
+        description="Exact Bayesian inference for tall data on "
+        "Dask: Firefly Monte Carlo, regular MCMC and (approximate) austerity MH.",
+    )
     parser.add_argument("--version", action="version", version=f"flymc_dist {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     # ---- demo
-    p = sub.add_parser("demo", help="FlyMC vs regular MCMC on ~1M synthetic logistic rows",
-                       description="Generate a synthetic logistic data set (~1M rows) in a "
-                       "temporary zarr store, sample it with MAP-tuned FlyMC and with regular "
-                       "MCMC (RWMH, 4 chains) on an embedded LocalCluster, and compare.")
-    p.add_argument("--rows", type=_positive_int, default=_DEMO_ROWS,
-                   help=f"rows N (default {_DEMO_ROWS:,})")
-    p.add_argument("--features", type=_positive_int, default=_DEMO_FEATURES,
-                   help=f"features D including the bias column (default {_DEMO_FEATURES})")
-    p.add_argument("--samples", type=_positive_int, default=_DEMO_SAMPLES,
-                   help=f"FlyMC draws per chain after warm-up (default {_DEMO_SAMPLES})")
-    p.add_argument("--warmup", type=_nonnegative_int, default=None,
-                   help="FlyMC warm-up iterations (default: samples / 4)")
-    p.add_argument("--regular-samples", type=_positive_int, default=None,
-                   help=f"regular MCMC draws per chain (default {_DEMO_REGULAR_SAMPLES}; "
-                   "each evaluation is a full pass over the data)")
+    p = sub.add_parser(
+        "demo",
+        help="FlyMC vs regular MCMC on ~1M synthetic logistic rows",
+        description="Generate a synthetic logistic data set (~1M rows) in a "
+        "temporary zarr store, sample it with MAP-tuned FlyMC and with regular "
+        "MCMC (RWMH, 4 chains) on an embedded LocalCluster, and compare.",
+    )
+    p.add_argument(
+        "--rows", type=_positive_int, default=_DEMO_ROWS, help=f"rows N (default {_DEMO_ROWS:,})"
+    )
+    p.add_argument(
+        "--features",
+        type=_positive_int,
+        default=_DEMO_FEATURES,
+        help=f"features D including the bias column (default {_DEMO_FEATURES})",
+    )
+    p.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=_DEMO_SAMPLES,
+        help=f"FlyMC draws per chain after warm-up (default {_DEMO_SAMPLES})",
+    )
+    p.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        default=None,
+        help="FlyMC warm-up iterations (default: samples / 4)",
+    )
+    p.add_argument(
+        "--regular-samples",
+        type=_positive_int,
+        default=None,
+        help=f"regular MCMC draws per chain (default {_DEMO_REGULAR_SAMPLES}; "
+        "each evaluation is a full pass over the data)",
+    )
     p.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
-    p.add_argument("--kernel", choices=_KERNELS, default=_DEMO_KERNEL,
-                   help=f"θ-kernel of both samplers (default {_DEMO_KERNEL})")
-    p.add_argument("--workers", type=_positive_int, default=None,
-                   help="workers of the embedded LocalCluster (default: the machine's cores, "
-                   "at most 8)")
-    p.add_argument("--synchronous", action="store_true",
-                   help="run in this process instead of on a LocalCluster")
+    p.add_argument(
+        "--kernel",
+        choices=_KERNELS,
+        default=_DEMO_KERNEL,
+        help=f"θ-kernel of both samplers (default {_DEMO_KERNEL})",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="workers of the embedded LocalCluster (default: the machine's cores, at most 8)",
+    )
+    p.add_argument(
+        "--synchronous",
+        action="store_true",
+        help="run in this process instead of on a LocalCluster",
+    )
     p.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.set_defaults(func=_cmd_demo)
 
     # ---- make-data
-    p = sub.add_parser("make-data", help="write a synthetic data set",
-                       description="Write a synthetic data set as a flymc_dist zarr store.")
+    p = sub.add_parser(
+        "make-data",
+        help="write a synthetic data set",
+        description="Write a synthetic data set as a flymc_dist zarr store.",
+    )
     p.add_argument("out", metavar="OUT", help="the store to create (a directory)")
-    p.add_argument("--like", choices=("logistic", "softmax", "robust", "opv"),
-                   default="logistic", help="generator (default logistic)")
-    p.add_argument("--rows", type=_positive_int, default=None,
-                   help="rows N (required, except for --like opv: 1,800,000)")
-    p.add_argument("--features", type=_positive_int, default=None,
-                   help="features D including the bias (required, except for --like opv: 57)")
-    p.add_argument("--classes", type=_positive_int, default=None,
-                   help="classes K (--like softmax only, required there)")
-    p.add_argument("--nu", type=_positive_float, default=None,
-                   help="Student-t degrees of freedom of the noise (robust/opv; default 4)")
-    p.add_argument("--noise-scale", type=_positive_float, default=None,
-                   help="noise scale (robust/opv; default 1)")
+    p.add_argument(
+        "--like",
+        choices=("logistic", "softmax", "robust", "opv"),
+        default="logistic",
+        help="generator (default logistic)",
+    )
+    p.add_argument(
+        "--rows",
+        type=_positive_int,
+        default=None,
+        help="rows N (required, except for --like opv: 1,800,000)",
+    )
+    p.add_argument(
+        "--features",
+        type=_positive_int,
+        default=None,
+        help="features D including the bias (required, except for --like opv: 57)",
+    )
+    p.add_argument(
+        "--classes",
+        type=_positive_int,
+        default=None,
+        help="classes K (--like softmax only, required there)",
+    )
+    p.add_argument(
+        "--nu",
+        type=_positive_float,
+        default=None,
+        help="Student-t degrees of freedom of the noise (robust/opv; default 4)",
+    )
+    p.add_argument(
+        "--noise-scale",
+        type=_positive_float,
+        default=None,
+        help="noise scale (robust/opv; default 1)",
+    )
     p.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
-    p.add_argument("--chunk-rows", type=_positive_int, default=None,
-                   help="rows per zarr chunk (default ~8 MiB chunks)")
+    p.add_argument(
+        "--chunk-rows",
+        type=_positive_int,
+        default=None,
+        help="rows per zarr chunk (default ~8 MiB chunks)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    p.add_argument("--storage-option", type=_storage_option, action="append",
-                   metavar="KEY=VALUE", help=_STORAGE_HELP)
+    p.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP,
+    )
     p.set_defaults(func=_cmd_make_data)
 
     # ---- ingest
-    p = sub.add_parser("ingest", help="convert .npy/.npz/.csv into a zarr data set",
-                       description="Validate a .npy (2-D, target column last unless --target), "
-                       ".npz (arrays X and y) or .csv (header row; target column last unless "
-                       "--target; a first line of numbers only is read as data, not as a "
-                       "header) file and write it as a flymc_dist zarr store. Nothing is "
-                       "written if the data are invalid (NaN/inf, bad labels, wrong shapes).")
+    p = sub.add_parser(
+        "ingest",
+        help="convert .npy/.npz/.csv into a zarr data set",
+        description="Validate a .npy (2-D, target column last unless --target), "
+        ".npz (arrays X and y) or .csv (header row; target column last unless "
+        "--target; a first line of numbers only is read as data, not as a "
+        "header) file and write it as a flymc_dist zarr store. Nothing is "
+        "written if the data are invalid (NaN/inf, bad labels, wrong shapes).",
+    )
     p.add_argument("src", metavar="SRC", help="the .npy, .npz or .csv file")
     p.add_argument("out", metavar="OUT", help="the store to create (a directory)")
-    p.add_argument("--target", default=None,
-                   help="the target column: an index for .npy, a header name for .csv "
-                   "(an index for a .csv without a header row)")
-    p.add_argument("--task", choices=("binary", "multiclass", "real"), default=None,
-                   help="the task (default: inferred from the target)")
-    p.add_argument("--classes", type=_positive_int, default=None,
-                   help="number of classes (multiclass)")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="the target column: an index for .npy, a header name for .csv "
+        "(an index for a .csv without a header row)",
+    )
+    p.add_argument(
+        "--task",
+        choices=("binary", "multiclass", "real"),
+        default=None,
+        help="the task (default: inferred from the target)",
+    )
+    p.add_argument(
+        "--classes", type=_positive_int, default=None, help="number of classes (multiclass)"
+    )
     p.add_argument("--chunk-rows", type=_positive_int, default=None, help="rows per chunk")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    p.add_argument("--storage-option", type=_storage_option, action="append",
-                   metavar="KEY=VALUE", help=_STORAGE_HELP)
+    p.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP,
+    )
     p.set_defaults(func=_cmd_ingest)
 
     # ---- run
-    p = sub.add_parser("run", help="sample a posterior into a zarr trace",
-                       description="Sample the posterior of a model given a data set; draws "
-                       "and per-iteration statistics are written incrementally to a "
-                       "resumable zarr trace, and the summary is printed.")
+    p = sub.add_parser(
+        "run",
+        help="sample a posterior into a zarr trace",
+        description="Sample the posterior of a model given a data set; draws "
+        "and per-iteration statistics are written incrementally to a "
+        "resumable zarr trace, and the summary is printed.",
+    )
     p.add_argument("store", metavar="STORE", help="a flymc_dist data set (zarr store)")
     g = p.add_argument_group("model")
     g.add_argument("--model", required=True, choices=("logistic", "softmax", "robust"))
-    g.add_argument("--classes", type=_positive_int, default=None,
-                   help="softmax classes K (default: the data set's)")
-    g.add_argument("--nu", type=_positive_float, default=None,
-                   help="robust: Student-t degrees of freedom (default 4)")
-    g.add_argument("--scale", type=_positive_float, default=None,
-                   help="robust: Student-t scale (default 1)")
-    g.add_argument("--prior", choices=("normal", "laplace", "flat"), default=None,
-                   help="prior (default: normal; laplace for robust)")
-    g.add_argument("--prior-scale", type=_positive_float, default=None,
-                   help="prior scale (default 1)")
+    g.add_argument(
+        "--classes",
+        type=_positive_int,
+        default=None,
+        help="softmax classes K (default: the data set's)",
+    )
+    g.add_argument(
+        "--nu",
+        type=_positive_float,
+        default=None,
+        help="robust: Student-t degrees of freedom (default 4)",
+    )
+    g.add_argument(
+        "--scale", type=_positive_float, default=None, help="robust: Student-t scale (default 1)"
+    )
+    g.add_argument(
+        "--prior",
+        choices=("normal", "laplace", "flat"),
+        default=None,
+        help="prior (default: normal; laplace for robust)",
+    )
+    g.add_argument(
+        "--prior-scale", type=_positive_float, default=None, help="prior scale (default 1)"
+    )
     g = p.add_argument_group("sampler")
-    g.add_argument("--algorithm", choices=("flymc", "regular", "austerity"), default="flymc",
-                   help="flymc (exact, default), regular (exact, full data) or austerity "
-                   "(approximate)")
-    g.add_argument("--bounds", choices=("map", "untuned"), default="map",
-                   help="FlyMC bounds (default map)")
-    g.add_argument("--kernel", choices=_KERNELS, default="rwmh",
-                   help="theta kernel (default rwmh)")
-    g.add_argument("--z-update", choices=("implicit", "explicit"), default="implicit",
-                   help="FlyMC z-update (default implicit)")
-    g.add_argument("--q-db", type=_q_db, default=None,
-                   help="implicit z-update: dark→bright proposal probability, or 'auto' "
-                   "(the library's default)")
-    g.add_argument("--resample-fraction", type=_positive_float, default=None,
-                   help="explicit z-update: fraction of z resampled per iteration")
-    g.add_argument("--eps", type=_positive_float, default=None,
-                   help="austerity: t-test tolerance")
-    g.add_argument("--batch-size", type=_positive_int, default=None,
-                   help="austerity: rows per minibatch")
-    g.add_argument("--no-control-variates", action="store_true",
-                   help="austerity: plain sequential test on the log-likelihood differences "
-                   "(default: on their gap to the MAP-tuned bounds)")
-    g.add_argument("--warmup", type=_nonnegative_int, default=500,
-                   help="warm-up iterations, discarded (default 500)")
-    g.add_argument("--samples", type=_positive_int, default=1000,
-                   help="draws per chain after warm-up (default 1000)")
+    g.add_argument(
+        "--algorithm",
+        choices=("flymc", "regular", "austerity"),
+        default="flymc",
+        help="flymc (exact, default), regular (exact, full data) or austerity (approximate)",
+    )
+    g.add_argument(
+        "--bounds", choices=("map", "untuned"), default="map", help="FlyMC bounds (default map)"
+    )
+    g.add_argument("--kernel", choices=_KERNELS, default="rwmh", help="theta kernel (default rwmh)")
+    g.add_argument(
+        "--z-update",
+        choices=("implicit", "explicit"),
+        default="implicit",
+        help="FlyMC z-update (default implicit)",
+    )
+    g.add_argument(
+        "--q-db",
+        type=_q_db,
+        default=None,
+        help="implicit z-update: dark→bright proposal probability, or 'auto' "
+        "(the library's default)",
+    )
+    g.add_argument(
+        "--resample-fraction",
+        type=_positive_float,
+        default=None,
+        help="explicit z-update: fraction of z resampled per iteration",
+    )
+    g.add_argument("--eps", type=_positive_float, default=None, help="austerity: t-test tolerance")
+    g.add_argument(
+        "--batch-size", type=_positive_int, default=None, help="austerity: rows per minibatch"
+    )
+    g.add_argument(
+        "--no-control-variates",
+        action="store_true",
+        help="austerity: plain sequential test on the log-likelihood differences "
+        "(default: on their gap to the MAP-tuned bounds)",
+    )
+    g.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        default=500,
+        help="warm-up iterations, discarded (default 500)",
+    )
+    g.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=1000,
+        help="draws per chain after warm-up (default 1000)",
+    )
     g.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
     g.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
     g = p.add_argument_group("where it runs (default: an embedded LocalCluster)")
     where = g.add_mutually_exclusive_group()
-    where.add_argument("--scheduler", metavar="ADDRESS", default=None,
-                       help="a Dask scheduler address (tcp://… or tls://…)")
-    where.add_argument("--scheduler-file", metavar="FILE", default=None,
-                       help="a Dask scheduler file")
-    where.add_argument("--synchronous", action="store_true",
-                       help="run every shard in this process (no Dask)")
-    g.add_argument("--workers", type=_positive_int, default=None,
-                   help="workers of the embedded LocalCluster (default: cores, at most 8)")
-    g.add_argument("--n-shards", type=_positive_int, default=None,
-                   help="shards (whole zarr chunks each; default: about 262,144 rows per "
-                   "shard); at least the number of workers keeps every worker busy")
+    where.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="a Dask scheduler address (tcp://… or tls://…)",
+    )
+    where.add_argument(
+        "--scheduler-file", metavar="FILE", default=None, help="a Dask scheduler file"
+    )
+    where.add_argument(
+        "--synchronous", action="store_true", help="run every shard in this process (no Dask)"
+    )
+    g.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="workers of the embedded LocalCluster (default: cores, at most 8)",
+    )
+    g.add_argument(
+        "--n-shards",
+        type=_positive_int,
+        default=None,
+        help="shards (whole zarr chunks each; default: about 262,144 rows per "
+        "shard); at least the number of workers keeps every worker busy",
+    )
     g = p.add_argument_group("output")
-    g.add_argument("--trace", metavar="OUT.zarr", required=True,
-                   help="the zarr trace to write (draws, stats, checkpoints)")
+    g.add_argument(
+        "--trace",
+        metavar="OUT.zarr",
+        required=True,
+        help="the zarr trace to write (draws, stats, checkpoints)",
+    )
     mode = g.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true",
-                      help="continue the run recorded in --trace from its last checkpoint")
+    mode.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run recorded in --trace from its last checkpoint",
+    )
     mode.add_argument("--overwrite", action="store_true", help="replace an existing trace")
-    g.add_argument("--checkpoint-every", type=_positive_int, default=None,
-                   help="iterations between trace flushes / checkpoints (default 100)")
+    g.add_argument(
+        "--checkpoint-every",
+        type=_positive_int,
+        default=None,
+        help="iterations between trace flushes / checkpoints (default 100)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress line")
-    g.add_argument("--storage-option", type=_storage_option, action="append",
-                   metavar="KEY=VALUE", help=_STORAGE_HELP + "; used for STORE and --trace "
-                   "when they are URLs")
+    g.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP + "; used for STORE and --trace when they are URLs",
+    )
     p.set_defaults(func=_cmd_run)
 
     # ---- summary
-    p = sub.add_parser("summary", help="summarise a trace",
-                       description="Print the posterior summary table and the efficiency "
-                       "figures of a trace written by 'flymc run'.")
+    p = sub.add_parser(
+        "summary",
+        help="summarise a trace",
+        description="Print the posterior summary table and the efficiency "
+        "figures of a trace written by 'flymc run'.",
+    )
     p.add_argument("trace", metavar="TRACE", help="the zarr trace")
-    p.add_argument("--max-rows", type=_positive_int, default=50,
-                   help="parameters shown (default 50)")
-    p.add_argument("--storage-option", type=_storage_option, action="append",
-                   metavar="KEY=VALUE", help=_STORAGE_HELP)
+    p.add_argument(
+        "--max-rows", type=_positive_int, default=50, help="parameters shown (default 50)"
+    )
+    p.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP,
+    )
     p.set_defaults(func=_cmd_summary)
 
     # ---- bench
-    p = sub.add_parser("bench", help="benchmarks (overhead, sublinear, mixing)",
-                       description="Benchmarks: 'overhead' (FlyMC per iteration against a bare "
-                       "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
-                       "against N; see 'flymc bench sublinear --help') and 'mixing' "
-                       "(converged draws per second of the whole run, FlyMC against regular "
-                       "MCMC with NUTS; see 'flymc bench mixing --help').")
+    p = sub.add_parser(
+        "bench",
+        help="benchmarks (overhead, sublinear, mixing)",
+        description="Benchmarks: 'overhead' (FlyMC per iteration against a bare "
+        "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
+        "against N; see 'flymc bench sublinear --help') and 'mixing' "
+        "(converged draws per second of the whole run, FlyMC against regular "
+        "MCMC with NUTS; see 'flymc bench mixing --help').",
+    )
     bsub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     b = bsub.add_parser("overhead", help="FlyMC vs bare round trip vs regular, per iteration")
-    b.add_argument("--rows", type=_positive_int, default=2_000_000,
-                   help="rows (default 2,000,000)")
-    b.add_argument("--features", type=_positive_int, default=57,
-                   help="features incl. bias (default 57)")
+    b.add_argument("--rows", type=_positive_int, default=2_000_000, help="rows (default 2,000,000)")
+    b.add_argument(
+        "--features", type=_positive_int, default=57, help="features incl. bias (default 57)"
+    )
     b.add_argument("--workers", type=_positive_int, default=2, help="workers (default 2)")
-    b.add_argument("--iterations", type=_positive_int, default=1000,
-                   help="timed FlyMC iterations (default 1000)")
-    b.add_argument("--regular-iterations", type=_positive_int, default=20,
-                   help="timed regular MCMC iterations (default 20)")
-    b.add_argument("--warmup", type=_nonnegative_int, default=200,
-                   help="FlyMC warm-up iterations (default 200)")
+    b.add_argument(
+        "--iterations",
+        type=_positive_int,
+        default=1000,
+        help="timed FlyMC iterations (default 1000)",
+    )
+    b.add_argument(
+        "--regular-iterations",
+        type=_positive_int,
+        default=20,
+        help="timed regular MCMC iterations (default 20)",
+    )
+    b.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        default=200,
+        help="FlyMC warm-up iterations (default 200)",
+    )
     b.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
-    b.add_argument("--pings", type=_positive_int, default=1000,
-                   help="bare round trips timed (default 1000)")
-    b.add_argument("--default-sharding", choices=("flymc", "both", "none"), default="flymc",
-                   help="samplers timed again with the default (data-layout) sharding "
-                   "(default: flymc)")
+    b.add_argument(
+        "--pings", type=_positive_int, default=1000, help="bare round trips timed (default 1000)"
+    )
+    b.add_argument(
+        "--default-sharding",
+        choices=("flymc", "both", "none"),
+        default="flymc",
+        help="samplers timed again with the default (data-layout) sharding (default: flymc)",
+    )
     b.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
     b.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
     b.set_defaults(func=_cmd_bench_overhead)
     # the options of these come from run_NAME's signature (see _cmd_bench_module)
-    b = bsub.add_parser("sublinear", add_help=False,
-                        help="austerity MH: data used per decision against N, bias against eps")
+    b = bsub.add_parser(
+        "sublinear",
+        add_help=False,
+        help="austerity MH: data used per decision against N, bias against eps",
+    )
     b.set_defaults(func=None)
-    b = bsub.add_parser("mixing", add_help=False,
-                        help="min-ESS per second of the whole run, FlyMC vs regular (NUTS)")
+    b = bsub.add_parser(
+        "mixing",
+        add_help=False,
+        help="min-ESS per second of the whole run, FlyMC vs regular (NUTS)",
+    )
     b.set_defaults(func=None)
     return parser
 
@@ -424,9 +619,11 @@ def _agreement(a: Any, b: Any, names: list[str] | None = None) -> str:
     label = names[j] if names is not None and len(names) == d.size else f"parameter {j}"
     # a z above ~4 for any of a handful of parameters is not Monte Carlo noise
     verdict = "agree" if float(z.max()) < 4.0 else "DISAGREE"
-    return (f"agreement: max |Δmean|/sd = {d[j]:.3f} ({label}; Monte Carlo error of "
-            f"the difference ≈ {mcse[j]:.3f} sd, max z = {z.max():.2f} over {d.size} "
-            f"parameters) — the posteriors {verdict}")
+    return (
+        f"agreement: max |Δmean|/sd = {d[j]:.3f} ({label}; Monte Carlo error of "
+        f"the difference ≈ {mcse[j]:.3f} sd, max z = {z.max():.2f} over {d.size} "
+        f"parameters) — the posteriors {verdict}"
+    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -447,8 +644,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     try:
         t = time.perf_counter()
         ds = make_logistic(os.path.join(tmp, "demo.zarr"), n, d, seed=args.seed)
-        _say(f"  data      {n:,} rows × {d} features (incl. bias) → temporary zarr store, "
-             f"{ds.n_chunks} chunks ({time.perf_counter() - t:.1f} s)")
+        _say(
+            f"  data      {n:,} rows × {d} features (incl. bias) → temporary zarr store, "
+            f"{ds.n_chunks} chunks ({time.perf_counter() - t:.1f} s)"
+        )
         shards: dict[str, Any] = {}
         if args.synchronous:
             client = "synchronous"
@@ -462,25 +661,49 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             client.wait_for_workers(workers, timeout=120)
             # one shard per worker: one actor call per worker per iteration, the cheapest
             shards = {"n_shards": workers}
-            _say(f"  cluster   embedded LocalCluster, {workers} workers × 1 thread, one shard "
-                 f"per worker ({time.perf_counter() - t:.1f} s to start)")
-        _say(f"  sampling  {args.kernel.upper()}, {chains} chains, Laplace-preconditioned, "
-             f"started near the MAP: FlyMC {warmup} warm-up + {samples} draws; regular MCMC "
-             f"{reg_samples} draws with FlyMC's tuned step size (each of its evaluations is a "
-             f"full data pass)")
+            _say(
+                f"  cluster   embedded LocalCluster, {workers} workers × 1 thread, one shard "
+                f"per worker ({time.perf_counter() - t:.1f} s to start)"
+            )
+        _say(
+            f"  sampling  {args.kernel.upper()}, {chains} chains, Laplace-preconditioned, "
+            f"started near the MAP: FlyMC {warmup} warm-up + {samples} draws; regular MCMC "
+            f"{reg_samples} draws with FlyMC's tuned step size (each of its evaluations is a "
+            f"full data pass)"
+        )
         model = fd.LogisticRegression()
-        common = {"kernel": args.kernel, "chains": chains, "seed": args.seed, "client": client,
-                  "progress": _progress(args), **shards}
+        common = {
+            "kernel": args.kernel,
+            "chains": chains,
+            "seed": args.seed,
+            "client": client,
+            "progress": _progress(args),
+            **shards,
+        }
         t = time.perf_counter()
-        fly = fd.sample(model, ds, algorithm="flymc", bounds="map", num_warmup=warmup,
-                        num_samples=samples, **common)
+        fly = fd.sample(
+            model,
+            ds,
+            algorithm="flymc",
+            bounds="map",
+            num_warmup=warmup,
+            num_samples=samples,
+            **common,
+        )
         t_fly = time.perf_counter() - t
         # Both target the same posterior: regular MCMC reuses FlyMC's adapted step size and
         # skips warm-up (its chains start at MAP + Laplace jitter, close to a posterior draw).
         step = float(np.mean([p["step_size"] for p in fly.info["kernel_params"]]))
         t = time.perf_counter()
-        reg = fd.sample(model, ds, algorithm="regular", num_warmup=0, num_samples=reg_samples,
-                        kernel_options={"step_size": step}, **common)
+        reg = fd.sample(
+            model,
+            ds,
+            algorithm="regular",
+            num_warmup=0,
+            num_samples=reg_samples,
+            kernel_options={"step_size": step},
+            **common,
+        )
         t_reg = time.perf_counter() - t
     finally:
         if cluster is not None:
@@ -501,34 +724,51 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     _say("")
     rows = [
         ("", "FlyMC", "regular"),
-        ("ESS bulk, min / mean", f"{ef['ess_min']:.0f} / {ef['ess_mean']:.0f}",
-         f"{er['ess_min']:.0f} / {er['ess_mean']:.0f}"),
+        (
+            "ESS bulk, min / mean",
+            f"{ef['ess_min']:.0f} / {ef['ess_mean']:.0f}",
+            f"{er['ess_min']:.0f} / {er['ess_mean']:.0f}",
+        ),
         ("R̂ max", f"{rh_f:.3f}", f"{rh_r:.3f}"),
         ("acceptance", f"{ef['acceptance']:.3f}", f"{er['acceptance']:.3f}"),
         ("bright fraction", _percent(ef["bright_fraction"]), _percent(er["bright_fraction"])),
-        ("likelihood queries / iteration", f"{ef['queries_per_iteration'] * chains:,.0f}",
-         f"{er['queries_per_iteration'] * chains:,.0f}"),
-        ("seconds / iteration", f"{ef['seconds_per_iteration']:.4f}",
-         f"{er['seconds_per_iteration']:.4f}"),
+        (
+            "likelihood queries / iteration",
+            f"{ef['queries_per_iteration'] * chains:,.0f}",
+            f"{er['queries_per_iteration'] * chains:,.0f}",
+        ),
+        (
+            "seconds / iteration",
+            f"{ef['seconds_per_iteration']:.4f}",
+            f"{er['seconds_per_iteration']:.4f}",
+        ),
         ("ESS / second", _fmt(ef["ess_per_second"]), _fmt(er["ess_per_second"])),
-        ("ESS / million queries", _fmt(1e6 * ef["ess_per_query"]),
-         _fmt(1e6 * er["ess_per_query"])),
-        ("set-up (MAP, bounds), s", f"{fly.info['setup_seconds']:.1f}",
-         f"{reg.info['setup_seconds']:.1f}"),
+        ("ESS / million queries", _fmt(1e6 * ef["ess_per_query"]), _fmt(1e6 * er["ess_per_query"])),
+        (
+            "set-up (MAP, bounds), s",
+            f"{fly.info['setup_seconds']:.1f}",
+            f"{reg.info['setup_seconds']:.1f}",
+        ),
     ]
     for line in _demo_table(rows):
         _say(line)
-    _say("  (queries and seconds per iteration: all chains together; regular MCMC ran fewer "
-         "draws, so its ESS and R̂ are rougher)")
+    _say(
+        "  (queries and seconds per iteration: all chains together; regular MCMC ran fewer "
+        "draws, so its ESS and R̂ are rougher)"
+    )
     per_it = er["seconds_per_iteration"] / ef["seconds_per_iteration"]
     per_q = ef["ess_per_query"] / er["ess_per_query"]
     per_s = ef["ess_per_second"] / er["ess_per_second"]
     _say("")
-    _say(f"speedup of FlyMC: {per_it:.1f}× per iteration, {_fmt(per_q)}× in ESS per likelihood "
-         f"query, {_fmt(per_s)}× in ESS per second")
+    _say(
+        f"speedup of FlyMC: {per_it:.1f}× per iteration, {_fmt(per_q)}× in ESS per likelihood "
+        f"query, {_fmt(per_s)}× in ESS per second"
+    )
     _say(_agreement(fly, reg, names))
-    _say(f"done in {time.perf_counter() - t_all:.0f} s (FlyMC {t_fly:.0f} s, regular "
-         f"{t_reg:.0f} s including set-up)")
+    _say(
+        f"done in {time.perf_counter() - t_all:.0f} s (FlyMC {t_fly:.0f} s, regular "
+        f"{t_reg:.0f} s including set-up)"
+    )
     return 0
 
 
@@ -537,8 +777,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _describe(ds: Any) -> str:
     task = ds.task + (f", {ds.n_classes} classes" if ds.task == "multiclass" else "")
-    return (f"{ds.path}: {ds.n_rows:,} rows × {ds.n_features} features, task {task}, "
-            f"{ds.n_chunks} chunk(s) of {ds.chunk_rows:,} rows")
+    return (
+        f"{ds.path}: {ds.n_rows:,} rows × {ds.n_features} features, task {task}, "
+        f"{ds.n_chunks} chunk(s) of {ds.chunk_rows:,} rows"
+    )
 
 
 def _cmd_make_data(args: argparse.Namespace) -> int:
@@ -556,12 +798,15 @@ def _cmd_make_data(args: argparse.Namespace) -> int:
         raise CLIError("--classes is required for --like softmax")
     if like != "softmax" and args.classes is not None:
         raise CLIError("--classes applies only to --like softmax")
-    noise = {k: v for k, v in (("nu", args.nu), ("noise_scale", args.noise_scale))
-             if v is not None}
+    noise = {k: v for k, v in (("nu", args.nu), ("noise_scale", args.noise_scale)) if v is not None}
     if noise and like not in ("robust", "opv"):
         raise CLIError("--nu and --noise-scale apply only to --like robust or opv")
-    common = {"seed": args.seed, "chunk_rows": args.chunk_rows, "overwrite": args.overwrite,
-              "storage_options": _storage_options(args, args.out)}
+    common = {
+        "seed": args.seed,
+        "chunk_rows": args.chunk_rows,
+        "overwrite": args.overwrite,
+        "storage_options": _storage_options(args, args.out),
+    }
     t = time.perf_counter()
     if like == "logistic":
         ds = data.make_logistic(args.out, rows, features, **common)
@@ -583,12 +828,20 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         try:
             target = int(target)
         except ValueError:
-            raise CLIError(f"--target for a .npy file must be a column index, got "
-                           f"{args.target!r}") from None
+            raise CLIError(
+                f"--target for a .npy file must be a column index, got {args.target!r}"
+            ) from None
     t = time.perf_counter()
-    ds = ingest(args.src, args.out, target=target, task=args.task, n_classes=args.classes,
-                chunk_rows=args.chunk_rows, overwrite=args.overwrite,
-                storage_options=_storage_options(args, args.out))
+    ds = ingest(
+        args.src,
+        args.out,
+        target=target,
+        task=args.task,
+        n_classes=args.classes,
+        chunk_rows=args.chunk_rows,
+        overwrite=args.overwrite,
+        storage_options=_storage_options(args, args.out),
+    )
     _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
     return 0
 
@@ -648,14 +901,17 @@ def _build_model(args: argparse.Namespace, ds: Any) -> Any:
 
 def _client(args: argparse.Namespace) -> Any:
     if args.workers is not None and (args.scheduler or args.scheduler_file or args.synchronous):
-        raise CLIError("--workers applies only to the embedded LocalCluster (not with "
-                       "--scheduler, --scheduler-file or --synchronous)")
+        raise CLIError(
+            "--workers applies only to the embedded LocalCluster (not with "
+            "--scheduler, --scheduler-file or --synchronous)"
+        )
     if args.synchronous:
         return "synchronous"
     if args.scheduler is not None:
         if "://" not in args.scheduler:
-            raise CLIError(f"--scheduler must be an address like tcp://host:8786, got "
-                           f"{args.scheduler!r}")
+            raise CLIError(
+                f"--scheduler must be an address like tcp://host:8786, got {args.scheduler!r}"
+            )
         return args.scheduler
     if args.scheduler_file is not None:
         if not os.path.isfile(args.scheduler_file):
@@ -670,8 +926,10 @@ def _resume_hint(err: BaseException) -> None:
 
     kept = kept_trace(err)
     if kept is not None:
-        sys.stderr.write(f"flymc: {kept[0]} keeps {kept[1]:,} iterations (to its last "
-                         "checkpoint): continue with the same command and --resume\n")
+        sys.stderr.write(
+            f"flymc: {kept[0]} keeps {kept[1]:,} iterations (to its last "
+            "checkpoint): continue with the same command and --resume\n"
+        )
         sys.stderr.flush()
 
 
@@ -689,8 +947,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         existed = _probe(trace_path, trace_so) != "missing"
     else:
         trace_path = os.path.abspath(os.path.expanduser(args.trace))
-        existed = os.path.exists(trace_path) and (not os.path.isdir(trace_path)
-                                                  or bool(os.listdir(trace_path)))
+        existed = os.path.exists(trace_path) and (
+            not os.path.isdir(trace_path) or bool(os.listdir(trace_path))
+        )
     # a resume must match the trace's model, data set and settings: fd.sample checks
     # (and the trace's lock keeps a second run off it); a failed run keeps a trace that
     # has a checkpoint and removes only one it created itself (see flymc_dist.api)
@@ -699,38 +958,64 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(f"--resume: no trace at {args.trace!r}")
     elif existed:
         if not args.overwrite:
-            raise CLIError(f"{args.trace!r} already exists (use --overwrite to replace it, or "
-                           f"--resume to continue it)")
+            raise CLIError(
+                f"{args.trace!r} already exists (use --overwrite to replace it, or "
+                f"--resume to continue it)"
+            )
         try:
             Trace.open(trace_path, read_only=True, storage_options=trace_so)
         except (ValueError, OSError):
-            raise CLIError(f"{args.trace!r} exists and is not a flymc trace; refusing to "
-                           f"overwrite it") from None
-    options: dict[str, Any] = {"trace": trace_path, "resume": args.resume,
-                               "overwrite_trace": args.overwrite, "progress": _progress(args)}
+            raise CLIError(
+                f"{args.trace!r} exists and is not a flymc trace; refusing to overwrite it"
+            ) from None
+    options: dict[str, Any] = {
+        "trace": trace_path,
+        "resume": args.resume,
+        "overwrite_trace": args.overwrite,
+        "progress": _progress(args),
+    }
     if trace_so is not None:
         options["trace_storage_options"] = trace_so
-    for key, value in (("q_db", args.q_db), ("resample_fraction", args.resample_fraction),
-                       ("eps", args.eps), ("batch_size", args.batch_size),
-                       ("checkpoint_every", args.checkpoint_every),
-                       ("n_workers", args.workers), ("n_shards", args.n_shards)):
+    for key, value in (
+        ("q_db", args.q_db),
+        ("resample_fraction", args.resample_fraction),
+        ("eps", args.eps),
+        ("batch_size", args.batch_size),
+        ("checkpoint_every", args.checkpoint_every),
+        ("n_workers", args.workers),
+        ("n_shards", args.n_shards),
+    ):
         if value is not None:
             options[key] = value
     if args.no_control_variates:
         options["control_variates"] = False
     t = time.perf_counter()
-    res = fd.sample(model, ds, algorithm=args.algorithm, bounds=args.bounds,
-                    kernel=args.kernel, z_update=args.z_update, num_warmup=args.warmup,
-                    num_samples=args.samples, chains=args.chains, seed=args.seed,
-                    client=client, **options)
+    res = fd.sample(
+        model,
+        ds,
+        algorithm=args.algorithm,
+        bounds=args.bounds,
+        kernel=args.kernel,
+        z_update=args.z_update,
+        num_warmup=args.warmup,
+        num_samples=args.samples,
+        chains=args.chains,
+        seed=args.seed,
+        client=client,
+        **options,
+    )
     seconds = time.perf_counter() - t
     names = _param_names(ds, int(np.prod(res.param_shape)))
     C, S = res.samples.shape[:2]
-    label = {"flymc": f"FlyMC ({args.bounds} bounds, {args.z_update} z-update)",
-             "regular": "regular MCMC (full data)",
-             "austerity": "austerity MH (APPROXIMATE)"}[args.algorithm]
-    _say(f"{label}, {args.kernel}, {model!r}: {C} chains × {S} draws "
-         f"(+{args.warmup} warm-up) in {seconds:.1f} s → {args.trace}")
+    label = {
+        "flymc": f"FlyMC ({args.bounds} bounds, {args.z_update} z-update)",
+        "regular": "regular MCMC (full data)",
+        "austerity": "austerity MH (APPROXIMATE)",
+    }[args.algorithm]
+    _say(
+        f"{label}, {args.kernel}, {model!r}: {C} chains × {S} draws "
+        f"(+{args.warmup} warm-up) in {seconds:.1f} s → {args.trace}"
+    )
     _say(str(res.summary(names=names)))
     _say("")
     from flymc_dist import diagnostics
@@ -762,33 +1047,41 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     attrs = trace.attrs
     data_path = attrs.get("data")
     if so and "://" not in args.trace and not (isinstance(data_path, str) and "://" in data_path):
-        raise CLIError("--storage-option applies only to fsspec URLs (s3://…), and neither the "
-                       "trace nor its data set is at one")
+        raise CLIError(
+            "--storage-option applies only to fsspec URLs (s3://…), and neither the "
+            "trace nor its data set is at one"
+        )
     C, S = trace.chains, trace.n_draws
     total = attrs.get("num_warmup", 0) + attrs.get("num_samples", 0)
     done = trace.n_warmup_draws + S
-    head = (f"{args.trace}: {attrs.get('algorithm', '?')}"
-            f"{' (' + str(attrs['bounds']) + ' bounds)' if attrs.get('bounds') else ''}, "
-            f"kernel {attrs.get('kernel', '?')}, model {attrs.get('model', {}).get('name', '?')}"
-            f", {C} chains × {S} draws (+{trace.n_warmup_draws} warm-up)")
+    head = (
+        f"{args.trace}: {attrs.get('algorithm', '?')}"
+        f"{' (' + str(attrs['bounds']) + ' bounds)' if attrs.get('bounds') else ''}, "
+        f"kernel {attrs.get('kernel', '?')}, model {attrs.get('model', {}).get('name', '?')}"
+        f", {C} chains × {S} draws (+{trace.n_warmup_draws} warm-up)"
+    )
     _say(head)
     if total and done < total:
-        _say(f"incomplete: {done} of {total} iterations recorded (continue with flymc run … "
-             f"--resume)")
+        _say(
+            f"incomplete: {done} of {total} iterations recorded (continue with flymc run … "
+            f"--resume)"
+        )
     if attrs.get("algorithm") == "austerity":
         _say("APPROXIMATE (austerity MH): draws do not target the exact posterior.")
     if S < 4:
-        raise CLIError(f"{args.trace!r} holds {S} post-warm-up draws per chain; a summary "
-                       f"needs at least 4")
+        raise CLIError(
+            f"{args.trace!r} holds {S} post-warm-up draws per chain; a summary needs at least 4"
+        )
     names = None
     # a data set at a URL is read only with options given (else it could be a long wait)
     if isinstance(data_path, str) and (os.path.isdir(data_path) or ("://" in data_path and so)):
         with contextlib.suppress(Exception):
             from flymc_dist.data import open_dataset
 
-            names = _param_names(open_dataset(data_path,
-                                              storage_options=_url_options(data_path, so)),
-                                 int(np.prod(trace.param_shape)))
+            names = _param_names(
+                open_dataset(data_path, storage_options=_url_options(data_path, so)),
+                int(np.prod(trace.param_shape)),
+            )
     table = diagnostics.summary(trace.samples, names=names)
     _say(diagnostics.format_summary(table, max_rows=args.max_rows))
     _say("")
@@ -806,10 +1099,18 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
 
     from flymc_dist.bench import format_overhead, run_overhead
 
-    d = run_overhead(rows=args.rows, features=args.features, workers=args.workers,
-                     iterations=args.iterations, chains=args.chains, seed=args.seed,
-                     regular_iterations=args.regular_iterations, warmup=args.warmup,
-                     pings=args.pings, default_sharding=args.default_sharding)
+    d = run_overhead(
+        rows=args.rows,
+        features=args.features,
+        workers=args.workers,
+        iterations=args.iterations,
+        chains=args.chains,
+        seed=args.seed,
+        regular_iterations=args.regular_iterations,
+        warmup=args.warmup,
+        pings=args.pings,
+        default_sharding=args.default_sharding,
+    )
     _say(format_overhead(d))
     if args.json:
         with open(args.json, "w") as fh:
@@ -860,25 +1161,43 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
         doc = docs.get(name, "").replace("%", "%%")
         helptext = f"{doc} (default {default!r})".strip()
         if name == "client":
-            parser.add_argument(flag, default=default, metavar="CLIENT",
-                                help="'synchronous', 'local' (an embedded LocalCluster), a "
-                                "scheduler address or a scheduler file "
-                                f"(default {default!r})")
+            parser.add_argument(
+                flag,
+                default=default,
+                metavar="CLIENT",
+                help="'synchronous', 'local' (an embedded LocalCluster), a "
+                "scheduler address or a scheduler file "
+                f"(default {default!r})",
+            )
         elif isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                help=helptext)
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=default, help=helptext
+            )
         elif isinstance(default, (list, tuple)) or "Sequence" in ann or "list" in ann:
-            kind = float if ("float" in ann or any(isinstance(v, float)
-                                                   for v in (default or ()))) else int
-            parser.add_argument(flag, nargs="*", type=kind, default=default, metavar="X",
-                                help=helptext + "; give no value for none")
+            kind = (
+                float
+                if ("float" in ann or any(isinstance(v, float) for v in (default or ())))
+                else int
+            )
+            parser.add_argument(
+                flag,
+                nargs="*",
+                type=kind,
+                default=default,
+                metavar="X",
+                help=helptext + "; give no value for none",
+            )
         elif isinstance(default, int) or (default is None and "int" in ann):
             parser.add_argument(flag, type=int, default=default, help=helptext)
         elif isinstance(default, float) or (default is None and "float" in ann):
             parser.add_argument(flag, type=float, default=default, help=helptext)
         else:
-            parser.add_argument(flag, default=None if default is par.empty else default,
-                                required=default is par.empty, help=helptext)
+            parser.add_argument(
+                flag,
+                default=None if default is par.empty else default,
+                required=default is par.empty,
+                help=helptext,
+            )
     return parser
 
 
@@ -897,12 +1216,15 @@ def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
     run = getattr(mod, f"run_{name}", None)
     fmt = getattr(mod, f"format_{name}", None)
     if run is None or fmt is None:
-        raise CLIError(f"'bench {name}' is not available: flymc_dist.bench_{name} lacks "
-                       f"run_{name}/format_{name}")
+        raise CLIError(
+            f"'bench {name}' is not available: flymc_dist.bench_{name} lacks "
+            f"run_{name}/format_{name}"
+        )
     doc = inspect.getdoc(mod) or ""
     parser = _signature_parser(run, f"flymc bench {name}", doc.split("\n\n")[0])
-    parser.add_argument("--json", metavar="FILE", default=None,
-                        help="also write the figures as JSON")
+    parser.add_argument(
+        "--json", metavar="FILE", default=None, help="also write the figures as JSON"
+    )
     args = vars(parser.parse_args(list(argv)))
     json_path = args.pop("json")
     if args.get("client") == "local":

@@ -70,8 +70,10 @@ def _scheduler_workers(client: Any) -> dict[str, dict]:
             address = client.scheduler.address
         except Exception:  # noqa: BLE001 - only for the message
             address = "?"
-        raise SchedulerLost(f"the Dask scheduler {address} was lost (the client's connection "
-                            f"to it is {status!r}); the run cannot go on without it")
+        raise SchedulerLost(
+            f"the Dask scheduler {address} was lost (the client's connection "
+            f"to it is {status!r}); the run cannot go on without it"
+        )
     return workers
 
 
@@ -93,8 +95,13 @@ def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
     if client is None:
         _check_main_guard()
         n = n_workers or max(1, min(os.cpu_count() or 1, 8))
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                               dashboard_address=":0", silence_logs=logging.ERROR)
+        cluster = LocalCluster(
+            n_workers=n,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+        )
         return Client(cluster, direct_to_workers=True), cluster, True
     if isinstance(client, Client):
         return client, None, False
@@ -103,20 +110,29 @@ def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
             return Client(client, direct_to_workers=True), None, True
         if os.path.exists(client):
             return Client(scheduler_file=client, direct_to_workers=True), None, True
-        raise ValueError(f"client {client!r} is neither a scheduler address (tcp://…, "
-                         f"tls://…) nor an existing scheduler file")
-    raise TypeError(f"client must be None, 'synchronous', a distributed.Client, an address or "
-                    f"a scheduler file, not {type(client).__name__}")
+        raise ValueError(
+            f"client {client!r} is neither a scheduler address (tcp://…, "
+            f"tls://…) nor an existing scheduler file"
+        )
+    raise TypeError(
+        f"client must be None, 'synchronous', a distributed.Client, an address or "
+        f"a scheduler file, not {type(client).__name__}"
+    )
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
     """Whether ``node`` is ``if __name__ == "__main__":`` (either way round)."""
-    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-            and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq)):
+    if not (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and len(node.test.ops) == 1
+        and isinstance(node.test.ops[0], ast.Eq)
+    ):
         return False
     sides = [node.test.left, *node.test.comparators]
-    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
-            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and any(
+        isinstance(x, ast.Constant) and x.value == "__main__" for x in sides
+    )
 
 
 def _check_main_guard() -> None:
@@ -155,21 +171,33 @@ def _check_main_guard() -> None:
     raise RuntimeError(
         f"fd.sample(client=None) starts Dask worker processes, which import {script} again "
         "and would run this call again in each: put the code that calls it under "
-        "`if __name__ == \"__main__\":` (or pass client=\"synchronous\" or a Client)")
+        '`if __name__ == "__main__":` (or pass client="synchronous" or a Client)'
+    )
 
 
-def open_transport(client: Any, specs: list[ShardSpec], config: ShardConfig,
-                   mem: dict | None, options: dict[str, Any]) -> Any:
+def open_transport(
+    client: Any,
+    specs: list[ShardSpec],
+    config: ShardConfig,
+    mem: dict | None,
+    options: dict[str, Any],
+) -> Any:
     """The transport for ``client`` (see :func:`flymc_dist.sample`)."""
     if isinstance(client, str) and client == "synchronous":
         return InProcessTransport(specs, config, mem)
     if mem is not None:
-        raise ValueError("in-memory (X, y) data runs only with client='synchronous'; write it "
-                         "to a store with fd.from_numpy to use a cluster")
-    return DaskTransport(client, specs, config, n_workers=options.get("n_workers"),
-                         timeout=float(options.get("timeout", 60.0)),
-                         channel=options.get("channel", "auto"))
-
+        raise ValueError(
+            "in-memory (X, y) data runs only with client='synchronous'; write it "
+            "to a store with fd.from_numpy to use a cluster"
+        )
+    return DaskTransport(
+        client,
+        specs,
+        config,
+        n_workers=options.get("n_workers"),
+        timeout=float(options.get("timeout", 60.0)),
+        channel=options.get("channel", "auto"),
+    )
 
 
 def _all_remote(workers: dict[str, dict], used: list[str]) -> bool:
@@ -222,9 +250,16 @@ class DaskTransport:
 
     name = "dask"
 
-    def __init__(self, client: Any, specs: list[ShardSpec], config: ShardConfig, *,
-                 n_workers: int | None = None, timeout: float = 60.0,
-                 channel: str = "auto") -> None:
+    def __init__(
+        self,
+        client: Any,
+        specs: list[ShardSpec],
+        config: ShardConfig,
+        *,
+        n_workers: int | None = None,
+        timeout: float = 60.0,
+        channel: str = "auto",
+    ) -> None:
         self._channel_mode = check_channel(channel)
         import dask
 
@@ -240,8 +275,9 @@ class DaskTransport:
         self.config = config
         self.timeout = timeout
         # FlyMC's rounds are short and run inline; regular MCMC's are full passes
-        self._inline = set(INLINE) if config.algorithm == "flymc" else set(INLINE) - {
-            "round_packed"}
+        self._inline = (
+            set(INLINE) if config.algorithm == "flymc" else set(INLINE) - {"round_packed"}
+        )
         #: whether ``speculate="auto"`` speculates (see :func:`_all_remote`)
         self.speculates = False
         self.round_trips = 0
@@ -257,15 +293,14 @@ class DaskTransport:
             if not workers:
                 self.client.wait_for_workers(1, timeout=60)
                 workers = sorted(_scheduler_workers(self.client))
-            if channel == "socket" or (channel == "auto" and
-                                       all(w.startswith("tcp://") for w in workers)):
+            if channel == "socket" or (
+                channel == "auto" and all(w.startswith("tcp://") for w in workers)
+            ):
                 self._chan = ChannelClient()
-            blocks = np.array_split(np.arange(len(self.specs)), min(len(workers),
-                                                                    len(self.specs)))
+            blocks = np.array_split(np.arange(len(self.specs)), min(len(workers), len(self.specs)))
             for w, block in zip(workers, blocks, strict=False):
                 self._start_host(w, [self.specs[i] for i in block])
-            self.speculates = _all_remote(_scheduler_workers(self.client),
-                                           list(self.placement))
+            self.speculates = _all_remote(_scheduler_workers(self.client), list(self.placement))
         except BaseException:
             self.close()
             raise
@@ -277,8 +312,16 @@ class DaskTransport:
 
     def _start_host(self, worker: str, specs: list[ShardSpec]) -> None:
         key = f"flymc-shardhost-{uuid.uuid4().hex}"
-        fut = self.client.submit(ShardHost, specs, self.config, actor=True, workers=[worker],
-                                 allow_other_workers=False, pure=False, key=key)
+        fut = self.client.submit(
+            ShardHost,
+            specs,
+            self.config,
+            actor=True,
+            workers=[worker],
+            allow_other_workers=False,
+            pure=False,
+            key=key,
+        )
         fut.result(timeout=max(self.timeout, 120))
         self._futures[worker] = fut
         self._keys[worker] = key
@@ -298,8 +341,11 @@ class DaskTransport:
         except OSError as e:
             if self._channel_mode == "socket":
                 raise ShardLost(f"cannot reach the round channel of {worker}: {e!r}") from e
-            log.warning("cannot reach the round channel of %s (%r): rounds go through "
-                        "Dask's RPC instead", worker, e)
+            log.warning(
+                "cannot reach the round channel of %s (%r): rounds go through Dask's RPC instead",
+                worker,
+                e,
+            )
             self._chan.close()
             self._chan = None
 
@@ -309,8 +355,7 @@ class DaskTransport:
         return "socket" if self._chan is not None else "dask"
 
     # ------------------------------------------------------------- raw calls
-    async def _execute(self, worker: str, function: str, args: tuple,
-                       kwargs: dict) -> Any:
+    async def _execute(self, worker: str, function: str, args: tuple, kwargs: dict) -> Any:
         from distributed.protocol import to_serialize
 
         rpc = self.client.rpc(worker)
@@ -318,27 +363,35 @@ class DaskTransport:
             # A protocol call: one ``bytes`` argument, which msgpack carries as it is (no
             # serialisation family, no extra frames), run on the worker's event loop
             # rather than handed to the actor thread (one thread hop less each way).
-            result = await rpc.actor_execute(function=function, actor=self._keys[worker],
-                                             args=list(args), kwargs={"separate_thread": False})
+            result = await rpc.actor_execute(
+                function=function,
+                actor=self._keys[worker],
+                args=list(args),
+                kwargs={"separate_thread": False},
+            )
         else:
             result = await rpc.actor_execute(
-                function=function, actor=self._keys[worker],
+                function=function,
+                actor=self._keys[worker],
                 args=[to_serialize(a) for a in args],
-                kwargs={k: to_serialize(v) for k, v in kwargs.items()})
+                kwargs={k: to_serialize(v) for k, v in kwargs.items()},
+            )
         if result["status"] == "OK":
             return result["result"]
         raise result["exception"]
 
-    def _fanout(self, calls: dict[str, tuple[str, tuple, dict]]) -> tuple[dict[str, Any],
-                                                                          dict[str, BaseException]]:
+    def _fanout(
+        self, calls: dict[str, tuple[str, tuple, dict]]
+    ) -> tuple[dict[str, Any], dict[str, BaseException]]:
         """Run ``{worker: (function, args, kwargs)}`` concurrently; results and failures."""
 
         async def one(w: str, f: str, a: tuple, k: dict) -> Any:
             return await asyncio.wait_for(self._execute(w, f, a, k), self.timeout)
 
         async def run() -> list[Any]:
-            return await asyncio.gather(*(one(w, *c) for w, c in calls.items()),
-                                        return_exceptions=True)
+            return await asyncio.gather(
+                *(one(w, *c) for w, c in calls.items()), return_exceptions=True
+            )
 
         out = self.client.sync(run)
         self.round_trips += 1
@@ -354,8 +407,9 @@ class DaskTransport:
         """Which failures are lost hosts (connection, timeout); re-raise real errors."""
         lost = []
         for w, e in bad.items():
-            if isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ShardLost)) or \
-                    type(e).__name__ in ("CommClosedError", "StreamClosedError"):
+            if isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ShardLost)) or type(
+                e
+            ).__name__ in ("CommClosedError", "StreamClosedError"):
                 lost.append(w)
             else:
                 raise e
@@ -381,8 +435,10 @@ class DaskTransport:
     def call_each(self, method: str, per_shard: list[tuple]) -> list[Any]:
         """``Shard.<method>(*per_shard[i])`` on shard i, in shard order."""
         args = {s.shard_id: a for s, a in zip(self.specs, per_shard, strict=True)}
-        calls = {w: ("call_each", (method, {s.shard_id: args[s.shard_id] for s in specs}), {})
-                 for w, specs in self.placement.items()}
+        calls = {
+            w: ("call_each", (method, {s.shard_id: args[s.shard_id] for s in specs}), {})
+            for w, specs in self.placement.items()
+        }
         ok, bad = self._fanout(calls)
         if bad:
             raise ShardLost(f"workers {self._lost(bad)} were lost during {method!r}")
@@ -404,9 +460,15 @@ class DaskTransport:
             merged.update(r)
         return merged
 
-    def round(self, seq: Any, commits: np.ndarray, update_z: bool,
-              requests: list[Request | None], positions: np.ndarray,
-              speculate: bool = False) -> list[dict]:
+    def round(
+        self,
+        seq: Any,
+        commits: np.ndarray,
+        update_z: bool,
+        requests: list[Request | None],
+        positions: np.ndarray,
+        speculate: bool = False,
+    ) -> list[dict]:
         """One protocol round on every shard, recovering lost workers' shards.
 
         ``positions`` are the chains' current (post-commit) positions, used to redraw
@@ -418,8 +480,7 @@ class DaskTransport:
                 ok, bad = self._chan.fanout(ROUND, blob, list(self.placement), self.timeout)
                 self.round_trips += 1
             else:
-                ok, bad = self._fanout({w: ("round_packed", (blob,), {})
-                                        for w in self.placement})
+                ok, bad = self._fanout({w: ("round_packed", (blob,), {}) for w in self.placement})
             if not bad:
                 return self._per_shard({w: unpack_reply(r) for w, r in ok.items()})
             self._recover(self._lost(bad), positions)
@@ -463,25 +524,41 @@ class DaskTransport:
                 self.placement[target].append(spec)
             placed.setdefault(target, []).append(spec.shard_id)
         for method, args, kwargs in self._replay:
-            _, bad = self._fanout({w: ("call", (method, args, kwargs, ids), {})
-                                   for w, ids in placed.items()})
+            _, bad = self._fanout(
+                {w: ("call", (method, args, kwargs, ids), {}) for w, ids in placed.items()}
+            )
             if bad:
                 raise ShardLost(f"recovery failed replaying {method!r}: {bad!r}")
         queries = 0
         if positions is not None:
-            ok, bad = self._fanout({w: ("call_each", ("set_positions",
-                                                      {i: (positions, self.generation)
-                                                       for i in ids}),
-                                        {}) for w, ids in placed.items()})
+            ok, bad = self._fanout(
+                {
+                    w: (
+                        "call_each",
+                        ("set_positions", {i: (positions, self.generation) for i in ids}),
+                        {},
+                    )
+                    for w, ids in placed.items()
+                }
+            )
             if bad:
                 raise ShardLost(f"recovery failed: {bad!r}")
             queries = int(sum(sum(r.values()) for r in ok.values()))
-        event = {"lost_workers": lost, "shards": [s.shard_id for s in orphans],
-                 "generation": self.generation, "queries": queries,
-                 "seconds": time.perf_counter() - t0, "time": time.time()}
+        event = {
+            "lost_workers": lost,
+            "shards": [s.shard_id for s in orphans],
+            "generation": self.generation,
+            "queries": queries,
+            "seconds": time.perf_counter() - t0,
+            "time": time.time(),
+        }
         self.recoveries.append(event)
-        log.warning("lost worker(s) %s: recreated shards %s on live workers, z redrawn exactly "
-                    "(%.2f s)", lost, event["shards"], event["seconds"])
+        log.warning(
+            "lost worker(s) %s: recreated shards %s on live workers, z redrawn exactly (%.2f s)",
+            lost,
+            event["shards"],
+            event["seconds"],
+        )
 
     def timing(self) -> list[dict[str, float]]:
         """:meth:`ShardHost.timing` of every host, in worker order (hosts that fail to

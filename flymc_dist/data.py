@@ -256,9 +256,7 @@ def _check_feature_names(feature_names: Sequence[str] | None, n_features: int) -
         raise ValueError("feature_names must be a sequence of strings, not a single string")
     names = [str(n) for n in feature_names]
     if len(names) != n_features:
-        raise ValueError(
-            f"feature_names has {len(names)} entries but X has {n_features} columns"
-        )
+        raise ValueError(f"feature_names has {len(names)} entries but X has {n_features} columns")
     return names
 
 
@@ -381,9 +379,7 @@ class _StoreWriter:
         self._buf_rows = min(per * self.chunk_rows, max(self.n_rows, 1))
         self._new_buffer()
         self._tmp: str | None = None
-        self._queue: queue.Queue[tuple[int, np.ndarray, np.ndarray] | None] = queue.Queue(
-            maxsize=1
-        )
+        self._queue: queue.Queue[tuple[int, np.ndarray, np.ndarray] | None] = queue.Queue(maxsize=1)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -762,8 +758,15 @@ def from_blocks(
     chunk_rows = _check_chunk_rows(chunk_rows, n_rows, n_features)
     task, n_classes = _resolve_task(task, n_classes, None)
     names = _check_feature_names(feature_names, n_features)
-    reserved = {"format", "n_rows", "n_features", "chunk_rows", "task", "n_classes",
-                "feature_names"}
+    reserved = {
+        "format",
+        "n_rows",
+        "n_features",
+        "chunk_rows",
+        "task",
+        "n_classes",
+        "feature_names",
+    }
     extra = dict(attrs or {})
     clash = reserved & set(extra)
     if clash:
@@ -826,8 +829,14 @@ class _ChunkGuard(WrapperStore):
     that would have used the fill value (no extra request to the store).
     """
 
-    def __init__(self, store: Any, where: str = "", chunk_rows: int = 0,
-                 prefix: str = "", legacy: bool = False) -> None:
+    def __init__(
+        self,
+        store: Any,
+        where: str = "",
+        chunk_rows: int = 0,
+        prefix: str = "",
+        legacy: bool = False,
+    ) -> None:
         super().__init__(store)
         self._where = where
         self._chunk_rows = chunk_rows
@@ -846,9 +855,13 @@ class _ChunkGuard(WrapperStore):
                     f"data set {self._where!r} is damaged: chunk {key!r} "
                     f"({_rows_of(key, name, self._prefix, self._chunk_rows)}) is missing from "
                     "the store (a partial copy?); nothing was read in its place"
-                    + (" (stores written before every chunk was stored may omit chunks "
-                       "holding only zeros: if so, write it again from its source)"
-                       if self._legacy else ""))
+                    + (
+                        " (stores written before every chunk was stored may omit chunks "
+                        "holding only zeros: if so, write it again from its source)"
+                        if self._legacy
+                        else ""
+                    )
+                )
         return value
 
     def _array_of(self, key: str) -> str | None:
@@ -862,7 +875,7 @@ class _ChunkGuard(WrapperStore):
 
 def _rows_of(key: str, name: str, prefix: str, chunk_rows: int) -> str:
     """``"rows a-b of X"`` for a chunk key of the default or v2 key encodings."""
-    rest = key[len(prefix) + len(name) + 1:]
+    rest = key[len(prefix) + len(name) + 1 :]
     digits = rest[2:] if rest.startswith(("c/", "c.")) else rest
     head = digits.replace(".", "/").split("/")[0]
     if not head.isdigit() or chunk_rows < 1:
@@ -946,11 +959,16 @@ class Dataset:
                 raise ValueError(f"{self.path!r} is not a flymc_dist data set: {e}") from e
             except Exception as e:  # the store cannot be reached (endpoint, credentials, ...)
                 keys = sorted(self.storage_options or {})
-                how = (f"with storage_options keys {keys}" if keys else "without storage_options "
-                       "(a store that needs an endpoint or credentials must be opened with "
-                       "open_dataset(path, storage_options=...))")
-                raise OSError(f"cannot open the data set at {self.path!r} {how}: "
-                              f"{type(e).__name__}: {e}") from e
+                how = (
+                    f"with storage_options keys {keys}"
+                    if keys
+                    else "without storage_options "
+                    "(a store that needs an endpoint or credentials must be opened with "
+                    "open_dataset(path, storage_options=...))"
+                )
+                raise OSError(
+                    f"cannot open the data set at {self.path!r} {how}: {type(e).__name__}: {e}"
+                ) from e
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"no flymc_dist data set at {self.path!r} (path not found)")
         if not os.path.isfile(os.path.join(self.path, "zarr.json")):
@@ -976,8 +994,9 @@ class Dataset:
     def _guarded(self, group: Any) -> tuple[Any, Any]:
         """``X`` and ``y`` read through a :class:`_ChunkGuard` (an absent chunk raises)."""
         prefix = f"{group.path}/" if group.path else ""
-        store = _ChunkGuard(group.store, self.path, self.chunk_rows, prefix,
-                            legacy="store_id" not in self._attrs)
+        store = _ChunkGuard(
+            group.store, self.path, self.chunk_rows, prefix, legacy="store_id" not in self._attrs
+        )
         g = zarr.open_group(store=store, path=group.path, mode="r", zarr_format=3)
         return g["X"], g["y"]
 
@@ -998,7 +1017,8 @@ class Dataset:
                     return DataIntegrityError(
                         f"data set {self.path!r} is damaged: chunk {f'{name}/{key}'!r} (rows "
                         f"{lo}-{hi - 1} of {name}) cannot be decoded "
-                        f"({type(e).__name__}: {e})")
+                        f"({type(e).__name__}: {e})"
+                    )
         return err
 
     def __getstate__(self) -> dict[str, Any]:
@@ -1047,8 +1067,14 @@ class Dataset:
         import hashlib
 
         h = hashlib.sha256()
-        layout = [self.n_rows, self.n_features, self.chunk_rows, self.task, self.n_classes,
-                  self.feature_names]
+        layout = [
+            self.n_rows,
+            self.n_features,
+            self.chunk_rows,
+            self.task,
+            self.n_classes,
+            self.feature_names,
+        ]
         h.update(repr(layout).encode())
         for lo in {0, self.n_rows - 1}:
             X, y = self.read(lo, lo + 1)
@@ -1111,9 +1137,7 @@ class Dataset:
         else:
             if rows_per_shard is None:
                 rows_per_shard = DEFAULT_ROWS_PER_SHARD
-            if isinstance(rows_per_shard, bool) or not isinstance(
-                rows_per_shard, int | np.integer
-            ):
+            if isinstance(rows_per_shard, bool) or not isinstance(rows_per_shard, int | np.integer):
                 raise ValueError(
                     f"rows_per_shard must be a positive integer, got {rows_per_shard!r}"
                 )
@@ -1121,15 +1145,16 @@ class Dataset:
                 raise ValueError(f"rows_per_shard must be >= 1, got {rows_per_shard}")
             per = max(1, int(math.floor(rows_per_shard / cr + 0.5)))
             bounds = list(range(0, n_chunks, per)) + [n_chunks]
-        return [(b0 * cr, min(b1 * cr, self.n_rows)) for b0, b1 in zip(bounds[:-1], bounds[1:])]
+        return [
+            (b0 * cr, min(b1 * cr, self.n_rows))
+            for b0, b1 in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
 
     # -- reading
     def _check_range(self, start: int, stop: int) -> tuple[int, int]:
         start, stop = int(start), int(stop)
         if not 0 <= start <= stop <= self.n_rows:
-            raise IndexError(
-                f"row range [{start}, {stop}) is not within [0, {self.n_rows}]"
-            )
+            raise IndexError(f"row range [{start}, {stop}) is not within [0, {self.n_rows}]")
         return start, stop
 
     def read(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -1293,8 +1318,7 @@ def _ingest_npz(src: str, target: Any) -> tuple[np.ndarray, np.ndarray, list[str
             missing = [k for k in ("X", "y") if k not in f.files]
             if missing:
                 raise ValueError(
-                    f"{src!r} must contain arrays 'X' and 'y'; missing {missing} "
-                    f"(has {f.files})"
+                    f"{src!r} must contain arrays 'X' and 'y'; missing {missing} (has {f.files})"
                 )
             X, y = f["X"], f["y"]
             names = [str(v) for v in f["feature_names"]] if "feature_names" in f.files else None
@@ -1325,8 +1349,10 @@ def _ingest_csv(src: str, target: Any) -> tuple[np.ndarray, np.ndarray, list[str
             try:
                 t = int(str(target))
             except ValueError:
-                raise ValueError(f"{src!r} has no header row (its first line is numbers), so "
-                                 f"target must be a column index, not {target!r}") from None
+                raise ValueError(
+                    f"{src!r} has no header row (its first line is numbers), so "
+                    f"target must be a column index, not {target!r}"
+                ) from None
             if not -len(columns) <= t < len(columns):
                 raise ValueError(f"target column {t} out of range for {len(columns)} columns")
             t %= len(columns)
@@ -1544,8 +1570,15 @@ def make_logistic(
             yield X, (rng.random(m) < p).astype(np.int64)
 
     return from_blocks(
-        blocks(), path, n, d, task="binary", chunk_rows=chunk_rows, overwrite=overwrite,
-        feature_names=_gen_names(d), storage_options=storage_options,
+        blocks(),
+        path,
+        n,
+        d,
+        task="binary",
+        chunk_rows=chunk_rows,
+        overwrite=overwrite,
+        feature_names=_gen_names(d),
+        storage_options=storage_options,
         attrs={"generator": "make_logistic", "seed": seed, "true_theta": theta},
     )
 
@@ -1610,8 +1643,16 @@ def make_softmax(
             yield X, y.astype(np.int64)
 
     return from_blocks(
-        blocks(), path, n, d, task="multiclass", n_classes=k, chunk_rows=chunk_rows,
-        overwrite=overwrite, feature_names=_gen_names(d), storage_options=storage_options,
+        blocks(),
+        path,
+        n,
+        d,
+        task="multiclass",
+        n_classes=k,
+        chunk_rows=chunk_rows,
+        overwrite=overwrite,
+        feature_names=_gen_names(d),
+        storage_options=storage_options,
         attrs={"generator": "make_softmax", "seed": seed, "true_theta": theta},
     )
 
@@ -1657,11 +1698,23 @@ def _robust(
             yield X, y
 
     return from_blocks(
-        blocks(), path, n, d, task="real", chunk_rows=chunk_rows, overwrite=overwrite,
-        feature_names=_gen_names(d), storage_options=storage_options,
-        attrs={"generator": f"make_{kind}" if kind == "robust" else "make_opv_like",
-               "seed": seed, "true_theta": theta, "nu": float(nu),
-               "noise_scale": float(noise_scale), **extra},
+        blocks(),
+        path,
+        n,
+        d,
+        task="real",
+        chunk_rows=chunk_rows,
+        overwrite=overwrite,
+        feature_names=_gen_names(d),
+        storage_options=storage_options,
+        attrs={
+            "generator": f"make_{kind}" if kind == "robust" else "make_opv_like",
+            "seed": seed,
+            "true_theta": theta,
+            "nu": float(nu),
+            "noise_scale": float(noise_scale),
+            **extra,
+        },
     )
 
 
@@ -1707,8 +1760,19 @@ def make_robust(
     Dataset
         Task ``"real"``; attrs ``true_theta``, ``nu``, ``noise_scale``.
     """
-    return _robust("robust", path, n_rows, n_features, seed, chunk_rows, overwrite,
-                   nu, noise_scale, correlated=False, storage_options=storage_options)
+    return _robust(
+        "robust",
+        path,
+        n_rows,
+        n_features,
+        seed,
+        chunk_rows,
+        overwrite,
+        nu,
+        noise_scale,
+        correlated=False,
+        storage_options=storage_options,
+    )
 
 
 def make_opv_like(
@@ -1749,5 +1813,16 @@ def make_opv_like(
     Dataset
         Task ``"real"``; attrs ``true_theta``, ``nu``, ``noise_scale``.
     """
-    return _robust("opv", path, n_rows, n_features, seed, chunk_rows, overwrite,
-                   nu, noise_scale, correlated=True, storage_options=storage_options)
+    return _robust(
+        "opv",
+        path,
+        n_rows,
+        n_features,
+        seed,
+        chunk_rows,
+        overwrite,
+        nu,
+        noise_scale,
+        correlated=True,
+        storage_options=storage_options,
+    )

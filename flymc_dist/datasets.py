@@ -285,10 +285,10 @@ def qm9_gap(
             ):
                 keep[j] = False
         del cols
-    dropped = [n for n, k in zip(names, keep) if not k]
+    dropped = [n for n, k in zip(names, keep, strict=True) if not k]
     Z = np.ascontiguousarray(Xr[:, keep])
     del Xr
-    kept = [n for n, k in zip(names, keep) if k]
+    kept = [n for n, k in zip(names, keep, strict=True) if k]
     if standardise:
         x_mean = Z.mean(axis=0)
         x_sd = Z.std(axis=0)
@@ -338,10 +338,12 @@ class _FlightsPlan:
         total = minute.shape[0]
         n_air = _check_int("n_airports", n_airports, 0, min(len(origin_names), len(dest_names)))
         # Busiest airports over the whole file (independent of the row subset).
-        self.top_origin = np.argsort(-np.bincount(origin, minlength=len(origin_names)),
-                                     kind="stable")[:n_air]
-        self.top_dest = np.argsort(-np.bincount(dest, minlength=len(dest_names)),
-                                   kind="stable")[:n_air]
+        self.top_origin = np.argsort(
+            -np.bincount(origin, minlength=len(origin_names)), kind="stable"
+        )[:n_air]
+        self.top_dest = np.argsort(-np.bincount(dest, minlength=len(dest_names)), kind="stable")[
+            :n_air
+        ]
         if n_rows is None:
             rows = None
             n = total
@@ -534,6 +536,8 @@ def flights_to_zarr(
         chunk_rows=chunk_rows,
         overwrite=overwrite,
         feature_names=names,
-        attrs={"source": "flights_3m.npz", "flights": {**info, "seed": seed,
-                                                        "n_airports": n_airports}},
+        attrs={
+            "source": "flights_3m.npz",
+            "flights": {**info, "seed": seed, "n_airports": n_airports},
+        },
     )

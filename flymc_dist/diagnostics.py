@@ -519,9 +519,7 @@ def _labels(param_shape: tuple[int, ...], names: str | Sequence[str] | None) -> 
     return np.array(labels, dtype=object).reshape(param_shape)
 
 
-def summary(
-    samples: ArrayLike, names: str | Sequence[str] | None = None
-) -> dict[str, np.ndarray]:
+def summary(samples: ArrayLike, names: str | Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """Per-parameter posterior summary and convergence diagnostics.
 
     Parameters
@@ -649,8 +647,7 @@ def format_summary(
     widths = [max(len(row[j]) for row in [header, *rows]) for j in range(len(header))]
     lines = [
         "  ".join(
-            cell.ljust(widths[j]) if j == 0 else cell.rjust(widths[j])
-            for j, cell in enumerate(row)
+            cell.ljust(widths[j]) if j == 0 else cell.rjust(widths[j]) for j, cell in enumerate(row)
         ).rstrip()
         for row in [header, *rows]
     ]

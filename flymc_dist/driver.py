@@ -76,7 +76,6 @@ def check_bright_replica(value: Any, budget: Any = REPLICA_BUDGET) -> None:
         raise ValueError(f"replica_budget must be a number of bytes >= 0, not {budget!r}")
 
 
-
 class Driver:
     """Runs ``chains`` chains of one algorithm through a transport.
 
@@ -115,12 +114,26 @@ class Driver:
         Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
     """
 
-    def __init__(self, model: Model, transport: Any, kernel: Kernel, *, n_features: int,
-                 algorithm: str = "flymc", bounds: str = "map", chains: int = 4, seed: int = 0,
-                 init: str | np.ndarray = "map", precondition: str | np.ndarray = "laplace",
-                 map_maxiter: int = 100, q_db: float | str = "auto", n_rows: int = 0,
-                 speculate: bool | str = False, bright_replica: bool | str = "auto",
-                 replica_budget: float = REPLICA_BUDGET) -> None:
+    def __init__(
+        self,
+        model: Model,
+        transport: Any,
+        kernel: Kernel,
+        *,
+        n_features: int,
+        algorithm: str = "flymc",
+        bounds: str = "map",
+        chains: int = 4,
+        seed: int = 0,
+        init: str | np.ndarray = "map",
+        precondition: str | np.ndarray = "laplace",
+        map_maxiter: int = 100,
+        q_db: float | str = "auto",
+        n_rows: int = 0,
+        speculate: bool | str = False,
+        bright_replica: bool | str = "auto",
+        replica_budget: float = REPLICA_BUDGET,
+    ) -> None:
         self.model = model
         self.transport = transport
         self.kernel = kernel
@@ -156,10 +169,14 @@ class Driver:
         check_speculate(speculate)
         # speculative z-updates (Shard.speculate): FlyMC with a one-request kernel, where
         # every round trip starts an iteration; "auto": where the transport says so
-        self.speculate = (algorithm == "flymc"
-                          and getattr(kernel, "requests_per_step", None) == 1
-                          and (speculate is True or (speculate == "auto" and
-                                                     getattr(transport, "speculates", False))))
+        self.speculate = (
+            algorithm == "flymc"
+            and getattr(kernel, "requests_per_step", None) == 1
+            and (
+                speculate is True
+                or (speculate == "auto" and getattr(transport, "speculates", False))
+            )
+        )
         #: likelihood queries of speculative z-updates undone because the chain moved
         self.wasted_queries = 0
         #: wall seconds in :meth:`step` and, within it, waiting on the transport's rounds
@@ -197,16 +214,25 @@ class Driver:
             return cache[key]
 
         x0 = np.zeros(self.P) if x0 is None else np.asarray(x0, float)
-        res = scipy.optimize.minimize(lambda t: evaluate(t)[0], x0, jac=lambda t: evaluate(t)[1],
-                                      hess=lambda t: evaluate(t)[2], method="trust-exact",
-                                      options={"maxiter": self.map_maxiter, "gtol": 1e-6})
+        res = scipy.optimize.minimize(
+            lambda t: evaluate(t)[0],
+            x0,
+            jac=lambda t: evaluate(t)[1],
+            hess=lambda t: evaluate(t)[2],
+            method="trust-exact",
+            options={"maxiter": self.map_maxiter, "gtol": 1e-6},
+        )
         theta = np.asarray(res.x, float)
         evaluate(theta)
         # the preconditioner's curvature: the likelihood's, plus the prior's Gaussian
         # stand-in (:meth:`Model.prior_precision`), never the smoothing's spike at 0
         neg_h = -loglik["last"][2] + self.model.prior_precision(self.P)
-        self.map_info = {"success": bool(res.success), "iterations": int(res.nit),
-                         "evaluations": int(res.nfev), "message": str(res.message)}
+        self.map_info = {
+            "success": bool(res.success),
+            "iterations": int(res.nit),
+            "evaluations": int(res.nfev),
+            "message": str(res.message),
+        }
         if not np.all(np.isfinite(theta)):
             raise FloatingPointError(f"MAP search diverged: {res.message}")
         return theta, neg_h
@@ -214,16 +240,18 @@ class Driver:
     def setup(self) -> None:
         """MAP, tight points, collapsed bound, preconditioner, initial positions, initial z."""
         t0 = time.perf_counter()
-        need_map = ((isinstance(self.init, str) and self.init == "map")
-                    or (isinstance(self.precondition, str)
-                                           and self.precondition == "laplace")
-                    or (self.algorithm == "flymc" and self.bounds == "map"))
+        need_map = (
+            (isinstance(self.init, str) and self.init == "map")
+            or (isinstance(self.precondition, str) and self.precondition == "laplace")
+            or (self.algorithm == "flymc" and self.bounds == "map")
+        )
         neg_h = None
         if need_map:
             self.theta_map, neg_h = self.find_map()
         if self.algorithm == "flymc":
-            self.transport.call("set_tight_points",
-                                self.theta_map if self.bounds == "map" else None)
+            self.transport.call(
+                "set_tight_points", self.theta_map if self.bounds == "map" else None
+            )
             stats = self.transport.call("bound_stats")
             total = stats[0]
             for s in stats[1:]:
@@ -236,8 +264,9 @@ class Driver:
         elif self.precondition == "identity":
             cov = np.eye(self.P)
         else:
-            raise ValueError(f"precondition must be 'laplace', 'identity' or an array, "
-                             f"not {self.precondition!r}")
+            raise ValueError(
+                f"precondition must be 'laplace', 'identity' or an array, not {self.precondition!r}"
+            )
         chol = np.linalg.cholesky(cov)
         self.scale_tril = chol
         if isinstance(self.init, str):
@@ -252,8 +281,9 @@ class Driver:
         self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
         if self.algorithm == "flymc" and self._use_replica():
             self.transport.call("set_replica", True)
-            self.replica = BrightReplica(self.model, self.chains,
-                                         [(s.start, s.stop) for s in self.transport.specs])
+            self.replica = BrightReplica(
+                self.model, self.chains, [(s.start, s.stop) for s in self.transport.specs]
+            )
         q = self.transport.call("set_positions", self.positions, 0)
         self.setup_queries += int(sum(q))
         if self.algorithm == "flymc":
@@ -304,8 +334,9 @@ class Driver:
                 g = g + self.bound.grad(points)
         return val, g
 
-    def _respond_all(self, reqs: list[EvalRequest | None],
-                     agg: dict[str, np.ndarray]) -> dict[int, EvalResponse]:
+    def _respond_all(
+        self, reqs: list[EvalRequest | None], agg: dict[str, np.ndarray]
+    ) -> dict[int, EvalResponse]:
         """Responses for every chain with a pending request: the prior and the collapsed
         bound are evaluated for all chains' current positions and points in one call."""
         active = [c for c, r in enumerate(reqs) if r is not None]
@@ -324,8 +355,8 @@ class Driver:
             req = reqs[c]
             k = points[i].shape[0]
             grad_current = g[i] + agg["current_grad"][c] if req.current_grad else None
-            logp = val[off:off + k] + agg_points[c, :k]
-            grad = g[off:off + k] + agg["points_grad"][c, :k] if (req.grad and k) else None
+            logp = val[off : off + k] + agg_points[c, :k]
+            grad = g[off : off + k] + agg["points_grad"][c, :k] if (req.grad and k) else None
             off += k
             out[c] = EvalResponse(logp_current[i], grad_current, logp, grad)
         return out
@@ -345,8 +376,9 @@ class Driver:
         return out
 
     # ------------------------------------------------------------- iteration
-    def _round(self, first: bool, requests: list[Request | None],
-               positions: np.ndarray) -> dict[str, np.ndarray]:
+    def _round(
+        self, first: bool, requests: list[Request | None], positions: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """One round trip to every shard; returns the summed replies.
 
         Parameters
@@ -364,16 +396,23 @@ class Driver:
         self.seq += 1
         self._trips += 1
         t_rt = time.perf_counter()
-        replies = self.transport.round(self.seq, commits, first and self.algorithm == "flymc",
-                                       requests, positions, self.speculate)
+        replies = self.transport.round(
+            self.seq,
+            commits,
+            first and self.algorithm == "flymc",
+            requests,
+            positions,
+            self.speculate,
+        )
         self.round_seconds += time.perf_counter() - t_rt
         agg = self._aggregate(replies)
         if self.speculate:  # only speculative z-updates are ever undone
             self.wasted_queries += int(agg["wasted"].sum())
         return agg
 
-    def _replica_round(self, first: bool, requests: list[Request | None],
-                       positions: np.ndarray) -> dict[str, np.ndarray]:
+    def _replica_round(
+        self, first: bool, requests: list[Request | None], positions: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """:meth:`_round` in replica mode: the iteration's first call updates z at every
         chain's position on the shards and applies the change to the replica (the one
         round trip); every call then evaluates the requests on the replica, here."""
@@ -383,9 +422,14 @@ class Driver:
             self.seq += 1
             self._trips += 1
             t_rt = time.perf_counter()
-            replies = self.transport.round(self.seq, np.full(C, -1, dtype=np.int64), True,
-                                           [Request(positions[c:c + 1], False, False)
-                                            for c in range(C)], positions, False)
+            replies = self.transport.round(
+                self.seq,
+                np.full(C, -1, dtype=np.int64),
+                True,
+                [Request(positions[c : c + 1], False, False) for c in range(C)],
+                positions,
+                False,
+            )
             self.round_seconds += time.perf_counter() - t_rt
             self.replica.apply(replies)
             for r in replies:  # in global shard order
@@ -396,12 +440,11 @@ class Driver:
         for c, r in enumerate(requests):
             known = self._replica_current[c]
             if r is not None and (known is None or (r.current_grad and known[1] is None)):
-                cur_pts[c] = positions[c:c + 1]
+                cur_pts[c] = positions[c : c + 1]
         cur_grad = [r is not None and r.current_grad for r in requests]
         for c, res in enumerate(self.replica.evaluate(cur_pts, cur_grad)):
             if res is not None:
-                self._replica_current[c] = (float(res[0][0]),
-                                            None if res[1] is None else res[1][0])
+                self._replica_current[c] = (float(res[0][0]), None if res[1] is None else res[1][0])
                 queries[c] += res[2]
         kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
         want_grad = [r is not None and r.grad for r in requests]
@@ -409,8 +452,9 @@ class Driver:
         points_grad = np.zeros((C, kmax, self.P)) if any(want_grad) else None
         current = np.zeros(C)
         current_grad = np.zeros((C, self.P)) if any(cur_grad) else None
-        evals = self.replica.evaluate([None if r is None else r.points for r in requests],
-                                      want_grad)
+        evals = self.replica.evaluate(
+            [None if r is None else r.points for r in requests], want_grad
+        )
         for c, res in enumerate(evals):
             if res is None:
                 continue
@@ -422,8 +466,13 @@ class Driver:
             current[c] = self._replica_current[c][0]
             if cur_grad[c]:
                 current_grad[c] = self._replica_current[c][1]
-        agg = {"current": current, "points": points, "n_bright": self.replica.n_bright(),
-               "queries": queries, "wasted": np.zeros(C, dtype=np.int64)}
+        agg = {
+            "current": current,
+            "points": points,
+            "n_bright": self.replica.n_bright(),
+            "queries": queries,
+            "wasted": np.zeros(C, dtype=np.int64),
+        }
         if current_grad is not None:
             agg["current_grad"] = current_grad
         if points_grad is not None:
@@ -442,8 +491,10 @@ class Driver:
         """
         C = self.chains
         kernel_step = self.kernel.step
-        gens = [kernel_step(rng, position, params) for rng, position, params
-                in zip(self.rngs, self.positions, self.params, strict=True)]
+        gens = [
+            kernel_step(rng, position, params)
+            for rng, position, params in zip(self.rngs, self.positions, self.params, strict=True)
+        ]
         reqs: list[EvalRequest | None] = [next(g) for g in gens]
         pending = C  # every step yields at least one request (rule 4 of the kernel protocol)
         infos: list[KernelInfo | None] = [None] * C
@@ -453,8 +504,9 @@ class Driver:
         new_positions = self.positions.copy()
         first_agg = None
         while pending:
-            shard_reqs = [None if r is None else Request(r.points, r.grad, r.current_grad)
-                          for r in reqs]
+            shard_reqs = [
+                None if r is None else Request(r.points, r.grad, r.current_grad) for r in reqs
+            ]
             agg = self._round(first_agg is None, shard_reqs, new_positions)
             if first_agg is None:
                 first_agg = agg
@@ -470,8 +522,10 @@ class Driver:
                     new_pos, info = stop.value
                     infos[c] = info
                     new_positions[c] = new_pos
-        log_joint = [last[c].logp[info.index] if info.index >= 0 else last[c].logp_current
-                     for c, info in enumerate(infos)]
+        log_joint = [
+            last[c].logp[info.index] if info.index >= 0 else last[c].logp_current
+            for c, info in enumerate(infos)
+        ]
         self.positions = new_positions
         return infos, log_joint, first_agg
 
@@ -485,8 +539,9 @@ class Driver:
         C = self.chains
         gen = self.kernel.step_chains(self.rngs, self.positions, self.params)
         proposals = next(gen)
-        agg = self._round(True, [Request(proposals[c:c + 1], False, False) for c in range(C)],
-                          self.positions)
+        agg = self._round(
+            True, [Request(proposals[c : c + 1], False, False) for c in range(C)], self.positions
+        )
         val, _ = self._base(np.concatenate([self.positions, proposals]), False)
         logp_current = val[:C] + agg["current"]
         logp = val[C:] + agg["points"][:, 0]
@@ -526,8 +581,9 @@ class Driver:
             "recoveries": np.array([len(recoveries) - n_recoveries] * C, dtype=np.int64),
         }
 
-    def iterations(self, num_warmup: int, num_samples: int,
-                   start: int = 0) -> Iterator[tuple[int, bool, np.ndarray, dict[str, np.ndarray]]]:
+    def iterations(
+        self, num_warmup: int, num_samples: int, start: int = 0
+    ) -> Iterator[tuple[int, bool, np.ndarray, dict[str, np.ndarray]]]:
         """Generator over iterations: ``(i, is_warmup, positions (C, P), stats)``.
 
         Warm-up adapts the kernel parameters (outside the kernel); at its end the
@@ -592,6 +648,7 @@ def _rng_state_to_json(state: dict[str, Any]) -> dict[str, Any]:
 
 def rng_state_from_json(state: dict[str, Any]) -> dict[str, Any]:
     """Inverse of the JSON encoding of a bit generator state."""
+
     def conv(x: Any, key: str = "") -> Any:
         if isinstance(x, dict):
             return {k: conv(v, k) for k, v in x.items()}

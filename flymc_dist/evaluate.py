@@ -15,8 +15,9 @@ from flymc_dist._numerics import log_expm1
 from flymc_dist.models.base import Model
 
 
-def log_bright_ratio(ll: np.ndarray, lb: np.ndarray, dl: np.ndarray | None,
-                     db: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+def log_bright_ratio(
+    ll: np.ndarray, lb: np.ndarray, dl: np.ndarray | None, db: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """``log L~ = log expm1(l - beta)`` and, given the eta-derivatives of ``l`` and ``beta``,
     ``d log L~ / d eta = (dl - dbeta) / (1 - exp(-delta))`` (0 where the bound is tight)."""
     delta = np.maximum(ll - lb, 0.0)
@@ -28,8 +29,9 @@ def log_bright_ratio(ll: np.ndarray, lb: np.ndarray, dl: np.ndarray | None,
     return vals, np.where(delta[..., None] > 0.0, w, 0.0)
 
 
-def bright_terms(model: Model, eta: np.ndarray, y: np.ndarray, xi: np.ndarray,
-                 grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
+def bright_terms(
+    model: Model, eta: np.ndarray, y: np.ndarray, xi: np.ndarray, grad: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
     """``log L~`` (and its eta-derivative if ``grad``) at linear predictors ``eta``
     (B, n, E), through the model's ``loglik`` and ``logbound``."""
     if grad:
@@ -39,9 +41,9 @@ def bright_terms(model: Model, eta: np.ndarray, y: np.ndarray, xi: np.ndarray,
     return log_bright_ratio(model.loglik(eta, y), model.logbound(eta, y, xi), None, None)
 
 
-def bright_terms_many(model: Model,
-                      segments: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-                      grad: bool) -> list[tuple[np.ndarray, np.ndarray | None]]:
+def bright_terms_many(
+    model: Model, segments: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], grad: bool
+) -> list[tuple[np.ndarray, np.ndarray | None]]:
     """:func:`bright_terms` of several ``(thetas (k, P), X (n, D), y (n,), xi)`` segments.
 
     The linear predictors are computed per segment (one small matmul each); the model's
@@ -69,8 +71,8 @@ def bright_terms_many(model: Model,
     out = []
     off = 0
     for k, n in shapes:
-        v = vals[off:off + k * n].reshape(k, n)
-        d = dvals[off:off + k * n].reshape(k, n, E) if dvals is not None else None
+        v = vals[off : off + k * n].reshape(k, n)
+        d = dvals[off : off + k * n].reshape(k, n, E) if dvals is not None else None
         out.append((v, d))
         off += k * n
     return out

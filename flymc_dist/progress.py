@@ -16,8 +16,14 @@ import numpy as np
 class Progress:
     """Prints ``it/total, it/s, acceptance, bright count`` at most every ``interval`` seconds."""
 
-    def __init__(self, total: int, enabled: bool | None = None, initial: int = 0,
-                 interval: float = 0.5, label: str = "sampling") -> None:
+    def __init__(
+        self,
+        total: int,
+        enabled: bool | None = None,
+        initial: int = 0,
+        interval: float = 0.5,
+        label: str = "sampling",
+    ) -> None:
         if enabled is None:
             enabled = not os.environ.get("CI") and sys.stderr.isatty()
         self.enabled = bool(enabled)
@@ -45,8 +51,10 @@ class Progress:
         rate = (self.count - self.start_count) / max(now - self.t0, 1e-9)
         bright = int(np.mean(stats["n_bright"]))
         acc = self.accepted / max(self.n_acc, 1)
-        sys.stderr.write(f"\r{self.label} {self.count}/{self.total}  {rate:7.1f} it/s  "
-                         f"accept {acc:5.3f}  bright {bright:>9d}")
+        sys.stderr.write(
+            f"\r{self.label} {self.count}/{self.total}  {rate:7.1f} it/s  "
+            f"accept {acc:5.3f}  bright {bright:>9d}"
+        )
         sys.stderr.flush()
 
     def close(self) -> None:

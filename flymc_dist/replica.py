@@ -48,8 +48,7 @@ class BrightReplica:
         of a round come in that order.
     """
 
-    def __init__(self, model: Model, chains: int,
-                 shard_ranges: list[tuple[int, int]]) -> None:
+    def __init__(self, model: Model, chains: int, shard_ranges: list[tuple[int, int]]) -> None:
         self.model = model
         self.chains = int(chains)
         self.shard_ranges = list(shard_ranges)
@@ -70,8 +69,13 @@ class BrightReplica:
 
     def nbytes(self) -> int:
         """Memory held by the replica's rows."""
-        return int(sum(r.X.nbytes + r.y.nbytes + r.xi.nbytes + r.ids.nbytes
-                       for r in self._rows if r is not None))
+        return int(
+            sum(
+                r.X.nbytes + r.y.nbytes + r.xi.nbytes + r.ids.nbytes
+                for r in self._rows
+                if r is not None
+            )
+        )
 
     def apply(self, replies: list[dict[str, np.ndarray]]) -> None:
         """Apply one round's replies (one per shard, in global shard order)."""
@@ -88,8 +92,14 @@ class BrightReplica:
                     drop.append(r["gone_ids"][g0:g1])
                 n0, n1 = r["new_seg"][c], r["new_seg"][c + 1]
                 if n1 > n0:
-                    add.append((r["new_ids"][n0:n1], r["new_X"][n0:n1], r["new_y"][n0:n1],
-                                r["new_xi"][n0:n1]))
+                    add.append(
+                        (
+                            r["new_ids"][n0:n1],
+                            r["new_X"][n0:n1],
+                            r["new_y"][n0:n1],
+                            r["new_xi"][n0:n1],
+                        )
+                    )
             if cur is not None and (drop or ranges):
                 keep = np.ones(cur.ids.size, dtype=bool)
                 for start, stop in ranges:
@@ -102,23 +112,31 @@ class BrightReplica:
                 if parts:
                     ids = np.concatenate([p[0] for p in parts])
                     order = np.argsort(ids, kind="stable")
-                    cur = _Rows(ids[order],
-                                np.concatenate([p[1] for p in parts])[order],
-                                np.concatenate([p[2] for p in parts])[order],
-                                np.concatenate([p[3] for p in parts])[order])
+                    cur = _Rows(
+                        ids[order],
+                        np.concatenate([p[1] for p in parts])[order],
+                        np.concatenate([p[2] for p in parts])[order],
+                        np.concatenate([p[3] for p in parts])[order],
+                    )
                 else:
                     r0 = replies[0]
-                    cur = _Rows(np.empty(0, dtype=np.int64), r0["new_X"][:0], r0["new_y"][:0],
-                                r0["new_xi"][:0])
+                    cur = _Rows(
+                        np.empty(0, dtype=np.int64),
+                        r0["new_X"][:0],
+                        r0["new_y"][:0],
+                        r0["new_xi"][:0],
+                    )
             self._rows[c] = cur
         self._rebuild()
 
-    def set_rows(self, chain: int, ids: np.ndarray, X: np.ndarray, y: np.ndarray,
-                 xi: np.ndarray) -> None:
+    def set_rows(
+        self, chain: int, ids: np.ndarray, X: np.ndarray, y: np.ndarray, xi: np.ndarray
+    ) -> None:
         """Replace one chain's bright rows (ids sorted); tests, and anything that builds
         a replica without shards."""
-        self._rows[chain] = _Rows(np.asarray(ids), np.asarray(X, float), np.asarray(y),
-                                  np.asarray(xi))
+        self._rows[chain] = _Rows(
+            np.asarray(ids), np.asarray(X, float), np.asarray(y), np.asarray(xi)
+        )
         self._rebuild()
 
     def _rebuild(self) -> None:
@@ -136,8 +154,9 @@ class BrightReplica:
         buf[:, D:] = consts
         return buf
 
-    def evaluate(self, points: list[np.ndarray | None], grad: list[bool]
-                 ) -> list[tuple[np.ndarray, np.ndarray | None, int] | None]:
+    def evaluate(
+        self, points: list[np.ndarray | None], grad: list[bool]
+    ) -> list[tuple[np.ndarray, np.ndarray | None, int] | None]:
         """``Σ_bright log L~`` (and its θ-gradient) of each chain at its points.
 
         Parameters
@@ -158,12 +177,17 @@ class BrightReplica:
         out: list[tuple[np.ndarray, np.ndarray | None, int] | None] = [None] * self.chains
         P = None
         for g in (True, False):  # with gradients, then without: one pass each
-            sel = [c for c in range(self.chains)
-                   if points[c] is not None and bool(grad[c]) is g]
+            sel = [c for c in range(self.chains) if points[c] is not None and bool(grad[c]) is g]
             live = [c for c in sel if self._rows[c].ids.size and points[c].shape[0]]
-            terms = bright_terms_many(
-                self.model, [(points[c], self._rows[c].X, self._rows[c].y, self._rows[c].xi)
-                             for c in live], g) if live else []
+            terms = (
+                bright_terms_many(
+                    self.model,
+                    [(points[c], self._rows[c].X, self._rows[c].y, self._rows[c].xi) for c in live],
+                    g,
+                )
+                if live
+                else []
+            )
             done = dict(zip(live, terms, strict=True))
             for c in sel:
                 pts = points[c]
@@ -179,31 +203,37 @@ class BrightReplica:
                 out[c] = (sums, grads, k * int(self._rows[c].ids.size))
         return out
 
-    def _evaluate_compiled(self, points: list[np.ndarray | None], grad: list[bool]
-                           ) -> list[tuple[np.ndarray, np.ndarray | None, int] | None]:
+    def _evaluate_compiled(
+        self, points: list[np.ndarray | None], grad: list[bool]
+    ) -> list[tuple[np.ndarray, np.ndarray | None, int] | None]:
         """:meth:`evaluate` through the model's compiled form: every chain's points in one
         compiled pass per gradient flag."""
         jit, kind, par = self._compiled
         out: list[tuple[np.ndarray, np.ndarray | None, int] | None] = [None] * self.chains
         for g in (True, False):
-            sel = [c for c in range(self.chains) if points[c] is not None
-                   and points[c].shape[0] and bool(grad[c]) is g]
+            sel = [
+                c
+                for c in range(self.chains)
+                if points[c] is not None and points[c].shape[0] and bool(grad[c]) is g
+            ]
             if not sel:
                 continue
-            thetas = np.concatenate([points[c] for c in sel]) if len(sel) > 1 \
-                else points[sel[0]]
-            chain_of = np.repeat(np.array(sel, dtype=np.int64),
-                                 [points[c].shape[0] for c in sel])
+            thetas = np.concatenate([points[c] for c in sel]) if len(sel) > 1 else points[sel[0]]
+            chain_of = np.repeat(np.array(sel, dtype=np.int64), [points[c].shape[0] for c in sel])
             n, P = thetas.shape
             sums = np.empty(n)
             grads = np.empty((n, P))
-            jit.replica_eval(self._buffers, P, chain_of, np.ascontiguousarray(thetas), kind,
-                             par, g, sums, grads)
+            jit.replica_eval(
+                self._buffers, P, chain_of, np.ascontiguousarray(thetas), kind, par, g, sums, grads
+            )
             off = 0
             for c in sel:
                 k = points[c].shape[0]
-                out[c] = (sums[off:off + k], grads[off:off + k] if g else None,
-                          k * int(self._rows[c].ids.size))
+                out[c] = (
+                    sums[off : off + k],
+                    grads[off : off + k] if g else None,
+                    k * int(self._rows[c].ids.size),
+                )
                 off += k
         for c in range(self.chains):  # no points: empty results
             if points[c] is not None and out[c] is None:

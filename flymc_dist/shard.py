@@ -128,8 +128,12 @@ class Shard:
         with ``spec.storage_options``).
     """
 
-    def __init__(self, spec: ShardSpec, config: ShardConfig,
-                 data: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        spec: ShardSpec,
+        config: ShardConfig,
+        data: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         self.spec = spec
         self.config = config
         self.model = config.model
@@ -146,14 +150,14 @@ class Shard:
             self._XC = np.empty((n, D + K))
             ys = []
             for lo, hi, Xb, yb in ds.iter_chunks(spec.start, spec.stop):  # no 2nd copy
-                self._XC[lo - spec.start:hi - spec.start, :D] = Xb
+                self._XC[lo - spec.start : hi - spec.start, :D] = Xb
                 ys.append(yb)
             y = np.concatenate(ys) if ys else np.empty(0)
         else:
             X, y = data
             X = np.asarray(X, dtype=np.float64)
             self._XC = np.empty((X.shape[0], X.shape[1] + K))
-            self._XC[:, :X.shape[1]] = X
+            self._XC[:, : X.shape[1]] = X
         D = self._XC.shape[1] - K
         self.X = self._XC[:, :D]
         self.y = np.asarray(y)
@@ -208,8 +212,10 @@ class Shard:
         if self.consts is not None:
             c = self.model.row_constants(self.y, self.xi)
             if c.shape != self.consts.shape:
-                raise ValueError(f"{type(self.model).__name__}.row_constants gave shape "
-                                 f"{c.shape}, expected {self.consts.shape}")
+                raise ValueError(
+                    f"{type(self.model).__name__}.row_constants gave shape "
+                    f"{c.shape}, expected {self.consts.shape}"
+                )
             self.consts[...] = c
 
     def set_q(self, q_db: float) -> None:
@@ -235,7 +241,7 @@ class Shard:
         m = self.model
         total = 0.0
         for lo in range(0, self.n, 65536):
-            X, y, xi = self.X[lo:lo + 65536], self.y[lo:lo + 65536], self.xi[lo:lo + 65536]
+            X, y, xi = self.X[lo : lo + 65536], self.y[lo : lo + 65536], self.xi[lo : lo + 65536]
             eta = m.linear_predictor(theta, X)
             delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
             total += float(-np.expm1(-delta).sum())
@@ -245,8 +251,9 @@ class Shard:
         """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic."""
         return self.model.suffstats(self.X, self.y, self.xi)
 
-    def loglik_sum(self, theta: np.ndarray, order: int = 1,
-                   block: int = 65536) -> tuple[float, np.ndarray | None, np.ndarray | None]:
+    def loglik_sum(
+        self, theta: np.ndarray, order: int = 1, block: int = 65536
+    ) -> tuple[float, np.ndarray | None, np.ndarray | None]:
         """``sum_n l_n(theta)`` with its gradient (order ≥ 1) and Hessian (order 2).
 
         Used by MAP tuning; a full pass over the shard (not counted as sampler queries).
@@ -259,7 +266,7 @@ class Shard:
         grad = np.zeros(self.n_params) if order >= 1 else None
         hess = np.zeros((self.n_params, self.n_params)) if order >= 2 else None
         for lo in range(0, self.n, block):
-            X, y = self.X[lo:lo + block], self.y[lo:lo + block]
+            X, y = self.X[lo : lo + block], self.y[lo : lo + block]
             eta = m.linear_predictor(theta, X)
             if order >= 1:
                 ll, dl = m.loglik_grad(eta, y)
@@ -296,11 +303,14 @@ class Shard:
         # writes all chains' masks with one fancy index each
         self._masks = np.zeros((thetas.shape[0], self.n), dtype=bool) if self.flymc else None
         for c in range(thetas.shape[0]):
-            ch = _Chain(theta=thetas[c].copy(), rng=stream(self.config.seed, ROLE_Z, sid, c,
-                                                           self.generation))
+            ch = _Chain(
+                theta=thetas[c].copy(),
+                rng=stream(self.config.seed, ROLE_Z, sid, c, self.generation),
+            )
             if self.flymc:
-                ch.bright = BrightSet(self.n, self.model.n_outputs, self.track_grad,
-                                      mask=self._masks[c])
+                ch.bright = BrightSet(
+                    self.n, self.model.n_outputs, self.track_grad, mask=self._masks[c]
+                )
                 with np.errstate(over="ignore", divide="ignore"):
                     queries += explicit_update(ch.rng, ch.bright, 1.0, self._row_evaluator(ch))
             else:
@@ -316,8 +326,9 @@ class Shard:
         return queries
 
     # -------------------------------------------------------------- evaluation
-    def _bright_eval(self, thetas: np.ndarray, rows: np.ndarray,
-                     grad: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    def _bright_eval(
+        self, thetas: np.ndarray, rows: np.ndarray, grad: bool
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """``log L~`` of ``rows`` at each of ``thetas`` (k, P): (k, m), (k, m, E) or None, X."""
         if not grad and self._kernel is not None:
             return self._bright_eval_many([(thetas, rows)], False)[0]
@@ -326,8 +337,9 @@ class Shard:
         vals, dvals = bright_terms(m, m.linear_predictor(thetas, X), y, xi, grad)
         return vals, dvals, X
 
-    def _bright_eval_many(self, segments: list[tuple[np.ndarray, np.ndarray]], grad: bool
-                          ) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray]]:
+    def _bright_eval_many(
+        self, segments: list[tuple[np.ndarray, np.ndarray]], grad: bool
+    ) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray]]:
         """:meth:`_bright_eval` of several ``(thetas (k, P), rows)`` segments in one pass.
 
         The linear predictors are computed per segment (one small matmul each); the
@@ -339,12 +351,16 @@ class Shard:
         if len(segments) <= 1:
             return [self._bright_eval(t, r, grad) for t, r in segments]
         Xs = [self.X[rows] for _, rows in segments]
-        terms = bright_terms_many(self.model, [(t, X, self.y[r], self.xi[r]) for (t, r), X
-                                               in zip(segments, Xs, strict=True)], grad)
+        terms = bright_terms_many(
+            self.model,
+            [(t, X, self.y[r], self.xi[r]) for (t, r), X in zip(segments, Xs, strict=True)],
+            grad,
+        )
         return [(v, d, X) for (v, d), X in zip(terms, Xs, strict=True)]
 
-    def _fused_values(self, rows: np.ndarray, thetas: np.ndarray, seg: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray]:
+    def _fused_values(
+        self, rows: np.ndarray, thetas: np.ndarray, seg: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Fused ``log L~`` of ``rows`` laid out in segments — rows ``seg[i]:seg[i+1]``
         at ``thetas[i]`` (P,) — in one compiled pass. Returns the values and each
         segment's sum."""
@@ -352,20 +368,30 @@ class Shard:
         sums = np.empty(seg.size - 1)
         kind, par = self._kernel
         XCs, _ = self._lists()
-        self._jit.eval_rows(XCs, self.X.shape[1], rows, seg, np.zeros(seg.size - 1, np.int64),
-                            thetas, kind, par, vals, sums)
+        self._jit.eval_rows(
+            XCs,
+            self.X.shape[1],
+            rows,
+            seg,
+            np.zeros(seg.size - 1, np.int64),
+            thetas,
+            kind,
+            par,
+            vals,
+            sums,
+        )
         return vals, sums
 
-    def _fused_eval(self, segments: list[tuple[np.ndarray, np.ndarray]]
-                    ) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _fused_eval(
+        self, segments: list[tuple[np.ndarray, np.ndarray]]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """``log L~`` of several ``(thetas (k, P), rows)`` segments without gradients,
         through the model's compiled fused form (E = 1), in one pass: each segment's
         values (k, rows) and their sums (k,)."""
         if not segments:
             return []
         if all(t.shape[0] == 1 for t, _ in segments):  # the usual case: no tiling
-            rows = np.concatenate([r for _, r in segments]) if len(segments) > 1 \
-                else segments[0][1]
+            rows = np.concatenate([r for _, r in segments]) if len(segments) > 1 else segments[0][1]
             thetas = np.concatenate([t for t, _ in segments])
             sizes = [r.size for _, r in segments]
         else:  # k points per segment: its rows once per point
@@ -379,7 +405,7 @@ class Shard:
         out, off, j = [], 0, 0
         for t, r in segments:
             k, n = t.shape[0], r.size
-            out.append((vals[off:off + k * n].reshape(k, n), sums[j:j + k]))
+            out.append((vals[off : off + k * n].reshape(k, n), sums[j : j + k]))
             off += k * n
             j += k
         return out
@@ -393,8 +419,7 @@ class Shard:
 
         return evaluate
 
-    def _regular_eval(self, thetas: np.ndarray,
-                      grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    def _regular_eval(self, thetas: np.ndarray, grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """``sum_n l_n`` over all rows at each of ``thetas`` (k, P) (and gradients)."""
         m = self.model
         eta = m.linear_predictor(thetas, self.X)
@@ -407,8 +432,9 @@ class Shard:
     def _commit(self, ch: _Chain, j: int) -> None:
         ch.theta = ch.last_points[j].copy()
         if self.flymc:
-            ch.bright.set_values(ch.last_vals[j],
-                                 ch.last_dvals[j] if ch.last_dvals is not None else None)
+            ch.bright.set_values(
+                ch.last_vals[j], ch.last_dvals[j] if ch.last_dvals is not None else None
+            )
         else:
             ch.cur_sum = float(ch.last_vals[j])
             ch.cur_grad = ch.last_dvals[j] if ch.last_dvals is not None else None
@@ -428,20 +454,23 @@ class Shard:
             if implicit:
                 props.append(implicit_propose(ch.rng, ch.bright, self.q_db))
             else:
-                props.append((None, explicit_propose(ch.rng, ch.bright,
-                                                     self.config.resample_fraction)))
+                props.append(
+                    (None, explicit_propose(ch.rng, ch.bright, self.config.resample_fraction))
+                )
         segs = [(ch.theta[None], rows) for ch, (_, rows) in zip(self.chains, props, strict=True)]
         live = [i for i, (_, rows) in enumerate(segs) if rows.size]
-        evals = dict(zip(live, self._bright_eval_many([segs[i] for i in live], track),
-                         strict=True)) if live else {}
+        evals = (
+            dict(zip(live, self._bright_eval_many([segs[i] for i in live], track), strict=True))
+            if live
+            else {}
+        )
         queries = np.zeros(len(self.chains), dtype=np.int64)
         for c, (ch, (darken, rows)) in enumerate(zip(self.chains, props, strict=True)):
             if c in evals:
                 v, d, _ = evals[c]
                 vals, dvals = v[0], (d[0] if d is not None else None)
             else:
-                vals, dvals = np.empty(0), (np.empty((0, self.model.n_outputs)) if track
-                                            else None)
+                vals, dvals = np.empty(0), (np.empty((0, self.model.n_outputs)) if track else None)
             if implicit:
                 implicit_accept(ch.rng, ch.bright, self.q_db, darken, rows, vals, dvals)
             else:
@@ -453,11 +482,14 @@ class Shard:
     def fused_z(self) -> bool:
         """Whether the z-update runs all chains at once (:meth:`_update_z_fused`): implicit
         updates, no gradients, and a model with a compiled fused ``log L~``."""
-        return (self.flymc and self.config.z_update == "implicit"
-                and not self.track_grad and self._kernel is not None)
+        return (
+            self.flymc
+            and self.config.z_update == "implicit"
+            and not self.track_grad
+            and self._kernel is not None
+        )
 
-    def _update_z_fused(self, sel: list[int] | None = None, record: bool = False
-                        ) -> np.ndarray:
+    def _update_z_fused(self, sel: list[int] | None = None, record: bool = False) -> np.ndarray:
         """The implicit z-update of every chain in ``sel`` (default: all) at once: see
         :func:`fused_z_update`. Returns the likelihood queries of each chain in ``sel``."""
         sel = range(len(self.chains)) if sel is None else sel
@@ -483,8 +515,11 @@ class Shard:
         if not self._spec_pending:
             return
         self._spec_pending = False
-        todo = [c for c, ch in enumerate(self.chains)
-                if c not in self._spec and ch.last_points is not None]
+        todo = [
+            c
+            for c, ch in enumerate(self.chains)
+            if c not in self._spec and ch.last_points is not None
+        ]
         with np.errstate(over="ignore", divide="ignore"):
             self._update_z_fused(todo, record=True)
 
@@ -505,21 +540,34 @@ class Shard:
         r = bernoulli_rows(rng, self.n - 1 - last, self.q_db) + (last + 1)
         return r, log_uniform(rng, r.size)
 
-    def _flymc_points(self, requests: list[Request | None], current: np.ndarray,
-                      current_grad: np.ndarray | None, points: np.ndarray,
-                      points_grad: np.ndarray | None, n_bright: np.ndarray,
-                      queries: np.ndarray) -> None:
+    def _flymc_points(
+        self,
+        requests: list[Request | None],
+        current: np.ndarray,
+        current_grad: np.ndarray | None,
+        points: np.ndarray,
+        points_grad: np.ndarray | None,
+        n_bright: np.ndarray,
+        queries: np.ndarray,
+    ) -> None:
         """Evaluate every chain's requested points on its bright rows (one batched pass)."""
-        want = [c for c, r in enumerate(requests)
-                if r is not None and r.points.shape[0] and self.chains[c].bright.n_bright]
+        want = [
+            c
+            for c, r in enumerate(requests)
+            if r is not None and r.points.shape[0] and self.chains[c].bright.n_bright
+        ]
         grad = any(requests[c].grad for c in want)
         segments = [(requests[c].points, self.chains[c].bright.idx) for c in want]
         if not grad and self._kernel is not None:  # compiled, with the sums
-            results = {c: (v, None, None, sums) for c, (v, sums) in
-                       zip(want, self._fused_eval(segments), strict=True)}
+            results = {
+                c: (v, None, None, sums)
+                for c, (v, sums) in zip(want, self._fused_eval(segments), strict=True)
+            }
         else:
-            results = {c: (v, d, X, v.sum(axis=1)) for c, (v, d, X) in
-                       zip(want, self._bright_eval_many(segments, grad), strict=True)}
+            results = {
+                c: (v, d, X, v.sum(axis=1))
+                for c, (v, d, X) in zip(want, self._bright_eval_many(segments, grad), strict=True)
+            }
         for c, ch in enumerate(self.chains):
             req = requests[c]
             rows = ch.bright.idx
@@ -546,28 +594,38 @@ class Shard:
             bounds = [0]
             for ch in self.chains:
                 bounds.append(bounds[-1] + ch.bright.vals.size)
-            self._jit.segment_sums(np.concatenate([ch.bright.vals for ch in self.chains]),
-                                   np.array(bounds, dtype=np.int64), current)
+            self._jit.segment_sums(
+                np.concatenate([ch.bright.vals for ch in self.chains]),
+                np.array(bounds, dtype=np.int64),
+                current,
+            )
         else:
             for c, ch in enumerate(self.chains):
                 current[c] = ch.bright.vals.sum()
 
-    def _regular_points(self, requests: list[Request | None], current: np.ndarray,
-                        current_grad: np.ndarray | None, points: np.ndarray,
-                        points_grad: np.ndarray | None, n_bright: np.ndarray,
-                        queries: np.ndarray) -> None:
+    def _regular_points(
+        self,
+        requests: list[Request | None],
+        current: np.ndarray,
+        current_grad: np.ndarray | None,
+        points: np.ndarray,
+        points_grad: np.ndarray | None,
+        n_bright: np.ndarray,
+        queries: np.ndarray,
+    ) -> None:
         """Full-data sums at every chain's requested points (all chains in one pass)."""
         want = [c for c, r in enumerate(requests) if r is not None and r.points.shape[0]]
         if want:
             grad = any(requests[c].grad for c in want)
-            sums, grads = self._regular_eval(np.concatenate([requests[c].points for c in want]),
-                                             grad)
+            sums, grads = self._regular_eval(
+                np.concatenate([requests[c].points for c in want]), grad
+            )
             off = 0
             for c in want:
                 req = requests[c]
                 k = req.points.shape[0]
-                s_c = sums[off:off + k]
-                g_c = grads[off:off + k] if grads is not None else None
+                s_c = sums[off : off + k]
+                g_c = grads[off : off + k] if grads is not None else None
                 off += k
                 points[c, :k] = s_c
                 if req.grad:
@@ -586,8 +644,14 @@ class Shard:
             current[c] = ch.cur_sum
             n_bright[c] = self.n
 
-    def round(self, seq: Any, commits: np.ndarray, update_z: bool,
-              requests: list[Request | None], speculate: bool = False) -> dict[str, np.ndarray]:
+    def round(
+        self,
+        seq: Any,
+        commits: np.ndarray,
+        update_z: bool,
+        requests: list[Request | None],
+        speculate: bool = False,
+    ) -> dict[str, np.ndarray]:
         """One round trip for all chains.
 
         For each chain: commit the previous decision (``commits[c]`` is the row of the
@@ -638,8 +702,9 @@ class Shard:
         if self.config.z_update == "implicit":
             # the bright→dark moves need log L~ of the bright rows at the new θ
             live = [c for c, ch in enumerate(self.chains) if ch.bright.n_bright]
-            evals = self._bright_eval_many([(self.chains[c].theta[None],
-                                             self.chains[c].bright.idx) for c in live], False)
+            evals = self._bright_eval_many(
+                [(self.chains[c].theta[None], self.chains[c].bright.idx) for c in live], False
+            )
             for c, (v, _, _) in zip(live, evals, strict=True):
                 self.chains[c].bright.set_values(v[0], None)
                 queries[c] += v.shape[1]
@@ -658,21 +723,31 @@ class Shard:
                 new.append(np.setdiff1d(now, before, assume_unique=True))
             self._sent[c] = now
         new_rows = np.concatenate(new)
-        reply = {"n_bright": np.array([ch.bright.n_bright for ch in self.chains],
-                                      dtype=np.int64),
-                 "queries": queries, "wasted": np.zeros(C, dtype=np.int64), "full": full,
-                 "gone_ids": np.concatenate(gone) + self.spec.start,
-                 "gone_seg": np.cumsum([0] + [g.size for g in gone]).astype(np.int64),
-                 "new_ids": new_rows + self.spec.start,
-                 "new_seg": np.cumsum([0] + [r.size for r in new]).astype(np.int64),
-                 "new_X": self.X[new_rows], "new_y": self.y[new_rows],
-                 "new_xi": self.xi[new_rows]}
+        reply = {
+            "n_bright": np.array([ch.bright.n_bright for ch in self.chains], dtype=np.int64),
+            "queries": queries,
+            "wasted": np.zeros(C, dtype=np.int64),
+            "full": full,
+            "gone_ids": np.concatenate(gone) + self.spec.start,
+            "gone_seg": np.cumsum([0] + [g.size for g in gone]).astype(np.int64),
+            "new_ids": new_rows + self.spec.start,
+            "new_seg": np.cumsum([0] + [r.size for r in new]).astype(np.int64),
+            "new_X": self.X[new_rows],
+            "new_y": self.y[new_rows],
+            "new_xi": self.xi[new_rows],
+        }
         self.total_queries += int(queries.sum())
         self._seq, self._reply = seq, reply
         return reply
 
-    def _round(self, seq: Any, commits: np.ndarray, update_z: bool,
-               requests: list[Request | None], speculate: bool) -> dict[str, np.ndarray]:
+    def _round(
+        self,
+        seq: Any,
+        commits: np.ndarray,
+        update_z: bool,
+        requests: list[Request | None],
+        speculate: bool,
+    ) -> dict[str, np.ndarray]:
         C = len(self.chains)
         P = self.n_params
         kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
@@ -704,13 +779,20 @@ class Shard:
                 queries[rest] += self._update_z_fused(rest)
             elif update_z:
                 queries += self._update_z_all()
-            self._flymc_points(requests, current, current_grad, points, points_grad,
-                               n_bright, queries)
+            self._flymc_points(
+                requests, current, current_grad, points, points_grad, n_bright, queries
+            )
         else:
-            self._regular_points(requests, current, current_grad, points, points_grad,
-                                 n_bright, queries)
-        reply = {"current": current, "points": points, "n_bright": n_bright, "queries": queries,
-                 "wasted": wasted}
+            self._regular_points(
+                requests, current, current_grad, points, points_grad, n_bright, queries
+            )
+        reply = {
+            "current": current,
+            "points": points,
+            "n_bright": n_bright,
+            "queries": queries,
+            "wasted": wasted,
+        }
         if current_grad is not None:
             reply["current_grad"] = current_grad
         if points_grad is not None:
@@ -732,8 +814,9 @@ class Shard:
             "n_rows": self.n,
             "generation": self.generation,
             "total_queries": self.total_queries,
-            "n_bright": [ch.bright.n_bright if ch.bright is not None else self.n
-                         for ch in self.chains],
+            "n_bright": [
+                ch.bright.n_bright if ch.bright is not None else self.n for ch in self.chains
+            ],
         }
 
     def bright_mask(self, chain: int) -> np.ndarray:
@@ -753,15 +836,20 @@ def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
     if owner is not None and owner._typed is not None and owner._typed[0] == key:
         return owner._typed[2], owner._typed[3]
     jit = shards[0]._jit
-    lists = (key, list(shards), jit.typed_list([sh._XC for sh in shards]),
-             jit.typed_list([sh._masks for sh in shards]))
+    lists = (
+        key,
+        list(shards),
+        jit.typed_list([sh._XC for sh in shards]),
+        jit.typed_list([sh._masks for sh in shards]),
+    )
     if owner is not None:
         owner._typed = lists
     return lists[2], lists[3]
 
 
-def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
-                   owner: Any = None) -> np.ndarray:
+def fused_z_update(
+    pairs: list[tuple[Shard, int]], record: bool = False, owner: Any = None
+) -> np.ndarray:
     """The implicit z-update of every (shard, chain) pair in ``pairs`` at once.
 
     The same moves as :func:`~flymc_dist.brightness.implicit_update` pair by pair
@@ -798,8 +886,7 @@ def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
                 raise ValueError("a fused z-update needs one q_db for all its shards")
             where[id(sh)] = len(shards)
             shards.append(sh)
-    XCs, masks = _typed_lists(shards, owner if owner is not None or len(shards) > 1
-                              else first)
+    XCs, masks = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
     chains = [sh.chains[c] for sh, c in pairs]
     brights = [ch.bright for ch in chains]
     states = [ch.rng.bit_generator.state for ch in chains] if record else None
@@ -819,8 +906,8 @@ def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
     u_prop = np.empty((P, 2 * max(Ks)))
     thetas = np.empty((P, first.n_params))
     for i, ch in enumerate(chains):
-        ch.rng.random(out=u_dark[bounds[i]:bounds[i + 1]])
-        ch.rng.random(out=u_prop[i, :2 * Ks[i]])
+        ch.rng.random(out=u_dark[bounds[i] : bounds[i + 1]])
+        ch.rng.random(out=u_prop[i, : 2 * Ks[i]])
         thetas[i] = ch.theta
     # dark -> bright proposals: rows at the partial sums of Geometric(q) gaps, the
     # bright ones skipped
@@ -829,8 +916,19 @@ def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
     log_u = np.empty(cap)
     cand_seg = np.empty(P + 1, dtype=np.int64)
     last = np.empty(P, dtype=np.int64)
-    short = jit.propose(u_prop, pair_K, math.log1p(-q) if q < 1.0 else -math.inf, pair_n,
-                        masks, pair_shard, pair_chain, cand, log_u, cand_seg, last)
+    short = jit.propose(
+        u_prop,
+        pair_K,
+        math.log1p(-q) if q < 1.0 else -math.inf,
+        pair_n,
+        masks,
+        pair_shard,
+        pair_chain,
+        cand,
+        log_u,
+        cand_seg,
+        last,
+    )
     m = int(cand_seg[P])
     cand, log_u = cand[:m], log_u[:m]
     if short:  # a pair's K gaps did not reach its last row (rare)
@@ -838,8 +936,9 @@ def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
     counts = cand_seg[1:] - cand_seg[:-1]
     vals = np.empty(cand.size)
     kind, par = first._kernel
-    jit.eval_rows(XCs, first.X.shape[1], cand, cand_seg, pair_shard, thetas, kind, par,
-                  vals, np.empty(P))
+    jit.eval_rows(
+        XCs, first.X.shape[1], cand, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
+    )
     acc = brighten(log_u, vals, q)
     new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
     new_vals = np.empty(new_idx.size)
@@ -847,28 +946,57 @@ def fused_z_update(pairs: list[tuple[Shard, int]], record: bool = False,
     gone = np.empty(b_idx.size, dtype=np.int64)
     gone_seg = np.empty(P + 1, dtype=np.int64)
     added = np.empty(P, dtype=np.int64)
-    jit.apply(masks, pair_shard, pair_chain, b_idx, b_vals, b_seg, u_dark, math.log(q), cand,
-              cand_seg, vals, acc, new_idx, new_vals, new_seg, gone, gone_seg, added)
+    jit.apply(
+        masks,
+        pair_shard,
+        pair_chain,
+        b_idx,
+        b_vals,
+        b_seg,
+        u_dark,
+        math.log(q),
+        cand,
+        cand_seg,
+        vals,
+        acc,
+        new_idx,
+        new_vals,
+        new_seg,
+        gone,
+        gone_seg,
+        added,
+    )
     new_bounds = new_seg.tolist()
     for i, b in enumerate(brights):
         lo, hi = new_bounds[i], new_bounds[i + 1]
         if record:
             sh, c = pairs[i]
-            sh._spec[c] = _Spec(states[i], b.idx, b.vals, gone[gone_seg[i]:gone_seg[i + 1]],
-                                new_idx[hi - added[i]:hi], int(counts[i]))
+            sh._spec[c] = _Spec(
+                states[i],
+                b.idx,
+                b.vals,
+                gone[gone_seg[i] : gone_seg[i + 1]],
+                new_idx[hi - added[i] : hi],
+                int(counts[i]),
+            )
         b.idx, b.vals = new_idx[lo:hi], new_vals[lo:hi]
     return counts
 
 
-def _refill(pairs: list[tuple[Shard, int]], last: np.ndarray, cand: np.ndarray,
-            log_u: np.ndarray, cand_seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _refill(
+    pairs: list[tuple[Shard, int]],
+    last: np.ndarray,
+    cand: np.ndarray,
+    log_u: np.ndarray,
+    cand_seg: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Append to each pair whose gaps fell short (``last[i] >= 0``) its further dark
     proposals (:meth:`Shard._more_proposals`), keeping candidates pair after pair;
     ``cand_seg`` is updated in place."""
     bounds = cand_seg.tolist()
     rows, logs = [], []
     for i, (sh, c) in enumerate(pairs):
-        r_i, l_i = cand[bounds[i]:bounds[i + 1]], log_u[bounds[i]:bounds[i + 1]]
+        r_i, l_i = cand[bounds[i] : bounds[i + 1]], log_u[bounds[i] : bounds[i + 1]]
         if last[i] >= 0:
             r, lu = sh._more_proposals(c, int(last[i]))
             dark = ~sh._masks[c, r]
@@ -887,17 +1015,19 @@ def pack_arrays(meta: Any, arrays: list[np.ndarray]) -> bytes:
     apiece, more than a round's compute for a few chains.
     """
     arrays = [np.ascontiguousarray(a) for a in arrays]
-    head = pickle.dumps((meta, [(a.dtype.str, a.shape) for a in arrays]),
-                        protocol=pickle.HIGHEST_PROTOCOL)
+    head = pickle.dumps(
+        (meta, [(a.dtype.str, a.shape) for a in arrays]), protocol=pickle.HIGHEST_PROTOCOL
+    )
     pad = -(len(head) + 8) % 8  # the arrays start 8-byte aligned
-    return b"".join([len(head).to_bytes(8, "little"), head, b"\0" * pad]
-                    + [a.tobytes() for a in arrays])
+    return b"".join(
+        [len(head).to_bytes(8, "little"), head, b"\0" * pad] + [a.tobytes() for a in arrays]
+    )
 
 
 def unpack_arrays(blob: bytes) -> tuple[Any, list[np.ndarray]]:
     """Invert :func:`pack_arrays`; the arrays are read-only views of ``blob``."""
     n = int.from_bytes(blob[:8], "little")
-    meta, specs = pickle.loads(blob[8:8 + n])
+    meta, specs = pickle.loads(blob[8 : 8 + n])
     off = 8 + n + (-(n + 8) % 8)
     out = []
     for dt, shape in specs:
@@ -908,12 +1038,18 @@ def unpack_arrays(blob: bytes) -> tuple[Any, list[np.ndarray]]:
     return meta, out
 
 
-def pack_round(seq: Any, commits: np.ndarray, update_z: bool,
-               requests: list[Request | None], speculate: bool) -> bytes:
+def pack_round(
+    seq: Any, commits: np.ndarray, update_z: bool, requests: list[Request | None], speculate: bool
+) -> bytes:
     """A round's arguments as the one buffer :meth:`ShardHost.round_packed` takes."""
     shapes = [None if r is None else (bool(r.grad), bool(r.current_grad)) for r in requests]
-    meta = (seq, np.asarray(commits, dtype=np.int64).tolist(), bool(update_z), bool(speculate),
-            shapes)
+    meta = (
+        seq,
+        np.asarray(commits, dtype=np.int64).tolist(),
+        bool(update_z),
+        bool(speculate),
+        shapes,
+    )
     return pack_arrays(meta, [r.points for r in requests if r is not None])
 
 
@@ -946,8 +1082,12 @@ class ShardHost:
     sums whatever the placement).
     """
 
-    def __init__(self, specs: list[ShardSpec], config: ShardConfig,
-                 data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+    def __init__(
+        self,
+        specs: list[ShardSpec],
+        config: ShardConfig,
+        data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> None:
         self.config = config
         self.shards: dict[int, Shard] = {}
         # On a worker, protocol calls and speculative z-updates run on the event loop
@@ -958,12 +1098,18 @@ class ShardHost:
         #: wall and CPU seconds spent in rounds (and in speculation, after replies)
         self._channel: Any = None  # a ChannelServer once open_channel is called
         self._typed: tuple | None = None  # the shards' typed lists: see _typed_lists
-        self._busy = {"rounds": 0, "round_wall": 0.0, "round_cpu": 0.0,
-                      "speculate_wall": 0.0, "speculate_cpu": 0.0}
+        self._busy = {
+            "rounds": 0,
+            "round_wall": 0.0,
+            "round_cpu": 0.0,
+            "speculate_wall": 0.0,
+            "speculate_cpu": 0.0,
+        }
         self.add_shards(specs, data)
 
-    def add_shards(self, specs: list[ShardSpec],
-                   data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> list[int]:
+    def add_shards(
+        self, specs: list[ShardSpec], data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+    ) -> list[int]:
         """Open more shards here (placement, or recovery of a lost worker's shards)."""
         for spec in specs:
             shard = Shard(spec, self.config, None if data is None else data[spec.shard_id])
@@ -979,8 +1125,13 @@ class ShardHost:
         with self._locks[i]:
             return getattr(self.shards[i], method)(*args, **kwargs)
 
-    def call(self, method: str, args: tuple = (), kwargs: dict | None = None,
-             shard_ids: list[int] | None = None) -> dict[int, Any]:
+    def call(
+        self,
+        method: str,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        shard_ids: list[int] | None = None,
+    ) -> dict[int, Any]:
         """Call ``Shard.<method>(*args, **kwargs)`` on some or all shards here."""
         ids = self.shard_ids() if shard_ids is None else shard_ids
         kwargs = kwargs or {}
@@ -990,24 +1141,36 @@ class ShardHost:
         """Call ``Shard.<method>(*per_shard[id])`` on each listed shard."""
         return {i: self._on(i, method, *a) for i, a in per_shard.items()}
 
-    def round(self, seq: Any, commits: np.ndarray, update_z: bool,
-              requests: list[Request | None],
-              speculate: bool = False) -> dict[int, dict[str, np.ndarray]]:
+    def round(
+        self,
+        seq: Any,
+        commits: np.ndarray,
+        update_z: bool,
+        requests: list[Request | None],
+        speculate: bool = False,
+    ) -> dict[int, dict[str, np.ndarray]]:
         """:meth:`Shard.round` on every shard here."""
         w, c = time.perf_counter(), time.thread_time()
         out = self._round_fused(seq, commits, update_z, requests, speculate)
         if out is None:
-            out = {i: self._on(i, "round", seq, commits, update_z, requests, speculate)
-                   for i in self.shards}
+            out = {
+                i: self._on(i, "round", seq, commits, update_z, requests, speculate)
+                for i in self.shards
+            }
         b = self._busy
         b["rounds"] += 1
         b["round_wall"] += time.perf_counter() - w
         b["round_cpu"] += time.thread_time() - c
         return out
 
-    def _round_fused(self, seq: Any, commits: np.ndarray, update_z: bool,
-                     requests: list[Request | None], speculate: bool
-                     ) -> dict[int, dict[str, np.ndarray]] | None:
+    def _round_fused(
+        self,
+        seq: Any,
+        commits: np.ndarray,
+        update_z: bool,
+        requests: list[Request | None],
+        speculate: bool,
+    ) -> dict[int, dict[str, np.ndarray]] | None:
         """:meth:`Shard.round` on every shard here in one pass, or None where it does not
         apply (then the shards run one by one).
 
@@ -1022,10 +1185,18 @@ class ShardHost:
         streams, and every sum taken over the same values in the same order.
         """
         shards = [self.shards[i] for i in sorted(self.shards)]
-        if len(shards) < 2 or speculate or not all(
-                sh.fused_z and not sh.replica and sh.chains and not sh._spec
+        if (
+            len(shards) < 2
+            or speculate
+            or not all(
+                sh.fused_z
+                and not sh.replica
+                and sh.chains
+                and not sh._spec
                 and (seq is None or sh._seq != seq)
-                for sh in shards):
+                for sh in shards
+            )
+        ):
             return None
         if not all(r is None or (not r.grad and not r.current_grad) for r in requests):
             return None
@@ -1036,16 +1207,21 @@ class ShardHost:
             lk.acquire()
         try:
             with np.errstate(over="ignore", divide="ignore"):
-                return self._round_fused_locked(shards, ids, seq, commits, update_z,
-                                                requests, C)
+                return self._round_fused_locked(shards, ids, seq, commits, update_z, requests, C)
         finally:
             for lk in reversed(locks):
                 lk.release()
 
-    def _round_fused_locked(self, shards: list[Shard], ids: list[int], seq: Any,
-                            commits: np.ndarray, update_z: bool,
-                            requests: list[Request | None], C: int
-                            ) -> dict[int, dict[str, np.ndarray]]:
+    def _round_fused_locked(
+        self,
+        shards: list[Shard],
+        ids: list[int],
+        seq: Any,
+        commits: np.ndarray,
+        update_z: bool,
+        requests: list[Request | None],
+        C: int,
+    ) -> dict[int, dict[str, np.ndarray]]:
         jit = shards[0]._jit
         XCs, _ = _typed_lists(shards, self)
         js = [int(j) for j in commits]
@@ -1055,8 +1231,9 @@ class ShardHost:
                 if js[c] >= 0 and ch.last_points is not None:
                     sh._commit(ch, js[c])
         pairs = [(sh, c) for sh in shards for c in range(C)]
-        queries = (fused_z_update(pairs, owner=self) if update_z
-                   else np.zeros(len(pairs), dtype=np.int64))
+        queries = (
+            fused_z_update(pairs, owner=self) if update_z else np.zeros(len(pairs), dtype=np.int64)
+        )
         # the bright sums at each chain's points (k of them: k segments of its bright
         # rows, as Shard._fused_eval lays them out) and at its current θ, pair by pair
         ks = [0 if r is None else r.points.shape[0] for r in requests]
@@ -1078,37 +1255,50 @@ class ShardHost:
         sums = np.empty(n_seg)
         if n_seg:
             kind, par = shards[0]._kernel
-            jit.eval_rows(XCs, shards[0].X.shape[1], np.concatenate(row_parts),
-                          np.array(seg_bounds, dtype=np.int64),
-                          np.array(seg_shard, dtype=np.int64), np.concatenate(theta_parts),
-                          kind, par, vals, sums)
+            jit.eval_rows(
+                XCs,
+                shards[0].X.shape[1],
+                np.concatenate(row_parts),
+                np.array(seg_bounds, dtype=np.int64),
+                np.array(seg_shard, dtype=np.int64),
+                np.concatenate(theta_parts),
+                kind,
+                par,
+                vals,
+                sums,
+            )
         cur_bounds = [0]
         for m in sizes:
             cur_bounds.append(cur_bounds[-1] + m)
         current = np.empty(len(pairs))
-        jit.segment_sums(np.concatenate([b.vals for b in brights]),
-                         np.array(cur_bounds, dtype=np.int64), current)
+        jit.segment_sums(
+            np.concatenate([b.vals for b in brights]), np.array(cur_bounds, dtype=np.int64), current
+        )
         out = {}
         off = j = 0
         for s_i, (sid, sh) in enumerate(zip(ids, shards, strict=True)):
             lo = s_i * C
             points = np.empty((C, kmax))
             points.fill(np.nan)
-            q_s = queries[lo:lo + C].copy()
+            q_s = queries[lo : lo + C].copy()
             for c, ch in enumerate(sh.chains):
                 k, M = ks[c], sizes[lo + c]
                 if not k:
                     continue
                 ch.last_points = requests[c].points
-                ch.last_vals = vals[off:off + k * M].reshape(k, M)
+                ch.last_vals = vals[off : off + k * M].reshape(k, M)
                 ch.last_dvals = None
-                points[c, :k] = sums[j:j + k]
+                points[c, :k] = sums[j : j + k]
                 q_s[c] += k * M
                 off += k * M
                 j += k
-            reply = {"current": current[lo:lo + C].copy(), "points": points,
-                     "n_bright": np.array(sizes[lo:lo + C], dtype=np.int64),
-                     "queries": q_s, "wasted": np.zeros(C, dtype=np.int64)}
+            reply = {
+                "current": current[lo : lo + C].copy(),
+                "points": points,
+                "n_bright": np.array(sizes[lo : lo + C], dtype=np.int64),
+                "queries": q_s,
+                "wasted": np.zeros(C, dtype=np.int64),
+            }
             sh.total_queries += int(q_s.sum())
             sh._seq, sh._reply = seq, reply
             out[sid] = reply

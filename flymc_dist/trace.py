@@ -164,16 +164,18 @@ def _record_of(group: zarr.Group) -> dict[str, Any] | None:
     return None
 
 
-def _url_options(path: str | os.PathLike[str],
-                 storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+def _url_options(
+    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """``{"storage_options": ...}`` for zarr when ``path`` is a URL and options are given."""
     if storage_options is not None and not isinstance(storage_options, Mapping):
         raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
     if not storage_options:
         return {}
     if not _is_url(path):
-        raise ValueError(f"storage_options apply to a trace at an fsspec URL only, not to "
-                         f"{os.fspath(path)!s}")
+        raise ValueError(
+            f"storage_options apply to a trace at an fsspec URL only, not to {os.fspath(path)!s}"
+        )
     return {"storage_options": dict(storage_options)}
 
 
@@ -395,8 +397,13 @@ class Trace:
         return trace
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, read_only: bool = False,
-             storage_options: Mapping[str, Any] | None = None) -> Trace:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> Trace:
         """Open an existing trace.
 
         Draws beyond the last checkpoint (or, without a checkpoint, beyond the last
@@ -428,8 +435,9 @@ class Trace:
             raise FileNotFoundError(f"no trace at {os.fspath(path)!s}")
         if state == "other":
             raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
-        group = zarr.open_group(path, mode="r" if read_only else "r+",
-                                **_url_options(path, storage_options))
+        group = zarr.open_group(
+            path, mode="r" if read_only else "r+", **_url_options(path, storage_options)
+        )
         record = _record_of(group)
         if record is None:  # pragma: no cover - changed under our feet
             raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
@@ -836,8 +844,14 @@ class TraceLock:
             d = os.path.dirname(d)
         os.makedirs(parent, exist_ok=True)
         token = secrets.token_hex(16)
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "boot": _boot_id(),
-              "start": _start_time(os.getpid()), "token": token, "since": time.time()}
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "boot": _boot_id(),
+            "start": _start_time(os.getpid()),
+            "token": token,
+            "since": time.time(),
+        }
         for _attempt in range(5):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -859,8 +873,10 @@ class TraceLock:
             self._token = token
             self._finalizer = weakref.finalize(self, _release_lock, self.path, token, made)
             return self
-        raise TraceLockedError(f"could not take the lock {self.path} of trace "
-                               f"{os.fspath(self.trace_path)!s}: it keeps changing hands")
+        raise TraceLockedError(
+            f"could not take the lock {self.path} of trace "
+            f"{os.fspath(self.trace_path)!s}: it keeps changing hands"
+        )
 
     def _break(self, holder: dict[str, Any]) -> None:
         """Remove a stale lock, unless it changed hands since it was read."""
@@ -879,14 +895,21 @@ class TraceLock:
     def _held_by(self, holder: dict[str, Any]) -> str:
         trace = os.fspath(self.trace_path)
         if not holder:
-            return (f"trace {trace!s} is locked by another run (lock file {self.path} is being "
-                    "written); if no run is using it, remove that file")
+            return (
+                f"trace {trace!s} is locked by another run (lock file {self.path} is being "
+                "written); if no run is using it, remove that file"
+            )
         since = holder.get("since")
-        when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
-                if isinstance(since, (int, float)) else "?")
-        return (f"trace {trace!s} is being written by another run (pid {holder.get('pid')} on "
-                f"{holder.get('host')}, since {when}); one writer at a time: if that run is "
-                f"gone, remove {self.path}")
+        when = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+            if isinstance(since, (int, float))
+            else "?"
+        )
+        return (
+            f"trace {trace!s} is being written by another run (pid {holder.get('pid')} on "
+            f"{holder.get('host')}, since {when}); one writer at a time: if that run is "
+            f"gone, remove {self.path}"
+        )
 
     def release(self) -> None:
         """Give the lock back (removing its file only if it is still this lock's)."""

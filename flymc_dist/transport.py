@@ -19,8 +19,12 @@ class InProcessTransport:
 
     name = "synchronous"
 
-    def __init__(self, specs: list[ShardSpec], config: ShardConfig,
-                 data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+    def __init__(
+        self,
+        specs: list[ShardSpec],
+        config: ShardConfig,
+        data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> None:
         self.specs = sorted(specs, key=lambda s: s.shard_id)
         self.host = ShardHost(self.specs, config, data)
         self.round_trips = 0
@@ -42,8 +46,9 @@ class InProcessTransport:
     def call_each(self, method: str, per_shard: list[tuple]) -> list[Any]:
         """``Shard.<method>(*per_shard[i])`` on shard i, in shard order."""
         self.round_trips += 1
-        out = self.host.call_each(method, {s.shard_id: a for s, a in zip(self.specs, per_shard,
-                                                                            strict=True)})
+        out = self.host.call_each(
+            method, {s.shard_id: a for s, a in zip(self.specs, per_shard, strict=True)}
+        )
         return [out[s.shard_id] for s in self.specs]
 
     def call_some(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
@@ -54,9 +59,15 @@ class InProcessTransport:
     #: speculative z-updates gain nothing here (no idle time between round trips)
     speculates = False
 
-    def round(self, seq: Any, commits: np.ndarray, update_z: bool,
-              requests: list[Request | None], positions: np.ndarray,
-              speculate: bool = False) -> list[dict]:
+    def round(
+        self,
+        seq: Any,
+        commits: np.ndarray,
+        update_z: bool,
+        requests: list[Request | None],
+        positions: np.ndarray,
+        speculate: bool = False,
+    ) -> list[dict]:
         """One protocol round on every shard (``positions`` serve fault recovery)."""
         self.round_trips += 1
         out = self.host.round(seq, commits, update_z, requests, speculate)

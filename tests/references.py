@@ -66,8 +66,9 @@ def logistic_logpost(X: np.ndarray, y: np.ndarray, prior_scale: float) -> LogPos
     return logpost
 
 
-def robust_logpost(X: np.ndarray, y: np.ndarray, nu: float, sigma: float,
-                   prior_scale: float) -> LogPost:
+def robust_logpost(
+    X: np.ndarray, y: np.ndarray, nu: float, sigma: float, prior_scale: float
+) -> LogPost:
     """``sum_n log t_nu(y_n | θᵀx_n, sigma) + log Laplace(θ | 0, b)``.
 
     The Student-t density written out (``scipy.stats.t.logpdf`` is the same thing,
@@ -76,8 +77,12 @@ def robust_logpost(X: np.ndarray, y: np.ndarray, nu: float, sigma: float,
     X = np.asarray(X, float)
     y = np.asarray(y, float)
     N = y.size
-    const = (special.gammaln(0.5 * (nu + 1.0)) - special.gammaln(0.5 * nu)
-             - 0.5 * np.log(nu * np.pi) - np.log(sigma))
+    const = (
+        special.gammaln(0.5 * (nu + 1.0))
+        - special.gammaln(0.5 * nu)
+        - 0.5 * np.log(nu * np.pi)
+        - np.log(sigma)
+    )
 
     def logpost(theta: np.ndarray) -> np.ndarray:
         theta = np.atleast_2d(theta)
@@ -88,8 +93,7 @@ def robust_logpost(X: np.ndarray, y: np.ndarray, nu: float, sigma: float,
     return logpost
 
 
-def softmax_logpost(X: np.ndarray, y: np.ndarray, n_classes: int,
-                    prior_scale: float) -> LogPost:
+def softmax_logpost(X: np.ndarray, y: np.ndarray, n_classes: int, prior_scale: float) -> LogPost:
     """``sum_n log softmax(Θ x_n)[y_n] + log N(vec Θ | 0, s² I)``.
 
     Θ is (K, D), flattened row-major (as the package does).
@@ -117,9 +121,12 @@ def softmax_logpost(X: np.ndarray, y: np.ndarray, n_classes: int,
 def find_map(logpost: LogPost, x0: np.ndarray) -> np.ndarray:
     """Maximise ``logpost`` with Nelder–Mead polished by BFGS (derivative-free start)."""
     f = lambda t: -float(logpost(np.asarray(t, float)[None])[0])  # noqa: E731
-    res = scipy.optimize.minimize(f, np.asarray(x0, float), method="Nelder-Mead",
-                                  options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 20000,
-                                           "maxfev": 40000})
+    res = scipy.optimize.minimize(
+        f,
+        np.asarray(x0, float),
+        method="Nelder-Mead",
+        options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 20000, "maxfev": 40000},
+    )
     res = scipy.optimize.minimize(f, res.x, method="BFGS", options={"gtol": 1e-9})
     return np.asarray(res.x, float)
 
@@ -163,8 +170,14 @@ class Moments:
         return self.extra.get("skewness", np.full(self.mean.shape, np.nan))
 
 
-def grid_moments(logpost: LogPost, center: np.ndarray, basis: np.ndarray, n: int,
-                 width: float = 8.0, chunk: int = 20000) -> Moments:
+def grid_moments(
+    logpost: LogPost,
+    center: np.ndarray,
+    basis: np.ndarray,
+    n: int,
+    width: float = 8.0,
+    chunk: int = 20000,
+) -> Moments:
     """Moments of ``exp(logpost)`` by the rectangle rule on ``center + basis @ u``.
 
     ``u`` runs over the lattice ``linspace(-width, width, n)^P``. The density is
@@ -177,7 +190,7 @@ def grid_moments(logpost: LogPost, center: np.ndarray, basis: np.ndarray, n: int
     axis = np.linspace(-width, width, n)
     mesh = np.stack(np.meshgrid(*([axis] * P), indexing="ij"), axis=-1).reshape(-1, P)
     thetas = center + mesh @ basis.T
-    logp = np.concatenate([logpost(thetas[i:i + chunk]) for i in range(0, len(thetas), chunk)])
+    logp = np.concatenate([logpost(thetas[i : i + chunk]) for i in range(0, len(thetas), chunk)])
     if not np.all(np.isfinite(logp)):
         raise FloatingPointError("reference log density not finite on the grid")
     on_edge = np.any(np.abs(mesh) >= width - 1e-12, axis=1)
@@ -187,13 +200,17 @@ def grid_moments(logpost: LogPost, center: np.ndarray, basis: np.ndarray, n: int
     cov = (d * w[:, None]).T @ d
     sd = np.sqrt(np.diag(cov))
     skew = (w @ d**3) / sd**3
-    return Moments(mean=mean, cov=0.5 * (cov + cov.T),
-                   boundary_logratio=float(logp[on_edge].max() - logp.max()),
-                   extra={"skewness": skew, "n_points": int(len(thetas))})
+    return Moments(
+        mean=mean,
+        cov=0.5 * (cov + cov.T),
+        boundary_logratio=float(logp[on_edge].max() - logp.max()),
+        extra={"skewness": skew, "n_points": int(len(thetas))},
+    )
 
 
-def grid_posterior_2d(logpost: LogPost, bounds: tuple[tuple[float, float], tuple[float, float]],
-                      n: int = 400) -> tuple[np.ndarray, np.ndarray]:
+def grid_posterior_2d(
+    logpost: LogPost, bounds: tuple[tuple[float, float], tuple[float, float]], n: int = 400
+) -> tuple[np.ndarray, np.ndarray]:
     """Mean vector and covariance of a 2-parameter posterior on an axis-aligned box.
 
     Parameters
@@ -212,17 +229,18 @@ def grid_posterior_2d(logpost: LogPost, bounds: tuple[tuple[float, float], tuple
     return m.mean, m.cov
 
 
-def laplace_box(logpost: LogPost, x0: np.ndarray, width: float = 8.0
-                ) -> tuple[tuple[float, float], ...]:
+def laplace_box(
+    logpost: LogPost, x0: np.ndarray, width: float = 8.0
+) -> tuple[tuple[float, float], ...]:
     """The axis-aligned box MAP ± ``width`` Laplace sd (for :func:`grid_posterior_2d`)."""
     mode, cov = laplace_approximation(logpost, x0)
     sd = np.sqrt(np.diag(cov))
-    return tuple((float(m - width * s), float(m + width * s)) for m, s in zip(mode, sd,
-                                                                               strict=True))
+    return tuple(
+        (float(m - width * s), float(m + width * s)) for m, s in zip(mode, sd, strict=True)
+    )
 
 
-def rotated_grid_posterior(logpost: LogPost, x0: np.ndarray, n: int,
-                           width: float = 8.0) -> Moments:
+def rotated_grid_posterior(logpost: LogPost, x0: np.ndarray, n: int, width: float = 8.0) -> Moments:
     """Grid on the principal axes of the Laplace approximation (any dimension, e.g. 70³)."""
     mode, cov = laplace_approximation(logpost, x0)
     return grid_moments(logpost, mode, np.linalg.cholesky(cov), n, width=width)
@@ -261,8 +279,14 @@ def logistic_problem(prior_scale: float = 3.0, shift: float = 0.0) -> Problem:
     X = np.column_stack([np.ones(N), x])
     y = (rng.random(N) < special.expit(1.0 + 1.5 * x)).astype(np.int64)
     X[:, 1] += shift
-    return Problem("logistic", X, y, {"prior": "normal", "prior_scale": prior_scale},
-                   logistic_logpost(X, y, prior_scale), np.array([0.5, 1.0]))
+    return Problem(
+        "logistic",
+        X,
+        y,
+        {"prior": "normal", "prior_scale": prior_scale},
+        logistic_logpost(X, y, prior_scale),
+        np.array([0.5, 1.0]),
+    )
 
 
 def robust_problem(prior_scale: float = 1.0, shift: float = 0.0) -> Problem:
@@ -277,9 +301,14 @@ def robust_problem(prior_scale: float = 1.0, shift: float = 0.0) -> Problem:
     out = np.argsort(x)[-5:]  # the largest x values get outlying y: a right-skewed slope
     y[out] += rng.uniform(4.0, 7.0, size=out.size)
     y = y + shift
-    return Problem("robust", X, y, {"nu": nu, "scale": sigma, "prior": "laplace",
-                                    "prior_scale": prior_scale},
-                   robust_logpost(X, y, nu, sigma, prior_scale), np.array([0.5, 1.0]))
+    return Problem(
+        "robust",
+        X,
+        y,
+        {"nu": nu, "scale": sigma, "prior": "laplace", "prior_scale": prior_scale},
+        robust_logpost(X, y, nu, sigma, prior_scale),
+        np.array([0.5, 1.0]),
+    )
 
 
 def softmax_problem(prior_scale: float = 1.5, shift: float = 0.0) -> Problem:
@@ -293,9 +322,14 @@ def softmax_problem(prior_scale: float = 1.5, shift: float = 0.0) -> Problem:
     p = np.exp(eta - special.logsumexp(eta, axis=1, keepdims=True))
     y = np.array([rng.choice(K, p=pk) for pk in p], dtype=np.int64)
     X = X + shift
-    return Problem("softmax", X, y, {"n_classes": K, "prior": "normal",
-                                     "prior_scale": prior_scale},
-                   softmax_logpost(X, y, K, prior_scale), np.array([-1.0, 0.0, 1.0]))
+    return Problem(
+        "softmax",
+        X,
+        y,
+        {"n_classes": K, "prior": "normal", "prior_scale": prior_scale},
+        softmax_logpost(X, y, K, prior_scale),
+        np.array([-1.0, 0.0, 1.0]),
+    )
 
 
 PROBLEMS: dict[str, Callable[..., Problem]] = {

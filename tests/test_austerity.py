@@ -44,10 +44,11 @@ def _map_and_cov(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _transport(X: np.ndarray, y: np.ndarray, sizes: list[int], seed: int = 0):
     edges = np.concatenate([[0], np.cumsum(sizes)])
-    specs = [ShardSpec(i, "", int(a), int(b)) for i, (a, b) in enumerate(zip(edges[:-1],
-                                                                             edges[1:],
-                                                                             strict=True))]
-    mem = {s.shard_id: (X[s.start:s.stop], y[s.start:s.stop]) for s in specs}
+    specs = [
+        ShardSpec(i, "", int(a), int(b))
+        for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
+    ]
+    mem = {s.shard_id: (X[s.start : s.stop], y[s.start : s.stop]) for s in specs}
     config = ShardConfig(model=MODEL, algorithm="austerity", chains=1, seed=seed)
     return InProcessTransport(specs, config, mem), specs
 
@@ -58,23 +59,27 @@ def test_stop_rule_formula():
     exact decision at n = N."""
     n, mean, sd, mu0, N = 50, 0.02, 0.1, 0.0, 400
     m2 = sd**2 * (n - 1)
-    stop, acc, p = aus.stop_rule(np.array([n]), np.array([mean]), np.array([m2]),
-                                 np.array([mu0]), N, 0.05)
+    stop, acc, p = aus.stop_rule(
+        np.array([n]), np.array([mean]), np.array([m2]), np.array([mu0]), N, 0.05
+    )
     s = sd / math.sqrt(n) * math.sqrt(1 - (n - 1) / (N - 1))
     p_ref = 2 * stats.t.sf(abs((mean - mu0) / s), n - 1)
     assert p[0] == pytest.approx(p_ref, rel=1e-10)
     assert bool(stop[0]) == (p_ref < 0.05) and bool(acc[0])
     # zero sample sd: no test, however large the difference
-    stop, _, p = aus.stop_rule(np.array([10]), np.array([5.0]), np.array([0.0]),
-                               np.array([0.0]), N, 0.5)
+    stop, _, p = aus.stop_rule(
+        np.array([10]), np.array([5.0]), np.array([0.0]), np.array([0.0]), N, 0.5
+    )
     assert not stop[0] and p[0] == 1.0
     # all rows used: exact, whatever eps (even 0)
-    stop, acc, p = aus.stop_rule(np.array([N]), np.array([-1e-9]), np.array([3.0]),
-                                 np.array([-2e-9]), N, 0.0)
+    stop, acc, p = aus.stop_rule(
+        np.array([N]), np.array([-1e-9]), np.array([3.0]), np.array([-2e-9]), N, 0.0
+    )
     assert stop[0] and acc[0] and p[0] == 0.0
     # eps = 0 never stops early
-    stop, _, _ = aus.stop_rule(np.array([N - 1]), np.array([1.0]), np.array([1e-6]),
-                               np.array([0.0]), N, 0.0)
+    stop, _, _ = aus.stop_rule(
+        np.array([N - 1]), np.array([1.0]), np.array([1e-6]), np.array([0.0]), N, 0.0
+    )
     assert not stop[0]
 
 
@@ -88,16 +93,30 @@ def test_tiny_eps_reproduces_exact_mh(eps, cv):
     cov = np.diag([0.06, 0.07, 0.07]) ** 2
     init = th0 + 0.02
     S, C, seed = 120, 2, 5
-    res = fd.sample(MODEL, (X, y), algorithm="austerity", client="synchronous",
-                    num_warmup=0, num_samples=S, chains=C, seed=seed, eps=eps, batch_size=150,
-                    n_shards=3, init=init, precondition=cov, kernel_options={"step_size": 1.0},
-                    control_variates=cv)
+    res = fd.sample(
+        MODEL,
+        (X, y),
+        algorithm="austerity",
+        client="synchronous",
+        num_warmup=0,
+        num_samples=S,
+        chains=C,
+        seed=seed,
+        eps=eps,
+        batch_size=150,
+        n_shards=3,
+        init=init,
+        precondition=cov,
+        kernel_options={"step_size": 1.0},
+        control_variates=cv,
+    )
     assert res.info["control_variates"] is cv
     L = np.linalg.cholesky(cov)
 
     def log_post(t):
-        return float(MODEL.log_prior(t[None])[0]
-                     + MODEL.loglik(MODEL.linear_predictor(t[None], X), y).sum())
+        return float(
+            MODEL.log_prior(t[None])[0] + MODEL.loglik(MODEL.linear_predictor(t[None], X), y).sum()
+        )
 
     for c in range(C):
         g = stream(seed, ROLE_AUSTERITY, 0, c)
@@ -124,8 +143,18 @@ def _fixed_move_data_used(n: int, eps: float, batch: int) -> float:
     X, y, th0 = _data(n, seed=2)
     v = np.ones(3) / math.sqrt(3)
     log_u = -np.random.default_rng(3).standard_exponential(80)
-    r = aus.run_decisions(MODEL, (X, y), th0, th0 + 0.2 * v, log_u, eps=eps, batch_size=batch,
-                          seed=4, n_shards=4, exact=False)
+    r = aus.run_decisions(
+        MODEL,
+        (X, y),
+        th0,
+        th0 + 0.2 * v,
+        log_u,
+        eps=eps,
+        batch_size=batch,
+        seed=4,
+        n_shards=4,
+        exact=False,
+    )
     return r["by_eps"][0]["mean_data_used"]
 
 
@@ -154,8 +183,9 @@ def test_decision_error_shrinks_with_eps():
     X, y, _ = _data(10_000, seed=6)
     thetas, props, log_u = _moves(X, y, 300, seed=7)
     eps_list = [0.3, 0.1, 0.01, 1e-4]
-    r = aus.run_decisions(MODEL, (X, y), thetas, props, log_u, eps=eps_list, batch_size=500,
-                          seed=8, n_shards=3)
+    r = aus.run_decisions(
+        MODEL, (X, y), thetas, props, log_u, eps=eps_list, batch_size=500, seed=8, n_shards=3
+    )
     err = np.array([b["error_rate"] for b in r["by_eps"]])
     used = np.array([b["mean_data_used"] for b in r["by_eps"]])
     assert err[0] >= 0.03, err  # the test can see an error at a loose eps
@@ -168,8 +198,14 @@ def test_decision_error_shrinks_with_eps():
 def exact_10k():
     """Exact regular MCMC on a 10⁴-row logistic problem: the bias tests' reference."""
     X, y, _ = _data(10_000, seed=9)
-    common = {"client": "synchronous", "num_warmup": 200, "chains": 16, "seed": 10,
-              "n_shards": 2, "progress": False}
+    common = {
+        "client": "synchronous",
+        "num_warmup": 200,
+        "chains": 16,
+        "seed": 10,
+        "n_shards": 2,
+        "progress": False,
+    }
     # the exact reference is cheap per draw: run it longer so its MC error is small
     exact = fd.sample(MODEL, (X, y), algorithm="regular", num_samples=1500, **common)
     return X, y, common, exact
@@ -181,8 +217,10 @@ def _close_to_exact(exact, aust):
     bias of ~0.25 sd); returns the absolute relative error of the posterior sd."""
     ex = exact.samples
     sd = ex.std(axis=(0, 1), ddof=1)
-    se = np.sqrt(np.asarray(diagnostics.mcse_mean(ex)) ** 2
-                 + np.asarray(diagnostics.mcse_mean(aust.samples)) ** 2)
+    se = np.sqrt(
+        np.asarray(diagnostics.mcse_mean(ex)) ** 2
+        + np.asarray(diagnostics.mcse_mean(aust.samples)) ** 2
+    )
     delta = aust.samples.mean(axis=(0, 1)) - ex.mean(axis=(0, 1))
     assert np.all(se <= 0.06 * sd), se / sd
     assert np.all(np.abs(delta) <= 0.1 * sd + 2 * se), (delta / sd, se / sd)
@@ -195,11 +233,25 @@ def test_posterior_mean_close_to_exact_mcmc(exact_10k):
     exact regular MCMC, up to Monte Carlo error (see _close_to_exact). And eps = 0.3 is
     visibly worse (inflated posterior sd): the error shrinks with eps."""
     X, y, common, exact = exact_10k
-    aust = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.01, batch_size=2000,
-                     num_samples=550, control_variates=False, **common)
-    loose = fd.sample(MODEL, (X, y), algorithm="austerity", eps=0.3, batch_size=2000,
-                      control_variates=False,
-                      **{**common, "num_warmup": 100, "num_samples": 200})
+    aust = fd.sample(
+        MODEL,
+        (X, y),
+        algorithm="austerity",
+        eps=0.01,
+        batch_size=2000,
+        num_samples=550,
+        control_variates=False,
+        **common,
+    )
+    loose = fd.sample(
+        MODEL,
+        (X, y),
+        algorithm="austerity",
+        eps=0.3,
+        batch_size=2000,
+        control_variates=False,
+        **{**common, "num_warmup": 100, "num_samples": 200},
+    )
     sd_err = _close_to_exact(exact, aust)
     sd = exact.samples.std(axis=(0, 1), ddof=1)
     sd_err_loose = np.abs(loose.samples.std(axis=(0, 1), ddof=1) / sd - 1)
@@ -237,16 +289,26 @@ def test_control_variates_close_to_exact_mcmc_and_error_shrinks_with_eps(exact_1
     props = thetas + step * rng.standard_normal((k, 3)) @ tril.T
     log_u = -rng.standard_exponential(k)
     eps_list = [0.9, 0.3, 0.1, 0.01]
-    r = aus.run_decisions(MODEL, (X, y), thetas, props, log_u, eps=eps_list, seed=26,
-                          n_shards=2, control_variates=True)
+    r = aus.run_decisions(
+        MODEL,
+        (X, y),
+        thetas,
+        props,
+        log_u,
+        eps=eps_list,
+        seed=26,
+        n_shards=2,
+        control_variates=True,
+    )
     err = np.array([b["error_rate"] for b in r["by_eps"]])
     used = np.array([b["mean_data_used"] for b in r["by_eps"]])
     assert err[-1] <= 0.002, err
     assert err[0] >= 3 * max(err[-1], 1 / k), err  # larger at a large eps
     assert np.all(np.diff(err) <= 0.002), err  # (nearly) monotone
     assert np.all(np.diff(used) > 0), used  # a tighter test costs more data
-    plain = aus.run_decisions(MODEL, (X, y), thetas, props, log_u, eps=0.9, seed=26,
-                              n_shards=2, exact=True)
+    plain = aus.run_decisions(
+        MODEL, (X, y), thetas, props, log_u, eps=0.9, seed=26, n_shards=2, exact=True
+    )
     assert plain["by_eps"][0]["error_rate"] > 10 * err[0], (plain["by_eps"][0], err)
 
 
@@ -256,7 +318,8 @@ _GOLDEN = pathlib.Path(__file__).with_name("data") / "austerity_golden.npz"
 
 def _golden_module():
     spec = importlib.util.spec_from_file_location(
-        "make_austerity_golden", _GOLDEN.with_name("make_austerity_golden.py"))
+        "make_austerity_golden", _GOLDEN.with_name("make_austerity_golden.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -289,8 +352,13 @@ def _model_problem(name: str):
         return fd.LogisticRegression(), X, y, R.logistic_logpost(X, y, 1.0), 3
     if name == "robust":
         y = X @ np.array([0.5, 1.0, -0.7]) + rng.standard_t(4.0, N)
-        return (fd.RobustRegression(nu=4.0, scale=1.0, prior="laplace", prior_scale=1.0), X,
-                y, R.robust_logpost(X, y, 4.0, 1.0, 1.0), 3)
+        return (
+            fd.RobustRegression(nu=4.0, scale=1.0, prior="laplace", prior_scale=1.0),
+            X,
+            y,
+            R.robust_logpost(X, y, 4.0, 1.0, 1.0),
+            3,
+        )
     W = np.array([[0.5, -1.0, 0.3], [0.0, 0.8, 0.6], [-0.4, 0.2, -0.9]])
     eta = X @ W.T
     prob = np.exp(eta - eta.max(axis=1, keepdims=True))
@@ -326,10 +394,20 @@ def test_control_variates_eps0_is_exact_mh(name):
     L = np.linalg.cholesky(cov)
     step = 2.38 / math.sqrt(P)
     S, C, seed = 60, 2, 31
-    kw = {"algorithm": "austerity", "client": "synchronous", "num_warmup": 0,
-          "num_samples": S, "chains": C, "seed": seed, "eps": 0.0, "batch_size": 250,
-          "n_shards": 3, "init": mode, "precondition": cov,
-          "kernel_options": {"step_size": step}}
+    kw = {
+        "algorithm": "austerity",
+        "client": "synchronous",
+        "num_warmup": 0,
+        "num_samples": S,
+        "chains": C,
+        "seed": seed,
+        "eps": 0.0,
+        "batch_size": 250,
+        "n_shards": 3,
+        "init": mode,
+        "precondition": cov,
+        "kernel_options": {"step_size": step},
+    }
     res = fd.sample(model, (X, y), **kw)
     assert res.info["control_variates"] is True and res.info["bounds"] == "map"
     flat = res.samples.reshape(C, S, P)
@@ -359,8 +437,9 @@ def test_bound_difference_matches_explicit_sums():
     bound = model.suffstats(X, y, xi)
     th, pr = rng.normal(size=(4, P)), rng.normal(size=(4, P))
     lb = lambda t: model.logbound(model.linear_predictor(t, X), y, xi).sum(axis=1)  # noqa: E731
-    np.testing.assert_allclose(aus.bound_difference(bound, th, pr), lb(pr) - lb(th),
-                               rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(
+        aus.bound_difference(bound, th, pr), lb(pr) - lb(th), rtol=1e-9, atol=1e-9
+    )
 
 
 @pytest.mark.slow
@@ -370,13 +449,19 @@ def test_control_variates_sublinear_with_posterior_scaled_proposals():
     plain austerity beside it, on the same data, grows almost linearly (slope > 0.5)."""
     ns = [1_000, 10_000, 100_000]
     cv_used, plain_used, scale = [], [], []
-    kw = {"algorithm": "austerity", "client": "synchronous", "seed": 24, "n_shards": 4,
-          "progress": False}
+    kw = {
+        "algorithm": "austerity",
+        "client": "synchronous",
+        "seed": 24,
+        "n_shards": 4,
+        "progress": False,
+    }
     for n in ns:
         X, y, _ = _data(n, seed=23)
         cv = fd.sample(MODEL, (X, y), chains=4, num_warmup=200, num_samples=300, **kw)
-        plain = fd.sample(MODEL, (X, y), chains=2, num_warmup=100, num_samples=50,
-                          control_variates=False, **kw)
+        plain = fd.sample(
+            MODEL, (X, y), chains=2, num_warmup=100, num_samples=50, control_variates=False, **kw
+        )
         cv_used.append(cv.stats["data_used"].mean())
         plain_used.append(plain.stats["data_used"].mean())
         kp = cv.info["kernel_params"][0]
@@ -398,8 +483,9 @@ def test_shard_selection_unbiased():
     N, sizes, batch, R = 1000, [100, 300, 600], 100, 600
     X, y, th0 = _data(N, seed=11)
     transport, specs = _transport(X, y, sizes, seed=12)
-    tester = aus.SequentialTester(transport, specs, R, eps=0.0, batch_size=batch, seed=13,
-                                  record_rows=True)
+    tester = aus.SequentialTester(
+        transport, specs, R, eps=0.0, batch_size=batch, seed=13, record_rows=True
+    )
     thetas = np.tile(th0, (R, 1))
     dec = tester.decide(thetas, thetas + 0.3, np.zeros(R))
     assert np.all(dec.data_used == N) and dec.round_trips == N // batch
@@ -408,8 +494,7 @@ def test_shard_selection_unbiased():
         assert allr.size == N and np.unique(allr).size == N
     p = batch / N
     for rnd in (0, 1, 5, 9):
-        counts = np.bincount(np.concatenate([dec.rows[r][rnd] for r in range(R)]),
-                             minlength=N)
+        counts = np.bincount(np.concatenate([dec.rows[r][rnd] for r in range(R)]), minlength=N)
         chi2 = float(np.sum((counts - R * p) ** 2) / (R * p * (1 - p)))
         assert stats.chi2.sf(chi2, N - 1) > 1e-3, (rnd, chi2)
         shard_tot = np.add.reduceat(counts, [0, 100, 400])
@@ -424,8 +509,9 @@ def test_shard_selection_unbiased():
     mp = pytest.MonkeyPatch()
     mp.setattr(aus, "shard_counts", equal_split)
     try:
-        bad = aus.SequentialTester(transport, specs, R, eps=0.0, batch_size=batch, seed=13,
-                                   record_rows=True).decide(thetas, thetas + 0.3, np.zeros(R))
+        bad = aus.SequentialTester(
+            transport, specs, R, eps=0.0, batch_size=batch, seed=13, record_rows=True
+        ).decide(thetas, thetas + 0.3, np.zeros(R))
     finally:
         mp.undo()
     counts = np.bincount(np.concatenate([bad.rows[r][0] for r in range(R)]), minlength=N)
@@ -470,20 +556,49 @@ def test_one_round_trip_per_round_to_drawn_shards_only():
 # ------------------------------------------------------------------------ the API
 def test_sample_api_labels_and_stats():
     X, y, _ = _data(3000, seed=16)
-    res = fd.sample(MODEL, (X, y), algorithm="austerity", client="synchronous", num_warmup=30,
-                    num_samples=40, chains=3, seed=17, eps=0.05, batch_size=300, n_shards=3)
+    res = fd.sample(
+        MODEL,
+        (X, y),
+        algorithm="austerity",
+        client="synchronous",
+        num_warmup=30,
+        num_samples=40,
+        chains=3,
+        seed=17,
+        eps=0.05,
+        batch_size=300,
+        n_shards=3,
+    )
     assert res.approximate and res.info["approximate"] is True
     assert res.info["algorithm"] == "austerity"
     assert res.info["eps"] == 0.05 and res.info["batch_size"] == 300
     assert res.info["control_variates"] is True and res.info["bounds"] == "map"
     assert "APPROXIMATE" in str(res.summary()) and "APPROXIMATE" in repr(res)
-    for key in ("sampling_seconds", "warmup_seconds", "n_rows", "n_features", "n_shards",
-                "total_round_trips", "setup_queries", "map", "kernel_params", "transport"):
+    for key in (
+        "sampling_seconds",
+        "warmup_seconds",
+        "n_rows",
+        "n_features",
+        "n_shards",
+        "total_round_trips",
+        "setup_queries",
+        "map",
+        "kernel_params",
+        "transport",
+    ):
         assert key in res.info, key
     st = res.stats
     assert res.samples.shape == (3, 40, 3) and res.warmup_samples.shape == (3, 30, 3)
-    for key in ("accepted", "accept_prob", "n_bright", "likelihood_queries", "round_trips",
-                "log_joint", "data_used", "test_rounds"):
+    for key in (
+        "accepted",
+        "accept_prob",
+        "n_bright",
+        "likelihood_queries",
+        "round_trips",
+        "log_joint",
+        "data_used",
+        "test_rounds",
+    ):
         assert st[key].shape == (3, 40), key
     assert np.all(st["n_bright"] == st["data_used"])
     assert np.all(st["likelihood_queries"] == 2 * st["data_used"])
@@ -496,44 +611,77 @@ def test_sample_api_labels_and_stats():
     assert 0 < eff["bright_fraction"] <= 1
     moved = np.any(np.diff(res.samples, axis=1) != 0, axis=2)
     np.testing.assert_array_equal(moved, st["accepted"][:, 1:])
-    total_iter_trips = int(res.stats["round_trips"][0].sum()
-                           + res.warmup_stats["round_trips"][0].sum())
+    total_iter_trips = int(
+        res.stats["round_trips"][0].sum() + res.warmup_stats["round_trips"][0].sum()
+    )
     assert res.info["total_round_trips"] >= total_iter_trips
 
 
 def test_sample_api_reproducible():
     X, y, _ = _data(1000, seed=18)
-    kw = {"algorithm": "austerity", "client": "synchronous", "num_warmup": 10,
-          "num_samples": 20, "chains": 2, "seed": 3, "eps": 0.1, "batch_size": 100}
+    kw = {
+        "algorithm": "austerity",
+        "client": "synchronous",
+        "num_warmup": 10,
+        "num_samples": 20,
+        "chains": 2,
+        "seed": 3,
+        "eps": 0.1,
+        "batch_size": 100,
+    }
     a = fd.sample(MODEL, (X, y), n_shards=2, **kw)
     b = fd.sample(MODEL, (X, y), n_shards=2, **kw)
     np.testing.assert_array_equal(a.samples, b.samples)
     np.testing.assert_array_equal(a.stats["data_used"], b.stats["data_used"])
 
 
-@pytest.mark.parametrize("opts,match", [({"eps": 1.0}, "eps"), ({"eps": -0.1}, "eps"),
-                                        ({"batch_size": 0}, "batch_size"),
-                                        ({"batch_size": 2.5}, "batch_size"),
-                                        ({"kernel": "mala"}, "rwmh"),
-                                        ({"kernel": "slice"}, "rwmh"),
-                                        ({"resume": True}, "resume"),
-                                        ({"control_variates": "yes"}, "control_variates"),
-                                        ({"control_variates": 1}, "control_variates"),
-                                        ({"control_variates": None}, "control_variates")])
+@pytest.mark.parametrize(
+    "opts,match",
+    [
+        ({"eps": 1.0}, "eps"),
+        ({"eps": -0.1}, "eps"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 2.5}, "batch_size"),
+        ({"kernel": "mala"}, "rwmh"),
+        ({"kernel": "slice"}, "rwmh"),
+        ({"resume": True}, "resume"),
+        ({"control_variates": "yes"}, "control_variates"),
+        ({"control_variates": 1}, "control_variates"),
+        ({"control_variates": None}, "control_variates"),
+    ],
+)
 def test_sample_api_rejects_bad_options(opts, match):
     X, y, _ = _data(200, seed=19)
     with pytest.raises(ValueError, match=match):
-        fd.sample(MODEL, (X, y), algorithm="austerity", client="synchronous", num_warmup=0,
-                  num_samples=2, chains=1, **opts)
+        fd.sample(
+            MODEL,
+            (X, y),
+            algorithm="austerity",
+            client="synchronous",
+            num_warmup=0,
+            num_samples=2,
+            chains=1,
+            **opts,
+        )
 
 
 def test_trace_written(tmp_path):
     from flymc_dist.trace import Trace
 
     X, y, _ = _data(600, seed=20)
-    res = fd.sample(MODEL, (X, y), algorithm="austerity", client="synchronous", num_warmup=5,
-                    num_samples=7, chains=2, seed=1, batch_size=100, trace=str(tmp_path / "t"),
-                    checkpoint_every=3)
+    res = fd.sample(
+        MODEL,
+        (X, y),
+        algorithm="austerity",
+        client="synchronous",
+        num_warmup=5,
+        num_samples=7,
+        chains=2,
+        seed=1,
+        batch_size=100,
+        trace=str(tmp_path / "t"),
+        checkpoint_every=3,
+    )
     tr = Trace.open(str(tmp_path / "t"), read_only=True)
     np.testing.assert_array_equal(tr.samples, res.samples)
     np.testing.assert_array_equal(tr.stats["data_used"], res.stats["data_used"])
@@ -546,8 +694,18 @@ def test_softmax_works():
     X = np.c_[np.ones(900), rng.standard_normal((900, 2))]
     y = rng.integers(0, 3, 900)
     model = fd.SoftmaxRegression(n_classes=3)
-    res = fd.sample(model, (X, y), algorithm="austerity", client="synchronous", num_warmup=10,
-                    num_samples=10, chains=2, seed=2, batch_size=200, n_shards=2)
+    res = fd.sample(
+        model,
+        (X, y),
+        algorithm="austerity",
+        client="synchronous",
+        num_warmup=10,
+        num_samples=10,
+        chains=2,
+        seed=2,
+        batch_size=200,
+        n_shards=2,
+    )
     assert res.samples.shape == (2, 10, 3, 3) and res.approximate
 
 
@@ -561,12 +719,23 @@ def test_same_draws_on_dask_cluster(tmp_path):
     X, y, _ = _data(1200, seed=22)
     path = str(tmp_path / "d.zarr")
     fd.from_numpy(X, y, path, chunk_rows=200)
-    kw = {"algorithm": "austerity", "num_warmup": 10, "num_samples": 15, "chains": 2,
-          "seed": 4, "eps": 0.05, "batch_size": 150, "n_shards": 3}
+    kw = {
+        "algorithm": "austerity",
+        "num_warmup": 10,
+        "num_samples": 15,
+        "chains": 2,
+        "seed": 4,
+        "eps": 0.05,
+        "batch_size": 150,
+        "n_shards": 3,
+    }
     local = fd.sample(MODEL, path, client="synchronous", **kw)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, \
-            Client(cluster, direct_to_workers=True) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
         remote = fd.sample(MODEL, path, client=client, **kw)
     assert remote.info["transport"] == "dask" and remote.info["n_workers"] == 2
     np.testing.assert_array_equal(local.samples, remote.samples)
@@ -577,10 +746,20 @@ def test_same_draws_on_dask_cluster(tmp_path):
 def test_bench_sublinear_smoke():
     from flymc_dist import bench_sublinear as bench
 
-    r = bench.run_sublinear(ns=(1000, 10_000), n_decisions=10, posterior_warmup=30,
-                            posterior_samples=30, plain_max_n=1000, bias_eps=(0.2,),
-                            bias_rows=2000, bias_chains=2, bias_warmup=20, bias_samples=30,
-                            bias_batch_size=500, error_moves=20)
+    r = bench.run_sublinear(
+        ns=(1000, 10_000),
+        n_decisions=10,
+        posterior_warmup=30,
+        posterior_samples=30,
+        plain_max_n=1000,
+        bias_eps=(0.2,),
+        bias_rows=2000,
+        bias_chains=2,
+        bias_warmup=20,
+        bias_samples=30,
+        bias_batch_size=500,
+        error_moves=20,
+    )
     assert r["approximate"] is True
     for part in ("fixed", "posterior"):
         for key in ("plain", "cv"):
@@ -598,8 +777,9 @@ def test_bench_sublinear_smoke():
     assert text.startswith("APPROXIMATE") and "log-log slope" in text and "Bias vs eps" in text
     assert "Posterior-scaled" in text and "Fixed move" in text and "--plain-max-n" in text
     assert bench.format is bench.format_sublinear
-    only = bench.run_sublinear(ns=(1000, 2000), n_decisions=5, plain=False, posterior=False,
-                               bias_eps=None)
+    only = bench.run_sublinear(
+        ns=(1000, 2000), n_decisions=5, plain=False, posterior=False, bias_eps=None
+    )
     assert only["fixed"]["plain"] is None and only["posterior"] is None
     assert "control variates" in bench.format(only)
     with pytest.raises(ValueError, match="nothing to measure"):

@@ -130,8 +130,17 @@ def test_sample_rejects_bad_channel_before_writing(tmp_path):
     y = (rng.random(50) < 0.5).astype(float)
     trace = tmp_path / "t.zarr"
     with pytest.raises(ValueError, match="channel must be one of"):
-        fd.sample(fd.LogisticRegression(), (X, y), client="synchronous", num_warmup=5,
-                  num_samples=5, chains=1, progress=False, channel="udp", trace=str(trace))
+        fd.sample(
+            fd.LogisticRegression(),
+            (X, y),
+            client="synchronous",
+            num_warmup=5,
+            num_samples=5,
+            chains=1,
+            progress=False,
+            channel="udp",
+            trace=str(trace),
+        )
     assert not trace.exists()
 
 

@@ -35,8 +35,13 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 def run_subprocess(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
     """``python -m flymc_dist.cli args`` in a fresh process (as a user would run it)."""
     env = {**os.environ, "CI": "1"}
-    return subprocess.run([sys.executable, "-m", "flymc_dist.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "flymc_dist.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def assert_usage_error(code: int, err: str, *needles: str) -> None:
@@ -53,8 +58,11 @@ def assert_usage_error(code: int, err: str, *needles: str) -> None:
 def assert_nothing_written(path: Path) -> None:
     """``path`` does not exist and no temporary sibling was left behind."""
     assert not path.exists()
-    leftovers = [p.name for p in path.parent.iterdir()
-                 if p.name == path.name or p.name.startswith(f".{path.name}.")]
+    leftovers = [
+        p.name
+        for p in path.parent.iterdir()
+        if p.name == path.name or p.name.startswith(f".{path.name}.")
+    ]
     assert leftovers == [], leftovers
 
 
@@ -62,31 +70,68 @@ def assert_nothing_written(path: Path) -> None:
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small logistic store made by ``flymc make-data``."""
     path = tmp_path_factory.mktemp("cli") / "logistic.zarr"
-    assert main(["make-data", str(path), "--like", "logistic", "--rows", str(ROWS),
-                 "--features", str(FEATURES), "--seed", "1", "--chunk-rows", "500"]) == 0
+    assert (
+        main(
+            [
+                "make-data",
+                str(path),
+                "--like",
+                "logistic",
+                "--rows",
+                str(ROWS),
+                "--features",
+                str(FEATURES),
+                "--seed",
+                "1",
+                "--chunk-rows",
+                "500",
+            ]
+        )
+        == 0
+    )
     return path
 
 
 def run_args(store: Path, trace: Path, *extra: str) -> list[str]:
     """A quick synchronous ``flymc run`` of the logistic model."""
-    return ["run", str(store), "--model", "logistic", "--synchronous", "--warmup", "20",
-            "--samples", "40", "--chains", "2", "--no-progress", "--trace", str(trace), *extra]
+    return [
+        "run",
+        str(store),
+        "--model",
+        "logistic",
+        "--synchronous",
+        "--warmup",
+        "20",
+        "--samples",
+        "40",
+        "--chains",
+        "2",
+        "--no-progress",
+        "--trace",
+        str(trace),
+        *extra,
+    ]
 
 
 # --------------------------------------------------------------------------- make-data
 
 
-@pytest.mark.parametrize(("like", "extra", "task"), [
-    ("logistic", [], "binary"),
-    ("softmax", ["--classes", "3"], "multiclass"),
-    ("robust", ["--nu", "5"], "real"),
-    ("opv", [], "real"),
-])
-def test_make_data_every_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str], like: str,
-                              extra: list[str], task: str) -> None:
+@pytest.mark.parametrize(
+    ("like", "extra", "task"),
+    [
+        ("logistic", [], "binary"),
+        ("softmax", ["--classes", "3"], "multiclass"),
+        ("robust", ["--nu", "5"], "real"),
+        ("opv", [], "real"),
+    ],
+)
+def test_make_data_every_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], like: str, extra: list[str], task: str
+) -> None:
     out = tmp_path / f"{like}.zarr"
-    code, stdout, err = run_cli(["make-data", out, "--like", like, "--rows", 300, "--features",
-                                 5, *extra], capsys)
+    code, stdout, err = run_cli(
+        ["make-data", out, "--like", like, "--rows", 300, "--features", 5, *extra], capsys
+    )
     assert code == 0, err
     ds = open_dataset(out)
     assert ds.shape == (300, 5)
@@ -94,8 +139,9 @@ def test_make_data_every_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "300 rows" in stdout
 
 
-def test_make_data_bad_options_write_nothing(tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_make_data_bad_options_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "d.zarr"
     cases = [
         (["--like", "softmax", "--rows", 100, "--features", 3], "--classes"),
@@ -134,8 +180,11 @@ def test_ingest_npy_npz_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         fh.write("bias,u,v,label\n")
         for xi, yi in zip(X, y, strict=True):
             fh.write(",".join(repr(float(v)) for v in xi) + f",{yi}\n")
-    for src, extra in (("a.npy", ["--target", "0"]), ("b.npz", []),
-                       ("c.csv", ["--target", "label"])):
+    for src, extra in (
+        ("a.npy", ["--target", "0"]),
+        ("b.npz", []),
+        ("c.csv", ["--target", "label"]),
+    ):
         out = tmp_path / (src + ".zarr")
         code, stdout, err = run_cli(["ingest", tmp_path / src, out, *extra], capsys)
         assert code == 0, err
@@ -148,8 +197,9 @@ def test_ingest_npy_npz_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert open_dataset(tmp_path / "c.csv.zarr").feature_names == ["bias", "u", "v"]
 
 
-def test_ingest_bad_input_writes_nothing(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_ingest_bad_input_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     X, y = _xy()
     Xn = X.copy()
     Xn[17, 1] = np.nan
@@ -183,8 +233,7 @@ def test_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- run, summary, resume
 
 
-def test_run_then_summary(store: Path, tmp_path: Path,
-                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_then_summary(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.zarr"
     code, out, err = run_cli(run_args(store, trace), capsys)
     assert code == 0, err
@@ -208,14 +257,22 @@ def test_run_then_summary(store: Path, tmp_path: Path,
     assert table and table[0] in out2
 
 
-@pytest.mark.parametrize(("algorithm", "extra"), [
-    ("regular", []),
-    ("flymc", ["--kernel", "mala", "--z-update", "explicit", "--bounds", "untuned"]),
-    ("austerity", ["--eps", "0.1", "--batch-size", "200"]),
-    ("austerity", ["--no-control-variates"]),
-])
-def test_run_algorithms(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                        algorithm: str, extra: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [
+        ("regular", []),
+        ("flymc", ["--kernel", "mala", "--z-update", "explicit", "--bounds", "untuned"]),
+        ("austerity", ["--eps", "0.1", "--batch-size", "200"]),
+        ("austerity", ["--no-control-variates"]),
+    ],
+)
+def test_run_algorithms(
+    store: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    algorithm: str,
+    extra: list[str],
+) -> None:
     trace = tmp_path / f"{algorithm}.zarr"
     code, out, err = run_cli(run_args(store, trace, "--algorithm", algorithm, *extra), capsys)
     assert code == 0, err
@@ -227,23 +284,40 @@ def test_run_algorithms(store: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_run_other_models(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for like, model, extra in (("softmax", "softmax", ["--classes", "3"]),
-                               ("robust", "robust", ["--nu", "4"])):
+    for like, model, extra in (
+        ("softmax", "softmax", ["--classes", "3"]),
+        ("robust", "robust", ["--nu", "4"]),
+    ):
         data = tmp_path / f"{like}.zarr"
         make = ["make-data", data, "--like", like, "--rows", 600, "--features", 3]
         assert run_cli(make + (["--classes", "3"] if like == "softmax" else []), capsys)[0] == 0
         trace = tmp_path / f"{like}-trace.zarr"
-        args = ["run", data, "--model", model, *extra, "--synchronous", "--warmup", 10,
-                "--samples", 10, "--chains", 2, "--no-progress", "--trace", trace]
+        args = [
+            "run",
+            data,
+            "--model",
+            model,
+            *extra,
+            "--synchronous",
+            "--warmup",
+            10,
+            "--samples",
+            10,
+            "--chains",
+            2,
+            "--no-progress",
+            "--trace",
+            trace,
+        ]
         code, out, err = run_cli(args, capsys)
         assert code == 0, err
         shape = (3, 3) if model == "softmax" else (3,)
         assert Trace.open(trace, read_only=True).samples.shape == (2, 10, *shape)
 
 
-def test_resume_after_interrupt_continues_exactly(store: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_after_interrupt_continues_exactly(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ctrl-C keeps the checkpointed trace; --resume finishes it with the same draws."""
     from flymc_dist.driver import Driver
 
@@ -281,9 +355,9 @@ def test_resume_after_interrupt_continues_exactly(store: Path, tmp_path: Path,
     assert done.checkpoint["seconds"]["sampling"] > first["sampling"]
 
 
-def test_failure_after_a_checkpoint_keeps_the_trace(store: Path, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failure_after_a_checkpoint_keeps_the_trace(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fresh run that fails after its first checkpoint keeps its trace and says, in one
     line, how to resume it; one that fails before any checkpoint leaves nothing behind."""
     from flymc_dist.driver import Driver
@@ -315,8 +389,12 @@ def test_failure_after_a_checkpoint_keeps_the_trace(store: Path, tmp_path: Path,
     monkeypatch.setattr(Driver, "step", original)
     code, _, err = run_cli(run_args(store, trace, *extra, "--resume"), capsys)
     assert code == 0, err
-    np.testing.assert_allclose(Trace.open(trace, read_only=True).samples,
-                               Trace.open(ref, read_only=True).samples, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        Trace.open(trace, read_only=True).samples,
+        Trace.open(ref, read_only=True).samples,
+        rtol=0,
+        atol=1e-12,
+    )
     # no checkpoint yet: nothing to resume, nothing kept
     early = tmp_path / "early.zarr"
     monkeypatch.setattr(Driver, "step", failing_at(5))
@@ -325,8 +403,9 @@ def test_failure_after_a_checkpoint_keeps_the_trace(store: Path, tmp_path: Path,
     assert_nothing_written(early)
 
 
-def _gated(monkeypatch: pytest.MonkeyPatch, where: str, thread: str, at: int = 1
-           ) -> tuple[threading.Event, threading.Event]:
+def _gated(
+    monkeypatch: pytest.MonkeyPatch, where: str, thread: str, at: int = 1
+) -> tuple[threading.Event, threading.Event]:
     """Hold the run of thread ``thread`` at its ``at``-th call of ``Driver.<where>`` until
     the returned ``release`` is set; ``reached`` is set when it gets there."""
     from flymc_dist.driver import Driver
@@ -348,15 +427,16 @@ def _gated(monkeypatch: pytest.MonkeyPatch, where: str, thread: str, at: int = 1
 
 
 def _in_thread(name: str, args: list, codes: dict[str, int]) -> threading.Thread:
-    th = threading.Thread(target=lambda: codes.__setitem__(name, main([str(a) for a in args])),
-                          name=name, daemon=True)
+    th = threading.Thread(
+        target=lambda: codes.__setitem__(name, main([str(a) for a in args])), name=name, daemon=True
+    )
     th.start()
     return th
 
 
-def test_two_runs_on_one_trace_one_writer(store: Path, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_runs_on_one_trace_one_writer(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two fresh runs on one trace path at once (both pass the "already exists" check): one
     writes it, the other is refused and removes nothing, and the trace is whole."""
     ref = tmp_path / "ref.zarr"
@@ -388,8 +468,8 @@ def test_two_runs_on_one_trace_one_writer(store: Path, tmp_path: Path,
 
 
 def test_a_trace_being_written_refuses_resume_and_overwrite(
-        store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """While a run writes a trace, a --resume or an --overwrite of it is refused at once
     (one line naming the run that holds it) and the running one completes unharmed."""
     ref = tmp_path / "ref.zarr"
@@ -408,12 +488,14 @@ def test_a_trace_being_written_refuses_resume_and_overwrite(
     release.set()
     ta.join(120)
     assert codes == {"A": 0}
-    np.testing.assert_array_equal(Trace.open(trace, read_only=True).samples,
-                                  Trace.open(ref, read_only=True).samples)
+    np.testing.assert_array_equal(
+        Trace.open(trace, read_only=True).samples, Trace.open(ref, read_only=True).samples
+    )
 
 
-def test_resume_and_overwrite_rules(store: Path, tmp_path: Path,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_and_overwrite_rules(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "t.zarr"
     assert run_cli(run_args(store, trace), capsys)[0] == 0
     before = Trace.open(trace, read_only=True).samples.copy()
@@ -444,13 +526,15 @@ def test_resume_and_overwrite_rules(store: Path, tmp_path: Path,
     assert (other / "keep.txt").read_text() == "mine"
 
 
-def test_run_on_a_store_missing_a_chunk_fails_naming_it(tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]
-                                                       ) -> None:
+def test_run_on_a_store_missing_a_chunk_fails_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A partial copy of a store: never a posterior from zeros read in place of a chunk."""
     data = tmp_path / "c.zarr"
-    assert main(["make-data", str(data), "--rows", "4000", "--features", "3",
-                 "--chunk-rows", "500"]) == 0
+    assert (
+        main(["make-data", str(data), "--rows", "4000", "--features", "3", "--chunk-rows", "500"])
+        == 0
+    )
     for chunk in (data / "y" / "c" / "3", data / "X" / "c" / "5" / "0"):
         saved = chunk.read_bytes()
         chunk.unlink()
@@ -464,11 +548,29 @@ def test_run_on_a_store_missing_a_chunk_fails_naming_it(tmp_path: Path,
 
 
 def test_resume_with_another_store_of_the_same_width_is_refused(
-        store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Resuming on another data set of the same shape would splice two posteriors."""
     other = tmp_path / "other.zarr"
-    assert main(["make-data", str(other), "--like", "logistic", "--rows", str(ROWS),
-                 "--features", str(FEATURES), "--seed", "2", "--chunk-rows", "500"]) == 0
+    assert (
+        main(
+            [
+                "make-data",
+                str(other),
+                "--like",
+                "logistic",
+                "--rows",
+                str(ROWS),
+                "--features",
+                str(FEATURES),
+                "--seed",
+                "2",
+                "--chunk-rows",
+                "500",
+            ]
+        )
+        == 0
+    )
     trace = tmp_path / "t.zarr"
     assert run_cli(run_args(store, trace), capsys)[0] == 0
     before = Trace.open(trace, read_only=True).samples.copy()
@@ -480,16 +582,31 @@ def test_resume_with_another_store_of_the_same_width_is_refused(
     np.testing.assert_array_equal(Trace.open(trace, read_only=True).samples, before)
 
 
-def test_run_bad_input_writes_nothing(store: Path, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_bad_input_writes_nothing(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "t.zarr"
     robust = tmp_path / "robust.zarr"
-    assert run_cli(["make-data", robust, "--like", "robust", "--rows", 100, "--features", 2],
-                   capsys)[0] == 0
+    assert (
+        run_cli(["make-data", robust, "--like", "robust", "--rows", 100, "--features", 2], capsys)[
+            0
+        ]
+        == 0
+    )
     cases = [
         (["run", store, "--model", "probit", "--trace", trace], "invalid choice"),
-        (["run", tmp_path / "missing.zarr", "--model", "logistic", "--synchronous",
-          "--trace", trace], "no flymc_dist data set"),
+        (
+            [
+                "run",
+                tmp_path / "missing.zarr",
+                "--model",
+                "logistic",
+                "--synchronous",
+                "--trace",
+                trace,
+            ],
+            "no flymc_dist data set",
+        ),
         (run_args(store, trace)[:1] + [tmp_path], "not a zarr"),
         (["run", robust, "--model", "logistic", "--synchronous", "--trace", trace], "0/1"),
         (run_args(store, trace, "--kernel", "gibbs"), "invalid choice"),
@@ -507,25 +624,31 @@ def test_run_bad_input_writes_nothing(store: Path, tmp_path: Path,
         assert_nothing_written(trace)
 
 
-def test_summary_into_a_closed_pipe_is_quiet(store: Path, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_summary_into_a_closed_pipe_is_quiet(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`flymc summary t.zarr | head -2`: no "Broken pipe" when the reader has gone."""
     trace = tmp_path / "t.zarr"
     assert run_cli(run_args(store, trace), capsys)[0] == 0
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first line is written
     try:
-        proc = subprocess.run([sys.executable, "-m", "flymc_dist.cli", "summary", str(trace)],
-                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=240,
-                              env={**os.environ, "CI": "1"})
+        proc = subprocess.run(
+            [sys.executable, "-m", "flymc_dist.cli", "summary", str(trace)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=240,
+            env={**os.environ, "CI": "1"},
+        )
     finally:
         os.close(write_end)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
 
 
-def test_ingest_csv_without_header_and_not_over_a_trace(store: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]
-                                                        ) -> None:
+def test_ingest_csv_without_header_and_not_over_a_trace(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "noheader.csv"
     src.write_text("".join(f"{i / 10},{i % 2}\n" for i in range(50)))
     code, out, err = run_cli(["ingest", src, tmp_path / "o.zarr"], capsys)
@@ -559,31 +682,84 @@ def test_usage(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_synchronous(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["demo", "--rows", 3000, "--features", 3, "--samples", 200,
-                              "--chains", 2, "--synchronous", "--no-progress"], capsys)
+    code, out, err = run_cli(
+        [
+            "demo",
+            "--rows",
+            3000,
+            "--features",
+            3,
+            "--samples",
+            200,
+            "--chains",
+            2,
+            "--synchronous",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, err
-    for needle in ("FlyMC", "regular", "ESS bulk", "R̂ max", "bright fraction",
-                   "likelihood queries", "seconds / iteration", "speedup", "agreement"):
+    for needle in (
+        "FlyMC",
+        "regular",
+        "ESS bulk",
+        "R̂ max",
+        "bright fraction",
+        "likelihood queries",
+        "seconds / iteration",
+        "speedup",
+        "agreement",
+    ):
         assert needle in out
     assert "DISAGREE" not in out
 
 
-def test_demo_removes_its_data(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_demo_removes_its_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
-    code, _, err = run_cli(["demo", "--rows", 500, "--features", 2, "--samples", 20,
-                            "--chains", 2, "--synchronous", "--no-progress"], capsys)
+    code, _, err = run_cli(
+        [
+            "demo",
+            "--rows",
+            500,
+            "--features",
+            2,
+            "--samples",
+            20,
+            "--chains",
+            2,
+            "--synchronous",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_sublinear_is_wired(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["bench", "sublinear", "--ns", 1000, 3000, "--n-decisions", 5,
-                              "--posterior-warmup", 20, "--posterior-samples", 20,
-                              "--no-plain", "--bias-eps"], capsys)
+    code, out, err = run_cli(
+        [
+            "bench",
+            "sublinear",
+            "--ns",
+            1000,
+            3000,
+            "--n-decisions",
+            5,
+            "--posterior-warmup",
+            20,
+            "--posterior-samples",
+            20,
+            "--no-plain",
+            "--bias-eps",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "APPROXIMATE" in out and "slope" in out and "Posterior-scaled" in out
     code, _, err = run_cli(["bench", "sublinear", "--ns", "many"], capsys)
@@ -603,13 +779,30 @@ def cluster_client() -> object:
 
 
 @pytest.mark.cluster
-def test_run_on_a_scheduler(store: Path, tmp_path: Path, cluster_client: object,
-                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_on_a_scheduler(
+    store: Path, tmp_path: Path, cluster_client: object, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The real entry point, on a running scheduler; then its summary."""
     trace = tmp_path / "t.zarr"
     address = cluster_client.scheduler.address  # type: ignore[attr-defined]
-    proc = run_subprocess(["run", store, "--model", "logistic", "--scheduler", address,
-                           "--warmup", 20, "--samples", 30, "--chains", 2, "--trace", trace])
+    proc = run_subprocess(
+        [
+            "run",
+            store,
+            "--model",
+            "logistic",
+            "--scheduler",
+            address,
+            "--warmup",
+            20,
+            "--samples",
+            30,
+            "--chains",
+            2,
+            "--trace",
+            trace,
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     assert "ess_bulk" in proc.stdout and "x1" in proc.stdout
     assert Trace.open(trace, read_only=True).n_draws == 30
@@ -622,9 +815,18 @@ def test_run_on_a_scheduler(store: Path, tmp_path: Path, cluster_client: object,
 def test_bench_overhead_tiny(cluster_client: object) -> None:
     from flymc_dist.bench import format_overhead, run_overhead
 
-    d = run_overhead(rows=4000, features=3, workers=2, iterations=20, chains=2,
-                     regular_iterations=5, warmup=5, pings=20, default_sharding="none",
-                     client=cluster_client)
+    d = run_overhead(
+        rows=4000,
+        features=3,
+        workers=2,
+        iterations=20,
+        chains=2,
+        regular_iterations=5,
+        warmup=5,
+        pings=20,
+        default_sharding="none",
+        client=cluster_client,
+    )
     for key in ("bare_round_trip", "flymc", "regular", "ratios", "goals", "setup"):
         assert key in d
     assert d["setup"]["workers"] == 2
@@ -653,8 +855,23 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
 @pytest.mark.cluster
 def test_demo_on_an_embedded_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     """What a newcomer runs, in small: its own 2-worker LocalCluster, closed afterwards."""
-    code, out, err = run_cli(["demo", "--rows", 4000, "--features", 3, "--samples", 60,
-                              "--chains", 2, "--workers", 2, "--no-progress"], capsys)
+    code, out, err = run_cli(
+        [
+            "demo",
+            "--rows",
+            4000,
+            "--features",
+            3,
+            "--samples",
+            60,
+            "--chains",
+            2,
+            "--workers",
+            2,
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "2 workers" in out and "speedup" in out and "agreement" in out
 

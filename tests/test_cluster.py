@@ -31,8 +31,9 @@ def _logistic_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 _REFERENCES: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _grid_moments(X: np.ndarray, y: np.ndarray, prior_sd: float, lo: np.ndarray,
-                  hi: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _grid_moments(
+    X: np.ndarray, y: np.ndarray, prior_sd: float, lo: np.ndarray, hi: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
     g0, g1 = np.linspace(lo[0], hi[0], n), np.linspace(lo[1], hi[1], n)
     t0, t1 = np.meshgrid(g0, g1, indexing="ij")
     th = np.stack([t0.ravel(), t1.ravel()], 1)
@@ -65,8 +66,9 @@ def store(tmp_path_factory):
 def local_client():
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           dashboard_address=":0")
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    )
     client = Client(cluster, direct_to_workers=True)
     yield client
     client.close()
@@ -75,8 +77,17 @@ def local_client():
 
 def _run(store_path: str, client, **kw):
     model = fd.LogisticRegression(prior="normal", prior_scale=2.0)
-    opts = dict(algorithm="flymc", bounds="map", kernel="rwmh", num_warmup=200,
-                num_samples=300, chains=2, seed=3, n_shards=3, progress=False)
+    opts = dict(
+        algorithm="flymc",
+        bounds="map",
+        kernel="rwmh",
+        num_warmup=200,
+        num_samples=300,
+        chains=2,
+        seed=3,
+        n_shards=3,
+        progress=False,
+    )
     opts.update(kw)
     return fd.sample(model, fd.open_dataset(store_path), client=client, **opts)
 
@@ -92,8 +103,12 @@ def test_deterministic_across_placements(store, local_client):
     # one worker: a client view restricted by placing every shard on one worker
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as c1, Client(c1, direct_to_workers=True) as cl1:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as c1,
+        Client(c1, direct_to_workers=True) as cl1,
+    ):
         one = _run(path, cl1)
     assert one.info["n_workers"] == 1 and first
     np.testing.assert_array_equal(sync.samples, two.samples)
@@ -160,9 +175,17 @@ def test_tls_cluster_keeps_rounds_on_dask(store):
 
     sec = Security.temporary()
     path = store[0]
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, protocol="tls://",
-                      security=sec, dashboard_address=":0") as cluster, \
-            Client(cluster, security=sec, direct_to_workers=True) as client:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            protocol="tls://",
+            security=sec,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster, security=sec, direct_to_workers=True) as client,
+    ):
         assert all(w.startswith("tls://") for w in client.scheduler_info()["workers"])
         res = _run(path, client, num_warmup=30, num_samples=40)
     assert res.info["channel"] == "dask" and res.info["n_workers"] == 2
@@ -182,8 +205,14 @@ def test_posterior_on_local_cluster(store, local_client, kernel):
     """A representative subset of the exactness battery, on a 2-worker LocalCluster."""
     path, X, y = store
     mean, sd = _grid_reference(X, y, prior_sd=2.0)
-    res = _run(path, local_client, kernel=kernel, num_warmup=400,
-               num_samples=1500 if kernel == "rwmh" else 800, chains=4)
+    res = _run(
+        path,
+        local_client,
+        kernel=kernel,
+        num_warmup=400,
+        num_samples=1500 if kernel == "rwmh" else 800,
+        chains=4,
+    )
     from flymc_dist.diagnostics import ess_mean
 
     draws = res.samples
@@ -209,8 +238,7 @@ def _worker_resources() -> dict[str, int]:
         gc.collect()
         hosts = sum(isinstance(o, ShardHost) for o in gc.get_objects())
         threads = sum(t.name.startswith("flymc") for t in threading.enumerate())
-        ports = sum(c.status == psutil.CONN_LISTEN
-                    for c in psutil.Process().net_connections("tcp"))
+        ports = sum(c.status == psutil.CONN_LISTEN for c in psutil.Process().net_connections("tcp"))
         return hosts, threads, ports
 
     return count
@@ -234,9 +262,12 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
 
     monkeypatch.setattr(channel_mod.ChannelClient, "connect", recording)
     count = _worker_resources()
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, \
-            Client(cluster, direct_to_workers=True) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
         before = client.run(count)
         assert all(v[0] == 0 and v[1] == 0 for v in before.values()), before
         for _ in range(3):
@@ -248,14 +279,21 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
             with pytest.raises(OSError):
                 socket.create_connection(address, timeout=5).close()
         # a driver that disappears mid-run (SIGKILL): its hosts go with its client
-        code = ("import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "
-                "client=sys.argv[2], n_shards=2, num_warmup=10, num_samples=10**7, chains=2, "
-                "progress=False)")
-        driver = subprocess.Popen([sys.executable, "-c", code, store[0],
-                                   cluster.scheduler_address], stderr=subprocess.DEVNULL)
+        code = (
+            "import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "
+            "client=sys.argv[2], n_shards=2, num_warmup=10, num_samples=10**7, chains=2, "
+            "progress=False)"
+        )
+        driver = subprocess.Popen(
+            [sys.executable, "-c", code, store[0], cluster.scheduler_address],
+            stderr=subprocess.DEVNULL,
+        )
         try:
-            _wait_for(lambda: all(v[0] == 1 and v[1] > 0 for v in client.run(count).values()),
-                      120, "the driver's hosts")
+            _wait_for(
+                lambda: all(v[0] == 1 and v[1] > 0 for v in client.run(count).values()),
+                120,
+                "the driver's hosts",
+            )
             time.sleep(1.0)  # mid-run
         finally:
             driver.kill()
@@ -277,18 +315,52 @@ def process_cluster(tmp_path):
     """`dask scheduler` and two `dask worker` processes (no nanny) on loopback."""
     sched_file = str(tmp_path / "scheduler.json")
     dask_exe = shutil.which("dask") or sys.executable
-    base = [dask_exe] if dask_exe.endswith("dask") else [sys.executable, "-m", "distributed.cli.dask_spec"]
+    base = (
+        [dask_exe]
+        if dask_exe.endswith("dask")
+        else [sys.executable, "-m", "distributed.cli.dask_spec"]
+    )
     env = dict(os.environ, DASK_DISTRIBUTED__WORKER__DAEMON="False")
-    procs = [subprocess.Popen(base + ["scheduler", "--host", "127.0.0.1", "--port", "0",
-                                      "--no-dashboard", "--scheduler-file", sched_file],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)]
+    procs = [
+        subprocess.Popen(
+            base
+            + [
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                sched_file,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+    ]
     try:
         _wait_for(lambda: os.path.exists(sched_file), 60, "the scheduler file")
         for _ in range(2):
-            procs.append(subprocess.Popen(
-                base + ["worker", "--scheduler-file", sched_file, "--nthreads", "1",
-                        "--no-nanny", "--host", "127.0.0.1", "--no-dashboard"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+            procs.append(
+                subprocess.Popen(
+                    base
+                    + [
+                        "worker",
+                        "--scheduler-file",
+                        sched_file,
+                        "--nthreads",
+                        "1",
+                        "--no-nanny",
+                        "--host",
+                        "127.0.0.1",
+                        "--no-dashboard",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env=env,
+                )
+            )
         from distributed import Client
 
         with Client(scheduler_file=sched_file, direct_to_workers=True) as c:
@@ -361,8 +433,18 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel):
     extra = {"speculate": True} if kernel == "rwmh" else {"bright_replica": True}
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 100)
-        res = _run(path, client, kernel=kernel, num_warmup=300, num_samples=2000, chains=4,
-                   trace=trace, checkpoint_every=50, timeout=10, **extra)
+        res = _run(
+            path,
+            client,
+            kernel=kernel,
+            num_warmup=300,
+            num_samples=2000,
+            chains=4,
+            trace=trace,
+            checkpoint_every=50,
+            timeout=10,
+            **extra,
+        )
         th.join(timeout=5)
     assert "worker" in killed, killed
     if kernel == "rwmh":
@@ -397,9 +479,19 @@ def test_worker_killed_mid_austerity_run(store, process_cluster, tmp_path):
     trace = str(tmp_path / "aus.zarr")
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 10)
-        res = _run(path, client, algorithm="austerity", eps=0.05, batch_size=150,
-                   num_warmup=30, num_samples=300, chains=2, trace=trace,
-                   checkpoint_every=5, timeout=10)
+        res = _run(
+            path,
+            client,
+            algorithm="austerity",
+            eps=0.05,
+            batch_size=150,
+            num_warmup=30,
+            num_samples=300,
+            chains=2,
+            trace=trace,
+            checkpoint_every=5,
+            timeout=10,
+        )
         th.join(timeout=5)
     assert "worker" in killed, killed
     assert res.samples.shape == (2, 300, 2) and np.all(np.isfinite(res.samples))
@@ -412,8 +504,9 @@ def test_worker_killed_mid_austerity_run(store, process_cluster, tmp_path):
     assert np.all(np.abs(res.samples.reshape(-1, 2).mean(axis=0) - mean) < 0.5 * sd)
 
 
-def test_resume_recovery_resume_never_reuse_a_z_stream(store, process_cluster, tmp_path,
-                                                        monkeypatch):
+def test_resume_recovery_resume_never_reuse_a_z_stream(
+    store, process_cluster, tmp_path, monkeypatch
+):
     """The shards' z streams are keyed by a generation that resume and fault recovery
     advance together: a fresh run (0), its resume (1), a worker lost during that resume
     (2) and a second resume (3) each draw from streams no other segment used. (Before,
@@ -469,8 +562,12 @@ def test_replica_mode_deterministic_across_placements(store, local_client, kerne
     kw = dict(kernel=kernel, bright_replica=True, num_warmup=50, num_samples=100)
     sync = _run(path, "synchronous", **kw)
     two = _run(path, local_client, **kw)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as c1, Client(c1, direct_to_workers=True) as cl1:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as c1,
+        Client(c1, direct_to_workers=True) as cl1,
+    ):
         one = _run(path, cl1, **kw)
     assert sync.info["bright_replica"] and two.info["bright_replica"]
     assert two.info["n_workers"] == 2 and one.info["n_workers"] == 1
@@ -481,8 +578,9 @@ def test_replica_mode_deterministic_across_placements(store, local_client, kerne
         assert np.all(other.stats["round_trips"] == 1)
 
 
-def test_scheduler_killed_mid_run_says_so_and_keeps_the_trace(store, process_cluster,
-                                                              tmp_path, capsys):
+def test_scheduler_killed_mid_run_says_so_and_keeps_the_trace(
+    store, process_cluster, tmp_path, capsys
+):
     """SIGKILL the `dask scheduler` mid-run (`flymc run --scheduler …`): the error says the
     scheduler was lost (no KeyError), and the trace, checkpointed, is kept for --resume."""
     from flymc_dist.cli import main
@@ -503,10 +601,27 @@ def test_scheduler_killed_mid_run_says_so_and_keeps_the_trace(store, process_clu
 
     th = threading.Thread(target=killer, daemon=True)
     th.start()
-    code = main(["run", store[0], "--model", "logistic", "--scheduler",
-                 process_cluster["address"], "--warmup", "50", "--samples", "100000",
-                 "--chains", "2", "--checkpoint-every", "50", "--no-progress",
-                 "--trace", trace])
+    code = main(
+        [
+            "run",
+            store[0],
+            "--model",
+            "logistic",
+            "--scheduler",
+            process_cluster["address"],
+            "--warmup",
+            "50",
+            "--samples",
+            "100000",
+            "--chains",
+            "2",
+            "--checkpoint-every",
+            "50",
+            "--no-progress",
+            "--trace",
+            trace,
+        ]
+    )
     th.join(5)
     _, err = capsys.readouterr()
     assert sched.poll() is not None, "the scheduler was not killed"
@@ -524,17 +639,27 @@ def test_a_script_without_a_main_guard_is_told_what_to_do(store, tmp_path):
     """fd.sample(client=None) at a script's unguarded top level: worker processes would
     import the script again and run it; refused before any starts, in one line saying
     what to do (no "Nanny failed to start" tracebacks). Guarded, the same call runs."""
-    call = (f"fd.sample(fd.LogisticRegression(), {store[0]!r}, num_warmup=5, num_samples=5, "
-            "chains=1, n_workers=1, progress=False)\nprint('sampled')\n")
-    scripts = {"bare": "import flymc_dist as fd\n" + call,
-               "guarded": "import flymc_dist as fd\nif __name__ == '__main__':\n"
-                          + "".join(f"    {line}\n" for line in call.splitlines())}
+    call = (
+        f"fd.sample(fd.LogisticRegression(), {store[0]!r}, num_warmup=5, num_samples=5, "
+        "chains=1, n_workers=1, progress=False)\nprint('sampled')\n"
+    )
+    scripts = {
+        "bare": "import flymc_dist as fd\n" + call,
+        "guarded": "import flymc_dist as fd\nif __name__ == '__main__':\n"
+        + "".join(f"    {line}\n" for line in call.splitlines()),
+    }
     out = {}
     for name, text in scripts.items():
         path = tmp_path / f"{name}.py"
         path.write_text(text)
-        out[name] = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                                   timeout=300, cwd=tmp_path, env=dict(os.environ, CI="1"))
+        out[name] = subprocess.run(
+            [sys.executable, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env=dict(os.environ, CI="1"),
+        )
     bare = out["bare"]
     assert bare.returncode == 1 and "Nanny failed" not in bare.stderr
     last = bare.stderr.strip().splitlines()[-1]

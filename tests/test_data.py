@@ -314,8 +314,9 @@ def test_from_blocks_validates_each_block(tmp_path: Path) -> None:
         from_blocks([good, bad_x], path, 20, 2, task="real")
     assert_nothing_written(path)
     with pytest.raises(ValueError, match="row 13"):
-        from_blocks([good, (np.ones((10, 2)), _with(np.zeros(10), (3,), 2))], path, 20, 2,
-                    task="binary")
+        from_blocks(
+            [good, (np.ones((10, 2)), _with(np.zeros(10), (3,), 2))], path, 20, 2, task="binary"
+        )
     assert_nothing_written(path)
     with pytest.raises(ValueError, match="expected n_rows = 30"):
         from_blocks([good, good], path, 30, 2, task="real")
@@ -474,12 +475,17 @@ def test_missing_or_corrupt_chunk_fails_loudly_naming_it(tmp_path: Path) -> None
     np.testing.assert_array_equal(ds.read()[1], y)
     (path / "y" / "c" / "3").unlink()
     fresh = open_dataset(path)
-    readers = [lambda: fresh.read(), lambda: fresh.read(25, 35),
-               lambda: fresh.read_rows([1, 31]), lambda: list(fresh.iter_chunks()),
-               lambda: pickle.loads(pickle.dumps(fresh)).read()]
+    readers = [
+        lambda: fresh.read(),
+        lambda: fresh.read(25, 35),
+        lambda: fresh.read_rows([1, 31]),
+        lambda: list(fresh.iter_chunks()),
+        lambda: pickle.loads(pickle.dumps(fresh)).read(),
+    ]
     for read in readers:
-        with pytest.raises(fdata.DataIntegrityError,
-                           match=r"d\.zarr.*chunk 'y/c/3' \(rows 30-39 of y\) is missing"):
+        with pytest.raises(
+            fdata.DataIntegrityError, match=r"d\.zarr.*chunk 'y/c/3' \(rows 30-39 of y\) is missing"
+        ):
             read()
     np.testing.assert_array_equal(fresh.read(0, 30)[1], y[:30])  # the rest still reads
     ds = from_numpy(X, y, path, chunk_rows=10, overwrite=True)
@@ -490,9 +496,11 @@ def test_missing_or_corrupt_chunk_fails_loudly_naming_it(tmp_path: Path) -> None
     chunk = path / "X" / "c" / "2" / "0"
     chunk.write_bytes(chunk.read_bytes()[:7])
     for read in (lambda d: d.read(), lambda d: d.read_rows([3, 24])):
-        with pytest.raises(fdata.DataIntegrityError,
-                           match=r"d\.zarr.*chunk 'X/c/2/0' \(rows 20-29 of X\) cannot be "
-                                 "decoded"):
+        with pytest.raises(
+            fdata.DataIntegrityError,
+            match=r"d\.zarr.*chunk 'X/c/2/0' \(rows 20-29 of X\) cannot be "
+            "decoded",
+        ):
             read(open_dataset(path))
 
 
@@ -505,8 +513,15 @@ def test_sampling_a_store_with_a_missing_chunk_is_refused(tmp_path: Path) -> Non
     from_numpy(X, y, path, chunk_rows=50)
     (path / "y" / "c" / "2").unlink()
     with pytest.raises(fdata.DataIntegrityError, match="chunk 'y/c/2'"):
-        fd.sample(fd.LogisticRegression(), open_dataset(path), num_warmup=2, num_samples=2,
-                  chains=1, client="synchronous", progress=False)
+        fd.sample(
+            fd.LogisticRegression(),
+            open_dataset(path),
+            num_warmup=2,
+            num_samples=2,
+            chains=1,
+            client="synchronous",
+            progress=False,
+        )
 
 
 def test_fingerprint_tells_stores_apart(tmp_path: Path) -> None:
@@ -532,7 +547,7 @@ def test_repr(ds: Dataset) -> None:
 
 def _check_shards(ranges: list[tuple[int, int]], n: int, cr: int) -> None:
     assert ranges[0][0] == 0 and ranges[-1][1] == n
-    for (s0, e0), (s1, _) in zip(ranges[:-1], ranges[1:]):
+    for (_, e0), (s1, _) in zip(ranges[:-1], ranges[1:], strict=True):
         assert e0 == s1
     for s, e in ranges:
         assert s < e and s % cr == 0
@@ -573,7 +588,11 @@ def test_shard_ranges_depend_only_on_layout(tmp_path: Path) -> None:
 def test_shard_ranges_default_and_errors(tmp_path: Path) -> None:
     n = 600_000
     ds = from_blocks(
-        [(np.zeros((n, 1)), np.zeros(n))], tmp_path / "big", n, 1, task="real",
+        [(np.zeros((n, 1)), np.zeros(n))],
+        tmp_path / "big",
+        n,
+        1,
+        task="real",
         chunk_rows=50_000,
     )
     r = ds.shard_ranges()

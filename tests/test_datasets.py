@@ -57,8 +57,7 @@ def test_mnist_7_vs_9_shape_and_counts(mnist79) -> None:
     np.testing.assert_allclose(X[:, 1:].mean(axis=0), 0.0, atol=1e-10)  # centred
     var = X[:, 1:].var(axis=0)
     assert np.all(np.diff(var) <= 1e-9)  # components in decreasing variance
-    np.testing.assert_allclose(X[:, 1:].var(axis=0, ddof=1), info["explained_variance"],
-                               rtol=1e-8)
+    np.testing.assert_allclose(X[:, 1:].var(axis=0, ddof=1), info["explained_variance"], rtol=1e-8)
     V = info["components"]
     assert V.shape == (784, 50)
     np.testing.assert_allclose(V.T @ V, np.eye(50), atol=1e-10)
@@ -112,8 +111,15 @@ def test_qm9_gap_drop_duplicates() -> None:
     _require("qm9_gap_57.npz")
     X, _, info = datasets.qm9_gap(drop_duplicates=True, return_info=True)
     assert X.shape == (130_831, 51)
-    assert set(info["dropped"]) == {"NumRadicalElectrons", "MaxEStateIndex", "Chi0v", "Chi1v",
-                                    "Chi2v", "Chi3v", "Chi4v"}
+    assert set(info["dropped"]) == {
+        "NumRadicalElectrons",
+        "MaxEStateIndex",
+        "Chi0v",
+        "Chi1v",
+        "Chi2v",
+        "Chi3v",
+        "Chi4v",
+    }
     w = np.linalg.eigvalsh(X.T @ X)  # full column rank, cheaply
     assert w.min() > 1e-12 * w.max()  # (MolWt & co. stay: nearly, not exactly, collinear)
 

@@ -55,8 +55,11 @@ N_SHARDS = 2
 SEED = 20240601
 FLYMC_OPTIONS = {"q_db": 0.1, "resample_fraction": 0.25}
 
-MODEL_CLASSES = {"logistic": fd.LogisticRegression, "robust": fd.RobustRegression,
-                 "softmax": fd.SoftmaxRegression}
+MODEL_CLASSES = {
+    "logistic": fd.LogisticRegression,
+    "robust": fd.RobustRegression,
+    "softmax": fd.SoftmaxRegression,
+}
 KERNELS = ("rwmh", "mala", "slice", "hmc", "nuts")
 #: kernels that evaluate several points per iteration: by default ("auto") FlyMC runs
 #: them on the driver's replica of the bright rows; they also run with the shards
@@ -64,12 +67,21 @@ KERNELS = ("rwmh", "mala", "slice", "hmc", "nuts")
 MULTI_EVAL = ("mala", "slice", "hmc", "nuts")
 #: (algorithm, bounds, kernel, z_update, mode); bounds/z_update/mode are None for regular
 #: MCMC; mode None is the default bright_replica="auto", else "replica" or "shards"
-COMBINATIONS = ([("regular", None, k, None, None) for k in KERNELS]
-                + [("flymc", b, k, z, None) for b in ("untuned", "map") for k in KERNELS
-                   for z in ("implicit", "explicit")]
-                + [("flymc", b, k, z, "shards") for k in MULTI_EVAL
-                   for b, z in (("untuned", "implicit"), ("map", "explicit"))]
-                + [("flymc", "map", "rwmh", "implicit", "replica")])
+COMBINATIONS = (
+    [("regular", None, k, None, None) for k in KERNELS]
+    + [
+        ("flymc", b, k, z, None)
+        for b in ("untuned", "map")
+        for k in KERNELS
+        for z in ("implicit", "explicit")
+    ]
+    + [
+        ("flymc", b, k, z, "shards")
+        for k in MULTI_EVAL
+        for b, z in (("untuned", "implicit"), ("map", "explicit"))
+    ]
+    + [("flymc", "map", "rwmh", "implicit", "replica")]
+)
 N_RUNS = len(MODEL_CLASSES) * len(COMBINATIONS)
 #: family-wise false-alarm rate of the whole file; each run gets alpha = FAMILY_ALPHA / N_RUNS
 FAMILY_ALPHA = 0.01
@@ -102,15 +114,18 @@ class BatteryResult:
     @property
     def worst(self) -> float:
         """Largest |z| of any statistic."""
-        return float(max(np.max(np.abs(self.z_mean)), np.max(np.abs(self.z_sd)),
-                         np.max(np.abs(self.z_corr))))
+        return float(
+            max(np.max(np.abs(self.z_mean)), np.max(np.abs(self.z_sd)), np.max(np.abs(self.z_corr)))
+        )
 
     def __str__(self) -> str:
-        return (f"z_mean={np.round(self.z_mean, 2)} (crit {self.crit_mean:.2f}), "
-                f"z_sd={np.round(self.z_sd, 2)}, "
-                f"z_corr={np.round(self.z_corr[np.triu_indices_from(self.z_corr, 1)], 2)} "
-                f"(crit {self.crit_second:.1f}), ess={np.round(self.ess)}; "
-                f"failures: {self.failures or 'none'}")
+        return (
+            f"z_mean={np.round(self.z_mean, 2)} (crit {self.crit_mean:.2f}), "
+            f"z_sd={np.round(self.z_sd, 2)}, "
+            f"z_corr={np.round(self.z_corr[np.triu_indices_from(self.z_corr, 1)], 2)} "
+            f"(crit {self.crit_second:.1f}), ess={np.round(self.ess)}; "
+            f"failures: {self.failures or 'none'}"
+        )
 
 
 def _ess(x: np.ndarray) -> np.ndarray:
@@ -118,8 +133,9 @@ def _ess(x: np.ndarray) -> np.ndarray:
     return np.atleast_1d(np.asarray(ess_mean(x), float))
 
 
-def check_against(samples: np.ndarray, ref_mean: np.ndarray, ref_cov: np.ndarray,
-                  alpha: float = RUN_ALPHA) -> BatteryResult:
+def check_against(
+    samples: np.ndarray, ref_mean: np.ndarray, ref_cov: np.ndarray, alpha: float = RUN_ALPHA
+) -> BatteryResult:
     """Compare MCMC draws with a reference posterior's mean, sd and correlations.
 
     Parameters
@@ -235,11 +251,22 @@ def run_sampler(name: str, combo: tuple) -> fd.Result:
     options = dict(FLYMC_OPTIONS) if algorithm == "flymc" else {}
     if mode is not None:
         options["bright_replica"] = mode == "replica"
-    return fd.sample(MODEL_CLASSES[name](**prob.settings), (prob.X, prob.y),
-                     algorithm=algorithm, bounds=bounds or "map", kernel=kernel,
-                     z_update=z_update or "implicit", num_warmup=NUM_WARMUP,
-                     num_samples=NUM_SAMPLES, chains=CHAINS, seed=run_seed(name, combo),
-                     client="synchronous", n_shards=N_SHARDS, progress=False, **options)
+    return fd.sample(
+        MODEL_CLASSES[name](**prob.settings),
+        (prob.X, prob.y),
+        algorithm=algorithm,
+        bounds=bounds or "map",
+        kernel=kernel,
+        z_update=z_update or "implicit",
+        num_warmup=NUM_WARMUP,
+        num_samples=NUM_SAMPLES,
+        chains=CHAINS,
+        seed=run_seed(name, combo),
+        client="synchronous",
+        n_shards=N_SHARDS,
+        progress=False,
+        **options,
+    )
 
 
 def _run_in_worker(name: str, combo: tuple) -> fd.Result:
@@ -272,7 +299,8 @@ class Runs:
         self.pool = None
         if workers > 1 and keys:
             self.pool = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"))
+                workers, mp_context=multiprocessing.get_context("spawn")
+            )
             for key in keys:
                 self.futures[key] = self.pool.submit(_run_in_worker, *key)
 
@@ -383,8 +411,10 @@ def test_negative_control_flipped_z_sign_fails(runs, monkeypatch, name):
     assert bad.stats["n_bright"].mean() > 3 * good.stats["n_bright"].mean()
     ref = reference(name)
     result = check_against(bad.samples, ref.mean, ref.cov)
-    print(f"flipped sign, {name}: worst |z| {result.worst:.1f}; bright "
-          f"{bad.stats['n_bright'].mean():.1f} vs {good.stats['n_bright'].mean():.1f}; {result}")
+    print(
+        f"flipped sign, {name}: worst |z| {result.worst:.1f}; bright "
+        f"{bad.stats['n_bright'].mean():.1f} vs {good.stats['n_bright'].mean():.1f}; {result}"
+    )
     assert not result.passed
     assert result.worst > 2 * result.crit_mean, str(result)
 
@@ -400,8 +430,9 @@ WRONG_TARGETS = [
 ]
 
 
-@pytest.mark.parametrize("name,perturbation", WRONG_TARGETS,
-                         ids=[f"{n}-{next(iter(p))}" for n, p in WRONG_TARGETS])
+@pytest.mark.parametrize(
+    "name,perturbation", WRONG_TARGETS, ids=[f"{n}-{next(iter(p))}" for n, p in WRONG_TARGETS]
+)
 def test_negative_control_wrong_target_fails(runs, name, perturbation):
     """The correct sampler's draws must fail against a slightly different posterior."""
     res = runs.get(name, CONTROL_COMBO)

@@ -32,8 +32,9 @@ def _crit(m: int, level: float = 0.001) -> float:
 
 
 # ------------------------------------------------------------------------- bernoulli_rows
-def _row_frequencies(rng: np.random.Generator, n: int, q: float, draws: int
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _row_frequencies(
+    rng: np.random.Generator, n: int, q: float, draws: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Inclusion counts per row, per-draw counts, and adjacent-pair co-inclusion counts."""
     incl = np.zeros(n)
     pair = np.zeros(max(n - 1, 0))
@@ -48,8 +49,9 @@ def _row_frequencies(rng: np.random.Generator, n: int, q: float, draws: int
     return incl, sizes, pair
 
 
-def _assert_bernoulli(incl: np.ndarray, sizes: np.ndarray, pair: np.ndarray, n: int, q: float,
-                      draws: int) -> None:
+def _assert_bernoulli(
+    incl: np.ndarray, sizes: np.ndarray, pair: np.ndarray, n: int, q: float, draws: int
+) -> None:
     """Per-row frequencies ≈ q, adjacent co-inclusion ≈ q², count mean/variance ≈ binomial."""
     sd = math.sqrt(draws * q * (1 - q))
     z_row = (incl - draws * q) / sd
@@ -150,9 +152,11 @@ def _stat_data() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _make_shard(X, y, model, chains: int, seed: int, q: float) -> Shard:
-    return Shard(ShardSpec(0, "unused", 0, X.shape[0]),
-                 ShardConfig(model=model, algorithm="flymc", chains=chains, seed=seed, q_db=q),
-                 data=(X, y))
+    return Shard(
+        ShardSpec(0, "unused", 0, X.shape[0]),
+        ShardConfig(model=model, algorithm="flymc", chains=chains, seed=seed, q_db=q),
+        data=(X, y),
+    )
 
 
 def _log_lt(model, X: np.ndarray, y: np.ndarray, xi: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -192,8 +196,7 @@ def _fused_stationarity_z(shard: Shard, X, y, sweeps: int) -> tuple[np.ndarray, 
     return z, use
 
 
-def _fused_shard(theta_hat, seed: int = 21,
-                 q: float = Q) -> tuple[Shard, np.ndarray, np.ndarray]:
+def _fused_shard(theta_hat, seed: int = 21, q: float = Q) -> tuple[Shard, np.ndarray, np.ndarray]:
     X, y = _stat_data()
     shard = _make_shard(X, y, fd.LogisticRegression(), chains=3, seed=seed, q=q)
     shard.set_tight_points(theta_hat)
@@ -228,8 +231,7 @@ def test_fused_z_update_leaves_conditional_invariant(theta_hat):
 def test_fused_z_flipped_sign_negative_control_fails(monkeypatch):
     """The same check rejects the fused update with Algorithm 2's printed comparison
     (dark→bright accepted when ``u > L~ / q``)."""
-    monkeypatch.setattr(shard_mod, "brighten",
-                        lambda log_u, vals, q: log_u > vals - math.log(q))
+    monkeypatch.setattr(shard_mod, "brighten", lambda log_u, vals, q: log_u > vals - math.log(q))
     shard, X, y = _fused_shard(THETA_HAT)
     z, use = _fused_stationarity_z(shard, X, y, sweeps=4000)
     m = int(use.sum())
@@ -355,9 +357,18 @@ def _assert_compiled_matches(model, eta: np.ndarray, consts: np.ndarray, ref: np
     n = eta.size
     XC = np.column_stack([eta, consts])  # one feature, theta = 1: eta exactly
     out, sums = np.empty(n), np.empty(1)
-    _compiled.eval_rows(_compiled.typed_list([XC]), 1, np.arange(n), np.array([0, n]),
-                        np.zeros(1, np.int64), np.ones((1, 1)), _compiled.KINDS[kind],
-                        np.asarray(par, float), out, sums)
+    _compiled.eval_rows(
+        _compiled.typed_list([XC]),
+        1,
+        np.arange(n),
+        np.array([0, n]),
+        np.zeros(1, np.int64),
+        np.ones((1, 1)),
+        _compiled.KINDS[kind],
+        np.asarray(par, float),
+        out,
+        sums,
+    )
     fin = np.isfinite(ref)
     np.testing.assert_array_equal(out[~fin], ref[~fin])
     assert np.all(np.isfinite(out[fin]))
@@ -405,8 +416,9 @@ def test_robust_fused_log_bright_rows_bit_identical(tuned):
 
 
 # ------------------------------------------------------------- speculation: Shard protocol
-def _twin_shards(chains: int = 3, n: int = 300, q: float = 0.05, seed: int = 51
-                 ) -> tuple[Shard, Shard, np.ndarray, np.ndarray]:
+def _twin_shards(
+    chains: int = 3, n: int = 300, q: float = 0.05, seed: int = 51
+) -> tuple[Shard, Shard, np.ndarray, np.ndarray]:
     """Two identical logistic shards (same data, seed, tight points and positions)."""
     rng = np.random.default_rng(seed)
     X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
@@ -433,8 +445,14 @@ def _assert_same_state(a: Shard, b: Shard) -> None:
 
 
 def _requests(rng: np.random.Generator, shard: Shard, scale: float = 0.15) -> list[Request]:
-    return [Request(points=(ch.theta + scale * rng.normal(size=ch.theta.size))[None],
-                    grad=False, current_grad=False) for ch in shard.chains]
+    return [
+        Request(
+            points=(ch.theta + scale * rng.normal(size=ch.theta.size))[None],
+            grad=False,
+            current_grad=False,
+        )
+        for ch in shard.chains
+    ]
 
 
 REPLY_KEYS = ("current", "points", "n_bright", "queries")
@@ -537,9 +555,13 @@ def test_speculation_idle_without_fused_z():
     n = 100
     X = np.column_stack([np.ones(n), rng.normal(size=n)])
     y = (rng.random(n) < 0.5).astype(float)
-    s = Shard(ShardSpec(0, "unused", 0, n),
-              ShardConfig(model=fd.LogisticRegression(), algorithm="flymc", chains=2, seed=1,
-                          z_update="explicit"), data=(X, y))
+    s = Shard(
+        ShardSpec(0, "unused", 0, n),
+        ShardConfig(
+            model=fd.LogisticRegression(), algorithm="flymc", chains=2, seed=1, z_update="explicit"
+        ),
+        data=(X, y),
+    )
     s.set_positions(np.zeros((2, 2)))
     assert not s.fused_z
     s.round(1, np.full(2, -1), True, _requests(rng, s), True)
@@ -558,9 +580,19 @@ def stores(tmp_path_factory):
 
 
 def _sample(path: str, model, **kw):
-    args = dict(algorithm="flymc", bounds="map", kernel="rwmh", z_update="implicit",
-                num_warmup=30, num_samples=40, chains=3, seed=5, client="synchronous",
-                n_shards=3, progress=False)
+    args = dict(
+        algorithm="flymc",
+        bounds="map",
+        kernel="rwmh",
+        z_update="implicit",
+        num_warmup=30,
+        num_samples=40,
+        chains=3,
+        seed=5,
+        client="synchronous",
+        n_shards=3,
+        progress=False,
+    )
     args.update(kw)
     return fd.sample(model, path, **args)
 
@@ -590,14 +622,16 @@ def test_sample_speculation_changes_nothing_but_timing(stores, name):
 
 
 def test_sample_speculate_auto_in_process_is_off(stores):
-    res = _sample(stores["logistic"], fd.LogisticRegression(), speculate="auto",
-                  num_warmup=5, num_samples=5)
+    res = _sample(
+        stores["logistic"], fd.LogisticRegression(), speculate="auto", num_warmup=5, num_samples=5
+    )
     assert res.info["speculate"] is False
     assert res.info["speculative_queries"] == 0
 
 
-@pytest.mark.parametrize("kernel,z_update", [("slice", "implicit"), ("mala", "implicit"),
-                                              ("rwmh", "explicit")])
+@pytest.mark.parametrize(
+    "kernel,z_update", [("slice", "implicit"), ("mala", "implicit"), ("rwmh", "explicit")]
+)
 def test_sample_speculation_only_for_one_request_fused_kernels(stores, kernel, z_update):
     """Slice and MALA make several requests per iteration: ``speculate=True`` is accepted
     but inactive. Explicit z-updates have no fused update to speculate with. Either way the
@@ -612,8 +646,14 @@ def test_sample_speculation_only_for_one_request_fused_kernels(stores, kernel, z
 
 
 def test_sample_regular_ignores_speculate(stores):
-    res = _sample(stores["logistic"], fd.LogisticRegression(), algorithm="regular",
-                  speculate=True, num_warmup=5, num_samples=5)
+    res = _sample(
+        stores["logistic"],
+        fd.LogisticRegression(),
+        algorithm="regular",
+        speculate=True,
+        num_warmup=5,
+        num_samples=5,
+    )
     assert res.info["speculate"] is False
     assert res.info["speculative_queries"] == 0
 
@@ -628,8 +668,10 @@ def test_sample_bad_speculate_raises_before_writing(stores, tmp_path, bad):
 
 # ------------------------------------------------------------------------ _all_remote
 def _workers(hosts_threads: list[tuple[str, int]]) -> dict[str, dict]:
-    return {f"tcp://{h}:{4000 + i}": {"host": h, "nthreads": t}
-            for i, (h, t) in enumerate(hosts_threads)}
+    return {
+        f"tcp://{h}:{4000 + i}": {"host": h, "nthreads": t}
+        for i, (h, t) in enumerate(hosts_threads)
+    }
 
 
 def test_all_remote_only_when_every_shard_worker_is_elsewhere():
@@ -670,9 +712,11 @@ def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
         y = X @ np.array([0.3, 1.0, -1.0]) + rng.standard_t(4, size=n)
     theta_hat = np.array([0.3, 1.0, -1.0])
     cuts = [0, 700, 1200, 1490, 1500]
-    specs = [ShardSpec(i, "unused", a, b)
-             for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))]
-    data = {s.shard_id: (X[s.start:s.stop], y[s.start:s.stop]) for s in specs}
+    specs = [
+        ShardSpec(i, "unused", a, b)
+        for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))
+    ]
+    data = {s.shard_id: (X[s.start : s.stop], y[s.start : s.stop]) for s in specs}
     config = ShardConfig(model=model, algorithm="flymc", chains=C, seed=62, q_db=0.02)
     fused = ShardHost(specs, config, data)
     single = [ShardHost([s], config, {s.shard_id: data[s.shard_id]}) for s in specs]
@@ -698,8 +742,12 @@ def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
     for r in range(1, 151):
         commits = np.full(C, -1)
         for c in range(C):
-            if (last_pts[c] is not None and last_pts[c].shape[0] and evaluated[c] > z_round
-                    and rng.random() < 0.4):
+            if (
+                last_pts[c] is not None
+                and last_pts[c].shape[0]
+                and evaluated[c] > z_round
+                and rng.random() < 0.4
+            ):
                 commits[c] = int(rng.integers(last_pts[c].shape[0]))
                 current[c] = last_pts[c][commits[c]]
         ks = np.ones(C, dtype=int) if kernel == "rwmh" else rng.integers(0, 4, size=C)
@@ -734,10 +782,9 @@ def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
     # all dark (empty segments) while the big shard's were not
     assert used["fused"] == 150 and moved > 50 and empty > 0 and bright > 0
     for host in single:
-        (sid, sh), = host.shards.items()
+        ((sid, sh),) = host.shards.items()
         mine = fused.shards[sid]
         for c in range(C):
             np.testing.assert_array_equal(mine.chains[c].bright.idx, sh.chains[c].bright.idx)
             np.testing.assert_array_equal(mine.chains[c].bright.vals, sh.chains[c].bright.vals)
-            assert (mine.chains[c].rng.bit_generator.state
-                    == sh.chains[c].rng.bit_generator.state)
+            assert mine.chains[c].rng.bit_generator.state == sh.chains[c].rng.bit_generator.state

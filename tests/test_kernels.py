@@ -133,8 +133,11 @@ class GibbsMixture(Target):
         return (-(X - mu) / sigma**2).reshape(-1, 1)
 
     def refresh(self, position: np.ndarray, rng: np.random.Generator) -> None:
-        logw = (np.log(self.weights) - np.log(self.sigmas)
-                - 0.5 * ((position[0] - self.mus) / self.sigmas) ** 2)
+        logw = (
+            np.log(self.weights)
+            - np.log(self.sigmas)
+            - 0.5 * ((position[0] - self.mus) / self.sigmas) ** 2
+        )
         prob1 = 1.0 / (1.0 + math.exp(logw[0] - logw[1]))
         self.label = int(rng.random() < prob1)
 
@@ -200,8 +203,9 @@ class Evaluator:
             logp, grad = np.empty(0), (np.empty((0, self.target.dim)) if request.grad else None)
         return EvalResponse(logp_current, grad_current, logp, grad)
 
-    def step(self, kernel: Any, rng: np.random.Generator, params: Any) -> tuple[np.ndarray,
-                                                                                 KernelInfo]:
+    def step(
+        self, kernel: Any, rng: np.random.Generator, params: Any
+    ) -> tuple[np.ndarray, KernelInfo]:
         self.requests = []
         self.n_points = 0
         new, info = run_step(kernel.step(rng, self.position, params), self)
@@ -214,9 +218,17 @@ class Evaluator:
         return self.position, info
 
 
-def sample(kernel: Any, target: Target, *, chains: int = 4, num_warmup: int = 400,
-           num_samples: int = 1500, seed: int = 0, scale_tril: np.ndarray | None = None,
-           init: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def sample(
+    kernel: Any,
+    target: Target,
+    *,
+    chains: int = 4,
+    num_warmup: int = 400,
+    num_samples: int = 1500,
+    seed: int = 0,
+    scale_tril: np.ndarray | None = None,
+    init: np.ndarray | None = None,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Run independent chains with warm-up adaptation; draws (chains, num_samples, P)."""
     P = target.dim
     draws = np.empty((chains, num_samples, P))
@@ -241,8 +253,9 @@ def sample(kernel: Any, target: Target, *, chains: int = 4, num_warmup: int = 40
 
 
 # =============================================================================== battery
-def check_moments(draws: np.ndarray, mean: np.ndarray, cov: np.ndarray,
-                  z_crit: float = Z_CRIT) -> None:
+def check_moments(
+    draws: np.ndarray, mean: np.ndarray, cov: np.ndarray, z_crit: float = Z_CRIT
+) -> None:
     """Assert means and (co)variances agree with the truth within ``z_crit`` MCSEs.
 
     The MCSE of each estimated moment is ``sd / √ESS`` with the bulk ESS of the
@@ -418,12 +431,16 @@ def test_mala_acceptance_matches_explicit_proposal_densities() -> None:
         prop = ev.requests[-1].points[0]
         eps = params.step_size
 
-        def log_q(to: np.ndarray, frm: np.ndarray) -> float:
+        def log_q(to: np.ndarray, frm: np.ndarray, eps: float = eps) -> float:
             mean = frm + 0.5 * eps**2 * sigma @ target.grad(frm[None])[0]
             return stats.multivariate_normal.logpdf(to, mean, eps**2 * sigma)
 
-        log_ratio = (target.logp(prop[None])[0] - target.logp(theta[None])[0]
-                     + log_q(theta, prop) - log_q(prop, theta))
+        log_ratio = (
+            target.logp(prop[None])[0]
+            - target.logp(theta[None])[0]
+            + log_q(theta, prop)
+            - log_q(prop, theta)
+        )
         assert info.accept_prob == pytest.approx(min(1.0, math.exp(log_ratio)), rel=1e-9)
         checked += 0.0 < info.accept_prob < 1.0
     assert checked >= 5  # the comparison was not only at the clip
@@ -451,8 +468,7 @@ def test_nan_at_proposal_raises_even_with_finite_current() -> None:
         with pytest.raises(FloatingPointError):
             while True:
                 k = req.points.shape[0]
-                req = gen.send(EvalResponse(0.0, np.zeros(1), np.full(k, np.nan),
-                                            np.zeros((k, 1))))
+                req = gen.send(EvalResponse(0.0, np.zeros(1), np.full(k, np.nan), np.zeros((k, 1))))
 
 
 def test_mala_nan_gradient_raises_only_where_density_is_positive() -> None:
@@ -472,8 +488,14 @@ def test_mala_nan_gradient_raises_only_where_density_is_positive() -> None:
 
 
 # ------------------------------------------------------------------------ slice batching
-def _slice_run(kernel: SliceSampler, target: Target, params: SliceParams | None, steps: int,
-               seed: int, adapt: bool = False) -> tuple[np.ndarray, int, int]:
+def _slice_run(
+    kernel: SliceSampler,
+    target: Target,
+    params: SliceParams | None,
+    steps: int,
+    seed: int,
+    adapt: bool = False,
+) -> tuple[np.ndarray, int, int]:
     rng = np.random.default_rng(seed)
     ev = Evaluator(target, target.mean + 0.3)
     if params is None:
@@ -494,11 +516,15 @@ def _slice_run(kernel: SliceSampler, target: Target, params: SliceParams | None,
 @pytest.mark.parametrize("target_name", ["gauss5", "gamma"])
 def test_slice_batching_gives_identical_draws(target_name: str, width: float) -> None:
     """Speculative batching is exact: the draws equal sequential Neal (batch=1)."""
-    target = (Gamma(3.0) if target_name == "gamma"
-              else Gaussian(np.arange(5.0), np.diag([0.1, 1.0, 4.0, 1.0, 0.5])))
+    target = (
+        Gamma(3.0)
+        if target_name == "gamma"
+        else Gaussian(np.arange(5.0), np.diag([0.1, 1.0, 4.0, 1.0, 0.5]))
+    )
     params = SliceParams(width=width, scale_tril=None)
-    ref, req_ref, eval_ref = _slice_run(SliceSampler(batch=1, max_steps_out=8), target,
-                                        params, 150, seed=11)
+    ref, req_ref, eval_ref = _slice_run(
+        SliceSampler(batch=1, max_steps_out=8), target, params, 150, seed=11
+    )
     assert np.unique(ref[:, 0]).size > 100  # it moves
     for batch, ahead in ((2, 0), (4, 0), (4, 4), (3, 7), (16, 1)):
         kernel = SliceSampler(batch=batch, shrink_ahead=ahead, max_steps_out=8)
@@ -508,25 +534,49 @@ def test_slice_batching_gives_identical_draws(target_name: str, width: float) ->
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), log_width=st.floats(-3.0, 3.0),
-       batch=st.integers(1, 9), ahead=st.integers(0, 9), max_steps_out=st.integers(1, 12))
-def test_slice_batching_identical_property(seed: int, log_width: float, batch: int, ahead: int,
-                                           max_steps_out: int) -> None:
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    log_width=st.floats(-3.0, 3.0),
+    batch=st.integers(1, 9),
+    ahead=st.integers(0, 9),
+    max_steps_out=st.integers(1, 12),
+)
+def test_slice_batching_identical_property(
+    seed: int, log_width: float, batch: int, ahead: int, max_steps_out: int
+) -> None:
     target = Gaussian([0.0, 1.0], [[1.0, 0.9], [0.9, 1.0]])
     params = SliceParams(width=math.exp(log_width), scale_tril=None)
-    ref, _, _ = _slice_run(SliceSampler(batch=1, shrink_ahead=0, max_steps_out=max_steps_out),
-                           target, params, 25, seed=seed)
-    draws, _, _ = _slice_run(SliceSampler(batch=batch, shrink_ahead=ahead,
-                                          max_steps_out=max_steps_out), target, params, 25,
-                             seed=seed)
+    ref, _, _ = _slice_run(
+        SliceSampler(batch=1, shrink_ahead=0, max_steps_out=max_steps_out),
+        target,
+        params,
+        25,
+        seed=seed,
+    )
+    draws, _, _ = _slice_run(
+        SliceSampler(batch=batch, shrink_ahead=ahead, max_steps_out=max_steps_out),
+        target,
+        params,
+        25,
+        seed=seed,
+    )
     np.testing.assert_array_equal(draws, ref)
 
 
 def test_slice_batching_identical_under_adaptation() -> None:
     """With the same ``target_expand`` the adapted widths, hence draws, do not depend on batch."""
     target = Gaussian(np.zeros(3), np.diag([1.0, 9.0, 0.25]))
-    runs = [_slice_run(SliceSampler(batch=b, shrink_ahead=a, target_expand=0.3), target, None,
-                       200, seed=12, adapt=True) for b, a in ((1, 0), (4, 4), (5, 0))]
+    runs = [
+        _slice_run(
+            SliceSampler(batch=b, shrink_ahead=a, target_expand=0.3),
+            target,
+            None,
+            200,
+            seed=12,
+            adapt=True,
+        )
+        for b, a in ((1, 0), (4, 4), (5, 0))
+    ]
     for draws, _, _ in runs[1:]:
         np.testing.assert_array_equal(draws, runs[0][0])
 
@@ -567,8 +617,9 @@ def test_adaptation_reaches_target_accept(kernel_name: str, precondition: bool) 
     kernel = get_kernel(kernel_name)
     target = Gaussian(np.zeros(P10), COV10)
     tril = np.linalg.cholesky(COV10) if precondition else None
-    _, info = sample(kernel, target, chains=1, num_warmup=1000, num_samples=1500, seed=21,
-                     scale_tril=tril)
+    _, info = sample(
+        kernel, target, chains=1, num_warmup=1000, num_samples=1500, seed=21, scale_tril=tril
+    )
     assert info["accept_prob"].mean() == pytest.approx(kernel.target_accept, abs=0.05)
 
 
@@ -616,9 +667,13 @@ def test_get_kernel() -> None:
         get_kernel("rwmh", bogus=1, other=2)
     with pytest.raises(TypeError, match="batch"):
         get_kernel("mala", batch=2)
-    for name, bad in (("rwmh", {"target_accept": 1.5}), ("mala", {"step_size": -1.0}),
-                      ("slice", {"batch": 0}), ("slice", {"width": np.inf}),
-                      ("slice", {"max_steps_out": 2.5})):
+    for name, bad in (
+        ("rwmh", {"target_accept": 1.5}),
+        ("mala", {"step_size": -1.0}),
+        ("slice", {"batch": 0}),
+        ("slice", {"width": np.inf}),
+        ("slice", {"max_steps_out": 2.5}),
+    ):
         with pytest.raises(ValueError):
             get_kernel(name, **bad)
 
@@ -634,8 +689,12 @@ def test_init_params_validation(name: str) -> None:
     tril[0, 0] = 5.0  # the params hold a copy
     for a, b in zip(arrays, before, strict=True):
         np.testing.assert_array_equal(a, b)
-    for bad in (np.eye(3), np.array([[1.0, 0.1], [0.0, 1.0]]), np.array([[1.0, 0.0], [0.0, 0.0]]),
-                np.array([[np.nan, 0.0], [0.0, 1.0]])):
+    for bad in (
+        np.eye(3),
+        np.array([[1.0, 0.1], [0.0, 1.0]]),
+        np.array([[1.0, 0.0], [0.0, 0.0]]),
+        np.array([[np.nan, 0.0], [0.0, 1.0]]),
+    ):
         with pytest.raises(ValueError):
             kernel.init_params(2, bad)
     with pytest.raises(ValueError):

@@ -110,8 +110,7 @@ class Ridge(Target):
         self.cov = np.array([[var, cov], [cov, var]])
 
     def logp(self, X: np.ndarray) -> np.ndarray:
-        return (-0.5 * ((X[:, 0] + X[:, 1] - 1.0) / self.s) ** 2
-                - np.abs(X[:, 0]) - np.abs(X[:, 1]))
+        return -0.5 * ((X[:, 0] + X[:, 1] - 1.0) / self.s) ** 2 - np.abs(X[:, 0]) - np.abs(X[:, 1])
 
     def grad(self, X: np.ndarray) -> np.ndarray:
         r = -(X[:, 0] + X[:, 1] - 1.0) / self.s**2
@@ -146,20 +145,25 @@ def _metric(kind: str) -> np.ndarray:
 
 
 def _phase(target: Target, x: np.ndarray, p: np.ndarray, inv: np.ndarray) -> Phase:
-    return start_phase(np.asarray(x, float), float(target.logp(x[None])[0]),
-                       target.grad(x[None])[0], np.asarray(p, float), inv,
-                       metric_product(inv))
+    return start_phase(
+        np.asarray(x, float),
+        float(target.logp(x[None])[0]),
+        target.grad(x[None])[0],
+        np.asarray(p, float),
+        inv,
+        metric_product(inv),
+    )
 
 
-def _trajectory(target: Target, state: Phase, eps: float, n: int,
-                inv: np.ndarray) -> list[Phase]:
+def _trajectory(target: Target, state: Phase, eps: float, n: int, inv: np.ndarray) -> list[Phase]:
     """``n`` leapfrog steps driven by the evaluator (each one request of one point)."""
     ev = Evaluator(target, state.position)
     out = [state]
     for _ in range(n):
         out.append(run_step(leapfrog(out[-1], eps, inv, metric_product(inv)), ev))
         assert [(r.points.shape, r.grad, r.current_grad) for r in ev.requests[-1:]] == [
-            ((1, target.dim), True, False)]
+            ((1, target.dim), True, False)
+        ]
     return out
 
 
@@ -248,8 +252,9 @@ def test_merged_rho_checks_around_and_across_the_junction() -> None:
     np.testing.assert_array_equal(rho, [4.0, 0.0])
     # the merged trajectory turns: its two ends point apart from ρ
     bad = _leaf([-3.0, 0.0])
-    assert merged_rho(a1, a2, a1.momentum + a2.momentum, b1, bad,
-                      b1.momentum + bad.momentum) is None
+    assert (
+        merged_rho(a1, a2, a1.momentum + a2.momentum, b1, bad, b1.momentum + bad.momentum) is None
+    )
     # fine around the merge, but the first half extended by the second's first point
     # U-turns (Stan's across-merge check): only the extra checks catch it
     oa, ia, ib, ob = _leaf([2.0, -2.0]), _leaf([3.0, -3.0]), _leaf([-2.0, 2.0]), _leaf([2, -2])
@@ -264,8 +269,9 @@ def test_merged_rho_checks_around_and_across_the_junction() -> None:
 
 
 # ============================================================================== schedule
-def _stan_windows(num_warmup: int, init: int = 75, base: int = 25,
-                  term: int = 50) -> list[tuple[int, int]]:
+def _stan_windows(
+    num_warmup: int, init: int = 75, base: int = 25, term: int = 50
+) -> list[tuple[int, int]]:
     """Stan's ``windowed_adaptation`` counter logic, ported step by step (the reference)."""
     if num_warmup < 20:
         return []
@@ -333,9 +339,10 @@ def test_nuts_requests_and_rule_2(metric: str) -> None:
         new, info = ev.step(kernel, rng, params)  # asserts rule 2 and the counts
         reqs = ev.requests
         assert (reqs[0].points.shape, reqs[0].grad, reqs[0].current_grad) == ((0, 2), False, True)
-        leaves = reqs[1:1 + info.n_leapfrog]
-        assert all((r.points.shape, r.grad, r.current_grad) == ((1, 2), True, False)
-                   for r in leaves)
+        leaves = reqs[1 : 1 + info.n_leapfrog]
+        assert all(
+            (r.points.shape, r.grad, r.current_grad) == ((1, 2), True, False) for r in leaves
+        )
         assert isinstance(info, HamiltonianInfo) and info.tree_depth >= 1
         assert 2 ** (info.tree_depth - 1) <= info.n_leapfrog < 2 ** (info.tree_depth + 1)
         np.testing.assert_array_equal(info.position, new)
@@ -421,9 +428,20 @@ def test_bad_values_raise(name: str) -> None:
 
 
 def test_info_is_a_kernel_info_and_pickles() -> None:
-    info = HamiltonianInfo(True, 0.7, 0, 9, 10, position=np.ones(2), step_size=0.3,
-                           step_size_found=True, n_leapfrog=8, tree_depth=3, divergent=False,
-                           energy=4.5)
+    info = HamiltonianInfo(
+        True,
+        0.7,
+        0,
+        9,
+        10,
+        position=np.ones(2),
+        step_size=0.3,
+        step_size_found=True,
+        n_leapfrog=8,
+        tree_depth=3,
+        divergent=False,
+        energy=4.5,
+    )
     assert isinstance(info, KernelInfo) and tuple(info) == (True, 0.7, 0, 9, 10)
     back = pickle.loads(pickle.dumps(info))
     assert back == info and (back.n_leapfrog, back.tree_depth, back.energy) == (8, 3, 4.5)
@@ -446,7 +464,7 @@ def test_init_params_seeded_from_preconditioner(name: str, metric: str) -> None:
     inv = params.inv_metric if metric == "dense" else np.diag(params.inv_metric)
     np.testing.assert_allclose(mass @ inv, np.eye(3), atol=1e-12)
     assert not params.inv_metric.flags.writeable and not F.flags.writeable
-    assert params.step_size == pytest.approx(3 ** -0.25) and params.find_step_size is False
+    assert params.step_size == pytest.approx(3**-0.25) and params.find_step_size is False
     identity = kernel.init_params(3, None).inv_metric
     np.testing.assert_array_equal(identity, np.eye(3) if metric == "dense" else np.ones(3))
     with pytest.raises(ValueError):
@@ -454,8 +472,13 @@ def test_init_params_seeded_from_preconditioner(name: str, metric: str) -> None:
 
 
 def test_hamiltonian_params_validation() -> None:
-    for bad in (np.array([1.0, 0.0]), np.array([[1.0, 2.0], [2.0, 1.0]]), np.ones((2, 3)),
-                np.array([np.nan, 1.0]), np.ones((1, 1, 1))):
+    for bad in (
+        np.array([1.0, 0.0]),
+        np.array([[1.0, 2.0], [2.0, 1.0]]),
+        np.ones((2, 3)),
+        np.array([np.nan, 1.0]),
+        np.ones((1, 1, 1)),
+    ):
         with pytest.raises(ValueError, match="inv_metric"):
             hamiltonian_params(0.1, bad)
     with pytest.raises(ValueError, match="step_size"):
@@ -468,8 +491,12 @@ def test_params_survive_a_json_checkpoint(name: str) -> None:
     kernel = get_kernel(name)
     target = gauss2d()
     params = kernel.init_params(2, np.linalg.cholesky(target.cov))._replace(step_size=0.5)
-    back = type(params)(**{k: (np.asarray(v) if isinstance(v, list) else v)
-                           for k, v in params_to_json(params).items()})
+    back = type(params)(
+        **{
+            k: (np.asarray(v) if isinstance(v, list) else v)
+            for k, v in params_to_json(params).items()
+        }
+    )
     assert isinstance(back, HamiltonianParams)
     runs = []
     for p in (params, back):
@@ -485,11 +512,22 @@ def test_get_kernel_options_and_needs_grad() -> None:
     assert isinstance(hmc, HMC) and hmc.n_steps(0.1) == 20
     assert HMC().trajectory_length == pytest.approx(math.pi / 2)
     assert {name: cls.needs_grad for name, cls in KERNELS.items()} == {
-        "rwmh": False, "mala": True, "slice": False, "hmc": True, "nuts": True}
-    for name, bad in (("nuts", {"max_tree_depth": 0}), ("nuts", {"max_tree_depth": 2.0}),
-                      ("nuts", {"metric": "full"}), ("hmc", {"jitter": 1.0}),
-                      ("hmc", {"trajectory_length": 0.0}), ("hmc", {"max_steps": 0}),
-                      ("nuts", {"target_accept": 1.0}), ("hmc", {"find_step_size": "yes"})):
+        "rwmh": False,
+        "mala": True,
+        "slice": False,
+        "hmc": True,
+        "nuts": True,
+    }
+    for name, bad in (
+        ("nuts", {"max_tree_depth": 0}),
+        ("nuts", {"max_tree_depth": 2.0}),
+        ("nuts", {"metric": "full"}),
+        ("hmc", {"jitter": 1.0}),
+        ("hmc", {"trajectory_length": 0.0}),
+        ("hmc", {"max_steps": 0}),
+        ("nuts", {"target_accept": 1.0}),
+        ("hmc", {"find_step_size": "yes"}),
+    ):
         with pytest.raises(ValueError):
             get_kernel(name, **bad)
     with pytest.raises(TypeError, match="max_tree_depth"):
@@ -497,10 +535,12 @@ def test_get_kernel_options_and_needs_grad() -> None:
 
 
 # ============================================================================ adaptation
-def _info(position: np.ndarray, accept: float = 0.8, step_size: float = math.nan,
-          found: bool = False) -> HamiltonianInfo:
-    return HamiltonianInfo(True, accept, 0, 1, 2, position=position, step_size=step_size,
-                           step_size_found=found)
+def _info(
+    position: np.ndarray, accept: float = 0.8, step_size: float = math.nan, found: bool = False
+) -> HamiltonianInfo:
+    return HamiltonianInfo(
+        True, accept, 0, 1, 2, position=position, step_size=step_size, step_size_found=found
+    )
 
 
 @pytest.mark.parametrize("dense", [True, False])
@@ -522,9 +562,10 @@ def test_adapter_metric_is_the_regularised_window_covariance(dense: bool) -> Non
                 cov = np.cov(draws[start:stop].T)
                 cov = cov if dense else np.diagonal(cov)
                 # shrunk toward the metric it replaces, with the weight of P draws
-                expected = (((stop - start) * cov + P * previous) / (stop - start + P))
-                np.testing.assert_allclose(regularised_covariance(cov, stop - start, previous),
-                                           expected, rtol=1e-12)
+                expected = ((stop - start) * cov + P * previous) / (stop - start + P)
+                np.testing.assert_allclose(
+                    regularised_covariance(cov, stop - start, previous), expected, rtol=1e-12
+                )
                 np.testing.assert_allclose(out.inv_metric, expected, rtol=1e-10, atol=1e-14)
                 previous = out.inv_metric
                 F = out.momentum_factor
@@ -561,14 +602,18 @@ def test_adapter_settles_once_in_a_long_terminal_phase() -> None:
     runs = []
     for settle in (0.0, 0.3):
         adapter = WindowAdaptation(params, 200, 0.8, settle=settle)
-        runs.append([adapter.update(_info(np.full(2, a), accept=a, step_size=0.4,
-                                          found=i in (1, 150))).step_size
-                     for i, a in enumerate(stats)])
+        runs.append(
+            [
+                adapter.update(
+                    _info(np.full(2, a), accept=a, step_size=0.4, found=i in (1, 150))
+                ).step_size
+                for i, a in enumerate(stats)
+            ]
+        )
     first_difference = next(i for i, (a, b) in enumerate(zip(*runs, strict=True)) if a != b)
     assert first_difference == 150 + 15
     short = [WindowAdaptation(params, 100, 0.8, settle=s) for s in (0.0, 0.3)]
-    outs = [[a.update(_info(np.zeros(2), accept=x)).step_size for x in stats[:100]]
-            for a in short]
+    outs = [[a.update(_info(np.zeros(2), accept=x)).step_size for x in stats[:100]] for a in short]
     assert outs[0] == outs[1] and short[0].final().step_size == short[1].final().step_size
 
 
@@ -600,8 +645,7 @@ def test_welford_matches_numpy() -> None:
         for row in x:
             w.add(row)
         cov = np.cov(x.T)
-        np.testing.assert_allclose(w.covariance(), cov if dense else np.diagonal(cov),
-                                   rtol=1e-12)
+        np.testing.assert_allclose(w.covariance(), cov if dense else np.diagonal(cov), rtol=1e-12)
     with pytest.raises(ValueError):
         Welford(2, True).covariance()
 
@@ -616,9 +660,18 @@ def test_step_size_heuristic(eps0: float) -> None:
     for seed in range(5):
         ev = Evaluator(target, np.full(10, 0.3))
         x = ev.position
-        eps, trials = run_step(find_reasonable_step_size(
-            np.random.default_rng(seed), x, float(target.logp(x[None])[0]),
-            target.grad(x[None])[0], eps0, params, np.multiply), ev)
+        eps, trials = run_step(
+            find_reasonable_step_size(
+                np.random.default_rng(seed),
+                x,
+                float(target.logp(x[None])[0]),
+                target.grad(x[None])[0],
+                eps0,
+                params,
+                np.multiply,
+            ),
+            ev,
+        )
         assert trials == len(ev.requests) and trials <= abs(math.log2(eps0)) + 4
         found.append(eps)
     assert 0.25 <= min(found) and max(found) <= 4.0
@@ -627,9 +680,12 @@ def test_step_size_heuristic(eps0: float) -> None:
 # =========================================================================== statistical
 CASES = {  # target factory, preconditioner (None: identity), warm-up, draws per chain
     "gauss2d": (gauss2d, None, 300, 1000),
-    "ill10": (ill_conditioned_10d,
-              np.diag(np.logspace(-1, 1, 10) * np.exp(np.random.default_rng(11).uniform(
-                  -0.7, 0.7, 10))), 300, 700),  # a rough diagonal preconditioner
+    "ill10": (
+        ill_conditioned_10d,
+        np.diag(np.logspace(-1, 1, 10) * np.exp(np.random.default_rng(11).uniform(-0.7, 0.7, 10))),
+        300,
+        700,
+    ),  # a rough diagonal preconditioner
     "banana": (Banana, None, 300, 2000),
     "ridge": (Ridge, None, 300, 1000),
 }
@@ -638,8 +694,15 @@ CASES = {  # target factory, preconditioner (None: identity), warm-up, draws per
 def _battery(kernel, case: str, seed: int = 1) -> dict[str, np.ndarray]:  # noqa: ANN001
     make, tril, num_warmup, num_samples = CASES[case]
     target = make()
-    draws, info = sample(kernel, target, chains=4, num_warmup=num_warmup,
-                         num_samples=num_samples, seed=seed, scale_tril=tril)
+    draws, info = sample(
+        kernel,
+        target,
+        chains=4,
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        seed=seed,
+        scale_tril=tril,
+    )
     check_moments(draws, target.mean, target.cov)
     return info
 
@@ -697,14 +760,22 @@ def _fixed_battery(name: str) -> None:
     """The gauss2d battery without adaptation: step size 0.5, metric the true covariance."""
     target = gauss2d()
     kernel = get_kernel(name, step_size=0.5)
-    draws, _ = sample(kernel, target, chains=4, num_warmup=0, num_samples=1000, seed=2,
-                      scale_tril=np.linalg.cholesky(target.cov))
+    draws, _ = sample(
+        kernel,
+        target,
+        chains=4,
+        num_warmup=0,
+        num_samples=1000,
+        seed=2,
+        scale_tril=np.linalg.cholesky(target.cov),
+    )
     check_moments(draws, target.mean, target.cov)
 
 
 @pytest.mark.parametrize("name", ["nuts", "hmc"])
 def test_negative_control_energy_without_kinetic_term_fails(
-        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _fixed_battery(name)  # the correct kernel passes this battery
     _without_kinetic_energy(monkeypatch, nuts_module if name == "nuts" else hmc_module)
     with pytest.raises(AssertionError, match="cov|mean"):
@@ -737,9 +808,18 @@ def test_runs_through_the_driver(algorithm: str, name: str) -> None:
     rng = np.random.default_rng(13)
     X = rng.standard_normal((400, 3))
     y = (rng.random(400) < 1.0 / (1.0 + np.exp(-X @ [1.0, -0.5, 0.0]))).astype(float)
-    result = fd.sample(fd.LogisticRegression(), (X, y), algorithm=algorithm, kernel=name,
-                       num_warmup=60, num_samples=40, chains=2, client="synchronous", seed=2,
-                       bright_replica=False)
+    result = fd.sample(
+        fd.LogisticRegression(),
+        (X, y),
+        algorithm=algorithm,
+        kernel=name,
+        num_warmup=60,
+        num_samples=40,
+        chains=2,
+        client="synchronous",
+        seed=2,
+        bright_replica=False,
+    )
     assert np.isfinite(result.samples).all()
     assert result.stats["round_trips"].min() >= 2  # the current gradient, then leapfrogs
     assert 0.3 < result.stats["accept_prob"].mean() <= 1.0

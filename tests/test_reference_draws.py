@@ -152,70 +152,191 @@ _AUS = (("eps", 0.05), ("batch_size", 40))
 #: regular: every model × kernel; austerity: every model; then cluster, resume, fault.
 CONFIGS: tuple[Config, ...] = (
     # ------------------------------------------------------------------ flymc
-    Config("logistic-flymc-rwmh-implicit-map-zarr", "logistic", "flymc", "rwmh",
-           "implicit", "map", data="zarr"),
-    Config("robust-flymc-rwmh-implicit-untuned", "robust", "flymc", "rwmh",
-           "implicit", "untuned"),
-    Config("softmax-flymc-rwmh-explicit-map-zarr", "softmax", "flymc", "rwmh",
-           "explicit", "map", data="zarr"),
-    Config("logistic-flymc-rwmh-explicit-untuned", "logistic", "flymc", "rwmh",
-           "explicit", "untuned"),
-    Config("robust-flymc-mala-implicit-map-zarr", "robust", "flymc", "mala",
-           "implicit", "map", data="zarr"),
-    Config("softmax-flymc-mala-implicit-untuned", "softmax", "flymc", "mala",
-           "implicit", "untuned"),
-    Config("logistic-flymc-mala-explicit-map", "logistic", "flymc", "mala",
-           "explicit", "map"),
-    Config("robust-flymc-mala-explicit-untuned-zarr", "robust", "flymc", "mala",
-           "explicit", "untuned", data="zarr"),
-    Config("softmax-flymc-slice-implicit-map", "softmax", "flymc", "slice",
-           "implicit", "map"),
-    Config("logistic-flymc-slice-implicit-untuned-zarr", "logistic", "flymc", "slice",
-           "implicit", "untuned", data="zarr"),
-    Config("robust-flymc-slice-explicit-map-zarr", "robust", "flymc", "slice",
-           "explicit", "map", data="zarr"),
-    Config("softmax-flymc-slice-explicit-untuned", "softmax", "flymc", "slice",
-           "explicit", "untuned"),
+    Config(
+        "logistic-flymc-rwmh-implicit-map-zarr",
+        "logistic",
+        "flymc",
+        "rwmh",
+        "implicit",
+        "map",
+        data="zarr",
+    ),
+    Config("robust-flymc-rwmh-implicit-untuned", "robust", "flymc", "rwmh", "implicit", "untuned"),
+    Config(
+        "softmax-flymc-rwmh-explicit-map-zarr",
+        "softmax",
+        "flymc",
+        "rwmh",
+        "explicit",
+        "map",
+        data="zarr",
+    ),
+    Config(
+        "logistic-flymc-rwmh-explicit-untuned", "logistic", "flymc", "rwmh", "explicit", "untuned"
+    ),
+    Config(
+        "robust-flymc-mala-implicit-map-zarr",
+        "robust",
+        "flymc",
+        "mala",
+        "implicit",
+        "map",
+        data="zarr",
+    ),
+    Config(
+        "softmax-flymc-mala-implicit-untuned", "softmax", "flymc", "mala", "implicit", "untuned"
+    ),
+    Config("logistic-flymc-mala-explicit-map", "logistic", "flymc", "mala", "explicit", "map"),
+    Config(
+        "robust-flymc-mala-explicit-untuned-zarr",
+        "robust",
+        "flymc",
+        "mala",
+        "explicit",
+        "untuned",
+        data="zarr",
+    ),
+    Config("softmax-flymc-slice-implicit-map", "softmax", "flymc", "slice", "implicit", "map"),
+    Config(
+        "logistic-flymc-slice-implicit-untuned-zarr",
+        "logistic",
+        "flymc",
+        "slice",
+        "implicit",
+        "untuned",
+        data="zarr",
+    ),
+    Config(
+        "robust-flymc-slice-explicit-map-zarr",
+        "robust",
+        "flymc",
+        "slice",
+        "explicit",
+        "map",
+        data="zarr",
+    ),
+    Config(
+        "softmax-flymc-slice-explicit-untuned", "softmax", "flymc", "slice", "explicit", "untuned"
+    ),
     # ---------------------------------------------------------------- regular
     Config("logistic-regular-rwmh", "logistic", "regular", "rwmh"),
-    Config("robust-regular-rwmh-zarr", "robust", "regular", "rwmh", "explicit",
-           "untuned", data="zarr"),
+    Config(
+        "robust-regular-rwmh-zarr", "robust", "regular", "rwmh", "explicit", "untuned", data="zarr"
+    ),
     Config("softmax-regular-rwmh", "softmax", "regular", "rwmh", "explicit", "map"),
-    Config("logistic-regular-mala-zarr", "logistic", "regular", "mala", "implicit",
-           "untuned", data="zarr"),
+    Config(
+        "logistic-regular-mala-zarr",
+        "logistic",
+        "regular",
+        "mala",
+        "implicit",
+        "untuned",
+        data="zarr",
+    ),
     Config("robust-regular-mala", "robust", "regular", "mala"),
-    Config("softmax-regular-mala-zarr", "softmax", "regular", "mala", "explicit",
-           "untuned", data="zarr"),
+    Config(
+        "softmax-regular-mala-zarr",
+        "softmax",
+        "regular",
+        "mala",
+        "explicit",
+        "untuned",
+        data="zarr",
+    ),
     Config("logistic-regular-slice", "logistic", "regular", "slice", "explicit", "map"),
     Config("robust-regular-slice", "robust", "regular", "slice", "implicit", "untuned"),
     Config("softmax-regular-slice-zarr", "softmax", "regular", "slice", data="zarr"),
     # -------------------------------------------------------------- austerity
     Config("logistic-austerity-rwmh", "logistic", "austerity", "rwmh", options=_AUS),
-    Config("robust-austerity-rwmh-zarr", "robust", "austerity", "rwmh", "explicit",
-           "untuned", data="zarr", options=_AUS),
-    Config("softmax-austerity-rwmh", "softmax", "austerity", "rwmh", "implicit",
-           "untuned", options=_AUS),
+    Config(
+        "robust-austerity-rwmh-zarr",
+        "robust",
+        "austerity",
+        "rwmh",
+        "explicit",
+        "untuned",
+        data="zarr",
+        options=_AUS,
+    ),
+    Config(
+        "softmax-austerity-rwmh",
+        "softmax",
+        "austerity",
+        "rwmh",
+        "implicit",
+        "untuned",
+        options=_AUS,
+    ),
     # ---------------------------------------------------------------- cluster
-    Config("robust-flymc-slice-explicit-map-zarr-1worker", "robust", "flymc", "slice",
-           "explicit", "map", data="zarr", workers=1,
-           twin="robust-flymc-slice-explicit-map-zarr"),
-    Config("logistic-flymc-rwmh-implicit-map-zarr-2workers", "logistic", "flymc", "rwmh",
-           "implicit", "map", data="zarr", workers=2,
-           twin="logistic-flymc-rwmh-implicit-map-zarr"),
-    Config("softmax-regular-mala-zarr-2workers", "softmax", "regular", "mala", "explicit",
-           "untuned", data="zarr", workers=2, twin="softmax-regular-mala-zarr"),
-    Config("logistic-flymc-rwmh-implicit-map-zarr-2workers-recovered", "logistic", "flymc",
-           "rwmh", "implicit", "map", data="zarr", workers=2, mode="recovered",
-           options=(("timeout", 30.0),),
-           twin="logistic-flymc-rwmh-implicit-map-zarr-2workers", twin_draws=SHARED_DRAWS),
+    Config(
+        "robust-flymc-slice-explicit-map-zarr-1worker",
+        "robust",
+        "flymc",
+        "slice",
+        "explicit",
+        "map",
+        data="zarr",
+        workers=1,
+        twin="robust-flymc-slice-explicit-map-zarr",
+    ),
+    Config(
+        "logistic-flymc-rwmh-implicit-map-zarr-2workers",
+        "logistic",
+        "flymc",
+        "rwmh",
+        "implicit",
+        "map",
+        data="zarr",
+        workers=2,
+        twin="logistic-flymc-rwmh-implicit-map-zarr",
+    ),
+    Config(
+        "softmax-regular-mala-zarr-2workers",
+        "softmax",
+        "regular",
+        "mala",
+        "explicit",
+        "untuned",
+        data="zarr",
+        workers=2,
+        twin="softmax-regular-mala-zarr",
+    ),
+    Config(
+        "logistic-flymc-rwmh-implicit-map-zarr-2workers-recovered",
+        "logistic",
+        "flymc",
+        "rwmh",
+        "implicit",
+        "map",
+        data="zarr",
+        workers=2,
+        mode="recovered",
+        options=(("timeout", 30.0),),
+        twin="logistic-flymc-rwmh-implicit-map-zarr-2workers",
+        twin_draws=SHARED_DRAWS,
+    ),
     # ----------------------------------------------------------------- resume
-    Config("robust-flymc-rwmh-implicit-untuned-uninterrupted", "robust", "flymc", "rwmh",
-           "implicit", "untuned", mode="uninterrupted",
-           twin="robust-flymc-rwmh-implicit-untuned"),
-    Config("robust-flymc-rwmh-implicit-untuned-resumed", "robust", "flymc", "rwmh",
-           "implicit", "untuned", mode="resumed",
-           twin="robust-flymc-rwmh-implicit-untuned-uninterrupted",
-           twin_draws=SHARED_DRAWS),
+    Config(
+        "robust-flymc-rwmh-implicit-untuned-uninterrupted",
+        "robust",
+        "flymc",
+        "rwmh",
+        "implicit",
+        "untuned",
+        mode="uninterrupted",
+        twin="robust-flymc-rwmh-implicit-untuned",
+    ),
+    Config(
+        "robust-flymc-rwmh-implicit-untuned-resumed",
+        "robust",
+        "flymc",
+        "rwmh",
+        "implicit",
+        "untuned",
+        mode="resumed",
+        twin="robust-flymc-rwmh-implicit-untuned-uninterrupted",
+        twin_draws=SHARED_DRAWS,
+    ),
 )
 
 _BY_NAME = {c.name: c for c in CONFIGS}
@@ -295,8 +416,9 @@ def _killer(client: Any, shard_id: int, done: dict[str, Any]) -> Callable[[Drive
 
     def kill(driver: Driver) -> None:
         placement = driver.transport.placement
-        victim = next(w for w, specs in placement.items()
-                      if any(s.shard_id == shard_id for s in specs))
+        victim = next(
+            w for w, specs in placement.items() if any(s.shard_id == shard_id for s in specs)
+        )
         pid = client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
@@ -310,8 +432,9 @@ def _killer(client: Any, shard_id: int, done: dict[str, Any]) -> Callable[[Drive
 
 
 # ----------------------------------------------------------------------- the runner
-def run_config(cfg: Config, workdir: Path,
-               client_for: Callable[[int], Any] | None = None) -> dict[str, np.ndarray]:
+def run_config(
+    cfg: Config, workdir: Path, client_for: Callable[[int], Any] | None = None
+) -> dict[str, np.ndarray]:
     """Run ``cfg`` and return its recorded arrays: ``samples`` and :data:`STAT_KEYS`.
 
     Parameters
@@ -326,8 +449,7 @@ def run_config(cfg: Config, workdir: Path,
     """
     X, y = make_data(cfg.model)
     if cfg.data == "zarr":
-        data: Any = fd.from_numpy(X, y, str(workdir / f"{cfg.model}.zarr"),
-                                  chunk_rows=CHUNK_ROWS)
+        data: Any = fd.from_numpy(X, y, str(workdir / f"{cfg.model}.zarr"), chunk_rows=CHUNK_ROWS)
     else:
         data = (X, y)
     if cfg.workers:
@@ -336,10 +458,19 @@ def run_config(cfg: Config, workdir: Path,
         client = client_for(cfg.workers)
     else:
         client = "synchronous"
-    opts: dict[str, Any] = dict(algorithm=cfg.algorithm, bounds=cfg.bounds, kernel=cfg.kernel,
-                                z_update=cfg.z_update, num_warmup=WARMUP, num_samples=DRAWS,
-                                chains=CHAINS, seed=cfg.seed, client=client, n_shards=N_SHARDS,
-                                progress=False)
+    opts: dict[str, Any] = dict(
+        algorithm=cfg.algorithm,
+        bounds=cfg.bounds,
+        kernel=cfg.kernel,
+        z_update=cfg.z_update,
+        num_warmup=WARMUP,
+        num_samples=DRAWS,
+        chains=CHAINS,
+        seed=cfg.seed,
+        client=client,
+        n_shards=N_SHARDS,
+        progress=False,
+    )
     opts.update(dict(cfg.options))
     if cfg.algorithm == "flymc":
         # recorded with the shards evaluating every point the kernel asks for: pinned,
@@ -370,8 +501,9 @@ def run_config(cfg: Config, workdir: Path,
 
         done = Trace.open(trace).checkpoint["iteration"]
         if done != WARMUP + SHARED_DRAWS - 1:
-            raise RuntimeError(f"{cfg.name}: checkpoint at iteration {done}, expected "
-                               f"{WARMUP + SHARED_DRAWS - 1}")
+            raise RuntimeError(
+                f"{cfg.name}: checkpoint at iteration {done}, expected {WARMUP + SHARED_DRAWS - 1}"
+            )
         res = sample(trace=trace, checkpoint_every=CHECKPOINT_EVERY, resume=True)
     elif cfg.mode == "recovered":
         killed: dict[str, Any] = {}
@@ -389,11 +521,17 @@ def _check_recovery(cfg: Config, res: Any, killed: dict[str, Any]) -> None:
     """The fault happened as designed: one recovery, of shard 1, in iteration 60."""
     rec = res.info["recoveries"]
     per_iter = np.concatenate([res.warmup_stats["recoveries"][0], res.stats["recoveries"][0]])
-    if ("worker" not in killed or len(rec) != 1 or rec[0]["lost_workers"] != [killed["worker"]]
-            or rec[0]["shards"] != [KILLED_SHARD]
-            or np.flatnonzero(per_iter).tolist() != [KILL_AT_CALL - 1]):
-        raise RuntimeError(f"{cfg.name}: the fault did not happen as designed: killed={killed}, "
-                           f"recoveries={rec}, per iteration={np.flatnonzero(per_iter)}")
+    if (
+        "worker" not in killed
+        or len(rec) != 1
+        or rec[0]["lost_workers"] != [killed["worker"]]
+        or rec[0]["shards"] != [KILLED_SHARD]
+        or np.flatnonzero(per_iter).tolist() != [KILL_AT_CALL - 1]
+    ):
+        raise RuntimeError(
+            f"{cfg.name}: the fault did not happen as designed: killed={killed}, "
+            f"recoveries={rec}, per iteration={np.flatnonzero(per_iter)}"
+        )
 
 
 # ------------------------------------------------------------------------- clusters
@@ -411,9 +549,13 @@ class ClusterPool:
         from distributed import Client, LocalCluster
 
         if self.cluster is None:
-            self.cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1,
-                                        processes=True, dashboard_address=":0",
-                                        silence_logs=logging.ERROR)
+            self.cluster = LocalCluster(
+                n_workers=n_workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=":0",
+                silence_logs=logging.ERROR,
+            )
             self.client = Client(self.cluster, direct_to_workers=True)
         self.cluster.scale(n_workers)
         t0 = time.monotonic()
@@ -439,8 +581,10 @@ def first_difference(key: str, want: np.ndarray, got: np.ndarray) -> str | None:
     "First" is the earliest draw (axis 1) in which any chain differs.
     """
     if want.shape != got.shape or want.dtype != got.dtype:
-        return (f"{key}: recorded shape {want.shape} dtype {want.dtype}, "
-                f"got shape {got.shape} dtype {got.dtype}")
+        return (
+            f"{key}: recorded shape {want.shape} dtype {want.dtype}, "
+            f"got shape {got.shape} dtype {got.dtype}"
+        )
     if np.array_equal(want, got, equal_nan=key == "log_joint"):
         return None
     diff = want != got
@@ -448,9 +592,11 @@ def first_difference(key: str, want: np.ndarray, got: np.ndarray) -> str | None:
         diff &= ~(np.isnan(want) & np.isnan(got))
     idx = np.argwhere(diff)
     first = tuple(int(i) for i in idx[np.lexsort((idx[:, 0], idx[:, 1]))[0]])
-    return (f"{key}: first difference at index {first} (chain {first[0]}, draw {first[1]}): "
-            f"recorded {want[first].item()!r}, got {got[first].item()!r}; {len(idx)} of "
-            f"{want.size} elements differ")
+    return (
+        f"{key}: first difference at index {first} (chain {first[0]}, draw {first[1]}): "
+        f"recorded {want[first].item()!r}, got {got[first].item()!r}; {len(idx)} of "
+        f"{want.size} elements differ"
+    )
 
 
 def _load() -> dict[str, np.ndarray]:
@@ -481,14 +627,19 @@ def _param(cfg: Config) -> Any:
 
 
 @pytest.mark.parametrize("cfg", [_param(c) for c in CONFIGS])
-def test_reference_draws(cfg: Config, reference: dict[str, np.ndarray], tmp_path: Path,
-                         request: pytest.FixtureRequest) -> None:
+def test_reference_draws(
+    cfg: Config, reference: dict[str, np.ndarray], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Rerun ``cfg``: its draws and statistics equal the recorded ones bit for bit."""
     X, y = make_data(cfg.model)
-    if not (np.array_equal(X, reference[f"__data__{cfg.model}__X"])
-            and np.array_equal(y, reference[f"__data__{cfg.model}__y"])):
-        pytest.fail(f"{cfg.name}: make_data({cfg.model!r}) no longer gives the recorded data "
-                    f"set (numpy's random streams changed?): the comparison is meaningless")
+    if not (
+        np.array_equal(X, reference[f"__data__{cfg.model}__X"])
+        and np.array_equal(y, reference[f"__data__{cfg.model}__y"])
+    ):
+        pytest.fail(
+            f"{cfg.name}: make_data({cfg.model!r}) no longer gives the recorded data "
+            f"set (numpy's random streams changed?): the comparison is meaningless"
+        )
     pool = request.getfixturevalue("cluster_pool") if cfg.workers else None
     got = run_config(cfg, tmp_path, pool.client_for if pool else None)
     problems = []
@@ -501,8 +652,10 @@ def test_reference_draws(cfg: Config, reference: dict[str, np.ndarray], tmp_path
         if msg:
             problems.append(msg)
     if problems:
-        pytest.fail(f"config {cfg.name!r} does not reproduce its recorded draws:\n  "
-                    + "\n  ".join(problems))
+        pytest.fail(
+            f"config {cfg.name!r} does not reproduce its recorded draws:\n  "
+            + "\n  ".join(problems)
+        )
 
 
 def test_recorded_twins_agree(reference: dict[str, np.ndarray]) -> None:
@@ -549,8 +702,11 @@ def test_table_covers_every_combination() -> None:
     assert len(flymc) == 12
     pairs = {(c.model, c.algorithm, c.kernel) for c in CONFIGS}
     for m in ("logistic", "robust", "softmax"):
-        for a, kernels in (("flymc", ("rwmh", "mala", "slice")),
-                           ("regular", ("rwmh", "mala", "slice")), ("austerity", ("rwmh",))):
+        for a, kernels in (
+            ("flymc", ("rwmh", "mala", "slice")),
+            ("regular", ("rwmh", "mala", "slice")),
+            ("austerity", ("rwmh",)),
+        ):
             for k in kernels:
                 assert (m, a, k) in pairs, (m, a, k)
     assert {c.workers for c in CONFIGS} == {0, 1, 2}
@@ -564,8 +720,13 @@ def record() -> None:
     for m in ("logistic", "robust", "softmax"):
         arrays[f"__data__{m}__X"], arrays[f"__data__{m}__y"] = make_data(m)
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     arrays["__meta__commit"] = np.array(commit)
@@ -586,17 +747,27 @@ def record() -> None:
         pool.close()
     DATA_FILE.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(DATA_FILE, **arrays)
-    print(f"wrote {DATA_FILE} ({DATA_FILE.stat().st_size} bytes, {len(CONFIGS)} configurations, "
-          f"{time.perf_counter() - t_all:.1f} s)")
+    print(
+        f"wrote {DATA_FILE} ({DATA_FILE.stat().st_size} bytes, {len(CONFIGS)} configurations, "
+        f"{time.perf_counter() - t_all:.1f} s)"
+    )
     for cfg in CONFIGS:
         if cfg.twin is not None:
             n = cfg.twin_draws
-            same = all(np.array_equal(arrays[f"{cfg.name}__{k}"], arrays[f"{cfg.twin}__{k}"],
-                                      equal_nan=True) for k in ("samples",) + STAT_KEYS)
+            same = all(
+                np.array_equal(
+                    arrays[f"{cfg.name}__{k}"], arrays[f"{cfg.twin}__{k}"], equal_nan=True
+                )
+                for k in ("samples",) + STAT_KEYS
+            )
             head = n is None or all(
-                np.array_equal(arrays[f"{cfg.name}__{k}"][:, :n],
-                               arrays[f"{cfg.twin}__{k}"][:, :n], equal_nan=True)
-                for k in ("samples",) + STAT_KEYS)
+                np.array_equal(
+                    arrays[f"{cfg.name}__{k}"][:, :n],
+                    arrays[f"{cfg.twin}__{k}"][:, :n],
+                    equal_nan=True,
+                )
+                for k in ("samples",) + STAT_KEYS
+            )
             print(f"{cfg.name} vs {cfg.twin}: all equal={same}, first {n} draws equal={head}")
 
 
@@ -606,6 +777,9 @@ if __name__ == "__main__":
     _one_thread = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     if any(os.environ.get(v) != "1" for v in _one_thread):
         # as tests/conftest.py: one BLAS thread, set before numpy loads (so: start again)
-        os.execve(sys.executable, [sys.executable, *sys.argv],
-                  {**os.environ, **dict.fromkeys(_one_thread, "1")})
+        os.execve(
+            sys.executable,
+            [sys.executable, *sys.argv],
+            {**os.environ, **dict.fromkeys(_one_thread, "1")},
+        )
     record()

@@ -21,8 +21,10 @@ try:
     import s3fs
     from moto.server import ThreadedMotoServer
 except ImportError as err:  # the "test" extra installs both
-    pytest.skip(f"S3 tests need moto[server] and s3fs (pip install 'flymc_dist[test]'): {err}",
-                allow_module_level=True)
+    pytest.skip(
+        f"S3 tests need moto[server] and s3fs (pip install 'flymc_dist[test]'): {err}",
+        allow_module_level=True,
+    )
 
 import flymc_dist as fd
 from flymc_dist.cli import main
@@ -45,11 +47,17 @@ def s3(tmp_path_factory):
     closed.bind(("127.0.0.1", 0))
     bogus = f"http://127.0.0.1:{closed.getsockname()[1]}"
     nowhere = str(tmp_path_factory.mktemp("aws") / "none")
-    env = {"AWS_ENDPOINT_URL": bogus, "AWS_ENDPOINT_URL_S3": bogus,
-           "AWS_ACCESS_KEY_ID": "bogus", "AWS_SECRET_ACCESS_KEY": "bogus",
-           "AWS_CONFIG_FILE": nowhere, "AWS_SHARED_CREDENTIALS_FILE": nowhere,
-           "AWS_MAX_ATTEMPTS": "1", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true"}
+    env = {
+        "AWS_ENDPOINT_URL": bogus,
+        "AWS_ENDPOINT_URL_S3": bogus,
+        "AWS_ACCESS_KEY_ID": "bogus",
+        "AWS_SECRET_ACCESS_KEY": "bogus",
+        "AWS_CONFIG_FILE": nowhere,
+        "AWS_SHARED_CREDENTIALS_FILE": nowhere,
+        "AWS_MAX_ATTEMPTS": "1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("AWS_")]:
@@ -59,8 +67,7 @@ def s3(tmp_path_factory):
         server.start()
         try:
             host, port = server.get_host_and_port()
-            opts = {"endpoint_url": f"http://{host}:{port}", "key": "test-key",
-                    "secret": SECRET}
+            opts = {"endpoint_url": f"http://{host}:{port}", "key": "test-key", "secret": SECRET}
             s3fs.S3FileSystem(**opts).mkdir("bucket")
             yield {"options": opts, "bogus": bogus}
         finally:
@@ -76,8 +83,9 @@ def data(s3, tmp_path_factory):
     X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
     y = (rng.random(n) < expit(X @ np.array([0.4, -1.0, 0.6]))).astype(np.int64)
     local = fd.from_numpy(X, y, tmp_path_factory.mktemp("local") / "d.zarr", chunk_rows=250)
-    remote = fd.from_numpy(X, y, "s3://bucket/d.zarr", chunk_rows=250,
-                           storage_options=s3["options"])
+    remote = fd.from_numpy(
+        X, y, "s3://bucket/d.zarr", chunk_rows=250, storage_options=s3["options"]
+    )
     return local, remote
 
 
@@ -86,20 +94,31 @@ def client(s3):
     """Two worker processes, started with the bogus AWS_* environment of ``s3``."""
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           dashboard_address=":0")
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    )
     c = Client(cluster, direct_to_workers=True)
     yield c
     c.close()
     cluster.close()
 
 
-def _interrupted_then_resumed(monkeypatch, data, trace: str, client, stop_at: int = 110,
-                              **kw):
+def _interrupted_then_resumed(monkeypatch, data, trace: str, client, stop_at: int = 110, **kw):
     """A run stopped by Ctrl-C at step ``stop_at``, then resumed from its trace."""
-    opts = dict(algorithm="flymc", bounds="map", kernel="rwmh", num_warmup=60,
-                num_samples=120, chains=2, seed=4, n_shards=2, client=client, progress=False,
-                trace=trace, checkpoint_every=25)
+    opts = dict(
+        algorithm="flymc",
+        bounds="map",
+        kernel="rwmh",
+        num_warmup=60,
+        num_samples=120,
+        chains=2,
+        seed=4,
+        n_shards=2,
+        client=client,
+        progress=False,
+        trace=trace,
+        checkpoint_every=25,
+    )
     opts.update(kw)
     model = fd.LogisticRegression(prior_scale=3.0)
     real_step, calls = Driver.step, {"n": 0}
@@ -140,8 +159,12 @@ def test_open_without_options_is_one_clear_line(s3, data):
 def test_shard_spec_carries_options_picklably_and_hides_them():
     import pickle
 
-    opts = {"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": SECRET,
-            "client_kwargs": {"region_name": "x"}}
+    opts = {
+        "endpoint_url": "http://127.0.0.1:1",
+        "key": "k",
+        "secret": SECRET,
+        "client_kwargs": {"region_name": "x"},
+    }
     spec = ShardSpec(0, "s3://b/d.zarr", 0, 10, opts)
     again = pickle.loads(pickle.dumps(spec))
     assert again == spec and again.storage_options == opts
@@ -155,16 +178,18 @@ def test_shard_spec_carries_options_picklably_and_hides_them():
 
 @pytest.mark.cluster
 def test_workers_see_only_the_bogus_environment(s3, client):
-    env = client.run(lambda: {k: os.environ.get(k) for k in
-                              ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID")})
+    env = client.run(
+        lambda: {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID")}
+    )
     assert len(env) == 2
     for got in env.values():
         assert got == {"AWS_ENDPOINT_URL": s3["bogus"], "AWS_ACCESS_KEY_ID": "bogus"}
 
 
 @pytest.mark.cluster
-def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(s3, data, client, tmp_path,
-                                                           monkeypatch):
+def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
+    s3, data, client, tmp_path, monkeypatch
+):
     """Data and trace on S3, shards on two worker processes, interrupted and resumed: the
     draws equal those of the same rows on local disk (same seed, chunks, shards)."""
     local, remote = data
@@ -205,13 +230,18 @@ def test_workers_without_the_options_fail_in_one_line(s3, data, client):
 # ------------------------------------------------------------------ the API's checks
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(trace_storage_options={"key": "k"}), "applies only to a trace at an fsspec URL"),
-    (dict(trace="t.zarr", trace_storage_options={"key": "k"}),
-     "applies only to a trace at an fsspec URL"),
-    (dict(trace="s3://b/t.zarr", trace_storage_options="key=k"), "must be a dict"),
-    (dict(trace="s3://b/t.zarr", trace_storage_options={1: "k"}), "str keys"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(trace_storage_options={"key": "k"}), "applies only to a trace at an fsspec URL"),
+        (
+            dict(trace="t.zarr", trace_storage_options={"key": "k"}),
+            "applies only to a trace at an fsspec URL",
+        ),
+        (dict(trace="s3://b/t.zarr", trace_storage_options="key=k"), "must be a dict"),
+        (dict(trace="s3://b/t.zarr", trace_storage_options={1: "k"}), "str keys"),
+    ],
+)
 def test_trace_storage_options_are_checked_before_anything_starts(kw, match):
     X = np.c_[np.ones(10), np.arange(10.0)]
     y = np.arange(10) % 2
@@ -225,19 +255,37 @@ def test_trace_storage_options_are_checked_before_anything_starts(kw, match):
 
 def test_cli_ingest_run_resume_and_summary_on_s3(s3, tmp_path, capsys):
     opts = s3["options"]
-    so = [f"--storage-option=endpoint_url={opts['endpoint_url']}",
-          f"--storage-option=key={opts['key']}", f"--storage-option=secret={opts['secret']}"]
+    so = [
+        f"--storage-option=endpoint_url={opts['endpoint_url']}",
+        f"--storage-option=key={opts['key']}",
+        f"--storage-option=secret={opts['secret']}",
+    ]
     rng = np.random.default_rng(3)
     X = np.c_[np.ones(300), rng.normal(size=300)]
     src = tmp_path / "d.npy"
     np.save(src, np.c_[X, (rng.random(300) < expit(X @ [0.2, 1.0])).astype(float)])
     assert main(["ingest", str(src), "s3://bucket/cli/d.zarr", "--chunk-rows", "100", *so]) == 0
-    assert main(["make-data", "s3://bucket/cli/m.zarr", "--rows", "50", "--features", "2",
-                 *so]) == 0
+    assert (
+        main(["make-data", "s3://bucket/cli/m.zarr", "--rows", "50", "--features", "2", *so]) == 0
+    )
     assert fd.open_dataset("s3://bucket/cli/m.zarr", storage_options=opts).n_rows == 50
-    run = ["run", "s3://bucket/cli/d.zarr", "--model", "logistic", "--warmup", "20",
-           "--samples", "30", "--chains", "2", "--synchronous", "--no-progress",
-           "--trace", "s3://bucket/cli/t.zarr", *so]
+    run = [
+        "run",
+        "s3://bucket/cli/d.zarr",
+        "--model",
+        "logistic",
+        "--warmup",
+        "20",
+        "--samples",
+        "30",
+        "--chains",
+        "2",
+        "--synchronous",
+        "--no-progress",
+        "--trace",
+        "s3://bucket/cli/t.zarr",
+        *so,
+    ]
     assert main(run) == 0
     first = Trace.open("s3://bucket/cli/t.zarr", storage_options=opts).samples.copy()
     assert first.shape == (2, 30, 2)
@@ -246,24 +294,30 @@ def test_cli_ingest_run_resume_and_summary_on_s3(s3, tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
     assert main(run + ["--resume"]) == 0  # complete already: the same draws
     np.testing.assert_array_equal(
-        Trace.open("s3://bucket/cli/t.zarr", storage_options=opts).samples, first)
+        Trace.open("s3://bucket/cli/t.zarr", storage_options=opts).samples, first
+    )
     capsys.readouterr()
     assert main(["summary", "s3://bucket/cli/t.zarr", *so]) == 0
     out = capsys.readouterr().out
     assert "2 chains × 30 draws" in out
     # without the options: one line each, naming the store (the default endpoint is closed)
-    for argv, needle in ((run[:-3], "without storage_options"),
-                         (["summary", "s3://bucket/cli/t.zarr"], "cannot reach")):
+    for argv, needle in (
+        (run[:-3], "without storage_options"),
+        (["summary", "s3://bucket/cli/t.zarr"], "cannot reach"),
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert needle in err and "s3://bucket/cli/" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--storage-option", "novalue"], "expected KEY=VALUE"),
-    (["--storage-option", "=x"], "expected KEY=VALUE"),
-    (["--storage-option", "key=a", "--storage-option", "key=b"], "given twice"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--storage-option", "novalue"], "expected KEY=VALUE"),
+        (["--storage-option", "=x"], "expected KEY=VALUE"),
+        (["--storage-option", "key=a", "--storage-option", "key=b"], "given twice"),
+    ],
+)
 def test_cli_bad_storage_options_are_one_line(tmp_path, capsys, argv, match):
     code = main(["summary", str(tmp_path / "t.zarr"), *argv])
     err = capsys.readouterr().err
@@ -271,8 +325,9 @@ def test_cli_bad_storage_options_are_one_line(tmp_path, capsys, argv, match):
 
 
 def test_cli_storage_option_on_local_paths_is_refused(tmp_path, capsys):
-    code = main(["ingest", str(tmp_path / "x.npy"), str(tmp_path / "d.zarr"),
-                 "--storage-option", "key=1"])
+    code = main(
+        ["ingest", str(tmp_path / "x.npy"), str(tmp_path / "d.zarr"), "--storage-option", "key=1"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "applies only to fsspec URLs" in err
 
@@ -282,7 +337,9 @@ def test_cli_storage_option_values_are_json_where_possible():
 
     assert _storage_option("anon=true") == ("anon", True)
     assert _storage_option('client_kwargs={"region_name": "eu"}') == (
-        "client_kwargs", {"region_name": "eu"})
+        "client_kwargs",
+        {"region_name": "eu"},
+    )
     assert _storage_option("endpoint_url=http://h:1") == ("endpoint_url", "http://h:1")
     assert _storage_option('secret="123"') == ("secret", "123")
     assert _storage_option("secret=a=b") == ("secret", "a=b")

@@ -41,23 +41,43 @@ def _data(model_name: str, n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.
     return X, y
 
 
-MODELS = {"logistic": lambda: fd.LogisticRegression(),
-          "softmax": lambda: fd.SoftmaxRegression(n_classes=3),
-          "robust": lambda: fd.RobustRegression(prior="laplace")}
+MODELS = {
+    "logistic": lambda: fd.LogisticRegression(),
+    "softmax": lambda: fd.SoftmaxRegression(n_classes=3),
+    "robust": lambda: fd.RobustRegression(prior="laplace"),
+}
 
 
-def _driver(model_name: str, z_update: str, bounds: str = "map", kernel: str = "slice",
-            **options) -> tuple[Driver, InProcessTransport]:
+def _driver(
+    model_name: str, z_update: str, bounds: str = "map", kernel: str = "slice", **options
+) -> tuple[Driver, InProcessTransport]:
     X, y = _data(model_name)
     model = MODELS[model_name]()
     opts = {"n_shards": 3, **options}
     specs, mem, n_rows, n_features, *_ = _shard_layout((X, y), opts)
     kern = get_kernel(kernel)
-    config = ShardConfig(model=model, algorithm="flymc", chains=3, seed=5, z_update=z_update,
-                         resample_fraction=0.3, track_grad=kern.needs_grad)
+    config = ShardConfig(
+        model=model,
+        algorithm="flymc",
+        chains=3,
+        seed=5,
+        z_update=z_update,
+        resample_fraction=0.3,
+        track_grad=kern.needs_grad,
+    )
     transport = InProcessTransport(specs, config, mem)
-    driver = Driver(model, transport, kern, n_features=n_features, bounds=bounds, chains=3,
-                    seed=5, q_db=0.05, n_rows=n_rows, bright_replica=True)
+    driver = Driver(
+        model,
+        transport,
+        kern,
+        n_features=n_features,
+        bounds=bounds,
+        chains=3,
+        seed=5,
+        q_db=0.05,
+        n_rows=n_rows,
+        bright_replica=True,
+    )
     return driver, transport
 
 
@@ -114,8 +134,9 @@ def test_replica_sums_equal_shard_evaluation(model_name):
     for _ in range(5):
         driver.step()
     rng = np.random.default_rng(1)
-    pts = [driver.positions[c] + 0.1 * rng.standard_normal((2, driver.P))
-           for c in range(driver.chains)]
+    pts = [
+        driver.positions[c] + 0.1 * rng.standard_normal((2, driver.P)) for c in range(driver.chains)
+    ]
     local = driver.replica.evaluate(pts, [True] * driver.chains)
     # the same rows evaluated by the shards themselves (shard mode, gradients kept)
     for sh in transport.host.shards.values():
@@ -138,15 +159,33 @@ def test_replica_sums_equal_shard_evaluation(model_name):
 @pytest.mark.parametrize("kernel", ["rwmh", "mala", "slice", "hmc", "nuts"])
 def test_one_round_trip_per_iteration_in_replica_mode(kernel):
     X, y = _data("logistic")
-    res = fd.sample(fd.LogisticRegression(), (X, y), kernel=kernel, num_warmup=20,
-                    num_samples=30, chains=2, client="synchronous", n_shards=3,
-                    bright_replica=True, progress=False)
+    res = fd.sample(
+        fd.LogisticRegression(),
+        (X, y),
+        kernel=kernel,
+        num_warmup=20,
+        num_samples=30,
+        chains=2,
+        client="synchronous",
+        n_shards=3,
+        bright_replica=True,
+        progress=False,
+    )
     assert res.info["bright_replica"] is True
     assert np.all(res.stats["round_trips"] == 1)
     assert np.all(res.warmup_stats["round_trips"] == 1)
-    shard_mode = fd.sample(fd.LogisticRegression(), (X, y), kernel=kernel, num_warmup=20,
-                           num_samples=30, chains=2, client="synchronous", n_shards=3,
-                           bright_replica=False, progress=False)
+    shard_mode = fd.sample(
+        fd.LogisticRegression(),
+        (X, y),
+        kernel=kernel,
+        num_warmup=20,
+        num_samples=30,
+        chains=2,
+        client="synchronous",
+        n_shards=3,
+        bright_replica=False,
+        progress=False,
+    )
     assert shard_mode.info["bright_replica"] is False
     if kernel != "rwmh":  # several evaluations per iteration: several round trips
         assert shard_mode.stats["round_trips"].mean() > 1.5
@@ -158,14 +197,24 @@ def test_auto_mode_follows_kernel_and_budget():
     m = fd.LogisticRegression()
     assert fd.sample(m, (X, y), kernel="slice", **kw).info["bright_replica"] is True
     assert fd.sample(m, (X, y), kernel="rwmh", **kw).info["bright_replica"] is False
-    assert fd.sample(m, (X, y), kernel="slice", replica_budget=0,
-                     **kw).info["bright_replica"] is False
-    assert fd.sample(m, (X, y), algorithm="regular", kernel="slice",
-                     **kw).info["bright_replica"] is False
+    assert (
+        fd.sample(m, (X, y), kernel="slice", replica_budget=0, **kw).info["bright_replica"] is False
+    )
+    assert (
+        fd.sample(m, (X, y), algorithm="regular", kernel="slice", **kw).info["bright_replica"]
+        is False
+    )
 
 
-@pytest.mark.parametrize("bad", [{"bright_replica": "yes"}, {"bright_replica": 1},
-                                 {"replica_budget": -1}, {"replica_budget": "1GB"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"bright_replica": "yes"},
+        {"bright_replica": 1},
+        {"replica_budget": -1},
+        {"replica_budget": "1GB"},
+    ],
+)
 def test_replica_options_are_validated(bad):
     X, y = _data("logistic")
     name = next(iter(bad))
@@ -177,7 +226,7 @@ def test_replica_round_is_idempotent_in_seq():
     """A replayed round (fault recovery) returns the cached reply, not a second update."""
     driver, transport = _driver("logistic", "implicit", bounds="untuned")
     driver.setup()
-    reqs = [Request(driver.positions[c:c + 1], False, False) for c in range(driver.chains)]
+    reqs = [Request(driver.positions[c : c + 1], False, False) for c in range(driver.chains)]
     commits = np.full(driver.chains, -1)
     first = transport.round(99, commits, True, reqs, driver.positions)
     again = transport.round(99, commits, True, reqs, driver.positions)
@@ -231,8 +280,9 @@ def test_conditional_gradient_matches_finite_differences(model_name, near_tight)
         val, grad = f(theta)
         assert np.isfinite(val) and np.all(np.isfinite(grad))
         h = 1e-7 if near_tight else 1e-6
-        fd_grad = np.array([(f(theta + h * e)[0] - f(theta - h * e)[0]) / (2 * h)
-                            for e in np.eye(P)])
+        fd_grad = np.array(
+            [(f(theta + h * e)[0] - f(theta - h * e)[0]) / (2 * h) for e in np.eye(P)]
+        )
         np.testing.assert_allclose(grad, fd_grad, rtol=1e-5, atol=1e-5 * np.abs(grad).max())
 
 

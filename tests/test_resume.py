@@ -18,9 +18,19 @@ def _data(n: int = 400, seed: int = 5) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sample(trace: str, **kw):
-    opts = dict(algorithm="flymc", bounds="map", kernel="rwmh", num_warmup=100,
-                num_samples=300, chains=2, seed=1, client="synchronous", progress=False,
-                trace=trace, checkpoint_every=40)
+    opts = dict(
+        algorithm="flymc",
+        bounds="map",
+        kernel="rwmh",
+        num_warmup=100,
+        num_samples=300,
+        chains=2,
+        seed=1,
+        client="synchronous",
+        progress=False,
+        trace=trace,
+        checkpoint_every=40,
+    )
     opts.update(kw)
     return fd.sample(fd.LogisticRegression(prior_scale=3.0), _data(), **opts)
 
@@ -53,16 +63,15 @@ def test_interrupted_run_resumes_from_trace(tmp_path, monkeypatch, stop_at):
     assert res.samples.shape == (2, 300, 2)
     assert res.warmup_samples.shape == (2, 100, 2)
     # what was on disk before the interruption is kept, bit for bit
-    np.testing.assert_array_equal(res.warmup_samples[:, :saved_w.shape[1]], saved_w)
-    np.testing.assert_array_equal(res.samples[:, :saved.shape[1]], saved)
+    np.testing.assert_array_equal(res.warmup_samples[:, : saved_w.shape[1]], saved_w)
+    np.testing.assert_array_equal(res.samples[:, : saved.shape[1]], saved)
     final = Trace.open(trace)
     assert final.n_draws == 300 and final.n_warmup_draws == 100
     np.testing.assert_array_equal(final.samples, res.samples)
     assert np.all(np.isfinite(res.samples))
     # the resumed part continues from the checkpointed positions (not from scratch)
     full = _sample(str(tmp_path / "u.zarr"))
-    assert np.allclose(res.samples.mean(axis=(0, 1)), full.samples.mean(axis=(0, 1)),
-                       atol=0.25)
+    assert np.allclose(res.samples.mean(axis=(0, 1)), full.samples.mean(axis=(0, 1)), atol=0.25)
 
 
 def test_resume_without_trace_is_an_error(tmp_path):
@@ -88,13 +97,30 @@ def test_resume_refuses_what_differs(tmp_path):
     X2, y2 = _data(seed=6)  # another data set of the same shape
     b = fd.from_numpy(X2, y2, tmp_path / "b.zarr", chunk_rows=100)
     kw = dict(num_warmup=10, num_samples=20)
-    fd.sample(fd.LogisticRegression(prior_scale=3.0), a, client="synchronous", progress=False,
-              trace=trace, checkpoint_every=10, chains=2, seed=1, **kw)
+    fd.sample(
+        fd.LogisticRegression(prior_scale=3.0),
+        a,
+        client="synchronous",
+        progress=False,
+        trace=trace,
+        checkpoint_every=10,
+        chains=2,
+        seed=1,
+        **kw,
+    )
     before = Trace.open(trace).samples.copy()
 
     def resume(data=a, model=None, **more):
-        opts = dict(client="synchronous", progress=False, trace=trace, checkpoint_every=10,
-                    chains=2, seed=1, resume=True, **kw)
+        opts = dict(
+            client="synchronous",
+            progress=False,
+            trace=trace,
+            checkpoint_every=10,
+            chains=2,
+            seed=1,
+            resume=True,
+            **kw,
+        )
         opts.update(more)
         return fd.sample(model or fd.LogisticRegression(prior_scale=3.0), data, **opts)
 

@@ -46,9 +46,19 @@ def _logistic_data(n: int = 40, seed: int = 11) -> tuple[np.ndarray, np.ndarray]
 
 
 def _run(data=None, model=None, **kw):
-    args = dict(algorithm="flymc", bounds="map", kernel="rwmh", z_update="implicit",
-                num_warmup=20, num_samples=30, chains=3, seed=7, client="synchronous",
-                n_shards=2, progress=False)
+    args = dict(
+        algorithm="flymc",
+        bounds="map",
+        kernel="rwmh",
+        z_update="implicit",
+        num_warmup=20,
+        num_samples=30,
+        chains=3,
+        seed=7,
+        client="synchronous",
+        n_shards=2,
+        progress=False,
+    )
     args.update(kw)
     return fd.sample(model or fd.LogisticRegression(), data or _logistic_data(), **args)
 
@@ -59,11 +69,16 @@ def _all_stats(res, key: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ reproducibility
-@pytest.mark.parametrize("algorithm,kernel,z_update", [
-    ("regular", "rwmh", "implicit"), ("regular", "slice", "implicit"),
-    ("flymc", "rwmh", "implicit"), ("flymc", "mala", "explicit"),
-    ("flymc", "slice", "implicit"),
-])
+@pytest.mark.parametrize(
+    "algorithm,kernel,z_update",
+    [
+        ("regular", "rwmh", "implicit"),
+        ("regular", "slice", "implicit"),
+        ("flymc", "rwmh", "implicit"),
+        ("flymc", "mala", "explicit"),
+        ("flymc", "slice", "implicit"),
+    ],
+)
 def test_same_seed_identical_draws(algorithm, kernel, z_update):
     a = _run(algorithm=algorithm, kernel=kernel, z_update=z_update, seed=3)
     b = _run(algorithm=algorithm, kernel=kernel, z_update=z_update, seed=3)
@@ -83,8 +98,10 @@ def test_different_seeds_different_draws(algorithm):
 
 
 # -------------------------------------------------------------------------------- stats shape
-@pytest.mark.parametrize("algorithm,kernel", [("regular", "rwmh"), ("flymc", "rwmh"),
-                                              ("flymc", "mala"), ("flymc", "slice")])
+@pytest.mark.parametrize(
+    "algorithm,kernel",
+    [("regular", "rwmh"), ("flymc", "rwmh"), ("flymc", "mala"), ("flymc", "slice")],
+)
 def test_stats_keys_and_shapes(algorithm, kernel):
     res = _run(algorithm=algorithm, kernel=kernel, chains=3, num_warmup=5, num_samples=12)
     assert res.samples.shape == (3, 12, 2)
@@ -144,8 +161,9 @@ def test_regular_log_joint_is_the_exact_log_posterior():
     """For regular MCMC ``log_joint`` is log prior + full log likelihood at the draw:
     checked against the independent reference formulas."""
     X, y = _logistic_data()
-    res = _run((X, y), model=fd.LogisticRegression(prior="normal", prior_scale=2.0),
-               algorithm="regular")
+    res = _run(
+        (X, y), model=fd.LogisticRegression(prior="normal", prior_scale=2.0), algorithm="regular"
+    )
     lp = logistic_logpost(X, y, 2.0)
     flat = res.samples.reshape(-1, 2)
     np.testing.assert_allclose(res.stats["log_joint"].ravel(), lp(flat), rtol=1e-10, atol=1e-9)
@@ -156,8 +174,9 @@ def test_regular_log_joint_is_the_exact_log_posterior():
     model = fd.RobustRegression(nu=4.0, scale=0.8, prior="laplace", prior_scale=1.5)
     res = _run((Xr, yr), model=model, algorithm="regular", kernel="slice")
     lp = robust_logpost(Xr, yr, 4.0, 0.8, 1.5)
-    np.testing.assert_allclose(res.stats["log_joint"].ravel(), lp(res.samples.reshape(-1, 2)),
-                               rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(
+        res.stats["log_joint"].ravel(), lp(res.samples.reshape(-1, 2)), rtol=1e-10, atol=1e-9
+    )
 
 
 @pytest.mark.parametrize("replica", [False, True])
@@ -169,8 +188,13 @@ def test_flymc_explicit_queries_exact(kernel, fraction, replica):
     the driver's replica: the replica also evaluates its bright rows at the current θ
     once per iteration (values and gradient), so 2 M."""
     X, y = _logistic_data(n=23)  # shards of 12 and 11 rows
-    res = _run((X, y), kernel=kernel, z_update="explicit", resample_fraction=fraction,
-               bright_replica=replica)
+    res = _run(
+        (X, y),
+        kernel=kernel,
+        z_update="explicit",
+        resample_fraction=fraction,
+        bright_replica=replica,
+    )
     assert res.info["bright_replica"] is replica
     sizes = (12, 11)
     resampled = sum(math.ceil(fraction * n) for n in sizes)
@@ -187,8 +211,9 @@ def test_flymc_explicit_queries_exact(kernel, fraction, replica):
 def test_flymc_implicit_q1_queries_exact(kernel, bounds):
     X, y = _logistic_data(n=23)
     N = X.shape[0]
-    res = _run((X, y), kernel=kernel, bounds=bounds, z_update="implicit", q_db=1.0,
-               bright_replica=False)
+    res = _run(
+        (X, y), kernel=kernel, bounds=bounds, z_update="implicit", q_db=1.0, bright_replica=False
+    )
     q = _all_stats(res, "likelihood_queries")
     m = _all_stats(res, "n_bright")
     np.testing.assert_array_equal(q[:, 1:], N - m[:, :-1] + m[:, 1:])
@@ -242,17 +267,25 @@ def count_compiled(monkeypatch):
     return install
 
 
-@pytest.mark.parametrize("algorithm,kernel,z_update", [
-    ("regular", "rwmh", "implicit"), ("regular", "mala", "implicit"),
-    ("regular", "slice", "implicit"),
-    ("flymc", "rwmh", "implicit"), ("flymc", "mala", "implicit"),
-    ("flymc", "slice", "implicit"), ("flymc", "rwmh", "explicit"),
-    ("flymc", "slice", "explicit"), ("flymc", "nuts", "implicit"),
-    ("flymc", "nuts", "explicit"),
-])
+@pytest.mark.parametrize(
+    "algorithm,kernel,z_update",
+    [
+        ("regular", "rwmh", "implicit"),
+        ("regular", "mala", "implicit"),
+        ("regular", "slice", "implicit"),
+        ("flymc", "rwmh", "implicit"),
+        ("flymc", "mala", "implicit"),
+        ("flymc", "slice", "implicit"),
+        ("flymc", "rwmh", "explicit"),
+        ("flymc", "slice", "explicit"),
+        ("flymc", "nuts", "implicit"),
+        ("flymc", "nuts", "explicit"),
+    ],
+)
 @pytest.mark.parametrize("replica", [False, True])
-def test_query_counters_match_actual_evaluations(algorithm, kernel, z_update, replica,
-                                                 count_compiled):
+def test_query_counters_match_actual_evaluations(
+    algorithm, kernel, z_update, replica, count_compiled
+):
     """Count every (datum, θ) likelihood evaluation at the model; the counters must agree,
     with the shards evaluating the kernel's points and on the driver's replica.
 
@@ -260,13 +293,24 @@ def test_query_counters_match_actual_evaluations(algorithm, kernel, z_update, re
     """
     model = CountingLogistic()
     count_compiled(model)
-    res = _run(model=model, algorithm=algorithm, kernel=kernel, z_update=z_update,
-               bounds="untuned", q_db=0.2, init=[0.2, 0.9], precondition="identity",
-               bright_replica=replica)
+    res = _run(
+        model=model,
+        algorithm=algorithm,
+        kernel=kernel,
+        z_update=z_update,
+        bounds="untuned",
+        q_db=0.2,
+        init=[0.2, 0.9],
+        precondition="identity",
+        bright_replica=replica,
+    )
     assert res.info["bright_replica"] is (replica and algorithm == "flymc")
     assert res.info["map"] is None
-    counted = (res.info["setup_queries"] + res.warmup_stats["likelihood_queries"].sum()
-               + res.stats["likelihood_queries"].sum())
+    counted = (
+        res.info["setup_queries"]
+        + res.warmup_stats["likelihood_queries"].sum()
+        + res.stats["likelihood_queries"].sum()
+    )
     assert counted == model.evaluated
 
 
@@ -278,30 +322,36 @@ def test_query_counters_include_the_map_search(algorithm, count_compiled):
     count_compiled(model)
     res = _run(model=model, algorithm=algorithm, kernel="mala", q_db=0.2)
     assert res.info["map"] is not None and res.info["map_info"]["evaluations"] > 0
-    counted = (res.info["setup_queries"] + res.warmup_stats["likelihood_queries"].sum()
-               + res.stats["likelihood_queries"].sum())
+    counted = (
+        res.info["setup_queries"]
+        + res.warmup_stats["likelihood_queries"].sum()
+        + res.stats["likelihood_queries"].sum()
+    )
     assert counted == model.evaluated
 
 
 # ------------------------------------------------------------------------------- bad arguments
-@pytest.mark.parametrize("kwargs,exc,match", [
-    ({"algorithm": "gibbs"}, ValueError, "algorithm"),
-    ({"algorithm": "FlyMC "}, ValueError, "algorithm"),
-    ({"kernel": "hmc2"}, ValueError, "kernel"),
-    ({"bounds": "tight"}, ValueError, "bounds"),
-    ({"z_update": "gibbs"}, ValueError, "z_update"),
-    ({"q_db": 0.0}, ValueError, "q_db"),
-    ({"q_db": -0.1}, ValueError, "q_db"),
-    ({"q_db": 1.5}, ValueError, "q_db"),
-    ({"resample_fraction": 0.0}, ValueError, "resample_fraction"),
-    ({"resample_fraction": 2.0}, ValueError, "resample_fraction"),
-    ({"step_size": 0.1}, TypeError, "step_size"),
-    ({"qdb": 0.1}, TypeError, "qdb"),
-    ({"num_samples": 0}, ValueError, "num_samples"),
-    ({"chains": 0}, ValueError, "chains"),
-    ({"num_warmup": -1}, ValueError, "num_warmup"),
-    ({"kernel_options": {"no_such_option": 1}}, TypeError, "no_such_option"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"algorithm": "gibbs"}, ValueError, "algorithm"),
+        ({"algorithm": "FlyMC "}, ValueError, "algorithm"),
+        ({"kernel": "hmc2"}, ValueError, "kernel"),
+        ({"bounds": "tight"}, ValueError, "bounds"),
+        ({"z_update": "gibbs"}, ValueError, "z_update"),
+        ({"q_db": 0.0}, ValueError, "q_db"),
+        ({"q_db": -0.1}, ValueError, "q_db"),
+        ({"q_db": 1.5}, ValueError, "q_db"),
+        ({"resample_fraction": 0.0}, ValueError, "resample_fraction"),
+        ({"resample_fraction": 2.0}, ValueError, "resample_fraction"),
+        ({"step_size": 0.1}, TypeError, "step_size"),
+        ({"qdb": 0.1}, TypeError, "qdb"),
+        ({"num_samples": 0}, ValueError, "num_samples"),
+        ({"chains": 0}, ValueError, "chains"),
+        ({"num_warmup": -1}, ValueError, "num_warmup"),
+        ({"kernel_options": {"no_such_option": 1}}, TypeError, "no_such_option"),
+    ],
+)
 def test_bad_arguments_raise_clear_errors(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         _run(**kwargs)
@@ -310,43 +360,51 @@ def test_bad_arguments_raise_clear_errors(kwargs, exc, match):
 _X, _Y = _logistic_data()
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
-    ({"seed": -1}, ValueError, r"seed must be an integer >= 0, not -1"),
-    ({"seed": "abc"}, ValueError, r"seed must be an integer >= 0, not 'abc'"),
-    ({"seed": None}, ValueError, r"seed must be an integer >= 0, not None"),
-    ({"seed": 1.5}, ValueError, "seed"),
-    ({"seed": True}, ValueError, "seed"),
-    ({"timeout": 0}, ValueError, r"timeout must be a number of seconds > 0, not 0"),
-    ({"timeout": "10"}, ValueError, "timeout"),
-    ({"timeout": float("inf")}, ValueError, "timeout"),
-    ({"data": _X}, TypeError, r"data must be a Dataset, a store path or an \(X, y\) tuple, not "
-                              r"ndarray of shape \(40, 2\)$"),
-    ({"data": [_X, _Y]}, TypeError, "data must be"),
-    ({"data": (_X, _Y, _Y)}, ValueError, r"\(X, y\), not a tuple of 3"),
-    ({"data": (_X[:, :0], _Y)}, ValueError, "at least one column"),
-    ({"data": (_X.astype(str), _Y)}, ValueError, "X must hold real numbers.*dtype <U"),
-    ({"data": (_X, _Y.astype(str))}, ValueError, "y must hold real numbers"),
-    ({"resample_fraction": "x"}, ValueError, r"resample_fraction must be a number in \(0, 1\]"),
-    ({"resample_fraction": True}, ValueError, "resample_fraction"),
-    ({"q_db": True}, ValueError, r"q_db must be 'auto' or a number in \(0, 1\], not True"),
-    ({"q_db": "0.5"}, ValueError, "q_db"),
-    ({"checkpoint_every": 0}, ValueError, "checkpoint_every must be an integer >= 1"),
-    ({"n_workers": 0}, ValueError, "n_workers must be an integer >= 1"),
-    ({"n_shards": 0}, ValueError, "n_shards"),
-    ({"n_shards": True}, ValueError, "n_shards"),
-    ({"n_shards": 2, "rows_per_shard": 10}, ValueError, "not both"),
-    ({"map_maxiter": -1}, ValueError, "map_maxiter"),
-    ({"num_samples": True}, ValueError, "num_samples"),
-    ({"init": "zero"}, ValueError, "init must be 'map' or an array"),
-    ({"precondition": "diag"}, ValueError, "precondition must be 'laplace' or 'identity'"),
-    ({"kernel_options": 3}, ValueError, "kernel_options must be a dict"),
-    ({"resume": True}, ValueError, "resume=True needs trace="),
-    ({"resume": "yes", "trace": "t.zarr"}, ValueError, "resume must be True or False"),
-    ({"progress": "yes"}, ValueError, "progress"),
-    ({"trace": 3}, ValueError, "trace must be a path"),
-])
-def test_every_argument_is_checked_before_anything_starts(kwargs, exc, match, monkeypatch,
-                                                          tmp_path):
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"seed": -1}, ValueError, r"seed must be an integer >= 0, not -1"),
+        ({"seed": "abc"}, ValueError, r"seed must be an integer >= 0, not 'abc'"),
+        ({"seed": None}, ValueError, r"seed must be an integer >= 0, not None"),
+        ({"seed": 1.5}, ValueError, "seed"),
+        ({"seed": True}, ValueError, "seed"),
+        ({"timeout": 0}, ValueError, r"timeout must be a number of seconds > 0, not 0"),
+        ({"timeout": "10"}, ValueError, "timeout"),
+        ({"timeout": float("inf")}, ValueError, "timeout"),
+        (
+            {"data": _X},
+            TypeError,
+            r"data must be a Dataset, a store path or an \(X, y\) tuple, not "
+            r"ndarray of shape \(40, 2\)$",
+        ),
+        ({"data": [_X, _Y]}, TypeError, "data must be"),
+        ({"data": (_X, _Y, _Y)}, ValueError, r"\(X, y\), not a tuple of 3"),
+        ({"data": (_X[:, :0], _Y)}, ValueError, "at least one column"),
+        ({"data": (_X.astype(str), _Y)}, ValueError, "X must hold real numbers.*dtype <U"),
+        ({"data": (_X, _Y.astype(str))}, ValueError, "y must hold real numbers"),
+        ({"resample_fraction": "x"}, ValueError, r"resample_fraction must be a number in \(0, 1\]"),
+        ({"resample_fraction": True}, ValueError, "resample_fraction"),
+        ({"q_db": True}, ValueError, r"q_db must be 'auto' or a number in \(0, 1\], not True"),
+        ({"q_db": "0.5"}, ValueError, "q_db"),
+        ({"checkpoint_every": 0}, ValueError, "checkpoint_every must be an integer >= 1"),
+        ({"n_workers": 0}, ValueError, "n_workers must be an integer >= 1"),
+        ({"n_shards": 0}, ValueError, "n_shards"),
+        ({"n_shards": True}, ValueError, "n_shards"),
+        ({"n_shards": 2, "rows_per_shard": 10}, ValueError, "not both"),
+        ({"map_maxiter": -1}, ValueError, "map_maxiter"),
+        ({"num_samples": True}, ValueError, "num_samples"),
+        ({"init": "zero"}, ValueError, "init must be 'map' or an array"),
+        ({"precondition": "diag"}, ValueError, "precondition must be 'laplace' or 'identity'"),
+        ({"kernel_options": 3}, ValueError, "kernel_options must be a dict"),
+        ({"resume": True}, ValueError, "resume=True needs trace="),
+        ({"resume": "yes", "trace": "t.zarr"}, ValueError, "resume must be True or False"),
+        ({"progress": "yes"}, ValueError, "progress"),
+        ({"trace": 3}, ValueError, "trace must be a path"),
+    ],
+)
+def test_every_argument_is_checked_before_anything_starts(
+    kwargs, exc, match, monkeypatch, tmp_path
+):
     """One line naming the argument and what it takes, before a cluster (client=None) or a
     trace is started."""
     import distributed
@@ -356,8 +414,15 @@ def test_every_argument_is_checked_before_anything_starts(kwargs, exc, match, mo
 
     monkeypatch.setattr(distributed, "LocalCluster", no_cluster)
     monkeypatch.chdir(tmp_path)
-    args = dict(algorithm="flymc", num_warmup=5, num_samples=5, chains=2, seed=0,
-                client=None, progress=False)
+    args = dict(
+        algorithm="flymc",
+        num_warmup=5,
+        num_samples=5,
+        chains=2,
+        seed=0,
+        client=None,
+        progress=False,
+    )
     args.update(kwargs)
     data = args.pop("data", (_X, _Y))
     with pytest.raises(exc, match=match) as info:
@@ -388,14 +453,25 @@ def test_bad_model_and_data_raise():
 
 
 def test_init_as_ndarray_accepted():
-    res = _run(algorithm="regular", init=np.array([0.2, 0.9]), precondition="identity",
-               num_warmup=0, num_samples=3)
+    res = _run(
+        algorithm="regular",
+        init=np.array([0.2, 0.9]),
+        precondition="identity",
+        num_warmup=0,
+        num_samples=3,
+    )
     assert res.samples.shape == (3, 3, 2)
 
 
 def test_init_list_is_used_as_start():
-    res = _run(algorithm="regular", init=[0.2, 0.9], precondition="identity", num_warmup=0,
-               num_samples=1, chains=2)
+    res = _run(
+        algorithm="regular",
+        init=[0.2, 0.9],
+        precondition="identity",
+        num_warmup=0,
+        num_samples=1,
+        chains=2,
+    )
     assert res.info["map"] is None
     first = res.samples[:, 0]
     start = np.array([0.2, 0.9])
@@ -434,9 +510,24 @@ def test_softmax_flat_prior_is_refused_before_anything_runs(tmp_path):
     y = rng.integers(0, 3, size=60).astype(float)
     trace = tmp_path / "t.zarr"
     with pytest.raises(ValueError, match="improper posterior"):
-        fd.sample(fd.SoftmaxRegression(3, prior="flat"), (X, y), client="synchronous",
-                  num_warmup=5, num_samples=5, chains=1, progress=False, trace=str(trace))
+        fd.sample(
+            fd.SoftmaxRegression(3, prior="flat"),
+            (X, y),
+            client="synchronous",
+            num_warmup=5,
+            num_samples=5,
+            chains=1,
+            progress=False,
+            trace=str(trace),
+        )
     assert not trace.exists()
-    res = fd.sample(fd.SoftmaxRegression(3, prior="normal"), (X, y), client="synchronous",
-                    num_warmup=5, num_samples=5, chains=1, progress=False)
+    res = fd.sample(
+        fd.SoftmaxRegression(3, prior="normal"),
+        (X, y),
+        client="synchronous",
+        num_warmup=5,
+        num_samples=5,
+        chains=1,
+        progress=False,
+    )
     assert res.samples.shape == (1, 5, 3, 2)

@@ -74,9 +74,7 @@ def test_create_append_open_round_trip(tmp_path: Path) -> None:
         "seed": 12345,
         "prior_mean": np.zeros(3),
     }
-    trace = Trace.create(
-        tmp_path / "t", chains=2, param_shape=(3,), stats=STATS, attrs=attrs
-    )
+    trace = Trace.create(tmp_path / "t", chains=2, param_shape=(3,), stats=STATS, attrs=attrs)
     assert trace.n_draws == trace.n_warmup_draws == 0
     assert trace.samples.shape == (2, 0, 3) and trace.warmup_samples.shape == (2, 0, 3)
     assert trace.checkpoint is None
@@ -172,9 +170,7 @@ def _advance(gen: np.random.Generator) -> None:
     [
         lambda: np.random.default_rng(1),
         lambda: np.random.default_rng(np.random.SeedSequence(2024).spawn(4)[3]),
-        lambda: np.random.Generator(
-            np.random.PCG64(np.random.SeedSequence(7, spawn_key=(2, 5)))
-        ),
+        lambda: np.random.Generator(np.random.PCG64(np.random.SeedSequence(7, spawn_key=(2, 5)))),
         lambda: np.random.Generator(np.random.PCG64DXSM(3)),
         lambda: np.random.Generator(np.random.MT19937(4)),
         lambda: np.random.Generator(np.random.Philox(5)),
@@ -552,11 +548,14 @@ def test_fsspec_url(request: pytest.FixtureRequest) -> None:
 
 def _holder(path: Path) -> subprocess.Popen:
     """Another process that takes the lock of ``path`` and holds it until killed."""
-    code = ("import sys, time; from flymc_dist.trace import TraceLock; "
-            "lock = TraceLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)")
+    code = (
+        "import sys, time; from flymc_dist.trace import TraceLock; "
+        "lock = TraceLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 
@@ -565,9 +564,11 @@ def test_lock_one_holder_across_processes_and_a_dead_holder_is_broken(tmp_path: 
     path = tmp_path / "t.zarr"
     proc = _holder(path)
     try:
-        with pytest.raises(TraceLockedError,
-                           match=rf"being written by another run \(pid {proc.pid} on .*"
-                                 r"remove .*\.t\.zarr\.flymc-lock"):
+        with pytest.raises(
+            TraceLockedError,
+            match=rf"being written by another run \(pid {proc.pid} on .*"
+            r"remove .*\.t\.zarr\.flymc-lock",
+        ):
             TraceLock(path).acquire()
     finally:
         proc.kill()

@@ -59,8 +59,13 @@ __all__ = [
 ]
 
 #: kernel name → class
-KERNELS: dict[str, type] = {"rwmh": RandomWalkMH, "mala": MALA, "slice": SliceSampler,
-                            "hmc": HMC, "nuts": NUTS}
+KERNELS: dict[str, type] = {
+    "rwmh": RandomWalkMH,
+    "mala": MALA,
+    "slice": SliceSampler,
+    "hmc": HMC,
+    "nuts": NUTS,
+}
 
 
 def get_kernel(name: str, **options: Any) -> Kernel:
@@ -95,6 +100,7 @@ def get_kernel(name: str, **options: Any) -> Kernel:
     accepted = [p for p in inspect.signature(cls).parameters if p != "self"]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise TypeError(f"kernel {cls.name!r} got unknown option(s) {unknown}; "
-                        f"it accepts {accepted}")
+        raise TypeError(
+            f"kernel {cls.name!r} got unknown option(s) {unknown}; it accepts {accepted}"
+        )
     return cls(**options)

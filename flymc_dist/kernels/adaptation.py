@@ -68,9 +68,12 @@ MIN_WARMUP_FOR_METRIC = 20
 MIN_SETTLE_PHASE = 40
 
 
-def build_schedule(num_warmup: int, initial_buffer: int = INITIAL_BUFFER,
-                   first_window: int = FIRST_WINDOW,
-                   final_buffer: int = FINAL_BUFFER) -> list[tuple[int, int]]:
+def build_schedule(
+    num_warmup: int,
+    initial_buffer: int = INITIAL_BUFFER,
+    first_window: int = FIRST_WINDOW,
+    final_buffer: int = FINAL_BUFFER,
+) -> list[tuple[int, int]]:
     """The slow (metric) windows of a warm-up of ``num_warmup`` steps.
 
     Parameters
@@ -102,8 +105,12 @@ def build_schedule(num_warmup: int, initial_buffer: int = INITIAL_BUFFER,
     >>> build_schedule(100)
     [(15, 90)]
     """
-    for name, value in (("num_warmup", num_warmup), ("initial_buffer", initial_buffer),
-                        ("first_window", first_window), ("final_buffer", final_buffer)):
+    for name, value in (
+        ("num_warmup", num_warmup),
+        ("initial_buffer", initial_buffer),
+        ("first_window", first_window),
+        ("final_buffer", final_buffer),
+    ):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     num_warmup = int(num_warmup)
@@ -155,8 +162,9 @@ class Welford:
         return 0.5 * (cov + cov.T) if self.dense else cov
 
 
-def regularised_covariance(cov: np.ndarray, n: int, previous: np.ndarray | None = None,
-                           weight: float | None = None) -> np.ndarray:
+def regularised_covariance(
+    cov: np.ndarray, n: int, previous: np.ndarray | None = None, weight: float | None = None
+) -> np.ndarray:
     """An estimated (co)variance from ``n`` draws, regularised.
 
     With ``previous`` (the metric it replaces), shrunk toward it:
@@ -207,10 +215,19 @@ class WindowAdaptation:
         its average, and the ``γ`` it restarts with (see the module docstring).
     """
 
-    def __init__(self, params: HamiltonianParams, num_warmup: int, target_accept: float, *,
-                 find_step_size: bool = True, initial_buffer: int = INITIAL_BUFFER,
-                 first_window: int = FIRST_WINDOW, final_buffer: int = FINAL_BUFFER,
-                 settle: float = 0.3, settle_gamma: float = 0.3) -> None:
+    def __init__(
+        self,
+        params: HamiltonianParams,
+        num_warmup: int,
+        target_accept: float,
+        *,
+        find_step_size: bool = True,
+        initial_buffer: int = INITIAL_BUFFER,
+        first_window: int = FIRST_WINDOW,
+        final_buffer: int = FINAL_BUFFER,
+        settle: float = 0.3,
+        settle_gamma: float = 0.3,
+    ) -> None:
         self.windows = build_schedule(num_warmup, initial_buffer, first_window, final_buffer)
         self.num_warmup = int(num_warmup)
         self.target = float(target_accept)
@@ -226,8 +243,11 @@ class WindowAdaptation:
         self.settle_gamma = float(settle_gamma)
         last_fast = self.windows[-1][1] if self.windows else 0
         length = self.num_warmup - last_fast
-        self._settle_at = (last_fast + int(self.settle * length)
-                           if self.settle > 0.0 and length >= MIN_SETTLE_PHASE else -1)
+        self._settle_at = (
+            last_fast + int(self.settle * length)
+            if self.settle > 0.0 and length >= MIN_SETTLE_PHASE
+            else -1
+        )
 
     def update(self, info: KernelInfo) -> HamiltonianParams:
         """Feed one warm-up step's info; returns the params for the next step.
@@ -254,15 +274,16 @@ class WindowAdaptation:
             if start <= i < stop:
                 position = getattr(info, "position", None)
                 if position is None:
-                    raise TypeError("windowed adaptation needs info.position (the warm-up "
-                                    f"draw); {type(info).__name__} has none")
+                    raise TypeError(
+                        "windowed adaptation needs info.position (the warm-up "
+                        f"draw); {type(info).__name__} has none"
+                    )
                 if self._welford is None:
                     self._welford = Welford(position.shape[0], params.inv_metric.ndim == 2)
                 self._welford.add(np.asarray(position, dtype=np.float64))
             if i == stop - 1:
                 n = self._welford.count
-                inv = regularised_covariance(self._welford.covariance(), n,
-                                             params.inv_metric)
+                inv = regularised_covariance(self._welford.covariance(), n, params.inv_metric)
                 params = hamiltonian_params(params.step_size, inv)
                 self._welford = None
                 self._window += 1
@@ -280,6 +301,7 @@ class WindowAdaptation:
         return self._params._replace(step_size=self._da.final(), find_step_size=False)
 
     def __repr__(self) -> str:
-        return (f"WindowAdaptation(num_warmup={self.num_warmup}, target={self.target}, "
-                f"windows={self.windows})")
-
+        return (
+            f"WindowAdaptation(num_warmup={self.num_warmup}, target={self.target}, "
+            f"windows={self.windows})"
+        )

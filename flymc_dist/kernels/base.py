@@ -70,8 +70,9 @@ StepGenerator = Generator[EvalRequest, EvalResponse, tuple[np.ndarray, KernelInf
 
 #: yields the proposals (C, P), is sent ``(logp_current (C,), logp (C,))``, returns
 #: ``(new_positions (C, P), infos)``
-ChainsStepGenerator = Generator[np.ndarray, tuple[np.ndarray, np.ndarray],
-                                tuple[np.ndarray, list[KernelInfo]]]
+ChainsStepGenerator = Generator[
+    np.ndarray, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, list[KernelInfo]]
+]
 
 
 class Kernel(Protocol):
@@ -97,8 +98,9 @@ class Kernel(Protocol):
 class ChainsKernel(Kernel, Protocol):
     """A kernel that can also step every chain at once (one point per chain and step)."""
 
-    def step_chains(self, rngs: list[np.random.Generator], positions: np.ndarray,
-                    params: list[Any]) -> ChainsStepGenerator:
+    def step_chains(
+        self, rngs: list[np.random.Generator], positions: np.ndarray, params: list[Any]
+    ) -> ChainsStepGenerator:
         """One transition of every chain, as :meth:`Kernel.step` of each chain would make it.
 
         Parameters

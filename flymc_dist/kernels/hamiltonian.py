@@ -99,10 +99,21 @@ class HamiltonianInfo(KernelInfo):
     divergent: bool = False
     energy: float = math.nan
 
-    def __new__(cls, accepted: bool, accept_prob: float, index: int, n_evals: int,
-                n_requests: int, position: np.ndarray | None = None, step_size: float = math.nan,
-                step_size_found: bool = False, n_leapfrog: int = 0, tree_depth: int = 0,
-                divergent: bool = False, energy: float = math.nan) -> HamiltonianInfo:
+    def __new__(
+        cls,
+        accepted: bool,
+        accept_prob: float,
+        index: int,
+        n_evals: int,
+        n_requests: int,
+        position: np.ndarray | None = None,
+        step_size: float = math.nan,
+        step_size_found: bool = False,
+        n_leapfrog: int = 0,
+        tree_depth: int = 0,
+        divergent: bool = False,
+        energy: float = math.nan,
+    ) -> HamiltonianInfo:
         self = super().__new__(cls, accepted, accept_prob, index, n_evals, n_requests)
         self.position = position
         self.step_size = step_size
@@ -133,8 +144,9 @@ def check_metric(metric: Any) -> str:
     return metric.strip().lower()
 
 
-def hamiltonian_params(step_size: float, inv_metric: np.ndarray,
-                       find_step_size: bool = False) -> HamiltonianParams:
+def hamiltonian_params(
+    step_size: float, inv_metric: np.ndarray, find_step_size: bool = False
+) -> HamiltonianParams:
     """Params from a step size and an inverse metric, deriving the momentum factor.
 
     Parameters
@@ -177,12 +189,17 @@ def hamiltonian_params(step_size: float, inv_metric: np.ndarray,
         raise ValueError(f"inv_metric must have shape (P,) or (P, P), got {inv.shape}")
     inv.flags.writeable = False
     factor.flags.writeable = False
-    return HamiltonianParams(step_size=step_size, inv_metric=inv, momentum_factor=factor,
-                             find_step_size=bool(find_step_size))
+    return HamiltonianParams(
+        step_size=step_size,
+        inv_metric=inv,
+        momentum_factor=factor,
+        find_step_size=bool(find_step_size),
+    )
 
 
-def initial_hamiltonian_params(dim: int, scale_tril: np.ndarray | None, metric: str,
-                               step_size: float | None) -> HamiltonianParams:
+def initial_hamiltonian_params(
+    dim: int, scale_tril: np.ndarray | None, metric: str, step_size: float | None
+) -> HamiltonianParams:
     """The kernels' ``init_params``: the metric seeded from the preconditioner.
 
     ``scale_tril`` is the Cholesky factor ``L`` of a preconditioner covariance; the
@@ -198,7 +215,7 @@ def initial_hamiltonian_params(dim: int, scale_tril: np.ndarray | None, metric: 
         inv = np.einsum("ij,ij->i", tril, tril)
     else:
         inv = tril @ tril.T
-    eps = step_size if step_size is not None else dim ** -0.25
+    eps = step_size if step_size is not None else dim**-0.25
     return hamiltonian_params(eps, inv)
 
 
@@ -239,26 +256,37 @@ def initial_phase(response: EvalResponse, position: np.ndarray) -> tuple[float, 
         raise ValueError("response carries no gradient at the current position")
     grad = np.asarray(response.grad_current, dtype=np.float64)
     if grad.shape != position.shape:
-        raise ValueError(f"gradient at the current position has shape {grad.shape}, "
-                         f"expected {position.shape}")
+        raise ValueError(
+            f"gradient at the current position has shape {grad.shape}, expected {position.shape}"
+        )
     if logp == -math.inf:
-        raise FloatingPointError("log density at the current position is -inf: a Hamiltonian "
-                                 "kernel needs a position of positive density")
+        raise FloatingPointError(
+            "log density at the current position is -inf: a Hamiltonian "
+            "kernel needs a position of positive density"
+        )
     if not np.isfinite(grad).all():
         raise FloatingPointError("gradient at the current position is not finite")
     return logp, grad
 
 
-def start_phase(position: np.ndarray, logp: float, grad: np.ndarray, momentum: np.ndarray,
-                inv_metric: np.ndarray, product: Callable) -> Phase:
+def start_phase(
+    position: np.ndarray,
+    logp: float,
+    grad: np.ndarray,
+    momentum: np.ndarray,
+    inv_metric: np.ndarray,
+    product: Callable,
+) -> Phase:
     """The phase point at the current position with momentum ``momentum``."""
     velocity = product(inv_metric, momentum)
-    return Phase(position, momentum, velocity, grad, logp,
-                 kinetic_energy(momentum, velocity) - logp)
+    return Phase(
+        position, momentum, velocity, grad, logp, kinetic_energy(momentum, velocity) - logp
+    )
 
 
-def leapfrog(state: Phase, eps: float, inv_metric: np.ndarray,
-             product: Callable) -> Generator[EvalRequest, EvalResponse, Phase]:
+def leapfrog(
+    state: Phase, eps: float, inv_metric: np.ndarray, product: Callable
+) -> Generator[EvalRequest, EvalResponse, Phase]:
     """One leapfrog step of size ``eps`` (negative: backwards in time): one request.
 
     ``p ← p + ε/2 ∇ log p(θ)``, ``θ ← θ + ε M⁻¹ p``, evaluate, ``p ← p + ε/2 ∇ log p(θ)``.
@@ -320,10 +348,15 @@ def no_u_turn(velocity_a: np.ndarray, velocity_b: np.ndarray, rho: np.ndarray) -
 
 
 # ------------------------------------------------------------------------ step size
-def find_reasonable_step_size(rng: np.random.Generator, position: np.ndarray, logp: float,
-                              grad: np.ndarray, eps: float, params: HamiltonianParams,
-                              product: Callable
-                              ) -> Generator[EvalRequest, EvalResponse, tuple[float, int]]:
+def find_reasonable_step_size(
+    rng: np.random.Generator,
+    position: np.ndarray,
+    logp: float,
+    grad: np.ndarray,
+    eps: float,
+    params: HamiltonianParams,
+    product: Callable,
+) -> Generator[EvalRequest, EvalResponse, tuple[float, int]]:
     """Stan's ``init_stepsize`` (Hoffman & Gelman 2014, Algorithm 4), as requests.
 
     From ``eps``: a fresh momentum and one leapfrog step per trial (one request each);

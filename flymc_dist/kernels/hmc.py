@@ -80,10 +80,17 @@ class HMC:
     name = "hmc"
     needs_grad = True
 
-    def __init__(self, target_accept: float = 0.8, trajectory_length: float = 0.5 * math.pi,
-                 metric: str = "dense", step_size: float | None = None, jitter: float = 0.1,
-                 max_steps: int = 1024, find_step_size: bool = True,
-                 divergence_threshold: float = DIVERGENCE_THRESHOLD) -> None:
+    def __init__(
+        self,
+        target_accept: float = 0.8,
+        trajectory_length: float = 0.5 * math.pi,
+        metric: str = "dense",
+        step_size: float | None = None,
+        jitter: float = 0.1,
+        max_steps: int = 1024,
+        find_step_size: bool = True,
+        divergence_threshold: float = DIVERGENCE_THRESHOLD,
+    ) -> None:
         self.target_accept = check_probability("target_accept", target_accept)
         self.trajectory_length = check_positive("trajectory_length", trajectory_length)
         self.metric = check_metric(metric)
@@ -95,8 +102,11 @@ class HMC:
         if not 0.0 <= jitter < 1.0:
             raise ValueError(f"jitter must lie in [0, 1), got {jitter!r}")
         self.jitter = jitter
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int | np.integer) \
-                or max_steps < 1:
+        if (
+            isinstance(max_steps, bool)
+            or not isinstance(max_steps, int | np.integer)
+            or max_steps < 1
+        ):
             raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
         self.max_steps = int(max_steps)
         if not isinstance(find_step_size, bool | np.bool_):
@@ -105,9 +115,11 @@ class HMC:
         self.divergence_threshold = check_positive("divergence_threshold", divergence_threshold)
 
     def __repr__(self) -> str:
-        return (f"HMC(target_accept={self.target_accept}, "
-                f"trajectory_length={self.trajectory_length}, metric={self.metric!r}, "
-                f"step_size={self.step_size}, jitter={self.jitter})")
+        return (
+            f"HMC(target_accept={self.target_accept}, "
+            f"trajectory_length={self.trajectory_length}, metric={self.metric!r}, "
+            f"step_size={self.step_size}, jitter={self.jitter})"
+        )
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> HamiltonianParams:
         """Initial parameters: inverse metric ``L Lᵀ`` (or its diagonal) from the
@@ -116,15 +128,17 @@ class HMC:
 
     def adapter(self, params: HamiltonianParams, num_warmup: int) -> WindowAdaptation:
         """Stan's windowed adaptation of the step size and metric over ``num_warmup`` steps."""
-        return WindowAdaptation(params, num_warmup, self.target_accept,
-                                find_step_size=self.find_step_size)
+        return WindowAdaptation(
+            params, num_warmup, self.target_accept, find_step_size=self.find_step_size
+        )
 
     def n_steps(self, step_size: float) -> int:
         """Leapfrog steps per iteration at nominal step size ``step_size``."""
         return max(1, min(self.max_steps, math.ceil(self.trajectory_length / step_size)))
 
-    def step(self, rng: np.random.Generator, position: np.ndarray,
-             params: HamiltonianParams) -> StepGenerator:
+    def step(
+        self, rng: np.random.Generator, position: np.ndarray, params: HamiltonianParams
+    ) -> StepGenerator:
         """One HMC transition from ``position``: a generator (see :mod:`.base`).
 
         Randomness, in order: the heuristic's momenta (if it runs), ``P`` normals (the
@@ -164,8 +178,9 @@ class HMC:
         n_requests = 1
         eps = params.step_size
         if params.find_step_size:
-            eps, trials = yield from find_reasonable_step_size(rng, position, logp, grad, eps,
-                                                               params, product)
+            eps, trials = yield from find_reasonable_step_size(
+                rng, position, logp, grad, eps, params, product
+            )
             n_requests += trials
         momentum = product(params.momentum_factor, rng.standard_normal(dim))
         eps_jittered = eps * (1.0 + self.jitter * (2.0 * rng.random() - 1.0))
@@ -185,9 +200,17 @@ class HMC:
         accepted = log_ratio > -neg_log_u
         new = state.position if accepted else position
         info = HamiltonianInfo(
-            accepted=accepted, accept_prob=accept_statistic(log_ratio),
-            index=0 if accepted else -1, n_evals=n_requests - 1 + done,
-            n_requests=n_requests + done, position=new, step_size=eps,
-            step_size_found=params.find_step_size, n_leapfrog=done, tree_depth=0,
-            divergent=divergent, energy=state.energy if accepted else z0.energy)
+            accepted=accepted,
+            accept_prob=accept_statistic(log_ratio),
+            index=0 if accepted else -1,
+            n_evals=n_requests - 1 + done,
+            n_requests=n_requests + done,
+            position=new,
+            step_size=eps,
+            step_size_found=params.find_step_size,
+            n_leapfrog=done,
+            tree_depth=0,
+            divergent=divergent,
+            energy=state.energy if accepted else z0.energy,
+        )
         return new, info

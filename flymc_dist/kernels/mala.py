@@ -86,8 +86,9 @@ class MALA:
         eps = self.step_size if self.step_size is not None else 1.65 * dim ** (-1.0 / 6.0)
         return MALAParams(step_size=eps, scale_tril=tril)
 
-    def step(self, rng: np.random.Generator, position: np.ndarray,
-             params: MALAParams) -> StepGenerator:
+    def step(
+        self, rng: np.random.Generator, position: np.ndarray, params: MALAParams
+    ) -> StepGenerator:
         """One transition from ``position``: a generator (see :mod:`.base`).
 
         Randomness: ``P`` standard normals, then one standard exponential (``−log u``),
@@ -142,8 +143,13 @@ class MALA:
             v_new = tril_rmatvec(tril, grad_new)
             log_ratio = logp_new - logp_current + self._log_q_ratio(noise, v, v_new, eps)
         accepted = log_ratio > -neg_log_u  # False for NaN and -inf
-        info = KernelInfo(accepted=bool(accepted), accept_prob=mh_accept_prob(log_ratio),
-                          index=0 if accepted else -1, n_evals=1, n_requests=2)
+        info = KernelInfo(
+            accepted=bool(accepted),
+            accept_prob=mh_accept_prob(log_ratio),
+            index=0 if accepted else -1,
+            n_evals=1,
+            n_requests=2,
+        )
         return (proposal if accepted else position), info
 
     @staticmethod

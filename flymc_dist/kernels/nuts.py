@@ -79,11 +79,27 @@ class _Tree(NamedTuple):
 class _Context:
     """One step's trajectory state shared by the recursion."""
 
-    __slots__ = ("eps", "inv", "product", "rng", "h0", "threshold", "n_leapfrog",
-                 "sum_accept", "divergent", "last")
+    __slots__ = (
+        "eps",
+        "inv",
+        "product",
+        "rng",
+        "h0",
+        "threshold",
+        "n_leapfrog",
+        "sum_accept",
+        "divergent",
+        "last",
+    )
 
-    def __init__(self, inv: np.ndarray, product: Callable, rng: np.random.Generator,
-                 h0: float, threshold: float) -> None:
+    def __init__(
+        self,
+        inv: np.ndarray,
+        product: Callable,
+        rng: np.random.Generator,
+        h0: float,
+        threshold: float,
+    ) -> None:
         self.eps = 0.0
         self.inv = inv
         self.product = product
@@ -96,8 +112,14 @@ class _Context:
         self.last: Phase | None = None  # the last point evaluated
 
 
-def merged_rho(outer_a: Phase, inner_a: Phase, rho_a: np.ndarray, inner_b: Phase,
-               outer_b: Phase, rho_b: np.ndarray) -> np.ndarray | None:
+def merged_rho(
+    outer_a: Phase,
+    inner_a: Phase,
+    rho_a: np.ndarray,
+    inner_b: Phase,
+    outer_b: Phase,
+    rho_b: np.ndarray,
+) -> np.ndarray | None:
     """``ρ`` of two adjacent trajectories merged, or None if the merge U-turns.
 
     ``a`` and ``b`` are adjacent at ``inner_a`` | ``inner_b``. Stan's three checks: around
@@ -111,13 +133,15 @@ def merged_rho(outer_a: Phase, inner_a: Phase, rho_a: np.ndarray, inner_b: Phase
         return None
     if inner_b is not outer_b:
         extended = rho_a + inner_b.momentum
-        if not (np.dot(outer_a.velocity, extended) > 0.0
-                and np.dot(inner_b.velocity, extended) > 0.0):
+        if not (
+            np.dot(outer_a.velocity, extended) > 0.0 and np.dot(inner_b.velocity, extended) > 0.0
+        ):
             return None
     if inner_a is not outer_a:
         extended = rho_b + inner_a.momentum
-        if not (np.dot(inner_a.velocity, extended) > 0.0
-                and np.dot(outer_b.velocity, extended) > 0.0):
+        if not (
+            np.dot(inner_a.velocity, extended) > 0.0 and np.dot(outer_b.velocity, extended) > 0.0
+        ):
             return None
     return rho
 
@@ -140,16 +164,18 @@ def _merge(ctx: _Context, init: _Tree, final: _Tree) -> _Tree | None:
     log_weight = log_add_exp(init.log_weight, final.log_weight)
     # uniform progressive sampling: the final half with probability w_final / w_subtree
     delta = final.log_weight - log_weight
-    proposal = (final.proposal if delta >= 0.0 or ctx.rng.random() < math.exp(delta)
-                else init.proposal)
+    proposal = (
+        final.proposal if delta >= 0.0 or ctx.rng.random() < math.exp(delta) else init.proposal
+    )
     rho = merged_rho(init.first, init.last, init.rho, final.first, final.last, final.rho)
     if rho is None:
         return None
     return _Tree(init.first, final.last, proposal, log_weight, rho)
 
 
-def _build_tree(ctx: _Context, start: Phase, depth: int
-                ) -> Generator[EvalRequest, EvalResponse, _Tree | None]:
+def _build_tree(
+    ctx: _Context, start: Phase, depth: int
+) -> Generator[EvalRequest, EvalResponse, _Tree | None]:
     """A subtree of ``2^depth`` leapfrog steps of size ``ctx.eps`` from ``start``.
 
     Returns None if it is invalid (a divergent leaf or an inner U-turn); the leapfrog
@@ -204,15 +230,24 @@ class NUTS:
     name = "nuts"
     needs_grad = True
 
-    def __init__(self, target_accept: float = 0.8, max_tree_depth: int = 10,
-                 metric: str = "dense", step_size: float | None = None,
-                 find_step_size: bool = True,
-                 divergence_threshold: float = DIVERGENCE_THRESHOLD) -> None:
+    def __init__(
+        self,
+        target_accept: float = 0.8,
+        max_tree_depth: int = 10,
+        metric: str = "dense",
+        step_size: float | None = None,
+        find_step_size: bool = True,
+        divergence_threshold: float = DIVERGENCE_THRESHOLD,
+    ) -> None:
         self.target_accept = check_probability("target_accept", target_accept)
-        if (isinstance(max_tree_depth, bool) or not isinstance(max_tree_depth, int | np.integer)
-                or not 1 <= max_tree_depth <= 30):
-            raise ValueError(f"max_tree_depth must be an integer in [1, 30], "
-                             f"got {max_tree_depth!r}")
+        if (
+            isinstance(max_tree_depth, bool)
+            or not isinstance(max_tree_depth, int | np.integer)
+            or not 1 <= max_tree_depth <= 30
+        ):
+            raise ValueError(
+                f"max_tree_depth must be an integer in [1, 30], got {max_tree_depth!r}"
+            )
         self.max_tree_depth = int(max_tree_depth)
         self.metric = check_metric(metric)
         self.step_size = None if step_size is None else check_positive("step_size", step_size)
@@ -222,8 +257,10 @@ class NUTS:
         self.divergence_threshold = check_positive("divergence_threshold", divergence_threshold)
 
     def __repr__(self) -> str:
-        return (f"NUTS(target_accept={self.target_accept}, max_tree_depth={self.max_tree_depth}, "
-                f"metric={self.metric!r}, step_size={self.step_size})")
+        return (
+            f"NUTS(target_accept={self.target_accept}, max_tree_depth={self.max_tree_depth}, "
+            f"metric={self.metric!r}, step_size={self.step_size})"
+        )
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> HamiltonianParams:
         """Initial parameters: inverse metric ``L Lᵀ`` (or its diagonal) from the
@@ -232,11 +269,13 @@ class NUTS:
 
     def adapter(self, params: HamiltonianParams, num_warmup: int) -> WindowAdaptation:
         """Stan's windowed adaptation of the step size and metric over ``num_warmup`` steps."""
-        return WindowAdaptation(params, num_warmup, self.target_accept,
-                                find_step_size=self.find_step_size)
+        return WindowAdaptation(
+            params, num_warmup, self.target_accept, find_step_size=self.find_step_size
+        )
 
-    def step(self, rng: np.random.Generator, position: np.ndarray,
-             params: HamiltonianParams) -> StepGenerator:
+    def step(
+        self, rng: np.random.Generator, position: np.ndarray, params: HamiltonianParams
+    ) -> StepGenerator:
         """One NUTS transition from ``position``: a generator (see :mod:`.base`).
 
         Randomness, in order: the heuristic's momenta (if it runs), ``P`` normals (the
@@ -278,8 +317,9 @@ class NUTS:
         n_evals = 0
         eps = params.step_size
         if params.find_step_size:
-            eps, trials = yield from find_reasonable_step_size(rng, position, logp, grad, eps,
-                                                               params, product)
+            eps, trials = yield from find_reasonable_step_size(
+                rng, position, logp, grad, eps, params, product
+            )
             n_requests += trials
             n_evals += trials
 
@@ -326,9 +366,17 @@ class NUTS:
                 n_requests += 1
                 n_evals += 1
         info = HamiltonianInfo(
-            accepted=index == 0, accept_prob=accept_prob, index=index, n_evals=n_evals,
-            n_requests=n_requests, position=new, step_size=eps,
-            step_size_found=params.find_step_size, n_leapfrog=ctx.n_leapfrog,
-            tree_depth=depth, divergent=ctx.divergent, energy=sample.energy)
+            accepted=index == 0,
+            accept_prob=accept_prob,
+            index=index,
+            n_evals=n_evals,
+            n_requests=n_requests,
+            position=new,
+            step_size=eps,
+            step_size_found=params.find_step_size,
+            n_leapfrog=ctx.n_leapfrog,
+            tree_depth=depth,
+            divergent=ctx.divergent,
+            energy=sample.energy,
+        )
         return new, info
-

@@ -178,8 +178,16 @@ class DualAveraging:
         The usual constants (0.05, 10, 0.75).
     """
 
-    def __init__(self, x0: float, target: float, *, mu: float | None = None,
-                 gamma: float = 0.05, t0: float = 10.0, kappa: float = 0.75) -> None:
+    def __init__(
+        self,
+        x0: float,
+        target: float,
+        *,
+        mu: float | None = None,
+        gamma: float = 0.05,
+        t0: float = 10.0,
+        kappa: float = 0.75,
+    ) -> None:
         x0 = check_positive("x0", x0)
         self.target = float(target)
         self.mu = math.log(10.0 * x0) if mu is None else float(mu)
@@ -240,11 +248,22 @@ class StepSizeAdapter:
         ``γ`` of the second phase.
     """
 
-    def __init__(self, params: Any, num_warmup: int, target: float, *,
-                 field: str = "step_size", statistic: Any = None, restart: float = 0.5,
-                 restart_gamma: float = 0.5) -> None:
-        if isinstance(num_warmup, bool) or not isinstance(num_warmup, int | np.integer) \
-                or num_warmup < 0:
+    def __init__(
+        self,
+        params: Any,
+        num_warmup: int,
+        target: float,
+        *,
+        field: str = "step_size",
+        statistic: Any = None,
+        restart: float = 0.5,
+        restart_gamma: float = 0.5,
+    ) -> None:
+        if (
+            isinstance(num_warmup, bool)
+            or not isinstance(num_warmup, int | np.integer)
+            or num_warmup < 0
+        ):
             raise ValueError(f"num_warmup must be a non-negative integer, got {num_warmup!r}")
         if field not in params._fields:
             raise ValueError(f"params {type(params).__name__} have no field {field!r}")
@@ -323,8 +342,9 @@ class RandomWalkMH:
         eps = self.step_size if self.step_size is not None else 2.38 / math.sqrt(dim)
         return RWMHParams(step_size=eps, scale_tril=tril)
 
-    def step(self, rng: np.random.Generator, position: np.ndarray,
-             params: RWMHParams) -> StepGenerator:
+    def step(
+        self, rng: np.random.Generator, position: np.ndarray, params: RWMHParams
+    ) -> StepGenerator:
         """One transition from ``position``: a generator (see :mod:`.base`).
 
         Randomness: ``P`` standard normals, then one standard exponential (``−log u``),
@@ -364,8 +384,9 @@ class RandomWalkMH:
         info = self._decide(self._log_ratio(logp_new, logp_current), neg_log_u)
         return (proposal if info.accepted else position), info
 
-    def step_chains(self, rngs: list[np.random.Generator], positions: np.ndarray,
-                    params: list[RWMHParams]) -> ChainsStepGenerator:
+    def step_chains(
+        self, rngs: list[np.random.Generator], positions: np.ndarray, params: list[RWMHParams]
+    ) -> ChainsStepGenerator:
         """Every chain's :meth:`step` at once (see :class:`.base.ChainsKernel`).
 
         The same draws from each chain's stream and the same floating-point operations
@@ -427,8 +448,13 @@ class RandomWalkMH:
     def _decide(log_ratio: float, neg_log_u: float) -> KernelInfo:
         """Accept iff ``log u < log_ratio`` (so never for NaN or -inf)."""
         accepted = bool(log_ratio > -neg_log_u)
-        return KernelInfo(accepted=accepted, accept_prob=mh_accept_prob(log_ratio),
-                          index=0 if accepted else -1, n_evals=1, n_requests=1)
+        return KernelInfo(
+            accepted=accepted,
+            accept_prob=mh_accept_prob(log_ratio),
+            index=0 if accepted else -1,
+            n_evals=1,
+            n_requests=1,
+        )
 
     def _log_ratio(self, logp_new: float, logp_current: float) -> float:
         """Log acceptance ratio (Python floats: ``-inf - -inf`` is a silent NaN)."""

@@ -73,8 +73,16 @@ class SliceInfo(KernelInfo):
     n_expand: int = 0
     n_contract: int = 0
 
-    def __new__(cls, accepted: bool, accept_prob: float, index: int, n_evals: int,
-                n_requests: int, n_expand: int = 0, n_contract: int = 0) -> SliceInfo:
+    def __new__(
+        cls,
+        accepted: bool,
+        accept_prob: float,
+        index: int,
+        n_evals: int,
+        n_requests: int,
+        n_expand: int = 0,
+        n_contract: int = 0,
+    ) -> SliceInfo:
         self = super().__new__(cls, accepted, accept_prob, index, n_evals, n_requests)
         self.n_expand = n_expand
         self.n_contract = n_contract
@@ -115,8 +123,9 @@ class _Uniforms:
         return self._extra[j]
 
 
-def _shrink_sequence(lo: float, hi: float, uniforms: _Uniforms, start: int,
-                     n: int) -> tuple[list[float], list[tuple[float, float]]]:
+def _shrink_sequence(
+    lo: float, hi: float, uniforms: _Uniforms, start: int, n: int
+) -> tuple[list[float], list[tuple[float, float]]]:
     """The next ``n`` shrinkage candidates assuming each is rejected.
 
     Returns the candidates and, for each, the interval after its rejection. Stops early
@@ -174,35 +183,51 @@ class SliceSampler:
     needs_grad = False
     target_accept = 1.0
 
-    def __init__(self, batch: int = 4, max_steps_out: int = 32, shrink_ahead: int | None = None,
-                 width: float | None = None, target_expand: float | None = None) -> None:
+    def __init__(
+        self,
+        batch: int = 4,
+        max_steps_out: int = 32,
+        shrink_ahead: int | None = None,
+        width: float | None = None,
+        target_expand: float | None = None,
+    ) -> None:
         self.batch = _check_int("batch", batch, minimum=1)
         self.max_steps_out = _check_int("max_steps_out", max_steps_out, minimum=1)
-        self.shrink_ahead = (self.batch if shrink_ahead is None and self.batch > 1
-                             else _check_int("shrink_ahead", shrink_ahead or 0, minimum=0))
+        self.shrink_ahead = (
+            self.batch
+            if shrink_ahead is None and self.batch > 1
+            else _check_int("shrink_ahead", shrink_ahead or 0, minimum=0)
+        )
         self.width = None if width is None else check_positive("width", width)
         if target_expand is None:
             target_expand = 0.5 if self.batch == 1 else 0.1
         self.target_expand = check_probability("target_expand", target_expand)
 
     def __repr__(self) -> str:
-        return (f"SliceSampler(batch={self.batch}, max_steps_out={self.max_steps_out}, "
-                f"shrink_ahead={self.shrink_ahead}, width={self.width}, "
-                f"target_expand={self.target_expand})")
+        return (
+            f"SliceSampler(batch={self.batch}, max_steps_out={self.max_steps_out}, "
+            f"shrink_ahead={self.shrink_ahead}, width={self.width}, "
+            f"target_expand={self.target_expand})"
+        )
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> SliceParams:
         """Initial parameters for ``dim`` parameters and an optional preconditioner."""
         tril = check_scale_tril(dim, scale_tril)
-        return SliceParams(width=self.width if self.width is not None else 2.0,
-                           scale_tril=tril)
+        return SliceParams(width=self.width if self.width is not None else 2.0, scale_tril=tril)
 
     def adapter(self, params: SliceParams, num_warmup: int) -> StepSizeAdapter:
         """Dual averaging of ``log w`` so that the step-out share averages ``target_expand``."""
-        return StepSizeAdapter(params, num_warmup, self.target_expand, field="width",
-                               statistic=partial(expand_share, neutral=self.target_expand))
+        return StepSizeAdapter(
+            params,
+            num_warmup,
+            self.target_expand,
+            field="width",
+            statistic=partial(expand_share, neutral=self.target_expand),
+        )
 
-    def step(self, rng: np.random.Generator, position: np.ndarray,
-             params: SliceParams) -> StepGenerator:
+    def step(
+        self, rng: np.random.Generator, position: np.ndarray, params: SliceParams
+    ) -> StepGenerator:
         """One transition from ``position``: a generator (see :mod:`.base`).
 
         Parameters
@@ -267,10 +292,12 @@ class SliceSampler:
         while open_left or open_right:
             n_left = min(batch, budget_left - steps_left) if open_left else 0
             n_right = min(batch, budget_right - steps_right) if open_right else 0
-            ts = np.concatenate([
-                left0 - width * np.arange(steps_left + 1, steps_left + n_left + 1),
-                right0 + width * np.arange(steps_right + 1, steps_right + n_right + 1),
-            ])
+            ts = np.concatenate(
+                [
+                    left0 - width * np.arange(steps_left + 1, steps_left + n_left + 1),
+                    right0 + width * np.arange(steps_right + 1, steps_right + n_right + 1),
+                ]
+            )
             response = yield EvalRequest(points=position + ts[:, None] * direction)
             n_requests += 1
             n_evals += ts.shape[0]
@@ -299,8 +326,9 @@ class SliceSampler:
         if n_expand == 0 and ahead_ts:
             index = _first_inside(logp[2:], level)
             if index >= 0:
-                return self._finish(points, 2 + index, position, n_evals, n_requests,
-                                    n_expand, index)
+                return self._finish(
+                    points, 2 + index, position, n_evals, n_requests, n_expand, index
+                )
             used = len(ahead_after)
             if used < len(ahead_ts):  # the sequence reached t == 0: the current point
                 return self._stay(position, n_evals, n_requests, n_expand, used)
@@ -322,8 +350,9 @@ class SliceSampler:
             logp = checked_logp(response, n_real)
             index = _first_inside(logp, level)
             if index >= 0:
-                return self._finish(points, index, position, n_evals, n_requests, n_expand,
-                                    used + index)
+                return self._finish(
+                    points, index, position, n_evals, n_requests, n_expand, used + index
+                )
             used += n_real
             if n_real < len(cand):
                 return self._stay(position, n_evals, n_requests, n_expand, used)
@@ -331,19 +360,41 @@ class SliceSampler:
         return self._stay(position, n_evals, n_requests, n_expand, used)
 
     @staticmethod
-    def _finish(points: np.ndarray, index: int, position: np.ndarray, n_evals: int,
-                n_requests: int, n_expand: int, n_contract: int) -> tuple[np.ndarray, SliceInfo]:
+    def _finish(
+        points: np.ndarray,
+        index: int,
+        position: np.ndarray,
+        n_evals: int,
+        n_requests: int,
+        n_expand: int,
+        n_contract: int,
+    ) -> tuple[np.ndarray, SliceInfo]:
         new = points[index].copy()
         moved = not np.array_equal(new, position)
-        info = SliceInfo(accepted=moved, accept_prob=1.0, index=index, n_evals=n_evals,
-                         n_requests=n_requests, n_expand=n_expand, n_contract=n_contract)
+        info = SliceInfo(
+            accepted=moved,
+            accept_prob=1.0,
+            index=index,
+            n_evals=n_evals,
+            n_requests=n_requests,
+            n_expand=n_expand,
+            n_contract=n_contract,
+        )
         return new, info
 
     @staticmethod
-    def _stay(position: np.ndarray, n_evals: int, n_requests: int, n_expand: int,
-              n_contract: int) -> tuple[np.ndarray, SliceInfo]:
-        info = SliceInfo(accepted=False, accept_prob=1.0, index=-1, n_evals=n_evals,
-                         n_requests=n_requests, n_expand=n_expand, n_contract=n_contract)
+    def _stay(
+        position: np.ndarray, n_evals: int, n_requests: int, n_expand: int, n_contract: int
+    ) -> tuple[np.ndarray, SliceInfo]:
+        info = SliceInfo(
+            accepted=False,
+            accept_prob=1.0,
+            index=-1,
+            n_evals=n_evals,
+            n_requests=n_requests,
+            n_expand=n_expand,
+            n_contract=n_contract,
+        )
         return position, info
 
 

@@ -92,8 +92,11 @@ class Prior:
         """
         theta = np.asarray(theta, dtype=np.float64)
         if self.kind != "laplace":
-            return (float(self.logpdf(theta)), self.grad(theta),
-                    -np.diag(self.precision(theta.size)).copy())
+            return (
+                float(self.logpdf(theta)),
+                self.grad(theta),
+                -np.diag(self.precision(theta.size)).copy(),
+            )
         eps = MAP_SMOOTHING * self.scale
         r = np.sqrt(theta * theta + eps * eps)
         val = -self._inv * float((r - eps).sum()) + theta.size * self._lognorm

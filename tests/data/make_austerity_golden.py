@@ -21,13 +21,27 @@ from flymc_dist.bench_sublinear import logistic_data
 #: the runs: name -> (data size, seed of the data, sample() keywords)
 RUNS = {
     # fixed init and preconditioner: the draws depend on the decisions only
-    "fixed": (1500, 1, {"num_warmup": 30, "num_samples": 40, "chains": 2, "seed": 7,
-                        "eps": 0.05, "batch_size": 100, "n_shards": 3,
-                        "init": np.array([0.32, 1.16, 0.38]),
-                        "precondition": np.diag([0.06, 0.07, 0.07]) ** 2}),
+    "fixed": (
+        1500,
+        1,
+        {
+            "num_warmup": 30,
+            "num_samples": 40,
+            "chains": 2,
+            "seed": 7,
+            "eps": 0.05,
+            "batch_size": 100,
+            "n_shards": 3,
+            "init": np.array([0.32, 1.16, 0.38]),
+            "precondition": np.diag([0.06, 0.07, 0.07]) ** 2,
+        },
+    ),
     # the defaults: MAP start, Laplace preconditioner, eps 0.01, batch 500
-    "default": (3000, 2, {"num_warmup": 30, "num_samples": 40, "chains": 2, "seed": 8,
-                          "n_shards": 2}),
+    "default": (
+        3000,
+        2,
+        {"num_warmup": 30, "num_samples": 40, "chains": 2, "seed": 8, "n_shards": 2},
+    ),
 }
 KEYS = ("accepted", "data_used", "test_rounds", "round_trips")
 
@@ -35,8 +49,9 @@ KEYS = ("accepted", "data_used", "test_rounds", "round_trips")
 def run(name: str, **extra: object) -> dict[str, np.ndarray]:
     n, dseed, kw = RUNS[name]
     X, y, _ = logistic_data(n, 3, dseed)
-    res = fd.sample(fd.LogisticRegression(), (X, y), algorithm="austerity",
-                    client="synchronous", **kw, **extra)
+    res = fd.sample(
+        fd.LogisticRegression(), (X, y), algorithm="austerity", client="synchronous", **kw, **extra
+    )
     out = {f"{name}_samples": res.samples, f"{name}_warmup_samples": res.warmup_samples}
     for k in KEYS:
         out[f"{name}_{k}"] = res.stats[k]
