@@ -159,33 +159,26 @@ def test_replica_sums_equal_shard_evaluation(model_name):
 @pytest.mark.parametrize("kernel", ["rwmh", "mala", "slice", "hmc", "nuts"])
 def test_one_round_trip_per_iteration_in_replica_mode(kernel):
     X, y = _data("logistic")
-    res = fd.sample(
-        fd.LogisticRegression(),
-        (X, y),
-        kernel=kernel,
-        num_warmup=20,
-        num_samples=30,
-        chains=2,
-        client="synchronous",
-        n_shards=3,
-        bright_replica=True,
-        progress=False,
-    )
+
+    def run(replica: bool) -> fd.Result:
+        return fd.sample(
+            fd.LogisticRegression(),
+            (X, y),
+            kernel=kernel,
+            num_warmup=20,
+            num_samples=30,
+            chains=2,
+            client="synchronous",
+            n_shards=3,
+            bright_replica=replica,
+            progress=False,
+        )
+
+    res = run(True)
     assert res.info["bright_replica"] is True
     assert np.all(res.stats["round_trips"] == 1)
     assert np.all(res.warmup_stats["round_trips"] == 1)
-    shard_mode = fd.sample(
-        fd.LogisticRegression(),
-        (X, y),
-        kernel=kernel,
-        num_warmup=20,
-        num_samples=30,
-        chains=2,
-        client="synchronous",
-        n_shards=3,
-        bright_replica=False,
-        progress=False,
-    )
+    shard_mode = run(False)
     assert shard_mode.info["bright_replica"] is False
     if kernel != "rwmh":  # several evaluations per iteration: several round trips
         assert shard_mode.stats["round_trips"].mean() > 1.5

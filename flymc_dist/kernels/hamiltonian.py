@@ -31,6 +31,7 @@ from flymc_dist.kernels.rwmh import check_positive, check_scale_tril, checked_va
 
 __all__ = [
     "DIVERGENCE_THRESHOLD",
+    "begin_step",
     "HamiltonianInfo",
     "HamiltonianParams",
     "Phase",
@@ -348,6 +349,31 @@ def no_u_turn(velocity_a: np.ndarray, velocity_b: np.ndarray, rho: np.ndarray) -
 
 
 # ------------------------------------------------------------------------ step size
+
+
+def begin_step(
+    rng: np.random.Generator, position: np.ndarray, params: HamiltonianParams
+) -> Generator[EvalRequest, EvalResponse, tuple[Callable, float, np.ndarray, float, int]]:
+    """The start every Hamiltonian step shares: the gradient at ``position`` (one request,
+    rule 1 of :mod:`.base`), then Stan's step-size search if ``params`` asks for it.
+
+    Returns
+    -------
+    product, logp, grad, step_size, trials
+        The metric's product, the log density and gradient at ``position``, the step
+        size to use and the search's requests (0 without a search).
+    """
+    product = metric_product(params.inv_metric)
+    response = yield EvalRequest(np.empty((0, position.shape[0])), False, True)
+    logp, grad = initial_phase(response, position)
+    eps, trials = params.step_size, 0
+    if params.find_step_size:
+        eps, trials = yield from find_reasonable_step_size(
+            rng, position, logp, grad, eps, params, product
+        )
+    return product, logp, grad, eps, trials
+
+
 def find_reasonable_step_size(
     rng: np.random.Generator,
     position: np.ndarray,

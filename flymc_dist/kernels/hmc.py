@@ -29,18 +29,16 @@ import math
 import numpy as np
 
 from flymc_dist.kernels.adaptation import WindowAdaptation
-from flymc_dist.kernels.base import EvalRequest, StepGenerator
+from flymc_dist.kernels.base import StepGenerator
 from flymc_dist.kernels.hamiltonian import (
     DIVERGENCE_THRESHOLD,
     HamiltonianInfo,
     HamiltonianParams,
     accept_statistic,
+    begin_step,
     check_metric,
-    find_reasonable_step_size,
     initial_hamiltonian_params,
-    initial_phase,
     leapfrog,
-    metric_product,
     start_phase,
 )
 from flymc_dist.kernels.rwmh import check_positive, check_probability
@@ -172,16 +170,8 @@ class HMC:
         """
         dim = position.shape[0]
         inv = params.inv_metric
-        product = metric_product(inv)
-        response = yield EvalRequest(np.empty((0, dim)), False, True)
-        logp, grad = initial_phase(response, position)
-        n_requests = 1
-        eps = params.step_size
-        if params.find_step_size:
-            eps, trials = yield from find_reasonable_step_size(
-                rng, position, logp, grad, eps, params, product
-            )
-            n_requests += trials
+        product, logp, grad, eps, trials = yield from begin_step(rng, position, params)
+        n_requests = 1 + trials
         momentum = product(params.momentum_factor, rng.standard_normal(dim))
         eps_jittered = eps * (1.0 + self.jitter * (2.0 * rng.random() - 1.0))
         neg_log_u = rng.standard_exponential()

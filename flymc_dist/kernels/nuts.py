@@ -52,13 +52,11 @@ from flymc_dist.kernels.hamiltonian import (
     HamiltonianInfo,
     HamiltonianParams,
     Phase,
+    begin_step,
     check_metric,
-    find_reasonable_step_size,
     initial_hamiltonian_params,
-    initial_phase,
     leapfrog,
     log_add_exp,
-    metric_product,
     start_phase,
 )
 from flymc_dist.kernels.rwmh import check_positive, check_probability, checked_value
@@ -310,18 +308,9 @@ class NUTS:
         """
         dim = position.shape[0]
         inv = params.inv_metric
-        product = metric_product(inv)
-        response = yield EvalRequest(np.empty((0, dim)), False, True)
-        logp, grad = initial_phase(response, position)
-        n_requests = 1
-        n_evals = 0
-        eps = params.step_size
-        if params.find_step_size:
-            eps, trials = yield from find_reasonable_step_size(
-                rng, position, logp, grad, eps, params, product
-            )
-            n_requests += trials
-            n_evals += trials
+        product, logp, grad, eps, trials = yield from begin_step(rng, position, params)
+        n_requests = 1 + trials
+        n_evals = trials
 
         momentum = product(params.momentum_factor, rng.standard_normal(dim))
         z0 = start_phase(position, logp, grad, momentum, inv, product)
