@@ -766,6 +766,45 @@ def test_bench_sublinear_is_wired(capsys: pytest.CaptureFixture[str]) -> None:
     assert_usage_error(code, err, "--ns")
 
 
+def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`flymc bench mixing` on a small synthetic problem, in this process: both samplers,
+    the ratios, and the JSON figures."""
+    out_json = tmp_path / "mixing.json"
+    code, out, err = run_cli(
+        [
+            "bench",
+            "mixing",
+            "--problem",
+            "logistic",
+            "--rows",
+            3000,
+            "--features",
+            3,
+            "--num-warmup",
+            30,
+            "--num-samples",
+            30,
+            "--regular-warmup",
+            0,
+            "--regular-samples",
+            10,
+            "--json",
+            out_json,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    assert "flymc" in out and "regular" in out and "FlyMC / regular" in out
+    import json
+
+    d = json.loads(out_json.read_text())
+    assert d["flymc"]["bright_replica"] is True
+    assert d["flymc"]["round_trips_per_iteration"] == 1.0
+    assert d["regular"]["queries_per_iteration"] > d["flymc"]["queries_per_iteration"]
+    code, _, err = run_cli(["bench", "mixing", "--problem", "cifar"], capsys)
+    assert code == 2 and "problem" in err
+
+
 @pytest.fixture(scope="module")
 def cluster_client() -> object:
     """One 2-worker LocalCluster shared by the cluster tests (started once: it is slow)."""
