@@ -28,7 +28,7 @@ from flymc_dist.driver import (
 from flymc_dist.kernels import get_kernel
 from flymc_dist.models.base import Model
 from flymc_dist.progress import Progress
-from flymc_dist.shard import ShardConfig, ShardSpec
+from flymc_dist.protocol import ShardConfig, ShardSpec
 
 log = logging.getLogger("flymc_dist")
 

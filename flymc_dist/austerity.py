@@ -116,7 +116,9 @@ from scipy.special import stdtr
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH, tril_matvec
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.shard import ROLE_AUSTERITY, ROLE_INIT, Shard, ShardConfig, ShardSpec, stream
+from flymc_dist.protocol import ShardConfig, ShardSpec
+from flymc_dist.rng import ROLE_AUSTERITY, ROLE_INIT, stream
+from flymc_dist.shard import Shard
 
 __all__ = [
     "AUSTERITY_STATS",

@@ -111,7 +111,7 @@ def _check_int(name: str, value: Any, lo: int) -> int:
 
 def _round_payload(chains: int, n_params: int) -> bytes:
     """A FlyMC RWMH round's request, packed as the transport sends it (its size matters)."""
-    from flymc_dist.shard import Request, pack_round
+    from flymc_dist.protocol import Request, pack_round
 
     reqs = [Request(np.zeros((1, n_params)), False, False) for _ in range(chains)]
     return pack_round(1, np.full(chains, -1, dtype=np.int64), True, reqs, False)
@@ -246,7 +246,7 @@ def run_overhead(
     import flymc_dist as fd
     from flymc_dist.cluster import DaskTransport
     from flymc_dist.data import make_logistic
-    from flymc_dist.shard import ShardConfig, ShardSpec
+    from flymc_dist.protocol import ShardConfig, ShardSpec
 
     rows = _check_int("rows", rows, 2)
     features = _check_int("features", features, 1)

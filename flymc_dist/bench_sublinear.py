@@ -44,7 +44,7 @@ from flymc_dist import diagnostics
 from flymc_dist.austerity import loglog_slope, run_decisions
 from flymc_dist.kernels.rwmh import tril_matvec
 from flymc_dist.models.logistic import LogisticRegression
-from flymc_dist.shard import ROLE_AUSTERITY, stream
+from flymc_dist.rng import ROLE_AUSTERITY, stream
 
 __all__ = ["format", "format_sublinear", "logistic_data", "run_sublinear"]
 

@@ -34,14 +34,14 @@ from typing import Any
 import numpy as np
 
 from flymc_dist.channel import ECHO, ROUND, ChannelClient, check_channel
-from flymc_dist.shard import (
+from flymc_dist.protocol import (
     Request,
     ShardConfig,
-    ShardHost,
     ShardSpec,
     pack_round,
     unpack_reply,
 )
+from flymc_dist.shard import ShardHost
 from flymc_dist.transport import InProcessTransport
 
 log = logging.getLogger("flymc_dist")

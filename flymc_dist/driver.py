@@ -34,8 +34,9 @@ import scipy.optimize
 
 from flymc_dist.kernels.base import EvalRequest, EvalResponse, Kernel, KernelInfo
 from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.protocol import Request
 from flymc_dist.replica import BrightReplica
-from flymc_dist.shard import ROLE_INIT, ROLE_KERNEL, Request, stream
+from flymc_dist.rng import ROLE_INIT, ROLE_KERNEL, stream
 
 log = logging.getLogger("flymc_dist")
 

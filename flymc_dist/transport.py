@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.shard import Request, ShardConfig, ShardHost, ShardSpec
+from flymc_dist.protocol import Request, ShardConfig, ShardSpec
+from flymc_dist.shard import ShardHost
 
 
 class InProcessTransport:

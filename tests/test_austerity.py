@@ -19,7 +19,8 @@ from flymc_dist import austerity as aus
 from flymc_dist import diagnostics
 from flymc_dist.bench_sublinear import logistic_data
 from flymc_dist.kernels.rwmh import tril_matvec
-from flymc_dist.shard import ROLE_AUSTERITY, ShardConfig, ShardSpec, stream
+from flymc_dist.protocol import ShardConfig, ShardSpec
+from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.transport import InProcessTransport
 
 MODEL = fd.LogisticRegression()

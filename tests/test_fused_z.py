@@ -23,7 +23,8 @@ import flymc_dist.shard as shard_mod
 from flymc_dist._numerics import log_expm1
 from flymc_dist.brightness import bernoulli_rows
 from flymc_dist.cluster import _all_remote
-from flymc_dist.shard import Request, Shard, ShardConfig, ShardSpec
+from flymc_dist.protocol import Request, ShardConfig, ShardSpec
+from flymc_dist.shard import Shard
 
 
 def _crit(m: int, level: float = 0.001) -> float:
@@ -699,7 +700,8 @@ def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
     draws rests on it). Shards of different sizes, one so small that chains go dark.
     "slice": rounds like the slice sampler's — 0 to 3 points per chain, some chains
     without a request, z updated on every third round only."""
-    from flymc_dist.shard import ShardHost, pack_round, unpack_reply
+    from flymc_dist.protocol import pack_round, unpack_reply
+    from flymc_dist.shard import ShardHost
 
     rng = np.random.default_rng(61)
     n, C = 1500, 3

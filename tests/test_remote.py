@@ -29,7 +29,7 @@ except ImportError as err:  # the "test" extra installs both
 import flymc_dist as fd
 from flymc_dist.cli import main
 from flymc_dist.driver import Driver
-from flymc_dist.shard import ShardConfig, ShardSpec
+from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.trace import Trace
 
 SECRET = "s3cr3t-value-never-stored"

@@ -21,7 +21,7 @@ import flymc_dist as fd
 from flymc_dist.api import _shard_layout
 from flymc_dist.driver import Driver
 from flymc_dist.kernels import get_kernel
-from flymc_dist.shard import Request, ShardConfig
+from flymc_dist.protocol import Request, ShardConfig
 from flymc_dist.transport import InProcessTransport
 
 

@@ -1,0 +1,126 @@
+"""The round protocol between the driver and the shards: what a round carries, and how.
+
+A *round* is one call from the driver to every shard, for all chains at once
+(:meth:`flymc_dist.shard.Shard.round`): each chain's :class:`Request` goes out, a dict of
+small arrays comes back per shard. :class:`ShardSpec` says where a shard's rows are (and
+how to open their store), :class:`ShardConfig` how every shard of a run behaves. A round
+and its replies travel as raw array bytes behind a small pickled header
+(:func:`pack_round`, :func:`pack_reply`): pickling each array costs more than a round's
+compute for a few chains.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from flymc_dist.models.base import Model
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Where a shard's rows are: ``[start, stop)`` of the store at ``path``.
+
+    ``storage_options`` are the fsspec options the driver opened the store with (an
+    endpoint, credentials), so that a worker opens it the same way; they are left out of
+    the repr (they may hold secrets) and of the hash.
+    """
+
+    shard_id: int
+    path: str
+    start: int
+    stop: int
+    storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """How the shards of one run behave (the same for every shard)."""
+
+    model: Model
+    algorithm: str  # "flymc" | "regular" | "austerity"
+    chains: int
+    seed: int
+    z_update: str = "implicit"  # "implicit" | "explicit"
+    q_db: float = 0.01  # the driver may replace it ("auto") through Shard.set_q
+    resample_fraction: float = 0.1
+    track_grad: bool = False
+
+
+class Request(NamedTuple):
+    """One chain's part of a round trip (see :class:`flymc_dist.kernels.base.EvalRequest`)."""
+
+    points: np.ndarray  # (k, P)
+    grad: bool
+    current_grad: bool
+
+
+def pack_arrays(meta: Any, arrays: list[np.ndarray]) -> bytes:
+    """``meta`` (small plain Python data) and ``arrays`` as one buffer.
+
+    The arrays travel as their raw bytes after a pickled header of ``meta`` and their
+    dtypes and shapes: pickling each array through its ``__reduce__`` costs ~10 µs
+    apiece, more than a round's compute for a few chains.
+    """
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    head = pickle.dumps(
+        (meta, [(a.dtype.str, a.shape) for a in arrays]), protocol=pickle.HIGHEST_PROTOCOL
+    )
+    pad = -(len(head) + 8) % 8  # the arrays start 8-byte aligned
+    return b"".join(
+        [len(head).to_bytes(8, "little"), head, b"\0" * pad] + [a.tobytes() for a in arrays]
+    )
+
+
+def unpack_arrays(blob: bytes) -> tuple[Any, list[np.ndarray]]:
+    """Invert :func:`pack_arrays`; the arrays are read-only views of ``blob``."""
+    n = int.from_bytes(blob[:8], "little")
+    meta, specs = pickle.loads(blob[8 : 8 + n])
+    off = 8 + n + (-(n + 8) % 8)
+    out = []
+    for dt, shape in specs:
+        dtype = np.dtype(dt)
+        count = math.prod(shape)
+        out.append(np.frombuffer(blob, dtype, count, off).reshape(shape))
+        off += count * dtype.itemsize
+    return meta, out
+
+
+def pack_round(
+    seq: Any, commits: np.ndarray, update_z: bool, requests: list[Request | None], speculate: bool
+) -> bytes:
+    """A round's arguments as the one buffer :meth:`ShardHost.round_packed` takes."""
+    shapes = [None if r is None else (bool(r.grad), bool(r.current_grad)) for r in requests]
+    meta = (
+        seq,
+        np.asarray(commits, dtype=np.int64).tolist(),
+        bool(update_z),
+        bool(speculate),
+        shapes,
+    )
+    return pack_arrays(meta, [r.points for r in requests if r is not None])
+
+
+def unpack_round(blob: bytes) -> tuple[Any, np.ndarray, bool, list[Request | None], bool]:
+    """Invert :func:`pack_round`: ``(seq, commits, update_z, requests, speculate)``."""
+    (seq, commits, update_z, speculate, shapes), points = unpack_arrays(blob)
+    it = iter(points)
+    requests = [None if f is None else Request(next(it), f[0], f[1]) for f in shapes]
+    return seq, np.asarray(commits, dtype=np.int64), update_z, requests, speculate
+
+
+def pack_reply(reply: dict[int, dict[str, np.ndarray]]) -> bytes:
+    """A host's round reply (shard id → named arrays) as one buffer."""
+    meta = [(sid, list(r)) for sid, r in reply.items()]
+    return pack_arrays(meta, [a for r in reply.values() for a in r.values()])
+
+
+def unpack_reply(blob: bytes) -> dict[int, dict[str, np.ndarray]]:
+    """Invert :func:`pack_reply`."""
+    meta, arrays = unpack_arrays(blob)
+    it = iter(arrays)
+    return {sid: {k: next(it) for k in keys} for sid, keys in meta}
