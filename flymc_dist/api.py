@@ -28,7 +28,7 @@ from flymc_dist.driver import (
 from flymc_dist.kernels import get_kernel
 from flymc_dist.models.base import Model
 from flymc_dist.progress import Progress
-from flymc_dist.protocol import ShardConfig, ShardSpec
+from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
 
 log = logging.getLogger("flymc_dist")
 
@@ -482,7 +482,7 @@ def sample(
 
 def _run(
     driver: Driver,
-    transport: Any,
+    transport: Transport,
     info: dict[str, Any],
     num_warmup: int,
     num_samples: int,
@@ -603,9 +603,9 @@ def _run(
     info["total_round_trips"] = int(transport.round_trips)
     info["speculate"] = bool(driver.speculate)
     info["bright_replica"] = driver.replica is not None
-    info["channel"] = getattr(transport, "channel", "in-process")
+    info["channel"] = transport.channel
     info["speculative_queries"] = int(driver.wasted_queries)
-    info["recoveries"] = list(getattr(transport, "recoveries", []))
+    info["recoveries"] = list(transport.recoveries)
     info["kernel_params"] = [params_to_json(p) for p in driver.params]
     return Result(
         samples.reshape((C, n_keep) + shape),
@@ -616,11 +616,11 @@ def _run(
     )
 
 
-def _timing_snapshot(driver: Driver, transport: Any) -> dict[str, Any]:
+def _timing_snapshot(driver: Driver, transport: Transport) -> dict[str, Any]:
     return {
         "step": driver.step_seconds,
         "round": driver.round_seconds,
-        "hosts": transport.timing() if hasattr(transport, "timing") else [],
+        "hosts": transport.timing(),
     }
 
 

@@ -116,7 +116,7 @@ from scipy.special import stdtr
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH, tril_matvec
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.protocol import ShardConfig, ShardSpec
+from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
 from flymc_dist.rng import ROLE_AUSTERITY, ROLE_INIT, stream
 from flymc_dist.shard import Shard
 
@@ -444,7 +444,7 @@ class SequentialTester:
 
     def __init__(
         self,
-        transport: Any,
+        transport: Transport,
         specs: Sequence[ShardSpec],
         slots: int,
         *,
@@ -646,7 +646,7 @@ def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarra
         return np.sum((d @ bound.A) * (proposals + thetas), axis=-1) + d @ bound.b
 
 
-def tight_bounds(transport: Any, theta_hat: np.ndarray) -> BoundStats:
+def tight_bounds(transport: Transport, theta_hat: np.ndarray) -> BoundStats:
     """Set every shard's tight points at ``theta_hat`` and sum their bound statistics.
 
     The bounds' set-up exactly as FlyMC's driver does it for ``bounds="map"``
@@ -721,7 +721,7 @@ def _check_batch_size(batch_size: Any) -> int:
 # ====================================================================== sampling
 def _setup(
     model: Model,
-    transport: Any,
+    transport: Transport,
     kernel: RandomWalkMH,
     n_features: int,
     chains: int,
@@ -987,7 +987,7 @@ def sample_austerity(
         info["sampling_seconds"] = t_end - (t_warm if t_warm is not None else t0)
         info["warmup_seconds"] = (t_warm - t0) if t_warm is not None else 0.0
         info["total_round_trips"] = int(transport.round_trips)
-        info["recoveries"] = list(getattr(transport, "recoveries", []))
+        info["recoveries"] = list(transport.recoveries)
         info["restarted_decisions"] = int(tester.restarts)
         info["restarted_queries"] = 2 * int(tester.restarted_rows)
         info["kernel_params"] = [
@@ -1162,7 +1162,7 @@ def run_decisions(
     return out
 
 
-def _find_map(model: Model, transport: Any, n_features: int) -> np.ndarray:
+def _find_map(model: Model, transport: Transport, n_features: int) -> np.ndarray:
     """The MAP estimate, found as the sampler's set-up finds it."""
     from flymc_dist.driver import Driver
 

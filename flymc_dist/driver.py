@@ -34,7 +34,7 @@ import scipy.optimize
 
 from flymc_dist.kernels.base import EvalRequest, EvalResponse, Kernel, KernelInfo
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.protocol import Request
+from flymc_dist.protocol import Request, Transport
 from flymc_dist.replica import BrightReplica
 from flymc_dist.rng import ROLE_INIT, ROLE_KERNEL, stream
 
@@ -118,7 +118,7 @@ class Driver:
     def __init__(
         self,
         model: Model,
-        transport: Any,
+        transport: Transport,
         kernel: Kernel,
         *,
         n_features: int,
@@ -173,10 +173,7 @@ class Driver:
         self.speculate = (
             algorithm == "flymc"
             and getattr(kernel, "requests_per_step", None) == 1
-            and (
-                speculate is True
-                or (speculate == "auto" and getattr(transport, "speculates", False))
-            )
+            and (speculate is True or (speculate == "auto" and transport.speculates))
         )
         #: likelihood queries of speculative z-updates undone because the chain moved
         self.wasted_queries = 0
@@ -560,7 +557,7 @@ class Driver:
         """One iteration of every chain. Returns this iteration's stats, shape (C,)."""
         t_step = time.perf_counter()
         C = self.chains
-        recoveries = getattr(self.transport, "recoveries", ())
+        recoveries = self.transport.recoveries
         n_recoveries = len(recoveries)
         trips = self._trips
         if getattr(self.kernel, "step_chains", None) is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -124,3 +124,56 @@ def unpack_reply(blob: bytes) -> dict[int, dict[str, np.ndarray]]:
     meta, arrays = unpack_arrays(blob)
     it = iter(arrays)
     return {sid: {k: next(it) for k in keys} for sid, keys in meta}
+
+
+class Transport(Protocol):
+    """How the driver reaches its shards: in-process
+    (:class:`flymc_dist.transport.InProcessTransport`) or Dask actors
+    (:class:`flymc_dist.cluster.DaskTransport`). Every result comes back as a list in
+    global shard order (:attr:`specs`), so the driver combines them identically whatever
+    the placement."""
+
+    #: ``"synchronous"`` or ``"dask"``
+    name: str
+    #: the shards, in global shard order
+    specs: list[ShardSpec]
+    #: round trips made so far
+    round_trips: int
+    #: random-stream generation of the shards' z draws (advanced by resume and recovery)
+    generation: int
+    #: fault recoveries so far (one dict each)
+    recoveries: list[dict[str, Any]]
+    #: whether ``speculate="auto"`` speculates on this transport
+    speculates: bool
+    #: how rounds travel: ``"in-process"``, ``"socket"`` or ``"dask"``
+    channel: str
+
+    @property
+    def n_workers(self) -> int:
+        """Places the shards live in."""
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``Shard.<method>(*args, **kwargs)`` on every shard, in shard order."""
+
+    def call_each(self, method: str, per_shard: list[tuple]) -> list[Any]:
+        """``Shard.<method>(*per_shard[i])`` on shard i, in shard order."""
+
+    def call_some(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
+        """``Shard.<method>(*args)`` on the listed shards only (one round trip)."""
+
+    def round(
+        self,
+        seq: Any,
+        commits: np.ndarray,
+        update_z: bool,
+        requests: list[Request | None],
+        positions: np.ndarray,
+        speculate: bool = False,
+    ) -> list[dict]:
+        """One protocol round on every shard (``positions``: where recovery redraws z)."""
+
+    def timing(self) -> list[dict[str, float]]:
+        """Each shard host's busy seconds (for reports)."""
+
+    def close(self) -> None:
+        """Release the shards (and a cluster started for the run)."""

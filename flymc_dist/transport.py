@@ -59,6 +59,8 @@ class InProcessTransport:
 
     #: speculative z-updates gain nothing here (no idle time between round trips)
     speculates = False
+    #: rounds are plain method calls
+    channel = "in-process"
 
     def round(
         self,
