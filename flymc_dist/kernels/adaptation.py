@@ -52,10 +52,20 @@ import math
 import numpy as np
 
 from flymc_dist.kernels.base import KernelInfo
-from flymc_dist.kernels.hamiltonian import HamiltonianParams, hamiltonian_params
+from flymc_dist.kernels.hamiltonian import (
+    HamiltonianParams,
+    hamiltonian_params,
+    initial_hamiltonian_params,
+)
 from flymc_dist.kernels.rwmh import DualAveraging
 
-__all__ = ["Welford", "WindowAdaptation", "build_schedule", "regularised_covariance"]
+__all__ = [
+    "HamiltonianKernel",
+    "Welford",
+    "WindowAdaptation",
+    "build_schedule",
+    "regularised_covariance",
+]
 
 #: Stan's default buffer and first-window sizes
 INITIAL_BUFFER = 75
@@ -304,4 +314,27 @@ class WindowAdaptation:
         return (
             f"WindowAdaptation(num_warmup={self.num_warmup}, target={self.target}, "
             f"windows={self.windows})"
+        )
+
+
+class HamiltonianKernel:
+    """What :class:`~flymc_dist.kernels.hmc.HMC` and :class:`~flymc_dist.kernels.nuts.NUTS`
+    share besides their step: parameters seeded from the preconditioner, and Stan's
+    windowed warm-up. Subclasses set ``metric``, ``step_size``, ``target_accept`` and
+    ``find_step_size``."""
+
+    metric: str
+    step_size: float | None
+    target_accept: float
+    find_step_size: bool
+
+    def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> HamiltonianParams:
+        """Initial parameters: inverse metric ``L Lᵀ`` (or its diagonal) from the
+        preconditioner's Cholesky factor ``L`` (identity when None)."""
+        return initial_hamiltonian_params(dim, scale_tril, self.metric, self.step_size)
+
+    def adapter(self, params: HamiltonianParams, num_warmup: int) -> WindowAdaptation:
+        """Stan's windowed adaptation of the step size and metric over ``num_warmup`` steps."""
+        return WindowAdaptation(
+            params, num_warmup, self.target_accept, find_step_size=self.find_step_size
         )

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from flymc_dist.kernels.adaptation import WindowAdaptation
+from flymc_dist.kernels.adaptation import HamiltonianKernel
 from flymc_dist.kernels.base import StepGenerator
 from flymc_dist.kernels.hamiltonian import (
     DIVERGENCE_THRESHOLD,
@@ -37,7 +37,6 @@ from flymc_dist.kernels.hamiltonian import (
     accept_statistic,
     begin_step,
     check_metric,
-    initial_hamiltonian_params,
     leapfrog,
     start_phase,
 )
@@ -46,7 +45,7 @@ from flymc_dist.kernels.rwmh import check_positive, check_probability
 __all__ = ["HMC"]
 
 
-class HMC:
+class HMC(HamiltonianKernel):
     """Static-length HMC with a jittered step size and a diagonal or dense metric.
 
     Parameters
@@ -117,17 +116,6 @@ class HMC:
             f"HMC(target_accept={self.target_accept}, "
             f"trajectory_length={self.trajectory_length}, metric={self.metric!r}, "
             f"step_size={self.step_size}, jitter={self.jitter})"
-        )
-
-    def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> HamiltonianParams:
-        """Initial parameters: inverse metric ``L Lᵀ`` (or its diagonal) from the
-        preconditioner's Cholesky factor ``L`` (identity when None)."""
-        return initial_hamiltonian_params(dim, scale_tril, self.metric, self.step_size)
-
-    def adapter(self, params: HamiltonianParams, num_warmup: int) -> WindowAdaptation:
-        """Stan's windowed adaptation of the step size and metric over ``num_warmup`` steps."""
-        return WindowAdaptation(
-            params, num_warmup, self.target_accept, find_step_size=self.find_step_size
         )
 
     def n_steps(self, step_size: float) -> int:

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from flymc_dist.kernels.adaptation import WindowAdaptation
+from flymc_dist.kernels.adaptation import HamiltonianKernel
 from flymc_dist.kernels.base import EvalRequest, EvalResponse, StepGenerator
 from flymc_dist.kernels.hamiltonian import (
     DIVERGENCE_THRESHOLD,
@@ -54,7 +54,6 @@ from flymc_dist.kernels.hamiltonian import (
     Phase,
     begin_step,
     check_metric,
-    initial_hamiltonian_params,
     leapfrog,
     log_add_exp,
     start_phase,
@@ -197,7 +196,7 @@ def _build_tree(
     return _merge(ctx, init, final)
 
 
-class NUTS:
+class NUTS(HamiltonianKernel):
     """Multinomial No-U-Turn Sampler with a diagonal or dense metric.
 
     Parameters
@@ -258,17 +257,6 @@ class NUTS:
         return (
             f"NUTS(target_accept={self.target_accept}, max_tree_depth={self.max_tree_depth}, "
             f"metric={self.metric!r}, step_size={self.step_size})"
-        )
-
-    def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> HamiltonianParams:
-        """Initial parameters: inverse metric ``L Lᵀ`` (or its diagonal) from the
-        preconditioner's Cholesky factor ``L`` (identity when None)."""
-        return initial_hamiltonian_params(dim, scale_tril, self.metric, self.step_size)
-
-    def adapter(self, params: HamiltonianParams, num_warmup: int) -> WindowAdaptation:
-        """Stan's windowed adaptation of the step size and metric over ``num_warmup`` steps."""
-        return WindowAdaptation(
-            params, num_warmup, self.target_accept, find_step_size=self.find_step_size
         )
 
     def step(
