@@ -26,12 +26,14 @@ from flymc_dist.models.base import Model
 
 
 class _Rows:
-    """One chain's bright rows: global ids (sorted), features, targets, tight points."""
+    """One chain's bright rows: global ids (sorted), features, targets, tight points, and
+    (once asked for) the compiled kernel's buffer of them."""
 
-    __slots__ = ("ids", "X", "y", "xi")
+    __slots__ = ("ids", "X", "y", "xi", "buf")
 
     def __init__(self, ids: np.ndarray, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
         self.ids, self.X, self.y, self.xi = ids, X, y, xi
+        self.buf: np.ndarray | None = None
 
 
 class BrightReplica:
@@ -62,6 +64,8 @@ class BrightReplica:
 
             self._compiled = (_compiled, _compiled.KINDS[spec[0]], np.asarray(spec[1], float))
         self._buffers: Any = None  # the chains' (features, row constants) as a typed list
+        # the _Rows objects they were built from (held, so that an identity check is valid)
+        self._buffers_of: tuple[_Rows, ...] = ()
 
     def n_bright(self) -> np.ndarray:
         """Bright rows of each chain, shape (C,)."""
@@ -140,19 +144,27 @@ class BrightReplica:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        """The compiled kernel's buffers, once the rows have changed."""
-        if self._compiled is not None and all(r is not None for r in self._rows):
-            self._buffers = self._compiled[0].typed_list([self._buffer(r) for r in self._rows])
+        """The compiled kernel's buffers, when a chain's rows have changed (an iteration
+        where z changed for no chain rebuilds nothing; a changed chain only its own)."""
+        if self._compiled is None or any(r is None for r in self._rows):
+            return
+        rows = tuple(self._rows)
+        if len(rows) != len(self._buffers_of) or any(
+            a is not b for a, b in zip(rows, self._buffers_of, strict=True)
+        ):
+            self._buffers = self._compiled[0].typed_list([self._buffer(r) for r in rows])
+            self._buffers_of = rows
 
     def _buffer(self, rows: _Rows) -> np.ndarray:
         """One chain's rows as the compiled kernel reads them: features, then the model's
-        row constants."""
-        D = rows.X.shape[1]
-        consts = self.model.row_constants(rows.y, rows.xi)
-        buf = np.empty((rows.ids.size, D + consts.shape[1]))
-        buf[:, :D] = rows.X
-        buf[:, D:] = consts
-        return buf
+        row constants (built once per set of rows)."""
+        if rows.buf is None:
+            D = rows.X.shape[1]
+            consts = self.model.row_constants(rows.y, rows.xi)
+            rows.buf = np.empty((rows.ids.size, D + consts.shape[1]))
+            rows.buf[:, :D] = rows.X
+            rows.buf[:, D:] = consts
+        return rows.buf
 
     def evaluate(
         self, points: list[np.ndarray | None], grad: list[bool]
