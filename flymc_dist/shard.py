@@ -139,8 +139,10 @@ class Shard:
         if data is None:
             ds = open_dataset(spec.path, storage_options=spec.storage_options)
             n = spec.stop - spec.start
+            # austerity's minibatches are random rows of the whole shard: kept in memory
+            mode = config.out_of_core if config.algorithm != "austerity" else False
             self.out_of_core = _out_of_core(
-                config.out_of_core, n * (ds.n_features + K + 2) * 8 + config.chains * n, budget
+                mode, n * (ds.n_features + K + 2) * 8 + config.chains * n, budget
             )
         if self.out_of_core:
             self._init_out_of_core(ds)
@@ -417,10 +419,13 @@ class Shard:
                 ch.cur_grad = grads[c] if track else None
             return C * self.n
         for c, ch in enumerate(self.chains):
-            new = [np.concatenate(a) for a in zip(*parts[c], strict=True)] if parts[c] else None
-            if new is not None:
-                keep = np.zeros(0, dtype=bool)
-                ch.bright.replace(keep, new[0], new[1], new[2] if track else None)
+            rows, vals, dvals = zip(*parts[c], strict=True)
+            ch.bright.replace(
+                np.zeros(0, dtype=bool),
+                np.concatenate(rows),
+                np.concatenate(vals),
+                np.concatenate(dvals) if track else None,
+            )
         if held:
             self._rows.set(*(np.concatenate(a) for a in zip(*held, strict=True)))
         return C * self.n
