@@ -15,7 +15,7 @@ Knows nothing of models, chains or Dask.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -32,6 +32,7 @@ class Chunk(NamedTuple):
     hi: int
     X: np.ndarray  # (hi - lo, D) float64
     y: np.ndarray  # (hi - lo,)
+    xi: np.ndarray | None  # their tight points (see ChunkSource), or None
 
 
 class ChunkSource:
@@ -43,10 +44,20 @@ class ChunkSource:
         The store.
     start, stop
         The shard's rows in it.
+    tight_points
+        ``tight_points(X, y)``: the tight points of a chunk's rows (or None), computed
+        with the read — on the read-ahead thread, off the caller's path.
     """
 
-    def __init__(self, dataset: Dataset, start: int, stop: int) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        start: int,
+        stop: int,
+        tight_points: Callable[[np.ndarray, np.ndarray], np.ndarray | None],
+    ) -> None:
         self._ds = dataset
+        self._tight_points = tight_points
         self.start, self.stop = int(start), int(stop)
         self.n_features = self._ds.n_features
         cr = self._ds.chunk_rows
@@ -73,7 +84,7 @@ class ChunkSource:
         lo, hi = self.ranges[k]
         X, y = self._ds.read(self.start + lo, self.start + hi)
         self.bytes_read += X.nbytes + y.nbytes
-        return Chunk(lo, hi, X, y)
+        return Chunk(lo, hi, X, y, self._tight_points(X, y))
 
     def get(self, k: int, then: int | None = None) -> Chunk:
         """Chunk ``k`` — from the read ahead if it is the one under way — and start
@@ -90,6 +101,12 @@ class ChunkSource:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="flymc-chunk-read")
             self._ahead = (then, self._pool.submit(self.read, then))
         return chunk
+
+    def drop_ahead(self) -> None:
+        """Forget the read ahead (the tight points it computes are out of date)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].result()
 
     def stream(self) -> Iterator[Chunk]:
         """Every chunk in order, each next one read while the caller works on the last."""
@@ -132,17 +149,17 @@ class RowStore:
         return pos, held
 
     def gather(
-        self, rows: np.ndarray, window: tuple[Chunk, np.ndarray] | None
+        self, rows: np.ndarray, window: Chunk | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Features, target and tight point of ``rows``: held ones from the store, the
-        others from ``window`` (a chunk and its tight points), where they must lie."""
+        others from the chunk ``window``, where they must lie."""
         rows = np.asarray(rows, dtype=np.int64)
         pos, held = self._find(rows)
         if held.all():
             return self.X[pos], self.y[pos], self.xi[pos]
         if window is None:
             raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
-        chunk, xi = window
+        chunk = window
         off = rows - chunk.lo
         if np.any(~held & ((off < 0) | (off >= chunk.hi - chunk.lo))):
             raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
@@ -151,10 +168,10 @@ class RowStore:
         t = np.empty(rows.size)
         X[held], y[held], t[held] = self.X[pos[held]], self.y[pos[held]], self.xi[pos[held]]
         o = off[~held]
-        X[~held], y[~held], t[~held] = chunk.X[o], chunk.y[o], xi[o]
+        X[~held], y[~held], t[~held] = chunk.X[o], chunk.y[o], chunk.xi[o]
         return X, y, t
 
-    def keep(self, needed: np.ndarray, window: tuple[Chunk, np.ndarray] | None) -> None:
+    def keep(self, needed: np.ndarray, window: Chunk | None) -> None:
         """Hold exactly the sorted rows ``needed``: drop the others, add the new ones from
         ``window``."""
         if needed.size == self.ids.size and np.array_equal(needed, self.ids):
