@@ -1008,14 +1008,9 @@ def test_cli_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("run_bytes", [None, 1])
-def test_read_rows_matches_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, run_bytes: int | None
-) -> None:
+def test_read_rows_matches_read(tmp_path: Path, dtype: str) -> None:
     """read_rows(idx) == read(0, n)[idx] for duplicates, chunk boundaries, first and last
-    rows, runs of consecutive chunks and gaps (and with one chunk per slice read)."""
-    if run_bytes is not None:
-        monkeypatch.setattr(fdata, "_READ_RUN_BYTES", run_bytes)
+    rows, runs of consecutive chunks and gaps."""
     X, y = _xy(1003, 5, "multiclass", seed=4)
     ds = from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=50, dtype=dtype)
     Xa, ya = ds.read(0, ds.n_rows)
