@@ -850,6 +850,12 @@ def test_float32_round_trip(tmp_path: Path) -> None:
     assert ds64.dtype == np.float64 and ds64.attrs["dtype"] == "float64"
     np.testing.assert_array_equal(ds64.read()[0], X)
     assert "dtype" not in repr(ds64)
+    # from_blocks with uneven blocks (rows buffered into whole chunks) rounds the same way
+    blocks = ((X[s : s + 7], y[s : s + 7]) for s in range(0, 103, 7))
+    dsb = from_blocks(blocks, tmp_path / "f.zarr", 103, 4, task="real", chunk_rows=10,
+                      dtype="float32")  # fmt: skip
+    assert dsb.dtype == np.float32
+    np.testing.assert_array_equal(dsb.read()[0], X32)
     # labels keep int64 under float32 X
     Xb, yb = _xy(30, 3, "binary")
     dsb = from_numpy(Xb, yb, tmp_path / "b.zarr", dtype=np.float32)
