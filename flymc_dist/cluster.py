@@ -383,10 +383,24 @@ class DaskTransport:
     def _fanout(
         self, calls: dict[str, tuple[str, tuple, dict]]
     ) -> tuple[dict[str, Any], dict[str, BaseException]]:
-        """Run ``{worker: (function, args, kwargs)}`` concurrently; results and failures."""
+        """Run ``{worker: (function, args, kwargs)}`` concurrently; results and failures.
+
+        A FlyMC protocol call (a round, an echo) taking longer than ``timeout`` fails: its
+        host is lost. Any other call — set-up, recovery, regular MCMC's rounds — may be a
+        full pass over the shards (minutes, out of core at scale): it fails only once
+        its worker has also left the scheduler (or the connection breaks).
+        """
 
         async def one(w: str, f: str, a: tuple, k: dict) -> Any:
-            return await asyncio.wait_for(self._execute(w, f, a, k), self.timeout)
+            task = asyncio.ensure_future(self._execute(w, f, a, k))
+            while True:
+                try:
+                    return await asyncio.wait_for(asyncio.shield(task), self.timeout)
+                except TimeoutError:
+                    if f not in self._inline and await self._still_there(w):
+                        continue
+                    task.cancel()
+                    raise
 
         async def run() -> list[Any]:
             return await asyncio.gather(
@@ -402,6 +416,14 @@ class DaskTransport:
             else:
                 ok[w] = r
         return ok, bad
+
+    async def _still_there(self, worker: str) -> bool:
+        """Whether the scheduler still counts ``worker`` among its workers."""
+        try:
+            ident = await asyncio.wait_for(self.client.scheduler.identity(n_workers=-1), 10)
+        except Exception:  # noqa: BLE001 - no answer: treat the worker as gone
+            return False
+        return worker in ident.get("workers", {})
 
     def _lost(self, bad: dict[str, BaseException]) -> list[str]:
         """Which failures are lost hosts (connection, timeout); re-raise real errors."""

@@ -677,6 +677,28 @@ def test_a_script_without_a_main_guard_is_told_what_to_do(store, tmp_path):
     assert "sampled" in out["guarded"].stdout
 
 
+def test_a_set_up_pass_may_outlast_the_timeout(store, monkeypatch):
+    """A full pass (here a slow MAP pass) longer than ``timeout`` does not declare its
+    worker lost while the scheduler still has it: only protocol rounds are timed out."""
+    from distributed import Client, LocalCluster
+
+    from flymc_dist.shard import Shard
+
+    real = Shard.loglik_sum
+
+    def slow(self, *args, **kwargs):
+        time.sleep(1.5)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Shard, "loglik_sum", slow)  # workers in this process: it applies
+    with (
+        LocalCluster(n_workers=2, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        res = _run(store[0], client, timeout=0.5, num_warmup=20, num_samples=20, map_maxiter=2)
+    assert res.info["recoveries"] == [] and res.samples.shape == (2, 20, 2)
+
+
 def test_connect_timeout_is_scoped_to_the_run(store, local_client):
     """The short connect timeout a run uses is not left in the user's Dask settings."""
     import dask
