@@ -19,7 +19,8 @@ Figures per N:
   set-up (out-of-core shards count the bytes they read, as float64 features and target,
   ``info["setup_bytes_read"]``; divided by (D + 1) · 8 they give rows) over the set-up
   seconds, summed over workers; MB/s/worker are those rows at their stored size
-  (D float32 features and an int64 label) per worker. Set-up also computes (gradients,
+  (D float32 features and an int64 label) divided by the out-of-core shards (one per
+  worker, all reading at once). Set-up also computes (gradients,
   bound statistics), so this is the throughput of whole passes, a lower bound on the
   reads' own speed. In-memory shards stream nothing: "-";
 * **peak RSS** per worker (VmHWM, reset via ``/proc/self/clear_refs`` before the run:
@@ -77,7 +78,9 @@ def _peak_rss() -> int | None:
     return None
 
 
-def _store(workdir: str, n: int, d: int, seed: int) -> tuple[Any, float, bool]:
+def _store(
+    workdir: str, n: int, d: int, seed: int, chunk_rows: int | None
+) -> tuple[Any, float, bool]:
     """The float32 logistic store of ``n × d`` rows: reused when it matches, else written.
 
     Returns
@@ -87,7 +90,8 @@ def _store(workdir: str, n: int, d: int, seed: int) -> tuple[Any, float, bool]:
     """
     from flymc_dist.data import make_logistic, open_dataset
 
-    path = os.path.join(workdir, f"logistic_{n}x{d}_seed{seed}_float32.zarr")
+    tag = "" if chunk_rows is None else f"_chunk{chunk_rows}"
+    path = os.path.join(workdir, f"logistic_{n}x{d}_seed{seed}{tag}_float32.zarr")
     if os.path.exists(path):
         try:
             ds = open_dataset(path)
@@ -98,12 +102,15 @@ def _store(workdir: str, n: int, d: int, seed: int) -> tuple[Any, float, bool]:
                 and ds.dtype.name == "float32"
                 and a.get("generator") == "make_logistic"
                 and a.get("seed") == seed
+                and (chunk_rows is None or ds.chunk_rows == chunk_rows)
             ):
                 return ds, 0.0, True
         except (ValueError, OSError, KeyError):
             pass  # incomplete or foreign: written afresh below
     t0 = time.perf_counter()
-    ds = make_logistic(path, n, d, seed=seed, dtype="float32", overwrite=True)
+    ds = make_logistic(
+        path, n, d, seed=seed, chunk_rows=chunk_rows, dtype="float32", overwrite=True
+    )
     return ds, time.perf_counter() - t0, False
 
 
@@ -134,7 +141,7 @@ def _parse_chunk_iterations(value: str | int) -> str | int:
         ) from None
 
 
-def _figures(res: Any, wall: float, n: int, d: int, workers: int) -> dict[str, Any]:
+def _figures(res: Any, wall: float, n: int, d: int) -> dict[str, Any]:
     """The figures of one run (see the module docstring)."""
     info = res.info
     eff = res.efficiency()
@@ -147,6 +154,7 @@ def _figures(res: Any, wall: float, n: int, d: int, workers: int) -> dict[str, A
     stored_row = d * 4 + 8  # float32 features and an int64 label in the store
     rows_read = setup_bytes / f64_row
     streamed = rows_read > 0 and setup_s > 0
+    shards = max(1, sum(bool(x) for x in info["out_of_core"]))  # those that stream
     rows_per_s = rows_read / setup_s if streamed else None
     return {
         "n_rows": n,
@@ -163,8 +171,9 @@ def _figures(res: Any, wall: float, n: int, d: int, workers: int) -> dict[str, A
         "setup_bytes_read": setup_bytes,
         "setup_passes": rows_read / n,
         "rows_per_second": rows_per_s,
+        # one shard per worker, all reading at once
         "mb_per_second_per_worker": (
-            None if rows_per_s is None else rows_per_s * stored_row / workers / 1e6
+            None if rows_per_s is None else rows_per_s * stored_row / shards / 1e6
         ),
         "sampling_bytes_per_iteration": (total_bytes - setup_bytes) / iterations,
         "bright_fraction": float(eff["bright_fraction"]),
@@ -192,6 +201,7 @@ def run_scale(
     chunk_iterations: str = "auto",
     seed: int = 0,
     workdir: str | None = None,
+    chunk_rows: int | None = None,
 ) -> dict[str, Any]:
     """FlyMC's cost per iteration, set-up, memory and mixing for each N.
 
@@ -226,6 +236,9 @@ def run_scale(
     workdir
         Where the stores are written and kept (default: ``flymc-bench-scale`` in the
         temporary directory).
+    chunk_rows
+        Rows per store chunk (default: the writer's, ~8 MiB chunks). Shards are cut at
+        chunk edges, so a store of fewer chunks than workers has fewer shards.
 
     Returns
     -------
@@ -264,6 +277,7 @@ def run_scale(
         "out_of_core": ooc,
         "memory_budget": budget,
         "chunk_iterations": chunk_its,
+        "chunk_rows": chunk_rows,
         "seed": int(seed),
         "workdir": workdir,
         "dtype": "float32",
@@ -290,7 +304,7 @@ def run_scale(
         setup["worker_memory_limits"] = limits
         model = fd.LogisticRegression(prior="normal", prior_scale=1.0)
         for n in sizes:
-            ds, gen_s, reused = _store(workdir, n, int(features), int(seed))
+            ds, gen_s, reused = _store(workdir, n, int(features), int(seed), chunk_rows)
             stores.append({"n_rows": n, "path": ds.path, "seconds": gen_s, "reused": reused})
             pids = client.run(os.getpid)
             rss_ok = all(client.run(_reset_peak_rss).values())
@@ -314,7 +328,7 @@ def run_scale(
             )
             wall = time.perf_counter() - t0
             peaks = client.run(_peak_rss)
-            fig = _figures(res, wall, n, int(features), int(workers))
+            fig = _figures(res, wall, n, int(features))
             fig["peak_rss"] = [peaks[a] for a in sorted(peaks)] if rss_ok else [None] * len(peaks)
             fig["workers_restarted"] = client.run(os.getpid) != pids
             rows.append(fig)
@@ -371,7 +385,7 @@ def format_scale(d: dict[str, Any]) -> str:
     """The figures of :func:`run_scale` as a table."""
     s = d["setup"]
     lim = s.get("worker_memory_limits") or []
-    lim_txt = "/".join(_mb(x) for x in lim) + " MB" if lim else str(s["memory_limit"])
+    lim_txt = "/".join(f"{x / 1e9:.2f}" for x in lim) + " GB" if lim else str(s["memory_limit"])
     mem = s.get("memory_total")
     lines = [
         f"flymc bench scale: float32 logistic stores x {s['features']} features, MAP-tuned "
