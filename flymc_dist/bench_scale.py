@@ -46,13 +46,13 @@ from typing import Any
 
 from flymc_dist.austerity import loglog_slope
 
-__all__ = ["format_scale", "run_scale"]
+__all__ = ["format_scale", "peak_rss", "reset_peak_rss", "run_scale"]
 
 #: the reference size of the cost ratio
 REFERENCE_N = 1_000_000
 
 
-def _reset_peak_rss() -> bool:
+def reset_peak_rss() -> bool:
     """Start this process's peak RSS (VmHWM) afresh; False where that is not possible.
 
     Needed in workers: one forked from a large parent would otherwise report the parent's
@@ -66,7 +66,7 @@ def _reset_peak_rss() -> bool:
     return True
 
 
-def _peak_rss() -> int | None:
+def peak_rss() -> int | None:
     """This process's peak resident set size since the last reset, in bytes (Linux)."""
     try:
         with open("/proc/self/status") as f:
@@ -307,7 +307,7 @@ def run_scale(
             ds, gen_s, reused = _store(workdir, n, int(features), int(seed), chunk_rows)
             stores.append({"n_rows": n, "path": ds.path, "seconds": gen_s, "reused": reused})
             pids = client.run(os.getpid)
-            rss_ok = all(client.run(_reset_peak_rss).values())
+            rss_ok = all(client.run(reset_peak_rss).values())
             t0 = time.perf_counter()
             res = fd.sample(
                 model,
@@ -327,7 +327,7 @@ def run_scale(
                 chunk_iterations=chunk_its,
             )
             wall = time.perf_counter() - t0
-            peaks = client.run(_peak_rss)
+            peaks = client.run(peak_rss)
             fig = _figures(res, wall, n, int(features))
             fig["peak_rss"] = [peaks[a] for a in sorted(peaks)] if rss_ok else [None] * len(peaks)
             fig["workers_restarted"] = client.run(os.getpid) != pids
