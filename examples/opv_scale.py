@@ -23,7 +23,7 @@ min ESS and ESS per query.
 Run: ``python examples/opv_scale.py --data opv --samples 1000 --workers 2``
 (a quick check: ``--rows 200000 --samples 200 --warmup 100 --regular-samples 10``; at so
 few rows the default memory limit cannot be below the shards' size — a worker needs
-some 350 MB to itself — so add ``--out-of-core true``).
+some 400 MB to itself — so add ``--out-of-core true``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from flymc_dist.data import make_opv_like
 
 #: the least memory limit given to a worker by default (its own footprint — Python,
 #: Dask, NumPy, numba's compiled kernels — is some 150-200 MB)
-MIN_WORKER_MEMORY = 350 * 10**6
+MIN_WORKER_MEMORY = 400 * 10**6
 
 
 def shard_bytes(rows: int, features: int, workers: int) -> int:
