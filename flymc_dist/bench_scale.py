@@ -13,8 +13,9 @@ Figures per N:
 
 * **s/it**: seconds per post-warm-up iteration (sampling seconds / draws; an iteration
   moves every chain once);
-* **set-up s**: the driver's set-up (MAP search, bounds, first z), shards' loading
-  excluded;
+* **load s**: the run's seconds outside set-up, warm-up and sampling: starting the
+  shards on the workers (reading the rows of in-memory shards), collecting results;
+* **set-up s**: the driver's set-up (MAP search, bounds, first z);
 * **rows/s** and **MB/s/worker** of the streamed passes: rows read from the store during
   set-up (out-of-core shards count the bytes they read, as float64 features and target,
   ``info["setup_bytes_read"]``; divided by (D + 1) · 8 they give rows) over the set-up
@@ -22,7 +23,10 @@ Figures per N:
   (D float32 features and an int64 label) divided by the out-of-core shards (one per
   worker, all reading at once). Set-up also computes (gradients,
   bound statistics), so this is the throughput of whole passes, a lower bound on the
-  reads' own speed. In-memory shards stream nothing: "-";
+  reads' own speed; **passes**: the rows read during set-up / N. In-memory shards
+  stream nothing: "-";
+* **kB/it**: bytes of rows read from the store per iteration after set-up (the moving
+  chunk windows; as float64);
 * **peak RSS** per worker (VmHWM, reset via ``/proc/self/clear_refs`` before the run:
   Linux only, else not measured), and whether each shard was out of core;
 * **bright**: mean bright rows / N; **queries/it**: likelihood queries per chain per
@@ -159,6 +163,10 @@ def _figures(res: Any, wall: float, n: int, d: int) -> dict[str, Any]:
     return {
         "n_rows": n,
         "wall_seconds": wall,
+        "load_seconds": wall
+        - setup_s
+        - float(info["warmup_seconds"])
+        - float(info["sampling_seconds"]),
         "setup_seconds": setup_s,
         "warmup_seconds": float(info["warmup_seconds"]),
         "sampling_seconds": float(info["sampling_seconds"]),
@@ -169,7 +177,7 @@ def _figures(res: Any, wall: float, n: int, d: int) -> dict[str, Any]:
         "memory_budget": list(info["memory_budget"]),
         "chunk_iterations": list(info["chunk_iterations"]),
         "setup_bytes_read": setup_bytes,
-        "setup_passes": rows_read / n,
+        "setup_passes": rows_read / n if streamed else None,
         "rows_per_second": rows_per_s,
         # one shard per worker, all reading at once
         "mb_per_second_per_worker": (
@@ -192,8 +200,8 @@ def run_scale(
     features: int = 57,
     kernel: str = "rwmh",
     chains: int = 4,
-    num_warmup: int = 500,
-    num_samples: int = 1000,
+    num_warmup: int = 1000,
+    num_samples: int = 5000,
     workers: int = 2,
     memory_limit: str = "auto",
     out_of_core: str = "auto",
@@ -296,7 +304,7 @@ def run_scale(
             memory_limit=memory_limit,
             dashboard_address=None,
             scheduler_kwargs={"dashboard_address": ":0"},
-            silence_logs=logging.ERROR,
+            silence_logs=logging.CRITICAL,  # (shutdown races log errors)
         ) as cluster,
         Client(cluster, direct_to_workers=True) as client,
     ):
@@ -397,13 +405,15 @@ def format_scale(d: dict[str, Any]) -> str:
         f"{s['memory_limit']} ({lim_txt} per worker), one shard per worker; out_of_core="
         f"{s['out_of_core']!r}, memory_budget={s['memory_budget']!r}, chunk_iterations="
         f"{s['chunk_iterations']!r}; load {s['loadavg_before']} -> {s['loadavg_after']}",
-        "s/it: sampling seconds per iteration; rows/s, MB/s/w: set-up's streamed passes "
+        "s/it: sampling seconds per iteration; passes: rows read in set-up / N; "
+        "rows/s, MB/s/w: set-up's streamed passes "
         "(rows read / set-up s; MB at stored size, per worker); RSS: peak per worker; "
-        "bright: mean bright rows / N; q/it: queries per chain per iteration",
+        "kB/it: rows read per iteration after set-up (float64); bright: mean bright rows / N; "
+        "q/it: queries per chain per iteration; minESS/it: min bulk ESS / draws",
     ]
     head = (
-        f"{'N':>10}{'ooc':>8}{'setup s':>9}{'passes':>7}{'rows/s':>10}{'MB/s/w':>8}"
-        f"{'ms/it':>9}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}{'minESS/it':>10}"
+        f"{'N':>10}{'ooc':>8}{'load s':>8}{'setup s':>9}{'passes':>7}{'rows/s':>10}{'MB/s/w':>8}"
+        f"{'ms/it':>9}{'kB/it':>7}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}{'minESS/it':>10}"
         f"{'R-hat':>7}"
     )
     lines.append(head)
@@ -414,10 +424,12 @@ def format_scale(d: dict[str, Any]) -> str:
             "-" if r["mb_per_second_per_worker"] is None else f"{r['mb_per_second_per_worker']:.0f}"
         )
         rss = "/".join(_mb(x) for x in r["peak_rss"])
+        passes = "-" if r["setup_passes"] is None else f"{r['setup_passes']:.1f}"
         lines.append(
-            f"{_n(r['n_rows']):>10}{ooc:>8}{r['setup_seconds']:>9.1f}"
-            f"{r['setup_passes']:>7.1f}{rps:>10}{mbs:>8}"
-            f"{1000 * r['seconds_per_iteration']:>9.3f}{rss:>14}"
+            f"{_n(r['n_rows']):>10}{ooc:>8}{r['load_seconds']:>8.1f}{r['setup_seconds']:>9.1f}"
+            f"{passes:>7}{rps:>10}{mbs:>8}"
+            f"{1000 * r['seconds_per_iteration']:>9.3f}"
+            f"{r['sampling_bytes_per_iteration'] / 1e3:>7.0f}{rss:>14}"
             f"{r['bright_fraction']:>10.2e}{r['queries_per_iteration']:>9.4g}"
             f"{r['ess_min_per_iteration']:>10.4f}{r['r_hat_max']:>7.3f}"
         )

@@ -95,6 +95,7 @@ def test_bench_scale_out_of_core(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert r["out_of_core"] == [True, True]
         assert r["draws"] == 120 and r["warmup"] == 60
         assert r["seconds_per_iteration"] > 0 and r["setup_seconds"] > 0
+        assert 0 < r["load_seconds"] < r["wall_seconds"]
         # set-up streams whole passes over the rows (MAP search, bounds)
         assert r["setup_bytes_read"] > 0 and r["setup_passes"] >= 1
         assert r["setup_bytes_read"] % ((FEATURES + 1) * 8) == 0
@@ -127,11 +128,13 @@ def _row(n: int, spi: float, converged: bool = True) -> dict:
     return {
         "n_rows": n,
         "out_of_core": [True, True],
+        "load_seconds": 0.5,
         "setup_seconds": 1.0,
         "setup_passes": 8.0,
         "rows_per_second": 1e6,
         "mb_per_second_per_worker": 120.0,
         "seconds_per_iteration": spi,
+        "sampling_bytes_per_iteration": 4096.0,
         "peak_rss": [5e8, 6e8],
         "bright_fraction": 1e-6,
         "queries_per_iteration": 3.0,
