@@ -29,9 +29,13 @@ Figures per N:
   chunk windows; as float64);
 * **peak RSS** per worker (VmHWM, reset via ``/proc/self/clear_refs`` before the run:
   Linux only, else not measured), and whether each shard was out of core;
+* **sweep**: iterations between two visits of a row's z by an out-of-core shard's
+  moving window (its chunks × ``chunk_iterations``; 1 in memory): the price of out of
+  core, paid in mixing — compare **min ESS/it** with the in-memory run's;
 * **bright**: mean bright rows / N; **queries/it**: likelihood queries per chain per
   iteration; **min ESS/it**: the smallest bulk ESS over parameters (all chains pooled) per
-  post-warm-up iteration; **R-hat**: the largest rank-normalised split-R̂.
+  post-warm-up iteration, and per sampling second (**ESS/s**); **R-hat**: the largest
+  rank-normalised split-R̂.
 
 Below the table: the least-squares slope of log(s/it) on log N, and, when N = 10⁶ and a
 larger N were both run, the largest N's s/it over the s/it at 10⁶.
@@ -145,7 +149,7 @@ def _parse_chunk_iterations(value: str | int) -> str | int:
         ) from None
 
 
-def _figures(res: Any, wall: float, n: int, d: int) -> dict[str, Any]:
+def _figures(res: Any, wall: float, n: int, d: int, n_chunks: int) -> dict[str, Any]:
     """The figures of one run (see the module docstring)."""
     info = res.info
     eff = res.efficiency()
@@ -159,6 +163,11 @@ def _figures(res: Any, wall: float, n: int, d: int) -> dict[str, Any]:
     rows_read = setup_bytes / f64_row
     streamed = rows_read > 0 and setup_s > 0
     shards = max(1, sum(bool(x) for x in info["out_of_core"]))  # those that stream
+    # iterations between two visits of a row's z by the z-updates' moving window: the
+    # largest shard's chunks x chunk_iterations (shards are cut at chunk edges)
+    its = [c for c in info["chunk_iterations"] if c is not None]
+    n_shards = len(info["out_of_core"])
+    sweep = -(-n_chunks // n_shards) * max(its) if its else None
     rows_per_s = rows_read / setup_s if streamed else None
     return {
         "n_rows": n,
@@ -189,6 +198,8 @@ def _figures(res: Any, wall: float, n: int, d: int) -> dict[str, Any]:
         "queries_per_iteration": float(eff["queries_per_iteration"]),
         "ess_min": float(eff["ess_min"]),
         "ess_min_per_iteration": float(eff["ess_min"]) / draws,
+        "ess_min_per_second": float(eff["ess_min"]) / float(info["sampling_seconds"]),
+        "z_sweep_iterations": sweep,
         "r_hat_max": float(eff["r_hat_max"]),
         "converged": bool(eff["r_hat_max"] <= 1.01),
         "q_db": info.get("q_db"),
@@ -336,7 +347,7 @@ def run_scale(
             )
             wall = time.perf_counter() - t0
             peaks = client.run(peak_rss)
-            fig = _figures(res, wall, n, int(features))
+            fig = _figures(res, wall, n, int(features), ds.n_chunks)
             fig["peak_rss"] = [peaks[a] for a in sorted(peaks)] if rss_ok else [None] * len(peaks)
             fig["workers_restarted"] = client.run(os.getpid) != pids
             rows.append(fig)
@@ -409,12 +420,13 @@ def format_scale(d: dict[str, Any]) -> str:
         "rows/s, MB/s/w: set-up's streamed passes "
         "(rows read / set-up s; MB at stored size, per worker); RSS: peak per worker; "
         "kB/it: rows read per iteration after set-up (float64); bright: mean bright rows / N; "
-        "q/it: queries per chain per iteration; minESS/it: min bulk ESS / draws",
+        "q/it: queries per chain per iteration; sweep: iterations between visits of a "
+        "row's z; minESS/it, ESS/s: min bulk ESS / draws, / sampling s",
     ]
     head = (
         f"{'N':>10}{'ooc':>8}{'load s':>8}{'setup s':>9}{'passes':>7}{'rows/s':>10}{'MB/s/w':>8}"
-        f"{'ms/it':>9}{'kB/it':>7}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}{'minESS/it':>10}"
-        f"{'R-hat':>7}"
+        f"{'ms/it':>9}{'kB/it':>7}{'sweep':>8}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}"
+        f"{'minESS/it':>10}{'ESS/s':>7}{'R-hat':>7}"
     )
     lines.append(head)
     for r in d["rows"]:
@@ -425,13 +437,15 @@ def format_scale(d: dict[str, Any]) -> str:
         )
         rss = "/".join(_mb(x) for x in r["peak_rss"])
         passes = "-" if r["setup_passes"] is None else f"{r['setup_passes']:.1f}"
+        sweep = "1" if r["z_sweep_iterations"] is None else f"{r['z_sweep_iterations']:.3g}"
         lines.append(
             f"{_n(r['n_rows']):>10}{ooc:>8}{r['load_seconds']:>8.1f}{r['setup_seconds']:>9.1f}"
             f"{passes:>7}{rps:>10}{mbs:>8}"
             f"{1000 * r['seconds_per_iteration']:>9.3f}"
-            f"{r['sampling_bytes_per_iteration'] / 1e3:>7.0f}{rss:>14}"
+            f"{r['sampling_bytes_per_iteration'] / 1e3:>7.0f}{sweep:>8}{rss:>14}"
             f"{r['bright_fraction']:>10.2e}{r['queries_per_iteration']:>9.4g}"
-            f"{r['ess_min_per_iteration']:>10.4f}{r['r_hat_max']:>7.3f}"
+            f"{r['ess_min_per_iteration']:>10.4f}{r['ess_min_per_second']:>7.2f}"
+            f"{r['r_hat_max']:>7.3f}"
         )
     sl = d.get("slope")
     lines.append(

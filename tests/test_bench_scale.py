@@ -105,6 +105,10 @@ def test_bench_scale_out_of_core(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert r["ess_min"] > 0 and r["ess_min_per_iteration"] == r["ess_min"] / 120
         assert math.isfinite(r["r_hat_max"]) and r["converged"] == (r["r_hat_max"] <= 1.01)
         assert r["workers_restarted"] is False
+        # 2 shards of 3 or 12 chunks (1,000 rows); a window of 6 kB is one iteration
+        assert r["chunk_iterations"] == [1, 1]
+        assert r["z_sweep_iterations"] == -(-r["n_rows"] // 1000 // 2)
+        assert r["ess_min_per_second"] == pytest.approx(r["ess_min"] / r["sampling_seconds"])
         if os.path.exists("/proc/self/clear_refs"):
             assert len(r["peak_rss"]) == 2
             assert all(20e6 < p < LIMIT for p in r["peak_rss"]), r["peak_rss"]
@@ -139,6 +143,8 @@ def _row(n: int, spi: float, converged: bool = True) -> dict:
         "bright_fraction": 1e-6,
         "queries_per_iteration": 3.0,
         "ess_min_per_iteration": 0.01,
+        "ess_min_per_second": 5.0,
+        "z_sweep_iterations": 1500,
         "r_hat_max": 1.0 if converged else 1.2,
         "converged": converged,
         "workers_restarted": False,
