@@ -425,7 +425,7 @@ def format_scale(d: dict[str, Any]) -> str:
     ]
     head = (
         f"{'N':>10}{'ooc':>8}{'load s':>8}{'setup s':>9}{'passes':>7}{'rows/s':>10}{'MB/s/w':>8}"
-        f"{'ms/it':>9}{'kB/it':>7}{'sweep':>8}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}"
+        f"{'ms/it':>9}{'kB/it':>7}{'sweep':>10}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}"
         f"{'minESS/it':>10}{'ESS/s':>7}{'R-hat':>7}"
     )
     lines.append(head)
@@ -437,12 +437,12 @@ def format_scale(d: dict[str, Any]) -> str:
         )
         rss = "/".join(_mb(x) for x in r["peak_rss"])
         passes = "-" if r["setup_passes"] is None else f"{r['setup_passes']:.1f}"
-        sweep = "1" if r["z_sweep_iterations"] is None else f"{r['z_sweep_iterations']:.3g}"
+        sweep = "1" if r["z_sweep_iterations"] is None else f"{r['z_sweep_iterations']:,d}"
         lines.append(
             f"{_n(r['n_rows']):>10}{ooc:>8}{r['load_seconds']:>8.1f}{r['setup_seconds']:>9.1f}"
             f"{passes:>7}{rps:>10}{mbs:>8}"
             f"{1000 * r['seconds_per_iteration']:>9.3f}"
-            f"{r['sampling_bytes_per_iteration'] / 1e3:>7.0f}{sweep:>8}{rss:>14}"
+            f"{r['sampling_bytes_per_iteration'] / 1e3:>7.0f}{sweep:>10}{rss:>14}"
             f"{r['bright_fraction']:>10.2e}{r['queries_per_iteration']:>9.4g}"
             f"{r['ess_min_per_iteration']:>10.4f}{r['ess_min_per_second']:>7.2f}"
             f"{r['r_hat_max']:>7.3f}"
