@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import operator
 import threading
@@ -52,6 +53,8 @@ from flymc_dist.protocol import (
     unpack_round,
 )
 from flymc_dist.rng import ROLE_Z, stream
+
+log = logging.getLogger(__name__)
 
 
 class _Spec(NamedTuple):
@@ -146,7 +149,7 @@ class Shard:
                 mode, n * (ds.n_features + K + 2) * 8 + config.chains * n, budget
             )
         if self.out_of_core:
-            self._init_out_of_core(ds)
+            self._init_out_of_core(ds, K)
         else:
             self._init_in_memory(ds, data, K)
         self._init_common()
@@ -174,6 +177,11 @@ class Shard:
         self.n_features = D
         self.xi = self.model.untuned_xi(self.y) if self.flymc else None
         self.consts: np.ndarray | None = self._XC[:, D:] if K else None
+        self._use_compiled(K)
+        self._set_row_constants()
+
+    def _use_compiled(self, K: int) -> None:
+        """Find the model's compiled fused log L~ (when it has ``K`` row constants)."""
         #: ``(kind, params)`` of the model's compiled fused log L~ (the hot path), or None
         self._kernel: tuple[int, np.ndarray] | None = None
         compiled = self.model.compiled_bright() if K else None
@@ -182,12 +190,12 @@ class Shard:
 
             self._jit = _compiled
             self._kernel = (_compiled.KINDS[compiled[0]], np.asarray(compiled[1], float))
-        self._set_row_constants()
 
-    def _init_out_of_core(self, ds: Any) -> None:
+    def _init_out_of_core(self, ds: Any, K: int) -> None:
         """Set up a shard whose rows stay in the store ``ds`` (see the class notes)."""
-        self._source = ChunkSource(ds, self.spec.start, self.spec.stop, self._tight_points)
-        self._rows = RowStore(ds.n_features)
+        self._K = K
+        self._source = ChunkSource(ds, self.spec.start, self.spec.stop, self._prepare_chunk)
+        self._rows = RowStore(ds.n_features, K)
         #: the z-updates' current chunk
         self._win: Chunk | None = None
         self._theta_hat: np.ndarray | None = None  # None: untuned tight points
@@ -198,7 +206,7 @@ class Shard:
             1, math.ceil(self._source.max_rows * (self.n_features + 1) * 8 / WINDOW_BYTES)
         )
         self.X = self.y = self.xi = self.consts = self._XC = None
-        self._kernel = None  # the numpy evaluation: rows come from two places
+        self._use_compiled(K)
 
     def _init_common(self) -> None:
         config = self.config
@@ -225,7 +233,7 @@ class Shard:
             self._source.drop_ahead()  # before the read-ahead thread could see a new θ̂
             self._theta_hat = None if theta_hat is None else np.asarray(theta_hat, float)
             if self.flymc:
-                self._rows.set_xi(self._tight_points(self._rows.X, self._rows.y))
+                self._rows.set_xi(*self._prepare_chunk(self._rows.X, self._rows.y, False))
             self._win = None
             return
         if theta_hat is None:
@@ -340,6 +348,22 @@ class Shard:
             return self.model.untuned_xi(y)
         return self.model.tuned_xi(self.model.linear_predictor(self._theta_hat[None], X)[0], y)
 
+    def _prepare_chunk(
+        self, X: np.ndarray, y: np.ndarray, buffer: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """Out of core: the tight points of the rows ``(X, y)`` and the rows as one
+        ``(n, D + K)`` buffer, features then row constants (``buffer=False``: only the
+        constants, or None without any)."""
+        xi = self._tight_points(X, y)
+        consts = self.model.row_constants(y, xi) if self._K else None
+        if not buffer:
+            return xi, consts
+        XC = np.empty((X.shape[0], X.shape[1] + self._K))
+        XC[:, : X.shape[1]] = X
+        if consts is not None:
+            XC[:, X.shape[1] :] = consts
+        return xi, XC
+
     def _gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Features, target and tight point of ``rows`` (bright rows, or out of core rows of
         the current chunk)."""
@@ -404,7 +428,8 @@ class Shard:
         thetas = np.array([ch.theta for ch in self.chains])
         lo = 0
         with np.errstate(over="ignore", divide="ignore"):
-            for X, y, xi in self._blocks():
+            for chunk in self._source.stream():
+                X, y, xi = chunk.X, chunk.y, chunk.xi
                 rows = np.arange(lo, lo + y.size, dtype=np.int64)
                 lo += y.size
                 if not self.flymc:
@@ -419,7 +444,7 @@ class Shard:
                     z = log_uniform(ch.rng, y.size) < log_sigmoid(vals[c])
                     on_any |= z
                     parts[c].append((rows[z], vals[c][z], dvals[c][z] if track else None))
-                held.append((rows[on_any], X[on_any], y[on_any], xi[on_any]))
+                held.append((rows[on_any], chunk.XC[on_any], y[on_any], xi[on_any]))
         if not self.flymc:
             for c, ch in enumerate(self.chains):
                 ch.cur_sum = float(sums[c])
@@ -497,13 +522,17 @@ class Shard:
         vals = np.empty(rows.size)
         sums = np.empty(seg.size - 1)
         kind, par = self._kernel
-        XCs, _ = self._lists()
+        if self.out_of_core:
+            XCs, rows, seg_src = self._ooc_locate(rows, seg)
+        else:
+            XCs, _ = self._lists()
+            seg_src = np.zeros(seg.size - 1, np.int64)
         self._jit.eval_rows(
             XCs,
-            self.X.shape[1],
+            self.n_features,
             rows,
             seg,
-            np.zeros(seg.size - 1, np.int64),
+            seg_src,
             thetas,
             kind,
             par,
@@ -637,6 +666,7 @@ class Shard:
             and self.config.z_update == "implicit"
             and not self.track_grad
             and self._kernel is not None
+            and not self.out_of_core
         )
 
     def _update_z_fused(self, sel: list[int] | None = None, record: bool = False) -> np.ndarray:
@@ -644,6 +674,21 @@ class Shard:
         :func:`fused_z_update`. Returns the likelihood queries of each chain in ``sel``."""
         sel = range(len(self.chains)) if sel is None else sel
         return fused_z_update([(self, c) for c in sel], record)
+
+    def _ooc_locate(
+        self, rows: np.ndarray, seg: np.ndarray
+    ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+        """Out of core: the buffers (held rows, window) — a tuple, which the compiled
+        functions index as they do a typed list, at no cost to build — and, for each
+        segment of ``rows``, which of the two holds it and where (:meth:`RowStore.locate`)."""
+        store, win = self._rows, self._win
+        window = win.XC if win is not None else np.empty((0, store.XC.shape[1]))
+        local = np.empty_like(rows)
+        src = np.empty(seg.size - 1, np.int64)
+        for i in range(seg.size - 1):
+            a, b = seg[i], seg[i + 1]
+            src[i], local[a:b] = store.locate(rows[a:b], win)
+        return (store.XC, window), local, src
 
     def _lists(self) -> tuple[Any, Any]:
         """This shard's buffer and masks as one-element typed lists (the kernels' form)."""
@@ -982,6 +1027,9 @@ class Shard:
         return self.chains[chain].bright.mask.copy()
 
 
+#: out-of-core shards on one worker above which it warns (each has its own window)
+MANY_OUT_OF_CORE = 4
+
 #: out of core, ``chunk_iterations=None``: the bytes of rows read per iteration at most (a
 #: chunk of float64 features and target stays the window for chunk bytes / WINDOW_BYTES
 #: iterations). Reading runs ahead on a thread at some 300 MB/s on a 2-core machine, so
@@ -1230,6 +1278,14 @@ class ShardHost:
             shard = Shard(spec, self.config, None if data is None else data[spec.shard_id], budget)
             self._locks[spec.shard_id] = threading.Lock()
             self.shards = {**self.shards, spec.shard_id: shard}  # never mutated in place
+        ooc = sum(sh.out_of_core for sh in self.shards.values())
+        if ooc > MANY_OUT_OF_CORE:
+            log.warning(
+                "%d out-of-core shards on this worker: each keeps two chunks in memory and "
+                "reads its own window every iteration; give each worker one or a few "
+                "shards (sample(..., n_shards=...))",
+                ooc,
+            )
         return sorted(self.shards)
 
     def shard_ids(self) -> list[int]:

@@ -55,7 +55,7 @@ def _run(data, client="synchronous", **kw):
 # ------------------------------------------------------------------ the pieces
 def test_chunk_source_reads_the_shard_chunk_by_chunk(store):
     ds, X, y = store
-    src = ChunkSource(ds, 100, 400, lambda X_, y_: y_ * 2.0)
+    src = ChunkSource(ds, 100, 400, lambda X_, y_: (y_ * 2.0, X_))
     # the shard [100, 400) cut at the store's 64-row chunk edges, in shard-local rows
     assert src.ranges == [(0, 28), (28, 92), (92, 156), (156, 220), (220, 284), (284, 300)]
     got = list(src.stream())
@@ -75,7 +75,7 @@ def test_row_store_gathers_held_rows_and_the_window(store):
     _, X, y = store
     rows = RowStore(3)
     rows.set(np.array([3, 9]), X[[3, 9]], y[[3, 9]].astype(float), np.array([0.3, 0.9]))
-    win = Chunk(64, 128, X[64:128], y[64:128], np.arange(64.0))
+    win = Chunk(64, 128, X[64:128], y[64:128], np.arange(64.0), X[64:128])
     Xg, yg, xg = rows.gather(np.array([9, 70, 3]), win)
     np.testing.assert_array_equal(Xg, X[[9, 70, 3]])
     np.testing.assert_array_equal(yg, y[[9, 70, 3]])
