@@ -23,7 +23,12 @@ min ESS and ESS per query.
 Run: ``python examples/opv_scale.py --data opv --samples 1000 --workers 2``
 (a quick check: ``--rows 200000 --samples 200 --warmup 100 --regular-samples 10``; at so
 few rows the default memory limit cannot be below the shards' size — a worker needs
-some 400 MB to itself — so add ``--out-of-core true``).
+some 420 MB to itself — so add ``--out-of-core true``).
+
+The workers' memory limit is the one Dask enforces by restarting a worker that passes
+95 % of it; Dask's *pause* at 80 % is turned off here (a paused worker runs no task,
+so the next run's shard host would never start: with so tight a limit that is a hang,
+not a protection). The peak RSS printed is each worker's own, measured in the worker.
 """
 
 from __future__ import annotations
@@ -40,9 +45,12 @@ import flymc_dist as fd
 from flymc_dist.bench_scale import peak_rss, reset_peak_rss
 from flymc_dist.data import make_opv_like
 
-#: the least memory limit given to a worker by default (its own footprint — Python,
-#: Dask, NumPy, numba's compiled kernels — is some 150-200 MB)
-MIN_WORKER_MEMORY = 400 * 10**6
+#: the least memory limit given to a worker by default: its own footprint (Python, Dask,
+#: NumPy, numba compiling its kernels) is some 150-250 MB, and an out-of-core shard's
+#: windows, read-ahead and full passes add more (peak RSS measured with 8192-row chunks
+#: at 200,000 rows: ~265 MB per worker for FlyMC, ~280 MB for regular MCMC; with the
+#: default ~8 MiB chunks, ~310 and ~370 MB)
+MIN_WORKER_MEMORY = 420 * 10**6
 
 
 def shard_bytes(rows: int, features: int, workers: int) -> int:
@@ -87,6 +95,13 @@ def main() -> None:
         help="auto (default: out of core when a shard exceeds its budget, half its "
         "worker's memory limit), true or false",
     )
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=8192,
+        help="rows per store chunk (default 8192: ~1.9 MB of float32 features; an "
+        "out-of-core shard holds its window chunk and the one read ahead, in float64)",
+    )
     args = p.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="flymc-opv-"))
@@ -94,12 +109,20 @@ def main() -> None:
         t0 = time.perf_counter()
         store = str(tmp / "data.zarr")
         if args.data == "opv":
-            ds = make_opv_like(store, n_rows=args.rows or 1_800_000, n_features=57, dtype="float32")
+            ds = make_opv_like(
+                store,
+                n_rows=args.rows or 1_800_000,
+                n_features=57,
+                chunk_rows=args.chunk_rows,
+                dtype="float32",
+            )
             scale = 1.0
         else:
             from flymc_dist.datasets import flights_to_zarr
 
-            ds = flights_to_zarr(store, n_rows=args.rows, dtype="float32")
+            ds = flights_to_zarr(
+                store, n_rows=args.rows, chunk_rows=args.chunk_rows, dtype="float32"
+            )
             scale = 15.0  # minutes: the bulk of arrival delays
         print(f"{ds!r} written in {time.perf_counter() - t0:.1f} s")
         in_memory = shard_bytes(ds.n_rows, ds.n_features, args.workers)
@@ -110,9 +133,11 @@ def main() -> None:
             f"out_of_core={args.out_of_core!r}"
         )
         model = fd.RobustRegression(nu=4.0, scale=scale, prior="laplace", prior_scale=10.0)
+        import dask
         from distributed import Client, LocalCluster
 
         with (
+            dask.config.set({"distributed.worker.memory.pause": False}),
             LocalCluster(
                 n_workers=args.workers,
                 threads_per_worker=1,
