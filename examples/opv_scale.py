@@ -1,42 +1,107 @@
-"""Robust (Student-t) regression at the FlyMC paper's OPV scale, on a Dask LocalCluster.
+"""Robust (Student-t) regression at the FlyMC paper's OPV scale, out of core on a LocalCluster.
 
 The paper's third experiment regresses the HOMO-LUMO gap of 1.8M molecules on 57
 features with a Student-t likelihood (nu = 4), a Laplace prior and slice sampling.
 That data set is not public; this example uses either
 
-* ``--data opv``: a synthetic store in the OPV shape (1.8M x 57, correlated
+* ``--data opv``: a synthetic float32 store in the OPV shape (1.8M x 57, correlated
   features, Student-t noise), written chunk by chunk, or
-* ``--data flights``: 3M US flights (arrival delay on 57 calendar/route features),
-  from ``../shared/data/flights_3m.npz``,
+* ``--data flights``: 3M US flights (arrival delay on 57 calendar/route features), from
+  ``flights_3m.npz`` in ``$FLYMC_DATA_DIR`` (or ``../shared/data``), ingested to a
+  float32 store,
 
-and runs MAP-tuned FlyMC (slice sampler) beside a short regular-MCMC run, on the
-same shards and cluster, reporting per-iteration cost and ESS per query.
+both in a temporary directory. The LocalCluster's workers get a memory limit
+(``--worker-memory``) below the in-memory size of their shards — rows × (features + 5)
+× 8 bytes / workers: the float64 features, the model's row constants, the target and
+the tight point — so with ``out_of_core="auto"`` every shard leaves its rows in the
+store and streams them a chunk at a time. It runs MAP-tuned FlyMC (slice sampler)
+beside a short regular-MCMC run (whose every likelihood evaluation is then a full pass
+over the store), on the same shards and cluster, and reports whether each shard was out
+of core, each worker's peak RSS (measured in the worker), seconds per iteration, R-hat,
+min ESS and ESS per query.
 
 Run: ``python examples/opv_scale.py --data opv --samples 1000 --workers 2``
+(a quick check: ``--rows 200000 --samples 200 --warmup 100 --regular-samples 10``; at so
+few rows the default memory limit cannot be below the shards' size — a worker needs
+some 420 MB to itself — so add ``--out-of-core true``).
+
+The workers' memory limit is the one Dask enforces by restarting a worker that passes
+95 % of it; Dask's *pause* at 80 % is turned off here (a paused worker runs no task,
+so the next run's shard host would never start: with so tight a limit that is a hang,
+not a protection). The peak RSS printed is each worker's own, measured in the worker.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import flymc_dist as fd
+from flymc_dist.bench_scale import peak_rss, reset_peak_rss
 from flymc_dist.data import make_opv_like
+
+#: the least memory limit given to a worker by default: its own footprint (Python, Dask,
+#: NumPy, numba compiling its kernels) is some 150-250 MB, and an out-of-core shard's
+#: windows, read-ahead and full passes add more (peak RSS measured with 8192-row chunks
+#: at 200,000 rows: ~265 MB per worker for FlyMC, ~280 MB for regular MCMC; with the
+#: default ~8 MiB chunks, ~310 and ~370 MB)
+MIN_WORKER_MEMORY = 420 * 10**6
+
+
+def shard_bytes(rows: int, features: int, workers: int) -> int:
+    """The in-memory size of one worker's shard: rows × (features + 5) × 8 / workers."""
+    return rows * (features + 5) * 8 // workers
+
+
+def _out_of_core(text: str) -> str | bool:
+    v = text.strip().lower()
+    if v == "auto":
+        return "auto"
+    if v in ("true", "false"):
+        return v == "true"
+    raise argparse.ArgumentTypeError(f"--out-of-core takes auto, true or false, not {text!r}")
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.0f} MB"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", choices=("opv", "flights"), default="opv")
-    p.add_argument("--rows", type=int, default=None)
+    p.add_argument("--rows", type=int, default=None, help="rows (default: all)")
     p.add_argument("--samples", type=int, default=1000)
     p.add_argument("--warmup", type=int, default=300)
     p.add_argument("--regular-samples", type=int, default=100)
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--kernel", default="slice")
+    p.add_argument(
+        "--worker-memory",
+        type=int,
+        default=None,
+        help="each worker's memory limit in bytes (default: half its shard's in-memory "
+        f"size, rows x (features + 5) x 8 / workers, but at least {MIN_WORKER_MEMORY:,})",
+    )
+    p.add_argument(
+        "--out-of-core",
+        type=_out_of_core,
+        default="auto",
+        help="auto (default: out of core when a shard exceeds its budget, half its "
+        "worker's memory limit), true or false",
+    )
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=8192,
+        help="rows per store chunk (default 8192: ~1.9 MB of float32 features; an "
+        "out-of-core shard holds its window chunk and the one read ahead, in float64)",
+    )
     args = p.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="flymc-opv-"))
@@ -44,23 +109,46 @@ def main() -> None:
         t0 = time.perf_counter()
         store = str(tmp / "data.zarr")
         if args.data == "opv":
-            ds = make_opv_like(store, n_rows=args.rows or 1_800_000, n_features=57)
+            ds = make_opv_like(
+                store,
+                n_rows=args.rows or 1_800_000,
+                n_features=57,
+                chunk_rows=args.chunk_rows,
+                dtype="float32",
+            )
             scale = 1.0
         else:
             from flymc_dist.datasets import flights_to_zarr
 
-            ds = flights_to_zarr(store, n_rows=args.rows)
+            ds = flights_to_zarr(
+                store, n_rows=args.rows, chunk_rows=args.chunk_rows, dtype="float32"
+            )
             scale = 15.0  # minutes: the bulk of arrival delays
         print(f"{ds!r} written in {time.perf_counter() - t0:.1f} s")
+        in_memory = shard_bytes(ds.n_rows, ds.n_features, args.workers)
+        limit = args.worker_memory or max(MIN_WORKER_MEMORY, in_memory // 2)
+        print(
+            f"each worker's shard takes {_mb(in_memory)} in memory; worker memory limit "
+            f"{_mb(limit)} ({'below' if limit < in_memory else 'NOT below'} it); "
+            f"out_of_core={args.out_of_core!r}"
+        )
         model = fd.RobustRegression(nu=4.0, scale=scale, prior="laplace", prior_scale=10.0)
+        import dask
         from distributed import Client, LocalCluster
 
         with (
+            dask.config.set({"distributed.worker.memory.pause": False}),
             LocalCluster(
-                n_workers=args.workers, threads_per_worker=1, dashboard_address=":0"
+                n_workers=args.workers,
+                threads_per_worker=1,
+                memory_limit=limit,
+                dashboard_address=None,
+                scheduler_kwargs={"dashboard_address": ":0"},
+                silence_logs=logging.ERROR,
             ) as cluster,
             Client(cluster, direct_to_workers=True) as client,
         ):
+            pids = client.run(os.getpid)
             common = dict(
                 kernel=args.kernel,
                 chains=args.chains,
@@ -68,7 +156,9 @@ def main() -> None:
                 seed=0,
                 n_shards=args.workers,
                 progress=True,
+                out_of_core=args.out_of_core,
             )
+            client.run(reset_peak_rss)
             t0 = time.perf_counter()
             fly = fd.sample(
                 model,
@@ -80,6 +170,8 @@ def main() -> None:
                 **common,
             )
             t_fly = time.perf_counter() - t0
+            rss_fly = client.run(peak_rss)
+            client.run(reset_peak_rss)
             t0 = time.perf_counter()
             reg = fd.sample(
                 model,
@@ -91,25 +183,38 @@ def main() -> None:
                 **common,
             )
             t_reg = time.perf_counter() - t0
+            rss_reg = client.run(peak_rss)
+            restarted = client.run(os.getpid) != pids
         print(fly.summary())
         ef, er = fly.efficiency(), reg.efficiency()
+        for name, res, rss in (("FlyMC", fly, rss_fly), ("regular", reg, rss_reg)):
+            print(
+                f"{name}: out of core per shard {res.info['out_of_core']} (budget "
+                f"{', '.join(_mb(b) for b in res.info['memory_budget'])}); peak RSS per "
+                f"worker {', '.join(_mb(rss[a]) for a in sorted(rss))} (limit {_mb(limit)})"
+            )
         print(
-            f"FlyMC: {t_fly:.0f} s total ({fly.info['setup_seconds']:.0f} s set-up incl. MAP); "
+            f"FlyMC: {t_fly:.0f} s total ({fly.info['setup_seconds']:.0f} s set-up incl. MAP, "
+            f"{fly.info.get('setup_bytes_read', 0) / 1e9:.2f} GB streamed); "
             f"{ef['seconds_per_iteration'] * 1e3:.1f} ms/it, "
             f"{ef['queries_per_iteration']:.0f} queries/it "
             f"({100 * ef['bright_fraction']:.4f}% bright), "
-            f"{ef['round_trips_per_iteration']:.2f} round trips/it, ESS/query "
+            f"{ef['round_trips_per_iteration']:.2f} round trips/it; R-hat max "
+            f"{ef['r_hat_max']:.3f}, min ESS {ef['ess_min']:.0f}, ESS/query "
             f"{ef['ess_per_query']:.3g}"
         )
         print(
             f"regular: {t_reg:.0f} s; {er['seconds_per_iteration'] * 1e3:.1f} ms/it, "
-            f"{er['queries_per_iteration']:.0f} queries/it"
+            f"{er['queries_per_iteration']:.0f} queries/it; R-hat max {er['r_hat_max']:.3f}, "
+            f"min ESS {er['ess_min']:.0f} ({args.regular_samples} draws from the MAP)"
         )
         print(
             f"per iteration: regular / FlyMC = "
             f"{er['seconds_per_iteration'] / ef['seconds_per_iteration']:.1f}x wall, "
             f"{er['queries_per_iteration'] / ef['queries_per_iteration']:.0f}x queries"
         )
+        if restarted:
+            print("WARNING: a worker was restarted during the runs (memory limit exceeded?)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

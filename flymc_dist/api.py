@@ -554,6 +554,8 @@ def _run(
     info["map_info"] = driver.map_info
     info["setup_queries"] = driver.setup_queries
     info["setup_seconds"] = driver.setup_seconds
+    # bytes of rows read from the store (out-of-core shards; float64 features + target)
+    info["setup_bytes_read"] = sum(int(st["bytes_read"]) for st in transport.call("state"))
     if trace_path is not None and trace is None:
         from flymc_dist.trace import Trace
 
@@ -652,6 +654,7 @@ def _run(
     info["speculative_queries"] = int(driver.wasted_queries)
     info["recoveries"] = list(transport.recoveries)
     info["kernel_params"] = [params_to_json(p) for p in driver.params]
+    info["bytes_read"] = sum(int(st["bytes_read"]) for st in transport.call("state"))
     return Result(
         samples.reshape((C, n_keep) + shape),
         stats,

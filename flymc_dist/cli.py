@@ -8,7 +8,7 @@ Subcommands::
     flymc run STORE --model … --trace OUT.zarr
                                      sample; draws + stats go to a resumable zarr trace
     flymc summary TRACE              the posterior table and efficiency of a trace
-    flymc bench overhead|sublinear|mixing   benchmarks
+    flymc bench overhead|sublinear|mixing|scale   benchmarks
 
 Bad input (a missing file, NaN in the data, an unknown model or option, …) ends with
 exit status 2 and one line ``flymc: error: <reason>`` on stderr, and writes nothing.
@@ -542,12 +542,14 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- bench
     p = sub.add_parser(
         "bench",
-        help="benchmarks (overhead, sublinear, mixing)",
+        help="benchmarks (overhead, sublinear, mixing, scale)",
         description="Benchmarks: 'overhead' (FlyMC per iteration against a bare "
         "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
-        "against N; see 'flymc bench sublinear --help') and 'mixing' "
+        "against N; see 'flymc bench sublinear --help'), 'mixing' "
         "(converged draws per second of the whole run, FlyMC against regular "
-        "MCMC with NUTS; see 'flymc bench mixing --help').",
+        "MCMC with NUTS; see 'flymc bench mixing --help') and 'scale' (FlyMC's cost "
+        "per iteration, memory and mixing against N, in memory or out of core; see "
+        "'flymc bench scale --help').",
     )
     bsub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     b = bsub.add_parser("overhead", help="FlyMC vs bare round trip vs regular, per iteration")
@@ -598,6 +600,12 @@ def build_parser() -> argparse.ArgumentParser:
         "mixing",
         add_help=False,
         help="min-ESS per second of the whole run, FlyMC vs regular (NUTS)",
+    )
+    b.set_defaults(func=None)
+    b = bsub.add_parser(
+        "scale",
+        add_help=False,
+        help="FlyMC's cost per iteration, peak RSS and ESS against N (out of core)",
     )
     b.set_defaults(func=None)
     return parser
@@ -1215,7 +1223,7 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
 
 #: ``flymc bench NAME``: the module ``flymc_dist.bench_NAME`` with ``run_NAME`` (its options
 #: become the command's) and ``format_NAME``
-BENCH_MODULES = ("sublinear", "mixing")
+BENCH_MODULES = ("sublinear", "mixing", "scale")
 
 
 def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:

@@ -501,6 +501,7 @@ def flights_to_zarr(
     seed: int = 0,
     chunk_rows: int | None = None,
     overwrite: bool = False,
+    dtype: str | np.dtype = "float64",
 ) -> Dataset:
     """Write the :func:`flights` features to a flymc_dist store, chunk by chunk.
 
@@ -517,6 +518,8 @@ def flights_to_zarr(
         Rows per zarr chunk (default ~8 MiB chunks).
     overwrite : bool, default False
         Replace an existing store.
+    dtype : {"float64", "float32"}, default "float64"
+        Storage dtype of ``X`` (reads return float64 either way).
 
     Returns
     -------
@@ -536,6 +539,7 @@ def flights_to_zarr(
         chunk_rows=chunk_rows,
         overwrite=overwrite,
         feature_names=names,
+        dtype=dtype,
         attrs={
             "source": "flights_3m.npz",
             "flights": {**info, "seed": seed, "n_airports": n_airports},
