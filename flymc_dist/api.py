@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist import diagnostics
+from flymc_dist.austerity import check_control_variates, sample_austerity
 from flymc_dist.channel import check_channel
+from flymc_dist.cluster import open_transport
+from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.driver import (
     REPLICA_BUDGET,
     STAT_NAMES,
@@ -26,9 +28,26 @@ from flymc_dist.driver import (
     rng_state_from_json,
 )
 from flymc_dist.kernels import get_kernel
+from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
 from flymc_dist.progress import Progress
-from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
+from flymc_dist.protocol import ShardConfig, Transport
+from flymc_dist.result import Result, Summary, efficiency
+from flymc_dist.trace import Trace, TraceLock, _is_url
+
+__all__ = [
+    "ALGORITHMS",
+    "BOUNDS",
+    "Result",
+    "Summary",
+    "Z_UPDATES",
+    "efficiency",
+    "kept_trace",
+    "sample",
+]
+
+#: the name tests and older callers import (the layout now lives in :mod:`flymc_dist.layout`)
+_shard_layout = shard_layout
 
 log = logging.getLogger("flymc_dist")
 
@@ -63,157 +82,6 @@ _OTHER_OPTIONS = {
     "control_variates",
     "trace_storage_options",
 }
-
-
-class Summary(dict):
-    """Per-parameter diagnostics (a dict of arrays) that prints as a table."""
-
-    def __init__(
-        self, table: dict[str, np.ndarray], names: list[str] | None = None, header: str = ""
-    ) -> None:
-        super().__init__(table)
-        self._names = names
-        self._header = header
-
-    def __str__(self) -> str:
-        body = diagnostics.format_summary(dict(self), names=self._names)
-        return f"{self._header}\n{body}" if self._header else body
-
-    __repr__ = __str__
-
-
-class Result:
-    """Draws and per-iteration statistics of a run.
-
-    Attributes
-    ----------
-    samples
-        Post-warm-up draws, shape ``(chains, draws) + param_shape``.
-    stats
-        Per-iteration statistics, each of shape ``(chains, draws)``: ``accepted``,
-        ``accept_prob``, ``n_bright``, ``likelihood_queries``, ``round_trips``,
-        ``log_joint`` (and ``data_used`` for austerity).
-    warmup_samples, warmup_stats
-        The same for the discarded warm-up iterations.
-    info
-        Run metadata: algorithm, settings, timings, MAP, setup cost, recoveries.
-    approximate
-        True for austerity MH, whose draws do *not* target the exact posterior.
-    """
-
-    def __init__(
-        self,
-        samples: np.ndarray,
-        stats: dict[str, np.ndarray],
-        warmup_samples: np.ndarray,
-        warmup_stats: dict[str, np.ndarray],
-        info: dict[str, Any],
-    ) -> None:
-        self.samples = samples
-        self.stats = stats
-        self.warmup_samples = warmup_samples
-        self.warmup_stats = warmup_stats
-        self.info = info
-        self.approximate = info.get("algorithm") == "austerity"
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        """Shape of one draw."""
-        return tuple(self.samples.shape[2:])
-
-    def summary(self, names: list[str] | None = None) -> Summary:
-        """Per-parameter mean, sd, MCSE, bulk/tail ESS, rank-normalised split-R̂ and quantiles."""
-        table = diagnostics.summary(self.samples, names=names)
-        header = ""
-        if self.approximate:
-            header = "APPROXIMATE (austerity MH): draws do not target the exact posterior."
-        return Summary(table, names, header)
-
-    def efficiency(self) -> dict[str, float]:
-        """Cost figures: queries and seconds per iteration, ESS per query and per second
-        (see :func:`efficiency`)."""
-        return efficiency(
-            self.samples,
-            self.stats,
-            self.info["n_rows"],
-            float(self.info.get("sampling_seconds", np.nan)),
-        )
-
-    def to_arviz(self) -> Any:
-        """An ``arviz.InferenceData`` (needs the ``arviz`` extra)."""
-        try:
-            import arviz as az
-        except ImportError as err:  # pragma: no cover - optional extra
-            raise ImportError("to_arviz needs arviz: pip install 'flymc_dist[arviz]'") from err
-        return az.from_dict(
-            posterior={"theta": self.samples}, sample_stats={k: v for k, v in self.stats.items()}
-        )
-
-    def __repr__(self) -> str:
-        C, S = self.samples.shape[:2]
-        tag = " APPROXIMATE" if self.approximate else ""
-        return (
-            f"<Result{tag} algorithm={self.info.get('algorithm')} chains={C} draws={S} "
-            f"param_shape={self.param_shape}>"
-        )
-
-
-def efficiency(
-    samples: np.ndarray,
-    stats: dict[str, np.ndarray],
-    n_rows: int | None,
-    sampling_seconds: float | None,
-) -> dict[str, float]:
-    """Cost and convergence figures of post-warm-up draws: the one formula for a
-    :class:`Result` and for a trace (``flymc summary``).
-
-    Parameters
-    ----------
-    samples
-        Draws, ``(chains, draws) + param_shape``.
-    stats
-        Per-iteration statistics (``likelihood_queries``, ``n_bright``, ``accepted``,
-        ``round_trips``; missing ones give NaN figures).
-    n_rows
-        N, for the bright fraction (None: NaN).
-    sampling_seconds
-        Wall seconds of the post-warm-up iterations (None or NaN: NaN per-second figures).
-
-    Returns
-    -------
-    dict
-        ``queries_per_iteration``, ``seconds_per_iteration``, ``bright_fraction``,
-        ``acceptance``, ``round_trips_per_iteration``, ``ess_min``, ``ess_median``,
-        ``ess_mean`` (bulk ESS over parameters), ``r_hat_max``, ``ess_per_1000_iterations``,
-        ``ess_per_query`` and ``ess_per_second`` (both from the mean ESS).
-    """
-    C, S = samples.shape[:2]
-    flat = samples.reshape(C, S, -1)
-    ess = np.atleast_1d(np.asarray(diagnostics.ess_bulk(flat), float))
-    rhat = np.atleast_1d(np.asarray(diagnostics.rhat(flat), float))
-    nan = float("nan")
-
-    def stat(name: str) -> np.ndarray:
-        return np.asarray(stats[name], float) if name in stats else np.full((C, S), nan)
-
-    q = stat("likelihood_queries")
-    secs = nan if sampling_seconds is None else float(sampling_seconds)
-    mean_ess = float(np.nanmean(ess)) if ess.size else nan
-    total_q = float(np.nansum(q))
-    return {
-        "queries_per_iteration": float(np.nanmean(q)),
-        "seconds_per_iteration": secs / S if S else nan,
-        "bright_fraction": float(np.nanmean(stat("n_bright")) / n_rows) if n_rows else nan,
-        "acceptance": float(np.nanmean(stat("accepted"))),
-        "round_trips_per_iteration": float(np.nanmean(stat("round_trips"))),
-        "ess_min": float(np.nanmin(ess)) if ess.size else nan,
-        "ess_median": float(np.nanmedian(ess)) if ess.size else nan,
-        "ess_mean": mean_ess,
-        "r_hat_max": float(np.nanmax(rhat)) if rhat.size else nan,
-        "ess_per_1000_iterations": 1000.0 * mean_ess / (C * S) if S else nan,
-        "ess_per_query": mean_ess / total_q if total_q else nan,
-        "ess_per_second": mean_ess / secs if secs and secs > 0 else nan,
-    }
 
 
 def _validate(
@@ -265,8 +133,6 @@ def _validate(
     )
     check_channel(options.get("channel", "auto"))
     if "control_variates" in options:
-        from flymc_dist.austerity import check_control_variates
-
         check_control_variates(options["control_variates"])
 
 
@@ -283,45 +149,6 @@ def _check_task(model: Model, task: str, n_classes: int | None) -> None:
         k = getattr(model, "n_classes", None)
         if n_classes is not None and k is not None and n_classes > k:
             raise ValueError(f"the data have {n_classes} classes but the model has {k}")
-
-
-def _shard_layout(
-    data: Any, options: dict[str, Any]
-) -> tuple[list[ShardSpec], dict | None, int, int, str, int | None, str]:
-    """Shard specs (and in-memory rows for an (X, y) pair)."""
-    n_shards = options.get("n_shards")
-    rows_per_shard = options.get("rows_per_shard")
-    if isinstance(data, tuple):
-        X, y = data
-        X = np.asarray(X, float)
-        y = np.asarray(y)
-        if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0] or X.shape[0] == 0:
-            raise ValueError(f"(X, y) must be (N, D) and (N,) with N > 0; got {X.shape}, {y.shape}")
-        if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y.astype(float)))):
-            raise ValueError("X and y must be finite")
-        N = X.shape[0]
-        k = n_shards or (max(1, -(-N // rows_per_shard)) if rows_per_shard else 1)
-        edges = np.linspace(0, N, min(k, N) + 1).astype(int)
-        specs = [
-            ShardSpec(i, "", int(a), int(b))
-            for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
-        ]
-        mem = {s.shard_id: (X[s.start : s.stop], y[s.start : s.stop]) for s in specs}
-        integer = bool(np.all(np.mod(y, 1) == 0)) if y.dtype.kind != "b" else True
-        if integer and set(np.unique(y).tolist()) <= {0, 1}:
-            task, k = "binary", 2
-        elif integer and y.min() >= 0:
-            task, k = "multiclass", int(y.max()) + 1
-        else:
-            task, k = "real", None
-        return specs, mem, N, X.shape[1], task, k, "<in memory>"
-    from flymc_dist.data import Dataset, open_dataset
-
-    ds = data if isinstance(data, Dataset) else open_dataset(str(data))
-    ranges = ds.shard_ranges(n_shards=n_shards, rows_per_shard=rows_per_shard)
-    # the workers open the store exactly as the driver did (endpoint, credentials, ...)
-    specs = [ShardSpec(i, ds.path, a, b, ds.storage_options) for i, (a, b) in enumerate(ranges)]
-    return specs, None, ds.n_rows, ds.n_features, ds.task, ds.n_classes, ds.path
 
 
 def _under_trace_lock(func: Any) -> Any:
@@ -406,14 +233,12 @@ def sample(
     _check_arguments(data, seed, options)
     if options.get("trace") is not None:
         options["trace_storage_options"] = _trace_options(data, options)
-    specs, mem, n_rows, n_features, task, n_classes, path = _shard_layout(data, options)
+    specs, mem, n_rows, n_features, task, n_classes, path = shard_layout(data, options)
     _check_task(model, task, n_classes)
     if mem is not None:
         model.validate_targets(np.concatenate([v[1] for v in mem.values()]))
     kern = get_kernel(kernel, **options.get("kernel_options", {}))
     if algorithm == "austerity":
-        from flymc_dist.austerity import sample_austerity
-
         return sample_austerity(
             model,
             specs,
@@ -438,8 +263,6 @@ def sample(
         resample_fraction=float(options.get("resample_fraction", 0.1)),
         track_grad=kern.needs_grad,
     )
-    from flymc_dist.cluster import open_transport
-
     transport = open_transport(client, specs, config, mem, options)
     try:
         driver = Driver(
@@ -495,8 +318,6 @@ def _run(
     trace_path = options.get("trace")
     checkpoint_every = int(options.get("checkpoint_every", 100))
     if trace_path is not None:
-        from flymc_dist.trace import Trace
-
         if options.get("resume"):
             trace = Trace.open(trace_path, storage_options=options.get("trace_storage_options"))
             ck = trace.checkpoint
@@ -510,8 +331,6 @@ def _run(
     info["setup_queries"] = driver.setup_queries
     info["setup_seconds"] = driver.setup_seconds
     if trace_path is not None and trace is None:
-        from flymc_dist.trace import Trace
-
         attrs = {k: v for k, v in info.items() if k not in ("map",)}
         trace = Trace.create(
             trace_path,
@@ -677,8 +496,6 @@ def _is_real(v: Any) -> bool:
 
 def _check_data(data: Any) -> None:
     """``data`` is a Dataset, a store path, or an ``(X, y)`` pair of real arrays, D >= 1."""
-    from flymc_dist.data import Dataset
-
     if isinstance(data, (Dataset, str, os.PathLike)):
         return
     if not isinstance(data, tuple):
@@ -735,8 +552,6 @@ def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
         raise ValueError("resume=True and overwrite_trace=True exclude each other")
     tso = options.get("trace_storage_options")
     if tso is not None:
-        from flymc_dist.trace import _is_url
-
         if not isinstance(tso, dict) or not all(isinstance(k, str) for k in tso):
             raise ValueError(
                 f"trace_storage_options must be a dict of fsspec options with str "
@@ -782,8 +597,6 @@ def _shaping_options(options: dict[str, Any]) -> dict[str, Any]:
 def _trace_options(data: Any, options: dict[str, Any]) -> dict[str, Any] | None:
     """The fsspec options of the trace: ``trace_storage_options`` if given, else the data
     set's ``storage_options`` when the trace is a URL of the same protocol (e.g. both s3)."""
-    from flymc_dist.trace import _is_url
-
     if options.get("trace_storage_options") is not None:
         return dict(options["trace_storage_options"]) or None
     trace, ds_options = options.get("trace"), getattr(data, "storage_options", None)
@@ -802,8 +615,6 @@ def _data_id(data: Any) -> str:
         h.update(X.tobytes())
         h.update(y.tobytes())
         return f"{X.shape[0]}x{X.shape[1]}:in-memory-sha256-{h.hexdigest()[:32]}"
-    from flymc_dist.data import Dataset, open_dataset
-
     return (data if isinstance(data, Dataset) else open_dataset(str(data))).fingerprint()
 
 
@@ -826,13 +637,11 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
     """Refuse, in one line naming what differs, to resume a trace written by another run:
     the model, the data set (its identity, not only its shape), the algorithm and every
     setting that shapes the draws."""
-    from flymc_dist.trace import Trace
-
     options = args["options"]
     trace = Trace.open(path, read_only=True, storage_options=_trace_options(args["data"], options))
     if trace.checkpoint is None:
         raise ValueError(f"trace {os.fspath(path)!s} has no checkpoint to resume from")
-    specs, _mem, n_rows, n_features, _t, _k, data_path = _shard_layout(args["data"], options)
+    specs, _mem, n_rows, n_features, _t, _k, data_path = shard_layout(args["data"], options)
     algorithm = args["algorithm"]
     want: dict[str, Any] = {
         "data_id": _data_id(args["data"]),
@@ -903,8 +712,6 @@ def _after_failure(
     Runs under the trace's lock, so whatever changed at ``path`` since ``before`` is this
     run's doing.
     """
-    from flymc_dist.trace import Trace, _is_url
-
     if _is_url(path):
         return
     after = _stamp(path)
@@ -955,8 +762,6 @@ def _traced_sample(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         options,
     )
     _check_arguments(a["data"], a["seed"], options)
-    from flymc_dist.trace import Trace, TraceLock
-
     resume = bool(options.get("resume"))
     if resume and a["algorithm"] != "austerity":  # no trace there: FileNotFoundError
         Trace.open(path, read_only=True, storage_options=_trace_options(a["data"], options))

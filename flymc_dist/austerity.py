@@ -113,12 +113,18 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.special import stdtr
 
+from flymc_dist.cluster import ShardLost, open_transport
+from flymc_dist.driver import Driver, laplace_covariance
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH, tril_matvec
+from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.progress import Progress
 from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
+from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, ROLE_INIT, stream
 from flymc_dist.shard import Shard
+from flymc_dist.trace import Trace
 
 __all__ = [
     "AUSTERITY_STATS",
@@ -514,8 +520,6 @@ class SequentialTester:
                     "the control-variate threshold is NaN (the collapsed "
                     "bound overflows at a proposal)"
                 )
-        from flymc_dist.cluster import ShardLost
-
         for _attempt in range(5):
             key = self.decision
             self.decision += 1
@@ -731,8 +735,6 @@ def _setup(
 ) -> dict[str, Any]:
     """MAP (if needed), tight points and collapsed bound (control variates),
     preconditioner and initial positions, as the FlyMC driver does."""
-    from flymc_dist.driver import Driver, laplace_covariance
-
     t0 = time.perf_counter()
     init = options.get("init", "map")
     precondition = options.get("precondition", "laplace")
@@ -811,7 +813,7 @@ def sample_austerity(
     seed: int,
     client: Any,
     options: dict[str, Any],
-) -> Any:
+) -> Result:
     """Austerity MH (approximate) — what ``fd.sample(..., algorithm="austerity")`` runs.
 
     Parameters
@@ -848,10 +850,6 @@ def sample_austerity(
         Bad ``eps``/``batch_size``/``control_variates``, a kernel other than RWMH, or
         ``resume``.
     """
-    from flymc_dist.api import Result
-    from flymc_dist.cluster import open_transport
-    from flymc_dist.progress import Progress
-
     eps = _check_eps(options.get("eps", 0.01))
     batch_size = _check_batch_size(options.get("batch_size", 500))
     control_variates = check_control_variates(options.get("control_variates", True))
@@ -900,8 +898,6 @@ def sample_austerity(
         info["setup_seconds"] = setup["setup_seconds"]
         trace = None
         if options.get("trace") is not None:
-            from flymc_dist.trace import Trace
-
             attrs = {k: v for k, v in info.items() if k != "map"}
             trace = Trace.create(
                 options["trace"],
@@ -1103,9 +1099,6 @@ def run_decisions(
         ``rounds`` (arrays), ``mean_data_used``, ``fraction``, ``round_trips``,
         ``error_rate`` (when ``exact``).
     """
-    from flymc_dist.api import _shard_layout
-    from flymc_dist.cluster import open_transport
-
     log_u = np.asarray(log_u, float).ravel()
     S = log_u.size
     thetas = np.asarray(thetas, float)
@@ -1119,7 +1112,7 @@ def run_decisions(
     proposals = proposals.reshape(S, -1)
     eps_list = [float(eps)] if np.ndim(eps) == 0 else [float(e) for e in eps]
     options: dict[str, Any] = {} if n_shards is None else {"n_shards": n_shards}
-    specs, mem, N, D, _, _, _ = _shard_layout(data, options)
+    specs, mem, N, D, _, _, _ = shard_layout(data, options)
     config = ShardConfig(model=model, algorithm="austerity", chains=1, seed=seed)
     transport = open_transport(client, specs, config, mem, options)
     out: dict[str, Any] = {"n_rows": N, "theta_hat": None, "by_eps": []}
@@ -1164,8 +1157,6 @@ def run_decisions(
 
 def _find_map(model: Model, transport: Transport, n_features: int) -> np.ndarray:
     """The MAP estimate, found as the sampler's set-up finds it."""
-    from flymc_dist.driver import Driver
-
     driver = Driver(
         model, transport, RandomWalkMH(), n_features=n_features, algorithm="regular", chains=1
     )
