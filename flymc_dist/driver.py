@@ -172,7 +172,7 @@ class Driver:
         # every round trip starts an iteration; "auto": where the transport says so
         self.speculate = (
             algorithm == "flymc"
-            and getattr(kernel, "requests_per_step", None) == 1
+            and kernel.requests_per_step == 1
             and (speculate is True or (speculate == "auto" and transport.speculates))
         )
         #: likelihood queries of speculative z-updates undone because the chain moved
@@ -294,7 +294,7 @@ class Driver:
         if self.bright_replica is not True and self.bright_replica != "auto":
             return False
         if self.bright_replica == "auto":
-            if getattr(self.kernel, "requests_per_step", None) == 1:
+            if self.kernel.requests_per_step == 1:
                 return False  # one round trip per iteration either way
             start = self.theta_map if self.theta_map is not None else self.positions[0]
             expected = float(sum(self.transport.call("expected_bright", start)))
@@ -560,7 +560,7 @@ class Driver:
         recoveries = self.transport.recoveries
         n_recoveries = len(recoveries)
         trips = self._trips
-        if getattr(self.kernel, "step_chains", None) is not None:
+        if self.kernel.step_chains is not None:
             infos, log_joint, agg = self._step_chains()
         else:
             infos, log_joint, agg = self._step_interleaved()

@@ -24,6 +24,7 @@ from flymc_dist.kernels.base import (
     ChainsStepGenerator,
     EvalRequest,
     EvalResponse,
+    Kernel,
     KernelInfo,
     StepGenerator,
 )
@@ -310,7 +311,7 @@ class RWMHParams(NamedTuple):
     scale_tril: np.ndarray | None  # L, lower triangular (P, P); None = identity
 
 
-class RandomWalkMH:
+class RandomWalkMH(Kernel):
     """Preconditioned Gaussian random-walk Metropolis–Hastings: ``θ′ = θ + ε L z``.
 
     One request per step, ``EvalRequest(points=θ′[None])``; accept iff
@@ -387,7 +388,7 @@ class RandomWalkMH:
     def step_chains(
         self, rngs: list[np.random.Generator], positions: np.ndarray, params: list[RWMHParams]
     ) -> ChainsStepGenerator:
-        """Every chain's :meth:`step` at once (see :class:`.base.ChainsKernel`).
+        """Every chain's :meth:`step` at once (see :class:`.base.ChainsStep`).
 
         The same draws from each chain's stream and the same floating-point operations
         as :meth:`step`, element by element, so the same result bit for bit; only the
