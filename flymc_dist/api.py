@@ -1,4 +1,7 @@
-"""``fd.sample``: the one entry point, and the :class:`Result` it returns."""
+"""``fd.sample``: the one entry point. It checks every argument, builds the algorithm
+(the FlyMC / regular :class:`~flymc_dist.driver.Driver`, or austerity's sampler) and hands
+it to the one runner, :func:`flymc_dist.run.run`; around it, the trace session (one
+writer at a time, a resume that matches, a failure that keeps what can be resumed)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ import logging
 import math
 import os
 import shutil
-import time
 from typing import Any
 
 import numpy as np
@@ -20,19 +22,16 @@ from flymc_dist.cluster import open_transport
 from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.driver import (
     REPLICA_BUDGET,
-    STAT_NAMES,
     Driver,
     check_bright_replica,
     check_speculate,
-    params_to_json,
-    rng_state_from_json,
 )
 from flymc_dist.kernels import get_kernel
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
-from flymc_dist.progress import Progress
-from flymc_dist.protocol import ShardConfig, Transport
+from flymc_dist.protocol import ShardConfig
 from flymc_dist.result import Result, Summary, efficiency
+from flymc_dist.run import run
 from flymc_dist.trace import Trace, TraceLock, _is_url
 
 __all__ = [
@@ -298,187 +297,9 @@ def sample(
         }
         if options.get("trace") is not None:  # what a resumed run must match
             info.update(data_id=_data_id(data), options=_shaping_options(options))
-        return _run(driver, transport, info, num_warmup, num_samples, options)
+        return run(driver, info, num_warmup, num_samples, options)
     finally:
         transport.close()
-
-
-def _run(
-    driver: Driver,
-    transport: Transport,
-    info: dict[str, Any],
-    num_warmup: int,
-    num_samples: int,
-    options: dict[str, Any],
-) -> Result:
-    C, P = driver.chains, driver.P
-    shape = driver.param_shape
-    trace = None
-    start = 0
-    trace_path = options.get("trace")
-    checkpoint_every = int(options.get("checkpoint_every", 100))
-    if trace_path is not None:
-        if options.get("resume"):
-            trace = Trace.open(trace_path, storage_options=options.get("trace_storage_options"))
-            ck = trace.checkpoint
-            if ck is None:
-                raise ValueError(f"trace {trace_path} has no checkpoint to resume from")
-            start = int(ck["iteration"]) + 1
-    driver.setup()
-    info["q_db"] = driver.q_db if info["algorithm"] == "flymc" else None
-    info["map"] = None if driver.theta_map is None else driver.theta_map.reshape(shape)
-    info["map_info"] = driver.map_info
-    info["setup_queries"] = driver.setup_queries
-    info["setup_seconds"] = driver.setup_seconds
-    if trace_path is not None and trace is None:
-        attrs = {k: v for k, v in info.items() if k not in ("map",)}
-        trace = Trace.create(
-            trace_path,
-            chains=C,
-            param_shape=shape,
-            stats={k: np.dtype(v) for k, v in STAT_NAMES.items()},
-            attrs=attrs,
-            overwrite=bool(options.get("overwrite_trace", False)),
-            storage_options=options.get("trace_storage_options"),
-        )
-    if start:
-        ck = trace.checkpoint
-        driver.positions = np.asarray(ck["positions"], float)
-        kp = type(driver.params[0])
-        driver.params = [
-            kp(**{k: (np.asarray(v) if isinstance(v, list) else v) for k, v in p.items()})
-            for p in ck["params"]
-        ]
-        for r, s in zip(driver.rngs, ck["rng_states"], strict=True):
-            r.bit_generator.state = rng_state_from_json(s)
-        driver.seq = int(ck.get("seq", 0))
-        # a fresh exact draw of z at the resumed positions (a valid Gibbs step), from
-        # streams of a generation no earlier segment used: the one counter that fault
-        # recovery also advances, kept in every checkpoint (traces written before it was
-        # kept had used generation 1 for their resume)
-        transport.generation = int(ck.get("generation", 1)) + 1
-        transport.call("set_positions", driver.positions, transport.generation)
-    total = num_warmup + num_samples
-    n_keep = num_samples
-    samples = np.empty((C, n_keep, P))
-    wsamples = np.empty((C, num_warmup, P))
-    stats = {k: np.zeros((C, n_keep), dtype=v) for k, v in STAT_NAMES.items()}
-    wstats = {k: np.zeros((C, num_warmup), dtype=v) for k, v in STAT_NAMES.items()}
-    if start and trace is not None:
-        prev_w, prev = trace.warmup_samples, trace.samples
-        wsamples[:, : prev_w.shape[1]] = prev_w.reshape(C, -1, P)
-        samples[:, : prev.shape[1]] = prev.reshape(C, -1, P)
-        for k in STAT_NAMES:
-            wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
-            stats[k][:, : prev.shape[1]] = trace.stats[k]
-    progress = Progress(total, enabled=options.get("progress"), initial=start)
-    buf: list[tuple[bool, np.ndarray, dict]] = []
-    snap = _timing_snapshot(driver, transport) if num_warmup <= start else None
-    t0 = time.perf_counter()
-    t_warm_end = t0 if num_warmup <= start else None
-    # wall seconds of warm-up and of sampling, over every segment of a resumed run (kept
-    # in the trace's checkpoint, so that `flymc summary` can report seconds per iteration)
-    before = dict((trace.checkpoint or {}).get("seconds", {})) if start else {}
-
-    def seconds_so_far() -> dict[str, float]:
-        now = time.perf_counter()
-        end_w = t_warm_end if t_warm_end is not None else now
-        return {
-            "warmup": float(before.get("warmup", 0.0)) + end_w - t0,
-            "sampling": float(before.get("sampling", 0.0))
-            + (now - t_warm_end if t_warm_end is not None else 0.0),
-        }
-
-    try:
-        for i, warm, pos, st in driver.iterations(num_warmup, num_samples, start=start):
-            if warm:
-                wsamples[:, i] = pos
-                for k in STAT_NAMES:
-                    wstats[k][:, i] = st[k]
-            else:
-                j = i - num_warmup
-                samples[:, j] = pos
-                for k in STAT_NAMES:
-                    stats[k][:, j] = st[k]
-            if i == num_warmup - 1:
-                snap = _timing_snapshot(driver, transport)
-                t_warm_end = time.perf_counter()
-            progress.update(st)
-            if trace is not None:
-                buf.append((warm, pos, st))
-                if len(buf) >= checkpoint_every or i == total - 1 or (warm and i == num_warmup - 1):
-                    _flush(trace, buf, shape)
-                    trace.set_checkpoint({**driver.checkpoint(i), "seconds": seconds_so_far()})
-                    buf = []
-    finally:
-        progress.close()
-    t_end = time.perf_counter()
-    info["sampling_seconds"] = t_end - (t_warm_end if t_warm_end is not None else t0)
-    info["warmup_seconds"] = (t_warm_end - t0) if t_warm_end is not None else 0.0
-    if snap is not None:
-        info["timing"] = _timing_report(
-            snap, _timing_snapshot(driver, transport), num_samples - max(start - num_warmup, 0)
-        )
-    info["total_round_trips"] = int(transport.round_trips)
-    info["speculate"] = bool(driver.speculate)
-    info["bright_replica"] = driver.replica is not None
-    info["channel"] = transport.channel
-    info["speculative_queries"] = int(driver.wasted_queries)
-    info["recoveries"] = list(transport.recoveries)
-    info["kernel_params"] = [params_to_json(p) for p in driver.params]
-    return Result(
-        samples.reshape((C, n_keep) + shape),
-        stats,
-        wsamples.reshape((C, num_warmup) + shape),
-        wstats,
-        info,
-    )
-
-
-def _timing_snapshot(driver: Driver, transport: Transport) -> dict[str, Any]:
-    return {
-        "step": driver.step_seconds,
-        "round": driver.round_seconds,
-        "hosts": transport.timing(),
-    }
-
-
-def _timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict[str, Any]:
-    """Seconds per post-warm-up iteration: where the time of a step went.
-
-    ``step`` (the driver's whole iteration) = ``round_trip`` (waiting on the transport:
-    the round trips' communication plus the workers' ``host_round_wall``) + ``driver``
-    (kernels, sums, bookkeeping). Per host: rounds served, wall and CPU seconds per
-    round, and speculation's wall seconds per iteration (work done after replies).
-    """
-    n = max(int(iterations), 1)
-    hosts = []
-    if len(a["hosts"]) == len(b["hosts"]):
-        for ha, hb in zip(a["hosts"], b["hosts"], strict=True):
-            rounds = hb["rounds"] - ha["rounds"]
-            per = max(rounds, 1)
-            hosts.append(
-                {
-                    "rounds": int(rounds),
-                    "round_wall": (hb["round_wall"] - ha["round_wall"]) / per,
-                    "round_cpu": (hb["round_cpu"] - ha["round_cpu"]) / per,
-                    "speculate_wall": (hb["speculate_wall"] - ha["speculate_wall"]) / n,
-                }
-            )
-    step = (b["step"] - a["step"]) / n
-    rt = (b["round"] - a["round"]) / n
-    return {"iterations": n, "step": step, "round_trip": rt, "driver": step - rt, "hosts": hosts}
-
-
-def _flush(trace: Any, buf: list[tuple[bool, np.ndarray, dict]], shape: tuple[int, ...]) -> None:
-    for warm in (True, False):
-        part = [b for b in buf if b[0] == warm]
-        if not part:
-            continue
-        C = part[0][1].shape[0]
-        s = np.stack([b[1] for b in part], axis=1).reshape((C, len(part)) + shape)
-        st = {k: np.stack([b[2][k] for b in part], axis=1) for k in STAT_NAMES}
-        trace.append(s, st, warmup=warm)
 
 
 # ------------------------------------------------------------------ arguments checked up front

@@ -26,17 +26,29 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import scipy.optimize
 
-from flymc_dist.kernels.base import EvalRequest, EvalResponse, Kernel, KernelInfo
+from flymc_dist.kernels.base import (
+    EvalRequest,
+    EvalResponse,
+    Kernel,
+    KernelInfo,
+    params_from_json,
+    params_to_json,
+)
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import Request, Transport
 from flymc_dist.replica import BrightReplica
-from flymc_dist.rng import ROLE_INIT, ROLE_KERNEL, stream
+from flymc_dist.rng import (
+    ROLE_INIT,
+    ROLE_KERNEL,
+    rng_state_from_json,
+    rng_state_to_json,
+    stream,
+)
 
 log = logging.getLogger("flymc_dist")
 
@@ -78,7 +90,8 @@ def check_bright_replica(value: Any, budget: Any = REPLICA_BUDGET) -> None:
 
 
 class Driver:
-    """Runs ``chains`` chains of one algorithm through a transport.
+    """Runs ``chains`` chains of one algorithm through a transport (:func:`~flymc_dist.run.run`
+    drives it: :meth:`setup`, then :meth:`step` per iteration).
 
     Parameters
     ----------
@@ -114,6 +127,9 @@ class Driver:
     replica_budget
         Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
     """
+
+    #: per-iteration statistics of :meth:`step`, name -> dtype
+    stat_names = STAT_NAMES
 
     def __init__(
         self,
@@ -579,35 +595,59 @@ class Driver:
             "recoveries": np.array([len(recoveries) - n_recoveries] * C, dtype=np.int64),
         }
 
-    def iterations(
-        self, num_warmup: int, num_samples: int, start: int = 0
-    ) -> Iterator[tuple[int, bool, np.ndarray, dict[str, np.ndarray]]]:
-        """Generator over iterations: ``(i, is_warmup, positions (C, P), stats)``.
-
-        Warm-up adapts the kernel parameters (outside the kernel); at its end the
-        adapted parameters are fixed, so warm-up cannot leak into sampling.
-        """
-        adapters = None
-        if start < num_warmup:
-            adapters = [self.kernel.adapter(p, num_warmup - start) for p in self.params]
-        for i in range(start, num_warmup + num_samples):
-            warm = i < num_warmup
-            stats = self.step(adapters if warm else None)
-            if warm and i == num_warmup - 1:
-                self.params = [a.final() for a in adapters]
-                adapters = None
-            yield i, warm, self.positions.copy(), stats
-
     def checkpoint(self, iteration: int) -> dict[str, Any]:
         """A JSON-able snapshot to resume from (positions, params, kernel RNG states)."""
         return {
             "iteration": int(iteration),
             "positions": self.positions.tolist(),
             "params": [params_to_json(p) for p in self.params],
-            "rng_states": [_rng_state_to_json(r.bit_generator.state) for r in self.rngs],
+            "rng_states": [rng_state_to_json(r.bit_generator.state) for r in self.rngs],
             "seq": int(self.seq),
             # the random-stream generation of the shards' z: resume starts the next one
             "generation": int(self.transport.generation),
+        }
+
+    # ------------------------------------------------- what the runner (run.py) reads
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Continue from a :meth:`checkpoint`: positions, kernel parameters and streams,
+        then a fresh exact draw of z at the positions (a valid Gibbs step) from streams of
+        a generation no earlier segment used: the one counter that fault recovery also
+        advances, kept in every checkpoint (traces written before it was kept had used
+        generation 1 for their resume). Call after :meth:`setup`."""
+        self.positions = np.asarray(checkpoint["positions"], float)
+        kind = type(self.params[0])
+        self.params = [params_from_json(kind, p) for p in checkpoint["params"]]
+        for r, s in zip(self.rngs, checkpoint["rng_states"], strict=True):
+            r.bit_generator.state = rng_state_from_json(s)
+        self.seq = int(checkpoint.get("seq", 0))
+        self.transport.generation = int(checkpoint.get("generation", 1)) + 1
+        self.transport.call("set_positions", self.positions, self.transport.generation)
+
+    def setup_info(self) -> dict[str, Any]:
+        """The run information :meth:`setup` settled (``q_db``, MAP, set-up cost)."""
+        return {
+            "q_db": self.q_db if self.algorithm == "flymc" else None,
+            "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),
+            "map_info": self.map_info,
+            "setup_queries": self.setup_queries,
+            "setup_seconds": self.setup_seconds,
+        }
+
+    def timing(self) -> dict[str, Any]:
+        """Cumulative seconds so far: in :meth:`step`, waiting on rounds, and per host."""
+        return {
+            "step": self.step_seconds,
+            "round": self.round_seconds,
+            "hosts": self.transport.timing(),
+        }
+
+    def run_info(self, stats: dict[str, np.ndarray]) -> dict[str, Any]:
+        """How the run went (modes taken, undone speculative work), for ``Result.info``."""
+        return {
+            "speculate": bool(self.speculate),
+            "bright_replica": self.replica is not None,
+            "channel": self.transport.channel,
+            "speculative_queries": int(self.wasted_queries),
         }
 
 
@@ -623,35 +663,3 @@ def check_speculate(value: Any) -> None:
     """Raise ``ValueError`` unless ``value`` is a valid ``speculate`` option."""
     if not (value is True or value is False or value == "auto"):
         raise ValueError(f"speculate must be 'auto', True or False, not {value!r}")
-
-
-def params_to_json(params: Any) -> dict[str, Any]:
-    """A kernel's parameters (a NamedTuple of scalars and arrays) as JSON-able lists."""
-    out = {}
-    for k, v in params._asdict().items():
-        out[k] = np.asarray(v).tolist() if v is not None else None
-    return out
-
-
-def _rng_state_to_json(state: dict[str, Any]) -> dict[str, Any]:
-    def conv(x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: conv(v) for k, v in x.items()}
-        if isinstance(x, int) and not isinstance(x, bool):
-            return str(x)
-        return x
-
-    return conv(state)
-
-
-def rng_state_from_json(state: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of the JSON encoding of a bit generator state."""
-
-    def conv(x: Any, key: str = "") -> Any:
-        if isinstance(x, dict):
-            return {k: conv(v, k) for k, v in x.items()}
-        if isinstance(x, str) and key != "bit_generator":
-            return int(x)
-        return x
-
-    return conv(state)

@@ -165,6 +165,19 @@ class Adapter(Protocol):
         """The params to sample with after warm-up."""
 
 
+def params_to_json(params: Any) -> dict[str, Any]:
+    """A kernel's parameters (a NamedTuple of scalars and arrays) as JSON-able lists."""
+    out = {}
+    for k, v in params._asdict().items():
+        out[k] = np.asarray(v).tolist() if v is not None else None
+    return out
+
+
+def params_from_json(cls: type, value: dict[str, Any]) -> Any:
+    """Inverse of :func:`params_to_json`: the parameters as the NamedTuple ``cls``."""
+    return cls(**{k: (np.asarray(v) if isinstance(v, list) else v) for k, v in value.items()})
+
+
 def run_step(step: StepGenerator, evaluate) -> tuple[np.ndarray, KernelInfo]:
     """Drive a single step with ``evaluate(request, is_first) -> EvalResponse``.
 
