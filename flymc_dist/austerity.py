@@ -114,16 +114,16 @@ import numpy as np
 from scipy.special import stdtr
 
 from flymc_dist.cluster import ShardLost, open_transport
-from flymc_dist.driver import Driver, laplace_covariance
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
 from flymc_dist.result import Result
-from flymc_dist.rng import ROLE_AUSTERITY, ROLE_INIT, stream
+from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.run import run
 from flymc_dist.shard import Shard
+from flymc_dist.tune import find_map, initial_positions, needs_map, preconditioner, tight_bounds
 
 __all__ = [
     "AUSTERITY_STATS",
@@ -650,21 +650,6 @@ def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarra
         return np.sum((d @ bound.A) * (proposals + thetas), axis=-1) + d @ bound.b
 
 
-def tight_bounds(transport: Transport, theta_hat: np.ndarray) -> BoundStats:
-    """Set every shard's tight points at ``theta_hat`` and sum their bound statistics.
-
-    The bounds' set-up exactly as FlyMC's driver does it for ``bounds="map"``
-    (``set_tight_points``, then ``bound_stats`` summed in global shard order); a cluster
-    transport replays ``set_tight_points`` on shards it recreates after a fault.
-    """
-    transport.call("set_tight_points", np.asarray(theta_hat, float))
-    stats = transport.call("bound_stats")
-    total = stats[0]
-    for s in stats[1:]:
-        total = total + s
-    return total
-
-
 def _merge(
     n: np.ndarray,
     mean: np.ndarray,
@@ -798,54 +783,16 @@ class AusteritySampler:
         """MAP (if needed), tight points and collapsed bound (control variates),
         preconditioner and initial positions, as the FlyMC driver does."""
         t0 = time.perf_counter()
-        init, precondition, P = self.init, self.precondition, self.P
-        driver = Driver(
-            self.model,
-            self.transport,
-            self.kernel,
-            n_features=self.n_features,
-            algorithm="regular",
-            chains=self.chains,
-            seed=self.seed,
-            init=init,
-            precondition=precondition,
-            map_maxiter=self.map_maxiter,
-        )
         neg_h = None
-        need_map = (
-            (isinstance(init, str) and init == "map")
-            or (isinstance(precondition, str) and precondition == "laplace")
-            or self.control_variates
-        )
-        trips0 = self.transport.round_trips
-        if need_map:
-            self.theta_map, neg_h = driver.find_map()
-        self.map_info = driver.map_info
-        # one full pass per MAP round trip
-        self.setup_queries = int(self.transport.round_trips - trips0) * self.n_rows
+        if needs_map(self.init, self.precondition, self.control_variates):
+            found = find_map(self.model, self.transport, self.P, maxiter=self.map_maxiter)
+            self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
+            self.setup_queries = found.passes * self.n_rows  # every datum at one θ a pass
         # control variates: tight points at the MAP, as FlyMC's bounds="map" (its accuracy
         # affects how much data a decision needs, never which decision is taken at n = N)
         bound = tight_bounds(self.transport, self.theta_map) if self.control_variates else None
-        if isinstance(precondition, np.ndarray):
-            cov = np.asarray(precondition, float)
-        elif isinstance(precondition, str) and precondition == "laplace":
-            cov = laplace_covariance(neg_h)
-        elif isinstance(precondition, str) and precondition == "identity":
-            cov = np.eye(P)
-        else:
-            raise ValueError(
-                f"precondition must be 'laplace', 'identity' or an array, not {precondition!r}"
-            )
-        chol = np.linalg.cholesky(cov)
-        if isinstance(init, str):
-            if init != "map":
-                raise ValueError(f"init must be 'map' or an array, not {init!r}")
-            for c in range(self.chains):
-                z = stream(self.seed, ROLE_INIT, c).standard_normal(P)
-                self.positions[c] = self.theta_map + chol @ z
-        else:
-            arr = np.asarray(init, float)
-            self.positions[:] = np.broadcast_to(arr.reshape(-1, P), self.positions.shape)
+        chol = preconditioner(self.precondition, neg_h, self.P)
+        self.positions = initial_positions(self.init, self.theta_map, chol, self.chains, self.seed)
         self.setup_seconds = time.perf_counter() - t0
         self.tester = SequentialTester(
             self.transport,
@@ -856,7 +803,7 @@ class AusteritySampler:
             seed=self.seed,
             bound=bound,
         )
-        self.params = [self.kernel.init_params(P, chol) for _ in range(self.chains)]
+        self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
 
     def setup_info(self) -> dict[str, Any]:
         """The MAP and the set-up's cost (the full passes of the MAP search)."""
@@ -1164,10 +1111,7 @@ def run_decisions(
 
 def _find_map(model: Model, transport: Transport, n_features: int) -> np.ndarray:
     """The MAP estimate, found as the sampler's set-up finds it."""
-    driver = Driver(
-        model, transport, RandomWalkMH(), n_features=n_features, algorithm="regular", chains=1
-    )
-    return driver.find_map()[0]
+    return find_map(model, transport, model.n_params(n_features)).theta
 
 
 def decision_data_used(

@@ -29,7 +29,6 @@ import time
 from typing import Any
 
 import numpy as np
-import scipy.optimize
 
 from flymc_dist.kernels.base import (
     EvalRequest,
@@ -43,11 +42,17 @@ from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import Request, Transport
 from flymc_dist.replica import BrightReplica
 from flymc_dist.rng import (
-    ROLE_INIT,
     ROLE_KERNEL,
     rng_state_from_json,
     rng_state_to_json,
     stream,
+)
+from flymc_dist.tune import (
+    find_map,
+    initial_positions,
+    needs_map,
+    preconditioner,
+    tight_bounds,
 )
 
 log = logging.getLogger("flymc_dist")
@@ -61,19 +66,6 @@ STAT_NAMES: dict[str, str] = {
     "log_joint": "float64",
     "recoveries": "int64",
 }
-
-
-def laplace_covariance(neg_hessian: np.ndarray) -> np.ndarray:
-    """Covariance of the Gaussian with precision ``neg_hessian``, eigenvalues clipped positive.
-
-    Robust and softmax log posteriors need not be strictly concave; clipping keeps a
-    valid (if imperfect) preconditioner — it affects efficiency, never exactness.
-    """
-    H = 0.5 * (neg_hessian + neg_hessian.T)
-    w, V = np.linalg.eigh(H)
-    top = max(float(np.max(np.abs(w))), 1e-12)
-    w = np.clip(w, top * 1e-8, None)
-    return (V / w) @ V.T
 
 
 #: the replica's default memory budget in ``bright_replica="auto"`` mode (bytes)
@@ -198,100 +190,20 @@ class Driver:
         self.round_seconds = 0.0
 
     # ------------------------------------------------------------------ set-up
-    def _log_lik_full(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """``Σ_n ℓ_n(θ)`` with its gradient and Hessian: one full pass on the shards."""
-        parts = self.transport.call("loglik_sum", theta, 2)
-        self.setup_queries += self.n_rows  # a full pass: every datum at one θ
-        return (sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts))
-
-    def find_map(self, x0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """MAP estimate by trust-region Newton with shard-summed gradients and Hessians.
-
-        Returns
-        -------
-        theta_map, neg_hessian
-            The estimate and the negative Hessian of the log posterior there (the
-            prior's curvature from :meth:`Model.prior_precision`).
-        """
-        cache: dict[bytes, tuple[float, np.ndarray, np.ndarray]] = {}
-        loglik: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
-
-        def evaluate(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-            """The negated (smoothed: :meth:`Model.prior_map_terms`) log posterior."""
-            key = np.asarray(theta, float).tobytes()
-            if key not in cache:
-                v, g, h = self._log_lik_full(np.asarray(theta, float))
-                pv, pg, ph = self.model.prior_map_terms(np.asarray(theta, float))
-                cache.clear()
-                cache[key] = (-(v + pv), -(g + pg), -(h + np.diag(ph)))
-                loglik["last"] = (v, g, h)
-            return cache[key]
-
-        x0 = np.zeros(self.P) if x0 is None else np.asarray(x0, float)
-        res = scipy.optimize.minimize(
-            lambda t: evaluate(t)[0],
-            x0,
-            jac=lambda t: evaluate(t)[1],
-            hess=lambda t: evaluate(t)[2],
-            method="trust-exact",
-            options={"maxiter": self.map_maxiter, "gtol": 1e-6},
-        )
-        theta = np.asarray(res.x, float)
-        evaluate(theta)
-        # the preconditioner's curvature: the likelihood's, plus the prior's Gaussian
-        # stand-in (:meth:`Model.prior_precision`), never the smoothing's spike at 0
-        neg_h = -loglik["last"][2] + self.model.prior_precision(self.P)
-        self.map_info = {
-            "success": bool(res.success),
-            "iterations": int(res.nit),
-            "evaluations": int(res.nfev),
-            "message": str(res.message),
-        }
-        if not np.all(np.isfinite(theta)):
-            raise FloatingPointError(f"MAP search diverged: {res.message}")
-        return theta, neg_h
-
     def setup(self) -> None:
         """MAP, tight points, collapsed bound, preconditioner, initial positions, initial z."""
         t0 = time.perf_counter()
-        need_map = (
-            (isinstance(self.init, str) and self.init == "map")
-            or (isinstance(self.precondition, str) and self.precondition == "laplace")
-            or (self.algorithm == "flymc" and self.bounds == "map")
-        )
         neg_h = None
-        if need_map:
-            self.theta_map, neg_h = self.find_map()
+        bounds_at_map = self.algorithm == "flymc" and self.bounds == "map"
+        if needs_map(self.init, self.precondition, bounds_at_map):
+            found = find_map(self.model, self.transport, self.P, maxiter=self.map_maxiter)
+            self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
+            self.setup_queries += found.passes * self.n_rows  # every datum at one θ a pass
         if self.algorithm == "flymc":
-            self.transport.call(
-                "set_tight_points", self.theta_map if self.bounds == "map" else None
-            )
-            stats = self.transport.call("bound_stats")
-            total = stats[0]
-            for s in stats[1:]:
-                total = total + s
-            self.bound = total
-        if isinstance(self.precondition, np.ndarray):
-            cov = np.asarray(self.precondition, float)
-        elif self.precondition == "laplace":
-            cov = laplace_covariance(neg_h)
-        elif self.precondition == "identity":
-            cov = np.eye(self.P)
-        else:
-            raise ValueError(
-                f"precondition must be 'laplace', 'identity' or an array, not {self.precondition!r}"
-            )
-        chol = np.linalg.cholesky(cov)
+            self.bound = tight_bounds(self.transport, self.theta_map if bounds_at_map else None)
+        chol = preconditioner(self.precondition, neg_h, self.P)
         self.scale_tril = chol
-        if isinstance(self.init, str):
-            if self.init != "map":
-                raise ValueError(f"init must be 'map' or an array, not {self.init!r}")
-            for c in range(self.chains):
-                z = stream(self.seed, ROLE_INIT, c).standard_normal(self.P)
-                self.positions[c] = self.theta_map + chol @ z
-        else:
-            init = np.asarray(self.init, float)
-            self.positions[:] = np.broadcast_to(init.reshape(-1, self.P), self.positions.shape)
+        self.positions = initial_positions(self.init, self.theta_map, chol, self.chains, self.seed)
         self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
         if self.algorithm == "flymc" and self._use_replica():
             self.transport.call("set_replica", True)
