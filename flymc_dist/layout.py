@@ -16,7 +16,24 @@ __all__ = ["shard_layout"]
 def shard_layout(
     data: Any, options: dict[str, Any]
 ) -> tuple[list[ShardSpec], dict | None, int, int, str, int | None, str]:
-    """Shard specs (and in-memory rows for an (X, y) pair)."""
+    """The shards of ``data``: their specs, and the rows themselves for an ``(X, y)`` pair.
+
+    Parameters
+    ----------
+    data
+        A :class:`~flymc_dist.data.Dataset`, a store path, or an in-memory ``(X, y)``.
+    options
+        ``n_shards`` or ``rows_per_shard`` (default: one shard in memory; the data set's
+        own default otherwise).
+
+    Returns
+    -------
+    specs, mem, n_rows, n_features, task, n_classes, path
+        The shard specs (those of a store carry its ``storage_options``), the rows of each
+        in-memory shard by shard id (None for a store), N, D, the task (``"binary"``,
+        ``"multiclass"`` or ``"real"``), the number of classes (or None) and where the
+        data live (``"<in memory>"`` for an ``(X, y)`` pair).
+    """
     n_shards = options.get("n_shards")
     rows_per_shard = options.get("rows_per_shard")
     if isinstance(data, tuple):
