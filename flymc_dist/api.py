@@ -80,6 +80,9 @@ _OTHER_OPTIONS = {
     "channel",
     "control_variates",
     "trace_storage_options",
+    "out_of_core",
+    "memory_budget",
+    "chunk_iterations",
 }
 
 
@@ -131,8 +134,28 @@ def _validate(
         options.get("bright_replica", "auto"), options.get("replica_budget", REPLICA_BUDGET)
     )
     check_channel(options.get("channel", "auto"))
+    _check_out_of_core(algorithm, options)
     if "control_variates" in options:
         check_control_variates(options["control_variates"])
+
+
+def _check_out_of_core(algorithm: str, options: dict[str, Any]) -> None:
+    ooc = options.get("out_of_core", "auto")
+    if not (isinstance(ooc, bool) or (isinstance(ooc, str) and ooc == "auto")):
+        raise ValueError(f"out_of_core must be 'auto', True or False, not {ooc!r}")
+    if ooc is True and algorithm == "austerity":
+        raise ValueError(
+            "austerity does not run out of core (its minibatches are random rows of the "
+            "whole data set): use out_of_core='auto' or False"
+        )
+    budget = options.get("memory_budget")
+    if budget is not None and not (_is_int(budget) and budget > 0):
+        raise ValueError(
+            f"memory_budget must be None or a positive number of bytes, not {budget!r}"
+        )
+    r = options.get("chunk_iterations", 16)
+    if not (_is_int(r) and r >= 1):
+        raise ValueError(f"chunk_iterations must be an integer >= 1, not {r!r}")
 
 
 def _check_task(model: Model, task: str, n_classes: int | None) -> None:
@@ -234,6 +257,10 @@ def sample(
         options["trace_storage_options"] = _trace_options(data, options)
     specs, mem, n_rows, n_features, task, n_classes, path = shard_layout(data, options)
     _check_task(model, task, n_classes)
+    if mem is not None and options.get("out_of_core") is True:
+        raise ValueError(
+            "out_of_core=True needs a data set in a store: write (X, y) with fd.from_numpy"
+        )
     if mem is not None:
         model.validate_targets(np.concatenate([v[1] for v in mem.values()]))
     kern = get_kernel(kernel, **options.get("kernel_options", {}))
@@ -261,6 +288,9 @@ def sample(
         z_update=z_update,
         resample_fraction=float(options.get("resample_fraction", 0.1)),
         track_grad=kern.needs_grad,
+        out_of_core=options.get("out_of_core", "auto"),
+        memory_budget=options.get("memory_budget"),
+        chunk_iterations=int(options.get("chunk_iterations", 16)),
     )
     transport = open_transport(client, specs, config, mem, options)
     try:
@@ -295,6 +325,9 @@ def sample(
             "num_warmup": num_warmup,
             "num_samples": num_samples,
         }
+        states = transport.call("state")
+        info["out_of_core"] = [bool(st["out_of_core"]) for st in states]
+        info["memory_budget"] = [st["memory_budget"] for st in states]
         if options.get("trace") is not None:  # what a resumed run must match
             info.update(data_id=_data_id(data), options=_shaping_options(options))
         return run(driver, info, num_warmup, num_samples, options)
@@ -408,6 +441,9 @@ _SHAPING = {
     "map_maxiter": 100,
     "bright_replica": "auto",
     "replica_budget": REPLICA_BUDGET,
+    "out_of_core": "auto",
+    "memory_budget": None,
+    "chunk_iterations": 16,
 }
 
 
@@ -497,9 +533,10 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
         elif key == "options":
             old, new = _canon(attrs[key]), _canon(value)
             diff += [
-                f"{k} {old.get(k)!r} (this run: {new.get(k)!r})"
+                f"{k} {old.get(k, _canon(_SHAPING.get(k)))!r} (this run: {new.get(k)!r})"
                 for k in sorted(new)
-                if old.get(k) != new.get(k)
+                # an option a trace does not record was not one yet: its default then
+                if old.get(k, _canon(_SHAPING.get(k))) != new.get(k)
             ]
         else:
             diff.append(f"{key} {attrs[key]!r} (this run: {value!r})")

@@ -99,9 +99,17 @@ class BrightSet:
 
 
 def implicit_propose(
-    rng: np.random.Generator, bright: BrightSet, q: float
+    rng: np.random.Generator,
+    bright: BrightSet,
+    q: float,
+    window: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """First half of :func:`implicit_update`: which bright rows go dark, which dark rows propose.
+
+    With ``window = (lo, hi)`` the update is restricted to the rows ``lo:hi`` — their
+    bright and their dark rows alike, so that it still leaves ``p(z | θ)`` invariant
+    (the z_n are independent given θ, and the rows a sub-update touches are chosen
+    without looking at z): bright rows outside the window stay bright, dark ones dark.
 
     Returns
     -------
@@ -110,10 +118,16 @@ def implicit_propose(
         to brighten; evaluate ``log L~`` of ``cand`` and pass it to
         :func:`implicit_accept`.
     """
+    lo, hi = (0, bright.n_rows) if window is None else window
     # bright -> dark: accept iff log u < log q - log L~ (a row with L~ = 0 always goes dark)
-    darken = log_uniform(rng, bright.n_bright) < math.log(q) - bright.vals
+    if window is None:
+        darken = log_uniform(rng, bright.n_bright) < math.log(q) - bright.vals
+    else:
+        inside = (bright.idx >= lo) & (bright.idx < hi)
+        darken = np.zeros(bright.n_bright, dtype=bool)
+        darken[inside] = log_uniform(rng, int(inside.sum())) < math.log(q) - bright.vals[inside]
     # dark -> bright proposals, decided on the z as it was before this sweep
-    cand = bernoulli_rows(rng, bright.n_rows, q)
+    cand = bernoulli_rows(rng, hi - lo, q) + lo
     return darken, cand[~bright.mask[cand]]
 
 
@@ -214,13 +228,20 @@ def implicit_update(
     return int(cand.size)
 
 
-def explicit_propose(rng: np.random.Generator, bright: BrightSet, fraction: float) -> np.ndarray:
-    """First half of :func:`explicit_update`: the ``ceil(fraction * N)`` rows to resample."""
-    n = bright.n_rows
-    m = min(n, math.ceil(fraction * n))
+def explicit_propose(
+    rng: np.random.Generator,
+    bright: BrightSet,
+    fraction: float,
+    window: tuple[int, int] | None = None,
+) -> np.ndarray:
+    """First half of :func:`explicit_update`: the ``ceil(fraction * N)`` rows to resample
+    (with ``window = (lo, hi)``: as many of the rows ``lo:hi``, at most all of them)."""
+    lo, hi = (0, bright.n_rows) if window is None else window
+    n = hi - lo
+    m = min(n, math.ceil(fraction * bright.n_rows))
     if m == n:
-        return np.arange(n, dtype=np.int64)
-    return np.sort(rng.choice(n, size=m, replace=False, shuffle=False)).astype(np.int64)
+        return np.arange(lo, hi, dtype=np.int64)
+    return np.sort(rng.choice(n, size=m, replace=False, shuffle=False)).astype(np.int64) + lo
 
 
 def explicit_accept(

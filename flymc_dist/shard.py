@@ -15,15 +15,19 @@ kernels asked for, returning only sums.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
+import operator
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from flymc_dist._numerics import log_sigmoid
 from flymc_dist.brightness import (
     BrightSet,
     bernoulli_rows,
@@ -36,6 +40,8 @@ from flymc_dist.brightness import (
     log_uniform,
     proposal_slots,
 )
+from flymc_dist.chunks import Chunk, ChunkSource, RowStore, worker_memory_limit
+from flymc_dist.data import open_dataset
 from flymc_dist.evaluate import bright_terms, bright_terms_many
 from flymc_dist.models.base import BoundStats
 from flymc_dist.protocol import (
@@ -84,6 +90,31 @@ class Shard:
     data
         ``(X, y)`` already in memory (tests); otherwise read from ``spec.path`` (opened
         with ``spec.storage_options``).
+    budget
+        Bytes of memory this shard's rows may take (``config.out_of_core="auto"``); None:
+        no budget.
+
+    Notes
+    -----
+    **Out of core.** A shard whose rows would exceed its budget (or with
+    ``config.out_of_core=True``) leaves them in the store and holds in memory only what
+    is O(bright) or O(chunk): the rows bright in some chain (:class:`RowStore`), every
+    chain's bright structure, and the store chunk the z-updates currently work on, with
+    the next one read ahead (:class:`ChunkSource`). Full passes (MAP tuning, bound
+    statistics, the exact draws of z, regular MCMC) stream the store chunk by chunk.
+    The z-update then works on a *window*, chunk ``k = (t // r) mod m`` at the shard's
+    ``t``-th z-update since its chains were placed (``m`` chunks, ``r =
+    config.chunk_iterations``): the implicit update (or the explicit one) restricted to
+    the window's rows, its bright and dark rows alike, with the dark→bright proposal
+    probability raised to ``q·n / window rows`` (capped at 1) so that as many rows are
+    proposed per iteration as in memory. This is exact: the z_n are independent given
+    θ, so the implicit update of any set of rows chosen without looking at z leaves
+    ``p(z | θ)`` invariant (a bright row outside the window stays bright, a dark one
+    dark: the identity, also invariant), for any proposal probability in (0, 1]; the
+    schedule is fixed in advance, so the chain is a deterministic-scan composition of
+    kernels that each leave the posterior invariant. (Updating every bright row but
+    only the window's dark rows would not be: rows chosen by their state.) The price:
+    a row's z is revisited only once every ``m·r`` iterations.
     """
 
     def __init__(
@@ -91,19 +122,38 @@ class Shard:
         spec: ShardSpec,
         config: ShardConfig,
         data: tuple[np.ndarray, np.ndarray] | None = None,
+        budget: int | None = None,
     ) -> None:
         self.spec = spec
         self.config = config
         self.model = config.model
         self.flymc = config.algorithm == "flymc"
+        self.memory_budget = budget
         # FlyMC with a fused log L~ keeps each row's constants beside its features, in
         # one (n, D + K) buffer: evaluating a scattered row then touches one place in
         # memory, not two (the z-update's cost is mostly such cache misses)
         K = self._n_row_constants() if self.flymc else 0
+        self.out_of_core = False
+        self._source: ChunkSource | None = None
+        ds = None
         if data is None:
-            from flymc_dist.data import open_dataset
-
             ds = open_dataset(spec.path, storage_options=spec.storage_options)
+            n = spec.stop - spec.start
+            # austerity's minibatches are random rows of the whole shard: kept in memory
+            mode = config.out_of_core if config.algorithm != "austerity" else False
+            self.out_of_core = _out_of_core(
+                mode, n * (ds.n_features + K + 2) * 8 + config.chains * n, budget
+            )
+        if self.out_of_core:
+            self._init_out_of_core(ds)
+        else:
+            self._init_in_memory(ds, data, K)
+        self._init_common()
+
+    def _init_in_memory(self, ds: Any, data: tuple[np.ndarray, np.ndarray] | None, K: int) -> None:
+        """Load the rows (from ``ds``, or ``data``) beside their ``K`` row constants."""
+        spec = self.spec
+        if data is None:
             n, D = spec.stop - spec.start, ds.n_features
             self._XC = np.empty((n, D + K))
             ys = []
@@ -120,7 +170,7 @@ class Shard:
         self.X = self._XC[:, :D]
         self.y = np.asarray(y)
         self.n = int(self.X.shape[0])
-        self.n_params = self.model.n_params(D)
+        self.n_features = D
         self.xi = self.model.untuned_xi(self.y) if self.flymc else None
         self.consts: np.ndarray | None = self._XC[:, D:] if K else None
         #: ``(kind, params)`` of the model's compiled fused log L~ (the hot path), or None
@@ -132,6 +182,22 @@ class Shard:
             self._jit = _compiled
             self._kernel = (_compiled.KINDS[compiled[0]], np.asarray(compiled[1], float))
         self._set_row_constants()
+
+    def _init_out_of_core(self, ds: Any) -> None:
+        """Set up a shard whose rows stay in the store ``ds`` (see the class notes)."""
+        self._source = ChunkSource(ds, self.spec.start, self.spec.stop)
+        self._rows = RowStore(ds.n_features)
+        #: the z-updates' current chunk and its tight points
+        self._win: tuple[Chunk, np.ndarray] | None = None
+        self._theta_hat: np.ndarray | None = None  # None: untuned tight points
+        self._z_steps = 0  # z-updates since the chains were placed
+        self.n, self.n_features = self.spec.stop - self.spec.start, ds.n_features
+        self.X = self.y = self.xi = self.consts = self._XC = None
+        self._kernel = None  # the numpy evaluation: rows come from two places
+
+    def _init_common(self) -> None:
+        config = self.config
+        self.n_params = self.model.n_params(self.n_features)
         self.q_db = float(config.q_db)
         #: gradients of the bright terms kept with z (shard-evaluated gradient kernels)
         self.track_grad = bool(config.track_grad)
@@ -150,6 +216,11 @@ class Shard:
     # ------------------------------------------------------------------ set-up
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
         """Tight points at ``theta_hat`` (MAP-tuned) or the model's untuned ones (None)."""
+        if self.out_of_core:  # a chunk's are computed as it is read
+            self._theta_hat = None if theta_hat is None else np.asarray(theta_hat, float)
+            self._rows.set_xi(self._tight_points(self._rows.X, self._rows.y))
+            self._win = None
+            return
         if theta_hat is None:
             self.xi = self.model.untuned_xi(self.y)
         else:
@@ -198,8 +269,7 @@ class Shard:
         theta = np.asarray(theta, float)[None]
         m = self.model
         total = 0.0
-        for lo in range(0, self.n, 65536):
-            X, y, xi = self.X[lo : lo + 65536], self.y[lo : lo + 65536], self.xi[lo : lo + 65536]
+        for X, y, xi in self._blocks(65536):
             eta = m.linear_predictor(theta, X)
             delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
             total += float(-np.expm1(-delta).sum())
@@ -207,7 +277,8 @@ class Shard:
 
     def bound_stats(self) -> BoundStats:
         """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic."""
-        return self.model.suffstats(self.X, self.y, self.xi)
+        parts = [self.model.suffstats(X, y, xi) for X, y, xi in self._blocks()]
+        return functools.reduce(operator.add, parts)
 
     def loglik_sum(
         self, theta: np.ndarray, order: int = 1, block: int = 65536
@@ -219,12 +290,11 @@ class Shard:
         theta = np.asarray(theta, float)[None]
         m = self.model
         E = m.n_outputs
-        D = self.X.shape[1]
+        D = self.n_features
         val = 0.0
         grad = np.zeros(self.n_params) if order >= 1 else None
         hess = np.zeros((self.n_params, self.n_params)) if order >= 2 else None
-        for lo in range(0, self.n, block):
-            X, y = self.X[lo : lo + block], self.y[lo : lo + block]
+        for X, y, _ in self._blocks(block):
             eta = m.linear_predictor(theta, X)
             if order >= 1:
                 ll, dl = m.loglik_grad(eta, y)
@@ -240,6 +310,35 @@ class Shard:
                     hk = np.einsum("nkl,nd,ne->kdle", h, X, X, optimize=True)
                     hess += hk.reshape(E * D, E * D)
         return val, grad, hess
+
+    def _blocks(
+        self, block: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """Every row, as ``(X, y, xi)`` blocks of ``block`` rows (None: one block): a full
+        pass. Out of core, the blocks are the store's chunks, read one ahead."""
+        if self.out_of_core:
+            for chunk in self._source.stream():
+                yield chunk.X, chunk.y, self._tight_points(chunk.X, chunk.y)
+            return
+        step = self.n if block is None else block
+        for lo in range(0, max(self.n, 1), max(step, 1)):
+            xi = None if self.xi is None else self.xi[lo : lo + step]
+            yield self.X[lo : lo + step], self.y[lo : lo + step], xi
+
+    def _tight_points(self, X: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+        """Tight points of the rows ``(X, y)`` of an out-of-core shard (None: regular MCMC)."""
+        if not self.flymc:
+            return None
+        if self._theta_hat is None or y.size == 0:
+            return self.model.untuned_xi(y)
+        return self.model.tuned_xi(self.model.linear_predictor(self._theta_hat[None], X)[0], y)
+
+    def _gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Features, target and tight point of ``rows`` (bright rows, or out of core rows of
+        the current chunk)."""
+        if self.out_of_core:
+            return self._rows.gather(rows, self._win)
+        return self.X[rows], self.y[rows], self.xi[rows]
 
     def set_positions(self, thetas: np.ndarray, generation: int = 0) -> int:
         """Put every chain at ``thetas[c]`` and draw its z exactly from ``p(z | θ)``.
@@ -269,19 +368,86 @@ class Shard:
                 ch.bright = BrightSet(
                     self.n, self.model.n_outputs, self.track_grad, mask=self._masks[c]
                 )
-                with np.errstate(over="ignore", divide="ignore"):
-                    queries += explicit_update(ch.rng, ch.bright, 1.0, self._row_evaluator(ch))
-            else:
+                if not self.out_of_core:
+                    with np.errstate(over="ignore", divide="ignore"):
+                        queries += explicit_update(ch.rng, ch.bright, 1.0, self._row_evaluator(ch))
+            elif not self.out_of_core:
                 s, g = self._regular_eval(ch.theta[None], self.track_grad)
                 ch.cur_sum = float(s[0])
                 ch.cur_grad = g[0] if g is not None else None
                 queries += self.n
             self.chains.append(ch)
+        if self.out_of_core:
+            queries += self._place_out_of_core()
         self._seq, self._reply = None, None
         self._spec, self._spec_pending = {}, False
         self._sent = [None] * len(self.chains)  # the next replica reply sends whole sets
         self.total_queries += queries
         return queries
+
+    def _place_out_of_core(self) -> int:
+        """:meth:`set_positions` of an out-of-core shard, in one streamed pass: each
+        chain's z drawn exactly from ``p(z | θ)`` (the same draws, in the same order, as
+        the in-memory explicit update of every row), or its full-data sums (regular)."""
+        self._win, self._z_steps = None, 0
+        m, track, C = self.model, self.track_grad, len(self.chains)
+        parts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]] = [[] for _ in range(C)]
+        held: list[tuple[np.ndarray, ...]] = []
+        sums, grads = np.zeros(C), (np.zeros((C, self.n_params)) if track else None)
+        thetas = np.array([ch.theta for ch in self.chains])
+        lo = 0
+        with np.errstate(over="ignore", divide="ignore"):
+            for X, y, xi in self._blocks():
+                rows = np.arange(lo, lo + y.size, dtype=np.int64)
+                lo += y.size
+                if not self.flymc:
+                    s, g = self._regular_block(thetas, X, y, track)
+                    sums += s
+                    if track:
+                        grads += g
+                    continue
+                vals, dvals = bright_terms(m, m.linear_predictor(thetas, X), y, xi, track)
+                on_any = np.zeros(y.size, dtype=bool)
+                for c, ch in enumerate(self.chains):
+                    z = log_uniform(ch.rng, y.size) < log_sigmoid(vals[c])
+                    on_any |= z
+                    parts[c].append((rows[z], vals[c][z], dvals[c][z] if track else None))
+                held.append((rows[on_any], X[on_any], y[on_any], xi[on_any]))
+        if not self.flymc:
+            for c, ch in enumerate(self.chains):
+                ch.cur_sum = float(sums[c])
+                ch.cur_grad = grads[c] if track else None
+            return C * self.n
+        for c, ch in enumerate(self.chains):
+            rows, vals, dvals = zip(*parts[c], strict=True)
+            ch.bright.replace(
+                np.zeros(0, dtype=bool),
+                np.concatenate(rows),
+                np.concatenate(vals),
+                np.concatenate(dvals) if track else None,
+            )
+        if held:
+            self._rows.set(*(np.concatenate(a) for a in zip(*held, strict=True)))
+        return C * self.n
+
+    def _z_window(self) -> tuple[tuple[int, int], float]:
+        """Out of core: the rows of this z-update's window and its proposal probability
+        (see the class notes); the window's chunk is read (or taken from the read ahead)
+        and the next one started."""
+        src, r = self._source, max(int(self.config.chunk_iterations), 1)
+        t, m = self._z_steps, src.n_chunks
+        self._z_steps += 1
+        k = (t // r) % m
+        if self._win is None or self._win[0].lo != src.ranges[k][0]:
+            chunk = src.get(k, (k + 1) % m if m > 1 else None)
+            self._win = (chunk, self._tight_points(chunk.X, chunk.y))
+        lo, hi = src.ranges[k]
+        return (lo, hi), min(1.0, self.q_db * self.n / max(hi - lo, 1))
+
+    def _hold_bright(self) -> None:
+        """Out of core: hold exactly the rows bright in some chain (after a z-update)."""
+        idx = [ch.bright.idx for ch in self.chains]
+        self._rows.keep(np.unique(np.concatenate(idx)).astype(np.int64, copy=False), self._win)
 
     # -------------------------------------------------------------- evaluation
     def _bright_eval(
@@ -291,7 +457,7 @@ class Shard:
         if not grad and self._kernel is not None:
             return self._bright_eval_many([(thetas, rows)], False)[0]
         m = self.model
-        X, y, xi = self.X[rows], self.y[rows], self.xi[rows]
+        X, y, xi = self._gather(rows)
         vals, dvals = bright_terms(m, m.linear_predictor(thetas, X), y, xi, grad)
         return vals, dvals, X
 
@@ -308,13 +474,13 @@ class Shard:
             return [(v, None, None) for v, _ in self._fused_eval(segments)]
         if len(segments) <= 1:
             return [self._bright_eval(t, r, grad) for t, r in segments]
-        Xs = [self.X[rows] for _, rows in segments]
+        rows = [self._gather(r) for _, r in segments]
         terms = bright_terms_many(
             self.model,
-            [(t, X, self.y[r], self.xi[r]) for (t, r), X in zip(segments, Xs, strict=True)],
+            [(t, X, y, xi) for (t, _), (X, y, xi) in zip(segments, rows, strict=True)],
             grad,
         )
-        return [(v, d, X) for (v, d), X in zip(terms, Xs, strict=True)]
+        return [(v, d, X) for (v, d), (X, _, _) in zip(terms, rows, strict=True)]
 
     def _fused_values(
         self, rows: np.ndarray, thetas: np.ndarray, seg: np.ndarray
@@ -379,12 +545,26 @@ class Shard:
 
     def _regular_eval(self, thetas: np.ndarray, grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """``sum_n l_n`` over all rows at each of ``thetas`` (k, P) (and gradients)."""
+        if not self.out_of_core:
+            return self._regular_block(thetas, self.X, self.y, grad)
+        sums, grads = np.zeros(thetas.shape[0]), (np.zeros(thetas.shape) if grad else None)
+        for X, y, _ in self._blocks():
+            s, g = self._regular_block(thetas, X, y, grad)
+            sums += s
+            if grad:
+                grads += g
+        return sums, grads
+
+    def _regular_block(
+        self, thetas: np.ndarray, X: np.ndarray, y: np.ndarray, grad: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``sum_n l_n`` over the rows ``(X, y)`` at each of ``thetas`` (and gradients)."""
         m = self.model
-        eta = m.linear_predictor(thetas, self.X)
+        eta = m.linear_predictor(thetas, X)
         if grad:
-            ll, dl = m.loglik_grad(eta, self.y)
-            return ll.sum(axis=1), m.grad_theta(dl, self.X)
-        return m.loglik(eta, self.y).sum(axis=1), None
+            ll, dl = m.loglik_grad(eta, y)
+            return ll.sum(axis=1), m.grad_theta(dl, X)
+        return m.loglik(eta, y).sum(axis=1), None
 
     # --------------------------------------------------------------- the round
     def _commit(self, ch: _Chain, j: int) -> None:
@@ -407,13 +587,17 @@ class Shard:
         implicit = self.config.z_update == "implicit"
         if self.fused_z:
             return self._update_z_fused()
+        window, q = self._z_window() if self.out_of_core else (None, self.q_db)
         props = []
         for ch in self.chains:
             if implicit:
-                props.append(implicit_propose(ch.rng, ch.bright, self.q_db))
+                props.append(implicit_propose(ch.rng, ch.bright, q, window))
             else:
                 props.append(
-                    (None, explicit_propose(ch.rng, ch.bright, self.config.resample_fraction))
+                    (
+                        None,
+                        explicit_propose(ch.rng, ch.bright, self.config.resample_fraction, window),
+                    )
                 )
         segs = [(ch.theta[None], rows) for ch, (_, rows) in zip(self.chains, props, strict=True)]
         live = [i for i, (_, rows) in enumerate(segs) if rows.size]
@@ -430,10 +614,12 @@ class Shard:
             else:
                 vals, dvals = np.empty(0), (np.empty((0, self.model.n_outputs)) if track else None)
             if implicit:
-                implicit_accept(ch.rng, ch.bright, self.q_db, darken, rows, vals, dvals)
+                implicit_accept(ch.rng, ch.bright, q, darken, rows, vals, dvals)
             else:
                 explicit_accept(ch.rng, ch.bright, rows, vals, dvals)
             queries[c] = rows.size
+        if self.out_of_core:
+            self._hold_bright()
         return queries
 
     @property
@@ -546,7 +732,9 @@ class Shard:
             if req is not None and req.current_grad:
                 if ch.bright.dvals is None:
                     raise RuntimeError("gradient kernel on a shard built without track_grad")
-                current_grad[c] = self.model.grad_theta(ch.bright.dvals[None], self.X[rows])[0]
+                current_grad[c] = self.model.grad_theta(
+                    ch.bright.dvals[None], self._gather(rows)[0]
+                )[0]
             n_bright[c] = M
         if self._kernel is not None:  # the bright sums at the current θ, in one pass
             bounds = [0]
@@ -681,6 +869,7 @@ class Shard:
                 new.append(np.setdiff1d(now, before, assume_unique=True))
             self._sent[c] = now
         new_rows = np.concatenate(new)
+        new_X, new_y, new_xi = self._gather(new_rows)
         reply = {
             "n_bright": np.array([ch.bright.n_bright for ch in self.chains], dtype=np.int64),
             "queries": queries,
@@ -690,9 +879,9 @@ class Shard:
             "gone_seg": np.cumsum([0] + [g.size for g in gone]).astype(np.int64),
             "new_ids": new_rows + self.spec.start,
             "new_seg": np.cumsum([0] + [r.size for r in new]).astype(np.int64),
-            "new_X": self.X[new_rows],
-            "new_y": self.y[new_rows],
-            "new_xi": self.xi[new_rows],
+            "new_X": new_X,
+            "new_y": new_y,
+            "new_xi": new_xi,
         }
         self.total_queries += int(queries.sum())
         self._seq, self._reply = seq, reply
@@ -770,6 +959,10 @@ class Shard:
         return {
             "shard_id": self.spec.shard_id,
             "n_rows": self.n,
+            "out_of_core": self.out_of_core,
+            "memory_budget": self.memory_budget,
+            "held_rows": int(self._rows.ids.size) if self.out_of_core else self.n,
+            "bytes_read": self._source.bytes_read if self.out_of_core else 0,
             "generation": self.generation,
             "total_queries": self.total_queries,
             "n_bright": [
@@ -780,6 +973,13 @@ class Shard:
     def bright_mask(self, chain: int) -> np.ndarray:
         """The z of one chain as a boolean array over the shard's rows (tests)."""
         return self.chains[chain].bright.mask.copy()
+
+
+def _out_of_core(mode: bool | str, nbytes: int, budget: int | None) -> bool:
+    """Whether a shard whose rows take ``nbytes`` in memory stays in its store."""
+    if mode == "auto":
+        return budget is not None and nbytes > budget
+    return bool(mode)
 
 
 def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
@@ -1001,9 +1201,18 @@ class ShardHost:
     def add_shards(
         self, specs: list[ShardSpec], data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
     ) -> list[int]:
-        """Open more shards here (placement, or recovery of a lost worker's shards)."""
+        """Open more shards here (placement, or recovery of a lost worker's shards).
+
+        Each new shard's memory budget (``out_of_core="auto"``) is ``config.memory_budget``
+        or else its share of half the worker's memory limit among the shards held here.
+        """
+        budget = self.config.memory_budget
+        if budget is None:
+            limit = worker_memory_limit()
+            if limit is not None:
+                budget = limit // (2 * max(len(self.shards) + len(specs), 1))
         for spec in specs:
-            shard = Shard(spec, self.config, None if data is None else data[spec.shard_id])
+            shard = Shard(spec, self.config, None if data is None else data[spec.shard_id], budget)
             self._locks[spec.shard_id] = threading.Lock()
             self.shards = {**self.shards, spec.shard_id: shard}  # never mutated in place
         return sorted(self.shards)

@@ -33,6 +33,7 @@ import math
 import multiprocessing
 import os
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 
@@ -82,7 +83,18 @@ COMBINATIONS = (
     ]
     + [("flymc", "map", "rwmh", "implicit", "replica")]
 )
-N_RUNS = len(MODEL_CLASSES) * len(COMBINATIONS)
+#: out-of-core shards (mode "ooc": rows in a store of OOC_CHUNK_ROWS-row chunks, the z-updates
+#: on a window of one chunk for OOC_CHUNK_ITERATIONS iterations): every kernel with the
+#: implicit update, and the explicit update, untuned bounds and regular MCMC with one each
+OOC_COMBINATIONS = (
+    [("flymc", "map", k, "implicit", "ooc") for k in KERNELS]
+    + [("flymc", "map", k, "explicit", "ooc") for k in ("rwmh", "nuts")]
+    + [("flymc", "untuned", "rwmh", "implicit", "ooc"), ("regular", None, "rwmh", None, "ooc")]
+)
+OOC_MODELS = ("logistic", "robust")
+OOC_CHUNK_ROWS = 8
+OOC_CHUNK_ITERATIONS = 3
+N_RUNS = len(MODEL_CLASSES) * len(COMBINATIONS) + len(OOC_MODELS) * len(OOC_COMBINATIONS)
 #: family-wise false-alarm rate of the whole file; each run gets alpha = FAMILY_ALPHA / N_RUNS
 FAMILY_ALPHA = 0.01
 RUN_ALPHA = FAMILY_ALPHA / N_RUNS
@@ -241,7 +253,10 @@ def run_seed(name: str, combo: tuple) -> int:
     track each other: with one seed for all, regular and FlyMC draws of the same kernel
     were correlated (≈ 0.2 draw by draw), so the 45 checks were not independent tests.
     """
-    return SEED + 1000 * list(MODEL_CLASSES).index(name) + COMBINATIONS.index(combo)
+    index = (
+        COMBINATIONS.index(combo) if combo in COMBINATIONS else 500 + OOC_COMBINATIONS.index(combo)
+    )
+    return SEED + 1000 * list(MODEL_CLASSES).index(name) + index
 
 
 def run_sampler(name: str, combo: tuple) -> fd.Result:
@@ -249,11 +264,27 @@ def run_sampler(name: str, combo: tuple) -> fd.Result:
     algorithm, bounds, kernel, z_update, mode = combo
     prob = problem(name)
     options = dict(FLYMC_OPTIONS) if algorithm == "flymc" else {}
+    if mode == "ooc":
+        with tempfile.TemporaryDirectory() as tmp:
+            store = fd.from_numpy(
+                prob.X, prob.y, os.path.join(tmp, "data.zarr"), chunk_rows=OOC_CHUNK_ROWS
+            )
+            options.update(out_of_core=True, chunk_iterations=OOC_CHUNK_ITERATIONS)
+            res = _sample(name, combo, store, options)
+        if not all(res.info["out_of_core"]):
+            raise RuntimeError(f"the shards were not out of core: {res.info['out_of_core']}")
+        return res
     if mode is not None:
         options["bright_replica"] = mode == "replica"
+    return _sample(name, combo, (prob.X, prob.y), options)
+
+
+def _sample(name: str, combo: tuple, data: object, options: dict) -> fd.Result:
+    algorithm, bounds, kernel, z_update, _ = combo
+    prob = problem(name)
     return fd.sample(
         MODEL_CLASSES[name](**prob.settings),
-        (prob.X, prob.y),
+        data,
         algorithm=algorithm,
         bounds=bounds or "map",
         kernel=kernel,
@@ -328,8 +359,10 @@ def runs(request):
         if item.module is not sys.modules[__name__] or not hasattr(item, "callspec"):
             continue
         params = item.callspec.params
-        if item.originalname == "test_targets_exact_posterior":
+        if item.originalname in ("test_targets_exact_posterior", "test_out_of_core_exact"):
             key = (params["name"], params["combo"])
+        elif item.originalname.startswith("test_negative_control_out_of_core"):
+            key = (params["name"], OOC_CONTROL_COMBO)
         elif item.originalname.startswith("test_negative_control"):
             key = (params["name"], CONTROL_COMBO)
         else:
@@ -388,6 +421,19 @@ def test_targets_exact_posterior(runs, name, combo):
     assert result.passed, f"{name} {_combo_id(combo)}: {result}"
 
 
+@pytest.mark.parametrize("combo", OOC_COMBINATIONS, ids=[_combo_id(c) for c in OOC_COMBINATIONS])
+@pytest.mark.parametrize("name", OOC_MODELS)
+def test_out_of_core_exact(runs, name, combo):
+    """Out-of-core shards (rows read a chunk at a time, z updated on a window of rows)
+    target the exact posterior too."""
+    ref = reference(name)
+    res = runs.get(name, combo)
+    assert res.samples.shape[:2] == (CHAINS, NUM_SAMPLES)
+    result = check_against(res.samples, ref.mean, ref.cov)
+    print(f"{name} {_combo_id(combo)}: worst |z| {result.worst:.2f}; {result}")
+    assert result.passed, f"{name} {_combo_id(combo)}: {result}"
+
+
 # --------------------------------------------------------------------------------------------
 # negative controls: the battery must see an error
 # --------------------------------------------------------------------------------------------
@@ -413,6 +459,35 @@ def test_negative_control_flipped_z_sign_fails(runs, monkeypatch, name):
     result = check_against(bad.samples, ref.mean, ref.cov)
     print(
         f"flipped sign, {name}: worst |z| {result.worst:.1f}; bright "
+        f"{bad.stats['n_bright'].mean():.1f} vs {good.stats['n_bright'].mean():.1f}; {result}"
+    )
+    assert not result.passed
+    assert result.worst > 2 * result.crit_mean, str(result)
+
+
+OOC_CONTROL_COMBO = ("flymc", "untuned", "rwmh", "implicit", "ooc")
+
+
+def _state_selected_propose(rng, bright, q, window=None):
+    """The out-of-core trap: every bright row may go dark, only the window's dark rows may
+    brighten (rows chosen by their state: not a valid z-update)."""
+    darken, _ = brightness_module.implicit_propose(rng, bright, q)
+    lo, hi = window
+    cand = brightness_module.bernoulli_rows(rng, hi - lo, q) + lo
+    return darken, cand[~bright.mask[cand]]
+
+
+@pytest.mark.parametrize("name", ["logistic"])  # robust fails too, by less (|z| 6 of 4.1)
+def test_negative_control_out_of_core_state_selected_update_fails(runs, monkeypatch, name):
+    """Out of core, darkening every bright row but brightening only the window's must fail."""
+    good = runs.get(name, OOC_CONTROL_COMBO)
+    monkeypatch.setattr(shard_module, "implicit_propose", _state_selected_propose)
+    bad = run_sampler(name, OOC_CONTROL_COMBO)  # here, in this process: the patch applies
+    assert bad.stats["n_bright"].mean() < 0.8 * good.stats["n_bright"].mean()  # it took effect
+    ref = reference(name)
+    result = check_against(bad.samples, ref.mean, ref.cov)
+    print(
+        f"state-selected window update, {name}: worst |z| {result.worst:.1f}; bright "
         f"{bad.stats['n_bright'].mean():.1f} vs {good.stats['n_bright'].mean():.1f}; {result}"
     )
     assert not result.passed

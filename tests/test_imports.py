@@ -25,10 +25,8 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     # replica compute with it, so `import flymc_dist` and the CLI do not pay for it.
     ("flymc_dist.replica", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.shard", "flymc_dist._compiled"): "numba, heavy: only where it computes",
-    # shard.py is being rewritten for out-of-core shards; its two other lazy imports (the
-    # zarr-backed data set, opened only for shards not given in-memory rows, and the
-    # socket channel, started only by a shard host) are reviewed with that rewrite.
-    ("flymc_dist.shard", "flymc_dist.data"): "under review with the shard.py rewrite",
+    # shard.py is being rewritten for out-of-core shards; its other lazy import (the
+    # socket channel, started only by a shard host) is reviewed with that rewrite.
     ("flymc_dist.shard", "flymc_dist.channel"): "under review with the shard.py rewrite",
 }
 

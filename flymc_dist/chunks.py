@@ -1,0 +1,182 @@
+"""The rows of an out-of-core shard: read from the store a chunk at a time.
+
+A shard whose rows do not fit its memory budget keeps them in the zarr store and holds
+in memory only what is O(bright) or O(chunk) (see :class:`flymc_dist.shard.Shard`):
+
+- :class:`ChunkSource` reads the shard's rows one store chunk at a time, whole chunks
+  as contiguous slices (zarr's fancy indexing is slow and it keeps no decoded chunks),
+  with the next chunk read ahead on a background thread while the caller computes;
+- :class:`RowStore` keeps the rows that are bright in some chain — their features,
+  target and tight point — sorted by row, for the θ-step's evaluations and the
+  driver's replica.
+
+Knows nothing of models, chains or Dask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import numpy as np
+from distributed import get_worker
+
+from flymc_dist.data import Dataset
+
+
+class Chunk(NamedTuple):
+    """Rows ``lo:hi`` of a shard (shard-local row numbers) with their data."""
+
+    lo: int
+    hi: int
+    X: np.ndarray  # (hi - lo, D) float64
+    y: np.ndarray  # (hi - lo,)
+
+
+class ChunkSource:
+    """A shard's rows in its store, read one store chunk at a time with one read ahead.
+
+    Parameters
+    ----------
+    dataset
+        The store.
+    start, stop
+        The shard's rows in it.
+    """
+
+    def __init__(self, dataset: Dataset, start: int, stop: int) -> None:
+        self._ds = dataset
+        self.start, self.stop = int(start), int(stop)
+        self.n_features = self._ds.n_features
+        cr = self._ds.chunk_rows
+        edges = [self.start]
+        while edges[-1] < self.stop:
+            edges.append(min((edges[-1] // cr + 1) * cr, self.stop))
+        #: the shard-local row ranges of the store chunks the shard overlaps
+        self.ranges = [
+            (a - self.start, b - self.start) for a, b in zip(edges[:-1], edges[1:], strict=True)
+        ]
+        self.max_rows = max((b - a for a, b in self.ranges), default=0)
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: tuple[int, Future] | None = None
+        #: bytes read from the store so far (as float64 features and targets)
+        self.bytes_read = 0
+
+    @property
+    def n_chunks(self) -> int:
+        """The number of store chunks the shard overlaps."""
+        return len(self.ranges)
+
+    def read(self, k: int) -> Chunk:
+        """Chunk ``k`` (float64 features), read now."""
+        lo, hi = self.ranges[k]
+        X, y = self._ds.read(self.start + lo, self.start + hi)
+        self.bytes_read += X.nbytes + y.nbytes
+        return Chunk(lo, hi, X, y)
+
+    def get(self, k: int, then: int | None = None) -> Chunk:
+        """Chunk ``k`` — from the read ahead if it is the one under way — and start
+        reading chunk ``then`` in the background."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == k:
+            chunk = ahead[1].result()
+        else:
+            if ahead is not None:
+                ahead[1].result()  # a read of another chunk: let it finish, drop it
+            chunk = self.read(k)
+        if then is not None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="flymc-chunk-read")
+            self._ahead = (then, self._pool.submit(self.read, then))
+        return chunk
+
+    def stream(self) -> Iterator[Chunk]:
+        """Every chunk in order, each next one read while the caller works on the last."""
+        m = self.n_chunks
+        for k in range(m):
+            yield self.get(k, k + 1 if k + 1 < m else None)
+
+    def close(self) -> None:
+        """Stop the read-ahead thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._ahead = None, None
+
+
+class RowStore:
+    """Rows held in memory by an out-of-core shard, sorted by (shard-local) row number.
+
+    Parameters
+    ----------
+    n_features
+        D, the width of the rows' features.
+    """
+
+    def __init__(self, n_features: int) -> None:
+        self.ids = np.empty(0, dtype=np.int64)
+        self.X = np.empty((0, int(n_features)))
+        self.y = np.empty(0)
+        self.xi = np.empty(0)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the rows."""
+        return self.ids.nbytes + self.X.nbytes + self.y.nbytes + self.xi.nbytes
+
+    def _find(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where ``rows`` sit in the store, and which of them it holds."""
+        pos = np.searchsorted(self.ids, rows)
+        held = pos < self.ids.size
+        held[held] = self.ids[pos[held]] == rows[held]
+        return pos, held
+
+    def gather(
+        self, rows: np.ndarray, window: tuple[Chunk, np.ndarray] | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Features, target and tight point of ``rows``: held ones from the store, the
+        others from ``window`` (a chunk and its tight points), where they must lie."""
+        rows = np.asarray(rows, dtype=np.int64)
+        pos, held = self._find(rows)
+        if held.all():
+            return self.X[pos], self.y[pos], self.xi[pos]
+        if window is None:
+            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
+        chunk, xi = window
+        off = rows - chunk.lo
+        if np.any(~held & ((off < 0) | (off >= chunk.hi - chunk.lo))):
+            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
+        X = np.empty((rows.size, self.X.shape[1]))
+        y = np.empty(rows.size, dtype=np.result_type(self.y.dtype, chunk.y.dtype))
+        t = np.empty(rows.size)
+        X[held], y[held], t[held] = self.X[pos[held]], self.y[pos[held]], self.xi[pos[held]]
+        o = off[~held]
+        X[~held], y[~held], t[~held] = chunk.X[o], chunk.y[o], xi[o]
+        return X, y, t
+
+    def keep(self, needed: np.ndarray, window: tuple[Chunk, np.ndarray] | None) -> None:
+        """Hold exactly the sorted rows ``needed``: drop the others, add the new ones from
+        ``window``."""
+        if needed.size == self.ids.size and np.array_equal(needed, self.ids):
+            return
+        X, y, xi = self.gather(needed, window)
+        self.ids, self.X, self.y, self.xi = needed.copy(), X, y, xi
+
+    def set(self, ids: np.ndarray, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
+        """Replace every held row (sorted ``ids``)."""
+        self.ids, self.X, self.y, self.xi = ids, X, y, xi
+
+    def set_xi(self, xi: np.ndarray) -> None:
+        """New tight points of the held rows (after the shard's were retuned)."""
+        self.xi = np.asarray(xi, dtype=np.float64)
+
+
+def worker_memory_limit() -> int | None:
+    """The memory limit of the Dask worker this runs on (bytes), or None (no worker, or
+    no limit)."""
+    try:
+        worker: Any = get_worker()
+    except ValueError:  # not on a worker
+        return None
+    limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+    return int(limit) if limit else None
