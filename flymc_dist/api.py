@@ -153,9 +153,9 @@ def _check_out_of_core(algorithm: str, options: dict[str, Any]) -> None:
         raise ValueError(
             f"memory_budget must be None or a positive number of bytes, not {budget!r}"
         )
-    r = options.get("chunk_iterations", 16)
-    if not (_is_int(r) and r >= 1):
-        raise ValueError(f"chunk_iterations must be an integer >= 1, not {r!r}")
+    r = options.get("chunk_iterations", "auto")
+    if not ((isinstance(r, str) and r == "auto") or (_is_int(r) and r >= 1)):
+        raise ValueError(f"chunk_iterations must be 'auto' or an integer >= 1, not {r!r}")
 
 
 def _check_task(model: Model, task: str, n_classes: int | None) -> None:
@@ -245,7 +245,14 @@ def sample(
         austerity ``eps``, ``batch_size`` and ``control_variates`` (True, the default:
         the sequential test runs on the gap between each row's log-likelihood and its
         MAP-tuned FlyMC bound, whose collapsed sum is exact; False: plain austerity;
-        reported as ``info["control_variates"]``).
+        reported as ``info["control_variates"]``), ``out_of_core`` ("auto": a shard
+        whose rows would take more than its memory budget leaves them in the store and
+        reads them a chunk at a time, its z-updates working on one chunk's rows for
+        ``chunk_iterations`` iterations — exact, but each z_n is revisited only once
+        per sweep of the shard; True / False force it; reported per shard as
+        ``info["out_of_core"]``), ``memory_budget`` (bytes per shard; default: its
+        share of half its worker's memory limit; in-process: none), ``chunk_iterations``
+        ("auto": a chunk's bytes / 128 KiB).
 
     Returns
     -------
@@ -290,7 +297,9 @@ def sample(
         track_grad=kern.needs_grad,
         out_of_core=options.get("out_of_core", "auto"),
         memory_budget=options.get("memory_budget"),
-        chunk_iterations=int(options.get("chunk_iterations", 16)),
+        chunk_iterations=None
+        if options.get("chunk_iterations", "auto") == "auto"
+        else int(options["chunk_iterations"]),
     )
     transport = open_transport(client, specs, config, mem, options)
     try:
@@ -328,6 +337,7 @@ def sample(
         states = transport.call("state")
         info["out_of_core"] = [bool(st["out_of_core"]) for st in states]
         info["memory_budget"] = [st["memory_budget"] for st in states]
+        info["chunk_iterations"] = [st["chunk_iterations"] for st in states]
         if options.get("trace") is not None:  # what a resumed run must match
             info.update(data_id=_data_id(data), options=_shaping_options(options))
         return run(driver, info, num_warmup, num_samples, options)
@@ -443,7 +453,7 @@ _SHAPING = {
     "replica_budget": REPLICA_BUDGET,
     "out_of_core": "auto",
     "memory_budget": None,
-    "chunk_iterations": 16,
+    "chunk_iterations": "auto",
 }
 
 

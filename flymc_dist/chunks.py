@@ -15,7 +15,7 @@ Knows nothing of models, chains or Dask.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -32,6 +32,8 @@ class Chunk(NamedTuple):
     hi: int
     X: np.ndarray  # (hi - lo, D) float64
     y: np.ndarray  # (hi - lo,)
+    xi: np.ndarray | None  # their tight points (see ChunkSource), or None
+    XC: np.ndarray  # (hi - lo, D + K): the features and K row constants (X is a view)
 
 
 class ChunkSource:
@@ -43,10 +45,21 @@ class ChunkSource:
         The store.
     start, stop
         The shard's rows in it.
+    prepare
+        ``prepare(X, y) -> (xi, XC)``: the tight points of a chunk's rows (or None) and
+        its rows as features followed by their row constants, computed with the read —
+        on the read-ahead thread, off the caller's path.
     """
 
-    def __init__(self, dataset: Dataset, start: int, stop: int) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        start: int,
+        stop: int,
+        prepare: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray | None, np.ndarray]],
+    ) -> None:
         self._ds = dataset
+        self._prepare = prepare
         self.start, self.stop = int(start), int(stop)
         self.n_features = self._ds.n_features
         cr = self._ds.chunk_rows
@@ -73,7 +86,8 @@ class ChunkSource:
         lo, hi = self.ranges[k]
         X, y = self._ds.read(self.start + lo, self.start + hi)
         self.bytes_read += X.nbytes + y.nbytes
-        return Chunk(lo, hi, X, y)
+        xi, XC = self._prepare(X, y)
+        return Chunk(lo, hi, XC[:, : X.shape[1]], y, xi, XC)
 
     def get(self, k: int, then: int | None = None) -> Chunk:
         """Chunk ``k`` — from the read ahead if it is the one under way — and start
@@ -90,6 +104,12 @@ class ChunkSource:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="flymc-chunk-read")
             self._ahead = (then, self._pool.submit(self.read, then))
         return chunk
+
+    def drop_ahead(self) -> None:
+        """Forget the read ahead (the tight points it computes are out of date)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].result()
 
     def stream(self) -> Iterator[Chunk]:
         """Every chunk in order, each next one read while the caller works on the last."""
@@ -111,18 +131,37 @@ class RowStore:
     ----------
     n_features
         D, the width of the rows' features.
+    n_constants
+        K, the row constants kept after them (see :class:`Chunk`).
     """
 
-    def __init__(self, n_features: int) -> None:
+    def __init__(self, n_features: int, n_constants: int = 0) -> None:
+        self.D = int(n_features)
         self.ids = np.empty(0, dtype=np.int64)
-        self.X = np.empty((0, int(n_features)))
+        self.XC = np.empty((0, self.D + int(n_constants)))
         self.y = np.empty(0)
         self.xi = np.empty(0)
 
     @property
+    def X(self) -> np.ndarray:
+        """The held rows' features (a view)."""
+        return self.XC[:, : self.D]
+
+    @property
     def nbytes(self) -> int:
         """Memory held by the rows."""
-        return self.ids.nbytes + self.X.nbytes + self.y.nbytes + self.xi.nbytes
+        return self.ids.nbytes + self.XC.nbytes + self.y.nbytes + self.xi.nbytes
+
+    def locate(self, rows: np.ndarray, window: Chunk | None) -> tuple[int, np.ndarray]:
+        """Where all of ``rows`` are: ``(0, positions in XC)`` when all are held, else
+        ``(1, offsets in window.XC)`` (then they must all lie in the window)."""
+        pos, held = self._find(rows)
+        if held.all():
+            return 0, pos
+        off = rows - (window.lo if window is not None else 0)
+        if window is None or np.any((off < 0) | (off >= window.hi - window.lo)):
+            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
+        return 1, off
 
     def _find(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where ``rows`` sit in the store, and which of them it holds."""
@@ -131,44 +170,52 @@ class RowStore:
         held[held] = self.ids[pos[held]] == rows[held]
         return pos, held
 
-    def gather(
-        self, rows: np.ndarray, window: tuple[Chunk, np.ndarray] | None
+    def _take(
+        self, rows: np.ndarray, window: Chunk | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Features, target and tight point of ``rows``: held ones from the store, the
-        others from ``window`` (a chunk and its tight points), where they must lie."""
+        """Rows (features and constants), target and tight point of ``rows``: held ones
+        from the store, the others from the chunk ``window``, where they must lie."""
         rows = np.asarray(rows, dtype=np.int64)
         pos, held = self._find(rows)
         if held.all():
-            return self.X[pos], self.y[pos], self.xi[pos]
-        if window is None:
+            return self.XC[pos], self.y[pos], self.xi[pos]
+        chunk = window
+        off = rows - (chunk.lo if chunk is not None else 0)
+        if chunk is None or np.any(~held & ((off < 0) | (off >= chunk.hi - chunk.lo))):
             raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
-        chunk, xi = window
-        off = rows - chunk.lo
-        if np.any(~held & ((off < 0) | (off >= chunk.hi - chunk.lo))):
-            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
-        X = np.empty((rows.size, self.X.shape[1]))
+        XC = np.empty((rows.size, self.XC.shape[1]))
         y = np.empty(rows.size, dtype=np.result_type(self.y.dtype, chunk.y.dtype))
         t = np.empty(rows.size)
-        X[held], y[held], t[held] = self.X[pos[held]], self.y[pos[held]], self.xi[pos[held]]
+        XC[held], y[held], t[held] = self.XC[pos[held]], self.y[pos[held]], self.xi[pos[held]]
         o = off[~held]
-        X[~held], y[~held], t[~held] = chunk.X[o], chunk.y[o], xi[o]
-        return X, y, t
+        XC[~held], y[~held], t[~held] = chunk.XC[o], chunk.y[o], chunk.xi[o]
+        return XC, y, t
 
-    def keep(self, needed: np.ndarray, window: tuple[Chunk, np.ndarray] | None) -> None:
+    def gather(
+        self, rows: np.ndarray, window: Chunk | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Features, target and tight point of ``rows``: held ones from the store, the
+        others from the chunk ``window``, where they must lie."""
+        XC, y, xi = self._take(rows, window)
+        return XC[:, : self.D], y, xi
+
+    def keep(self, needed: np.ndarray, window: Chunk | None) -> None:
         """Hold exactly the sorted rows ``needed``: drop the others, add the new ones from
         ``window``."""
         if needed.size == self.ids.size and np.array_equal(needed, self.ids):
             return
-        X, y, xi = self.gather(needed, window)
-        self.ids, self.X, self.y, self.xi = needed.copy(), X, y, xi
+        XC, y, xi = self._take(needed, window)
+        self.ids, self.XC, self.y, self.xi = needed.copy(), XC, y, xi
 
-    def set(self, ids: np.ndarray, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
-        """Replace every held row (sorted ``ids``)."""
-        self.ids, self.X, self.y, self.xi = ids, X, y, xi
+    def set(self, ids: np.ndarray, XC: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
+        """Replace every held row (sorted ``ids``; features and constants ``XC``)."""
+        self.ids, self.XC, self.y, self.xi = ids, XC, y, xi
 
-    def set_xi(self, xi: np.ndarray) -> None:
-        """New tight points of the held rows (after the shard's were retuned)."""
+    def set_xi(self, xi: np.ndarray, consts: np.ndarray | None) -> None:
+        """New tight points (and row constants) of the held rows (after a retuning)."""
         self.xi = np.asarray(xi, dtype=np.float64)
+        if consts is not None:
+            self.XC[:, self.D :] = consts
 
 
 def worker_memory_limit() -> int | None:

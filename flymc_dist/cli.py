@@ -125,6 +125,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
+#: storage dtypes of X for make-data and ingest
+_DTYPES = ("float64", "float32")
+_DTYPE_HELP = (
+    "storage dtype of X (default float64; float32 halves the bytes, values rounded once "
+    "when written; all arithmetic stays float64)"
+)
+
+
 def _q_db(text: str) -> str | float:
     if text.strip().lower() == "auto":
         return "auto"
@@ -322,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="rows per zarr chunk (default ~8 MiB chunks)",
     )
+    p.add_argument("--dtype", choices=_DTYPES, default="float64", help=_DTYPE_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
     p.add_argument(
         "--storage-option",
@@ -360,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--classes", type=_positive_int, default=None, help="number of classes (multiclass)"
     )
     p.add_argument("--chunk-rows", type=_positive_int, default=None, help="rows per chunk")
+    p.add_argument("--dtype", choices=_DTYPES, default="float64", help=_DTYPE_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
     p.add_argument(
         "--storage-option",
@@ -778,7 +788,7 @@ def _describe(ds: Any) -> str:
     task = ds.task + (f", {ds.n_classes} classes" if ds.task == "multiclass" else "")
     return (
         f"{ds.path}: {ds.n_rows:,} rows × {ds.n_features} features, task {task}, "
-        f"{ds.n_chunks} chunk(s) of {ds.chunk_rows:,} rows"
+        f"{ds.n_chunks} chunk(s) of {ds.chunk_rows:,} rows, {ds.dtype.name}"
     )
 
 
@@ -801,6 +811,7 @@ def _cmd_make_data(args: argparse.Namespace) -> int:
     common = {
         "seed": args.seed,
         "chunk_rows": args.chunk_rows,
+        "dtype": args.dtype,
         "overwrite": args.overwrite,
         "storage_options": _storage_options(args, args.out),
     }
@@ -834,6 +845,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         task=args.task,
         n_classes=args.classes,
         chunk_rows=args.chunk_rows,
+        dtype=args.dtype,
         overwrite=args.overwrite,
         storage_options=_storage_options(args, args.out),
     )

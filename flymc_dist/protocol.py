@@ -56,7 +56,8 @@ class ShardConfig:
     #: half its worker's memory limit (no limit, or in-process: no budget, in memory)
     memory_budget: int | None = None
     #: out of core: the iterations each store chunk is the window of the z-updates
-    chunk_iterations: int = 16
+    #: (None: enough that reading the chunks costs at most WINDOW_BYTES per iteration)
+    chunk_iterations: int | None = None
 
 
 class Request(NamedTuple):

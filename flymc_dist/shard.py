@@ -104,7 +104,8 @@ class Shard:
     statistics, the exact draws of z, regular MCMC) stream the store chunk by chunk.
     The z-update then works on a *window*, chunk ``k = (t // r) mod m`` at the shard's
     ``t``-th z-update since its chains were placed (``m`` chunks, ``r =
-    config.chunk_iterations``): the implicit update (or the explicit one) restricted to
+    config.chunk_iterations``, by default chunk bytes / :data:`WINDOW_BYTES`): the
+    implicit update (or the explicit one) restricted to
     the window's rows, its bright and dark rows alike, with the dark→bright proposal
     probability raised to ``q·n / window rows`` (capped at 1) so that as many rows are
     proposed per iteration as in memory. This is exact: the z_n are independent given
@@ -145,7 +146,7 @@ class Shard:
                 mode, n * (ds.n_features + K + 2) * 8 + config.chains * n, budget
             )
         if self.out_of_core:
-            self._init_out_of_core(ds)
+            self._init_out_of_core(ds, K)
         else:
             self._init_in_memory(ds, data, K)
         self._init_common()
@@ -173,6 +174,11 @@ class Shard:
         self.n_features = D
         self.xi = self.model.untuned_xi(self.y) if self.flymc else None
         self.consts: np.ndarray | None = self._XC[:, D:] if K else None
+        self._use_compiled(K)
+        self._set_row_constants()
+
+    def _use_compiled(self, K: int) -> None:
+        """Find the model's compiled fused log L~ (when it has ``K`` row constants)."""
         #: ``(kind, params)`` of the model's compiled fused log L~ (the hot path), or None
         self._kernel: tuple[int, np.ndarray] | None = None
         compiled = self.model.compiled_bright() if K else None
@@ -181,19 +187,23 @@ class Shard:
 
             self._jit = _compiled
             self._kernel = (_compiled.KINDS[compiled[0]], np.asarray(compiled[1], float))
-        self._set_row_constants()
 
-    def _init_out_of_core(self, ds: Any) -> None:
+    def _init_out_of_core(self, ds: Any, K: int) -> None:
         """Set up a shard whose rows stay in the store ``ds`` (see the class notes)."""
-        self._source = ChunkSource(ds, self.spec.start, self.spec.stop)
-        self._rows = RowStore(ds.n_features)
-        #: the z-updates' current chunk and its tight points
-        self._win: tuple[Chunk, np.ndarray] | None = None
+        self._K = K
+        self._source = ChunkSource(ds, self.spec.start, self.spec.stop, self._prepare_chunk)
+        self._rows = RowStore(ds.n_features, K)
+        #: the z-updates' current chunk
+        self._win: Chunk | None = None
         self._theta_hat: np.ndarray | None = None  # None: untuned tight points
         self._z_steps = 0  # z-updates since the chains were placed
         self.n, self.n_features = self.spec.stop - self.spec.start, ds.n_features
+        #: iterations each chunk is the window (see the class notes)
+        self.chunk_iterations = self.config.chunk_iterations or max(
+            1, math.ceil(self._source.max_rows * (self.n_features + 1) * 8 / WINDOW_BYTES)
+        )
         self.X = self.y = self.xi = self.consts = self._XC = None
-        self._kernel = None  # the numpy evaluation: rows come from two places
+        self._use_compiled(K)
 
     def _init_common(self) -> None:
         config = self.config
@@ -217,8 +227,10 @@ class Shard:
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
         """Tight points at ``theta_hat`` (MAP-tuned) or the model's untuned ones (None)."""
         if self.out_of_core:  # a chunk's are computed as it is read
+            self._source.drop_ahead()  # before the read-ahead thread could see a new θ̂
             self._theta_hat = None if theta_hat is None else np.asarray(theta_hat, float)
-            self._rows.set_xi(self._tight_points(self._rows.X, self._rows.y))
+            if self.flymc:
+                self._rows.set_xi(*self._prepare_chunk(self._rows.X, self._rows.y, False))
             self._win = None
             return
         if theta_hat is None:
@@ -318,7 +330,7 @@ class Shard:
         pass. Out of core, the blocks are the store's chunks, read one ahead."""
         if self.out_of_core:
             for chunk in self._source.stream():
-                yield chunk.X, chunk.y, self._tight_points(chunk.X, chunk.y)
+                yield chunk.X, chunk.y, chunk.xi
             return
         step = self.n if block is None else block
         for lo in range(0, max(self.n, 1), max(step, 1)):
@@ -332,6 +344,22 @@ class Shard:
         if self._theta_hat is None or y.size == 0:
             return self.model.untuned_xi(y)
         return self.model.tuned_xi(self.model.linear_predictor(self._theta_hat[None], X)[0], y)
+
+    def _prepare_chunk(
+        self, X: np.ndarray, y: np.ndarray, buffer: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """Out of core: the tight points of the rows ``(X, y)`` and the rows as one
+        ``(n, D + K)`` buffer, features then row constants (``buffer=False``: only the
+        constants, or None without any)."""
+        xi = self._tight_points(X, y)
+        consts = self.model.row_constants(y, xi) if self._K else None
+        if not buffer:
+            return xi, consts
+        XC = np.empty((X.shape[0], X.shape[1] + self._K))
+        XC[:, : X.shape[1]] = X
+        if consts is not None:
+            XC[:, X.shape[1] :] = consts
+        return xi, XC
 
     def _gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Features, target and tight point of ``rows`` (bright rows, or out of core rows of
@@ -397,7 +425,8 @@ class Shard:
         thetas = np.array([ch.theta for ch in self.chains])
         lo = 0
         with np.errstate(over="ignore", divide="ignore"):
-            for X, y, xi in self._blocks():
+            for chunk in self._source.stream():
+                X, y, xi = chunk.X, chunk.y, chunk.xi
                 rows = np.arange(lo, lo + y.size, dtype=np.int64)
                 lo += y.size
                 if not self.flymc:
@@ -412,7 +441,7 @@ class Shard:
                     z = log_uniform(ch.rng, y.size) < log_sigmoid(vals[c])
                     on_any |= z
                     parts[c].append((rows[z], vals[c][z], dvals[c][z] if track else None))
-                held.append((rows[on_any], X[on_any], y[on_any], xi[on_any]))
+                held.append((rows[on_any], chunk.XC[on_any], y[on_any], xi[on_any]))
         if not self.flymc:
             for c, ch in enumerate(self.chains):
                 ch.cur_sum = float(sums[c])
@@ -434,13 +463,12 @@ class Shard:
         """Out of core: the rows of this z-update's window and its proposal probability
         (see the class notes); the window's chunk is read (or taken from the read ahead)
         and the next one started."""
-        src, r = self._source, max(int(self.config.chunk_iterations), 1)
+        src, r = self._source, self.chunk_iterations
         t, m = self._z_steps, src.n_chunks
         self._z_steps += 1
         k = (t // r) % m
-        if self._win is None or self._win[0].lo != src.ranges[k][0]:
-            chunk = src.get(k, (k + 1) % m if m > 1 else None)
-            self._win = (chunk, self._tight_points(chunk.X, chunk.y))
+        if self._win is None or self._win.lo != src.ranges[k][0]:
+            self._win = src.get(k, (k + 1) % m if m > 1 else None)
         lo, hi = src.ranges[k]
         return (lo, hi), min(1.0, self.q_db * self.n / max(hi - lo, 1))
 
@@ -491,13 +519,17 @@ class Shard:
         vals = np.empty(rows.size)
         sums = np.empty(seg.size - 1)
         kind, par = self._kernel
-        XCs, _ = self._lists()
+        if self.out_of_core:
+            XCs, rows, seg_src = self._ooc_locate(rows, seg)
+        else:
+            XCs, _ = self._lists()
+            seg_src = np.zeros(seg.size - 1, np.int64)
         self._jit.eval_rows(
             XCs,
-            self.X.shape[1],
+            self.n_features,
             rows,
             seg,
-            np.zeros(seg.size - 1, np.int64),
+            seg_src,
             thetas,
             kind,
             par,
@@ -631,6 +663,7 @@ class Shard:
             and self.config.z_update == "implicit"
             and not self.track_grad
             and self._kernel is not None
+            and not self.out_of_core
         )
 
     def _update_z_fused(self, sel: list[int] | None = None, record: bool = False) -> np.ndarray:
@@ -638,6 +671,21 @@ class Shard:
         :func:`fused_z_update`. Returns the likelihood queries of each chain in ``sel``."""
         sel = range(len(self.chains)) if sel is None else sel
         return fused_z_update([(self, c) for c in sel], record)
+
+    def _ooc_locate(
+        self, rows: np.ndarray, seg: np.ndarray
+    ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+        """Out of core: the buffers (held rows, window) — a tuple, which the compiled
+        functions index as they do a typed list, at no cost to build — and, for each
+        segment of ``rows``, which of the two holds it and where (:meth:`RowStore.locate`)."""
+        store, win = self._rows, self._win
+        window = win.XC if win is not None else np.empty((0, store.XC.shape[1]))
+        local = np.empty_like(rows)
+        src = np.empty(seg.size - 1, np.int64)
+        for i in range(seg.size - 1):
+            a, b = seg[i], seg[i + 1]
+            src[i], local[a:b] = store.locate(rows[a:b], win)
+        return (store.XC, window), local, src
 
     def _lists(self) -> tuple[Any, Any]:
         """This shard's buffer and masks as one-element typed lists (the kernels' form)."""
@@ -962,6 +1010,7 @@ class Shard:
             "out_of_core": self.out_of_core,
             "memory_budget": self.memory_budget,
             "held_rows": int(self._rows.ids.size) if self.out_of_core else self.n,
+            "chunk_iterations": self.chunk_iterations if self.out_of_core else None,
             "bytes_read": self._source.bytes_read if self.out_of_core else 0,
             "generation": self.generation,
             "total_queries": self.total_queries,
@@ -973,6 +1022,14 @@ class Shard:
     def bright_mask(self, chain: int) -> np.ndarray:
         """The z of one chain as a boolean array over the shard's rows (tests)."""
         return self.chains[chain].bright.mask.copy()
+
+
+#: out of core, ``chunk_iterations=None``: the bytes of rows read per iteration at most (a
+#: chunk of float64 features and target stays the window for chunk bytes / WINDOW_BYTES
+#: iterations). Reading runs ahead on a thread at some 300 MB/s on a 2-core machine, so
+#: this keeps it near 0.4 ms per iteration; a row's z is then revisited once every
+#: (shard bytes / WINDOW_BYTES) iterations.
+WINDOW_BYTES = 128 * 1024
 
 
 def _out_of_core(mode: bool | str, nbytes: int, budget: int | None) -> bool:

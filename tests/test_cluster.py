@@ -417,20 +417,27 @@ def _kill_a_worker_once(pids: dict, trace: str, draws: int) -> tuple[threading.T
     return th, killed
 
 
-@pytest.mark.parametrize("kernel", ["rwmh", "nuts"])
+@pytest.mark.parametrize("kernel", ["rwmh", "nuts", "rwmh-out-of-core"])
 def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel):
     """SIGKILL a worker mid-run: the run completes, the lost shards are recreated on the
     live worker with z redrawn exactly, and the posterior is still right. RWMH with
     speculative z-updates (the surviving worker holds undone-or-kept speculation across
     the recovery and the replayed round); NUTS on the driver's replica of the bright rows
-    (the recreated shards send their whole bright sets, which replace their rows)."""
+    (the recreated shards send their whole bright sets, which replace their rows); RWMH
+    with out-of-core shards (recreated out of core, their z drawn in a streamed pass)."""
     from distributed import Client
 
     from flymc_dist.trace import Trace
 
     path, X, y = store
     trace = str(tmp_path / "trace.zarr")
-    extra = {"speculate": True} if kernel == "rwmh" else {"bright_replica": True}
+    extra = {
+        "rwmh": {"speculate": True},
+        "nuts": {"bright_replica": True},
+        "rwmh-out-of-core": {"out_of_core": True, "chunk_iterations": 3},
+    }[kernel]
+    ooc = kernel.endswith("out-of-core")
+    kernel = kernel.removesuffix("-out-of-core")
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 100)
         res = _run(
@@ -447,7 +454,9 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel):
         )
         th.join(timeout=5)
     assert "worker" in killed, killed
-    if kernel == "rwmh":
+    if ooc:
+        assert res.info["out_of_core"] == [True] * 3
+    elif kernel == "rwmh":
         assert res.info["speculate"] and res.info["speculative_queries"] > 0
     else:
         assert res.info["bright_replica"] and np.all(res.stats["round_trips"] == 1)

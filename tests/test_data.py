@@ -816,3 +816,225 @@ def test_ingest_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"labels must be in \{0, 1\}.*row 2"):
         ingest(tmp_path / "lab.npy", out, task="binary")
     assert_nothing_written(out)
+
+
+# --------------------------------------------------------------------------- float32 storage
+
+
+def test_float32_round_trip(tmp_path: Path) -> None:
+    """float32 storage: X rounded once, read back as float64 by every reader; y untouched."""
+    X, y = _xy(103, 4, "real")
+    X[5, 2] = 1e-3 + 1e-12  # not a float32 value
+    ds = from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=10, dtype="float32")
+    X32 = X.astype(np.float32).astype(np.float64)
+    for d in (ds, open_dataset(tmp_path / "d.zarr"), pickle.loads(pickle.dumps(ds))):
+        assert d.dtype == np.float32 and d.attrs["dtype"] == "float32"
+        Xr, yr = d.read()
+        assert Xr.dtype == np.float64 and Xr.flags.c_contiguous
+        np.testing.assert_array_equal(Xr, X32)
+        np.testing.assert_array_equal(yr, y)  # y keeps float64
+        assert yr.dtype == np.float64
+        Xs, ys = d.read_rows([0, 5, 5, 99])
+        assert Xs.dtype == np.float64
+        np.testing.assert_array_equal(Xs, X32[[0, 5, 5, 99]])
+        np.testing.assert_array_equal(ys, y[[0, 5, 5, 99]])
+        pieces = list(d.iter_chunks())
+        assert all(p[2].dtype == np.float64 for p in pieces)
+        np.testing.assert_array_equal(np.concatenate([p[2] for p in pieces]), X32)
+    assert "dtype='float32'" in repr(ds)
+    g = zarr.open_group(str(tmp_path / "d.zarr"), mode="r")
+    assert g["X"].dtype == np.float32 and g["y"].dtype == np.float64
+    assert np.isnan(g["X"].fill_value)
+    # the default stays float64, bit for bit, and says so
+    ds64 = from_numpy(X, y, tmp_path / "e.zarr", chunk_rows=10)
+    assert ds64.dtype == np.float64 and ds64.attrs["dtype"] == "float64"
+    np.testing.assert_array_equal(ds64.read()[0], X)
+    assert "dtype" not in repr(ds64)
+    # from_blocks with uneven blocks (rows buffered into whole chunks) rounds the same way
+    blocks = ((X[s : s + 7], y[s : s + 7]) for s in range(0, 103, 7))
+    dsb = from_blocks(blocks, tmp_path / "f.zarr", 103, 4, task="real", chunk_rows=10,
+                      dtype="float32")  # fmt: skip
+    assert dsb.dtype == np.float32
+    np.testing.assert_array_equal(dsb.read()[0], X32)
+    # labels keep int64 under float32 X
+    Xb, yb = _xy(30, 3, "binary")
+    dsb = from_numpy(Xb, yb, tmp_path / "b.zarr", dtype=np.float32)
+    assert dsb.dtype == np.float32 and dsb.read()[1].dtype == np.int64
+    assert_clean(tmp_path / "d.zarr")
+
+
+def test_dtype_of_older_stores_is_inferred(tmp_path: Path) -> None:
+    X, y = _xy(20, 3)
+    for dt in ("float64", "float32"):
+        path = tmp_path / f"{dt}.zarr"
+        from_numpy(X, y, path, dtype=dt)
+        g = zarr.open_group(str(path), mode="r+")
+        attrs = dict(g.attrs)
+        del attrs["dtype"]
+        g.attrs.put(attrs)  # as written before the attribute existed
+        ds = open_dataset(path)
+        assert "dtype" not in ds.attrs and ds.dtype == np.dtype(dt)
+        np.testing.assert_array_equal(ds.read()[0], X.astype(dt).astype(np.float64))
+    g.attrs["dtype"] = "float64"  # a declaration that contradicts the array
+    with pytest.raises(ValueError, match="stored as float32 but the attributes declare"):
+        open_dataset(tmp_path / "float32.zarr")
+
+
+@pytest.mark.parametrize("bad", ["float16", "int32", "complex128", True, None, "double2"])
+def test_bad_dtype_writes_nothing(tmp_path: Path, bad: object) -> None:
+    X, y = _xy(20, 3)
+    with pytest.raises(ValueError, match="dtype must be 'float64' or 'float32'"):
+        from_numpy(X, y, tmp_path / "d.zarr", dtype=bad)
+    with pytest.raises(ValueError, match="dtype must be"):
+        make_logistic(tmp_path / "d.zarr", 10, 2, dtype=bad)
+    assert_nothing_written(tmp_path / "d.zarr")
+
+
+def test_float32_overflow_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """A value finite in float64 but too large for float32 names its row and column, and
+    no store (nor a temporary one) is left; an existing store is kept."""
+    X, y = _xy(103, 4)
+    X[57, 2] = -4e38
+    X[80, 1] = 1e300
+    path = tmp_path / "d.zarr"
+    match = r"too large for dtype float32.*first at row 57, column 2"
+    with pytest.raises(ValueError, match=match):
+        from_numpy(X, y, path, chunk_rows=10, dtype="float32")
+    assert_nothing_written(path)
+    # float32's own max rounds to itself: accepted; float64 storage accepts 4e38 too
+    ok = X.copy()
+    ok[57, 2], ok[80, 1] = np.finfo(np.float32).max, -np.finfo(np.float32).max
+    assert from_numpy(ok, y, path, dtype="float32").read()[0][57, 2] == ok[57, 2]
+    np.testing.assert_array_equal(
+        from_numpy(X, y, tmp_path / "f64.zarr", dtype="float64").read()[0], X
+    )
+    # overwrite keeps the old store when the new data do not fit
+    before = open_dataset(path).fingerprint()
+    with pytest.raises(ValueError, match=match):
+        from_numpy(X, y, path, chunk_rows=10, dtype="float32", overwrite=True)
+    assert open_dataset(path).fingerprint() == before
+    assert_clean(path)
+    # from_blocks: found in the block that holds it (global row), after earlier blocks
+    # were written to the temporary store, which is removed
+    blocks = ((X[s : s + 20], y[s : s + 20]) for s in range(0, 103, 20))
+    with pytest.raises(ValueError, match=match):
+        from_blocks(blocks, tmp_path / "b.zarr", 103, 4, task="real", chunk_rows=10,
+                    dtype="float32")  # fmt: skip
+    assert_nothing_written(tmp_path / "b.zarr")
+    # ingest
+    np.save(tmp_path / "a.npy", np.column_stack([X, y]))
+    with pytest.raises(ValueError, match=match):
+        ingest(tmp_path / "a.npy", tmp_path / "i.zarr", dtype="float32")
+    assert_nothing_written(tmp_path / "i.zarr")
+
+
+def test_default_chunk_rows_counts_stored_bytes(tmp_path: Path) -> None:
+    # float64 chunking is what it was (no itemsize = 8), float32 holds twice the rows
+    for d in (1, 3, 57, 1000):
+        assert fdata.default_chunk_rows(10**8, d) == fdata.DEFAULT_CHUNK_BYTES // (8 * d)
+        assert fdata.default_chunk_rows(10**8, d, 8) == fdata.default_chunk_rows(10**8, d)
+        assert fdata.default_chunk_rows(10**8, d, 4) == fdata.DEFAULT_CHUNK_BYTES // (4 * d)
+    cr = fdata.default_chunk_rows(10**7, 57, 4)
+    assert abs(cr * 57 * 4 - 8 * 2**20) <= 57 * 4
+    assert fdata.default_chunk_rows(10, 57, 4) == 10
+    with pytest.raises(ValueError, match="itemsize"):
+        fdata.default_chunk_rows(10, 5, 0)
+    # the writers use it: D = 8192 gives 128 rows (float64) and 256 rows (float32)
+    X = np.zeros((300, 8192))
+    y = np.zeros(300)
+    assert from_numpy(X, y, tmp_path / "a", dtype="float64").chunk_rows == 128
+    assert from_numpy(X, y, tmp_path / "b", dtype="float32").chunk_rows == 256
+    ds = make_logistic(tmp_path / "c", 300, 8192, dtype="float32")
+    assert ds.chunk_rows == 256 and ds.n_chunks == 2
+
+
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [
+        (make_logistic, (700, 4)),
+        (make_softmax, (700, 4, 3)),
+        (make_robust, (700, 4)),
+        (make_opv_like, (700, 6)),
+    ],
+)
+def test_generators_with_dtype(tmp_path: Path, fn, args: tuple) -> None:
+    """float32 generators draw the same features, rounded once; the targets are drawn given
+    the rounded features with the same random numbers; float64 is unchanged."""
+    d64 = fn(tmp_path / "a", *args, seed=3, chunk_rows=100)
+    d32 = fn(tmp_path / "b", *args, seed=3, chunk_rows=100, dtype="float32")
+    dflt = fn(tmp_path / "c", *args, seed=3, chunk_rows=100, dtype="float64")
+    assert d64.dtype == dflt.dtype == np.float64 and d32.dtype == np.float32
+    X64, y64 = d64.read()
+    X32, y32 = d32.read()
+    np.testing.assert_array_equal(dflt.read()[0], X64)
+    np.testing.assert_array_equal(dflt.read()[1], y64)
+    np.testing.assert_array_equal(X32, X64.astype(np.float32).astype(np.float64))
+    assert d32.attrs["true_theta"] == d64.attrs["true_theta"]
+    assert y32.dtype == y64.dtype
+    if d64.task == "real":
+        theta = np.asarray(d64.attrs["true_theta"])
+        np.testing.assert_allclose(y32 - X32 @ theta, y64 - X64 @ theta, rtol=0, atol=1e-12)
+    else:  # labels flip only where the rounding moved a uniform across its threshold
+        assert np.mean(y32 != y64) < 0.01
+
+
+def test_cli_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flymc_dist.cli import main
+
+    out = tmp_path / "m.zarr"
+    args = ["make-data", str(out), "--like", "logistic", "--rows", "500", "--features", "3"]
+    assert main([*args, "--dtype", "float32"]) == 0
+    assert "float32" in capsys.readouterr().out
+    ds = open_dataset(out)
+    assert ds.dtype == np.float32
+    ref = make_logistic(tmp_path / "r.zarr", 500, 3, dtype="float32")
+    np.testing.assert_array_equal(ds.read()[0], ref.read()[0])
+    assert main(["make-data", str(tmp_path / "d.zarr"), *args[2:]]) == 0
+    assert open_dataset(tmp_path / "d.zarr").dtype == np.float64  # the default
+    capsys.readouterr()
+    assert main([*args, "--dtype", "float16", "--overwrite"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    # ingest: --dtype float32, and an overflow is one error line with nothing written
+    X, y = _xy(40, 3)
+    np.save(tmp_path / "a.npy", np.column_stack([X, y]))
+    assert main(["ingest", str(tmp_path / "a.npy"), str(tmp_path / "i.zarr"),
+                 "--dtype", "float32"]) == 0  # fmt: skip
+    assert open_dataset(tmp_path / "i.zarr").dtype == np.float32
+    X[7, 1] = 1e39
+    np.save(tmp_path / "b.npy", np.column_stack([X, y]))
+    capsys.readouterr()
+    assert main(["ingest", str(tmp_path / "b.npy"), str(tmp_path / "j.zarr"),
+                 "--dtype", "float32"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "row 7, column 1" in err and "Traceback" not in err
+    assert_nothing_written(tmp_path / "j.zarr")
+
+
+# --------------------------------------------------------------------------- read_rows
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_read_rows_matches_read(tmp_path: Path, dtype: str) -> None:
+    """read_rows(idx) == read(0, n)[idx] for duplicates, chunk boundaries, first and last
+    rows, runs of consecutive chunks and gaps."""
+    X, y = _xy(1003, 5, "multiclass", seed=4)
+    ds = from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=50, dtype=dtype)
+    Xa, ya = ds.read(0, ds.n_rows)
+    rng = np.random.default_rng(0)
+    cases = [
+        np.array([0]),
+        np.array([1002]),
+        np.array([0, 0, 49, 49, 50, 99, 100, 100, 149, 150, 999, 1000, 1002, 1002]),
+        np.arange(1003),
+        np.arange(40, 260),  # chunks 0..5, one run
+        np.array([10, 260, 261, 730, 731, 731, 732]),  # runs with gaps between them
+        np.sort(rng.integers(0, 1003, 300)),  # duplicates likely
+        np.sort(rng.integers(500, 650, 40)),
+    ]
+    for idx in cases:
+        X, y = ds.read_rows(idx)
+        assert X.dtype == np.float64 and X.flags.c_contiguous and y.dtype == ya.dtype
+        np.testing.assert_array_equal(X, Xa[idx])
+        np.testing.assert_array_equal(y, ya[idx])
+    X, y = ds.read_rows(np.array([3, 4], dtype=np.uint16))  # any integer dtype
+    np.testing.assert_array_equal(X, Xa[[3, 4]])

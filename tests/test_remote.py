@@ -187,16 +187,20 @@ def test_workers_see_only_the_bogus_environment(s3, client):
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("out_of_core", [False, True], ids=["in-memory", "out-of-core"])
 def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
-    s3, data, client, tmp_path, monkeypatch
+    s3, data, client, tmp_path, monkeypatch, out_of_core
 ):
     """Data and trace on S3, shards on two worker processes, interrupted and resumed: the
-    draws equal those of the same rows on local disk (same seed, chunks, shards)."""
+    draws equal those of the same rows on local disk (same seed, chunks, shards). Out of
+    core, the shards read the rows from S3 a chunk at a time, also after the resume."""
     local, remote = data
     opts = s3["options"]
-    url = "s3://bucket/run/t.zarr"  # the data set's options are reused (same protocol)
-    res = _interrupted_then_resumed(monkeypatch, remote, url, client)
-    ref = _interrupted_then_resumed(monkeypatch, local, str(tmp_path / "t.zarr"), client)
+    url = f"s3://bucket/run-{out_of_core}/t.zarr"  # the data set's options are reused
+    kw = dict(out_of_core=out_of_core, chunk_iterations=3)
+    res = _interrupted_then_resumed(monkeypatch, remote, url, client, **kw)
+    ref = _interrupted_then_resumed(monkeypatch, local, str(tmp_path / "t.zarr"), client, **kw)
+    assert res.info["out_of_core"] == [out_of_core] * 2 == ref.info["out_of_core"]
     assert res.info["transport"] == "dask" and res.info["n_workers"] == 2
     assert res.samples.shape == (2, 120, 3)
     np.testing.assert_array_equal(res.samples, ref.samples)
@@ -209,7 +213,7 @@ def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
     assert tr.attrs["data"] == "s3://bucket/d.zarr"
     # the credentials never reach the trace
     fs = s3fs.S3FileSystem(**opts)
-    assert SECRET not in fs.cat("bucket/run/t.zarr/zarr.json").decode()
+    assert SECRET not in fs.cat(f"{url[len('s3://') :]}/zarr.json").decode()
 
 
 @pytest.mark.cluster

@@ -436,6 +436,22 @@ def test_q_db_one_is_allowed():
     assert res.samples.shape == (3, 3, 2)
 
 
+def test_q_db_auto_has_no_floor_in_proportion_to_n():
+    """ "auto" proposes about as many dark rows per iteration as there are bright ones,
+    whatever N, and at least about one: on 400,000 rows, where MAP-tuned bounds leave a
+    few rows bright, q·N is a few proposals (the old floor q >= 1e-5 made it 4, and 40
+    at N = 4e6)."""
+    n = 400_000
+    res = _run(_logistic_data(n), num_warmup=0, num_samples=2, chains=2, n_shards=1)
+    q = res.info["q_db"]
+    assert 1.0 / n <= q < 1e-5
+    bright = float(res.stats["n_bright"].mean())
+    assert q * n <= max(4.0 * bright, 4.0)
+    # a small data set keeps the floor 1/N: one proposal per iteration at least
+    small = _run(num_warmup=0, num_samples=2)
+    assert small.info["q_db"] >= 1.0 / 40
+
+
 def test_bad_model_and_data_raise():
     X, y = _logistic_data()
     with pytest.raises(TypeError, match="model"):

@@ -1,0 +1,276 @@
+"""Out-of-core shards: rows left in the store, read a chunk at a time.
+
+Their exactness (every kernel, both z-updates, regular MCMC; and a negative control) is
+in ``test_exactness.py``; a worker SIGKILLed in out-of-core mode in ``test_cluster.py``;
+a store on S3 in ``test_remote.py``. Here: the pieces, the options, placement
+independence, resume, and a cluster whose workers' memory is below their shards' size.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from scipy.special import expit
+
+import flymc_dist as fd
+from flymc_dist.chunks import Chunk, ChunkSource, RowStore
+from flymc_dist.data import make_logistic
+from flymc_dist.driver import Driver
+from flymc_dist.protocol import ShardConfig, ShardSpec
+from flymc_dist.shard import Shard
+
+
+def _data(n: int, seed: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
+    y = (rng.random(n) < expit(X @ np.array([0.3, -1.2, 0.8]))).astype(np.int64)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    X, y = _data(900)
+    path = tmp_path_factory.mktemp("ooc") / "d.zarr"
+    return fd.from_numpy(X, y, path, chunk_rows=64), X, y
+
+
+def _run(data, client="synchronous", **kw):
+    opts = dict(
+        kernel="rwmh",
+        num_warmup=100,
+        num_samples=150,
+        chains=2,
+        seed=8,
+        n_shards=3,
+        progress=False,
+        out_of_core=True,
+        chunk_iterations=4,
+    )
+    opts.update(kw)
+    return fd.sample(fd.LogisticRegression(prior_scale=3.0), data, client=client, **opts)
+
+
+# ------------------------------------------------------------------ the pieces
+def test_chunk_source_reads_the_shard_chunk_by_chunk(store):
+    ds, X, y = store
+    src = ChunkSource(ds, 100, 400, lambda X_, y_: (y_ * 2.0, X_))
+    # the shard [100, 400) cut at the store's 64-row chunk edges, in shard-local rows
+    assert src.ranges == [(0, 28), (28, 92), (92, 156), (156, 220), (220, 284), (284, 300)]
+    got = list(src.stream())
+    assert [(c.lo, c.hi) for c in got] == src.ranges
+    np.testing.assert_array_equal(np.concatenate([c.X for c in got]), X[100:400])
+    np.testing.assert_array_equal(np.concatenate([c.y for c in got]), y[100:400])
+    np.testing.assert_array_equal(got[2].xi, 2.0 * y[192:256])  # computed with the read
+    # a read ahead of another chunk is dropped, not returned in its place
+    src.get(1, then=3)
+    assert src.get(4).lo == 220
+    assert src.get(3, then=0).lo == 156
+    assert src.get(0).lo == 0
+    src.close()
+
+
+def test_row_store_gathers_held_rows_and_the_window(store):
+    _, X, y = store
+    rows = RowStore(3)
+    rows.set(np.array([3, 9]), X[[3, 9]], y[[3, 9]].astype(float), np.array([0.3, 0.9]))
+    win = Chunk(64, 128, X[64:128], y[64:128], np.arange(64.0), X[64:128])
+    Xg, yg, xg = rows.gather(np.array([9, 70, 3]), win)
+    np.testing.assert_array_equal(Xg, X[[9, 70, 3]])
+    np.testing.assert_array_equal(yg, y[[9, 70, 3]])
+    np.testing.assert_array_equal(xg, [0.9, 6.0, 0.3])
+    rows.keep(np.array([9, 70]), win)  # 3 dropped, 70 taken from the window
+    np.testing.assert_array_equal(rows.ids, [9, 70])
+    np.testing.assert_array_equal(rows.X, X[[9, 70]])
+    with pytest.raises(RuntimeError, match="neither held nor in the current chunk"):
+        rows.gather(np.array([5]), win)
+    with pytest.raises(RuntimeError, match="neither held nor in the current chunk"):
+        rows.gather(np.array([70, 200]), None)
+
+
+def test_a_shard_holds_only_its_bright_rows(store):
+    ds, _, _ = store
+    config = ShardConfig(
+        model=fd.LogisticRegression(prior_scale=3.0),
+        algorithm="flymc",
+        chains=3,
+        seed=1,
+        q_db=0.05,
+        out_of_core=True,
+        chunk_iterations=2,
+    )
+    sh = Shard(ShardSpec(0, ds.path, 0, 900), config)
+    assert sh.out_of_core and sh.X is None
+    sh.set_tight_points(np.array([0.3, -1.2, 0.8]))
+    sh.set_positions(np.tile([0.3, -1.2, 0.8], (3, 1)))
+    for _ in range(30):
+        sh._update_z_all()
+        bright = np.unique(np.concatenate([ch.bright.idx for ch in sh.chains]))
+        np.testing.assert_array_equal(sh._rows.ids, bright)  # exactly the bright rows
+        assert sh._win is not None and sh._win.hi - sh._win.lo <= 64
+        for ch in sh.chains:  # the masks and the bright sets agree
+            assert set(np.flatnonzero(ch.bright.mask)) == set(ch.bright.idx)
+    state = sh.state()
+    assert state["out_of_core"] and state["held_rows"] == bright.size
+    assert state["chunk_iterations"] == 2 and state["bytes_read"] > 0
+
+
+def test_auto_follows_the_budget(store):
+    ds, _, _ = store
+    model = fd.LogisticRegression()
+    spec = ShardSpec(0, ds.path, 0, 900)
+    config = ShardConfig(model=model, algorithm="flymc", chains=2, seed=0)
+    assert not Shard(spec, config).out_of_core  # "auto", no budget (in-process): in memory
+    assert Shard(spec, config, budget=1000).out_of_core
+    assert not Shard(spec, config, budget=10**9).out_of_core
+    forced = ShardConfig(model=model, algorithm="flymc", chains=2, seed=0, out_of_core=False)
+    assert not Shard(spec, forced, budget=1000).out_of_core
+    # austerity's minibatches are random rows: its shards stay in memory
+    aus = ShardConfig(model=model, algorithm="austerity", chains=1, seed=0)
+    assert not Shard(spec, aus, budget=1000).out_of_core
+
+
+# ------------------------------------------------------------------ the API
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(out_of_core="yes"), "out_of_core must be 'auto', True or False"),
+        (dict(memory_budget=-1), "memory_budget must be None or a positive number"),
+        (dict(chunk_iterations=0), "chunk_iterations must be 'auto' or an integer >= 1"),
+        (
+            dict(algorithm="austerity", out_of_core=True),
+            "austerity does not run out of core",
+        ),
+    ],
+)
+def test_bad_options_are_one_clear_line(store, kw, match):
+    with pytest.raises(ValueError, match=match) as info:
+        _run(store[0], **kw)
+    assert "\n" not in str(info.value)
+
+
+def test_in_memory_data_cannot_be_forced_out_of_core(store):
+    _, X, y = store
+    with pytest.raises(ValueError, match="needs a data set in a store"):
+        _run((X, y))
+
+
+def test_info_reports_each_shard(store):
+    res = _run(store[0], num_warmup=5, num_samples=5)
+    assert res.info["out_of_core"] == [True] * 3
+    assert res.info["chunk_iterations"] == [4] * 3
+    assert res.info["memory_budget"] == [None] * 3
+    inmem = _run(store[0], num_warmup=5, num_samples=5, out_of_core="auto")
+    assert inmem.info["out_of_core"] == [False] * 3  # in-process: no budget
+    auto = _run(store[0], num_warmup=5, num_samples=5, out_of_core="auto", memory_budget=1000)
+    assert auto.info["out_of_core"] == [True] * 3 and auto.info["memory_budget"] == [1000] * 3
+    default = _run(store[0], num_warmup=5, num_samples=5, chunk_iterations="auto")
+    assert default.info["chunk_iterations"] == [1] * 3  # 64-row chunks: 2 KiB each
+
+
+def test_resume_matches_an_uninterrupted_run(store, tmp_path, monkeypatch):
+    """Interrupted at step 120 and resumed: the draws kept before the interruption are
+    the uninterrupted run's; the run completes with its shards still out of core."""
+    full = _run(store[0], trace=str(tmp_path / "a.zarr"))
+    real_step, calls = Driver.step, {"n": 0}
+
+    def flaky_step(self, adapters=None):
+        calls["n"] += 1
+        if calls["n"] == 120:
+            raise KeyboardInterrupt
+        return real_step(self, adapters)
+
+    monkeypatch.setattr(Driver, "step", flaky_step)
+    trace = str(tmp_path / "b.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        _run(store[0], trace=trace, checkpoint_every=10)
+    monkeypatch.setattr(Driver, "step", real_step)
+    res = _run(store[0], trace=trace, checkpoint_every=10, resume=True)
+    assert res.info["out_of_core"] == [True] * 3
+    assert res.samples.shape == full.samples.shape
+    np.testing.assert_array_equal(res.warmup_samples, full.warmup_samples)
+    np.testing.assert_array_equal(res.samples[:, :10], full.samples[:, :10])
+    with pytest.raises(ValueError, match="out_of_core"):  # a resume must keep the mode
+        _run(store[0], trace=trace, resume=True, out_of_core=False)
+
+
+@pytest.mark.cluster
+def test_deterministic_across_placements(store):
+    """Out of core, the same seed gives the same draws in-process and on 2 workers."""
+    from distributed import Client, LocalCluster
+
+    sync = _run(store[0], kernel="nuts")
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
+        two = _run(store[0], client, kernel="nuts")
+    assert two.info["n_workers"] == 2 and two.info["out_of_core"] == [True] * 3
+    assert two.info["bright_replica"]
+    np.testing.assert_array_equal(sync.samples, two.samples)
+    for k in ("n_bright", "likelihood_queries", "accepted"):
+        np.testing.assert_array_equal(sync.stats[k], two.stats[k])
+
+
+def _reset_peak_rss() -> None:
+    """Start this process's peak RSS (VmHWM) afresh (Linux): a worker forked from a large
+    parent would otherwise report the parent's peak."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set size since the last reset, in bytes (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
+def test_workers_with_less_memory_than_their_shards(tmp_path):
+    """Two workers limited to 250 MB, each holding a shard that would take 280 MB in
+    memory: "auto" leaves the rows in the store, the run completes, no worker is
+    restarted, and each worker's peak RSS (measured in the worker) stays under its limit."""
+    from distributed import Client, LocalCluster
+
+    limit = 250 * 10**6
+    ds = make_logistic(tmp_path / "big.zarr", 7_000_000, 5, seed=2)
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=limit,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
+        pids = client.run(os.getpid)
+        client.run(_reset_peak_rss)
+        res = fd.sample(
+            fd.LogisticRegression(),
+            ds,
+            client=client,
+            num_warmup=50,
+            num_samples=100,
+            chains=2,
+            seed=1,
+            n_shards=2,
+            progress=False,
+        )
+        peak = client.run(_peak_rss)
+        assert client.run(os.getpid) == pids  # no worker was restarted
+    # each shard: 3.5M rows of 5 features (+ 3 row constants, target, tight point) in float64
+    shard_bytes = 3_500_000 * (5 + 3 + 2) * 8
+    assert shard_bytes > limit
+    assert res.info["out_of_core"] == [True, True]
+    assert res.info["memory_budget"] == [limit // 2] * 2
+    assert res.samples.shape == (2, 100, 5) and np.all(np.isfinite(res.samples))
+    assert all(p < limit for p in peak.values()), peak
