@@ -250,9 +250,11 @@ def sample(
         reads them a chunk at a time, its z-updates working on one chunk's rows for
         ``chunk_iterations`` iterations — exact, but each z_n is revisited only once
         per sweep of the shard; True / False force it; reported per shard as
-        ``info["out_of_core"]``), ``memory_budget`` (bytes per shard; default: its
-        share of half its worker's memory limit; in-process: none), ``chunk_iterations``
-        ("auto": a chunk's bytes / 128 KiB).
+        ``info["out_of_core"]``; the draws of an out-of-core shard differ from those of
+        the same shard in memory, so under "auto" they can depend on the workers'
+        memory — force it to get the same draws on any cluster), ``memory_budget``
+        (bytes per shard; default: its share of half its worker's memory limit;
+        in-process: none), ``chunk_iterations`` ("auto": a chunk's bytes / 128 KiB).
 
     Returns
     -------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import operator
 import threading
@@ -52,6 +53,8 @@ from flymc_dist.protocol import (
     unpack_round,
 )
 from flymc_dist.rng import ROLE_Z, stream
+
+log = logging.getLogger(__name__)
 
 
 class _Spec(NamedTuple):
@@ -1024,6 +1027,9 @@ class Shard:
         return self.chains[chain].bright.mask.copy()
 
 
+#: out-of-core shards on one worker above which it warns (each has its own window)
+MANY_OUT_OF_CORE = 4
+
 #: out of core, ``chunk_iterations=None``: the bytes of rows read per iteration at most (a
 #: chunk of float64 features and target stays the window for chunk bytes / WINDOW_BYTES
 #: iterations). Reading runs ahead on a thread at some 300 MB/s on a 2-core machine, so
@@ -1272,6 +1278,14 @@ class ShardHost:
             shard = Shard(spec, self.config, None if data is None else data[spec.shard_id], budget)
             self._locks[spec.shard_id] = threading.Lock()
             self.shards = {**self.shards, spec.shard_id: shard}  # never mutated in place
+        ooc = sum(sh.out_of_core for sh in self.shards.values())
+        if ooc > MANY_OUT_OF_CORE:
+            log.warning(
+                "%d out-of-core shards on this worker: each keeps two chunks in memory and "
+                "reads its own window every iteration; give each worker one or a few "
+                "shards (sample(..., n_shards=...))",
+                ooc,
+            )
         return sorted(self.shards)
 
     def shard_ids(self) -> list[int]:
