@@ -4,9 +4,10 @@ Firefly Monte Carlo (Maclaurin & Adams 2014) with collapsible lower bounds,
 regular full-data MCMC as the baseline, and (approximate, labelled) austerity MH.
 """
 
-from flymc_dist.api import Result, sample
+from flymc_dist.api import sample
 from flymc_dist.data import Dataset, from_numpy, open_dataset
 from flymc_dist.models import LogisticRegression, RobustRegression, SoftmaxRegression
+from flymc_dist.result import Result
 
 __all__ = [
     "Dataset",

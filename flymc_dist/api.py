@@ -1,4 +1,7 @@
-"""``fd.sample``: the one entry point, and the :class:`Result` it returns."""
+"""``fd.sample``: the one entry point. It checks every argument, builds the algorithm
+(the FlyMC / regular :class:`~flymc_dist.driver.Driver`, or austerity's sampler) and hands
+it to the one runner, :func:`flymc_dist.run.run`; around it, the trace session (one
+writer at a time, a resume that matches, a failure that keeps what can be resumed)."""
 
 from __future__ import annotations
 
@@ -9,26 +12,41 @@ import logging
 import math
 import os
 import shutil
-import time
 from typing import Any
 
 import numpy as np
 
-from flymc_dist import diagnostics
+from flymc_dist.austerity import check_control_variates, sample_austerity
 from flymc_dist.channel import check_channel
+from flymc_dist.cluster import open_transport
+from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.driver import (
     REPLICA_BUDGET,
-    STAT_NAMES,
     Driver,
     check_bright_replica,
     check_speculate,
-    params_to_json,
-    rng_state_from_json,
 )
 from flymc_dist.kernels import get_kernel
+from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
-from flymc_dist.progress import Progress
-from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
+from flymc_dist.protocol import ShardConfig
+from flymc_dist.result import Result, Summary, efficiency
+from flymc_dist.run import run
+from flymc_dist.trace import Trace, TraceLock, _is_url
+
+__all__ = [
+    "ALGORITHMS",
+    "BOUNDS",
+    "Result",
+    "Summary",
+    "Z_UPDATES",
+    "efficiency",
+    "kept_trace",
+    "sample",
+]
+
+#: the name tests and older callers import (the layout now lives in :mod:`flymc_dist.layout`)
+_shard_layout = shard_layout
 
 log = logging.getLogger("flymc_dist")
 
@@ -66,157 +84,6 @@ _OTHER_OPTIONS = {
     "memory_budget",
     "chunk_iterations",
 }
-
-
-class Summary(dict):
-    """Per-parameter diagnostics (a dict of arrays) that prints as a table."""
-
-    def __init__(
-        self, table: dict[str, np.ndarray], names: list[str] | None = None, header: str = ""
-    ) -> None:
-        super().__init__(table)
-        self._names = names
-        self._header = header
-
-    def __str__(self) -> str:
-        body = diagnostics.format_summary(dict(self), names=self._names)
-        return f"{self._header}\n{body}" if self._header else body
-
-    __repr__ = __str__
-
-
-class Result:
-    """Draws and per-iteration statistics of a run.
-
-    Attributes
-    ----------
-    samples
-        Post-warm-up draws, shape ``(chains, draws) + param_shape``.
-    stats
-        Per-iteration statistics, each of shape ``(chains, draws)``: ``accepted``,
-        ``accept_prob``, ``n_bright``, ``likelihood_queries``, ``round_trips``,
-        ``log_joint`` (and ``data_used`` for austerity).
-    warmup_samples, warmup_stats
-        The same for the discarded warm-up iterations.
-    info
-        Run metadata: algorithm, settings, timings, MAP, setup cost, recoveries.
-    approximate
-        True for austerity MH, whose draws do *not* target the exact posterior.
-    """
-
-    def __init__(
-        self,
-        samples: np.ndarray,
-        stats: dict[str, np.ndarray],
-        warmup_samples: np.ndarray,
-        warmup_stats: dict[str, np.ndarray],
-        info: dict[str, Any],
-    ) -> None:
-        self.samples = samples
-        self.stats = stats
-        self.warmup_samples = warmup_samples
-        self.warmup_stats = warmup_stats
-        self.info = info
-        self.approximate = info.get("algorithm") == "austerity"
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        """Shape of one draw."""
-        return tuple(self.samples.shape[2:])
-
-    def summary(self, names: list[str] | None = None) -> Summary:
-        """Per-parameter mean, sd, MCSE, bulk/tail ESS, rank-normalised split-R̂ and quantiles."""
-        table = diagnostics.summary(self.samples, names=names)
-        header = ""
-        if self.approximate:
-            header = "APPROXIMATE (austerity MH): draws do not target the exact posterior."
-        return Summary(table, names, header)
-
-    def efficiency(self) -> dict[str, float]:
-        """Cost figures: queries and seconds per iteration, ESS per query and per second
-        (see :func:`efficiency`)."""
-        return efficiency(
-            self.samples,
-            self.stats,
-            self.info["n_rows"],
-            float(self.info.get("sampling_seconds", np.nan)),
-        )
-
-    def to_arviz(self) -> Any:
-        """An ``arviz.InferenceData`` (needs the ``arviz`` extra)."""
-        try:
-            import arviz as az
-        except ImportError as err:  # pragma: no cover - optional extra
-            raise ImportError("to_arviz needs arviz: pip install 'flymc_dist[arviz]'") from err
-        return az.from_dict(
-            posterior={"theta": self.samples}, sample_stats={k: v for k, v in self.stats.items()}
-        )
-
-    def __repr__(self) -> str:
-        C, S = self.samples.shape[:2]
-        tag = " APPROXIMATE" if self.approximate else ""
-        return (
-            f"<Result{tag} algorithm={self.info.get('algorithm')} chains={C} draws={S} "
-            f"param_shape={self.param_shape}>"
-        )
-
-
-def efficiency(
-    samples: np.ndarray,
-    stats: dict[str, np.ndarray],
-    n_rows: int | None,
-    sampling_seconds: float | None,
-) -> dict[str, float]:
-    """Cost and convergence figures of post-warm-up draws: the one formula for a
-    :class:`Result` and for a trace (``flymc summary``).
-
-    Parameters
-    ----------
-    samples
-        Draws, ``(chains, draws) + param_shape``.
-    stats
-        Per-iteration statistics (``likelihood_queries``, ``n_bright``, ``accepted``,
-        ``round_trips``; missing ones give NaN figures).
-    n_rows
-        N, for the bright fraction (None: NaN).
-    sampling_seconds
-        Wall seconds of the post-warm-up iterations (None or NaN: NaN per-second figures).
-
-    Returns
-    -------
-    dict
-        ``queries_per_iteration``, ``seconds_per_iteration``, ``bright_fraction``,
-        ``acceptance``, ``round_trips_per_iteration``, ``ess_min``, ``ess_median``,
-        ``ess_mean`` (bulk ESS over parameters), ``r_hat_max``, ``ess_per_1000_iterations``,
-        ``ess_per_query`` and ``ess_per_second`` (both from the mean ESS).
-    """
-    C, S = samples.shape[:2]
-    flat = samples.reshape(C, S, -1)
-    ess = np.atleast_1d(np.asarray(diagnostics.ess_bulk(flat), float))
-    rhat = np.atleast_1d(np.asarray(diagnostics.rhat(flat), float))
-    nan = float("nan")
-
-    def stat(name: str) -> np.ndarray:
-        return np.asarray(stats[name], float) if name in stats else np.full((C, S), nan)
-
-    q = stat("likelihood_queries")
-    secs = nan if sampling_seconds is None else float(sampling_seconds)
-    mean_ess = float(np.nanmean(ess)) if ess.size else nan
-    total_q = float(np.nansum(q))
-    return {
-        "queries_per_iteration": float(np.nanmean(q)),
-        "seconds_per_iteration": secs / S if S else nan,
-        "bright_fraction": float(np.nanmean(stat("n_bright")) / n_rows) if n_rows else nan,
-        "acceptance": float(np.nanmean(stat("accepted"))),
-        "round_trips_per_iteration": float(np.nanmean(stat("round_trips"))),
-        "ess_min": float(np.nanmin(ess)) if ess.size else nan,
-        "ess_median": float(np.nanmedian(ess)) if ess.size else nan,
-        "ess_mean": mean_ess,
-        "r_hat_max": float(np.nanmax(rhat)) if rhat.size else nan,
-        "ess_per_1000_iterations": 1000.0 * mean_ess / (C * S) if S else nan,
-        "ess_per_query": mean_ess / total_q if total_q else nan,
-        "ess_per_second": mean_ess / secs if secs and secs > 0 else nan,
-    }
 
 
 def _validate(
@@ -269,8 +136,6 @@ def _validate(
     check_channel(options.get("channel", "auto"))
     _check_out_of_core(algorithm, options)
     if "control_variates" in options:
-        from flymc_dist.austerity import check_control_variates
-
         check_control_variates(options["control_variates"])
 
 
@@ -306,45 +171,6 @@ def _check_task(model: Model, task: str, n_classes: int | None) -> None:
         k = getattr(model, "n_classes", None)
         if n_classes is not None and k is not None and n_classes > k:
             raise ValueError(f"the data have {n_classes} classes but the model has {k}")
-
-
-def _shard_layout(
-    data: Any, options: dict[str, Any]
-) -> tuple[list[ShardSpec], dict | None, int, int, str, int | None, str]:
-    """Shard specs (and in-memory rows for an (X, y) pair)."""
-    n_shards = options.get("n_shards")
-    rows_per_shard = options.get("rows_per_shard")
-    if isinstance(data, tuple):
-        X, y = data
-        X = np.asarray(X, float)
-        y = np.asarray(y)
-        if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0] or X.shape[0] == 0:
-            raise ValueError(f"(X, y) must be (N, D) and (N,) with N > 0; got {X.shape}, {y.shape}")
-        if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y.astype(float)))):
-            raise ValueError("X and y must be finite")
-        N = X.shape[0]
-        k = n_shards or (max(1, -(-N // rows_per_shard)) if rows_per_shard else 1)
-        edges = np.linspace(0, N, min(k, N) + 1).astype(int)
-        specs = [
-            ShardSpec(i, "", int(a), int(b))
-            for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
-        ]
-        mem = {s.shard_id: (X[s.start : s.stop], y[s.start : s.stop]) for s in specs}
-        integer = bool(np.all(np.mod(y, 1) == 0)) if y.dtype.kind != "b" else True
-        if integer and set(np.unique(y).tolist()) <= {0, 1}:
-            task, k = "binary", 2
-        elif integer and y.min() >= 0:
-            task, k = "multiclass", int(y.max()) + 1
-        else:
-            task, k = "real", None
-        return specs, mem, N, X.shape[1], task, k, "<in memory>"
-    from flymc_dist.data import Dataset, open_dataset
-
-    ds = data if isinstance(data, Dataset) else open_dataset(str(data))
-    ranges = ds.shard_ranges(n_shards=n_shards, rows_per_shard=rows_per_shard)
-    # the workers open the store exactly as the driver did (endpoint, credentials, ...)
-    specs = [ShardSpec(i, ds.path, a, b, ds.storage_options) for i, (a, b) in enumerate(ranges)]
-    return specs, None, ds.n_rows, ds.n_features, ds.task, ds.n_classes, ds.path
 
 
 def _under_trace_lock(func: Any) -> Any:
@@ -438,7 +264,7 @@ def sample(
     _check_arguments(data, seed, options)
     if options.get("trace") is not None:
         options["trace_storage_options"] = _trace_options(data, options)
-    specs, mem, n_rows, n_features, task, n_classes, path = _shard_layout(data, options)
+    specs, mem, n_rows, n_features, task, n_classes, path = shard_layout(data, options)
     _check_task(model, task, n_classes)
     if mem is not None and options.get("out_of_core") is True:
         raise ValueError(
@@ -448,8 +274,6 @@ def sample(
         model.validate_targets(np.concatenate([v[1] for v in mem.values()]))
     kern = get_kernel(kernel, **options.get("kernel_options", {}))
     if algorithm == "austerity":
-        from flymc_dist.austerity import sample_austerity
-
         return sample_austerity(
             model,
             specs,
@@ -479,8 +303,6 @@ def sample(
         if options.get("chunk_iterations", "auto") == "auto"
         else int(options["chunk_iterations"]),
     )
-    from flymc_dist.cluster import open_transport
-
     transport = open_transport(client, specs, config, mem, options)
     try:
         driver = Driver(
@@ -520,194 +342,9 @@ def sample(
         info["chunk_iterations"] = [st["chunk_iterations"] for st in states]
         if options.get("trace") is not None:  # what a resumed run must match
             info.update(data_id=_data_id(data), options=_shaping_options(options))
-        return _run(driver, transport, info, num_warmup, num_samples, options)
+        return run(driver, info, num_warmup, num_samples, options)
     finally:
         transport.close()
-
-
-def _run(
-    driver: Driver,
-    transport: Transport,
-    info: dict[str, Any],
-    num_warmup: int,
-    num_samples: int,
-    options: dict[str, Any],
-) -> Result:
-    C, P = driver.chains, driver.P
-    shape = driver.param_shape
-    trace = None
-    start = 0
-    trace_path = options.get("trace")
-    checkpoint_every = int(options.get("checkpoint_every", 100))
-    if trace_path is not None:
-        from flymc_dist.trace import Trace
-
-        if options.get("resume"):
-            trace = Trace.open(trace_path, storage_options=options.get("trace_storage_options"))
-            ck = trace.checkpoint
-            if ck is None:
-                raise ValueError(f"trace {trace_path} has no checkpoint to resume from")
-            start = int(ck["iteration"]) + 1
-    driver.setup()
-    info["q_db"] = driver.q_db if info["algorithm"] == "flymc" else None
-    info["map"] = None if driver.theta_map is None else driver.theta_map.reshape(shape)
-    info["map_info"] = driver.map_info
-    info["setup_queries"] = driver.setup_queries
-    info["setup_seconds"] = driver.setup_seconds
-    # bytes of rows read from the store (out-of-core shards; float64 features + target)
-    info["setup_bytes_read"] = sum(int(st["bytes_read"]) for st in transport.call("state"))
-    if trace_path is not None and trace is None:
-        from flymc_dist.trace import Trace
-
-        attrs = {k: v for k, v in info.items() if k not in ("map",)}
-        trace = Trace.create(
-            trace_path,
-            chains=C,
-            param_shape=shape,
-            stats={k: np.dtype(v) for k, v in STAT_NAMES.items()},
-            attrs=attrs,
-            overwrite=bool(options.get("overwrite_trace", False)),
-            storage_options=options.get("trace_storage_options"),
-        )
-    if start:
-        ck = trace.checkpoint
-        driver.positions = np.asarray(ck["positions"], float)
-        kp = type(driver.params[0])
-        driver.params = [
-            kp(**{k: (np.asarray(v) if isinstance(v, list) else v) for k, v in p.items()})
-            for p in ck["params"]
-        ]
-        for r, s in zip(driver.rngs, ck["rng_states"], strict=True):
-            r.bit_generator.state = rng_state_from_json(s)
-        driver.seq = int(ck.get("seq", 0))
-        # a fresh exact draw of z at the resumed positions (a valid Gibbs step), from
-        # streams of a generation no earlier segment used: the one counter that fault
-        # recovery also advances, kept in every checkpoint (traces written before it was
-        # kept had used generation 1 for their resume)
-        transport.generation = int(ck.get("generation", 1)) + 1
-        transport.call("set_positions", driver.positions, transport.generation)
-    total = num_warmup + num_samples
-    n_keep = num_samples
-    samples = np.empty((C, n_keep, P))
-    wsamples = np.empty((C, num_warmup, P))
-    stats = {k: np.zeros((C, n_keep), dtype=v) for k, v in STAT_NAMES.items()}
-    wstats = {k: np.zeros((C, num_warmup), dtype=v) for k, v in STAT_NAMES.items()}
-    if start and trace is not None:
-        prev_w, prev = trace.warmup_samples, trace.samples
-        wsamples[:, : prev_w.shape[1]] = prev_w.reshape(C, -1, P)
-        samples[:, : prev.shape[1]] = prev.reshape(C, -1, P)
-        for k in STAT_NAMES:
-            wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
-            stats[k][:, : prev.shape[1]] = trace.stats[k]
-    progress = Progress(total, enabled=options.get("progress"), initial=start)
-    buf: list[tuple[bool, np.ndarray, dict]] = []
-    snap = _timing_snapshot(driver, transport) if num_warmup <= start else None
-    t0 = time.perf_counter()
-    t_warm_end = t0 if num_warmup <= start else None
-    # wall seconds of warm-up and of sampling, over every segment of a resumed run (kept
-    # in the trace's checkpoint, so that `flymc summary` can report seconds per iteration)
-    before = dict((trace.checkpoint or {}).get("seconds", {})) if start else {}
-
-    def seconds_so_far() -> dict[str, float]:
-        now = time.perf_counter()
-        end_w = t_warm_end if t_warm_end is not None else now
-        return {
-            "warmup": float(before.get("warmup", 0.0)) + end_w - t0,
-            "sampling": float(before.get("sampling", 0.0))
-            + (now - t_warm_end if t_warm_end is not None else 0.0),
-        }
-
-    try:
-        for i, warm, pos, st in driver.iterations(num_warmup, num_samples, start=start):
-            if warm:
-                wsamples[:, i] = pos
-                for k in STAT_NAMES:
-                    wstats[k][:, i] = st[k]
-            else:
-                j = i - num_warmup
-                samples[:, j] = pos
-                for k in STAT_NAMES:
-                    stats[k][:, j] = st[k]
-            if i == num_warmup - 1:
-                snap = _timing_snapshot(driver, transport)
-                t_warm_end = time.perf_counter()
-            progress.update(st)
-            if trace is not None:
-                buf.append((warm, pos, st))
-                if len(buf) >= checkpoint_every or i == total - 1 or (warm and i == num_warmup - 1):
-                    _flush(trace, buf, shape)
-                    trace.set_checkpoint({**driver.checkpoint(i), "seconds": seconds_so_far()})
-                    buf = []
-    finally:
-        progress.close()
-    t_end = time.perf_counter()
-    info["sampling_seconds"] = t_end - (t_warm_end if t_warm_end is not None else t0)
-    info["warmup_seconds"] = (t_warm_end - t0) if t_warm_end is not None else 0.0
-    if snap is not None:
-        info["timing"] = _timing_report(
-            snap, _timing_snapshot(driver, transport), num_samples - max(start - num_warmup, 0)
-        )
-    info["total_round_trips"] = int(transport.round_trips)
-    info["speculate"] = bool(driver.speculate)
-    info["bright_replica"] = driver.replica is not None
-    info["channel"] = transport.channel
-    info["speculative_queries"] = int(driver.wasted_queries)
-    info["recoveries"] = list(transport.recoveries)
-    info["kernel_params"] = [params_to_json(p) for p in driver.params]
-    info["bytes_read"] = sum(int(st["bytes_read"]) for st in transport.call("state"))
-    return Result(
-        samples.reshape((C, n_keep) + shape),
-        stats,
-        wsamples.reshape((C, num_warmup) + shape),
-        wstats,
-        info,
-    )
-
-
-def _timing_snapshot(driver: Driver, transport: Transport) -> dict[str, Any]:
-    return {
-        "step": driver.step_seconds,
-        "round": driver.round_seconds,
-        "hosts": transport.timing(),
-    }
-
-
-def _timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict[str, Any]:
-    """Seconds per post-warm-up iteration: where the time of a step went.
-
-    ``step`` (the driver's whole iteration) = ``round_trip`` (waiting on the transport:
-    the round trips' communication plus the workers' ``host_round_wall``) + ``driver``
-    (kernels, sums, bookkeeping). Per host: rounds served, wall and CPU seconds per
-    round, and speculation's wall seconds per iteration (work done after replies).
-    """
-    n = max(int(iterations), 1)
-    hosts = []
-    if len(a["hosts"]) == len(b["hosts"]):
-        for ha, hb in zip(a["hosts"], b["hosts"], strict=True):
-            rounds = hb["rounds"] - ha["rounds"]
-            per = max(rounds, 1)
-            hosts.append(
-                {
-                    "rounds": int(rounds),
-                    "round_wall": (hb["round_wall"] - ha["round_wall"]) / per,
-                    "round_cpu": (hb["round_cpu"] - ha["round_cpu"]) / per,
-                    "speculate_wall": (hb["speculate_wall"] - ha["speculate_wall"]) / n,
-                }
-            )
-    step = (b["step"] - a["step"]) / n
-    rt = (b["round"] - a["round"]) / n
-    return {"iterations": n, "step": step, "round_trip": rt, "driver": step - rt, "hosts": hosts}
-
-
-def _flush(trace: Any, buf: list[tuple[bool, np.ndarray, dict]], shape: tuple[int, ...]) -> None:
-    for warm in (True, False):
-        part = [b for b in buf if b[0] == warm]
-        if not part:
-            continue
-        C = part[0][1].shape[0]
-        s = np.stack([b[1] for b in part], axis=1).reshape((C, len(part)) + shape)
-        st = {k: np.stack([b[2][k] for b in part], axis=1) for k in STAT_NAMES}
-        trace.append(s, st, warmup=warm)
 
 
 # ------------------------------------------------------------------ arguments checked up front
@@ -725,8 +362,6 @@ def _is_real(v: Any) -> bool:
 
 def _check_data(data: Any) -> None:
     """``data`` is a Dataset, a store path, or an ``(X, y)`` pair of real arrays, D >= 1."""
-    from flymc_dist.data import Dataset
-
     if isinstance(data, (Dataset, str, os.PathLike)):
         return
     if not isinstance(data, tuple):
@@ -783,8 +418,6 @@ def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
         raise ValueError("resume=True and overwrite_trace=True exclude each other")
     tso = options.get("trace_storage_options")
     if tso is not None:
-        from flymc_dist.trace import _is_url
-
         if not isinstance(tso, dict) or not all(isinstance(k, str) for k in tso):
             raise ValueError(
                 f"trace_storage_options must be a dict of fsspec options with str "
@@ -833,8 +466,6 @@ def _shaping_options(options: dict[str, Any]) -> dict[str, Any]:
 def _trace_options(data: Any, options: dict[str, Any]) -> dict[str, Any] | None:
     """The fsspec options of the trace: ``trace_storage_options`` if given, else the data
     set's ``storage_options`` when the trace is a URL of the same protocol (e.g. both s3)."""
-    from flymc_dist.trace import _is_url
-
     if options.get("trace_storage_options") is not None:
         return dict(options["trace_storage_options"]) or None
     trace, ds_options = options.get("trace"), getattr(data, "storage_options", None)
@@ -853,8 +484,6 @@ def _data_id(data: Any) -> str:
         h.update(X.tobytes())
         h.update(y.tobytes())
         return f"{X.shape[0]}x{X.shape[1]}:in-memory-sha256-{h.hexdigest()[:32]}"
-    from flymc_dist.data import Dataset, open_dataset
-
     return (data if isinstance(data, Dataset) else open_dataset(str(data))).fingerprint()
 
 
@@ -877,13 +506,11 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
     """Refuse, in one line naming what differs, to resume a trace written by another run:
     the model, the data set (its identity, not only its shape), the algorithm and every
     setting that shapes the draws."""
-    from flymc_dist.trace import Trace
-
     options = args["options"]
     trace = Trace.open(path, read_only=True, storage_options=_trace_options(args["data"], options))
     if trace.checkpoint is None:
         raise ValueError(f"trace {os.fspath(path)!s} has no checkpoint to resume from")
-    specs, _mem, n_rows, n_features, _t, _k, data_path = _shard_layout(args["data"], options)
+    specs, _mem, n_rows, n_features, _t, _k, data_path = shard_layout(args["data"], options)
     algorithm = args["algorithm"]
     want: dict[str, Any] = {
         "data_id": _data_id(args["data"]),
@@ -955,8 +582,6 @@ def _after_failure(
     Runs under the trace's lock, so whatever changed at ``path`` since ``before`` is this
     run's doing.
     """
-    from flymc_dist.trace import Trace, _is_url
-
     if _is_url(path):
         return
     after = _stamp(path)
@@ -1007,8 +632,6 @@ def _traced_sample(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         options,
     )
     _check_arguments(a["data"], a["seed"], options)
-    from flymc_dist.trace import Trace, TraceLock
-
     resume = bool(options.get("resume"))
     if resume and a["algorithm"] != "austerity":  # no trace there: FileNotFoundError
         Trace.open(path, read_only=True, storage_options=_trace_options(a["data"], options))

@@ -113,15 +113,21 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.special import stdtr
 
+from flymc_dist.cluster import ShardLost, open_transport
 from flymc_dist.kernels.base import KernelInfo
-from flymc_dist.kernels.rwmh import RandomWalkMH, tril_matvec
+from flymc_dist.kernels.rwmh import RandomWalkMH
+from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
-from flymc_dist.rng import ROLE_AUSTERITY, ROLE_INIT, stream
+from flymc_dist.result import Result
+from flymc_dist.rng import ROLE_AUSTERITY, stream
+from flymc_dist.run import run
 from flymc_dist.shard import Shard
+from flymc_dist.tune import find_map, initial_positions, needs_map, preconditioner, tight_bounds
 
 __all__ = [
     "AUSTERITY_STATS",
+    "AusteritySampler",
     "Decisions",
     "SequentialTester",
     "bound_difference",
@@ -514,8 +520,6 @@ class SequentialTester:
                     "the control-variate threshold is NaN (the collapsed "
                     "bound overflows at a proposal)"
                 )
-        from flymc_dist.cluster import ShardLost
-
         for _attempt in range(5):
             key = self.decision
             self.decision += 1
@@ -646,21 +650,6 @@ def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarra
         return np.sum((d @ bound.A) * (proposals + thetas), axis=-1) + d @ bound.b
 
 
-def tight_bounds(transport: Transport, theta_hat: np.ndarray) -> BoundStats:
-    """Set every shard's tight points at ``theta_hat`` and sum their bound statistics.
-
-    The bounds' set-up exactly as FlyMC's driver does it for ``bounds="map"``
-    (``set_tight_points``, then ``bound_stats`` summed in global shard order); a cluster
-    transport replays ``set_tight_points`` on shards it recreates after a fault.
-    """
-    transport.call("set_tight_points", np.asarray(theta_hat, float))
-    stats = transport.call("bound_stats")
-    total = stats[0]
-    for s in stats[1:]:
-        total = total + s
-    return total
-
-
 def _merge(
     n: np.ndarray,
     mean: np.ndarray,
@@ -719,81 +708,165 @@ def _check_batch_size(batch_size: Any) -> int:
 
 
 # ====================================================================== sampling
-def _setup(
-    model: Model,
-    transport: Transport,
-    kernel: RandomWalkMH,
-    n_features: int,
-    chains: int,
-    seed: int,
-    options: dict[str, Any],
-    control_variates: bool = False,
-) -> dict[str, Any]:
-    """MAP (if needed), tight points and collapsed bound (control variates),
-    preconditioner and initial positions, as the FlyMC driver does."""
-    from flymc_dist.driver import Driver, laplace_covariance
+class AusteritySampler:
+    """Austerity MH's chains, as the one runner (:func:`flymc_dist.run.run`) drives them.
 
-    t0 = time.perf_counter()
-    init = options.get("init", "map")
-    precondition = options.get("precondition", "laplace")
-    driver = Driver(
-        model,
-        transport,
-        kernel,
-        n_features=n_features,
-        algorithm="regular",
-        chains=chains,
-        seed=seed,
-        init=init,
-        precondition=precondition,
-        map_maxiter=int(options.get("map_maxiter", 100)),
-    )
-    P = driver.P
-    theta_map, neg_h = None, None
-    need_map = (
-        (isinstance(init, str) and init == "map")
-        or (isinstance(precondition, str) and precondition == "laplace")
-        or control_variates
-    )
-    trips0 = transport.round_trips
-    if need_map:
-        theta_map, neg_h = driver.find_map()
-    map_passes = transport.round_trips - trips0
-    # control variates: tight points at the MAP, as FlyMC's bounds="map" (its accuracy
-    # affects how much data a decision needs, never which decision is taken at n = N)
-    bound = tight_bounds(transport, theta_map) if control_variates else None
-    if isinstance(precondition, np.ndarray):
-        cov = np.asarray(precondition, float)
-    elif isinstance(precondition, str) and precondition == "laplace":
-        cov = laplace_covariance(neg_h)
-    elif isinstance(precondition, str) and precondition == "identity":
-        cov = np.eye(P)
-    else:
-        raise ValueError(
-            f"precondition must be 'laplace', 'identity' or an array, not {precondition!r}"
+    :meth:`setup` finds the MAP (when the start, the preconditioner or the control
+    variates need it), sets the tight points and sums the collapsed bound (control
+    variates), and places the chains as the FlyMC driver does; :meth:`step` is one
+    sequential-test MH iteration of every chain: RWMH's proposal
+    (:meth:`~flymc_dist.kernels.rwmh.RandomWalkMH.propose`, from
+    ``stream(seed, ROLE_AUSTERITY, 0, c)``), then one :meth:`SequentialTester.decide`
+    for all chains. Not resumable (:meth:`checkpoint` is None).
+
+    Parameters
+    ----------
+    model, transport, kernel, specs
+        The likelihood and prior, the shards, the RWMH kernel, the shard layout.
+    n_features, n_rows
+        D and N.
+    chains, seed
+        Number of chains; the seed of every random stream.
+    eps, batch_size, control_variates
+        The sequential test's tolerance and rows per round; whether it runs on the gap
+        to MAP-tuned bounds.
+    init, precondition, map_maxiter
+        As for :class:`~flymc_dist.driver.Driver`.
+    """
+
+    stat_names = AUSTERITY_STATS
+
+    def __init__(
+        self,
+        model: Model,
+        transport: Transport,
+        kernel: RandomWalkMH,
+        specs: Sequence[ShardSpec],
+        *,
+        n_features: int,
+        n_rows: int,
+        chains: int,
+        seed: int,
+        eps: float,
+        batch_size: int,
+        control_variates: bool,
+        init: str | np.ndarray = "map",
+        precondition: str | np.ndarray = "laplace",
+        map_maxiter: int = 100,
+    ) -> None:
+        self.model = model
+        self.transport = transport
+        self.kernel = kernel
+        self.specs = list(specs)
+        self.n_features = int(n_features)
+        self.n_rows = int(n_rows)
+        self.chains = int(chains)
+        self.seed = int(seed)
+        self.eps = eps
+        self.batch_size = batch_size
+        self.control_variates = control_variates
+        self.init = init
+        self.precondition = precondition
+        self.map_maxiter = int(map_maxiter)
+        self.P = model.n_params(n_features)
+        self.param_shape = model.param_shape(n_features)
+        self.positions = np.empty((self.chains, self.P))
+        self.params: list[Any] = []
+        self.theta_map: np.ndarray | None = None
+        self.map_info: dict[str, Any] = {}
+        self.setup_queries = 0
+        self.setup_seconds = 0.0
+        self.tester: SequentialTester | None = None
+        self.rngs = [stream(seed, ROLE_AUSTERITY, _SUB_PROPOSAL, c) for c in range(self.chains)]
+
+    def setup(self) -> None:
+        """MAP (if needed), tight points and collapsed bound (control variates),
+        preconditioner and initial positions, as the FlyMC driver does."""
+        t0 = time.perf_counter()
+        neg_h = None
+        if needs_map(self.init, self.precondition, self.control_variates):
+            found = find_map(self.model, self.transport, self.P, maxiter=self.map_maxiter)
+            self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
+            self.setup_queries = found.passes * self.n_rows  # every datum at one θ a pass
+        # control variates: tight points at the MAP, as FlyMC's bounds="map" (its accuracy
+        # affects how much data a decision needs, never which decision is taken at n = N)
+        bound = tight_bounds(self.transport, self.theta_map) if self.control_variates else None
+        chol = preconditioner(self.precondition, neg_h, self.P)
+        self.positions = initial_positions(self.init, self.theta_map, chol, self.chains, self.seed)
+        self.setup_seconds = time.perf_counter() - t0
+        self.tester = SequentialTester(
+            self.transport,
+            self.specs,
+            self.chains,
+            eps=self.eps,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            bound=bound,
         )
-    chol = np.linalg.cholesky(cov)
-    positions = np.empty((chains, P))
-    if isinstance(init, str):
-        if init != "map":
-            raise ValueError(f"init must be 'map' or an array, not {init!r}")
-        for c in range(chains):
-            z = stream(seed, ROLE_INIT, c).standard_normal(P)
-            positions[c] = theta_map + chol @ z
-    else:
-        arr = np.asarray(init, float)
-        positions[:] = np.broadcast_to(arr.reshape(-1, P), positions.shape)
-    return {
-        "theta_map": theta_map,
-        "map_info": driver.map_info,
-        "chol": chol,
-        "positions": positions,
-        "setup_passes": map_passes,
-        "bound": bound,
-        "setup_seconds": time.perf_counter() - t0,
-        "P": P,
-        "param_shape": driver.param_shape,
-    }
+        self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
+
+    def setup_info(self) -> dict[str, Any]:
+        """The MAP and the set-up's cost (the full passes of the MAP search)."""
+        return {
+            "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),
+            "map_info": self.map_info,
+            "setup_queries": self.setup_queries,
+            "setup_seconds": self.setup_seconds,
+        }
+
+    def step(self, adapters: list[Any] | None = None) -> dict[str, np.ndarray]:
+        """One MH iteration of every chain, each decided by a sequential test."""
+        C = self.chains
+        positions = self.positions
+        props, neg_log_u = self.kernel.propose(self.rngs, positions, self.params)
+        log_u = -np.asarray(neg_log_u, float)
+        # symmetric proposal: log q(θ′|θ) − log q(θ|θ′) = 0
+        mu0 = (log_u + self.model.log_prior(positions) - self.model.log_prior(props)) / self.n_rows
+        dec = self.tester.decide(positions, props, mu0)
+        self.positions = np.where(dec.accept[:, None], props, positions)
+        if adapters is not None:
+            for c in range(C):
+                a = bool(dec.accept[c])
+                self.params[c] = adapters[c].update(
+                    KernelInfo(
+                        accepted=a,
+                        accept_prob=float(a),
+                        index=0 if a else -1,
+                        n_evals=1,
+                        n_requests=int(dec.rounds[c]),
+                    )
+                )
+        return {
+            "accepted": dec.accept,
+            "accept_prob": dec.accept.astype(float),
+            "n_bright": dec.data_used,
+            "likelihood_queries": 2 * dec.data_used,
+            "round_trips": np.full(C, dec.round_trips, dtype=np.int64),
+            "log_joint": np.full(C, np.nan),
+            "data_used": dec.data_used,
+            "test_rounds": dec.rounds,
+        }
+
+    def checkpoint(self, iteration: int) -> None:
+        """None: austerity runs are not resumable (the trace keeps draws, no checkpoint)."""
+        return None
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Refused: austerity runs cannot be resumed."""
+        raise ValueError("austerity runs cannot be resumed (no checkpoint is written)")
+
+    def timing(self) -> None:
+        """None: no per-round timing breakdown."""
+        return None
+
+    def run_info(self, stats: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Restarted decisions and the share of the data the kept decisions used."""
+        return {
+            "restarted_decisions": int(self.tester.restarts),
+            "restarted_queries": 2 * int(self.tester.restarted_rows),
+            "data_used_fraction": float(stats["data_used"].mean() / self.n_rows),
+            "exact_fraction": float((stats["data_used"] >= self.n_rows).mean()),
+        }
 
 
 def sample_austerity(
@@ -811,8 +884,9 @@ def sample_austerity(
     seed: int,
     client: Any,
     options: dict[str, Any],
-) -> Any:
-    """Austerity MH (approximate) — what ``fd.sample(..., algorithm="austerity")`` runs.
+) -> Result:
+    """Austerity MH (approximate) — what ``fd.sample(..., algorithm="austerity")`` runs:
+    builds an :class:`AusteritySampler` and runs it with :func:`flymc_dist.run.run`.
 
     Parameters
     ----------
@@ -848,10 +922,6 @@ def sample_austerity(
         Bad ``eps``/``batch_size``/``control_variates``, a kernel other than RWMH, or
         ``resume``.
     """
-    from flymc_dist.api import Result
-    from flymc_dist.cluster import open_transport
-    from flymc_dist.progress import Progress
-
     eps = _check_eps(options.get("eps", 0.01))
     batch_size = _check_batch_size(options.get("batch_size", 500))
     control_variates = check_control_variates(options.get("control_variates", True))
@@ -866,10 +936,22 @@ def sample_austerity(
     config = ShardConfig(model=model, algorithm="austerity", chains=chains, seed=seed)
     transport = open_transport(client, specs, config, mem, options)
     try:
-        setup = _setup(
-            model, transport, kernel, n_features, chains, seed, options, control_variates
+        sampler = AusteritySampler(
+            model,
+            transport,
+            kernel,
+            specs,
+            n_features=n_features,
+            n_rows=n_rows,
+            chains=chains,
+            seed=seed,
+            eps=eps,
+            batch_size=batch_size,
+            control_variates=control_variates,
+            init=options.get("init", "map"),
+            precondition=options.get("precondition", "laplace"),
+            map_maxiter=int(options.get("map_maxiter", 100)),
         )
-        P, shape = setup["P"], setup["param_shape"]
         info: dict[str, Any] = {
             "algorithm": "austerity",
             "approximate": True,
@@ -894,141 +976,9 @@ def sample_austerity(
             "num_samples": num_samples,
             "log_joint": "not computed (NaN): austerity never evaluates the full likelihood",
         }
-        info["map"] = None if setup["theta_map"] is None else setup["theta_map"].reshape(shape)
-        info["map_info"] = setup["map_info"]
-        info["setup_queries"] = int(setup["setup_passes"]) * int(n_rows)
-        info["setup_seconds"] = setup["setup_seconds"]
-        trace = None
-        if options.get("trace") is not None:
-            from flymc_dist.trace import Trace
-
-            attrs = {k: v for k, v in info.items() if k != "map"}
-            trace = Trace.create(
-                options["trace"],
-                chains=chains,
-                param_shape=shape,
-                stats={k: np.dtype(v) for k, v in AUSTERITY_STATS.items()},
-                attrs=attrs,
-                overwrite=bool(options.get("overwrite_trace", False)),
-                storage_options=options.get("trace_storage_options"),
-            )
-        tester = SequentialTester(
-            transport,
-            specs,
-            chains,
-            eps=eps,
-            batch_size=batch_size,
-            seed=seed,
-            bound=setup["bound"],
-        )
-        rngs = [stream(seed, ROLE_AUSTERITY, _SUB_PROPOSAL, c) for c in range(chains)]
-        params = [kernel.init_params(P, setup["chol"]) for _ in range(chains)]
-        adapters = [kernel.adapter(p, num_warmup) for p in params] if num_warmup else None
-        positions = setup["positions"].copy()
-        total = num_warmup + num_samples
-        draws = np.empty((chains, total, P))
-        stats = {k: np.zeros((chains, total), dtype=v) for k, v in AUSTERITY_STATS.items()}
-        progress = Progress(total, enabled=options.get("progress"), label="austerity")
-        every = int(options.get("checkpoint_every", 100))
-        flushed = 0
-        t0 = time.perf_counter()
-        t_warm = t0 if num_warmup == 0 else None
-        try:
-            for i in range(total):
-                props = np.empty_like(positions)
-                log_u = np.empty(chains)
-                for c in range(chains):
-                    noise = rngs[c].standard_normal(P)
-                    log_u[c] = -rngs[c].standard_exponential()
-                    props[c] = positions[c] + params[c].step_size * tril_matvec(
-                        params[c].scale_tril, noise
-                    )
-                # symmetric proposal: log q(θ′|θ) − log q(θ|θ′) = 0
-                mu0 = (log_u + model.log_prior(positions) - model.log_prior(props)) / n_rows
-                dec = tester.decide(positions, props, mu0)
-                positions = np.where(dec.accept[:, None], props, positions)
-                draws[:, i] = positions
-                st = {
-                    "accepted": dec.accept,
-                    "accept_prob": dec.accept.astype(float),
-                    "n_bright": dec.data_used,
-                    "likelihood_queries": 2 * dec.data_used,
-                    "round_trips": np.full(chains, dec.round_trips, dtype=np.int64),
-                    "log_joint": np.full(chains, np.nan),
-                    "data_used": dec.data_used,
-                    "test_rounds": dec.rounds,
-                }
-                for k, v in st.items():
-                    stats[k][:, i] = v
-                if adapters is not None:
-                    for c in range(chains):
-                        a = bool(dec.accept[c])
-                        params[c] = adapters[c].update(
-                            KernelInfo(
-                                accepted=a,
-                                accept_prob=float(a),
-                                index=0 if a else -1,
-                                n_evals=1,
-                                n_requests=int(dec.rounds[c]),
-                            )
-                        )
-                    if i == num_warmup - 1:
-                        params = [a.final() for a in adapters]
-                        adapters = None
-                        t_warm = time.perf_counter()
-                progress.update(st)
-                if trace is not None and (
-                    i + 1 - flushed >= every or i == total - 1 or i == num_warmup - 1
-                ):
-                    flushed = _flush(trace, draws, stats, flushed, i + 1, num_warmup, shape)
-        finally:
-            progress.close()
-        t_end = time.perf_counter()
-        info["sampling_seconds"] = t_end - (t_warm if t_warm is not None else t0)
-        info["warmup_seconds"] = (t_warm - t0) if t_warm is not None else 0.0
-        info["total_round_trips"] = int(transport.round_trips)
-        info["recoveries"] = list(transport.recoveries)
-        info["restarted_decisions"] = int(tester.restarts)
-        info["restarted_queries"] = 2 * int(tester.restarted_rows)
-        info["kernel_params"] = [
-            {"step_size": float(p.step_size), "scale_tril": np.asarray(p.scale_tril).tolist()}
-            for p in params
-        ]
-        keep = slice(num_warmup, total)
-        info["data_used_fraction"] = float(stats["data_used"][:, keep].mean() / n_rows)
-        info["exact_fraction"] = float((stats["data_used"][:, keep] >= n_rows).mean())
-        samples = draws[:, keep].reshape((chains, num_samples) + shape)
-        wsamples = draws[:, :num_warmup].reshape((chains, num_warmup) + shape)
-        return Result(
-            samples,
-            {k: v[:, keep] for k, v in stats.items()},
-            wsamples,
-            {k: v[:, :num_warmup] for k, v in stats.items()},
-            info,
-        )
+        return run(sampler, info, num_warmup, num_samples, options, label="austerity")
     finally:
         transport.close()
-
-
-def _flush(
-    trace: Any,
-    draws: np.ndarray,
-    stats: dict[str, np.ndarray],
-    lo: int,
-    hi: int,
-    num_warmup: int,
-    shape: tuple[int, ...],
-) -> int:
-    """Append iterations ``lo:hi`` to the trace (split at the end of warm-up)."""
-    C = draws.shape[0]
-    for a, b, warm in ((lo, min(hi, num_warmup), True), (max(lo, num_warmup), hi, False)):
-        if b > a:
-            trace.append(
-                draws[:, a:b].reshape((C, b - a) + shape),
-                {k: v[:, a:b] for k, v in stats.items()},
-                warmup=warm,
-            )
-    return hi
 
 
 # ================================================================ measurements
@@ -1103,9 +1053,6 @@ def run_decisions(
         ``rounds`` (arrays), ``mean_data_used``, ``fraction``, ``round_trips``,
         ``error_rate`` (when ``exact``).
     """
-    from flymc_dist.api import _shard_layout
-    from flymc_dist.cluster import open_transport
-
     log_u = np.asarray(log_u, float).ravel()
     S = log_u.size
     thetas = np.asarray(thetas, float)
@@ -1119,7 +1066,7 @@ def run_decisions(
     proposals = proposals.reshape(S, -1)
     eps_list = [float(eps)] if np.ndim(eps) == 0 else [float(e) for e in eps]
     options: dict[str, Any] = {} if n_shards is None else {"n_shards": n_shards}
-    specs, mem, N, D, _, _, _ = _shard_layout(data, options)
+    specs, mem, N, D, _, _, _ = shard_layout(data, options)
     config = ShardConfig(model=model, algorithm="austerity", chains=1, seed=seed)
     transport = open_transport(client, specs, config, mem, options)
     out: dict[str, Any] = {"n_rows": N, "theta_hat": None, "by_eps": []}
@@ -1164,12 +1111,7 @@ def run_decisions(
 
 def _find_map(model: Model, transport: Transport, n_features: int) -> np.ndarray:
     """The MAP estimate, found as the sampler's set-up finds it."""
-    from flymc_dist.driver import Driver
-
-    driver = Driver(
-        model, transport, RandomWalkMH(), n_features=n_features, algorithm="regular", chains=1
-    )
-    return driver.find_map()[0]
+    return find_map(model, transport, model.n_params(n_features)).theta
 
 
 def decision_data_used(

@@ -49,6 +49,11 @@ from typing import Any
 
 import numpy as np
 
+import flymc_dist as fd
+from flymc_dist.cluster import DaskTransport
+from flymc_dist.data import make_logistic
+from flymc_dist.protocol import Request, ShardConfig, ShardSpec, pack_round
+
 __all__ = [
     "GOAL_FLYMC_OVER_BARE",
     "GOAL_REGULAR_OVER_FLYMC",
@@ -110,8 +115,6 @@ def _check_int(name: str, value: Any, lo: int) -> int:
 
 def _round_payload(chains: int, n_params: int) -> bytes:
     """A FlyMC RWMH round's request, packed as the transport sends it (its size matters)."""
-    from flymc_dist.protocol import Request, pack_round
-
     reqs = [Request(np.zeros((1, n_params)), False, False) for _ in range(chains)]
     return pack_round(1, np.full(chains, -1, dtype=np.int64), True, reqs, False)
 
@@ -242,11 +245,6 @@ def run_overhead(
         ``flymc_default_sharding``, ``regular_default_sharding``), ``ratios`` and ``goals``.
         Times are in seconds.
     """
-    import flymc_dist as fd
-    from flymc_dist.cluster import DaskTransport
-    from flymc_dist.data import make_logistic
-    from flymc_dist.protocol import ShardConfig, ShardSpec
-
     rows = _check_int("rows", rows, 2)
     features = _check_int("features", features, 1)
     workers = _check_int("workers", workers, 1)

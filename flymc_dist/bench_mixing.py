@@ -33,28 +33,25 @@ from typing import Any
 
 import numpy as np
 
+import flymc_dist as fd
+from flymc_dist.bench import local_client
+from flymc_dist.data import make_logistic
+from flymc_dist.datasets import mnist_7_vs_9, qm9_gap
+
 PROBLEMS = ("qm9", "mnist", "logistic")
 
 
 def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) -> tuple[Any, Any]:
     """The model and a zarr store of the data (what every worker reads)."""
-    import flymc_dist as fd
-
     path = os.path.join(workdir, f"{problem}.zarr")
     if problem == "qm9":
-        from flymc_dist.datasets import qm9_gap
-
         X, y = qm9_gap()
         model = fd.RobustRegression(nu=4.0, scale=0.5, prior="laplace", prior_scale=1.0)
         return model, fd.from_numpy(X, y, path)
     if problem == "mnist":
-        from flymc_dist.datasets import mnist_7_vs_9
-
         X, y = mnist_7_vs_9()
         return fd.LogisticRegression(prior="normal", prior_scale=1.0), fd.from_numpy(X, y, path)
     if problem == "logistic":
-        from flymc_dist.data import make_logistic
-
         return (
             fd.LogisticRegression(prior="normal", prior_scale=1.0),
             make_logistic(path, n_rows=rows, n_features=features, seed=seed),
@@ -148,8 +145,6 @@ def run_mixing(
     dict
         ``setup`` (how it ran), ``flymc`` and ``regular`` figures, and ``ratios``.
     """
-    import flymc_dist as fd
-
     if problem not in PROBLEMS:
         raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
     own_dir = workdir is None
@@ -160,8 +155,6 @@ def run_mixing(
         model, ds = _problem(problem, rows, features, seed, workdir)
         ingest = time.perf_counter() - t0
         if client is None:
-            from flymc_dist.bench import local_client
-
             client, cluster = local_client(workers)
         common = dict(kernel=kernel, chains=chains, seed=seed, client=client, progress=False)
         out: dict[str, Any] = {

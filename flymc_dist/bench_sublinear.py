@@ -41,7 +41,10 @@ from typing import Any
 import numpy as np
 
 from flymc_dist import diagnostics
+from flymc_dist.api import sample
 from flymc_dist.austerity import loglog_slope, run_decisions
+from flymc_dist.cluster import _client_from
+from flymc_dist.data import from_numpy
 from flymc_dist.kernels.rwmh import tril_matvec
 from flymc_dist.models.logistic import LogisticRegression
 from flymc_dist.rng import ROLE_AUSTERITY, stream
@@ -84,8 +87,6 @@ def _dataset(n_rows: int, n_features: int, seed: int, client: Any, tmp: str | No
     X, y, theta0 = logistic_data(n_rows, n_features, seed)
     if isinstance(client, str) and client == "synchronous":
         return (X, y), theta0
-    from flymc_dist.data import from_numpy
-
     if tmp is None:
         raise ValueError("a cluster client needs a directory for the data stores")
     return from_numpy(X, y, f"{tmp}/logistic_{n_rows}.zarr", overwrite=True), theta0
@@ -212,8 +213,6 @@ def run_sublinear(
     tmp = workdir if workdir is not None else (tmpdir.name if tmpdir is not None else None)
     cluster, owned = None, False
     if not local:  # one client (and embedded cluster, for None) for the whole benchmark
-        from flymc_dist.cluster import _client_from
-
         client, cluster, owned = _client_from(client, None)
     fix_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}
     post_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}
@@ -378,8 +377,6 @@ def _posterior_run(
     client: Any,
 ) -> dict[str, Any]:
     """One austerity run as a user makes it (default adaptation); its data use per decision."""
-    from flymc_dist.api import sample
-
     t = time.perf_counter()
     res = sample(
         model,
@@ -429,8 +426,6 @@ def _bias_vs_eps(
     error_moves: int,
 ) -> dict[str, Any]:
     """Posterior-mean error and per-decision error rate of austerity MH at each eps."""
-    from flymc_dist.api import sample
-
     data, _ = _dataset(n_rows, n_features, seed, client, tmp)
     common = {
         "num_warmup": warmup,

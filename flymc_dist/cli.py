@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import inspect
+import json
 import math
 import os
 import shutil
@@ -34,6 +36,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
+
+import flymc_dist as fd
+from flymc_dist import __version__, data, diagnostics
+from flymc_dist.api import kept_trace
+from flymc_dist.bench import format_overhead, local_client, run_overhead
+from flymc_dist.data import ingest, make_logistic, open_dataset
+from flymc_dist.models import make_model
+from flymc_dist.result import efficiency
+from flymc_dist.trace import Trace, _probe
 
 __all__ = ["CLIError", "build_parser", "main"]
 
@@ -138,8 +149,6 @@ def _q_db(text: str) -> str | float:
 
 def _storage_option(text: str) -> tuple[str, Any]:
     """An argparse type: ``KEY=VALUE``, the value parsed as JSON where it can be, else a str."""
-    import json
-
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -205,8 +214,6 @@ def build_parser() -> argparse.ArgumentParser:
     argparse.ArgumentParser
         Its errors raise :class:`CLIError` instead of exiting.
     """
-    from flymc_dist import __version__
-
     parser = _Parser(
         prog="flymc",
         description="Exact Bayesian inference for tall data on "
@@ -621,8 +628,6 @@ def _demo_table(rows: list[tuple[str, str, str]]) -> list[str]:
 
 def _agreement(a: Any, b: Any, names: list[str] | None = None) -> str:
     """One line comparing two posteriors' means, in posterior sd and in Monte Carlo error."""
-    from flymc_dist import diagnostics
-
     ta, tb = diagnostics.summary(a.samples), diagnostics.summary(b.samples)
     ma, mb = np.ravel(ta["mean"]), np.ravel(tb["mean"])
     sa, sb = np.ravel(ta["sd"]), np.ravel(tb["sd"])
@@ -645,10 +650,6 @@ def _agreement(a: Any, b: Any, names: list[str] | None = None) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    import flymc_dist as fd
-    from flymc_dist import diagnostics
-    from flymc_dist.data import make_logistic
-
     t_all = time.perf_counter()
     samples = args.samples
     warmup = args.warmup if args.warmup is not None else max(samples // 4, 20)
@@ -671,8 +672,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             client = "synchronous"
             _say("  cluster   none: every shard in this process (--synchronous)")
         else:
-            from flymc_dist.bench import local_client
-
             workers = args.workers or max(1, min(os.cpu_count() or 1, 8))
             t = time.perf_counter()
             client, cluster = local_client(workers)
@@ -802,8 +801,6 @@ def _describe(ds: Any) -> str:
 
 
 def _cmd_make_data(args: argparse.Namespace) -> int:
-    from flymc_dist import data
-
     like = args.like
     rows, features = args.rows, args.features
     if like == "opv":
@@ -840,8 +837,6 @@ def _cmd_make_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
-    from flymc_dist.data import ingest
-
     target: int | str | None = args.target
     if target is not None and args.src.lower().endswith(".npy"):
         try:
@@ -895,8 +890,6 @@ def _param_names(ds: Any, n_params: int) -> list[str] | None:
 
 
 def _build_model(args: argparse.Namespace, ds: Any) -> Any:
-    from flymc_dist.models import make_model
-
     kwargs: dict[str, Any] = {}
     if args.model == "softmax":
         k = args.classes if args.classes is not None else ds.n_classes
@@ -942,8 +935,6 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _resume_hint(err: BaseException) -> None:
     """After a failed run that kept its trace: one line saying how to continue it."""
-    from flymc_dist.api import kept_trace
-
     kept = kept_trace(err)
     if kept is not None:
         sys.stderr.write(
@@ -954,9 +945,6 @@ def _resume_hint(err: BaseException) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import flymc_dist as fd
-    from flymc_dist.trace import Trace, _probe
-
     so = _storage_options(args, args.store, args.trace)
     ds = fd.open_dataset(args.store, storage_options=_url_options(args.store, so))
     model = _build_model(args, ds)
@@ -1038,8 +1026,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     _say(str(res.summary(names=names)))
     _say("")
-    from flymc_dist import diagnostics
-
     r_hat = diagnostics.rhat(res.samples.reshape(C, S, -1))
     eff = res.efficiency()
     if args.resume:  # the time of this session only covers the resumed part
@@ -1050,18 +1036,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _trace_efficiency(trace: Any) -> dict[str, float]:
-    """:func:`flymc_dist.api.efficiency` of a trace's post-warm-up draws (the wall seconds
+    """:func:`flymc_dist.result.efficiency` of a trace's post-warm-up draws (the wall seconds
     of its sampling iterations are kept with the checkpoint)."""
-    from flymc_dist.api import efficiency
-
     secs = (trace.checkpoint or {}).get("seconds", {}).get("sampling")
     return efficiency(trace.samples, trace.stats, trace.attrs.get("n_rows"), secs)
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from flymc_dist import diagnostics
-    from flymc_dist.trace import Trace
-
     so = _storage_options(args)  # for the trace and for its data set (for the names)
     trace = Trace.open(args.trace, read_only=True, storage_options=_url_options(args.trace, so))
     attrs = trace.attrs
@@ -1096,8 +1077,6 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     # a data set at a URL is read only with options given (else it could be a long wait)
     if isinstance(data_path, str) and (os.path.isdir(data_path) or ("://" in data_path and so)):
         with contextlib.suppress(Exception):
-            from flymc_dist.data import open_dataset
-
             names = _param_names(
                 open_dataset(data_path, storage_options=_url_options(data_path, so)),
                 int(np.prod(trace.param_shape)),
@@ -1115,10 +1094,6 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_overhead(args: argparse.Namespace) -> int:
-    import json
-
-    from flymc_dist.bench import format_overhead, run_overhead
-
     d = run_overhead(
         rows=args.rows,
         features=args.features,
@@ -1227,8 +1202,6 @@ BENCH_MODULES = ("sublinear", "mixing", "scale")
 
 
 def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
-    import importlib
-
     try:
         mod = importlib.import_module(f"flymc_dist.bench_{name}")
     except ImportError as err:
@@ -1255,8 +1228,6 @@ def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
     d = run(**args)
     _say(fmt(d))
     if json_path:
-        import json
-
         with open(json_path, "w") as fh:
             json.dump(d, fh, indent=2, default=_json_default)
     return 0

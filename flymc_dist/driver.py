@@ -26,17 +26,34 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import scipy.optimize
 
-from flymc_dist.kernels.base import EvalRequest, EvalResponse, Kernel, KernelInfo
+from flymc_dist.kernels.base import (
+    EvalRequest,
+    EvalResponse,
+    Kernel,
+    KernelInfo,
+    params_from_json,
+    params_to_json,
+)
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import Request, Transport
 from flymc_dist.replica import BrightReplica
-from flymc_dist.rng import ROLE_INIT, ROLE_KERNEL, stream
+from flymc_dist.rng import (
+    ROLE_KERNEL,
+    rng_state_from_json,
+    rng_state_to_json,
+    stream,
+)
+from flymc_dist.tune import (
+    find_map,
+    initial_positions,
+    needs_map,
+    preconditioner,
+    tight_bounds,
+)
 
 log = logging.getLogger("flymc_dist")
 
@@ -49,19 +66,6 @@ STAT_NAMES: dict[str, str] = {
     "log_joint": "float64",
     "recoveries": "int64",
 }
-
-
-def laplace_covariance(neg_hessian: np.ndarray) -> np.ndarray:
-    """Covariance of the Gaussian with precision ``neg_hessian``, eigenvalues clipped positive.
-
-    Robust and softmax log posteriors need not be strictly concave; clipping keeps a
-    valid (if imperfect) preconditioner — it affects efficiency, never exactness.
-    """
-    H = 0.5 * (neg_hessian + neg_hessian.T)
-    w, V = np.linalg.eigh(H)
-    top = max(float(np.max(np.abs(w))), 1e-12)
-    w = np.clip(w, top * 1e-8, None)
-    return (V / w) @ V.T
 
 
 #: the replica's default memory budget in ``bright_replica="auto"`` mode (bytes)
@@ -78,7 +82,8 @@ def check_bright_replica(value: Any, budget: Any = REPLICA_BUDGET) -> None:
 
 
 class Driver:
-    """Runs ``chains`` chains of one algorithm through a transport.
+    """Runs ``chains`` chains of one algorithm through a transport (:func:`~flymc_dist.run.run`
+    drives it: :meth:`setup`, then :meth:`step` per iteration).
 
     Parameters
     ----------
@@ -114,6 +119,9 @@ class Driver:
     replica_budget
         Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
     """
+
+    #: per-iteration statistics of :meth:`step`, name -> dtype
+    stat_names = STAT_NAMES
 
     def __init__(
         self,
@@ -172,7 +180,7 @@ class Driver:
         # every round trip starts an iteration; "auto": where the transport says so
         self.speculate = (
             algorithm == "flymc"
-            and getattr(kernel, "requests_per_step", None) == 1
+            and kernel.requests_per_step == 1
             and (speculate is True or (speculate == "auto" and transport.speculates))
         )
         #: likelihood queries of speculative z-updates undone because the chain moved
@@ -182,100 +190,20 @@ class Driver:
         self.round_seconds = 0.0
 
     # ------------------------------------------------------------------ set-up
-    def _log_lik_full(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """``Σ_n ℓ_n(θ)`` with its gradient and Hessian: one full pass on the shards."""
-        parts = self.transport.call("loglik_sum", theta, 2)
-        self.setup_queries += self.n_rows  # a full pass: every datum at one θ
-        return (sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts))
-
-    def find_map(self, x0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """MAP estimate by trust-region Newton with shard-summed gradients and Hessians.
-
-        Returns
-        -------
-        theta_map, neg_hessian
-            The estimate and the negative Hessian of the log posterior there (the
-            prior's curvature from :meth:`Model.prior_precision`).
-        """
-        cache: dict[bytes, tuple[float, np.ndarray, np.ndarray]] = {}
-        loglik: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
-
-        def evaluate(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-            """The negated (smoothed: :meth:`Model.prior_map_terms`) log posterior."""
-            key = np.asarray(theta, float).tobytes()
-            if key not in cache:
-                v, g, h = self._log_lik_full(np.asarray(theta, float))
-                pv, pg, ph = self.model.prior_map_terms(np.asarray(theta, float))
-                cache.clear()
-                cache[key] = (-(v + pv), -(g + pg), -(h + np.diag(ph)))
-                loglik["last"] = (v, g, h)
-            return cache[key]
-
-        x0 = np.zeros(self.P) if x0 is None else np.asarray(x0, float)
-        res = scipy.optimize.minimize(
-            lambda t: evaluate(t)[0],
-            x0,
-            jac=lambda t: evaluate(t)[1],
-            hess=lambda t: evaluate(t)[2],
-            method="trust-exact",
-            options={"maxiter": self.map_maxiter, "gtol": 1e-6},
-        )
-        theta = np.asarray(res.x, float)
-        evaluate(theta)
-        # the preconditioner's curvature: the likelihood's, plus the prior's Gaussian
-        # stand-in (:meth:`Model.prior_precision`), never the smoothing's spike at 0
-        neg_h = -loglik["last"][2] + self.model.prior_precision(self.P)
-        self.map_info = {
-            "success": bool(res.success),
-            "iterations": int(res.nit),
-            "evaluations": int(res.nfev),
-            "message": str(res.message),
-        }
-        if not np.all(np.isfinite(theta)):
-            raise FloatingPointError(f"MAP search diverged: {res.message}")
-        return theta, neg_h
-
     def setup(self) -> None:
         """MAP, tight points, collapsed bound, preconditioner, initial positions, initial z."""
         t0 = time.perf_counter()
-        need_map = (
-            (isinstance(self.init, str) and self.init == "map")
-            or (isinstance(self.precondition, str) and self.precondition == "laplace")
-            or (self.algorithm == "flymc" and self.bounds == "map")
-        )
         neg_h = None
-        if need_map:
-            self.theta_map, neg_h = self.find_map()
+        bounds_at_map = self.algorithm == "flymc" and self.bounds == "map"
+        if needs_map(self.init, self.precondition, bounds_at_map):
+            found = find_map(self.model, self.transport, self.P, maxiter=self.map_maxiter)
+            self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
+            self.setup_queries += found.passes * self.n_rows  # every datum at one θ a pass
         if self.algorithm == "flymc":
-            self.transport.call(
-                "set_tight_points", self.theta_map if self.bounds == "map" else None
-            )
-            stats = self.transport.call("bound_stats")
-            total = stats[0]
-            for s in stats[1:]:
-                total = total + s
-            self.bound = total
-        if isinstance(self.precondition, np.ndarray):
-            cov = np.asarray(self.precondition, float)
-        elif self.precondition == "laplace":
-            cov = laplace_covariance(neg_h)
-        elif self.precondition == "identity":
-            cov = np.eye(self.P)
-        else:
-            raise ValueError(
-                f"precondition must be 'laplace', 'identity' or an array, not {self.precondition!r}"
-            )
-        chol = np.linalg.cholesky(cov)
+            self.bound = tight_bounds(self.transport, self.theta_map if bounds_at_map else None)
+        chol = preconditioner(self.precondition, neg_h, self.P)
         self.scale_tril = chol
-        if isinstance(self.init, str):
-            if self.init != "map":
-                raise ValueError(f"init must be 'map' or an array, not {self.init!r}")
-            for c in range(self.chains):
-                z = stream(self.seed, ROLE_INIT, c).standard_normal(self.P)
-                self.positions[c] = self.theta_map + chol @ z
-        else:
-            init = np.asarray(self.init, float)
-            self.positions[:] = np.broadcast_to(init.reshape(-1, self.P), self.positions.shape)
+        self.positions = initial_positions(self.init, self.theta_map, chol, self.chains, self.seed)
         self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
         if self.algorithm == "flymc" and self._use_replica():
             self.transport.call("set_replica", True)
@@ -294,7 +222,7 @@ class Driver:
         if self.bright_replica is not True and self.bright_replica != "auto":
             return False
         if self.bright_replica == "auto":
-            if getattr(self.kernel, "requests_per_step", None) == 1:
+            if self.kernel.requests_per_step == 1:
                 return False  # one round trip per iteration either way
             start = self.theta_map if self.theta_map is not None else self.positions[0]
             expected = float(sum(self.transport.call("expected_bright", start)))
@@ -578,7 +506,7 @@ class Driver:
         recoveries = self.transport.recoveries
         n_recoveries = len(recoveries)
         trips = self._trips
-        if getattr(self.kernel, "step_chains", None) is not None:
+        if self.kernel.step_chains is not None:
             infos, log_joint, agg = self._step_chains()
         else:
             infos, log_joint, agg = self._step_interleaved()
@@ -597,35 +525,66 @@ class Driver:
             "recoveries": np.array([len(recoveries) - n_recoveries] * C, dtype=np.int64),
         }
 
-    def iterations(
-        self, num_warmup: int, num_samples: int, start: int = 0
-    ) -> Iterator[tuple[int, bool, np.ndarray, dict[str, np.ndarray]]]:
-        """Generator over iterations: ``(i, is_warmup, positions (C, P), stats)``.
-
-        Warm-up adapts the kernel parameters (outside the kernel); at its end the
-        adapted parameters are fixed, so warm-up cannot leak into sampling.
-        """
-        adapters = None
-        if start < num_warmup:
-            adapters = [self.kernel.adapter(p, num_warmup - start) for p in self.params]
-        for i in range(start, num_warmup + num_samples):
-            warm = i < num_warmup
-            stats = self.step(adapters if warm else None)
-            if warm and i == num_warmup - 1:
-                self.params = [a.final() for a in adapters]
-                adapters = None
-            yield i, warm, self.positions.copy(), stats
-
     def checkpoint(self, iteration: int) -> dict[str, Any]:
         """A JSON-able snapshot to resume from (positions, params, kernel RNG states)."""
         return {
             "iteration": int(iteration),
             "positions": self.positions.tolist(),
             "params": [params_to_json(p) for p in self.params],
-            "rng_states": [_rng_state_to_json(r.bit_generator.state) for r in self.rngs],
+            "rng_states": [rng_state_to_json(r.bit_generator.state) for r in self.rngs],
             "seq": int(self.seq),
             # the random-stream generation of the shards' z: resume starts the next one
             "generation": int(self.transport.generation),
+        }
+
+    # ------------------------------------------------- what the runner (run.py) reads
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Continue from a :meth:`checkpoint`: positions, kernel parameters and streams,
+        then a fresh exact draw of z at the positions (a valid Gibbs step) from streams of
+        a generation no earlier segment used: the one counter that fault recovery also
+        advances, kept in every checkpoint (traces written before it was kept had used
+        generation 1 for their resume). Call after :meth:`setup`."""
+        self.positions = np.asarray(checkpoint["positions"], float)
+        kind = type(self.params[0])
+        self.params = [params_from_json(kind, p) for p in checkpoint["params"]]
+        for r, s in zip(self.rngs, checkpoint["rng_states"], strict=True):
+            r.bit_generator.state = rng_state_from_json(s)
+        self.seq = int(checkpoint.get("seq", 0))
+        self.transport.generation = int(checkpoint.get("generation", 1)) + 1
+        self.transport.call("set_positions", self.positions, self.transport.generation)
+
+    def setup_info(self) -> dict[str, Any]:
+        """The run information :meth:`setup` settled (``q_db``, MAP, set-up cost)."""
+        return {
+            "q_db": self.q_db if self.algorithm == "flymc" else None,
+            "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),
+            "map_info": self.map_info,
+            "setup_queries": self.setup_queries,
+            "setup_seconds": self.setup_seconds,
+            "setup_bytes_read": self._bytes_read(),
+        }
+
+    def _bytes_read(self) -> int:
+        """Bytes of rows the shards have read from the store so far (out-of-core shards:
+        float64 features and target)."""
+        return sum(int(st["bytes_read"]) for st in self.transport.call("state"))
+
+    def timing(self) -> dict[str, Any]:
+        """Cumulative seconds so far: in :meth:`step`, waiting on rounds, and per host."""
+        return {
+            "step": self.step_seconds,
+            "round": self.round_seconds,
+            "hosts": self.transport.timing(),
+        }
+
+    def run_info(self, stats: dict[str, np.ndarray]) -> dict[str, Any]:
+        """How the run went (modes taken, undone speculative work), for ``Result.info``."""
+        return {
+            "speculate": bool(self.speculate),
+            "bright_replica": self.replica is not None,
+            "channel": self.transport.channel,
+            "speculative_queries": int(self.wasted_queries),
+            "bytes_read": self._bytes_read(),
         }
 
 
@@ -633,35 +592,3 @@ def check_speculate(value: Any) -> None:
     """Raise ``ValueError`` unless ``value`` is a valid ``speculate`` option."""
     if not (value is True or value is False or value == "auto"):
         raise ValueError(f"speculate must be 'auto', True or False, not {value!r}")
-
-
-def params_to_json(params: Any) -> dict[str, Any]:
-    """A kernel's parameters (a NamedTuple of scalars and arrays) as JSON-able lists."""
-    out = {}
-    for k, v in params._asdict().items():
-        out[k] = np.asarray(v).tolist() if v is not None else None
-    return out
-
-
-def _rng_state_to_json(state: dict[str, Any]) -> dict[str, Any]:
-    def conv(x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: conv(v) for k, v in x.items()}
-        if isinstance(x, int) and not isinstance(x, bool):
-            return str(x)
-        return x
-
-    return conv(state)
-
-
-def rng_state_from_json(state: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of the JSON encoding of a bit generator state."""
-
-    def conv(x: Any, key: str = "") -> Any:
-        if isinstance(x, dict):
-            return {k: conv(v, k) for k, v in x.items()}
-        if isinstance(x, str) and key != "bit_generator":
-            return int(x)
-        return x
-
-    return conv(state)

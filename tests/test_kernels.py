@@ -30,6 +30,7 @@ from flymc_dist.kernels import (
     MALA,
     EvalRequest,
     EvalResponse,
+    Kernel,
     KernelInfo,
     MALAParams,
     RandomWalkMH,
@@ -399,6 +400,30 @@ def test_requests_per_step_rwmh_and_mala() -> None:
             assert ev.requests[1].grad and not ev.requests[1].current_grad
         else:
             assert not (ev.requests[0].grad or ev.requests[0].current_grad)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernels_declare_what_they_need(name: str) -> None:
+    """Every kernel is a :class:`Kernel` and declares ``needs_grad``, ``requests_per_step``
+    and ``step_chains`` (the driver reads them directly); a fixed ``requests_per_step`` is
+    what every step makes, and a kernel whose requests never ask for gradients says so."""
+    kernel = get_kernel(name)
+    assert isinstance(kernel, Kernel)
+    assert isinstance(type(kernel).needs_grad, bool)
+    per_step = kernel.requests_per_step
+    assert per_step is None or (isinstance(per_step, int) and per_step >= 1)
+    assert kernel.step_chains is None or callable(kernel.step_chains)
+    target = Gaussian(np.zeros(3), np.eye(3))
+    ev = Evaluator(target, np.ones(3))
+    params = kernel.init_params(3, None)
+    rng = np.random.default_rng(7)
+    asked_grad = False
+    for _ in range(20):
+        _, info = ev.step(kernel, rng, params)
+        asked_grad |= any(r.grad or r.current_grad for r in ev.requests)
+        if per_step is not None:
+            assert len(ev.requests) == per_step
+    assert asked_grad == kernel.needs_grad
 
 
 def test_rwmh_uses_logp_current_of_the_same_response() -> None:

@@ -487,7 +487,7 @@ def test_hamiltonian_params_validation() -> None:
 
 @pytest.mark.parametrize("name", ["nuts", "hmc"])
 def test_params_survive_a_json_checkpoint(name: str) -> None:
-    """``params_to_json`` and back (as ``api._run`` resumes) give the same draws."""
+    """``params_to_json`` and back (as a resumed run does) give the same draws."""
     kernel = get_kernel(name)
     target = gauss2d()
     params = kernel.init_params(2, np.linalg.cholesky(target.cov))._replace(step_size=0.5)

@@ -51,7 +51,7 @@ import math
 
 import numpy as np
 
-from flymc_dist.kernels.base import KernelInfo
+from flymc_dist.kernels.base import Kernel, KernelInfo
 from flymc_dist.kernels.hamiltonian import (
     HamiltonianParams,
     hamiltonian_params,
@@ -317,7 +317,7 @@ class WindowAdaptation:
         )
 
 
-class HamiltonianKernel:
+class HamiltonianKernel(Kernel):
     """What :class:`~flymc_dist.kernels.hmc.HMC` and :class:`~flymc_dist.kernels.nuts.NUTS`
     share besides their step: parameters seeded from the preconditioner, and Stan's
     windowed warm-up. Subclasses set ``metric``, ``step_size``, ``target_accept`` and

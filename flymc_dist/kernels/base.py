@@ -10,7 +10,7 @@ pending request into one round trip to the shards; a kernel that needs several
 evaluations per iteration (slice, MALA) simply yields several times.
 
 A kernel whose every step is exactly one request of one point without gradients
-(RWMH) may also offer :meth:`ChainsKernel.step_chains`: every chain's step as one
+(RWMH) may also offer ``step_chains`` (a :class:`ChainsStep`): every chain's step as one
 generator over arrays, which the driver prefers because it spares a generator, a
 request and a response per chain. It must give bit for bit what :meth:`Kernel.step`
 gives chain by chain.
@@ -75,33 +75,14 @@ ChainsStepGenerator = Generator[
 ]
 
 
-class Kernel(Protocol):
-    """A θ-kernel. ``params`` is whatever the kernel's adapter hands back."""
+class ChainsStep(Protocol):
+    """A kernel's ``step_chains``: every chain's step at once (one point per chain)."""
 
-    name: str
-    target_accept: float
-    #: the kernel's requests ask for gradients (``grad`` / ``current_grad``): whoever
-    #: evaluates the target must be able to give them
-    needs_grad: bool
-
-    def init_params(self, dim: int, scale_tril: np.ndarray | None) -> Any:
-        """Initial parameters: ``scale_tril`` is a Cholesky factor of an approximate
-        posterior covariance (a preconditioner), or None for the identity."""
-
-    def step(self, rng: np.random.Generator, position: np.ndarray, params: Any) -> StepGenerator:
-        """One transition from ``position``."""
-
-    def adapter(self, params: Any, num_warmup: int) -> Adapter:
-        """A fresh warm-up adapter starting from ``params``."""
-
-
-class ChainsKernel(Kernel, Protocol):
-    """A kernel that can also step every chain at once (one point per chain and step)."""
-
-    def step_chains(
+    def __call__(
         self, rngs: list[np.random.Generator], positions: np.ndarray, params: list[Any]
     ) -> ChainsStepGenerator:
-        """One transition of every chain, as :meth:`Kernel.step` of each chain would make it.
+        """One transition of every chain, as :meth:`Kernel.step` of each chain would make
+        it, bit for bit.
 
         Parameters
         ----------
@@ -124,6 +105,50 @@ class ChainsKernel(Kernel, Protocol):
         """
 
 
+class Kernel:
+    """Base class of the θ-kernels: what a kernel declares, and the methods it provides.
+
+    The driver reads the declarations directly; nothing keys on a kernel's name.
+
+    Attributes
+    ----------
+    name
+        The kernel's name (``get_kernel``'s key).
+    target_accept
+        Mean acceptance probability (or statistic) warm-up adaptation aims for.
+    needs_grad
+        Its requests ask for gradients (``grad`` / ``current_grad``): whoever evaluates
+        the target must be able to give them. Every kernel sets it (no default: a new
+        gradient kernel must not silently get none).
+    requests_per_step
+        How many requests every step makes when that number is fixed, else None (the
+        default). Exactly 1 (RWMH) lets the driver start an iteration with every round
+        trip (speculative z-updates) and makes a driver-side replica pointless.
+    step_chains
+        None (the default), or a method stepping every chain at once (a
+        :class:`ChainsStep`), which the driver then prefers to :meth:`step`.
+    """
+
+    name: str
+    target_accept: float
+    needs_grad: bool
+    requests_per_step: int | None = None
+    step_chains: ChainsStep | None = None
+
+    def init_params(self, dim: int, scale_tril: np.ndarray | None) -> Any:
+        """Initial parameters: ``scale_tril`` is a Cholesky factor of an approximate
+        posterior covariance (a preconditioner), or None for the identity."""
+        raise NotImplementedError
+
+    def step(self, rng: np.random.Generator, position: np.ndarray, params: Any) -> StepGenerator:
+        """One transition from ``position``."""
+        raise NotImplementedError
+
+    def adapter(self, params: Any, num_warmup: int) -> Adapter:
+        """A fresh warm-up adapter starting from ``params``."""
+        raise NotImplementedError
+
+
 class Adapter(Protocol):
     """Warm-up adaptation, outside the kernel.
 
@@ -138,6 +163,19 @@ class Adapter(Protocol):
 
     def final(self) -> Any:
         """The params to sample with after warm-up."""
+
+
+def params_to_json(params: Any) -> dict[str, Any]:
+    """A kernel's parameters (a NamedTuple of scalars and arrays) as JSON-able lists."""
+    out = {}
+    for k, v in params._asdict().items():
+        out[k] = np.asarray(v).tolist() if v is not None else None
+    return out
+
+
+def params_from_json(cls: type, value: dict[str, Any]) -> Any:
+    """Inverse of :func:`params_to_json`: the parameters as the NamedTuple ``cls``."""
+    return cls(**{k: (np.asarray(v) if isinstance(v, list) else v) for k, v in value.items()})
 
 
 def run_step(step: StepGenerator, evaluate) -> tuple[np.ndarray, KernelInfo]:

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from flymc_dist.kernels.base import EvalRequest, KernelInfo, StepGenerator
+from flymc_dist.kernels.base import EvalRequest, Kernel, KernelInfo, StepGenerator
 from flymc_dist.kernels.rwmh import (
     StepSizeAdapter,
     check_positive,
@@ -53,7 +53,7 @@ def _checked_grad(grad: np.ndarray | None, dim: int, where: str) -> np.ndarray:
     return grad
 
 
-class MALA:
+class MALA(Kernel):
     """Preconditioned MALA with the exact (asymmetric) proposal correction.
 
     Requests per step: ``EvalRequest(points=np.empty((0, P)), current_grad=True)``,
@@ -72,6 +72,9 @@ class MALA:
 
     name = "mala"
     needs_grad = True
+    #: the gradient at the current position, then the proposal
+    requests_per_step = 2
+    step_chains = None
 
     def __init__(self, target_accept: float = 0.57, step_size: float | None = None) -> None:
         self.target_accept = check_probability("target_accept", target_accept)

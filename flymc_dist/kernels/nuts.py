@@ -226,6 +226,9 @@ class NUTS(HamiltonianKernel):
 
     name = "nuts"
     needs_grad = True
+    #: one request per leapfrog step of a tree of varying depth
+    requests_per_step = None
+    step_chains = None
 
     def __init__(
         self,

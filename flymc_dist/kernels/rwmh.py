@@ -24,6 +24,7 @@ from flymc_dist.kernels.base import (
     ChainsStepGenerator,
     EvalRequest,
     EvalResponse,
+    Kernel,
     KernelInfo,
     StepGenerator,
 )
@@ -310,7 +311,7 @@ class RWMHParams(NamedTuple):
     scale_tril: np.ndarray | None  # L, lower triangular (P, P); None = identity
 
 
-class RandomWalkMH:
+class RandomWalkMH(Kernel):
     """Preconditioned Gaussian random-walk Metropolis–Hastings: ``θ′ = θ + ε L z``.
 
     One request per step, ``EvalRequest(points=θ′[None])``; accept iff
@@ -387,7 +388,7 @@ class RandomWalkMH:
     def step_chains(
         self, rngs: list[np.random.Generator], positions: np.ndarray, params: list[RWMHParams]
     ) -> ChainsStepGenerator:
-        """Every chain's :meth:`step` at once (see :class:`.base.ChainsKernel`).
+        """Every chain's :meth:`step` at once (see :class:`.base.ChainsStep`).
 
         The same draws from each chain's stream and the same floating-point operations
         as :meth:`step`, element by element, so the same result bit for bit; only the
@@ -418,13 +419,7 @@ class RandomWalkMH:
         FloatingPointError
             If a log density sent back is NaN (or +inf).
         """
-        C, P = positions.shape
-        proposals = np.empty((C, P))
-        neg_log_u = [0.0] * C
-        for c in range(C):
-            proposals[c], neg_log_u[c] = self._draw(rngs[c], P, params[c])
-        proposals *= np.array([[p.step_size] for p in params])
-        proposals += positions
+        proposals, neg_log_u = self.propose(rngs, positions, params)
         logp_current, logp = yield proposals
         infos = []
         for c, (cur, new) in enumerate(zip(logp_current.tolist(), logp.tolist(), strict=True)):
@@ -433,6 +428,37 @@ class RandomWalkMH:
             infos.append(self._decide(self._log_ratio(new, cur), neg_log_u[c]))
         accepted = np.array([[info.accepted] for info in infos])
         return np.where(accepted, proposals, positions), infos
+
+    def propose(
+        self, rngs: list[np.random.Generator], positions: np.ndarray, params: list[RWMHParams]
+    ) -> tuple[np.ndarray, list[float]]:
+        """Every chain's proposal ``θ′ = θ + ε L z`` and its ``−log u``: a step's randomness
+        and arithmetic, as :meth:`step` makes them (also austerity's proposal, whose
+        decision is a sequential test instead of ``log u < log p(θ′) − log p(θ)``).
+
+        Parameters
+        ----------
+        rngs
+            One random stream per chain (``P`` standard normals, then one standard
+            exponential are drawn from each).
+        positions
+            Current positions, shape ``(C, P)``.
+        params
+            One parameter set per chain.
+
+        Returns
+        -------
+        proposals, neg_log_u
+            A fresh ``(C, P)`` array of proposals and each chain's ``−log u``.
+        """
+        C, P = positions.shape
+        proposals = np.empty((C, P))
+        neg_log_u = [0.0] * C
+        for c in range(C):
+            proposals[c], neg_log_u[c] = self._draw(rngs[c], P, params[c])
+        proposals *= np.array([[p.step_size] for p in params])
+        proposals += positions
+        return proposals, neg_log_u
 
     @staticmethod
     def _draw(rng: np.random.Generator, dim: int, params: RWMHParams) -> tuple[np.ndarray, float]:

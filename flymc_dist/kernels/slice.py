@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from flymc_dist.kernels.base import EvalRequest, KernelInfo, StepGenerator
+from flymc_dist.kernels.base import EvalRequest, Kernel, KernelInfo, StepGenerator
 from flymc_dist.kernels.rwmh import (
     StepSizeAdapter,
     check_positive,
@@ -146,7 +146,7 @@ def _shrink_sequence(
     return ts, after
 
 
-class SliceSampler:
+class SliceSampler(Kernel):
     """Hit-and-run slice sampler with stepping out, shrinkage and speculative batching.
 
     Parameters
@@ -181,6 +181,9 @@ class SliceSampler:
 
     name = "slice"
     needs_grad = False
+    #: stepping out and shrinkage take as many requests as the slice needs
+    requests_per_step = None
+    step_chains = None
     target_accept = 1.0
 
     def __init__(

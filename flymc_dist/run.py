@@ -1,0 +1,266 @@
+"""The one runner: every algorithm's run, iteration by iteration, into a :class:`Result`.
+
+An algorithm (the FlyMC / regular :class:`~flymc_dist.driver.Driver`, austerity's
+:class:`~flymc_dist.austerity.AusteritySampler`) is a :class:`Sampler`: a set-up, and a
+``step`` that moves every chain by one iteration. :func:`run` owns everything else, the
+same way for each: the warm-up schedule (kernel parameters adapt, then are fixed), the
+draws and statistics, the trace (buffered appends, checkpoints, resume), progress,
+timing and the common run information.
+
+A round (one round trip to the shards) lives in :mod:`flymc_dist.driver` and
+:mod:`flymc_dist.protocol`; a run lives here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import numpy as np
+
+from flymc_dist.kernels.base import Adapter, Kernel, params_to_json
+from flymc_dist.progress import Progress
+from flymc_dist.protocol import Transport
+from flymc_dist.result import Result
+from flymc_dist.trace import Trace
+
+__all__ = ["Sampler", "run"]
+
+
+class Sampler(Protocol):
+    """What :func:`run` drives: one algorithm's chains.
+
+    Attributes
+    ----------
+    chains, P, param_shape
+        Number of chains, parameters per chain, and the shape of one draw.
+    kernel
+        The θ-kernel whose :meth:`~flymc_dist.kernels.base.Kernel.adapter` warm-up uses.
+    params
+        Each chain's kernel parameters (the runner replaces them after warm-up).
+    positions
+        ``(chains, P)``: every chain's current position.
+    transport
+        Reaches the shards (round trips and recoveries are reported from it).
+    stat_names
+        The per-iteration statistics :meth:`step` returns, name -> dtype.
+    """
+
+    chains: int
+    P: int
+    param_shape: tuple[int, ...]
+    kernel: Kernel
+    params: list[Any]
+    positions: np.ndarray
+    transport: Transport
+    stat_names: dict[str, str]
+
+    def setup(self) -> None:
+        """Everything before the first iteration (MAP, bounds, starting points, …)."""
+
+    def setup_info(self) -> dict[str, Any]:
+        """Run information the set-up settled (written to a new trace's attributes)."""
+
+    def step(self, adapters: list[Adapter] | None) -> dict[str, np.ndarray]:
+        """One iteration of every chain (feeding ``adapters`` during warm-up); its
+        statistics, each of shape ``(chains,)``."""
+
+    def checkpoint(self, iteration: int) -> dict[str, Any] | None:
+        """A JSON-able state to resume from after ``iteration``; None: not resumable."""
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Continue from a :meth:`checkpoint` (called after :meth:`setup`)."""
+
+    def timing(self) -> dict[str, Any] | None:
+        """Cumulative timing counters (see :func:`timing_report`), or None."""
+
+    def run_info(self, stats: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Closing run information, given the post-warm-up statistics."""
+
+
+def run(
+    sampler: Sampler,
+    info: dict[str, Any],
+    num_warmup: int,
+    num_samples: int,
+    options: dict[str, Any],
+    *,
+    label: str = "sampling",
+) -> Result:
+    """Run ``sampler`` for ``num_warmup`` adapting and ``num_samples`` kept iterations.
+
+    Parameters
+    ----------
+    sampler
+        The algorithm's chains (not set up yet).
+    info
+        Run information known before the set-up; completed here and returned as
+        ``Result.info`` (a new trace's attributes are ``info`` after the set-up, less
+        the MAP).
+    num_warmup, num_samples
+        Iterations of warm-up (kernel parameters adapt, draws are kept apart) and of
+        sampling.
+    options
+        ``trace`` (path or URL), ``trace_storage_options``, ``resume``,
+        ``overwrite_trace``, ``checkpoint_every`` (100) and ``progress``, as for
+        :func:`flymc_dist.sample`.
+    label
+        The progress line's label.
+
+    Returns
+    -------
+    Result
+    """
+    C, P, shape = sampler.chains, sampler.P, sampler.param_shape
+    names = sampler.stat_names
+    trace = None
+    start = 0
+    trace_path = options.get("trace")
+    checkpoint_every = int(options.get("checkpoint_every", 100))
+    if trace_path is not None and options.get("resume"):
+        trace = Trace.open(trace_path, storage_options=options.get("trace_storage_options"))
+        if trace.checkpoint is None:
+            raise ValueError(f"trace {trace_path} has no checkpoint to resume from")
+        start = int(trace.checkpoint["iteration"]) + 1
+    sampler.setup()
+    info.update(sampler.setup_info())
+    if trace_path is not None and trace is None:
+        trace = Trace.create(
+            trace_path,
+            chains=C,
+            param_shape=shape,
+            stats={k: np.dtype(v) for k, v in names.items()},
+            attrs={k: v for k, v in info.items() if k != "map"},
+            overwrite=bool(options.get("overwrite_trace", False)),
+            storage_options=options.get("trace_storage_options"),
+        )
+    if start:
+        sampler.restore(trace.checkpoint)
+    total = num_warmup + num_samples
+    samples = np.empty((C, num_samples, P))
+    wsamples = np.empty((C, num_warmup, P))
+    stats = {k: np.zeros((C, num_samples), dtype=v) for k, v in names.items()}
+    wstats = {k: np.zeros((C, num_warmup), dtype=v) for k, v in names.items()}
+    if start:  # what earlier segments drew, as the trace keeps it
+        prev_w, prev = trace.warmup_samples, trace.samples
+        wsamples[:, : prev_w.shape[1]] = prev_w.reshape(C, -1, P)
+        samples[:, : prev.shape[1]] = prev.reshape(C, -1, P)
+        for k in names:
+            wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
+            stats[k][:, : prev.shape[1]] = trace.stats[k]
+    progress = Progress(total, enabled=options.get("progress"), initial=start, label=label)
+    buf: list[tuple[bool, np.ndarray, dict]] = []
+    snap = sampler.timing() if num_warmup <= start else None
+    t0 = time.perf_counter()
+    t_warm_end = t0 if num_warmup <= start else None
+    # wall seconds of warm-up and of sampling, over every segment of a resumed run (kept
+    # in the trace's checkpoint, so that `flymc summary` can report seconds per iteration)
+    before = dict((trace.checkpoint or {}).get("seconds", {})) if start else {}
+
+    def seconds_so_far() -> dict[str, float]:
+        now = time.perf_counter()
+        end_w = t_warm_end if t_warm_end is not None else now
+        return {
+            "warmup": float(before.get("warmup", 0.0)) + end_w - t0,
+            "sampling": float(before.get("sampling", 0.0))
+            + (now - t_warm_end if t_warm_end is not None else 0.0),
+        }
+
+    # warm-up adapts the kernel parameters (outside the kernel); at its end the adapted
+    # parameters are fixed, so warm-up cannot leak into sampling
+    adapters = None
+    if start < num_warmup:
+        adapters = [sampler.kernel.adapter(p, num_warmup - start) for p in sampler.params]
+    try:
+        for i in range(start, total):
+            warm = i < num_warmup
+            st = sampler.step(adapters if warm else None)
+            if warm and i == num_warmup - 1:
+                sampler.params = [a.final() for a in adapters]
+                adapters = None
+            pos = sampler.positions.copy()
+            if warm:
+                wsamples[:, i] = pos
+                for k in names:
+                    wstats[k][:, i] = st[k]
+            else:
+                samples[:, i - num_warmup] = pos
+                for k in names:
+                    stats[k][:, i - num_warmup] = st[k]
+            if i == num_warmup - 1:
+                snap = sampler.timing()
+                t_warm_end = time.perf_counter()
+            progress.update(st)
+            if trace is not None:
+                buf.append((warm, pos, st))
+                if len(buf) >= checkpoint_every or i == total - 1 or i == num_warmup - 1:
+                    _flush(trace, buf, shape, names)
+                    checkpoint = sampler.checkpoint(i)
+                    if checkpoint is not None:
+                        trace.set_checkpoint({**checkpoint, "seconds": seconds_so_far()})
+                    buf = []
+    finally:
+        progress.close()
+    t_end = time.perf_counter()
+    info["sampling_seconds"] = t_end - (t_warm_end if t_warm_end is not None else t0)
+    info["warmup_seconds"] = (t_warm_end - t0) if t_warm_end is not None else 0.0
+    if snap is not None:
+        info["timing"] = timing_report(
+            snap, sampler.timing(), num_samples - max(start - num_warmup, 0)
+        )
+    info["total_round_trips"] = int(sampler.transport.round_trips)
+    info.update(sampler.run_info(stats))
+    info["recoveries"] = list(sampler.transport.recoveries)
+    info["kernel_params"] = [params_to_json(p) for p in sampler.params]
+    return Result(
+        samples.reshape((C, num_samples) + shape),
+        stats,
+        wsamples.reshape((C, num_warmup) + shape),
+        wstats,
+        info,
+    )
+
+
+def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict[str, Any]:
+    """Seconds per post-warm-up iteration: where the time of a step went.
+
+    ``a`` and ``b`` are :meth:`Sampler.timing` at the end of warm-up and at the end.
+    ``step`` (the driver's whole iteration) = ``round_trip`` (waiting on the transport:
+    the round trips' communication plus the workers' ``host_round_wall``) + ``driver``
+    (kernels, sums, bookkeeping). Per host: rounds served, wall and CPU seconds per
+    round, and speculation's wall seconds per iteration (work done after replies).
+    """
+    n = max(int(iterations), 1)
+    hosts = []
+    if len(a["hosts"]) == len(b["hosts"]):
+        for ha, hb in zip(a["hosts"], b["hosts"], strict=True):
+            rounds = hb["rounds"] - ha["rounds"]
+            per = max(rounds, 1)
+            hosts.append(
+                {
+                    "rounds": int(rounds),
+                    "round_wall": (hb["round_wall"] - ha["round_wall"]) / per,
+                    "round_cpu": (hb["round_cpu"] - ha["round_cpu"]) / per,
+                    "speculate_wall": (hb["speculate_wall"] - ha["speculate_wall"]) / n,
+                }
+            )
+    step = (b["step"] - a["step"]) / n
+    rt = (b["round"] - a["round"]) / n
+    return {"iterations": n, "step": step, "round_trip": rt, "driver": step - rt, "hosts": hosts}
+
+
+def _flush(
+    trace: Trace,
+    buf: list[tuple[bool, np.ndarray, dict]],
+    shape: tuple[int, ...],
+    names: dict[str, str],
+) -> None:
+    """Append the buffered iterations to the trace (warm-up and sampling apart)."""
+    for warm in (True, False):
+        part = [b for b in buf if b[0] == warm]
+        if not part:
+            continue
+        C = part[0][1].shape[0]
+        s = np.stack([b[1] for b in part], axis=1).reshape((C, len(part)) + shape)
+        st = {k: np.stack([b[2][k] for b in part], axis=1) for k in names}
+        trace.append(s, st, warmup=warm)

@@ -1,0 +1,219 @@
+"""Tuning before the first iteration, the same for every algorithm: the MAP estimate,
+the Laplace covariance (the kernels' preconditioner) and the chains' starting points.
+
+The FlyMC / regular :class:`~flymc_dist.driver.Driver` and austerity's
+:class:`~flymc_dist.austerity.AusteritySampler` both set up this way. A MAP estimate only
+moves the bounds' tight points and the starting points: its accuracy affects speed,
+never correctness. (``q_db="auto"`` stays with the driver: it needs the shards' z.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import scipy.optimize
+
+from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.protocol import Transport
+from flymc_dist.rng import ROLE_INIT, stream
+
+__all__ = [
+    "MapEstimate",
+    "find_map",
+    "initial_positions",
+    "laplace_covariance",
+    "needs_map",
+    "preconditioner",
+    "tight_bounds",
+]
+
+
+class MapEstimate(NamedTuple):
+    """The outcome of :func:`find_map`."""
+
+    theta: np.ndarray  # (P,) the estimate
+    neg_hessian: np.ndarray  # (P, P) the log posterior's negative Hessian there
+    info: dict[str, Any]  # success, iterations, evaluations, message
+    passes: int  # full passes over the data (each: every row at one θ)
+
+
+def needs_map(
+    init: str | np.ndarray, precondition: str | np.ndarray, bounds_at_map: bool = False
+) -> bool:
+    """Whether a set-up needs the MAP: to start there (``init="map"``), for the Laplace
+    preconditioner, or for bounds tight at it."""
+    return (
+        (isinstance(init, str) and init == "map")
+        or (isinstance(precondition, str) and precondition == "laplace")
+        or bool(bounds_at_map)
+    )
+
+
+def find_map(
+    model: Model,
+    transport: Transport,
+    n_params: int,
+    *,
+    maxiter: int = 100,
+    x0: np.ndarray | None = None,
+) -> MapEstimate:
+    """MAP estimate by trust-region Newton with shard-summed gradients and Hessians.
+
+    Parameters
+    ----------
+    model
+        The likelihood and prior.
+    transport
+        Reaches the shards (``loglik_sum``: one full pass per evaluation).
+    n_params
+        P.
+    maxiter
+        Iteration limit of the search (its accuracy affects speed, never exactness).
+    x0
+        Starting point (default: zeros).
+
+    Returns
+    -------
+    MapEstimate
+        The estimate, the negative Hessian of the log posterior there (the likelihood's,
+        plus the prior's curvature from :meth:`Model.prior_precision`), the search's
+        summary and the number of full passes it made.
+
+    Raises
+    ------
+    FloatingPointError
+        If the search diverged.
+    """
+    cache: dict[bytes, tuple[float, np.ndarray, np.ndarray]] = {}
+    loglik: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
+    passes = 0
+
+    def evaluate(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """The negated (smoothed: :meth:`Model.prior_map_terms`) log posterior."""
+        nonlocal passes
+        key = np.asarray(theta, float).tobytes()
+        if key not in cache:
+            parts = transport.call("loglik_sum", np.asarray(theta, float), 2)
+            passes += 1  # a full pass: every datum at one θ
+            v = sum(p[0] for p in parts)
+            g = sum(p[1] for p in parts)
+            h = sum(p[2] for p in parts)
+            pv, pg, ph = model.prior_map_terms(np.asarray(theta, float))
+            cache.clear()
+            cache[key] = (-(v + pv), -(g + pg), -(h + np.diag(ph)))
+            loglik["last"] = (v, g, h)
+        return cache[key]
+
+    x0 = np.zeros(n_params) if x0 is None else np.asarray(x0, float)
+    res = scipy.optimize.minimize(
+        lambda t: evaluate(t)[0],
+        x0,
+        jac=lambda t: evaluate(t)[1],
+        hess=lambda t: evaluate(t)[2],
+        method="trust-exact",
+        options={"maxiter": int(maxiter), "gtol": 1e-6},
+    )
+    theta = np.asarray(res.x, float)
+    evaluate(theta)
+    # the preconditioner's curvature: the likelihood's, plus the prior's Gaussian
+    # stand-in (:meth:`Model.prior_precision`), never the smoothing's spike at 0
+    neg_h = -loglik["last"][2] + model.prior_precision(n_params)
+    info = {
+        "success": bool(res.success),
+        "iterations": int(res.nit),
+        "evaluations": int(res.nfev),
+        "message": str(res.message),
+    }
+    if not np.all(np.isfinite(theta)):
+        raise FloatingPointError(f"MAP search diverged: {res.message}")
+    return MapEstimate(theta, neg_h, info, passes)
+
+
+def tight_bounds(transport: Transport, theta_hat: np.ndarray | None) -> BoundStats:
+    """Set every shard's tight points at ``theta_hat`` (None: the model's untuned ones)
+    and sum their bound statistics, in global shard order.
+
+    FlyMC's collapsed bound (``bounds="map"`` at the MAP, ``"untuned"`` with None), and
+    austerity's control variates; a cluster transport replays ``set_tight_points`` on
+    shards it recreates after a fault.
+    """
+    transport.call("set_tight_points", None if theta_hat is None else np.asarray(theta_hat, float))
+    stats = transport.call("bound_stats")
+    total = stats[0]
+    for s in stats[1:]:
+        total = total + s
+    return total
+
+
+def laplace_covariance(neg_hessian: np.ndarray) -> np.ndarray:
+    """Covariance of the Gaussian with precision ``neg_hessian``, eigenvalues clipped positive.
+
+    Robust and softmax log posteriors need not be strictly concave; clipping keeps a
+    valid (if imperfect) preconditioner — it affects efficiency, never exactness.
+    """
+    H = 0.5 * (neg_hessian + neg_hessian.T)
+    w, V = np.linalg.eigh(H)
+    top = max(float(np.max(np.abs(w))), 1e-12)
+    w = np.clip(w, top * 1e-8, None)
+    return (V / w) @ V.T
+
+
+def preconditioner(
+    precondition: str | np.ndarray, neg_hessian: np.ndarray | None, n_params: int
+) -> np.ndarray:
+    """The Cholesky factor ``L`` of the kernels' preconditioning covariance.
+
+    Parameters
+    ----------
+    precondition
+        ``"laplace"`` (the Gaussian at the MAP: needs ``neg_hessian``), ``"identity"``,
+        or a ``(P, P)`` covariance.
+    neg_hessian
+        The log posterior's negative Hessian at the MAP (see :func:`find_map`).
+    n_params
+        P.
+
+    Returns
+    -------
+    numpy.ndarray
+        Lower-triangular ``(P, P)``.
+    """
+    if isinstance(precondition, np.ndarray):
+        cov = np.asarray(precondition, float)
+    elif isinstance(precondition, str) and precondition == "laplace":
+        cov = laplace_covariance(neg_hessian)
+    elif isinstance(precondition, str) and precondition == "identity":
+        cov = np.eye(n_params)
+    else:
+        raise ValueError(
+            f"precondition must be 'laplace', 'identity' or an array, not {precondition!r}"
+        )
+    return np.linalg.cholesky(cov)
+
+
+def initial_positions(
+    init: str | np.ndarray,
+    theta_map: np.ndarray | None,
+    chol: np.ndarray,
+    chains: int,
+    seed: int,
+) -> np.ndarray:
+    """Every chain's starting point, ``(chains, P)``.
+
+    ``init="map"``: the MAP jittered by the preconditioner, ``θ_MAP + L z`` with ``z``
+    from ``stream(seed, ROLE_INIT, c)``; an array of shape ``(P,)`` or ``(chains, P)``:
+    those points.
+    """
+    P = chol.shape[0]
+    positions = np.empty((chains, P))
+    if isinstance(init, str):
+        if init != "map":
+            raise ValueError(f"init must be 'map' or an array, not {init!r}")
+        for c in range(chains):
+            z = stream(seed, ROLE_INIT, c).standard_normal(P)
+            positions[c] = theta_map + chol @ z
+    else:
+        arr = np.asarray(init, float)
+        positions[:] = np.broadcast_to(arr.reshape(-1, P), positions.shape)
+    return positions
