@@ -52,7 +52,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import flymc_dist as fd
 from flymc_dist.austerity import loglog_slope
+from flymc_dist.data import make_logistic, open_dataset
 
 __all__ = ["format_scale", "peak_rss", "reset_peak_rss", "run_scale"]
 
@@ -96,8 +98,6 @@ def _store(
     dataset, seconds, reused
         The store, the seconds spent writing it (0 when reused), and whether it was.
     """
-    from flymc_dist.data import make_logistic, open_dataset
-
     tag = "" if chunk_rows is None else f"_chunk{chunk_rows}"
     path = os.path.join(workdir, f"logistic_{n}x{d}_seed{seed}{tag}_float32.zarr")
     if os.path.exists(path):
@@ -267,8 +267,6 @@ def run_scale(
         None below two sizes) and ``ratio_to_1e6`` (the largest N's s/it over 10⁶'s, or
         None).
     """
-    import flymc_dist as fd
-
     sizes = [int(round(float(n))) for n in ns]
     if not sizes or any(n < 1 for n in sizes):
         raise ValueError(f"ns must be one or more row counts >= 1, not {list(ns)!r}")

@@ -41,6 +41,7 @@ from flymc_dist.brightness import (
     log_uniform,
     proposal_slots,
 )
+from flymc_dist.channel import ECHO, ROUND, ChannelServer
 from flymc_dist.chunks import Chunk, ChunkSource, RowStore, worker_memory_limit
 from flymc_dist.data import open_dataset
 from flymc_dist.evaluate import bright_terms, bright_terms_many
@@ -1518,8 +1519,6 @@ class ShardHost:
         Returns the address to connect to and the token to present. A speculative
         z-update runs on the channel's thread right after its reply is sent.
         """
-        from flymc_dist.channel import ChannelServer
-
         self.close_channel()
         self._channel = ChannelServer(self._serve_channel, host)
         # the server holds this host weakly: once Dask drops the actor (its run released
@@ -1528,8 +1527,6 @@ class ShardHost:
         return self._channel.address, self._channel.token
 
     def _serve_channel(self, code: int, payload: bytes) -> tuple[bytes, Any]:
-        from flymc_dist.channel import ECHO, ROUND
-
         if code == ROUND:
             reply, speculate = self._round_blob(payload)
             return reply, (self.speculate if speculate else None)

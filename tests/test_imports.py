@@ -25,9 +25,6 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     # replica compute with it, so `import flymc_dist` and the CLI do not pay for it.
     ("flymc_dist.replica", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.shard", "flymc_dist._compiled"): "numba, heavy: only where it computes",
-    # shard.py is being rewritten for out-of-core shards; its other lazy import (the
-    # socket channel, started only by a shard host) is reviewed with that rewrite.
-    ("flymc_dist.shard", "flymc_dist.channel"): "under review with the shard.py rewrite",
 }
 
 

@@ -235,13 +235,13 @@ def _peak_rss() -> int:
 @pytest.mark.cluster
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
 def test_workers_with_less_memory_than_their_shards(tmp_path):
-    """Two workers limited to 250 MB, each holding a shard that would take 280 MB in
+    """Two workers limited to 400 MB, each holding a shard that would take 440 MB in
     memory: "auto" leaves the rows in the store, the run completes, no worker is
     restarted, and each worker's peak RSS (measured in the worker) stays under its limit."""
     from distributed import Client, LocalCluster
 
-    limit = 250 * 10**6
-    ds = make_logistic(tmp_path / "big.zarr", 7_000_000, 5, seed=2)
+    limit = 400 * 10**6
+    ds = make_logistic(tmp_path / "big.zarr", 11_000_000, 5, seed=2)
     with (
         LocalCluster(
             n_workers=2,
@@ -267,8 +267,8 @@ def test_workers_with_less_memory_than_their_shards(tmp_path):
         )
         peak = client.run(_peak_rss)
         assert client.run(os.getpid) == pids  # no worker was restarted
-    # each shard: 3.5M rows of 5 features (+ 3 row constants, target, tight point) in float64
-    shard_bytes = 3_500_000 * (5 + 3 + 2) * 8
+    # each shard: 5.5M rows of 5 features (+ 3 row constants, target, tight point) in float64
+    shard_bytes = 5_500_000 * (5 + 3 + 2) * 8
     assert shard_bytes > limit
     assert res.info["out_of_core"] == [True, True]
     assert res.info["memory_budget"] == [limit // 2] * 2
