@@ -35,6 +35,8 @@ import numpy as np
 
 from flymc_dist.channel import ECHO, ROUND, ChannelClient, check_channel
 from flymc_dist.protocol import (
+    ReplicaReply,
+    Reply,
     Request,
     ShardConfig,
     ShardSpec,
@@ -490,7 +492,7 @@ class DaskTransport:
         requests: list[Request | None],
         positions: np.ndarray,
         speculate: bool = False,
-    ) -> list[dict]:
+    ) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard, recovering lost workers' shards.
 
         ``positions`` are the chains' current (post-commit) positions, used to redraw

@@ -39,7 +39,7 @@ from flymc_dist.kernels.base import (
     params_to_json,
 )
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.protocol import Request, Transport
+from flymc_dist.protocol import ReplicaReply, Reply, Request, Transport
 from flymc_dist.replica import BrightReplica
 from flymc_dist.rng import (
     ROLE_KERNEL,
@@ -278,9 +278,7 @@ class Driver:
                 g = g + self.bound.grad(points)
         return val, g
 
-    def _respond_all(
-        self, reqs: list[EvalRequest | None], agg: dict[str, np.ndarray]
-    ) -> dict[int, EvalResponse]:
+    def _respond_all(self, reqs: list[EvalRequest | None], agg: Reply) -> dict[int, EvalResponse]:
         """Responses for every chain with a pending request: the prior and the collapsed
         bound are evaluated for all chains' current positions and points in one call."""
         active = [c for c, r in enumerate(reqs) if r is not None]
@@ -291,38 +289,40 @@ class Driver:
         want_grad = any(reqs[c].grad or reqs[c].current_grad for c in active)
         val, g = self._base(np.concatenate([self.positions[rows], *points]), want_grad)
         # the current positions' log targets of the active chains in one addition
-        logp_current = (val[:n] + agg["current"][rows]).tolist()
-        agg_points = agg["points"]
+        logp_current = (val[:n] + agg.current[rows]).tolist()
+        agg_points = agg.points
         out = {}
         off = n
         for i, c in enumerate(active):
             req = reqs[c]
             k = points[i].shape[0]
-            grad_current = g[i] + agg["current_grad"][c] if req.current_grad else None
+            grad_current = g[i] + agg.current_grad[c] if req.current_grad else None
             logp = val[off : off + k] + agg_points[c, :k]
-            grad = g[off : off + k] + agg["points_grad"][c, :k] if (req.grad and k) else None
+            grad = g[off : off + k] + agg.points_grad[c, :k] if (req.grad and k) else None
             off += k
             out[c] = EvalResponse(logp_current[i], grad_current, logp, grad)
         return out
 
     @staticmethod
-    def _aggregate(replies: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        """Sum shard replies in global shard order (placement-independent rounding)."""
+    def _aggregate(replies: list[Reply]) -> Reply:
+        """Sum shard replies field by field, in global shard order (placement-independent
+        rounding); a field absent (None) from the first reply is absent from the sum."""
         if len(replies) == 1:
-            return {key: np.array(value, copy=True) for key, value in replies[0].items()}
+            return Reply._make(None if a is None else np.array(a, copy=True) for a in replies[0])
         first, second, *rest = replies
-        out = {}
-        for key, value in first.items():
-            acc = value + second[key]  # a fresh array: the replies stay untouched
+        out = []
+        for i, value in enumerate(first):
+            if value is None:
+                out.append(None)
+                continue
+            acc = value + second[i]  # a fresh array: the replies stay untouched
             for r in rest:
-                acc += r[key]  # one shard after another, always in the same order
-            out[key] = acc
-        return out
+                acc += r[i]  # one shard after another, always in the same order
+            out.append(acc)
+        return Reply._make(out)
 
     # ------------------------------------------------------------- iteration
-    def _round(
-        self, first: bool, requests: list[Request | None], positions: np.ndarray
-    ) -> dict[str, np.ndarray]:
+    def _round(self, first: bool, requests: list[Request | None], positions: np.ndarray) -> Reply:
         """One round trip to every shard; returns the summed replies.
 
         Parameters
@@ -351,12 +351,12 @@ class Driver:
         self.round_seconds += time.perf_counter() - t_rt
         agg = self._aggregate(replies)
         if self.speculate:  # only speculative z-updates are ever undone
-            self.wasted_queries += int(agg["wasted"].sum())
+            self.wasted_queries += int(agg.wasted.sum())
         return agg
 
     def _replica_round(
         self, first: bool, requests: list[Request | None], positions: np.ndarray
-    ) -> dict[str, np.ndarray]:
+    ) -> Reply:
         """:meth:`_round` in replica mode: the iteration's first call updates z at every
         chain's position on the shards and applies the change to the replica (the one
         round trip); every call then evaluates the requests on the replica, here."""
@@ -366,7 +366,7 @@ class Driver:
             self.seq += 1
             self._trips += 1
             t_rt = time.perf_counter()
-            replies = self.transport.round(
+            replies: list[ReplicaReply] = self.transport.round(
                 self.seq,
                 np.full(C, -1, dtype=np.int64),
                 True,
@@ -377,7 +377,7 @@ class Driver:
             self.round_seconds += time.perf_counter() - t_rt
             self.replica.apply(replies)
             for r in replies:  # in global shard order
-                queries += r["queries"]
+                queries += r.queries
             self._replica_current = [None] * C
         # the bright sum at the current θ changes only with z: once per iteration
         cur_pts: list[np.ndarray | None] = [None] * C
@@ -410,20 +410,17 @@ class Driver:
             current[c] = self._replica_current[c][0]
             if cur_grad[c]:
                 current_grad[c] = self._replica_current[c][1]
-        agg = {
-            "current": current,
-            "points": points,
-            "n_bright": self.replica.n_bright(),
-            "queries": queries,
-            "wasted": np.zeros(C, dtype=np.int64),
-        }
-        if current_grad is not None:
-            agg["current_grad"] = current_grad
-        if points_grad is not None:
-            agg["points_grad"] = points_grad
-        return agg
+        return Reply(
+            current=current,
+            points=points,
+            n_bright=self.replica.n_bright(),
+            queries=queries,
+            wasted=np.zeros(C, dtype=np.int64),
+            current_grad=current_grad,
+            points_grad=points_grad,
+        )
 
-    def _step_interleaved(self) -> tuple[list[KernelInfo], list[float], dict[str, np.ndarray]]:
+    def _step_interleaved(self) -> tuple[list[KernelInfo], list[float], Reply]:
         """Every chain's kernel generator, their pending requests sharing round trips.
 
         Returns
@@ -455,7 +452,7 @@ class Driver:
             if first_agg is None:
                 first_agg = agg
             else:
-                first_agg["queries"] += agg["queries"]
+                np.add(first_agg.queries, agg.queries, out=first_agg.queries)
             for c, resp in self._respond_all(reqs, agg).items():
                 last[c] = resp
                 try:
@@ -473,7 +470,7 @@ class Driver:
         self.positions = new_positions
         return infos, log_joint, first_agg
 
-    def _step_chains(self) -> tuple[list[KernelInfo], np.ndarray, dict[str, np.ndarray]]:
+    def _step_chains(self) -> tuple[list[KernelInfo], np.ndarray, Reply]:
         """Every chain at once through the kernel's ``step_chains`` (one round trip).
 
         The same arithmetic as :meth:`_respond_all` on the same arrays, without a
@@ -487,8 +484,8 @@ class Driver:
             True, [Request(proposals[c : c + 1], False, False) for c in range(C)], self.positions
         )
         val, _ = self._base(np.concatenate([self.positions, proposals]), False)
-        logp_current = val[:C] + agg["current"]
-        logp = val[C:] + agg["points"][:, 0]
+        logp_current = val[:C] + agg.current
+        logp = val[C:] + agg.points[:, 0]
         try:
             gen.send((logp_current, logp))
         except StopIteration as stop:
@@ -518,8 +515,8 @@ class Driver:
         return {
             "accepted": np.array([info.accepted for info in infos], dtype=bool),
             "accept_prob": np.array([info.accept_prob for info in infos], dtype=float),
-            "n_bright": np.asarray(agg["n_bright"], dtype=np.int64),  # of the first round trip
-            "likelihood_queries": np.asarray(agg["queries"], dtype=np.int64),
+            "n_bright": np.asarray(agg.n_bright, dtype=np.int64),  # of the first round trip
+            "likelihood_queries": np.asarray(agg.queries, dtype=np.int64),
             "round_trips": np.array([round_trips] * C, dtype=np.int64),
             "log_joint": np.asarray(log_joint, dtype=float),
             "recoveries": np.array([len(recoveries) - n_recoveries] * C, dtype=np.int64),

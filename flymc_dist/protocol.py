@@ -1,12 +1,12 @@
 """The round protocol between the driver and the shards: what a round carries, and how.
 
 A *round* is one call from the driver to every shard, for all chains at once
-(:meth:`flymc_dist.shard.Shard.round`): each chain's :class:`Request` goes out, a dict of
-small arrays comes back per shard. :class:`ShardSpec` says where a shard's rows are (and
-how to open their store), :class:`ShardConfig` how every shard of a run behaves. A round
-and its replies travel as raw array bytes behind a small pickled header
-(:func:`pack_round`, :func:`pack_reply`): pickling each array costs more than a round's
-compute for a few chains.
+(:meth:`flymc_dist.shard.Shard.round`): each chain's :class:`Request` goes out, a
+:class:`Reply` of small arrays (in replica mode a :class:`ReplicaReply`) comes back per
+shard. :class:`ShardSpec` says where a shard's rows are (and how to open their store),
+:class:`ShardConfig` how every shard of a run behaves. A round and its replies travel as
+raw array bytes behind a small pickled header (:func:`pack_round`, :func:`pack_reply`):
+pickling each array costs more than a round's compute for a few chains.
 """
 
 from __future__ import annotations
@@ -122,17 +122,116 @@ def unpack_round(blob: bytes) -> tuple[Any, np.ndarray, bool, list[Request | Non
     return seq, np.asarray(commits, dtype=np.int64), update_z, requests, speculate
 
 
-def pack_reply(reply: dict[int, dict[str, np.ndarray]]) -> bytes:
-    """A host's round reply (shard id → named arrays) as one buffer."""
-    meta = [(sid, list(r)) for sid, r in reply.items()]
-    return pack_arrays(meta, [a for r in reply.values() for a in r.values()])
+class Reply(NamedTuple):
+    """One shard's reply to a round (:meth:`flymc_dist.shard.Shard.round`), or the sum of
+    every shard's (:meth:`flymc_dist.driver.Driver._aggregate`).
+
+    Every field holds one entry per chain ``c`` of the run (``C`` chains, ``P``
+    parameters, ``kmax`` the most points any chain asked for in the round).
+
+    Attributes
+    ----------
+    current : numpy.ndarray
+        ``(C,)`` float: the shard's likelihood part at each chain's current θ (FlyMC:
+        ``Σ_bright log L~_n``; regular MCMC: ``Σ_n l_n``).
+    points : numpy.ndarray
+        ``(C, kmax)`` float: the same at each requested point, padded with NaN beyond a
+        chain's own number of points.
+    n_bright : numpy.ndarray
+        ``(C,)`` int64: bright rows of each chain after the round's z-update (regular
+        MCMC: every row).
+    queries : numpy.ndarray
+        ``(C,)`` int64: likelihood queries the round made for each chain.
+    wasted : numpy.ndarray
+        ``(C,)`` int64: queries of speculative z-updates undone in this round.
+    current_grad : numpy.ndarray or None
+        ``(C, P)`` float: the gradient of ``current``, when some chain asked for it.
+    points_grad : numpy.ndarray or None
+        ``(C, kmax, P)`` float: the gradients at the points, when some chain asked.
+    """
+
+    current: np.ndarray
+    points: np.ndarray
+    n_bright: np.ndarray
+    queries: np.ndarray
+    wasted: np.ndarray
+    current_grad: np.ndarray | None = None
+    points_grad: np.ndarray | None = None
 
 
-def unpack_reply(blob: bytes) -> dict[int, dict[str, np.ndarray]]:
-    """Invert :func:`pack_reply`."""
+class ReplicaReply(NamedTuple):
+    """One shard's reply to a round in replica mode
+    (:meth:`flymc_dist.shard.Shard.set_replica`): the change of every chain's bright set
+    since the shard's last reply, applied by :meth:`flymc_dist.replica.BrightReplica.apply`.
+
+    The rows of all chains are concatenated, chain after chain; ``*_seg`` delimit each
+    chain's part (chain ``c``'s new rows are ``new_ids[new_seg[c]:new_seg[c + 1]]``).
+
+    Attributes
+    ----------
+    n_bright : numpy.ndarray
+        ``(C,)`` int64: bright rows of each chain after the round's z-update.
+    queries : numpy.ndarray
+        ``(C,)`` int64: likelihood queries the round made for each chain.
+    wasted : numpy.ndarray
+        ``(C,)`` int64: always zero (no speculation in replica mode).
+    full : numpy.ndarray
+        ``(C,)`` bool: the chain's whole bright set is sent (its first reply, or after a
+        redraw of z): the replica drops every row of this shard first.
+    gone_ids : numpy.ndarray
+        int64, global ids of the rows that went dark.
+    gone_seg : numpy.ndarray
+        ``(C + 1,)`` int64: each chain's part of ``gone_ids``.
+    new_ids : numpy.ndarray
+        int64, global ids of the rows that became bright.
+    new_seg : numpy.ndarray
+        ``(C + 1,)`` int64: each chain's part of the ``new_*`` arrays.
+    new_X : numpy.ndarray
+        ``(len(new_ids), D)`` float: the new rows' features.
+    new_y : numpy.ndarray
+        The new rows' targets.
+    new_xi : numpy.ndarray
+        The new rows' tight points.
+    """
+
+    n_bright: np.ndarray
+    queries: np.ndarray
+    wasted: np.ndarray
+    full: np.ndarray
+    gone_ids: np.ndarray
+    gone_seg: np.ndarray
+    new_ids: np.ndarray
+    new_seg: np.ndarray
+    new_X: np.ndarray
+    new_y: np.ndarray
+    new_xi: np.ndarray
+
+
+#: the reply types by their tag on the wire
+_REPLY_TYPES: tuple[type[Reply] | type[ReplicaReply], ...] = (Reply, ReplicaReply)
+
+
+def pack_reply(reply: dict[int, Reply | ReplicaReply]) -> bytes:
+    """A host's round reply (shard id → its :class:`Reply` or :class:`ReplicaReply`) as
+    one buffer: per shard, its type's tag and which fields are present (None: absent),
+    then the arrays of the fields present, in field order."""
+    meta = []
+    arrays: list[np.ndarray] = []
+    for sid, r in reply.items():
+        present = [a is not None for a in r]
+        meta.append((sid, type(r) is ReplicaReply, present))
+        arrays += [a for a in r if a is not None]
+    return pack_arrays(meta, arrays)
+
+
+def unpack_reply(blob: bytes) -> dict[int, Reply | ReplicaReply]:
+    """Invert :func:`pack_reply` (the arrays are read-only views of ``blob``)."""
     meta, arrays = unpack_arrays(blob)
     it = iter(arrays)
-    return {sid: {k: next(it) for k in keys} for sid, keys in meta}
+    return {
+        sid: _REPLY_TYPES[tag]._make([next(it) if p else None for p in present])
+        for sid, tag, present in meta
+    }
 
 
 class Transport(Protocol):
@@ -178,7 +277,7 @@ class Transport(Protocol):
         requests: list[Request | None],
         positions: np.ndarray,
         speculate: bool = False,
-    ) -> list[dict]:
+    ) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard (``positions``: where recovery redraws z)."""
 
     def timing(self) -> list[dict[str, float]]:

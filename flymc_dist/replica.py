@@ -23,6 +23,7 @@ import numpy as np
 
 from flymc_dist.evaluate import bright_terms_many
 from flymc_dist.models.base import Model
+from flymc_dist.protocol import ReplicaReply
 
 
 class _Rows:
@@ -81,7 +82,7 @@ class BrightReplica:
             )
         )
 
-    def apply(self, replies: list[dict[str, np.ndarray]]) -> None:
+    def apply(self, replies: list[ReplicaReply]) -> None:
         """Apply one round's replies (one per shard, in global shard order)."""
         for c in range(self.chains):
             cur = self._rows[c]
@@ -89,19 +90,19 @@ class BrightReplica:
             add: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
             ranges: list[tuple[int, int]] = []
             for (start, stop), r in zip(self.shard_ranges, replies, strict=True):
-                if r["full"][c]:
+                if r.full[c]:
                     ranges.append((start, stop))
-                g0, g1 = r["gone_seg"][c], r["gone_seg"][c + 1]
+                g0, g1 = r.gone_seg[c], r.gone_seg[c + 1]
                 if g1 > g0:
-                    drop.append(r["gone_ids"][g0:g1])
-                n0, n1 = r["new_seg"][c], r["new_seg"][c + 1]
+                    drop.append(r.gone_ids[g0:g1])
+                n0, n1 = r.new_seg[c], r.new_seg[c + 1]
                 if n1 > n0:
                     add.append(
                         (
-                            r["new_ids"][n0:n1],
-                            r["new_X"][n0:n1],
-                            r["new_y"][n0:n1],
-                            r["new_xi"][n0:n1],
+                            r.new_ids[n0:n1],
+                            r.new_X[n0:n1],
+                            r.new_y[n0:n1],
+                            r.new_xi[n0:n1],
                         )
                     )
             if cur is not None and (drop or ranges):
@@ -126,9 +127,9 @@ class BrightReplica:
                     r0 = replies[0]
                     cur = _Rows(
                         np.empty(0, dtype=np.int64),
-                        r0["new_X"][:0],
-                        r0["new_y"][:0],
-                        r0["new_xi"][:0],
+                        r0.new_X[:0],
+                        r0.new_y[:0],
+                        r0.new_xi[:0],
                     )
             self._rows[c] = cur
         self._rebuild()

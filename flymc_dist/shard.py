@@ -47,6 +47,8 @@ from flymc_dist.data import open_dataset
 from flymc_dist.evaluate import bright_terms, bright_terms_many
 from flymc_dist.models.base import BoundStats
 from flymc_dist.protocol import (
+    ReplicaReply,
+    Reply,
     Request,
     ShardConfig,
     ShardSpec,
@@ -222,7 +224,7 @@ class Shard:
         self.generation = 0
         self.total_queries = 0
         self._seq: Any = None
-        self._reply: dict[str, np.ndarray] | None = None
+        self._reply: Reply | ReplicaReply | None = None
         self._spec: dict[int, _Spec] = {}  # chain -> its pending speculative z-update
         self._spec_pending = False  # speculate() has work to do
         self._typed: tuple | None = None  # see _typed_lists
@@ -849,7 +851,7 @@ class Shard:
         update_z: bool,
         requests: list[Request | None],
         speculate: bool = False,
-    ) -> dict[str, np.ndarray]:
+    ) -> Reply | ReplicaReply:
         """One round trip for all chains.
 
         For each chain: commit the previous decision (``commits[c]`` is the row of the
@@ -863,11 +865,9 @@ class Shard:
 
         Returns
         -------
-        dict
-            ``current`` (C,): the shard's likelihood part at each chain's current θ
-            (FlyMC: ``sum_bright log L~``; regular: ``sum_n l_n``); ``current_grad``
-            (C, P) or absent; ``points`` (C, kmax) padded with NaN; ``points_grad``
-            (C, kmax, P) or absent; ``n_bright`` (C,); ``queries`` (C,).
+        Reply or ReplicaReply
+            The sums at each chain's current θ and requested points (a
+            :class:`ReplicaReply` in replica mode: see :meth:`_replica_round`).
         """
         if seq is not None and seq == self._seq:
             return self._reply
@@ -878,20 +878,16 @@ class Shard:
                 return self._replica_round(seq, requests)
             return self._round(seq, commits, update_z, requests, speculate)
 
-    def _replica_round(self, seq: Any, requests: list[Request | None]) -> dict[str, np.ndarray]:
+    def _replica_round(self, seq: Any, requests: list[Request | None]) -> ReplicaReply:
         """A replica-mode round (see :meth:`set_replica`): each chain's one requested
         point is its current θ; z is updated there and the change of the bright set
         since the last reply comes back.
 
         Returns
         -------
-        dict
-            ``n_bright`` and ``queries`` (C,) as in :meth:`round`; ``full`` (C,) bool: the
-            chain's whole bright set is sent (its first reply, or after a redraw of z), so
-            the replica drops every row of this shard first; ``gone_ids`` and
-            ``new_ids`` (global row ids, chain after chain, ``gone_seg`` / ``new_seg``
-            (C + 1,) delimiting each chain's part); ``new_X``, ``new_y``, ``new_xi``:
-            the features, target and tight point of each newly bright row.
+        ReplicaReply
+            Each chain's bright rows that went dark and those that became bright (with
+            their features, target and tight point), or its whole set (``full``).
         """
         C = len(self.chains)
         queries = np.zeros(C, dtype=np.int64)
@@ -922,19 +918,19 @@ class Shard:
             self._sent[c] = now
         new_rows = np.concatenate(new)
         new_X, new_y, new_xi = self._gather(new_rows)
-        reply = {
-            "n_bright": np.array([ch.bright.n_bright for ch in self.chains], dtype=np.int64),
-            "queries": queries,
-            "wasted": np.zeros(C, dtype=np.int64),
-            "full": full,
-            "gone_ids": np.concatenate(gone) + self.spec.start,
-            "gone_seg": np.cumsum([0] + [g.size for g in gone]).astype(np.int64),
-            "new_ids": new_rows + self.spec.start,
-            "new_seg": np.cumsum([0] + [r.size for r in new]).astype(np.int64),
-            "new_X": new_X,
-            "new_y": new_y,
-            "new_xi": new_xi,
-        }
+        reply = ReplicaReply(
+            n_bright=np.array([ch.bright.n_bright for ch in self.chains], dtype=np.int64),
+            queries=queries,
+            wasted=np.zeros(C, dtype=np.int64),
+            full=full,
+            gone_ids=np.concatenate(gone) + self.spec.start,
+            gone_seg=np.cumsum([0] + [g.size for g in gone]).astype(np.int64),
+            new_ids=new_rows + self.spec.start,
+            new_seg=np.cumsum([0] + [r.size for r in new]).astype(np.int64),
+            new_X=new_X,
+            new_y=new_y,
+            new_xi=new_xi,
+        )
         self.total_queries += int(queries.sum())
         self._seq, self._reply = seq, reply
         return reply
@@ -946,7 +942,7 @@ class Shard:
         update_z: bool,
         requests: list[Request | None],
         speculate: bool,
-    ) -> dict[str, np.ndarray]:
+    ) -> Reply:
         C = len(self.chains)
         P = self.n_params
         kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
@@ -985,17 +981,7 @@ class Shard:
             self._regular_points(
                 requests, current, current_grad, points, points_grad, n_bright, queries
             )
-        reply = {
-            "current": current,
-            "points": points,
-            "n_bright": n_bright,
-            "queries": queries,
-            "wasted": wasted,
-        }
-        if current_grad is not None:
-            reply["current_grad"] = current_grad
-        if points_grad is not None:
-            reply["points_grad"] = points_grad
+        reply = Reply(current, points, n_bright, queries, wasted, current_grad, points_grad)
         self.total_queries += int(queries.sum() + wasted.sum())
         self._seq, self._reply = seq, reply
         self._spec_pending = bool(speculate) and self.fused_z
@@ -1320,7 +1306,7 @@ class ShardHost:
         update_z: bool,
         requests: list[Request | None],
         speculate: bool = False,
-    ) -> dict[int, dict[str, np.ndarray]]:
+    ) -> dict[int, Reply | ReplicaReply]:
         """:meth:`Shard.round` on every shard here."""
         w, c = time.perf_counter(), time.thread_time()
         out = self._round_fused(seq, commits, update_z, requests, speculate)
@@ -1342,7 +1328,7 @@ class ShardHost:
         update_z: bool,
         requests: list[Request | None],
         speculate: bool,
-    ) -> dict[int, dict[str, np.ndarray]] | None:
+    ) -> dict[int, Reply] | None:
         """:meth:`Shard.round` on every shard here in one pass, or None where it does not
         apply (then the shards run one by one).
 
@@ -1393,7 +1379,7 @@ class ShardHost:
         update_z: bool,
         requests: list[Request | None],
         C: int,
-    ) -> dict[int, dict[str, np.ndarray]]:
+    ) -> dict[int, Reply]:
         jit = shards[0]._jit
         XCs, _ = _typed_lists(shards, self)
         js = [int(j) for j in commits]
@@ -1464,13 +1450,13 @@ class ShardHost:
                 q_s[c] += k * M
                 off += k * M
                 j += k
-            reply = {
-                "current": current[lo : lo + C].copy(),
-                "points": points,
-                "n_bright": np.array(sizes[lo : lo + C], dtype=np.int64),
-                "queries": q_s,
-                "wasted": np.zeros(C, dtype=np.int64),
-            }
+            reply = Reply(
+                current=current[lo : lo + C].copy(),
+                points=points,
+                n_bright=np.array(sizes[lo : lo + C], dtype=np.int64),
+                queries=q_s,
+                wasted=np.zeros(C, dtype=np.int64),
+            )
             sh.total_queries += int(q_s.sum())
             sh._seq, sh._reply = seq, reply
             out[sid] = reply

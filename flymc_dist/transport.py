@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.protocol import Request, ShardConfig, ShardSpec
+from flymc_dist.protocol import ReplicaReply, Reply, Request, ShardConfig, ShardSpec
 from flymc_dist.shard import ShardHost
 
 
@@ -70,7 +70,7 @@ class InProcessTransport:
         requests: list[Request | None],
         positions: np.ndarray,
         speculate: bool = False,
-    ) -> list[dict]:
+    ) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard (``positions`` serve fault recovery)."""
         self.round_trips += 1
         out = self.host.round(seq, commits, update_z, requests, speculate)
