@@ -61,10 +61,13 @@ each shard from a multivariate hypergeometric distribution over the shards'
 many of its own unseen rows uniformly without replacement. Together the batches are
 a simple random sample of all ``N`` rows, whatever the shard sizes. One round trip
 per test round (:meth:`call_some` to the shards drawn from), carrying every still
-undecided chain. A shard keeps, per chain, which of its rows the current decision
-has used (a boolean mask plus the list of used rows; a new decision resets it in
-O(used)); new rows are drawn by rejection against the mask while less than half the
-shard is used (O(batch)), else from one permutation of the remainder.
+undecided chain. The shard side lives in :mod:`flymc_dist.austerity_shard`, run as the
+named shard operation ``"austerity_batch"`` (:meth:`flymc_dist.shard.Shard.operation`).
+A shard keeps, per chain, which of its rows the current decision has used (a boolean
+mask plus the list of used rows; a new decision resets it in O(used)), in its slot
+for austerity (:meth:`flymc_dist.shard.Shard.extension`); new rows are drawn by
+rejection against the mask while less than half the shard is used (O(batch)), else
+from one permutation of the remainder.
 
 Each shard returns, per chain, ``(count, mean, M2)`` of its new ``l_i`` (``Δδ_i`` with
 control variates): the batch's mean and sum of squared deviations, which the driver
@@ -122,7 +125,6 @@ from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
 from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.run import run
-from flymc_dist.shard import Shard
 from flymc_dist.tune import find_map, initial_positions, needs_map, preconditioner, tight_bounds
 
 __all__ = [
@@ -153,199 +155,13 @@ AUSTERITY_STATS: dict[str, str] = {
     "test_rounds": "int64",
 }
 
-#: sub-roles under ROLE_AUSTERITY
+#: sub-roles under ROLE_AUSTERITY (the shards' row selection is
+#: :data:`flymc_dist.austerity_shard.SUB_SHARD`, 2)
 _SUB_PROPOSAL = 0
 _SUB_SELECT = 1
-_SUB_SHARD = 2
 
 #: numpy's multivariate hypergeometric ("marginals") needs sum(colors) < 1e9
 _MVHG_LIMIT = 1_000_000_000
-
-
-# ===================================================================== shard side
-class _SlotRows:
-    """One chain's without-replacement row draws on one shard, within one decision."""
-
-    __slots__ = ("rng", "decision", "mask", "used", "n_used", "perm", "pos")
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.decision: int | None = None
-        self.mask: np.ndarray | None = None  # bool (n,), allocated on first use
-        self.used: list[np.ndarray] = []
-        self.n_used = 0
-        self.perm: np.ndarray | None = None  # dense mode: the remainder, shuffled
-        self.pos = 0
-
-    def reset(self, decision: int) -> None:
-        """Start a new decision: every row unseen again (O(rows used))."""
-        if self.mask is not None:
-            if self.perm is not None:
-                self.mask[:] = False
-            else:
-                for u in self.used:
-                    self.mask[u] = False
-        self.decision = decision
-        self.used = []
-        self.n_used = 0
-        self.perm = None
-        self.pos = 0
-
-    def draw(self, n: int, k: int, scratch: np.ndarray) -> np.ndarray:
-        """``k`` rows of ``0..n-1`` not drawn yet in this decision, uniformly at random.
-
-        Rejection against the mask while fewer than half the rows are used (expected
-        O(k)); otherwise one permutation of the remaining rows, consumed in order.
-        ``scratch`` is an int array of length ``n`` (any contents) used to keep the
-        first occurrence of repeated candidates in O(k).
-        """
-        if k > n - self.n_used:
-            raise ValueError(f"asked for {k} new rows but only {n - self.n_used} are unseen")
-        if k == 0:
-            return np.empty(0, dtype=np.int64)
-        if self.mask is None:
-            self.mask = np.zeros(n, dtype=bool)
-        if self.perm is None and 2 * (self.n_used + k) > n:
-            self.perm = self.rng.permutation(np.flatnonzero(~self.mask))
-            self.pos = 0
-        if self.perm is not None:
-            rows = self.perm[self.pos : self.pos + k]
-            self.pos += k
-            self.n_used += k
-            return rows
-        parts = []
-        need = k
-        while need:
-            cand = self.rng.integers(0, n, size=need + need // 4 + 8)
-            cand = cand[~self.mask[cand]]
-            # first occurrence of each candidate, in draw order: the last write of a
-            # reversed assignment wins, so scratch[v] is the first index holding v
-            idx = np.arange(cand.size)
-            scratch[cand[::-1]] = idx[::-1]
-            cand = cand[scratch[cand] == idx][:need]
-            self.mask[cand] = True
-            parts.append(cand)
-            need -= cand.size
-        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        self.used.append(rows)
-        self.n_used += k
-        return rows
-
-
-def _shard_state(shard: Shard, run: int) -> tuple[dict[int, _SlotRows], np.ndarray]:
-    """This shard's per-chain row state for the run ``run`` (fresh for a new run)."""
-    state = shard.__dict__.get("_austerity")
-    if state is None or state[0] != run:
-        state = (run, {}, np.zeros(shard.n, dtype=np.int64))
-        shard.__dict__["_austerity"] = state
-    return state[1], state[2]
-
-
-def shard_batch(
-    shard: Shard,
-    run: int,
-    decisions: np.ndarray,
-    slots: np.ndarray,
-    thetas: np.ndarray,
-    proposals: np.ndarray,
-    counts: np.ndarray,
-    record: bool,
-    control_variates: bool = False,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list | None]:
-    """Run on a shard via :meth:`Shard.apply`: one test round's new rows for several chains.
-
-    Parameters
-    ----------
-    shard
-        The shard (supplied by :meth:`Shard.apply`).
-    run
-        Identifies the sampler run; a new run starts every chain's state afresh.
-    decisions
-        ``(m,)`` decision number of each requesting chain; a number different from the
-        chain's previous one starts a new decision (all rows unseen again).
-    slots
-        ``(m,)`` chain (slot) indices.
-    thetas, proposals
-        ``(m, P)`` current and proposed parameters.
-    counts
-        ``(m,)`` how many new rows to draw for each chain.
-    record
-        Also return the global indices of the rows drawn (tests).
-    control_variates
-        Return the statistics of ``Δδ_i = δ_i(θ′) − δ_i(θ)`` (``δ = ℓ − β``, with the
-        shard's tight points) instead of ``l_i``. A row whose ``l_i`` is infinite keeps
-        ``l_i`` (it decides alone, as without control variates); a finite ``l_i`` whose
-        ``Δδ_i`` is not finite (an overflowing bound) gives NaN, which the driver reports.
-
-    Returns
-    -------
-    count, mean, m2, rows
-        ``(m,)`` arrays: rows drawn, mean of ``l_i = ℓ_i(θ′) − ℓ_i(θ)`` (or ``Δδ_i``)
-        over them, and their sum of squared deviations from that mean; ``rows`` is a
-        list of index arrays (or None).
-    """
-    states, scratch = _shard_state(shard, int(run))
-    sid = shard.spec.shard_id
-    model = shard.model
-    m = len(slots)
-    counts = np.asarray(counts, dtype=np.int64)
-    E = model.n_outputs
-    D = shard.X.shape[1]
-    M = int(counts.sum())
-    eta = np.empty((M, 2 * E))
-    drawn = []
-    o = 0
-    for j in range(m):
-        slot = int(slots[j])
-        st = states.get(slot)
-        if st is None:
-            st = _SlotRows(stream(shard.config.seed, ROLE_AUSTERITY, _SUB_SHARD, sid, slot))
-            states[slot] = st
-        if st.decision != int(decisions[j]):
-            st.reset(int(decisions[j]))
-        rows_j = st.draw(shard.n, int(counts[j]), scratch)
-        drawn.append(rows_j)
-        if rows_j.size:
-            # linear predictors of these rows at this chain's θ and θ′: one small GEMM
-            pts = np.concatenate(
-                [
-                    np.asarray(thetas[j], float).reshape(E, D),
-                    np.asarray(proposals[j], float).reshape(E, D),
-                ]
-            )
-            np.matmul(shard.X[rows_j], pts.T, out=eta[o : o + rows_j.size])
-            o += rows_j.size
-    rows = np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
-    seg = np.repeat(np.arange(m), counts)
-    eta = eta.reshape(M, 2, E).transpose(1, 0, 2)
-    y = shard.y[rows]
-    ll = model.loglik(eta, y)
-    diff = ll[1] - ll[0]
-    if control_variates:
-        if shard.xi is None:
-            raise RuntimeError(
-                "control variates need the shard's tight points (set_tight_points) first"
-            )
-        with np.errstate(invalid="ignore", over="ignore"):
-            lb = model.logbound(eta, y, shard.xi[rows])
-            dd = (ll[1] - lb[1]) - (ll[0] - lb[0])
-        finite = np.isfinite(diff)
-        diff = np.where(finite, np.where(np.isfinite(dd), dd, np.nan), diff)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.bincount(seg, diff, minlength=m) / counts
-        m2 = np.bincount(seg, (diff - mean[seg]) ** 2, minlength=m)
-    mean[counts == 0] = 0.0
-    m2[counts == 0] = 0.0
-    bad = ~np.isfinite(diff)
-    if bad.any():  # an infinite l_i decides alone (the full mean is infinite too); NaN errs
-        for j in np.unique(seg[bad]):
-            mean[j] = float(np.sum(diff[bad & (seg == j)]))
-            m2[j] = 0.0
-    shard.total_queries += int(2 * rows.size)
-    rows_out = None
-    if record:
-        rows_out = [r + shard.spec.start for r in drawn]
-    return counts, mean, m2, rows_out
 
 
 # ==================================================================== driver side
@@ -576,7 +392,7 @@ class SequentialTester:
             for j, (sl, ct) in per_shard.items():
                 sl_a = np.array(sl, dtype=np.int64)
                 calls[int(self.shard_ids[j])] = (
-                    shard_batch,
+                    "austerity_batch",
                     self.run,
                     keys[sl_a],
                     sl_a,
@@ -587,7 +403,7 @@ class SequentialTester:
                     cv,
                 )
             try:
-                replies = self.transport.call_some("apply", calls)
+                replies = self.transport.call_some("operation", calls)
             except Exception as e:  # a lost worker: say how many rows this attempt used
                 e.rows_used = int(n.sum())
                 raise
@@ -981,28 +797,6 @@ def sample_austerity(
         transport.close()
 
 
-# ================================================================ measurements
-def shard_exact_diff(
-    shard: Shard, thetas: np.ndarray, proposals: np.ndarray, block: int = 1 << 20
-) -> np.ndarray:
-    """Run on a shard via :meth:`Shard.apply`: ``sum_i ℓ_i(θ′_s) − ℓ_i(θ_s)`` over all rows.
-
-    For each of the ``S`` pairs (rows of ``thetas``/``proposals``); a full pass, used only
-    to score decisions against exact MH (benchmarks, tests).
-    """
-    model = shard.model
-    pts = np.concatenate([np.asarray(thetas, float), np.asarray(proposals, float)])
-    S = pts.shape[0] // 2
-    out = np.zeros(S)
-    step = max(1, block // max(1, pts.shape[0]))
-    for lo in range(0, shard.n, step):
-        ll = model.loglik(
-            model.linear_predictor(pts, shard.X[lo : lo + step]), shard.y[lo : lo + step]
-        ).sum(axis=1)
-        out += ll[S:] - ll[:S]
-    return out
-
-
 def run_decisions(
     model: Model,
     data: Any,
@@ -1083,7 +877,7 @@ def run_decisions(
         mu0 = (log_u + model.log_prior(thetas) - model.log_prior(proposals)) / N
         if exact:
             k = 1 if single else S  # one fixed pair: one full pass
-            parts = transport.call("apply", shard_exact_diff, thetas[:k], proposals[:k])
+            parts = transport.call("operation", "austerity_exact_diff", thetas[:k], proposals[:k])
             exact_mean = np.broadcast_to(np.sum(np.stack(parts), axis=0) / N, (S,))
             out["exact_mean"] = exact_mean
             out["exact_accept"] = exact_mean > mu0

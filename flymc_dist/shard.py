@@ -22,12 +22,13 @@ import operator
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from flymc_dist import austerity_shard
 from flymc_dist._numerics import log_sigmoid
 from flymc_dist.brightness import (
     BrightSet,
@@ -58,6 +59,25 @@ from flymc_dist.protocol import (
 from flymc_dist.rng import ROLE_Z, stream
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: The operations an add-on sampler may run on a shard, by name
+#: (:meth:`Shard.operation`): ``name -> function(shard, *args)``.
+#:
+#: A fixed table rather than any callable sent over the wire, or a registry filled by
+#: decorators as modules are imported: a shard runs only code this module names (what
+#: can run next to the rows is read here, in one place); a worker knows every operation
+#: once it has imported this module, whatever else it happened to import (a registry
+#: filled at import time would depend on that); and the operations reach the shard only
+#: through its public read-only view (:attr:`Shard.rows`, :attr:`Shard.tight_points`)
+#: and their one named slot of state (:meth:`Shard.extension`), so the bright sets,
+#: streams and caches stay the shard's own. An add-on sampler adds its shard-side
+#: functions (in a module that does not import this one) here.
+SHARD_OPERATIONS: dict[str, Callable[..., Any]] = {
+    "austerity_batch": austerity_shard.shard_batch,
+    "austerity_exact_diff": austerity_shard.shard_exact_diff,
+}
 
 
 class _Spec(NamedTuple):
@@ -228,6 +248,7 @@ class Shard:
         self._spec: dict[int, _Spec] = {}  # chain -> its pending speculative z-update
         self._spec_pending = False  # speculate() has work to do
         self._typed: tuple | None = None  # see _typed_lists
+        self._extensions: dict[str, Any] = {}  # see extension()
 
     # ------------------------------------------------------------------ set-up
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
@@ -987,9 +1008,54 @@ class Shard:
         self._spec_pending = bool(speculate) and self.fused_z
         return reply
 
-    def apply(self, func: Any, *args: Any) -> Any:
-        """Run ``func(self, *args)`` here: how add-on samplers (austerity) use a shard's rows
-        without the shard knowing them. ``func`` must be a module-level function."""
+    # ------------------------------------------------- the add-on samplers' interface
+    @property
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The shard's rows ``(X, y)``, ``X`` of shape ``(n, D)``, as read-only views.
+
+        Only an in-memory shard has them (an out-of-core one streams its store: see
+        :meth:`_blocks`).
+        """
+        if self.out_of_core:
+            raise RuntimeError(
+                f"shard {self.spec.shard_id} is out of core: its rows are not in memory"
+            )
+        return _read_only(self.X), _read_only(self.y)
+
+    @property
+    def tight_points(self) -> np.ndarray | None:
+        """Each row's tight point ξ_n as a read-only view (None: none set, e.g. regular
+        MCMC or austerity before :meth:`set_tight_points`; out of core: also None)."""
+        return None if self.xi is None else _read_only(self.xi)
+
+    def extension(self, name: str, factory: Callable[[], _T]) -> _T:
+        """The per-shard state of the add-on sampler ``name``: ``factory()`` on first use,
+        then the same object for the shard's lifetime (a recreated shard starts afresh).
+
+        The one place an add-on sampler (austerity) keeps state on a shard; the shard
+        never reads it.
+        """
+        try:
+            return self._extensions[name]
+        except KeyError:
+            state = self._extensions[name] = factory()
+            return state
+
+    def count_queries(self, n: int) -> None:
+        """Add ``n`` likelihood queries made here by an add-on sampler to
+        :attr:`total_queries`."""
+        self.total_queries += int(n)
+
+    def operation(self, name: str, *args: Any) -> Any:
+        """Run the shard operation ``name`` (:data:`SHARD_OPERATIONS`) here, as
+        ``function(self, *args)``: how an add-on sampler (austerity) computes beside the
+        rows."""
+        try:
+            func = SHARD_OPERATIONS[name]
+        except KeyError:
+            raise ValueError(
+                f"unknown shard operation {name!r}; known: {sorted(SHARD_OPERATIONS)}"
+            ) from None
         return func(self, *args)
 
     def state(self) -> dict[str, Any]:
@@ -1023,6 +1089,13 @@ MANY_OUT_OF_CORE = 4
 #: this keeps it near 0.4 ms per iteration; a row's z is then revisited once every
 #: (shard bytes / WINDOW_BYTES) iterations.
 WINDOW_BYTES = 128 * 1024
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A view of ``a`` that cannot be written through."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def _out_of_core(mode: bool | str, nbytes: int, budget: int | None) -> bool:

@@ -554,6 +554,36 @@ def test_one_round_trip_per_round_to_drawn_shards_only():
     assert transport.round_trips == dec.round_trips
 
 
+def test_shard_interface_for_add_on_samplers():
+    """Austerity reaches a shard only through its public interface: read-only rows and
+    tight points, one named state slot, and the named operations (no arbitrary callable,
+    no writes into the shard's attributes)."""
+    from flymc_dist.austerity_shard import EXTENSION, AusterityRows
+    from flymc_dist.shard import SHARD_OPERATIONS, Shard
+
+    X, y, th0 = _data(300, seed=17)
+    transport, specs = _transport(X, y, [100, 200])
+    shard = transport.host.shards[1]
+    Xs, ys = shard.rows
+    np.testing.assert_array_equal(Xs, X[100:])
+    np.testing.assert_array_equal(ys, y[100:])
+    with pytest.raises(ValueError, match="read-only"):
+        Xs[0, 0] = 1.0
+    assert shard.tight_points is None  # austerity sets them only for control variates
+    assert not hasattr(Shard, "apply")
+    assert set(SHARD_OPERATIONS) == {"austerity_batch", "austerity_exact_diff"}
+    with pytest.raises(ValueError, match="unknown shard operation"):
+        transport.call("operation", "no_such_operation")
+    before = dict(vars(shard))
+    tester = aus.SequentialTester(transport, specs, 2, eps=0.0, batch_size=50, seed=18)
+    tester.decide(np.tile(th0, (2, 1)), np.tile(th0 + 0.1, (2, 1)), np.zeros(2))
+    assert set(vars(shard)) == set(before)  # no attribute added to the shard
+    state = shard.extension(EXTENSION, dict)  # the slot holds austerity's state already
+    assert isinstance(state, AusterityRows) and state.run == tester.run
+    assert sorted(state.slots) == [0, 1]
+    assert shard.total_queries == 2 * 2 * 200  # eps = 0: every row of the shard, twice
+
+
 # ------------------------------------------------------------------------ the API
 def test_sample_api_labels_and_stats():
     X, y, _ = _data(3000, seed=16)
