@@ -21,7 +21,14 @@ import flymc_dist as fd
 from flymc_dist.api import _shard_layout
 from flymc_dist.driver import Driver
 from flymc_dist.kernels import get_kernel
-from flymc_dist.protocol import Request, ShardConfig
+from flymc_dist.protocol import (
+    ReplicaReply,
+    Reply,
+    Request,
+    ShardConfig,
+    pack_reply,
+    unpack_reply,
+)
 from flymc_dist.transport import InProcessTransport
 
 
@@ -225,6 +232,46 @@ def test_replica_round_is_idempotent_in_seq():
     again = transport.round(99, commits, True, reqs, driver.positions)
     for a, b in zip(first, again, strict=True):
         assert a is b
+
+
+def test_typed_replies_pack_and_unpack_exactly():
+    """Both reply types, with optional fields present or absent, come back from the wire
+    as the same type with the same arrays (dtype, shape, values) and the same Nones."""
+    rng = np.random.default_rng(3)
+    C, P, k = 3, 4, 2
+    plain = Reply(
+        rng.normal(size=C),
+        rng.normal(size=(C, k)),
+        np.arange(C, dtype=np.int64),
+        np.arange(C, dtype=np.int64) * 7,
+        np.zeros(C, dtype=np.int64),
+        None,
+        rng.normal(size=(C, k, P)),
+    )
+    seg = np.array([0, 1, 1, 3], dtype=np.int64)
+    replica = ReplicaReply(
+        np.arange(C, dtype=np.int64),
+        np.ones(C, dtype=np.int64),
+        np.zeros(C, dtype=np.int64),
+        np.array([True, False, True]),
+        np.array([5, 9, 11], dtype=np.int64),
+        seg,
+        np.array([1, 2, 30], dtype=np.int64),
+        seg,
+        rng.normal(size=(3, P)),
+        rng.normal(size=3),
+        rng.normal(size=3),
+    )
+    sent = {4: plain, 0: replica, 7: plain._replace(points_grad=None)}
+    back = unpack_reply(pack_reply(sent))
+    assert list(back) == [4, 0, 7]
+    for got, want in zip(back.values(), sent.values(), strict=True):
+        assert type(got) is type(want)
+        for name, a, b in zip(want._fields, got, want, strict=True):
+            assert (a is None) == (b is None), name
+            if a is not None:
+                assert a.dtype == b.dtype and a.shape == b.shape, name
+                np.testing.assert_array_equal(a, b, err_msg=name)
 
 
 def _conditional(model, rows_X, rows_y, rows_xi, stats, ids):
