@@ -92,12 +92,10 @@ class ChunkSource:
     def get(self, k: int, then: int | None = None) -> Chunk:
         """Chunk ``k`` — from the read ahead if it is the one under way — and start
         reading chunk ``then`` in the background."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == k:
-            chunk = ahead[1].result()
+        if self._ahead is not None and self._ahead[0] == k:
+            chunk, self._ahead = self._ahead[1].result(), None
         else:
-            if ahead is not None:
-                ahead[1].result()  # a read of another chunk: let it finish, drop it
+            self.drop_ahead()  # a read of another chunk, if any: let it finish, drop it
             chunk = self.read(k)
         if then is not None:
             if self._pool is None:
@@ -106,7 +104,8 @@ class ChunkSource:
         return chunk
 
     def drop_ahead(self) -> None:
-        """Forget the read ahead (the tight points it computes are out of date)."""
+        """Wait for the read ahead, if any, and forget it (e.g. the tight points it
+        computes are out of date)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead[1].result()
