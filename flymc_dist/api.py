@@ -336,10 +336,6 @@ def sample(
             "num_warmup": num_warmup,
             "num_samples": num_samples,
         }
-        states = transport.call("state")
-        info["out_of_core"] = [bool(st["out_of_core"]) for st in states]
-        info["memory_budget"] = [st["memory_budget"] for st in states]
-        info["chunk_iterations"] = [st["chunk_iterations"] for st in states]
         if options.get("trace") is not None:  # what a resumed run must match
             info.update(data_id=_data_id(data), options=_shaping_options(options))
         return run(driver, info, num_warmup, num_samples, options)

@@ -61,7 +61,6 @@ class ChunkSource:
         self._ds = dataset
         self._prepare = prepare
         self.start, self.stop = int(start), int(stop)
-        self.n_features = self._ds.n_features
         cr = self._ds.chunk_rows
         edges = [self.start]
         while edges[-1] < self.stop:
@@ -116,12 +115,6 @@ class ChunkSource:
         for k in range(m):
             yield self.get(k, k + 1 if k + 1 < m else None)
 
-    def close(self) -> None:
-        """Stop the read-ahead thread."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool, self._ahead = None, None
-
 
 class RowStore:
     """Rows held in memory by an out-of-core shard, sorted by (shard-local) row number.
@@ -146,21 +139,13 @@ class RowStore:
         """The held rows' features (a view)."""
         return self.XC[:, : self.D]
 
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the rows."""
-        return self.ids.nbytes + self.XC.nbytes + self.y.nbytes + self.xi.nbytes
-
     def locate(self, rows: np.ndarray, window: Chunk | None) -> tuple[int, np.ndarray]:
         """Where all of ``rows`` are: ``(0, positions in XC)`` when all are held, else
         ``(1, offsets in window.XC)`` (then they must all lie in the window)."""
         pos, held = self._find(rows)
         if held.all():
             return 0, pos
-        off = rows - (window.lo if window is not None else 0)
-        if window is None or np.any((off < 0) | (off >= window.hi - window.lo)):
-            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
-        return 1, off
+        return 1, _window_offsets(rows, window)
 
     def _find(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where ``rows`` sit in the store, and which of them it holds."""
@@ -178,16 +163,12 @@ class RowStore:
         pos, held = self._find(rows)
         if held.all():
             return self.XC[pos], self.y[pos], self.xi[pos]
-        chunk = window
-        off = rows - (chunk.lo if chunk is not None else 0)
-        if chunk is None or np.any(~held & ((off < 0) | (off >= chunk.hi - chunk.lo))):
-            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
+        o = _window_offsets(rows[~held], window)
         XC = np.empty((rows.size, self.XC.shape[1]))
-        y = np.empty(rows.size, dtype=np.result_type(self.y.dtype, chunk.y.dtype))
+        y = np.empty(rows.size, dtype=np.result_type(self.y.dtype, window.y.dtype))
         t = np.empty(rows.size)
         XC[held], y[held], t[held] = self.XC[pos[held]], self.y[pos[held]], self.xi[pos[held]]
-        o = off[~held]
-        XC[~held], y[~held], t[~held] = chunk.XC[o], chunk.y[o], chunk.xi[o]
+        XC[~held], y[~held], t[~held] = window.XC[o], window.y[o], window.xi[o]
         return XC, y, t
 
     def gather(
@@ -215,6 +196,14 @@ class RowStore:
         self.xi = np.asarray(xi, dtype=np.float64)
         if consts is not None:
             self.XC[:, self.D :] = consts
+
+
+def _window_offsets(rows: np.ndarray, window: Chunk | None) -> np.ndarray:
+    """The offsets of ``rows`` in the chunk ``window``, where they must all lie."""
+    off = rows - (window.lo if window is not None else 0)
+    if window is None or np.any((off < 0) | (off >= window.hi - window.lo)):
+        raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
+    return off
 
 
 def worker_memory_limit() -> int | None:

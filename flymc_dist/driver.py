@@ -551,20 +551,21 @@ class Driver:
         self.transport.call("set_positions", self.positions, self.transport.generation)
 
     def setup_info(self) -> dict[str, Any]:
-        """The run information :meth:`setup` settled (``q_db``, MAP, set-up cost)."""
+        """The run information :meth:`setup` settled (``q_db``, MAP, set-up cost, each
+        shard's mode: in memory or out of core, with what budget and window)."""
+        states = self.transport.call("state")
         return {
+            "out_of_core": [bool(st["out_of_core"]) for st in states],
+            "memory_budget": [st["memory_budget"] for st in states],
+            "chunk_iterations": [st["chunk_iterations"] for st in states],
             "q_db": self.q_db if self.algorithm == "flymc" else None,
             "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),
             "map_info": self.map_info,
             "setup_queries": self.setup_queries,
             "setup_seconds": self.setup_seconds,
-            "setup_bytes_read": self._bytes_read(),
+            # bytes of rows read from the store (out-of-core shards; float64 X and y)
+            "setup_bytes_read": sum(int(st["bytes_read"]) for st in states),
         }
-
-    def _bytes_read(self) -> int:
-        """Bytes of rows the shards have read from the store so far (out-of-core shards:
-        float64 features and target)."""
-        return sum(int(st["bytes_read"]) for st in self.transport.call("state"))
 
     def timing(self) -> dict[str, Any]:
         """Cumulative seconds so far: in :meth:`step`, waiting on rounds, and per host."""
@@ -581,7 +582,7 @@ class Driver:
             "bright_replica": self.replica is not None,
             "channel": self.transport.channel,
             "speculative_queries": int(self.wasted_queries),
-            "bytes_read": self._bytes_read(),
+            "bytes_read": sum(int(st["bytes_read"]) for st in self.transport.call("state")),
         }
 
 

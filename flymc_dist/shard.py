@@ -257,7 +257,7 @@ class Shard:
             self._source.drop_ahead()  # before the read-ahead thread could see a new θ̂
             self._theta_hat = None if theta_hat is None else np.asarray(theta_hat, float)
             if self.flymc:
-                self._rows.set_xi(*self._prepare_chunk(self._rows.X, self._rows.y, False))
+                self._rows.set_xi(*self._row_constants(self._rows.X, self._rows.y))
             self._win = None
             return
         if theta_hat is None:
@@ -372,16 +372,18 @@ class Shard:
             return self.model.untuned_xi(y)
         return self.model.tuned_xi(self.model.linear_predictor(self._theta_hat[None], X)[0], y)
 
-    def _prepare_chunk(
-        self, X: np.ndarray, y: np.ndarray, buffer: bool = True
-    ) -> tuple[np.ndarray | None, np.ndarray]:
-        """Out of core: the tight points of the rows ``(X, y)`` and the rows as one
-        ``(n, D + K)`` buffer, features then row constants (``buffer=False``: only the
-        constants, or None without any)."""
+    def _row_constants(
+        self, X: np.ndarray, y: np.ndarray
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Out of core: the tight points of the rows ``(X, y)`` and their row constants
+        (None without a compiled log L~)."""
         xi = self._tight_points(X, y)
-        consts = self.model.row_constants(y, xi) if self._K else None
-        if not buffer:
-            return xi, consts
+        return xi, (self.model.row_constants(y, xi) if self._K else None)
+
+    def _prepare_chunk(self, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Out of core: the tight points of the rows ``(X, y)`` and the rows as one
+        ``(n, D + K)`` buffer, features then row constants."""
+        xi, consts = self._row_constants(X, y)
         XC = np.empty((X.shape[0], X.shape[1] + self._K))
         XC[:, : X.shape[1]] = X
         if consts is not None:

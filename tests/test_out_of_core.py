@@ -68,7 +68,6 @@ def test_chunk_source_reads_the_shard_chunk_by_chunk(store):
     assert src.get(4).lo == 220
     assert src.get(3, then=0).lo == 156
     assert src.get(0).lo == 0
-    src.close()
 
 
 def test_row_store_gathers_held_rows_and_the_window(store):
