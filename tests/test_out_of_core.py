@@ -15,7 +15,7 @@ import pytest
 from scipy.special import expit
 
 import flymc_dist as fd
-from flymc_dist.chunks import Chunk, ChunkSource, RowStore
+from flymc_dist.shard.chunks import Chunk, ChunkSource, RowStore
 from flymc_dist.data import make_logistic
 from flymc_dist.driver import Driver
 from flymc_dist.protocol import ShardConfig, ShardSpec
