@@ -16,6 +16,18 @@ in-process and on any number of workers.
 
 Random numbers are never drawn here: the shard draws each chain's uniforms from the
 chain's own stream, in the documented order, and passes them in.
+
+**Why the models' compiled forms sit behind a** ``kind`` **switch here,** rather than each
+model registering its own jitted row function with kernels that take it as an argument:
+numba compiles a kernel that receives a jitted function (or closes over one) afresh in
+every process. Measured with numba's own counters: a second process has no cache hit
+for such a kernel (every call signature compiles again, about a second each), so every
+worker would pay that compilation at each start, and again after each recovery. With
+the switch every kernel here is compiled once and cached on disk. A model joins by a
+kind id in :data:`KINDS`, a branch in :func:`_log_bright` and :func:`_bright_and_slope`
+(operation for operation as its numpy ``log_bright_rows``), and its
+:meth:`~flymc_dist.models.base.Model.compiled_bright` naming the kind; its
+``row_constants`` are the ``(c0, c1, c2)`` those branches read.
 """
 
 from __future__ import annotations
