@@ -678,14 +678,15 @@ class Shard:
     ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
         """Out of core: the buffers (held rows, window) — a tuple, which the compiled
         functions index as they do a typed list, at no cost to build — and, for each
-        segment of ``rows``, which of the two holds it and where (:meth:`RowStore.locate`)."""
+        segment of ``rows``, which of the two holds it and where (compiled
+        :meth:`RowStore.locate`)."""
         store, win = self._rows, self._win
         window = win.XC if win is not None else np.empty((0, store.XC.shape[1]))
         local = np.empty_like(rows)
         src = np.empty(seg.size - 1, np.int64)
-        for i in range(seg.size - 1):
-            a, b = seg[i], seg[i + 1]
-            src[i], local[a:b] = store.locate(rows[a:b], win)
+        lo, hi = (win.lo, win.hi) if win is not None else (0, 0)
+        if not self._jit.locate_segments(store.ids, rows, seg, lo, hi, local, src):
+            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
         return (store.XC, window), local, src
 
     def _lists(self) -> tuple[Any, Any]:
