@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from flymc_dist.brightness import brighten, proposal_slots
+from flymc_dist.brightness import bernoulli_rows, brighten, log_uniform, proposal_slots
 from flymc_dist.protocol import Reply, Request
 
 if TYPE_CHECKING:
@@ -60,7 +60,10 @@ def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
 
 
 def fused_z_update(
-    pairs: list[tuple[Shard, int]], record: bool = False, owner: Any = None
+    pairs: list[tuple[Shard, int]],
+    record: bool = False,
+    owner: Any = None,
+    window: tuple[int, int, float] | None = None,
 ) -> np.ndarray:
     """The implicit z-update of every (shard, chain) pair in ``pairs`` at once.
 
@@ -80,6 +83,12 @@ def fused_z_update(
     shards' buffers and masks between calls (:func:`_typed_lists`; default: the shard,
     when the pairs are all on one).
 
+    ``window = (lo, hi, q)``: an out-of-core shard's update of its rows ``lo:hi`` only
+    (the chunk it holds; one shard, no ``record``), with proposal probability ``q``:
+    the window's bright rows may go dark and its dark rows may propose, every other row
+    keeps its z (see :class:`~flymc_dist.shard.shard.Shard`). The work then runs in the
+    window's own row numbers, on its buffer and on its columns of the masks.
+
     Returns
     -------
     numpy.ndarray
@@ -89,26 +98,39 @@ def fused_z_update(
     if P == 0:
         return np.zeros(0, dtype=np.int64)
     first = pairs[0][0]
-    jit, q = first._jit, first.q_db
+    jit = first._jit
     shards: list[Shard] = []
     where: dict[int, int] = {}
     for sh, _ in pairs:
         if id(sh) not in where:
-            if sh.q_db != q:
+            if sh.q_db != first.q_db:
                 raise ValueError("a fused z-update needs one q_db for all its shards")
             where[id(sh)] = len(shards)
             shards.append(sh)
-    XCs, masks = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
     chains = [sh.chains[c] for sh, c in pairs]
     brights = [ch.bright for ch in chains]
+    if window is None:
+        lo, q = 0, first.q_db
+        XCs, masks = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
+        ns = [sh.n for sh, _ in pairs]
+        idx_in = [b.idx for b in brights]
+        vals_in = [b.vals for b in brights]
+    else:
+        lo, hi, q = window
+        if len(shards) > 1 or record:
+            raise ValueError("a windowed z-update runs on one shard, without speculation")
+        XCs, masks = (first._win.XC,), (first._masks[:, lo:hi],)
+        ns = [hi - lo] * P
+        inside = [(b.idx >= lo) & (b.idx < hi) for b in brights]
+        idx_in = [b.idx[w] - lo for b, w in zip(brights, inside, strict=True)]
+        vals_in = [b.vals[w] for b, w in zip(brights, inside, strict=True)]
     states = [ch.rng.bit_generator.state for ch in chains] if record else None
     bounds = [0]
-    for b in brights:
-        bounds.append(bounds[-1] + b.idx.size)
+    for r in idx_in:
+        bounds.append(bounds[-1] + r.size)
     b_seg = np.array(bounds, dtype=np.int64)
-    b_idx = np.concatenate([b.idx for b in brights])
-    b_vals = np.concatenate([b.vals for b in brights])
-    ns = [sh.n for sh, _ in pairs]
+    b_idx = np.concatenate(idx_in)
+    b_vals = np.concatenate(vals_in)
     Ks = [proposal_slots(n, q) for n in ns]
     pair_n = np.array(ns, dtype=np.int64)
     pair_K = np.array(Ks, dtype=np.int64)
@@ -144,12 +166,12 @@ def fused_z_update(
     m = int(cand_seg[P])
     cand, log_u = cand[:m], log_u[:m]
     if short:  # a pair's K gaps did not reach its last row (rare)
-        cand, log_u = _refill(pairs, last, cand, log_u, cand_seg)
+        cand, log_u = _refill(pairs, last, cand, log_u, cand_seg, ns, q, masks)
     counts = cand_seg[1:] - cand_seg[:-1]
     vals = np.empty(cand.size)
     kind, par = first._kernel
     jit.eval_rows(
-        XCs, first.X.shape[1], cand, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
+        XCs, first.n_features, cand, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
     )
     acc = brighten(log_u, vals, q)
     new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
@@ -180,7 +202,7 @@ def fused_z_update(
     )
     new_bounds = new_seg.tolist()
     for i, b in enumerate(brights):
-        lo, hi = new_bounds[i], new_bounds[i + 1]
+        lo_i, hi_i = new_bounds[i], new_bounds[i + 1]
         if record:
             sh, c = pairs[i]
             sh._spec[c] = _Spec(
@@ -188,10 +210,15 @@ def fused_z_update(
                 b.idx,
                 b.vals,
                 gone[gone_seg[i] : gone_seg[i + 1]],
-                new_idx[hi - added[i] : hi],
+                new_idx[hi_i - added[i] : hi_i],
                 int(counts[i]),
             )
-        b.idx, b.vals = new_idx[lo:hi], new_vals[lo:hi]
+        if window is None:
+            b.idx, b.vals = new_idx[lo_i:hi_i], new_vals[lo_i:hi_i]
+        else:  # the rows outside the window, then the window's
+            out = ~inside[i]
+            b.idx = np.concatenate([b.idx[out], new_idx[lo_i:hi_i] + lo])
+            b.vals = np.concatenate([b.vals[out], new_vals[lo_i:hi_i]])
     return counts
 
 
@@ -201,17 +228,24 @@ def _refill(
     cand: np.ndarray,
     log_u: np.ndarray,
     cand_seg: np.ndarray,
+    ns: list[int],
+    q: float,
+    masks: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Append to each pair whose gaps fell short (``last[i] >= 0``) its further dark
-    proposals (:meth:`Shard._more_proposals`), keeping candidates pair after pair;
-    ``cand_seg`` is updated in place."""
+    proposals among its ``ns[i]`` rows — more gaps, then their uniforms, from its
+    chain's stream — keeping candidates pair after pair; ``cand_seg`` is updated in
+    place. ``masks`` as given to the compiled proposals (one per shard)."""
     bounds = cand_seg.tolist()
+    shard_of: dict[int, int] = {}
     rows, logs = [], []
     for i, (sh, c) in enumerate(pairs):
         r_i, l_i = cand[bounds[i] : bounds[i + 1]], log_u[bounds[i] : bounds[i + 1]]
         if last[i] >= 0:
-            r, lu = sh._more_proposals(c, int(last[i]))
-            dark = ~sh._masks[c, r]
+            rng, after = sh.chains[c].rng, int(last[i]) + 1
+            r = bernoulli_rows(rng, ns[i] - after, q) + after
+            lu = log_uniform(rng, r.size)
+            dark = ~masks[shard_of.setdefault(id(sh), len(shard_of))][c, r]
             r_i, l_i = np.concatenate([r_i, r[dark]]), np.concatenate([l_i, lu[dark]])
         rows.append(r_i)
         logs.append(l_i)
@@ -230,6 +264,7 @@ def fusable(shards: list[Shard], seq: Any, requests: list[Request | None], specu
         and all(
             sh.fused_z
             and not sh.replica
+            and not sh.out_of_core
             and sh.chains
             and not sh._spec
             and (seq is None or sh._seq != seq)

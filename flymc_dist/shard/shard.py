@@ -27,7 +27,6 @@ from flymc_dist import austerity_shard
 from flymc_dist._numerics import log_sigmoid
 from flymc_dist.brightness import (
     BrightSet,
-    bernoulli_rows,
     explicit_accept,
     explicit_propose,
     explicit_update,
@@ -664,14 +663,19 @@ class Shard:
             and self.config.z_update == "implicit"
             and not self.track_grad
             and self._kernel is not None
-            and not self.out_of_core
         )
 
     def _update_z_fused(self, sel: list[int] | None = None, record: bool = False) -> np.ndarray:
         """The implicit z-update of every chain in ``sel`` (default: all) at once: see
-        :func:`fused_z_update`. Returns the likelihood queries of each chain in ``sel``."""
+        :func:`fused_z_update` (out of core: of the current window's rows, see the class
+        notes). Returns the likelihood queries of each chain in ``sel``."""
         sel = range(len(self.chains)) if sel is None else sel
-        return fused_z_update([(self, c) for c in sel], record)
+        if not self.out_of_core:
+            return fused_z_update([(self, c) for c in sel], record)
+        (lo, hi), q = self._z_window()
+        queries = fused_z_update([(self, c) for c in sel], record, window=(lo, hi, q))
+        self._hold_bright()
+        return queries
 
     def _ooc_locate(
         self, rows: np.ndarray, seg: np.ndarray
@@ -726,13 +730,6 @@ class Shard:
         ch.bright.idx, ch.bright.vals = sp.idx, sp.vals
         ch.rng.bit_generator.state = sp.rng_state
         return sp.queries
-
-    def _more_proposals(self, c: int, last: int) -> tuple[np.ndarray, np.ndarray]:
-        """Proposal rows after ``last`` for chain ``c`` (its gaps fell short), with the
-        log-uniforms deciding them: more gaps, then their uniforms, from its stream."""
-        rng = self.chains[c].rng
-        r = bernoulli_rows(rng, self.n - 1 - last, self.q_db) + (last + 1)
-        return r, log_uniform(rng, r.size)
 
     def _flymc_points(
         self,
@@ -893,7 +890,10 @@ class Shard:
                 reply = self._sums(requests, queries, wasted)
         self.total_queries += int(queries.sum() + wasted.sum())
         self._seq, self._reply = seq, reply
-        self._spec_pending = bool(speculate) and self.fused_z and not self.replica
+        # speculation undoes a z-update, but not an out-of-core window's step
+        self._spec_pending = (
+            bool(speculate) and self.fused_z and not self.replica and not self.out_of_core
+        )
         return reply
 
     def _commit_all(self, commits: np.ndarray, update_z: bool) -> np.ndarray:
