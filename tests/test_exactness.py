@@ -479,11 +479,29 @@ def _state_selected_propose(rng, bright, q, window=None):
     return darken, cand[~bright.mask[cand]]
 
 
+def _state_selected_fused(pairs, record=False, owner=None, window=None):
+    """The same trap on the compiled path: the window's update, then the bright rows
+    outside the window may go dark too (with the bright→dark acceptance ``q / L~``), while
+    the dark ones there may not brighten."""
+    counts = fused_module.fused_z_update(pairs, record, owner, window)
+    if window is not None:
+        lo, hi, q = window
+        for sh, c in pairs:
+            b = sh.chains[c].bright
+            outside = (b.idx < lo) | (b.idx >= hi)
+            go = outside & (np.log(sh.chains[c].rng.random(b.idx.size)) < math.log(q) - b.vals)
+            sh._masks[c, b.idx[go]] = False
+            b.idx, b.vals = b.idx[~go], b.vals[~go]
+    return counts
+
+
 @pytest.mark.parametrize("name", ["logistic"])  # robust fails too, by less (|z| 6 of 4.1)
 def test_negative_control_out_of_core_state_selected_update_fails(runs, monkeypatch, name):
-    """Out of core, darkening every bright row but brightening only the window's must fail."""
+    """Out of core, darkening every bright row but brightening only the window's must fail
+    (the trap planted in both z-update paths: numpy and compiled)."""
     good = runs.get(name, OOC_CONTROL_COMBO)
     monkeypatch.setattr(shard_module, "implicit_propose", _state_selected_propose)
+    monkeypatch.setattr(shard_module, "fused_z_update", _state_selected_fused)
     bad = run_sampler(name, OOC_CONTROL_COMBO)  # here, in this process: the patch applies
     assert bad.stats["n_bright"].mean() < 0.8 * good.stats["n_bright"].mean()  # it took effect
     ref = reference(name)
