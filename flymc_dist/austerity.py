@@ -116,7 +116,6 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.special import stdtr
 
-from flymc_dist.cluster import ShardLost, open_transport
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.layout import shard_layout
@@ -125,6 +124,7 @@ from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
 from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.run import run
+from flymc_dist.transport.dask import ShardLost, open_transport
 from flymc_dist.tune import find_map, initial_positions, needs_map, preconditioner, tight_bounds
 
 __all__ = [

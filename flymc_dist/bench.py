@@ -4,7 +4,7 @@ One run, one cluster, measurements side by side on the same workers and the same
 ``rows × features`` logistic data set:
 
 (a) MAP-tuned FlyMC with RWMH (``fd.sample(..., client=<the client>)``), its rounds on
-    the direct socket channel (:mod:`flymc_dist.channel`, the default on ``tcp://``
+    the direct socket channel (:mod:`flymc_dist.transport.channel`, the default on ``tcp://``
     clusters), and again with its rounds on Dask's actor RPC (``channel="dask"``);
 (b) regular full-data MCMC with the same kernel;
 (c) the bare actor fan-out round trip: a no-op method
@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 
 import flymc_dist as fd
-from flymc_dist.cluster import DaskTransport
 from flymc_dist.data import make_logistic
 from flymc_dist.protocol import Request, ShardConfig, ShardSpec, pack_round
+from flymc_dist.transport.dask import DaskTransport
 
 __all__ = [
     "GOAL_FLYMC_OVER_BARE",

@@ -43,11 +43,11 @@ import numpy as np
 from flymc_dist import diagnostics
 from flymc_dist.api import sample
 from flymc_dist.austerity import loglog_slope, run_decisions
-from flymc_dist.cluster import _client_from
 from flymc_dist.data import from_numpy
 from flymc_dist.kernels.rwmh import tril_matvec
 from flymc_dist.models.logistic import LogisticRegression
 from flymc_dist.rng import ROLE_AUSTERITY, stream
+from flymc_dist.transport.dask import _client_from
 
 __all__ = ["format", "format_sublinear", "logistic_data", "run_sublinear"]
 

@@ -42,7 +42,6 @@ from flymc_dist.brightness import (
     log_uniform,
     proposal_slots,
 )
-from flymc_dist.channel import ECHO, ROUND, ChannelServer
 from flymc_dist.chunks import Chunk, ChunkSource, RowStore, worker_memory_limit
 from flymc_dist.data import open_dataset
 from flymc_dist.evaluate import bright_terms, bright_terms_many
@@ -57,6 +56,7 @@ from flymc_dist.protocol import (
     unpack_round,
 )
 from flymc_dist.rng import ROLE_Z, stream
+from flymc_dist.transport.channel import ECHO, ROUND, ChannelServer
 
 log = logging.getLogger(__name__)
 
@@ -1575,7 +1575,7 @@ class ShardHost:
 
     # ------------------------------------------------------------ the channel
     def open_channel(self, host: str) -> tuple[tuple[str, int], bytes]:
-        """Serve rounds on a socket of ``host`` (see :mod:`flymc_dist.channel`).
+        """Serve rounds on a socket of ``host`` (see :mod:`flymc_dist.transport.channel`).
 
         Returns the address to connect to and the token to present. A speculative
         z-update runs on the channel's thread right after its reply is sent.

@@ -21,7 +21,7 @@ from flymc_dist.bench_sublinear import logistic_data
 from flymc_dist.kernels.rwmh import tril_matvec
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.rng import ROLE_AUSTERITY, stream
-from flymc_dist.transport import InProcessTransport
+from flymc_dist.transport.inprocess import InProcessTransport
 
 MODEL = fd.LogisticRegression()
 

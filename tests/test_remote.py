@@ -220,7 +220,7 @@ def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
 def test_workers_without_the_options_fail_in_one_line(s3, data, client):
     """Shard specs without the options (as before they carried them): the workers cannot
     reach the store, and the error is one line naming the store and the missing options."""
-    from flymc_dist.cluster import DaskTransport
+    from flymc_dist.transport.dask import DaskTransport
 
     _local, remote = data
     config = ShardConfig(model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0)
