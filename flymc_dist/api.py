@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.austerity import check_control_variates, sample_austerity
+from flymc_dist.austerity.sampler import check_control_variates, sample_austerity
 from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.driver import (
     REPLICA_BUDGET,

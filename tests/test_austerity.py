@@ -15,8 +15,8 @@ from scipy import stats
 from scipy.special import expit
 
 import flymc_dist as fd
-from flymc_dist import austerity as aus
 from flymc_dist import diagnostics
+from flymc_dist.austerity import sampler as aus
 from flymc_dist.bench_sublinear import logistic_data
 from flymc_dist.kernels.rwmh import tril_matvec
 from flymc_dist.protocol import ShardConfig, ShardSpec
@@ -558,7 +558,7 @@ def test_shard_interface_for_add_on_samplers():
     """Austerity reaches a shard only through its public interface: read-only rows and
     tight points, one named state slot, and the named operations (no arbitrary callable,
     no writes into the shard's attributes)."""
-    from flymc_dist.austerity_shard import EXTENSION, AusterityRows
+    from flymc_dist.austerity.shard import EXTENSION, AusterityRows
     from flymc_dist.shard import SHARD_OPERATIONS, Shard
 
     X, y, th0 = _data(300, seed=17)

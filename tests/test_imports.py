@@ -153,7 +153,7 @@ def unlisted_lazy(lazy: dict[str, list], allowed: dict) -> list[str]:
 def test_no_import_cycles_in_the_package() -> None:
     graph, _ = import_graph(PACKAGE, "flymc_dist")
     assert len(graph) > 30 and "flymc_dist.api" in graph  # it saw the package
-    assert "flymc_dist.austerity" in graph["flymc_dist.api"]  # and its imports
+    assert "flymc_dist.austerity.sampler" in graph["flymc_dist.api"]  # and its imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
