@@ -40,7 +40,8 @@ import numpy as np
 import flymc_dist as fd
 from flymc_dist import __version__, data, diagnostics
 from flymc_dist.api import kept_trace
-from flymc_dist.bench import format_overhead, local_client, run_overhead
+from flymc_dist.bench.common import local_client
+from flymc_dist.bench.overhead import format_overhead, run_overhead
 from flymc_dist.data import ingest, make_logistic, open_dataset
 from flymc_dist.models import make_model
 from flymc_dist.result import efficiency
@@ -1196,21 +1197,21 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
     return parser
 
 
-#: ``flymc bench NAME``: the module ``flymc_dist.bench_NAME`` with ``run_NAME`` (its options
+#: ``flymc bench NAME``: the module ``flymc_dist.bench.NAME`` with ``run_NAME`` (its options
 #: become the command's) and ``format_NAME``
 BENCH_MODULES = ("sublinear", "mixing", "scale")
 
 
 def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
     try:
-        mod = importlib.import_module(f"flymc_dist.bench_{name}")
+        mod = importlib.import_module(f"flymc_dist.bench.{name}")
     except ImportError as err:
         raise CLIError(f"'bench {name}' is not available in this installation ({err})") from None
     run = getattr(mod, f"run_{name}", None)
     fmt = getattr(mod, f"format_{name}", None)
     if run is None or fmt is None:
         raise CLIError(
-            f"'bench {name}' is not available: flymc_dist.bench_{name} lacks "
+            f"'bench {name}' is not available: flymc_dist.bench.{name} lacks "
             f"run_{name}/format_{name}"
         )
     doc = inspect.getdoc(mod) or ""

@@ -17,7 +17,7 @@ from scipy.special import expit
 import flymc_dist as fd
 from flymc_dist import diagnostics
 from flymc_dist.austerity import sampler as aus
-from flymc_dist.bench_sublinear import logistic_data
+from flymc_dist.bench.sublinear import logistic_data
 from flymc_dist.kernels.rwmh import tril_matvec
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.rng import ROLE_AUSTERITY, stream
@@ -775,7 +775,7 @@ def test_same_draws_on_dask_cluster(tmp_path):
 
 
 def test_bench_sublinear_smoke():
-    from flymc_dist import bench_sublinear as bench
+    from flymc_dist.bench import sublinear as bench
 
     r = bench.run_sublinear(
         ns=(1000, 10_000),

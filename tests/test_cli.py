@@ -808,7 +808,7 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
 @pytest.fixture(scope="module")
 def cluster_client() -> object:
     """One 2-worker LocalCluster shared by the cluster tests (started once: it is slow)."""
-    from flymc_dist.bench import local_client
+    from flymc_dist.bench.common import local_client
 
     client, cluster = local_client(2)
     client.wait_for_workers(2, timeout=120)
@@ -852,7 +852,7 @@ def test_run_on_a_scheduler(
 
 @pytest.mark.cluster
 def test_bench_overhead_tiny(cluster_client: object) -> None:
-    from flymc_dist.bench import format_overhead, run_overhead
+    from flymc_dist.bench.overhead import format_overhead, run_overhead
 
     d = run_overhead(
         rows=4000,
