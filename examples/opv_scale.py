@@ -118,7 +118,7 @@ def main() -> None:
             )
             scale = 1.0
         else:
-            from flymc_dist.datasets import flights_to_zarr
+            from flymc_dist.data.real import flights_to_zarr
 
             ds = flights_to_zarr(
                 store, n_rows=args.rows, chunk_rows=args.chunk_rows, dtype="float32"
