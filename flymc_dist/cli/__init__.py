@@ -1303,7 +1303,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             _error(f"{type(err).__name__}: {err} (set FLYMC_DEBUG=1 for the traceback)")
         _resume_hint(err)
         return EXIT_FAILURE
-
-
-if __name__ == "__main__":  # pragma: no cover - python -m flymc_dist.cli
-    sys.exit(main())
