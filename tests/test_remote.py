@@ -337,7 +337,7 @@ def test_cli_storage_option_on_local_paths_is_refused(tmp_path, capsys):
 
 
 def test_cli_storage_option_values_are_json_where_possible():
-    from flymc_dist.cli import _storage_option
+    from flymc_dist.cli.parser import _storage_option
 
     assert _storage_option("anon=true") == ("anon", True)
     assert _storage_option('client_kwargs={"region_name": "eu"}') == (
