@@ -16,6 +16,18 @@ in-process and on any number of workers.
 
 Random numbers are never drawn here: the shard draws each chain's uniforms from the
 chain's own stream, in the documented order, and passes them in.
+
+**Why the models' compiled forms sit behind a** ``kind`` **switch here,** rather than each
+model registering its own jitted row function with kernels that take it as an argument:
+numba compiles a kernel that receives a jitted function (or closes over one) afresh in
+every process. Measured with numba's own counters: a second process has no cache hit
+for such a kernel (every call signature compiles again, about a second each), so every
+worker would pay that compilation at each start, and again after each recovery. With
+the switch every kernel here is compiled once and cached on disk. A model joins by a
+kind id in :data:`KINDS`, a branch in :func:`_log_bright` and :func:`_bright_and_slope`
+(operation for operation as its numpy ``log_bright_rows``), and its
+:meth:`~flymc_dist.models.base.Model.compiled_bright` naming the kind; its
+``row_constants`` are the ``(c0, c1, c2)`` those branches read.
 """
 
 from __future__ import annotations
@@ -197,6 +209,43 @@ def segment_sums(vals: np.ndarray, seg: np.ndarray, out: np.ndarray) -> None:
         for j in range(seg[i], seg[i + 1]):
             total += vals[j]
         out[i] = total
+
+
+@numba.njit(**_JIT)
+def locate_segments(
+    ids: np.ndarray,
+    rows: np.ndarray,
+    seg: np.ndarray,
+    win_lo: int,
+    win_hi: int,
+    local: np.ndarray,
+    src: np.ndarray,
+) -> bool:
+    """Out of core: where each segment ``rows[seg[i]:seg[i+1]]`` lies — all among the held
+    rows (sorted ``ids``: ``src[i] = 0``, ``local`` their positions there) or else all in
+    the window of rows ``[win_lo, win_hi)`` (``src[i] = 1``, ``local`` their offsets in
+    it), as :meth:`~flymc_dist.shard.chunks.RowStore.locate` does segment by segment.
+    False if a segment is neither (nothing is then to be trusted)."""
+    n = ids.size
+    for i in range(seg.size - 1):
+        held = True
+        for r in range(seg[i], seg[i + 1]):
+            p = np.searchsorted(ids, rows[r])
+            if p < n and ids[p] == rows[r]:
+                local[r] = p
+            else:
+                held = False
+                break
+        if held:
+            src[i] = 0
+            continue
+        src[i] = 1
+        for r in range(seg[i], seg[i + 1]):
+            o = rows[r] - win_lo
+            if o < 0 or o >= win_hi - win_lo:
+                return False
+            local[r] = o
+    return True
 
 
 @numba.njit(**_JIT)

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.evaluate import bright_terms_many
 from flymc_dist.models.base import Model
 from flymc_dist.protocol import ReplicaReply
+from flymc_dist.shard.evaluate import bright_terms_many
 
 
 class _Rows:

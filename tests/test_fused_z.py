@@ -19,7 +19,7 @@ from scipy import stats
 
 import flymc_dist as fd
 import flymc_dist.brightness as brightness_mod
-import flymc_dist.shard as shard_mod
+import flymc_dist.shard.fused as fused_mod
 from flymc_dist._numerics import log_expm1
 from flymc_dist.brightness import bernoulli_rows
 from flymc_dist.protocol import Request, ShardConfig, ShardSpec
@@ -232,7 +232,7 @@ def test_fused_z_update_leaves_conditional_invariant(theta_hat):
 def test_fused_z_flipped_sign_negative_control_fails(monkeypatch):
     """The same check rejects the fused update with Algorithm 2's printed comparison
     (dark→bright accepted when ``u > L~ / q``)."""
-    monkeypatch.setattr(shard_mod, "brighten", lambda log_u, vals, q: log_u > vals - math.log(q))
+    monkeypatch.setattr(fused_mod, "brighten", lambda log_u, vals, q: log_u > vals - math.log(q))
     shard, X, y = _fused_shard(THETA_HAT)
     z, use = _fused_stationarity_z(shard, X, y, sweeps=4000)
     m = int(use.sum())
@@ -243,7 +243,7 @@ def test_fused_z_flipped_sign_negative_control_fails(monkeypatch):
 def test_fused_z_refill_path_single_chain_invariant(monkeypatch):
     """A chain whose proposal gaps fall short (:meth:`Shard._more_proposals`, forced with
     one slot per chain) still leaves p(z | θ) invariant (one chain: no interleaving)."""
-    monkeypatch.setattr(shard_mod, "proposal_slots", lambda n, q: 1)
+    monkeypatch.setattr(fused_mod, "proposal_slots", lambda n, q: 1)
     X, y = _stat_data()
     shard = _make_shard(X, y, fd.LogisticRegression(), chains=1, seed=22, q=Q)
     shard.set_tight_points(THETA_HAT)
@@ -305,7 +305,7 @@ def test_fused_z_refill_path_several_chains_cache_consistent(monkeypatch):
     """With every chain's gaps falling short (one slot each), the cached log L~ of each
     chain must still be its own rows at its own θ (a bug once evaluated the extra rows of
     a chain other than the last at another chain's θ)."""
-    monkeypatch.setattr(shard_mod, "proposal_slots", lambda n, q: 1)
+    monkeypatch.setattr(fused_mod, "proposal_slots", lambda n, q: 1)
     shard, X, y = _fused_shard(None, seed=33, q=0.3)
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(30):

@@ -24,7 +24,7 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     # numba costs ~0.5 s to import (plus compilation on first use); only shards and the
     # replica compute with it, so `import flymc_dist` and the CLI do not pay for it.
     ("flymc_dist.replica", "flymc_dist._compiled"): "numba, heavy: only where it computes",
-    ("flymc_dist.shard", "flymc_dist._compiled"): "numba, heavy: only where it computes",
+    ("flymc_dist.shard.shard", "flymc_dist._compiled"): "numba, heavy: only where it computes",
 }
 
 

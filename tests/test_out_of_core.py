@@ -15,11 +15,11 @@ import pytest
 from scipy.special import expit
 
 import flymc_dist as fd
-from flymc_dist.chunks import Chunk, ChunkSource, RowStore
 from flymc_dist.data import make_logistic
 from flymc_dist.driver import Driver
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.shard import Shard
+from flymc_dist.shard.chunks import Chunk, ChunkSource, RowStore
 
 
 def _data(n: int, seed: int = 5) -> tuple[np.ndarray, np.ndarray]:
@@ -86,6 +86,41 @@ def test_row_store_gathers_held_rows_and_the_window(store):
         rows.gather(np.array([5]), win)
     with pytest.raises(RuntimeError, match="neither held nor in the current chunk"):
         rows.gather(np.array([70, 200]), None)
+
+
+def test_compiled_locate_agrees_with_the_row_store():
+    """The shards' compiled lookup of scattered rows (held or in the window) gives what
+    RowStore.locate gives segment by segment, and refuses rows that are neither."""
+    from flymc_dist._compiled import locate_segments
+
+    rng = np.random.default_rng(3)
+    store = RowStore(2)
+    held_in_win = np.array([510, 520, 530])
+    ids = np.union1d(rng.choice(np.arange(600, 1000), 37, replace=False), held_in_win)
+    store.set(ids, rng.normal(size=(ids.size, 2)), np.zeros(ids.size), np.zeros(ids.size))
+    win = Chunk(500, 600, None, np.zeros(100), np.zeros(100), np.zeros((100, 2)))
+    in_win = np.setdiff1d(np.arange(500, 600), ids)
+    segments = [
+        rng.choice(ids, 7),  # all held
+        rng.choice(in_win, 5),  # all in the window (none held)
+        np.concatenate([held_in_win, rng.choice(in_win, 2)]),  # mixed, all in the window
+        np.empty(0, dtype=np.int64),
+    ]
+    rows = np.concatenate(segments).astype(np.int64)
+    seg = np.cumsum([0] + [s.size for s in segments]).astype(np.int64)
+    local, src = np.empty_like(rows), np.empty(len(segments), dtype=np.int64)
+    assert locate_segments(store.ids, rows, seg, win.lo, win.hi, local, src)
+    for i, part in enumerate(segments):
+        where, pos = store.locate(part, win) if part.size else (0, part)
+        assert src[i] == where
+        np.testing.assert_array_equal(local[seg[i] : seg[i + 1]], pos)
+    assert list(src[:3]) == [0, 1, 1]  # each kind occurred
+    outside = np.array([ids[0], 450], dtype=np.int64)  # one held, one nowhere
+    two = np.array([0, 2], dtype=np.int64)
+    ok = locate_segments(store.ids, outside, two, win.lo, win.hi, np.empty(2, np.int64), src)
+    assert not ok
+    with pytest.raises(RuntimeError, match="neither held nor in the current chunk"):
+        store.locate(outside, win)
 
 
 def test_a_shard_holds_only_its_bright_rows(store):

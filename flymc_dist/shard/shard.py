@@ -3,8 +3,8 @@
 A :class:`Shard` owns its rows, its per-datum tight points, the bright/dark
 structure of every chain, one random stream per chain and its query counters.
 It is a plain Python class: in ``client="synchronous"`` mode the driver calls it
-in-process; on a cluster a :class:`ShardHost` holding several shards runs as a
-Dask actor on a worker. One code path, two transports.
+in-process; on a cluster a :class:`~flymc_dist.shard.host.ShardHost` holding several
+shards runs as a Dask actor on a worker. One code path, two transports.
 
 The per-iteration protocol is :meth:`Shard.round` (see the driver): in one call
 a shard commits each chain's previous decision, updates z at the committed θ
@@ -14,17 +14,12 @@ kernels asked for, returning only sums.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import logging
 import math
 import operator
-import threading
-import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,32 +28,20 @@ from flymc_dist.austerity import shard as austerity_shard
 from flymc_dist.brightness import (
     BrightSet,
     bernoulli_rows,
-    brighten,
     explicit_accept,
     explicit_propose,
     explicit_update,
     implicit_accept,
     implicit_propose,
     log_uniform,
-    proposal_slots,
 )
-from flymc_dist.chunks import Chunk, ChunkSource, RowStore, worker_memory_limit
 from flymc_dist.data import open_dataset
-from flymc_dist.evaluate import bright_terms, bright_terms_many
 from flymc_dist.models.base import BoundStats
-from flymc_dist.protocol import (
-    ReplicaReply,
-    Reply,
-    Request,
-    ShardConfig,
-    ShardSpec,
-    pack_reply,
-    unpack_round,
-)
+from flymc_dist.protocol import ReplicaReply, Reply, Request, ShardConfig, ShardSpec
 from flymc_dist.rng import ROLE_Z, stream
-from flymc_dist.transport.channel import ECHO, ROUND, ChannelServer
-
-log = logging.getLogger(__name__)
+from flymc_dist.shard.chunks import Chunk, ChunkSource, RowStore
+from flymc_dist.shard.evaluate import bright_terms, bright_terms_many
+from flymc_dist.shard.fused import _Spec, _typed_lists, fused_z_update
 
 _T = TypeVar("_T")
 
@@ -78,17 +61,6 @@ SHARD_OPERATIONS: dict[str, Callable[..., Any]] = {
     "austerity_batch": austerity_shard.shard_batch,
     "austerity_exact_diff": austerity_shard.shard_exact_diff,
 }
-
-
-class _Spec(NamedTuple):
-    """What undoes one chain's speculative z-update (see :meth:`Shard.speculate`)."""
-
-    rng_state: dict
-    idx: np.ndarray
-    vals: np.ndarray
-    gone_rows: np.ndarray  # rows it darkened
-    new_rows: np.ndarray  # rows it brightened
-    queries: int
 
 
 @dataclass
@@ -296,7 +268,7 @@ class Shard:
 
         In replica mode a round carries one point per chain, the chain's current θ: the
         shard puts the chain there, updates its z at θ, and replies with the change of
-        the chain's bright set since its last reply (:meth:`_replica_round`); the
+        the chain's bright set since its last reply (:meth:`_bright_change`); the
         driver evaluates the θ-kernel on its replica. No gradients are kept here then.
         """
         self.replica = bool(on)
@@ -706,14 +678,15 @@ class Shard:
     ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
         """Out of core: the buffers (held rows, window) — a tuple, which the compiled
         functions index as they do a typed list, at no cost to build — and, for each
-        segment of ``rows``, which of the two holds it and where (:meth:`RowStore.locate`)."""
+        segment of ``rows``, which of the two holds it and where (compiled
+        :meth:`RowStore.locate`)."""
         store, win = self._rows, self._win
         window = win.XC if win is not None else np.empty((0, store.XC.shape[1]))
         local = np.empty_like(rows)
         src = np.empty(seg.size - 1, np.int64)
-        for i in range(seg.size - 1):
-            a, b = seg[i], seg[i + 1]
-            src[i], local[a:b] = store.locate(rows[a:b], win)
+        lo, hi = (win.lo, win.hi) if win is not None else (0, 0)
+        if not self._jit.locate_segments(store.ids, rows, seg, lo, hi, local, src):
+            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
         return (store.XC, window), local, src
 
     def _lists(self) -> tuple[Any, Any]:
@@ -875,49 +848,79 @@ class Shard:
         requests: list[Request | None],
         speculate: bool = False,
     ) -> Reply | ReplicaReply:
-        """One round trip for all chains.
+        """One round trip for all chains, in three steps.
 
-        For each chain: commit the previous decision (``commits[c]`` is the row of the
-        chain's last evaluated points that became current, or -1), update z at the
-        committed θ if ``update_z``, then evaluate the requested points. Idempotent
-        in ``seq``: a repeated ``seq`` returns the cached reply (fault recovery
-        replays a round without re-applying it).
+        1. **Each chain to its θ.** Commit the previous decision: ``commits[c]`` is the
+           row of chain ``c``'s last evaluated points that became current, or -1 (a
+           pending speculative z-update of a chain that moved is undone first). In
+           replica mode the chain's one requested point *is* its new θ.
+        2. **z at that θ** (FlyMC), if ``update_z`` (always in replica mode): the
+           implicit or explicit update, batched over chains (:meth:`_update_z`).
+        3. **The answer:** the sums at each chain's current θ and requested points, on
+           its bright rows (FlyMC) or all rows (regular); in replica mode, the change of
+           each chain's bright set since its last reply (:meth:`_bright_change`).
 
-        With ``speculate`` (one-request kernels: every round starts an iteration), the
-        next z-update may be done early, by :meth:`speculate`, once the reply is out.
+        Idempotent in ``seq``: a repeated ``seq`` returns the cached reply (fault
+        recovery replays a round without re-applying it). With ``speculate``
+        (one-request kernels: every round starts an iteration), the next z-update may be
+        done early, by :meth:`speculate`, once the reply is out. A host holding several
+        shards may run the same three steps batched over them
+        (:func:`~flymc_dist.shard.fused.fused_round`), with the same reply bit for bit.
 
         Returns
         -------
         Reply or ReplicaReply
-            The sums at each chain's current θ and requested points (a
-            :class:`ReplicaReply` in replica mode: see :meth:`_replica_round`).
+            The sums at each chain's current θ and requested points, or (replica mode)
+            the change of its bright set.
         """
         if seq is not None and seq == self._seq:
             return self._reply
+        C = len(self.chains)
+        queries = np.zeros(C, dtype=np.int64)
         # one errstate for the whole round (the fused log L~ relies on it; entering one
         # per evaluation would cost as much as the evaluation itself)
         with np.errstate(over="ignore", divide="ignore"):
             if self.replica:
-                return self._replica_round(seq, requests)
-            return self._round(seq, commits, update_z, requests, speculate)
+                wasted = np.zeros(C, dtype=np.int64)
+                queries += self._move_to(requests)
+            else:
+                wasted = self._commit_all(commits, update_z)
+            if self.replica or (self.flymc and update_z):
+                queries += self._update_z()
+            if self.replica:
+                reply = self._bright_change(queries)
+            else:
+                reply = self._sums(requests, queries, wasted)
+        self.total_queries += int(queries.sum() + wasted.sum())
+        self._seq, self._reply = seq, reply
+        self._spec_pending = bool(speculate) and self.fused_z and not self.replica
+        return reply
 
-    def _replica_round(self, seq: Any, requests: list[Request | None]) -> ReplicaReply:
-        """A replica-mode round (see :meth:`set_replica`): each chain's one requested
-        point is its current θ; z is updated there and the change of the bright set
-        since the last reply comes back.
+    def _commit_all(self, commits: np.ndarray, update_z: bool) -> np.ndarray:
+        """Step 1 of a round: every chain to its committed θ (see :meth:`round`).
 
-        Returns
-        -------
-        ReplicaReply
-            Each chain's bright rows that went dark and those that became bright (with
-            their features, target and tight point), or its whole set (``full``).
+        Returns the queries of undone speculative z-updates (``wasted``), per chain.
         """
-        C = len(self.chains)
-        queries = np.zeros(C, dtype=np.int64)
+        wasted = np.zeros(len(self.chains), dtype=np.int64)
+        self.speculate()  # if it has not run since the last reply (in-process transports)
+        for c, ch in enumerate(self.chains):
+            # A chain whose position was set explicitly (start, recovery) has no batch of
+            # its own yet: the driver set it at the committed θ, so there is nothing to commit.
+            j = int(commits[c])
+            if c in self._spec and (j >= 0 or not update_z):
+                wasted[c] = self._undo_spec(c)  # it moved: z must be updated at its new θ
+            if j >= 0 and ch.last_points is not None:
+                self._commit(ch, j)
+        return wasted
+
+    def _move_to(self, requests: list[Request | None]) -> np.ndarray:
+        """Step 1 of a replica-mode round: each chain to its one requested point; the
+        implicit update's bright→dark moves then need ``log L~`` of its bright rows there.
+        Returns the queries, per chain."""
+        queries = np.zeros(len(self.chains), dtype=np.int64)
         for c, ch in enumerate(self.chains):
             ch.theta = np.array(requests[c].points[0], dtype=float)
         if self.config.z_update == "implicit":
-            # the bright→dark moves need log L~ of the bright rows at the new θ
             live = [c for c, ch in enumerate(self.chains) if ch.bright.n_bright]
             evals = self._bright_eval_many(
                 [(self.chains[c].theta[None], self.chains[c].bright.idx) for c in live], False
@@ -925,7 +928,26 @@ class Shard:
             for c, (v, _, _) in zip(live, evals, strict=True):
                 self.chains[c].bright.set_values(v[0], None)
                 queries[c] += v.shape[1]
-        queries += self._update_z_all()
+        return queries
+
+    def _update_z(self) -> np.ndarray:
+        """Step 2 of a round: every chain's z at its current θ; a speculative update
+        already made at that θ is kept. Returns the queries, per chain."""
+        if not self._spec:
+            return self._update_z_all()
+        queries = np.zeros(len(self.chains), dtype=np.int64)
+        done = sorted(self._spec)
+        for c in done:
+            queries[c] += self._spec.pop(c).queries
+        rest = [c for c in range(len(self.chains)) if c not in done]
+        queries[rest] += self._update_z_fused(rest)
+        return queries
+
+    def _bright_change(self, queries: np.ndarray) -> ReplicaReply:
+        """Step 3 of a replica-mode round: each chain's bright rows that went dark and
+        those that became bright (with their features, target and tight point) since its
+        last reply, or its whole set (``full``) after a redraw of z."""
+        C = len(self.chains)
         full = np.zeros(C, dtype=bool)
         gone, new = [], []
         for c, ch in enumerate(self.chains):
@@ -941,7 +963,7 @@ class Shard:
             self._sent[c] = now
         new_rows = np.concatenate(new)
         new_X, new_y, new_xi = self._gather(new_rows)
-        reply = ReplicaReply(
+        return ReplicaReply(
             n_bright=np.array([ch.bright.n_bright for ch in self.chains], dtype=np.int64),
             queries=queries,
             wasted=np.zeros(C, dtype=np.int64),
@@ -954,18 +976,12 @@ class Shard:
             new_y=new_y,
             new_xi=new_xi,
         )
-        self.total_queries += int(queries.sum())
-        self._seq, self._reply = seq, reply
-        return reply
 
-    def _round(
-        self,
-        seq: Any,
-        commits: np.ndarray,
-        update_z: bool,
-        requests: list[Request | None],
-        speculate: bool,
+    def _sums(
+        self, requests: list[Request | None], queries: np.ndarray, wasted: np.ndarray
     ) -> Reply:
+        """Step 3 of a round: the sums (and gradients where asked) at every chain's
+        current θ and requested points, over its bright rows (FlyMC) or all rows."""
         C = len(self.chains)
         P = self.n_params
         kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
@@ -977,38 +993,9 @@ class Shard:
         points_grad = np.zeros((C, kmax, P)) if any_grad else None
         current_grad = np.zeros((C, P)) if any_cgrad else None
         n_bright = np.zeros(C, dtype=np.int64)
-        queries = np.zeros(C, dtype=np.int64)
-        wasted = np.zeros(C, dtype=np.int64)
-        self.speculate()  # if it has not run since the last reply (in-process transports)
-        for c, ch in enumerate(self.chains):
-            # A chain whose position was set explicitly (start, recovery) has no batch of
-            # its own yet: the driver set it at the committed θ, so there is nothing to commit.
-            j = int(commits[c])
-            if c in self._spec and (j >= 0 or not update_z):
-                wasted[c] = self._undo_spec(c)  # it moved: z must be updated at its new θ
-            if j >= 0 and ch.last_points is not None:
-                self._commit(ch, j)
-        if self.flymc:
-            if update_z and self._spec:
-                done = sorted(self._spec)
-                for c in done:
-                    queries[c] += self._spec.pop(c).queries
-                rest = [c for c in range(C) if c not in done]
-                queries[rest] += self._update_z_fused(rest)
-            elif update_z:
-                queries += self._update_z_all()
-            self._flymc_points(
-                requests, current, current_grad, points, points_grad, n_bright, queries
-            )
-        else:
-            self._regular_points(
-                requests, current, current_grad, points, points_grad, n_bright, queries
-            )
-        reply = Reply(current, points, n_bright, queries, wasted, current_grad, points_grad)
-        self.total_queries += int(queries.sum() + wasted.sum())
-        self._seq, self._reply = seq, reply
-        self._spec_pending = bool(speculate) and self.fused_z
-        return reply
+        fill = self._flymc_points if self.flymc else self._regular_points
+        fill(requests, current, current_grad, points, points_grad, n_bright, queries)
+        return Reply(current, points, n_bright, queries, wasted, current_grad, points_grad)
 
     # ------------------------------------------------- the add-on samplers' interface
     @property
@@ -1082,9 +1069,6 @@ class Shard:
         return self.chains[chain].bright.mask.copy()
 
 
-#: out-of-core shards on one worker above which it warns (each has its own window)
-MANY_OUT_OF_CORE = 4
-
 #: out of core, ``chunk_iterations=None``: the bytes of rows read per iteration at most (a
 #: chunk of float64 features and target stays the window for chunk bytes / WINDOW_BYTES
 #: iterations). Reading runs ahead on a thread at some 300 MB/s on a 2-core machine, so
@@ -1105,506 +1089,3 @@ def _out_of_core(mode: bool | str, nbytes: int, budget: int | None) -> bool:
     if mode == "auto":
         return budget is not None and nbytes > budget
     return bool(mode)
-
-
-def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
-    """The shards' feature buffers and masks as numba typed lists (the kernels' form).
-
-    Building them costs more than a round's update, so they are kept on ``owner``
-    (its ``_typed``) and rebuilt only when the shards or their arrays change (masks are
-    reallocated by :meth:`Shard.set_positions`). The kept tuple holds the shards, so
-    the ids in its key stay theirs. Without an owner they are built afresh.
-    """
-    key = tuple((id(sh), id(sh._XC), id(sh._masks)) for sh in shards)
-    if owner is not None and owner._typed is not None and owner._typed[0] == key:
-        return owner._typed[2], owner._typed[3]
-    jit = shards[0]._jit
-    lists = (
-        key,
-        list(shards),
-        jit.typed_list([sh._XC for sh in shards]),
-        jit.typed_list([sh._masks for sh in shards]),
-    )
-    if owner is not None:
-        owner._typed = lists
-    return lists[2], lists[3]
-
-
-def fused_z_update(
-    pairs: list[tuple[Shard, int]], record: bool = False, owner: Any = None
-) -> np.ndarray:
-    """The implicit z-update of every (shard, chain) pair in ``pairs`` at once.
-
-    The same moves as :func:`~flymc_dist.brightness.implicit_update` pair by pair
-    (bright→dark accepted with ``min(1, q/L~)``, each dark row proposed with
-    probability q and accepted with ``min(1, L~/q)``, by :func:`brighten`), in three
-    compiled passes over all pairs (:mod:`flymc_dist._compiled`): proposals, their
-    ``log L~``, and the update of the bright sets and masks. Each pair draws from its
-    chain's stream on its shard — its darkening uniforms, then ``2K`` uniforms for its
-    proposal gaps and their acceptance — so the draws do not depend on which pairs are
-    updated together: one shard's chains (:meth:`Shard._update_z_fused`) or every
-    shard of a host (:meth:`ShardHost.round`). The shards must share their model,
-    features and ``q``.
-
-    With ``record``, what is needed to undo each pair's update is kept in its shard's
-    ``_spec`` (see :meth:`Shard.speculate`). ``owner`` keeps the typed lists of the
-    shards' buffers and masks between calls (:func:`_typed_lists`; default: the shard,
-    when the pairs are all on one).
-
-    Returns
-    -------
-    numpy.ndarray
-        Likelihood queries of each pair.
-    """
-    P = len(pairs)
-    if P == 0:
-        return np.zeros(0, dtype=np.int64)
-    first = pairs[0][0]
-    jit, q = first._jit, first.q_db
-    shards: list[Shard] = []
-    where: dict[int, int] = {}
-    for sh, _ in pairs:
-        if id(sh) not in where:
-            if sh.q_db != q:
-                raise ValueError("a fused z-update needs one q_db for all its shards")
-            where[id(sh)] = len(shards)
-            shards.append(sh)
-    XCs, masks = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
-    chains = [sh.chains[c] for sh, c in pairs]
-    brights = [ch.bright for ch in chains]
-    states = [ch.rng.bit_generator.state for ch in chains] if record else None
-    bounds = [0]
-    for b in brights:
-        bounds.append(bounds[-1] + b.idx.size)
-    b_seg = np.array(bounds, dtype=np.int64)
-    b_idx = np.concatenate([b.idx for b in brights])
-    b_vals = np.concatenate([b.vals for b in brights])
-    ns = [sh.n for sh, _ in pairs]
-    Ks = [proposal_slots(n, q) for n in ns]
-    pair_n = np.array(ns, dtype=np.int64)
-    pair_K = np.array(Ks, dtype=np.int64)
-    pair_shard = np.array([where[id(sh)] for sh, _ in pairs], dtype=np.int64)
-    pair_chain = np.array([c for _, c in pairs], dtype=np.int64)
-    u_dark = np.empty(bounds[-1])
-    u_prop = np.empty((P, 2 * max(Ks)))
-    thetas = np.empty((P, first.n_params))
-    for i, ch in enumerate(chains):
-        ch.rng.random(out=u_dark[bounds[i] : bounds[i + 1]])
-        ch.rng.random(out=u_prop[i, : 2 * Ks[i]])
-        thetas[i] = ch.theta
-    # dark -> bright proposals: rows at the partial sums of Geometric(q) gaps, the
-    # bright ones skipped
-    cap = sum(Ks)
-    cand = np.empty(cap, dtype=np.int64)
-    log_u = np.empty(cap)
-    cand_seg = np.empty(P + 1, dtype=np.int64)
-    last = np.empty(P, dtype=np.int64)
-    short = jit.propose(
-        u_prop,
-        pair_K,
-        math.log1p(-q) if q < 1.0 else -math.inf,
-        pair_n,
-        masks,
-        pair_shard,
-        pair_chain,
-        cand,
-        log_u,
-        cand_seg,
-        last,
-    )
-    m = int(cand_seg[P])
-    cand, log_u = cand[:m], log_u[:m]
-    if short:  # a pair's K gaps did not reach its last row (rare)
-        cand, log_u = _refill(pairs, last, cand, log_u, cand_seg)
-    counts = cand_seg[1:] - cand_seg[:-1]
-    vals = np.empty(cand.size)
-    kind, par = first._kernel
-    jit.eval_rows(
-        XCs, first.X.shape[1], cand, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
-    )
-    acc = brighten(log_u, vals, q)
-    new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
-    new_vals = np.empty(new_idx.size)
-    new_seg = np.empty(P + 1, dtype=np.int64)
-    gone = np.empty(b_idx.size, dtype=np.int64)
-    gone_seg = np.empty(P + 1, dtype=np.int64)
-    added = np.empty(P, dtype=np.int64)
-    jit.apply(
-        masks,
-        pair_shard,
-        pair_chain,
-        b_idx,
-        b_vals,
-        b_seg,
-        u_dark,
-        math.log(q),
-        cand,
-        cand_seg,
-        vals,
-        acc,
-        new_idx,
-        new_vals,
-        new_seg,
-        gone,
-        gone_seg,
-        added,
-    )
-    new_bounds = new_seg.tolist()
-    for i, b in enumerate(brights):
-        lo, hi = new_bounds[i], new_bounds[i + 1]
-        if record:
-            sh, c = pairs[i]
-            sh._spec[c] = _Spec(
-                states[i],
-                b.idx,
-                b.vals,
-                gone[gone_seg[i] : gone_seg[i + 1]],
-                new_idx[hi - added[i] : hi],
-                int(counts[i]),
-            )
-        b.idx, b.vals = new_idx[lo:hi], new_vals[lo:hi]
-    return counts
-
-
-def _refill(
-    pairs: list[tuple[Shard, int]],
-    last: np.ndarray,
-    cand: np.ndarray,
-    log_u: np.ndarray,
-    cand_seg: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Append to each pair whose gaps fell short (``last[i] >= 0``) its further dark
-    proposals (:meth:`Shard._more_proposals`), keeping candidates pair after pair;
-    ``cand_seg`` is updated in place."""
-    bounds = cand_seg.tolist()
-    rows, logs = [], []
-    for i, (sh, c) in enumerate(pairs):
-        r_i, l_i = cand[bounds[i] : bounds[i + 1]], log_u[bounds[i] : bounds[i + 1]]
-        if last[i] >= 0:
-            r, lu = sh._more_proposals(c, int(last[i]))
-            dark = ~sh._masks[c, r]
-            r_i, l_i = np.concatenate([r_i, r[dark]]), np.concatenate([l_i, lu[dark]])
-        rows.append(r_i)
-        logs.append(l_i)
-        cand_seg[i + 1] = cand_seg[i] + r_i.size
-    return np.concatenate(rows), np.concatenate(logs)
-
-
-class ShardHost:
-    """Several shards in one place: in-process, or as one Dask actor per worker.
-
-    Every method fans out to the host's shards and returns a dict keyed by shard id,
-    so the driver can combine results in a fixed global shard order (bit-identical
-    sums whatever the placement).
-    """
-
-    def __init__(
-        self,
-        specs: list[ShardSpec],
-        config: ShardConfig,
-        data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
-    ) -> None:
-        self.config = config
-        self.shards: dict[int, Shard] = {}
-        # On a worker, protocol calls and speculative z-updates run on the event loop
-        # while set-up and recovery calls run on the actor's thread: one lock per shard
-        # keeps them from interleaving on the same shard (a speculation on a surviving
-        # shard never waits for a recreated shard's set-up).
-        self._locks: dict[int, threading.Lock] = {}
-        #: wall and CPU seconds spent in rounds (and in speculation, after replies)
-        self._channel: Any = None  # a ChannelServer once open_channel is called
-        self._typed: tuple | None = None  # the shards' typed lists: see _typed_lists
-        self._busy = {
-            "rounds": 0,
-            "round_wall": 0.0,
-            "round_cpu": 0.0,
-            "speculate_wall": 0.0,
-            "speculate_cpu": 0.0,
-        }
-        self.add_shards(specs, data)
-
-    def add_shards(
-        self, specs: list[ShardSpec], data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
-    ) -> list[int]:
-        """Open more shards here (placement, or recovery of a lost worker's shards).
-
-        Each new shard's memory budget (``out_of_core="auto"``) is ``config.memory_budget``
-        or else its share of half the worker's memory limit among the shards held here.
-        """
-        budget = self.config.memory_budget
-        if budget is None:
-            limit = worker_memory_limit()
-            if limit is not None:
-                budget = limit // (2 * max(len(self.shards) + len(specs), 1))
-        for spec in specs:
-            shard = Shard(spec, self.config, None if data is None else data[spec.shard_id], budget)
-            self._locks[spec.shard_id] = threading.Lock()
-            self.shards = {**self.shards, spec.shard_id: shard}  # never mutated in place
-        ooc = sum(sh.out_of_core for sh in self.shards.values())
-        if ooc > MANY_OUT_OF_CORE:
-            log.warning(
-                "%d out-of-core shards on this worker: each keeps two chunks in memory and "
-                "reads its own window every iteration; give each worker one or a few "
-                "shards (sample(..., n_shards=...))",
-                ooc,
-            )
-        return sorted(self.shards)
-
-    def shard_ids(self) -> list[int]:
-        """The ids of the shards held here."""
-        return sorted(self.shards)
-
-    def _on(self, i: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        with self._locks[i]:
-            return getattr(self.shards[i], method)(*args, **kwargs)
-
-    def call(
-        self,
-        method: str,
-        args: tuple = (),
-        kwargs: dict | None = None,
-        shard_ids: list[int] | None = None,
-    ) -> dict[int, Any]:
-        """Call ``Shard.<method>(*args, **kwargs)`` on some or all shards here."""
-        ids = self.shard_ids() if shard_ids is None else shard_ids
-        kwargs = kwargs or {}
-        return {i: self._on(i, method, *args, **kwargs) for i in ids}
-
-    def call_each(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
-        """Call ``Shard.<method>(*per_shard[id])`` on each listed shard."""
-        return {i: self._on(i, method, *a) for i, a in per_shard.items()}
-
-    def round(
-        self,
-        seq: Any,
-        commits: np.ndarray,
-        update_z: bool,
-        requests: list[Request | None],
-        speculate: bool = False,
-    ) -> dict[int, Reply | ReplicaReply]:
-        """:meth:`Shard.round` on every shard here."""
-        w, c = time.perf_counter(), time.thread_time()
-        out = self._round_fused(seq, commits, update_z, requests, speculate)
-        if out is None:
-            out = {
-                i: self._on(i, "round", seq, commits, update_z, requests, speculate)
-                for i in self.shards
-            }
-        b = self._busy
-        b["rounds"] += 1
-        b["round_wall"] += time.perf_counter() - w
-        b["round_cpu"] += time.thread_time() - c
-        return out
-
-    def _round_fused(
-        self,
-        seq: Any,
-        commits: np.ndarray,
-        update_z: bool,
-        requests: list[Request | None],
-        speculate: bool,
-    ) -> dict[int, Reply] | None:
-        """:meth:`Shard.round` on every shard here in one pass, or None where it does not
-        apply (then the shards run one by one).
-
-        With several shards per host, a round's fixed cost (tens of small array
-        operations per shard) would grow with the shards; here the z-updates of all
-        (shard, chain) pairs run as one :func:`fused_z_update` and the bright sums at
-        the requested points as one compiled pass. It applies to FlyMC rounds with the
-        compiled z-update and gradient-free requests (RWMH's and the slice sampler's
-        rounds: any number of points per chain, or none), without speculation or a
-        replayed round. Every shard's reply is the one its own
-        :meth:`Shard.round` would give, bit for bit: the same draws from the same
-        streams, and every sum taken over the same values in the same order.
-        """
-        shards = [self.shards[i] for i in sorted(self.shards)]
-        if (
-            len(shards) < 2
-            or speculate
-            or not all(
-                sh.fused_z
-                and not sh.replica
-                and sh.chains
-                and not sh._spec
-                and (seq is None or sh._seq != seq)
-                for sh in shards
-            )
-        ):
-            return None
-        if not all(r is None or (not r.grad and not r.current_grad) for r in requests):
-            return None
-        C = len(requests)
-        ids = sorted(self.shards)
-        locks = [self._locks[i] for i in ids]
-        for lk in locks:
-            lk.acquire()
-        try:
-            with np.errstate(over="ignore", divide="ignore"):
-                return self._round_fused_locked(shards, ids, seq, commits, update_z, requests, C)
-        finally:
-            for lk in reversed(locks):
-                lk.release()
-
-    def _round_fused_locked(
-        self,
-        shards: list[Shard],
-        ids: list[int],
-        seq: Any,
-        commits: np.ndarray,
-        update_z: bool,
-        requests: list[Request | None],
-        C: int,
-    ) -> dict[int, Reply]:
-        jit = shards[0]._jit
-        XCs, _ = _typed_lists(shards, self)
-        js = [int(j) for j in commits]
-        for sh in shards:
-            sh._spec_pending = False
-            for c, ch in enumerate(sh.chains):
-                if js[c] >= 0 and ch.last_points is not None:
-                    sh._commit(ch, js[c])
-        pairs = [(sh, c) for sh in shards for c in range(C)]
-        queries = (
-            fused_z_update(pairs, owner=self) if update_z else np.zeros(len(pairs), dtype=np.int64)
-        )
-        # the bright sums at each chain's points (k of them: k segments of its bright
-        # rows, as Shard._fused_eval lays them out) and at its current θ, pair by pair
-        ks = [0 if r is None else r.points.shape[0] for r in requests]
-        kmax = max(ks, default=0)
-        brights = [sh.chains[c].bright for sh, c in pairs]
-        sizes = [b.idx.size for b in brights]
-        row_parts, theta_parts, seg_bounds, seg_shard = [], [], [0], []
-        for p, (_, c) in enumerate(pairs):
-            k = ks[c]
-            if k:
-                idx = brights[p].idx
-                row_parts.append(idx if k == 1 else np.tile(idx, k))
-                theta_parts.append(requests[c].points)
-                for _ in range(k):
-                    seg_bounds.append(seg_bounds[-1] + sizes[p])
-                    seg_shard.append(p // C)
-        n_seg = len(seg_shard)
-        vals = np.empty(seg_bounds[-1])
-        sums = np.empty(n_seg)
-        if n_seg:
-            kind, par = shards[0]._kernel
-            jit.eval_rows(
-                XCs,
-                shards[0].X.shape[1],
-                np.concatenate(row_parts),
-                np.array(seg_bounds, dtype=np.int64),
-                np.array(seg_shard, dtype=np.int64),
-                np.concatenate(theta_parts),
-                kind,
-                par,
-                vals,
-                sums,
-            )
-        cur_bounds = [0]
-        for m in sizes:
-            cur_bounds.append(cur_bounds[-1] + m)
-        current = np.empty(len(pairs))
-        jit.segment_sums(
-            np.concatenate([b.vals for b in brights]), np.array(cur_bounds, dtype=np.int64), current
-        )
-        out = {}
-        off = j = 0
-        for s_i, (sid, sh) in enumerate(zip(ids, shards, strict=True)):
-            lo = s_i * C
-            points = np.empty((C, kmax))
-            points.fill(np.nan)
-            q_s = queries[lo : lo + C].copy()
-            for c, ch in enumerate(sh.chains):
-                k, M = ks[c], sizes[lo + c]
-                if not k:
-                    continue
-                ch.last_points = requests[c].points
-                ch.last_vals = vals[off : off + k * M].reshape(k, M)
-                ch.last_dvals = None
-                points[c, :k] = sums[j : j + k]
-                q_s[c] += k * M
-                off += k * M
-                j += k
-            reply = Reply(
-                current=current[lo : lo + C].copy(),
-                points=points,
-                n_bright=np.array(sizes[lo : lo + C], dtype=np.int64),
-                queries=q_s,
-                wasted=np.zeros(C, dtype=np.int64),
-            )
-            sh.total_queries += int(q_s.sum())
-            sh._seq, sh._reply = seq, reply
-            out[sid] = reply
-        return out
-
-    def speculate(self) -> None:
-        """:meth:`Shard.speculate` on every shard here."""
-        w, c = time.perf_counter(), time.thread_time()
-        for i in self.shards:
-            self._on(i, "speculate")
-        self._busy["speculate_wall"] += time.perf_counter() - w
-        self._busy["speculate_cpu"] += time.thread_time() - c
-
-    def timing(self) -> dict[str, float]:
-        """Rounds served here and the wall / CPU seconds they (and speculation) took."""
-        return dict(self._busy)
-
-    def _round_blob(self, blob: bytes) -> tuple[bytes, bool]:
-        """:meth:`round` with its arguments and reply pickled into one buffer each;
-        also whether a speculative z-update should follow the reply."""
-        seq, commits, update_z, requests, speculate = unpack_round(blob)
-        return pack_reply(self.round(seq, commits, update_z, requests, speculate)), speculate
-
-    def round_packed(self, blob: bytes) -> bytes:
-        """:meth:`round` with its arguments and reply pickled into one buffer each.
-
-        A round's payload is a handful of small arrays; one buffer each way costs the
-        Dask RPC layer far less than serialising every array as its own frame. When the
-        transport runs it on the worker's event loop (FlyMC), a speculative z-update is
-        scheduled behind the reply (a timer callback runs only after the callbacks
-        already queued, among them the one that writes the reply); on the actor's thread
-        there is no loop, and the next round runs the pending speculation first.
-        """
-        reply, speculate = self._round_blob(blob)
-        if speculate:
-            try:
-                asyncio.get_running_loop().call_later(0.0, self.speculate)
-            except RuntimeError:  # not on an event loop: Shard.round catches up
-                pass
-        return reply
-
-    # ------------------------------------------------------------ the channel
-    def open_channel(self, host: str) -> tuple[tuple[str, int], bytes]:
-        """Serve rounds on a socket of ``host`` (see :mod:`flymc_dist.transport.channel`).
-
-        Returns the address to connect to and the token to present. A speculative
-        z-update runs on the channel's thread right after its reply is sent.
-        """
-        self.close_channel()
-        self._channel = ChannelServer(self._serve_channel, host)
-        # the server holds this host weakly: once Dask drops the actor (its run released
-        # it, or the run's client went away), the server stops and its port is freed
-        weakref.finalize(self, self._channel.close)
-        return self._channel.address, self._channel.token
-
-    def _serve_channel(self, code: int, payload: bytes) -> tuple[bytes, Any]:
-        if code == ROUND:
-            reply, speculate = self._round_blob(payload)
-            return reply, (self.speculate if speculate else None)
-        if code == ECHO:
-            return payload, None
-        raise ValueError(f"unknown channel request code {code}")
-
-    def close_channel(self) -> None:
-        """Stop serving rounds on the socket (if open)."""
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-
-    def ping(self) -> int:
-        """Liveness check: the number of shards held."""
-        return len(self.shards)
-
-    def echo(self, blob: bytes) -> bytes:
-        """Return ``blob`` unchanged: a bare round trip carrying a round's payload (bench)."""
-        return blob
