@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import flymc_dist as fd
-from flymc_dist.datasets import mnist_7_vs_9
+from flymc_dist.data.real import mnist_7_vs_9
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 import flymc_dist as fd
-from flymc_dist.bench_scale import peak_rss, reset_peak_rss
+from flymc_dist.bench.scale import peak_rss, reset_peak_rss
 from flymc_dist.data import make_opv_like
 
 #: the least memory limit given to a worker by default: its own footprint (Python, Dask,
@@ -118,7 +118,7 @@ def main() -> None:
             )
             scale = 1.0
         else:
-            from flymc_dist.datasets import flights_to_zarr
+            from flymc_dist.data.real import flights_to_zarr
 
             ds = flights_to_zarr(
                 store, n_rows=args.rows, chunk_rows=args.chunk_rows, dtype="float32"

@@ -16,9 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.austerity import check_control_variates, sample_austerity
-from flymc_dist.channel import check_channel
-from flymc_dist.cluster import open_transport
+from flymc_dist.austerity.sampler import check_control_variates, sample_austerity
 from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.driver import (
     REPLICA_BUDGET,
@@ -33,6 +31,8 @@ from flymc_dist.protocol import ShardConfig
 from flymc_dist.result import Result, Summary, efficiency
 from flymc_dist.run import run
 from flymc_dist.trace import Trace, TraceLock, _is_url
+from flymc_dist.transport.channel import check_channel
+from flymc_dist.transport.dask import open_transport
 
 __all__ = [
     "ALGORITHMS",
@@ -233,7 +233,7 @@ def sample(
         every worker holding shards is on another machine), ``resample_fraction`` (0.1),
         ``n_shards`` / ``rows_per_shard``, ``channel`` ("auto": rounds travel on a
         direct socket to each worker's shard host unless the cluster uses TLS;
-        "socket"; "dask": Dask's actor RPC; see :class:`~flymc_dist.cluster.DaskTransport`),
+        "socket"; "dask": Dask's actor RPC; see :class:`~flymc_dist.transport.dask.DaskTransport`),
         ``init`` ("map" or array), ``precondition`` ("laplace", "identity" or a
         covariance), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path or
         fsspec URL), ``trace_storage_options`` (fsspec options of a ``trace`` URL, e.g.

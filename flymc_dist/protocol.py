@@ -236,8 +236,8 @@ def unpack_reply(blob: bytes) -> dict[int, Reply | ReplicaReply]:
 
 class Transport(Protocol):
     """How the driver reaches its shards: in-process
-    (:class:`flymc_dist.transport.InProcessTransport`) or Dask actors
-    (:class:`flymc_dist.cluster.DaskTransport`). Every result comes back as a list in
+    (:class:`flymc_dist.transport.inprocess.InProcessTransport`) or Dask actors
+    (:class:`flymc_dist.transport.dask.DaskTransport`). Every result comes back as a list in
     global shard order (:attr:`specs`), so the driver combines them identically whatever
     the placement."""
 

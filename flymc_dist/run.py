@@ -1,7 +1,7 @@
 """The one runner: every algorithm's run, iteration by iteration, into a :class:`Result`.
 
 An algorithm (the FlyMC / regular :class:`~flymc_dist.driver.Driver`, austerity's
-:class:`~flymc_dist.austerity.AusteritySampler`) is a :class:`Sampler`: a set-up, and a
+:class:`~flymc_dist.austerity.sampler.AusteritySampler`) is a :class:`Sampler`: a set-up, and a
 ``step`` that moves every chain by one iteration. :func:`run` owns everything else, the
 same way for each: the warm-up schedule (kernel parameters adapt, then are fixed), the
 draws and statistics, the trace (buffered appends, checkpoints, resume), progress,

@@ -2,7 +2,7 @@
 the Laplace covariance (the kernels' preconditioner) and the chains' starting points.
 
 The FlyMC / regular :class:`~flymc_dist.driver.Driver` and austerity's
-:class:`~flymc_dist.austerity.AusteritySampler` both set up this way. A MAP estimate only
+:class:`~flymc_dist.austerity.sampler.AusteritySampler` both set up this way. A MAP estimate only
 moves the bounds' tight points and the starting points: its accuracy affects speed,
 never correctness. (``q_db="auto"`` stays with the driver: it needs the shards' z.)
 """

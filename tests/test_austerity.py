@@ -15,13 +15,13 @@ from scipy import stats
 from scipy.special import expit
 
 import flymc_dist as fd
-from flymc_dist import austerity as aus
 from flymc_dist import diagnostics
-from flymc_dist.bench_sublinear import logistic_data
+from flymc_dist.austerity import sampler as aus
+from flymc_dist.bench.sublinear import logistic_data
 from flymc_dist.kernels.rwmh import tril_matvec
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.rng import ROLE_AUSTERITY, stream
-from flymc_dist.transport import InProcessTransport
+from flymc_dist.transport.inprocess import InProcessTransport
 
 MODEL = fd.LogisticRegression()
 
@@ -558,7 +558,7 @@ def test_shard_interface_for_add_on_samplers():
     """Austerity reaches a shard only through its public interface: read-only rows and
     tight points, one named state slot, and the named operations (no arbitrary callable,
     no writes into the shard's attributes)."""
-    from flymc_dist.austerity_shard import EXTENSION, AusterityRows
+    from flymc_dist.austerity.shard import EXTENSION, AusterityRows
     from flymc_dist.shard import SHARD_OPERATIONS, Shard
 
     X, y, th0 = _data(300, seed=17)
@@ -775,7 +775,7 @@ def test_same_draws_on_dask_cluster(tmp_path):
 
 
 def test_bench_sublinear_smoke():
-    from flymc_dist import bench_sublinear as bench
+    from flymc_dist.bench import sublinear as bench
 
     r = bench.run_sublinear(
         ns=(1000, 10_000),

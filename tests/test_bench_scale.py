@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flymc_dist.austerity import loglog_slope
-from flymc_dist.bench_scale import _ratio, _slope, _store, format_scale
+from flymc_dist.austerity.sampler import loglog_slope
+from flymc_dist.bench.scale import _ratio, _slope, _store, format_scale
 from flymc_dist.cli import main
 
 NS = [3000, 12000]

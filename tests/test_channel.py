@@ -1,4 +1,4 @@
-"""The rounds' socket channel (flymc_dist.channel), on real sockets in this process."""
+"""The rounds' socket channel (flymc_dist.transport.channel), on real sockets in this process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flymc_dist as fd
-from flymc_dist.channel import (
+from flymc_dist.transport.channel import (
     ECHO,
     ROUND,
     TOKEN_BYTES,
@@ -194,7 +194,7 @@ def test_a_released_host_stops_its_channel():
 def test_connections_before_the_token_are_capped_and_frames_after_it():
     """Idle connections cannot pile up threads (at most MAX_PENDING wait for the token;
     more are closed at once), and an oversized request closes its connection unread."""
-    from flymc_dist.channel import HEADER, MAX_FRAME, MAX_PENDING
+    from flymc_dist.transport.channel import HEADER, MAX_FRAME, MAX_PENDING
 
     def serving() -> int:
         return sum(t.name == "flymc-channel" for t in threading.enumerate())

@@ -137,7 +137,7 @@ def test_unreachable_channel_falls_back_to_dask(store, local_client, monkeypatch
     """A host whose socket cannot be reached (a firewall, say): with channel="auto" the
     rounds go through Dask's RPC instead (same draws); with channel="socket" it is an
     error."""
-    from flymc_dist import channel as channel_mod
+    from flymc_dist.transport import channel as channel_mod
 
     def refuse(self, key, address, token, timeout=10.0):
         raise ConnectionRefusedError(f"refused by the test: {address}")
@@ -157,7 +157,7 @@ def test_host_that_cannot_listen_falls_back_to_dask(store, local_client, monkeyp
     """The host's side refuses (its contact address is not one it can listen on, say):
     the same fallback. The refusal is made in the driver's process by handing the host
     an address no machine has (TEST-NET-1), so the worker's bind fails for real."""
-    import flymc_dist.cluster as cluster_mod
+    import flymc_dist.transport.dask as cluster_mod
 
     monkeypatch.setattr(cluster_mod, "_channel_host", lambda worker: "192.0.2.1")
     res = _run(store[0], local_client, num_warmup=10, num_samples=10)
@@ -251,7 +251,7 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
     Every round port a run used refuses connections afterwards."""
     from distributed import Client, LocalCluster
 
-    from flymc_dist import channel as channel_mod
+    from flymc_dist.transport import channel as channel_mod
 
     used: list[tuple[str, int]] = []
     connect = channel_mod.ChannelClient.connect

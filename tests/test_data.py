@@ -23,6 +23,7 @@ from flymc_dist.data import (
     make_softmax,
     open_dataset,
 )
+from flymc_dist.data import write as data_write
 
 # --------------------------------------------------------------------------- helpers
 
@@ -249,7 +250,7 @@ class _Boom(Exception):
 
 def _failing_write_block(monkeypatch: pytest.MonkeyPatch, after: int, exc: BaseException):
     """Make the writer's block write raise ``exc`` on call number ``after + 1``."""
-    real = fdata._write_block
+    real = data_write._write_block
     calls = {"n": 0}
 
     def fake(array, start, values):
@@ -258,9 +259,9 @@ def _failing_write_block(monkeypatch: pytest.MonkeyPatch, after: int, exc: BaseE
             raise exc
         real(array, start, values)
 
-    monkeypatch.setattr(fdata, "_write_block", fake)
+    monkeypatch.setattr(data_write, "_write_block", fake)
     # one chunk per zarr write, so that there are many writes
-    monkeypatch.setattr(fdata, "_WORK_BLOCK_BYTES", 1)
+    monkeypatch.setattr(data_write, "_WORK_BLOCK_BYTES", 1)
     return calls
 
 
@@ -340,7 +341,7 @@ def test_from_blocks_validates_each_block(tmp_path: Path) -> None:
 def test_from_blocks_caller_may_reuse_its_buffer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fdata, "_WORK_BLOCK_BYTES", 1)  # blocks take the direct path
+    monkeypatch.setattr(data_write, "_WORK_BLOCK_BYTES", 1)  # blocks take the direct path
     buf_X, buf_y = np.empty((20, 2)), np.empty(20)
 
     def blocks():
@@ -611,7 +612,7 @@ def test_shard_ranges_default_and_errors(tmp_path: Path) -> None:
 
 def _spy_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """Record (start, rows) of every X write, with one chunk per write."""
-    real = fdata._write_block
+    real = data_write._write_block
     log: list[tuple[int, int]] = []
 
     def spy(array, start, values):
@@ -619,8 +620,8 @@ def _spy_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
             log.append((start, values.shape[0]))
         real(array, start, values)
 
-    monkeypatch.setattr(fdata, "_write_block", spy)
-    monkeypatch.setattr(fdata, "_WORK_BLOCK_BYTES", 1)
+    monkeypatch.setattr(data_write, "_write_block", spy)
+    monkeypatch.setattr(data_write, "_WORK_BLOCK_BYTES", 1)
     return log
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flymc_dist import datasets
 from flymc_dist.data import open_dataset
+from flymc_dist.data import real as datasets
 
 
 def _require(filename: str) -> Path:

@@ -22,9 +22,9 @@ import flymc_dist.brightness as brightness_mod
 import flymc_dist.shard.fused as fused_mod
 from flymc_dist._numerics import log_expm1
 from flymc_dist.brightness import bernoulli_rows
-from flymc_dist.cluster import _all_remote
 from flymc_dist.protocol import Request, ShardConfig, ShardSpec
 from flymc_dist.shard import Shard
+from flymc_dist.transport.dask import _all_remote
 
 
 def _crit(m: int, level: float = 0.001) -> float:

@@ -220,7 +220,7 @@ def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
 def test_workers_without_the_options_fail_in_one_line(s3, data, client):
     """Shard specs without the options (as before they carried them): the workers cannot
     reach the store, and the error is one line naming the store and the missing options."""
-    from flymc_dist.cluster import DaskTransport
+    from flymc_dist.transport.dask import DaskTransport
 
     _local, remote = data
     config = ShardConfig(model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0)
@@ -337,7 +337,7 @@ def test_cli_storage_option_on_local_paths_is_refused(tmp_path, capsys):
 
 
 def test_cli_storage_option_values_are_json_where_possible():
-    from flymc_dist.cli import _storage_option
+    from flymc_dist.cli.parser import _storage_option
 
     assert _storage_option("anon=true") == ("anon", True)
     assert _storage_option('client_kwargs={"region_name": "eu"}') == (

@@ -29,7 +29,7 @@ from flymc_dist.protocol import (
     pack_reply,
     unpack_reply,
 )
-from flymc_dist.transport import InProcessTransport
+from flymc_dist.transport.inprocess import InProcessTransport
 
 
 def _data(model_name: str, n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """Several shards in one place: :class:`ShardHost`, in-process or one Dask actor per
 worker, serving rounds on Dask's RPC or on a socket of its own
-(:mod:`flymc_dist.channel`)."""
+(:mod:`flymc_dist.transport.channel`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.channel import ECHO, ROUND, ChannelServer
 from flymc_dist.protocol import (
     ReplicaReply,
     Reply,
@@ -26,6 +25,7 @@ from flymc_dist.protocol import (
 from flymc_dist.shard.chunks import worker_memory_limit
 from flymc_dist.shard.fused import fusable, fused_round
 from flymc_dist.shard.shard import Shard
+from flymc_dist.transport.channel import ECHO, ROUND, ChannelServer
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class ShardHost:
 
     # ------------------------------------------------------------ the channel
     def open_channel(self, host: str) -> tuple[tuple[str, int], bytes]:
-        """Serve rounds on a socket of ``host`` (see :mod:`flymc_dist.channel`).
+        """Serve rounds on a socket of ``host`` (see :mod:`flymc_dist.transport.channel`).
 
         Returns the address to connect to and the token to present. A speculative
         z-update runs on the channel's thread right after its reply is sent.

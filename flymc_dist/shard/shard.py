@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from flymc_dist import austerity_shard
 from flymc_dist._numerics import log_sigmoid
+from flymc_dist.austerity import shard as austerity_shard
 from flymc_dist.brightness import (
     BrightSet,
     explicit_accept,

@@ -16,7 +16,7 @@ import pathlib
 import numpy as np
 
 import flymc_dist as fd
-from flymc_dist.bench_sublinear import logistic_data
+from flymc_dist.bench.sublinear import logistic_data
 
 #: the runs: name -> (data size, seed of the data, sample() keywords)
 RUNS = {

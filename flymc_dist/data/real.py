@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from flymc_dist.data import Dataset, from_blocks
+from flymc_dist.data.store import Dataset
+from flymc_dist.data.write import from_blocks
 
 __all__ = [
     "data_dir",

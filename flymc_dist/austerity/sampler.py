@@ -61,7 +61,7 @@ each shard from a multivariate hypergeometric distribution over the shards'
 many of its own unseen rows uniformly without replacement. Together the batches are
 a simple random sample of all ``N`` rows, whatever the shard sizes. One round trip
 per test round (:meth:`call_some` to the shards drawn from), carrying every still
-undecided chain. The shard side lives in :mod:`flymc_dist.austerity_shard`, run as the
+undecided chain. The shard side lives in :mod:`flymc_dist.austerity.shard`, run as the
 named shard operation ``"austerity_batch"`` (:meth:`flymc_dist.shard.Shard.operation`).
 A shard keeps, per chain, which of its rows the current decision has used (a boolean
 mask plus the list of used rows; a new decision resets it in O(used)), in its slot
@@ -116,7 +116,6 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.special import stdtr
 
-from flymc_dist.cluster import ShardLost, open_transport
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.layout import shard_layout
@@ -125,6 +124,7 @@ from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
 from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.run import run
+from flymc_dist.transport.dask import ShardLost, open_transport
 from flymc_dist.tune import find_map, initial_positions, needs_map, preconditioner, tight_bounds
 
 __all__ = [
@@ -156,7 +156,7 @@ AUSTERITY_STATS: dict[str, str] = {
 }
 
 #: sub-roles under ROLE_AUSTERITY (the shards' row selection is
-#: :data:`flymc_dist.austerity_shard.SUB_SHARD`, 2)
+#: :data:`flymc_dist.austerity.shard.SUB_SHARD`, 2)
 _SUB_PROPOSAL = 0
 _SUB_SELECT = 1
 

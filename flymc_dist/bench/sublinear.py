@@ -1,7 +1,7 @@
 """``flymc bench sublinear``: austerity MH's data use against N, and its bias against eps.
 
 Every measurement is made with and without control variates from the bounds
-(``control_variates=True``, the sampler's default; see :mod:`flymc_dist.austerity`), on
+(``control_variates=True``, the sampler's default; see :mod:`flymc_dist.austerity.sampler`), on
 logistic data sets of growing N from one generating θ₀ (Chen, Mansinghka & Ghahramani
 2016, Fig. 5; Korattikara et al. 2014; Bardenet, Doucet & Holmes 2017):
 
@@ -42,12 +42,12 @@ import numpy as np
 
 from flymc_dist import diagnostics
 from flymc_dist.api import sample
-from flymc_dist.austerity import loglog_slope, run_decisions
-from flymc_dist.cluster import _client_from
+from flymc_dist.austerity.sampler import loglog_slope, run_decisions
 from flymc_dist.data import from_numpy
 from flymc_dist.kernels.rwmh import tril_matvec
 from flymc_dist.models.logistic import LogisticRegression
 from flymc_dist.rng import ROLE_AUSTERITY, stream
+from flymc_dist.transport.dask import _client_from
 
 __all__ = ["format", "format_sublinear", "logistic_data", "run_sublinear"]
 

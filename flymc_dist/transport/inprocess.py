@@ -1,4 +1,4 @@
-"""How the driver reaches its shards: in-process, or Dask actors (see :mod:`flymc_dist.cluster`).
+"""The in-process transport (the Dask one: :mod:`flymc_dist.transport.dask`).
 
 A transport holds shards grouped in :class:`~flymc_dist.shard.ShardHost` objects and
 returns every result as a list in *global shard order*, so the driver combines

@@ -1,4 +1,4 @@
-"""The shard side of austerity MH (:mod:`flymc_dist.austerity`): what runs beside the rows.
+"""The shard side of austerity MH (:mod:`flymc_dist.austerity.sampler`): what runs beside the rows.
 
 Two operations, run on a shard through :meth:`flymc_dist.shard.Shard.operation` by the
 names :data:`flymc_dist.shard.SHARD_OPERATIONS` gives them:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["EXTENSION", "AusterityRows", "shard_batch", "shard_exact_diff"]
 
 #: the sub-role under ROLE_AUSTERITY of the shards' row-selection streams (the driver's
-#: are 0, 1 and 3: see :mod:`flymc_dist.austerity`)
+#: are 0, 1 and 3: see :mod:`flymc_dist.austerity.sampler`)
 SUB_SHARD = 2
 
 #: the name of austerity's slot on a shard (:meth:`Shard.extension`)

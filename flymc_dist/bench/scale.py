@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import flymc_dist as fd
-from flymc_dist.austerity import loglog_slope
+from flymc_dist.austerity.sampler import loglog_slope
 from flymc_dist.data import make_logistic, open_dataset
 
 __all__ = ["format_scale", "peak_rss", "reset_peak_rss", "run_scale"]

@@ -59,7 +59,7 @@ ERROR = 1
 Handler = Callable[[int, bytes], tuple[bytes, Callable[[], None] | None]]
 
 
-#: values of the ``channel`` option (see :class:`~flymc_dist.cluster.DaskTransport`)
+#: values of the ``channel`` option (see :class:`~flymc_dist.transport.dask.DaskTransport`)
 CHANNELS = ("auto", "socket", "dask")
 
 

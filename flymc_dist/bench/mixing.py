@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 import flymc_dist as fd
-from flymc_dist.bench import local_client
+from flymc_dist.bench.common import local_client
 from flymc_dist.data import make_logistic
-from flymc_dist.datasets import mnist_7_vs_9, qm9_gap
+from flymc_dist.data.real import mnist_7_vs_9, qm9_gap
 
 PROBLEMS = ("qm9", "mnist", "logistic")
 

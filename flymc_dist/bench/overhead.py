@@ -4,7 +4,7 @@ One run, one cluster, measurements side by side on the same workers and the same
 ``rows × features`` logistic data set:
 
 (a) MAP-tuned FlyMC with RWMH (``fd.sample(..., client=<the client>)``), its rounds on
-    the direct socket channel (:mod:`flymc_dist.channel`, the default on ``tcp://``
+    the direct socket channel (:mod:`flymc_dist.transport.channel`, the default on ``tcp://``
     clusters), and again with its rounds on Dask's actor RPC (``channel="dask"``);
 (b) regular full-data MCMC with the same kernel;
 (c) the bare actor fan-out round trip: a no-op method
@@ -39,7 +39,6 @@ iteration.
 from __future__ import annotations
 
 import datetime as _dt
-import logging
 import math
 import os
 import platform
@@ -50,15 +49,15 @@ from typing import Any
 import numpy as np
 
 import flymc_dist as fd
-from flymc_dist.cluster import DaskTransport
+from flymc_dist.bench.common import local_client
 from flymc_dist.data import make_logistic
 from flymc_dist.protocol import Request, ShardConfig, ShardSpec, pack_round
+from flymc_dist.transport.dask import DaskTransport
 
 __all__ = [
     "GOAL_FLYMC_OVER_BARE",
     "GOAL_REGULAR_OVER_FLYMC",
     "format_overhead",
-    "local_client",
     "run_overhead",
 ]
 
@@ -68,43 +67,6 @@ GOAL_FLYMC_OVER_BARE = 1.5
 GOAL_REGULAR_OVER_FLYMC = 8.0
 #: Draws per chain below which the per-ESS ratios are flagged as rough.
 _MIN_ESS_DRAWS = 200
-
-
-def local_client(workers: int) -> tuple[Any, Any]:
-    """Start a LocalCluster like ``fd.sample(client=None)`` does, and a client for it.
-
-    Worker processes with one thread each, no dashboard, quiet logs, and a client with
-    ``direct_to_workers=True`` (actor calls go straight to the workers).
-
-    Parameters
-    ----------
-    workers
-        Number of worker processes.
-
-    Returns
-    -------
-    client, cluster
-        Close both when done (``client.close(); cluster.close()``).
-    """
-    from distributed import Client, LocalCluster
-
-    # (the short connect timeout is set by each run's transport, for that run only)
-    # No dashboard; the scheduler's bare HTTP server on a free port (":0"), so another
-    # cluster holding the default port 8787 causes no warning.
-    cluster = LocalCluster(
-        n_workers=int(workers),
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        scheduler_kwargs={"dashboard_address": ":0"},
-        silence_logs=logging.ERROR,
-    )
-    try:
-        client = Client(cluster, direct_to_workers=True)
-    except BaseException:
-        cluster.close()
-        raise
-    return client, cluster
 
 
 def _check_int(name: str, value: Any, lo: int) -> int:

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.channel import ECHO, ROUND, ChannelClient, check_channel
 from flymc_dist.protocol import (
     ReplicaReply,
     Reply,
@@ -44,7 +43,8 @@ from flymc_dist.protocol import (
     unpack_reply,
 )
 from flymc_dist.shard import ShardHost
-from flymc_dist.transport import InProcessTransport
+from flymc_dist.transport.channel import ECHO, ROUND, ChannelClient, check_channel
+from flymc_dist.transport.inprocess import InProcessTransport
 
 log = logging.getLogger("flymc_dist")
 
@@ -244,7 +244,7 @@ class DaskTransport:
         Seconds a single round trip may take before its host is declared lost.
     channel
         How the per-iteration rounds travel. ``"socket"``: a direct TCP connection to
-        each host (:mod:`flymc_dist.channel`), set up through Dask; ``"dask"``: Dask's
+        each host (:mod:`flymc_dist.transport.channel`), set up through Dask; ``"dask"``: Dask's
         actor RPC. ``"auto"`` (default): the socket when every worker is reached over
         plain ``tcp://`` — with TLS the rounds stay on Dask's authenticated, encrypted
         connections. Set-up, recovery and every other call always go through Dask.

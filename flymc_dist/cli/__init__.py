@@ -1,0 +1,110 @@
+"""The ``flymc`` command line.
+
+Subcommands::
+
+    flymc demo                       FlyMC vs regular MCMC on ~1M synthetic rows
+    flymc make-data OUT --like …     write a synthetic data set (zarr)
+    flymc ingest SRC OUT             .npy / .npz / .csv → a validated zarr data set
+    flymc run STORE --model … --trace OUT.zarr
+                                     sample; draws + stats go to a resumable zarr trace
+    flymc summary TRACE              the posterior table and efficiency of a trace
+    flymc bench overhead|sublinear|mixing|scale   benchmarks
+
+Bad input (a missing file, NaN in the data, an unknown model or option, …) ends with
+exit status 2 and one line ``flymc: error: <reason>`` on stderr, and writes nothing.
+An unexpected internal failure ends with status 1 (set ``FLYMC_DEBUG=1`` for the
+traceback); an interrupt with 130; output cut short by its reader (``| head``) with 141,
+quietly. A run that fails after its first checkpoint keeps its trace and says, in one
+more line, how to continue it with ``--resume``.
+
+The subcommands live in :mod:`flymc_dist.cli.demo`, :mod:`flymc_dist.cli.commands`
+(make-data, ingest, run, summary) and :mod:`flymc_dist.cli.bench`; the parser in
+:mod:`flymc_dist.cli.parser`; what they share in :mod:`flymc_dist.cli.common`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from flymc_dist.cli.bench import BENCH_MODULES, _cmd_bench_module
+from flymc_dist.cli.commands import _resume_hint
+from flymc_dist.cli.common import CLIError, _error
+from flymc_dist.cli.parser import build_parser
+
+__all__ = ["CLIError", "build_parser", "main"]
+
+#: Exit status for bad input or usage.
+EXIT_USAGE = 2
+#: Exit status for an unexpected internal failure.
+EXIT_FAILURE = 1
+#: Exit status after Ctrl-C.
+EXIT_INTERRUPT = 130
+#: Exit status when stdout's reader went away (as a process killed by SIGPIPE).
+EXIT_BROKEN_PIPE = 141
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _dispatch(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCH_MODULES:
+        return _cmd_bench_module(argv[1], argv[2:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    return int(args.func(args) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``flymc`` with ``argv`` (default ``sys.argv[1:]``).
+
+    Parameters
+    ----------
+    argv
+        The arguments after the program name.
+
+    Returns
+    -------
+    int
+        0 on success, 2 for bad input or usage (one line on stderr, nothing written), 1 for
+        an unexpected failure, 130 when interrupted.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except SystemExit as stop:  # --help, --version
+        code = stop.code
+        return code if isinstance(code, int) else (0 if code is None else EXIT_USAGE)
+    except CLIError as err:
+        _error(str(err))
+        return EXIT_USAGE
+    except KeyboardInterrupt as err:
+        _error("interrupted")
+        _resume_hint(err)
+        return EXIT_INTERRUPT
+    except BrokenPipeError:
+        # stdout's reader went away (`flymc summary t.zarr | head -2`): stop quietly
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except (ValueError, OSError) as err:
+        if os.environ.get("FLYMC_DEBUG"):
+            traceback.print_exc()
+        _error(str(err) or type(err).__name__)
+        _resume_hint(err)
+        return EXIT_USAGE
+    except Exception as err:  # noqa: BLE001 - the last line of defence of a CLI
+        if os.environ.get("FLYMC_DEBUG"):
+            traceback.print_exc()
+            _error(f"{type(err).__name__}: {err}")
+        else:
+            _error(f"{type(err).__name__}: {err} (set FLYMC_DEBUG=1 for the traceback)")
+        _resume_hint(err)
+        return EXIT_FAILURE

@@ -1,0 +1,166 @@
+"""``flymc bench NAME``: the benchmarks of :mod:`flymc_dist.bench`, their options read
+from the signature and docstring of ``run_NAME``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from flymc_dist.bench.overhead import format_overhead, run_overhead
+from flymc_dist.cli.common import CLIError, _Parser, _say
+
+# --------------------------------------------------------------------------- bench
+
+
+def _cmd_bench_overhead(args: argparse.Namespace) -> int:
+    d = run_overhead(
+        rows=args.rows,
+        features=args.features,
+        workers=args.workers,
+        iterations=args.iterations,
+        chains=args.chains,
+        seed=args.seed,
+        regular_iterations=args.regular_iterations,
+        warmup=args.warmup,
+        pings=args.pings,
+        default_sharding=args.default_sharding,
+    )
+    _say(format_overhead(d))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(d, fh, indent=2, default=float)
+    return 0
+
+
+def _param_docs(func: Callable[..., Any]) -> dict[str, str]:
+    """Parameter descriptions from a numpydoc ``Parameters`` section (first paragraph)."""
+    lines = (inspect.getdoc(func) or "").splitlines()
+    out: dict[str, str] = {}
+    try:
+        i = next(k for k, line in enumerate(lines) if line.strip() == "Parameters") + 2
+    except StopIteration:
+        return out
+    names: list[str] = []
+    text: list[str] = []
+
+    def flush() -> None:
+        for n in names:
+            out[n] = " ".join(text).strip()
+
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() and not line.startswith(" "):
+            if i + 1 < len(lines) and set(lines[i + 1].strip()) == {"-"}:
+                break  # the next section
+            flush()
+            names = [n.strip() for n in line.split(":")[0].split(",")]
+            text = []
+        elif line.strip():
+            text.append(line.strip())
+        i += 1
+    flush()
+    return out
+
+
+def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> _Parser:
+    """A parser with one ``--option`` per keyword parameter of ``func`` (by its default)."""
+    parser = _Parser(prog=prog, description=description)
+    docs = _param_docs(func)
+    for name, par in inspect.signature(func).parameters.items():
+        if par.kind in (par.VAR_POSITIONAL, par.VAR_KEYWORD):
+            continue
+        flag = "--" + name.replace("_", "-")
+        default = par.default
+        ann = str(par.annotation)
+        doc = docs.get(name, "").replace("%", "%%")
+        helptext = f"{doc} (default {default!r})".strip()
+        if name == "client":
+            parser.add_argument(
+                flag,
+                default=default,
+                metavar="CLIENT",
+                help="'synchronous', 'local' (an embedded LocalCluster), a "
+                "scheduler address or a scheduler file "
+                f"(default {default!r})",
+            )
+        elif isinstance(default, bool):
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=default, help=helptext
+            )
+        elif isinstance(default, (list, tuple)) or "Sequence" in ann or "list" in ann:
+            kind = (
+                float
+                if ("float" in ann or any(isinstance(v, float) for v in (default or ())))
+                else int
+            )
+            parser.add_argument(
+                flag,
+                nargs="*",
+                type=kind,
+                default=default,
+                metavar="X",
+                help=helptext + "; give no value for none",
+            )
+        elif isinstance(default, int) or (default is None and "int" in ann):
+            parser.add_argument(flag, type=int, default=default, help=helptext)
+        elif isinstance(default, float) or (default is None and "float" in ann):
+            parser.add_argument(flag, type=float, default=default, help=helptext)
+        else:
+            parser.add_argument(
+                flag,
+                default=None if default is par.empty else default,
+                required=default is par.empty,
+                help=helptext,
+            )
+    return parser
+
+
+#: ``flymc bench NAME``: the module ``flymc_dist.bench.NAME`` with ``run_NAME`` (its options
+#: become the command's) and ``format_NAME``
+BENCH_MODULES = ("sublinear", "mixing", "scale")
+
+
+def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
+    try:
+        mod = importlib.import_module(f"flymc_dist.bench.{name}")
+    except ImportError as err:
+        raise CLIError(f"'bench {name}' is not available in this installation ({err})") from None
+    run = getattr(mod, f"run_{name}", None)
+    fmt = getattr(mod, f"format_{name}", None)
+    if run is None or fmt is None:
+        raise CLIError(
+            f"'bench {name}' is not available: flymc_dist.bench.{name} lacks "
+            f"run_{name}/format_{name}"
+        )
+    doc = inspect.getdoc(mod) or ""
+    parser = _signature_parser(run, f"flymc bench {name}", doc.split("\n\n")[0])
+    parser.add_argument(
+        "--json", metavar="FILE", default=None, help="also write the figures as JSON"
+    )
+    args = vars(parser.parse_args(list(argv)))
+    json_path = args.pop("json")
+    if args.get("client") == "local":
+        args["client"] = None
+    for key, value in list(args.items()):
+        if isinstance(value, list):
+            args[key] = tuple(value) if value else None
+    d = run(**args)
+    _say(fmt(d))
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(d, fh, indent=2, default=_json_default)
+    return 0
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    return str(value)

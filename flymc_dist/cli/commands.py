@@ -1,0 +1,330 @@
+"""``flymc make-data``, ``ingest``, ``run`` and ``summary``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import flymc_dist as fd
+from flymc_dist import data, diagnostics
+from flymc_dist.api import kept_trace
+from flymc_dist.cli.common import (
+    CLIError,
+    _fmt,
+    _percent,
+    _progress,
+    _say,
+    _storage_options,
+    _url_options,
+)
+from flymc_dist.data import ingest, open_dataset
+from flymc_dist.models import make_model
+from flymc_dist.result import efficiency
+from flymc_dist.trace import Trace, _probe
+
+# --------------------------------------------------------------------------- make-data, ingest
+
+
+def _describe(ds: Any) -> str:
+    task = ds.task + (f", {ds.n_classes} classes" if ds.task == "multiclass" else "")
+    return (
+        f"{ds.path}: {ds.n_rows:,} rows × {ds.n_features} features, task {task}, "
+        f"{ds.n_chunks} chunk(s) of {ds.chunk_rows:,} rows, {ds.dtype.name}"
+    )
+
+
+def _cmd_make_data(args: argparse.Namespace) -> int:
+    like = args.like
+    rows, features = args.rows, args.features
+    if like == "opv":
+        rows = 1_800_000 if rows is None else rows
+        features = 57 if features is None else features
+    for opt, value in (("--rows", rows), ("--features", features)):
+        if value is None:
+            raise CLIError(f"{opt} is required for --like {like}")
+    if like == "softmax" and args.classes is None:
+        raise CLIError("--classes is required for --like softmax")
+    if like != "softmax" and args.classes is not None:
+        raise CLIError("--classes applies only to --like softmax")
+    noise = {k: v for k, v in (("nu", args.nu), ("noise_scale", args.noise_scale)) if v is not None}
+    if noise and like not in ("robust", "opv"):
+        raise CLIError("--nu and --noise-scale apply only to --like robust or opv")
+    common = {
+        "seed": args.seed,
+        "chunk_rows": args.chunk_rows,
+        "dtype": args.dtype,
+        "overwrite": args.overwrite,
+        "storage_options": _storage_options(args, args.out),
+    }
+    t = time.perf_counter()
+    if like == "logistic":
+        ds = data.make_logistic(args.out, rows, features, **common)
+    elif like == "softmax":
+        ds = data.make_softmax(args.out, rows, features, args.classes, **common)
+    elif like == "robust":
+        ds = data.make_robust(args.out, rows, features, **common, **noise)
+    else:
+        ds = data.make_opv_like(args.out, rows, features, **common, **noise)
+    _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
+    return 0
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    target: int | str | None = args.target
+    if target is not None and args.src.lower().endswith(".npy"):
+        try:
+            target = int(target)
+        except ValueError:
+            raise CLIError(
+                f"--target for a .npy file must be a column index, got {args.target!r}"
+            ) from None
+    t = time.perf_counter()
+    ds = ingest(
+        args.src,
+        args.out,
+        target=target,
+        task=args.task,
+        n_classes=args.classes,
+        chunk_rows=args.chunk_rows,
+        dtype=args.dtype,
+        overwrite=args.overwrite,
+        storage_options=_storage_options(args, args.out),
+    )
+    _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
+    return 0
+
+
+# --------------------------------------------------------------------------- run, summary
+
+
+def _efficiency_lines(eff: dict[str, float], r_hat_max: float, chains: int) -> list[str]:
+    secs = eff.get("seconds_per_iteration", float("nan"))
+    lines = [
+        f"ESS bulk min / mean      {_fmt(eff['ess_min'], '.0f')} / {_fmt(eff['ess_mean'], '.0f')}",
+        f"R̂ max                    {_fmt(r_hat_max, '.3f')}",
+        f"acceptance               {_fmt(eff['acceptance'], '.3f')}",
+        f"bright fraction          {_percent(eff['bright_fraction'])}",
+        f"likelihood queries       {eff['queries_per_iteration'] * chains:,.0f} per iteration "
+        f"(all {chains} chains)",
+        f"round trips              {_fmt(eff['round_trips_per_iteration'], '.2f')} per iteration",
+    ]
+    if math.isfinite(secs):
+        lines.append(f"seconds per iteration    {secs:.4g}")
+        lines.append(f"ESS per second           {_fmt(eff['ess_per_second'])}")
+    lines.append(f"ESS per million queries  {_fmt(1e6 * eff['ess_per_query'])}")
+    return lines
+
+
+def _param_names(ds: Any, n_params: int) -> list[str] | None:
+    names = getattr(ds, "feature_names", None)
+    if names and len(names) == n_params:
+        return list(names)
+    return None
+
+
+def _build_model(args: argparse.Namespace, ds: Any) -> Any:
+    kwargs: dict[str, Any] = {}
+    if args.model == "softmax":
+        k = args.classes if args.classes is not None else ds.n_classes
+        if k is None:
+            raise CLIError("--classes is required: the data set has no class count")
+        kwargs["n_classes"] = int(k)
+    elif args.classes is not None:
+        raise CLIError("--classes applies only to --model softmax")
+    if args.model == "robust":
+        if args.nu is not None:
+            kwargs["nu"] = args.nu
+        if args.scale is not None:
+            kwargs["scale"] = args.scale
+    elif args.nu is not None or args.scale is not None:
+        raise CLIError("--nu and --scale apply only to --model robust")
+    if args.prior is not None:
+        kwargs["prior"] = args.prior
+    if args.prior_scale is not None:
+        kwargs["prior_scale"] = args.prior_scale
+    return make_model(args.model, **kwargs)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    if args.workers is not None and (args.scheduler or args.scheduler_file or args.synchronous):
+        raise CLIError(
+            "--workers applies only to the embedded LocalCluster (not with "
+            "--scheduler, --scheduler-file or --synchronous)"
+        )
+    if args.synchronous:
+        return "synchronous"
+    if args.scheduler is not None:
+        if "://" not in args.scheduler:
+            raise CLIError(
+                f"--scheduler must be an address like tcp://host:8786, got {args.scheduler!r}"
+            )
+        return args.scheduler
+    if args.scheduler_file is not None:
+        if not os.path.isfile(args.scheduler_file):
+            raise CLIError(f"scheduler file {args.scheduler_file!r} not found")
+        return args.scheduler_file
+    return None
+
+
+def _resume_hint(err: BaseException) -> None:
+    """After a failed run that kept its trace: one line saying how to continue it."""
+    kept = kept_trace(err)
+    if kept is not None:
+        sys.stderr.write(
+            f"flymc: {kept[0]} keeps {kept[1]:,} iterations (to its last "
+            "checkpoint): continue with the same command and --resume\n"
+        )
+        sys.stderr.flush()
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    so = _storage_options(args, args.store, args.trace)
+    ds = fd.open_dataset(args.store, storage_options=_url_options(args.store, so))
+    model = _build_model(args, ds)
+    client = _client(args)
+    trace_so = _url_options(args.trace, so)
+    if "://" in args.trace:
+        trace_path = args.trace
+        existed = _probe(trace_path, trace_so) != "missing"
+    else:
+        trace_path = os.path.abspath(os.path.expanduser(args.trace))
+        existed = os.path.exists(trace_path) and (
+            not os.path.isdir(trace_path) or bool(os.listdir(trace_path))
+        )
+    # a resume must match the trace's model, data set and settings: fd.sample checks
+    # (and the trace's lock keeps a second run off it); a failed run keeps a trace that
+    # has a checkpoint and removes only one it created itself (see flymc_dist.api)
+    if args.resume:
+        if not existed:
+            raise CLIError(f"--resume: no trace at {args.trace!r}")
+    elif existed:
+        if not args.overwrite:
+            raise CLIError(
+                f"{args.trace!r} already exists (use --overwrite to replace it, or "
+                f"--resume to continue it)"
+            )
+        try:
+            Trace.open(trace_path, read_only=True, storage_options=trace_so)
+        except (ValueError, OSError):
+            raise CLIError(
+                f"{args.trace!r} exists and is not a flymc trace; refusing to overwrite it"
+            ) from None
+    options: dict[str, Any] = {
+        "trace": trace_path,
+        "resume": args.resume,
+        "overwrite_trace": args.overwrite,
+        "progress": _progress(args),
+    }
+    if trace_so is not None:
+        options["trace_storage_options"] = trace_so
+    for key, value in (
+        ("q_db", args.q_db),
+        ("resample_fraction", args.resample_fraction),
+        ("eps", args.eps),
+        ("batch_size", args.batch_size),
+        ("checkpoint_every", args.checkpoint_every),
+        ("n_workers", args.workers),
+        ("n_shards", args.n_shards),
+    ):
+        if value is not None:
+            options[key] = value
+    if args.no_control_variates:
+        options["control_variates"] = False
+    t = time.perf_counter()
+    res = fd.sample(
+        model,
+        ds,
+        algorithm=args.algorithm,
+        bounds=args.bounds,
+        kernel=args.kernel,
+        z_update=args.z_update,
+        num_warmup=args.warmup,
+        num_samples=args.samples,
+        chains=args.chains,
+        seed=args.seed,
+        client=client,
+        **options,
+    )
+    seconds = time.perf_counter() - t
+    names = _param_names(ds, int(np.prod(res.param_shape)))
+    C, S = res.samples.shape[:2]
+    label = {
+        "flymc": f"FlyMC ({args.bounds} bounds, {args.z_update} z-update)",
+        "regular": "regular MCMC (full data)",
+        "austerity": "austerity MH (APPROXIMATE)",
+    }[args.algorithm]
+    _say(
+        f"{label}, {args.kernel}, {model!r}: {C} chains × {S} draws "
+        f"(+{args.warmup} warm-up) in {seconds:.1f} s → {args.trace}"
+    )
+    _say(str(res.summary(names=names)))
+    _say("")
+    r_hat = diagnostics.rhat(res.samples.reshape(C, S, -1))
+    eff = res.efficiency()
+    if args.resume:  # the time of this session only covers the resumed part
+        eff["seconds_per_iteration"] = float("nan")
+    for line in _efficiency_lines(eff, float(np.nanmax(r_hat)), C):
+        _say(line)
+    return 0
+
+
+def _trace_efficiency(trace: Any) -> dict[str, float]:
+    """:func:`flymc_dist.result.efficiency` of a trace's post-warm-up draws (the wall seconds
+    of its sampling iterations are kept with the checkpoint)."""
+    secs = (trace.checkpoint or {}).get("seconds", {}).get("sampling")
+    return efficiency(trace.samples, trace.stats, trace.attrs.get("n_rows"), secs)
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    so = _storage_options(args)  # for the trace and for its data set (for the names)
+    trace = Trace.open(args.trace, read_only=True, storage_options=_url_options(args.trace, so))
+    attrs = trace.attrs
+    data_path = attrs.get("data")
+    if so and "://" not in args.trace and not (isinstance(data_path, str) and "://" in data_path):
+        raise CLIError(
+            "--storage-option applies only to fsspec URLs (s3://…), and neither the "
+            "trace nor its data set is at one"
+        )
+    C, S = trace.chains, trace.n_draws
+    total = attrs.get("num_warmup", 0) + attrs.get("num_samples", 0)
+    done = trace.n_warmup_draws + S
+    head = (
+        f"{args.trace}: {attrs.get('algorithm', '?')}"
+        f"{' (' + str(attrs['bounds']) + ' bounds)' if attrs.get('bounds') else ''}, "
+        f"kernel {attrs.get('kernel', '?')}, model {attrs.get('model', {}).get('name', '?')}"
+        f", {C} chains × {S} draws (+{trace.n_warmup_draws} warm-up)"
+    )
+    _say(head)
+    if total and done < total:
+        _say(
+            f"incomplete: {done} of {total} iterations recorded (continue with flymc run … "
+            f"--resume)"
+        )
+    if attrs.get("algorithm") == "austerity":
+        _say("APPROXIMATE (austerity MH): draws do not target the exact posterior.")
+    if S < 4:
+        raise CLIError(
+            f"{args.trace!r} holds {S} post-warm-up draws per chain; a summary needs at least 4"
+        )
+    names = None
+    # a data set at a URL is read only with options given (else it could be a long wait)
+    if isinstance(data_path, str) and (os.path.isdir(data_path) or ("://" in data_path and so)):
+        with contextlib.suppress(Exception):
+            names = _param_names(
+                open_dataset(data_path, storage_options=_url_options(data_path, so)),
+                int(np.prod(trace.param_shape)),
+            )
+    table = diagnostics.summary(trace.samples, names=names)
+    _say(diagnostics.format_summary(table, max_rows=args.max_rows))
+    _say("")
+    eff = _trace_efficiency(trace)
+    for line in _efficiency_lines(eff, float(np.nanmax(table["r_hat"])), C):
+        _say(line)
+    return 0

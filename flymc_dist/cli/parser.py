@@ -1,0 +1,513 @@
+"""The ``flymc`` argument parser: every subcommand, its options and their types."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from flymc_dist import __version__
+from flymc_dist.cli.bench import _cmd_bench_overhead
+from flymc_dist.cli.commands import _cmd_ingest, _cmd_make_data, _cmd_run, _cmd_summary
+from flymc_dist.cli.common import _Parser
+from flymc_dist.cli.demo import (
+    _DEMO_FEATURES,
+    _DEMO_KERNEL,
+    _DEMO_REGULAR_SAMPLES,
+    _DEMO_ROWS,
+    _DEMO_SAMPLES,
+    _cmd_demo,
+)
+
+#: the θ-kernels (flymc_dist.kernels.KERNELS; named here to keep the CLI's start light)
+_KERNELS = ("rwmh", "mala", "slice", "hmc", "nuts")
+
+
+# --------------------------------------------------------------------------- argument types
+
+
+def _int_at_least(lo: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``lo``, else "expected <what>, got '<text>'"."""
+
+    def parse(text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < lo:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    parse.__name__ = f"int >= {lo}"
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_nonnegative_int = _int_at_least(0, "an integer >= 0")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
+    return value
+
+
+#: storage dtypes of X for make-data and ingest
+_DTYPES = ("float64", "float32")
+_DTYPE_HELP = (
+    "storage dtype of X (default float64; float32 halves the bytes, values rounded once "
+    "when written; all arithmetic stays float64)"
+)
+
+
+def _q_db(text: str) -> str | float:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or a number in (0, 1], got {text!r}"
+        ) from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number in (0, 1], got {text!r}")
+    return value
+
+
+def _storage_option(text: str) -> tuple[str, Any]:
+    """An argparse type: ``KEY=VALUE``, the value parsed as JSON where it can be, else a str."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+_STORAGE_HELP = (
+    "an fsspec storage option for URL paths (s3://…), e.g. endpoint_url=http://… "
+    "or key=…; repeatable; the value is read as JSON where it can be (quote a "
+    "string that looks like a number: secret='\"123\"'), else as a string"
+)
+
+
+# --------------------------------------------------------------------------- the parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``flymc`` argument parser (all subcommands).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        Its errors raise :class:`CLIError` instead of exiting.
+    """
+    parser = _Parser(
+        prog="flymc",
+        description="Exact Bayesian inference for tall data on "
+        "Dask: Firefly Monte Carlo, regular MCMC and (approximate) austerity MH.",
+    )
+    parser.add_argument("--version", action="version", version=f"flymc_dist {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    # ---- demo
+    p = sub.add_parser(
+        "demo",
+        help="FlyMC vs regular MCMC on ~1M synthetic logistic rows",
+        description="Generate a synthetic logistic data set (~1M rows) in a "
+        "temporary zarr store, sample it with MAP-tuned FlyMC and with regular "
+        "MCMC (RWMH, 4 chains) on an embedded LocalCluster, and compare.",
+    )
+    p.add_argument(
+        "--rows", type=_positive_int, default=_DEMO_ROWS, help=f"rows N (default {_DEMO_ROWS:,})"
+    )
+    p.add_argument(
+        "--features",
+        type=_positive_int,
+        default=_DEMO_FEATURES,
+        help=f"features D including the bias column (default {_DEMO_FEATURES})",
+    )
+    p.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=_DEMO_SAMPLES,
+        help=f"FlyMC draws per chain after warm-up (default {_DEMO_SAMPLES})",
+    )
+    p.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        default=None,
+        help="FlyMC warm-up iterations (default: samples / 4)",
+    )
+    p.add_argument(
+        "--regular-samples",
+        type=_positive_int,
+        default=None,
+        help=f"regular MCMC draws per chain (default {_DEMO_REGULAR_SAMPLES}; "
+        "each evaluation is a full pass over the data)",
+    )
+    p.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
+    p.add_argument(
+        "--kernel",
+        choices=_KERNELS,
+        default=_DEMO_KERNEL,
+        help=f"θ-kernel of both samplers (default {_DEMO_KERNEL})",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="workers of the embedded LocalCluster (default: the machine's cores, at most 8)",
+    )
+    p.add_argument(
+        "--synchronous",
+        action="store_true",
+        help="run in this process instead of on a LocalCluster",
+    )
+    p.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line")
+    p.set_defaults(func=_cmd_demo)
+
+    # ---- make-data
+    p = sub.add_parser(
+        "make-data",
+        help="write a synthetic data set",
+        description="Write a synthetic data set as a flymc_dist zarr store.",
+    )
+    p.add_argument("out", metavar="OUT", help="the store to create (a directory)")
+    p.add_argument(
+        "--like",
+        choices=("logistic", "softmax", "robust", "opv"),
+        default="logistic",
+        help="generator (default logistic)",
+    )
+    p.add_argument(
+        "--rows",
+        type=_positive_int,
+        default=None,
+        help="rows N (required, except for --like opv: 1,800,000)",
+    )
+    p.add_argument(
+        "--features",
+        type=_positive_int,
+        default=None,
+        help="features D including the bias (required, except for --like opv: 57)",
+    )
+    p.add_argument(
+        "--classes",
+        type=_positive_int,
+        default=None,
+        help="classes K (--like softmax only, required there)",
+    )
+    p.add_argument(
+        "--nu",
+        type=_positive_float,
+        default=None,
+        help="Student-t degrees of freedom of the noise (robust/opv; default 4)",
+    )
+    p.add_argument(
+        "--noise-scale",
+        type=_positive_float,
+        default=None,
+        help="noise scale (robust/opv; default 1)",
+    )
+    p.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
+    p.add_argument(
+        "--chunk-rows",
+        type=_positive_int,
+        default=None,
+        help="rows per zarr chunk (default ~8 MiB chunks)",
+    )
+    p.add_argument("--dtype", choices=_DTYPES, default="float64", help=_DTYPE_HELP)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP,
+    )
+    p.set_defaults(func=_cmd_make_data)
+
+    # ---- ingest
+    p = sub.add_parser(
+        "ingest",
+        help="convert .npy/.npz/.csv into a zarr data set",
+        description="Validate a .npy (2-D, target column last unless --target), "
+        ".npz (arrays X and y) or .csv (header row; target column last unless "
+        "--target; a first line of numbers only is read as data, not as a "
+        "header) file and write it as a flymc_dist zarr store. Nothing is "
+        "written if the data are invalid (NaN/inf, bad labels, wrong shapes).",
+    )
+    p.add_argument("src", metavar="SRC", help="the .npy, .npz or .csv file")
+    p.add_argument("out", metavar="OUT", help="the store to create (a directory)")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="the target column: an index for .npy, a header name for .csv "
+        "(an index for a .csv without a header row)",
+    )
+    p.add_argument(
+        "--task",
+        choices=("binary", "multiclass", "real"),
+        default=None,
+        help="the task (default: inferred from the target)",
+    )
+    p.add_argument(
+        "--classes", type=_positive_int, default=None, help="number of classes (multiclass)"
+    )
+    p.add_argument("--chunk-rows", type=_positive_int, default=None, help="rows per chunk")
+    p.add_argument("--dtype", choices=_DTYPES, default="float64", help=_DTYPE_HELP)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP,
+    )
+    p.set_defaults(func=_cmd_ingest)
+
+    # ---- run
+    p = sub.add_parser(
+        "run",
+        help="sample a posterior into a zarr trace",
+        description="Sample the posterior of a model given a data set; draws "
+        "and per-iteration statistics are written incrementally to a "
+        "resumable zarr trace, and the summary is printed.",
+    )
+    p.add_argument("store", metavar="STORE", help="a flymc_dist data set (zarr store)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", required=True, choices=("logistic", "softmax", "robust"))
+    g.add_argument(
+        "--classes",
+        type=_positive_int,
+        default=None,
+        help="softmax classes K (default: the data set's)",
+    )
+    g.add_argument(
+        "--nu",
+        type=_positive_float,
+        default=None,
+        help="robust: Student-t degrees of freedom (default 4)",
+    )
+    g.add_argument(
+        "--scale", type=_positive_float, default=None, help="robust: Student-t scale (default 1)"
+    )
+    g.add_argument(
+        "--prior",
+        choices=("normal", "laplace", "flat"),
+        default=None,
+        help="prior (default: normal; laplace for robust)",
+    )
+    g.add_argument(
+        "--prior-scale", type=_positive_float, default=None, help="prior scale (default 1)"
+    )
+    g = p.add_argument_group("sampler")
+    g.add_argument(
+        "--algorithm",
+        choices=("flymc", "regular", "austerity"),
+        default="flymc",
+        help="flymc (exact, default), regular (exact, full data) or austerity (approximate)",
+    )
+    g.add_argument(
+        "--bounds", choices=("map", "untuned"), default="map", help="FlyMC bounds (default map)"
+    )
+    g.add_argument("--kernel", choices=_KERNELS, default="rwmh", help="theta kernel (default rwmh)")
+    g.add_argument(
+        "--z-update",
+        choices=("implicit", "explicit"),
+        default="implicit",
+        help="FlyMC z-update (default implicit)",
+    )
+    g.add_argument(
+        "--q-db",
+        type=_q_db,
+        default=None,
+        help="implicit z-update: dark→bright proposal probability, or 'auto' "
+        "(the library's default)",
+    )
+    g.add_argument(
+        "--resample-fraction",
+        type=_positive_float,
+        default=None,
+        help="explicit z-update: fraction of z resampled per iteration",
+    )
+    g.add_argument("--eps", type=_positive_float, default=None, help="austerity: t-test tolerance")
+    g.add_argument(
+        "--batch-size", type=_positive_int, default=None, help="austerity: rows per minibatch"
+    )
+    g.add_argument(
+        "--no-control-variates",
+        action="store_true",
+        help="austerity: plain sequential test on the log-likelihood differences "
+        "(default: on their gap to the MAP-tuned bounds)",
+    )
+    g.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        default=500,
+        help="warm-up iterations, discarded (default 500)",
+    )
+    g.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=1000,
+        help="draws per chain after warm-up (default 1000)",
+    )
+    g.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
+    g.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
+    g = p.add_argument_group("where it runs (default: an embedded LocalCluster)")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="a Dask scheduler address (tcp://… or tls://…)",
+    )
+    where.add_argument(
+        "--scheduler-file", metavar="FILE", default=None, help="a Dask scheduler file"
+    )
+    where.add_argument(
+        "--synchronous", action="store_true", help="run every shard in this process (no Dask)"
+    )
+    g.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="workers of the embedded LocalCluster (default: cores, at most 8)",
+    )
+    g.add_argument(
+        "--n-shards",
+        type=_positive_int,
+        default=None,
+        help="shards (whole zarr chunks each; default: about 262,144 rows per "
+        "shard); at least the number of workers keeps every worker busy",
+    )
+    g = p.add_argument_group("output")
+    g.add_argument(
+        "--trace",
+        metavar="OUT.zarr",
+        required=True,
+        help="the zarr trace to write (draws, stats, checkpoints)",
+    )
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run recorded in --trace from its last checkpoint",
+    )
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing trace")
+    g.add_argument(
+        "--checkpoint-every",
+        type=_positive_int,
+        default=None,
+        help="iterations between trace flushes / checkpoints (default 100)",
+    )
+    g.add_argument("--no-progress", action="store_true", help="no progress line")
+    g.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP + "; used for STORE and --trace when they are URLs",
+    )
+    p.set_defaults(func=_cmd_run)
+
+    # ---- summary
+    p = sub.add_parser(
+        "summary",
+        help="summarise a trace",
+        description="Print the posterior summary table and the efficiency "
+        "figures of a trace written by 'flymc run'.",
+    )
+    p.add_argument("trace", metavar="TRACE", help="the zarr trace")
+    p.add_argument(
+        "--max-rows", type=_positive_int, default=50, help="parameters shown (default 50)"
+    )
+    p.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP,
+    )
+    p.set_defaults(func=_cmd_summary)
+
+    # ---- bench
+    p = sub.add_parser(
+        "bench",
+        help="benchmarks (overhead, sublinear, mixing, scale)",
+        description="Benchmarks: 'overhead' (FlyMC per iteration against a bare "
+        "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
+        "against N; see 'flymc bench sublinear --help'), 'mixing' "
+        "(converged draws per second of the whole run, FlyMC against regular "
+        "MCMC with NUTS; see 'flymc bench mixing --help') and 'scale' (FlyMC's cost "
+        "per iteration, memory and mixing against N, in memory or out of core; see "
+        "'flymc bench scale --help').",
+    )
+    bsub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    b = bsub.add_parser("overhead", help="FlyMC vs bare round trip vs regular, per iteration")
+    b.add_argument("--rows", type=_positive_int, default=2_000_000, help="rows (default 2,000,000)")
+    b.add_argument(
+        "--features", type=_positive_int, default=57, help="features incl. bias (default 57)"
+    )
+    b.add_argument("--workers", type=_positive_int, default=2, help="workers (default 2)")
+    b.add_argument(
+        "--iterations",
+        type=_positive_int,
+        default=1000,
+        help="timed FlyMC iterations (default 1000)",
+    )
+    b.add_argument(
+        "--regular-iterations",
+        type=_positive_int,
+        default=20,
+        help="timed regular MCMC iterations (default 20)",
+    )
+    b.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        default=200,
+        help="FlyMC warm-up iterations (default 200)",
+    )
+    b.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
+    b.add_argument(
+        "--pings", type=_positive_int, default=1000, help="bare round trips timed (default 1000)"
+    )
+    b.add_argument(
+        "--default-sharding",
+        choices=("flymc", "both", "none"),
+        default="flymc",
+        help="samplers timed again with the default (data-layout) sharding (default: flymc)",
+    )
+    b.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
+    b.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
+    b.set_defaults(func=_cmd_bench_overhead)
+    # the options of these come from run_NAME's signature (see _cmd_bench_module)
+    b = bsub.add_parser(
+        "sublinear",
+        add_help=False,
+        help="austerity MH: data used per decision against N, bias against eps",
+    )
+    b.set_defaults(func=None)
+    b = bsub.add_parser(
+        "mixing",
+        add_help=False,
+        help="min-ESS per second of the whole run, FlyMC vs regular (NUTS)",
+    )
+    b.set_defaults(func=None)
+    b = bsub.add_parser(
+        "scale",
+        add_help=False,
+        help="FlyMC's cost per iteration, peak RSS and ESS against N (out of core)",
+    )
+    b.set_defaults(func=None)
+    return parser

@@ -1,0 +1,796 @@
+"""Validated, atomic writing of a data set (:func:`from_numpy`, :func:`from_blocks`).
+
+Input is validated (finite values, shapes, labels of the task) before or as it is
+written; the layout written is the one :mod:`flymc_dist.data.store` describes and reads.
+
+Atomicity
+---------
+:func:`from_numpy` and :func:`ingest` validate all of their input before writing
+anything (:func:`from_blocks` and the generators validate each block as it arrives).
+For local paths every writer then writes into a temporary
+sibling directory (``.<name>.flymc-tmp-<random>``) and renames it into place only on
+success; with ``overwrite=True`` the old store is moved aside and deleted only after the
+new one is complete. Any failure, including ``KeyboardInterrupt``, removes the temporary
+directory and leaves an existing store untouched. For fsspec URLs (paths containing
+``"://"``) the store is written in place; the ``"format"`` attribute that marks a
+complete store is written last (so :func:`open_dataset` rejects a partial store) and a
+best-effort removal is attempted on failure, but atomicity is only guaranteed locally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+
+from flymc_dist.data.store import (
+    FORMAT,
+    Dataset,
+    _check_dtype,
+    _is_url,
+    _norm_path,
+    default_chunk_rows,
+)
+
+__all__ = ["from_blocks", "from_numpy"]
+
+#: Rows per block for validation passes and multi-chunk writes of in-memory arrays.
+_WORK_BLOCK_BYTES = 32 * 2**20
+
+_TASKS = ("binary", "multiclass", "real")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_chunk_rows(
+    chunk_rows: int | None, n_rows: int, n_features: int, itemsize: int = 8
+) -> int:
+    if chunk_rows is None:
+        return default_chunk_rows(n_rows, n_features, itemsize)
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int | np.integer):
+        raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    return int(min(int(chunk_rows), max(n_rows, 1)))
+
+
+def _check_numeric(a: np.ndarray, name: str) -> None:
+    if a.dtype == np.bool_:
+        return
+    if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        raise ValueError(
+            f"{name} must have a real numeric dtype (bool, integer or float), got {a.dtype}"
+        )
+
+
+def _row_blocks(n_rows: int, n_features: int) -> Iterator[tuple[int, int]]:
+    step = max(1, _WORK_BLOCK_BYTES // (8 * max(n_features, 1)))
+    for s in range(0, n_rows, step):
+        yield s, min(s + step, n_rows)
+
+
+def _first_nonfinite_X(X: np.ndarray, offset: int = 0) -> tuple[int, int] | None:
+    """(row, column) of the first non-finite entry of ``X`` (row-major order) or None."""
+    if not np.issubdtype(X.dtype, np.floating):
+        return None
+    for s, e in _row_blocks(X.shape[0], X.shape[1]):
+        bad = ~np.isfinite(X[s:e])
+        if bad.any():
+            r, c = np.unravel_index(int(np.argmax(bad)), bad.shape)
+            return offset + s + int(r), int(c)
+    return None
+
+
+def _check_X_finite(X: np.ndarray, offset: int = 0) -> None:
+    bad = _first_nonfinite_X(X, offset)
+    if bad is not None:
+        r, c = bad
+        raise ValueError(
+            f"X contains a non-finite value (NaN or inf): first at row {r}, column {c} "
+            f"(value {X[r - offset, c]!r})"
+        )
+
+
+def _first_overflow_X(X: np.ndarray, dtype: np.dtype, offset: int = 0) -> tuple[int, int] | None:
+    """(row, column) of the first finite entry of ``X`` that becomes inf in ``dtype``."""
+    if dtype == np.float64 or X.dtype == dtype or X.dtype.itemsize < dtype.itemsize:
+        return None
+    if np.issubdtype(X.dtype, np.integer) and X.dtype.itemsize <= 8:
+        return None  # |int64| < 2**63 is far below float32's max (3.4e38)
+    for s, e in _row_blocks(X.shape[0], X.shape[1]):
+        with np.errstate(over="ignore"):
+            bad = ~np.isfinite(X[s:e].astype(dtype))
+        if bad.any():
+            r, c = np.unravel_index(int(np.argmax(bad)), bad.shape)
+            return offset + s + int(r), int(c)
+    return None
+
+
+def _check_X_fits(X: np.ndarray, dtype: np.dtype, offset: int = 0) -> None:
+    """Raise if a (finite) value of ``X`` overflows the storage ``dtype``."""
+    bad = _first_overflow_X(X, dtype, offset)
+    if bad is not None:
+        r, c = bad
+        raise ValueError(
+            f"X has a value too large for dtype {dtype.name} (max {np.finfo(dtype).max:.4g}): "
+            f"first at row {r}, column {c} (value {X[r - offset, c]!r}); store it as float64 "
+            "(dtype='float64') or rescale the column"
+        )
+
+
+def _check_y_finite(y: np.ndarray, offset: int = 0) -> None:
+    if not np.issubdtype(y.dtype, np.floating):
+        return
+    bad = ~np.isfinite(y)
+    if bad.any():
+        r = int(np.argmax(bad))
+        raise ValueError(
+            f"y contains a non-finite value (NaN or inf): first at row {offset + r} "
+            f"(value {y[r]!r})"
+        )
+
+
+def _integer_valued(y: np.ndarray) -> bool:
+    if y.dtype == np.bool_ or np.issubdtype(y.dtype, np.integer):
+        return True
+    return bool(np.all(y == np.round(y)))
+
+
+def _infer_task(y: np.ndarray) -> tuple[str, int | None]:
+    """Task and class count inferred from finite labels ``y`` (see :func:`from_numpy`)."""
+    if _integer_valued(y):
+        lo, hi = (int(y.min()), int(y.max())) if y.size else (0, 0)
+        if lo >= 0 and hi <= 1:
+            return "binary", 2
+        if lo >= 0:
+            return "multiclass", hi + 1
+    return "real", None
+
+
+def _resolve_task(
+    task: str | None, n_classes: int | None, y_sample: np.ndarray | None
+) -> tuple[str, int | None]:
+    """Check ``task`` / ``n_classes``; infer from ``y_sample`` (all of y) if task is None."""
+    if task is None:
+        if y_sample is None:
+            raise ValueError("task must be given explicitly here (it cannot be inferred)")
+        task, inferred_k = _infer_task(y_sample)
+        if n_classes is None:
+            n_classes = inferred_k
+    if task not in _TASKS:
+        raise ValueError(f"task must be one of {_TASKS} or None, got {task!r}")
+    if n_classes is not None:
+        if isinstance(n_classes, bool) or not isinstance(n_classes, int | np.integer):
+            raise ValueError(f"n_classes must be an integer or None, got {n_classes!r}")
+        n_classes = int(n_classes)
+    if task == "real":
+        if n_classes is not None:
+            raise ValueError(f"n_classes must be None for task 'real', got {n_classes}")
+    elif task == "binary":
+        if n_classes is not None and n_classes != 2:
+            raise ValueError(f"n_classes must be 2 (or None) for task 'binary', got {n_classes}")
+        n_classes = 2
+    else:  # multiclass
+        if n_classes is None:
+            if y_sample is None:
+                raise ValueError("n_classes must be given for task 'multiclass' here")
+            n_classes = int(y_sample.max()) + 1 if y_sample.size else 0
+        if n_classes < 2:
+            raise ValueError(f"task 'multiclass' needs n_classes >= 2, got {n_classes}")
+    return task, n_classes
+
+
+def _check_labels(y: np.ndarray, task: str, n_classes: int | None, offset: int = 0) -> None:
+    """Validate a block of (finite) labels against ``task``."""
+    if task == "real" or y.size == 0:
+        return
+    if not _integer_valued(y):
+        r = int(np.argmax(y != np.round(y)))
+        raise ValueError(
+            f"y must be integer-valued for task {task!r}: row {offset + r} has y = {y[r]!r}"
+        )
+    k = 2 if task == "binary" else int(n_classes)  # type: ignore[arg-type]
+    bad = (y < 0) | (y > k - 1)
+    if bad.any():
+        r = int(np.argmax(bad))
+        allowed = "{0, 1}" if task == "binary" else f"0..{k - 1}"
+        raise ValueError(
+            f"labels must be in {allowed} for task {task!r}: row {offset + r} has y = {y[r]!r}"
+        )
+
+
+def _check_feature_names(feature_names: Sequence[str] | None, n_features: int) -> list[str] | None:
+    if feature_names is None:
+        return None
+    if isinstance(feature_names, str):
+        raise ValueError("feature_names must be a sequence of strings, not a single string")
+    names = [str(n) for n in feature_names]
+    if len(names) != n_features:
+        raise ValueError(f"feature_names has {len(names)} entries but X has {n_features} columns")
+    return names
+
+
+def _json_safe(value: Any) -> Any:
+    """Convert numpy scalars/arrays (nested) to JSON-native Python objects."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _rmtree(path: str) -> None:
+    """Remove a directory tree, retrying briefly (zarr's I/O thread may still be writing)."""
+    for _ in range(20):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.05)
+
+
+def _check_destination(
+    path: str, overwrite: bool, storage_options: dict[str, Any] | None = None
+) -> None:
+    """Raise if ``path`` exists and may not (or must not) be replaced."""
+    if _is_url(path):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
+        if fs.exists(root) and not overwrite:
+            raise FileExistsError(f"{path!r} already exists (pass overwrite=True to replace it)")
+        return
+    if not os.path.lexists(path):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{path!r} already exists (pass overwrite=True to replace it)")
+    # Refuse to delete something that is not a zarr store: overwrite=True on a typo'd path
+    # must not wipe an unrelated directory or file.
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise FileExistsError(
+            f"{path!r} exists and is not a directory; refusing to overwrite it with a data set"
+        )
+    if os.listdir(path) and not os.path.exists(os.path.join(path, "zarr.json")):
+        raise FileExistsError(
+            f"{path!r} exists and is not a zarr store (no zarr.json); refusing to overwrite it"
+        )
+    # nor another kind of zarr store: a sampling trace, say, holds hours of work
+    if os.listdir(path) and _store_format(path) != FORMAT:
+        raise FileExistsError(
+            f"{path!r} is a zarr store but not a flymc_dist data set (a trace?); refusing to "
+            "overwrite it"
+        )
+
+
+def _store_format(path: str) -> Any:
+    """The ``"format"`` attribute of the zarr group at local ``path`` (None if it has none)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "zarr.json")) as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    return attrs.get("format") if isinstance(attrs, dict) else None
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _write_block(array: Any, start: int, values: np.ndarray) -> None:
+    """Write ``values`` into ``array[start:start + len(values)]`` (the single write hook)."""
+    array[start : start + values.shape[0]] = values
+
+
+class _StoreWriter:
+    """Write a data set chunk by chunk into a temporary store; commit atomically.
+
+    Use as a context manager; feed row blocks of any size with :meth:`write`. Rows are
+    buffered into whole chunks so that every chunk is written exactly once, several chunks
+    per zarr call (zarr compresses them concurrently). The zarr writes run on one
+    background thread, so producing the next block overlaps compressing the last one;
+    at most three buffers (~32 MiB each: filling, queued, being written) are alive. On a
+    clean exit with exactly ``n_rows`` rows written the store is committed (see the module
+    docstring); on any exception, including ``KeyboardInterrupt`` (or a row-count
+    mismatch), the writer thread is stopped and joined and the temporary store is removed.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        n_rows: int,
+        n_features: int,
+        *,
+        chunk_rows: int,
+        task: str,
+        n_classes: int | None,
+        feature_names: list[str] | None,
+        overwrite: bool,
+        extra_attrs: dict[str, Any] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        dtype: Any = "float64",
+    ) -> None:
+        self.path = path
+        self.n_rows = int(n_rows)
+        self.n_features = int(n_features)
+        self.chunk_rows = int(chunk_rows)
+        self.task = task
+        self.n_classes = n_classes
+        self.feature_names = feature_names
+        self.overwrite = overwrite
+        self.extra_attrs = dict(extra_attrs or {})
+        self.storage_options = storage_options
+        self.y_dtype = np.float64 if task == "real" else np.int64
+        self.x_dtype = _check_dtype(dtype)  # storage dtype of X (blocks arrive validated)
+        self._written = 0  # rows handed to the writer thread
+        per = max(
+            1, _WORK_BLOCK_BYTES // (self.x_dtype.itemsize * self.n_features * self.chunk_rows)
+        )
+        self._buf_rows = min(per * self.chunk_rows, max(self.n_rows, 1))
+        self._new_buffer()
+        self._tmp: str | None = None
+        self._queue: queue.Queue[tuple[int, np.ndarray, np.ndarray] | None] = queue.Queue(maxsize=1)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+
+    def _new_buffer(self) -> None:
+        # A fresh buffer per flush: the previous one may still be being written.
+        self._buf_X = np.empty((self._buf_rows, self.n_features), dtype=self.x_dtype)
+        self._buf_y = np.empty(self._buf_rows, dtype=self.y_dtype)
+        self._buf_n = 0
+
+    # -- context management
+    def __enter__(self) -> _StoreWriter:
+        _check_destination(self.path, self.overwrite, self.storage_options)
+        if _is_url(self.path):
+            target: Any = self.path
+            mode = "w"
+        else:
+            parent, name = os.path.split(self.path)
+            os.makedirs(parent, exist_ok=True)
+            self._tmp = os.path.join(parent, f".{name}.flymc-tmp-{uuid.uuid4().hex[:12]}")
+            target = self._tmp
+            mode = "w-"
+        try:
+            kw: dict[str, Any] = {}
+            if self.storage_options and _is_url(self.path):
+                kw["storage_options"] = self.storage_options
+            self._group = zarr.open_group(store=target, mode=mode, zarr_format=3, **kw)
+            # Every chunk is stored, and the fill values are impossible data (NaN in X and
+            # real y, -1 for labels): a chunk absent from the store is always a loss, never
+            # a chunk zarr skipped for holding only the fill value (see Dataset).
+            every_chunk = {"write_empty_chunks": True}
+            self._X = self._group.create_array(
+                "X",
+                shape=(self.n_rows, self.n_features),
+                chunks=(self.chunk_rows, self.n_features),
+                dtype=self.x_dtype.name,
+                fill_value=np.nan,
+                dimension_names=("row", "feature"),
+                config=every_chunk,
+            )
+            self._y = self._group.create_array(
+                "y",
+                shape=(self.n_rows,),
+                chunks=(self.chunk_rows,),
+                dtype=np.dtype(self.y_dtype).name,
+                fill_value=np.nan if self.task == "real" else -1,
+                dimension_names=("row",),
+                config=every_chunk,
+            )
+            self._thread = threading.Thread(
+                target=self._worker, name="flymc-data-writer", daemon=True
+            )
+            self._thread.start()
+        except BaseException:
+            self._abort()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is not None:
+            self._abort()
+            return False
+        try:
+            self._flush()
+            self._finish_thread()
+            if self._written != self.n_rows:
+                raise RuntimeError(
+                    f"internal error: wrote {self._written} rows, expected {self.n_rows}"
+                )
+            attrs = {
+                "n_rows": self.n_rows,
+                "n_features": self.n_features,
+                "chunk_rows": self.chunk_rows,
+                "dtype": self.x_dtype.name,
+                "task": self.task,
+                "n_classes": self.n_classes,
+                "feature_names": self.feature_names,
+                # the identity of this data set (a resumed run checks it: see fingerprint)
+                "store_id": uuid.uuid4().hex,
+                **_json_safe(self.extra_attrs),
+            }
+            # "format" goes last: it marks the store as complete.
+            self._group.attrs.update(attrs)
+            self._group.attrs["format"] = FORMAT
+            self._commit()
+        except BaseException:
+            self._abort()
+            raise
+        return False
+
+    # -- the writer thread
+    def _worker(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self._error is not None or self._stop.is_set():
+                continue  # drain after a failure or an abort
+            start, X, y = item
+            try:
+                _write_block(self._X, start, X)
+                _write_block(self._y, start, y)
+            except BaseException as e:  # re-raised in the calling thread
+                self._error = e
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            self._stop.set()
+            raise err
+
+    def _finish_thread(self) -> None:
+        """Wait for all queued writes; re-raise a writer error in this thread."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self._raise_pending()
+
+    def _stop_thread(self) -> None:
+        """Stop the writer thread without raising (abort path)."""
+        self._stop.set()
+        if self._thread is not None:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._queue.get_nowait()
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    # -- writing
+    def write(self, X: np.ndarray, y: np.ndarray) -> None:
+        """Append a block of rows (already validated); any block size."""
+        n = X.shape[0]
+        if self._written + self._buf_n + n > self.n_rows:
+            raise RuntimeError("internal error: more rows than declared")
+        i = 0
+        cap = self._buf_rows  # a whole number of chunks (or all rows)
+        while i < n:
+            if self._buf_n == 0 and n - i >= cap:
+                # Direct path: a full buffer's worth of whole chunks, copied (the caller
+                # may reuse its block while the writer thread still holds ours).
+                self._emit(
+                    np.array(X[i : i + cap], dtype=self.x_dtype, order="C"),
+                    np.array(y[i : i + cap], dtype=self.y_dtype),
+                )
+                i += cap
+                continue
+            take = min(cap - self._buf_n, n - i)
+            self._buf_X[self._buf_n : self._buf_n + take] = X[i : i + take]
+            self._buf_y[self._buf_n : self._buf_n + take] = y[i : i + take]
+            self._buf_n += take
+            i += take
+            if self._buf_n == cap:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._buf_n:
+            self._emit(self._buf_X[: self._buf_n], self._buf_y[: self._buf_n])
+            self._new_buffer()
+
+    def _emit(self, X: np.ndarray, y: np.ndarray) -> None:
+        self._raise_pending()
+        Xb = np.ascontiguousarray(X, dtype=self.x_dtype)
+        yb = np.ascontiguousarray(y, dtype=self.y_dtype)
+        self._queue.put((self._written, Xb, yb))
+        self._written += Xb.shape[0]
+
+    # -- commit / abort
+    def _commit(self) -> None:
+        if self._tmp is None:
+            return
+        if not os.path.lexists(self.path):
+            os.rename(self._tmp, self.path)
+            self._tmp = None
+            return
+        if not self.overwrite:
+            raise FileExistsError(
+                f"{self.path!r} appeared while writing (pass overwrite=True to replace it)"
+            )
+        _check_destination(self.path, self.overwrite)
+        parent, name = os.path.split(self.path)
+        old = os.path.join(parent, f".{name}.flymc-old-{uuid.uuid4().hex[:12]}")
+        os.rename(self.path, old)
+        try:
+            os.rename(self._tmp, self.path)
+        except BaseException:
+            os.rename(old, self.path)
+            raise
+        self._tmp = None
+        _rmtree(old)
+
+    def _abort(self) -> None:
+        try:
+            self._stop_thread()
+        finally:
+            if self._tmp is not None:
+                _rmtree(self._tmp)
+                self._tmp = None
+            elif _is_url(self.path):
+                with contextlib.suppress(Exception):
+                    import fsspec
+
+                    fs, root = fsspec.core.url_to_fs(self.path, **(self.storage_options or {}))
+                    if fs.exists(root):
+                        fs.rm(root, recursive=True)
+
+
+# --------------------------------------------------------------------------- public writers
+
+
+def _as_array(a: Any, name: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype == object:
+        raise ValueError(f"{name} must have a real numeric dtype, got dtype object")
+    return arr
+
+
+def from_numpy(
+    X: Any,
+    y: Any,
+    path: str | os.PathLike[str],
+    chunk_rows: int | None = None,
+    overwrite: bool = False,
+    *,
+    task: str | None = None,
+    n_classes: int | None = None,
+    feature_names: Sequence[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    dtype: str | np.dtype = "float64",
+) -> Dataset:
+    """Validate ``(X, y)`` and write them as a flymc_dist zarr store.
+
+    Parameters
+    ----------
+    X : array_like, shape (N, D)
+        Features, real numeric (bool/int/float); stored as ``dtype``. Include a bias column
+        yourself if the model needs one.
+    y : array_like, shape (N,)
+        Targets: {0, 1} for ``"binary"``, 0..K-1 for ``"multiclass"``, real for ``"real"``.
+    path : str or os.PathLike
+        Local directory to create, or an fsspec URL (contains ``"://"``).
+    chunk_rows : int, optional
+        Rows per zarr chunk. Default: ~8 MiB of stored ``X`` per chunk (so twice the rows
+        for float32), at most N. Values larger than N are clipped to N.
+    overwrite : bool, default False
+        Replace an existing store at ``path``. The old store is removed only after the new
+        one is complete. A non-empty directory that is not a zarr store is never replaced.
+    task : {"binary", "multiclass", "real"}, optional
+        If None it is inferred: integer-valued y with values in {0, 1} -> ``"binary"``;
+        other integer-valued y with min >= 0 -> ``"multiclass"`` with
+        ``n_classes = max(y) + 1``; anything else -> ``"real"``.
+    n_classes : int, optional
+        Number of classes (``"multiclass"``: default max(y) + 1, must be >= 2;
+        ``"binary"``: 2; ``"real"``: must be None).
+    feature_names : sequence of str, optional
+        One name per column of ``X``.
+    storage_options : dict, optional
+        Passed to fsspec for URL paths.
+    dtype : {"float64", "float32"}, default "float64"
+        Storage dtype of ``X`` (``y`` keeps its own: float64 or int64). float32 halves the
+        bytes on disk and read; values are rounded to the nearest float32 once, when
+        written. Reading (:meth:`Dataset.read`, ...) always returns float64 and all
+        arithmetic stays in float64.
+
+    Returns
+    -------
+    Dataset
+        The written data set.
+
+    Raises
+    ------
+    ValueError
+        Wrong shapes, N = 0 or D = 0, non-numeric dtypes, NaN/inf in X (first bad row
+        and column reported) or y (first bad row), with ``dtype="float32"`` a finite value
+        of X too large for float32 (first bad row and column), labels out of range, bad
+        ``task`` / ``n_classes`` / ``chunk_rows`` / ``feature_names`` / ``dtype``. Nothing
+        is written.
+    FileExistsError
+        ``path`` exists and ``overwrite`` is False. Nothing is written.
+
+    Notes
+    -----
+    Writing is atomic for local paths (temporary sibling + rename; see the module
+    docstring); a failure, including ``KeyboardInterrupt``, leaves no partial store.
+    """
+    X = _as_array(X, "X")
+    y = _as_array(y, "y")
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (N, D), got shape {X.shape}")
+    if y.ndim != 1:
+        raise ValueError(f"y must be 1-D (N,), got shape {y.shape}")
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]} entries")
+    n, d = X.shape
+    if n == 0:
+        raise ValueError("the data set is empty (N = 0 rows)")
+    if d == 0:
+        raise ValueError("X has no columns (D = 0)")
+    _check_numeric(X, "X")
+    _check_numeric(y, "y")
+    x_dtype = _check_dtype(dtype)
+    chunk_rows = _check_chunk_rows(chunk_rows, n, d, x_dtype.itemsize)
+    names = _check_feature_names(feature_names, d)
+    _check_X_finite(X)
+    _check_X_fits(X, x_dtype)
+    _check_y_finite(y)
+    task, n_classes = _resolve_task(task, n_classes, y)
+    _check_labels(y, task, n_classes)
+    path = _norm_path(path)
+    _check_destination(path, overwrite, storage_options)
+
+    with _StoreWriter(
+        path,
+        n,
+        d,
+        chunk_rows=chunk_rows,
+        task=task,
+        n_classes=n_classes,
+        feature_names=names,
+        overwrite=overwrite,
+        storage_options=storage_options,
+        dtype=x_dtype,
+    ) as w:
+        for s, e in _row_blocks(n, d):
+            w.write(X[s:e], y[s:e])
+    return Dataset(path, storage_options=storage_options)
+
+
+def from_blocks(
+    blocks: Iterable[tuple[np.ndarray, np.ndarray]],
+    path: str | os.PathLike[str],
+    n_rows: int,
+    n_features: int,
+    *,
+    task: str,
+    n_classes: int | None = None,
+    chunk_rows: int | None = None,
+    overwrite: bool = False,
+    feature_names: Sequence[str] | None = None,
+    attrs: dict[str, Any] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    dtype: str | np.dtype = "float64",
+) -> Dataset:
+    """Write a data set from an iterable of ``(X_block, y_block)`` row blocks.
+
+    For data that do not fit in memory (generators, converters). Every block is validated
+    as it arrives (shapes, numeric dtype, finiteness, labels); because ``task`` cannot be
+    inferred without seeing all of y it must be given, and ``n_classes`` too for
+    ``"multiclass"``. A validation error mid-way (including, with ``dtype="float32"``, a
+    value of X too large for float32) aborts the write; atomicity is as in
+    :func:`from_numpy`, so no partial store is left.
+
+    Parameters
+    ----------
+    blocks : iterable of (ndarray, ndarray)
+        Row blocks ``(X_b (n_b, D), y_b (n_b,))`` in row order; sizes are arbitrary.
+    path : str or os.PathLike
+        Destination (local path or fsspec URL).
+    n_rows, n_features : int
+        Total shape of ``X``; the blocks must add up to exactly ``n_rows`` rows.
+    task : {"binary", "multiclass", "real"}
+        Task (required).
+    n_classes : int, optional
+        As in :func:`from_numpy` (required for ``"multiclass"``).
+    chunk_rows : int, optional
+        Rows per chunk (default ~8 MiB chunks).
+    overwrite : bool, default False
+        Replace an existing store.
+    feature_names : sequence of str, optional
+        Column names.
+    attrs : dict, optional
+        Extra JSON-able group attributes (must not clash with the reserved names).
+    storage_options : dict, optional
+        fsspec options for URL paths.
+    dtype : {"float64", "float32"}, default "float64"
+        Storage dtype of ``X`` (see :func:`from_numpy`).
+
+    Returns
+    -------
+    Dataset
+        The written data set.
+    """
+    for name, v in (("n_rows", n_rows), ("n_features", n_features)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise ValueError(f"{name} must be an integer, got {v!r}")
+    n_rows, n_features = int(n_rows), int(n_features)
+    if n_rows <= 0:
+        raise ValueError(f"the data set is empty (n_rows = {n_rows})")
+    if n_features <= 0:
+        raise ValueError(f"n_features must be >= 1, got {n_features}")
+    x_dtype = _check_dtype(dtype)
+    chunk_rows = _check_chunk_rows(chunk_rows, n_rows, n_features, x_dtype.itemsize)
+    task, n_classes = _resolve_task(task, n_classes, None)
+    names = _check_feature_names(feature_names, n_features)
+    reserved = {
+        "format",
+        "n_rows",
+        "n_features",
+        "chunk_rows",
+        "dtype",
+        "task",
+        "n_classes",
+        "feature_names",
+    }
+    extra = dict(attrs or {})
+    clash = reserved & set(extra)
+    if clash:
+        raise ValueError(f"attrs may not set reserved keys {sorted(clash)}")
+    path = _norm_path(path)
+    _check_destination(path, overwrite, storage_options)
+
+    with _StoreWriter(
+        path,
+        n_rows,
+        n_features,
+        chunk_rows=chunk_rows,
+        task=task,
+        n_classes=n_classes,
+        feature_names=names,
+        overwrite=overwrite,
+        extra_attrs=extra,
+        storage_options=storage_options,
+        dtype=x_dtype,
+    ) as w:
+        offset = 0
+        for Xb, yb in blocks:
+            Xb = _as_array(Xb, "X")
+            yb = _as_array(yb, "y")
+            if Xb.ndim != 2 or Xb.shape[1] != n_features:
+                raise ValueError(
+                    f"X block at row {offset} has shape {Xb.shape}, expected (n, {n_features})"
+                )
+            if yb.ndim != 1 or yb.shape[0] != Xb.shape[0]:
+                raise ValueError(
+                    f"y block at row {offset} has shape {yb.shape}, expected ({Xb.shape[0]},)"
+                )
+            if offset + Xb.shape[0] > n_rows:
+                raise ValueError(f"blocks contain more than n_rows = {n_rows} rows")
+            _check_numeric(Xb, "X")
+            _check_numeric(yb, "y")
+            _check_X_finite(Xb, offset)
+            _check_X_fits(Xb, x_dtype, offset)
+            _check_y_finite(yb, offset)
+            _check_labels(yb, task, n_classes, offset)
+            w.write(Xb, yb)
+            offset += Xb.shape[0]
+        if offset != n_rows:
+            raise ValueError(f"blocks contain {offset} rows, expected n_rows = {n_rows}")
+    return Dataset(path, storage_options=storage_options)
