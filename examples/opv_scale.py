@@ -103,6 +103,9 @@ def main() -> None:
         "out-of-core shard holds its window chunk and the one read ahead, in float64)",
     )
     args = p.parse_args()
+    for name in ("samples", "regular_samples"):  # ESS needs at least 4 draws per chain
+        if getattr(args, name) < 4:
+            p.error(f"--{name.replace('_', '-')} must be at least 4 (ESS needs 4 draws per chain)")
 
     tmp = Path(tempfile.mkdtemp(prefix="flymc-opv-"))
     try:
