@@ -241,7 +241,7 @@ def test_fused_z_flipped_sign_negative_control_fails(monkeypatch):
 
 
 def test_fused_z_refill_path_single_chain_invariant(monkeypatch):
-    """A chain whose proposal gaps fall short (:meth:`Shard._more_proposals`, forced with
+    """A chain whose proposal gaps fall short (:func:`flymc_dist.shard.fused._refill`, forced with
     one slot per chain) still leaves p(z | θ) invariant (one chain: no interleaving)."""
     monkeypatch.setattr(fused_mod, "proposal_slots", lambda n, q: 1)
     X, y = _stat_data()
