@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from flymc_dist.cli import main
-from flymc_dist.data import open_dataset
+from flymc_dist.data import from_numpy, open_dataset
 from flymc_dist.trace import Trace
 
 ROWS = 2000
@@ -803,6 +803,24 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert d["regular"]["queries_per_iteration"] > d["flymc"]["queries_per_iteration"]
     code, _, err = run_cli(["bench", "mixing", "--problem", "cifar"], capsys)
     assert code == 2 and "problem" in err
+
+
+def test_bench_mixing_reuses_its_store(tmp_path: Path) -> None:
+    """A store an earlier `bench mixing --workdir` run left is reused when it holds the
+    same data; another seed gets its own; a foreign store under the name is left alone
+    (the writer's one-line error)."""
+    from flymc_dist.bench.mixing import _problem
+
+    _, first = _problem("logistic", 500, 3, 0, str(tmp_path))
+    _, again = _problem("logistic", 500, 3, 0, str(tmp_path))
+    assert again.path == first.path and again.n_rows == 500
+    _, other = _problem("logistic", 500, 3, 1, str(tmp_path))
+    assert other.path != first.path
+    foreign = tmp_path / "logistic_600x3_seed0.zarr"
+    from_numpy(np.zeros((10, 3)), np.zeros(10), str(foreign))
+    with pytest.raises((ValueError, FileExistsError), match="already exists"):
+        _problem("logistic", 600, 3, 0, str(tmp_path))
+    assert open_dataset(str(foreign)).n_rows == 10
 
 
 @pytest.fixture(scope="module")

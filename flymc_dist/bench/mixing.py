@@ -42,21 +42,46 @@ PROBLEMS = ("qm9", "mnist", "logistic")
 
 
 def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) -> tuple[Any, Any]:
-    """The model and a zarr store of the data (what every worker reads)."""
-    path = os.path.join(workdir, f"{problem}.zarr")
+    """The model and a zarr store of the data (what every worker reads). A store that an
+    earlier run left in ``workdir`` is reused when it holds these data (its shape, and for
+    ``logistic`` the generator's seed); anything else under its name is an error."""
     if problem == "qm9":
-        X, y = qm9_gap()
         model = fd.RobustRegression(nu=4.0, scale=0.5, prior="laplace", prior_scale=1.0)
-        return model, fd.from_numpy(X, y, path)
-    if problem == "mnist":
-        X, y = mnist_7_vs_9()
-        return fd.LogisticRegression(prior="normal", prior_scale=1.0), fd.from_numpy(X, y, path)
-    if problem == "logistic":
-        return (
-            fd.LogisticRegression(prior="normal", prior_scale=1.0),
-            make_logistic(path, n_rows=rows, n_features=features, seed=seed),
+        load = qm9_gap
+    elif problem == "mnist":
+        model = fd.LogisticRegression(prior="normal", prior_scale=1.0)
+        load = mnist_7_vs_9
+    elif problem == "logistic":
+        model = fd.LogisticRegression(prior="normal", prior_scale=1.0)
+        path = os.path.join(workdir, f"logistic_{rows}x{features}_seed{seed}.zarr")
+        ds = _reuse(path, rows, features, seed)
+        if ds is None:
+            ds = make_logistic(path, n_rows=rows, n_features=features, seed=seed)
+        return model, ds
+    else:
+        raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
+    X, y = load()
+    path = os.path.join(workdir, f"{problem}.zarr")
+    ds = _reuse(path, X.shape[0], X.shape[1], None)
+    return model, ds if ds is not None else fd.from_numpy(X, y, path)
+
+
+def _reuse(path: str, rows: int, features: int, seed: int | None) -> Any:
+    """The store at ``path`` if an earlier run wrote it with these data, else None (none
+    there; one that differs is left alone, and writing then fails with the store's own
+    "already exists" error)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        ds = fd.open_dataset(path)
+    except (ValueError, OSError, KeyError):
+        return None
+    same = ds.n_rows == rows and ds.n_features == features
+    if seed is not None:
+        same = (
+            same and ds.attrs.get("generator") == "make_logistic" and ds.attrs.get("seed") == seed
         )
-    raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
+    return ds if same else None
 
 
 def _figures(res: Any, wall: float) -> dict[str, Any]:
@@ -138,7 +163,8 @@ def run_mixing(
     regular
         Also run regular MCMC (the ratios need it).
     workdir
-        Where the zarr store is written (default: a temporary directory, removed after).
+        Where the zarr store is written, and reused by a later run with the same data
+        (default: a temporary directory, removed after).
 
     Returns
     -------
