@@ -3,9 +3,33 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-__all__ = ["local_client"]
+from flymc_dist.data import Dataset, open_dataset
+
+__all__ = ["local_client", "reusable_store"]
+
+
+def reusable_store(path: str, rows: int, features: int, **attrs: Any) -> Dataset | None:
+    """The store an earlier benchmark run left at ``path``, if it holds these data: its
+    shape, and every ``attrs`` item — the store's own attributes (``generator``, ``seed``)
+    or one of its properties (``dtype`` by name, ``chunk_rows``; None: any). None when
+    there is none, when it cannot be opened (incomplete), or when it differs."""
+    if not os.path.exists(path):
+        return None
+    try:
+        ds = open_dataset(path)
+    except (ValueError, OSError, KeyError):
+        return None
+    if ds.n_rows != rows or ds.n_features != features:
+        return None
+    have = {"dtype": ds.dtype.name, "chunk_rows": ds.chunk_rows}
+    for key, want in attrs.items():
+        got = have[key] if key in have else ds.attrs.get(key)
+        if want is not None and got != want:
+            return None
+    return ds
 
 
 def local_client(workers: int) -> tuple[Any, Any]:

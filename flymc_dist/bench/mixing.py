@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 import flymc_dist as fd
-from flymc_dist.bench.common import local_client
+from flymc_dist.bench.common import local_client, reusable_store
 from flymc_dist.data import make_logistic
 from flymc_dist.data.real import mnist_7_vs_9, qm9_gap
 
@@ -44,7 +44,8 @@ PROBLEMS = ("qm9", "mnist", "logistic")
 def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) -> tuple[Any, Any]:
     """The model and a zarr store of the data (what every worker reads). A store that an
     earlier run left in ``workdir`` is reused when it holds these data (its shape, and for
-    ``logistic`` the generator's seed); anything else under its name is an error."""
+    ``logistic`` the generator's seed: :func:`reusable_store`); a foreign store under its
+    name is left alone, and writing then fails with the store's "already exists" error."""
     if problem == "qm9":
         model = fd.RobustRegression(nu=4.0, scale=0.5, prior="laplace", prior_scale=1.0)
         load = qm9_gap
@@ -54,7 +55,7 @@ def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) ->
     elif problem == "logistic":
         model = fd.LogisticRegression(prior="normal", prior_scale=1.0)
         path = os.path.join(workdir, f"logistic_{rows}x{features}_seed{seed}.zarr")
-        ds = _reuse(path, rows, features, seed)
+        ds = reusable_store(path, rows, features, generator="make_logistic", seed=seed)
         if ds is None:
             ds = make_logistic(path, n_rows=rows, n_features=features, seed=seed)
         return model, ds
@@ -62,26 +63,8 @@ def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) ->
         raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
     X, y = load()
     path = os.path.join(workdir, f"{problem}.zarr")
-    ds = _reuse(path, X.shape[0], X.shape[1], None)
+    ds = reusable_store(path, X.shape[0], X.shape[1])
     return model, ds if ds is not None else fd.from_numpy(X, y, path)
-
-
-def _reuse(path: str, rows: int, features: int, seed: int | None) -> Any:
-    """The store at ``path`` if an earlier run wrote it with these data, else None (none
-    there; one that differs is left alone, and writing then fails with the store's own
-    "already exists" error)."""
-    if not os.path.exists(path):
-        return None
-    try:
-        ds = fd.open_dataset(path)
-    except (ValueError, OSError, KeyError):
-        return None
-    same = ds.n_rows == rows and ds.n_features == features
-    if seed is not None:
-        same = (
-            same and ds.attrs.get("generator") == "make_logistic" and ds.attrs.get("seed") == seed
-        )
-    return ds if same else None
 
 
 def _figures(res: Any, wall: float) -> dict[str, Any]:

@@ -54,7 +54,8 @@ from typing import Any
 
 import flymc_dist as fd
 from flymc_dist.austerity.sampler import loglog_slope
-from flymc_dist.data import make_logistic, open_dataset
+from flymc_dist.bench.common import reusable_store
+from flymc_dist.data import make_logistic
 
 __all__ = ["format_scale", "peak_rss", "reset_peak_rss", "run_scale"]
 
@@ -100,21 +101,11 @@ def _store(
     """
     tag = "" if chunk_rows is None else f"_chunk{chunk_rows}"
     path = os.path.join(workdir, f"logistic_{n}x{d}_seed{seed}{tag}_float32.zarr")
-    if os.path.exists(path):
-        try:
-            ds = open_dataset(path)
-            a = ds.attrs
-            if (
-                ds.n_rows == n
-                and ds.n_features == d
-                and ds.dtype.name == "float32"
-                and a.get("generator") == "make_logistic"
-                and a.get("seed") == seed
-                and (chunk_rows is None or ds.chunk_rows == chunk_rows)
-            ):
-                return ds, 0.0, True
-        except (ValueError, OSError, KeyError):
-            pass  # incomplete or foreign: written afresh below
+    ds = reusable_store(
+        path, n, d, dtype="float32", generator="make_logistic", seed=seed, chunk_rows=chunk_rows
+    )
+    if ds is not None:  # else none, incomplete or foreign: written afresh below
+        return ds, 0.0, True
     t0 = time.perf_counter()
     ds = make_logistic(
         path, n, d, seed=seed, chunk_rows=chunk_rows, dtype="float32", overwrite=True
