@@ -29,7 +29,7 @@ from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
 from flymc_dist.protocol import ShardConfig
 from flymc_dist.result import Result, Summary, efficiency
-from flymc_dist.run import run
+from flymc_dist.run import describe_run, run
 from flymc_dist.trace import Trace, TraceLock, _is_url
 from flymc_dist.transport.channel import check_channel
 from flymc_dist.transport.dask import open_transport
@@ -134,20 +134,15 @@ def _validate(
         options.get("bright_replica", "auto"), options.get("replica_budget", REPLICA_BUDGET)
     )
     check_channel(options.get("channel", "auto"))
-    _check_out_of_core(algorithm, options)
+    _check_out_of_core(options)
     if "control_variates" in options:
         check_control_variates(options["control_variates"])
 
 
-def _check_out_of_core(algorithm: str, options: dict[str, Any]) -> None:
+def _check_out_of_core(options: dict[str, Any]) -> None:
     ooc = options.get("out_of_core", "auto")
     if not (isinstance(ooc, bool) or (isinstance(ooc, str) and ooc == "auto")):
         raise ValueError(f"out_of_core must be 'auto', True or False, not {ooc!r}")
-    if ooc is True and algorithm == "austerity":
-        raise ValueError(
-            "austerity does not run out of core (its minibatches are random rows of the "
-            "whole data set): use out_of_core='auto' or False"
-        )
     budget = options.get("memory_budget")
     if budget is not None and not (_is_int(budget) and budget > 0):
         raise ValueError(
@@ -252,7 +247,9 @@ def sample(
         per sweep of the shard; True / False force it; reported per shard as
         ``info["out_of_core"]``; the draws of an out-of-core shard differ from those of
         the same shard in memory, so under "auto" they can depend on the workers'
-        memory — force it to get the same draws on any cluster), ``memory_budget``
+        memory — force it to get the same draws on any cluster; austerity out of core
+        reads each test round's rows from the store chunks they touch, about a full
+        pass per round once its rows outnumber the shard's chunks), ``memory_budget``
         (bytes per shard; default: its share of half its worker's memory limit;
         in-process: none), ``chunk_iterations`` ("auto": a chunk's bytes / 128 KiB).
 
@@ -318,24 +315,23 @@ def sample(
             n_rows=n_rows,
             **{k: options[k] for k in _DRIVER_OPTIONS if k in options},
         )
-        info = {
-            "algorithm": algorithm,
-            "bounds": bounds if algorithm == "flymc" else None,
-            "kernel": kernel,
-            "z_update": z_update if algorithm == "flymc" else None,
-            "resample_fraction": config.resample_fraction,
-            "chains": chains,
-            "seed": seed,
-            "n_rows": n_rows,
-            "n_features": n_features,
-            "n_shards": len(specs),
-            "transport": transport.name,
-            "n_workers": transport.n_workers,
-            "data": path,
-            "model": model.to_dict(),
-            "num_warmup": num_warmup,
-            "num_samples": num_samples,
-        }
+        info = describe_run(
+            transport=transport,
+            n_shards=len(specs),
+            data=path,
+            model_description=model.to_dict(),
+            chains=chains,
+            seed=seed,
+            n_rows=n_rows,
+            n_features=n_features,
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            algorithm=algorithm,
+            bounds=bounds if algorithm == "flymc" else None,
+            kernel=kernel,
+            z_update=z_update if algorithm == "flymc" else None,
+            resample_fraction=config.resample_fraction,
+        )
         if options.get("trace") is not None:  # what a resumed run must match
             info.update(data_id=_data_id(data), options=_shaping_options(options))
         return run(driver, info, num_warmup, num_samples, options)

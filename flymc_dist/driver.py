@@ -47,6 +47,7 @@ from flymc_dist.rng import (
     rng_state_to_json,
     stream,
 )
+from flymc_dist.run import storage_info
 from flymc_dist.tune import (
     find_map,
     initial_positions,
@@ -553,18 +554,16 @@ class Driver:
     def setup_info(self) -> dict[str, Any]:
         """The run information :meth:`setup` settled (``q_db``, MAP, set-up cost, each
         shard's mode: in memory or out of core, with what budget and window)."""
-        states = self.transport.call("state")
+        storage = storage_info(self.transport)
+        setup_bytes_read = storage.pop("bytes_read")
         return {
-            "out_of_core": [bool(st["out_of_core"]) for st in states],
-            "memory_budget": [st["memory_budget"] for st in states],
-            "chunk_iterations": [st["chunk_iterations"] for st in states],
+            **storage,
             "q_db": self.q_db if self.algorithm == "flymc" else None,
             "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),
             "map_info": self.map_info,
             "setup_queries": self.setup_queries,
             "setup_seconds": self.setup_seconds,
-            # bytes of rows read from the store (out-of-core shards; float64 X and y)
-            "setup_bytes_read": sum(int(st["bytes_read"]) for st in states),
+            "setup_bytes_read": setup_bytes_read,
         }
 
     def timing(self) -> dict[str, Any]:
@@ -582,7 +581,7 @@ class Driver:
             "bright_replica": self.replica is not None,
             "channel": self.transport.channel,
             "speculative_queries": int(self.wasted_queries),
-            "bytes_read": sum(int(st["bytes_read"]) for st in self.transport.call("state")),
+            "bytes_read": storage_info(self.transport)["bytes_read"],
         }
 
 

@@ -221,6 +221,52 @@ def run(
     )
 
 
+def describe_run(
+    *,
+    transport: Transport,
+    n_shards: int,
+    data: str,
+    model_description: dict[str, Any],
+    chains: int,
+    seed: int,
+    n_rows: int,
+    n_features: int,
+    num_warmup: int,
+    num_samples: int,
+    **algorithm: Any,
+) -> dict[str, Any]:
+    """The run information every sampler reports before its set-up: its own keys
+    ``algorithm`` (``"algorithm"``, ``"kernel"``, ``"bounds"``, ...) first, then the data,
+    the cluster and the run's size, under the same names for each."""
+    return {
+        **algorithm,
+        "chains": chains,
+        "seed": seed,
+        "n_rows": n_rows,
+        "n_features": n_features,
+        "n_shards": n_shards,
+        "transport": transport.name,
+        "n_workers": transport.n_workers,
+        "data": data,
+        "model": model_description,
+        "num_warmup": num_warmup,
+        "num_samples": num_samples,
+    }
+
+
+def storage_info(transport: Transport) -> dict[str, Any]:
+    """Each shard's storage: ``out_of_core``, ``memory_budget`` and ``chunk_iterations``
+    (lists, one per shard), and ``bytes_read``, the bytes of rows its shards have read
+    from the store so far (out of core; counted as float64 features and target)."""
+    states = transport.call("state")
+    return {
+        "out_of_core": [bool(st["out_of_core"]) for st in states],
+        "memory_budget": [st["memory_budget"] for st in states],
+        "chunk_iterations": [st["chunk_iterations"] for st in states],
+        "bytes_read": sum(int(st["bytes_read"]) for st in states),
+    }
+
+
 def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict[str, Any]:
     """Seconds per post-warm-up iteration: where the time of a step went.
 

@@ -89,7 +89,12 @@ other algorithms); ``test_rounds`` (rounds this chain took part in); ``log_joint
 
 Cost and limits: a shard keeps one byte per row per chain (the used-rows mask, allocated
 on first use) plus one int64 scratch array per run. ``info["setup_queries"]`` counts the
-full passes of the MAP search (``N`` per pass).
+full passes of the MAP search (``N`` per pass). Out of core (``out_of_core``, as for
+FlyMC) a shard reads each test round's rows from its store (:meth:`Shard.rows_at`):
+the store chunks they touch, each decoded whole — of ``m`` chunks, ``b`` scattered rows
+touch ``m (1 − (1 − 1/m)^b)``, so a round of more rows than the shard has chunks costs
+about a full pass of reading (``info["bytes_read"]``), where in memory it costs ``b``
+rows. The rows, and so the decisions and draws, are those of the same run in memory.
 
 Faults: when a worker is lost during a test round, its shards are reopened on live
 workers (their tight points set again) and the decision in progress starts over as a
@@ -123,7 +128,7 @@ from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
 from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
-from flymc_dist.run import run
+from flymc_dist.run import describe_run, run, storage_info
 from flymc_dist.transport.dask import ShardLost, open_transport
 from flymc_dist.tune import find_map, initial_positions, needs_map, preconditioner, tight_bounds
 
@@ -622,8 +627,13 @@ class AusteritySampler:
         self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
 
     def setup_info(self) -> dict[str, Any]:
-        """The MAP and the set-up's cost (the full passes of the MAP search)."""
+        """Each shard's storage (in memory or out of core), the MAP and the set-up's cost
+        (the full passes of the MAP search)."""
+        storage = storage_info(self.transport)
         return {
+            "out_of_core": storage["out_of_core"],
+            "memory_budget": storage["memory_budget"],
+            "setup_bytes_read": storage["bytes_read"],
             "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),
             "map_info": self.map_info,
             "setup_queries": self.setup_queries,
@@ -676,8 +686,10 @@ class AusteritySampler:
         return None
 
     def run_info(self, stats: dict[str, np.ndarray]) -> dict[str, Any]:
-        """Restarted decisions and the share of the data the kept decisions used."""
+        """Restarted decisions, the share of the data the kept decisions used, and the
+        bytes of rows read from the store (out of core: every touched chunk)."""
         return {
+            "bytes_read": storage_info(self.transport)["bytes_read"],
             "restarted_decisions": int(self.tester.restarts),
             "restarted_queries": 2 * int(self.tester.restarted_rows),
             "data_used_fraction": float(stats["data_used"].mean() / self.n_rows),
@@ -749,7 +761,14 @@ def sample_austerity(
         )
     if options.get("resume"):
         raise ValueError("austerity runs cannot be resumed (no checkpoint is written)")
-    config = ShardConfig(model=model, algorithm="austerity", chains=chains, seed=seed)
+    config = ShardConfig(
+        model=model,
+        algorithm="austerity",
+        chains=chains,
+        seed=seed,
+        out_of_core=options.get("out_of_core", "auto"),
+        memory_budget=options.get("memory_budget"),
+    )
     transport = open_transport(client, specs, config, mem, options)
     try:
         sampler = AusteritySampler(
@@ -768,30 +787,29 @@ def sample_austerity(
             precondition=options.get("precondition", "laplace"),
             map_maxiter=int(options.get("map_maxiter", 100)),
         )
-        info: dict[str, Any] = {
-            "algorithm": "austerity",
-            "approximate": True,
-            "eps": eps,
-            "batch_size": batch_size,
-            "control_variates": control_variates,
-            "bounds": "map" if control_variates else None,
-            "kernel": kernel.name,
-            "z_update": None,
-            "q_db": None,
-            "resample_fraction": None,
-            "chains": chains,
-            "seed": seed,
-            "n_rows": n_rows,
-            "n_features": n_features,
-            "n_shards": len(specs),
-            "transport": transport.name,
-            "n_workers": transport.n_workers,
-            "data": path,
-            "model": model.to_dict(),
-            "num_warmup": num_warmup,
-            "num_samples": num_samples,
-            "log_joint": "not computed (NaN): austerity never evaluates the full likelihood",
-        }
+        info = describe_run(
+            transport=transport,
+            n_shards=len(specs),
+            data=path,
+            model_description=model.to_dict(),
+            chains=chains,
+            seed=seed,
+            n_rows=n_rows,
+            n_features=n_features,
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            algorithm="austerity",
+            approximate=True,
+            eps=eps,
+            batch_size=batch_size,
+            control_variates=control_variates,
+            bounds="map" if control_variates else None,
+            kernel=kernel.name,
+            z_update=None,
+            q_db=None,
+            resample_fraction=None,
+        )
+        info["log_joint"] = "not computed (NaN): austerity never evaluates the full likelihood"
         return run(sampler, info, num_warmup, num_samples, options, label="austerity")
     finally:
         transport.close()

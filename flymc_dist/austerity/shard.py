@@ -9,8 +9,8 @@ names :data:`flymc_dist.shard.SHARD_OPERATIONS` gives them:
 - ``"austerity_exact_diff"`` (:func:`shard_exact_diff`): the full-data difference (a
   full pass; benchmarks and tests score decisions against it).
 
-They see the shard only through its public, read-only view (:attr:`Shard.rows`,
-:attr:`Shard.tight_points`, ``spec``, ``model``, ``config``) and keep their per-shard
+They see the shard only through its public, read-only view (:meth:`Shard.rows_at`,
+:meth:`Shard.blocks`, ``n``, ``spec``, ``model``, ``config``) and keep their per-shard
 state (each chain's rows used by its current decision) in the shard's one named slot for
 them, :meth:`Shard.extension` ``("austerity", ...)``. This module imports nothing of
 the shard's (the shard imports it, to list its operations).
@@ -168,8 +168,7 @@ def shard_batch(
         over them, and their sum of squared deviations from that mean; ``rows`` is a
         list of index arrays (or None).
     """
-    X_all, y_all = shard.rows
-    n = y_all.shape[0]
+    n = shard.n
     state = shard.extension(EXTENSION, AusterityRows).for_run(int(run), n)
     states, scratch = state.slots, state.scratch
     sid = shard.spec.shard_id
@@ -177,11 +176,8 @@ def shard_batch(
     m = len(slots)
     counts = np.asarray(counts, dtype=np.int64)
     E = model.n_outputs
-    D = X_all.shape[1]
     M = int(counts.sum())
-    eta = np.empty((M, 2 * E))
     drawn = []
-    o = 0
     for j in range(m):
         slot = int(slots[j])
         st = states.get(slot)
@@ -190,9 +186,16 @@ def shard_batch(
             states[slot] = st
         if st.decision != int(decisions[j]):
             st.reset(int(decisions[j]))
-        rows_j = st.draw(n, int(counts[j]), scratch)
-        drawn.append(rows_j)
-        if rows_j.size:
+        drawn.append(st.draw(n, int(counts[j]), scratch))
+    rows = np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
+    # every chain's rows in one read (out of core: of the store chunks they touch)
+    X, y, xi = shard.rows_at(rows)
+    D = X.shape[1]
+    eta = np.empty((M, 2 * E))
+    o = 0
+    for j in range(m):
+        k = drawn[j].size
+        if k:
             # linear predictors of these rows at this chain's θ and θ′: one small GEMM
             pts = np.concatenate(
                 [
@@ -200,22 +203,19 @@ def shard_batch(
                     np.asarray(proposals[j], float).reshape(E, D),
                 ]
             )
-            np.matmul(X_all[rows_j], pts.T, out=eta[o : o + rows_j.size])
-            o += rows_j.size
-    rows = np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
+            np.matmul(X[o : o + k], pts.T, out=eta[o : o + k])
+            o += k
     seg = np.repeat(np.arange(m), counts)
     eta = eta.reshape(M, 2, E).transpose(1, 0, 2)
-    y = y_all[rows]
     ll = model.loglik(eta, y)
     diff = ll[1] - ll[0]
     if control_variates:
-        xi = shard.tight_points
         if xi is None:
             raise RuntimeError(
                 "control variates need the shard's tight points (set_tight_points) first"
             )
         with np.errstate(invalid="ignore", over="ignore"):
-            lb = model.logbound(eta, y, xi[rows])
+            lb = model.logbound(eta, y, xi)
             dd = (ll[1] - lb[1]) - (ll[0] - lb[0])
         finite = np.isfinite(diff)
         diff = np.where(finite, np.where(np.isfinite(dd), dd, np.nan), diff)
@@ -246,14 +246,10 @@ def shard_exact_diff(
     to score decisions against exact MH (benchmarks, tests).
     """
     model = shard.model
-    X, y = shard.rows
     pts = np.concatenate([np.asarray(thetas, float), np.asarray(proposals, float)])
     S = pts.shape[0] // 2
     out = np.zeros(S)
-    step = max(1, block // max(1, pts.shape[0]))
-    for lo in range(0, y.shape[0], step):
-        ll = model.loglik(model.linear_predictor(pts, X[lo : lo + step]), y[lo : lo + step]).sum(
-            axis=1
-        )
+    for X, y, _ in shard.blocks(max(1, block // max(1, pts.shape[0]))):
+        ll = model.loglik(model.linear_predictor(pts, X), y).sum(axis=1)
         out += ll[S:] - ll[:S]
     return out

@@ -88,6 +88,27 @@ class ChunkSource:
         xi, XC = self._prepare(X, y)
         return Chunk(lo, hi, XC[:, : X.shape[1]], y, xi, XC)
 
+    def read_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The shard-local ``rows`` (any order, distinct) as float64 ``(X, y)`` in that
+        order: one store read of the chunks they touch (sorted, all fetched concurrently:
+        :meth:`Dataset.read_rows`). Each touched chunk is decoded whole, so
+        :attr:`bytes_read` counts whole chunks: rows scattered over the shard cost about
+        a full pass once they are as many as its chunks."""
+        rows = np.asarray(rows, dtype=np.int64)
+        order = np.argsort(rows, kind="stable")
+        srt = rows[order]
+        X = np.empty((rows.size, self._ds.n_features))
+        Xs, y_s = self._ds.read_rows(srt + self.start)
+        X[order] = Xs
+        y = np.empty(rows.size, dtype=y_s.dtype)
+        y[order] = y_s
+        if rows.size:
+            lo = np.fromiter((a for a, _ in self.ranges), np.int64, len(self.ranges))
+            touched = np.unique(np.searchsorted(lo, srt, side="right") - 1)
+            sizes = np.fromiter((b - a for a, b in self.ranges), np.int64, len(self.ranges))
+            self.bytes_read += int(sizes[touched].sum()) * (self._ds.n_features + 1) * 8
+        return X, y
+
     def get(self, k: int, then: int | None = None) -> Chunk:
         """Chunk ``k`` — from the read ahead if it is the one under way — and start
         reading chunk ``then`` in the background."""

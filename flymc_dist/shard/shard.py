@@ -52,10 +52,11 @@ _T = TypeVar("_T")
 #: can run next to the rows is read here, in one place); a worker knows every operation
 #: once it has imported this module, whatever else it happened to import (a registry
 #: filled at import time would depend on that); and the operations reach the shard only
-#: through its public read-only view (:attr:`Shard.rows`, :attr:`Shard.tight_points`)
-#: and their one named slot of state (:meth:`Shard.extension`), so the bright sets,
-#: streams and caches stay the shard's own. An add-on sampler adds its shard-side
-#: functions (in a module that does not import this one) here.
+#: through its public read-only view of the rows (:meth:`Shard.rows_at`,
+#: :meth:`Shard.blocks`: the same in memory and out of core) and their one named slot of
+#: state (:meth:`Shard.extension`), so the bright sets, streams and caches stay the
+#: shard's own. An add-on sampler adds its shard-side functions (in a module that does
+#: not import this one) here.
 SHARD_OPERATIONS: dict[str, Callable[..., Any]] = {
     "austerity_batch": austerity_shard.shard_batch,
     "austerity_exact_diff": austerity_shard.shard_exact_diff,
@@ -137,10 +138,8 @@ class Shard:
         if data is None:
             ds = open_dataset(spec.path, storage_options=spec.storage_options)
             n = spec.stop - spec.start
-            # austerity's minibatches are random rows of the whole shard: kept in memory
-            mode = config.out_of_core if config.algorithm != "austerity" else False
             self.out_of_core = _out_of_core(
-                mode, n * (ds.n_features + K + 2) * 8 + config.chains * n, budget
+                config.out_of_core, n * (ds.n_features + K + 2) * 8 + config.chains * n, budget
             )
         if self.out_of_core:
             self._init_out_of_core(ds, K)
@@ -279,7 +278,7 @@ class Shard:
         theta = np.asarray(theta, float)[None]
         m = self.model
         total = 0.0
-        for X, y, xi in self._blocks(65536):
+        for X, y, xi in self.blocks(65536):
             eta = m.linear_predictor(theta, X)
             delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
             total += float(-np.expm1(-delta).sum())
@@ -287,7 +286,7 @@ class Shard:
 
     def bound_stats(self) -> BoundStats:
         """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic."""
-        parts = [self.model.suffstats(X, y, xi) for X, y, xi in self._blocks()]
+        parts = [self.model.suffstats(X, y, xi) for X, y, xi in self.blocks()]
         return functools.reduce(operator.add, parts)
 
     def loglik_sum(
@@ -304,7 +303,7 @@ class Shard:
         val = 0.0
         grad = np.zeros(self.n_params) if order >= 1 else None
         hess = np.zeros((self.n_params, self.n_params)) if order >= 2 else None
-        for X, y, _ in self._blocks(block):
+        for X, y, _ in self.blocks(block):
             eta = m.linear_predictor(theta, X)
             if order >= 1:
                 ll, dl = m.loglik_grad(eta, y)
@@ -321,23 +320,10 @@ class Shard:
                     hess += hk.reshape(E * D, E * D)
         return val, grad, hess
 
-    def _blocks(
-        self, block: int | None = None
-    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-        """Every row, as ``(X, y, xi)`` blocks of ``block`` rows (None: one block): a full
-        pass. Out of core, the blocks are the store's chunks, read one ahead."""
-        if self.out_of_core:
-            for chunk in self._source.stream():
-                yield chunk.X, chunk.y, chunk.xi
-            return
-        step = self.n if block is None else block
-        for lo in range(0, max(self.n, 1), max(step, 1)):
-            xi = None if self.xi is None else self.xi[lo : lo + step]
-            yield self.X[lo : lo + step], self.y[lo : lo + step], xi
-
     def _tight_points(self, X: np.ndarray, y: np.ndarray) -> np.ndarray | None:
-        """Tight points of the rows ``(X, y)`` of an out-of-core shard (None: regular MCMC)."""
-        if not self.flymc:
+        """Tight points of the rows ``(X, y)`` of an out-of-core shard (None: none set,
+        as in regular MCMC, or austerity before its control variates' θ̂)."""
+        if not self.flymc and self._theta_hat is None:
             return None
         if self._theta_hat is None or y.size == 0:
             return self.model.untuned_xi(y)
@@ -580,7 +566,7 @@ class Shard:
         if not self.out_of_core:
             return self._regular_block(thetas, self.X, self.y, grad)
         sums, grads = np.zeros(thetas.shape[0]), (np.zeros(thetas.shape) if grad else None)
-        for X, y, _ in self._blocks():
+        for X, y, _ in self.blocks():
             s, g = self._regular_block(thetas, X, y, grad)
             sums += s
             if grad:
@@ -998,24 +984,34 @@ class Shard:
         return Reply(current, points, n_bright, queries, wasted, current_grad, points_grad)
 
     # ------------------------------------------------- the add-on samplers' interface
-    @property
-    def rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """The shard's rows ``(X, y)``, ``X`` of shape ``(n, D)``, as read-only views.
+    def rows_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Features, target and tight point (None: none set) of the shard-local ``rows``
+        (distinct, any order), as new float64 arrays in that order.
 
-        Only an in-memory shard has them (an out-of-core one streams its store: see
-        :meth:`_blocks`).
+        In memory a gather; out of core one read of the store chunks the rows touch
+        (:meth:`ChunkSource.read_rows`, counted in ``state()["bytes_read"]``), with their
+        tight points computed at the shard's θ̂. The values are the same either way.
         """
+        rows = np.asarray(rows, dtype=np.int64)
         if self.out_of_core:
-            raise RuntimeError(
-                f"shard {self.spec.shard_id} is out of core: its rows are not in memory"
-            )
-        return _read_only(self.X), _read_only(self.y)
+            X, y = self._source.read_rows(rows)
+            return X, y, self._tight_points(X, y)
+        return self.X[rows], self.y[rows], None if self.xi is None else self.xi[rows]
 
-    @property
-    def tight_points(self) -> np.ndarray | None:
-        """Each row's tight point ξ_n as a read-only view (None: none set, e.g. regular
-        MCMC or austerity before :meth:`set_tight_points`; out of core: also None)."""
-        return None if self.xi is None else _read_only(self.xi)
+    def blocks(
+        self, block: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """Every row, as read-only ``(X, y, xi)`` blocks of ``block`` rows (None: one
+        block; ``xi`` None when no tight points are set): a full pass. Out of core, the
+        blocks are the store's chunks, read one ahead."""
+        if self.out_of_core:
+            for chunk in self._source.stream():
+                yield chunk.X, chunk.y, chunk.xi
+            return
+        step = self.n if block is None else block
+        for lo in range(0, max(self.n, 1), max(step, 1)):
+            xi = None if self.xi is None else _read_only(self.xi[lo : lo + step])
+            yield _read_only(self.X[lo : lo + step]), _read_only(self.y[lo : lo + step]), xi
 
     def extension(self, name: str, factory: Callable[[], _T]) -> _T:
         """The per-shard state of the add-on sampler ``name``: ``factory()`` on first use,
