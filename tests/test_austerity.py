@@ -555,8 +555,8 @@ def test_one_round_trip_per_round_to_drawn_shards_only():
 
 
 def test_shard_interface_for_add_on_samplers():
-    """Austerity reaches a shard only through its public interface: read-only rows and
-    tight points, one named state slot, and the named operations (no arbitrary callable,
+    """Austerity reaches a shard only through its public interface: read-only rows (a
+    full pass or a gather, with tight points), one named state slot, and the named operations (no arbitrary callable,
     no writes into the shard's attributes)."""
     from flymc_dist.austerity.shard import EXTENSION, AusterityRows
     from flymc_dist.shard import SHARD_OPERATIONS, Shard
@@ -564,12 +564,15 @@ def test_shard_interface_for_add_on_samplers():
     X, y, th0 = _data(300, seed=17)
     transport, specs = _transport(X, y, [100, 200])
     shard = transport.host.shards[1]
-    Xs, ys = shard.rows
+    ((Xs, ys, xis),) = list(shard.blocks())
     np.testing.assert_array_equal(Xs, X[100:])
     np.testing.assert_array_equal(ys, y[100:])
     with pytest.raises(ValueError, match="read-only"):
         Xs[0, 0] = 1.0
-    assert shard.tight_points is None  # austerity sets them only for control variates
+    assert xis is None  # austerity sets tight points only for control variates
+    Xr, yr, _ = shard.rows_at(np.array([5, 0]))  # a gather: new arrays
+    np.testing.assert_array_equal(Xr, X[[105, 100]])
+    np.testing.assert_array_equal(yr, y[[105, 100]])
     assert not hasattr(Shard, "apply")
     assert set(SHARD_OPERATIONS) == {"austerity_batch", "austerity_exact_diff"}
     with pytest.raises(ValueError, match="unknown shard operation"):
