@@ -556,8 +556,8 @@ def test_one_round_trip_per_round_to_drawn_shards_only():
 
 def test_shard_interface_for_add_on_samplers():
     """Austerity reaches a shard only through its public interface: read-only rows (a
-    full pass or a gather, with tight points), one named state slot, and the named operations (no arbitrary callable,
-    no writes into the shard's attributes)."""
+    full pass or a gather, with tight points), one named state slot, and the named
+    operations (no arbitrary callable, no writes into the shard's attributes)."""
     from flymc_dist.austerity.shard import EXTENSION, AusterityRows
     from flymc_dist.shard import SHARD_OPERATIONS, Shard
 
