@@ -816,5 +816,18 @@ def test_bench_sublinear_smoke():
     )
     assert only["fixed"]["plain"] is None and only["posterior"] is None
     assert "control variates" in bench.format(only)
+    ooc = bench.run_sublinear(
+        ns=(1000, 2000),
+        plain=False,
+        fixed=False,
+        bias_eps=None,
+        posterior_warmup=10,
+        posterior_samples=10,
+        out_of_core=True,
+    )["posterior"]
+    assert ooc["cv"]["bytes_read_per_iteration"] == [0.0, 0.0]  # in memory
+    assert all(b > 0 for b in ooc["cv_out_of_core"]["bytes_read_per_iteration"])
+    assert ooc["plain_out_of_core"] is None
+    assert "Out of core" in bench.format({"posterior": ooc, "seconds": 1.0})
     with pytest.raises(ValueError, match="nothing to measure"):
         bench.run_sublinear(ns=(1000, 2000), plain=False, control_variates=False)

@@ -82,13 +82,16 @@ def logistic_data(
     return X, y, theta0
 
 
-def _dataset(n_rows: int, n_features: int, seed: int, client: Any, tmp: str | None) -> Any:
-    """``(X, y)`` in memory for the synchronous client, else a zarr store."""
+def _dataset(
+    n_rows: int, n_features: int, seed: int, client: Any, tmp: str | None, store: bool = False
+) -> Any:
+    """``(X, y)`` in memory for the synchronous client (unless ``store``), else a zarr
+    store."""
     X, y, theta0 = logistic_data(n_rows, n_features, seed)
-    if isinstance(client, str) and client == "synchronous":
+    if isinstance(client, str) and client == "synchronous" and not store:
         return (X, y), theta0
     if tmp is None:
-        raise ValueError("a cluster client needs a directory for the data stores")
+        raise ValueError("a cluster client or out_of_core needs a directory for the stores")
     return from_numpy(X, y, f"{tmp}/logistic_{n_rows}.zarr", overwrite=True), theta0
 
 
@@ -132,6 +135,7 @@ def run_sublinear(
     posterior_samples: int = 600,
     posterior_chains: int = 2,
     plain_max_n: int = 100_000,
+    out_of_core: bool = False,
     bias_eps: Sequence[float] | None = (0.2, 0.1, 0.05, 0.01),
     bias_rows: int = 10_000,
     bias_chains: int = 8,
@@ -182,6 +186,11 @@ def run_sublinear(
     plain_max_n
         Largest N for plain austerity with the posterior-scaled proposal (it uses a near
         constant fraction of N per decision: ≈ 3 minutes at 10⁵ rows, ≈ 30 at 10⁶).
+    out_of_core
+        Also run each posterior-scaled measurement with its shards forced out of core,
+        right after the same run in memory, both from one zarr store: seconds and store
+        bytes read per iteration side by side (each test round then reads the store
+        chunks its rows touch).
     bias_eps
         Tolerances of the bias table (None or empty: skip the bias part).
     bias_rows, bias_chains, bias_warmup, bias_samples, bias_batch_size, bias_shards
@@ -197,9 +206,12 @@ def run_sublinear(
     dict
         ``"fixed"`` and ``"posterior"`` (None when not run): ``ns``, settings, and per
         variant (``"plain"``, ``"cv"``, or None when not run) the per-N figures
-        (``mean_data_used``, ``fraction``, ``seconds``, …; None where skipped) and
-        ``slope``; ``"bias"``: ``rows`` (one dict per variant and eps) and the exact
-        reference; ``"seconds"``; ``"approximate": True``.
+        (``mean_data_used``, ``fraction``, ``seconds``, ``seconds_per_iteration``,
+        ``bytes_read_per_iteration``, …; None where skipped) and ``slope``; with
+        ``out_of_core``, ``"posterior"`` also has ``"plain_out_of_core"`` and
+        ``"cv_out_of_core"``, the same figures out of core; ``"bias"``: ``rows`` (one
+        dict per variant and eps) and the exact reference; ``"seconds"``;
+        ``"approximate": True``.
     """
     ns = [int(n) for n in ns]
     if len(ns) < 2:
@@ -209,17 +221,19 @@ def run_sublinear(
     model = LogisticRegression()
     v = np.ones(n_features) / math.sqrt(n_features)
     local = isinstance(client, str) and client == "synchronous"
-    tmpdir = None if local or workdir is not None else tempfile.TemporaryDirectory()
+    need_dir = (not local or out_of_core) and workdir is None
+    tmpdir = tempfile.TemporaryDirectory() if need_dir else None
     tmp = workdir if workdir is not None else (tmpdir.name if tmpdir is not None else None)
     cluster, owned = None, False
     if not local:  # one client (and embedded cluster, for None) for the whole benchmark
         client, cluster, owned = _client_from(client, None)
     fix_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}
     post_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}
+    ooc_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}
     try:
         log_u = -stream(seed, ROLE_AUSTERITY, _BENCH, 2).standard_exponential(n_decisions)
         for n in ns:
-            data, theta0 = _dataset(n, n_features, seed, client, tmp)
+            data, theta0 = _dataset(n, n_features, seed, client, tmp, store=out_of_core)
             if fixed:
                 exact_accept = None
                 for cv in variants:
@@ -253,26 +267,29 @@ def run_sublinear(
                     )
             if posterior:
                 for cv in variants:
-                    if not cv and n > plain_max_n:
-                        _append(post_rows[cv], None)
-                        continue
-                    _append(
-                        post_rows[cv],
-                        _posterior_run(
-                            model,
-                            data,
-                            n,
-                            cv,
-                            eps=posterior_eps,
-                            batch_size=batch_size,
-                            warmup=posterior_warmup,
-                            samples=posterior_samples,
-                            chains=posterior_chains,
-                            seed=seed,
-                            n_shards=n_shards,
-                            client=client,
-                        ),
-                    )
+                    modes = [(post_rows, False)] + ([(ooc_rows, True)] if out_of_core else [])
+                    for rows, ooc in modes:
+                        if not cv and n > plain_max_n:
+                            _append(rows[cv], None)
+                            continue
+                        _append(
+                            rows[cv],
+                            _posterior_run(
+                                model,
+                                data,
+                                n,
+                                cv,
+                                eps=posterior_eps,
+                                batch_size=batch_size,
+                                warmup=posterior_warmup,
+                                samples=posterior_samples,
+                                chains=posterior_chains,
+                                seed=seed,
+                                n_shards=n_shards,
+                                client=client,
+                                out_of_core=ooc if out_of_core else "auto",
+                            ),
+                        )
             del data
         common = {
             "ns": ns,
@@ -303,9 +320,16 @@ def run_sublinear(
                 "plain_max_n": int(plain_max_n),
                 "plain": None,
                 "cv": None,
+                **({"plain_out_of_core": None, "cv_out_of_core": None} if out_of_core else {}),
             }
             for cv, rows in post_rows.items():
                 post_out[_key(cv)] = {**rows, "slope": _slope(ns, rows["mean_data_used"])}
+                if out_of_core:
+                    ooc = ooc_rows[cv]
+                    post_out[_key(cv) + "_out_of_core"] = {
+                        **ooc,
+                        "slope": _slope(ns, ooc["mean_data_used"]),
+                    }
         bias = None
         if bias_eps:
             bias = _bias_vs_eps(
@@ -351,6 +375,8 @@ _POSTERIOR_KEYS = (
     "step_size",
     "seconds",
     "setup_seconds",
+    "seconds_per_iteration",
+    "bytes_read_per_iteration",
 )
 
 
@@ -375,6 +401,7 @@ def _posterior_run(
     seed: int,
     n_shards: int,
     client: Any,
+    out_of_core: bool | str = "auto",
 ) -> dict[str, Any]:
     """One austerity run as a user makes it (default adaptation); its data use per decision."""
     t = time.perf_counter()
@@ -392,9 +419,12 @@ def _posterior_run(
         client=client,
         n_shards=n_shards,
         progress=False,
+        out_of_core=out_of_core,
     )
     secs = time.perf_counter() - t
     used = res.stats["data_used"]
+    iterations = warmup + samples
+    info = res.info
     return {
         "mean_data_used": float(used.mean()),
         "median_data_used": float(np.median(used)),
@@ -404,7 +434,9 @@ def _posterior_run(
         "acceptance": float(res.stats["accepted"].mean()),
         "step_size": float(res.info["kernel_params"][0]["step_size"]),
         "seconds": secs,
-        "setup_seconds": float(res.info["setup_seconds"]),
+        "setup_seconds": float(info["setup_seconds"]),
+        "seconds_per_iteration": (info["warmup_seconds"] + info["sampling_seconds"]) / iterations,
+        "bytes_read_per_iteration": (info["bytes_read"] - info["setup_bytes_read"]) / iterations,
     }
 
 
@@ -589,6 +621,27 @@ def format_sublinear(result: dict[str, Any]) -> str:
             ratio = None if a is None or c is None else c / a
             lines.append(f"{n:>12,d} " + "   ".join(cells) + f" {_f(ratio, '.4f', 9)}")
         lines.append(_slope_line(p))
+        if p.get("cv_out_of_core") is not None or p.get("plain_out_of_core") is not None:
+            lines += [
+                "Out of core (the same runs with their shards forced out of core, each right "
+                "after its in-memory run, from one store): seconds and MB read per iteration",
+                f"{'':>12} {' plain ':-^36}   {' control variates ':-^36}",
+                f"{'N':>12} {'ms/it mem':>9} {'ms/it ooc':>9} {'ratio':>7} {'MB/it':>8}   "
+                f"{'ms/it mem':>9} {'ms/it ooc':>9} {'ratio':>7} {'MB/it':>8}",
+            ]
+            for i, n in enumerate(p["ns"]):
+                cells = []
+                for key in ("plain", "cv"):
+                    mem = _at(p, key, "seconds_per_iteration", i)
+                    ooc = _at(p, key + "_out_of_core", "seconds_per_iteration", i)
+                    mb = _at(p, key + "_out_of_core", "bytes_read_per_iteration", i)
+                    cells.append(
+                        f"{_f(None if mem is None else 1e3 * mem, '.2f', 9)} "
+                        f"{_f(None if ooc is None else 1e3 * ooc, '.2f', 9)} "
+                        f"{_f(None if mem is None or ooc is None else ooc / mem, '.1f', 7)} "
+                        f"{_f(None if mb is None else mb / 1e6, '.2f', 8)}"
+                    )
+                lines.append(f"{n:>12,d} " + "   ".join(cells))
         if p.get("plain") is not None and any(n > p["plain_max_n"] for n in p["ns"]):
             lines.append(
                 f"(plain austerity skipped above N = {p['plain_max_n']:,d}: it uses a "
