@@ -224,8 +224,7 @@ def locate_segments(
     """Out of core: where each segment ``rows[seg[i]:seg[i+1]]`` lies — all among the held
     rows (sorted ``ids``: ``src[i] = 0``, ``local`` their positions there) or else all in
     the window of rows ``[win_lo, win_hi)`` (``src[i] = 1``, ``local`` their offsets in
-    it), as :meth:`~flymc_dist.shard.chunks.RowStore.locate` does segment by segment.
-    False if a segment is neither (nothing is then to be trusted)."""
+    it). False if a segment is neither (nothing is then to be trusted)."""
     n = ids.size
     for i in range(seg.size - 1):
         held = True

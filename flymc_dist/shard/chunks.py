@@ -160,14 +160,6 @@ class RowStore:
         """The held rows' features (a view)."""
         return self.XC[:, : self.D]
 
-    def locate(self, rows: np.ndarray, window: Chunk | None) -> tuple[int, np.ndarray]:
-        """Where all of ``rows`` are: ``(0, positions in XC)`` when all are held, else
-        ``(1, offsets in window.XC)`` (then they must all lie in the window)."""
-        pos, held = self._find(rows)
-        if held.all():
-            return 0, pos
-        return 1, _window_offsets(rows, window)
-
     def _find(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where ``rows`` sit in the store, and which of them it holds."""
         pos = np.searchsorted(self.ids, rows)

@@ -668,8 +668,8 @@ class Shard:
     ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
         """Out of core: the buffers (held rows, window) — a tuple, which the compiled
         functions index as they do a typed list, at no cost to build — and, for each
-        segment of ``rows``, which of the two holds it and where (compiled
-        :meth:`RowStore.locate`)."""
+        segment of ``rows``, which of the two holds it and where
+        (:func:`flymc_dist._compiled.locate_segments`)."""
         store, win = self._rows, self._win
         window = win.XC if win is not None else np.empty((0, store.XC.shape[1]))
         local = np.empty_like(rows)
