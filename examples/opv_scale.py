@@ -102,6 +102,15 @@ def main() -> None:
         help="rows per store chunk (default 8192: ~1.9 MB of float32 features; an "
         "out-of-core shard holds its window chunk and the one read ahead, in float64)",
     )
+    p.add_argument(
+        "--chunk-iterations",
+        default="auto",
+        type=lambda v: v if v == "auto" else int(v),
+        help="iterations each store chunk stays an out-of-core shard's z-update window "
+        "(auto: a chunk's bytes / 128 KiB; 1: a new chunk every iteration, the shortest "
+        "sweep over the rows, so the fastest mixing per iteration, at one chunk read per "
+        "iteration)",
+    )
     args = p.parse_args()
     for name in ("samples", "regular_samples"):  # ESS needs at least 4 draws per chain
         if getattr(args, name) < 4:
@@ -160,6 +169,7 @@ def main() -> None:
                 n_shards=args.workers,
                 progress=True,
                 out_of_core=args.out_of_core,
+                chunk_iterations=args.chunk_iterations,
             )
             client.run(reset_peak_rss)
             t0 = time.perf_counter()
