@@ -25,6 +25,7 @@ from flymc_dist.driver import (
     check_speculate,
 )
 from flymc_dist.kernels import get_kernel
+from flymc_dist.kernels.base import Kernel
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
 from flymc_dist.protocol import ShardConfig
@@ -251,7 +252,8 @@ def sample(
         reads each test round's rows from the store chunks they touch, about a full
         pass per round once its rows outnumber the shard's chunks), ``memory_budget``
         (bytes per shard; default: its share of half its worker's memory limit;
-        in-process: none), ``chunk_iterations`` ("auto": a chunk's bytes / 128 KiB).
+        in-process: none), ``chunk_iterations`` ("auto": 1 for a gradient kernel,
+        whose mixing the sweep over z limits; else a chunk's bytes / 128 KiB).
 
     Returns
     -------
@@ -296,9 +298,7 @@ def sample(
         track_grad=kern.needs_grad,
         out_of_core=options.get("out_of_core", "auto"),
         memory_budget=options.get("memory_budget"),
-        chunk_iterations=None
-        if options.get("chunk_iterations", "auto") == "auto"
-        else int(options["chunk_iterations"]),
+        chunk_iterations=_chunk_iterations(options.get("chunk_iterations", "auto"), kern),
     )
     transport = open_transport(client, specs, config, mem, options)
     try:
@@ -337,6 +337,24 @@ def sample(
         return run(driver, info, num_warmup, num_samples, options)
     finally:
         transport.close()
+
+
+def _chunk_iterations(value: int | str, kernel: Kernel) -> int | None:
+    """The shards' ``chunk_iterations`` for the option ``value`` (None: the shard's byte
+    rule, a chunk's bytes / 128 KiB).
+
+    Under "auto", a gradient kernel (NUTS, HMC, MALA) gets 1, a new window chunk every
+    iteration: such a kernel decorrelates θ in a few iterations, so out of core the sweep
+    over the rows' z (chunks × ``chunk_iterations`` iterations) limits the mixing; the
+    shortest sweep then gives the most ESS per second even though every iteration reads
+    a chunk (measured: 10⁶ × 57 logistic, NUTS, 2 out-of-core shards — 7.7 min-ESS/s at
+    1 against 0.8 at the byte rule's 131). RWMH and slice, which need hundreds of
+    iterations per effective draw themselves, keep the byte rule and its cheap
+    iterations.
+    """
+    if value == "auto":
+        return 1 if kernel.needs_grad else None
+    return int(value)
 
 
 # ------------------------------------------------------------------ arguments checked up front

@@ -215,7 +215,7 @@ def test_austerity_out_of_core_takes_the_same_decisions(store, control_variates)
     start; with control variates, to rounding (the MAP's full passes sum chunk by chunk
     out of core, and the tight points come from GEMMs of other shapes)."""
     kw = dict(algorithm="austerity", chunk_iterations="auto", control_variates=control_variates)
-    kw.update(batch_size=40, num_warmup=30, num_samples=60)
+    kw.update(batch_size=40, num_warmup=10, num_samples=30)
     if not control_variates:  # no MAP (whose full passes sum in another order out of core)
         kw.update(init=np.array([0.3, -1.2, 0.8]), precondition=np.diag([0.01, 0.02, 0.02]))
     ooc = _run(store[0], **kw)
@@ -243,6 +243,19 @@ def test_bad_options_are_one_clear_line(store, kw, match):
     with pytest.raises(ValueError, match=match) as info:
         _run(store[0], **kw)
     assert "\n" not in str(info.value)
+
+
+def test_auto_chunk_iterations_follow_the_kernel():
+    """Under "auto", a new window chunk every iteration for gradient kernels (the sweep over z
+    limits their mixing), the shard's byte rule (None) for RWMH and slice."""
+    from flymc_dist.api import _chunk_iterations
+    from flymc_dist.kernels import get_kernel
+
+    for name in ("nuts", "hmc", "mala"):
+        assert _chunk_iterations("auto", get_kernel(name)) == 1
+    for name in ("rwmh", "slice"):
+        assert _chunk_iterations("auto", get_kernel(name)) is None
+    assert _chunk_iterations(7, get_kernel("nuts")) == 7
 
 
 def test_in_memory_data_cannot_be_forced_out_of_core(store):
