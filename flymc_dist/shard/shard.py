@@ -1006,7 +1006,8 @@ class Shard:
         blocks are the store's chunks, read one ahead."""
         if self.out_of_core:
             for chunk in self._source.stream():
-                yield chunk.X, chunk.y, chunk.xi
+                xi = None if chunk.xi is None else _read_only(chunk.xi)
+                yield _read_only(chunk.X), _read_only(chunk.y), xi
             return
         step = self.n if block is None else block
         for lo in range(0, max(self.n, 1), max(step, 1)):
