@@ -70,6 +70,7 @@ class ChunkSource:
             (a - self.start, b - self.start) for a, b in zip(edges[:-1], edges[1:], strict=True)
         ]
         self.max_rows = max((b - a for a, b in self.ranges), default=0)
+        self._edges = np.asarray(edges, dtype=np.int64)  # store rows where chunks start
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: tuple[int, Future] | None = None
         #: bytes read from the store so far (as float64 features and targets)
@@ -96,17 +97,17 @@ class ChunkSource:
         a full pass once they are as many as its chunks."""
         rows = np.asarray(rows, dtype=np.int64)
         order = np.argsort(rows, kind="stable")
-        srt = rows[order]
+        idx = rows[order] + self.start
         X = np.empty((rows.size, self._ds.n_features))
-        Xs, y_s = self._ds.read_rows(srt + self.start)
+        Xs, y_s = self._ds.read_rows(idx)
         X[order] = Xs
         y = np.empty(rows.size, dtype=y_s.dtype)
         y[order] = y_s
         if rows.size:
-            lo = np.fromiter((a for a, _ in self.ranges), np.int64, len(self.ranges))
-            touched = np.unique(np.searchsorted(lo, srt, side="right") - 1)
-            sizes = np.fromiter((b - a for a, b in self.ranges), np.int64, len(self.ranges))
-            self.bytes_read += int(sizes[touched].sum()) * (self._ds.n_features + 1) * 8
+            e = self._edges
+            touched = np.unique(np.searchsorted(e, idx, side="right") - 1)
+            touched_rows = int((e[touched + 1] - e[touched]).sum())
+            self.bytes_read += touched_rows * (self._ds.n_features + 1) * 8
         return X, y
 
     def get(self, k: int, then: int | None = None) -> Chunk:
