@@ -111,7 +111,8 @@ def _bright_and_slope(
 
 @numba.njit(**_JIT)
 def replica_eval(
-    XCs,
+    XC: np.ndarray,
+    starts: np.ndarray,
     D: int,
     chain_of: np.ndarray,
     thetas: np.ndarray,
@@ -121,16 +122,16 @@ def replica_eval(
     sums: np.ndarray,
     grads: np.ndarray,
 ) -> None:
-    """``Σ log L~`` over the rows of ``XCs[chain_of[i]]`` (features, then row constants)
-    at each point ``thetas[i]``, into ``sums[i]``; with ``grad`` also its gradient in θ
+    """``Σ log L~`` over chain ``c = chain_of[i]``'s rows ``XC[starts[c]:starts[c + 1]]``
+    (features, then row constants; every chain's rows in one buffer) at each point
+    ``thetas[i]``, into ``sums[i]``; with ``grad`` also its gradient in θ
     (the first ``D`` entries of ``grads[i]``). Rows in their order: the driver's
     replica keeps them sorted by global row id."""
     for i in range(thetas.shape[0]):
-        XC = XCs[chain_of[i]]
         total = 0.0
         for d in range(D):
             grads[i, d] = 0.0
-        for r in range(XC.shape[0]):
+        for r in range(starts[chain_of[i]], starts[chain_of[i] + 1]):
             eta = 0.0
             for d in range(D):
                 eta += XC[r, d] * thetas[i, d]

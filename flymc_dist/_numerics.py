@@ -231,6 +231,19 @@ def softmax(a: ArrayLike, axis: int = -1) -> np.ndarray:
     return _result(e)
 
 
+def in_sorted(values: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Membership of each of ``values`` in the sorted array ``ref`` (a boolean mask).
+
+    ``np.isin`` / ``np.setdiff1d`` sort their inputs on every call; for the few dozen
+    sorted row ids of a bright-set change a binary search is several times cheaper.
+    """
+    if ref.size == 0:
+        return np.zeros(values.shape, dtype=bool)
+    pos = np.searchsorted(ref, values)
+    pos[pos == ref.size] = 0
+    return ref[pos] == values
+
+
 def weighted_gram(X: ArrayLike, w: ArrayLike | None = None, chunk_rows: int = 32768) -> np.ndarray:
     """Symmetric ``sum_n w_n x_n x_n^T`` (or ``X^T X`` when ``w`` is None).
 

@@ -160,6 +160,8 @@ class Driver:
         self.q_db = q_db
         self.n_rows = int(n_rows)
         self.bound: BoundStats | None = None
+        # (bound, whether its A is exactly symmetric): see BoundStats.value_and_grad
+        self._bound_symmetric: tuple[BoundStats | None, bool] = (None, False)
         self.theta_map: np.ndarray | None = None
         self.map_info: dict[str, Any] = {}
         self.positions = np.zeros((self.chains, self.P))
@@ -273,10 +275,16 @@ class Driver:
         """Prior (+ collapsed bound for FlyMC) at points (k, P)."""
         val = self.model.log_prior(points)
         g = self.model.log_prior_grad(points) if grad else None
-        if self.bound is not None:
-            val = val + self.bound.value(points)
+        bound = self.bound
+        if bound is not None:
             if grad:
-                g = g + self.bound.grad(points)
+                if self._bound_symmetric[0] is not bound:
+                    self._bound_symmetric = (bound, bool(np.array_equal(bound.A, bound.A.T)))
+                bval, bgrad = bound.value_and_grad(points, self._bound_symmetric[1])
+                val = val + bval
+                g = g + bgrad
+            else:
+                val = val + bound.value(points)
         return val, g
 
     def _respond_all(self, reqs: list[EvalRequest | None], agg: Reply) -> dict[int, EvalResponse]:
@@ -355,6 +363,57 @@ class Driver:
             self.wasted_queries += int(agg.wasted.sum())
         return agg
 
+    def _replica_update(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The iteration's one round trip in replica mode: z at every chain's position on
+        the shards, the change applied to the replica. Returns the queries and bright
+        rows per chain."""
+        C = self.chains
+        self.seq += 1
+        self._trips += 1
+        t_rt = time.perf_counter()
+        replies: list[ReplicaReply] = self.transport.round(
+            self.seq,
+            np.full(C, -1, dtype=np.int64),
+            True,
+            [Request(positions[c : c + 1], False, False) for c in range(C)],
+            positions,
+            False,
+        )
+        self.round_seconds += time.perf_counter() - t_rt
+        self.replica.apply(replies)
+        queries = np.zeros(C, dtype=np.int64)
+        for r in replies:  # in global shard order
+            queries += r.queries
+        self._replica_current = [None] * C
+        return queries, self.replica.n_bright()
+
+    def _replica_current_sums(
+        self,
+        requests: list[Request | EvalRequest | None],
+        positions: np.ndarray,
+        queries: np.ndarray,
+    ) -> None:
+        """Bring :attr:`_replica_current` (each chain's bright sum, and its gradient
+        where asked, at its current θ: it changes only with z, once per iteration) up to
+        what ``requests`` need; the queries made are added to ``queries``."""
+        cur_pts: list[np.ndarray | None] = [None] * self.chains
+        cur_grad = [False] * self.chains
+        missing = False
+        for c, r in enumerate(requests):
+            if r is None:
+                continue
+            cur_grad[c] = r.current_grad
+            known = self._replica_current[c]
+            if known is None or (r.current_grad and known[1] is None):
+                cur_pts[c] = positions[c : c + 1]
+                missing = True
+        if not missing:
+            return
+        for c, res in enumerate(self.replica.evaluate(cur_pts, cur_grad)):
+            if res is not None:
+                self._replica_current[c] = (float(res[0][0]), None if res[1] is None else res[1][0])
+                queries[c] += res[2]
+
     def _replica_round(
         self, first: bool, requests: list[Request | None], positions: np.ndarray
     ) -> Reply:
@@ -362,35 +421,12 @@ class Driver:
         chain's position on the shards and applies the change to the replica (the one
         round trip); every call then evaluates the requests on the replica, here."""
         C = self.chains
-        queries = np.zeros(C, dtype=np.int64)
         if first:
-            self.seq += 1
-            self._trips += 1
-            t_rt = time.perf_counter()
-            replies: list[ReplicaReply] = self.transport.round(
-                self.seq,
-                np.full(C, -1, dtype=np.int64),
-                True,
-                [Request(positions[c : c + 1], False, False) for c in range(C)],
-                positions,
-                False,
-            )
-            self.round_seconds += time.perf_counter() - t_rt
-            self.replica.apply(replies)
-            for r in replies:  # in global shard order
-                queries += r.queries
-            self._replica_current = [None] * C
-        # the bright sum at the current θ changes only with z: once per iteration
-        cur_pts: list[np.ndarray | None] = [None] * C
-        for c, r in enumerate(requests):
-            known = self._replica_current[c]
-            if r is not None and (known is None or (r.current_grad and known[1] is None)):
-                cur_pts[c] = positions[c : c + 1]
+            queries, n_bright = self._replica_update(positions)
+        else:
+            queries, n_bright = np.zeros(C, dtype=np.int64), self.replica.n_bright()
+        self._replica_current_sums(requests, positions, queries)
         cur_grad = [r is not None and r.current_grad for r in requests]
-        for c, res in enumerate(self.replica.evaluate(cur_pts, cur_grad)):
-            if res is not None:
-                self._replica_current[c] = (float(res[0][0]), None if res[1] is None else res[1][0])
-                queries[c] += res[2]
         kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
         want_grad = [r is not None and r.grad for r in requests]
         points = np.full((C, kmax), np.nan)
@@ -414,12 +450,44 @@ class Driver:
         return Reply(
             current=current,
             points=points,
-            n_bright=self.replica.n_bright(),
+            n_bright=n_bright,
             queries=queries,
             wasted=np.zeros(C, dtype=np.int64),
             current_grad=current_grad,
             points_grad=points_grad,
         )
+
+    def _replica_respond(
+        self, reqs: list[EvalRequest | None], queries: np.ndarray
+    ) -> dict[int, EvalResponse]:
+        """:meth:`_round` then :meth:`_respond_all` in replica mode, after the
+        iteration's round trip, without the summed :class:`Reply` in between: the same
+        sums added in the same order, so the same responses bit for bit. The queries made
+        are added to ``queries``."""
+        active = [c for c, r in enumerate(reqs) if r is not None]
+        n = len(active)
+        positions = self.positions
+        self._replica_current_sums(reqs, positions, queries)
+        rows = slice(None) if n == self.chains else active
+        points = [reqs[c].points for c in active]
+        want_grad = [r is not None and r.grad for r in reqs]
+        evals = self.replica.evaluate([None if r is None else r.points for r in reqs], want_grad)
+        any_grad = any(reqs[c].grad or reqs[c].current_grad for c in active)
+        val, g = self._base(np.concatenate([positions[rows], *points]), any_grad)
+        out = {}
+        off = n
+        for i, c in enumerate(active):
+            req = reqs[c]
+            sums, grads, q = evals[c]
+            queries[c] += q
+            k = points[i].shape[0]
+            known = self._replica_current[c]
+            grad_current = g[i] + known[1] if req.current_grad else None
+            logp = val[off : off + k] + sums
+            grad = g[off : off + k] + grads if (req.grad and k) else None
+            off += k
+            out[c] = EvalResponse(float(val[i] + known[0]), grad_current, logp, grad)
+        return out
 
     def _step_interleaved(self) -> tuple[list[KernelInfo], list[float], Reply]:
         """Every chain's kernel generator, their pending requests sharing round trips.
@@ -445,16 +513,25 @@ class Driver:
         # position (also what fault recovery puts recreated shards at)
         new_positions = self.positions.copy()
         first_agg = None
+        if self.replica is not None:
+            # the one round trip; every request is then answered on the replica, here
+            queries, n_bright = self._replica_update(new_positions)
+            zeros = np.zeros(C)
+            first_agg = Reply(zeros, zeros[:, None], n_bright, queries, queries * 0)
         while pending:
-            shard_reqs = [
-                None if r is None else Request(r.points, r.grad, r.current_grad) for r in reqs
-            ]
-            agg = self._round(first_agg is None, shard_reqs, new_positions)
-            if first_agg is None:
-                first_agg = agg
+            if self.replica is not None:
+                responses = self._replica_respond(reqs, first_agg.queries)
             else:
-                np.add(first_agg.queries, agg.queries, out=first_agg.queries)
-            for c, resp in self._respond_all(reqs, agg).items():
+                shard_reqs = [
+                    None if r is None else Request(r.points, r.grad, r.current_grad) for r in reqs
+                ]
+                agg = self._round(first_agg is None, shard_reqs, new_positions)
+                if first_agg is None:
+                    first_agg = agg
+                else:
+                    np.add(first_agg.queries, agg.queries, out=first_agg.queries)
+                responses = self._respond_all(reqs, agg)
+            for c, resp in responses.items():
                 last[c] = resp
                 try:
                     reqs[c] = gens[c].send(resp)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from flymc_dist._numerics import in_sorted
 from flymc_dist.models.base import Model
 from flymc_dist.protocol import ReplicaReply
 from flymc_dist.shard.evaluate import bright_terms_many
@@ -64,7 +65,10 @@ class BrightReplica:
             from flymc_dist import _compiled  # numba: imported where it computes
 
             self._compiled = (_compiled, _compiled.KINDS[spec[0]], np.asarray(spec[1], float))
-        self._buffers: Any = None  # the chains' (features, row constants) as a typed list
+        # every chain's (features, row constants), chain after chain, in one buffer;
+        # chain c's rows are _buffer_all[_starts[c]:_starts[c + 1]]
+        self._buffer_all: np.ndarray | None = None
+        self._starts = np.zeros(self.chains + 1, dtype=np.int64)
         # the _Rows objects they were built from (held, so that an identity check is valid)
         self._buffers_of: tuple[_Rows, ...] = ()
 
@@ -110,7 +114,7 @@ class BrightReplica:
                 for start, stop in ranges:
                     keep &= (cur.ids < start) | (cur.ids >= stop)
                 if drop:
-                    keep &= ~np.isin(cur.ids, np.concatenate(drop), assume_unique=True)
+                    keep &= ~in_sorted(cur.ids, np.sort(np.concatenate(drop)))
                 cur = _Rows(cur.ids[keep], cur.X[keep], cur.y[keep], cur.xi[keep])
             if add or cur is None:
                 parts = ([] if cur is None else [(cur.ids, cur.X, cur.y, cur.xi)]) + add
@@ -153,7 +157,8 @@ class BrightReplica:
         if len(rows) != len(self._buffers_of) or any(
             a is not b for a, b in zip(rows, self._buffers_of, strict=True)
         ):
-            self._buffers = self._compiled[0].typed_list([self._buffer(r) for r in rows])
+            self._buffer_all = np.concatenate([self._buffer(r) for r in rows])
+            self._starts[1:] = np.cumsum([r.ids.size for r in rows])
             self._buffers_of = rows
 
     def _buffer(self, rows: _Rows) -> np.ndarray:
@@ -237,7 +242,16 @@ class BrightReplica:
             sums = np.empty(n)
             grads = np.empty((n, P))
             jit.replica_eval(
-                self._buffers, P, chain_of, np.ascontiguousarray(thetas), kind, par, g, sums, grads
+                self._buffer_all,
+                self._starts,
+                P,
+                chain_of,
+                np.ascontiguousarray(thetas),
+                kind,
+                par,
+                g,
+                sums,
+                grads,
             )
             off = 0
             for c in sel:

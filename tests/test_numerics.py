@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from flymc_dist._numerics import (
     BOUND_EPS,
+    in_sorted,
     log_expm1,
     log_sigmoid,
     log_softmax,
@@ -160,3 +161,18 @@ def test_weighted_gram_chunks():
 
 def test_bound_eps_is_small_but_above_rounding():
     assert 1e3 * np.finfo(float).eps < BOUND_EPS <= 1e-10
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), max_size=30),
+    st.lists(st.integers(0, 40), max_size=30, unique=True),
+)
+def test_in_sorted_is_isin(values: list[int], ref: list[int]) -> None:
+    """Membership by binary search equals ``np.isin`` (empty sides, values past both
+    ends of the reference, repeats among the values)."""
+    v = np.array(values, dtype=np.int64)
+    r = np.sort(np.array(ref, dtype=np.int64))
+    got = in_sorted(v, r)
+    assert got.dtype == bool
+    np.testing.assert_array_equal(got, np.isin(v, r))

@@ -257,9 +257,9 @@ def count_compiled(monkeypatch):
             model.evaluated += int(rows.size)
             return real(XC, D, rows, *args)
 
-        def counting_replica(XCs, D, chain_of, *args):
-            model.evaluated += int(sum(XCs[c].shape[0] for c in chain_of))
-            return real_replica(XCs, D, chain_of, *args)
+        def counting_replica(XC, starts, D, chain_of, *args):
+            model.evaluated += int(sum(starts[c + 1] - starts[c] for c in chain_of))
+            return real_replica(XC, starts, D, chain_of, *args)
 
         monkeypatch.setattr(_compiled, "eval_rows", counting)
         monkeypatch.setattr(_compiled, "replica_eval", counting_replica)

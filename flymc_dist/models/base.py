@@ -55,6 +55,21 @@ class BoundStats(NamedTuple):
         """Gradient at ``theta`` of shape ``(..., P)``."""
         return theta @ (self.A + self.A.T) + self.b
 
+    def value_and_grad(self, theta: np.ndarray, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`value` and :meth:`grad` at ``theta`` ``(k, P)`` from one product
+        ``θ A``, bit for bit the same: when ``A`` is exactly symmetric
+        (``symmetric``, checked once by the caller), ``A + Aᵀ = 2A`` and ``θ (2A)`` is
+        ``2 (θ A)`` exactly (scaling by two commutes with every rounding)."""
+        theta = np.asarray(theta, dtype=np.float64)
+        quad = theta @ self.A
+        g = quad * 2.0 if symmetric else theta @ (self.A + self.A.T)
+        g += self.b
+        quad *= theta
+        out = quad.sum(axis=-1)
+        out += theta @ self.b
+        out += self.c
+        return out, g
+
 
 class Model(ABC):
     """A GLM-type likelihood with a collapsible per-datum lower bound and a prior."""

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from flymc_dist._numerics import log_sigmoid
+from flymc_dist._numerics import in_sorted, log_sigmoid
 from flymc_dist.austerity import shard as austerity_shard
 from flymc_dist.brightness import (
     BrightSet,
@@ -943,9 +943,12 @@ class Shard:
                 full[c] = True
                 gone.append(np.empty(0, dtype=np.int64))
                 new.append(now)
+            elif now.size == before.size and np.array_equal(now, before):
+                gone.append(now[:0])  # the usual case: z of this shard's rows unchanged
+                new.append(now[:0])
             else:
-                gone.append(np.setdiff1d(before, now, assume_unique=True))
-                new.append(np.setdiff1d(now, before, assume_unique=True))
+                gone.append(before[~in_sorted(before, now)])
+                new.append(now[~in_sorted(now, before)])
             self._sent[c] = now
         new_rows = np.concatenate(new)
         new_X, new_y, new_xi = self._gather(new_rows)
