@@ -14,11 +14,11 @@ both in a temporary directory. The LocalCluster's workers get a memory limit
 (``--worker-memory``) below the in-memory size of their shards — rows × (features + 5)
 × 8 bytes / workers: the float64 features, the model's row constants, the target and
 the tight point — so with ``out_of_core="auto"`` every shard leaves its rows in the
-store and streams them a chunk at a time. It runs MAP-tuned FlyMC (slice sampler)
-beside a short regular-MCMC run (whose every likelihood evaluation is then a full pass
-over the store), on the same shards and cluster, and reports whether each shard was out
-of core, each worker's peak RSS (measured in the worker), seconds per iteration, R-hat,
-min ESS and ESS per query.
+store and streams them a chunk at a time. It runs MAP-tuned FlyMC (NUTS; the paper's
+slice sampler with ``--kernel slice``) beside a short regular-MCMC run (whose every
+likelihood evaluation is then a full pass over the store), on the same shards and
+cluster, and reports whether each shard was out of core, each worker's peak RSS
+(measured in the worker), seconds per iteration, R-hat, min ESS and ESS per query.
 
 Run: ``python examples/opv_scale.py --data opv --samples 1000 --workers 2``
 (a quick check: ``--rows 200000 --samples 200 --warmup 100 --regular-samples 10``; at so
@@ -80,7 +80,7 @@ def main() -> None:
     p.add_argument("--regular-samples", type=int, default=100)
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--kernel", default="slice")
+    p.add_argument("--kernel", default="nuts")
     p.add_argument(
         "--worker-memory",
         type=int,
@@ -107,9 +107,9 @@ def main() -> None:
         default="auto",
         type=lambda v: v if v == "auto" else int(v),
         help="iterations each store chunk stays an out-of-core shard's z-update window "
-        "(auto: a chunk's bytes / 128 KiB; 1: a new chunk every iteration, the shortest "
-        "sweep over the rows, so the fastest mixing per iteration, at one chunk read per "
-        "iteration)",
+        "(auto: 1 for gradient kernels (nuts, hmc, mala), a new chunk every iteration, the "
+        "shortest sweep over the rows, at one chunk read per iteration; for rwmh and slice "
+        "a chunk's bytes / 128 KiB)",
     )
     args = p.parse_args()
     for name in ("samples", "regular_samples"):  # ESS needs at least 4 draws per chain
