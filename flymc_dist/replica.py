@@ -149,8 +149,9 @@ class BrightReplica:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        """The compiled kernel's buffers, when a chain's rows have changed (an iteration
-        where z changed for no chain rebuilds nothing; a changed chain only its own)."""
+        """The compiled kernel's buffer, when a chain's rows have changed (an iteration
+        where z changed for no chain rebuilds nothing; a changed chain's row constants are
+        recomputed, the other chains' copied into the new buffer as they are)."""
         if self._compiled is None or any(r is None for r in self._rows):
             return
         rows = tuple(self._rows)
