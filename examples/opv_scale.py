@@ -213,12 +213,12 @@ def main() -> None:
             f"{ef['queries_per_iteration']:.0f} queries/it "
             f"({100 * ef['bright_fraction']:.4f}% bright), "
             f"{ef['round_trips_per_iteration']:.2f} round trips/it; R-hat max "
-            f"{ef['r_hat_max']:.3f}, min ESS {ef['ess_min']:.0f}, ESS/query "
+            f"{ef['r_hat_max']:.4f}, min ESS {ef['ess_min']:.0f}, ESS/query "
             f"{ef['ess_per_query']:.3g}"
         )
         print(
             f"regular: {t_reg:.0f} s; {er['seconds_per_iteration'] * 1e3:.1f} ms/it, "
-            f"{er['queries_per_iteration']:.0f} queries/it; R-hat max {er['r_hat_max']:.3f}, "
+            f"{er['queries_per_iteration']:.0f} queries/it; R-hat max {er['r_hat_max']:.4f}, "
             f"min ESS {er['ess_min']:.0f} ({args.regular_samples} draws from the MAP)"
         )
         print(
