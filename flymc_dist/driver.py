@@ -332,7 +332,8 @@ class Driver:
 
     # ------------------------------------------------------------- iteration
     def _round(self, first: bool, requests: list[Request | None], positions: np.ndarray) -> Reply:
-        """One round trip to every shard; returns the summed replies.
+        """One round trip to every shard; returns the summed replies. (Shard mode: in
+        replica mode the iteration's one round trip is :meth:`_replica_update`.)
 
         Parameters
         ----------
@@ -343,8 +344,6 @@ class Driver:
         positions
             Every chain's post-commit position (where fault recovery puts new shards).
         """
-        if self.replica is not None:
-            return self._replica_round(first, requests, positions)
         commits = self.commits if first else np.full(self.chains, -1, dtype=np.int64)
         self.seq += 1
         self._trips += 1
@@ -363,10 +362,11 @@ class Driver:
             self.wasted_queries += int(agg.wasted.sum())
         return agg
 
-    def _replica_update(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _replica_update(self, positions: np.ndarray) -> Reply:
         """The iteration's one round trip in replica mode: z at every chain's position on
-        the shards, the change applied to the replica. Returns the queries and bright
-        rows per chain."""
+        the shards, the change applied to the replica. Returns what :meth:`step` reads of
+        a round: the bright rows and the queries (to which the evaluations on the
+        replica add) per chain; no sums (zero)."""
         C = self.chains
         self.seq += 1
         self._trips += 1
@@ -385,11 +385,12 @@ class Driver:
         for r in replies:  # in global shard order
             queries += r.queries
         self._replica_current = [None] * C
-        return queries, self.replica.n_bright()
+        zeros = np.zeros(C)
+        return Reply(zeros, zeros[:, None], self.replica.n_bright(), queries, queries * 0)
 
     def _replica_current_sums(
         self,
-        requests: list[Request | EvalRequest | None],
+        requests: list[EvalRequest | None],
         positions: np.ndarray,
         queries: np.ndarray,
     ) -> None:
@@ -414,56 +415,12 @@ class Driver:
                 self._replica_current[c] = (float(res[0][0]), None if res[1] is None else res[1][0])
                 queries[c] += res[2]
 
-    def _replica_round(
-        self, first: bool, requests: list[Request | None], positions: np.ndarray
-    ) -> Reply:
-        """:meth:`_round` in replica mode: the iteration's first call updates z at every
-        chain's position on the shards and applies the change to the replica (the one
-        round trip); every call then evaluates the requests on the replica, here."""
-        C = self.chains
-        if first:
-            queries, n_bright = self._replica_update(positions)
-        else:
-            queries, n_bright = np.zeros(C, dtype=np.int64), self.replica.n_bright()
-        self._replica_current_sums(requests, positions, queries)
-        cur_grad = [r is not None and r.current_grad for r in requests]
-        kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
-        want_grad = [r is not None and r.grad for r in requests]
-        points = np.full((C, kmax), np.nan)
-        points_grad = np.zeros((C, kmax, self.P)) if any(want_grad) else None
-        current = np.zeros(C)
-        current_grad = np.zeros((C, self.P)) if any(cur_grad) else None
-        evals = self.replica.evaluate(
-            [None if r is None else r.points for r in requests], want_grad
-        )
-        for c, res in enumerate(evals):
-            if res is None:
-                continue
-            k = requests[c].points.shape[0]
-            points[c, :k] = res[0]
-            if want_grad[c]:
-                points_grad[c, :k] = res[1]
-            queries[c] += res[2]
-            current[c] = self._replica_current[c][0]
-            if cur_grad[c]:
-                current_grad[c] = self._replica_current[c][1]
-        return Reply(
-            current=current,
-            points=points,
-            n_bright=n_bright,
-            queries=queries,
-            wasted=np.zeros(C, dtype=np.int64),
-            current_grad=current_grad,
-            points_grad=points_grad,
-        )
-
     def _replica_respond(
         self, reqs: list[EvalRequest | None], queries: np.ndarray
     ) -> dict[int, EvalResponse]:
-        """:meth:`_round` then :meth:`_respond_all` in replica mode, after the
-        iteration's round trip, without the summed :class:`Reply` in between: the same
-        sums added in the same order, so the same responses bit for bit. The queries made
-        are added to ``queries``."""
+        """:meth:`_respond_all` in replica mode, after the iteration's round trip: the
+        requests evaluated on the replica, plus the prior and the collapsed bound. The
+        queries made are added to ``queries``."""
         active = [c for c, r in enumerate(reqs) if r is not None]
         n = len(active)
         positions = self.positions
@@ -515,9 +472,7 @@ class Driver:
         first_agg = None
         if self.replica is not None:
             # the one round trip; every request is then answered on the replica, here
-            queries, n_bright = self._replica_update(new_positions)
-            zeros = np.zeros(C)
-            first_agg = Reply(zeros, zeros[:, None], n_bright, queries, queries * 0)
+            first_agg = self._replica_update(new_positions)
         while pending:
             if self.replica is not None:
                 responses = self._replica_respond(reqs, first_agg.queries)
@@ -558,12 +513,22 @@ class Driver:
         C = self.chains
         gen = self.kernel.step_chains(self.rngs, self.positions, self.params)
         proposals = next(gen)
-        agg = self._round(
-            True, [Request(proposals[c : c + 1], False, False) for c in range(C)], self.positions
-        )
-        val, _ = self._base(np.concatenate([self.positions, proposals]), False)
-        logp_current = val[:C] + agg.current
-        logp = val[C:] + agg.points[:, 0]
+        if self.replica is not None:
+            agg = self._replica_update(self.positions)
+            resp = self._replica_respond(
+                [EvalRequest(proposals[c : c + 1]) for c in range(C)], agg.queries
+            )
+            logp_current = np.array([resp[c].logp_current for c in range(C)])
+            logp = np.array([resp[c].logp[0] for c in range(C)])
+        else:
+            agg = self._round(
+                True,
+                [Request(proposals[c : c + 1], False, False) for c in range(C)],
+                self.positions,
+            )
+            val, _ = self._base(np.concatenate([self.positions, proposals]), False)
+            logp_current = val[:C] + agg.current
+            logp = val[C:] + agg.points[:, 0]
         try:
             gen.send((logp_current, logp))
         except StopIteration as stop:

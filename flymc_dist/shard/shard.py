@@ -943,7 +943,7 @@ class Shard:
                 full[c] = True
                 gone.append(np.empty(0, dtype=np.int64))
                 new.append(now)
-            elif now.size == before.size and np.array_equal(now, before):
+            elif np.array_equal(now, before):
                 gone.append(now[:0])  # the usual case: z of this shard's rows unchanged
                 new.append(now[:0])
             else:
