@@ -220,18 +220,24 @@ def sample(
         ``distributed.Client``; a scheduler address (``tcp://…``/``tls://…``) or scheduler
         file; or ``"synchronous"`` to run in this process.
     **options
-        ``q_db`` ("auto": about as many dark→bright proposals as bright rows; or a
-        number in (0, 1]), ``speculate`` (False; True: FlyMC with RWMH on a cluster
-        updates z while the driver decides, as if the proposal will be rejected, and
-        undoes it when it was not — the same draws, sometimes fewer milliseconds per
-        iteration (not on 2-core machines: measure with ``flymc bench overhead``);
-        undone work is reported as ``info["speculative_queries"]``; "auto": only when
-        every worker holding shards is on another machine), ``resample_fraction`` (0.1),
+        ``q_db`` ("auto": about as many dark→bright proposals per iteration as bright
+        rows, four times as many for HMC and NUTS; or a number in (0, 1]),
+        ``speculate`` (False; True: FlyMC with RWMH on a cluster updates z while the
+        driver decides, as if the proposal will be rejected, and undoes it when it was
+        not — the same draws, sometimes fewer milliseconds per iteration (not on 2-core
+        machines: measure with ``flymc bench overhead``); undone work is reported as
+        ``info["speculative_queries"]``; "auto": only when every worker holding shards
+        is on another machine), ``resample_fraction`` (0.1),
         ``n_shards`` / ``rows_per_shard``, ``channel`` ("auto": rounds travel on a
         direct socket to each worker's shard host unless the cluster uses TLS;
         "socket"; "dask": Dask's actor RPC; see :class:`~flymc_dist.transport.dask.DaskTransport`),
-        ``init`` ("map" or array), ``precondition`` ("laplace", "identity" or a
-        covariance), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path or
+        ``init`` ("map" or array), ``precondition`` (the kernel's preconditioner:
+        "laplace", the Gaussian at the MAP; "bound", FlyMC only: the Gaussian of θ given
+        that every datum is dark, from the collapsed bound and the prior, which θ given z
+        resembles when few rows are bright; "identity"; or a covariance; "auto", the
+        default: "bound" for FlyMC with bounds at the MAP and a kernel that adapts its
+        metric — HMC and NUTS then keep it, their ``adapt_metric="auto"`` — else
+        "laplace"), ``map_maxiter``, ``kernel_options`` (dict), ``trace`` (zarr path or
         fsspec URL), ``trace_storage_options`` (fsspec options of a ``trace`` URL, e.g.
         ``{"endpoint_url": …, "key": …, "secret": …}``; default: the data set's
         ``storage_options`` when the trace URL has the same protocol as the data set's,
@@ -441,7 +447,10 @@ def _check_arguments(data: Any, seed: Any, options: dict[str, Any]) -> None:
         raise ValueError(
             f"kernel_options must be a dict, not {type(options['kernel_options']).__name__}"
         )
-    for name, words in (("init", ("map",)), ("precondition", ("laplace", "identity"))):
+    for name, words in (
+        ("init", ("map",)),
+        ("precondition", ("auto", "laplace", "bound", "identity")),
+    ):
         v = options.get(name)
         if v is None or (isinstance(v, str) and v in words):
             continue
@@ -459,7 +468,7 @@ _SHAPING = {
     "q_db": "auto",
     "kernel_options": {},
     "init": "map",
-    "precondition": "laplace",
+    "precondition": "auto",
     "map_maxiter": 100,
     "bright_replica": "auto",
     "replica_budget": REPLICA_BUDGET,

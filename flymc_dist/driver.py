@@ -49,6 +49,7 @@ from flymc_dist.rng import (
 )
 from flymc_dist.run import storage_info
 from flymc_dist.tune import (
+    bound_precision,
     find_map,
     initial_positions,
     needs_map,
@@ -106,8 +107,13 @@ class Driver:
         ``"map"`` (default: start near the MAP, jittered by the Laplace covariance) or an
         array of shape ``(P,)`` or ``(chains, P)``.
     precondition
-        ``"laplace"`` (the Gaussian at the MAP, default), ``"identity"``, or a (P, P)
-        covariance.
+        The kernel's preconditioner: ``"laplace"`` (the Gaussian at the MAP),
+        ``"bound"`` (FlyMC: the Gaussian of θ given that every datum is dark, from the
+        collapsed bound and the prior: :func:`~flymc_dist.tune.bound_precision`),
+        ``"identity"``, or a (P, P) covariance. ``"auto"`` (default): ``"bound"`` for
+        FlyMC with bounds at the MAP and a kernel that adapts its metric (HMC, NUTS),
+        which then keeps it (see their ``adapt_metric``); ``"laplace"`` otherwise. The
+        starting points are jittered by the Laplace covariance whenever the MAP is known.
     map_maxiter
         Iteration limit of the MAP search (its accuracy affects speed, never exactness).
     bright_replica
@@ -136,7 +142,7 @@ class Driver:
         chains: int = 4,
         seed: int = 0,
         init: str | np.ndarray = "map",
-        precondition: str | np.ndarray = "laplace",
+        precondition: str | np.ndarray = "auto",
         map_maxiter: int = 100,
         q_db: float | str = "auto",
         n_rows: int = 0,
@@ -156,6 +162,13 @@ class Driver:
         self.P = model.n_params(n_features)
         self.init = init
         self.precondition = precondition
+        if isinstance(precondition, str) and precondition == "auto":
+            conditional = algorithm == "flymc" and bounds == "map" and kernel.adapts_metric
+            self.precondition = "bound" if conditional else "laplace"
+        #: warm-up keeps the metric the preconditioner seeds (see ``precondition``)
+        self.keep_metric = isinstance(self.precondition, str) and self.precondition == "bound"
+        if self.keep_metric and algorithm != "flymc":
+            raise ValueError("precondition='bound' needs FlyMC's bounds (algorithm='flymc')")
         self.map_maxiter = int(map_maxiter)
         self.q_db = q_db
         self.n_rows = int(n_rows)
@@ -204,9 +217,17 @@ class Driver:
             self.setup_queries += found.passes * self.n_rows  # every datum at one θ a pass
         if self.algorithm == "flymc":
             self.bound = tight_bounds(self.transport, self.theta_map if bounds_at_map else None)
-        chol = preconditioner(self.precondition, neg_h, self.P)
+        prec = bound_precision(self.bound, self.model, self.P) if self.keep_metric else None
+        chol = preconditioner(self.precondition, neg_h, self.P, prec)
         self.scale_tril = chol
-        self.positions = initial_positions(self.init, self.theta_map, chol, self.chains, self.seed)
+        # the start is jittered by the posterior's scale (overdispersed, for R-hat), not
+        # by a conditional's
+        jitter = chol
+        if self.keep_metric and neg_h is not None:
+            jitter = preconditioner("laplace", neg_h, self.P)
+        self.positions = initial_positions(
+            self.init, self.theta_map, jitter, self.chains, self.seed
+        )
         self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
         if self.algorithm == "flymc" and self._use_replica():
             self.transport.call("set_replica", True)
@@ -236,12 +257,14 @@ class Driver:
         return True
 
     def _choose_q(self) -> float:
-        """``q_db``: a number, or "auto" = M / (N - M) from the exact initial draw of z.
+        """``q_db``: a number, or "auto" = k M / (N - M) from the exact initial draw of z,
+        k the kernel's :attr:`~flymc_dist.kernels.base.Kernel.dark_proposals_per_bright`
+        (1; HMC and NUTS 4).
 
         With tight bounds L~_n is tiny and a dark datum brightens at rate min(q, L~_n):
         any q above the typical L~ mixes z as well as a larger one, while costing
-        q·N proposals per iteration. "auto" proposes about as many dark rows per
-        iteration as there are bright ones, whatever N: q = M / (N - M), at least 1/N
+        q·N proposals per iteration. "auto" proposes about k dark rows per bright one and
+        iteration, whatever N: q = k M / (N - M), at least 1/N
         (about one proposal per iteration, so that z keeps mixing when almost nothing is
         bright) and at most 0.1. It is chosen once before sampling and then fixed, so the
         kernel stays valid. There is no floor proportional to N: with a few bright rows
@@ -268,7 +291,8 @@ class Driver:
         states = self.transport.call("state")
         m = float(np.mean(np.sum([s["n_bright"] for s in states], axis=0)))
         n = max(self.n_rows, 1)
-        return float(np.clip(m / max(n - m, 1.0), 1.0 / n, 0.1))
+        k = float(self.kernel.dark_proposals_per_bright)
+        return float(np.clip(k * m / max(n - m, 1.0), 1.0 / n, 0.1))
 
     # ------------------------------------------------------------ the target
     def _base(self, points: np.ndarray, grad: bool) -> tuple[np.ndarray, np.ndarray | None]:

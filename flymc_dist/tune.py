@@ -20,6 +20,7 @@ from flymc_dist.rng import ROLE_INIT, stream
 
 __all__ = [
     "MapEstimate",
+    "bound_precision",
     "find_map",
     "initial_positions",
     "laplace_covariance",
@@ -146,6 +147,19 @@ def tight_bounds(transport: Transport, theta_hat: np.ndarray | None) -> BoundSta
     return total
 
 
+def bound_precision(bound: BoundStats, model: Model, n_params: int) -> np.ndarray:
+    """The precision of θ given z = 0 (every datum dark): ``-(A + Aᵀ)`` of the collapsed
+    bound ``θᵀAθ + bᵀθ + c`` plus the prior's curvature (:meth:`Model.prior_precision`).
+
+    With bounds tight at the MAP and few bright rows, θ given z is close to this Gaussian,
+    and narrower than the posterior wherever a bound is more curved than its datum's
+    log-likelihood — on MNIST 7 vs 9 up to 14.8 times in precision (the Jaakkola–Jordan
+    bound of a well-classified image has curvature ~1/(2 |margin|), its log-likelihood
+    ~exp(-|margin|)).
+    """
+    return -(bound.A + bound.A.T) + model.prior_precision(n_params)
+
+
 def laplace_covariance(neg_hessian: np.ndarray) -> np.ndarray:
     """Covariance of the Gaussian with precision ``neg_hessian``, eigenvalues clipped positive.
 
@@ -160,19 +174,25 @@ def laplace_covariance(neg_hessian: np.ndarray) -> np.ndarray:
 
 
 def preconditioner(
-    precondition: str | np.ndarray, neg_hessian: np.ndarray | None, n_params: int
+    precondition: str | np.ndarray,
+    neg_hessian: np.ndarray | None,
+    n_params: int,
+    bound_precision: np.ndarray | None = None,
 ) -> np.ndarray:
     """The Cholesky factor ``L`` of the kernels' preconditioning covariance.
 
     Parameters
     ----------
     precondition
-        ``"laplace"`` (the Gaussian at the MAP: needs ``neg_hessian``), ``"identity"``,
-        or a ``(P, P)`` covariance.
+        ``"laplace"`` (the Gaussian at the MAP: needs ``neg_hessian``), ``"bound"`` (the
+        Gaussian of FlyMC's collapsed bound and the prior: needs ``bound_precision``),
+        ``"identity"``, or a ``(P, P)`` covariance.
     neg_hessian
         The log posterior's negative Hessian at the MAP (see :func:`find_map`).
     n_params
         P.
+    bound_precision
+        The precision of θ given that every datum is dark (see :func:`bound_precision`).
 
     Returns
     -------
@@ -183,11 +203,13 @@ def preconditioner(
         cov = np.asarray(precondition, float)
     elif isinstance(precondition, str) and precondition == "laplace":
         cov = laplace_covariance(neg_hessian)
+    elif isinstance(precondition, str) and precondition == "bound":
+        cov = laplace_covariance(bound_precision)
     elif isinstance(precondition, str) and precondition == "identity":
         cov = np.eye(n_params)
     else:
         raise ValueError(
-            f"precondition must be 'laplace', 'identity' or an array, not {precondition!r}"
+            f"precondition must be 'laplace', 'bound', 'identity' or an array, not {precondition!r}"
         )
     return np.linalg.cholesky(cov)
 

@@ -394,7 +394,7 @@ _X, _Y = _logistic_data()
         ({"map_maxiter": -1}, ValueError, "map_maxiter"),
         ({"num_samples": True}, ValueError, "num_samples"),
         ({"init": "zero"}, ValueError, "init must be 'map' or an array"),
-        ({"precondition": "diag"}, ValueError, "precondition must be 'laplace' or 'identity'"),
+        ({"precondition": "diag"}, ValueError, "precondition must be 'auto' or 'laplace' or 'bound' or 'identity'"),
         ({"kernel_options": 3}, ValueError, "kernel_options must be a dict"),
         ({"resume": True}, ValueError, "resume=True needs trace="),
         ({"resume": "yes", "trace": "t.zarr"}, ValueError, "resume must be True or False"),

@@ -127,6 +127,14 @@ class Kernel:
     step_chains
         None (the default), or a method stepping every chain at once (a
         :class:`ChainsStep`), which the driver then prefers to :meth:`step`.
+    adapts_metric
+        Warm-up estimates its metric from the draws (False, the default: the
+        preconditioner stays the metric and warm-up adapts a step size only).
+    dark_proposals_per_bright
+        How many dark→bright proposals per bright row FlyMC's ``q_db="auto"`` makes per
+        iteration (default 1): a kernel whose every step crosses θ's conditional given z
+        moves the bright set's own conditional as far, and z must be proposed faster to
+        follow it.
     """
 
     name: str
@@ -134,6 +142,8 @@ class Kernel:
     needs_grad: bool
     requests_per_step: int | None = None
     step_chains: ChainsStep | None = None
+    adapts_metric: bool = False
+    dark_proposals_per_bright: float = 1.0
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None) -> Any:
         """Initial parameters: ``scale_tril`` is a Cholesky factor of an approximate
@@ -144,8 +154,11 @@ class Kernel:
         """One transition from ``position``."""
         raise NotImplementedError
 
-    def adapter(self, params: Any, num_warmup: int) -> Adapter:
-        """A fresh warm-up adapter starting from ``params``."""
+    def adapter(self, params: Any, num_warmup: int, *, keep_metric: bool = False) -> Adapter:
+        """A fresh warm-up adapter starting from ``params``; ``keep_metric``: the sampler's
+        preconditioner is already matched to the target each step samples (FlyMC's θ given
+        z), which estimating the metric from the draws would undo (see
+        :attr:`adapts_metric`)."""
         raise NotImplementedError
 
 

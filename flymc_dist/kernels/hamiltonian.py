@@ -36,6 +36,7 @@ __all__ = [
     "HamiltonianParams",
     "Phase",
     "accept_statistic",
+    "check_adapt_metric",
     "check_metric",
     "find_reasonable_step_size",
     "hamiltonian_params",
@@ -143,6 +144,15 @@ def check_metric(metric: Any) -> str:
     if not isinstance(metric, str) or metric.strip().lower() not in ("diag", "dense"):
         raise ValueError(f"metric must be 'diag' or 'dense', got {metric!r}")
     return metric.strip().lower()
+
+
+def check_adapt_metric(adapt_metric: Any) -> bool | str:
+    """``adapt_metric`` as True, False or ``"auto"``, else ValueError naming the argument."""
+    if isinstance(adapt_metric, bool | np.bool_):
+        return bool(adapt_metric)
+    if isinstance(adapt_metric, str) and adapt_metric == "auto":
+        return "auto"
+    raise ValueError(f"adapt_metric must be True, False or 'auto', got {adapt_metric!r}")
 
 
 def hamiltonian_params(

@@ -36,6 +36,7 @@ from flymc_dist.kernels.hamiltonian import (
     HamiltonianParams,
     accept_statistic,
     begin_step,
+    check_adapt_metric,
     check_metric,
     leapfrog,
     start_phase,
@@ -67,6 +68,14 @@ class HMC(HamiltonianKernel):
         Run Stan's step-size heuristic during warm-up (default True).
     divergence_threshold
         Energy error above which the trajectory is divergent (default 1000).
+    adapt_metric
+        Whether warm-up estimates the metric from the draws in Stan's slow windows: True,
+        False (the preconditioner stays the metric; warm-up adapts the step size), or
+        ``"auto"`` (default): True unless the sampler's preconditioner is already matched
+        to what each step samples — FlyMC with bounds at the MAP, whose steps sample θ
+        given z: the covariance of the draws is the posterior's, wider than that
+        conditional's in every direction the bounds pin down (see ``precondition`` in
+        :func:`flymc_dist.sample`).
 
     Notes
     -----
@@ -90,6 +99,7 @@ class HMC(HamiltonianKernel):
         max_steps: int = 1024,
         find_step_size: bool = True,
         divergence_threshold: float = DIVERGENCE_THRESHOLD,
+        adapt_metric: bool | str = "auto",
     ) -> None:
         self.target_accept = check_probability("target_accept", target_accept)
         self.trajectory_length = check_positive("trajectory_length", trajectory_length)
@@ -113,6 +123,7 @@ class HMC(HamiltonianKernel):
             raise ValueError(f"find_step_size must be True or False, got {find_step_size!r}")
         self.find_step_size = bool(find_step_size)
         self.divergence_threshold = check_positive("divergence_threshold", divergence_threshold)
+        self.adapt_metric = check_adapt_metric(adapt_metric)
 
     def __repr__(self) -> str:
         return (
