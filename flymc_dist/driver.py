@@ -107,13 +107,11 @@ class Driver:
         ``"map"`` (default: start near the MAP, jittered by the Laplace covariance) or an
         array of shape ``(P,)`` or ``(chains, P)``.
     precondition
-        The kernel's preconditioner: ``"laplace"`` (the Gaussian at the MAP),
+        The kernel's preconditioner: ``"laplace"`` (the Gaussian at the MAP, default),
         ``"bound"`` (FlyMC: the Gaussian of θ given that every datum is dark, from the
         collapsed bound and the prior: :func:`~flymc_dist.tune.bound_precision`),
-        ``"identity"``, or a (P, P) covariance. ``"auto"`` (default): ``"bound"`` for
-        FlyMC with bounds at the MAP and a kernel that adapts its metric (HMC, NUTS),
-        which then keeps it (see their ``adapt_metric``); ``"laplace"`` otherwise. The
-        starting points are jittered by the Laplace covariance whenever the MAP is known.
+        ``"identity"``, or a (P, P) covariance. The starting points are jittered by the
+        Laplace covariance whenever the MAP is known.
     map_maxiter
         Iteration limit of the MAP search (its accuracy affects speed, never exactness).
     bright_replica
@@ -142,7 +140,7 @@ class Driver:
         chains: int = 4,
         seed: int = 0,
         init: str | np.ndarray = "map",
-        precondition: str | np.ndarray = "auto",
+        precondition: str | np.ndarray = "laplace",
         map_maxiter: int = 100,
         q_db: float | str = "auto",
         n_rows: int = 0,
@@ -162,12 +160,7 @@ class Driver:
         self.P = model.n_params(n_features)
         self.init = init
         self.precondition = precondition
-        if isinstance(precondition, str) and precondition == "auto":
-            conditional = algorithm == "flymc" and bounds == "map" and kernel.adapts_metric
-            self.precondition = "bound" if conditional else "laplace"
-        #: warm-up keeps the metric the preconditioner seeds (see ``precondition``)
-        self.keep_metric = isinstance(self.precondition, str) and self.precondition == "bound"
-        if self.keep_metric and algorithm != "flymc":
+        if isinstance(precondition, str) and precondition == "bound" and algorithm != "flymc":
             raise ValueError("precondition='bound' needs FlyMC's bounds (algorithm='flymc')")
         self.map_maxiter = int(map_maxiter)
         self.q_db = q_db
@@ -217,14 +210,15 @@ class Driver:
             self.setup_queries += found.passes * self.n_rows  # every datum at one θ a pass
         if self.algorithm == "flymc":
             self.bound = tight_bounds(self.transport, self.theta_map if bounds_at_map else None)
-        prec = bound_precision(self.bound, self.model, self.P) if self.keep_metric else None
+        is_bound = isinstance(self.precondition, str) and self.precondition == "bound"
+        prec = bound_precision(self.bound, self.model, self.P) if is_bound else None
         chol = preconditioner(self.precondition, neg_h, self.P, prec)
         self.scale_tril = chol
-        # the start is jittered by the posterior's scale (overdispersed, for R-hat), not
-        # by a conditional's
-        jitter = chol
-        if self.keep_metric and neg_h is not None:
-            jitter = preconditioner("laplace", neg_h, self.P)
+        # the start is jittered by the posterior's scale (overdispersed, for R-hat), not by
+        # the narrower bounds'
+        jitter = (
+            preconditioner("laplace", neg_h, self.P) if is_bound and neg_h is not None else chol
+        )
         self.positions = initial_positions(
             self.init, self.theta_map, jitter, self.chains, self.seed
         )

@@ -38,9 +38,6 @@ class Sampler(Protocol):
         The θ-kernel whose :meth:`~flymc_dist.kernels.base.Kernel.adapter` warm-up uses.
     params
         Each chain's kernel parameters (the runner replaces them after warm-up).
-    keep_metric
-        Warm-up keeps the metric the preconditioner seeds (passed to the kernel's
-        :meth:`~flymc_dist.kernels.base.Kernel.adapter`).
     positions
         ``(chains, P)``: every chain's current position.
     transport
@@ -54,7 +51,6 @@ class Sampler(Protocol):
     param_shape: tuple[int, ...]
     kernel: Kernel
     params: list[Any]
-    keep_metric: bool
     positions: np.ndarray
     transport: Transport
     stat_names: dict[str, str]
@@ -174,10 +170,7 @@ def run(
     # parameters are fixed, so warm-up cannot leak into sampling
     adapters = None
     if start < num_warmup:
-        adapters = [
-            sampler.kernel.adapter(p, num_warmup - start, keep_metric=sampler.keep_metric)
-            for p in sampler.params
-        ]
+        adapters = [sampler.kernel.adapter(p, num_warmup - start) for p in sampler.params]
     try:
         for i in range(start, total):
             warm = i < num_warmup

@@ -580,6 +580,35 @@ def test_adapter_metric_is_the_regularised_window_covariance(dense: bool) -> Non
     assert adapter.update(_info(draws[0])) == final  # frozen after num_warmup updates
 
 
+@pytest.mark.parametrize("name", ["hmc", "nuts"])
+def test_adapt_metric_option(name: str) -> None:
+    """``adapt_metric=True`` (default) estimates the metric in Stan's windows, False keeps
+    the preconditioner's."""
+    P, n = 2, 200
+    draws = np.random.default_rng(3).standard_normal((n, P)) * [2.0, 0.5]
+    seeded = np.array([[1.0, 0.3], [0.3, 0.7]])
+    assert get_kernel(name).adapt_metric is True
+    for adapt in (True, False):
+        kernel = get_kernel(name, adapt_metric=adapt)
+        adapter = kernel.adapter(kernel.init_params(P, np.linalg.cholesky(seeded)), n)
+        for i in range(n):
+            adapter.update(_info(draws[i]))
+        assert np.allclose(adapter.final().inv_metric, seeded) is not adapt
+    with pytest.raises(ValueError, match="adapt_metric must be True or False"):
+        get_kernel(name, adapt_metric="auto")
+
+
+def test_adapter_without_metric_adapts_the_step_size_only() -> None:
+    params = hamiltonian_params(0.5, np.eye(2))
+    adapter = WindowAdaptation(params, 200, 0.8, adapt_metric=False)
+    assert adapter.windows == []
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        out = adapter.update(_info(rng.standard_normal(2), accept=0.3))
+    np.testing.assert_array_equal(out.inv_metric, np.eye(2))
+    assert adapter.final().step_size < 0.5  # low acceptance shrank it
+
+
 def test_adapter_restarts_dual_averaging_at_the_searched_step_size() -> None:
     params = hamiltonian_params(0.5, np.ones(2))
     adapter = WindowAdaptation(params, 1000, 0.8)

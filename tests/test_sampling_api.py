@@ -394,7 +394,11 @@ _X, _Y = _logistic_data()
         ({"map_maxiter": -1}, ValueError, "map_maxiter"),
         ({"num_samples": True}, ValueError, "num_samples"),
         ({"init": "zero"}, ValueError, "init must be 'map' or an array"),
-        ({"precondition": "diag"}, ValueError, "precondition must be 'auto' or 'laplace' or 'bound' or 'identity'"),
+        (
+            {"precondition": "diag"},
+            ValueError,
+            "precondition must be 'laplace' or 'bound' or 'identity'",
+        ),
         ({"kernel_options": 3}, ValueError, "kernel_options must be a dict"),
         ({"resume": True}, ValueError, "resume=True needs trace="),
         ({"resume": "yes", "trace": "t.zarr"}, ValueError, "resume must be True or False"),
@@ -547,3 +551,43 @@ def test_softmax_flat_prior_is_refused_before_anything_runs(tmp_path):
         progress=False,
     )
     assert res.samples.shape == (1, 5, 3, 2)
+
+
+def test_precondition_bound_is_theta_given_every_datum_dark():
+    """``precondition="bound"``: the metric seeded from the Gaussian of θ given that every
+    datum is dark — the precision ``Σ_n 2|a_n| x_n x_nᵀ`` of the Jaakkola–Jordan bounds
+    tight at the MAP plus the prior's, computed here from the data — and kept through
+    warm-up with ``adapt_metric=False``; the starting points are the Laplace-jittered
+    ones of the default. Regular MCMC has no bounds: refused before anything runs."""
+    from flymc_dist.models.logistic import jaakkola_jordan_coefficients
+
+    X, y = _logistic_data(200)
+    laplace = _run((X, y), kernel="nuts", num_warmup=0, num_samples=1)
+    for kernel in ("nuts", "hmc"):
+        res = _run(
+            (X, y),
+            kernel=kernel,
+            num_warmup=60,
+            num_samples=2,
+            precondition="bound",
+            kernel_options={"adapt_metric": False},
+        )
+        a, _ = jaakkola_jordan_coefficients(X @ res.info["map"])
+        precision = (X.T * (-2.0 * a)) @ X + fd.LogisticRegression().prior_precision(2)
+        for p in res.info["kernel_params"]:
+            np.testing.assert_allclose(p["inv_metric"], np.linalg.inv(precision), rtol=1e-8)
+        assert not np.allclose(
+            laplace.info["kernel_params"][0]["inv_metric"], np.linalg.inv(precision), rtol=1e-3
+        )
+    with pytest.raises(ValueError, match="precondition='bound' needs FlyMC"):
+        _run((X, y), algorithm="regular", kernel="nuts", precondition="bound")
+
+
+def test_q_db_auto_is_four_proposals_per_bright_row_for_hamiltonian_kernels():
+    """HMC and NUTS cross θ's conditional given z every step: q_db="auto" is four times
+    RWMH's from the same first z (same seed, same starting points)."""
+    X, y = _logistic_data(2000)
+    rwmh = _run((X, y), num_warmup=0, num_samples=1)
+    for kernel in ("nuts", "hmc"):
+        res = _run((X, y), kernel=kernel, num_warmup=0, num_samples=1)
+        assert res.info["q_db"] == pytest.approx(4.0 * rwmh.info["q_db"], rel=1e-12)

@@ -572,7 +572,7 @@ class AusteritySampler:
         batch_size: int,
         control_variates: bool,
         init: str | np.ndarray = "map",
-        precondition: str | np.ndarray = "auto",
+        precondition: str | np.ndarray = "laplace",
         map_maxiter: int = 100,
     ) -> None:
         self.model = model
@@ -587,12 +587,7 @@ class AusteritySampler:
         self.batch_size = batch_size
         self.control_variates = control_variates
         self.init = init
-        if isinstance(precondition, str) and precondition == "bound":
-            raise ValueError("precondition='bound' needs FlyMC's bounds (algorithm='flymc')")
-        auto = isinstance(precondition, str) and precondition == "auto"
-        self.precondition = "laplace" if auto else precondition
-        #: RWMH's adapter never re-estimates the preconditioner (see the Sampler protocol)
-        self.keep_metric = False
+        self.precondition = precondition
         self.map_maxiter = int(map_maxiter)
         self.P = model.n_params(n_features)
         self.param_shape = model.param_shape(n_features)

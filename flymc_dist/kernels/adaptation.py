@@ -329,46 +329,36 @@ class HamiltonianKernel(Kernel):
     """What :class:`~flymc_dist.kernels.hmc.HMC` and :class:`~flymc_dist.kernels.nuts.NUTS`
     share besides their step: parameters seeded from the preconditioner, and Stan's
     windowed warm-up. Subclasses set ``metric``, ``step_size``, ``target_accept``,
-    ``find_step_size`` and ``adapt_metric`` (True, False or "auto": see :meth:`adapter`).
+    ``find_step_size`` and ``adapt_metric``.
 
     Their trajectories cross θ's conditional given z in one step, so FlyMC's
     ``q_db="auto"`` proposes four dark rows per bright row and iteration
-    (:attr:`~flymc_dist.kernels.base.Kernel.dark_proposals_per_bright`): on MNIST 7 vs 9
-    (NUTS, metric from the bound) one per bright row gave a min bulk ESS of 0.009 per
-    draw, two 0.029, four 0.040 — and proposing every dark row every iteration no more.
+    (:attr:`~flymc_dist.kernels.base.Kernel.dark_proposals_per_bright`). Measured with
+    NUTS, 4 chains, 500 warm-up + 1,000 or 2,000 draws, in-process: on QM9 (robust
+    regression, 130,831 rows) one proposal per bright row gave min bulk ESS 57 (R-hat
+    1.048), four gave 847 (R-hat 1.009); on MNIST 7 vs 9 min bulk ESS per draw went from
+    0.017 to 0.030 — as high as proposing every dark row every iteration (0.032).
     """
 
     metric: str
     step_size: float | None
     target_accept: float
     find_step_size: bool
-    adapt_metric: bool | str
+    adapt_metric: bool
     dark_proposals_per_bright = 4.0
-
-    @property
-    def adapts_metric(self) -> bool:  # type: ignore[override]
-        """Whether warm-up may estimate the metric from the draws (``adapt_metric``
-        True or "auto")."""
-        return self.adapt_metric is not False
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> HamiltonianParams:
         """Initial parameters: inverse metric ``L Lᵀ`` (or its diagonal) from the
         preconditioner's Cholesky factor ``L`` (identity when None)."""
         return initial_hamiltonian_params(dim, scale_tril, self.metric, self.step_size)
 
-    def adapter(
-        self, params: HamiltonianParams, num_warmup: int, *, keep_metric: bool = False
-    ) -> WindowAdaptation:
-        """Stan's windowed adaptation of the step size and metric over ``num_warmup`` steps.
-
-        The metric is estimated when ``adapt_metric`` is True, or "auto" and the sampler
-        does not ask to ``keep_metric``; otherwise only the step size adapts.
-        """
-        adapt = self.adapt_metric if isinstance(self.adapt_metric, bool) else not keep_metric
+    def adapter(self, params: HamiltonianParams, num_warmup: int) -> WindowAdaptation:
+        """Stan's windowed adaptation of the step size and (``adapt_metric``) the metric
+        over ``num_warmup`` steps."""
         return WindowAdaptation(
             params,
             num_warmup,
             self.target_accept,
             find_step_size=self.find_step_size,
-            adapt_metric=adapt,
+            adapt_metric=self.adapt_metric,
         )

@@ -127,9 +127,6 @@ class Kernel:
     step_chains
         None (the default), or a method stepping every chain at once (a
         :class:`ChainsStep`), which the driver then prefers to :meth:`step`.
-    adapts_metric
-        Warm-up estimates its metric from the draws (False, the default: the
-        preconditioner stays the metric and warm-up adapts a step size only).
     dark_proposals_per_bright
         How many dark→bright proposals per bright row FlyMC's ``q_db="auto"`` makes per
         iteration (default 1): a kernel whose every step crosses θ's conditional given z
@@ -142,7 +139,6 @@ class Kernel:
     needs_grad: bool
     requests_per_step: int | None = None
     step_chains: ChainsStep | None = None
-    adapts_metric: bool = False
     dark_proposals_per_bright: float = 1.0
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None) -> Any:
@@ -154,11 +150,8 @@ class Kernel:
         """One transition from ``position``."""
         raise NotImplementedError
 
-    def adapter(self, params: Any, num_warmup: int, *, keep_metric: bool = False) -> Adapter:
-        """A fresh warm-up adapter starting from ``params``; ``keep_metric``: the sampler's
-        preconditioner is already matched to the target each step samples (FlyMC's θ given
-        z), which estimating the metric from the draws would undo (see
-        :attr:`adapts_metric`)."""
+    def adapter(self, params: Any, num_warmup: int) -> Adapter:
+        """A fresh warm-up adapter starting from ``params``."""
         raise NotImplementedError
 
 

@@ -146,13 +146,11 @@ def check_metric(metric: Any) -> str:
     return metric.strip().lower()
 
 
-def check_adapt_metric(adapt_metric: Any) -> bool | str:
-    """``adapt_metric`` as True, False or ``"auto"``, else ValueError naming the argument."""
+def check_adapt_metric(adapt_metric: Any) -> bool:
+    """``adapt_metric`` as True or False, else ValueError naming the argument."""
     if isinstance(adapt_metric, bool | np.bool_):
         return bool(adapt_metric)
-    if isinstance(adapt_metric, str) and adapt_metric == "auto":
-        return "auto"
-    raise ValueError(f"adapt_metric must be True, False or 'auto', got {adapt_metric!r}")
+    raise ValueError(f"adapt_metric must be True or False, got {adapt_metric!r}")
 
 
 def hamiltonian_params(

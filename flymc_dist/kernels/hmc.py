@@ -69,13 +69,10 @@ class HMC(HamiltonianKernel):
     divergence_threshold
         Energy error above which the trajectory is divergent (default 1000).
     adapt_metric
-        Whether warm-up estimates the metric from the draws in Stan's slow windows: True,
-        False (the preconditioner stays the metric; warm-up adapts the step size), or
-        ``"auto"`` (default): True unless the sampler's preconditioner is already matched
-        to what each step samples — FlyMC with bounds at the MAP, whose steps sample θ
-        given z: the covariance of the draws is the posterior's, wider than that
-        conditional's in every direction the bounds pin down (see ``precondition`` in
-        :func:`flymc_dist.sample`).
+        Whether warm-up estimates the metric from the draws in Stan's slow windows (True,
+        default) or keeps the preconditioner's (False; warm-up adapts the step size). For
+        FlyMC with bounds at the MAP the estimate is of θ's conditional given z, not of
+        the posterior (see ``precondition`` in :func:`flymc_dist.sample`).
 
     Notes
     -----
@@ -99,7 +96,7 @@ class HMC(HamiltonianKernel):
         max_steps: int = 1024,
         find_step_size: bool = True,
         divergence_threshold: float = DIVERGENCE_THRESHOLD,
-        adapt_metric: bool | str = "auto",
+        adapt_metric: bool = True,
     ) -> None:
         self.target_accept = check_probability("target_accept", target_accept)
         self.trajectory_length = check_positive("trajectory_length", trajectory_length)

@@ -161,9 +161,6 @@ class MALA(Kernel):
         back = noise + 0.5 * eps * (v + v_new)
         return 0.5 * (float(noise @ noise) - float(back @ back))
 
-    def adapter(
-        self, params: MALAParams, num_warmup: int, *, keep_metric: bool = False
-    ) -> StepSizeAdapter:
-        """Dual averaging of ``log ε`` towards ``target_accept`` over ``num_warmup`` steps.
-        The preconditioner is never re-estimated, so ``keep_metric`` changes nothing."""
+    def adapter(self, params: MALAParams, num_warmup: int) -> StepSizeAdapter:
+        """Dual averaging of ``log ε`` towards ``target_accept`` over ``num_warmup`` steps."""
         return StepSizeAdapter(params, num_warmup, self.target_accept, field="step_size")

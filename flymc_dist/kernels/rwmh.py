@@ -486,9 +486,6 @@ class RandomWalkMH(Kernel):
         """Log acceptance ratio (Python floats: ``-inf - -inf`` is a silent NaN)."""
         return logp_new - logp_current
 
-    def adapter(
-        self, params: RWMHParams, num_warmup: int, *, keep_metric: bool = False
-    ) -> StepSizeAdapter:
-        """Dual averaging of ``log ε`` towards ``target_accept`` over ``num_warmup`` steps.
-        The preconditioner is never re-estimated, so ``keep_metric`` changes nothing."""
+    def adapter(self, params: RWMHParams, num_warmup: int) -> StepSizeAdapter:
+        """Dual averaging of ``log ε`` towards ``target_accept`` over ``num_warmup`` steps."""
         return StepSizeAdapter(params, num_warmup, self.target_accept, field="step_size")

@@ -218,11 +218,8 @@ class SliceSampler(Kernel):
         tril = check_scale_tril(dim, scale_tril)
         return SliceParams(width=self.width if self.width is not None else 2.0, scale_tril=tril)
 
-    def adapter(
-        self, params: SliceParams, num_warmup: int, *, keep_metric: bool = False
-    ) -> StepSizeAdapter:
-        """Dual averaging of ``log w`` so that the step-out share averages ``target_expand``.
-        The preconditioner is never re-estimated, so ``keep_metric`` changes nothing."""
+    def adapter(self, params: SliceParams, num_warmup: int) -> StepSizeAdapter:
+        """Dual averaging of ``log w`` so that the step-out share averages ``target_expand``."""
         return StepSizeAdapter(
             params,
             num_warmup,
