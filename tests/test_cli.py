@@ -801,8 +801,39 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert d["flymc"]["bright_replica"] is True
     assert d["flymc"]["round_trips_per_iteration"] == 1.0
     assert d["regular"]["queries_per_iteration"] > d["flymc"]["queries_per_iteration"]
+    assert d["setup"]["precondition"] == "laplace" and d["setup"]["adapt_metric"] is True
     code, _, err = run_cli(["bench", "mixing", "--problem", "cifar"], capsys)
     assert code == 2 and "problem" in err
+    # FlyMC with the bounds' Gaussian as its kept metric (regular MCMC left out)
+    code, out, err = run_cli(
+        [
+            "bench",
+            "mixing",
+            "--problem",
+            "logistic",
+            "--rows",
+            3000,
+            "--features",
+            3,
+            "--num-warmup",
+            30,
+            "--num-samples",
+            30,
+            "--no-regular",
+            "--precondition",
+            "bound",
+            "--no-adapt-metric",
+            "--json",
+            out_json,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    assert "preconditioner bound (metric kept through warm-up)" in out
+    d = json.loads(out_json.read_text())
+    assert d["setup"]["precondition"] == "bound" and d["setup"]["adapt_metric"] is False
+    code, _, err = run_cli(["bench", "mixing", "--precondition", "diag"], capsys)
+    assert code == 2 and "precondition" in err
 
 
 def test_bench_mixing_reuses_its_store(tmp_path: Path) -> None:

@@ -116,6 +116,8 @@ def run_mixing(
     seed: int = 0,
     regular: bool = True,
     workdir: str | None = None,
+    precondition: str = "laplace",
+    adapt_metric: bool = True,
 ) -> dict[str, Any]:
     """Run FlyMC and regular MCMC with one kernel on one problem and compare them.
 
@@ -148,6 +150,12 @@ def run_mixing(
     workdir
         Where the zarr store is written, and reused by a later run with the same data
         (default: a temporary directory, removed after).
+    precondition
+        FlyMC's preconditioner: ``"laplace"`` (default) or ``"bound"`` (the Gaussian of
+        θ given that every datum is dark); regular MCMC's is always ``"laplace"``.
+    adapt_metric
+        HMC/NUTS in FlyMC: estimate the metric from the warm-up draws (default), or keep
+        the preconditioner's (``--no-adapt-metric``).
 
     Returns
     -------
@@ -156,6 +164,11 @@ def run_mixing(
     """
     if problem not in PROBLEMS:
         raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
+    if precondition not in ("laplace", "bound"):
+        raise ValueError(f"precondition must be 'laplace' or 'bound', not {precondition!r}")
+    fly_options: dict[str, Any] = {"precondition": precondition}
+    if not adapt_metric:
+        fly_options["kernel_options"] = {"adapt_metric": False}
     own_dir = workdir is None
     workdir = tempfile.mkdtemp(prefix="flymc-mixing-") if own_dir else workdir
     cluster = None
@@ -178,6 +191,8 @@ def run_mixing(
                 "cores": os.cpu_count(),
                 "machine": platform.processor() or platform.machine(),
                 "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+                "precondition": precondition,
+                "adapt_metric": bool(adapt_metric),
                 "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             }
         }
@@ -189,6 +204,7 @@ def run_mixing(
             bounds="map",
             num_warmup=num_warmup,
             num_samples=num_samples,
+            **fly_options,
             **common,
         )
         out["flymc"] = _figures(res, time.perf_counter() - t0)
@@ -231,7 +247,9 @@ def format_mixing(d: dict[str, Any]) -> str:
     lines = [
         f"flymc bench mixing: {s['problem']} ({s['n_rows']:,} rows x {s['n_features']} "
         f"features), {s['kernel']}, {s['chains']} chains, client {s['client']}; "
-        f"{s['cores']} cores, load {s['loadavg_before']} -> {s['loadavg_after']}",
+        f"{s['cores']} cores, load {s['loadavg_before']} -> {s['loadavg_after']}; FlyMC "
+        f"preconditioner {s.get('precondition', 'laplace')}"
+        + ("" if s.get("adapt_metric", True) else " (metric kept through warm-up)"),
         "whole run = set-up (MAP, bounds, first z) + warm-up + sampling; "
         "ESS: bulk, min and median over parameters",
     ]
