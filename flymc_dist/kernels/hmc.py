@@ -70,9 +70,10 @@ class HMC(HamiltonianKernel):
         Energy error above which the trajectory is divergent (default 1000).
     adapt_metric
         Whether warm-up estimates the metric from the draws in Stan's slow windows (True,
-        default) or keeps the preconditioner's (False; warm-up adapts the step size). For
-        FlyMC with bounds at the MAP the estimate is of θ's conditional given z, not of
-        the posterior (see ``precondition`` in :func:`flymc_dist.sample`).
+        default) or keeps the preconditioner's (False; warm-up adapts the step size). In
+        FlyMC the draws' covariance is the posterior's, while each step samples θ given
+        z, which can be much narrower: ``precondition="bound"`` with ``False`` keeps that
+        conditional's own Gaussian (see :func:`flymc_dist.sample`).
 
     Notes
     -----
