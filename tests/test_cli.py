@@ -769,34 +769,14 @@ def test_bench_sublinear_is_wired(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`flymc bench mixing` on a small synthetic problem, in this process: both samplers,
     the ratios, and the JSON figures."""
-    out_json = tmp_path / "mixing.json"
-    code, out, err = run_cli(
-        [
-            "bench",
-            "mixing",
-            "--problem",
-            "logistic",
-            "--rows",
-            3000,
-            "--features",
-            3,
-            "--num-warmup",
-            30,
-            "--num-samples",
-            30,
-            "--regular-warmup",
-            0,
-            "--regular-samples",
-            10,
-            "--json",
-            out_json,
-        ],
-        capsys,
-    )
-    assert code == 0, err
-    assert "flymc" in out and "regular" in out and "FlyMC / regular" in out
     import json
 
+    out_json = tmp_path / "mixing.json"
+    small = ["bench", "mixing", "--problem", "logistic", "--rows", 3000, "--features", 3]
+    small += ["--num-warmup", 30, "--num-samples", 30, "--json", out_json]
+    code, out, err = run_cli([*small, "--regular-warmup", 0, "--regular-samples", 10], capsys)
+    assert code == 0, err
+    assert "flymc" in out and "regular" in out and "FlyMC / regular" in out
     d = json.loads(out_json.read_text())
     assert d["flymc"]["bright_replica"] is True
     assert d["flymc"]["round_trips_per_iteration"] == 1.0
@@ -806,27 +786,7 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert code == 2 and "problem" in err
     # FlyMC with the bounds' Gaussian as its kept metric (regular MCMC left out)
     code, out, err = run_cli(
-        [
-            "bench",
-            "mixing",
-            "--problem",
-            "logistic",
-            "--rows",
-            3000,
-            "--features",
-            3,
-            "--num-warmup",
-            30,
-            "--num-samples",
-            30,
-            "--no-regular",
-            "--precondition",
-            "bound",
-            "--no-adapt-metric",
-            "--json",
-            out_json,
-        ],
-        capsys,
+        [*small, "--no-regular", "--precondition", "bound", "--no-adapt-metric"], capsys
     )
     assert code == 0, err
     assert "preconditioner bound (metric kept through warm-up)" in out
