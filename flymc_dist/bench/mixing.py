@@ -8,6 +8,9 @@ MAP search, bounds, first z; warm-up; sampling — the cluster is started before
 not counted), the minimum and median over parameters of the bulk ESS, the largest
 R̂, min-ESS per second of the whole run, and per iteration the round trips, likelihood
 queries and seconds. A speed figure means something only with R̂ ≤ 1.01 beside it.
+With ``--numpyro`` (the ``numpyro`` extra) the same posterior also runs in NumPyro's NUTS
+on the full data, in this process after the others, timed the same way
+(:mod:`flymc_dist.bench.numpyro_nuts`).
 
 Problems:
 
@@ -39,6 +42,8 @@ from flymc_dist.data import make_logistic
 from flymc_dist.data.real import mnist_7_vs_9, qm9_gap
 
 PROBLEMS = ("qm9", "mnist", "logistic")
+#: the rows of the table, in order
+SAMPLERS = ("flymc", "regular", "numpyro")
 
 
 def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) -> tuple[Any, Any]:
@@ -118,6 +123,9 @@ def run_mixing(
     workdir: str | None = None,
     precondition: str = "laplace",
     adapt_metric: bool = True,
+    numpyro: bool = False,
+    numpyro_warmup: int = 300,
+    numpyro_samples: int = 300,
 ) -> dict[str, Any]:
     """Run FlyMC and regular MCMC with one kernel on one problem and compare them.
 
@@ -156,6 +164,12 @@ def run_mixing(
     adapt_metric
         HMC/NUTS in FlyMC: estimate the metric from the warm-up draws (default), or keep
         the preconditioner's (``--no-adapt-metric``).
+    numpyro
+        Also run the same posterior in NumPyro's NUTS on the full data, in this process,
+        after the others (needs the ``numpyro`` extra; see
+        :mod:`flymc_dist.bench.numpyro_nuts`).
+    numpyro_warmup, numpyro_samples
+        NumPyro's warm-up and kept draws per chain.
 
     Returns
     -------
@@ -166,6 +180,12 @@ def run_mixing(
         raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
     if precondition not in ("laplace", "bound"):
         raise ValueError(f"precondition must be 'laplace' or 'bound', not {precondition!r}")
+    if numpyro:  # before anything runs: a missing extra is said at once
+        from flymc_dist.bench.numpyro_nuts import import_numpyro, run_numpyro
+
+        if kernel != "nuts":
+            raise ValueError(f"numpyro=True compares NUTS with NUTS, not with {kernel!r}")
+        import_numpyro()
     fly_options: dict[str, Any] = {"precondition": precondition}
     if not adapt_metric:
         fly_options["kernel_options"] = {"adapt_metric": False}
@@ -231,6 +251,17 @@ def run_mixing(
                     (f["ess_min"] / f["queries_total"]) / (r["ess_min"] / r["queries_total"])
                 ),
             }
+        if numpyro:
+            X, y = ds.read()
+            out["numpyro"] = run_numpyro(model, X, y, chains, numpyro_warmup, numpyro_samples, seed)
+            del X, y
+            f, r = out["flymc"], out["numpyro"]
+            out["ratios_numpyro"] = {
+                "min_ess_per_second": f["min_ess_per_second"] / r["min_ess_per_second"],
+                "ess_per_query": (
+                    (f["ess_min"] / f["queries_total"]) / (r["ess_min"] / r["queries_total"])
+                ),
+            }
         out["setup"]["loadavg_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
         return out
     finally:
@@ -259,16 +290,18 @@ def format_mixing(d: dict[str, Any]) -> str:
         f"{'queries/it':>12}{'bright/chain':>13}"
     )
     lines.append(head)
-    for name in ("flymc", "regular"):
+    for name in SAMPLERS:
         f = d.get(name)
         if f is None:
             continue
+        trips = f["round_trips_per_iteration"]
         lines.append(
             f"{name:<8}{f['warmup']:>5}+{f['draws']:<5}{f['wall_seconds']:>9.1f}"
             f"{f['setup_seconds']:>9.1f}{1000 * f['seconds_per_iteration']:>9.2f}"
             f"{f['ess_min']:>9.0f}{f['ess_median']:>9.0f}{f['r_hat_max']:>10.3f}"
-            f"{f['min_ess_per_second']:>10.2f}{f['round_trips_per_iteration']:>7.1f}"
-            f"{f['queries_per_iteration']:>12.4g}{f['bright_rows_per_chain']:>13.1f}"
+            f"{f['min_ess_per_second']:>10.2f}"
+            + (f"{trips:>7.1f}" if math.isfinite(trips) else f"{'-':>7}")
+            + f"{f['queries_per_iteration']:>12.4g}{f['bright_rows_per_chain']:>13.1f}"
         )
     r = d.get("ratios")
     if r:
@@ -279,7 +312,14 @@ def format_mixing(d: dict[str, Any]) -> str:
             f"{r['queries_per_iteration']:.0f}x fewer queries per iteration, "
             f"min-ESS per query {r['ess_per_query']:.0f}x"
         )
-    bad = [n for n in ("flymc", "regular") if n in d and not d[n]["converged"]]
+    r = d.get("ratios_numpyro")
+    if r:
+        lines.append(
+            f"FlyMC / NumPyro NUTS (full data, dense metric, float64, compiling included): "
+            f"min-ESS per second of the whole run {r['min_ess_per_second']:.1f}x, "
+            f"min-ESS per query {r['ess_per_query']:.0f}x"
+        )
+    bad = [n for n in SAMPLERS if n in d and not d[n]["converged"]]
     if bad:
         lines.append(
             f"NOT CONVERGED (R-hat > 1.01): {', '.join(bad)} - its speed figures "

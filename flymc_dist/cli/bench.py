@@ -150,7 +150,10 @@ def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
     for key, value in list(args.items()):
         if isinstance(value, list):
             args[key] = tuple(value) if value else None
-    d = run(**args)
+    try:
+        d = run(**args)
+    except ImportError as err:  # an optional extra the options asked for
+        raise CLIError(str(err)) from None
     _say(fmt(d))
     if json_path:
         with open(json_path, "w") as fh:
