@@ -38,6 +38,7 @@ import numpy as np
 
 import flymc_dist as fd
 from flymc_dist.bench.common import local_client, reusable_store
+from flymc_dist.bench.numpyro_nuts import import_numpyro, run_numpyro
 from flymc_dist.data import make_logistic
 from flymc_dist.data.real import mnist_7_vs_9, qm9_gap
 
@@ -181,8 +182,6 @@ def run_mixing(
     if precondition not in ("laplace", "bound"):
         raise ValueError(f"precondition must be 'laplace' or 'bound', not {precondition!r}")
     if numpyro:  # before anything runs: a missing extra is said at once
-        from flymc_dist.bench.numpyro_nuts import import_numpyro, run_numpyro
-
         if kernel != "nuts":
             raise ValueError(f"numpyro=True compares NUTS with NUTS, not with {kernel!r}")
         import_numpyro()
