@@ -1,10 +1,76 @@
-"""Test-session set-up: one BLAS thread per process (set before numpy is used).
+"""Test-session set-up, before numpy is loaded: one BLAS thread per process, and on
+x86-64 the CPU kernels the bit-for-bit fixtures were recorded with.
 
 The suite starts Dask worker processes beside the test process on 2 cores;
 multithreaded BLAS in every process makes small matrix products 10–50× slower.
+
+``tests/data/reference_draws.npz`` and ``tests/data/austerity_golden.npz`` hold draws
+to compare bit for bit. OpenBLAS picks its kernels by CPU when it loads, and numpy its
+SIMD loops (``exp``, ``log``, reductions): on an AVX-512 machine both differ from the
+AVX2 code the files were recorded with and round differently in the last bit, which
+changes every draw after the first. On any x86-64-v3 CPU the recorded choice is pinned
+(:data:`RECORDED_CPU`, unless set otherwise); workers started by the tests inherit it.
+Where it cannot be, the bit-for-bit tests skip through the :func:`recorded_cpu`
+fixture, saying why.
 """
 
 import os
+import platform
+import sys
+from importlib.metadata import version
+
+import pytest
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+#: what the bit-for-bit fixtures were recorded with: OpenBLAS's kernels for Haswell and
+#: numpy's (>= 2.4) SIMD dispatch up to x86-64-v3 (AVX2), set before numpy loads
+RECORDED_CPU = {"OPENBLAS_CORETYPE": "Haswell", "NPY_ENABLE_CPU_FEATURES": "X86_V3"}
+#: the CPU flags (as Linux names them) both need: x86-64-v3
+X86_V3_FLAGS = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"})
+
+
+def _cpu_flags() -> set[str]:
+    """This CPU's flags from ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+def _cpu_mismatch() -> str | None:
+    """Pin :data:`RECORDED_CPU` if this session can; else say why it cannot."""
+    why = "the bit-for-bit fixtures were recorded with " + ", ".join(
+        f"{k}={v}" for k, v in RECORDED_CPU.items()
+    )
+    machine = platform.machine()
+    if machine.lower() not in ("x86_64", "amd64") or not X86_V3_FLAGS <= _cpu_flags():
+        return f"{why}, which this CPU ({machine}) cannot run"
+    numpy_version = tuple(int(p) for p in version("numpy").split(".")[:2])
+    if numpy_version < (2, 4):
+        return f"{why}; numpy {version('numpy')} names its CPU features differently"
+    for key, value in RECORDED_CPU.items():
+        if os.environ.setdefault(key, value) != value:
+            return f"{why}; {key} is set to {os.environ[key]!r}"
+    return None
+
+
+#: why this session cannot reproduce the recorded draws, or None if it can
+CPU_MISMATCH = _cpu_mismatch()
+#: numpy loaded before this file (by a pytest plugin): the pins came too late
+NUMPY_LOADED_EARLY = "numpy" in sys.modules
+
+
+@pytest.fixture
+def recorded_cpu() -> None:
+    """Skip a bit-for-bit comparison with recorded draws where this session's CPU kernels
+    (OpenBLAS's, numpy's SIMD) are not those they were recorded with (module docstring)."""
+    if CPU_MISMATCH is not None:
+        pytest.skip(CPU_MISMATCH)
+    if NUMPY_LOADED_EARLY:
+        pytest.fail(
+            "numpy was loaded before tests/conftest.py could pin the recorded CPU kernels "
+            "(by a pytest plugin? block it with -p no:NAME in pyproject's addopts)"
+        )

@@ -326,7 +326,7 @@ def _golden_module():
     return mod
 
 
-def test_control_variates_off_is_the_plain_sampler_bit_for_bit():
+def test_control_variates_off_is_the_plain_sampler_bit_for_bit(recorded_cpu: None) -> None:
     """control_variates=False reproduces, bit for bit, the draws and statistics recorded
     from the sampler before control variates existed (commit 9577f69, written by
     tests/data/make_austerity_golden.py): a fixed-start run and a default (MAP start,

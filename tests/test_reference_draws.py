@@ -50,7 +50,7 @@ Re-recording
 ------------
 ::
 
-    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 python tests/test_reference_draws.py --record
+    PYTHONPATH=$PWD python tests/test_reference_draws.py --record
 
 regenerates the file from :data:`CONFIGS` (it starts a LocalCluster for the
 cluster configurations). **Re-recording is allowed only with a documented
@@ -628,7 +628,11 @@ def _param(cfg: Config) -> Any:
 
 @pytest.mark.parametrize("cfg", [_param(c) for c in CONFIGS])
 def test_reference_draws(
-    cfg: Config, reference: dict[str, np.ndarray], tmp_path: Path, request: pytest.FixtureRequest
+    cfg: Config,
+    reference: dict[str, np.ndarray],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    recorded_cpu: None,
 ) -> None:
     """Rerun ``cfg``: its draws and statistics equal the recorded ones bit for bit."""
     X, y = make_data(cfg.model)
@@ -774,12 +778,13 @@ def record() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] != ["--record"]:
         sys.exit(f"usage: PYTHONPATH=$PWD python {sys.argv[0]} --record")
-    _one_thread = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    if any(os.environ.get(v) != "1" for v in _one_thread):
-        # as tests/conftest.py: one BLAS thread, set before numpy loads (so: start again)
-        os.execve(
-            sys.executable,
-            [sys.executable, *sys.argv],
-            {**os.environ, **dict.fromkeys(_one_thread, "1")},
-        )
+    # as tests/conftest.py: one BLAS thread and the recorded CPU kernels (OpenBLAS's,
+    # numpy's SIMD), set before numpy loads (so: start again)
+    _pinned = {
+        **dict.fromkeys(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"), "1"),
+        "OPENBLAS_CORETYPE": "Haswell",
+        "NPY_ENABLE_CPU_FEATURES": "X86_V3",
+    }
+    if any(os.environ.get(k) != v for k, v in _pinned.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_pinned})
     record()

@@ -3,7 +3,12 @@ variates), against which ``control_variates=False`` is checked bit for bit.
 
 Generated at commit 9577f69 (before control variates existed) with
 
-    PYTHONPATH=. OPENBLAS_NUM_THREADS=1 python tests/data/make_austerity_golden.py
+    PYTHONPATH=. OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell \
+        NPY_ENABLE_CPU_FEATURES=X86_V3 python tests/data/make_austerity_golden.py
+
+(the CPU kernels pinned as ``tests/conftest.py`` pins them for the comparison; the two
+variables are named here since they were found to matter, on an AVX-512 machine, after
+the recording, which ran on an AVX2 one).
 
 Re-running it on later code with ``control_variates=False`` must give the same file.
 """
