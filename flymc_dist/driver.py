@@ -557,6 +557,27 @@ class Driver:
         self.positions = new_positions
         return infos, np.where(moved, logp, logp_current), agg
 
+    def _step_fused(self) -> tuple[list[KernelInfo], list[float], Reply]:
+        """Replica mode, a kernel whose steps run whole on a compiled target
+        (:meth:`~flymc_dist.kernels.base.Kernel.fused_step`): the iteration's one round
+        trip, then each chain's step in one compiled call on its conditional. Returns as
+        :meth:`_step_interleaved`."""
+        agg = self._replica_update(self.positions)
+        targets = self.replica.fused_targets(self.bound)
+        new_positions = self.positions.copy()
+        infos: list[KernelInfo] = []
+        log_joint: list[float] = []
+        for c, target in enumerate(targets):
+            new, info, logp = self.kernel.fused_step(
+                self.rngs[c], self.positions[c], self.params[c], target
+            )
+            new_positions[c] = new
+            infos.append(info)
+            log_joint.append(logp)
+            agg.queries[c] += info.n_evals * target.n_rows
+        self.positions = new_positions
+        return infos, log_joint, agg
+
     def step(self, adapters: list[Any] | None = None) -> dict[str, np.ndarray]:
         """One iteration of every chain. Returns this iteration's stats, shape (C,)."""
         t_step = time.perf_counter()
@@ -566,6 +587,12 @@ class Driver:
         trips = self._trips
         if self.kernel.step_chains is not None:
             infos, log_joint, agg = self._step_chains()
+        elif (
+            self.replica is not None
+            and self.replica.fusable
+            and all(self.kernel.fuses(p) for p in self.params)
+        ):
+            infos, log_joint, agg = self._step_fused()
         else:
             infos, log_joint, agg = self._step_interleaved()
         round_trips = self._trips - trips

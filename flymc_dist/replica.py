@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from flymc_dist._numerics import in_sorted
-from flymc_dist.models.base import Model
+from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply
 from flymc_dist.shard.evaluate import bright_terms_many
 
@@ -36,6 +36,70 @@ class _Rows:
     def __init__(self, ids: np.ndarray, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
         self.ids, self.X, self.y, self.xi = ids, X, y, xi
         self.buf: np.ndarray | None = None
+
+
+class FusedTarget:
+    """One chain's FlyMC conditional given z, compiled: the target of a kernel's
+    :meth:`~flymc_dist.kernels.base.Kernel.fused_step` in replica mode.
+
+    ``log p(θ) + θᵀAθ + bᵀθ + c + Σ_bright log L~_n(θ)``: the prior, the collapsed
+    bound (given as ``S = A + Aᵀ``, ``b``, ``c``), and the chain's rows
+    ``buffer[r0:r1]`` of the replica (features, then the model's row constants), summed
+    in the replica's order.
+    """
+
+    __slots__ = ("buffer", "r0", "r1", "kind", "par", "S", "b", "c", "prior")
+
+    def __init__(
+        self,
+        buffer: np.ndarray,
+        r0: int,
+        r1: int,
+        kind: int,
+        par: np.ndarray,
+        S: np.ndarray,
+        b: np.ndarray,
+        c: float,
+        prior_kind: int,
+        prior_k: float,
+        prior_const: float,
+    ) -> None:
+        self.buffer, self.r0, self.r1, self.kind, self.par = buffer, r0, r1, kind, par
+        self.S, self.b, self.c = S, b, c
+        self.prior = (prior_kind, prior_k, prior_const)
+
+    @property
+    def n_rows(self) -> int:
+        """The chain's bright rows: the likelihood queries of one evaluation."""
+        return self.r1 - self.r0
+
+    def nuts(
+        self,
+        rng: np.random.Generator,
+        position: np.ndarray,
+        step_size: float,
+        inv_metric: np.ndarray,
+        momentum_factor: np.ndarray,
+        max_tree_depth: int,
+        divergence_threshold: float,
+    ) -> tuple[np.ndarray, bool, float, float, float, int, int, int, bool]:
+        """One NUTS transition on this target (:func:`flymc_dist._compiled_nuts.nuts_transition`):
+        ``(new position, moved, log target, energy, acceptance statistic, leapfrog steps,
+        evaluations, tree depth, divergent)``."""
+        from flymc_dist._compiled_nuts import nuts_transition
+
+        diag = inv_metric.ndim == 1
+        if diag:
+            inv_metric = inv_metric[None]
+            momentum_factor = momentum_factor[None]
+        out = np.empty(position.shape[0])
+        res = nuts_transition(
+            rng, np.ascontiguousarray(position, dtype=np.float64), float(step_size),
+            inv_metric, momentum_factor, diag, int(max_tree_depth),
+            float(divergence_threshold), self.buffer, self.r0, self.r1, self.kind, self.par,
+            self.S, self.b, self.c, *self.prior, out,
+        )  # fmt: skip
+        return (out, *res)
 
 
 class BrightReplica:
@@ -71,6 +135,14 @@ class BrightReplica:
         self._starts = np.zeros(self.chains + 1, dtype=np.int64)
         # the _Rows objects they were built from (held, so that an identity check is valid)
         self._buffers_of: tuple[_Rows, ...] = ()
+        # (the bound, its arrays and the prior's terms) of fused_targets
+        self._fused_bound: tuple | None = None
+
+    @property
+    def fusable(self) -> bool:
+        """Whether :meth:`fused_targets` gives compiled targets (the model has a compiled
+        form)."""
+        return self._compiled is not None
 
     def n_bright(self) -> np.ndarray:
         """Bright rows of each chain, shape (C,)."""
@@ -268,6 +340,37 @@ class BrightReplica:
                 P = points[c].shape[1]
                 out[c] = (np.zeros(0), np.zeros((0, P)) if grad[c] else None, 0)
         return out
+
+    def fused_targets(self, bound: BoundStats) -> list[FusedTarget]:
+        """Each chain's FlyMC conditional (its bright rows here, the collapsed ``bound``,
+        the prior) as a compiled target a kernel can run a whole step on
+        (:meth:`~flymc_dist.kernels.base.Kernel.fused_step`); only when :attr:`fusable`,
+        after the first :meth:`apply`."""
+        if self._compiled is None or self._buffer_all is None:
+            raise RuntimeError("no compiled targets: see BrightReplica.fusable")
+        _, kind, par = self._compiled
+        if self._fused_bound is None or self._fused_bound[0] is not bound:
+            from flymc_dist._compiled_nuts import PRIOR_KINDS  # numba: where it computes
+
+            prior_kind, k, const = self.model.prior_compiled_terms()
+            self._fused_bound = (
+                bound,
+                np.ascontiguousarray(bound.A + bound.A.T, dtype=np.float64),
+                np.ascontiguousarray(bound.b, dtype=np.float64),
+                float(bound.c),
+                PRIOR_KINDS[prior_kind],
+                k,
+                const,
+            )
+        _, S, b, c, prior_kind, k, const = self._fused_bound
+        buffer = self._buffer_all
+        starts = self._starts
+        return [
+            FusedTarget(
+                buffer, int(starts[i]), int(starts[i + 1]), kind, par, S, b, c, prior_kind, k, const
+            )  # fmt: skip
+            for i in range(self.chains)
+        ]
 
     def state(self) -> list[dict[str, Any]]:
         """Each chain's bright global row ids (tests)."""

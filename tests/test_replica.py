@@ -357,3 +357,89 @@ def test_compiled_replica_equals_numpy_reference(model_name):
             assert qa == qb
             if ga is not None or gb is not None:
                 np.testing.assert_allclose(ga, gb, rtol=1e-6, atol=1e-12)
+
+
+def _fused_case(model_name: str, prior: str, seed: int = 6):
+    """A replica of one chain's bright rows (tight points near a random θ̂), a collapsed
+    bound of them, and an evaluator of the same conditional for the generator kernel."""
+    from flymc_dist.kernels.base import EvalResponse
+    from flymc_dist.replica import BrightReplica
+
+    X, y = _data(model_name, n=300, seed=seed)
+    model = (fd.LogisticRegression if model_name == "logistic" else fd.RobustRegression)(
+        prior=prior
+    )
+    P = model.n_params(X.shape[1])
+    rng = np.random.default_rng(seed)
+    theta_hat = 0.5 * rng.standard_normal(P)
+    xi = model.tuned_xi(model.linear_predictor(theta_hat[None], X)[0], y)
+    bound = model.suffstats(X, y, xi)
+    ids = np.sort(rng.choice(300, 25, replace=False))
+    replica = BrightReplica(model, 1, [(0, 300)])
+    replica.set_rows(0, ids, X[ids], y[ids], xi[ids])
+
+    def evaluator(position):
+        def evaluate(request, first):
+            pts = np.concatenate([position[None], request.points])
+            val = model.log_prior(pts) + bound.value(pts)
+            grad = model.log_prior_grad(pts) + bound.grad(pts)
+            ((sums, grads, _),) = replica.evaluate([pts], [True])
+            val, grad = val + sums, grad + grads
+            return EvalResponse(val[0], grad[0], val[1:], grad[1:])
+
+        return evaluate
+
+    return replica, bound, evaluator, theta_hat, model
+
+
+@pytest.mark.parametrize("metric", ["dense", "diag"])
+@pytest.mark.parametrize(
+    "model_name,prior", [("logistic", "normal"), ("robust", "laplace"), ("logistic", "flat")]
+)
+def test_fused_nuts_is_the_generator_step(model_name, prior, metric):
+    """NUTS's compiled transition on the replica (:meth:`NUTS.fused_step`) against its
+    generator step evaluated on the same conditional, from the same random stream, over
+    150 steps along a chain: the same random numbers drawn, the same tree (leapfrog
+    steps, depth, divergence), the same new position and log target up to rounding
+    (sums in another order; rows at their tight point, where log L~ is ill-conditioned,
+    are among the bright ones, so values agree to 1e-7 relative or 1e-6 absolute, not to ulps).
+    Negative control: the compiled step on a target with another bound (its linear term
+    moved) must disagree."""
+    from flymc_dist.kernels.base import EvalRequest, run_step
+    from flymc_dist.kernels.hamiltonian import hamiltonian_params
+    from flymc_dist.kernels.nuts import NUTS
+
+    replica, bound, evaluator, position, model = _fused_case(model_name, prior)
+    P = position.size
+    cov = np.linalg.inv(-2.0 * bound.A + np.eye(P))
+    kernel = NUTS(metric=metric, max_tree_depth=6)
+    params = hamiltonian_params(0.15, cov if metric == "dense" else np.diag(cov))
+    assert kernel.fuses(params) and not kernel.fuses(params._replace(find_step_size=True))
+    target = replica.fused_targets(bound)[0]
+    wrong = replica.fused_targets(bound._replace(b=bound.b + 0.5))[0]
+    assert target.n_rows == 25
+    moved = differ = 0
+    for i in range(150):
+        rng_g, rng_f = np.random.default_rng(i), np.random.default_rng(i)
+        new_g, info_g = run_step(kernel.step(rng_g, position, params), evaluator(position))
+        new_f, info_f, logp_f = kernel.fused_step(rng_f, position, params, target)
+        # the same random numbers were drawn
+        assert rng_f.bit_generator.state == rng_g.bit_generator.state
+        np.testing.assert_allclose(new_f, new_g, rtol=1e-7, atol=1e-9)
+        assert (info_f.n_leapfrog, info_f.tree_depth, info_f.divergent, info_f.index) == (
+            info_g.n_leapfrog,
+            info_g.tree_depth,
+            info_g.divergent,
+            info_g.index,
+        )
+        assert info_f.n_evals == 1 + info_f.n_leapfrog
+        np.testing.assert_allclose(info_f.accept_prob, info_g.accept_prob, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(info_f.energy, info_g.energy, rtol=1e-9, atol=1e-6)
+        expected = evaluator(new_g)(EvalRequest(np.empty((0, P)), False, True), True).logp_current
+        np.testing.assert_allclose(logp_f, expected, rtol=1e-9, atol=1e-6)
+        new_w, _, _ = kernel.fused_step(np.random.default_rng(i), position, params, wrong)
+        differ += not np.allclose(new_w, new_g, rtol=1e-5, atol=1e-7)
+        moved += info_g.accepted
+        position = new_g
+    assert moved >= 100, moved
+    assert differ >= 100, differ

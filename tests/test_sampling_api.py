@@ -246,12 +246,14 @@ class CountingLogistic(fd.LogisticRegression):
 def count_compiled(monkeypatch):
     """Make ``model.evaluated`` also count the rows the compiled kernels evaluate: the
     shards' (one datum at one θ per row) and the driver replica's (every row of the
-    chain's buffer at each point); in-process runs only."""
-    from flymc_dist import _compiled
+    chain's buffer at each point, also in the compiled NUTS transition, which counts its
+    evaluations itself); in-process runs only."""
+    from flymc_dist import _compiled, _compiled_nuts
 
     def install(model: CountingLogistic) -> None:
         real = _compiled.eval_rows
         real_replica = _compiled.replica_eval
+        real_nuts = _compiled_nuts.nuts_transition
 
         def counting(XC, D, rows, *args):
             model.evaluated += int(rows.size)
@@ -261,8 +263,15 @@ def count_compiled(monkeypatch):
             model.evaluated += int(sum(starts[c + 1] - starts[c] for c in chain_of))
             return real_replica(XC, starts, D, chain_of, *args)
 
+        def counting_nuts(*args):
+            out = real_nuts(*args)
+            r0, r1 = args[9], args[10]
+            model.evaluated += (r1 - r0) * out[5]  # rows × the evaluations it counted
+            return out
+
         monkeypatch.setattr(_compiled, "eval_rows", counting)
         monkeypatch.setattr(_compiled, "replica_eval", counting_replica)
+        monkeypatch.setattr(_compiled_nuts, "nuts_transition", counting_nuts)
 
     return install
 

@@ -154,6 +154,25 @@ class Kernel:
         """A fresh warm-up adapter starting from ``params``."""
         raise NotImplementedError
 
+    def fuses(self, params: Any) -> bool:
+        """Whether the step with ``params`` can run whole on a fused target
+        (:meth:`fused_step`); False by default."""
+        return False
+
+    def fused_step(
+        self, rng: np.random.Generator, position: np.ndarray, params: Any, target: Any
+    ) -> tuple[np.ndarray, KernelInfo, float]:
+        """One transition run whole by ``target``, an evaluator that can run this kernel's
+        trajectory compiled (the driver's replica in FlyMC: ``target.nuts(...)``), with
+        the same random numbers in the same order as :meth:`step`.
+
+        Returns
+        -------
+        tuple
+            The new position, the step's info, and the log target at the new position.
+        """
+        raise NotImplementedError
+
 
 class Adapter(Protocol):
     """Warm-up adaptation, outside the kernel.

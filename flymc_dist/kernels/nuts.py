@@ -35,6 +35,11 @@ bright-row cache would have no derivatives to commit.
 ``info.accept_prob`` is Stan's acceptance statistic, the mean over every leapfrog point
 of the tree (discarded subtrees included) of ``min(1, exp(H₀ − H))``: the quantity dual
 averaging targets.
+
+:meth:`NUTS.fused_step` is the same transition run whole by a target that can (FlyMC's
+replica of the bright rows: :class:`flymc_dist.replica.FusedTarget`, compiled in
+:mod:`flymc_dist._compiled_nuts`): the same random numbers in the same order, the same
+tree, up to rounding — in one call instead of a generator round per leapfrog step.
 """
 
 from __future__ import annotations
@@ -270,6 +275,44 @@ class NUTS(HamiltonianKernel):
             f"NUTS(target_accept={self.target_accept}, max_tree_depth={self.max_tree_depth}, "
             f"metric={self.metric!r}, step_size={self.step_size})"
         )
+
+    def fuses(self, params: HamiltonianParams) -> bool:
+        """A step fuses unless it runs the step-size heuristic (warm-up only)."""
+        return not params.find_step_size
+
+    def fused_step(
+        self, rng: np.random.Generator, position: np.ndarray, params: HamiltonianParams, target
+    ) -> tuple[np.ndarray, HamiltonianInfo, float]:
+        """:meth:`step` run whole by ``target.nuts`` (see :meth:`.Kernel.fused_step`): the
+        same transition up to rounding, from the same random numbers. Evaluations (and
+        requests, all local): the current position and one per leapfrog step (no final
+        request: nothing commits from a cache)."""
+        new, moved, logp, energy, accept_prob, n_leapfrog, n_evals, depth, divergent = target.nuts(
+            rng,
+            position,
+            params.step_size,
+            params.inv_metric,
+            params.momentum_factor,
+            self.max_tree_depth,
+            self.divergence_threshold,
+        )
+        if not moved:
+            new = position
+        info = HamiltonianInfo(
+            accepted=bool(moved),
+            accept_prob=float(accept_prob),
+            index=0 if moved else -1,
+            n_evals=int(n_evals),
+            n_requests=int(n_evals),
+            position=new,
+            step_size=params.step_size,
+            step_size_found=False,
+            n_leapfrog=int(n_leapfrog),
+            tree_depth=int(depth),
+            divergent=bool(divergent),
+            energy=float(energy),
+        )
+        return new, info, float(logp)
 
     def step(
         self, rng: np.random.Generator, position: np.ndarray, params: HamiltonianParams

@@ -118,6 +118,11 @@ class Prior:
             d = 0.0
         return d * np.eye(int(n_params))
 
+    def compiled_terms(self) -> tuple[str, float, float]:
+        """``(kind, k, c)`` with the log density ``−k Σθ²/2 + P c`` (normal),
+        ``−k Σ|θ| + P c`` (Laplace) or 0 (flat): what compiled code evaluates."""
+        return self.kind, float(self._inv), float(self._lognorm)
+
     def to_dict(self) -> dict:
         """``{"prior": kind, "prior_scale": scale}``."""
         return {"prior": self.kind, "prior_scale": self.scale}
@@ -155,6 +160,10 @@ class PriorMixin:
     def prior_map_terms(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         """The log prior for the MAP search at theta (P,): see :meth:`Prior.map_terms`."""
         return self._prior.map_terms(theta)
+
+    def prior_compiled_terms(self) -> tuple[str, float, float]:
+        """The prior as compiled code evaluates it: see :meth:`Prior.compiled_terms`."""
+        return self._prior.compiled_terms()
 
     def prior_precision(self, n_params: int) -> np.ndarray:
         """(P, P) curvature of the negative log prior (see :meth:`Prior.precision`)."""

@@ -1,0 +1,303 @@
+"""A whole NUTS transition compiled (numba) on FlyMC's conditional over the replica.
+
+In replica mode (:mod:`flymc_dist.replica`) the θ-kernel runs on the driver, and with
+MAP-tuned bounds a chain has tens of bright rows: a leapfrog step is a few thousand
+flops, and the generator-based :class:`~flymc_dist.kernels.nuts.NUTS` spends most of
+its time in the interpreter (a request, a response and a phase point per leapfrog
+step). :func:`nuts_transition` is the same transition as one compiled call: the same
+algorithm (multinomial NUTS, Stan's three generalised U-turn checks per merge,
+divergences, biased progressive sampling at the top), drawing the same random numbers
+from the chain's own stream in the same order, on the target
+
+    log p(θ) + θᵀAθ + bᵀθ + c + Σ_bright log L~_n(θ)
+
+(prior, collapsed bound, the chain's bright rows in the replica's buffer, summed in
+the replica's order). Its results equal the generator's up to rounding (sums and
+mat-vecs in another order); a test steps both from the same stream.
+
+Why the target is written in here rather than passed as a function: see
+:mod:`flymc_dist._compiled` (a kernel receiving a jitted function is not cached across
+processes). The kernel side stays pure: :meth:`~flymc_dist.kernels.nuts.NUTS.fused_step`
+only asks its target for a NUTS transition with its own settings.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from flymc_dist._compiled import _JIT, _bright_and_slope
+
+#: prior kinds of :func:`nuts_transition`
+PRIOR_KINDS = {"flat": 0, "normal": 1, "laplace": 2}
+
+
+@numba.njit(**_JIT)
+def _target(
+    theta: np.ndarray,
+    grad: np.ndarray,
+    XC: np.ndarray,
+    r0: int,
+    r1: int,
+    kind: int,
+    par: np.ndarray,
+    S: np.ndarray,
+    b: np.ndarray,
+    c: float,
+    prior_kind: int,
+    prior_inv: float,
+    prior_const: float,
+) -> float:
+    """Log target at ``theta``, its gradient into ``grad``: bright rows ``XC[r0:r1]``
+    (features, then the row constants), the collapsed bound ``θᵀAθ + bᵀθ + c`` given by
+    ``S = A + Aᵀ``, ``b`` and ``c``, and the prior."""
+    P = theta.shape[0]
+    for d in range(P):
+        grad[d] = 0.0
+    bright = 0.0
+    for r in range(r0, r1):
+        eta = 0.0
+        for d in range(P):
+            eta += XC[r, d] * theta[d]
+        v, w = _bright_and_slope(kind, par, eta, XC[r, P], XC[r, P + 1], XC[r, P + 2])
+        bright += v
+        for d in range(P):
+            grad[d] += w * XC[r, d]
+    # the bound, with S = A + Aᵀ: θᵀAθ = ½ θᵀSθ, gradient Sθ + b
+    quad = 0.0
+    for i in range(P):
+        row = 0.0
+        for j in range(P):
+            row += S[i, j] * theta[j]
+        quad += (0.5 * row + b[i]) * theta[i]
+        grad[i] += row + b[i]
+    prior = 0.0
+    if prior_kind == 1:
+        for d in range(P):
+            prior += theta[d] * theta[d]
+            grad[d] -= prior_inv * theta[d]
+        prior *= -0.5 * prior_inv
+    elif prior_kind == 2:
+        for d in range(P):
+            prior += abs(theta[d])
+            if theta[d] > 0.0:
+                grad[d] -= prior_inv
+            elif theta[d] < 0.0:
+                grad[d] += prior_inv
+        prior *= -prior_inv
+    return prior + P * prior_const + quad + c + bright
+
+
+@numba.njit(inline="always", **_JIT)
+def _product(M: np.ndarray, x: np.ndarray, diag: bool) -> np.ndarray:
+    """``M x`` for a dense ``M``, or ``M[0] * x`` for a diagonal one stored as a row."""
+    P = x.shape[0]
+    out = np.empty(P)
+    if diag:
+        for i in range(P):
+            out[i] = M[0, i] * x[i]
+    else:
+        for i in range(P):
+            s = 0.0
+            for j in range(P):
+                s += M[i, j] * x[j]
+            out[i] = s
+    return out
+
+
+@numba.njit(inline="always", **_JIT)
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    s = 0.0
+    for i in range(a.shape[0]):
+        s += a[i] * b[i]
+    return s
+
+
+@numba.njit(inline="always", **_JIT)
+def _log_add_exp(a: float, b: float) -> float:
+    if a < b:
+        a, b = b, a
+    if b == -math.inf:
+        return a
+    return a + math.log1p(math.exp(b - a))
+
+
+@numba.njit(**_JIT)
+def _leapfrog(state, eps, inv, diag, stats, XC, r0, r1, kind, par, S, b, c, pk, pinv, pconst):
+    """One leapfrog step from the phase point ``state`` = (θ, p, M⁻¹p, ∇, log p, H); one
+    evaluation of the target, counted in ``stats[3]``."""
+    theta, momentum, _, grad, _, _ = state
+    half = 0.5 * eps
+    p = grad * half
+    p += momentum
+    x = _product(inv, p, diag)
+    x *= eps
+    x += theta
+    g = np.empty(x.shape[0])
+    stats[3] += 1.0
+    logp = _target(x, g, XC, r0, r1, kind, par, S, b, c, pk, pinv, pconst)
+    if not -math.inf < logp < math.inf:
+        if logp == -math.inf:
+            return (x, p, p, g, logp, math.inf)
+        raise FloatingPointError("log density is NaN or +inf at a leapfrog point")
+    p += half * g
+    v = _product(inv, p, diag)
+    energy = 0.5 * _dot(p, v) - logp
+    if not energy < math.inf:
+        for d in range(g.shape[0]):
+            if math.isnan(g[d]):
+                raise FloatingPointError("gradient is NaN at a leapfrog point of positive density")
+        energy = math.inf
+    return (x, p, v, g, logp, energy)
+
+
+@numba.njit(inline="always", **_JIT)
+def _merged_rho(outer_a, inner_a, rho_a, inner_b, outer_b, rho_b, single):
+    """Stan's three U-turn checks of two adjacent trajectories merged (the two across the
+    junction skipped when both halves are single points): ``(ok, ρ)``."""
+    rho = rho_a + rho_b
+    if not (_dot(outer_a[2], rho) > 0.0 and _dot(outer_b[2], rho) > 0.0):
+        return False, rho
+    if not single:
+        ext = rho_a + inner_b[1]
+        if not (_dot(outer_a[2], ext) > 0.0 and _dot(inner_b[2], ext) > 0.0):
+            return False, rho
+        ext = rho_b + inner_a[1]
+        if not (_dot(inner_a[2], ext) > 0.0 and _dot(outer_b[2], ext) > 0.0):
+            return False, rho
+    return True, rho
+
+
+@numba.njit(**_JIT)
+def _build(
+    rng, start, depth, eps, h0, threshold, stats, inv, diag,
+    XC, r0, r1, kind, par, S, b, c, pk, pinv, pconst,
+):  # fmt: skip
+    """A subtree of ``2^depth`` leapfrog steps from ``start``:
+    ``(valid, first, last, proposal, log weight, ρ)``. ``stats`` accumulates the
+    leapfrog steps, the acceptance statistic and whether a leaf diverged."""
+    if depth == 0:
+        new = _leapfrog(
+            start, eps, inv, diag, stats, XC, r0, r1, kind, par, S, b, c, pk, pinv, pconst
+        )
+        stats[0] += 1.0
+        log_weight = h0 - new[5]
+        stats[1] += 1.0 if log_weight >= 0.0 else math.exp(log_weight)
+        if not -log_weight <= threshold:
+            stats[2] = 1.0
+            return False, new, new, new, log_weight, new[1]
+        return True, new, new, new, log_weight, new[1]
+    ok, i_first, i_last, i_prop, i_lw, i_rho = _build(
+        rng, start, depth - 1, eps, h0, threshold, stats, inv, diag,
+        XC, r0, r1, kind, par, S, b, c, pk, pinv, pconst,
+    )  # fmt: skip
+    if not ok:
+        return False, i_first, i_last, i_prop, i_lw, i_rho
+    ok, f_first, f_last, f_prop, f_lw, f_rho = _build(
+        rng, i_last, depth - 1, eps, h0, threshold, stats, inv, diag,
+        XC, r0, r1, kind, par, S, b, c, pk, pinv, pconst,
+    )  # fmt: skip
+    if not ok:
+        return False, f_first, f_last, f_prop, f_lw, f_rho
+    log_weight = _log_add_exp(i_lw, f_lw)
+    # uniform progressive sampling: the final half with probability w_final / w_subtree
+    delta = f_lw - log_weight
+    proposal = f_prop if delta >= 0.0 or rng.random() < math.exp(delta) else i_prop
+    ok, rho = _merged_rho(i_first, i_last, i_rho, f_first, f_last, f_rho, depth == 1)
+    return ok, i_first, f_last, proposal, log_weight, rho
+
+
+@numba.njit(**_JIT)
+def nuts_transition(
+    rng: np.random.Generator,
+    theta0: np.ndarray,
+    eps: float,
+    inv: np.ndarray,
+    factor: np.ndarray,
+    diag: bool,
+    max_depth: int,
+    threshold: float,
+    XC: np.ndarray,
+    r0: int,
+    r1: int,
+    kind: int,
+    par: np.ndarray,
+    S: np.ndarray,
+    b: np.ndarray,
+    c: float,
+    prior_kind: int,
+    prior_inv: float,
+    prior_const: float,
+    out: np.ndarray,
+) -> tuple[bool, float, float, float, int, int, int, bool]:
+    """One NUTS transition from ``theta0``, as
+    :meth:`~flymc_dist.kernels.nuts.NUTS.step` makes it (same random numbers, same
+    order), on the target of :func:`_target`.
+
+    ``inv`` and ``factor`` are the inverse metric and the momentum factor, ``(P, P)``,
+    or ``(1, P)`` with ``diag``. The new position is written into ``out``.
+
+    Returns
+    -------
+    moved, log_target, energy, accept_prob, n_leapfrog, n_evals, tree_depth, divergent
+        At the new position; ``accept_prob`` is Stan's acceptance statistic, ``n_evals``
+        the evaluations of the target (the current position's and one per leapfrog step).
+    """
+    P = theta0.shape[0]
+    g0 = np.empty(P)
+    logp0 = _target(theta0, g0, XC, r0, r1, kind, par, S, b, c, prior_kind, prior_inv, prior_const)
+    if not -math.inf < logp0 < math.inf:
+        raise FloatingPointError("log density at the current position is not finite")
+    for d in range(P):
+        if not math.isfinite(g0[d]):
+            raise FloatingPointError("gradient at the current position is not finite")
+    momentum = _product(factor, rng.standard_normal(P), diag)
+    v0 = _product(inv, momentum, diag)
+    z0 = (theta0, momentum, v0, g0, logp0, 0.5 * _dot(momentum, v0) - logp0)
+    h0 = z0[5]
+    left = z0
+    right = z0
+    sample = z0
+    moved = False
+    rho = momentum
+    log_weight = 0.0
+    depth = 0
+    stats = np.zeros(4)  # leapfrog steps, Σ acceptance statistic, divergent, evaluations
+    stats[3] = 1.0  # at theta0
+    while depth < max_depth:
+        forward = rng.random() > 0.5
+        ok, first, last, proposal, tree_lw, tree_rho = _build(
+            rng, right if forward else left, depth, eps if forward else -eps, h0, threshold,
+            stats, inv, diag, XC, r0, r1, kind, par, S, b, c, prior_kind, prior_inv,
+            prior_const,
+        )  # fmt: skip
+        if not ok:
+            break
+        # biased progressive sampling: the new subtree w.p. min(1, w_new / w_old)
+        delta = tree_lw - log_weight
+        if delta >= 0.0 or rng.random() < math.exp(delta):
+            sample = proposal
+            moved = True
+        log_weight = _log_add_exp(log_weight, tree_lw)
+        if forward:
+            ok, rho = _merged_rho(left, right, rho, first, last, tree_rho, depth == 0)
+            right = last
+        else:
+            ok, rho = _merged_rho(right, left, rho, first, last, tree_rho, depth == 0)
+            left = last
+        depth += 1
+        if not ok:
+            break
+    out[:] = sample[0]
+    return (
+        moved,
+        sample[4],
+        sample[5],
+        stats[1] / stats[0],
+        int(stats[0]),
+        int(stats[3]),
+        depth,
+        stats[2] > 0.0,
+    )
