@@ -117,6 +117,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 
 @numba.njit(inline="always", **_JIT)
 def _log_add_exp(a: float, b: float) -> float:
+    """:func:`flymc_dist.kernels.hamiltonian.log_add_exp`, compiled."""
     if a < b:
         a, b = b, a
     if b == -math.inf:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -281,7 +281,11 @@ class NUTS(HamiltonianKernel):
         return not params.find_step_size
 
     def fused_step(
-        self, rng: np.random.Generator, position: np.ndarray, params: HamiltonianParams, target
+        self,
+        rng: np.random.Generator,
+        position: np.ndarray,
+        params: HamiltonianParams,
+        target: Any,
     ) -> tuple[np.ndarray, HamiltonianInfo, float]:
         """:meth:`step` run whole by ``target.nuts`` (see :meth:`.Kernel.fused_step`): the
         same transition up to rounding, from the same random numbers. Evaluations (and
