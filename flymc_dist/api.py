@@ -24,7 +24,7 @@ from flymc_dist.driver import (
     check_bright_replica,
     check_speculate,
 )
-from flymc_dist.kernels import get_kernel
+from flymc_dist.kernels import get_kernel, kernel_options
 from flymc_dist.kernels.base import Kernel
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
@@ -279,7 +279,12 @@ def sample(
         )
     if mem is not None:
         model.validate_targets(np.concatenate([v[1] for v in mem.values()]))
-    kern = get_kernel(kernel, **options.get("kernel_options", {}))
+    kernel_opts = dict(options.get("kernel_options", {}))
+    if algorithm == "flymc" and "metric_from" in kernel_options(kernel):
+        # the θ-step samples θ given z: estimate the metric of that conditional, not of
+        # the posterior (see WindowAdaptation)
+        kernel_opts.setdefault("metric_from", "differences")
+    kern = get_kernel(kernel, **kernel_opts)
     if algorithm == "austerity":
         return sample_austerity(
             model,

@@ -212,6 +212,7 @@ def run(
     info.update(sampler.run_info(stats))
     info["recoveries"] = list(sampler.transport.recoveries)
     info["kernel_params"] = [params_to_json(p) for p in sampler.params]
+    info["kernel_repr"] = repr(sampler.kernel)  # with the options it ran with
     return Result(
         samples.reshape((C, num_samples) + shape),
         stats,

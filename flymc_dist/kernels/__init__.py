@@ -55,6 +55,7 @@ __all__ = [
     "WindowAdaptation",
     "build_schedule",
     "get_kernel",
+    "kernel_options",
     "run_step",
 ]
 
@@ -66,6 +67,14 @@ KERNELS: dict[str, type] = {
     "hmc": HMC,
     "nuts": NUTS,
 }
+
+
+def kernel_options(name: str) -> list[str]:
+    """The constructor options of the kernel called ``name`` (empty for an unknown name)."""
+    cls = KERNELS.get(name.strip().lower()) if isinstance(name, str) else None
+    if cls is None:
+        return []
+    return [p for p in inspect.signature(cls).parameters if p != "self"]
 
 
 def get_kernel(name: str, **options: Any) -> Kernel:
@@ -97,7 +106,7 @@ def get_kernel(name: str, **options: Any) -> Kernel:
     if not isinstance(name, str) or name.strip().lower() not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; choose one of {sorted(KERNELS)}")
     cls = KERNELS[name.strip().lower()]
-    accepted = [p for p in inspect.signature(cls).parameters if p != "self"]
+    accepted = kernel_options(name)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise TypeError(

@@ -54,6 +54,7 @@ import numpy as np
 from flymc_dist.kernels.base import Kernel, KernelInfo
 from flymc_dist.kernels.hamiltonian import (
     HamiltonianParams,
+    check_metric_from,
     hamiltonian_params,
     initial_hamiltonian_params,
 )
@@ -76,6 +77,7 @@ MIN_WARMUP_FOR_METRIC = 20
 #: the settle restart needs a terminal phase this long (dual averaging first needs about
 #: ten steps to come back from its deliberate overshoot after a restart)
 MIN_SETTLE_PHASE = 40
+_SQRT_HALF = math.sqrt(0.5)
 
 
 def build_schedule(
@@ -226,6 +228,16 @@ class WindowAdaptation:
     adapt_metric
         Estimate the metric in the slow windows (default True). False: the metric stays
         ``params``'s and the whole warm-up adapts the step size (as below 20 steps).
+    metric_from
+        What a slow window estimates the inverse metric from: ``"draws"`` (default, as
+        Stan: their covariance, the target's) or ``"differences"``: half the covariance
+        of successive draws, ``Cov(x_t − x_{t−1}) / 2``. The latter is for a kernel that
+        is one block of a Gibbs sampler — it samples a conditional ``p(x | z)`` that can be
+        much narrower than the marginal its draws follow. For a two-block Gibbs sampler
+        of a Gaussian, with exact conditional draws, ``Cov(x_t − x_{t−1}) = 2 E[Cov(x | z)]``
+        exactly (stationary chain): the estimate is the mean conditional covariance, the
+        shape each step actually samples, whatever the coupling. (For a sampler of the
+        target itself it is not a covariance of anything useful: use ``"draws"``.)
     """
 
     def __init__(
@@ -241,7 +253,10 @@ class WindowAdaptation:
         settle: float = 0.3,
         settle_gamma: float = 0.3,
         adapt_metric: bool = True,
+        metric_from: str = "draws",
     ) -> None:
+        self.metric_from = check_metric_from(metric_from)
+        self._last: np.ndarray | None = None
         self.windows = (
             build_schedule(num_warmup, initial_buffer, first_window, final_buffer)
             if adapt_metric
@@ -285,6 +300,10 @@ class WindowAdaptation:
             x = self._da.final()
             self._da = DualAveraging(x, self.target, mu=math.log(x), gamma=self.settle_gamma)
         eps = self._da.update(min(1.0, float(info.accept_prob)))
+        # the previous warm-up draw (metric from differences)
+        last = self._last
+        pos = getattr(info, "position", None)
+        self._last = None if pos is None else np.array(pos, dtype=np.float64)
         search = self.find_step_size and i == 0
         params = self._params
         if self._window < len(self.windows):
@@ -298,7 +317,11 @@ class WindowAdaptation:
                     )
                 if self._welford is None:
                     self._welford = Welford(position.shape[0], params.inv_metric.ndim == 2)
-                self._welford.add(np.asarray(position, dtype=np.float64))
+                x = np.asarray(position, dtype=np.float64)
+                if self.metric_from == "draws":
+                    self._welford.add(x)
+                elif last is not None:
+                    self._welford.add((x - last) * _SQRT_HALF)
             if i == stop - 1:
                 n = self._welford.count
                 inv = regularised_covariance(self._welford.covariance(), n, params.inv_metric)
@@ -346,6 +369,7 @@ class HamiltonianKernel(Kernel):
     target_accept: float
     find_step_size: bool
     adapt_metric: bool
+    metric_from: str
     dark_proposals_per_bright = 4.0
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> HamiltonianParams:
@@ -362,4 +386,5 @@ class HamiltonianKernel(Kernel):
             self.target_accept,
             find_step_size=self.find_step_size,
             adapt_metric=self.adapt_metric,
+            metric_from=self.metric_from,
         )

@@ -37,6 +37,7 @@ __all__ = [
     "Phase",
     "accept_statistic",
     "check_adapt_metric",
+    "check_metric_from",
     "check_metric",
     "find_reasonable_step_size",
     "hamiltonian_params",
@@ -151,6 +152,18 @@ def check_adapt_metric(adapt_metric: Any) -> bool:
     if isinstance(adapt_metric, bool | np.bool_):
         return bool(adapt_metric)
     raise ValueError(f"adapt_metric must be True or False, got {adapt_metric!r}")
+
+
+#: what warm-up estimates the metric from (``metric_from`` of HMC and NUTS)
+METRIC_SOURCES = ("draws", "differences")
+
+
+def check_metric_from(metric_from: Any) -> str:
+    """``metric_from`` as ``"draws"`` or ``"differences"``, else ValueError naming the
+    argument."""
+    if not isinstance(metric_from, str) or metric_from.strip().lower() not in METRIC_SOURCES:
+        raise ValueError(f"metric_from must be 'draws' or 'differences', got {metric_from!r}")
+    return metric_from.strip().lower()
 
 
 def hamiltonian_params(

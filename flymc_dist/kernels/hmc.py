@@ -38,6 +38,7 @@ from flymc_dist.kernels.hamiltonian import (
     begin_step,
     check_adapt_metric,
     check_metric,
+    check_metric_from,
     leapfrog,
     start_phase,
 )
@@ -74,6 +75,8 @@ class HMC(HamiltonianKernel):
         FlyMC the draws' covariance is the posterior's, while each step samples θ given
         z, which can be much narrower: ``precondition="bound"`` with ``False`` keeps that
         conditional's own Gaussian (see :func:`flymc_dist.sample`).
+    metric_from
+        ``"draws"`` (default) or ``"differences"``; see :class:`~flymc_dist.kernels.nuts.NUTS`.
 
     Notes
     -----
@@ -98,6 +101,7 @@ class HMC(HamiltonianKernel):
         find_step_size: bool = True,
         divergence_threshold: float = DIVERGENCE_THRESHOLD,
         adapt_metric: bool = True,
+        metric_from: str = "draws",
     ) -> None:
         self.target_accept = check_probability("target_accept", target_accept)
         self.trajectory_length = check_positive("trajectory_length", trajectory_length)
@@ -122,12 +126,14 @@ class HMC(HamiltonianKernel):
         self.find_step_size = bool(find_step_size)
         self.divergence_threshold = check_positive("divergence_threshold", divergence_threshold)
         self.adapt_metric = check_adapt_metric(adapt_metric)
+        self.metric_from = check_metric_from(metric_from)
 
     def __repr__(self) -> str:
         return (
             f"HMC(target_accept={self.target_accept}, "
             f"trajectory_length={self.trajectory_length}, metric={self.metric!r}, "
-            f"step_size={self.step_size}, jitter={self.jitter})"
+            f"step_size={self.step_size}, jitter={self.jitter}, "
+            f"metric_from={self.metric_from!r})"
         )
 
     def n_steps(self, step_size: float) -> int:

@@ -60,6 +60,7 @@ from flymc_dist.kernels.hamiltonian import (
     begin_step,
     check_adapt_metric,
     check_metric,
+    check_metric_from,
     leapfrog,
     log_add_exp,
     start_phase,
@@ -230,6 +231,12 @@ class NUTS(HamiltonianKernel):
         FlyMC the draws' covariance is the posterior's, while each step samples θ given
         z, which can be much narrower: ``precondition="bound"`` with ``False`` keeps that
         conditional's own Gaussian (see :func:`flymc_dist.sample`).
+    metric_from
+        What the slow windows estimate the metric from: ``"draws"`` (default: their
+        covariance, as Stan) or ``"differences"`` (half the covariance of successive
+        draws: the mean covariance of the conditional a Gibbs block samples; see
+        :class:`~flymc_dist.kernels.adaptation.WindowAdaptation`). FlyMC passes
+        ``"differences"`` unless told otherwise: its θ-step samples θ given z.
 
     Notes
     -----
@@ -251,6 +258,7 @@ class NUTS(HamiltonianKernel):
         find_step_size: bool = True,
         divergence_threshold: float = DIVERGENCE_THRESHOLD,
         adapt_metric: bool = True,
+        metric_from: str = "draws",
     ) -> None:
         self.target_accept = check_probability("target_accept", target_accept)
         if (
@@ -269,11 +277,13 @@ class NUTS(HamiltonianKernel):
         self.find_step_size = bool(find_step_size)
         self.divergence_threshold = check_positive("divergence_threshold", divergence_threshold)
         self.adapt_metric = check_adapt_metric(adapt_metric)
+        self.metric_from = check_metric_from(metric_from)
 
     def __repr__(self) -> str:
         return (
             f"NUTS(target_accept={self.target_accept}, max_tree_depth={self.max_tree_depth}, "
-            f"metric={self.metric!r}, step_size={self.step_size})"
+            f"metric={self.metric!r}, step_size={self.step_size}, "
+            f"metric_from={self.metric_from!r})"
         )
 
     def fuses(self, params: HamiltonianParams) -> bool:
