@@ -33,9 +33,16 @@ class _Rows:
 
     __slots__ = ("ids", "X", "y", "xi", "buf")
 
-    def __init__(self, ids: np.ndarray, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
+    def __init__(
+        self,
+        ids: np.ndarray,
+        X: np.ndarray,
+        y: np.ndarray,
+        xi: np.ndarray,
+        buf: np.ndarray | None = None,
+    ) -> None:
         self.ids, self.X, self.y, self.xi = ids, X, y, xi
-        self.buf: np.ndarray | None = None
+        self.buf = buf
 
 
 class FusedTarget:
@@ -187,17 +194,26 @@ class BrightReplica:
                     keep &= (cur.ids < start) | (cur.ids >= stop)
                 if drop:
                     keep &= ~in_sorted(cur.ids, np.sort(np.concatenate(drop)))
-                cur = _Rows(cur.ids[keep], cur.X[keep], cur.y[keep], cur.xi[keep])
+                buf = None if cur.buf is None else cur.buf[keep]
+                cur = _Rows(cur.ids[keep], cur.X[keep], cur.y[keep], cur.xi[keep], buf)
             if add or cur is None:
                 parts = ([] if cur is None else [(cur.ids, cur.X, cur.y, cur.xi)]) + add
                 if parts:
                     ids = np.concatenate([p[0] for p in parts])
                     order = np.argsort(ids, kind="stable")
+                    # the compiled kernel's buffer: the kept rows' as they are, the row
+                    # constants computed for the new rows only
+                    buf = None
+                    if self._compiled is not None and (cur is None or cur.buf is not None):
+                        bufs = [] if cur is None else [cur.buf]
+                        bufs += [self._row_buffer(a[1], a[2], a[3]) for a in add]
+                        buf = np.concatenate(bufs)[order]
                     cur = _Rows(
                         ids[order],
                         np.concatenate([p[1] for p in parts])[order],
                         np.concatenate([p[2] for p in parts])[order],
                         np.concatenate([p[3] for p in parts])[order],
+                        buf,
                     )
                 else:
                     r0 = replies[0]
@@ -236,14 +252,20 @@ class BrightReplica:
 
     def _buffer(self, rows: _Rows) -> np.ndarray:
         """One chain's rows as the compiled kernel reads them: features, then the model's
-        row constants (built once per set of rows)."""
+        row constants (built once per set of rows; :meth:`apply` carries them over)."""
         if rows.buf is None:
-            D = rows.X.shape[1]
-            consts = self.model.row_constants(rows.y, rows.xi)
-            rows.buf = np.empty((rows.ids.size, D + consts.shape[1]))
-            rows.buf[:, :D] = rows.X
-            rows.buf[:, D:] = consts
+            rows.buf = self._row_buffer(rows.X, rows.y, rows.xi)
         return rows.buf
+
+    def _row_buffer(self, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> np.ndarray:
+        """Rows ``(X, y, xi)`` as the compiled kernel reads them: the features, then the
+        model's row constants (a function of each row's target and tight point alone)."""
+        D = X.shape[1]
+        consts = self.model.row_constants(y, xi)
+        buf = np.empty((X.shape[0], D + consts.shape[1]))
+        buf[:, :D] = X
+        buf[:, D:] = consts
+        return buf
 
     def evaluate(
         self, points: list[np.ndarray | None], grad: list[bool]
