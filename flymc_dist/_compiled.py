@@ -81,14 +81,11 @@ def _bright_and_slope(
     ``(ℓ' − β') / (1 − e^−δ)`` (0 where the bound is tight, δ = 0)."""
     if kind == LOGISTIC:  # c = (t, a, c); s = t eta
         s = eta * c0
-        delta = min(s, 0.0) - math.log1p(math.exp(-abs(s)))
+        e = math.exp(-abs(s))  # shared by log σ(s) and σ(−s)
+        delta = min(s, 0.0) - math.log1p(e)
         beta = c1 * s * s + 0.5 * s + c2
         # dℓ/dη = t σ(−s); dβ/dη = t (2 a s + 1/2)
-        if s >= 0.0:
-            e = math.exp(-s)
-            sig_neg = e / (1.0 + e)
-        else:
-            sig_neg = 1.0 / (1.0 + math.exp(s))
+        sig_neg = e / (1.0 + e) if s >= 0.0 else 1.0 / (1.0 + e)
         dl = c0 * sig_neg
         db = c0 * (2.0 * c1 * s + 0.5)
     else:  # ROBUST: c = (y, a, c); r = y − η; par = (h, const, 1/(ν σ²), log 1/(ν σ²))
@@ -106,7 +103,8 @@ def _bright_and_slope(
     d = max(delta - beta, 0.0)
     if d <= 0.0:
         return -math.inf, 0.0
-    return d + math.log(-math.expm1(-d)), (dl - db) / -math.expm1(-d)
+    p = -math.expm1(-d)  # p(z = 1 | θ) = 1 − e^−δ, shared by the value and the slope
+    return d + math.log(p), (dl - db) / p
 
 
 @numba.njit(**_JIT)
