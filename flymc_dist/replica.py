@@ -167,12 +167,20 @@ class BrightReplica:
 
     def apply(self, replies: list[ReplicaReply]) -> None:
         """Apply one round's replies (one per shard, in global shard order)."""
+        # the compiled kernel's rows of every chain's new rows, one call per reply (the row
+        # constants are a function of each row's target and tight point alone)
+        new_bufs = [
+            self._row_buffer(r.new_X, r.new_y, r.new_xi)
+            if self._compiled is not None and r.new_ids.size
+            else None
+            for r in replies
+        ]
         for c in range(self.chains):
             cur = self._rows[c]
             drop: list[np.ndarray] = []
-            add: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+            add: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]] = []
             ranges: list[tuple[int, int]] = []
-            for (start, stop), r in zip(self.shard_ranges, replies, strict=True):
+            for (start, stop), r, nb in zip(self.shard_ranges, replies, new_bufs, strict=True):
                 if r.full[c]:
                     ranges.append((start, stop))
                 g0, g1 = r.gone_seg[c], r.gone_seg[c + 1]
@@ -186,6 +194,7 @@ class BrightReplica:
                             r.new_X[n0:n1],
                             r.new_y[n0:n1],
                             r.new_xi[n0:n1],
+                            None if nb is None else nb[n0:n1],
                         )
                     )
             if cur is not None and (drop or ranges):
@@ -201,12 +210,12 @@ class BrightReplica:
                 if parts:
                     ids = np.concatenate([p[0] for p in parts])
                     order = np.argsort(ids, kind="stable")
-                    # the compiled kernel's buffer: the kept rows' as they are, the row
-                    # constants computed for the new rows only
+                    # the compiled kernel's buffer: the kept rows' as they are, the new
+                    # rows' from new_bufs
                     buf = None
                     if self._compiled is not None and (cur is None or cur.buf is not None):
                         bufs = [] if cur is None else [cur.buf]
-                        bufs += [self._row_buffer(a[1], a[2], a[3]) for a in add]
+                        bufs += [a[4] for a in add]
                         buf = np.concatenate(bufs)[order]
                     cur = _Rows(
                         ids[order],
