@@ -239,7 +239,11 @@ def sample(
         ``kernel_options={"adapt_metric": False}`` it took 2.5 times fewer queries per
         effective draw on MNIST, but a ridge the data leave to the prior (QM9's
         duplicated columns) needs the adapted metric; "identity"; or a covariance), ``map_maxiter``,
-        ``kernel_options`` (dict), ``trace`` (zarr path or fsspec URL),
+        ``kernel_options`` (dict of the kernel's options; under FlyMC, HMC and NUTS
+        default to ``metric_from="differences"``: warm-up estimates the metric of θ given
+        z, the conditional each θ-step samples, from successive draws — see
+        :class:`~flymc_dist.kernels.adaptation.WindowAdaptation`; ``"draws"`` estimates
+        the posterior's, as Stan and regular MCMC do), ``trace`` (zarr path or fsspec URL),
         ``trace_storage_options`` (fsspec options of a ``trace`` URL, e.g.
         ``{"endpoint_url": …, "key": …, "secret": …}``; default: the data set's
         ``storage_options`` when the trace URL has the same protocol as the data set's,
