@@ -794,6 +794,19 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert d["setup"]["precondition"] == "bound" and d["setup"]["adapt_metric"] is False
     code, _, err = run_cli(["bench", "mixing", "--precondition", "diag"], capsys)
     assert code == 2 and "precondition" in err
+    # NUTS's depth limit reaches both runs; other kernels have none
+    code, out, err = run_cli(
+        [*small, "--regular-warmup", 0, "--regular-samples", 5, "--max-tree-depth", 3], capsys
+    )
+    assert code == 0, err
+    assert "max tree depth 3" in out
+    d = json.loads(out_json.read_text())
+    assert d["setup"]["max_tree_depth"] == 3
+    assert all("max_tree_depth=3" in d[run]["kernel"] for run in ("flymc", "regular"))
+    assert "metric_from='differences'" in d["flymc"]["kernel"]
+    assert "metric_from='draws'" in d["regular"]["kernel"]
+    code, _, err = run_cli([*small, "--kernel", "rwmh", "--max-tree-depth", 3], capsys)
+    assert code == 2 and "max_tree_depth" in err
 
 
 def test_bench_mixing_reuses_its_store(tmp_path: Path) -> None:
