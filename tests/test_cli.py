@@ -805,6 +805,9 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert all("max_tree_depth=3" in d[run]["kernel"] for run in ("flymc", "regular"))
     assert "metric_from='differences'" in d["flymc"]["kernel"]
     assert "metric_from='draws'" in d["regular"]["kernel"]
+    code, out, err = run_cli([*small, "--no-regular", "--q-db", 0.05], capsys)
+    assert code == 0, err
+    assert "FlyMC q_db 0.05" in out and json.loads(out_json.read_text())["setup"]["q_db"] == 0.05
     code, _, err = run_cli([*small, "--kernel", "rwmh", "--max-tree-depth", 3], capsys)
     assert code == 2 and "max_tree_depth" in err
 

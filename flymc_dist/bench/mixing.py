@@ -105,6 +105,7 @@ def _figures(res: Any, wall: float) -> dict[str, Any]:
         "bright_replica": bool(res.info.get("bright_replica", False)),
         "n_rows": int(res.info["n_rows"]),
         "kernel": res.info["kernel_repr"],
+        "q_db": res.info.get("q_db"),
     }
 
 
@@ -126,6 +127,7 @@ def run_mixing(
     precondition: str = "laplace",
     adapt_metric: bool = True,
     max_tree_depth: int | None = None,
+    q_db: float | None = None,
     numpyro: bool = False,
     numpyro_warmup: int = 300,
     numpyro_samples: int = 300,
@@ -172,6 +174,10 @@ def run_mixing(
         is one block of a Gibbs sampler whose coupling to z limits its mixing: on
         MNIST 7 vs 9, 3 gave the same effective draws per iteration as 10 for 0.6 times
         the likelihood queries.
+    q_db
+        FlyMC's dark→bright proposal probability (default: ``"auto"``). On ``qm9`` one
+        weight is decided by one row, which "auto" proposes once in ~4,000 iterations:
+        0.01 is what converges it (see :func:`flymc_dist.sample`).
     numpyro
         Also run the same posterior in NumPyro's NUTS on the full data, in this process,
         after the others (needs the ``numpyro`` extra; see
@@ -193,6 +199,8 @@ def run_mixing(
             raise ValueError(f"numpyro=True compares NUTS with NUTS, not with {kernel!r}")
         import_numpyro()
     fly_options: dict[str, Any] = {"precondition": precondition}
+    if q_db is not None:
+        fly_options["q_db"] = float(q_db)
     shared_kernel: dict[str, Any] = {}  # kernel options of both runs
     if max_tree_depth is not None:
         if kernel != "nuts":
@@ -226,6 +234,7 @@ def run_mixing(
                 "precondition": precondition,
                 "adapt_metric": bool(adapt_metric),
                 "max_tree_depth": max_tree_depth,
+                "q_db": q_db,
                 "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             }
         }
@@ -295,7 +304,8 @@ def format_mixing(d: dict[str, Any]) -> str:
         f"{s['cores']} cores, load {s['loadavg_before']} -> {s['loadavg_after']}; FlyMC "
         f"preconditioner {s.get('precondition', 'laplace')}"
         + ("" if s.get("adapt_metric", True) else " (metric kept through warm-up)")
-        + ("" if s.get("max_tree_depth") is None else f"; max tree depth {s['max_tree_depth']}"),
+        + ("" if s.get("max_tree_depth") is None else f"; max tree depth {s['max_tree_depth']}")
+        + ("" if s.get("q_db") is None else f"; FlyMC q_db {s['q_db']}"),
         "whole run = set-up (MAP, bounds, first z) + warm-up + sampling; "
         "ESS: bulk, min and median over parameters",
     ]
