@@ -54,6 +54,10 @@ def _grid_reference(X: np.ndarray, y: np.ndarray, prior_sd: float) -> tuple[np.n
     return _REFERENCES[key]
 
 
+#: ``hot_rows`` threshold of the cluster tests (some of the store's rows reach it)
+HOT_ROWS = 0.002
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     X, y = _logistic_data(600, seed=11)
@@ -417,14 +421,16 @@ def _kill_a_worker_once(pids: dict, trace: str, draws: int) -> tuple[threading.T
     return th, killed
 
 
-@pytest.mark.parametrize("kernel", ["rwmh", "nuts", "rwmh-out-of-core"])
+@pytest.mark.parametrize("kernel", ["rwmh", "nuts", "nuts-hot-rows", "rwmh-out-of-core"])
 def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel):
     """SIGKILL a worker mid-run: the run completes, the lost shards are recreated on the
     live worker with z redrawn exactly, and the posterior is still right. RWMH with
     speculative z-updates (the surviving worker holds undone-or-kept speculation across
     the recovery and the replayed round); NUTS on the driver's replica of the bright rows
     (the recreated shards send their whole bright sets, which replace their rows); RWMH
-    with out-of-core shards (recreated out of core, their z drawn in a streamed pass)."""
+    with out-of-core shards (recreated out of core, their z drawn in a streamed pass);
+    NUTS with hot rows (the recreated shards choose them again, from the same replayed
+    set-up call)."""
     from distributed import Client
 
     from flymc_dist.trace import Trace
@@ -434,10 +440,12 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel):
     extra = {
         "rwmh": {"speculate": True},
         "nuts": {"bright_replica": True},
+        "nuts-hot-rows": {"bright_replica": True, "hot_rows": HOT_ROWS},
         "rwmh-out-of-core": {"out_of_core": True, "chunk_iterations": 3},
     }[kernel]
     ooc = kernel.endswith("out-of-core")
-    kernel = kernel.removesuffix("-out-of-core")
+    hot = kernel.endswith("hot-rows")
+    kernel = kernel.removesuffix("-out-of-core").removesuffix("-hot-rows")
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 100)
         res = _run(
@@ -454,6 +462,8 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel):
         )
         th.join(timeout=5)
     assert "worker" in killed, killed
+    if hot:
+        assert res.info["hot_rows"] > 0
     if ooc:
         assert res.info["out_of_core"] == [True] * 3
     elif kernel == "rwmh":
@@ -561,14 +571,17 @@ def test_resume_recovery_resume_never_reuse_a_z_stream(
     assert res.samples.shape == (2, 600, 2) and np.all(np.isfinite(res.samples))
 
 
-@pytest.mark.parametrize("kernel", ["slice", "nuts"])
+@pytest.mark.parametrize("kernel", ["slice", "nuts", "nuts-hot-rows"])
 def test_replica_mode_deterministic_across_placements(store, local_client, kernel):
     """Replica mode (the θ-kernel on the driver's copy of the bright rows): the same
-    draws in-process, on 1 and on 2 workers, one round trip per iteration."""
+    draws in-process, on 1 and on 2 workers, one round trip per iteration (also with
+    hot rows, chosen by each shard from the same Laplace draws)."""
     from distributed import Client, LocalCluster
 
     path = store[0]
-    kw = dict(kernel=kernel, bright_replica=True, num_warmup=50, num_samples=100)
+    hot = {"hot_rows": HOT_ROWS} if kernel.endswith("hot-rows") else {}
+    kernel = kernel.removesuffix("-hot-rows")
+    kw = dict(kernel=kernel, bright_replica=True, num_warmup=50, num_samples=100, **hot)
     sync = _run(path, "synchronous", **kw)
     two = _run(path, local_client, **kw)
     with (

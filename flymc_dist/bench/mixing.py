@@ -106,6 +106,7 @@ def _figures(res: Any, wall: float) -> dict[str, Any]:
         "n_rows": int(res.info["n_rows"]),
         "kernel": res.info["kernel_repr"],
         "q_db": res.info.get("q_db"),
+        "hot_rows": res.info.get("hot_rows"),
     }
 
 
@@ -128,6 +129,7 @@ def run_mixing(
     adapt_metric: bool = True,
     max_tree_depth: int | None = None,
     q_db: float | None = None,
+    hot_rows: float | None = None,
     numpyro: bool = False,
     numpyro_warmup: int = 300,
     numpyro_samples: int = 300,
@@ -178,6 +180,9 @@ def run_mixing(
         FlyMC's dark→bright proposal probability (default: ``"auto"``). On ``qm9`` one
         weight is decided by one row, which "auto" proposes once in ~4,000 iterations:
         0.01 is what converges it (see :func:`flymc_dist.sample`).
+    hot_rows
+        FlyMC's ``hot_rows`` threshold (default None: none; see :func:`flymc_dist.sample`):
+        on ``qm9``, 0.01 makes that one row hot, for one query more per iteration.
     numpyro
         Also run the same posterior in NumPyro's NUTS on the full data, in this process,
         after the others (needs the ``numpyro`` extra; see
@@ -201,6 +206,8 @@ def run_mixing(
     fly_options: dict[str, Any] = {"precondition": precondition}
     if q_db is not None:
         fly_options["q_db"] = float(q_db)
+    if hot_rows is not None:
+        fly_options["hot_rows"] = float(hot_rows)
     shared_kernel: dict[str, Any] = {}  # kernel options of both runs
     if max_tree_depth is not None:
         if kernel != "nuts":
@@ -235,6 +242,7 @@ def run_mixing(
                 "adapt_metric": bool(adapt_metric),
                 "max_tree_depth": max_tree_depth,
                 "q_db": q_db,
+                "hot_rows": hot_rows,
                 "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             }
         }
@@ -305,7 +313,8 @@ def format_mixing(d: dict[str, Any]) -> str:
         f"preconditioner {s.get('precondition', 'laplace')}"
         + ("" if s.get("adapt_metric", True) else " (metric kept through warm-up)")
         + ("" if s.get("max_tree_depth") is None else f"; max tree depth {s['max_tree_depth']}")
-        + ("" if s.get("q_db") is None else f"; FlyMC q_db {s['q_db']}"),
+        + ("" if s.get("q_db") is None else f"; FlyMC q_db {s['q_db']}")
+        + ("" if s.get("hot_rows") is None else f"; FlyMC hot_rows {s['hot_rows']}"),
         "whole run = set-up (MAP, bounds, first z) + warm-up + sampling; "
         "ESS: bulk, min and median over parameters",
     ]
