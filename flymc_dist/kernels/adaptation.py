@@ -300,10 +300,10 @@ class WindowAdaptation:
             x = self._da.final()
             self._da = DualAveraging(x, self.target, mu=math.log(x), gamma=self.settle_gamma)
         eps = self._da.update(min(1.0, float(info.accept_prob)))
-        # the previous warm-up draw (metric from differences)
-        last = self._last
-        pos = getattr(info, "position", None)
-        self._last = None if pos is None else np.array(pos, dtype=np.float64)
+        last = self._last  # the previous warm-up draw (metric from differences)
+        if self.metric_from == "differences":
+            pos = getattr(info, "position", None)
+            self._last = None if pos is None else np.array(pos, dtype=np.float64)
         search = self.find_step_size and i == 0
         params = self._params
         if self._window < len(self.windows):

@@ -267,15 +267,7 @@ class Shard:
                 "hot_rows needs shards in memory: this shard is out of core (raise its "
                 "memory_budget, or leave hot_rows None)"
             )
-        thetas = np.asarray(thetas, float)
-        m = self.model
-        score = np.empty(self.n)
-        lo = 0
-        for X, y, xi in self.blocks(65536):
-            eta = m.linear_predictor(thetas, X)
-            delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
-            score[lo : lo + X.shape[0]] = -np.expm1(-delta).mean(axis=0)
-            lo += X.shape[0]
+        score = np.concatenate([p.mean(axis=0) for p in self._brightness(thetas)])
         self._hot = np.flatnonzero(score >= float(threshold)).astype(np.int64)
         return int(self._hot.size)
 
@@ -285,8 +277,6 @@ class Shard:
         Returns the queries, per chain."""
         queries = np.zeros(len(self.chains), dtype=np.int64)
         hot = self._hot
-        if not hot.size:
-            return queries
         segs = [(ch.theta[None], hot) for ch in self.chains]
         evals = self._bright_eval_many(segs, self.track_grad)
         for c, (ch, (v, d, _)) in enumerate(zip(self.chains, evals, strict=True)):
@@ -313,14 +303,16 @@ class Shard:
     def expected_bright(self, theta: np.ndarray) -> float:
         """``Σ_n p(z_n = 1 | θ) = Σ_n −expm1(−δ_n(θ))`` over this shard's rows: the
         expected number of bright rows at ``theta`` (a full pass; set-up only)."""
-        theta = np.asarray(theta, float)[None]
+        return sum(float(p.sum()) for p in self._brightness(np.asarray(theta, float)[None]))
+
+    def _brightness(self, thetas: np.ndarray) -> Iterator[np.ndarray]:
+        """``p(z_n = 1 | θ) = −expm1(−δ_n(θ))`` of every row at each of ``thetas`` (k, P),
+        as (k, rows) blocks in row order (a full pass per point; set-up only)."""
         m = self.model
-        total = 0.0
         for X, y, xi in self.blocks(65536):
-            eta = m.linear_predictor(theta, X)
+            eta = m.linear_predictor(thetas, X)
             delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
-            total += float(-np.expm1(-delta).sum())
-        return total
+            yield -np.expm1(-delta)
 
     def bound_stats(self) -> BoundStats:
         """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic."""

@@ -86,7 +86,8 @@ def _scheduler_workers(client: Any) -> dict[str, dict]:
 INLINE = ("round_packed", "echo", "ping")
 
 #: set-up calls that change a shard's state; replayed, in order, on recreated shards so
-#: that they rejoin with the same tight points (hence the same collapsed bound) and q
+#: that they rejoin with the same tight points (hence the same collapsed bound), q and
+#: hot rows
 REPLAYED = ("set_tight_points", "set_q", "set_replica", "set_hot_rows")
 
 
