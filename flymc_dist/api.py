@@ -63,6 +63,7 @@ _DRIVER_OPTIONS = {
     "bright_replica",
     "replica_budget",
     "hot_rows",
+    "exact_rows",
 }
 _OTHER_OPTIONS = {
     "q_db",
@@ -147,6 +148,9 @@ def _validate(
         raise ValueError(f"resample_fraction must be a number in (0, 1], not {f!r}")
     check_speculate(options.get("speculate", False))
     _check_hot_rows(options.get("hot_rows"), algorithm, bounds, options)
+    exact = options.get("exact_rows", "auto")
+    if not (exact is None or (isinstance(exact, str) and exact == "auto")):
+        raise ValueError(f"exact_rows must be 'auto' or None, not {exact!r}")
     check_bright_replica(
         options.get("bright_replica", "auto"), options.get("replica_budget", REPLICA_BUDGET)
     )
@@ -516,6 +520,7 @@ _SHAPING = {
     "memory_budget": None,
     "chunk_iterations": "auto",
     "hot_rows": None,
+    "exact_rows": "auto",
 }
 
 

@@ -51,6 +51,7 @@ from flymc_dist.rng import (
 from flymc_dist.run import storage_info
 from flymc_dist.tune import (
     bound_precision,
+    choose_exact_rows,
     find_map,
     initial_positions,
     needs_map,
@@ -151,6 +152,7 @@ class Driver:
         bright_replica: bool | str = "auto",
         replica_budget: float = REPLICA_BUDGET,
         hot_rows: float | None = None,
+        exact_rows: str | None = "auto",
     ) -> None:
         self.model = model
         self.transport = transport
@@ -185,6 +187,9 @@ class Driver:
         self.hot_rows = None if hot_rows is None else float(hot_rows)
         #: rows each shard redraws exactly every iteration (``hot_rows``), per shard
         self.hot_counts: list[int] = []
+        self.exact_rows = exact_rows
+        #: rows each shard evaluates at every step (``exact_rows``), per shard
+        self.exact_counts: list[int] = []
         #: the replica of the bright rows (replica mode), set up by :meth:`setup`
         self.replica: BrightReplica | None = None
         self._replica_current: list[tuple[float, np.ndarray | None] | None] = []
@@ -216,6 +221,8 @@ class Driver:
             self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
             self.setup_queries += found.passes * self.n_rows  # every datum at one θ a pass
         if self.algorithm == "flymc":
+            if self.exact_rows == "auto" and self.model.exact_xi(np.zeros(1)) is not None:
+                self.exact_counts = choose_exact_rows(self.transport, self.n_rows)
             self.bound = tight_bounds(self.transport, self.theta_map if bounds_at_map else None)
         is_bound = isinstance(self.precondition, str) and self.precondition == "bound"
         prec = bound_precision(self.bound, self.model, self.P) if is_bound else None
@@ -307,9 +314,11 @@ class Driver:
             return float(self.q_db)
         states = self.transport.call("state")
         m = float(np.mean(np.sum([s["n_bright"] for s in states], axis=0)))
+        # exact rows are bright in every chain whatever its θ: one proposal each
+        e = float(min(sum(self.exact_counts), m))
         n = max(self.n_rows, 1)
         k = float(self.kernel.dark_proposals_per_bright)
-        return float(np.clip(k * m / max(n - m, 1.0), 1.0 / n, 0.1))
+        return float(np.clip((k * (m - e) + e) / max(n - m, 1.0), 1.0 / n, 0.1))
 
     # ------------------------------------------------------------ the target
     def _base(self, points: np.ndarray, grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -670,6 +679,11 @@ class Driver:
             **storage,
             "q_db": self.q_db if self.algorithm == "flymc" else None,
             "hot_rows": sum(self.hot_counts) if self.hot_rows is not None else None,
+            "exact_rows": (
+                sum(self.exact_counts)
+                if self.algorithm == "flymc" and self.exact_rows is not None
+                else None
+            ),
             "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),
             "map_info": self.map_info,
             "setup_queries": self.setup_queries,

@@ -78,6 +78,10 @@ class Model(ABC):
     name: str
     #: "binary" | "multiclass" | "real": what ``y`` must look like
     task: str
+    #: every log-likelihood term is concave in θ, so the log posterior (with a log-concave
+    #: prior) has one mode and the MAP search may start anywhere; False: the search
+    #: starts at the mode of the untuned bound (:func:`flymc_dist.tune.find_map`)
+    log_concave: bool = True
 
     # ----- shapes -------------------------------------------------------------
     @property
@@ -136,6 +140,19 @@ class Model(ABC):
     @abstractmethod
     def tuned_xi(self, eta_hat: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Tight points from eta at a parameter estimate: eta_hat (n, E) -> (n,) + xi_shape."""
+
+    def exact_xi(self, y: np.ndarray) -> np.ndarray | None:
+        """Tight points far from every plausible fit, for the rows FlyMC evaluates at every
+        step (``exact_rows``): (n,) -> (n,) + xi_shape, or None when the model has none
+        (then ``exact_rows`` picks no row).
+
+        The bound there is still a lower bound, so FlyMC stays exact; it lies hundreds of
+        nats below the likelihood wherever the linear predictor is within hundreds of
+        its tight scale of the data, so such a row is bright with probability
+        ``1 − e^−δ`` = 1 in floating point, and contributes ``β + log(e^δ − 1) = l`` to
+        θ's target: its exact log-likelihood.
+        """
+        return None
 
     @abstractmethod
     def logbound(self, eta: np.ndarray, y: np.ndarray, xi: np.ndarray) -> np.ndarray:

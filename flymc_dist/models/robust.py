@@ -54,6 +54,9 @@ class RobustRegression(PriorMixin, Model):
 
     name = "robust"
     task = "real"
+    #: the Student-t log-density is not concave in the residual: a group of rows far
+    #: from the fit (a weight only they inform) can hold a second mode
+    log_concave = False
 
     def __init__(
         self,
@@ -161,6 +164,12 @@ class RobustRegression(PriorMixin, Model):
     def tuned_xi(self, eta_hat: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``xi_n = |y_n - eta_hat_n|``: (n, 1) -> (n,)."""
         return np.abs(self._r(eta_hat, y))
+
+    def exact_xi(self, y: np.ndarray) -> np.ndarray:
+        """``xi_n = 1e8 sqrt(nu) scale``: a tangent at ``r² = 1e16 nu scale²``, below the
+        log-density by ``h (log(1 + 1e16) − log(1 + u) − 1) ≥ 2.5 (36 − log(1 + u))``
+        nats at ``u = r² / (nu scale²)`` (ν ≥ 4): > 50 for residuals up to 10⁶ scales."""
+        return np.full(np.shape(y)[0], 1e8 * math.sqrt(self._nus2))
 
     def bound_coefficients(self, xi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(a, c)`` with ``beta = a r^2 + c``; ``c`` includes the margin ``-eps_n``.

@@ -218,6 +218,8 @@ class Shard:
         self._spec: dict[int, _Spec] = {}  # chain -> its pending speculative z-update
         self._spec_pending = False  # speculate() has work to do
         self._hot = np.empty(0, dtype=np.int64)  # see set_hot_rows
+        #: columns and thresholds of the exact rows' rule (see set_exact_rows), or None
+        self._exact: tuple[np.ndarray, np.ndarray] | None = None
         self._typed: tuple | None = None  # see _typed_lists
         self._extensions: dict[str, Any] = {}  # see extension()
 
@@ -236,7 +238,46 @@ class Shard:
         else:
             eta = self.model.linear_predictor(np.asarray(theta_hat, float)[None], self.X)[0]
             self.xi = self.model.tuned_xi(eta, self.y)
+        self._loosen(self.X, self.y, self.xi)
         self._set_row_constants()
+
+    def column_energy(self) -> np.ndarray:
+        """``Σ_n x_nj²`` and ``Σ_n x_nj⁴`` of every column j over this shard's rows, as a
+        (2, D) array (a full pass; set-up only): what :func:`flymc_dist.tune.narrow_columns`
+        reads the rows carrying each column from."""
+        out = np.zeros((2, self.n_features))
+        for X, _, _ in self.blocks(65536):
+            sq = np.square(X, dtype=np.float64)
+            out[0] += sq.sum(axis=0)
+            out[1] += np.square(sq).sum(axis=0)
+        return out
+
+    def set_exact_rows(self, columns: np.ndarray, thresholds: np.ndarray) -> int:
+        """The rule of the *exact rows* (``exact_rows``; before :meth:`set_tight_points`):
+        the rows with ``x_nj² ≥ thresholds[i]`` for a column ``j = columns[i]``. Their tight
+        points become the model's :meth:`~flymc_dist.models.base.Model.exact_xi`: the
+        bound still holds, so the chain stays exact, but lies hundreds of nats below the
+        likelihood, so such a row is bright with probability 1 and every θ-step evaluates
+        it. Returns how many rows of this shard the rule picks (a full pass)."""
+        columns = np.asarray(columns, dtype=np.int64)
+        thresholds = np.asarray(thresholds, dtype=np.float64)
+        if self.out_of_core:
+            self._source.drop_ahead()  # no chunk read ahead under the previous rule
+        self._exact = (columns, thresholds) if columns.size else None
+        return sum(int(self._exact_mask(X).sum()) for X, _, _ in self.blocks(65536))
+
+    def _exact_mask(self, X: np.ndarray) -> np.ndarray:
+        """Which of the rows ``X`` are exact rows (:meth:`set_exact_rows`)."""
+        if self._exact is None:
+            return np.zeros(X.shape[0], dtype=bool)
+        columns, thresholds = self._exact
+        return np.any(np.square(X[:, columns], dtype=np.float64) >= thresholds, axis=1)
+
+    def _loosen(self, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
+        """Put the exact rows among ``(X, y)`` at the model's loose tight points, in ``xi``."""
+        mask = self._exact_mask(X)
+        if mask.any():
+            xi[mask] = self.model.exact_xi(y[mask])
 
     def _n_row_constants(self) -> int:
         """K, the number of per-row constants of the model's fused ``log L~`` (0: none)."""
@@ -314,9 +355,14 @@ class Shard:
             delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
             yield -np.expm1(-delta)
 
-    def bound_stats(self) -> BoundStats:
-        """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic."""
-        parts = [self.model.suffstats(X, y, xi) for X, y, xi in self.blocks()]
+    def bound_stats(self, untuned: bool = False) -> BoundStats:
+        """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic: at the
+        tight points set, or (``untuned``) at the model's untuned ones without setting
+        them (the MAP search's start; a full pass)."""
+        m = self.model
+        parts = [
+            m.suffstats(X, y, m.untuned_xi(y) if untuned else xi) for X, y, xi in self.blocks()
+        ]
         return functools.reduce(operator.add, parts)
 
     def loglik_sum(
@@ -356,8 +402,11 @@ class Shard:
         if not self.flymc and self._theta_hat is None:
             return None
         if self._theta_hat is None or y.size == 0:
-            return self.model.untuned_xi(y)
-        return self.model.tuned_xi(self.model.linear_predictor(self._theta_hat[None], X)[0], y)
+            xi = self.model.untuned_xi(y)
+        else:
+            xi = self.model.tuned_xi(self.model.linear_predictor(self._theta_hat[None], X)[0], y)
+        self._loosen(X, y, xi)
+        return xi
 
     def _row_constants(
         self, X: np.ndarray, y: np.ndarray
