@@ -74,3 +74,25 @@ def recorded_cpu() -> None:
             "numpy was loaded before tests/conftest.py could pin the recorded CPU kernels "
             "(by a pytest plugin? block it with -p no:NAME in pyproject's addopts)"
         )
+
+
+@pytest.fixture
+def force_exact_rows(monkeypatch):
+    """``force(column, threshold)``: make ``exact_rows="auto"`` pick the rows with
+    ``x[:, column]² ≥ threshold``, whatever the data — the rule's own limits are for large
+    data (at most N/100 rows carry a narrow column), the tests' problems are small. Only
+    the driver-side rule is patched (:func:`flymc_dist.tune.narrow_columns` and the row
+    budget), so the shards apply it for real, in-process or on any cluster."""
+    import numpy as np
+
+    from flymc_dist import tune
+
+    def force(column: int, threshold: float) -> None:
+        monkeypatch.setattr(
+            tune,
+            "narrow_columns",
+            lambda energy, n_rows: (np.array([column]), np.array([float(threshold)])),
+        )
+        monkeypatch.setattr(tune, "EXACT_MAX_FRACTION", 1.0)
+
+    return force

@@ -630,3 +630,70 @@ def test_negative_control_hot_rows_state_selected_fails(monkeypatch):
     print(f"state-selected hot rows: worst |z| {result.worst:.1f}; {result}")
     assert not result.passed
     assert result.worst > 2 * result.crit_mean, str(result)
+
+
+# --------------------------------------------------------------------------------------------
+# exact rows: rows at loose tight points, bright at every step
+# --------------------------------------------------------------------------------------------
+EXACT_COMBOS = [
+    ("flymc", "map", "nuts", "implicit", None),
+    ("flymc", "untuned", "rwmh", "explicit", None),
+]
+
+
+def _exact_run(name: str, combo: tuple, force_exact_rows) -> tuple[fd.Result, int]:
+    """A run whose exact rows are the half of the rows with the larger ``x²`` in the last
+    column; returns it and how many rows that is."""
+    prob = problem(name)
+    x2 = prob.X[:, -1] ** 2
+    threshold = float(np.median(x2))
+    force_exact_rows(prob.X.shape[1] - 1, threshold)
+    res = _sample(name, combo, (prob.X, prob.y), dict(FLYMC_OPTIONS))
+    return res, int(np.sum(x2 >= threshold))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("combo", EXACT_COMBOS, ids=[_combo_id(c) for c in EXACT_COMBOS])
+@pytest.mark.parametrize("name", ["logistic", "robust", "softmax"])
+def test_exact_rows_exact(name, combo, force_exact_rows):
+    """``exact_rows``: half the rows at the model's loose tight points are bright in every
+    chain at every iteration (each θ-step evaluates their log-likelihood), the other half
+    are FlyMC's as usual; the posterior stays the exact one."""
+    res, n_exact = _exact_run(name, combo, force_exact_rows)
+    assert res.info["exact_rows"] == n_exact > 0
+    assert res.stats["n_bright"].min() >= n_exact  # never dark
+    assert res.stats["n_bright"].max() < problem(name).X.shape[0]  # FlyMC rows remain
+    result = check_against(res.samples, reference(name).mean, reference(name).cov)
+    print(f"exact rows, {name} {_combo_id(combo)}: worst |z| {result.worst:.2f}; {result}")
+    assert result.passed, f"{name} {_combo_id(combo)}: {result}"
+
+
+def _bound_without_exact_rows(self, untuned=False):
+    """The trap on the exact rows: leaving their bound out of the collapsed sum ("they are
+    evaluated exactly, so they need no bound") — but their bright term is still
+    ``log(L/B − 1)``, so the target gains a factor ``1/B`` per exact row."""
+    m = self.model
+    parts = []
+    for X, y, xi in self.blocks():
+        keep = ~self._exact_mask(X)
+        xi = m.untuned_xi(y) if untuned else xi
+        parts.append(m.suffstats(X[keep], y[keep], xi[keep]))
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+@pytest.mark.slow
+def test_negative_control_exact_rows_without_their_bound_fails(monkeypatch, force_exact_rows):
+    """Dropping the exact rows' bound from the collapsed sum must fail the battery by a
+    wide margin. (Logistic: its loose bound ``≈ −2500 + s/2`` depends on θ; robust
+    regression's is flat to 1e-16 there, so the same mistake would cost it nothing.)"""
+    monkeypatch.setattr(shard_module.Shard, "bound_stats", _bound_without_exact_rows)
+    bad, n_exact = _exact_run("logistic", EXACT_COMBOS[0], force_exact_rows)
+    assert bad.info["exact_rows"] == n_exact > 0
+    ref = reference("logistic")
+    result = check_against(bad.samples, ref.mean, ref.cov)
+    print(f"exact rows without their bound: worst |z| {result.worst:.1f}; {result}")
+    assert not result.passed
+    assert result.worst > 2 * result.crit_mean, str(result)
