@@ -20,6 +20,10 @@ Problems:
   the prior bounds) — needs the shipped data sets (``$FLYMC_DATA_DIR``);
 * ``mnist``: logistic regression, MNIST 7 vs 9 (12,214 rows, 50 principal components +
   bias), Normal(0, 1) prior — the FlyMC paper's Table 1 problem;
+* ``flights``: robust (Student-t, ν = 4, scale 15 minutes) regression of the arrival
+  delay of 3M US flights on 57 calendar and route features (one-hot hours, days,
+  months, airports), Laplace(0, 10) prior, float32 store — three of its hours (2, 3 and
+  4 am) are carried by 241-931 flights each: FlyMC's exact rows;
 * ``logistic``: synthetic logistic regression, ``rows`` × ``features`` (the bias
   included), Normal(0, 1) prior.
 """
@@ -40,9 +44,11 @@ import flymc_dist as fd
 from flymc_dist.bench.common import local_client, reusable_store
 from flymc_dist.bench.numpyro_nuts import import_numpyro, run_numpyro
 from flymc_dist.data import make_logistic
-from flymc_dist.data.real import mnist_7_vs_9, qm9_gap
+from flymc_dist.data.real import flights_to_zarr, mnist_7_vs_9, qm9_gap
 
-PROBLEMS = ("qm9", "mnist", "logistic")
+PROBLEMS = ("qm9", "mnist", "flights", "logistic")
+#: shape of the ``flights`` problem's store (what a reused store must have)
+_FLIGHTS_ROWS, _FLIGHTS_FEATURES = 3_000_000, 57
 #: the rows of the table, in order
 SAMPLERS = ("flymc", "regular", "numpyro")
 
@@ -65,6 +71,12 @@ def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) ->
         if ds is None:
             ds = make_logistic(path, n_rows=rows, n_features=features, seed=seed)
         return model, ds
+    elif problem == "flights":
+        model = fd.RobustRegression(nu=4.0, scale=15.0, prior="laplace", prior_scale=10.0)
+        path = os.path.join(workdir, "flights.zarr")
+        n = _FLIGHTS_ROWS
+        ds = reusable_store(path, n, _FLIGHTS_FEATURES)
+        return model, ds if ds is not None else flights_to_zarr(path, dtype="float32")
     else:
         raise ValueError(f"problem must be one of {PROBLEMS}, not {problem!r}")
     X, y = load()
@@ -107,6 +119,7 @@ def _figures(res: Any, wall: float) -> dict[str, Any]:
         "kernel": res.info["kernel_repr"],
         "q_db": res.info.get("q_db"),
         "hot_rows": res.info.get("hot_rows"),
+        "exact_rows": res.info.get("exact_rows"),
     }
 
 
@@ -130,6 +143,7 @@ def run_mixing(
     max_tree_depth: int | None = None,
     q_db: float | None = None,
     hot_rows: float | None = None,
+    exact_rows: bool = True,
     numpyro: bool = False,
     numpyro_warmup: int = 300,
     numpyro_samples: int = 300,
@@ -139,7 +153,8 @@ def run_mixing(
     Parameters
     ----------
     problem
-        ``"qm9"``, ``"mnist"`` or ``"logistic"`` (see the module docstring).
+        ``"qm9"``, ``"mnist"``, ``"flights"`` or ``"logistic"`` (see the module
+        docstring).
     kernel
         The θ-kernel of both samplers (``"nuts"`` by default).
     chains
@@ -183,6 +198,10 @@ def run_mixing(
     hot_rows
         FlyMC's ``hot_rows`` threshold (default None: none; see :func:`flymc_dist.sample`):
         on ``qm9``, 0.01 makes that one row hot, for one query more per iteration.
+    exact_rows
+        FlyMC's ``exact_rows="auto"`` (default; ``--no-exact-rows``: None): the rows that
+        carry a column few rows carry are evaluated at every step (see
+        :func:`flymc_dist.sample`).
     numpyro
         Also run the same posterior in NumPyro's NUTS on the full data, in this process,
         after the others (needs the ``numpyro`` extra; see
@@ -208,6 +227,8 @@ def run_mixing(
         fly_options["q_db"] = float(q_db)
     if hot_rows is not None:
         fly_options["hot_rows"] = float(hot_rows)
+    if not exact_rows:
+        fly_options["exact_rows"] = None
     shared_kernel: dict[str, Any] = {}  # kernel options of both runs
     if max_tree_depth is not None:
         if kernel != "nuts":
@@ -243,6 +264,7 @@ def run_mixing(
                 "max_tree_depth": max_tree_depth,
                 "q_db": q_db,
                 "hot_rows": hot_rows,
+                "exact_rows": bool(exact_rows),
                 "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             }
         }
@@ -314,14 +336,15 @@ def format_mixing(d: dict[str, Any]) -> str:
         + ("" if s.get("adapt_metric", True) else " (metric kept through warm-up)")
         + ("" if s.get("max_tree_depth") is None else f"; max tree depth {s['max_tree_depth']}")
         + ("" if s.get("q_db") is None else f"; FlyMC q_db {s['q_db']}")
-        + ("" if s.get("hot_rows") is None else f"; FlyMC hot_rows {s['hot_rows']}"),
+        + ("" if s.get("hot_rows") is None else f"; FlyMC hot_rows {s['hot_rows']}")
+        + ("" if s.get("exact_rows", True) else "; FlyMC without exact rows"),
         "whole run = set-up (MAP, bounds, first z) + warm-up + sampling; "
         "ESS: bulk, min and median over parameters",
     ]
     head = (
         f"{'sampler':<8}{'draws':>11}{'whole s':>9}{'setup s':>9}{'ms/it':>9}"
         f"{'min ESS':>9}{'med ESS':>9}{'R-hat max':>10}{'minESS/s':>10}{'rt/it':>7}"
-        f"{'queries/it':>12}{'bright/chain':>13}"
+        f"{'queries/it':>12}{'bright/chain':>13}{'exact':>7}"
     )
     lines.append(head)
     for name in SAMPLERS:
@@ -336,6 +359,7 @@ def format_mixing(d: dict[str, Any]) -> str:
             f"{f['min_ess_per_second']:>10.2f}"
             + (f"{trips:>7.1f}" if math.isfinite(trips) else f"{'-':>7}")
             + f"{f['queries_per_iteration']:>12.4g}{f['bright_rows_per_chain']:>13.1f}"
+            + f"{'-' if f.get('exact_rows') is None else f['exact_rows']:>7}"
         )
     r = d.get("ratios")
     if r:
