@@ -189,6 +189,14 @@ def _check_task(model: Model, task: str, n_classes: int | None) -> None:
             raise ValueError(f"the data have {n_classes} classes but the model has {k}")
 
 
+def default_kernel(kernel: str | None, algorithm: str) -> str:
+    """``kernel``, or when None the default θ-kernel of ``algorithm``: NUTS, except for
+    austerity (RWMH, its only kernel)."""
+    if kernel is None:
+        return "rwmh" if algorithm == "austerity" else "nuts"
+    return kernel
+
+
 def _under_trace_lock(func: Any) -> Any:
     """See :func:`_traced_sample` (defined below, with the rest of the trace session)."""
 
@@ -205,7 +213,7 @@ def sample(
     data: Any,
     algorithm: str = "flymc",
     bounds: str = "map",
-    kernel: str = "rwmh",
+    kernel: str | None = None,
     z_update: str = "implicit",
     num_warmup: int = 500,
     num_samples: int = 1000,
@@ -229,7 +237,9 @@ def sample(
     bounds
         FlyMC tight points: ``"map"`` (tuned at the MAP estimate) or ``"untuned"``.
     kernel
-        θ-kernel: ``"rwmh"``, ``"mala"`` or ``"slice"``.
+        θ-kernel: ``"nuts"``, ``"hmc"``, ``"mala"``, ``"slice"`` or ``"rwmh"``. Default
+        (None): ``"nuts"``, the one that converges on real posteriors, for FlyMC and
+        regular MCMC; ``"rwmh"``, its only kernel, for austerity.
     z_update
         ``"implicit"`` (MH on each z_n, knob ``q_db``) or ``"explicit"`` (Gibbs on a
         ``resample_fraction`` of the z_n each iteration).
@@ -318,6 +328,7 @@ def sample(
     """
     _validate(model, algorithm, bounds, z_update, num_warmup, num_samples, chains, options)
     _check_arguments(data, seed, options)
+    kernel = default_kernel(kernel, algorithm)
     if options.get("trace") is not None:
         options["trace_storage_options"] = _trace_options(data, options)
     specs, mem, n_rows, n_features, task, n_classes, path = shard_layout(data, options)
@@ -595,7 +606,7 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
         "n_features": n_features,
         "model": args["model"].to_dict(),
         "algorithm": algorithm,
-        "kernel": str(args["kernel"]).strip().lower(),
+        "kernel": str(default_kernel(args["kernel"], algorithm)).strip().lower(),
         "chains": args["chains"],
         "seed": args["seed"],
         "num_warmup": args["num_warmup"],

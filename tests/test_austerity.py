@@ -207,8 +207,9 @@ def exact_10k():
         "n_shards": 2,
         "progress": False,
     }
-    # the exact reference is cheap per draw: run it longer so its MC error is small
-    exact = fd.sample(MODEL, (X, y), algorithm="regular", num_samples=1500, **common)
+    # the exact reference is cheap per draw: run it longer so its MC error is small; RWMH,
+    # whose adapted step and covariance the decision-error test draws its moves with
+    exact = fd.sample(MODEL, (X, y), algorithm="regular", kernel="rwmh", num_samples=1500, **common)
     return X, y, common, exact
 
 

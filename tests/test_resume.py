@@ -134,7 +134,7 @@ def test_resume_refuses_what_differs(tmp_path):
         (dict(num_warmup=11), r"num_warmup 10 \(this run: 11\)"),
         (dict(seed=2), "seed 1"),
         (dict(algorithm="regular"), "algorithm 'flymc'"),
-        (dict(kernel="mala"), "kernel 'rwmh'"),
+        (dict(kernel="mala"), "kernel 'nuts'"),  # the default, resolved
         (dict(bounds="untuned"), "bounds 'map'"),
         (dict(q_db=0.5), r"q_db 'auto' \(this run: 0.5\)"),
         (dict(n_shards=2), r"n_shards 1 \(this run: 2\)"),

@@ -628,3 +628,18 @@ def test_hot_rows_options_and_cost():
     ):
         with pytest.raises(ValueError, match=match):
             _run((X, y), **bad)
+
+
+@pytest.mark.parametrize(
+    "algorithm,expected", [("flymc", "nuts"), ("regular", "nuts"), ("austerity", "rwmh")]
+)
+def test_default_kernel_is_nuts_except_for_austerity(algorithm, expected):
+    """With no kernel named, FlyMC and regular MCMC run NUTS (the kernel that converges on
+    real posteriors) and austerity its only kernel, RWMH."""
+    args = dict(
+        algorithm=algorithm, num_warmup=10, num_samples=5, chains=2, seed=1,
+        client="synchronous", progress=False,
+    )  # fmt: skip
+    res = fd.sample(fd.LogisticRegression(), _logistic_data(), **args)
+    assert res.info["kernel"] == expected
+    assert res.info["kernel_repr"].startswith({"nuts": "NUTS(", "rwmh": "RandomWalkMH("}[expected])

@@ -469,7 +469,8 @@ def _bias_vs_eps(
         "progress": False,
     }
     t = time.perf_counter()
-    ref = sample(model, data, algorithm="regular", **common)
+    # exact RWMH: its adapted step and covariance make the moves the decisions are tried on
+    ref = sample(model, data, algorithm="regular", kernel="rwmh", **common)
     ref_secs = time.perf_counter() - t
     flat = ref.samples.reshape(chains, samples, -1)
     ref_mean = flat.mean(axis=(0, 1))

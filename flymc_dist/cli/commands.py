@@ -14,7 +14,7 @@ import numpy as np
 
 import flymc_dist as fd
 from flymc_dist import data, diagnostics
-from flymc_dist.api import kept_trace
+from flymc_dist.api import default_kernel, kept_trace
 from flymc_dist.cli.common import (
     CLIError,
     _fmt,
@@ -260,8 +260,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "regular": "regular MCMC (full data)",
         "austerity": "austerity MH (APPROXIMATE)",
     }[args.algorithm]
+    kernel = default_kernel(args.kernel, args.algorithm)
     _say(
-        f"{label}, {args.kernel}, {model!r}: {C} chains × {S} draws "
+        f"{label}, {kernel}, {model!r}: {C} chains × {S} draws "
         f"(+{args.warmup} warm-up) in {seconds:.1f} s → {args.trace}"
     )
     _say(str(res.summary(names=names)))

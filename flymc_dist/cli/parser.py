@@ -320,7 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--bounds", choices=("map", "untuned"), default="map", help="FlyMC bounds (default map)"
     )
-    g.add_argument("--kernel", choices=_KERNELS, default="rwmh", help="theta kernel (default rwmh)")
+    g.add_argument(
+        "--kernel",
+        choices=_KERNELS,
+        default=None,
+        help="theta kernel (default nuts; rwmh, its only one, for austerity)",
+    )
     g.add_argument(
         "--z-update",
         choices=("implicit", "explicit"),
