@@ -32,9 +32,9 @@ __all__ = [
 ]
 
 
-#: a column is *narrow* (:func:`narrow_columns`) when fewer rows than this carry it ...
+#: a column is *narrow* (:func:`narrow_columns`) when at most this many rows carry it ...
 EXACT_COLUMN_ROWS = 2000
-#: ... and fewer than this fraction of all the rows
+#: ... and at most this fraction of all the rows
 EXACT_COLUMN_FRACTION = 0.01
 #: a row carries a narrow column when its ``x²`` is at least this fraction of the
 #: column's mean ``x²`` over the rows that carry it
@@ -211,8 +211,9 @@ def choose_exact_rows(transport: Transport, n_rows: int) -> list[int]:
     mixes worst — each of those rows' z moves that weight's conditional by a large
     step, and a dark row is proposed once in ``1/q_db`` iterations. Evaluating such
     rows at every step takes them out of the alternation. On the 3M-row flights data
-    (hours 2, 3 and 4 am: 931, 241 and 340 flights) the min-over-weights ESS of 4 × 2,000
-    NUTS draws went from 17 to 3,013.
+    (hours 2, 3 and 4 am: 931, 241 and 340 flights; 1,512 exact rows) the
+    min-over-weights bulk ESS of 4 × 2,000 NUTS draws went from 10-17 to 2,773-3,028
+    (R̂ from 1.16-1.31 to 1.001-1.002).
 
     Returns
     -------
