@@ -167,8 +167,9 @@ class RobustRegression(PriorMixin, Model):
 
     def exact_xi(self, y: np.ndarray) -> np.ndarray:
         """``xi_n = 1e8 sqrt(nu) scale``: a tangent at ``r² = 1e16 nu scale²``, below the
-        log-density by ``h (log(1 + 1e16) − log(1 + u) − 1) ≥ 2.5 (36 − log(1 + u))``
-        nats at ``u = r² / (nu scale²)`` (ν ≥ 4): > 50 for residuals up to 10⁶ scales."""
+        log-density by about ``h (35.8 − log(1 + u))`` nats at ``u = r² / (nu scale²)``,
+        ``h = (nu + 1) / 2``: for ν = 4, more than 50 while ``u ≤ 10⁶`` (residuals up to
+        2,000 scales)."""
         return np.full(np.shape(y)[0], 1e8 * math.sqrt(self._nus2))
 
     def bound_coefficients(self, xi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
