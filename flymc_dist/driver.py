@@ -52,6 +52,7 @@ from flymc_dist.run import storage_info
 from flymc_dist.tune import (
     bound_precision,
     choose_exact_rows,
+    conditional_narrowing,
     find_map,
     initial_positions,
     needs_map,
@@ -190,6 +191,9 @@ class Driver:
         self.exact_rows = exact_rows
         #: rows each shard evaluates at every step (``exact_rows``), per shard
         self.exact_counts: list[int] = []
+        #: MAP-tuned FlyMC: how many times narrower θ | z is than the posterior, at most
+        #: (:func:`~flymc_dist.tune.conditional_narrowing`), set by :meth:`setup`
+        self.narrowing: float | None = None
         #: the replica of the bright rows (replica mode), set up by :meth:`setup`
         self.replica: BrightReplica | None = None
         self._replica_current: list[tuple[float, np.ndarray | None] | None] = []
@@ -225,7 +229,12 @@ class Driver:
                 self.exact_counts = choose_exact_rows(self.transport, self.n_rows)
             self.bound = tight_bounds(self.transport, self.theta_map if bounds_at_map else None)
         is_bound = isinstance(self.precondition, str) and self.precondition == "bound"
-        prec = bound_precision(self.bound, self.model, self.P) if is_bound else None
+        prec = None
+        if bounds_at_map and neg_h is not None:
+            prec = bound_precision(self.bound, self.model, self.P)
+            self.narrowing = conditional_narrowing(prec, neg_h)
+        elif is_bound:
+            prec = bound_precision(self.bound, self.model, self.P)
         chol = preconditioner(self.precondition, neg_h, self.P, prec)
         self.scale_tril = chol
         # the start is jittered by the posterior's scale (overdispersed, for R-hat), not by
@@ -683,6 +692,10 @@ class Driver:
                 sum(self.exact_counts)
                 if self.algorithm == "flymc" and self.exact_rows is not None
                 else None
+            ),
+            "conditional_narrowing": self.narrowing,
+            "ess_per_draw_ceiling": (
+                None if self.narrowing is None else 1.0 / max(2.0 * self.narrowing - 1.0, 1.0)
             ),
             "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),
             "map_info": self.map_info,

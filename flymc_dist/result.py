@@ -44,7 +44,12 @@ class Result:
     warmup_samples, warmup_stats
         The same for the discarded warm-up iterations.
     info
-        Run metadata: algorithm, settings, timings, MAP, setup cost, recoveries.
+        Run metadata: algorithm, settings, timings, MAP, setup cost, recoveries. For
+        MAP-tuned FlyMC, ``conditional_narrowing`` (κ: how many times narrower θ given z
+        is than the posterior, in precision, at most over directions) and
+        ``ess_per_draw_ceiling`` (``1 / (2κ − 1)``: the most effective draws per iteration
+        the slowest direction of θ can get from FlyMC's alternation of z and θ, whatever
+        the kernel; see :func:`flymc_dist.tune.conditional_narrowing`); None otherwise.
     approximate
         True for austerity MH, whose draws do *not* target the exact posterior.
     """

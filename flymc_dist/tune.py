@@ -22,6 +22,7 @@ __all__ = [
     "MapEstimate",
     "bound_precision",
     "choose_exact_rows",
+    "conditional_narrowing",
     "find_map",
     "initial_positions",
     "laplace_covariance",
@@ -266,6 +267,43 @@ def bound_precision(bound: BoundStats, model: Model, n_params: int) -> np.ndarra
     ~exp(-|margin|)).
     """
     return -(bound.A + bound.A.T) + model.prior_precision(n_params)
+
+
+def conditional_narrowing(bound_prec: np.ndarray, neg_hessian: np.ndarray) -> float:
+    """How many times narrower, in precision, θ given z is than the posterior, at most
+    over directions: the largest generalised eigenvalue κ of ``bound_prec`` (θ given that
+    every datum is dark, :func:`bound_precision`) against the Laplace precision at the MAP.
+
+    FlyMC alternates θ | z and z | θ. For a Gaussian joint, that two-block Gibbs sampler
+    moves θ as an autoregression whose lag-1 autocorrelation in the direction of the
+    eigenvector is ``1 − 1/κ``: however good the θ-kernel, the slowest linear combination
+    of θ gets at most ``1 / (2κ − 1)`` effective draws per iteration. It is read off the
+    bound before the first iteration, a forecast: the bright rows' terms narrow θ given z
+    a little further (the ceiling is optimistic), and a θ-kernel that does not draw θ | z
+    afresh, or an implicit z-update that leaves most z as they were, mix more slowly still.
+    Measured (min over weights of the bulk ESS per draw, 4 chains of NUTS): MNIST 7 vs 9,
+    κ = 14.8, ceiling 0.035, measured 0.026; ``flymc demo``'s data (200,000 × 10), κ = 1.9,
+    ceiling 0.35, measured 0.30; QM9 robust regression, κ = 1.6, ceiling 0.44, measured
+    0.13 (its ridge, not z, is what slows it). Regular MCMC has no such ceiling: its NUTS
+    draws on MNIST are worth 1.1 effective draws each.
+
+    Parameters
+    ----------
+    bound_prec
+        ``(P, P)`` precision of θ given z = 0.
+    neg_hessian
+        ``(P, P)`` the log posterior's negative Hessian at the MAP (its eigenvalues are
+        clipped positive, as for the preconditioner: :func:`laplace_covariance`).
+
+    Returns
+    -------
+    float
+        κ (at least 0; below 1 where the bound is flatter than the likelihood, e.g. along
+        exact rows, whose loose bounds leave their curvature to the bright terms).
+    """
+    chol = np.linalg.cholesky(laplace_covariance(neg_hessian))
+    whitened = chol.T @ (0.5 * (bound_prec + bound_prec.T)) @ chol
+    return max(float(np.linalg.eigvalsh(whitened)[-1]), 0.0)
 
 
 def laplace_covariance(neg_hessian: np.ndarray) -> np.ndarray:

@@ -120,6 +120,9 @@ def _figures(res: Any, wall: float) -> dict[str, Any]:
         "q_db": res.info.get("q_db"),
         "hot_rows": res.info.get("hot_rows"),
         "exact_rows": res.info.get("exact_rows"),
+        "ess_min_per_draw": eff["ess_min"] / float(res.samples.shape[0] * res.samples.shape[1]),
+        "conditional_narrowing": res.info.get("conditional_narrowing"),
+        "ess_per_draw_ceiling": res.info.get("ess_per_draw_ceiling"),
     }
 
 
@@ -360,6 +363,15 @@ def format_mixing(d: dict[str, Any]) -> str:
             + (f"{trips:>7.1f}" if math.isfinite(trips) else f"{'-':>7}")
             + f"{f['queries_per_iteration']:>12.4g}{f['bright_rows_per_chain']:>13.1f}"
             + f"{'-' if f.get('exact_rows') is None else f['exact_rows']:>7}"
+        )
+    f = d.get("flymc")
+    if f and f.get("conditional_narrowing") is not None:
+        lines.append(
+            f"FlyMC: theta given z is up to {f['conditional_narrowing']:.1f}x narrower than "
+            f"the posterior (in precision, at the MAP): at most "
+            f"{f['ess_per_draw_ceiling']:.3f} effective draws per iteration in its slowest "
+            f"direction, whatever the kernel; min ESS per draw here "
+            f"{f['ess_min_per_draw']:.3f}"
         )
     r = d.get("ratios")
     if r:
