@@ -62,7 +62,6 @@ _DRIVER_OPTIONS = {
     "speculate",
     "bright_replica",
     "replica_budget",
-    "hot_rows",
     "exact_rows",
 }
 _OTHER_OPTIONS = {
@@ -87,20 +86,11 @@ _OTHER_OPTIONS = {
     "memory_budget",
     "chunk_iterations",
 }
-
-
-def _check_hot_rows(hot: Any, algorithm: str, bounds: str, options: dict[str, Any]) -> None:
-    """``hot_rows``: None, or a threshold in (0, 1) for MAP-tuned FlyMC in memory."""
-    if hot is None:
-        return
-    if not (_is_real(hot) and 0.0 < hot < 1.0):
-        raise ValueError(f"hot_rows must be None or a number in (0, 1), not {hot!r}")
-    if algorithm != "flymc" or bounds != "map":
-        raise ValueError("hot_rows needs FlyMC with MAP-tuned bounds (the Laplace draws)")
-    if options.get("speculate", False) is not False:
-        raise ValueError("hot_rows does not combine with speculate")
-    if options.get("out_of_core", "auto") is True:
-        raise ValueError("hot_rows needs shards in memory (out_of_core=True was given)")
+#: options there were once, and what does their job now
+_REMOVED_OPTIONS = {
+    "hot_rows": "exact_rows='auto', the default, evaluates at every step the rows that "
+    "alone decide a weight",
+}
 
 
 def _validate(
@@ -134,6 +124,11 @@ def _validate(
     ):
         if not _is_int(v) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, not {v!r}")
+    removed = sorted(set(options) & set(_REMOVED_OPTIONS))
+    if removed:
+        raise TypeError(
+            f"option {removed[0]!r} was removed: {_REMOVED_OPTIONS[removed[0]]}; leave it out"
+        )
     unknown = set(options) - _DRIVER_OPTIONS - _OTHER_OPTIONS
     if unknown:
         raise TypeError(
@@ -147,7 +142,6 @@ def _validate(
     if not (_is_real(f) and 0.0 < f <= 1.0):
         raise ValueError(f"resample_fraction must be a number in (0, 1], not {f!r}")
     check_speculate(options.get("speculate", False))
-    _check_hot_rows(options.get("hot_rows"), algorithm, bounds, options)
     exact = options.get("exact_rows", "auto")
     if not (exact is None or (isinstance(exact, str) and exact == "auto")):
         raise ValueError(f"exact_rows must be 'auto' or None, not {exact!r}")
@@ -268,15 +262,7 @@ def sample(
         decides — a high-leverage row under a heavy-tailed likelihood — moves only as often,
         unless that row is an exact row: on QM9 without exact rows "auto" (q ≈ 2.5e-4) left
         one such weight unconverged after 10,000 draws, and ``q_db=0.01`` converged it in
-        3,000), ``hot_rows`` (None, the default; or a threshold in (0, 1): FlyMC with
-        MAP-tuned bounds, shards in memory. At set-up each shard scores its rows by their
-        brightness probability averaged over 16 draws of θ from the Laplace approximation at
-        the MAP (16 passes); the rows at or above the threshold are *hot*, and every
-        iteration redraws their z exactly from ``p(z | θ)`` — a Gibbs move on a set fixed
-        before sampling, so the chain stays exact — besides the implicit or explicit update
-        of every row. For rows that alone decide a weight: on QM9 without exact rows,
-        ``hot_rows=0.01`` picks one row and converges what "auto" q_db does not; exact rows,
-        the default, do it better. ``info["hot_rows"]`` counts them),
+        3,000),
         ``speculate`` (False; True: FlyMC with RWMH on a cluster updates z while the
         driver decides, as if the proposal will be rejected, and undoes it when it was
         not — the same draws, sometimes fewer milliseconds per iteration (not on 2-core
@@ -542,7 +528,6 @@ _SHAPING = {
     "out_of_core": "auto",
     "memory_budget": None,
     "chunk_iterations": "auto",
-    "hot_rows": None,
     "exact_rows": "auto",
 }
 

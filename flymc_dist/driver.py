@@ -42,7 +42,6 @@ from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply, Reply, Request, Transport
 from flymc_dist.replica import BrightReplica
 from flymc_dist.rng import (
-    ROLE_HOT,
     ROLE_KERNEL,
     rng_state_from_json,
     rng_state_to_json,
@@ -75,8 +74,6 @@ STAT_NAMES: dict[str, str] = {
 
 #: the replica's default memory budget in ``bright_replica="auto"`` mode (bytes)
 REPLICA_BUDGET = 256 * 2**20
-#: draws of θ from the Laplace approximation that score the rows for ``hot_rows``
-HOT_DRAWS = 16
 
 
 def check_bright_replica(value: Any, budget: Any = REPLICA_BUDGET) -> None:
@@ -152,7 +149,6 @@ class Driver:
         speculate: bool | str = False,
         bright_replica: bool | str = "auto",
         replica_budget: float = REPLICA_BUDGET,
-        hot_rows: float | None = None,
         exact_rows: str | None = "auto",
     ) -> None:
         self.model = model
@@ -185,9 +181,6 @@ class Driver:
         check_bright_replica(bright_replica, replica_budget)
         self.bright_replica = bright_replica
         self.replica_budget = float(replica_budget)
-        self.hot_rows = None if hot_rows is None else float(hot_rows)
-        #: rows each shard redraws exactly every iteration (``hot_rows``), per shard
-        self.hot_counts: list[int] = []
         self.exact_rows = exact_rows
         #: rows each shard evaluates at every step (``exact_rows``), per shard
         self.exact_counts: list[int] = []
@@ -246,8 +239,6 @@ class Driver:
             self.init, self.theta_map, jitter, self.chains, self.seed
         )
         self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
-        if self.hot_rows is not None and self.theta_map is not None and neg_h is not None:
-            self._set_hot_rows(neg_h)
         if self.algorithm == "flymc" and self._use_replica():
             self.transport.call("set_replica", True)
             self.replica = BrightReplica(
@@ -259,20 +250,6 @@ class Driver:
             self.q_db = self._choose_q()
             self.transport.call("set_q", self.q_db)
         self.setup_seconds = time.perf_counter() - t0
-
-    def _set_hot_rows(self, neg_h: np.ndarray) -> None:
-        """Each shard's hot rows (``hot_rows``): those whose brightness probability,
-        averaged over :data:`HOT_DRAWS` draws of θ from the Laplace approximation at the
-        MAP, is at least the threshold; every iteration their z is redrawn exactly from
-        ``p(z | θ)`` (a Gibbs move on a set fixed before sampling, so the chain stays
-        exact), besides the implicit or explicit update of every row."""
-        chol = preconditioner("laplace", neg_h, self.P)
-        rng = stream(self.seed, ROLE_HOT)
-        thetas = self.theta_map + rng.standard_normal((HOT_DRAWS, self.P)) @ chol.T
-        self.hot_counts = [
-            int(k) for k in self.transport.call("set_hot_rows", thetas, self.hot_rows)
-        ]
-        self.setup_queries += HOT_DRAWS * self.n_rows
 
     def _use_replica(self) -> bool:
         """Whether FlyMC runs in replica mode (see ``bright_replica``)."""
@@ -687,7 +664,6 @@ class Driver:
         return {
             **storage,
             "q_db": self.q_db if self.algorithm == "flymc" else None,
-            "hot_rows": sum(self.hot_counts) if self.hot_rows is not None else None,
             "exact_rows": (
                 sum(self.exact_counts)
                 if self.algorithm == "flymc" and self.exact_rows is not None

@@ -18,7 +18,6 @@ ROLE_Z = 1
 ROLE_AUSTERITY = 2
 ROLE_KERNEL = 3
 ROLE_INIT = 4
-ROLE_HOT = 5
 
 
 def stream(seed: int, *key: int) -> np.random.Generator:

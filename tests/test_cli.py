@@ -815,11 +815,6 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
     code, out, err = run_cli([*small, "--no-regular", "--q-db", 0.05], capsys)
     assert code == 0, err
     assert "FlyMC q_db 0.05" in out and json.loads(out_json.read_text())["setup"]["q_db"] == 0.05
-    code, out, err = run_cli([*small, "--no-regular", "--hot-rows", 0.001], capsys)
-    assert code == 0, err
-    d = json.loads(out_json.read_text())
-    assert "FlyMC hot_rows 0.001" in out and d["setup"]["hot_rows"] == 0.001
-    assert d["flymc"]["hot_rows"] > 0
     code, _, err = run_cli([*small, "--kernel", "rwmh", "--max-tree-depth", 3], capsys)
     assert code == 2 and "max_tree_depth" in err
 

@@ -54,8 +54,6 @@ def _grid_reference(X: np.ndarray, y: np.ndarray, prior_sd: float) -> tuple[np.n
     return _REFERENCES[key]
 
 
-#: ``hot_rows`` threshold of the cluster tests (some of the store's rows reach it)
-HOT_ROWS = 0.002
 #: exact rows of the cluster tests (``force_exact_rows``): those with |x| >= 1.5, ~13 %
 EXACT_X2 = 2.25
 
@@ -423,9 +421,7 @@ def _kill_a_worker_once(pids: dict, trace: str, draws: int) -> tuple[threading.T
     return th, killed
 
 
-@pytest.mark.parametrize(
-    "kernel", ["rwmh", "nuts", "nuts-hot-rows", "nuts-exact-rows", "rwmh-out-of-core"]
-)
+@pytest.mark.parametrize("kernel", ["rwmh", "nuts", "nuts-exact-rows", "rwmh-out-of-core"])
 def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_exact_rows):
     """SIGKILL a worker mid-run: the run completes, the lost shards are recreated on the
     live worker with z redrawn exactly, and the posterior is still right. RWMH with
@@ -433,8 +429,7 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
     the recovery and the replayed round); NUTS on the driver's replica of the bright rows
     (the recreated shards send their whole bright sets, which replace their rows); RWMH
     with out-of-core shards (recreated out of core, their z drawn in a streamed pass);
-    NUTS with hot rows (the recreated shards choose them again, from the same replayed
-    set-up call); NUTS with exact rows (the recreated shards replay their rule before
+    NUTS with exact rows (the recreated shards replay their rule before
     their tight points)."""
     from distributed import Client
 
@@ -445,17 +440,14 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
     extra = {
         "rwmh": {"speculate": True},
         "nuts": {"bright_replica": True},
-        "nuts-hot-rows": {"bright_replica": True, "hot_rows": HOT_ROWS},
         "nuts-exact-rows": {"bright_replica": True},
         "rwmh-out-of-core": {"out_of_core": True, "chunk_iterations": 3},
     }[kernel]
     ooc = kernel.endswith("out-of-core")
-    hot = kernel.endswith("hot-rows")
     exact = kernel.endswith("exact-rows")
     if exact:
         force_exact_rows(1, EXACT_X2)
-    kernel = kernel.removesuffix("-out-of-core").removesuffix("-hot-rows")
-    kernel = kernel.removesuffix("-exact-rows")
+    kernel = kernel.removesuffix("-out-of-core").removesuffix("-exact-rows")
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 100)
         res = _run(
@@ -472,8 +464,6 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
         )
         th.join(timeout=5)
     assert "worker" in killed, killed
-    if hot:
-        assert res.info["hot_rows"] > 0
     if exact:
         n_exact = int(np.sum(X[:, 1] ** 2 >= EXACT_X2))
         assert res.info["exact_rows"] == n_exact > 0
@@ -585,22 +575,21 @@ def test_resume_recovery_resume_never_reuse_a_z_stream(
     assert res.samples.shape == (2, 600, 2) and np.all(np.isfinite(res.samples))
 
 
-@pytest.mark.parametrize("kernel", ["slice", "nuts", "nuts-hot-rows", "nuts-exact-rows"])
+@pytest.mark.parametrize("kernel", ["slice", "nuts", "nuts-exact-rows"])
 def test_replica_mode_deterministic_across_placements(
     store, local_client, kernel, force_exact_rows
 ):
     """Replica mode (the θ-kernel on the driver's copy of the bright rows): the same
     draws in-process, on 1 and on 2 workers, one round trip per iteration (also with
-    hot rows, chosen by each shard from the same Laplace draws, and with exact rows)."""
+    exact rows)."""
     from distributed import Client, LocalCluster
 
     path = store[0]
     kernel_id = kernel
-    hot = {"hot_rows": HOT_ROWS} if kernel.endswith("hot-rows") else {}
     if kernel.endswith("exact-rows"):
         force_exact_rows(1, EXACT_X2)
-    kernel = kernel.removesuffix("-hot-rows").removesuffix("-exact-rows")
-    kw = dict(kernel=kernel, bright_replica=True, num_warmup=50, num_samples=100, **hot)
+    kernel = kernel.removesuffix("-exact-rows")
+    kw = dict(kernel=kernel, bright_replica=True, num_warmup=50, num_samples=100)
     sync = _run(path, "synchronous", **kw)
     two = _run(path, local_client, **kw)
     with (
@@ -612,7 +601,7 @@ def test_replica_mode_deterministic_across_placements(
         one = _run(path, cl1, **kw)
     assert sync.info["bright_replica"] and two.info["bright_replica"]
     assert two.info["n_workers"] == 2 and one.info["n_workers"] == 1
-    if kw["kernel"] == "nuts" and not hot:
+    if kw["kernel"] == "nuts":
         assert (sync.info["exact_rows"] > 0) == (kernel_id == "nuts-exact-rows")
     for other in (one, two):
         np.testing.assert_array_equal(sync.samples, other.samples)

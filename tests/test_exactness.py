@@ -574,65 +574,6 @@ def test_negative_control_wrong_target_fails(runs, name, perturbation):
 
 
 # --------------------------------------------------------------------------------------------
-# hot rows: an exact Gibbs redraw of a fixed set of rows every iteration
-# --------------------------------------------------------------------------------------------
-#: the threshold of the hot-row runs: 12 of the logistic problem's 50 rows, 15 of the
-#: robust problem's 60
-HOT_THRESHOLD = 0.01
-HOT_COMBOS = [
-    ("flymc", "map", "nuts", "implicit", None),
-    ("flymc", "map", "rwmh", "explicit", None),
-]
-
-
-def _hot_run(name: str, combo: tuple) -> fd.Result:
-    prob = problem(name)
-    return _sample(name, combo, (prob.X, prob.y), {**FLYMC_OPTIONS, "hot_rows": HOT_THRESHOLD})
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("combo", HOT_COMBOS, ids=[_combo_id(c) for c in HOT_COMBOS])
-@pytest.mark.parametrize("name", ["logistic", "robust"])
-def test_hot_rows_exact(name, combo):
-    """``hot_rows``: the rows whose Laplace-averaged brightness reaches the threshold have
-    their z redrawn exactly every iteration, besides the implicit or explicit update of
-    every row; the posterior stays the exact one."""
-    res = _hot_run(name, combo)
-    assert res.info["hot_rows"] >= 10  # the move ran on a real share of the rows
-    result = check_against(res.samples, reference(name).mean, reference(name).cov)
-    print(f"hot rows, {name} {_combo_id(combo)}: worst |z| {result.worst:.2f}; {result}")
-    assert result.passed, f"{name} {_combo_id(combo)}: {result}"
-
-
-def _state_selected_hot(self):
-    """The trap on the hot rows: the exact redraw applied only to those that are dark (rows
-    chosen by their state: they can brighten, never darken here — not a valid move)."""
-    queries = np.zeros(len(self.chains), dtype=np.int64)
-    for c, ch in enumerate(self.chains):
-        rows = self._hot[~ch.bright.mask[self._hot]]
-        if rows.size:
-            ((v, d, _),) = self._bright_eval_many([(ch.theta[None], rows)], self.track_grad)
-            brightness_module.explicit_accept(
-                ch.rng, ch.bright, rows, v[0], None if d is None else d[0]
-            )
-        queries[c] = rows.size
-    return queries
-
-
-@pytest.mark.slow
-def test_negative_control_hot_rows_state_selected_fails(monkeypatch):
-    """Redrawing only the dark hot rows must fail the battery by a wide margin (measured:
-    worst |z| 49 for logistic, 44 for robust, against a critical value of 4.1)."""
-    monkeypatch.setattr(shard_module.Shard, "_update_hot", _state_selected_hot)
-    bad = _hot_run("logistic", HOT_COMBOS[0])
-    assert bad.stats["n_bright"].mean() > 5  # it took effect (about 0.6 without)
-    result = check_against(bad.samples, reference("logistic").mean, reference("logistic").cov)
-    print(f"state-selected hot rows: worst |z| {result.worst:.1f}; {result}")
-    assert not result.passed
-    assert result.worst > 2 * result.crit_mean, str(result)
-
-
-# --------------------------------------------------------------------------------------------
 # exact rows: rows at loose tight points, bright at every step
 # --------------------------------------------------------------------------------------------
 EXACT_COMBOS = [

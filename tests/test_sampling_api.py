@@ -602,32 +602,13 @@ def test_q_db_auto_is_four_proposals_per_bright_row_for_hamiltonian_kernels():
         assert res.info["q_db"] == pytest.approx(4.0 * rwmh.info["q_db"], rel=1e-12)
 
 
-# ------------------------------------------------------------------------------ hot rows
-def test_hot_rows_options_and_cost():
-    """``hot_rows`` picks the rows whose Laplace-averaged brightness reaches it (at set-up,
-    16 passes), redraws them every iteration (their queries counted), and is refused,
-    with a clear error and before anything runs, where it cannot apply."""
-    X, y = _logistic_data(200)
-    base = _run((X, y), num_warmup=5, num_samples=10)
-    assert base.info["hot_rows"] is None
-    hot = _run((X, y), num_warmup=5, num_samples=10, hot_rows=0.002)
-    n_hot = hot.info["hot_rows"]
-    assert 0 < n_hot < 200
-    assert hot.info["setup_queries"] >= base.info["setup_queries"] + 16 * 200
-    # every iteration evaluates each hot row once more (its own stream, so the z differ)
-    assert np.all(_all_stats(hot, "likelihood_queries") >= n_hot)
-    lower = _run((X, y), num_warmup=5, num_samples=10, hot_rows=0.0005)
-    assert lower.info["hot_rows"] >= n_hot  # a lower threshold, more hot rows
-    for bad, match in (
-        (dict(hot_rows=1.5), "hot_rows must be None or a number in"),
-        (dict(hot_rows="auto"), "hot_rows must be None or a number in"),
-        (dict(hot_rows=0.01, algorithm="regular"), "MAP-tuned bounds"),
-        (dict(hot_rows=0.01, bounds="untuned"), "MAP-tuned bounds"),
-        (dict(hot_rows=0.01, speculate=True), "speculate"),
-        (dict(hot_rows=0.01, out_of_core=True), "in memory"),
-    ):
-        with pytest.raises(ValueError, match=match):
-            _run((X, y), **bad)
+def test_a_removed_option_says_what_replaced_it():
+    """``hot_rows`` (removed: exact rows do its job) is refused before anything runs, with
+    what to do instead; an option that never was gets the list of valid ones."""
+    with pytest.raises(TypeError, match="'hot_rows' was removed: exact_rows='auto'"):
+        _run(hot_rows=0.01)
+    with pytest.raises(TypeError, match="unknown option.*valid options are"):
+        _run(hot_rowz=0.01)
 
 
 @pytest.mark.parametrize(

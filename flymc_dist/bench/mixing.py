@@ -118,7 +118,6 @@ def _figures(res: Any, wall: float) -> dict[str, Any]:
         "n_rows": int(res.info["n_rows"]),
         "kernel": res.info["kernel_repr"],
         "q_db": res.info.get("q_db"),
-        "hot_rows": res.info.get("hot_rows"),
         "exact_rows": res.info.get("exact_rows"),
         "ess_min_per_draw": eff["ess_min"] / float(res.samples.shape[0] * res.samples.shape[1]),
         "conditional_narrowing": res.info.get("conditional_narrowing"),
@@ -145,7 +144,6 @@ def run_mixing(
     adapt_metric: bool = True,
     max_tree_depth: int | None = None,
     q_db: float | None = None,
-    hot_rows: float | None = None,
     exact_rows: bool = True,
     numpyro: bool = False,
     numpyro_warmup: int = 300,
@@ -192,15 +190,13 @@ def run_mixing(
     max_tree_depth
         NUTS's tree depth limit in both runs (default: the kernel's, 10). FlyMC's θ-step
         is one block of a Gibbs sampler whose coupling to z limits its mixing: on
-        MNIST 7 vs 9, 3 gave the same effective draws per iteration as 10 for 0.6 times
-        the likelihood queries.
+        MNIST 7 vs 9 (1,000 + 10,000 draws), 3 gave 0.72 times the min ESS of 10 for 0.63
+        times the likelihood queries, 2 gave 0.50 times for 0.45.
     q_db
         FlyMC's dark→bright proposal probability (default: ``"auto"``). On ``qm9`` one
-        weight is decided by one row, which "auto" proposes once in ~4,000 iterations:
-        0.01 is what converges it (see :func:`flymc_dist.sample`).
-    hot_rows
-        FlyMC's ``hot_rows`` threshold (default None: none; see :func:`flymc_dist.sample`):
-        on ``qm9``, 0.01 makes that one row hot, for one query more per iteration.
+        weight is decided by one row, which "auto" proposes once in ~4,000 iterations
+        when it is not an exact row (``--no-exact-rows``): 0.01 converges it then (see
+        :func:`flymc_dist.sample`).
     exact_rows
         FlyMC's ``exact_rows="auto"`` (default; ``--no-exact-rows``: None): the rows that
         carry a column few rows carry are evaluated at every step (see
@@ -228,8 +224,6 @@ def run_mixing(
     fly_options: dict[str, Any] = {"precondition": precondition}
     if q_db is not None:
         fly_options["q_db"] = float(q_db)
-    if hot_rows is not None:
-        fly_options["hot_rows"] = float(hot_rows)
     if not exact_rows:
         fly_options["exact_rows"] = None
     shared_kernel: dict[str, Any] = {}  # kernel options of both runs
@@ -266,7 +260,6 @@ def run_mixing(
                 "adapt_metric": bool(adapt_metric),
                 "max_tree_depth": max_tree_depth,
                 "q_db": q_db,
-                "hot_rows": hot_rows,
                 "exact_rows": bool(exact_rows),
                 "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             }
@@ -339,7 +332,6 @@ def format_mixing(d: dict[str, Any]) -> str:
         + ("" if s.get("adapt_metric", True) else " (metric kept through warm-up)")
         + ("" if s.get("max_tree_depth") is None else f"; max tree depth {s['max_tree_depth']}")
         + ("" if s.get("q_db") is None else f"; FlyMC q_db {s['q_db']}")
-        + ("" if s.get("hot_rows") is None else f"; FlyMC hot_rows {s['hot_rows']}")
         + ("" if s.get("exact_rows", True) else "; FlyMC without exact rows"),
         "whole run = set-up (MAP, bounds, first z) + warm-up + sampling; "
         "ESS: bulk, min and median over parameters",

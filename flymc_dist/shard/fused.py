@@ -257,7 +257,7 @@ def fusable(shards: list[Shard], seq: Any, requests: list[Request | None], specu
     """Whether :func:`fused_round` applies to a round over ``shards``: FlyMC rounds with
     the compiled implicit z-update and gradient-free requests (RWMH's and the slice
     sampler's: any number of points per chain, or none) on two shards or more, without
-    speculation, hot rows or a replayed round."""
+    speculation or a replayed round."""
     return (
         len(shards) >= 2
         and not speculate
@@ -265,7 +265,6 @@ def fusable(shards: list[Shard], seq: Any, requests: list[Request | None], specu
             sh.fused_z
             and not sh.replica
             and not sh.out_of_core
-            and not sh._hot.size
             and sh.chains
             and not sh._spec
             and (seq is None or sh._seq != seq)

@@ -217,7 +217,6 @@ class Shard:
         self._reply: Reply | ReplicaReply | None = None
         self._spec: dict[int, _Spec] = {}  # chain -> its pending speculative z-update
         self._spec_pending = False  # speculate() has work to do
-        self._hot = np.empty(0, dtype=np.int64)  # see set_hot_rows
         #: columns and thresholds of the exact rows' rule (see set_exact_rows), or None
         self._exact: tuple[np.ndarray, np.ndarray] | None = None
         self._typed: tuple | None = None  # see _typed_lists
@@ -298,33 +297,6 @@ class Shard:
                 )
             self.consts[...] = c
 
-    def set_hot_rows(self, thetas: np.ndarray, threshold: float) -> int:
-        """Choose the hot rows: those whose brightness probability ``1 − e^−δ_n``,
-        averaged over the points ``thetas`` (k, P), is at least ``threshold`` (a full
-        pass at each point; set-up only). Every z-update then also redraws their z
-        exactly from ``p(z | θ)`` (:meth:`_update_hot`). Returns how many there are."""
-        if self.out_of_core:
-            raise ValueError(
-                "hot_rows needs shards in memory: this shard is out of core (raise its "
-                "memory_budget, or leave hot_rows None)"
-            )
-        score = np.concatenate([p.mean(axis=0) for p in self._brightness(thetas)])
-        self._hot = np.flatnonzero(score >= float(threshold)).astype(np.int64)
-        return int(self._hot.size)
-
-    def _update_hot(self) -> np.ndarray:
-        """Redraw every chain's z of the hot rows exactly from ``p(z | θ)`` at its θ: a
-        Gibbs move on a set of rows fixed before sampling (valid whatever their z).
-        Returns the queries, per chain."""
-        queries = np.zeros(len(self.chains), dtype=np.int64)
-        hot = self._hot
-        segs = [(ch.theta[None], hot) for ch in self.chains]
-        evals = self._bright_eval_many(segs, self.track_grad)
-        for c, (ch, (v, d, _)) in enumerate(zip(self.chains, evals, strict=True)):
-            explicit_accept(ch.rng, ch.bright, hot, v[0], None if d is None else d[0])
-            queries[c] = hot.size
-        return queries
-
     def set_q(self, q_db: float) -> None:
         """Set the dark→bright proposal probability of the implicit z-update."""
         self.q_db = float(q_db)
@@ -344,16 +316,14 @@ class Shard:
     def expected_bright(self, theta: np.ndarray) -> float:
         """``Σ_n p(z_n = 1 | θ) = Σ_n −expm1(−δ_n(θ))`` over this shard's rows: the
         expected number of bright rows at ``theta`` (a full pass; set-up only)."""
-        return sum(float(p.sum()) for p in self._brightness(np.asarray(theta, float)[None]))
-
-    def _brightness(self, thetas: np.ndarray) -> Iterator[np.ndarray]:
-        """``p(z_n = 1 | θ) = −expm1(−δ_n(θ))`` of every row at each of ``thetas`` (k, P),
-        as (k, rows) blocks in row order (a full pass per point; set-up only)."""
         m = self.model
+        thetas = np.asarray(theta, float)[None]
+        total = 0.0
         for X, y, xi in self.blocks(65536):
             eta = m.linear_predictor(thetas, X)
             delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
-            yield -np.expm1(-delta)
+            total += float(-np.expm1(-delta).sum())
+        return total
 
     def bound_stats(self, untuned: bool = False) -> BoundStats:
         """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic: at the
@@ -996,12 +966,10 @@ class Shard:
         return queries
 
     def _update_z(self) -> np.ndarray:
-        """Step 2 of a round: every chain's z at its current θ (and the hot rows', see
-        :meth:`set_hot_rows`); a speculative update already made at that θ is kept.
-        Returns the queries, per chain."""
+        """Step 2 of a round: every chain's z at its current θ; a speculative update
+        already made at that θ is kept. Returns the queries, per chain."""
         if not self._spec:
-            queries = self._update_z_all()
-            return queries + self._update_hot() if self._hot.size else queries
+            return self._update_z_all()
         queries = np.zeros(len(self.chains), dtype=np.int64)
         done = sorted(self._spec)
         for c in done:

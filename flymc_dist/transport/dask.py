@@ -86,9 +86,9 @@ def _scheduler_workers(client: Any) -> dict[str, dict]:
 INLINE = ("round_packed", "echo", "ping")
 
 #: set-up calls that change a shard's state; replayed, in order, on recreated shards so
-#: that they rejoin with the same tight points (hence the same collapsed bound), q and
-#: hot rows (and exact rows: their rule before the tight points it changes)
-REPLAYED = ("set_exact_rows", "set_tight_points", "set_q", "set_replica", "set_hot_rows")
+#: that they rejoin with the same tight points (hence the same collapsed bound) and q
+#: (and exact rows: their rule before the tight points it changes)
+REPLAYED = ("set_exact_rows", "set_tight_points", "set_q", "set_replica")
 
 
 def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
