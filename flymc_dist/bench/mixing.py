@@ -45,6 +45,7 @@ from flymc_dist.bench.common import local_client, reusable_store
 from flymc_dist.bench.numpyro_nuts import import_numpyro, run_numpyro
 from flymc_dist.data import make_logistic
 from flymc_dist.data.real import flights_to_zarr, mnist_7_vs_9, qm9_gap
+from flymc_dist.result import narrowing_line
 
 PROBLEMS = ("qm9", "mnist", "flights", "logistic")
 #: shape of the ``flights`` problem's store (what a reused store must have)
@@ -356,15 +357,9 @@ def format_mixing(d: dict[str, Any]) -> str:
             + f"{f['queries_per_iteration']:>12.4g}{f['bright_rows_per_chain']:>13.1f}"
             + f"{'-' if f.get('exact_rows') is None else f['exact_rows']:>7}"
         )
-    f = d.get("flymc")
-    if f and f.get("conditional_narrowing") is not None:
-        lines.append(
-            f"FlyMC: theta given z is up to {f['conditional_narrowing']:.1f}x narrower than "
-            f"the posterior (in precision, at the MAP): at most "
-            f"{f['ess_per_draw_ceiling']:.3f} effective draws per iteration in its slowest "
-            f"direction, whatever the kernel; min ESS per draw here "
-            f"{f['ess_min_per_draw']:.3f}"
-        )
+    line = narrowing_line(d.get("flymc", {}), d.get("flymc", {}).get("ess_min_per_draw"))
+    if line is not None:
+        lines.append(line)
     r = d.get("ratios")
     if r:
         lines.append(

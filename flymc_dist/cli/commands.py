@@ -26,7 +26,7 @@ from flymc_dist.cli.common import (
 )
 from flymc_dist.data import ingest, open_dataset
 from flymc_dist.models import make_model
-from flymc_dist.result import efficiency
+from flymc_dist.result import efficiency, narrowing_line
 from flymc_dist.trace import Trace, _probe
 
 # --------------------------------------------------------------------------- make-data, ingest
@@ -272,6 +272,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume:  # the time of this session only covers the resumed part
         eff["seconds_per_iteration"] = float("nan")
     for line in _efficiency_lines(eff, float(np.nanmax(r_hat)), C):
+        _say(line)
+    line = narrowing_line(res.info, eff["ess_min"] / (C * S))
+    if line is not None:
         _say(line)
     return 0
 

@@ -17,6 +17,7 @@ from flymc_dist import diagnostics
 from flymc_dist.bench.common import local_client
 from flymc_dist.cli.common import CLIError, _fmt, _percent, _progress, _say
 from flymc_dist.data import make_logistic
+from flymc_dist.result import narrowing_line
 
 _DEMO_ROWS = 200_000
 _DEMO_FEATURES = 10
@@ -190,14 +191,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"speedup of FlyMC: {per_it:.1f}× per iteration, {_fmt(per_q)}× in ESS per likelihood "
         f"query, {_fmt(per_s)}× in ESS per second"
     )
-    kappa = fly.info.get("conditional_narrowing")
-    if kappa is not None:
-        _say(
-            f"FlyMC's θ given z is up to {kappa:.1f}× narrower than the posterior (in precision,"
-            f" at the MAP): at most {fly.info['ess_per_draw_ceiling']:.2f} effective draws per "
-            f"iteration in its slowest direction, whatever the kernel (measured: "
-            f"{ef['ess_min'] / fly.samples[..., 0].size:.2f}, the min over weights)"
-        )
+    line = narrowing_line(fly.info, ef["ess_min"] / (fly.samples.shape[0] * fly.samples.shape[1]))
+    if line is not None:
+        _say(line)
     _say(_agreement(fly, reg, names))
     _say(
         f"done in {time.perf_counter() - t_all:.0f} s (FlyMC {t_fly:.0f} s, regular "
