@@ -222,12 +222,10 @@ class Driver:
                 self.exact_counts = choose_exact_rows(self.transport, self.n_rows)
             self.bound = tight_bounds(self.transport, self.theta_map if bounds_at_map else None)
         is_bound = isinstance(self.precondition, str) and self.precondition == "bound"
-        prec = None
-        if bounds_at_map and neg_h is not None:
-            prec = bound_precision(self.bound, self.model, self.P)
+        forecast = bounds_at_map and neg_h is not None  # how fast FlyMC can mix
+        prec = bound_precision(self.bound, self.model, self.P) if is_bound or forecast else None
+        if forecast:
             self.narrowing = conditional_narrowing(prec, neg_h)
-        elif is_bound:
-            prec = bound_precision(self.bound, self.model, self.P)
         chol = preconditioner(self.precondition, neg_h, self.P, prec)
         self.scale_tril = chol
         # the start is jittered by the posterior's scale (overdispersed, for R-hat), not by
