@@ -367,14 +367,14 @@ def format_mixing(d: dict[str, Any]) -> str:
             f"{r['min_ess_per_second']:.1f}x, per iteration "
             f"{r['seconds_per_iteration']:.1f}x faster, "
             f"{r['queries_per_iteration']:.0f}x fewer queries per iteration, "
-            f"min-ESS per query {r['ess_per_query']:.0f}x"
+            f"min-ESS per query {r['ess_per_query']:,.1f}x"
         )
     r = d.get("ratios_numpyro")
     if r:
         lines.append(
             f"FlyMC / NumPyro NUTS (full data, dense metric, float64, compiling included): "
             f"min-ESS per second of the whole run {r['min_ess_per_second']:.1f}x, "
-            f"min-ESS per query {r['ess_per_query']:.0f}x"
+            f"min-ESS per query {r['ess_per_query']:,.1f}x"
         )
     bad = [n for n in SAMPLERS if n in d and not d[n]["converged"]]
     if bad:
