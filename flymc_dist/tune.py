@@ -283,9 +283,9 @@ def conditional_narrowing(bound_prec: np.ndarray, neg_hessian: np.ndarray) -> fl
     afresh, or an implicit z-update that leaves most z as they were, mix more slowly still.
     Measured (min over weights of the bulk ESS per draw, 4 chains of NUTS): MNIST 7 vs 9,
     κ = 14.8, ceiling 0.035, measured 0.026; ``flymc demo``'s data (200,000 × 10), κ = 1.9,
-    ceiling 0.35, measured 0.30; QM9 robust regression, κ = 1.6, ceiling 0.44, measured
-    0.13 (its ridge, not z, is what slows it). Regular MCMC has no such ceiling: its NUTS
-    draws on MNIST are worth 1.1 effective draws each.
+    ceiling 0.35, measured 0.26-0.30; QM9 robust regression, κ = 1.6, ceiling 0.44,
+    measured 0.08-0.13 (its ridge, not z, is what slows it). Regular MCMC has no such
+    ceiling: its NUTS draws on MNIST are worth 1.1 effective draws each.
 
     No choice of tight points lowers MNIST's κ much: a quadratic lower bound of ``log σ(s)``
     that touches it at a margin ``s₀ ≫ 1`` (slope ≈ 0 there) must stay below ``log σ(s) ≈ s``
