@@ -247,6 +247,8 @@ def test_run_then_summary(store: Path, tmp_path: Path, capsys: pytest.CaptureFix
     code, out2, err = run_cli(["summary", trace], capsys)
     assert code == 0, err
     assert "flymc" in out2 and "ess_bulk" in out2 and "bright fraction" in out2
+    forecast = [x for x in out.splitlines() if "narrower than the posterior" in x]
+    assert forecast and forecast[0] in out2  # the same line, from the trace's attributes
     # wall time is kept with the checkpoint: seconds per iteration and ESS per second
     secs = t.checkpoint["seconds"]
     assert secs["warmup"] > 0 and secs["sampling"] > 0

@@ -331,4 +331,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     eff = _trace_efficiency(trace)
     for line in _efficiency_lines(eff, float(np.nanmax(table["r_hat"])), C):
         _say(line)
+    line = narrowing_line(attrs, eff["ess_min"] / (C * S))  # kept with the trace's set-up
+    if line is not None:
+        _say(line)
     return 0
