@@ -793,3 +793,75 @@ def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
             np.testing.assert_array_equal(mine.chains[c].bright.idx, sh.chains[c].bright.idx)
             np.testing.assert_array_equal(mine.chains[c].bright.vals, sh.chains[c].bright.vals)
             assert mine.chains[c].rng.bit_generator.state == sh.chains[c].rng.bit_generator.state
+
+
+@pytest.mark.parametrize("model_name", ["logistic", "robust"])
+def test_host_fused_replica_round_equals_shard_by_shard(model_name):
+    """Replica mode (NUTS, HMC, MALA, slice on the driver's copy of the bright rows): a
+    host with several shards moves every chain to its new θ shard by shard, then runs one
+    z-update over all (shard, chain) pairs and answers each shard's bright-set change
+    (fused._fused_replica_round). Every shard's reply — the rows gone dark, the new
+    rows with their data, the counts — its bright sets and its streams must be the ones
+    its own Shard.round gives, bit for bit, round after round; and the fused pass must be
+    the one that ran. Shards of different sizes, one so small that its chains go dark."""
+    from flymc_dist.protocol import pack_round, unpack_reply
+    from flymc_dist.shard import ShardHost
+
+    rng = np.random.default_rng(71)
+    n, C = 1500, 3
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
+    if model_name == "logistic":
+        model = fd.LogisticRegression()
+        y = (rng.random(n) < 1 / (1 + np.exp(-X @ np.array([0.3, 1.0, -1.0])))).astype(float)
+    else:
+        model = fd.RobustRegression()
+        y = X @ np.array([0.3, 1.0, -1.0]) + rng.standard_t(4, size=n)
+    theta_hat = np.array([0.3, 1.0, -1.0])
+    cuts = [0, 700, 1200, 1490, 1500]
+    specs = [
+        ShardSpec(i, "unused", a, b)
+        for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))
+    ]
+    data = {s.shard_id: (X[s.start : s.stop], y[s.start : s.stop]) for s in specs}
+    config = ShardConfig(model=model, algorithm="flymc", chains=C, seed=72, q_db=0.02)
+    fused = ShardHost(specs, config, data)
+    single = [ShardHost([s], config, {s.shard_id: data[s.shard_id]}) for s in specs]
+    thetas = theta_hat + 0.2 * rng.normal(size=(C, 3))
+    for host in [fused, *single]:
+        host.call("set_tight_points", (theta_hat,))
+        host.call("set_replica", (True,))
+        host.call("set_positions", (thetas,))
+    used = {"fused": 0}
+    real = ShardHost._round_fused
+
+    def counting(self, *a):
+        out = real(self, *a)
+        used["fused"] += out is not None
+        return out
+
+    current = thetas.copy()
+    changed = empty = 0
+    for r in range(1, 121):
+        current = current + 0.15 * rng.normal(size=current.shape)  # each chain's new θ
+        reqs = [Request(current[c][None], False, False) for c in range(C)]
+        blob = pack_round(r, np.full(C, -1), True, reqs, False)
+        ShardHost._round_fused = counting
+        try:
+            got = unpack_reply(fused._serve_channel(1, blob)[0])
+        finally:
+            ShardHost._round_fused = real
+        for host in single:
+            want = unpack_reply(host._serve_channel(1, blob)[0])
+            for sid, rep in want.items():
+                assert type(rep) is type(got[sid])
+                for key in rep._fields:
+                    np.testing.assert_array_equal(getattr(got[sid], key), getattr(rep, key), key)
+        changed += int(got[0].new_ids.size + got[0].gone_ids.size > 0)
+        empty += int((got[3].n_bright == 0).sum())
+    assert used["fused"] == 120 and changed > 20 and empty > 0
+    for host in single:
+        ((sid, sh),) = host.shards.items()
+        mine = fused.shards[sid]
+        for c in range(C):
+            np.testing.assert_array_equal(mine.chains[c].bright.idx, sh.chains[c].bright.idx)
+            assert mine.chains[c].rng.bit_generator.state == sh.chains[c].rng.bit_generator.state

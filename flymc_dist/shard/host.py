@@ -146,7 +146,7 @@ class ShardHost:
         update_z: bool,
         requests: list[Request | None],
         speculate: bool,
-    ) -> dict[int, Reply] | None:
+    ) -> dict[int, Reply | ReplicaReply] | None:
         """:meth:`Shard.round` on every shard here in one pass
         (:func:`~flymc_dist.shard.fused.fused_round`), or None where it does not apply
         (then the shards run one by one)."""
