@@ -668,7 +668,7 @@ class Driver:
                 else None
             ),
             "conditional_narrowing": self.narrowing,
-            "ess_per_draw_ceiling": (
+            "gibbs_ess_per_draw": (
                 None if self.narrowing is None else 1.0 / max(2.0 * self.narrowing - 1.0, 1.0)
             ),
             "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),

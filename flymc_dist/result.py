@@ -47,9 +47,9 @@ class Result:
         Run metadata: algorithm, settings, timings, MAP, setup cost, recoveries. For
         MAP-tuned FlyMC, ``conditional_narrowing`` (κ: how many times narrower θ given z
         is than the posterior, in precision, at most over directions) and
-        ``ess_per_draw_ceiling`` (``1 / (2κ − 1)``: the most effective draws per iteration
-        the slowest direction of θ can get from FlyMC's alternation of z and θ, whatever
-        the kernel; see :func:`flymc_dist.tune.conditional_narrowing`); None otherwise.
+        ``gibbs_ess_per_draw`` (``1 / (2κ − 1)``: the effective draws per iteration of
+        θ's slowest direction were θ | z and z | θ drawn exactly — a forecast, see
+        :func:`flymc_dist.tune.conditional_narrowing`); None otherwise.
     approximate
         True for austerity MH, whose draws do *not* target the exact posterior.
     """
@@ -171,14 +171,14 @@ def efficiency(
 
 def narrowing_line(info: dict[str, Any], ess_min_per_draw: float) -> str | None:
     """One line on how fast FlyMC can mix (``info["conditional_narrowing"]`` and
-    ``info["ess_per_draw_ceiling"]``) beside what it measured, or None when the run has no
+    ``info["gibbs_ess_per_draw"]``) beside what it measured, or None when the run has no
     such forecast (regular MCMC, austerity, untuned bounds)."""
-    kappa, ceiling = info.get("conditional_narrowing"), info.get("ess_per_draw_ceiling")
-    if kappa is None or ceiling is None:
+    kappa, rate = info.get("conditional_narrowing"), info.get("gibbs_ess_per_draw")
+    if kappa is None or rate is None:
         return None
     return (
         f"FlyMC's θ given z is up to {kappa:.1f}× narrower than the posterior (in precision, "
-        f"at the MAP): at most {ceiling:.3g} effective draws per iteration in its slowest "
-        f"direction, whatever the kernel (measured: {ess_min_per_draw:.3g}, the min over "
-        f"parameters)"
+        f"at the MAP): alternating exact draws of θ | z and z | θ would give its slowest "
+        f"direction {rate:.3g} effective draws per iteration (measured: "
+        f"{ess_min_per_draw:.3g} per draw, the min over parameters)"
     )

@@ -1,13 +1,14 @@
 """FlyMC's forecast of its own mixing: ``info["conditional_narrowing"]`` (κ, how many times
 narrower in precision θ given z is than the posterior, at most over directions) and
-``info["ess_per_draw_ceiling"]`` (``1 / (2κ − 1)``: the effective draws per iteration of
-the slowest linear combination of θ under the two-block Gibbs sampler of θ and z).
+``info["gibbs_ess_per_draw"]`` (``1 / (2κ − 1)``: the effective draws per iteration of the
+slowest linear combination of θ under the two-block Gibbs sampler of θ and z, were both
+blocks drawn exactly).
 
 Both are read off the collapsed bound and the Laplace approximation at the MAP before the
-first iteration; here they are computed independently from the data, and the ceiling is
-held against measured draws: FlyMC's slowest direction does not mix faster than it says,
-while regular NUTS, on the same posterior and direction, mixes far faster (so the check
-could fail).
+first iteration; here they are computed independently from the data, and the forecast is
+held against measured draws in the direction it describes: FlyMC mixes there at about
+the Gibbs rate, while regular NUTS, on the same posterior and direction, mixes far faster
+(so the check could fail).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _precisions(X: np.ndarray, theta_map: np.ndarray) -> tuple[np.ndarray, np.nd
 @pytest.mark.parametrize("slope, low, high", [(0.3, 1.0, 1.5), (6.0, 4.0, np.inf)])
 def test_narrowing_is_the_bound_against_the_posterior_precision(slope, low, high):
     """κ is the largest generalised eigenvalue of the two precisions (scipy's generalised
-    symmetric eigensolver), the ceiling ``1 / (2κ − 1)``. Weakly separated classes give κ
+    symmetric eigensolver), the Gibbs rate ``1 / (2κ − 1)``. Weakly separated classes give κ
     near 1; well separated ones — well-classified rows, whose bound is far more curved
     than their log-likelihood — a large κ. Regular MCMC and untuned bounds report None."""
     X, y = _data(slope)
@@ -69,24 +70,25 @@ def test_narrowing_is_the_bound_against_the_posterior_precision(slope, low, high
     bound_prec, post_prec = _precisions(X, res.info["map"])
     kappa = scipy.linalg.eigh(bound_prec, post_prec, eigvals_only=True)[-1]
     assert res.info["conditional_narrowing"] == pytest.approx(kappa, rel=1e-8)
-    assert res.info["ess_per_draw_ceiling"] == pytest.approx(1.0 / (2.0 * kappa - 1.0), rel=1e-8)
+    assert res.info["gibbs_ess_per_draw"] == pytest.approx(1.0 / (2.0 * kappa - 1.0), rel=1e-8)
     assert low <= kappa < high
     for other in (dict(algorithm="regular"), dict(bounds="untuned")):
         res = _run((X, y), **other)
         assert res.info["conditional_narrowing"] is None
-        assert res.info["ess_per_draw_ceiling"] is None
+        assert res.info["gibbs_ess_per_draw"] is None
 
 
 @pytest.mark.slow
-def test_the_slowest_direction_mixes_no_faster_than_the_ceiling():
-    """On well-separated data (κ ≈ 10, ceiling 0.051), FlyMC's NUTS draws projected on the
-    slowest direction — ``w = B v``, v the top generalised eigenvector and B the bound's
-    precision: the left eigenvector of the Gibbs autoregression ``I − B⁻¹ P`` — have a
-    bulk ESS per draw at most the ceiling (1.3 times it: the ESS estimate's own error at
-    this length), even with every z redrawn exactly every iteration (measured 0.029: the
-    bright rows' terms narrow θ given z further than the bound alone), and far below what
-    regular NUTS gets in the same direction (1.2: the control that the ceiling is
-    FlyMC's, not the direction's)."""
+def test_the_slowest_direction_mixes_at_about_the_gibbs_rate():
+    """On well-separated data (κ ≈ 10, Gibbs rate 0.051), FlyMC's NUTS draws projected on
+    the slowest direction — ``w = B v``, v the top generalised eigenvector and B the
+    bound's precision: the left eigenvector of the Gibbs autoregression ``I − B⁻¹ P`` —
+    with every z redrawn exactly every iteration, have a bulk ESS per draw between 0.4 and
+    1.3 times the Gibbs rate (measured 0.029: the bright rows' terms narrow θ given z
+    further than the bound alone; 1.3 allows for the ESS estimate's own error at this
+    length, and for NUTS's draws of θ | z, which need not be independent). Regular NUTS
+    gets 1.2 in the same direction and must exceed 3 times the rate: the limit is
+    FlyMC's alternation, not the direction."""
     X, y = _data(6.0)
     # the best case for FlyMC: z redrawn exactly from p(z | θ) every iteration
     fly = _run(
@@ -97,7 +99,7 @@ def test_the_slowest_direction_mixes_no_faster_than_the_ceiling():
         z_update="explicit",
         resample_fraction=1.0,
     )
-    ceiling = fly.info["ess_per_draw_ceiling"]
+    rate = fly.info["gibbs_ess_per_draw"]
     bound_prec, post_prec = _precisions(X, fly.info["map"])
     _, vecs = scipy.linalg.eigh(bound_prec, post_prec)
     w = bound_prec @ vecs[:, -1]
@@ -109,5 +111,5 @@ def test_the_slowest_direction_mixes_no_faster_than_the_ceiling():
     fly_rate = per_draw(fly)
     reg = _run((X, y), algorithm="regular", num_warmup=300, num_samples=500, chains=4)
     reg_rate = per_draw(reg)
-    assert fly_rate <= 1.3 * ceiling, (fly_rate, ceiling)
-    assert reg_rate > 3.0 * ceiling, (reg_rate, ceiling)
+    assert 0.4 * rate <= fly_rate <= 1.3 * rate, (fly_rate, rate)
+    assert reg_rate > 3.0 * rate, (reg_rate, rate)

@@ -122,7 +122,7 @@ def _figures(res: Any, wall: float) -> dict[str, Any]:
         "exact_rows": res.info.get("exact_rows"),
         "ess_min_per_draw": eff["ess_min"] / float(res.samples.shape[0] * res.samples.shape[1]),
         "conditional_narrowing": res.info.get("conditional_narrowing"),
-        "ess_per_draw_ceiling": res.info.get("ess_per_draw_ceiling"),
+        "gibbs_ess_per_draw": res.info.get("gibbs_ess_per_draw"),
     }
 
 
