@@ -691,19 +691,13 @@ def test_all_remote_only_when_every_shard_worker_is_elsewhere():
 
 
 # ------------------------------------------------------ several shards per host: one pass
-@pytest.mark.parametrize("kernel", ["rwmh", "slice"])
-@pytest.mark.parametrize("model_name", ["logistic", "robust"])
-def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
-    """A host with several shards runs RWMH rounds as one pass over all (shard, chain)
-    pairs (ShardHost._round_fused); every shard's reply, bright set and stream must be
-    the ones its own Shard.round gives, bit for bit (the placement-independence of the
-    draws rests on it). Shards of different sizes, one so small that chains go dark.
-    "slice": rounds like the slice sampler's — 0 to 3 points per chain, some chains
-    without a request, z updated on every third round only."""
-    from flymc_dist.protocol import pack_round, unpack_reply
+def _hosts(rng: np.random.Generator, model_name: str, seed: int, replica: bool = False):
+    """One host holding four shards of uneven size (one of 10 rows, whose chains go dark)
+    and four hosts holding one each, on the same data, positions and streams; and a
+    counter of the rounds the fused pass served (``counting``, to patch in for
+    ``ShardHost._round_fused``). Returns ``(fused, single, thetas, used, counting)``."""
     from flymc_dist.shard import ShardHost
 
-    rng = np.random.default_rng(61)
     n, C = 1500, 3
     X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
     if model_name == "logistic":
@@ -719,12 +713,14 @@ def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
         for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))
     ]
     data = {s.shard_id: (X[s.start : s.stop], y[s.start : s.stop]) for s in specs}
-    config = ShardConfig(model=model, algorithm="flymc", chains=C, seed=62, q_db=0.02)
+    config = ShardConfig(model=model, algorithm="flymc", chains=C, seed=seed, q_db=0.02)
     fused = ShardHost(specs, config, data)
     single = [ShardHost([s], config, {s.shard_id: data[s.shard_id]}) for s in specs]
     thetas = theta_hat + 0.2 * rng.normal(size=(C, 3))
     for host in [fused, *single]:
         host.call("set_tight_points", (theta_hat,))
+        if replica:
+            host.call("set_replica", (True,))
         host.call("set_positions", (thetas,))
     used = {"fused": 0}
     real = ShardHost._round_fused
@@ -734,6 +730,59 @@ def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
         used["fused"] += out is not None
         return out
 
+    return fused, single, thetas, used, counting
+
+
+def _fused_round_checked(fused, single, blob: bytes, counting) -> dict:
+    """The fused host's replies to the packed round ``blob`` (served through ``counting``),
+    after checking that every field of every shard's reply is the one its single-shard
+    host gives, bit for bit."""
+    from flymc_dist.protocol import unpack_reply
+    from flymc_dist.shard import ShardHost
+
+    real = ShardHost._round_fused
+    ShardHost._round_fused = counting
+    try:
+        got = unpack_reply(fused._serve_channel(1, blob)[0])
+    finally:
+        ShardHost._round_fused = real
+    for host in single:
+        want = unpack_reply(host._serve_channel(1, blob)[0])
+        for sid, rep in want.items():
+            assert type(rep) is type(got[sid])
+            for key in rep._fields:
+                a, b = getattr(got[sid], key), getattr(rep, key)
+                assert (a is None) == (b is None), key
+                if a is not None:
+                    np.testing.assert_array_equal(a, b, err_msg=key)
+    return got
+
+
+def _assert_same_chains(fused, single) -> None:
+    """Every shard's bright sets, their values and its chains' streams, as on its own."""
+    for host in single:
+        ((sid, sh),) = host.shards.items()
+        mine = fused.shards[sid]
+        for c in range(len(sh.chains)):
+            np.testing.assert_array_equal(mine.chains[c].bright.idx, sh.chains[c].bright.idx)
+            np.testing.assert_array_equal(mine.chains[c].bright.vals, sh.chains[c].bright.vals)
+            assert mine.chains[c].rng.bit_generator.state == sh.chains[c].rng.bit_generator.state
+
+
+@pytest.mark.parametrize("kernel", ["rwmh", "slice"])
+@pytest.mark.parametrize("model_name", ["logistic", "robust"])
+def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
+    """A host with several shards runs RWMH rounds as one pass over all (shard, chain)
+    pairs (ShardHost._round_fused); every shard's reply, bright set and stream must be
+    the ones its own Shard.round gives, bit for bit (the placement-independence of the
+    draws rests on it). Shards of different sizes, one so small that chains go dark.
+    "slice": rounds like the slice sampler's — 0 to 3 points per chain, some chains
+    without a request, z updated on every third round only."""
+    from flymc_dist.protocol import pack_round
+
+    rng = np.random.default_rng(61)
+    fused, single, thetas, used, counting = _hosts(rng, model_name, 62)
+    C = thetas.shape[0]
     current = thetas.copy()
     moved = empty = bright = 0
     # each chain's last evaluated points, and the round they were evaluated in: as in the
@@ -765,34 +814,16 @@ def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
         update_z = kernel == "rwmh" or r % 3 == 1
         if update_z:
             z_round = r - 1  # z moves before this round's points are evaluated
-        blob = pack_round(r, commits, update_z, reqs, False)
-        ShardHost._round_fused = counting
-        try:
-            got = unpack_reply(fused._serve_channel(1, blob)[0])
-        finally:
-            ShardHost._round_fused = real
-        for host in single:
-            want = unpack_reply(host._serve_channel(1, blob)[0])
-            for sid, rep in want.items():
-                assert type(rep) is type(got[sid])
-                for key in rep._fields:
-                    a, b = getattr(got[sid], key), getattr(rep, key)
-                    assert (a is None) == (b is None), key
-                    if a is not None:
-                        np.testing.assert_array_equal(a, b, err_msg=key)
+        got = _fused_round_checked(
+            fused, single, pack_round(r, commits, update_z, reqs, False), counting
+        )
         moved += int((commits == 0).sum())
         empty += int((got[3].n_bright == 0).sum())
         bright += int(got[0].n_bright.sum())
     # the fused pass ran every round; chains moved; the 10-row shard's chains were often
     # all dark (empty segments) while the big shard's were not
     assert used["fused"] == 150 and moved > 50 and empty > 0 and bright > 0
-    for host in single:
-        ((sid, sh),) = host.shards.items()
-        mine = fused.shards[sid]
-        for c in range(C):
-            np.testing.assert_array_equal(mine.chains[c].bright.idx, sh.chains[c].bright.idx)
-            np.testing.assert_array_equal(mine.chains[c].bright.vals, sh.chains[c].bright.vals)
-            assert mine.chains[c].rng.bit_generator.state == sh.chains[c].rng.bit_generator.state
+    _assert_same_chains(fused, single)
 
 
 @pytest.mark.parametrize("model_name", ["logistic", "robust"])
@@ -804,64 +835,20 @@ def test_host_fused_replica_round_equals_shard_by_shard(model_name):
     rows with their data, the counts — its bright sets and its streams must be the ones
     its own Shard.round gives, bit for bit, round after round; and the fused pass must be
     the one that ran. Shards of different sizes, one so small that its chains go dark."""
-    from flymc_dist.protocol import pack_round, unpack_reply
-    from flymc_dist.shard import ShardHost
+    from flymc_dist.protocol import pack_round
 
     rng = np.random.default_rng(71)
-    n, C = 1500, 3
-    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
-    if model_name == "logistic":
-        model = fd.LogisticRegression()
-        y = (rng.random(n) < 1 / (1 + np.exp(-X @ np.array([0.3, 1.0, -1.0])))).astype(float)
-    else:
-        model = fd.RobustRegression()
-        y = X @ np.array([0.3, 1.0, -1.0]) + rng.standard_t(4, size=n)
-    theta_hat = np.array([0.3, 1.0, -1.0])
-    cuts = [0, 700, 1200, 1490, 1500]
-    specs = [
-        ShardSpec(i, "unused", a, b)
-        for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))
-    ]
-    data = {s.shard_id: (X[s.start : s.stop], y[s.start : s.stop]) for s in specs}
-    config = ShardConfig(model=model, algorithm="flymc", chains=C, seed=72, q_db=0.02)
-    fused = ShardHost(specs, config, data)
-    single = [ShardHost([s], config, {s.shard_id: data[s.shard_id]}) for s in specs]
-    thetas = theta_hat + 0.2 * rng.normal(size=(C, 3))
-    for host in [fused, *single]:
-        host.call("set_tight_points", (theta_hat,))
-        host.call("set_replica", (True,))
-        host.call("set_positions", (thetas,))
-    used = {"fused": 0}
-    real = ShardHost._round_fused
-
-    def counting(self, *a):
-        out = real(self, *a)
-        used["fused"] += out is not None
-        return out
-
+    fused, single, thetas, used, counting = _hosts(rng, model_name, 72, replica=True)
+    C = thetas.shape[0]
     current = thetas.copy()
     changed = empty = 0
     for r in range(1, 121):
         current = current + 0.15 * rng.normal(size=current.shape)  # each chain's new θ
         reqs = [Request(current[c][None], False, False) for c in range(C)]
-        blob = pack_round(r, np.full(C, -1), True, reqs, False)
-        ShardHost._round_fused = counting
-        try:
-            got = unpack_reply(fused._serve_channel(1, blob)[0])
-        finally:
-            ShardHost._round_fused = real
-        for host in single:
-            want = unpack_reply(host._serve_channel(1, blob)[0])
-            for sid, rep in want.items():
-                assert type(rep) is type(got[sid])
-                for key in rep._fields:
-                    np.testing.assert_array_equal(getattr(got[sid], key), getattr(rep, key), key)
+        got = _fused_round_checked(
+            fused, single, pack_round(r, np.full(C, -1), True, reqs, False), counting
+        )
         changed += int(got[0].new_ids.size + got[0].gone_ids.size > 0)
         empty += int((got[3].n_bright == 0).sum())
     assert used["fused"] == 120 and changed > 20 and empty > 0
-    for host in single:
-        ((sid, sh),) = host.shards.items()
-        mine = fused.shards[sid]
-        for c in range(C):
-            np.testing.assert_array_equal(mine.chains[c].bright.idx, sh.chains[c].bright.idx)
-            assert mine.chains[c].rng.bit_generator.state == sh.chains[c].rng.bit_generator.state
+    _assert_same_chains(fused, single)
