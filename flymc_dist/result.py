@@ -137,7 +137,8 @@ def efficiency(
     dict
         ``queries_per_iteration``, ``seconds_per_iteration``, ``bright_fraction``,
         ``acceptance``, ``round_trips_per_iteration``, ``ess_min``, ``ess_median``,
-        ``ess_mean`` (bulk ESS over parameters), ``r_hat_max``, ``ess_per_1000_iterations``,
+        ``ess_mean`` (bulk ESS over parameters), ``ess_min_per_draw`` (``ess_min`` over all
+        chains' draws), ``r_hat_max``, ``ess_per_1000_iterations``,
         ``ess_per_query`` and ``ess_per_second`` (both from the mean ESS).
     """
     C, S = samples.shape[:2]
@@ -162,6 +163,7 @@ def efficiency(
         "ess_min": float(np.nanmin(ess)) if ess.size else nan,
         "ess_median": float(np.nanmedian(ess)) if ess.size else nan,
         "ess_mean": mean_ess,
+        "ess_min_per_draw": float(np.nanmin(ess)) / (C * S) if ess.size and S else nan,
         "r_hat_max": float(np.nanmax(rhat)) if rhat.size else nan,
         "ess_per_1000_iterations": 1000.0 * mean_ess / (C * S) if S else nan,
         "ess_per_query": mean_ess / total_q if total_q else nan,

@@ -791,6 +791,8 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
     # FlyMC's forecast of its own mixing, beside what it measured
     kappa, rate = d["flymc"]["conditional_narrowing"], d["flymc"]["gibbs_ess_per_draw"]
     assert kappa >= 1.0 and rate == pytest.approx(1.0 / (2.0 * kappa - 1.0))
+    f = d["flymc"]
+    assert f["ess_min_per_draw"] == pytest.approx(f["ess_min"] / (f["chains"] * f["draws"]))
     assert f"up to {kappa:.1f}× narrower" in out and f"direction {rate:.3g} effective" in out
     assert d["regular"]["conditional_narrowing"] is None
     code, _, err = run_cli(["bench", "mixing", "--problem", "cifar"], capsys)

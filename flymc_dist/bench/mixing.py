@@ -120,7 +120,7 @@ def _figures(res: Any, wall: float) -> dict[str, Any]:
         "kernel": res.info["kernel_repr"],
         "q_db": res.info.get("q_db"),
         "exact_rows": res.info.get("exact_rows"),
-        "ess_min_per_draw": eff["ess_min"] / float(res.samples.shape[0] * res.samples.shape[1]),
+        "ess_min_per_draw": eff["ess_min_per_draw"],
         "conditional_narrowing": res.info.get("conditional_narrowing"),
         "gibbs_ess_per_draw": res.info.get("gibbs_ess_per_draw"),
     }

@@ -273,7 +273,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         eff["seconds_per_iteration"] = float("nan")
     for line in _efficiency_lines(eff, float(np.nanmax(r_hat)), C):
         _say(line)
-    line = narrowing_line(res.info, eff["ess_min"] / (C * S))
+    line = narrowing_line(res.info, eff["ess_min_per_draw"])
     if line is not None:
         _say(line)
     return 0
@@ -331,7 +331,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     eff = _trace_efficiency(trace)
     for line in _efficiency_lines(eff, float(np.nanmax(table["r_hat"])), C):
         _say(line)
-    line = narrowing_line(attrs, eff["ess_min"] / (C * S))  # kept with the trace's set-up
+    line = narrowing_line(attrs, eff["ess_min_per_draw"])  # kept with the trace's set-up
     if line is not None:
         _say(line)
     return 0

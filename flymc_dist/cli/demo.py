@@ -191,7 +191,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"speedup of FlyMC: {per_it:.1f}× per iteration, {_fmt(per_q)}× in ESS per likelihood "
         f"query, {_fmt(per_s)}× in ESS per second"
     )
-    line = narrowing_line(fly.info, ef["ess_min"] / (fly.samples.shape[0] * fly.samples.shape[1]))
+    line = narrowing_line(fly.info, ef["ess_min_per_draw"])
     if line is not None:
         _say(line)
     _say(_agreement(fly, reg, names))
