@@ -14,8 +14,8 @@ agree to a few ulp (the libm and numpy's vectorised ``exp``/``log`` may differ i
 last bit), and every transport runs these same kernels, so draws are identical
 in-process and on any number of workers.
 
-Random numbers are never drawn here: the shard draws each chain's uniforms from the
-chain's own stream, in the documented order, and passes them in.
+Random numbers are never drawn here: they come from the rows' own streams
+(:mod:`flymc_dist.streams`) and are passed in.
 
 **Why the models' compiled forms sit behind a** ``kind`` **switch here,** rather than each
 model registering its own jitted row function with kernels that take it as an argument:
@@ -247,59 +247,30 @@ def locate_segments(
 
 
 @numba.njit(**_JIT)
-def propose(
-    u_prop: np.ndarray,
-    pair_K: np.ndarray,
-    log1m_q: float,
-    pair_n: np.ndarray,
+def dark_rows(
     masks,
     pair_shard: np.ndarray,
     pair_chain: np.ndarray,
+    rows: np.ndarray,
+    seg: np.ndarray,
+    offsets: np.ndarray,
     cand: np.ndarray,
-    log_u: np.ndarray,
     cand_seg: np.ndarray,
-    last: np.ndarray,
-) -> int:
-    """Dark→bright proposals of every (shard, chain) pair p from its ``2 K_p`` uniforms
-    (row p of ``u_prop``; ``K_p = pair_K[p]``, the shard's rows ``pair_n[p]``).
-
-    The proposed rows are the partial sums of Geometric(q) gaps, by inversion of the
-    first K_p uniforms (``ceil(log(1-u) / log(1-q))``, clipped to ``[1, n+1]``), starting
-    from row -1; proposal k is then decided by the uniform ``K_p + k``. Rows that are
-    already bright for the pair (``masks[pair_shard[p]][pair_chain[p]]``) are skipped.
-    The dark ones are written pair after pair to ``cand`` with ``log(1-u)`` in
-    ``log_u``, pair p's at ``cand_seg[p]:cand_seg[p+1]``; ``last[p]`` is the pair's last
-    position when its K_p gaps fell short of the last row (more must be drawn), else -1.
-
-    Returns the number of pairs that fell short.
-    """
+) -> None:
+    """The dark rows among each (shard, chain) pair's proposed global ``rows``
+    (``seg``): pair p's rows less ``offsets[p]``, those not bright in
+    ``masks[pair_shard[p]][pair_chain[p]]``, written pair after pair to ``cand``
+    (``cand_seg``)."""
     m = 0
-    n_short = 0
     cand_seg[0] = 0
-    for p in range(u_prop.shape[0]):
+    for p in range(seg.size - 1):
         mask = masks[pair_shard[p]][pair_chain[p]]
-        K = pair_K[p]
-        n = pair_n[p]
-        pos = -1
-        short = True
-        for k in range(K):
-            if log1m_q == -math.inf:  # q = 1: every row
-                g = 1.0
-            else:
-                g = math.ceil(math.log1p(-u_prop[p, k]) / log1m_q)
-                g = min(max(g, 1.0), n + 1.0)
-            pos += int(g)
-            if pos >= n:
-                short = False
-                break
-            if not mask[pos]:
-                cand[m] = pos
-                log_u[m] = math.log1p(-u_prop[p, K + k])
+        for i in range(seg[p], seg[p + 1]):
+            r = rows[i] - offsets[p]
+            if not mask[r]:
+                cand[m] = r
                 m += 1
         cand_seg[p + 1] = m
-        last[p] = pos if short else -1
-        n_short += short
-    return n_short
 
 
 @numba.njit(**_JIT)

@@ -8,7 +8,10 @@ respect to the linear predictor (``dvals``) for gradient kernels.
 
 Everything here costs O(M + number of proposals), never O(N): darkening filters
 ``idx`` (O(M)); the dark→bright proposals (every row independently with
-probability q) are the partial sums of Geometric(q) gaps, O(number of proposals).
+probability q) come from the chain's Bernoulli process over all N rows
+(:func:`flymc_dist.streams.bernoulli_rows`), O(log N + number of proposals).
+Every random number is keyed by the global row (:mod:`flymc_dist.streams`), so the
+updates give the same draws whatever shard holds a row.
 
 With ``log L~_n = log(expm1(delta_n))`` (``delta_n = l_n - beta_n``) the
 conditional brightness probability is ``p(z_n = 1 | θ) = 1 - exp(-delta_n)
@@ -26,14 +29,10 @@ from collections.abc import Callable
 import numpy as np
 
 from flymc_dist._numerics import log_sigmoid
+from flymc_dist.streams import RowStreams
 
 #: ``evaluate(rows)`` → ``(log L~ of those rows at the current θ, d log L~/d eta or None)``
 RowEvaluator = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]]
-
-
-def log_uniform(rng: np.random.Generator, size: int) -> np.ndarray:
-    """``log(U)`` for ``U ~ Uniform(0, 1]``: finite, never ``log(0)``."""
-    return np.log1p(-rng.random(size))
 
 
 class BrightSet:
@@ -99,7 +98,7 @@ class BrightSet:
 
 
 def implicit_propose(
-    rng: np.random.Generator,
+    streams: RowStreams,
     bright: BrightSet,
     q: float,
     window: tuple[int, int] | None = None,
@@ -111,6 +110,10 @@ def implicit_propose(
     (the z_n are independent given θ, and the rows a sub-update touches are chosen
     without looking at z): bright rows outside the window stay bright, dark ones dark.
 
+    Every random number is the row's own (:class:`~flymc_dist.streams.RowStreams`): a
+    bright row's uniform decides its move, and which dark rows propose is the chain's
+    Bernoulli(q) process over all N rows, restricted to this shard's rows.
+
     Returns
     -------
     darken, cand
@@ -121,52 +124,20 @@ def implicit_propose(
     lo, hi = (0, bright.n_rows) if window is None else window
     # bright -> dark: accept iff log u < log q - log L~ (a row with L~ = 0 always goes dark)
     if window is None:
-        darken = log_uniform(rng, bright.n_bright) < math.log(q) - bright.vals
+        darken = streams.log_uniforms(bright.idx) < math.log(q) - bright.vals
     else:
         inside = (bright.idx >= lo) & (bright.idx < hi)
         darken = np.zeros(bright.n_bright, dtype=bool)
-        darken[inside] = log_uniform(rng, int(inside.sum())) < math.log(q) - bright.vals[inside]
+        darken[inside] = (
+            streams.log_uniforms(bright.idx[inside]) < math.log(q) - bright.vals[inside]
+        )
     # dark -> bright proposals, decided on the z as it was before this sweep
-    cand = bernoulli_rows(rng, hi - lo, q) + lo
+    cand = streams.rows(streams.propose, q, lo, hi)
     return darken, cand[~bright.mask[cand]]
 
 
-def proposal_slots(n: int, q: float) -> int:
-    """Geometric gaps drawn at once for Bernoulli(q) trials over n rows: the mean count
-    plus six standard deviations plus eight, so that they reach past the last row in
-    all but a vanishing fraction of draws."""
-    mean = n * q
-    return int(mean + 6.0 * math.sqrt(mean) + 8.0)
-
-
-def bernoulli_rows(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
-    """The rows of ``0..n-1`` kept by independent Bernoulli(q) trials, sorted (int64).
-
-    Drawn as the partial sums of Geometric(q) gaps (the waiting times of a Bernoulli
-    process): O(nq) work, one draw of gaps in all but a vanishing fraction of calls.
-    """
-    if n <= 0 or q <= 0.0:
-        return np.empty(0, dtype=np.int64)
-    if q >= 1.0:
-        return np.arange(n, dtype=np.int64)
-    if n > 2**53:  # partial sums of up to k gaps of n + 1 must fit in int64
-        raise ValueError(f"bernoulli_rows: n = {n} rows is beyond 2**53")
-    k = proposal_slots(n, q)
-    pos = gap_positions(rng.geometric(q, size=k), n)
-    while pos[-1] < n:  # not yet past the last row: draw more gaps (rare)
-        pos = np.concatenate([pos, gap_positions(rng.geometric(q, size=k), n) + pos[-1] + 1])
-    return pos[: np.searchsorted(pos, n)]
-
-
-def gap_positions(gaps: np.ndarray, n: int) -> np.ndarray:
-    """The rows reached from row -1 by successive integer gaps (each >= 1), along the
-    last axis. Gaps above ``n + 1`` are clipped: the row lands past the last one either
-    way, and the sums stay within int64."""
-    return np.cumsum(np.minimum(gaps, n + 1), axis=-1) - 1
-
-
 def implicit_accept(
-    rng: np.random.Generator,
+    streams: RowStreams,
     bright: BrightSet,
     q: float,
     darken: np.ndarray,
@@ -176,7 +147,7 @@ def implicit_accept(
 ) -> None:
     """Second half of :func:`implicit_update`: accept dark→bright with ``min(1, L~/q)``."""
     if cand.size:
-        accept = brighten(log_uniform(rng, cand.size), vals, q)
+        accept = brighten(streams.log_uniforms(cand), vals, q)
         new_rows, new_vals = cand[accept], vals[accept]
         new_dvals = dvals[accept] if dvals is not None else None
     else:
@@ -194,22 +165,21 @@ def brighten(log_u: np.ndarray, vals: np.ndarray, q: float) -> np.ndarray:
 
 
 def implicit_update(
-    rng: np.random.Generator, bright: BrightSet, q: float, evaluate: RowEvaluator
+    streams: RowStreams, bright: BrightSet, q: float, evaluate: RowEvaluator
 ) -> int:
     """Metropolis–Hastings update of every z_n (the paper's Algorithm 2, sign corrected).
 
     Bright rows propose dark and are accepted with ``min(1, q / L~_n)``; dark rows
     propose bright with probability ``q`` and are accepted with ``min(1, L~_n / q)``.
     (The paper's line 10 reads "<" where ">" is meant: the dark→bright move is
-    accepted when ``u < L~_n / q``.) Which rows propose is drawn as a
-    Bernoulli(q) trial per row over *all* rows (:func:`bernoulli_rows`), the bright
-    ones among them being skipped — the same as proposing each dark row with
-    probability q.
+    accepted when ``u < L~_n / q``.) Which rows propose is a Bernoulli(q) process over
+    *all* rows, the bright ones among them being skipped — the same as proposing each
+    dark row with probability q.
 
     Parameters
     ----------
-    rng
-        This shard's and chain's random stream.
+    streams
+        This chain's row-keyed streams at this step.
     bright
         The structure to update in place (its ``vals`` at the current θ).
     q
@@ -222,30 +192,27 @@ def implicit_update(
     int
         The number of likelihood queries made (dark rows evaluated).
     """
-    darken, cand = implicit_propose(rng, bright, q)
+    darken, cand = implicit_propose(streams, bright, q)
     vals, dvals = evaluate(cand) if cand.size else (np.empty(0), None)
-    implicit_accept(rng, bright, q, darken, cand, vals, dvals)
+    implicit_accept(streams, bright, q, darken, cand, vals, dvals)
     return int(cand.size)
 
 
 def explicit_propose(
-    rng: np.random.Generator,
+    streams: RowStreams,
     bright: BrightSet,
     fraction: float,
     window: tuple[int, int] | None = None,
 ) -> np.ndarray:
-    """First half of :func:`explicit_update`: the ``ceil(fraction * N)`` rows to resample
-    (with ``window = (lo, hi)``: as many of the rows ``lo:hi``, at most all of them)."""
+    """First half of :func:`explicit_update`: the rows to resample, each row independently
+    with probability ``fraction`` (its Bernoulli process; with ``window = (lo, hi)``,
+    among the rows ``lo:hi``)."""
     lo, hi = (0, bright.n_rows) if window is None else window
-    n = hi - lo
-    m = min(n, math.ceil(fraction * bright.n_rows))
-    if m == n:
-        return np.arange(lo, hi, dtype=np.int64)
-    return np.sort(rng.choice(n, size=m, replace=False, shuffle=False)).astype(np.int64) + lo
+    return streams.rows(streams.select, fraction, lo, hi)
 
 
 def explicit_accept(
-    rng: np.random.Generator,
+    streams: RowStreams,
     bright: BrightSet,
     rows: np.ndarray,
     vals: np.ndarray,
@@ -254,7 +221,7 @@ def explicit_accept(
     """Second half of :func:`explicit_update`: draw z of ``rows`` from ``sigmoid(log L~)``."""
     if rows.size == 0:
         return
-    z = log_uniform(rng, rows.size) < log_sigmoid(vals)
+    z = streams.log_uniforms(rows) < log_sigmoid(vals)
     was_bright = bright.mask[rows]
     # rows resampled as dark: drop them from the bright set
     off = rows[was_bright & ~z]
@@ -268,11 +235,14 @@ def explicit_accept(
 
 
 def explicit_update(
-    rng: np.random.Generator, bright: BrightSet, fraction: float, evaluate: RowEvaluator
+    streams: RowStreams, bright: BrightSet, fraction: float, evaluate: RowEvaluator
 ) -> int:
-    """Gibbs update of ``ceil(fraction * N)`` random z_n from their exact conditional.
+    """Gibbs update of random z_n (each row with probability ``fraction``) from their
+    exact conditional.
 
-    The paper's Algorithm 1. With ``fraction = 1`` this draws the whole of z exactly
+    The paper's Algorithm 1 (which resamples ``ceil(fraction * N)`` rows: here their
+    number is Binomial(N, fraction), so that which rows are drawn depends on nothing but
+    the rows' own streams). With ``fraction = 1`` this draws the whole of z exactly
     from ``p(z | θ)``: the way to (re)initialise a shard.
 
     Returns
@@ -280,9 +250,9 @@ def explicit_update(
     int
         The number of likelihood queries made (rows evaluated).
     """
-    rows = explicit_propose(rng, bright, fraction)
+    rows = explicit_propose(streams, bright, fraction)
     if rows.size == 0:
         return 0
     vals, dvals = evaluate(rows)
-    explicit_accept(rng, bright, rows, vals, dvals)
+    explicit_accept(streams, bright, rows, vals, dvals)
     return int(rows.size)

@@ -40,6 +40,7 @@ from flymc_dist.kernels.base import (
 )
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply, Reply, Request, Transport
+from flymc_dist.reduce import tree_total
 from flymc_dist.replica import BrightReplica
 from flymc_dist.rng import (
     ROLE_KERNEL,
@@ -120,9 +121,10 @@ class Driver:
         FlyMC only. True: keep a replica of every chain's bright rows here and run the
         θ-kernel on it, one round trip per iteration whatever the kernel
         (:mod:`flymc_dist.replica`); False: the shards evaluate every point the kernel
-        asks for; ``"auto"`` (default): the replica for kernels that evaluate more than
-        one point per iteration, when the expected bright rows at the starting point
-        (all chains) fit ``replica_budget`` bytes.
+        asks for; ``"auto"`` (default): the replica when the expected bright rows at the
+        starting point (all chains) fit ``replica_budget`` bytes — for every kernel, since
+        the replica sums in global row order, so the draws do not depend on the layout
+        (the shards' own sums are added shard by shard, which rounds by the layout).
     replica_budget
         Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
     """
@@ -146,7 +148,6 @@ class Driver:
         map_maxiter: int = 100,
         q_db: float | str = "auto",
         n_rows: int = 0,
-        speculate: bool | str = False,
         bright_replica: bool | str = "auto",
         replica_budget: float = REPLICA_BUDGET,
         exact_rows: str | None = "auto",
@@ -193,16 +194,6 @@ class Driver:
         self._trips = 0  # round trips made by :meth:`_round`
         self.setup_queries = 0
         self.setup_seconds = 0.0
-        check_speculate(speculate)
-        # speculative z-updates (Shard.speculate): FlyMC with a one-request kernel, where
-        # every round trip starts an iteration; "auto": where the transport says so
-        self.speculate = (
-            algorithm == "flymc"
-            and kernel.requests_per_step == 1
-            and (speculate is True or (speculate == "auto" and transport.speculates))
-        )
-        #: likelihood queries of speculative z-updates undone because the chain moved
-        self.wasted_queries = 0
         #: wall seconds in :meth:`step` and, within it, waiting on the transport's rounds
         self.step_seconds = 0.0
         self.round_seconds = 0.0
@@ -254,10 +245,8 @@ class Driver:
         if self.bright_replica is not True and self.bright_replica != "auto":
             return False
         if self.bright_replica == "auto":
-            if self.kernel.requests_per_step == 1:
-                return False  # one round trip per iteration either way
             start = self.theta_map if self.theta_map is not None else self.positions[0]
-            expected = float(sum(self.transport.call("expected_bright", start)))
+            expected = float(tree_total(self.transport.call("expected_bright", start)))
             self.setup_queries += self.n_rows
             # features, target, tight point (up to K floats) and id of each row
             row_bytes = 8 * (self.n_features + 3 + self.model.n_outputs)
@@ -388,13 +377,9 @@ class Driver:
             first and self.algorithm == "flymc",
             requests,
             positions,
-            self.speculate,
         )
         self.round_seconds += time.perf_counter() - t_rt
-        agg = self._aggregate(replies)
-        if self.speculate:  # only speculative z-updates are ever undone
-            self.wasted_queries += int(agg.wasted.sum())
-        return agg
+        return self._aggregate(replies)
 
     def _replica_update(self, positions: np.ndarray) -> Reply:
         """The iteration's one round trip in replica mode: z at every chain's position on
@@ -411,7 +396,6 @@ class Driver:
             True,
             [Request(positions[c : c + 1], False, False) for c in range(C)],
             positions,
-            False,
         )
         self.round_seconds += time.perf_counter() - t_rt
         self.replica.apply(replies)
@@ -420,7 +404,7 @@ class Driver:
             queries += r.queries
         self._replica_current = [None] * C
         zeros = np.zeros(C)
-        return Reply(zeros, zeros[:, None], self.replica.n_bright(), queries, queries * 0)
+        return Reply(zeros, zeros[:, None], self.replica.n_bright(), queries)
 
     def _replica_current_sums(
         self,
@@ -687,17 +671,9 @@ class Driver:
         }
 
     def run_info(self, stats: dict[str, np.ndarray]) -> dict[str, Any]:
-        """How the run went (modes taken, undone speculative work), for ``Result.info``."""
+        """How the run went (modes taken, data read), for ``Result.info``."""
         return {
-            "speculate": bool(self.speculate),
             "bright_replica": self.replica is not None,
             "channel": self.transport.channel,
-            "speculative_queries": int(self.wasted_queries),
             "bytes_read": storage_info(self.transport)["bytes_read"],
         }
-
-
-def check_speculate(value: Any) -> None:
-    """Raise ``ValueError`` unless ``value`` is a valid ``speculate`` option."""
-    if not (value is True or value is False or value == "auto"):
-        raise ValueError(f"speculate must be 'auto', True or False, not {value!r}")

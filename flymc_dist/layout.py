@@ -1,5 +1,10 @@
 """Where the rows live: the shard layout of a data set (or of an in-memory ``(X, y)``
-pair), shared by every algorithm's set-up."""
+pair), shared by every algorithm's set-up.
+
+The layout follows the cluster: by default one shard per worker. It never changes the
+draws (every random number is keyed by row, :mod:`flymc_dist.streams`, and full passes
+sum by fixed blocks, :mod:`flymc_dist.reduce`), only the cost. Shards are cut at block
+boundaries: a store's chunks, or :func:`flymc_dist.reduce.block_rows` rows in memory."""
 
 from __future__ import annotations
 
@@ -9,12 +14,13 @@ import numpy as np
 
 from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.protocol import ShardSpec
+from flymc_dist.reduce import block_rows
 
 __all__ = ["shard_layout"]
 
 
 def shard_layout(
-    data: Any, options: dict[str, Any]
+    data: Any, options: dict[str, Any], n_workers: int = 1
 ) -> tuple[list[ShardSpec], dict | None, int, int, str, int | None, str]:
     """The shards of ``data``: their specs, and the rows themselves for an ``(X, y)`` pair.
 
@@ -23,8 +29,9 @@ def shard_layout(
     data
         A :class:`~flymc_dist.data.Dataset`, a store path, or an in-memory ``(X, y)``.
     options
-        ``n_shards`` or ``rows_per_shard`` (default: one shard in memory; the data set's
-        own default otherwise).
+        ``n_shards`` or ``rows_per_shard`` (default: ``n_workers`` shards).
+    n_workers
+        The workers the shards will be placed on (the default's number of shards).
 
     Returns
     -------
@@ -36,6 +43,8 @@ def shard_layout(
     """
     n_shards = options.get("n_shards")
     rows_per_shard = options.get("rows_per_shard")
+    if n_shards is None and rows_per_shard is None:
+        n_shards = max(1, int(n_workers))
     if isinstance(data, tuple):
         X, y = data
         X = np.asarray(X, float)
@@ -45,8 +54,11 @@ def shard_layout(
         if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y.astype(float)))):
             raise ValueError("X and y must be finite")
         N = X.shape[0]
-        k = n_shards or (max(1, -(-N // rows_per_shard)) if rows_per_shard else 1)
-        edges = np.linspace(0, N, min(k, N) + 1).astype(int)
+        B = block_rows(N)
+        n_blocks = -(-N // B)
+        k = n_shards or max(1, round(N / rows_per_shard))
+        # whole blocks, spread as evenly as possible
+        edges = np.minimum(np.linspace(0, n_blocks, min(k, n_blocks) + 1).astype(int) * B, N)
         specs = [
             ShardSpec(i, "", int(a), int(b))
             for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))

@@ -45,6 +45,10 @@ class ShardConfig:
     algorithm: str  # "flymc" | "regular" | "austerity"
     chains: int
     seed: int
+    #: N, the rows of the whole data set: the z-updates' proposal processes span them, so
+    #: that every shard draws its rows' part of one process (0: a shard's own ``stop``,
+    #: which makes the draws depend on the layout — tests of one shard only)
+    n_rows: int = 0
     z_update: str = "implicit"  # "implicit" | "explicit"
     q_db: float = 0.01  # the driver may replace it ("auto") through Shard.set_q
     resample_fraction: float = 0.1
@@ -100,7 +104,7 @@ def unpack_arrays(blob: bytes) -> tuple[Any, list[np.ndarray]]:
 
 
 def pack_round(
-    seq: Any, commits: np.ndarray, update_z: bool, requests: list[Request | None], speculate: bool
+    seq: Any, commits: np.ndarray, update_z: bool, requests: list[Request | None]
 ) -> bytes:
     """A round's arguments as the one buffer :meth:`ShardHost.round_packed` takes."""
     shapes = [None if r is None else (bool(r.grad), bool(r.current_grad)) for r in requests]
@@ -108,18 +112,17 @@ def pack_round(
         seq,
         np.asarray(commits, dtype=np.int64).tolist(),
         bool(update_z),
-        bool(speculate),
         shapes,
     )
     return pack_arrays(meta, [r.points for r in requests if r is not None])
 
 
-def unpack_round(blob: bytes) -> tuple[Any, np.ndarray, bool, list[Request | None], bool]:
-    """Invert :func:`pack_round`: ``(seq, commits, update_z, requests, speculate)``."""
-    (seq, commits, update_z, speculate, shapes), points = unpack_arrays(blob)
+def unpack_round(blob: bytes) -> tuple[Any, np.ndarray, bool, list[Request | None]]:
+    """Invert :func:`pack_round`: ``(seq, commits, update_z, requests)``."""
+    (seq, commits, update_z, shapes), points = unpack_arrays(blob)
     it = iter(points)
     requests = [None if f is None else Request(next(it), f[0], f[1]) for f in shapes]
-    return seq, np.asarray(commits, dtype=np.int64), update_z, requests, speculate
+    return seq, np.asarray(commits, dtype=np.int64), update_z, requests
 
 
 class Reply(NamedTuple):
@@ -142,8 +145,6 @@ class Reply(NamedTuple):
         MCMC: every row).
     queries : numpy.ndarray
         ``(C,)`` int64: likelihood queries the round made for each chain.
-    wasted : numpy.ndarray
-        ``(C,)`` int64: queries of speculative z-updates undone in this round.
     current_grad : numpy.ndarray or None
         ``(C, P)`` float: the gradient of ``current``, when some chain asked for it.
     points_grad : numpy.ndarray or None
@@ -154,7 +155,6 @@ class Reply(NamedTuple):
     points: np.ndarray
     n_bright: np.ndarray
     queries: np.ndarray
-    wasted: np.ndarray
     current_grad: np.ndarray | None = None
     points_grad: np.ndarray | None = None
 
@@ -173,8 +173,6 @@ class ReplicaReply(NamedTuple):
         ``(C,)`` int64: bright rows of each chain after the round's z-update.
     queries : numpy.ndarray
         ``(C,)`` int64: likelihood queries the round made for each chain.
-    wasted : numpy.ndarray
-        ``(C,)`` int64: always zero (no speculation in replica mode).
     full : numpy.ndarray
         ``(C,)`` bool: the chain's whole bright set is sent (its first reply, or after a
         redraw of z): the replica drops every row of this shard first.
@@ -196,7 +194,6 @@ class ReplicaReply(NamedTuple):
 
     n_bright: np.ndarray
     queries: np.ndarray
-    wasted: np.ndarray
     full: np.ndarray
     gone_ids: np.ndarray
     gone_seg: np.ndarray
@@ -251,8 +248,6 @@ class Transport(Protocol):
     generation: int
     #: fault recoveries so far (one dict each)
     recoveries: list[dict[str, Any]]
-    #: whether ``speculate="auto"`` speculates on this transport
-    speculates: bool
     #: how rounds travel: ``"in-process"``, ``"socket"`` or ``"dask"``
     channel: str
 
@@ -276,7 +271,6 @@ class Transport(Protocol):
         update_z: bool,
         requests: list[Request | None],
         positions: np.ndarray,
-        speculate: bool = False,
     ) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard (``positions``: where recovery redraws z)."""
 

@@ -275,7 +275,7 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
     ``step`` (the driver's whole iteration) = ``round_trip`` (waiting on the transport:
     the round trips' communication plus the workers' ``host_round_wall``) + ``driver``
     (kernels, sums, bookkeeping). Per host: rounds served, wall and CPU seconds per
-    round, and speculation's wall seconds per iteration (work done after replies).
+    round.
     """
     n = max(int(iterations), 1)
     hosts = []
@@ -288,7 +288,6 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
                     "rounds": int(rounds),
                     "round_wall": (hb["round_wall"] - ha["round_wall"]) / per,
                     "round_cpu": (hb["round_cpu"] - ha["round_cpu"]) / per,
-                    "speculate_wall": (hb["speculate_wall"] - ha["speculate_wall"]) / n,
                 }
             )
     step = (b["step"] - a["step"]) / n

@@ -16,6 +16,7 @@ import scipy.optimize
 
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import Transport
+from flymc_dist.reduce import tree_total
 from flymc_dist.rng import ROLE_INIT, stream
 
 __all__ = [
@@ -114,11 +115,10 @@ def find_map(
         nonlocal passes
         key = np.asarray(theta, float).tobytes()
         if key not in cache:
-            parts = transport.call("loglik_sum", np.asarray(theta, float), 2)
+            flat = tree_total(transport.call("loglik_sum", np.asarray(theta, float), 2))
             passes += 1  # a full pass: every datum at one θ
-            v = sum(p[0] for p in parts)
-            g = sum(p[1] for p in parts)
-            h = sum(p[2] for p in parts)
+            P = len(theta)
+            v, g, h = float(flat[0]), flat[1 : 1 + P], flat[1 + P :].reshape(P, P)
             pv, pg, ph = model.prior_map_terms(np.asarray(theta, float))
             cache.clear()
             cache[key] = (-(v + pv), -(g + pg), -(h + np.diag(ph)))
@@ -165,7 +165,7 @@ def untuned_bound_mode(model: Model, transport: Transport, n_params: int) -> np.
     regression (every row's bound tight at residual 0, all equally curved) it is the
     ridge least-squares fit.
     """
-    total = _summed(transport.call("bound_stats", True))
+    total = tree_total(transport.call("bound_stats", True))
     return np.linalg.solve(bound_precision(total, model, n_params), total.b)
 
 
@@ -221,7 +221,7 @@ def choose_exact_rows(transport: Transport, n_rows: int) -> list[int]:
     list of int
         The exact rows of each shard (all zero when no column is narrow).
     """
-    energy = sum(transport.call("column_energy"))
+    energy = tree_total(transport.call("column_energy"))
     columns, thresholds = narrow_columns(energy, n_rows)
     budget = min(EXACT_MAX_ROWS, EXACT_MAX_FRACTION * n_rows)
     tried = False
@@ -237,23 +237,14 @@ def choose_exact_rows(transport: Transport, n_rows: int) -> list[int]:
 
 def tight_bounds(transport: Transport, theta_hat: np.ndarray | None) -> BoundStats:
     """Set every shard's tight points at ``theta_hat`` (None: the model's untuned ones)
-    and sum their bound statistics, in global shard order.
+    and sum their bound statistics (by block: :mod:`flymc_dist.reduce`).
 
     FlyMC's collapsed bound (``bounds="map"`` at the MAP, ``"untuned"`` with None), and
     austerity's control variates; a cluster transport replays ``set_tight_points`` on
     shards it recreates after a fault.
     """
     transport.call("set_tight_points", None if theta_hat is None else np.asarray(theta_hat, float))
-    return _summed(transport.call("bound_stats"))
-
-
-def _summed(stats: list[BoundStats]) -> BoundStats:
-    """The shards' bound statistics added in global shard order (the order fixes the
-    rounding, so the draws are the same in-process and on any number of workers)."""
-    total = stats[0]
-    for s in stats[1:]:
-        total = total + s
-    return total
+    return tree_total(transport.call("bound_stats"))
 
 
 def bound_precision(bound: BoundStats, model: Model, n_params: int) -> np.ndarray:

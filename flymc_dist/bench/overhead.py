@@ -18,10 +18,7 @@ timed on the same actors too: on the socket channel, and on Dask's RPC as the Da
 channel sends rounds (raw bytes, run on the worker's event loop).
 
 (a) and (b) run with one shard per worker (``n_shards=workers``, so one call per
-worker per iteration, like (c)); (a) also with speculative z-updates switched the
-other way from ``"auto"`` (the same draws; see
-:meth:`Shard.speculate <flymc_dist.shard.Shard.speculate>`) and with the default
-data-layout sharding (and (b) too with ``default_sharding="both"``). Their
+worker per iteration, like (c)); (a) also with the default sharding (and (b) too with ``default_sharding="both"``). Their
 per-iteration time is that of the post-warm-up iterations
 (``res.info["sampling_seconds"] / num_samples``). The actor call and the socket echo
 are timed in two batches, before (a) and after the last sampler, so a drift in the
@@ -142,10 +139,7 @@ def _sampler_figures(res: Any) -> dict[str, Any]:
         "ess_per_iteration": eff["ess_mean"] / (res.samples.shape[0] * res.samples.shape[1]),
         "ess_per_second": eff["ess_per_second"],
         "ess_per_query": eff["ess_per_query"],
-        "speculate": bool(res.info.get("speculate", False)),
         "timing": res.info.get("timing"),
-        "speculative_queries_per_iteration": res.info.get("speculative_queries", 0)
-        / max(res.samples.shape[0] * (res.samples.shape[1] + int(res.info["num_warmup"])), 1),
         "setup_seconds": float(res.info["setup_seconds"]),
         "sampling_seconds": float(res.info["sampling_seconds"]),
     }
@@ -311,11 +305,6 @@ def run_overhead(
             out["flymc_dask_channel"] = _sampler_figures(
                 run("flymc", iterations, warmup, n_shards=workers, channel="dask")
             )
-            # the same run with speculative z-updates switched the other way ("auto"
-            # chose by the cores the workers and the driver share): same draws, other time
-            other = not fly.info["speculate"]
-            alt = run("flymc", iterations, warmup, n_shards=workers, speculate=other)
-            out["flymc_speculate" if other else "flymc_no_speculate"] = _sampler_figures(alt)
             # regular MCMC: FlyMC's last draws, step size and preconditioner (no MAP search,
             # no warm-up needed: the chains already sample the posterior)
             kp = fly.info["kernel_params"]
@@ -368,9 +357,6 @@ def run_overhead(
         "flymc_over_regular_ess_per_second": _ratio(f["ess_per_second"], r["ess_per_second"]),
         "flymc_over_regular_ess_per_query": _ratio(f["ess_per_query"], r["ess_per_query"]),
     }
-    for key in ("flymc_speculate", "flymc_no_speculate"):
-        if key in out:
-            ratios[f"{key}_over_bare"] = _ratio(out[key]["seconds_per_iteration"], bare)
     if "flymc_default_sharding" in out:
         fd_ = out["flymc_default_sharding"]
         ratios["flymc_default_sharding_over_bare"] = _ratio(fd_["seconds_per_iteration"], bare)
@@ -470,13 +456,8 @@ def format_overhead(d: dict[str, Any]) -> str:
     )
     floor("    echo on Dask's RPC", d["rpc_echo"], "the same, as rounds travel with channel='dask'")
     rows = [
-        (
-            "(a) FlyMC, MAP-tuned" + (" (speculative)" if d["flymc"].get("speculate") else ""),
-            "flymc",
-        ),
+        ("(a) FlyMC, MAP-tuned", "flymc"),
         ("    FlyMC, rounds on Dask's RPC", "flymc_dask_channel"),
-        ("    FlyMC, speculative z-updates", "flymc_speculate"),
-        ("    FlyMC, no speculation", "flymc_no_speculate"),
         ("(b) regular MCMC", "regular"),
         ("    FlyMC, default sharding", "flymc_default_sharding"),
         ("    regular, default sharding", "regular_default_sharding"),
@@ -527,35 +508,16 @@ def format_overhead(d: dict[str, Any]) -> str:
     for key, label in (
         ("flymc", "(a)"),
         ("flymc_dask_channel", "Dask's RPC"),
-        ("flymc_speculate", "speculative"),
-        ("flymc_no_speculate", "no speculation"),
     ):
         t = d.get(key, {}).get("timing")
         if t and t.get("hosts"):
             hw = max(h["round_wall"] for h in t["hosts"])
             hc = max(h["round_cpu"] for h in t["hosts"])
-            sp = max(h["speculate_wall"] for h in t["hosts"])
             lines.append(
                 f"  where FlyMC's time goes, {label}: step {_ms(t['step']).strip()} = "
                 f"round trip {_ms(t['round_trip']).strip()} (busiest worker's round "
                 f"{_ms(hw).strip()} wall, {_ms(hc).strip()} CPU"
-                + (f"; speculation {_ms(sp).strip()}/it after replies" if sp else "")
-                + f") + driver {_ms(t['driver']).strip()}"
-            )
-    for key, label in (
-        ("flymc_speculate", "with speculative z-updates"),
-        ("flymc_no_speculate", "without speculation"),
-    ):
-        if f"{key}_over_bare" in ra:
-            extra = d[key]
-            lines.append(
-                f"  FlyMC {label}: / bare actor round trip "
-                f"{_sig(ra[f'{key}_over_bare'])}×"
-                + (
-                    f" ({extra['speculative_queries_per_iteration']:.0f} undone queries/it/chain)"
-                    if extra.get("speculate")
-                    else ""
-                )
+                f") + driver {_ms(t['driver']).strip()}"
             )
     if "flymc_default_sharding_over_bare" in ra:
         lines.append(

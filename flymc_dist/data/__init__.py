@@ -22,7 +22,6 @@ from flymc_dist.data.generate import make_logistic, make_opv_like, make_robust, 
 from flymc_dist.data.ingest import ingest
 from flymc_dist.data.store import (
     DEFAULT_CHUNK_BYTES,
-    DEFAULT_ROWS_PER_SHARD,
     FORMAT,
     DataIntegrityError,
     Dataset,
@@ -34,7 +33,6 @@ from flymc_dist.data.write import from_blocks, from_numpy
 __all__ = [
     "FORMAT",
     "DEFAULT_CHUNK_BYTES",
-    "DEFAULT_ROWS_PER_SHARD",
     "DataIntegrityError",
     "Dataset",
     "default_chunk_rows",

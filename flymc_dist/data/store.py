@@ -39,7 +39,6 @@ from zarr.storage import WrapperStore
 __all__ = [
     "FORMAT",
     "DEFAULT_CHUNK_BYTES",
-    "DEFAULT_ROWS_PER_SHARD",
     "DataIntegrityError",
     "Dataset",
     "default_chunk_rows",
@@ -51,7 +50,6 @@ FORMAT = "flymc_dist/1"
 #: Target size of one chunk of ``X`` when ``chunk_rows`` is not given (8 MiB).
 DEFAULT_CHUNK_BYTES = 8 * 2**20
 #: Rows per shard of :meth:`Dataset.shard_ranges` when neither argument is given (2**18).
-DEFAULT_ROWS_PER_SHARD = 2**18
 #: Storage dtypes of ``X`` (reading always returns float64).
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -417,7 +415,7 @@ class Dataset:
         rows_per_shard : int, optional
             Target rows per shard, rounded to the nearest whole number of chunks (at
             least one chunk).
-            With neither argument: ``DEFAULT_ROWS_PER_SHARD`` = 262,144 rows (2**18).
+            With neither argument: one shard (samplers pass the number of workers).
 
         Returns
         -------
@@ -442,7 +440,7 @@ class Dataset:
                 bounds.append(bounds[-1] + base + (1 if i < extra else 0))
         else:
             if rows_per_shard is None:
-                rows_per_shard = DEFAULT_ROWS_PER_SHARD
+                rows_per_shard = n_chunks * cr
             if isinstance(rows_per_shard, bool) or not isinstance(rows_per_shard, int | np.integer):
                 raise ValueError(
                     f"rows_per_shard must be a positive integer, got {rows_per_shard!r}"

@@ -1,39 +1,27 @@
-"""The compiled path of a round on arrays: the implicit z-update of many (shard, chain)
-pairs at once, and a whole round batched over the shards of one host.
+"""The compiled z-update on arrays: the implicit z-update of many (shard, chain) pairs at
+once (every shard of a host, see :mod:`flymc_dist.shard.round`).
 
 A FlyMC round is mostly scattered single-row work: the dark→bright proposals of every
 chain, their ``log L~``, the new bright sets, the bright sums at the requested points.
 Here each of those is one compiled loop (:mod:`flymc_dist._compiled`) over every pair
 of a call, so a round over C chains — or over every shard of a host — costs little
-more than one over a single chain. Random numbers are drawn in numpy from each chain's
-own stream in a documented order, so the results do not depend on which pairs are
-batched together: a shard alone (:meth:`~flymc_dist.shard.shard.Shard.round`) and a
-host's fused pass (:func:`fused_round`) give the same replies, bit for bit.
+more than one over a single chain. Every random number is keyed by its row
+(:mod:`flymc_dist.streams`), so the results depend neither on which pairs are batched
+together nor on how the rows are cut into shards.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flymc_dist.brightness import bernoulli_rows, brighten, log_uniform, proposal_slots
-from flymc_dist.protocol import ReplicaReply, Reply, Request
+from flymc_dist.brightness import brighten
+from flymc_dist.streams import bernoulli_rows_many, uniforms_at_many
 
 if TYPE_CHECKING:
     from flymc_dist.shard.shard import Shard
-
-
-class _Spec(NamedTuple):
-    """What undoes one chain's speculative z-update (see :meth:`Shard.speculate`)."""
-
-    rng_state: dict
-    idx: np.ndarray
-    vals: np.ndarray
-    gone_rows: np.ndarray  # rows it darkened
-    new_rows: np.ndarray  # rows it brightened
-    queries: int
 
 
 def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
@@ -61,7 +49,6 @@ def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
 
 def fused_z_update(
     pairs: list[tuple[Shard, int]],
-    record: bool = False,
     owner: Any = None,
     window: tuple[int, int, float] | None = None,
 ) -> np.ndarray:
@@ -69,25 +56,21 @@ def fused_z_update(
 
     The same moves as :func:`~flymc_dist.brightness.implicit_update` pair by pair
     (bright→dark accepted with ``min(1, q/L~)``, each dark row proposed with
-    probability q and accepted with ``min(1, L~/q)``, by :func:`brighten`), in three
-    compiled passes over all pairs (:mod:`flymc_dist._compiled`): proposals, their
-    ``log L~``, and the update of the bright sets and masks. Each pair draws from its
-    chain's stream on its shard — its darkening uniforms, then ``2K`` uniforms for its
-    proposal gaps and their acceptance — so the draws do not depend on which pairs are
-    updated together: one shard's chains (:meth:`Shard._update_z_fused`) or every
-    shard of a host (:meth:`ShardHost.round`). The shards must share their model,
-    features and ``q``.
+    probability q and accepted with ``min(1, L~/q)``, by :func:`brighten`), in compiled
+    passes over all pairs: proposals, their ``log L~``, and the update of the bright
+    sets and masks. Every random number is its row's (:mod:`flymc_dist.streams`): the
+    pair's chain's Bernoulli(q) process restricted to the shard's rows, and each row's
+    uniform. So the draws depend neither on which pairs are updated together nor on how
+    the rows are cut into shards. The shards must share their model, features and ``q``.
 
-    With ``record``, what is needed to undo each pair's update is kept in its shard's
-    ``_spec`` (see :meth:`Shard.speculate`). ``owner`` keeps the typed lists of the
-    shards' buffers and masks between calls (:func:`_typed_lists`; default: the shard,
-    when the pairs are all on one).
+    ``owner`` keeps the typed lists of the shards' buffers and masks between calls
+    (:func:`_typed_lists`; default: the shard, when the pairs are all on one).
 
     ``window = (lo, hi, q)``: an out-of-core shard's update of its rows ``lo:hi`` only
-    (the chunk it holds; one shard, no ``record``), with proposal probability ``q``:
-    the window's bright rows may go dark and its dark rows may propose, every other row
-    keeps its z (see :class:`~flymc_dist.shard.shard.Shard`). The work then runs in the
-    window's own row numbers, on its buffer and on its columns of the masks.
+    (the chunk it holds; one shard), with proposal probability ``q``: the window's
+    bright rows may go dark and its dark rows may propose, every other row keeps its z
+    (see :class:`~flymc_dist.shard.shard.Shard`). The work then runs in the window's own
+    row numbers, on its buffer and on its columns of the masks.
 
     Returns
     -------
@@ -117,56 +100,37 @@ def fused_z_update(
         vals_in = [b.vals for b in brights]
     else:
         lo, hi, q = window
-        if len(shards) > 1 or record:
-            raise ValueError("a windowed z-update runs on one shard, without speculation")
+        if len(shards) > 1:
+            raise ValueError("a windowed z-update runs on one shard")
         XCs, masks = (first._win.XC,), (first._masks[:, lo:hi],)
         ns = [hi - lo] * P
         inside = [(b.idx >= lo) & (b.idx < hi) for b in brights]
         idx_in = [b.idx[w] - lo for b, w in zip(brights, inside, strict=True)]
         vals_in = [b.vals[w] for b, w in zip(brights, inside, strict=True)]
-    states = [ch.rng.bit_generator.state for ch in chains] if record else None
+    streams = [sh._streams(c) for sh, c in pairs]
+    keys_z = np.array([st.decide for st in streams], dtype=np.uint64)
+    keys_p = np.array([st.propose for st in streams], dtype=np.uint64)
+    # global row of each pair's local (window) row 0
+    offsets = np.array([sh.spec.start + lo for sh, _ in pairs], dtype=np.int64)
     bounds = [0]
     for r in idx_in:
         bounds.append(bounds[-1] + r.size)
     b_seg = np.array(bounds, dtype=np.int64)
     b_idx = np.concatenate(idx_in)
     b_vals = np.concatenate(vals_in)
-    Ks = [proposal_slots(n, q) for n in ns]
-    pair_n = np.array(ns, dtype=np.int64)
-    pair_K = np.array(Ks, dtype=np.int64)
+    u_dark = uniforms_at_many(keys_z, b_idx, b_seg, offsets)
+    thetas = np.array([ch.theta for ch in chains])
+    # dark -> bright proposals: the chain's process on the pair's rows, the bright skipped
+    rows, seg = bernoulli_rows_many(
+        keys_p, q, streams[0].n_total, offsets, offsets + np.array(ns, dtype=np.int64)
+    )
+    cand = np.empty(rows.size, dtype=np.int64)
+    cand_seg = np.empty(P + 1, dtype=np.int64)
     pair_shard = np.array([where[id(sh)] for sh, _ in pairs], dtype=np.int64)
     pair_chain = np.array([c for _, c in pairs], dtype=np.int64)
-    u_dark = np.empty(bounds[-1])
-    u_prop = np.empty((P, 2 * max(Ks)))
-    thetas = np.empty((P, first.n_params))
-    for i, ch in enumerate(chains):
-        ch.rng.random(out=u_dark[bounds[i] : bounds[i + 1]])
-        ch.rng.random(out=u_prop[i, : 2 * Ks[i]])
-        thetas[i] = ch.theta
-    # dark -> bright proposals: rows at the partial sums of Geometric(q) gaps, the
-    # bright ones skipped
-    cap = sum(Ks)
-    cand = np.empty(cap, dtype=np.int64)
-    log_u = np.empty(cap)
-    cand_seg = np.empty(P + 1, dtype=np.int64)
-    last = np.empty(P, dtype=np.int64)
-    short = jit.propose(
-        u_prop,
-        pair_K,
-        math.log1p(-q) if q < 1.0 else -math.inf,
-        pair_n,
-        masks,
-        pair_shard,
-        pair_chain,
-        cand,
-        log_u,
-        cand_seg,
-        last,
-    )
-    m = int(cand_seg[P])
-    cand, log_u = cand[:m], log_u[:m]
-    if short:  # a pair's K gaps did not reach its last row (rare)
-        cand, log_u = _refill(pairs, last, cand, log_u, cand_seg, ns, q, masks)
+    jit.dark_rows(masks, pair_shard, pair_chain, rows, seg, offsets, cand, cand_seg)
+    cand = cand[: int(cand_seg[P])]
+    log_u = np.log1p(-uniforms_at_many(keys_z, cand, cand_seg, offsets))
     counts = cand_seg[1:] - cand_seg[:-1]
     vals = np.empty(cand.size)
     kind, par = first._kernel
@@ -203,204 +167,11 @@ def fused_z_update(
     new_bounds = new_seg.tolist()
     for i, b in enumerate(brights):
         lo_i, hi_i = new_bounds[i], new_bounds[i + 1]
-        if record:
-            sh, c = pairs[i]
-            sh._spec[c] = _Spec(
-                states[i],
-                b.idx,
-                b.vals,
-                gone[gone_seg[i] : gone_seg[i + 1]],
-                new_idx[hi_i - added[i] : hi_i],
-                int(counts[i]),
-            )
         if window is None:
             b.idx, b.vals = new_idx[lo_i:hi_i], new_vals[lo_i:hi_i]
         else:  # the rows outside the window, then the window's
             out = ~inside[i]
             b.idx = np.concatenate([b.idx[out], new_idx[lo_i:hi_i] + lo])
             b.vals = np.concatenate([b.vals[out], new_vals[lo_i:hi_i]])
+        chains[i].step += 1
     return counts
-
-
-def _refill(
-    pairs: list[tuple[Shard, int]],
-    last: np.ndarray,
-    cand: np.ndarray,
-    log_u: np.ndarray,
-    cand_seg: np.ndarray,
-    ns: list[int],
-    q: float,
-    masks: Any,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Append to each pair whose gaps fell short (``last[i] >= 0``) its further dark
-    proposals among its ``ns[i]`` rows — more gaps, then their uniforms, from its
-    chain's stream — keeping candidates pair after pair; ``cand_seg`` is updated in
-    place. ``masks`` as given to the compiled proposals (one per shard)."""
-    bounds = cand_seg.tolist()
-    shard_of: dict[int, int] = {}
-    rows, logs = [], []
-    for i, (sh, c) in enumerate(pairs):
-        r_i, l_i = cand[bounds[i] : bounds[i + 1]], log_u[bounds[i] : bounds[i + 1]]
-        if last[i] >= 0:
-            rng, after = sh.chains[c].rng, int(last[i]) + 1
-            r = bernoulli_rows(rng, ns[i] - after, q) + after
-            lu = log_uniform(rng, r.size)
-            dark = ~masks[shard_of.setdefault(id(sh), len(shard_of))][c, r]
-            r_i, l_i = np.concatenate([r_i, r[dark]]), np.concatenate([l_i, lu[dark]])
-        rows.append(r_i)
-        logs.append(l_i)
-        cand_seg[i + 1] = cand_seg[i] + r_i.size
-    return np.concatenate(rows), np.concatenate(logs)
-
-
-def fusable(shards: list[Shard], seq: Any, requests: list[Request | None], speculate: bool) -> bool:
-    """Whether :func:`fused_round` applies to a round over ``shards``: FlyMC rounds with
-    the compiled implicit z-update on two shards or more, in memory, without speculation
-    or a replayed round — in replica mode whatever the kernel (each request is a chain's
-    new θ), otherwise with gradient-free requests (RWMH's and the slice sampler's: any
-    number of points per chain, or none)."""
-    if len(shards) < 2 or speculate:
-        return False
-    replica = shards[0].replica
-    if not all(
-        sh.fused_z
-        and sh.replica == replica
-        and not sh.out_of_core
-        and sh.chains
-        and not sh._spec
-        and (seq is None or sh._seq != seq)
-        for sh in shards
-    ):
-        return False
-    return replica or all(r is None or (not r.grad and not r.current_grad) for r in requests)
-
-
-def fused_round(
-    shards: list[Shard],
-    seq: Any,
-    commits: np.ndarray,
-    update_z: bool,
-    requests: list[Request | None],
-    owner: Any,
-) -> list[Reply] | list[ReplicaReply]:
-    """:meth:`Shard.round <flymc_dist.shard.shard.Shard.round>` on every one of
-    ``shards`` (where :func:`fusable`), its three steps each batched over them: every
-    chain to its θ, one :func:`fused_z_update` of all (shard, chain) pairs, then the
-    bright sums at the requested points and at the current θ in one compiled pass.
-
-    With several shards per host a round's fixed cost (tens of small array operations
-    per shard) would otherwise grow with the shards. Every shard's reply is the one its
-    own ``round`` would give, bit for bit: the same draws from the same streams, and
-    every sum taken over the same values in the same order. ``owner`` keeps the typed
-    lists of the shards' buffers (:func:`_typed_lists`). Call it under the shards' locks
-    and a ``np.errstate(over="ignore", divide="ignore")``.
-
-    In replica mode (:func:`_fused_replica_round`) the steps are each chain to its new θ,
-    shard by shard, the one fused z-update, and each shard's bright-set change.
-    """
-    if shards[0].replica:
-        return _fused_replica_round(shards, seq, requests, owner)
-    C = len(requests)
-    jit = shards[0]._jit
-    XCs, _ = _typed_lists(shards, owner)
-    for sh in shards:
-        sh._spec_pending = False  # a pending speculation is simply not made
-        sh._commit_all(commits, update_z)
-    pairs = [(sh, c) for sh in shards for c in range(C)]
-    queries = (
-        fused_z_update(pairs, owner=owner) if update_z else np.zeros(len(pairs), dtype=np.int64)
-    )
-    # the bright sums at each chain's points (k of them: k segments of its bright
-    # rows, as Shard._fused_eval lays them out) and at its current θ, pair by pair
-    ks = [0 if r is None else r.points.shape[0] for r in requests]
-    kmax = max(ks, default=0)
-    brights = [sh.chains[c].bright for sh, c in pairs]
-    sizes = [b.idx.size for b in brights]
-    row_parts, theta_parts, seg_bounds, seg_shard = [], [], [0], []
-    for p, (_, c) in enumerate(pairs):
-        k = ks[c]
-        if k:
-            idx = brights[p].idx
-            row_parts.append(idx if k == 1 else np.tile(idx, k))
-            theta_parts.append(requests[c].points)
-            for _ in range(k):
-                seg_bounds.append(seg_bounds[-1] + sizes[p])
-                seg_shard.append(p // C)
-    n_seg = len(seg_shard)
-    vals = np.empty(seg_bounds[-1])
-    sums = np.empty(n_seg)
-    if n_seg:
-        kind, par = shards[0]._kernel
-        jit.eval_rows(
-            XCs,
-            shards[0].X.shape[1],
-            np.concatenate(row_parts),
-            np.array(seg_bounds, dtype=np.int64),
-            np.array(seg_shard, dtype=np.int64),
-            np.concatenate(theta_parts),
-            kind,
-            par,
-            vals,
-            sums,
-        )
-    cur_bounds = [0]
-    for m in sizes:
-        cur_bounds.append(cur_bounds[-1] + m)
-    current = np.empty(len(pairs))
-    jit.segment_sums(
-        np.concatenate([b.vals for b in brights]), np.array(cur_bounds, dtype=np.int64), current
-    )
-    out = []
-    off = j = 0
-    for s_i, sh in enumerate(shards):
-        lo = s_i * C
-        points = np.empty((C, kmax))
-        points.fill(np.nan)
-        q_s = queries[lo : lo + C].copy()
-        for c, ch in enumerate(sh.chains):
-            k, M = ks[c], sizes[lo + c]
-            if not k:
-                continue
-            ch.last_points = requests[c].points
-            ch.last_vals = vals[off : off + k * M].reshape(k, M)
-            ch.last_dvals = None
-            points[c, :k] = sums[j : j + k]
-            q_s[c] += k * M
-            off += k * M
-            j += k
-        reply = Reply(
-            current=current[lo : lo + C].copy(),
-            points=points,
-            n_bright=np.array(sizes[lo : lo + C], dtype=np.int64),
-            queries=q_s,
-            wasted=np.zeros(C, dtype=np.int64),
-        )
-        sh.total_queries += int(q_s.sum())
-        sh._seq, sh._reply = seq, reply
-        out.append(reply)
-    return out
-
-
-def _fused_replica_round(
-    shards: list[Shard], seq: Any, requests: list[Request | None], owner: Any
-) -> list[ReplicaReply]:
-    """:func:`fused_round` in replica mode: every shard's chains to their new θ (with the
-    ``log L~`` of their bright rows there), one :func:`fused_z_update` of all (shard,
-    chain) pairs, then each shard's change of its bright sets
-    (:meth:`Shard._bright_change`). Each shard touches only its own rows and streams, so
-    its reply is the one its own ``round`` would give, bit for bit; what is saved is the
-    z-update's fixed cost per shard (measured: 2M × 57 logistic, NUTS, 8 shards on 2
-    workers — each host's round 0.68 ms shard by shard, 0.47 ms fused)."""
-    C = len(requests)
-    moved = [sh._move_to(requests) for sh in shards]
-    pairs = [(sh, c) for sh in shards for c in range(C)]
-    updated = fused_z_update(pairs, owner=owner)
-    out = []
-    for s_i, sh in enumerate(shards):
-        queries = moved[s_i] + updated[s_i * C : (s_i + 1) * C]
-        reply = sh._bright_change(queries)
-        sh.total_queries += int(queries.sum())
-        sh._seq, sh._reply = seq, reply
-        sh._spec_pending = False
-        out.append(reply)
-    return out

@@ -14,9 +14,7 @@ kernels asked for, returning only sums.
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -32,15 +30,14 @@ from flymc_dist.brightness import (
     explicit_update,
     implicit_accept,
     implicit_propose,
-    log_uniform,
 )
 from flymc_dist.data import open_dataset
-from flymc_dist.models.base import BoundStats
 from flymc_dist.protocol import ReplicaReply, Reply, Request, ShardConfig, ShardSpec
-from flymc_dist.rng import ROLE_Z, stream
+from flymc_dist.reduce import BlockSums, block_rows, tree_nodes
 from flymc_dist.shard.chunks import Chunk, ChunkSource, RowStore
 from flymc_dist.shard.evaluate import bright_terms, bright_terms_many
-from flymc_dist.shard.fused import _Spec, _typed_lists, fused_z_update
+from flymc_dist.shard.fused import _typed_lists, fused_z_update
+from flymc_dist.streams import RowStreams, uniforms_range
 
 _T = TypeVar("_T")
 
@@ -66,7 +63,7 @@ SHARD_OPERATIONS: dict[str, Callable[..., Any]] = {
 @dataclass
 class _Chain:
     theta: np.ndarray
-    rng: np.random.Generator
+    step: int = 0  # z-updates since the chain was placed: keys its row streams
     bright: BrightSet | None = None  # flymc
     cur_sum: float = 0.0  # regular: sum of l_n at theta
     cur_grad: np.ndarray | None = None  # regular: its gradient when known
@@ -135,8 +132,12 @@ class Shard:
         self.out_of_core = False
         self._source: ChunkSource | None = None
         ds = None
+        #: rows of the blocks full passes sum by (:mod:`flymc_dist.reduce`): the store's
+        #: chunks, or (arrays in memory, 0) :func:`~flymc_dist.reduce.block_rows` of N
+        self.block_rows = 0
         if data is None:
             ds = open_dataset(spec.path, storage_options=spec.storage_options)
+            self.block_rows = int(ds.chunk_rows)
             n = spec.stop - spec.start
             self.out_of_core = _out_of_core(
                 config.out_of_core, n * (ds.n_features + K + 2) * 8 + config.chains * n, budget
@@ -215,8 +216,6 @@ class Shard:
         self.total_queries = 0
         self._seq: Any = None
         self._reply: Reply | ReplicaReply | None = None
-        self._spec: dict[int, _Spec] = {}  # chain -> its pending speculative z-update
-        self._spec_pending = False  # speculate() has work to do
         #: columns and thresholds of the exact rows' rule (see set_exact_rows), or None
         self._exact: tuple[np.ndarray, np.ndarray] | None = None
         self._typed: tuple | None = None  # see _typed_lists
@@ -240,16 +239,37 @@ class Shard:
         self._loosen(self.X, self.y, self.xi)
         self._set_row_constants()
 
-    def column_energy(self) -> np.ndarray:
-        """``Σ_n x_nj²`` and ``Σ_n x_nj⁴`` of every column j over this shard's rows, as a
-        (2, D) array (a full pass; set-up only): what :func:`flymc_dist.tune.narrow_columns`
-        reads the rows carrying each column from."""
-        out = np.zeros((2, self.n_features))
-        for X, _, _ in self.blocks(65536):
+    def column_energy(self) -> BlockSums:
+        """``Σ_n x_nj²`` and ``Σ_n x_nj⁴`` of every column j over this shard's rows, as
+        (2, D) arrays summed by block (a full pass; set-up only): what
+        :func:`flymc_dist.tune.narrow_columns` reads the rows carrying each column from."""
+
+        def energy(X: np.ndarray) -> np.ndarray:
             sq = np.square(X, dtype=np.float64)
-            out[0] += sq.sum(axis=0)
-            out[1] += np.square(sq).sum(axis=0)
-        return out
+            return np.stack([sq.sum(axis=0), np.square(sq).sum(axis=0)])
+
+        return self._block_sums(lambda X, y, xi: energy(X))
+
+    def _block_sums(self, fn: Callable[[np.ndarray, np.ndarray, Any], Any]) -> BlockSums:
+        """``fn(X, y, xi)`` of every block of this shard's rows, added up along the fixed
+        tree of :mod:`flymc_dist.reduce` as far as this shard's blocks go: sums that are
+        the same bits whatever the layout (a full pass)."""
+        B = self.block_rows
+        if B <= 0:
+            B = block_rows(self.n_total)
+        if self.spec.start % B or (self.spec.stop % B and self.spec.stop != self.n_total):
+            raise ValueError(
+                f"shard rows [{self.spec.start}, {self.spec.stop}) split a block of {B} rows"
+            )
+        first = self.spec.start // B
+        n_blocks = -(-self.n_total // B)
+        if self.out_of_core:
+            if self._source.max_rows != B and self._source.n_chunks > 1:
+                raise ValueError(f"out of core: store chunks are not the {B}-row blocks")
+            it = ((X, y, xi) for X, y, xi in self.blocks())
+        else:
+            it = self.blocks(B)
+        return tree_nodes(((first + k, fn(*b)) for k, b in enumerate(it)), n_blocks)
 
     def set_exact_rows(self, columns: np.ndarray, thresholds: np.ndarray) -> int:
         """The rule of the *exact rows* (``exact_rows``; before :meth:`set_tight_points`):
@@ -313,32 +333,32 @@ class Shard:
         self.replica = bool(on)
         self.track_grad = bool(self.config.track_grad) and not self.replica
 
-    def expected_bright(self, theta: np.ndarray) -> float:
-        """``Σ_n p(z_n = 1 | θ) = Σ_n −expm1(−δ_n(θ))`` over this shard's rows: the
-        expected number of bright rows at ``theta`` (a full pass; set-up only)."""
+    def expected_bright(self, theta: np.ndarray) -> BlockSums:
+        """``Σ_n p(z_n = 1 | θ) = Σ_n −expm1(−δ_n(θ))`` over this shard's rows, by block:
+        the expected number of bright rows at ``theta`` (a full pass; set-up only)."""
         m = self.model
         thetas = np.asarray(theta, float)[None]
-        total = 0.0
-        for X, y, xi in self.blocks(65536):
+
+        def expected(X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> float:
             eta = m.linear_predictor(thetas, X)
             delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
-            total += float(-np.expm1(-delta).sum())
-        return total
+            return float(-np.expm1(-delta).sum())
 
-    def bound_stats(self, untuned: bool = False) -> BoundStats:
-        """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic: at the
-        tight points set, or (``untuned``) at the model's untuned ones without setting
-        them (the MAP search's start; a full pass)."""
+        return self._block_sums(expected)
+
+    def bound_stats(self, untuned: bool = False) -> BlockSums:
+        """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic, by block:
+        at the tight points set, or (``untuned``) at the model's untuned ones without
+        setting them (the MAP search's start; a full pass)."""
         m = self.model
-        parts = [
-            m.suffstats(X, y, m.untuned_xi(y) if untuned else xi) for X, y, xi in self.blocks()
-        ]
-        return functools.reduce(operator.add, parts)
+        return self._block_sums(
+            lambda X, y, xi: m.suffstats(X, y, m.untuned_xi(y) if untuned else xi)
+        )
 
-    def loglik_sum(
-        self, theta: np.ndarray, order: int = 1, block: int = 65536
-    ) -> tuple[float, np.ndarray | None, np.ndarray | None]:
-        """``sum_n l_n(theta)`` with its gradient (order ≥ 1) and Hessian (order 2).
+    def loglik_sum(self, theta: np.ndarray, order: int = 1) -> BlockSums:
+        """``sum_n l_n(theta)`` with its gradient (order ≥ 1) and Hessian (order 2), by
+        block, each block's as one flat array ``[value, gradient (P), Hessian (P·P)]``
+        (:func:`unpack_loglik` reads the total).
 
         Used by MAP tuning; a full pass over the shard (not counted as sampler queries).
         """
@@ -346,25 +366,27 @@ class Shard:
         m = self.model
         E = m.n_outputs
         D = self.n_features
-        val = 0.0
-        grad = np.zeros(self.n_params) if order >= 1 else None
-        hess = np.zeros((self.n_params, self.n_params)) if order >= 2 else None
-        for X, y, _ in self.blocks(block):
+        P = self.n_params
+
+        def block(X: np.ndarray, y: np.ndarray, _: Any) -> np.ndarray:
+            out = np.zeros(1 + (P if order >= 1 else 0) + (P * P if order >= 2 else 0))
             eta = m.linear_predictor(theta, X)
             if order >= 1:
                 ll, dl = m.loglik_grad(eta, y)
-                grad += m.grad_theta(dl, X)[0]
+                out[1 : 1 + P] = m.grad_theta(dl, X)[0]
             else:
                 ll = m.loglik(eta, y)
-            val += float(ll.sum())
+            out[0] = ll.sum()
             if order >= 2:
                 h = m.loglik_hess(eta[0], y)  # (n, E, E)
                 if E == 1:
-                    hess += (X * h[:, 0, 0][:, None]).T @ X
+                    out[1 + P :] = ((X * h[:, 0, 0][:, None]).T @ X).ravel()
                 else:
                     hk = np.einsum("nkl,nd,ne->kdle", h, X, X, optimize=True)
-                    hess += hk.reshape(E * D, E * D)
-        return val, grad, hess
+                    out[1 + P :] = hk.reshape(E * D * E * D)
+            return out
+
+        return self._block_sums(block)
 
     def _tight_points(self, X: np.ndarray, y: np.ndarray) -> np.ndarray | None:
         """Tight points of the rows ``(X, y)`` of an out-of-core shard (None: none set,
@@ -416,24 +438,22 @@ class Shard:
         """
         thetas = np.asarray(thetas, float)
         self.generation = int(generation)
-        sid = self.spec.shard_id
         self.chains = []
         queries = 0
         # every chain's z as one (chains, rows) array: the batched z-update reads and
         # writes all chains' masks with one fancy index each
         self._masks = np.zeros((thetas.shape[0], self.n), dtype=bool) if self.flymc else None
         for c in range(thetas.shape[0]):
-            ch = _Chain(
-                theta=thetas[c].copy(),
-                rng=stream(self.config.seed, ROLE_Z, sid, c, self.generation),
-            )
+            ch = _Chain(theta=thetas[c].copy())
             if self.flymc:
                 ch.bright = BrightSet(
                     self.n, self.model.n_outputs, self.track_grad, mask=self._masks[c]
                 )
                 if not self.out_of_core:
                     with np.errstate(over="ignore", divide="ignore"):
-                        queries += explicit_update(ch.rng, ch.bright, 1.0, self._row_evaluator(ch))
+                        queries += explicit_update(
+                            self._streams(c, init=True), ch.bright, 1.0, self._row_evaluator(ch)
+                        )
             elif not self.out_of_core:
                 s, g = self._regular_eval(ch.theta[None], self.track_grad)
                 ch.cur_sum = float(s[0])
@@ -443,10 +463,30 @@ class Shard:
         if self.out_of_core:
             queries += self._place_out_of_core()
         self._seq, self._reply = None, None
-        self._spec, self._spec_pending = {}, False
         self._sent = [None] * len(self.chains)  # the next replica reply sends whole sets
         self.total_queries += queries
         return queries
+
+    @property
+    def n_total(self) -> int:
+        """N, the rows of the whole data set (see :attr:`ShardConfig.n_rows`)."""
+        n = int(self.config.n_rows)
+        if n and n < self.spec.stop:
+            raise ValueError(f"ShardConfig.n_rows = {n} is below this shard's end {self.spec.stop}")
+        return n or int(self.spec.stop)
+
+    def _streams(self, c: int, init: bool = False) -> RowStreams:
+        """Chain ``c``'s row-keyed streams at its current step (``init``: the exact draw
+        of z at placement), for this shard's rows."""
+        return RowStreams(
+            self.config.seed,
+            self.generation,
+            c,
+            0 if init else self.chains[c].step,
+            self.spec.start,
+            self.n_total,
+            init,
+        )
 
     def _place_out_of_core(self) -> int:
         """:meth:`set_positions` of an out-of-core shard, in one streamed pass: each
@@ -458,6 +498,7 @@ class Shard:
         held: list[tuple[np.ndarray, ...]] = []
         sums, grads = np.zeros(C), (np.zeros((C, self.n_params)) if track else None)
         thetas = np.array([ch.theta for ch in self.chains])
+        keys = [self._streams(c, init=True).decide for c in range(C)]
         lo = 0
         with np.errstate(over="ignore", divide="ignore"):
             for chunk in self._source.stream():
@@ -472,8 +513,9 @@ class Shard:
                     continue
                 vals, dvals = bright_terms(m, m.linear_predictor(thetas, X), y, xi, track)
                 on_any = np.zeros(y.size, dtype=bool)
-                for c, ch in enumerate(self.chains):
-                    z = log_uniform(ch.rng, y.size) < log_sigmoid(vals[c])
+                for c in range(C):
+                    u = uniforms_range(keys[c], self.spec.start + lo - y.size, y.size)
+                    z = np.log1p(-u) < log_sigmoid(vals[c])
                     on_any |= z
                     parts[c].append((rows[z], vals[c][z], dvals[c][z] if track else None))
                 held.append((rows[on_any], chunk.XC[on_any], y[on_any], xi[on_any]))
@@ -656,16 +698,13 @@ class Shard:
             return self._update_z_fused()
         window, q = self._z_window() if self.out_of_core else (None, self.q_db)
         props = []
-        for ch in self.chains:
+        streams = [self._streams(c) for c in range(len(self.chains))]
+        for st, ch in zip(streams, self.chains, strict=True):
             if implicit:
-                props.append(implicit_propose(ch.rng, ch.bright, q, window))
+                props.append(implicit_propose(st, ch.bright, q, window))
             else:
-                props.append(
-                    (
-                        None,
-                        explicit_propose(ch.rng, ch.bright, self.config.resample_fraction, window),
-                    )
-                )
+                fraction = self.config.resample_fraction
+                props.append((None, explicit_propose(st, ch.bright, fraction, window)))
         segs = [(ch.theta[None], rows) for ch, (_, rows) in zip(self.chains, props, strict=True)]
         live = [i for i, (_, rows) in enumerate(segs) if rows.size]
         evals = (
@@ -681,10 +720,11 @@ class Shard:
             else:
                 vals, dvals = np.empty(0), (np.empty((0, self.model.n_outputs)) if track else None)
             if implicit:
-                implicit_accept(ch.rng, ch.bright, q, darken, rows, vals, dvals)
+                implicit_accept(streams[c], ch.bright, q, darken, rows, vals, dvals)
             else:
-                explicit_accept(ch.rng, ch.bright, rows, vals, dvals)
+                explicit_accept(streams[c], ch.bright, rows, vals, dvals)
             queries[c] = rows.size
+            ch.step += 1
         if self.out_of_core:
             self._hold_bright()
         return queries
@@ -700,15 +740,15 @@ class Shard:
             and self._kernel is not None
         )
 
-    def _update_z_fused(self, sel: list[int] | None = None, record: bool = False) -> np.ndarray:
-        """The implicit z-update of every chain in ``sel`` (default: all) at once: see
-        :func:`fused_z_update` (out of core: of the current window's rows, see the class
-        notes). Returns the likelihood queries of each chain in ``sel``."""
-        sel = range(len(self.chains)) if sel is None else sel
+    def _update_z_fused(self) -> np.ndarray:
+        """The implicit z-update of every chain at once: see :func:`fused_z_update` (out of
+        core: of the current window's rows, see the class notes). Returns the likelihood
+        queries of each chain."""
+        pairs = [(self, c) for c in range(len(self.chains))]
         if not self.out_of_core:
-            return fused_z_update([(self, c) for c in sel], record)
+            return fused_z_update(pairs)
         (lo, hi), q = self._z_window()
-        queries = fused_z_update([(self, c) for c in sel], record, window=(lo, hi, q))
+        queries = fused_z_update(pairs, window=(lo, hi, q))
         self._hold_bright()
         return queries
 
@@ -731,40 +771,6 @@ class Shard:
     def _lists(self) -> tuple[Any, Any]:
         """This shard's buffer and masks as one-element typed lists (the kernels' form)."""
         return _typed_lists([self], self)
-
-    # ------------------------------------------------------------ speculation
-    def speculate(self) -> None:
-        """Update z now, at each chain's current θ, as if its pending proposal will be
-        rejected (the likelier outcome at the acceptance rates RWMH is tuned to).
-
-        Called after a round's reply has gone out, while the driver decides; the next
-        round then keeps the update of every chain whose proposal was rejected and
-        undoes (rng state, bright set, masks) that of every chain that moved, which is
-        then updated at its new θ as usual. Either way each chain's z-update is the one
-        the plain protocol would make, draw for draw: speculation changes when the
-        work is done, never the chain. The undone updates' queries are counted apart
-        (``wasted``): they are the price of taking the z-update off the critical path.
-        """
-        if not self._spec_pending:
-            return
-        self._spec_pending = False
-        todo = [
-            c
-            for c, ch in enumerate(self.chains)
-            if c not in self._spec and ch.last_points is not None
-        ]
-        with np.errstate(over="ignore", divide="ignore"):
-            self._update_z_fused(todo, record=True)
-
-    def _undo_spec(self, c: int) -> int:
-        """Undo chain ``c``'s speculative z-update; returns its (wasted) queries."""
-        sp = self._spec.pop(c)
-        ch = self.chains[c]
-        self._masks[c, sp.new_rows] = False
-        self._masks[c, sp.gone_rows] = True
-        ch.bright.idx, ch.bright.vals = sp.idx, sp.vals
-        ch.rng.bit_generator.state = sp.rng_state
-        return sp.queries
 
     def _flymc_points(
         self,
@@ -873,80 +879,22 @@ class Shard:
             n_bright[c] = self.n
 
     def round(
-        self,
-        seq: Any,
-        commits: np.ndarray,
-        update_z: bool,
-        requests: list[Request | None],
-        speculate: bool = False,
+        self, seq: Any, commits: np.ndarray, update_z: bool, requests: list[Request | None]
     ) -> Reply | ReplicaReply:
-        """One round trip for all chains, in three steps.
+        """One round trip for all chains: :func:`~flymc_dist.shard.round.round_shards` on
+        this shard alone (the one implementation of a round, whatever the host holds)."""
+        from flymc_dist.shard.round import round_shards
 
-        1. **Each chain to its θ.** Commit the previous decision: ``commits[c]`` is the
-           row of chain ``c``'s last evaluated points that became current, or -1 (a
-           pending speculative z-update of a chain that moved is undone first). In
-           replica mode the chain's one requested point *is* its new θ.
-        2. **z at that θ** (FlyMC), if ``update_z`` (always in replica mode): the
-           implicit or explicit update, batched over chains (:meth:`_update_z`).
-        3. **The answer:** the sums at each chain's current θ and requested points, on
-           its bright rows (FlyMC) or all rows (regular); in replica mode, the change of
-           each chain's bright set since its last reply (:meth:`_bright_change`).
+        return round_shards([self], seq, commits, update_z, requests)[0]
 
-        Idempotent in ``seq``: a repeated ``seq`` returns the cached reply (fault
-        recovery replays a round without re-applying it). With ``speculate``
-        (one-request kernels: every round starts an iteration), the next z-update may be
-        done early, by :meth:`speculate`, once the reply is out. A host holding several
-        shards may run the same three steps batched over them
-        (:func:`~flymc_dist.shard.fused.fused_round`), with the same reply bit for bit.
-
-        Returns
-        -------
-        Reply or ReplicaReply
-            The sums at each chain's current θ and requested points, or (replica mode)
-            the change of its bright set.
-        """
-        if seq is not None and seq == self._seq:
-            return self._reply
-        C = len(self.chains)
-        queries = np.zeros(C, dtype=np.int64)
-        # one errstate for the whole round (the fused log L~ relies on it; entering one
-        # per evaluation would cost as much as the evaluation itself)
-        with np.errstate(over="ignore", divide="ignore"):
-            if self.replica:
-                wasted = np.zeros(C, dtype=np.int64)
-                queries += self._move_to(requests)
-            else:
-                wasted = self._commit_all(commits, update_z)
-            if self.replica or (self.flymc and update_z):
-                queries += self._update_z()
-            if self.replica:
-                reply = self._bright_change(queries)
-            else:
-                reply = self._sums(requests, queries, wasted)
-        self.total_queries += int(queries.sum() + wasted.sum())
-        self._seq, self._reply = seq, reply
-        # speculation undoes a z-update, but not an out-of-core window's step
-        self._spec_pending = (
-            bool(speculate) and self.fused_z and not self.replica and not self.out_of_core
-        )
-        return reply
-
-    def _commit_all(self, commits: np.ndarray, update_z: bool) -> np.ndarray:
-        """Step 1 of a round: every chain to its committed θ (see :meth:`round`).
-
-        Returns the queries of undone speculative z-updates (``wasted``), per chain.
-        """
-        wasted = np.zeros(len(self.chains), dtype=np.int64)
-        self.speculate()  # if it has not run since the last reply (in-process transports)
+    def _commit_all(self, commits: np.ndarray) -> None:
+        """Step 1 of a round: every chain to its committed θ (see :meth:`round`)."""
         for c, ch in enumerate(self.chains):
             # A chain whose position was set explicitly (start, recovery) has no batch of
             # its own yet: the driver set it at the committed θ, so there is nothing to commit.
             j = int(commits[c])
-            if c in self._spec and (j >= 0 or not update_z):
-                wasted[c] = self._undo_spec(c)  # it moved: z must be updated at its new θ
             if j >= 0 and ch.last_points is not None:
                 self._commit(ch, j)
-        return wasted
 
     def _move_to(self, requests: list[Request | None]) -> np.ndarray:
         """Step 1 of a replica-mode round: each chain to its one requested point; the
@@ -963,19 +911,6 @@ class Shard:
             for c, (v, _, _) in zip(live, evals, strict=True):
                 self.chains[c].bright.set_values(v[0], None)
                 queries[c] += v.shape[1]
-        return queries
-
-    def _update_z(self) -> np.ndarray:
-        """Step 2 of a round: every chain's z at its current θ; a speculative update
-        already made at that θ is kept. Returns the queries, per chain."""
-        if not self._spec:
-            return self._update_z_all()
-        queries = np.zeros(len(self.chains), dtype=np.int64)
-        done = sorted(self._spec)
-        for c in done:
-            queries[c] += self._spec.pop(c).queries
-        rest = [c for c in range(len(self.chains)) if c not in done]
-        queries[rest] += self._update_z_fused(rest)
         return queries
 
     def _bright_change(self, queries: np.ndarray) -> ReplicaReply:
@@ -1004,7 +939,6 @@ class Shard:
         return ReplicaReply(
             n_bright=np.array([ch.bright.n_bright for ch in self.chains], dtype=np.int64),
             queries=queries,
-            wasted=np.zeros(C, dtype=np.int64),
             full=full,
             gone_ids=np.concatenate(gone) + self.spec.start,
             gone_seg=np.cumsum([0] + [g.size for g in gone]).astype(np.int64),
@@ -1015,9 +949,7 @@ class Shard:
             new_xi=new_xi,
         )
 
-    def _sums(
-        self, requests: list[Request | None], queries: np.ndarray, wasted: np.ndarray
-    ) -> Reply:
+    def _sums(self, requests: list[Request | None], queries: np.ndarray) -> Reply:
         """Step 3 of a round: the sums (and gradients where asked) at every chain's
         current θ and requested points, over its bright rows (FlyMC) or all rows."""
         C = len(self.chains)
@@ -1033,7 +965,7 @@ class Shard:
         n_bright = np.zeros(C, dtype=np.int64)
         fill = self._flymc_points if self.flymc else self._regular_points
         fill(requests, current, current_grad, points, points_grad, n_bright, queries)
-        return Reply(current, points, n_bright, queries, wasted, current_grad, points_grad)
+        return Reply(current, points, n_bright, queries, current_grad, points_grad)
 
     # ------------------------------------------------- the add-on samplers' interface
     def rows_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -55,8 +55,8 @@ ECHO = 2
 OK = 0
 ERROR = 1
 
-#: ``handler(code, payload) -> (reply, after)``: ``after`` (or None) runs once the reply is sent
-Handler = Callable[[int, bytes], tuple[bytes, Callable[[], None] | None]]
+#: ``handler(code, payload) -> reply``
+Handler = Callable[[int, bytes], bytes]
 
 
 #: values of the ``channel`` option (see :class:`~flymc_dist.transport.dask.DaskTransport`)
@@ -169,17 +169,13 @@ class ChannelServer:
                 handler = self._handler if self._handler_ref is None else self._handler_ref()
                 if handler is None:  # the host is gone
                     return
-                after = None
                 try:
-                    reply, after = handler(code, payload)
+                    reply = handler(code, payload)
                     status = OK
                 except BaseException as e:  # noqa: BLE001 - sent back to the driver
                     status, reply = ERROR, _pickle_error(e)
                 del handler
                 conn.sendall(HEADER.pack(status, len(reply)) + reply)
-                if after is not None:
-                    after()
-                    after = None
         except (OSError, ChannelError):
             pass  # the driver went away (or this server is closing)
         finally:

@@ -25,10 +25,10 @@ import ast
 import asyncio
 import logging
 import os
-import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -180,14 +180,15 @@ def _check_main_guard() -> None:
 
 def open_transport(
     client: Any,
-    specs: list[ShardSpec],
+    specs: list[ShardSpec] | Callable[[int], list[ShardSpec]],
     config: ShardConfig,
     mem: dict | None,
     options: dict[str, Any],
 ) -> Any:
-    """The transport for ``client`` (see :func:`flymc_dist.sample`)."""
+    """The transport for ``client`` (see :func:`flymc_dist.sample`); ``specs`` may be
+    the layout for a number of workers (the default layout: one shard per worker)."""
     if isinstance(client, str) and client == "synchronous":
-        return InProcessTransport(specs, config, mem)
+        return InProcessTransport(specs(1) if callable(specs) else specs, config, mem)
     if mem is not None:
         raise ValueError(
             "in-memory (X, y) data runs only with client='synchronous'; write it "
@@ -201,26 +202,6 @@ def open_transport(
         timeout=float(options.get("timeout", 60.0)),
         channel=options.get("channel", "auto"),
     )
-
-
-def _all_remote(workers: dict[str, dict], used: list[str]) -> bool:
-    """Whether every worker holding shards runs on another machine than the driver.
-
-    ``speculate="auto"`` speculates only then. Measured on a 2-core machine, with the
-    workers beside the driver, speculation lost: on the socket channel 1.40 against
-    1.26 ms per iteration (2 workers, `flymc bench overhead`), as it competes with the
-    driver for the cores; on Dask's RPC it lost too, and with 1 worker the speculative
-    update (all chains, with its undo records) outlasted the driver's turnaround.
-    Remote workers have the round trip's network time to spare, and no driver on their
-    cores.
-    """
-    local = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
-    try:
-        local.add(socket.gethostbyname(socket.gethostname()))
-    except OSError:
-        pass
-    hosts = [workers.get(w, {}).get("host") for w in used]
-    return bool(hosts) and all(h is not None and h not in local for h in hosts)
 
 
 def _channel_host(worker: str) -> str:
@@ -256,7 +237,7 @@ class DaskTransport:
     def __init__(
         self,
         client: Any,
-        specs: list[ShardSpec],
+        specs: list[ShardSpec] | Callable[[int], list[ShardSpec]],
         config: ShardConfig,
         *,
         n_workers: int | None = None,
@@ -274,15 +255,15 @@ class DaskTransport:
         except BaseException:
             self._dask_config.__exit__(None, None, None)
             raise
-        self.specs = sorted(specs, key=lambda s: s.shard_id)
+        #: the layout for a number of workers, when it follows the cluster
+        self._layout = specs if callable(specs) else None
+        self.specs = [] if callable(specs) else sorted(specs, key=lambda s: s.shard_id)
         self.config = config
         self.timeout = timeout
         # FlyMC's rounds are short and run inline; regular MCMC's are full passes
         self._inline = (
             set(INLINE) if config.algorithm == "flymc" else set(INLINE) - {"round_packed"}
         )
-        #: whether ``speculate="auto"`` speculates (see :func:`_all_remote`)
-        self.speculates = False
         self.round_trips = 0
         self.recoveries: list[dict[str, Any]] = []
         self.generation = 0
@@ -300,10 +281,11 @@ class DaskTransport:
                 channel == "auto" and all(w.startswith("tcp://") for w in workers)
             ):
                 self._chan = ChannelClient()
+            if self._layout is not None:  # the default layout: one shard per worker
+                self.specs = sorted(self._layout(len(workers)), key=lambda s: s.shard_id)
             blocks = np.array_split(np.arange(len(self.specs)), min(len(workers), len(self.specs)))
             for w, block in zip(workers, blocks, strict=False):
                 self._start_host(w, [self.specs[i] for i in block])
-            self.speculates = _all_remote(_scheduler_workers(self.client), list(self.placement))
         except BaseException:
             self.close()
             raise
@@ -492,14 +474,13 @@ class DaskTransport:
         update_z: bool,
         requests: list[Request | None],
         positions: np.ndarray,
-        speculate: bool = False,
     ) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard, recovering lost workers' shards.
 
         ``positions`` are the chains' current (post-commit) positions, used to redraw
         the z of recreated shards exactly.
         """
-        blob = pack_round(seq, commits, update_z, requests, speculate)
+        blob = pack_round(seq, commits, update_z, requests)
         for _attempt in range(5):
             if self._chan is not None:
                 ok, bad = self._chan.fanout(ROUND, blob, list(self.placement), self.timeout)

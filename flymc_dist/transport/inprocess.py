@@ -57,8 +57,6 @@ class InProcessTransport:
         self.round_trips += 1
         return self.host.call_each(method, per_shard)
 
-    #: speculative z-updates gain nothing here (no idle time between round trips)
-    speculates = False
     #: rounds are plain method calls
     channel = "in-process"
 
@@ -69,11 +67,10 @@ class InProcessTransport:
         update_z: bool,
         requests: list[Request | None],
         positions: np.ndarray,
-        speculate: bool = False,
     ) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard (``positions`` serve fault recovery)."""
         self.round_trips += 1
-        out = self.host.round(seq, commits, update_z, requests, speculate)
+        out = self.host.round(seq, commits, update_z, requests)
         return [out[s.shard_id] for s in self.specs]
 
     def timing(self) -> list[dict[str, float]]:

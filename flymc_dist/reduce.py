@@ -1,0 +1,97 @@
+"""Sums over all rows that do not depend on how the rows are cut into shards.
+
+A full pass (the MAP search's log-likelihood, the collapsed bound's statistics, the
+exact rows' column energies, the expected bright count) sums a value per row. In
+floating point the result depends on the order of the additions, so summing each
+shard's total would make every run's set-up — and so its draws — depend on the layout
+in the last bits. Instead the rows are cut into fixed *blocks* (a store's chunks; for
+arrays in memory, :func:`block_rows` rows), which shards never split, and the blocks'
+sums are added along one fixed binary tree over the block indices: node ``(l, i)`` sums
+the blocks ``[i·2**l, (i+1)·2**l)`` as node ``(l-1, 2i)`` + node ``(l-1, 2i+1)`` (or the
+left child alone where the right one lies past the last block). A shard adds up every
+node whose blocks it holds all of and returns the nodes it could not complete
+(:func:`tree_nodes`, O(log blocks) of them); the driver completes the tree
+(:func:`tree_total`). Every node is then the same sum, taken in the same order, whatever
+the layout: the totals are bit-identical for any partition into whole blocks.
+
+Values are anything with an elementwise ``+`` (floats, numpy arrays,
+:class:`~flymc_dist.models.base.BoundStats`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+#: ``(level, index, value)``: the sum of the blocks ``[index·2**level, (index+1)·2**level)``
+Node = tuple[int, int, Any]
+
+
+class BlockSums(NamedTuple):
+    """A shard's part of a full pass's sum: the tree's nodes it completed
+    (:func:`tree_nodes`), and how many blocks the whole data set has."""
+
+    n_blocks: int
+    nodes: list[Node]
+
+
+def block_rows(n_rows: int) -> int:
+    """The rows of a block of an in-memory data set of ``n_rows`` rows: a power of two
+    between 64 and 4096 giving at most about 256 blocks (a function of N alone, so the
+    blocks — and the sums — are the same for every layout)."""
+    b = 64
+    while b < 4096 and b * 256 < n_rows:
+        b *= 2
+    return b
+
+
+def _merge(nodes: dict[tuple[int, int], Any], n_blocks: int) -> dict[tuple[int, int], Any]:
+    """Combine the nodes bottom-up while a node's children are all present."""
+    level = 0
+    while True:
+        at = sorted(i for (lv, i) in nodes if lv == level)
+        if not at and not any(lv > level for lv, _ in nodes):
+            return nodes
+        width = -(-n_blocks // (1 << level))  # nodes at this level
+        if width <= 1:
+            return nodes
+        done = set()
+        for i in at:
+            if i in done:
+                continue
+            parent = i // 2
+            left, right = (level, 2 * parent), (level, 2 * parent + 1)
+            has_right = 2 * parent + 1 < width
+            if left in nodes and (not has_right or right in nodes):
+                value = nodes.pop(left)
+                if has_right:
+                    value = value + nodes.pop(right)
+                nodes[(level + 1, parent)] = value
+                done.update({2 * parent, 2 * parent + 1})
+        level += 1
+
+
+def tree_nodes(blocks: Iterable[tuple[int, Any]], n_blocks: int) -> BlockSums:
+    """A shard's part of the tree: its blocks' values ``(block index, value)`` combined
+    into every node they complete; the nodes left, as ``(level, index, value)``."""
+    nodes = {(0, int(b)): v for b, v in blocks}
+    merged = _merge(nodes, n_blocks)
+    return BlockSums(n_blocks, [(lv, i, v) for (lv, i), v in sorted(merged.items())])
+
+
+def tree_total(parts: list[BlockSums]) -> Any:
+    """The root of the tree from every shard's :func:`tree_nodes` (all blocks covered
+    exactly once)."""
+    n_blocks = parts[0].n_blocks
+    nodes: dict[tuple[int, int], Any] = {}
+    for part in parts:
+        if part.n_blocks != n_blocks:
+            raise ValueError("the shards disagree on the number of blocks")
+        for lv, i, v in part.nodes:
+            if (lv, i) in nodes:
+                raise ValueError(f"block tree node {(lv, i)} given twice")
+            nodes[(lv, i)] = v
+    nodes = _merge(nodes, n_blocks)
+    if len(nodes) != 1:
+        raise ValueError(f"the shards' blocks do not cover the {n_blocks} blocks once")
+    return next(iter(nodes.values()))

@@ -1,0 +1,166 @@
+"""A round on the worker side, written once: :func:`round_shards` over the shards one
+host holds (in-process, a single shard, or every shard of a Dask worker).
+
+A round is the Gibbs composite of FlyMC read in one function (numpyro's
+``HMCECS.sample`` has the same shape), in three steps over every (shard, chain) pair:
+
+1. **each chain to its θ**: commit the previous decision (``commits[c]``, the row of
+   chain ``c``'s last evaluated points that became current, or -1); in replica mode the
+   chain's one requested point *is* its new θ;
+2. **z at that θ** (FlyMC, when ``update_z``; always in replica mode): one compiled
+   implicit update of every pair where the model has a compiled ``log L~`` and no
+   gradients are kept (:func:`~flymc_dist.shard.fused.fused_z_update`), shard by shard
+   otherwise (explicit updates, gradients, out-of-core windows);
+3. **the answer**: the sums at each chain's current θ and requested points over its
+   bright rows (FlyMC) or all rows (regular), compiled over every pair where it can be;
+   in replica mode, the change of each chain's bright set.
+
+Every random number is keyed by its row (:mod:`flymc_dist.streams`), so how the rows
+are cut into shards and which shards share a host change nothing but the cost.
+Idempotent in ``seq``: a shard whose last round had this ``seq`` answers with its cached
+reply (fault recovery replays a round without re-applying it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flymc_dist.protocol import ReplicaReply, Reply, Request
+from flymc_dist.shard.fused import _typed_lists, fused_z_update
+
+if TYPE_CHECKING:
+    from flymc_dist.shard.shard import Shard
+
+
+def round_shards(
+    shards: list[Shard],
+    seq: Any,
+    commits: np.ndarray,
+    update_z: bool,
+    requests: list[Request | None],
+    owner: Any = None,
+) -> list[Reply | ReplicaReply]:
+    """One round on every one of ``shards`` (see the module notes): their replies, in
+    order. ``owner`` keeps the typed lists of the shards' buffers between rounds (a
+    :class:`~flymc_dist.shard.host.ShardHost`; default: built afresh or on the shard)."""
+    todo = [sh for sh in shards if seq is None or sh._seq != seq]
+    C = len(requests)
+    queries = {id(sh): np.zeros(C, dtype=np.int64) for sh in todo}
+    # one errstate for the whole round (the fused log L~ relies on it; entering one per
+    # evaluation would cost as much as the evaluation itself)
+    with np.errstate(over="ignore", divide="ignore"):
+        for sh in todo:  # 1. each chain to its θ
+            if sh.replica:
+                queries[id(sh)] += sh._move_to(requests)
+            else:
+                sh._commit_all(commits)
+        live = [sh for sh in todo if sh.replica or (sh.flymc and update_z)]
+        batched = [sh for sh in live if sh.fused_z and not sh.out_of_core]  # 2. z at θ
+        if batched:
+            pairs = [(sh, c) for sh in batched for c in range(C)]
+            q = fused_z_update(pairs, owner=owner if len(batched) > 1 else None)
+            for i, sh in enumerate(batched):
+                queries[id(sh)] += q[i * C : (i + 1) * C]
+        for sh in live:
+            if not (sh.fused_z and not sh.out_of_core):
+                queries[id(sh)] += sh._update_z_all()
+        # 3. the answer
+        compiled = [sh for sh in todo if not sh.replica and _compiled_sums(sh, requests)]
+        replies = _bright_sums(compiled, requests, queries, owner) if compiled else {}
+        for sh in todo:
+            q_s = queries[id(sh)]
+            if sh.replica:
+                replies[id(sh)] = sh._bright_change(q_s)
+            elif id(sh) not in replies:
+                replies[id(sh)] = sh._sums(requests, q_s)
+            sh.total_queries += int(replies[id(sh)].queries.sum())
+            sh._seq, sh._reply = seq, replies[id(sh)]
+    return [sh._reply for sh in shards]
+
+
+def _compiled_sums(sh: Shard, requests: list[Request | None]) -> bool:
+    """Whether the shard's bright sums run compiled: FlyMC in memory with a compiled
+    ``log L~``, and no gradient asked for."""
+    return (
+        sh.flymc
+        and sh._kernel is not None
+        and not sh.out_of_core
+        and all(r is None or (not r.grad and not r.current_grad) for r in requests)
+    )
+
+
+def _bright_sums(
+    shards: list[Shard],
+    requests: list[Request | None],
+    queries: dict[int, np.ndarray],
+    owner: Any,
+) -> dict[int, Reply]:
+    """Step 3 for FlyMC shards with a compiled ``log L~`` and no gradients: the bright
+    sums at each chain's points (k of them: k segments of its bright rows) and at its
+    current θ, for every (shard, chain) pair in one compiled pass each. Returns each
+    shard's reply, by ``id``; keeps each chain's values at its points for the commit."""
+    C = len(requests)
+    jit = shards[0]._jit
+    XCs, _ = _typed_lists(shards, owner if len(shards) > 1 else shards[0])
+    pairs = [(sh, c) for sh in shards for c in range(C)]
+    ks = [0 if r is None else r.points.shape[0] for r in requests]
+    kmax = max(ks, default=0)
+    brights = [sh.chains[c].bright for sh, c in pairs]
+    sizes = [b.idx.size for b in brights]
+    row_parts, theta_parts, seg_bounds, seg_shard = [], [], [0], []
+    for p, (_, c) in enumerate(pairs):
+        k = ks[c]
+        if k:
+            idx = brights[p].idx
+            row_parts.append(idx if k == 1 else np.tile(idx, k))
+            theta_parts.append(requests[c].points)
+            for _ in range(k):
+                seg_bounds.append(seg_bounds[-1] + sizes[p])
+                seg_shard.append(p // C)
+    n_seg = len(seg_shard)
+    vals = np.empty(seg_bounds[-1])
+    sums = np.empty(n_seg)
+    if n_seg:
+        kind, par = shards[0]._kernel
+        jit.eval_rows(
+            XCs,
+            shards[0].n_features,
+            np.concatenate(row_parts),
+            np.array(seg_bounds, dtype=np.int64),
+            np.array(seg_shard, dtype=np.int64),
+            np.concatenate(theta_parts),
+            kind,
+            par,
+            vals,
+            sums,
+        )
+    cur_bounds = np.zeros(len(pairs) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=cur_bounds[1:])
+    current = np.empty(len(pairs))
+    jit.segment_sums(np.concatenate([b.vals for b in brights]), cur_bounds, current)
+    out: dict[int, Reply] = {}
+    off = j = 0
+    for s_i, sh in enumerate(shards):
+        lo = s_i * C
+        points = np.full((C, kmax), np.nan)
+        q_s = queries[id(sh)]
+        for c, ch in enumerate(sh.chains):
+            k, M = ks[c], sizes[lo + c]
+            if not k:
+                continue
+            ch.last_points = requests[c].points
+            ch.last_vals = vals[off : off + k * M].reshape(k, M)
+            ch.last_dvals = None
+            points[c, :k] = sums[j : j + k]
+            q_s[c] += k * M
+            off += k * M
+            j += k
+        out[id(sh)] = Reply(
+            current=current[lo : lo + C].copy(),
+            points=points,
+            n_bright=np.array(sizes[lo : lo + C], dtype=np.int64),
+            queries=q_s,
+        )
+    return out
