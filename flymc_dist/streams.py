@@ -81,9 +81,9 @@ def philox4x32(counter: np.ndarray, key: np.ndarray) -> np.ndarray:
 @numba.njit(inline="always", **_JIT)
 def _to_unit(a: int, b: int) -> float:
     """53 bits of the words ``a``, ``b`` as a double in [0, 1)."""
-    return float(
-        (np.uint64(a) >> np.uint64(5)) * np.uint64(67108864) + (np.uint64(b) >> np.uint64(6))
-    ) * (1.0 / 9007199254740992.0)
+    hi = np.uint64(a) >> np.uint64(5)
+    lo = np.uint64(b) >> np.uint64(6)
+    return float(hi * np.uint64(67108864) + lo) * (1.0 / 9007199254740992.0)
 
 
 @numba.njit(**_JIT)

@@ -18,8 +18,8 @@ timed on the same actors too: on the socket channel, and on Dask's RPC as the Da
 channel sends rounds (raw bytes, run on the worker's event loop).
 
 (a) and (b) run with one shard per worker (``n_shards=workers``, so one call per
-worker per iteration, like (c)); (a) also with the default sharding (and (b) too with ``default_sharding="both"``). Their
-per-iteration time is that of the post-warm-up iterations
+worker per iteration, like (c)); (a) also with the default sharding (and (b) too
+with ``default_sharding="both"``). Their per-iteration time is that of the post-warm-up iterations
 (``res.info["sampling_seconds"] / num_samples``). The actor call and the socket echo
 are timed in two batches, before (a) and after the last sampler, so a drift in the
 machine's load shows.
