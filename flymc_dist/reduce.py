@@ -92,6 +92,7 @@ def tree_total(parts: list[BlockSums]) -> Any:
                 raise ValueError(f"block tree node {(lv, i)} given twice")
             nodes[(lv, i)] = v
     nodes = _merge(nodes, n_blocks)
-    if len(nodes) != 1:
+    root = (max(0, (n_blocks - 1).bit_length()), 0)
+    if len(nodes) != 1 or root not in nodes:
         raise ValueError(f"the shards' blocks do not cover the {n_blocks} blocks once")
-    return next(iter(nodes.values()))
+    return nodes[root]

@@ -10,6 +10,19 @@ from scipy import stats
 
 from flymc_dist import brightness
 from flymc_dist.brightness import BrightSet, explicit_update, implicit_update
+from flymc_dist.streams import RowStreams
+
+
+class _Steps:
+    """Successive steps' row-keyed streams of one chain over ``n`` rows (what a shard
+    hands the updates), in place of a random generator."""
+
+    def __init__(self, seed: int, n: int) -> None:
+        self.seed, self.n, self.t = seed, n, 0
+
+    def __call__(self) -> RowStreams:
+        self.t += 1
+        return RowStreams(self.seed, 0, 0, self.t, 0, self.n)
 
 
 def _fixed_evaluator(log_lt: np.ndarray, counter: list[int]):
@@ -27,15 +40,15 @@ def _stationarity_z(update, log_lt: np.ndarray, q: float, sweeps: int, seed: int
     P(1→0) = min(1, q/L~); its lag-1 autocorrelation is rho = 1 − P01 − P10, so the
     variance of the time-average is p(1 − p)/T · (1 + rho)/(1 − rho) exactly.
     """
-    rng = np.random.default_rng(seed)
     n = log_lt.size
+    rng = _Steps(seed, n)
     bright = BrightSet(n)  # start all dark: far from stationarity
     counter = [0]
     evaluate = _fixed_evaluator(log_lt, counter)
     burn = 50
     freq = np.zeros(n)
     for t in range(burn + sweeps):
-        update(rng, bright, q, evaluate)
+        update(rng(), bright, q, evaluate)
         if t >= burn:
             freq += bright.mask
     freq /= sweeps
@@ -70,63 +83,63 @@ def test_flipped_sign_negative_control_fails(monkeypatch):
 
 
 def test_explicit_update_draws_exact_conditional():
-    rng = np.random.default_rng(2)
     log_lt = np.linspace(-4, 4, 40)
+    rng = _Steps(2, log_lt.size)
     p = 1 / (1 + np.exp(-log_lt))
     reps = 3000
     counts = np.zeros(log_lt.size)
     for _ in range(reps):
         b = BrightSet(log_lt.size)
-        explicit_update(rng, b, 1.0, _fixed_evaluator(log_lt, [0]))
+        explicit_update(rng(), b, 1.0, _fixed_evaluator(log_lt, [0]))
         counts += b.mask
     z = (counts - reps * p) / np.sqrt(reps * p * (1 - p))
     assert np.max(np.abs(z)) < stats.norm.ppf(1 - 0.001 / (2 * log_lt.size))
 
 
 def test_explicit_partial_update_leaves_conditional_invariant():
-    rng = np.random.default_rng(3)
     log_lt = np.linspace(-3, 3, 30)
+    rng = _Steps(3, log_lt.size)
     p = 1 / (1 + np.exp(-log_lt))
     b = BrightSet(log_lt.size)
     ev = _fixed_evaluator(log_lt, [0])
     sweeps = 6000
     freq = np.zeros(log_lt.size)
     for t in range(sweeps + 50):
-        explicit_update(rng, b, 0.25, ev)
+        explicit_update(rng(), b, 0.25, ev)
         if t >= 50:
             freq += b.mask
     freq /= sweeps
-    # each z_n is refreshed with probability ~0.25 per sweep: rho = 0.75
+    # each z_n is refreshed with probability 0.25 per sweep: rho = 0.75
     var = p * (1 - p) / sweeps * (1 + 0.75) / (1 - 0.75)
     z = (freq - p) / np.sqrt(var)
     assert np.max(np.abs(z)) < stats.norm.ppf(1 - 0.001 / (2 * log_lt.size))
 
 
 def test_bright_structure_consistent_after_updates():
-    rng = np.random.default_rng(4)
-    log_lt = rng.normal(size=500)
+    log_lt = np.random.default_rng(4).normal(size=500)
+    rng = _Steps(4, 500)
     b = BrightSet(500)
     ev = _fixed_evaluator(log_lt, [0])
     for _ in range(200):
-        implicit_update(rng, b, 0.2, ev)
+        implicit_update(rng(), b, 0.2, ev)
         assert np.array_equal(np.sort(b.idx), np.flatnonzero(b.mask))
         assert np.array_equal(b.vals, log_lt[b.idx])
-        explicit_update(rng, b, 0.1, ev)
+        explicit_update(rng(), b, 0.1, ev)
         assert np.array_equal(np.sort(b.idx), np.flatnonzero(b.mask))
         assert np.array_equal(b.vals, log_lt[b.idx])
 
 
 def test_implicit_cost_scales_with_proposals_not_n():
     """Queries per sweep = dark rows proposed (~ q·(N − M)); nothing touches all N rows."""
-    rng = np.random.default_rng(5)
     n, q = 200_000, 0.001
+    rng = _Steps(5, n)
     log_lt = np.full(n, -8.0)  # bright probability ~3e-4: M small
     b = BrightSet(n)
     counter = [0]
     ev = _fixed_evaluator(log_lt, counter)
     total = 0
     for _ in range(100):
-        total += implicit_update(rng, b, q, ev)
+        total += implicit_update(rng(), b, q, ev)
     assert total == counter[0]
     expected = 100 * q * n
     assert abs(total - expected) < 5 * math.sqrt(expected)
@@ -134,9 +147,9 @@ def test_implicit_cost_scales_with_proposals_not_n():
 
 def test_tight_bound_bright_row_always_darkens():
     """log L~ = -inf (bound tight): a bright row there has probability zero."""
-    rng = np.random.default_rng(6)
+    rng = _Steps(6, 3)
     b = BrightSet(3)
     b.replace(np.zeros(0, bool), np.array([0, 1, 2]), np.array([-np.inf, 0.0, -np.inf]), None)
     log_lt = np.array([-np.inf, 0.0, -np.inf])
-    implicit_update(rng, b, 0.5, _fixed_evaluator(log_lt, [0]))
+    implicit_update(rng(), b, 0.5, _fixed_evaluator(log_lt, [0]))
     assert not b.mask[0] and not b.mask[2]

@@ -1,30 +1,29 @@
-"""The fused hot path: Bernoulli-row proposals, the all-chains z-update, the fused
-``log L~`` of the models, speculative z-updates, and when speculation is switched on.
+"""The fused hot path and its random numbers: the row-keyed streams (Philox4x32-10, the
+Bernoulli process over all rows, the block-tree sums), the all-chains z-update, and the
+fused ``log L~`` of the models.
 
 Statistical checks derive their tolerances from the exact sampling distributions
 (binomial counts; the two-state Markov chain of each z_n, as in
 ``tests/test_brightness.py::_stationarity_z``) with a Bonferroni family-wise level of
 0.1%; each has a negative control (a deliberately broken variant) that must fail it.
-Everything else is exact: bit-for-bit equality of arrays, replies and RNG states.
+Everything else is exact: bit-for-bit equality of arrays.
 """
 
 from __future__ import annotations
 
 import math
-import socket
 
 import numpy as np
 import pytest
 from scipy import stats
 
 import flymc_dist as fd
-import flymc_dist.brightness as brightness_mod
 import flymc_dist.shard.fused as fused_mod
+from flymc_dist import streams
 from flymc_dist._numerics import log_expm1
-from flymc_dist.brightness import bernoulli_rows
-from flymc_dist.protocol import Request, ShardConfig, ShardSpec
+from flymc_dist.protocol import ShardConfig, ShardSpec
+from flymc_dist.reduce import tree_nodes, tree_total
 from flymc_dist.shard import Shard
-from flymc_dist.transport.dask import _all_remote
 
 
 def _crit(m: int, level: float = 0.001) -> float:
@@ -32,111 +31,131 @@ def _crit(m: int, level: float = 0.001) -> float:
     return float(stats.norm.ppf(1 - level / (2 * m)))
 
 
-# ------------------------------------------------------------------------- bernoulli_rows
-def _row_frequencies(
-    rng: np.random.Generator, n: int, q: float, draws: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Inclusion counts per row, per-draw counts, and adjacent-pair co-inclusion counts."""
-    incl = np.zeros(n)
-    pair = np.zeros(max(n - 1, 0))
-    sizes = np.empty(draws)
-    for t in range(draws):
-        r = bernoulli_rows(rng, n, q)
-        z = np.zeros(n, dtype=bool)
-        z[r] = True
-        incl += z
-        pair += z[:-1] & z[1:]
-        sizes[t] = r.size
-    return incl, sizes, pair
+# ------------------------------------------------------------------ row-keyed streams
+#: Random123's published known-answer vectors for Philox4x32-10 (counter, key, output)
+PHILOX_KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
 
 
-def _assert_bernoulli(
-    incl: np.ndarray, sizes: np.ndarray, pair: np.ndarray, n: int, q: float, draws: int
-) -> None:
-    """Per-row frequencies ≈ q, adjacent co-inclusion ≈ q², count mean/variance ≈ binomial."""
-    sd = math.sqrt(draws * q * (1 - q))
-    z_row = (incl - draws * q) / sd
-    assert np.max(np.abs(z_row)) < _crit(n), np.round(z_row, 2)
-    # independence of neighbours (gap arithmetic off by one would couple them)
-    q2 = q * q
-    z_pair = (pair - draws * q2) / math.sqrt(draws * q2 * (1 - q2))
-    assert np.max(np.abs(z_pair)) < _crit(n - 1), np.round(z_pair, 2)
-    # count ~ Binomial(n, q): mean and variance (sd of a sample variance of R draws is
-    # ~ sigma^2 sqrt(2 / (R - 1) + kurt / R), kurt the excess kurtosis)
-    mean, var = n * q, n * q * (1 - q)
-    assert abs(sizes.mean() - mean) < 5 * math.sqrt(var / draws)
-    kurt = (1 - 6 * q * (1 - q)) / var
-    assert abs(sizes.var(ddof=1) / var - 1) < 5 * math.sqrt(2 / (draws - 1) + kurt / draws)
+@pytest.mark.parametrize("counter, key, out", PHILOX_KAT)
+def test_philox_known_answers(counter, key, out):
+    got = streams.philox4x32(np.array(counter, np.uint64), np.array(key, np.uint64))
+    assert tuple(int(x) for x in got) == out
 
 
-def test_bernoulli_rows_sorted_unique_in_range_int64():
-    """Every draw is a strictly increasing int64 array of rows in ``[0, n)``."""
-    rng = np.random.default_rng(10)
-    for n, q in [(1, 0.5), (7, 0.9), (50, 0.3), (1000, 0.01), (100_000, 0.001), (3, 0.999)]:
-        for _ in range(200):
-            r = bernoulli_rows(rng, n, q)
-            assert r.dtype == np.int64
-            assert r.ndim == 1
-            assert np.all(np.diff(r) > 0)
-            if r.size:
-                assert 0 <= r[0] and r[-1] < n
+def test_uniforms_keyed_by_row_only():
+    """A row's uniform is the same whatever range or order asks for it; streams differ."""
+    key = streams.stream_key(7, 0, 1, 5, streams.Z_DECIDE)
+    u = streams.uniforms_range(key, 1000, 500)
+    rows = np.random.default_rng(0).permutation(500)
+    assert np.array_equal(streams.uniforms_at(key, rows, 1000), u[rows])
+    other = streams.uniforms_range(streams.stream_key(7, 0, 1, 6, streams.Z_DECIDE), 1000, 500)
+    assert not np.any(u == other)
+    assert np.all((u >= 0.0) & (u < 1.0))
+    # uniform: a Kolmogorov-Smirnov test on 10^5 draws
+    assert stats.kstest(streams.uniforms_range(key, 0, 100_000), "uniform").pvalue > 1e-4
 
 
-@pytest.mark.parametrize("q", [0.05, 0.3, 0.8])
+@pytest.mark.parametrize("n_total", [1, 2, 37, 1000, 2**20 + 3])
+def test_bernoulli_rows_same_whatever_range(n_total):
+    """Any partition of [0, N) into ranges gives the same rows as the whole: sorted,
+    distinct, int64, in range."""
+    rng = np.random.default_rng(n_total)
+    for q in (0.003, 0.2, 0.9):
+        key = streams.stream_key(3, 0, 0, int(q * 1000), streams.Z_PROPOSE)
+        whole = streams.bernoulli_rows(key, q, n_total, 0, n_total)
+        assert whole.dtype == np.int64
+        assert np.all(np.diff(whole) > 0) and (whole.size == 0 or 0 <= whole[0])
+        assert whole.size == 0 or whole[-1] < n_total
+        cuts = np.sort(rng.integers(0, n_total + 1, size=5))
+        edges = [0, *cuts.tolist(), n_total]
+        parts = [
+            streams.bernoulli_rows(key, q, n_total, a, b)
+            for a, b in zip(edges[:-1], edges[1:], strict=True)
+        ]
+        assert np.array_equal(np.concatenate(parts), whole)
+        many, seg = streams.bernoulli_rows_many(
+            np.full(len(edges) - 1, key, np.uint64), q, n_total, edges[:-1], edges[1:]
+        )
+        assert np.array_equal(many, whole) and seg[-1] == whole.size
+
+
+def _inclusion_z(q: float, n: int = 200, reps: int = 4000, bias: float = 0.0) -> np.ndarray:
+    """Z-scores of each row's inclusion frequency against q over ``reps`` streams."""
+    hits = np.zeros(n)
+    for t in range(reps):
+        key = streams.stream_key(11, 0, 0, t, streams.Z_PROPOSE)
+        hits[streams.bernoulli_rows(key, q * (1 + bias), n, 0, n)] += 1
+    return (hits - reps * q) / np.sqrt(reps * q * (1 - q))
+
+
+@pytest.mark.parametrize("q", [0.01, 0.3])
 def test_bernoulli_rows_inclusion_frequencies(q):
-    """Each of 50 rows is kept with probability q, independently of its neighbour; the
-    count is Binomial(50, q) in mean and variance."""
-    n, draws = 50, 12_000
-    incl, sizes, pair = _row_frequencies(np.random.default_rng(11), n, q, draws)
-    _assert_bernoulli(incl, sizes, pair, n, q, draws)
+    """Every row is proposed with probability q, independently (binomial counts)."""
+    z = _inclusion_z(q)
+    assert np.max(np.abs(z)) < _crit(z.size)
+    assert stats.chi2.sf(np.sum(z**2), z.size) > 1e-4
 
 
 def test_bernoulli_rows_frequency_check_has_power():
-    """Negative control: the same check rejects rows drawn with a slightly wrong q."""
-    n, draws, q = 50, 12_000, 0.3
-    incl, sizes, pair = _row_frequencies(np.random.default_rng(11), n, 0.32, draws)
-    with pytest.raises(AssertionError):
-        _assert_bernoulli(incl, sizes, pair, n, q, draws)
+    """Negative control: a process 10% too dense fails the same check."""
+    z = _inclusion_z(0.3, bias=0.1)
+    assert stats.chi2.sf(np.sum(z**2), z.size) < 1e-6
 
 
-def test_bernoulli_rows_refill_loop(monkeypatch):
-    """The "gaps fell short" loop (more gaps drawn when the first ``proposal_slots`` do
-    not reach the last row; rare at the real slot count) gives the same distribution:
-    forced by allotting a single gap per draw."""
-    monkeypatch.setattr(brightness_mod, "proposal_slots", lambda n, q: 1)
-    n, q, draws = 50, 0.3, 6000
-    incl, sizes, pair = _row_frequencies(np.random.default_rng(12), n, q, draws)
-    _assert_bernoulli(incl, sizes, pair, n, q, draws)
-
-
-def test_bernoulli_rows_single_row():
-    """n = 1, q = 0.5: the one row is kept half the time; nothing else ever appears."""
-    rng = np.random.default_rng(13)
-    draws = 20_000
-    kept = 0
-    for _ in range(draws):
-        r = bernoulli_rows(rng, 1, 0.5)
-        assert r.size <= 1
-        if r.size:
-            assert r[0] == 0
-            kept += 1
-    assert abs(kept - draws / 2) < 4.5 * math.sqrt(draws / 4)
+def test_bernoulli_counts_are_binomial():
+    """The number of rows proposed over 10^5 rows at q = 1e-3 is Binomial(10^5, q):
+    mean and variance within their sampling error over 2,000 streams."""
+    n, q, reps = 100_000, 1e-3, 2000
+    counts = np.array(
+        [
+            streams.bernoulli_rows(streams.stream_key(5, 0, 0, t, 2), q, n, 0, n).size
+            for t in range(reps)
+        ]
+    )
+    mean, var = n * q, n * q * (1 - q)
+    assert abs(counts.mean() - mean) < 4 * math.sqrt(var / reps)
+    assert abs(counts.var() / var - 1) < 4 * math.sqrt(2 / reps)
 
 
 def test_bernoulli_rows_edge_cases():
-    """q = 1: every row; n = 0 or q <= 0: none; q = 1e-300: none (no overflow in the
-    gap sums, even for a huge n)."""
-    rng = np.random.default_rng(14)
-    assert np.array_equal(bernoulli_rows(rng, 17, 1.0), np.arange(17))
-    assert bernoulli_rows(rng, 17, 1.0).dtype == np.int64
-    for n, q in [(0, 0.5), (0, 1.0), (-3, 0.5), (10, 0.0)]:
-        r = bernoulli_rows(rng, n, q)
-        assert r.size == 0 and r.dtype == np.int64
-    for n in (1, 1000, 10**9, 10**15):
-        r = bernoulli_rows(rng, n, 1e-300)
-        assert r.size == 0 and r.dtype == np.int64
-    with pytest.raises(ValueError, match="2\\*\\*53"):  # gap sums would overflow int64
-        bernoulli_rows(rng, 2**62, 1e-300)
+    key = streams.stream_key(0, 0, 0, 0, streams.Z_PROPOSE)
+    assert np.array_equal(streams.bernoulli_rows(key, 1.0, 17, 3, 9), np.arange(3, 9))
+    assert streams.bernoulli_rows(key, 0.0, 17, 0, 17).size == 0
+    assert streams.bernoulli_rows(key, 0.5, 17, 9, 3).size == 0
+    with pytest.raises(ValueError, match="beyond"):
+        streams.bernoulli_rows(key, 1e-300, 2**63 - 1, 0, 10)
+
+
+def test_block_tree_sums_same_for_every_partition():
+    """:mod:`flymc_dist.reduce`: the total of per-block values is the same bits for any
+    partition of the blocks into contiguous parts (and differs from a plain running sum
+    in general, so the test can see a layout-dependent order)."""
+    rng = np.random.default_rng(2)
+    for n_blocks in (1, 2, 5, 16, 33):
+        v = rng.standard_normal((n_blocks, 4)) * 10.0 ** rng.integers(-8, 8, (n_blocks, 4))
+        ref = tree_total([tree_nodes(enumerate(v), n_blocks)])
+        np.testing.assert_allclose(ref, v.sum(axis=0), rtol=1e-12, atol=1e-4)
+        for _ in range(20):
+            k = int(rng.integers(1, n_blocks + 1))
+            cuts = np.sort(rng.choice(np.arange(1, n_blocks), size=k - 1, replace=False))
+            edges = [0, *cuts.tolist(), n_blocks]
+            parts = [
+                tree_nodes([(b, v[b]) for b in range(a, c)], n_blocks)
+                for a, c in zip(edges[:-1], edges[1:], strict=True)
+            ]
+            assert np.array_equal(tree_total(parts), ref)
+    with pytest.raises(ValueError, match="twice"):
+        tree_total([tree_nodes([(0, 1.0)], 2), tree_nodes([(0, 1.0)], 2)])
+    with pytest.raises(ValueError, match="cover"):
+        tree_total([tree_nodes([(0, 1.0)], 3)])
 
 
 # ------------------------------------------------------------- the fused z-update: exactness
@@ -155,7 +174,9 @@ def _stat_data() -> tuple[np.ndarray, np.ndarray]:
 def _make_shard(X, y, model, chains: int, seed: int, q: float) -> Shard:
     return Shard(
         ShardSpec(0, "unused", 0, X.shape[0]),
-        ShardConfig(model=model, algorithm="flymc", chains=chains, seed=seed, q_db=q),
+        ShardConfig(
+            model=model, algorithm="flymc", chains=chains, seed=seed, n_rows=X.shape[0], q_db=q
+        ),
         data=(X, y),
     )
 
@@ -240,20 +261,6 @@ def test_fused_z_flipped_sign_negative_control_fails(monkeypatch):
     assert stats.chi2.sf(np.sum(z[use] ** 2), m) < 1e-6
 
 
-def test_fused_z_refill_path_single_chain_invariant(monkeypatch):
-    """A chain whose proposal gaps fall short (:func:`flymc_dist.shard.fused._refill`, forced with
-    one slot per chain) still leaves p(z | θ) invariant (one chain: no interleaving)."""
-    monkeypatch.setattr(fused_mod, "proposal_slots", lambda n, q: 1)
-    X, y = _stat_data()
-    shard = _make_shard(X, y, fd.LogisticRegression(), chains=1, seed=22, q=Q)
-    shard.set_tight_points(THETA_HAT)
-    shard.set_positions(THETAS[1:2])
-    z, use = _fused_stationarity_z(shard, X, y, sweeps=3000)
-    m = int(use.sum())
-    assert np.max(np.abs(z[use])) < _crit(m), np.round(z, 2)
-    assert stats.chi2.sf(np.sum(z[use] ** 2), m) > 1e-4
-
-
 # --------------------------------------------------------- the fused z-update: bookkeeping
 def _assert_cache_consistent(shard: Shard, X, y) -> None:
     """Each chain's bright rows are exactly its mask's, its cached values are log L~ of
@@ -299,18 +306,6 @@ def test_fused_z_update_keeps_cache_consistent(model_name):
     # the BrightSet's mask is the very memory the fused update writes
     shard._masks[1, 0] = not shard._masks[1, 0]
     assert shard.chains[1].bright.mask[0] == shard._masks[1, 0]
-
-
-def test_fused_z_refill_path_several_chains_cache_consistent(monkeypatch):
-    """With every chain's gaps falling short (one slot each), the cached log L~ of each
-    chain must still be its own rows at its own θ (a bug once evaluated the extra rows of
-    a chain other than the last at another chain's θ)."""
-    monkeypatch.setattr(fused_mod, "proposal_slots", lambda n, q: 1)
-    shard, X, y = _fused_shard(None, seed=33, q=0.3)
-    with np.errstate(over="ignore", divide="ignore"):
-        for _ in range(30):
-            shard._update_z_fused()
-            _assert_cache_consistent(shard, X, y)
 
 
 def test_fused_z_queries_count_dark_proposals():
@@ -414,441 +409,3 @@ def test_robust_fused_log_bright_rows_bit_identical(tuned):
         xi = model.untuned_xi(y)
     _assert_fused_equals_unfused(model, eta, y, xi)
     _assert_fused_equals_unfused(model, y - xi, y, xi)
-
-
-# ------------------------------------------------------------- speculation: Shard protocol
-def _twin_shards(
-    chains: int = 3, n: int = 300, q: float = 0.05, seed: int = 51
-) -> tuple[Shard, Shard, np.ndarray, np.ndarray]:
-    """Two identical logistic shards (same data, seed, tight points and positions)."""
-    rng = np.random.default_rng(seed)
-    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
-    y = (rng.random(n) < 1 / (1 + np.exp(-X @ np.array([0.3, 1.0, -1.0])))).astype(float)
-    theta_hat = np.array([0.3, 1.0, -1.0])
-    thetas = theta_hat + 0.3 * rng.normal(size=(chains, 3))
-    out = []
-    for _ in range(2):
-        s = _make_shard(X, y, fd.LogisticRegression(), chains=chains, seed=seed, q=q)
-        s.set_tight_points(theta_hat)
-        s.set_positions(thetas)
-        assert s.fused_z
-        out.append(s)
-    return out[0], out[1], X, y
-
-
-def _assert_same_state(a: Shard, b: Shard) -> None:
-    assert np.array_equal(a._masks, b._masks)
-    for ca, cb in zip(a.chains, b.chains, strict=True):
-        assert np.array_equal(ca.theta, cb.theta)
-        assert np.array_equal(ca.bright.idx, cb.bright.idx)
-        assert np.array_equal(ca.bright.vals, cb.bright.vals)
-        assert ca.rng.bit_generator.state == cb.rng.bit_generator.state
-
-
-def _requests(rng: np.random.Generator, shard: Shard, scale: float = 0.15) -> list[Request]:
-    return [
-        Request(
-            points=(ch.theta + scale * rng.normal(size=ch.theta.size))[None],
-            grad=False,
-            current_grad=False,
-        )
-        for ch in shard.chains
-    ]
-
-
-REPLY_KEYS = ("current", "points", "n_bright", "queries")
-
-
-def test_undo_spec_restores_state_exactly():
-    """``speculate()`` changes z, the cached values and the RNG of every chain;
-    ``_undo_spec`` of every chain puts each back exactly (the twin never speculated)."""
-    a, b, _, _ = _twin_shards()
-    C = len(a.chains)
-    rng = np.random.default_rng(52)
-    reqs = _requests(rng, a)
-    commits = np.full(C, -1, dtype=np.int64)
-    ra = a.round(1, commits, True, reqs, True)
-    rb = b.round(1, commits, True, reqs, False)
-    for k in REPLY_KEYS:
-        assert np.array_equal(getattr(ra, k), getattr(rb, k)), k
-    _assert_same_state(a, b)
-    a.speculate()
-    assert sorted(a._spec) == list(range(C))
-    for ca, cb in zip(a.chains, b.chains, strict=True):  # speculation really ran
-        assert ca.rng.bit_generator.state != cb.rng.bit_generator.state
-    assert not np.array_equal(a._masks, b._masks)
-    a.speculate()  # a second call is a no-op
-    wasted = sum(a._undo_spec(c) for c in range(C))
-    assert wasted > 0
-    assert a._spec == {}
-    _assert_same_state(a, b)
-    for c, ch in enumerate(a.chains):
-        assert np.shares_memory(ch.bright.mask, a._masks)
-        assert np.array_equal(ch.bright.mask, a._masks[c])
-
-
-def test_commit_every_chain_undoes_all_speculation():
-    """A round committing index 0 for every chain undoes every chain's speculative update
-    (all wasted), then updates z at the new θ exactly as the twin does."""
-    a, b, _, _ = _twin_shards()
-    C = len(a.chains)
-    rng = np.random.default_rng(53)
-    reqs = _requests(rng, a)
-    none = np.full(C, -1, dtype=np.int64)
-    a.round(1, none, True, reqs, True)
-    b.round(1, none, True, reqs, False)
-    a.speculate()
-    spec_queries = np.array([a._spec[c].queries for c in range(C)])
-    reqs = _requests(rng, a)
-    zeros = np.zeros(C, dtype=np.int64)
-    ra = a.round(2, zeros, True, reqs, False)
-    rb = b.round(2, zeros, True, reqs, False)
-    assert a._spec == {}
-    assert np.array_equal(ra.wasted, spec_queries)
-    assert np.array_equal(rb.wasted, np.zeros(C, dtype=np.int64))
-    for k in REPLY_KEYS:
-        assert np.array_equal(getattr(ra, k), getattr(rb, k)), k
-    _assert_same_state(a, b)
-    assert a.total_queries == b.total_queries + int(spec_queries.sum())
-
-
-@pytest.mark.parametrize("seed", [54, 55])
-def test_speculation_matches_plain_protocol_round_by_round(seed):
-    """50 rounds with a random mix of commits (-1: keep the speculative update; 0: undo
-    it) and occasional rounds without a z-update: the speculating shard's replies, bright
-    sets, masks and RNG states equal the plain shard's after every round."""
-    a, b, X, y = _twin_shards(seed=seed)
-    C = len(a.chains)
-    rng = np.random.default_rng(seed + 100)
-    wasted = 0
-    kept = undone = 0
-    for seq in range(1, 51):
-        commits = np.where(rng.random(C) < 0.5, 0, -1).astype(np.int64)
-        update_z = bool(seq == 1 or rng.random() < 0.85)
-        for c in a._spec:
-            if commits[c] >= 0 or not update_z:
-                undone += 1
-            else:
-                kept += 1
-        reqs = _requests(rng, a)
-        ra = a.round(seq, commits, update_z, reqs, True)
-        rb = b.round(seq, commits, update_z, reqs, False)
-        for k in REPLY_KEYS:
-            assert np.array_equal(getattr(ra, k), getattr(rb, k)), (seq, k)
-        assert not rb.wasted.any()
-        wasted += int(ra.wasted.sum())
-        _assert_same_state(a, b)
-        a.speculate()  # what a worker does once the reply is out
-        assert sorted(a._spec) == list(range(C))
-    assert kept > 20 and undone > 20  # both outcomes exercised
-    assert wasted > 0
-    assert a.total_queries == b.total_queries + wasted
-    # a repeated seq returns the cached reply and does not disturb the speculation
-    last = a._reply
-    assert a.round(50, np.zeros(C, dtype=np.int64), True, _requests(rng, a), True) is last
-    assert sorted(a._spec) == list(range(C))
-    _assert_cache_consistent(a, X, y)
-
-
-def test_speculation_idle_without_fused_z():
-    """Explicit z-updates have no fused path: ``speculate=True`` in a round is a no-op."""
-    rng = np.random.default_rng(56)
-    n = 100
-    X = np.column_stack([np.ones(n), rng.normal(size=n)])
-    y = (rng.random(n) < 0.5).astype(float)
-    s = Shard(
-        ShardSpec(0, "unused", 0, n),
-        ShardConfig(
-            model=fd.LogisticRegression(), algorithm="flymc", chains=2, seed=1, z_update="explicit"
-        ),
-        data=(X, y),
-    )
-    s.set_positions(np.zeros((2, 2)))
-    assert not s.fused_z
-    s.round(1, np.full(2, -1), True, _requests(rng, s), True)
-    s.speculate()
-    assert s._spec == {}
-
-
-# --------------------------------------------------------------- speculation: fd.sample
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fused")
-    lp, rp = str(root / "logistic.zarr"), str(root / "robust.zarr")
-    fd.data.make_logistic(lp, 3000, 4, seed=61)
-    fd.data.make_robust(rp, 3000, 3, seed=62)
-    return {"logistic": lp, "robust": rp}
-
-
-def _sample(path: str, model, **kw):
-    args = dict(
-        algorithm="flymc",
-        bounds="map",
-        kernel="rwmh",
-        z_update="implicit",
-        num_warmup=30,
-        num_samples=40,
-        chains=3,
-        seed=5,
-        client="synchronous",
-        n_shards=3,
-        progress=False,
-    )
-    args.update(kw)
-    return fd.sample(model, path, **args)
-
-
-def _assert_same_run(a, b) -> None:
-    assert np.array_equal(a.samples, b.samples)
-    assert np.array_equal(a.warmup_samples, b.warmup_samples)
-    assert set(a.stats) == set(b.stats)
-    for k in a.stats:
-        assert np.array_equal(a.stats[k], b.stats[k]), k
-        assert np.array_equal(a.warmup_stats[k], b.warmup_stats[k]), k
-
-
-@pytest.mark.parametrize("name", ["logistic", "robust"])
-def test_sample_speculation_changes_nothing_but_timing(stores, name):
-    """``speculate=True`` (every round undoes the update of each chain that moved) gives
-    the same draws and statistics as ``speculate=False``; only the wasted work differs."""
-    model = fd.LogisticRegression() if name == "logistic" else fd.RobustRegression()
-    on = _sample(stores[name], model, speculate=True)
-    off = _sample(stores[name], model, speculate=False)
-    _assert_same_run(on, off)
-    assert on.info["speculate"] is True and off.info["speculate"] is False
-    assert on.info["speculative_queries"] > 0
-    assert off.info["speculative_queries"] == 0
-    assert on.stats["accepted"].any()  # chains moved: undone speculation was exercised
-    assert (~on.stats["accepted"]).any()  # and stayed: kept speculation was exercised
-
-
-def test_sample_speculate_auto_in_process_is_off(stores):
-    res = _sample(
-        stores["logistic"], fd.LogisticRegression(), speculate="auto", num_warmup=5, num_samples=5
-    )
-    assert res.info["speculate"] is False
-    assert res.info["speculative_queries"] == 0
-
-
-@pytest.mark.parametrize(
-    "kernel,z_update", [("slice", "implicit"), ("mala", "implicit"), ("rwmh", "explicit")]
-)
-def test_sample_speculation_only_for_one_request_fused_kernels(stores, kernel, z_update):
-    """Slice and MALA make several requests per iteration: ``speculate=True`` is accepted
-    but inactive. Explicit z-updates have no fused update to speculate with. Either way the
-    results equal the non-speculative ones."""
-    kw = dict(kernel=kernel, z_update=z_update, num_warmup=10, num_samples=15)
-    on = _sample(stores["logistic"], fd.LogisticRegression(), speculate=True, **kw)
-    off = _sample(stores["logistic"], fd.LogisticRegression(), speculate=False, **kw)
-    _assert_same_run(on, off)
-    if kernel != "rwmh":
-        assert on.info["speculate"] is False
-    assert on.info["speculative_queries"] == 0
-
-
-def test_sample_regular_ignores_speculate(stores):
-    res = _sample(
-        stores["logistic"],
-        fd.LogisticRegression(),
-        algorithm="regular",
-        speculate=True,
-        num_warmup=5,
-        num_samples=5,
-    )
-    assert res.info["speculate"] is False
-    assert res.info["speculative_queries"] == 0
-
-
-@pytest.mark.parametrize("bad", ["yes", 1, 0, None, "True"])
-def test_sample_bad_speculate_raises_before_writing(stores, tmp_path, bad):
-    trace = tmp_path / "never.zarr"
-    with pytest.raises(ValueError, match="speculate"):
-        _sample(stores["logistic"], fd.LogisticRegression(), speculate=bad, trace=str(trace))
-    assert not trace.exists()
-
-
-# ------------------------------------------------------------------------ _all_remote
-def _workers(hosts_threads: list[tuple[str, int]]) -> dict[str, dict]:
-    return {
-        f"tcp://{h}:{4000 + i}": {"host": h, "nthreads": t}
-        for i, (h, t) in enumerate(hosts_threads)
-    }
-
-
-def test_all_remote_only_when_every_shard_worker_is_elsewhere():
-    """``speculate="auto"`` speculates only when every worker holding shards is remote."""
-    remote = _workers([("192.0.2.7", 1)] * 3 + [("198.51.100.3", 8)])
-    assert _all_remote(remote, list(remote)) is True
-    local = _workers([("127.0.0.1", 1)] * 2)
-    assert _all_remote(local, list(local)) is False
-    mixed = _workers([("192.0.2.7", 64), ("127.0.0.1", 1)])
-    assert _all_remote(mixed, list(mixed)) is False
-    assert _all_remote(mixed, [list(mixed)[0]]) is True  # only shard-holding workers count
-    assert _all_remote(remote, []) is False  # no shards placed: nothing to speculate on
-    assert _all_remote({}, ["tcp://192.0.2.7:1"]) is False  # unknown host: assume local
-    here = _workers([(socket.gethostname(), 1)])
-    assert _all_remote(here, list(here)) is False
-
-
-# ------------------------------------------------------ several shards per host: one pass
-def _hosts(rng: np.random.Generator, model_name: str, seed: int, replica: bool = False):
-    """One host holding four shards of uneven size (one of 10 rows, whose chains go dark)
-    and four hosts holding one each, on the same data, positions and streams; and a
-    counter of the rounds the fused pass served (``counting``, to patch in for
-    ``ShardHost._round_fused``). Returns ``(fused, single, thetas, used, counting)``."""
-    from flymc_dist.shard import ShardHost
-
-    n, C = 1500, 3
-    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
-    if model_name == "logistic":
-        model = fd.LogisticRegression()
-        y = (rng.random(n) < 1 / (1 + np.exp(-X @ np.array([0.3, 1.0, -1.0])))).astype(float)
-    else:
-        model = fd.RobustRegression()
-        y = X @ np.array([0.3, 1.0, -1.0]) + rng.standard_t(4, size=n)
-    theta_hat = np.array([0.3, 1.0, -1.0])
-    cuts = [0, 700, 1200, 1490, 1500]
-    specs = [
-        ShardSpec(i, "unused", a, b)
-        for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))
-    ]
-    data = {s.shard_id: (X[s.start : s.stop], y[s.start : s.stop]) for s in specs}
-    config = ShardConfig(model=model, algorithm="flymc", chains=C, seed=seed, q_db=0.02)
-    fused = ShardHost(specs, config, data)
-    single = [ShardHost([s], config, {s.shard_id: data[s.shard_id]}) for s in specs]
-    thetas = theta_hat + 0.2 * rng.normal(size=(C, 3))
-    for host in [fused, *single]:
-        host.call("set_tight_points", (theta_hat,))
-        if replica:
-            host.call("set_replica", (True,))
-        host.call("set_positions", (thetas,))
-    used = {"fused": 0}
-    real = ShardHost._round_fused
-
-    def counting(self, *a):
-        out = real(self, *a)
-        used["fused"] += out is not None
-        return out
-
-    return fused, single, thetas, used, counting
-
-
-def _fused_round_checked(fused, single, blob: bytes, counting) -> dict:
-    """The fused host's replies to the packed round ``blob`` (served through ``counting``),
-    after checking that every field of every shard's reply is the one its single-shard
-    host gives, bit for bit."""
-    from flymc_dist.protocol import unpack_reply
-    from flymc_dist.shard import ShardHost
-
-    real = ShardHost._round_fused
-    ShardHost._round_fused = counting
-    try:
-        got = unpack_reply(fused._serve_channel(1, blob)[0])
-    finally:
-        ShardHost._round_fused = real
-    for host in single:
-        want = unpack_reply(host._serve_channel(1, blob)[0])
-        for sid, rep in want.items():
-            assert type(rep) is type(got[sid])
-            for key in rep._fields:
-                a, b = getattr(got[sid], key), getattr(rep, key)
-                assert (a is None) == (b is None), key
-                if a is not None:
-                    np.testing.assert_array_equal(a, b, err_msg=key)
-    return got
-
-
-def _assert_same_chains(fused, single) -> None:
-    """Every shard's bright sets, their values and its chains' streams, as on its own."""
-    for host in single:
-        ((sid, sh),) = host.shards.items()
-        mine = fused.shards[sid]
-        for c in range(len(sh.chains)):
-            np.testing.assert_array_equal(mine.chains[c].bright.idx, sh.chains[c].bright.idx)
-            np.testing.assert_array_equal(mine.chains[c].bright.vals, sh.chains[c].bright.vals)
-            assert mine.chains[c].rng.bit_generator.state == sh.chains[c].rng.bit_generator.state
-
-
-@pytest.mark.parametrize("kernel", ["rwmh", "slice"])
-@pytest.mark.parametrize("model_name", ["logistic", "robust"])
-def test_host_fused_round_equals_shard_by_shard(model_name, kernel):
-    """A host with several shards runs RWMH rounds as one pass over all (shard, chain)
-    pairs (ShardHost._round_fused); every shard's reply, bright set and stream must be
-    the ones its own Shard.round gives, bit for bit (the placement-independence of the
-    draws rests on it). Shards of different sizes, one so small that chains go dark.
-    "slice": rounds like the slice sampler's — 0 to 3 points per chain, some chains
-    without a request, z updated on every third round only."""
-    from flymc_dist.protocol import pack_round
-
-    rng = np.random.default_rng(61)
-    fused, single, thetas, used, counting = _hosts(rng, model_name, 62)
-    C = thetas.shape[0]
-    current = thetas.copy()
-    moved = empty = bright = 0
-    # each chain's last evaluated points, and the round they were evaluated in: as in the
-    # driver's protocol, a chain commits only to points evaluated since the last z-update
-    last_pts: list[np.ndarray | None] = [None] * C
-    evaluated = [0] * C
-    z_round = 0
-    for r in range(1, 151):
-        commits = np.full(C, -1)
-        for c in range(C):
-            if (
-                last_pts[c] is not None
-                and last_pts[c].shape[0]
-                and evaluated[c] > z_round
-                and rng.random() < 0.4
-            ):
-                commits[c] = int(rng.integers(last_pts[c].shape[0]))
-                current[c] = last_pts[c][commits[c]]
-        ks = np.ones(C, dtype=int) if kernel == "rwmh" else rng.integers(0, 4, size=C)
-        reqs = []
-        for c in range(C):
-            if kernel == "slice" and rng.random() < 0.2:
-                reqs.append(None)
-                continue
-            pts = current[c] + 0.1 * rng.normal(size=(int(ks[c]), 3))
-            reqs.append(Request(pts, False, False))
-            if ks[c]:
-                last_pts[c], evaluated[c] = pts, r
-        update_z = kernel == "rwmh" or r % 3 == 1
-        if update_z:
-            z_round = r - 1  # z moves before this round's points are evaluated
-        got = _fused_round_checked(
-            fused, single, pack_round(r, commits, update_z, reqs, False), counting
-        )
-        moved += int((commits == 0).sum())
-        empty += int((got[3].n_bright == 0).sum())
-        bright += int(got[0].n_bright.sum())
-    # the fused pass ran every round; chains moved; the 10-row shard's chains were often
-    # all dark (empty segments) while the big shard's were not
-    assert used["fused"] == 150 and moved > 50 and empty > 0 and bright > 0
-    _assert_same_chains(fused, single)
-
-
-@pytest.mark.parametrize("model_name", ["logistic", "robust"])
-def test_host_fused_replica_round_equals_shard_by_shard(model_name):
-    """Replica mode (NUTS, HMC, MALA, slice on the driver's copy of the bright rows): a
-    host with several shards moves every chain to its new θ shard by shard, then runs one
-    z-update over all (shard, chain) pairs and answers each shard's bright-set change
-    (fused._fused_replica_round). Every shard's reply — the rows gone dark, the new
-    rows with their data, the counts — its bright sets and its streams must be the ones
-    its own Shard.round gives, bit for bit, round after round; and the fused pass must be
-    the one that ran. Shards of different sizes, one so small that its chains go dark."""
-    from flymc_dist.protocol import pack_round
-
-    rng = np.random.default_rng(71)
-    fused, single, thetas, used, counting = _hosts(rng, model_name, 72, replica=True)
-    C = thetas.shape[0]
-    current = thetas.copy()
-    changed = empty = 0
-    for r in range(1, 121):
-        current = current + 0.15 * rng.normal(size=current.shape)  # each chain's new θ
-        reqs = [Request(current[c][None], False, False) for c in range(C)]
-        got = _fused_round_checked(
-            fused, single, pack_round(r, np.full(C, -1), True, reqs, False), counting
-        )
-        changed += int(got[0].new_ids.size + got[0].gone_ids.size > 0)
-        empty += int((got[3].n_bright == 0).sum())
-    assert used["fused"] == 120 and changed > 20 and empty > 0
-    _assert_same_chains(fused, single)

@@ -38,8 +38,8 @@ Two runs recorded beside their twins, and what they show today:
   ``Driver.step`` just before iteration 60 and the test waits until the process
   is dead before the step runs. The step's first round fails on the dead
   worker at once, the lost shard is recreated on a live worker and its z redrawn
-  exactly at the chains' positions (z streams keyed by shard, chain and
-  recovery generation, never by worker), and the round replayed. Nothing in
+  exactly at the chains' positions (z streams keyed by row, chain, step and
+  recovery generation, never by shard or worker), and the round replayed. Nothing in
   this depends on timing or placement, so the whole run is deterministic
   (checked by repeated runs when it was recorded); it equals its fault-free twin
   up to the fault (the first 10 kept draws) and differs after it. The runner
@@ -59,6 +59,10 @@ named in the commit message that changes the .npz, with the configurations it
 changes. A refactor that fails this test has changed the draws: find out why,
 do not re-record. Adding configurations (with a re-record that leaves the
 existing entries bit-identical) needs no more reason than that.
+
+Re-recorded on 2026-11-25 for the row-keyed streams (:mod:`flymc_dist.streams`): every
+FlyMC configuration's z-updates draw from new streams, full passes sum by fixed blocks,
+and ``bright_replica="auto"`` now takes the replica for RWMH too, so every entry changed.
 
 The data sets are made here by numpy from fixed seeds and also stored in the
 file; :func:`test_reference_draws` first checks that they are regenerated

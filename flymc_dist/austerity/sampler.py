@@ -766,6 +766,7 @@ def sample_austerity(
         algorithm="austerity",
         chains=chains,
         seed=seed,
+        n_rows=n_rows,
         out_of_core=options.get("out_of_core", "auto"),
         memory_budget=options.get("memory_budget"),
     )
@@ -879,7 +880,7 @@ def run_decisions(
     eps_list = [float(eps)] if np.ndim(eps) == 0 else [float(e) for e in eps]
     options: dict[str, Any] = {} if n_shards is None else {"n_shards": n_shards}
     specs, mem, N, D, _, _, _ = shard_layout(data, options)
-    config = ShardConfig(model=model, algorithm="austerity", chains=1, seed=seed)
+    config = ShardConfig(model=model, algorithm="austerity", chains=1, seed=seed, n_rows=N)
     transport = open_transport(client, specs, config, mem, options)
     out: dict[str, Any] = {"n_rows": N, "theta_hat": None, "by_eps": []}
     try:

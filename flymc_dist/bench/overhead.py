@@ -263,6 +263,7 @@ def run_overhead(
                 algorithm="flymc",
                 chains=chains,
                 seed=seed,
+                n_rows=ds.n_rows,
                 z_update="implicit",
                 q_db=0.01,
                 resample_fraction=0.1,
