@@ -11,6 +11,10 @@ variables are named here since they were found to matter, on an AVX-512 machine,
 the recording, which ran on an AVX2 one).
 
 Re-running it on later code with ``control_variates=False`` must give the same file.
+Re-recorded on 2026-11-25 (documented reason): the MAP search now sums its full passes
+by fixed blocks along a fixed tree (:mod:`flymc_dist.reduce`, so that the layout does not
+change the draws) and the default layout is one shard per worker; the MAP start and the
+Laplace preconditioner change in the last bits, and so do the draws.
 """
 
 from __future__ import annotations
