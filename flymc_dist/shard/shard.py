@@ -266,9 +266,8 @@ class Shard:
         if self.out_of_core:
             if self._source.max_rows != B and self._source.n_chunks > 1:
                 raise ValueError(f"out of core: store chunks are not the {B}-row blocks")
-            it = ((X, y, xi) for X, y, xi in self.blocks())
-        else:
-            it = self.blocks(B)
+        # out of core the blocks are the store's chunks (checked above), in memory B rows
+        it = self.blocks(None if self.out_of_core else B)
         return tree_nodes(((first + k, fn(*b)) for k, b in enumerate(it)), n_blocks)
 
     def set_exact_rows(self, columns: np.ndarray, thresholds: np.ndarray) -> int:
