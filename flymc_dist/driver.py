@@ -39,7 +39,7 @@ from flymc_dist.kernels.base import (
     params_to_json,
 )
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.protocol import ReplicaReply, Reply, Request, Transport
+from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round, Transport
 from flymc_dist.reduce import tree_total
 from flymc_dist.replica import BrightReplica
 from flymc_dist.rng import (
@@ -371,13 +371,8 @@ class Driver:
         self.seq += 1
         self._trips += 1
         t_rt = time.perf_counter()
-        replies = self.transport.round(
-            self.seq,
-            commits,
-            first and self.algorithm == "flymc",
-            requests,
-            positions,
-        )
+        msg = Round(self.seq, commits, first and self.algorithm == "flymc", requests)
+        replies = self.transport.round(msg, positions)
         self.round_seconds += time.perf_counter() - t_rt
         return self._aggregate(replies)
 
@@ -391,11 +386,7 @@ class Driver:
         self._trips += 1
         t_rt = time.perf_counter()
         replies: list[ReplicaReply] = self.transport.round(
-            self.seq,
-            np.full(C, -1, dtype=np.int64),
-            True,
-            [Request(positions[c : c + 1], False, False) for c in range(C)],
-            positions,
+            ReplicaRound(self.seq, positions), positions
         )
         self.round_seconds += time.perf_counter() - t_rt
         self.replica.apply(replies)

@@ -1,9 +1,10 @@
 """The round protocol between the driver and the shards: what a round carries, and how.
 
 A *round* is one call from the driver to every shard, for all chains at once
-(:meth:`flymc_dist.shard.Shard.round`): each chain's :class:`Request` goes out, a
-:class:`Reply` of small arrays (in replica mode a :class:`ReplicaReply`) comes back per
-shard. :class:`ShardSpec` says where a shard's rows are (and how to open their store),
+(:meth:`flymc_dist.shard.Shard.round`): a typed message goes out — a :class:`Round`
+(each chain's commit and :class:`Request`), or in replica mode a :class:`ReplicaRound`
+(each chain's θ only) — and a :class:`Reply` of small arrays (in replica mode a
+:class:`ReplicaReply`) comes back per shard. :class:`ShardSpec` says where a shard's rows are (and how to open their store),
 :class:`ShardConfig` how every shard of a run behaves. A round and its replies travel as
 raw array bytes behind a small pickled header (:func:`pack_round`, :func:`pack_reply`):
 pickling each array costs more than a round's compute for a few chains.
@@ -11,14 +12,52 @@ pickling each array costs more than a round's compute for a few chains.
 
 from __future__ import annotations
 
+import importlib
 import math
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from flymc_dist.models.base import Model
+
+
+def shard_operation(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``func(shard, *args)`` as a shard operation, run on a shard by
+    :meth:`flymc_dist.shard.Shard.operation` under the name :func:`operation_name` gives.
+
+    How an add-on sampler (austerity) registers what it computes beside the rows, in its
+    own module: the shard imports nothing of it, and runs only functions so marked.
+    """
+    func.shard_operation = operation_name(func)  # type: ignore[attr-defined]
+    return func
+
+
+def operation_name(func: Callable[..., Any]) -> str:
+    """The name a shard operation travels under: ``"module:function"``."""
+    return f"{func.__module__}:{func.__qualname__}"
+
+
+def resolve_operation(name: str) -> Callable[..., Any]:
+    """The shard operation called ``name`` (see :func:`shard_operation`): its module is
+    imported where it runs. A name that is not a function marked with
+    :func:`shard_operation` is refused (ValueError): no arbitrary callable runs on a shard.
+    """
+    module, _, qualname = str(name).partition(":")
+    func = None
+    if module and qualname:
+        try:
+            func = getattr(importlib.import_module(module), qualname, None)
+        except ImportError:
+            func = None
+    if getattr(func, "shard_operation", None) != name:
+        raise ValueError(
+            f"unknown shard operation {name!r}: not a function marked with "
+            f"flymc_dist.protocol.shard_operation"
+        )
+    return func  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -45,10 +84,9 @@ class ShardConfig:
     algorithm: str  # "flymc" | "regular" | "austerity"
     chains: int
     seed: int
-    #: N, the rows of the whole data set: the z-updates' proposal processes span them, so
-    #: that every shard draws its rows' part of one process (0: a shard's own ``stop``,
-    #: which makes the draws depend on the layout — tests of one shard only)
-    n_rows: int = 0
+    #: N, the rows of the whole data set: the z-updates' random streams span them, so
+    #: that every shard draws its rows' part of one process whatever the layout
+    n_rows: int
     z_update: str = "implicit"  # "implicit" | "explicit"
     q_db: float = 0.01  # the driver may replace it ("auto") through Shard.set_q
     resample_fraction: float = 0.1
@@ -103,26 +141,49 @@ def unpack_arrays(blob: bytes) -> tuple[Any, list[np.ndarray]]:
     return meta, out
 
 
-def pack_round(
-    seq: Any, commits: np.ndarray, update_z: bool, requests: list[Request | None]
-) -> bytes:
-    """A round's arguments as the one buffer :meth:`ShardHost.round_packed` takes."""
-    shapes = [None if r is None else (bool(r.grad), bool(r.current_grad)) for r in requests]
+class Round(NamedTuple):
+    """A round's message when the shards answer with sums (regular MCMC, and FlyMC with
+    ``bright_replica=False``): every chain's decision to commit, whether z moves, and the
+    points each chain's kernel asks for."""
+
+    seq: Any  #: the round's number: a shard replays its cached reply to a repeated one
+    commits: np.ndarray  #: ``(C,)`` int: the row of each chain's last points now current, or -1
+    update_z: bool  #: FlyMC: update z after the commits (the iteration's first round)
+    requests: list[Request | None]  #: each chain's points (None: it has finished its step)
+
+
+class ReplicaRound(NamedTuple):
+    """A replica-mode round's message: every chain's new θ; the shards update z there and
+    answer with the change of each chain's bright set (:class:`ReplicaReply`)."""
+
+    seq: Any  #: as :attr:`Round.seq`
+    thetas: np.ndarray  #: ``(C, P)``: each chain's position
+
+
+def pack_round(msg: Round | ReplicaRound) -> bytes:
+    """A round's message as the one buffer :meth:`ShardHost.round_packed` takes."""
+    if isinstance(msg, ReplicaRound):
+        return pack_arrays(("replica", msg.seq), [np.asarray(msg.thetas, dtype=float)])
+    shapes = [None if r is None else (bool(r.grad), bool(r.current_grad)) for r in msg.requests]
     meta = (
-        seq,
-        np.asarray(commits, dtype=np.int64).tolist(),
-        bool(update_z),
+        "round",
+        msg.seq,
+        np.asarray(msg.commits, dtype=np.int64).tolist(),
+        bool(msg.update_z),
         shapes,
     )
-    return pack_arrays(meta, [r.points for r in requests if r is not None])
+    return pack_arrays(meta, [r.points for r in msg.requests if r is not None])
 
 
-def unpack_round(blob: bytes) -> tuple[Any, np.ndarray, bool, list[Request | None]]:
-    """Invert :func:`pack_round`: ``(seq, commits, update_z, requests)``."""
-    (seq, commits, update_z, shapes), points = unpack_arrays(blob)
-    it = iter(points)
+def unpack_round(blob: bytes) -> Round | ReplicaRound:
+    """Invert :func:`pack_round`."""
+    meta, arrays = unpack_arrays(blob)
+    if meta[0] == "replica":
+        return ReplicaRound(meta[1], arrays[0])
+    _, seq, commits, update_z, shapes = meta
+    it = iter(arrays)
     requests = [None if f is None else Request(next(it), f[0], f[1]) for f in shapes]
-    return seq, np.asarray(commits, dtype=np.int64), update_z, requests
+    return Round(seq, np.asarray(commits, dtype=np.int64), update_z, requests)
 
 
 class Reply(NamedTuple):
@@ -264,14 +325,7 @@ class Transport(Protocol):
     def call_some(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
         """``Shard.<method>(*args)`` on the listed shards only (one round trip)."""
 
-    def round(
-        self,
-        seq: Any,
-        commits: np.ndarray,
-        update_z: bool,
-        requests: list[Request | None],
-        positions: np.ndarray,
-    ) -> list[Reply | ReplicaReply]:
+    def round(self, msg: Round | ReplicaRound, positions: np.ndarray) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard (``positions``: where recovery redraws z)."""
 
     def timing(self) -> list[dict[str, float]]:

@@ -24,7 +24,7 @@ import numpy as np
 from flymc_dist._numerics import in_sorted
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply
-from flymc_dist.shard.evaluate import bright_terms_many
+from flymc_dist.terms import bright_terms_many
 
 
 class _Rows:

@@ -170,7 +170,9 @@ def test_a_released_host_stops_its_channel():
     rng = np.random.default_rng(0)
     X = np.column_stack([np.ones(30), rng.normal(size=30)])
     y = (rng.random(30) < 0.5).astype(np.int64)
-    config = ShardConfig(model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0)
+    config = ShardConfig(
+        model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0, n_rows=30
+    )
     host = ShardHost([ShardSpec(0, "", 0, 30)], config, {0: (X, y)})
     address, token = host.open_channel("127.0.0.1")
     client = ChannelClient()

@@ -581,8 +581,10 @@ def test_resume_with_another_store_of_the_same_width_is_refused(
     args = run_args(other, trace, "--resume")
     code, _, err = run_cli(args, capsys)
     assert_usage_error(code, err, "cannot resume", "another data set", "other.zarr")
+    np.testing.assert_array_equal(Trace.open(trace, read_only=True).samples, before)
+    # another layout does not change the draws (they are keyed by row): it may resume
     code, _, err = run_cli(run_args(store, trace, "--resume", "--n-shards", "2"), capsys)
-    assert_usage_error(code, err, "n_shards 1 (this run: 2)")
+    assert code == 0, err
     np.testing.assert_array_equal(Trace.open(trace, read_only=True).samples, before)
 
 

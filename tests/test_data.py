@@ -596,8 +596,10 @@ def test_shard_ranges_default_and_errors(tmp_path: Path) -> None:
         task="real",
         chunk_rows=50_000,
     )
-    r = ds.shard_ranges()
+    # by default one shard (samplers pass the number of workers)
+    assert ds.shard_ranges() == [(0, 600_000)]
     # 2**18 rows per shard rounded to 5 chunks of 50k rows
+    r = ds.shard_ranges(rows_per_shard=2**18)
     assert r == [(0, 250_000), (250_000, 500_000), (500_000, 600_000)]
     with pytest.raises(ValueError, match="not both"):
         ds.shard_ranges(n_shards=2, rows_per_shard=100)

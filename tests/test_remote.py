@@ -223,7 +223,9 @@ def test_workers_without_the_options_fail_in_one_line(s3, data, client):
     from flymc_dist.transport.dask import DaskTransport
 
     _local, remote = data
-    config = ShardConfig(model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0)
+    config = ShardConfig(
+        model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0, n_rows=2000
+    )
     specs = [ShardSpec(0, remote.path, 0, 1000), ShardSpec(1, remote.path, 1000, 2000)]
     with pytest.raises(OSError, match="without storage_options") as info:
         DaskTransport(client, specs, config)

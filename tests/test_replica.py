@@ -23,11 +23,15 @@ from flymc_dist.driver import Driver
 from flymc_dist.kernels import get_kernel
 from flymc_dist.protocol import (
     ReplicaReply,
+    ReplicaRound,
     Reply,
     Request,
+    Round,
     ShardConfig,
     pack_reply,
+    pack_round,
     unpack_reply,
+    unpack_round,
 )
 from flymc_dist.transport.inprocess import InProcessTransport
 
@@ -68,6 +72,7 @@ def _driver(
         algorithm="flymc",
         chains=3,
         seed=5,
+        n_rows=n_rows,
         z_update=z_update,
         resample_fraction=0.3,
         track_grad=kern.needs_grad,
@@ -196,7 +201,9 @@ def test_auto_mode_follows_kernel_and_budget():
     kw = dict(num_warmup=5, num_samples=5, chains=2, client="synchronous", progress=False)
     m = fd.LogisticRegression()
     assert fd.sample(m, (X, y), kernel="slice", **kw).info["bright_replica"] is True
-    assert fd.sample(m, (X, y), kernel="rwmh", **kw).info["bright_replica"] is False
+    # every kernel, RWMH too: the replica sums in global row order, so draws do not
+    # depend on the layout
+    assert fd.sample(m, (X, y), kernel="rwmh", **kw).info["bright_replica"] is True
     assert (
         fd.sample(m, (X, y), kernel="slice", replica_budget=0, **kw).info["bright_replica"] is False
     )
@@ -226,12 +233,15 @@ def test_replica_round_is_idempotent_in_seq():
     """A replayed round (fault recovery) returns the cached reply, not a second update."""
     driver, transport = _driver("logistic", "implicit", bounds="untuned")
     driver.setup()
-    reqs = [Request(driver.positions[c : c + 1], False, False) for c in range(driver.chains)]
-    commits = np.full(driver.chains, -1)
-    first = transport.round(99, commits, True, reqs, driver.positions)
-    again = transport.round(99, commits, True, reqs, driver.positions)
+    first = transport.round(ReplicaRound(99, driver.positions), driver.positions)
+    again = transport.round(ReplicaRound(99, driver.positions), driver.positions)
     for a, b in zip(first, again, strict=True):
         assert a is b
+    # the message types are not interchangeable: replica shards refuse a sums round
+    reqs = [Request(driver.positions[c : c + 1], False, False) for c in range(driver.chains)]
+    plain = Round(100, np.full(driver.chains, -1), True, reqs)
+    with pytest.raises(ValueError, match="Round for shards in replica mode"):
+        transport.round(plain, driver.positions)
 
 
 def test_typed_replies_pack_and_unpack_exactly():
@@ -244,7 +254,6 @@ def test_typed_replies_pack_and_unpack_exactly():
         rng.normal(size=(C, k)),
         np.arange(C, dtype=np.int64),
         np.arange(C, dtype=np.int64) * 7,
-        np.zeros(C, dtype=np.int64),
         None,
         rng.normal(size=(C, k, P)),
     )
@@ -252,7 +261,6 @@ def test_typed_replies_pack_and_unpack_exactly():
     replica = ReplicaReply(
         np.arange(C, dtype=np.int64),
         np.ones(C, dtype=np.int64),
-        np.zeros(C, dtype=np.int64),
         np.array([True, False, True]),
         np.array([5, 9, 11], dtype=np.int64),
         seg,
@@ -272,6 +280,29 @@ def test_typed_replies_pack_and_unpack_exactly():
             if a is not None:
                 assert a.dtype == b.dtype and a.shape == b.shape, name
                 np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_typed_rounds_pack_and_unpack_exactly():
+    """Both round messages come back from the wire as the same type with the same values;
+    a replica round carries only its sequence number and the chains' positions."""
+    rng = np.random.default_rng(4)
+    reqs = [
+        Request(rng.normal(size=(2, 3)), True, False),
+        None,
+        Request(rng.normal(size=(1, 3)), False, True),
+    ]
+    msg = Round(7, np.array([1, -1, 0]), True, reqs)
+    back = unpack_round(pack_round(msg))
+    assert type(back) is Round and back.seq == 7 and back.update_z is True
+    np.testing.assert_array_equal(back.commits, msg.commits)
+    assert back.requests[1] is None
+    for got, want in zip(back.requests[::2], reqs[::2], strict=True):
+        np.testing.assert_array_equal(got.points, want.points)
+        assert (got.grad, got.current_grad) == (want.grad, want.current_grad)
+    thetas = rng.normal(size=(3, 3))
+    back = unpack_round(pack_round(ReplicaRound(8, thetas)))
+    assert type(back) is ReplicaRound and back.seq == 8 and back._fields == ("seq", "thetas")
+    np.testing.assert_array_equal(back.thetas, thetas)
 
 
 def _conditional(model, rows_X, rows_y, rows_xi, stats, ids):
@@ -329,7 +360,7 @@ def test_conditional_gradient_matches_finite_differences(model_name, near_tight)
 @pytest.mark.parametrize("model_name", ["logistic", "robust"])
 def test_compiled_replica_equals_numpy_reference(model_name):
     """The compiled evaluation of the replica (models with a fused log L~) against the
-    numpy reference of :mod:`flymc_dist.shard.evaluate`, rows near and far from tight. Far
+    numpy reference of :mod:`flymc_dist.terms`, rows near and far from tight. Far
     from tight, δ = ℓ − β is a difference of terms of size ~s² computed in another order
     (the fused form against loglik − logbound): agreement to 1e-9 relative, not ulps.
     Near tight, the slope (ℓ' − β')/(1 − e^−δ) inherits δ's relative rounding error

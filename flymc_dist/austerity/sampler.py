@@ -62,7 +62,8 @@ many of its own unseen rows uniformly without replacement. Together the batches 
 a simple random sample of all ``N`` rows, whatever the shard sizes. One round trip
 per test round (:meth:`call_some` to the shards drawn from), carrying every still
 undecided chain. The shard side lives in :mod:`flymc_dist.austerity.shard`, run as the
-named shard operation ``"austerity_batch"`` (:meth:`flymc_dist.shard.Shard.operation`).
+shard operation :func:`~flymc_dist.austerity.shard.shard_batch`
+(:meth:`flymc_dist.shard.Shard.operation`).
 A shard keeps, per chain, which of its rows the current decision has used (a boolean
 mask plus the list of used rows; a new decision resets it in O(used)), in its slot
 for austerity (:meth:`flymc_dist.shard.Shard.extension`); new rows are drawn by
@@ -121,16 +122,21 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.special import stdtr
 
+from flymc_dist.austerity.shard import shard_batch, shard_exact_diff
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.protocol import ShardConfig, ShardSpec, Transport
+from flymc_dist.protocol import ShardConfig, ShardSpec, Transport, operation_name
 from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.run import describe_run, run, storage_info
 from flymc_dist.transport.dask import ShardLost, open_transport
 from flymc_dist.tune import find_map, initial_positions, needs_map, preconditioner, tight_bounds
+
+#: the shard operations this sampler runs (:mod:`flymc_dist.austerity.shard`), by name
+OP_BATCH = operation_name(shard_batch)
+OP_EXACT_DIFF = operation_name(shard_exact_diff)
 
 __all__ = [
     "AUSTERITY_STATS",
@@ -397,7 +403,7 @@ class SequentialTester:
             for j, (sl, ct) in per_shard.items():
                 sl_a = np.array(sl, dtype=np.int64)
                 calls[int(self.shard_ids[j])] = (
-                    "austerity_batch",
+                    OP_BATCH,
                     self.run,
                     keys[sl_a],
                     sl_a,
@@ -896,7 +902,7 @@ def run_decisions(
         mu0 = (log_u + model.log_prior(thetas) - model.log_prior(proposals)) / N
         if exact:
             k = 1 if single else S  # one fixed pair: one full pass
-            parts = transport.call("operation", "austerity_exact_diff", thetas[:k], proposals[:k])
+            parts = transport.call("operation", OP_EXACT_DIFF, thetas[:k], proposals[:k])
             exact_mean = np.broadcast_to(np.sum(np.stack(parts), axis=0) / N, (S,))
             out["exact_mean"] = exact_mean
             out["exact_accept"] = exact_mean > mu0

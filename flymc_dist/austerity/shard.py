@@ -1,19 +1,18 @@
 """The shard side of austerity MH (:mod:`flymc_dist.austerity.sampler`): what runs beside the rows.
 
-Two operations, run on a shard through :meth:`flymc_dist.shard.Shard.operation` by the
-names :data:`flymc_dist.shard.SHARD_OPERATIONS` gives them:
+Two shard operations (marked with :func:`flymc_dist.protocol.shard_operation`, run on a
+shard through :meth:`flymc_dist.shard.Shard.operation` by their names):
 
-- ``"austerity_batch"`` (:func:`shard_batch`): one test round's new rows for several
-  chains, drawn without replacement within each chain's decision, and the statistics
-  of their log-likelihood differences;
-- ``"austerity_exact_diff"`` (:func:`shard_exact_diff`): the full-data difference (a
-  full pass; benchmarks and tests score decisions against it).
+- :func:`shard_batch`: one test round's new rows for several chains, drawn without
+  replacement within each chain's decision, and the statistics of their
+  log-likelihood differences;
+- :func:`shard_exact_diff`: the full-data difference (a full pass; benchmarks and tests
+  score decisions against it).
 
 They see the shard only through its public, read-only view (:meth:`Shard.rows_at`,
 :meth:`Shard.blocks`, ``n``, ``spec``, ``model``, ``config``) and keep their per-shard
 state (each chain's rows used by its current decision) in the shard's one named slot for
-them, :meth:`Shard.extension` ``("austerity", ...)``. This module imports nothing of
-the shard's (the shard imports it, to list its operations).
+them, :meth:`Shard.extension` ``("austerity", ...)``. Neither module imports the other.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flymc_dist.protocol import shard_operation
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 
 if TYPE_CHECKING:
@@ -125,6 +125,7 @@ class AusterityRows:
         return self
 
 
+@shard_operation
 def shard_batch(
     shard: Shard,
     run: int,
@@ -136,7 +137,7 @@ def shard_batch(
     record: bool,
     control_variates: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list | None]:
-    """Shard operation ``"austerity_batch"``: one test round's new rows for several chains.
+    """Shard operation: one test round's new rows for several chains.
 
     Parameters
     ----------
@@ -236,10 +237,11 @@ def shard_batch(
     return counts, mean, m2, rows_out
 
 
+@shard_operation
 def shard_exact_diff(
     shard: Shard, thetas: np.ndarray, proposals: np.ndarray, block: int = 1 << 20
 ) -> np.ndarray:
-    """Shard operation ``"austerity_exact_diff"``: ``sum_i ℓ_i(θ′_s) − ℓ_i(θ_s)`` over all
+    """Shard operation: ``sum_i ℓ_i(θ′_s) − ℓ_i(θ_s)`` over all
     rows.
 
     For each of the ``S`` pairs (rows of ``thetas``/``proposals``); a full pass, used only

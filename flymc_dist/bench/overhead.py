@@ -48,7 +48,7 @@ import numpy as np
 import flymc_dist as fd
 from flymc_dist.bench.common import local_client
 from flymc_dist.data import make_logistic
-from flymc_dist.protocol import Request, ShardConfig, ShardSpec, pack_round
+from flymc_dist.protocol import Request, Round, ShardConfig, ShardSpec, pack_round
 from flymc_dist.transport.dask import DaskTransport
 
 __all__ = [
@@ -75,7 +75,7 @@ def _check_int(name: str, value: Any, lo: int) -> int:
 def _round_payload(chains: int, n_params: int) -> bytes:
     """A FlyMC RWMH round's request, packed as the transport sends it (its size matters)."""
     reqs = [Request(np.zeros((1, n_params)), False, False) for _ in range(chains)]
-    return pack_round(1, np.full(chains, -1, dtype=np.int64), True, reqs, False)
+    return pack_round(Round(1, np.full(chains, -1, dtype=np.int64), True, reqs))
 
 
 def _time_pings(transport: Any, n: int, how: str, payload: bytes = b"") -> dict[str, float]:

@@ -13,8 +13,9 @@ import numpy as np
 
 from flymc_dist.protocol import (
     ReplicaReply,
+    ReplicaRound,
     Reply,
-    Request,
+    Round,
     ShardConfig,
     ShardSpec,
     pack_reply,
@@ -99,9 +100,7 @@ class ShardHost:
         """Call ``Shard.<method>(*per_shard[id])`` on each listed shard."""
         return {i: self._on(i, method, *a) for i, a in per_shard.items()}
 
-    def round(
-        self, seq: Any, commits: np.ndarray, update_z: bool, requests: list[Request | None]
-    ) -> dict[int, Reply | ReplicaReply]:
+    def round(self, msg: Round | ReplicaRound) -> dict[int, Reply | ReplicaReply]:
         """One round on every shard here: :func:`~flymc_dist.shard.round.round_shards`
         over all of them at once, under their locks."""
         w, c = time.perf_counter(), time.thread_time()
@@ -110,9 +109,7 @@ class ShardHost:
         for lk in locks:
             lk.acquire()
         try:
-            replies = round_shards(
-                [self.shards[i] for i in ids], seq, commits, update_z, requests, self
-            )
+            replies = round_shards([self.shards[i] for i in ids], msg, self)
         finally:
             for lk in reversed(locks):
                 lk.release()
@@ -132,7 +129,7 @@ class ShardHost:
         A round's payload is a handful of small arrays; one buffer each way costs the
         Dask RPC layer far less than serialising every array as its own frame.
         """
-        return pack_reply(self.round(*unpack_round(blob)))
+        return pack_reply(self.round(unpack_round(blob)))
 
     # ------------------------------------------------------------ the channel
     def open_channel(self, host: str) -> tuple[tuple[str, int], bytes]:

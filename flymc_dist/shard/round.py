@@ -4,9 +4,9 @@ host holds (in-process, a single shard, or every shard of a Dask worker).
 A round is the Gibbs composite of FlyMC read in one function (numpyro's
 ``HMCECS.sample`` has the same shape), in three steps over every (shard, chain) pair:
 
-1. **each chain to its θ**: commit the previous decision (``commits[c]``, the row of
-   chain ``c``'s last evaluated points that became current, or -1); in replica mode the
-   chain's one requested point *is* its new θ;
+1. **each chain to its θ**: commit the previous decision (a :class:`Round`'s
+   ``commits[c]``, the row of chain ``c``'s last evaluated points that became current,
+   or -1); in replica mode (a :class:`ReplicaRound`) the chain's new θ is sent;
 2. **z at that θ** (FlyMC, when ``update_z``; always in replica mode): one compiled
    implicit update of every pair where the model has a compiled ``log L~`` and no
    gradients are kept (:func:`~flymc_dist.shard.fused.fused_z_update`), shard by shard
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flymc_dist.protocol import ReplicaReply, Reply, Request
+from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round
 from flymc_dist.shard.fused import _typed_lists, fused_z_update
 
 if TYPE_CHECKING:
@@ -35,28 +35,30 @@ if TYPE_CHECKING:
 
 
 def round_shards(
-    shards: list[Shard],
-    seq: Any,
-    commits: np.ndarray,
-    update_z: bool,
-    requests: list[Request | None],
-    owner: Any = None,
+    shards: list[Shard], msg: Round | ReplicaRound, owner: Any = None
 ) -> list[Reply | ReplicaReply]:
     """One round on every one of ``shards`` (see the module notes): their replies, in
     order. ``owner`` keeps the typed lists of the shards' buffers between rounds (a
     :class:`~flymc_dist.shard.host.ShardHost`; default: built afresh or on the shard)."""
+    replica = isinstance(msg, ReplicaRound)
+    if any(sh.replica != replica for sh in shards):
+        raise ValueError(
+            f"a {type(msg).__name__} for shards "
+            f"{'not ' if replica else ''}in replica mode (Shard.set_replica)"
+        )
+    seq = msg.seq
     todo = [sh for sh in shards if seq is None or sh._seq != seq]
-    C = len(requests)
+    C = msg.thetas.shape[0] if replica else len(msg.requests)
     queries = {id(sh): np.zeros(C, dtype=np.int64) for sh in todo}
     # one errstate for the whole round (the fused log L~ relies on it; entering one per
     # evaluation would cost as much as the evaluation itself)
     with np.errstate(over="ignore", divide="ignore"):
         for sh in todo:  # 1. each chain to its θ
-            if sh.replica:
-                queries[id(sh)] += sh._move_to(requests)
+            if replica:
+                queries[id(sh)] += sh._move_to(msg.thetas)
             else:
-                sh._commit_all(commits)
-        live = [sh for sh in todo if sh.replica or (sh.flymc and update_z)]
+                sh._commit_all(msg.commits)
+        live = [sh for sh in todo if replica or (sh.flymc and msg.update_z)]
         batched = [sh for sh in live if sh.fused_z and not sh.out_of_core]  # 2. z at θ
         if batched:
             pairs = [(sh, c) for sh in batched for c in range(C)]
@@ -67,11 +69,12 @@ def round_shards(
             if not (sh.fused_z and not sh.out_of_core):
                 queries[id(sh)] += sh._update_z_all()
         # 3. the answer
-        compiled = [sh for sh in todo if not sh.replica and _compiled_sums(sh, requests)]
+        requests = [] if replica else msg.requests
+        compiled = [sh for sh in todo if not replica and _compiled_sums(sh, requests)]
         replies = _bright_sums(compiled, requests, queries, owner) if compiled else {}
         for sh in todo:
             q_s = queries[id(sh)]
-            if sh.replica:
+            if replica:
                 replies[id(sh)] = sh._bright_change(q_s)
             elif id(sh) not in replies:
                 replies[id(sh)] = sh._sums(requests, q_s)

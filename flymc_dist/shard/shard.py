@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from flymc_dist._numerics import in_sorted, log_sigmoid
-from flymc_dist.austerity import shard as austerity_shard
 from flymc_dist.brightness import (
     BrightSet,
     explicit_accept,
@@ -32,32 +31,23 @@ from flymc_dist.brightness import (
     implicit_propose,
 )
 from flymc_dist.data import open_dataset
-from flymc_dist.protocol import ReplicaReply, Reply, Request, ShardConfig, ShardSpec
+from flymc_dist.protocol import (
+    ReplicaReply,
+    ReplicaRound,
+    Reply,
+    Request,
+    Round,
+    ShardConfig,
+    ShardSpec,
+    resolve_operation,
+)
 from flymc_dist.reduce import BlockSums, block_rows, tree_nodes
 from flymc_dist.shard.chunks import Chunk, ChunkSource, RowStore
-from flymc_dist.shard.evaluate import bright_terms, bright_terms_many
 from flymc_dist.shard.fused import _typed_lists, fused_z_update
 from flymc_dist.streams import RowStreams, uniforms_range
+from flymc_dist.terms import bright_terms, bright_terms_many
 
 _T = TypeVar("_T")
-
-#: The operations an add-on sampler may run on a shard, by name
-#: (:meth:`Shard.operation`): ``name -> function(shard, *args)``.
-#:
-#: A fixed table rather than any callable sent over the wire, or a registry filled by
-#: decorators as modules are imported: a shard runs only code this module names (what
-#: can run next to the rows is read here, in one place); a worker knows every operation
-#: once it has imported this module, whatever else it happened to import (a registry
-#: filled at import time would depend on that); and the operations reach the shard only
-#: through its public read-only view of the rows (:meth:`Shard.rows_at`,
-#: :meth:`Shard.blocks`: the same in memory and out of core) and their one named slot of
-#: state (:meth:`Shard.extension`), so the bright sets, streams and caches stay the
-#: shard's own. An add-on sampler adds its shard-side functions (in a module that does
-#: not import this one) here.
-SHARD_OPERATIONS: dict[str, Callable[..., Any]] = {
-    "austerity_batch": austerity_shard.shard_batch,
-    "austerity_exact_diff": austerity_shard.shard_exact_diff,
-}
 
 
 @dataclass
@@ -122,6 +112,13 @@ class Shard:
     ) -> None:
         self.spec = spec
         self.config = config
+        if not 0 <= spec.start < spec.stop <= config.n_rows:
+            raise ValueError(
+                f"shard rows [{spec.start}, {spec.stop}) are not within the data set's "
+                f"{config.n_rows} rows (ShardConfig.n_rows)"
+            )
+        #: N, the rows of the whole data set (see :attr:`ShardConfig.n_rows`)
+        self.n_total = int(config.n_rows)
         self.model = config.model
         self.flymc = config.algorithm == "flymc"
         self.memory_budget = budget
@@ -465,14 +462,6 @@ class Shard:
         self._sent = [None] * len(self.chains)  # the next replica reply sends whole sets
         self.total_queries += queries
         return queries
-
-    @property
-    def n_total(self) -> int:
-        """N, the rows of the whole data set (see :attr:`ShardConfig.n_rows`)."""
-        n = int(self.config.n_rows)
-        if n and n < self.spec.stop:
-            raise ValueError(f"ShardConfig.n_rows = {n} is below this shard's end {self.spec.stop}")
-        return n or int(self.spec.stop)
 
     def _streams(self, c: int, init: bool = False) -> RowStreams:
         """Chain ``c``'s row-keyed streams at its current step (``init``: the exact draw
@@ -877,14 +866,12 @@ class Shard:
             current[c] = ch.cur_sum
             n_bright[c] = self.n
 
-    def round(
-        self, seq: Any, commits: np.ndarray, update_z: bool, requests: list[Request | None]
-    ) -> Reply | ReplicaReply:
+    def round(self, msg: Round | ReplicaRound) -> Reply | ReplicaReply:
         """One round trip for all chains: :func:`~flymc_dist.shard.round.round_shards` on
         this shard alone (the one implementation of a round, whatever the host holds)."""
         from flymc_dist.shard.round import round_shards
 
-        return round_shards([self], seq, commits, update_z, requests)[0]
+        return round_shards([self], msg)[0]
 
     def _commit_all(self, commits: np.ndarray) -> None:
         """Step 1 of a round: every chain to its committed θ (see :meth:`round`)."""
@@ -895,13 +882,13 @@ class Shard:
             if j >= 0 and ch.last_points is not None:
                 self._commit(ch, j)
 
-    def _move_to(self, requests: list[Request | None]) -> np.ndarray:
-        """Step 1 of a replica-mode round: each chain to its one requested point; the
+    def _move_to(self, thetas: np.ndarray) -> np.ndarray:
+        """Step 1 of a replica-mode round: each chain to its new θ (``thetas[c]``); the
         implicit update's bright→dark moves then need ``log L~`` of its bright rows there.
         Returns the queries, per chain."""
         queries = np.zeros(len(self.chains), dtype=np.int64)
         for c, ch in enumerate(self.chains):
-            ch.theta = np.array(requests[c].points[0], dtype=float)
+            ch.theta = np.array(thetas[c], dtype=float)
         if self.config.z_update == "implicit":
             live = [c for c, ch in enumerate(self.chains) if ch.bright.n_bright]
             evals = self._bright_eval_many(
@@ -1016,16 +1003,18 @@ class Shard:
         self.total_queries += int(n)
 
     def operation(self, name: str, *args: Any) -> Any:
-        """Run the shard operation ``name`` (:data:`SHARD_OPERATIONS`) here, as
-        ``function(self, *args)``: how an add-on sampler (austerity) computes beside the
-        rows."""
-        try:
-            func = SHARD_OPERATIONS[name]
-        except KeyError:
-            raise ValueError(
-                f"unknown shard operation {name!r}; known: {sorted(SHARD_OPERATIONS)}"
-            ) from None
-        return func(self, *args)
+        """Run the shard operation ``name`` here, as ``function(self, *args)``: how an
+        add-on sampler (austerity) computes beside the rows.
+
+        ``name`` is ``"module:function"`` of a function its own module marked with
+        :func:`flymc_dist.protocol.shard_operation` (:func:`~flymc_dist.protocol.resolve_operation`
+        imports it here, so a worker knows it whatever it imported before); anything else
+        is refused. An operation sees the rows only through the shard's public read-only
+        view (:meth:`rows_at`, :meth:`blocks`: the same in memory and out of core) and
+        keeps its state in its one named slot (:meth:`extension`), so the bright sets,
+        streams and caches stay the shard's own.
+        """
+        return resolve_operation(name)(self, *args)
 
     def state(self) -> dict[str, Any]:
         """Counters and brightness for inspection (tests, fault logs)."""

@@ -35,8 +35,9 @@ import numpy as np
 
 from flymc_dist.protocol import (
     ReplicaReply,
+    ReplicaRound,
     Reply,
-    Request,
+    Round,
     ShardConfig,
     ShardSpec,
     pack_round,
@@ -467,20 +468,13 @@ class DaskTransport:
             merged.update(r)
         return merged
 
-    def round(
-        self,
-        seq: Any,
-        commits: np.ndarray,
-        update_z: bool,
-        requests: list[Request | None],
-        positions: np.ndarray,
-    ) -> list[Reply | ReplicaReply]:
+    def round(self, msg: Round | ReplicaRound, positions: np.ndarray) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard, recovering lost workers' shards.
 
         ``positions`` are the chains' current (post-commit) positions, used to redraw
         the z of recreated shards exactly.
         """
-        blob = pack_round(seq, commits, update_z, requests)
+        blob = pack_round(msg)
         for _attempt in range(5):
             if self._chan is not None:
                 ok, bad = self._chan.fanout(ROUND, blob, list(self.placement), self.timeout)

@@ -11,7 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.protocol import ReplicaReply, Reply, Request, ShardConfig, ShardSpec
+from flymc_dist.protocol import (
+    ReplicaReply,
+    ReplicaRound,
+    Reply,
+    Round,
+    ShardConfig,
+    ShardSpec,
+)
 from flymc_dist.shard import ShardHost
 
 
@@ -60,17 +67,10 @@ class InProcessTransport:
     #: rounds are plain method calls
     channel = "in-process"
 
-    def round(
-        self,
-        seq: Any,
-        commits: np.ndarray,
-        update_z: bool,
-        requests: list[Request | None],
-        positions: np.ndarray,
-    ) -> list[Reply | ReplicaReply]:
+    def round(self, msg: Round | ReplicaRound, positions: np.ndarray) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard (``positions`` serve fault recovery)."""
         self.round_trips += 1
-        out = self.host.round(seq, commits, update_z, requests)
+        out = self.host.round(msg)
         return [out[s.shard_id] for s in self.specs]
 
     def timing(self) -> list[dict[str, float]]:
