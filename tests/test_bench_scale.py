@@ -43,6 +43,7 @@ def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
         "--out-of-core",
         "--memory-budget",
         "--chunk-iterations",
+        "--n-shards",
         "--workdir",
         "--json",
     ):
@@ -187,3 +188,41 @@ def test_slope_ratio_and_table_of_given_figures() -> None:
     assert "NOT CONVERGED (R-hat > 1.01) at N = 1e8" in text
     assert "12.00/12.00 GB per worker" in text
     assert "500/600" in text  # peak RSS per worker, MB
+
+
+def test_table_with_several_layouts() -> None:
+    """``--n-shards 0 8``: each N runs the default layout and 8 shards; the table says
+    which is which and each run's s/it over the first layout's at its N."""
+    rows = []
+    for n, spi in ((10**5, 1e-3), (10**6, 1e-3)):
+        for layout, factor in ((0, 1.0), (8, 2.5)):
+            r = _row(n, spi * factor)
+            r["layout"] = layout
+            r["out_of_core"] = [False] * (layout or 2)
+            rows.append(r)
+    setup = {
+        "features": 20,
+        "kernel": "nuts",
+        "chains": 4,
+        "num_warmup": 10,
+        "num_samples": 20,
+        "seed": 0,
+        "cores": 2,
+        "machine": "x86_64",
+        "memory_total": 24e9,
+        "workers": 2,
+        "memory_limit": "auto",
+        "out_of_core": "auto",
+        "memory_budget": None,
+        "chunk_iterations": "auto",
+        "n_shards": [0, 8],
+        "loadavg_before": [1.0],
+        "loadavg_after": [1.0],
+    }
+    text = format_scale({"setup": setup, "rows": rows, "slope": 0.0, "ratio_to_1e6": None})
+    body = [line.split() for line in text.splitlines() if line.split()[:1] in (["1e5"], ["1e6"])]
+    assert [b[1:4] for b in body] == [
+        ["default", "2", "1.00"],
+        ["8", "2.50", "n/n/n/n/n/n/n/n"],
+    ] * 2
+    assert "log-log slope of s/it on N (first layout): 0.000" in text

@@ -3,7 +3,8 @@
 For each N, a float32 logistic store of N rows × ``features`` (the bias included; written
 once by :func:`flymc_dist.data.make_logistic` into ``workdir`` and reused by later runs
 when its shape, seed and dtype match) is sampled by MAP-tuned FlyMC on an embedded
-LocalCluster of ``workers`` single-threaded worker processes (one shard each), with the
+LocalCluster of ``workers`` single-threaded worker processes (by default the sampler's
+layout, one shard per worker; ``n_shards`` runs other layouts beside it), with the
 shards in memory or left in the store as ``out_of_core`` decides (``"auto"``: out of core
 when a shard's rows exceed its memory budget, by default its share of half its worker's
 memory limit). One cluster serves every N; each worker's peak RSS is reset before each
@@ -38,7 +39,8 @@ Figures per N:
   rank-normalised split-R̂.
 
 Below the table: the least-squares slope of log(s/it) on log N, and, when N = 10⁶ and a
-larger N were both run, the largest N's s/it over the s/it at 10⁶.
+larger N were both run, the largest N's s/it over the s/it at 10⁶ (both of the first
+layout's runs); with several layouts, each run's s/it over the first layout's at its N.
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ def run_scale(
     seed: int = 0,
     workdir: str | None = None,
     chunk_rows: int | None = None,
+    n_shards: Sequence[int] = (0,),
 ) -> dict[str, Any]:
     """FlyMC's cost per iteration, set-up, memory and mixing for each N.
 
@@ -249,6 +252,9 @@ def run_scale(
     chunk_rows
         Rows per store chunk (default: the writer's, ~8 MiB chunks). Shards are cut at
         chunk edges, so a store of fewer chunks than workers has fewer shards.
+    n_shards
+        The layouts each N runs with, one after the other on the same store and
+        cluster: shard counts, ``0`` for the sampler's default (one shard per worker).
 
     Returns
     -------
@@ -263,6 +269,11 @@ def run_scale(
         raise ValueError(f"ns must be one or more row counts >= 1, not {list(ns)!r}")
     if features < 2:
         raise ValueError(f"features must be >= 2 (the bias and one more), not {features!r}")
+    layouts = [int(k) for k in n_shards]
+    if not layouts or any(k < 0 for k in layouts):
+        raise ValueError(
+            f"n_shards must be one or more counts >= 0 (0: the default), not {n_shards!r}"
+        )
     ooc = _parse_out_of_core(out_of_core)
     chunk_its = _parse_chunk_iterations(chunk_iterations)
     budget = None if memory_budget is None else int(memory_budget)
@@ -286,6 +297,7 @@ def run_scale(
         "memory_budget": budget,
         "chunk_iterations": chunk_its,
         "chunk_rows": chunk_rows,
+        "n_shards": layouts,
         "seed": int(seed),
         "workdir": workdir,
         "dtype": "float32",
@@ -314,40 +326,42 @@ def run_scale(
         for n in sizes:
             ds, gen_s, reused = _store(workdir, n, int(features), int(seed), chunk_rows)
             stores.append({"n_rows": n, "path": ds.path, "seconds": gen_s, "reused": reused})
-            pids = client.run(os.getpid)
-            rss_ok = all(client.run(reset_peak_rss).values())
-            t0 = time.perf_counter()
-            res = fd.sample(
-                model,
-                ds,
-                algorithm="flymc",
-                bounds="map",
-                kernel=kernel,
-                chains=int(chains),
-                num_warmup=int(num_warmup),
-                num_samples=int(num_samples),
-                seed=int(seed),
-                client=client,
-                n_shards=int(workers),
-                progress=False,
-                out_of_core=ooc,
-                memory_budget=budget,
-                chunk_iterations=chunk_its,
-            )
-            wall = time.perf_counter() - t0
-            peaks = client.run(peak_rss)
-            fig = _figures(res, wall, n, int(features), ds.n_chunks)
-            fig["peak_rss"] = [peaks[a] for a in sorted(peaks)] if rss_ok else [None] * len(peaks)
-            fig["workers_restarted"] = client.run(os.getpid) != pids
-            rows.append(fig)
-            del res
+            for layout in layouts:
+                pids = client.run(os.getpid)
+                rss_ok = all(client.run(reset_peak_rss).values())
+                t0 = time.perf_counter()
+                res = fd.sample(
+                    model,
+                    ds,
+                    algorithm="flymc",
+                    bounds="map",
+                    kernel=kernel,
+                    chains=int(chains),
+                    num_warmup=int(num_warmup),
+                    num_samples=int(num_samples),
+                    seed=int(seed),
+                    client=client,
+                    **({"n_shards": layout} if layout else {}),
+                    progress=False,
+                    out_of_core=ooc,
+                    memory_budget=budget,
+                    chunk_iterations=chunk_its,
+                )
+                wall = time.perf_counter() - t0
+                peaks = client.run(peak_rss)
+                fig = _figures(res, wall, n, int(features), ds.n_chunks)
+                fig["layout"] = layout
+                fig["peak_rss"] = [peaks[a] if rss_ok else None for a in sorted(peaks)]
+                fig["workers_restarted"] = client.run(os.getpid) != pids
+                rows.append(fig)
+                del res
     setup["stores"] = stores
     setup["loadavg_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "setup": setup,
         "rows": rows,
-        "slope": _slope(rows),
-        "ratio_to_1e6": _ratio(rows),
+        "slope": _slope([r for r in rows if r["layout"] == layouts[0]]),
+        "ratio_to_1e6": _ratio([r for r in rows if r["layout"] == layouts[0]]),
         "seconds": time.perf_counter() - t_all,
     }
 
@@ -376,6 +390,14 @@ def _ratio(rows: list[dict[str, Any]]) -> float | None:
     return big["seconds_per_iteration"] / ref[0]["seconds_per_iteration"]
 
 
+def _layout_ratios(rows: list[dict[str, Any]]) -> list[float]:
+    """Each run's s/it over the s/it of the first layout run at its N (1.0 for those)."""
+    first: dict[int, float] = {}
+    for r in rows:
+        first.setdefault(r["n_rows"], r["seconds_per_iteration"])
+    return [r["seconds_per_iteration"] / first[r["n_rows"]] for r in rows]
+
+
 def _mb(x: float | None) -> str:
     return "-" if x is None else f"{x / 1e6:.0f}"
 
@@ -402,7 +424,7 @@ def format_scale(d: dict[str, Any]) -> str:
         f"run on {s['cores']} cores ({s['machine']}"
         + (f", {mem / 1e9:.0f} GB" if mem else "")
         + f"): embedded LocalCluster of {s['workers']} workers x 1 thread, memory limit "
-        f"{s['memory_limit']} ({lim_txt} per worker), one shard per worker; out_of_core="
+        f"{s['memory_limit']} ({lim_txt} per worker); out_of_core="
         f"{s['out_of_core']!r}, memory_budget={s['memory_budget']!r}, chunk_iterations="
         f"{s['chunk_iterations']!r}; load {s['loadavg_before']} -> {s['loadavg_after']}",
         "s/it: sampling seconds per iteration; passes: rows read in set-up / N; "
@@ -412,14 +434,28 @@ def format_scale(d: dict[str, Any]) -> str:
         "q/it: queries per chain per iteration; sweep: iterations between visits of a "
         "row's z; minESS/it, ESS/s: min bulk ESS / draws, / sampling s",
     ]
+    layouts = len(set(s.get("n_shards") or [0])) > 1
+    if layouts:
+        lines.append(
+            "shards: the run's layout (default: one shard per worker); x first: its s/it over "
+            "the first layout's at that N"
+        )
+    lay_head = f"{'shards':>11}{'x first':>8}" if layouts else ""
     head = (
-        f"{'N':>10}{'ooc':>8}{'load s':>8}{'setup s':>9}{'passes':>7}{'rows/s':>10}{'MB/s/w':>8}"
+        f"{'N':>10}{lay_head}{'ooc':>8}{'load s':>8}{'setup s':>9}{'passes':>7}{'rows/s':>10}"
+        f"{'MB/s/w':>8}"
         f"{'ms/it':>9}{'kB/it':>7}{'sweep':>10}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}"
         f"{'minESS/it':>10}{'ESS/s':>7}{'R-hat':>7}"
     )
     lines.append(head)
-    for r in d["rows"]:
+    for r, x_first in zip(d["rows"], _layout_ratios(d["rows"]), strict=True):
         ooc = "/".join("y" if x else "n" for x in r["out_of_core"])
+        n_sh = len(r["out_of_core"])
+        lay = (
+            (f"{'default ' + str(n_sh) if not r.get('layout') else n_sh:>11}{x_first:>8.2f}")
+            if layouts
+            else ""
+        )
         rps = "-" if r["rows_per_second"] is None else f"{r['rows_per_second']:.3g}"
         mbs = (
             "-" if r["mb_per_second_per_worker"] is None else f"{r['mb_per_second_per_worker']:.0f}"
@@ -428,7 +464,8 @@ def format_scale(d: dict[str, Any]) -> str:
         passes = "-" if r["setup_passes"] is None else f"{r['setup_passes']:.1f}"
         sweep = "1" if r["z_sweep_iterations"] is None else f"{r['z_sweep_iterations']:,d}"
         lines.append(
-            f"{_n(r['n_rows']):>10}{ooc:>8}{r['load_seconds']:>8.1f}{r['setup_seconds']:>9.1f}"
+            f"{_n(r['n_rows']):>10}{lay} {ooc:>7}"
+            f"{r['load_seconds']:>8.1f}{r['setup_seconds']:>9.1f}"
             f"{passes:>7}{rps:>10}{mbs:>8}"
             f"{1000 * r['seconds_per_iteration']:>9.3f}"
             f"{r['sampling_bytes_per_iteration'] / 1e3:>7.0f}{sweep:>10}{rss:>14}"
@@ -438,7 +475,10 @@ def format_scale(d: dict[str, Any]) -> str:
         )
     sl = d.get("slope")
     lines.append(
-        "log-log slope of s/it on N: " + ("- (fewer than two sizes)" if sl is None else f"{sl:.3f}")
+        "log-log slope of s/it on N"
+        + (" (first layout)" if layouts else "")
+        + ": "
+        + ("- (fewer than two sizes)" if sl is None else f"{sl:.3f}")
     )
     ratio = d.get("ratio_to_1e6")
     if ratio is not None:
