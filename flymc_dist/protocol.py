@@ -4,10 +4,11 @@ A *round* is one call from the driver to every shard, for all chains at once
 (:meth:`flymc_dist.shard.Shard.round`): a typed message goes out — a :class:`Round`
 (each chain's commit and :class:`Request`), or in replica mode a :class:`ReplicaRound`
 (each chain's θ only) — and a :class:`Reply` of small arrays (in replica mode a
-:class:`ReplicaReply`) comes back per shard. :class:`ShardSpec` says where a shard's rows are (and how to open their store),
-:class:`ShardConfig` how every shard of a run behaves. A round and its replies travel as
-raw array bytes behind a small pickled header (:func:`pack_round`, :func:`pack_reply`):
-pickling each array costs more than a round's compute for a few chains.
+:class:`ReplicaReply`) comes back per shard. :class:`ShardSpec` says where a shard's
+rows are (and how to open their store), :class:`ShardConfig` how every shard of a run
+behaves. A round and its replies travel as raw array bytes behind a small pickled header
+(:func:`pack_round`, :func:`pack_reply`): pickling each array costs more than a round's
+compute for a few chains.
 """
 
 from __future__ import annotations

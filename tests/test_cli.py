@@ -903,7 +903,6 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
         regular_iterations=5,
         warmup=5,
         pings=20,
-        default_sharding="none",
         client=cluster_client,
     )
     for key in ("bare_round_trip", "flymc", "regular", "ratios", "goals", "setup"):

@@ -17,9 +17,8 @@ For the floors of the two ways rounds travel, two echoes of a FlyMC round's requ
 timed on the same actors too: on the socket channel, and on Dask's RPC as the Dask
 channel sends rounds (raw bytes, run on the worker's event loop).
 
-(a) and (b) run with one shard per worker (``n_shards=workers``, so one call per
-worker per iteration, like (c)); (a) also with the default sharding (and (b) too
-with ``default_sharding="both"``). Their per-iteration time is that of the post-warm-up iterations
+(a) and (b) run with the samplers' default layout, one shard per worker (so one call
+per worker per iteration, like (c)). Their per-iteration time is that of the post-warm-up iterations
 (``res.info["sampling_seconds"] / num_samples``). The actor call and the socket echo
 are timed in two batches, before (a) and after the last sampler, so a drift in the
 machine's load shows.
@@ -160,7 +159,6 @@ def run_overhead(
     regular_iterations: int = 20,
     warmup: int = 200,
     pings: int = 1000,
-    default_sharding: str = "flymc",
     workdir: str | None = None,
     client: Any = None,
 ) -> dict[str, Any]:
@@ -185,9 +183,6 @@ def run_overhead(
         FlyMC warm-up iterations (step-size adaptation).
     pings
         Bare round trips timed (half before the samplers, half after).
-    default_sharding
-        Which samplers to time again with the default (data-layout) sharding:
-        ``"flymc"`` (half the iterations), ``"both"`` or ``"none"``.
     workdir
         Directory for the temporary data store (default: the system's temp directory).
     client
@@ -197,8 +192,8 @@ def run_overhead(
     Returns
     -------
     dict
-        ``setup`` (how it was run), ``bare_round_trip``, ``flymc``, ``regular`` (and
-        ``flymc_default_sharding``, ``regular_default_sharding``), ``ratios`` and ``goals``.
+        ``setup`` (how it was run), ``bare_round_trip``, ``flymc``, ``regular``,
+        ``ratios`` and ``goals``.
         Times are in seconds.
     """
     rows = _check_int("rows", rows, 2)
@@ -207,10 +202,6 @@ def run_overhead(
     iterations = _check_int("iterations", iterations, 4)
     regular_iterations = _check_int("regular_iterations", regular_iterations, 4)
     warmup = _check_int("warmup", warmup, 0)
-    if default_sharding not in ("flymc", "both", "none"):
-        raise ValueError(
-            f"default_sharding must be 'flymc', 'both' or 'none', got {default_sharding!r}"
-        )
     chains = _check_int("chains", chains, 1)
     seed = _check_int("seed", seed, 0)
     pings = _check_int("pings", pings, 2)
@@ -229,7 +220,6 @@ def run_overhead(
             "iterations": iterations,
             "warmup": warmup,
             "regular_iterations": regular_iterations,
-            "default_sharding": default_sharding,
             "pings": pings,
             "seed": seed,
             "kernel": "rwmh",
@@ -299,12 +289,12 @@ def run_overhead(
                     **opts,
                 )
 
-            fly = run("flymc", iterations, warmup, n_shards=workers)
+            fly = run("flymc", iterations, warmup)
             out["flymc"] = _sampler_figures(fly)
             out["setup"]["channel"] = fly.info["channel"]
             # the same run with its rounds on Dask's actor RPC: same draws, other time
             out["flymc_dask_channel"] = _sampler_figures(
-                run("flymc", iterations, warmup, n_shards=workers, channel="dask")
+                run("flymc", iterations, warmup, channel="dask")
             )
             # regular MCMC: FlyMC's last draws, step size and preconditioner (no MAP search,
             # no warm-up needed: the chains already sample the posterior)
@@ -316,17 +306,7 @@ def run_overhead(
                 "precondition": tril @ tril.T,
                 "kernel_options": {"step_size": float(np.mean([p["step_size"] for p in kp]))},
             }
-            out["regular"] = _sampler_figures(
-                run("regular", regular_iterations, 0, n_shards=workers, **reg_opts)
-            )
-            if default_sharding in ("flymc", "both"):
-                out["flymc_default_sharding"] = _sampler_figures(
-                    run("flymc", max(iterations // 2, 4), warmup // 2)
-                )
-            if default_sharding == "both":
-                out["regular_default_sharding"] = _sampler_figures(
-                    run("regular", regular_iterations, 0, **reg_opts)
-                )
+            out["regular"] = _sampler_figures(run("regular", regular_iterations, 0, **reg_opts))
             transport = DaskTransport(client, specs, config, channel="socket")
             try:
                 _time_pings(transport, 20, "actor")
@@ -358,13 +338,6 @@ def run_overhead(
         "flymc_over_regular_ess_per_second": _ratio(f["ess_per_second"], r["ess_per_second"]),
         "flymc_over_regular_ess_per_query": _ratio(f["ess_per_query"], r["ess_per_query"]),
     }
-    if "flymc_default_sharding" in out:
-        fd_ = out["flymc_default_sharding"]
-        ratios["flymc_default_sharding_over_bare"] = _ratio(fd_["seconds_per_iteration"], bare)
-        reg_d = out.get("regular_default_sharding", r)
-        ratios["regular_over_flymc_default_sharding"] = _ratio(
-            reg_d["seconds_per_iteration"], fd_["seconds_per_iteration"]
-        )
     # ESS from a few dozen draws per chain is noise: say so rather than print a verdict
     ratios["per_ess_reliable"] = bool(
         regular_iterations >= _MIN_ESS_DRAWS and iterations >= _MIN_ESS_DRAWS
@@ -460,8 +433,6 @@ def format_overhead(d: dict[str, Any]) -> str:
         ("(a) FlyMC, MAP-tuned", "flymc"),
         ("    FlyMC, rounds on Dask's RPC", "flymc_dask_channel"),
         ("(b) regular MCMC", "regular"),
-        ("    FlyMC, default sharding", "flymc_default_sharding"),
-        ("    regular, default sharding", "regular_default_sharding"),
     ]
     for label, key in rows:
         if key not in d:
@@ -520,11 +491,5 @@ def format_overhead(d: dict[str, Any]) -> str:
                 f"{_ms(hw).strip()} wall, {_ms(hc).strip()} CPU"
                 f") + driver {_ms(t['driver']).strip()}"
             )
-    if "flymc_default_sharding_over_bare" in ra:
-        lines.append(
-            f"  default sharding: FlyMC / bare actor round trip "
-            f"{_sig(ra['flymc_default_sharding_over_bare'])}×, regular / FlyMC "
-            f"{_sig(ra['regular_over_flymc_default_sharding'])}×"
-        )
     lines.append(f"  total {d['seconds']:.0f} s")
     return "\n".join(lines)

@@ -29,7 +29,6 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
         regular_iterations=args.regular_iterations,
         warmup=args.warmup,
         pings=args.pings,
-        default_sharding=args.default_sharding,
     )
     _say(format_overhead(d))
     if args.json:

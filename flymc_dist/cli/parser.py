@@ -487,12 +487,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--pings", type=_positive_int, default=1000, help="bare round trips timed (default 1000)"
     )
-    b.add_argument(
-        "--default-sharding",
-        choices=("flymc", "both", "none"),
-        default="flymc",
-        help="samplers timed again with the default (data-layout) sharding (default: flymc)",
-    )
     b.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
     b.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
     b.set_defaults(func=_cmd_bench_overhead)
