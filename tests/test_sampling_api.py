@@ -196,11 +196,18 @@ def test_flymc_explicit_queries_exact(kernel, fraction, replica):
         bright_replica=replica,
     )
     assert res.info["bright_replica"] is replica
-    sizes = (12, 11)
-    resampled = sum(math.ceil(fraction * n) for n in sizes)
     q = _all_stats(res, "likelihood_queries")
     m = _all_stats(res, "n_bright")
-    np.testing.assert_array_equal(q, resampled + (2 if replica else 1) * m)
+    # each row is resampled with probability `fraction` (its own Bernoulli draw, keyed
+    # by the row): Binomial(23, fraction) rows per iteration, all 23 at fraction 1
+    resampled = q - (2 if replica else 1) * m
+    assert np.all((resampled >= 0) & (resampled <= 23))
+    if fraction == 1.0:
+        assert np.all(resampled == 23)
+    else:
+        sd = math.sqrt(23 * fraction * (1 - fraction) / resampled.size)
+        assert abs(resampled.mean() - 23 * fraction) < 4 * sd, resampled.mean()
+        assert resampled.std() > 0  # a random number of rows, not a fixed one
     # initial exact draw of z: every row once per chain
     # one full pass per chain to draw z exactly at the start, plus the MAP search's passes
     assert res.info["setup_queries"] >= 3 * 23 and res.info["setup_queries"] % 23 == 0
@@ -593,9 +600,14 @@ def test_precondition_bound_is_theta_given_every_datum_dark():
 
 def test_q_db_auto_is_four_proposals_per_bright_row_for_hamiltonian_kernels():
     """HMC and NUTS cross θ's conditional given z every step: q_db="auto" is four times
-    RWMH's from the same first z (same seed, same starting points)."""
-    X, y = _logistic_data(2000)
+    RWMH's from the same first z (same seed, same starting points). Ten features, so that
+    several rows are bright (with less than one, the floor of one proposal binds)."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(2000, 9))
+    X = np.column_stack([np.ones(2000), x])
+    y = (rng.random(2000) < 1.0 / (1.0 + np.exp(-(0.3 + x @ np.full(9, 0.8))))).astype(np.int64)
     rwmh = _run((X, y), num_warmup=0, num_samples=1)
+    assert rwmh.info["q_db"] * 2000 > 2  # above the floor
     for kernel in ("nuts", "hmc"):
         res = _run((X, y), kernel=kernel, num_warmup=0, num_samples=1)
         assert res.info["q_db"] == pytest.approx(4.0 * rwmh.info["q_db"], rel=1e-12)
