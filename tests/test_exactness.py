@@ -621,15 +621,13 @@ def _bound_without_exact_rows(self, untuned=False):
     evaluated exactly, so they need no bound") — but their bright term is still
     ``log(L/B − 1)``, so the target gains a factor ``1/B`` per exact row."""
     m = self.model
-    parts = []
-    for X, y, xi in self.blocks():
+
+    def without(X, y, xi):
         keep = ~self._exact_mask(X)
         xi = m.untuned_xi(y) if untuned else xi
-        parts.append(m.suffstats(X[keep], y[keep], xi[keep]))
-    total = parts[0]
-    for p in parts[1:]:
-        total = total + p
-    return total
+        return m.suffstats(X[keep], y[keep], xi[keep])
+
+    return self._block_sums(without)  # by block, as Shard.bound_stats
 
 
 @pytest.mark.slow

@@ -203,7 +203,7 @@ def _fused_stationarity_z(shard: Shard, X, y, sweeps: int) -> tuple[np.ndarray, 
             shard._update_z_fused()
             freq += shard._masks
     freq /= sweeps
-    lt = np.exp(np.array([_log_lt(model, X, y, shard.xi, ch.theta) for ch in shard.chains]))
+    lt = np.exp(np.array([_log_lt(model, X, y, shard.rows.xi, ch.theta) for ch in shard.chains]))
     p = lt / (1.0 + lt)
     use = p > 1e-4
     lt_u, p_u = lt[use], p[use]
@@ -233,7 +233,7 @@ def test_fused_z_test_data_cover_both_regimes():
     X, y = _stat_data()
     shard, _, _ = _fused_shard(THETA_HAT)
     for ch in shard.chains:
-        lt = np.exp(_log_lt(shard.model, X, y, shard.xi, ch.theta))
+        lt = np.exp(_log_lt(shard.model, X, y, shard.rows.xi, ch.theta))
         p = lt / (1 + lt)
         assert np.sum((lt < Q) & (p > 0.02)) >= 5
         assert np.sum(lt > Q) >= 5
@@ -271,7 +271,7 @@ def _assert_cache_consistent(shard: Shard, X, y) -> None:
         assert np.unique(b.idx).size == b.idx.size
         assert np.array_equal(np.sort(b.idx), np.flatnonzero(shard._masks[c]))
         assert b.vals.shape == b.idx.shape
-        ref = _log_lt(shard.model, X[b.idx], y[b.idx], shard.xi[b.idx], ch.theta)
+        ref = _log_lt(shard.model, X[b.idx], y[b.idx], shard.rows.xi[b.idx], ch.theta)
         np.testing.assert_allclose(b.vals, ref, rtol=1e-12, atol=1e-12)
         assert np.shares_memory(b.mask, shard._masks)
         assert b.mask.base is shard._masks or b.mask.base is shard._masks.base

@@ -25,6 +25,7 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     # replica compute with it, so `import flymc_dist` and the CLI do not pay for it.
     ("flymc_dist.replica", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.shard.shard", "flymc_dist._compiled"): "numba, heavy: only where it computes",
+    ("flymc_dist.shard.rows", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.replica", "flymc_dist._compiled_nuts"): "numba, heavy: only where it computes",
 }
 
@@ -185,6 +186,62 @@ def test_function_level_imports_only_where_listed() -> None:
     present = {(mod, target) for mod, found in lazy.items() for target, _ in found}
     stale = sorted(set(ALLOWED_LAZY) - present)
     assert not stale, f"ALLOWED_LAZY lists imports that no longer exist: {stale}"
+
+
+def reachable(graph: dict[str, set[str]], lazy: dict[str, list], start: str) -> set[str]:
+    """Every package module importing ``start`` can run, at module level or in a function."""
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m in seen or m not in graph:
+            continue
+        seen.add(m)
+        todo += sorted(graph[m]) + [t for t, _ in lazy.get(m, [])]
+    return seen
+
+
+def imports_outside(path: Path) -> set[str]:
+    """The top-level names of every package an ``import`` in ``path`` names (any level)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+WORKER_SIDE = ("flymc_dist.shard", "flymc_dist.transport", "flymc_dist.austerity")
+
+
+@pytest.mark.parametrize("module", ["flymc_dist.driver", "flymc_dist.replica", "flymc_dist.run"])
+def test_the_driver_side_imports_no_worker_module(module: str) -> None:
+    """The driver's chains, its replica and the runner reach no shard, transport or
+    austerity module, and nothing that imports Dask (``flymc_dist/__init__`` aside, which
+    imports everything)."""
+    graph, lazy = import_graph(PACKAGE, "flymc_dist")
+    reached = reachable(graph, lazy, module) - {"flymc_dist"}
+    assert "flymc_dist.models" in reached  # it saw the imports
+    worker = sorted(m for m in reached if m.startswith(WORKER_SIDE))
+    assert not worker, f"{module} imports {worker}"
+    mods = package_modules(PACKAGE, "flymc_dist")
+    dask = sorted(m for m in reached if imports_outside(mods[m]) & {"distributed", "dask"})
+    assert not dask, f"{module} imports Dask through {dask}"
+
+
+def test_the_shard_and_austerity_do_not_import_each_other() -> None:
+    """Austerity marks its own shard operations (protocol.shard_operation): the FlyMC shard
+    names none of them, and austerity's shard side needs nothing of the shard's."""
+    graph, lazy = import_graph(PACKAGE, "flymc_dist")
+    assert not any(
+        m.startswith("flymc_dist.austerity") for m in reachable(graph, lazy, "flymc_dist.shard")
+    )
+    assert not any(
+        m.startswith("flymc_dist.shard")
+        for m in reachable(graph, lazy, "flymc_dist.austerity.shard")
+    )
+    # the walk sees what is there: the Dask transport reaches the shard host
+    assert "flymc_dist.shard.host" in reachable(graph, lazy, "flymc_dist.transport.dask")
 
 
 # ------------------------------------------------------------------- the checker can fail

@@ -146,14 +146,14 @@ def test_a_shard_holds_only_its_bright_rows(store):
         chunk_iterations=2,
     )
     sh = Shard(ShardSpec(0, ds.path, 0, 900), config)
-    assert sh.out_of_core and sh.X is None
+    assert sh.out_of_core and not hasattr(sh.rows, "X")  # no rows array
     sh.set_tight_points(np.array([0.3, -1.2, 0.8]))
     sh.set_positions(np.tile([0.3, -1.2, 0.8], (3, 1)))
     for _ in range(30):
         sh._update_z_all()
         bright = np.unique(np.concatenate([ch.bright.idx for ch in sh.chains]))
-        np.testing.assert_array_equal(sh._rows.ids, bright)  # exactly the bright rows
-        assert sh._win is not None and sh._win.hi - sh._win.lo <= 64
+        np.testing.assert_array_equal(sh.rows.held.ids, bright)  # exactly the bright rows
+        assert sh.rows.window is not None and sh.rows.window.hi - sh.rows.window.lo <= 64
         for ch in sh.chains:  # the masks and the bright sets agree
             assert set(np.flatnonzero(ch.bright.mask)) == set(ch.bright.idx)
     state = sh.state()

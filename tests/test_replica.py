@@ -111,7 +111,7 @@ def _check_mirror(driver: Driver, transport: InProcessTransport, X, y) -> None:
         np.testing.assert_array_equal(rows.y, y[rows.ids])
         # tight points: the shards' own (shard 0 holds rows 0..n0)
         on0 = rows.ids < shard.n
-        np.testing.assert_array_equal(rows.xi[on0], shard.xi[rows.ids[on0]])
+        np.testing.assert_array_equal(rows.xi[on0], shard.rows.xi[rows.ids[on0]])
 
 
 @pytest.mark.parametrize("z_update", ["implicit", "explicit"])

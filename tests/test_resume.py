@@ -137,7 +137,6 @@ def test_resume_refuses_what_differs(tmp_path):
         (dict(kernel="mala"), "kernel 'nuts'"),  # the default, resolved
         (dict(bounds="untuned"), "bounds 'map'"),
         (dict(q_db=0.5), r"q_db 'auto' \(this run: 0.5\)"),
-        (dict(n_shards=2), r"n_shards 1 \(this run: 2\)"),
         (dict(precondition="identity"), "precondition"),
     ]
     for change, match in cases:

@@ -32,14 +32,14 @@ def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
     reallocated by :meth:`Shard.set_positions`). The kept tuple holds the shards, so
     the ids in its key stay theirs. Without an owner they are built afresh.
     """
-    key = tuple((id(sh), id(sh._XC), id(sh._masks)) for sh in shards)
+    key = tuple((id(sh), id(sh.rows.XC), id(sh._masks)) for sh in shards)
     if owner is not None and owner._typed is not None and owner._typed[0] == key:
         return owner._typed[2], owner._typed[3]
     jit = shards[0]._jit
     lists = (
         key,
         list(shards),
-        jit.typed_list([sh._XC for sh in shards]),
+        jit.typed_list([sh.rows.XC for sh in shards]),
         jit.typed_list([sh._masks for sh in shards]),
     )
     if owner is not None:
@@ -102,7 +102,7 @@ def fused_z_update(
         lo, hi, q = window
         if len(shards) > 1:
             raise ValueError("a windowed z-update runs on one shard")
-        XCs, masks = (first._win.XC,), (first._masks[:, lo:hi],)
+        XCs, masks = (first.rows.window.XC,), (first._masks[:, lo:hi],)
         ns = [hi - lo] * P
         inside = [(b.idx >= lo) & (b.idx < hi) for b in brights]
         idx_in = [b.idx[w] - lo for b, w in zip(brights, inside, strict=True)]

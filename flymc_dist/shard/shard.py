@@ -14,7 +14,6 @@ kernels asked for, returning only sums.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -42,8 +41,9 @@ from flymc_dist.protocol import (
     resolve_operation,
 )
 from flymc_dist.reduce import BlockSums, block_rows, tree_nodes
-from flymc_dist.shard.chunks import Chunk, ChunkSource, RowStore
 from flymc_dist.shard.fused import _typed_lists, fused_z_update
+from flymc_dist.shard.round import round_shards
+from flymc_dist.shard.rows import MemoryRows, StoreRows
 from flymc_dist.streams import RowStreams, uniforms_range
 from flymc_dist.terms import bright_terms, bright_terms_many
 
@@ -89,7 +89,8 @@ class Shard:
     statistics, the exact draws of z, regular MCMC) stream the store chunk by chunk.
     The z-update then works on a *window*, chunk ``k = (t // r) mod m`` at the shard's
     ``t``-th z-update since its chains were placed (``m`` chunks, ``r =
-    config.chunk_iterations``, by default chunk bytes / :data:`WINDOW_BYTES`): the
+    config.chunk_iterations``, by default chunk bytes /
+    :data:`~flymc_dist.shard.rows.WINDOW_BYTES`): the
     implicit update (or the explicit one) restricted to
     the window's rows, its bright and dark rows alike, with the dark→bright proposal
     probability raised to ``q·n / window rows`` (capped at 1) so that as many rows are
@@ -126,9 +127,10 @@ class Shard:
         # one (n, D + K) buffer: evaluating a scattered row then touches one place in
         # memory, not two (the z-update's cost is mostly such cache misses)
         K = self._n_row_constants() if self.flymc else 0
-        self.out_of_core = False
-        self._source: ChunkSource | None = None
-        ds = None
+        self._K = K
+        self._theta_hat: np.ndarray | None = None  # None: untuned tight points
+        #: the rows, in memory or left in the store (:mod:`flymc_dist.shard.rows`)
+        self.rows: MemoryRows | StoreRows
         #: rows of the blocks full passes sum by (:mod:`flymc_dist.reduce`): the store's
         #: chunks, or (arrays in memory, 0) :func:`~flymc_dist.reduce.block_rows` of N
         self.block_rows = 0
@@ -136,40 +138,35 @@ class Shard:
             ds = open_dataset(spec.path, storage_options=spec.storage_options)
             self.block_rows = int(ds.chunk_rows)
             n = spec.stop - spec.start
-            self.out_of_core = _out_of_core(
-                config.out_of_core, n * (ds.n_features + K + 2) * 8 + config.chains * n, budget
-            )
-        if self.out_of_core:
-            self._init_out_of_core(ds, K)
-        else:
-            self._init_in_memory(ds, data, K)
-        self._init_common()
-
-    def _init_in_memory(self, ds: Any, data: tuple[np.ndarray, np.ndarray] | None, K: int) -> None:
-        """Load the rows (from ``ds``, or ``data``) beside their ``K`` row constants."""
-        spec = self.spec
-        if data is None:
-            n, D = spec.stop - spec.start, ds.n_features
-            self._XC = np.empty((n, D + K))
-            ys = []
-            for lo, hi, Xb, yb in ds.iter_chunks(spec.start, spec.stop):  # no 2nd copy
-                self._XC[lo - spec.start : hi - spec.start, :D] = Xb
-                ys.append(yb)
-            y = np.concatenate(ys) if ys else np.empty(0)
+            nbytes = n * (ds.n_features + K + 2) * 8 + config.chains * n
+            if _out_of_core(config.out_of_core, nbytes, budget):
+                self.rows = StoreRows(
+                    ds, spec.start, spec.stop, K, self._row_constants, config.chunk_iterations
+                )
+            else:
+                XC = np.empty((n, ds.n_features + K))
+                ys = []
+                for lo, hi, Xb, yb in ds.iter_chunks(spec.start, spec.stop):  # no 2nd copy
+                    XC[lo - spec.start : hi - spec.start, : ds.n_features] = Xb
+                    ys.append(yb)
+                y = np.concatenate(ys) if ys else np.empty(0)
+                self.rows = MemoryRows(XC, ds.n_features, y, self._row_constants)
         else:
             X, y = data
             X = np.asarray(X, dtype=np.float64)
-            self._XC = np.empty((X.shape[0], X.shape[1] + K))
-            self._XC[:, : X.shape[1]] = X
-        D = self._XC.shape[1] - K
-        self.X = self._XC[:, :D]
-        self.y = np.asarray(y)
-        self.n = int(self.X.shape[0])
-        self.n_features = D
-        self.xi = self.model.untuned_xi(self.y) if self.flymc else None
-        self.consts: np.ndarray | None = self._XC[:, D:] if K else None
+            XC = np.empty((X.shape[0], X.shape[1] + K))
+            XC[:, : X.shape[1]] = X
+            self.rows = MemoryRows(XC, X.shape[1], y, self._row_constants)
+        self.n, self.n_features = self.rows.n, self.rows.n_features
         self._use_compiled(K)
-        self._set_row_constants()
+        self._init_common()
+        if not self.out_of_core:
+            self.rows.retune()  # out of core, each chunk's as it is read
+
+    @property
+    def out_of_core(self) -> bool:
+        """Whether the rows stay in the store (see the class notes)."""
+        return self.rows.out_of_core
 
     def _use_compiled(self, K: int) -> None:
         """Find the model's compiled fused log L~ (when it has ``K`` row constants)."""
@@ -181,23 +178,6 @@ class Shard:
 
             self._jit = _compiled
             self._kernel = (_compiled.KINDS[compiled[0]], np.asarray(compiled[1], float))
-
-    def _init_out_of_core(self, ds: Any, K: int) -> None:
-        """Set up a shard whose rows stay in the store ``ds`` (see the class notes)."""
-        self._K = K
-        self._source = ChunkSource(ds, self.spec.start, self.spec.stop, self._prepare_chunk)
-        self._rows = RowStore(ds.n_features, K)
-        #: the z-updates' current chunk
-        self._win: Chunk | None = None
-        self._theta_hat: np.ndarray | None = None  # None: untuned tight points
-        self._z_steps = 0  # z-updates since the chains were placed
-        self.n, self.n_features = self.spec.stop - self.spec.start, ds.n_features
-        #: iterations each chunk is the window (see the class notes)
-        self.chunk_iterations = self.config.chunk_iterations or max(
-            1, math.ceil(self._source.max_rows * (self.n_features + 1) * 8 / WINDOW_BYTES)
-        )
-        self.X = self.y = self.xi = self.consts = self._XC = None
-        self._use_compiled(K)
 
     def _init_common(self) -> None:
         config = self.config
@@ -221,20 +201,8 @@ class Shard:
     # ------------------------------------------------------------------ set-up
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
         """Tight points at ``theta_hat`` (MAP-tuned) or the model's untuned ones (None)."""
-        if self.out_of_core:  # a chunk's are computed as it is read
-            self._source.drop_ahead()  # before the read-ahead thread could see a new θ̂
-            self._theta_hat = None if theta_hat is None else np.asarray(theta_hat, float)
-            if self.flymc:
-                self._rows.set_xi(*self._row_constants(self._rows.X, self._rows.y))
-            self._win = None
-            return
-        if theta_hat is None:
-            self.xi = self.model.untuned_xi(self.y)
-        else:
-            eta = self.model.linear_predictor(np.asarray(theta_hat, float)[None], self.X)[0]
-            self.xi = self.model.tuned_xi(eta, self.y)
-        self._loosen(self.X, self.y, self.xi)
-        self._set_row_constants()
+        self._theta_hat = None if theta_hat is None else np.asarray(theta_hat, float)
+        self.rows.retune()
 
     def column_energy(self) -> BlockSums:
         """``Σ_n x_nj²`` and ``Σ_n x_nj⁴`` of every column j over this shard's rows, as
@@ -260,11 +228,10 @@ class Shard:
             )
         first = self.spec.start // B
         n_blocks = -(-self.n_total // B)
-        if self.out_of_core:
-            if self._source.max_rows != B and self._source.n_chunks > 1:
-                raise ValueError(f"out of core: store chunks are not the {B}-row blocks")
-        # out of core the blocks are the store's chunks (checked above), in memory B rows
-        it = self.blocks(None if self.out_of_core else B)
+        fixed = self.rows.chunk_rows  # the store's chunks (out of core), or any
+        if fixed is not None and fixed != B:
+            raise ValueError(f"out of core: store chunks of {fixed} rows are not {B}-row blocks")
+        it = self.rows.blocks(B)
         return tree_nodes(((first + k, fn(*b)) for k, b in enumerate(it)), n_blocks)
 
     def set_exact_rows(self, columns: np.ndarray, thresholds: np.ndarray) -> int:
@@ -276,8 +243,7 @@ class Shard:
         it. Returns how many rows of this shard the rule picks (a full pass)."""
         columns = np.asarray(columns, dtype=np.int64)
         thresholds = np.asarray(thresholds, dtype=np.float64)
-        if self.out_of_core:
-            self._source.drop_ahead()  # no chunk read ahead under the previous rule
+        self.rows.drop_prepared()  # nothing prepared under the previous rule stays
         self._exact = (columns, thresholds) if columns.size else None
         return sum(int(self._exact_mask(X).sum()) for X, _, _ in self.blocks(65536))
 
@@ -301,17 +267,6 @@ class Shard:
         y0 = np.zeros(1)
         c = self.model.row_constants(y0, self.model.untuned_xi(y0))
         return 0 if c is None else int(c.shape[1])
-
-    def _set_row_constants(self) -> None:
-        """(Re)compute the model's per-row constants of the fused ``log L~``, in place."""
-        if self.consts is not None:
-            c = self.model.row_constants(self.y, self.xi)
-            if c.shape != self.consts.shape:
-                raise ValueError(
-                    f"{type(self.model).__name__}.row_constants gave shape "
-                    f"{c.shape}, expected {self.consts.shape}"
-                )
-            self.consts[...] = c
 
     def set_q(self, q_db: float) -> None:
         """Set the dark→bright proposal probability of the implicit z-update."""
@@ -385,8 +340,8 @@ class Shard:
         return self._block_sums(block)
 
     def _tight_points(self, X: np.ndarray, y: np.ndarray) -> np.ndarray | None:
-        """Tight points of the rows ``(X, y)`` of an out-of-core shard (None: none set,
-        as in regular MCMC, or austerity before its control variates' θ̂)."""
+        """Tight points of the rows ``(X, y)`` under the current rule (None: none set, as
+        in regular MCMC, or austerity before its control variates' θ̂)."""
         if not self.flymc and self._theta_hat is None:
             return None
         if self._theta_hat is None or y.size == 0:
@@ -399,27 +354,15 @@ class Shard:
     def _row_constants(
         self, X: np.ndarray, y: np.ndarray
     ) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """Out of core: the tight points of the rows ``(X, y)`` and their row constants
-        (None without a compiled log L~)."""
+        """The tight points of the rows ``(X, y)`` and their row constants (None without a
+        compiled log L~): how :attr:`rows` prepares them."""
         xi = self._tight_points(X, y)
         return xi, (self.model.row_constants(y, xi) if self._K else None)
-
-    def _prepare_chunk(self, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-        """Out of core: the tight points of the rows ``(X, y)`` and the rows as one
-        ``(n, D + K)`` buffer, features then row constants."""
-        xi, consts = self._row_constants(X, y)
-        XC = np.empty((X.shape[0], X.shape[1] + self._K))
-        XC[:, : X.shape[1]] = X
-        if consts is not None:
-            XC[:, X.shape[1] :] = consts
-        return xi, XC
 
     def _gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Features, target and tight point of ``rows`` (bright rows, or out of core rows of
         the current chunk)."""
-        if self.out_of_core:
-            return self._rows.gather(rows, self._win)
-        return self.X[rows], self.y[rows], self.xi[rows]
+        return self.rows.gather(rows)
 
     def set_positions(self, thetas: np.ndarray, generation: int = 0) -> int:
         """Put every chain at ``thetas[c]`` and draw its z exactly from ``p(z | θ)``.
@@ -480,7 +423,7 @@ class Shard:
         """:meth:`set_positions` of an out-of-core shard, in one streamed pass: each
         chain's z drawn exactly from ``p(z | θ)`` (the same draws, in the same order, as
         the in-memory explicit update of every row), or its full-data sums (regular)."""
-        self._win, self._z_steps = None, 0
+        self.rows.reset()
         m, track, C = self.model, self.track_grad, len(self.chains)
         parts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]] = [[] for _ in range(C)]
         held: list[tuple[np.ndarray, ...]] = []
@@ -489,7 +432,7 @@ class Shard:
         keys = [self._streams(c, init=True).decide for c in range(C)]
         lo = 0
         with np.errstate(over="ignore", divide="ignore"):
-            for chunk in self._source.stream():
+            for chunk in self.rows.source.stream():
                 X, y, xi = chunk.X, chunk.y, chunk.xi
                 rows = np.arange(lo, lo + y.size, dtype=np.int64)
                 lo += y.size
@@ -521,26 +464,13 @@ class Shard:
                 np.concatenate(dvals) if track else None,
             )
         if held:
-            self._rows.set(*(np.concatenate(a) for a in zip(*held, strict=True)))
+            self.rows.held.set(*(np.concatenate(a) for a in zip(*held, strict=True)))
         return C * self.n
 
-    def _z_window(self) -> tuple[tuple[int, int], float]:
-        """Out of core: the rows of this z-update's window and its proposal probability
-        (see the class notes); the window's chunk is read (or taken from the read ahead)
-        and the next one started."""
-        src, r = self._source, self.chunk_iterations
-        t, m = self._z_steps, src.n_chunks
-        self._z_steps += 1
-        k = (t // r) % m
-        if self._win is None or self._win.lo != src.ranges[k][0]:
-            self._win = src.get(k, (k + 1) % m if m > 1 else None)
-        lo, hi = src.ranges[k]
-        return (lo, hi), min(1.0, self.q_db * self.n / max(hi - lo, 1))
-
     def _hold_bright(self) -> None:
-        """Out of core: hold exactly the rows bright in some chain (after a z-update)."""
-        idx = [ch.bright.idx for ch in self.chains]
-        self._rows.keep(np.unique(np.concatenate(idx)).astype(np.int64, copy=False), self._win)
+        """After a z-update: the rows hold what the chains' bright sets need (out of core,
+        exactly the rows bright in some chain)."""
+        self.rows.after_z([ch.bright.idx for ch in self.chains])
 
     # -------------------------------------------------------------- evaluation
     def _bright_eval(
@@ -584,11 +514,7 @@ class Shard:
         vals = np.empty(rows.size)
         sums = np.empty(seg.size - 1)
         kind, par = self._kernel
-        if self.out_of_core:
-            XCs, rows, seg_src = self._ooc_locate(rows, seg)
-        else:
-            XCs, _ = self._lists()
-            seg_src = np.zeros(seg.size - 1, np.int64)
+        XCs, rows, seg_src = self.rows.compiled(rows, seg, lambda: self._lists()[0])
         self._jit.eval_rows(
             XCs,
             self.n_features,
@@ -642,10 +568,10 @@ class Shard:
 
     def _regular_eval(self, thetas: np.ndarray, grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """``sum_n l_n`` over all rows at each of ``thetas`` (k, P) (and gradients)."""
-        if not self.out_of_core:
-            return self._regular_block(thetas, self.X, self.y, grad)
-        sums, grads = np.zeros(thetas.shape[0]), (np.zeros(thetas.shape) if grad else None)
-        for X, y, _ in self.blocks():
+        blocks = iter(self.blocks())
+        X, y, _ = next(blocks)  # in memory the only one
+        sums, grads = self._regular_block(thetas, X, y, grad)
+        for X, y, _ in blocks:
             s, g = self._regular_block(thetas, X, y, grad)
             sums += s
             if grad:
@@ -684,7 +610,7 @@ class Shard:
         implicit = self.config.z_update == "implicit"
         if self.fused_z:
             return self._update_z_fused()
-        window, q = self._z_window() if self.out_of_core else (None, self.q_db)
+        window, q = self.rows.z_window(self.q_db)
         props = []
         streams = [self._streams(c) for c in range(len(self.chains))]
         for st, ch in zip(streams, self.chains, strict=True):
@@ -713,8 +639,7 @@ class Shard:
                 explicit_accept(streams[c], ch.bright, rows, vals, dvals)
             queries[c] = rows.size
             ch.step += 1
-        if self.out_of_core:
-            self._hold_bright()
+        self._hold_bright()
         return queries
 
     @property
@@ -733,28 +658,10 @@ class Shard:
         core: of the current window's rows, see the class notes). Returns the likelihood
         queries of each chain."""
         pairs = [(self, c) for c in range(len(self.chains))]
-        if not self.out_of_core:
-            return fused_z_update(pairs)
-        (lo, hi), q = self._z_window()
-        queries = fused_z_update(pairs, window=(lo, hi, q))
+        window, q = self.rows.z_window(self.q_db)
+        queries = fused_z_update(pairs, window=None if window is None else (*window, q))
         self._hold_bright()
         return queries
-
-    def _ooc_locate(
-        self, rows: np.ndarray, seg: np.ndarray
-    ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
-        """Out of core: the buffers (held rows, window) — a tuple, which the compiled
-        functions index as they do a typed list, at no cost to build — and, for each
-        segment of ``rows``, which of the two holds it and where
-        (:func:`flymc_dist._compiled.locate_segments`)."""
-        store, win = self._rows, self._win
-        window = win.XC if win is not None else np.empty((0, store.XC.shape[1]))
-        local = np.empty_like(rows)
-        src = np.empty(seg.size - 1, np.int64)
-        lo, hi = (win.lo, win.hi) if win is not None else (0, 0)
-        if not self._jit.locate_segments(store.ids, rows, seg, lo, hi, local, src):
-            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
-        return (store.XC, window), local, src
 
     def _lists(self) -> tuple[Any, Any]:
         """This shard's buffer and masks as one-element typed lists (the kernels' form)."""
@@ -869,8 +776,6 @@ class Shard:
     def round(self, msg: Round | ReplicaRound) -> Reply | ReplicaReply:
         """One round trip for all chains: :func:`~flymc_dist.shard.round.round_shards` on
         this shard alone (the one implementation of a round, whatever the host holds)."""
-        from flymc_dist.shard.round import round_shards
-
         return round_shards([self], msg)[0]
 
     def _commit_all(self, commits: np.ndarray) -> None:
@@ -962,11 +867,7 @@ class Shard:
         (:meth:`ChunkSource.read_rows`, counted in ``state()["bytes_read"]``), with their
         tight points computed at the shard's θ̂. The values are the same either way.
         """
-        rows = np.asarray(rows, dtype=np.int64)
-        if self.out_of_core:
-            X, y = self._source.read_rows(rows)
-            return X, y, self._tight_points(X, y)
-        return self.X[rows], self.y[rows], None if self.xi is None else self.xi[rows]
+        return self.rows.rows_at(np.asarray(rows, dtype=np.int64))
 
     def blocks(
         self, block: int | None = None
@@ -974,15 +875,7 @@ class Shard:
         """Every row, as read-only ``(X, y, xi)`` blocks of ``block`` rows (None: one
         block; ``xi`` None when no tight points are set): a full pass. Out of core, the
         blocks are the store's chunks, read one ahead."""
-        if self.out_of_core:
-            for chunk in self._source.stream():
-                xi = None if chunk.xi is None else _read_only(chunk.xi)
-                yield _read_only(chunk.X), _read_only(chunk.y), xi
-            return
-        step = self.n if block is None else block
-        for lo in range(0, max(self.n, 1), max(step, 1)):
-            xi = None if self.xi is None else _read_only(self.xi[lo : lo + step])
-            yield _read_only(self.X[lo : lo + step]), _read_only(self.y[lo : lo + step]), xi
+        return self.rows.blocks(block)
 
     def extension(self, name: str, factory: Callable[[], _T]) -> _T:
         """The per-shard state of the add-on sampler ``name``: ``factory()`` on first use,
@@ -1023,9 +916,7 @@ class Shard:
             "n_rows": self.n,
             "out_of_core": self.out_of_core,
             "memory_budget": self.memory_budget,
-            "held_rows": int(self._rows.ids.size) if self.out_of_core else self.n,
-            "chunk_iterations": self.chunk_iterations if self.out_of_core else None,
-            "bytes_read": self._source.bytes_read if self.out_of_core else 0,
+            **self.rows.state(),
             "generation": self.generation,
             "total_queries": self.total_queries,
             "n_bright": [
@@ -1036,21 +927,6 @@ class Shard:
     def bright_mask(self, chain: int) -> np.ndarray:
         """The z of one chain as a boolean array over the shard's rows (tests)."""
         return self.chains[chain].bright.mask.copy()
-
-
-#: out of core, ``chunk_iterations=None``: the bytes of rows read per iteration at most (a
-#: chunk of float64 features and target stays the window for chunk bytes / WINDOW_BYTES
-#: iterations). Reading runs ahead on a thread at some 300 MB/s on a 2-core machine, so
-#: this keeps it near 0.4 ms per iteration; a row's z is then revisited once every
-#: (shard bytes / WINDOW_BYTES) iterations.
-WINDOW_BYTES = 128 * 1024
-
-
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """A view of ``a`` that cannot be written through."""
-    v = a.view()
-    v.flags.writeable = False
-    return v
 
 
 def _out_of_core(mode: bool | str, nbytes: int, budget: int | None) -> bool:
