@@ -222,21 +222,22 @@ def test_posterior_on_local_cluster(store, local_client, kernel):
 
 
 def _worker_resources() -> dict[str, int]:
-    """Run on a worker: its shard hosts, flymc threads and listening TCP sockets."""
+    """Run on a worker: its shard hosts, flymc threads, listening TCP sockets and shards."""
 
-    def count() -> tuple[int, int, int]:
+    def count() -> tuple[int, int, int, int]:
         import gc
         import threading
 
         import psutil
 
-        from flymc_dist.shard import ShardHost
+        from flymc_dist.shard import Shard, ShardHost
 
         gc.collect()
         hosts = sum(isinstance(o, ShardHost) for o in gc.get_objects())
         threads = sum(t.name.startswith("flymc") for t in threading.enumerate())
         ports = sum(c.status == psutil.CONN_LISTEN for c in psutil.Process().net_connections("tcp"))
-        return hosts, threads, ports
+        shards = sum(isinstance(o, Shard) for o in gc.get_objects())
+        return hosts, threads, ports, shards
 
     return count
 
@@ -245,7 +246,9 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
     """Runs on one long-lived cluster leave each worker's shard hosts, flymc threads and
     listening ports at their count before the first run, and a driver killed mid-run
     leaves none either (Dask drops its actors; the host's channel server then stops).
-    Every round port a run used refuses connections afterwards."""
+    Every round port a run used refuses connections afterwards. A run drops its shards
+    (their rows) before it returns, not when Dask gets round to its actors: a next run
+    started at once would load its rows beside them."""
     from distributed import Client, LocalCluster
 
     from flymc_dist.transport import channel as channel_mod
@@ -270,6 +273,8 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
         for _ in range(3):
             res = _run(store[0], client, num_warmup=10, num_samples=10, n_shards=2)
             assert res.info["channel"] == "socket"
+            held = client.run(count)  # at once
+            assert all(v[3] == 0 for v in held.values()), held
         _wait_for(lambda: client.run(count) == before, 30, "the hosts to be released")
         assert len(used) == 6
         for address in used:

@@ -409,3 +409,53 @@ def test_robust_fused_log_bright_rows_bit_identical(tuned):
         xi = model.untuned_xi(y)
     _assert_fused_equals_unfused(model, eta, y, xi)
     _assert_fused_equals_unfused(model, y - xi, y, xi)
+
+
+@pytest.mark.parametrize("replica", [False, True])
+def test_a_dropped_shard_is_freed_at_once(replica: bool) -> None:
+    """No reference cycle through a shard (its cached typed lists, its rows' callback
+    into it): once nothing refers to a host and its shards, they are freed at once, not
+    when the garbage collector happens to run — a worker would otherwise keep a finished
+    run's rows."""
+    import gc
+    import weakref
+
+    from flymc_dist.protocol import ReplicaRound, Request, Round
+    from flymc_dist.shard import ShardHost
+
+    rng = np.random.default_rng(0)
+    n = 3000
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 3))])
+    y = (rng.random(n) < 0.5).astype(float)
+    config = ShardConfig(
+        model=fd.LogisticRegression(), algorithm="flymc", chains=2, seed=0, n_rows=n, q_db=0.01
+    )
+
+    def used() -> tuple[weakref.ref, weakref.ref]:
+        host = ShardHost([ShardSpec(0, "", 0, 1024), ShardSpec(1, "", 1024, n)], config, {
+            0: (X[:1024], y[:1024]), 1: (X[1024:], y[1024:])
+        })  # fmt: skip
+        shards = list(host.shards.values())
+        for sh in shards:
+            sh.set_tight_points(np.zeros(4))
+            sh.set_replica(replica)
+            sh.set_positions(np.zeros((2, 4)))
+        thetas = np.zeros((2, 4))
+        if replica:
+            host.round(ReplicaRound(1, thetas))
+        else:
+            host.round(Round(1, np.full(2, -1), True, [Request(thetas[:1], False, False)] * 2))
+        for sh in shards:  # a shard alone (it then keeps its own typed lists)
+            sh.round(
+                ReplicaRound(2, thetas) if replica else Round(2, np.full(2, -1), True, [None] * 2)
+            )
+        return weakref.ref(host), weakref.ref(shards[0])
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        host, shard = used()
+        assert host() is None and shard() is None
+    finally:
+        if enabled:
+            gc.enable()

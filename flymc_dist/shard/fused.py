@@ -30,7 +30,10 @@ def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
     Building them costs more than a round's update, so they are kept on ``owner``
     (its ``_typed``) and rebuilt only when the shards or their arrays change (masks are
     reallocated by :meth:`Shard.set_positions`). The kept tuple holds the shards, so
-    the ids in its key stay theirs. Without an owner they are built afresh.
+    the ids in its key stay theirs — all but the owner itself, which outlives its own
+    attribute: holding it there would be a reference cycle, keeping a finished run's
+    rows in a worker's memory until the garbage collector ran. Without an owner they are
+    built afresh.
     """
     key = tuple((id(sh), id(sh.rows.XC), id(sh._masks)) for sh in shards)
     if owner is not None and owner._typed is not None and owner._typed[0] == key:
@@ -38,7 +41,7 @@ def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
     jit = shards[0]._jit
     lists = (
         key,
-        list(shards),
+        [sh for sh in shards if sh is not owner],
         jit.typed_list([sh.rows.XC for sh in shards]),
         jit.typed_list([sh._masks for sh in shards]),
     )

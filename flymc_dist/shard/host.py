@@ -157,6 +157,16 @@ class ShardHost:
             self._channel.close()
             self._channel = None
 
+    def release(self) -> None:
+        """Stop serving and drop every shard (their rows) now, before Dask releases the
+        actor: that happens a moment after the run's client lets it go, so a next run
+        started at once on the same workers would load its rows beside these (measured
+        at 10⁷ × 20 on 2 workers: a peak of 2.7 GB per worker instead of 1.6)."""
+        self.close_channel()
+        self.shards.clear()
+        self._locks.clear()
+        self._typed = None
+
     def ping(self) -> int:
         """Liveness check: the number of shards held."""
         return len(self.shards)

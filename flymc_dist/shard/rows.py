@@ -23,6 +23,7 @@ rows and their constants under the shard's current rule (tuned at θ̂ or not, e
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +39,22 @@ Prepare = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray | None, np.ndarray
 #: this keeps it near 0.4 ms per iteration; a row's z is then revisited once every
 #: (shard bytes / WINDOW_BYTES) iterations.
 WINDOW_BYTES = 128 * 1024
+
+
+def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    """The bound ``method`` called through a weak reference to its object: rows may then
+    call back into their shard without a reference cycle, which would keep a finished
+    run's rows in a worker's memory until the garbage collector happened to run
+    (measured: 1 GB per worker at 10⁷ × 20 after each run on a reused cluster)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        if bound is None:
+            raise RuntimeError("the shard these rows belonged to is gone")
+        return bound(*args)
+
+    return call
 
 
 def read_only(a: np.ndarray) -> np.ndarray:

@@ -43,7 +43,7 @@ from flymc_dist.protocol import (
 from flymc_dist.reduce import BlockSums, block_rows, tree_nodes
 from flymc_dist.shard.fused import _typed_lists, fused_z_update
 from flymc_dist.shard.round import round_shards
-from flymc_dist.shard.rows import MemoryRows, StoreRows
+from flymc_dist.shard.rows import MemoryRows, StoreRows, weak_method
 from flymc_dist.streams import RowStreams, uniforms_range
 from flymc_dist.terms import bright_terms, bright_terms_many
 
@@ -134,6 +134,7 @@ class Shard:
         #: rows of the blocks full passes sum by (:mod:`flymc_dist.reduce`): the store's
         #: chunks, or (arrays in memory, 0) :func:`~flymc_dist.reduce.block_rows` of N
         self.block_rows = 0
+        prepare = weak_method(self._row_constants)  # no cycle shard -> rows -> shard
         if data is None:
             ds = open_dataset(spec.path, storage_options=spec.storage_options)
             self.block_rows = int(ds.chunk_rows)
@@ -141,7 +142,7 @@ class Shard:
             nbytes = n * (ds.n_features + K + 2) * 8 + config.chains * n
             if _out_of_core(config.out_of_core, nbytes, budget):
                 self.rows = StoreRows(
-                    ds, spec.start, spec.stop, K, self._row_constants, config.chunk_iterations
+                    ds, spec.start, spec.stop, K, prepare, config.chunk_iterations
                 )
             else:
                 XC = np.empty((n, ds.n_features + K))
@@ -150,13 +151,13 @@ class Shard:
                     XC[lo - spec.start : hi - spec.start, : ds.n_features] = Xb
                     ys.append(yb)
                 y = np.concatenate(ys) if ys else np.empty(0)
-                self.rows = MemoryRows(XC, ds.n_features, y, self._row_constants)
+                self.rows = MemoryRows(XC, ds.n_features, y, prepare)
         else:
             X, y = data
             X = np.asarray(X, dtype=np.float64)
             XC = np.empty((X.shape[0], X.shape[1] + K))
             XC[:, : X.shape[1]] = X
-            self.rows = MemoryRows(XC, X.shape[1], y, self._row_constants)
+            self.rows = MemoryRows(XC, X.shape[1], y, prepare)
         self.n, self.n_features = self.rows.n, self.rows.n_features
         self._use_compiled(K)
         self._init_common()

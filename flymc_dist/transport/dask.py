@@ -582,10 +582,11 @@ class DaskTransport:
         """Release the actors; close the client and cluster if we started them."""
         if self._chan is not None:
             self._chan.close()
-            try:  # stop the hosts' servers (a live cluster keeps its workers)
-                self._fanout({w: ("close_channel", (), {}) for w in self.placement})
-            except Exception:  # noqa: BLE001 - best effort on shutdown
-                log.debug("closing the hosts' round channels failed", exc_info=True)
+        try:  # stop the hosts' servers and drop their rows now (a live cluster keeps
+            # its workers, and a next run may start on them at once)
+            self._fanout({w: ("release", (), {}) for w in self.placement})
+        except Exception:  # noqa: BLE001 - best effort on shutdown
+            log.debug("releasing the shard hosts failed", exc_info=True)
         for f in self._futures.values():
             try:
                 f.release()
