@@ -152,6 +152,29 @@ def _row(n: int, spi: float, converged: bool = True) -> dict:
     }
 
 
+def _setup(**kw: object) -> dict:
+    """A run's ``setup`` figures, as :func:`run_scale` gives them, with ``kw`` changed."""
+    return {
+        "features": 57,
+        "kernel": "rwmh",
+        "chains": 4,
+        "num_warmup": 10,
+        "num_samples": 20,
+        "seed": 0,
+        "cores": 2,
+        "machine": "x86_64",
+        "memory_total": 24e9,
+        "workers": 2,
+        "memory_limit": "auto",
+        "out_of_core": "auto",
+        "memory_budget": None,
+        "chunk_iterations": "auto",
+        "loadavg_before": [1.0],
+        "loadavg_after": [1.0],
+        **kw,
+    }
+
+
 def test_slope_ratio_and_table_of_given_figures() -> None:
     rows = [_row(10**5, 1e-3), _row(10**6, 1.2e-3), _row(10**8, 1.8e-3, converged=False)]
     lsq = np.polyfit(np.log([1e5, 1e6, 1e8]), np.log([1e-3, 1.2e-3, 1.8e-3]), 1)[0]
@@ -160,25 +183,7 @@ def test_slope_ratio_and_table_of_given_figures() -> None:
     assert _ratio(rows[:2]) is None and _ratio(rows[::2]) is None  # nothing beyond / no 1e6
     assert _slope(rows[:1]) is None
     d = {
-        "setup": {
-            "features": 57,
-            "kernel": "rwmh",
-            "chains": 4,
-            "num_warmup": 10,
-            "num_samples": 20,
-            "seed": 0,
-            "cores": 2,
-            "machine": "x86_64",
-            "memory_total": 24e9,
-            "workers": 2,
-            "memory_limit": "auto",
-            "worker_memory_limits": [12e9, 12e9],
-            "out_of_core": "auto",
-            "memory_budget": None,
-            "chunk_iterations": "auto",
-            "loadavg_before": [1.0],
-            "loadavg_after": [1.0],
-        },
+        "setup": _setup(worker_memory_limits=[12e9, 12e9]),
         "rows": rows,
         "slope": _slope(rows),
         "ratio_to_1e6": _ratio(rows),
@@ -200,25 +205,7 @@ def test_table_with_several_layouts() -> None:
             r["layout"] = layout
             r["out_of_core"] = [False] * (layout or 2)
             rows.append(r)
-    setup = {
-        "features": 20,
-        "kernel": "nuts",
-        "chains": 4,
-        "num_warmup": 10,
-        "num_samples": 20,
-        "seed": 0,
-        "cores": 2,
-        "machine": "x86_64",
-        "memory_total": 24e9,
-        "workers": 2,
-        "memory_limit": "auto",
-        "out_of_core": "auto",
-        "memory_budget": None,
-        "chunk_iterations": "auto",
-        "n_shards": [0, 8],
-        "loadavg_before": [1.0],
-        "loadavg_after": [1.0],
-    }
+    setup = _setup(features=20, kernel="nuts", n_shards=[0, 8])
     text = format_scale({"setup": setup, "rows": rows, "slope": 0.0, "ratio_to_1e6": None})
     body = [line.split() for line in text.splitlines() if line.split()[:1] in (["1e5"], ["1e6"])]
     assert [b[1:4] for b in body] == [
