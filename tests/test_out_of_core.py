@@ -345,8 +345,9 @@ def _peak_rss() -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
 def test_workers_with_less_memory_than_their_shards(tmp_path):
     """Two workers limited to 400 MB, each holding a shard that would take 440 MB in
-    memory: "auto" leaves the rows in the store, the run completes, no worker is
-    restarted, and each worker's peak RSS (measured in the worker) stays under its limit."""
+    memory, everything else at its default: "auto" leaves the rows in the store, the
+    run completes, no worker is restarted, and each worker's peak RSS (measured in the
+    worker) stays under its limit."""
     from distributed import Client, LocalCluster
 
     limit = 400 * 10**6
@@ -371,9 +372,8 @@ def test_workers_with_less_memory_than_their_shards(tmp_path):
             num_samples=100,
             chains=2,
             seed=1,
-            n_shards=2,
             progress=False,
-        )
+        )  # defaults: one shard per worker, Dask's memory thresholds as they are
         peak = client.run(_peak_rss)
         assert client.run(os.getpid) == pids  # no worker was restarted
     # each shard: 5.5M rows of 5 features (+ 3 row constants, target, tight point) in float64
