@@ -120,12 +120,6 @@ def _uniform(key: np.uint64, n: int, word2: int, word3: int) -> float:
 
 
 @numba.njit(**_JIT)
-def _uniforms_at(key: np.uint64, rows: np.ndarray, offset: int, out: np.ndarray) -> None:
-    for i in range(rows.size):
-        out[i] = _uniform(key, rows[i] + offset, 0, 0)
-
-
-@numba.njit(**_JIT)
 def _uniforms_range(key: np.uint64, start: int, out: np.ndarray) -> None:
     for i in range(out.size):
         out[i] = _uniform(key, start + i, 0, 0)
@@ -133,10 +127,10 @@ def _uniforms_range(key: np.uint64, start: int, out: np.ndarray) -> None:
 
 def uniforms_at(key: int, rows: np.ndarray, offset: int = 0) -> np.ndarray:
     """The uniforms in [0, 1) of the global rows ``rows + offset`` in the stream ``key``."""
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    out = np.empty(rows.size)
-    _uniforms_at(np.uint64(key), rows, int(offset), out)
-    return out
+    rows = np.asarray(rows, dtype=np.int64)
+    return uniforms_at_many(
+        np.array([key], dtype=np.uint64), rows, np.array([0, rows.size]), np.array([offset])
+    )
 
 
 def uniforms_range(key: int, start: int, count: int) -> np.ndarray:
@@ -282,28 +276,6 @@ def tree_depth(n_total: int) -> int:
     return max(0, int(n_total - 1).bit_length())
 
 
-def bernoulli_rows(key: int, q: float, n_total: int, lo: int, hi: int) -> np.ndarray:
-    """The global rows of ``[lo, hi)`` kept by the Bernoulli(q) process over ``[0,
-    n_total)`` of the stream ``key``: sorted int64, the same rows whatever range
-    contains them. O(log N + rows returned) work (q ≥ 1: every row)."""
-    lo, hi = max(int(lo), 0), min(int(hi), int(n_total))
-    if hi <= lo or q <= 0.0:
-        return np.empty(0, dtype=np.int64)
-    if q >= 1.0:
-        return np.arange(lo, hi, dtype=np.int64)
-    if n_total > 2**62:
-        raise ValueError(f"bernoulli_rows: {n_total} rows is beyond 2**62")
-    lam = -math.log1p(-q)
-    depth = tree_depth(n_total)
-    size = int((hi - lo) * q + 6.0 * math.sqrt((hi - lo) * q) + 16)
-    while True:
-        out = np.empty(size, dtype=np.int64)
-        n = _process(np.uint64(key), lam, depth, int(n_total), lo, hi, out)
-        if n <= size:
-            return out[:n]
-        size = n
-
-
 @numba.njit(**_JIT)
 def _process_many(
     keys: np.ndarray,
@@ -353,6 +325,16 @@ def bernoulli_rows_many(
         if n <= size:
             return out[:n], seg
         size = n
+
+
+def bernoulli_rows(key: int, q: float, n_total: int, lo: int, hi: int) -> np.ndarray:
+    """The global rows of ``[lo, hi)`` kept by the Bernoulli(q) process over ``[0,
+    n_total)`` of the stream ``key``: sorted int64, the same rows whatever range
+    contains them. O(log N + rows returned) work (q ≥ 1: every row)."""
+    rows, _ = bernoulli_rows_many(
+        np.array([key], dtype=np.uint64), q, n_total, np.array([lo]), np.array([hi])
+    )
+    return rows
 
 
 @numba.njit(**_JIT)

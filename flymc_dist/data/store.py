@@ -49,7 +49,6 @@ __all__ = [
 FORMAT = "flymc_dist/1"
 #: Target size of one chunk of ``X`` when ``chunk_rows`` is not given (8 MiB).
 DEFAULT_CHUNK_BYTES = 8 * 2**20
-#: Rows per shard of :meth:`Dataset.shard_ranges` when neither argument is given (2**18).
 #: Storage dtypes of ``X`` (reading always returns float64).
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 

@@ -122,8 +122,8 @@ class Kernel:
         gradient kernel must not silently get none).
     requests_per_step
         How many requests every step makes when that number is fixed, else None (the
-        default). Exactly 1 (RWMH) makes a driver-side replica pointless: every round
-        trip starts an iteration either way.
+        default). Informational: the driver no longer reads it (it chose speculative
+        z-updates and, in ``bright_replica="auto"``, the replica by it).
     step_chains
         None (the default), or a method stepping every chain at once (a
         :class:`ChainsStep`), which the driver then prefers to :meth:`step`.

@@ -66,7 +66,7 @@ def round_shards(
             for i, sh in enumerate(batched):
                 queries[id(sh)] += q[i * C : (i + 1) * C]
         for sh in live:
-            if not (sh.fused_z and not sh.out_of_core):
+            if sh not in batched:  # shard by shard
                 queries[id(sh)] += sh._update_z_all()
         # 3. the answer
         requests = [] if replica else msg.requests

@@ -310,7 +310,7 @@ class Shard:
     def loglik_sum(self, theta: np.ndarray, order: int = 1) -> BlockSums:
         """``sum_n l_n(theta)`` with its gradient (order ≥ 1) and Hessian (order 2), by
         block, each block's as one flat array ``[value, gradient (P), Hessian (P·P)]``
-        (:func:`unpack_loglik` reads the total).
+        (:func:`flymc_dist.tune.find_map` reads the total).
 
         Used by MAP tuning; a full pass over the shard (not counted as sampler queries).
         """
