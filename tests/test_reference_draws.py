@@ -64,6 +64,11 @@ Re-recorded on 2026-11-25 for the row-keyed streams (:mod:`flymc_dist.streams`):
 FlyMC configuration's z-updates draw from new streams, full passes sum by fixed blocks,
 and ``bright_replica="auto"`` now takes the replica for RWMH too, so every entry changed.
 
+Re-recorded on 2026-11-26: the tight points at θ̂ are computed row by row
+(:func:`flymc_dist._compiled.row_dots`) instead of by one BLAS product, so that an
+out-of-core shard preparing only the rows it reads gets the same bits. Only the
+MAP-tuned FlyMC configurations changed (six entries); the other 24 are bit-identical.
+
 The data sets are made here by numpy from fixed seeds and also stored in the
 file; :func:`test_reference_draws` first checks that they are regenerated
 identically, so that a change of numpy's random streams is reported as such,

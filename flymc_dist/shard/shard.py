@@ -348,9 +348,21 @@ class Shard:
         if self._theta_hat is None or y.size == 0:
             xi = self.model.untuned_xi(y)
         else:
-            xi = self.model.tuned_xi(self.model.linear_predictor(self._theta_hat[None], X)[0], y)
+            xi = self.model.tuned_xi(self._eta_hat(X), y)
         self._loosen(X, y, xi)
         return xi
+
+    def _eta_hat(self, X: np.ndarray) -> np.ndarray:
+        """The linear predictors ``(n, E)`` of the rows ``X`` at θ̂, row by row
+        (:func:`flymc_dist._compiled.row_dots`): the same bits whichever rows are
+        prepared together, in memory or read out of core."""
+        from flymc_dist import _compiled
+
+        E = self.model.n_outputs
+        eta = np.empty((X.shape[0], E))
+        T = self._theta_hat.reshape(E, X.shape[1])
+        _compiled.row_dots(np.ascontiguousarray(X, dtype=np.float64), T, eta)
+        return eta
 
     def _row_constants(
         self, X: np.ndarray, y: np.ndarray
