@@ -265,9 +265,8 @@ def locate_segments(
 
 @numba.njit(**_JIT)
 def dark_rows(
-    masks,
-    pair_shard: np.ndarray,
-    pair_chain: np.ndarray,
+    members: np.ndarray,
+    m_seg: np.ndarray,
     rows: np.ndarray,
     seg: np.ndarray,
     offsets: np.ndarray,
@@ -275,16 +274,17 @@ def dark_rows(
     cand_seg: np.ndarray,
 ) -> None:
     """The dark rows among each (shard, chain) pair's proposed global ``rows``
-    (``seg``): pair p's rows less ``offsets[p]``, those not bright in
-    ``masks[pair_shard[p]][pair_chain[p]]``, written pair after pair to ``cand``
-    (``cand_seg``)."""
+    (``seg``): pair p's rows less ``offsets[p]``, those not among its sorted bright rows
+    ``members[m_seg[p]:m_seg[p+1]]`` (a binary search each), written pair after pair to
+    ``cand`` (``cand_seg``)."""
     m = 0
     cand_seg[0] = 0
     for p in range(seg.size - 1):
-        mask = masks[pair_shard[p]][pair_chain[p]]
+        bright = members[m_seg[p] : m_seg[p + 1]]
         for i in range(seg[p], seg[p + 1]):
             r = rows[i] - offsets[p]
-            if not mask[r]:
+            k = np.searchsorted(bright, r)
+            if k == bright.size or bright[k] != r:
                 cand[m] = r
                 m += 1
         cand_seg[p + 1] = m
@@ -292,12 +292,10 @@ def dark_rows(
 
 @numba.njit(**_JIT)
 def apply(
-    masks,
-    pair_shard: np.ndarray,
-    pair_chain: np.ndarray,
     b_idx: np.ndarray,
     b_vals: np.ndarray,
     b_seg: np.ndarray,
+    members: np.ndarray,
     u_dark: np.ndarray,
     log_q: float,
     cand: np.ndarray,
@@ -306,45 +304,61 @@ def apply(
     acc: np.ndarray,
     new_idx: np.ndarray,
     new_vals: np.ndarray,
+    new_members: np.ndarray,
     new_seg: np.ndarray,
-    gone: np.ndarray,
-    gone_seg: np.ndarray,
-    added_seg: np.ndarray,
 ) -> None:
     """Apply every (shard, chain) pair's z-update: its bright rows go dark when
     ``log(1-u) < log q - log L~`` (``u`` from ``u_dark``), its accepted candidates
-    (``acc``) turn bright; masks are updated in place.
+    (``acc``; sorted within a pair) turn bright.
 
-    The new bright set of pair p is written to ``new_idx``/``new_vals`` at
-    ``new_seg[p]:new_seg[p+1]``: the rows it keeps, in their order, then the accepted
-    ones. The rows that went dark are written to ``gone`` (``gone_seg``), and
-    ``added_seg[p]`` counts the accepted ones, for undoing the update.
+    Pair p's bright rows are ``b_idx[b_seg[p]:b_seg[p+1]]`` with their values, and the
+    same rows sorted in ``members`` (same segments). Its new bright set is written to
+    ``new_idx``/``new_vals`` at ``new_seg[p]:new_seg[p+1]`` — the rows it keeps, in their
+    order, then the accepted ones — and the same rows sorted to ``new_members`` (a
+    merge: O(M) per pair, no sort of the bright rows).
     """
     o = 0
-    g = 0
     for c in range(b_seg.size - 1):
-        mask = masks[pair_shard[c]][pair_chain[c]]
         new_seg[c] = o
-        gone_seg[c] = g
+        n_gone = 0
+        gone = np.empty(b_seg[c + 1] - b_seg[c], dtype=np.int64)
         for j in range(b_seg[c], b_seg[c + 1]):
             if math.log1p(-u_dark[j]) < log_q - b_vals[j]:
-                mask[b_idx[j]] = False
-                gone[g] = b_idx[j]
-                g += 1
+                gone[n_gone] = b_idx[j]
+                n_gone += 1
             else:
                 new_idx[o] = b_idx[j]
                 new_vals[o] = b_vals[j]
                 o += 1
-        a0 = o
         for j in range(cand_seg[c], cand_seg[c + 1]):
             if acc[j]:
-                mask[cand[j]] = True
                 new_idx[o] = cand[j]
                 new_vals[o] = vals[j]
                 o += 1
-        added_seg[c] = o - a0
+        # the sorted bright rows: the kept members merged with the accepted candidates
+        gone = np.sort(gone[:n_gone])
+        w = new_seg[c]
+        g = 0
+        a = cand_seg[c]
+        for j in range(b_seg[c], b_seg[c + 1]):
+            r = members[j]
+            while g < n_gone and gone[g] < r:
+                g += 1
+            if g < n_gone and gone[g] == r:
+                continue
+            while a < cand_seg[c + 1] and (not acc[a] or cand[a] < r):
+                if acc[a]:
+                    new_members[w] = cand[a]
+                    w += 1
+                a += 1
+            new_members[w] = r
+            w += 1
+        while a < cand_seg[c + 1]:
+            if acc[a]:
+                new_members[w] = cand[a]
+                w += 1
+            a += 1
     new_seg[b_seg.size - 1] = o
-    gone_seg[b_seg.size - 1] = g
 
 
 def typed_list(arrays: list[np.ndarray]) -> List:

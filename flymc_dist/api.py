@@ -25,7 +25,6 @@ from flymc_dist.driver import (
     check_bright_replica,
 )
 from flymc_dist.kernels import get_kernel, kernel_options
-from flymc_dist.kernels.base import Kernel
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
 from flymc_dist.protocol import ShardConfig, ShardSpec
@@ -83,7 +82,6 @@ _OTHER_OPTIONS = {
     "trace_storage_options",
     "out_of_core",
     "memory_budget",
-    "chunk_iterations",
 }
 #: options there were once, and what does their job now
 _REMOVED_OPTIONS = {
@@ -91,6 +89,8 @@ _REMOVED_OPTIONS = {
     "alone decide a weight",
     "speculate": "speculative z-updates lost on every setup measured (1.40 against 1.26 ms "
     "per iteration on 2 workers) and were retired with the row-keyed streams",
+    "chunk_iterations": "an out-of-core shard now runs the in-memory z-update, reading the "
+    "rows it proposes from a local row file: there is no chunk window any more",
 }
 
 
@@ -173,9 +173,6 @@ def _check_out_of_core(options: dict[str, Any]) -> None:
         raise ValueError(
             f"memory_budget must be None or a positive number of bytes, not {budget!r}"
         )
-    r = options.get("chunk_iterations", "auto")
-    if not ((isinstance(r, str) and r == "auto") or (_is_int(r) and r >= 1)):
-        raise ValueError(f"chunk_iterations must be 'auto' or an integer >= 1, not {r!r}")
 
 
 def _check_task(model: Model, task: str, n_classes: int | None) -> None:
@@ -301,18 +298,14 @@ def sample(
         the sequential test runs on the gap between each row's log-likelihood and its
         MAP-tuned FlyMC bound, whose collapsed sum is exact; False: plain austerity;
         reported as ``info["control_variates"]``), ``out_of_core`` ("auto": a shard
-        whose rows would take more than its memory budget leaves them in the store and
-        reads them a chunk at a time, its z-updates working on one chunk's rows for
-        ``chunk_iterations`` iterations — exact, but each z_n is revisited only once
-        per sweep of the shard; True / False force it; reported per shard as
-        ``info["out_of_core"]``; the draws of an out-of-core shard differ from those of
-        the same shard in memory, so under "auto" they can depend on the workers'
-        memory — force it to get the same draws on any cluster; austerity out of core
-        reads each test round's rows from the store chunks they touch, about a full
-        pass per round once its rows outnumber the shard's chunks), ``memory_budget``
-        (bytes per shard; default: its share of half its worker's memory limit;
-        in-process: none), ``chunk_iterations`` ("auto": 1 for a gradient kernel,
-        whose mixing the sweep over z limits; else a chunk's bytes / 128 KiB).
+        whose rows would take more than its memory budget streams them once from the
+        store into a row file in its worker's local directory and holds in memory only
+        the rows some chain has bright; its z-update is the in-memory one, reading the
+        rows it proposes (read ahead on a thread), so its draws are the in-memory draws;
+        the explicit z-update reads ``resample_fraction`` × N rows per iteration; True /
+        False force it; reported per shard as ``info["out_of_core"]``; austerity's
+        minibatches read their rows from the row file), ``memory_budget`` (bytes per
+        shard; default: its share of half its worker's memory limit; in-process: none).
 
     Returns
     -------
@@ -364,7 +357,6 @@ def sample(
         track_grad=kern.needs_grad,
         out_of_core=options.get("out_of_core", "auto"),
         memory_budget=options.get("memory_budget"),
-        chunk_iterations=_chunk_iterations(options.get("chunk_iterations", "auto"), kern),
     )
     transport = open_transport(client, _layout(data, options, specs), config, mem, options)
     try:
@@ -403,24 +395,6 @@ def sample(
         return run(driver, info, num_warmup, num_samples, options)
     finally:
         transport.close()
-
-
-def _chunk_iterations(value: int | str, kernel: Kernel) -> int | None:
-    """The shards' ``chunk_iterations`` for the option ``value`` (None: the shard's byte
-    rule, a chunk's bytes / 128 KiB).
-
-    Under "auto", a gradient kernel (NUTS, HMC, MALA) gets 1, a new window chunk every
-    iteration: such a kernel decorrelates θ in a few iterations, so out of core the sweep
-    over the rows' z (chunks × ``chunk_iterations`` iterations) limits the mixing; the
-    shortest sweep then gives the most ESS per second even though every iteration reads
-    a chunk (measured: 10⁶ × 57 logistic, NUTS, 2 out-of-core shards — 7.7 min-ESS/s at
-    1 against 0.8 at the byte rule's 131). RWMH and slice, which need hundreds of
-    iterations per effective draw themselves, keep the byte rule and its cheap
-    iterations.
-    """
-    if value == "auto":
-        return 1 if kernel.needs_grad else None
-    return int(value)
 
 
 # ------------------------------------------------------------------ arguments checked up front
@@ -534,7 +508,6 @@ _SHAPING = {
     "replica_budget": REPLICA_BUDGET,
     "out_of_core": "auto",
     "memory_budget": None,
-    "chunk_iterations": "auto",
     "exact_rows": "auto",
 }
 

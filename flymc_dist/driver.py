@@ -631,9 +631,12 @@ class Driver:
 
     def setup_info(self) -> dict[str, Any]:
         """The run information :meth:`setup` settled (``q_db``, MAP, set-up cost, each
-        shard's mode: in memory or out of core, with what budget and window)."""
+        shard's mode: in memory or out of core, with what budget; the full passes over the
+        data it took, ``setup_passes``)."""
         storage = storage_info(self.transport)
         setup_bytes_read = storage.pop("bytes_read")
+        setup_passes = storage.pop("passes")
+        storage.pop("rows_read")
         return {
             **storage,
             "q_db": self.q_db if self.algorithm == "flymc" else None,
@@ -651,6 +654,7 @@ class Driver:
             "setup_queries": self.setup_queries,
             "setup_seconds": self.setup_seconds,
             "setup_bytes_read": setup_bytes_read,
+            "setup_passes": setup_passes,
         }
 
     def timing(self) -> dict[str, Any]:
@@ -666,5 +670,5 @@ class Driver:
         return {
             "bright_replica": self.replica is not None,
             "channel": self.transport.channel,
-            "bytes_read": storage_info(self.transport)["bytes_read"],
+            **{k: storage_info(self.transport)[k] for k in ("bytes_read", "rows_read")},
         }

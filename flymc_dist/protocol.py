@@ -92,15 +92,12 @@ class ShardConfig:
     q_db: float = 0.01  # the driver may replace it ("auto") through Shard.set_q
     resample_fraction: float = 0.1
     track_grad: bool = False
-    #: rows kept in the store, not in memory: True, False, or "auto" (when a shard's
+    #: rows kept in a local row file, not in memory: True, False, or "auto" (when a shard's
     #: rows in memory would exceed ``memory_budget``; see :class:`flymc_dist.shard.Shard`)
     out_of_core: bool | str = "auto"
     #: bytes of memory a shard may use for its rows ("auto" mode); None: its share of
     #: half its worker's memory limit (no limit, or in-process: no budget, in memory)
     memory_budget: int | None = None
-    #: out of core: the iterations each store chunk is the window of the z-updates
-    #: (None: enough that reading the chunks costs at most WINDOW_BYTES per iteration)
-    chunk_iterations: int | None = None
 
 
 class Request(NamedTuple):

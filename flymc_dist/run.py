@@ -256,15 +256,18 @@ def describe_run(
 
 
 def storage_info(transport: Transport) -> dict[str, Any]:
-    """Each shard's storage: ``out_of_core``, ``memory_budget`` and ``chunk_iterations``
-    (lists, one per shard), and ``bytes_read``, the bytes of rows its shards have read
-    from the store so far (out of core; counted as float64 features and target)."""
+    """Each shard's storage: ``out_of_core`` and ``memory_budget`` (lists, one per shard);
+    ``bytes_read``, the bytes its out-of-core shards have read from their row files so
+    far; ``rows_read``, the rows they have read by position (z-update proposals, beside
+    the rows of full passes); ``passes``, the full passes over the rows so far (the most
+    any shard made: the read of the store counts as one)."""
     states = transport.call("state")
     return {
         "out_of_core": [bool(st["out_of_core"]) for st in states],
         "memory_budget": [st["memory_budget"] for st in states],
-        "chunk_iterations": [st["chunk_iterations"] for st in states],
         "bytes_read": sum(int(st["bytes_read"]) for st in states),
+        "rows_read": sum(int(st["rows_read"]) for st in states),
+        "passes": max((int(st["passes"]) for st in states), default=0),
     }
 
 

@@ -640,6 +640,7 @@ class AusteritySampler:
             "out_of_core": storage["out_of_core"],
             "memory_budget": storage["memory_budget"],
             "setup_bytes_read": storage["bytes_read"],
+            "setup_passes": storage["passes"],
             "map": None if self.theta_map is None else self.theta_map.reshape(self.param_shape),
             "map_info": self.map_info,
             "setup_queries": self.setup_queries,

@@ -6,13 +6,12 @@
   the shards of a host;
 - :mod:`~flymc_dist.shard.fused`: the compiled z-update of many (shard, chain) pairs;
 - :mod:`~flymc_dist.shard.rows`: a shard's rows behind one interface, in memory or
-  left in the store;
-- :mod:`~flymc_dist.shard.chunks`: an out-of-core shard's store reads and held rows;
+  in a local row file;
+- :mod:`~flymc_dist.shard.rowfile`: an out-of-core shard's row file, read by position;
 - :mod:`~flymc_dist.shard.host`: :class:`ShardHost`, the shards of one place.
 """
 
 from flymc_dist.shard.host import ShardHost
-from flymc_dist.shard.rows import WINDOW_BYTES
 from flymc_dist.shard.shard import Shard
 
-__all__ = ["WINDOW_BYTES", "Shard", "ShardHost"]
+__all__ = ["Shard", "ShardHost"]

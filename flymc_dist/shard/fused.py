@@ -24,56 +24,45 @@ if TYPE_CHECKING:
     from flymc_dist.shard.shard import Shard
 
 
-def _typed_lists(shards: list[Shard], owner: Any = None) -> tuple[Any, Any]:
-    """The shards' feature buffers and masks as numba typed lists (the kernels' form).
+def _typed_lists(shards: list[Shard], owner: Any = None) -> Any:
+    """The shards' row buffers (``rows.XC``) as a numba typed list (the kernels' form).
 
-    Building them costs more than a round's update, so they are kept on ``owner``
-    (its ``_typed``) and rebuilt only when the shards or their arrays change (masks are
-    reallocated by :meth:`Shard.set_positions`). The kept tuple holds the shards, so
-    the ids in its key stay theirs — all but the owner itself, which outlives its own
-    attribute: holding it there would be a reference cycle, keeping a finished run's
-    rows in a worker's memory until the garbage collector ran. Without an owner they are
-    built afresh.
+    Building one costs more than a round's update, so it is kept on ``owner`` (its
+    ``_typed``) and rebuilt only when the shards or their buffers change (an out-of-core
+    shard's grows now and then). The kept tuple holds the shards, so the ids in its key
+    stay theirs — all but the owner itself, which outlives its own attribute: holding it
+    there would be a reference cycle, keeping a finished run's rows in a worker's memory
+    until the garbage collector ran. Without an owner it is built afresh.
     """
-    key = tuple((id(sh), id(sh.rows.XC), id(sh._masks)) for sh in shards)
+    key = tuple((id(sh), id(sh.rows.XC)) for sh in shards)
     if owner is not None and owner._typed is not None and owner._typed[0] == key:
-        return owner._typed[2], owner._typed[3]
-    jit = shards[0]._jit
+        return owner._typed[2]
     lists = (
         key,
         [sh for sh in shards if sh is not owner],
-        jit.typed_list([sh.rows.XC for sh in shards]),
-        jit.typed_list([sh._masks for sh in shards]),
+        shards[0]._jit.typed_list([sh.rows.XC for sh in shards]),
     )
     if owner is not None:
         owner._typed = lists
-    return lists[2], lists[3]
+    return lists[2]
 
 
-def fused_z_update(
-    pairs: list[tuple[Shard, int]],
-    owner: Any = None,
-    window: tuple[int, int, float] | None = None,
-) -> np.ndarray:
+def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndarray:
     """The implicit z-update of every (shard, chain) pair in ``pairs`` at once.
 
     The same moves as :func:`~flymc_dist.brightness.implicit_update` pair by pair
     (bright→dark accepted with ``min(1, q/L~)``, each dark row proposed with
     probability q and accepted with ``min(1, L~/q)``, by :func:`brighten`), in compiled
     passes over all pairs: proposals, their ``log L~``, and the update of the bright
-    sets and masks. Every random number is its row's (:mod:`flymc_dist.streams`): the
-    pair's chain's Bernoulli(q) process restricted to the shard's rows, and each row's
-    uniform. So the draws depend neither on which pairs are updated together nor on how
-    the rows are cut into shards. The shards must share their model, features and ``q``.
+    sets. Every random number is its row's (:mod:`flymc_dist.streams`): the pair's
+    chain's Bernoulli(q) process restricted to the shard's rows, and each row's uniform.
+    So the draws depend neither on which pairs are updated together nor on how the rows
+    are cut into shards. The shards must share their model, features and ``q``. An
+    out-of-core shard reads the rows proposed to it first (``rows.fetch``; mostly read
+    ahead already), so its update is this same one.
 
-    ``owner`` keeps the typed lists of the shards' buffers and masks between calls
+    ``owner`` keeps the typed list of the shards' buffers between calls
     (:func:`_typed_lists`; default: the shard, when the pairs are all on one).
-
-    ``window = (lo, hi, q)``: an out-of-core shard's update of its rows ``lo:hi`` only
-    (the chunk it holds; one shard), with proposal probability ``q``: the window's
-    bright rows may go dark and its dark rows may propose, every other row keeps its z
-    (see :class:`~flymc_dist.shard.shard.Shard`). The work then runs in the window's own
-    row numbers, on its buffer and on its columns of the masks.
 
     Returns
     -------
@@ -93,67 +82,54 @@ def fused_z_update(
                 raise ValueError("a fused z-update needs one q_db for all its shards")
             where[id(sh)] = len(shards)
             shards.append(sh)
+    q = first.q_db
     chains = [sh.chains[c] for sh, c in pairs]
     brights = [ch.bright for ch in chains]
-    if window is None:
-        lo, q = 0, first.q_db
-        XCs, masks = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
-        ns = [sh.n for sh, _ in pairs]
-        idx_in = [b.idx for b in brights]
-        vals_in = [b.vals for b in brights]
-    else:
-        lo, hi, q = window
-        if len(shards) > 1:
-            raise ValueError("a windowed z-update runs on one shard")
-        XCs, masks = (first.rows.window.XC,), (first._masks[:, lo:hi],)
-        ns = [hi - lo] * P
-        inside = [(b.idx >= lo) & (b.idx < hi) for b in brights]
-        idx_in = [b.idx[w] - lo for b, w in zip(brights, inside, strict=True)]
-        vals_in = [b.vals[w] for b, w in zip(brights, inside, strict=True)]
+    ns = np.array([sh.n for sh, _ in pairs], dtype=np.int64)
     streams = [sh._streams(c) for sh, c in pairs]
     keys_z = np.array([st.decide for st in streams], dtype=np.uint64)
     keys_p = np.array([st.propose for st in streams], dtype=np.uint64)
-    # global row of each pair's local (window) row 0
-    offsets = np.array([sh.spec.start + lo for sh, _ in pairs], dtype=np.int64)
-    bounds = [0]
-    for r in idx_in:
-        bounds.append(bounds[-1] + r.size)
-    b_seg = np.array(bounds, dtype=np.int64)
-    b_idx = np.concatenate(idx_in)
-    b_vals = np.concatenate(vals_in)
+    # global row of each pair's local row 0
+    offsets = np.array([sh.spec.start for sh, _ in pairs], dtype=np.int64)
+    b_seg = _bounds([b.idx.size for b in brights])
+    b_idx = np.concatenate([b.idx for b in brights])
+    b_vals = np.concatenate([b.vals for b in brights])
+    members = np.concatenate([b.members for b in brights])
     u_dark = uniforms_at_many(keys_z, b_idx, b_seg, offsets)
     thetas = np.array([ch.theta for ch in chains])
     # dark -> bright proposals: the chain's process on the pair's rows, the bright skipped
-    rows, seg = bernoulli_rows_many(
-        keys_p, q, streams[0].n_total, offsets, offsets + np.array(ns, dtype=np.int64)
-    )
+    rows, seg = bernoulli_rows_many(keys_p, q, streams[0].n_total, offsets, offsets + ns)
     cand = np.empty(rows.size, dtype=np.int64)
     cand_seg = np.empty(P + 1, dtype=np.int64)
-    pair_shard = np.array([where[id(sh)] for sh, _ in pairs], dtype=np.int64)
-    pair_chain = np.array([c for _, c in pairs], dtype=np.int64)
-    jit.dark_rows(masks, pair_shard, pair_chain, rows, seg, offsets, cand, cand_seg)
+    jit.dark_rows(members, b_seg, rows, seg, offsets, cand, cand_seg)
     cand = cand[: int(cand_seg[P])]
     log_u = np.log1p(-uniforms_at_many(keys_z, cand, cand_seg, offsets))
     counts = cand_seg[1:] - cand_seg[:-1]
+    pair_shard = np.array([where[id(sh)] for sh, _ in pairs], dtype=np.int64)
+    at = cand  # where each candidate sits in its shard's buffer
+    if any(sh.out_of_core for sh in shards):
+        parts = [cand[cand_seg[p] : cand_seg[p + 1]] for p in range(P)]
+        for s_i, sh in enumerate(shards):
+            if sh.out_of_core:
+                mine = [r for r, i in zip(parts, pair_shard, strict=True) if i == s_i]
+                sh.rows.fetch(np.concatenate(mine))
+        at = np.concatenate([pairs[p][0].rows.locate(parts[p]) for p in range(P)])
+    XCs = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
     vals = np.empty(cand.size)
     kind, par = first._kernel
     jit.eval_rows(
-        XCs, first.n_features, cand, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
+        XCs, first.n_features, at, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
     )
     acc = brighten(log_u, vals, q)
     new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
     new_vals = np.empty(new_idx.size)
+    new_members = np.empty(new_idx.size, dtype=np.int64)
     new_seg = np.empty(P + 1, dtype=np.int64)
-    gone = np.empty(b_idx.size, dtype=np.int64)
-    gone_seg = np.empty(P + 1, dtype=np.int64)
-    added = np.empty(P, dtype=np.int64)
     jit.apply(
-        masks,
-        pair_shard,
-        pair_chain,
         b_idx,
         b_vals,
         b_seg,
+        members,
         u_dark,
         math.log(q),
         cand,
@@ -162,19 +138,21 @@ def fused_z_update(
         acc,
         new_idx,
         new_vals,
+        new_members,
         new_seg,
-        gone,
-        gone_seg,
-        added,
     )
     new_bounds = new_seg.tolist()
     for i, b in enumerate(brights):
-        lo_i, hi_i = new_bounds[i], new_bounds[i + 1]
-        if window is None:
-            b.idx, b.vals = new_idx[lo_i:hi_i], new_vals[lo_i:hi_i]
-        else:  # the rows outside the window, then the window's
-            out = ~inside[i]
-            b.idx = np.concatenate([b.idx[out], new_idx[lo_i:hi_i] + lo])
-            b.vals = np.concatenate([b.vals[out], new_vals[lo_i:hi_i]])
+        lo, hi = new_bounds[i], new_bounds[i + 1]
+        b.idx, b.vals, b.members = new_idx[lo:hi], new_vals[lo:hi], new_members[lo:hi]
         chains[i].step += 1
+    for sh in shards:
+        sh._after_z()
     return counts
+
+
+def _bounds(sizes: list[int]) -> np.ndarray:
+    """Segment bounds ``[0, s0, s0 + s1, …]`` of consecutive parts of ``sizes``."""
+    out = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return out

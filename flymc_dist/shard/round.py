@@ -10,7 +10,7 @@ A round is the Gibbs composite of FlyMC read in one function (numpyro's
 2. **z at that θ** (FlyMC, when ``update_z``; always in replica mode): one compiled
    implicit update of every pair where the model has a compiled ``log L~`` and no
    gradients are kept (:func:`~flymc_dist.shard.fused.fused_z_update`), shard by shard
-   otherwise (explicit updates, gradients, out-of-core windows);
+   otherwise (explicit updates, gradients);
 3. **the answer**: the sums at each chain's current θ and requested points over its
    bright rows (FlyMC) or all rows (regular), compiled over every pair where it can be;
    in replica mode, the change of each chain's bright set.
@@ -59,7 +59,7 @@ def round_shards(
             else:
                 sh._commit_all(msg.commits)
         live = [sh for sh in todo if replica or (sh.flymc and msg.update_z)]
-        batched = [sh for sh in live if sh.fused_z and not sh.out_of_core]  # 2. z at θ
+        batched = [sh for sh in live if sh.fused_z]  # 2. z at θ
         if batched:
             pairs = [(sh, c) for sh in batched for c in range(C)]
             q = fused_z_update(pairs, owner=owner if len(batched) > 1 else None)
@@ -84,12 +84,11 @@ def round_shards(
 
 
 def _compiled_sums(sh: Shard, requests: list[Request | None]) -> bool:
-    """Whether the shard's bright sums run compiled: FlyMC in memory with a compiled
-    ``log L~``, and no gradient asked for."""
+    """Whether the shard's bright sums run compiled: FlyMC with a compiled ``log L~``,
+    and no gradient asked for."""
     return (
         sh.flymc
         and sh._kernel is not None
-        and not sh.out_of_core
         and all(r is None or (not r.grad and not r.current_grad) for r in requests)
     )
 
@@ -106,7 +105,7 @@ def _bright_sums(
     shard's reply, by ``id``; keeps each chain's values at its points for the commit."""
     C = len(requests)
     jit = shards[0]._jit
-    XCs, _ = _typed_lists(shards, owner if len(shards) > 1 else shards[0])
+    XCs = _typed_lists(shards, owner if len(shards) > 1 else shards[0])
     pairs = [(sh, c) for sh in shards for c in range(C)]
     ks = [0 if r is None else r.points.shape[0] for r in requests]
     kmax = max(ks, default=0)
@@ -116,8 +115,8 @@ def _bright_sums(
     for p, (_, c) in enumerate(pairs):
         k = ks[c]
         if k:
-            idx = brights[p].idx
-            row_parts.append(idx if k == 1 else np.tile(idx, k))
+            at = pairs[p][0].rows.locate(brights[p].idx)  # where they sit in the buffer
+            row_parts.append(at if k == 1 else np.tile(at, k))
             theta_parts.append(requests[c].points)
             for _ in range(k):
                 seg_bounds.append(seg_bounds[-1] + sizes[p])

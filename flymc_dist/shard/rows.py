@@ -1,45 +1,41 @@
-"""A shard's rows behind one interface: in memory (:class:`MemoryRows`) or left in the
-store (:class:`StoreRows`).
+"""A shard's rows behind one interface: in memory (:class:`MemoryRows`) or in a local
+row file, out of core (:class:`FileRows`).
 
 :class:`~flymc_dist.shard.shard.Shard` reads its rows only through these methods, so the
 z-updates, evaluations and full passes are written once:
 
-- ``retune()``: recompute the tight points and row constants (``prepare``'s rule);
-- ``blocks(block)``: every row as read-only ``(X, y, xi)`` blocks (a full pass);
-- ``gather(rows)``: features, target and tight point of rows the shard may touch now
-  (bright rows; out of core also the current window's);
-- ``rows_at(rows)``: any rows, for the add-on samplers (out of core: a store read);
-- ``compiled(rows, seg)``: the buffers the compiled ``log L~`` reads ``rows`` from;
-- ``z_window(q)`` / ``after_z(ids)``: the rows a z-update may change and its proposal
-  probability (all rows in memory; out of core the current chunk), and what to hold after;
-- ``state()``: what ``Shard.state`` reports of the storage.
+- ``XC``, ``y``, ``xi``: the *resident* rows — features then the ``K`` row constants of the
+  model's compiled ``log L~`` in one ``(·, D + K)`` buffer (evaluating a scattered row
+  then touches one place in memory), targets and tight points: every row in memory;
+  out of core the rows some chain has bright and those fetched for this z-update;
+- ``locate(rows)``: where shard-local rows sit in those buffers (in memory: the rows);
+- ``fetch(rows)`` / ``prefetch(rows)``: make rows resident now / start reading them on a
+  thread (out of core; in memory every row is);
+- ``after_z(bright)``: keep resident what the chains' bright sets need;
+- ``sweep()``: every row resident in turn, for the exact draw of z at placement;
+- ``retune()``: tight points and row constants of the resident rows under the current
+  rule; ``blocks(block)``: every row as read-only ``(X, y, xi)`` blocks (a full pass);
+- ``gather(rows)`` / ``rows_at(rows)``: resident rows / any rows;
+- ``state()``, ``close()``.
 
-Each holds its rows as one ``(n, D + K)`` buffer ``XC`` (features, then the ``K`` row
-constants of the model's compiled ``log L~``): evaluating a scattered row then touches
-one place in memory, not two. ``prepare(X, y) -> (xi, consts)`` gives the tight points of
-rows and their constants under the shard's current rule (tuned at θ̂ or not, exact rows).
+``prepare(X, y) -> (xi, consts)`` gives the tight points of rows and their constants under
+the shard's current rule (tuned at θ̂ or not, exact rows), row by row: a row's values do
+not depend on the rows prepared with it, so out-of-core rows, prepared as they are read,
+are the same bits as in memory.
 """
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from flymc_dist.shard.chunks import Chunk, ChunkSource, RowStore
+from flymc_dist._numerics import in_sorted
+from flymc_dist.shard.rowfile import RowFile
 
 Prepare = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray | None, np.ndarray | None]]
-
-#: out of core, ``chunk_iterations=None``: the bytes of rows read per iteration at most (a
-#: chunk of float64 features and target stays the window for chunk bytes / WINDOW_BYTES
-#: iterations). Reading runs ahead on a thread at some 300 MB/s on a 2-core machine, so
-#: this keeps it near 0.4 ms per iteration; a row's z is then revisited once every
-#: (shard bytes / WINDOW_BYTES) iterations.
-WINDOW_BYTES = 128 * 1024
-
 
 def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
     """The bound ``method`` called through a weak reference to its object: rows may then
@@ -90,8 +86,8 @@ class MemoryRows:
         self._consts = XC[:, self.n_features :] if XC.shape[1] > self.n_features else None
         self._prepare = prepare
         self.xi: np.ndarray | None = None
-        #: rows of each full pass's blocks: any (the caller's)
-        self.chunk_rows: int | None = None
+        #: full passes over the rows so far (the caller counts the load from a store)
+        self.passes = 0
 
     def retune(self) -> None:
         """Tight points and row constants of every row, under the current rule."""
@@ -107,9 +103,14 @@ class MemoryRows:
     def blocks(self, block: int | None) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
         """Every row as read-only ``(X, y, xi)`` blocks of ``block`` rows (None: one)."""
         step = max(self.n if block is None else block, 1)
+        self.passes += 1
         for lo in range(0, max(self.n, 1), step):
             xi = None if self.xi is None else read_only(self.xi[lo : lo + step])
             yield read_only(self.X[lo : lo + step]), read_only(self.y[lo : lo + step]), xi
+
+    def locate(self, rows: np.ndarray) -> np.ndarray:
+        """Where ``rows`` sit in :attr:`XC`: the rows themselves."""
+        return rows
 
     def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Features, target and tight point of ``rows``."""
@@ -119,16 +120,15 @@ class MemoryRows:
         """:meth:`gather` of any rows, with None for unset tight points."""
         return self.X[rows], self.y[rows], None if self.xi is None else self.xi[rows]
 
-    def compiled(
-        self, rows: np.ndarray, seg: np.ndarray, lists: Callable[[], Any]
-    ) -> tuple[Any, np.ndarray, np.ndarray]:
-        """The buffers the compiled ``log L~`` reads (``lists()``: the shard's typed list
-        of this buffer), ``rows`` there, and each segment's buffer (all the one)."""
-        return lists(), rows, np.zeros(seg.size - 1, np.int64)
+    def sweep(self) -> Iterator[tuple[int, int]]:
+        """Every row, resident: one range."""
+        yield 0, self.n
 
-    def z_window(self, q: float) -> tuple[tuple[int, int] | None, float]:
-        """Every row, at proposal probability ``q``."""
-        return None, q
+    def fetch(self, rows: np.ndarray) -> None:
+        """Nothing to read: every row is here."""
+
+    def prefetch(self, rows: np.ndarray) -> None:
+        """Nothing to read ahead."""
 
     def after_z(self, bright: list[np.ndarray]) -> None:
         """Nothing to hold: every row is here."""
@@ -139,35 +139,39 @@ class MemoryRows:
     def drop_prepared(self) -> None:
         """Nothing is prepared ahead."""
 
+    def close(self) -> None:
+        """Nothing to release but memory."""
+
     def state(self) -> dict[str, Any]:
         """What the shard reports of its storage."""
-        return {"held_rows": self.n, "chunk_iterations": None, "bytes_read": 0}
+        return {"held_rows": self.n, "rows_read": 0, "bytes_read": 0, "passes": self.passes}
 
 
-class StoreRows:
-    """A shard's rows left in the store: in memory only what is O(bright) or O(chunk).
+class FileRows:
+    """A shard's rows in a local row file (:class:`~flymc_dist.shard.rowfile.RowFile`),
+    with in memory only the *resident* rows: those bright in some chain, and those a
+    z-update is about to evaluate.
 
-    The rows bright in some chain (:class:`RowStore`) and the store chunk the z-updates
-    currently work on, with the next one read ahead (:class:`ChunkSource`); full passes
-    stream the store chunk by chunk. The z-update works on a *window*, chunk
-    ``k = (t // r) mod m`` at the ``t``-th z-update since the chains were placed (``m``
-    chunks, ``r`` = ``chunk_iterations``, by default chunk bytes / :data:`WINDOW_BYTES`),
-    with the proposal probability raised to ``q·n / window rows`` (capped at 1): see
-    :class:`~flymc_dist.shard.shard.Shard` for why that is exact.
+    The z-update is the in-memory one: its dark→bright proposals (the rows of each
+    chain's Bernoulli(q) process, which depend on neither θ nor z) are read before it
+    runs — the next iteration's on a thread, as soon as this one's z-update is done —
+    and dropped after it unless they turned bright. Resident rows sit in an arena
+    (``XC``, ``y``, ``xi``) at slots found through the sorted ``ids`` (:meth:`locate`),
+    so fetching and dropping a few rows moves nothing else.
 
     Parameters
     ----------
     dataset
-        The store.
+        The store (read once, into the row file).
     start, stop
         The shard's rows in it.
     n_constants
         K.
     prepare
-        The tight points' and row constants' rule (see the module notes); applied to each
-        chunk as it is read.
-    chunk_iterations
-        ``r`` above (None: by :data:`WINDOW_BYTES`).
+        The tight points' and row constants' rule (see the module notes); applied to rows
+        as they are read.
+    directory
+        Where the row file goes.
     """
 
     out_of_core = True
@@ -179,105 +183,183 @@ class StoreRows:
         stop: int,
         n_constants: int,
         prepare: Prepare,
-        chunk_iterations: int | None,
+        directory: str,
     ) -> None:
         self._K = int(n_constants)
         self._prepare = prepare
-        self.source = ChunkSource(dataset, start, stop, self._prepare_chunk)
-        self.held = RowStore(dataset.n_features, self._K)
-        #: the z-updates' current chunk
-        self.window: Chunk | None = None
-        self._z_steps = 0  # z-updates since the chains were placed
-        self.n, self.n_features = int(stop - start), int(dataset.n_features)
-        #: rows of each full pass's blocks: the store's chunks
-        self.chunk_rows: int | None = self.source.max_rows if self.source.n_chunks > 1 else None
-        #: iterations each chunk is the window
-        self.chunk_iterations = chunk_iterations or max(
-            1, math.ceil(self.source.max_rows * (self.n_features + 1) * 8 / WINDOW_BYTES)
-        )
+        self.file = RowFile.create(dataset, start, stop, directory)
+        self.n, self.n_features = self.file.n, self.file.n_features
+        #: full passes over the rows so far: the store's, into the row file, then the file's
+        self.passes = 1
+        self.ids = np.empty(0, dtype=np.int64)  # the resident rows, sorted
+        self._slot = np.empty(0, dtype=np.int64)  # their slots in the arena
+        self._free = np.empty(0, dtype=np.int64)  # free slots
+        self.XC = np.empty((0, self.n_features + self._K))
+        self.y = np.empty(0, dtype=self.file._rec["y"])
+        self.xi: np.ndarray | None = None
+        self._ahead: tuple[np.ndarray, Any] | None = None  # rows being read, and the future
+        self.rows_read = 0
 
-    def _prepare_chunk(self, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-        """The tight points of a chunk's rows and the rows as one ``(n, D + K)`` buffer."""
+    # ---------------------------------------------------------------- the arena
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+        """The sorted ``rows`` read and prepared: ``(rows, XC, y, xi)``."""
+        X, y = self.file.read(rows)
         xi, consts = self._prepare(X, y)
-        XC = np.empty((X.shape[0], X.shape[1] + self._K))
-        XC[:, : X.shape[1]] = X
+        XC = np.empty((rows.size, self.n_features + self._K))
+        XC[:, : self.n_features] = X
         if self._K and consts is not None:
-            XC[:, X.shape[1] :] = consts
-        return xi, XC
+            XC[:, self.n_features :] = consts
+        return rows, XC, y, xi
 
-    def retune(self) -> None:
-        """New tight points: recomputed for the held rows, and for each chunk as it is
-        read (the read ahead, computed under the old rule, is dropped)."""
-        self.source.drop_ahead()
-        xi, consts = self._prepare(self.held.X, self.held.y)
+    def _insert(self, rows: np.ndarray, XC: np.ndarray, y: np.ndarray, xi: Any) -> None:
+        """Make the sorted ``rows`` (none resident) resident, with their data."""
+        m = rows.size
+        if m == 0:
+            return
+        if self._free.size < m:  # grow the arena
+            cap = self.XC.shape[0]
+            new_cap = max(2 * cap, cap + m - self._free.size, 64)
+            grown = np.empty((new_cap, self.XC.shape[1]))
+            grown[:cap] = self.XC
+            self.XC = grown
+            y_new = np.empty(new_cap, dtype=self.y.dtype)
+            y_new[:cap] = self.y
+            self.y = y_new
+            if xi is not None:
+                xi_new = np.empty((new_cap,) + np.shape(xi)[1:])
+                if self.xi is not None:
+                    xi_new[:cap] = self.xi
+                self.xi = xi_new
+            self._free = np.concatenate([self._free, np.arange(cap, new_cap, dtype=np.int64)])
+        if xi is not None and self.xi is None:
+            self.xi = np.empty((self.XC.shape[0],) + np.shape(xi)[1:])
+        slots, self._free = self._free[:m], self._free[m:]
+        self.XC[slots] = XC
+        self.y[slots] = y
         if xi is not None:
-            self.held.set_xi(xi, consts if self._K else None)
-        self.window = None
+            self.xi[slots] = xi
+        pos = np.searchsorted(self.ids, rows)
+        self.ids = np.insert(self.ids, pos, rows)
+        self._slot = np.insert(self._slot, pos, slots)
+        self.rows_read += m
+
+    def _keep(self, needed: np.ndarray) -> None:
+        """Keep resident exactly the resident rows among the sorted ``needed``."""
+        keep = in_sorted(self.ids, needed)
+        if not keep.all():
+            self._free = np.concatenate([self._free, self._slot[~keep]])
+            self.ids, self._slot = self.ids[keep], self._slot[keep]
+
+    def locate(self, rows: np.ndarray) -> np.ndarray:
+        """Where the resident ``rows`` sit in :attr:`XC`."""
+        pos = np.searchsorted(self.ids, rows)
+        ok = pos < self.ids.size
+        ok[ok] = self.ids[pos[ok]] == rows[ok]
+        if not ok.all():
+            raise RuntimeError("out-of-core shard: rows asked for that are not resident")
+        return self._slot[pos]
+
+    def fetch(self, rows: np.ndarray) -> None:
+        """Make ``rows`` resident: from the read ahead where it has them, else read now."""
+        rows = np.unique(rows)
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            got = ahead[1].result()
+            new = ~in_sorted(got[0], self.ids)
+            self._insert(*(a[new] if a is not None else None for a in got))
+        missing = rows[~in_sorted(rows, self.ids)]
+        if missing.size:
+            self._insert(*self._read(missing))
+
+    def prefetch(self, rows: np.ndarray) -> None:
+        """Start reading ``rows`` (those not resident) on the file's thread."""
+        self.drop_prepared()
+        rows = np.unique(rows)
+        rows = rows[~in_sorted(rows, self.ids)]
+        if rows.size:
+            self._ahead = (rows, self.file.submit(self._read, rows))
+
+    def after_z(self, bright: list[np.ndarray]) -> None:
+        """Keep resident exactly the rows bright in some chain (``bright``: each chain's)."""
+        self._keep(np.unique(np.concatenate(bright)) if bright else np.empty(0, np.int64))
+
+    def sweep(self) -> Iterator[tuple[int, int]]:
+        """Every row resident in turn: the row file's blocks, each read (one ahead) into
+        the arena before it is yielded; the caller keeps what it needs with
+        :meth:`after_z` after each."""
+        self.drop_prepared()
+        self.passes += 1
+        for lo, hi, X, y in self.file.blocks(self.file.block_rows):
+            rows = np.arange(lo, hi, dtype=np.int64)
+            xi, consts = self._prepare(X, y)
+            XC = np.empty((rows.size, self.n_features + self._K))
+            XC[:, : self.n_features] = X
+            if self._K and consts is not None:
+                XC[:, self.n_features :] = consts
+            new = ~in_sorted(rows, self.ids)
+            self._insert(rows[new], XC[new], y[new], None if xi is None else xi[new])
+            self.rows_read -= int(new.sum())  # counted as a full pass, not as fetched rows
+            yield lo, hi
+
+    # ---------------------------------------------------------------- the rest
+    def retune(self) -> None:
+        """New tight points and row constants for the resident rows (rows read from now
+        on are prepared under the new rule; a read ahead under the old one is dropped)."""
+        self.drop_prepared()
+        if self.ids.size:
+            X = self.XC[self._slot, : self.n_features]
+            xi, consts = self._prepare(X, self.y[self._slot])
+            if xi is not None:
+                if self.xi is None:
+                    self.xi = np.empty((self.XC.shape[0],) + np.shape(xi)[1:])
+                self.xi[self._slot] = xi
+            if self._K and consts is not None:
+                self.XC[self._slot, self.n_features :] = consts
 
     def blocks(self, block: int | None) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
-        """Every row as read-only ``(X, y, xi)`` blocks: the store's chunks, read one ahead
-        (``block`` is not used)."""
-        for chunk in self.source.stream():
-            xi = None if chunk.xi is None else read_only(chunk.xi)
-            yield read_only(chunk.X), read_only(chunk.y), xi
+        """Every row as read-only ``(X, y, xi)`` blocks of ``block`` rows (None: the row
+        file's), read from the row file one ahead."""
+        for _, _, X, y in self.file.blocks(block or self.file.block_rows):
+            xi, _ = self._prepare(X, y)
+            yield read_only(X), read_only(y), None if xi is None else read_only(xi)
 
     def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Features, target and tight point of ``rows``: held, or in the window."""
-        return self.held.gather(rows, self.window)
+        """Features, target and tight point of the resident ``rows``."""
+        pos = self.locate(rows)
+        return self.XC[pos, : self.n_features], self.y[pos], self.xi[pos]
 
     def rows_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Any rows: one read of the store chunks they touch (counted in ``bytes_read``),
-        with their tight points."""
-        X, y = self.source.read_rows(rows)
+        """Any distinct ``rows``, in their order: read from the row file, with their tight
+        points."""
+        order = np.argsort(rows, kind="stable")
+        X_s, y_s = self.file.read(rows[order])
+        X = np.empty_like(X_s)
+        y = np.empty_like(y_s)
+        X[order], y[order] = X_s, y_s
         xi, _ = self._prepare(X, y)
         return X, y, xi
 
-    def compiled(
-        self, rows: np.ndarray, seg: np.ndarray, lists: Callable[[], Any]
-    ) -> tuple[Any, np.ndarray, np.ndarray]:
-        """The buffers (held rows, window) — a tuple, which the compiled functions index
-        as they do a typed list, at no cost to build — ``rows`` in them, and which of the
-        two holds each segment (:func:`flymc_dist._compiled.locate_segments`)."""
-        from flymc_dist import _compiled
-
-        store, win = self.held, self.window
-        window = win.XC if win is not None else np.empty((0, store.XC.shape[1]))
-        local = np.empty_like(rows)
-        src = np.empty(seg.size - 1, np.int64)
-        lo, hi = (win.lo, win.hi) if win is not None else (0, 0)
-        if not _compiled.locate_segments(store.ids, rows, seg, lo, hi, local, src):
-            raise RuntimeError("out-of-core shard: rows neither held nor in the current chunk")
-        return (store.XC, window), local, src
-
-    def z_window(self, q: float) -> tuple[tuple[int, int], float]:
-        """This z-update's window and its proposal probability; the window's chunk is read
-        (or taken from the read ahead) and the next one started."""
-        src, r = self.source, self.chunk_iterations
-        t, m = self._z_steps, src.n_chunks
-        self._z_steps += 1
-        k = (t // r) % m
-        if self.window is None or self.window.lo != src.ranges[k][0]:
-            self.window = src.get(k, (k + 1) % m if m > 1 else None)
-        lo, hi = src.ranges[k]
-        return (lo, hi), min(1.0, q * self.n / max(hi - lo, 1))
-
-    def after_z(self, bright: list[np.ndarray]) -> None:
-        """Hold exactly the rows bright in some chain (``bright``: each chain's)."""
-        ids = np.unique(np.concatenate(bright)).astype(np.int64, copy=False)
-        self.held.keep(ids, self.window)
-
     def reset(self) -> None:
-        """Chains placed anew: the window schedule starts again."""
-        self.window, self._z_steps = None, 0
+        """Chains placed anew: nothing stays resident."""
+        self.drop_prepared()
+        self._keep(np.empty(0, dtype=np.int64))
 
     def drop_prepared(self) -> None:
-        """Forget the chunk read ahead (its tight points were prepared under the old rule)."""
-        self.source.drop_ahead()
+        """Forget the read ahead (e.g. its tight points are out of date)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].result()
+
+    def close(self) -> None:
+        """Remove the row file."""
+        self.drop_prepared()
+        self.file.close()
 
     def state(self) -> dict[str, Any]:
         """What the shard reports of its storage."""
         return {
-            "held_rows": int(self.held.ids.size),
-            "chunk_iterations": self.chunk_iterations,
-            "bytes_read": self.source.bytes_read,
+            "held_rows": int(self.ids.size),
+            "rows_read": self.rows_read,
+            "bytes_read": self.file.bytes_read,
+            "passes": self.passes,
         }

@@ -20,12 +20,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from flymc_dist._numerics import in_sorted, log_sigmoid
+from flymc_dist._numerics import in_sorted
 from flymc_dist.brightness import (
     BrightSet,
     explicit_accept,
     explicit_propose,
-    explicit_update,
     implicit_accept,
     implicit_propose,
 )
@@ -43,8 +42,9 @@ from flymc_dist.protocol import (
 from flymc_dist.reduce import BlockSums, block_rows, tree_nodes
 from flymc_dist.shard.fused import _typed_lists, fused_z_update
 from flymc_dist.shard.round import round_shards
-from flymc_dist.shard.rows import MemoryRows, StoreRows, weak_method
-from flymc_dist.streams import RowStreams, uniforms_range
+from flymc_dist.shard.rowfile import local_directory
+from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
+from flymc_dist.streams import RowStreams
 from flymc_dist.terms import bright_terms, bright_terms_many
 
 _T = TypeVar("_T")
@@ -82,26 +82,15 @@ class Shard:
     Notes
     -----
     **Out of core.** A shard whose rows would exceed its budget (or with
-    ``config.out_of_core=True``) leaves them in the store and holds in memory only what
-    is O(bright) or O(chunk): the rows bright in some chain (:class:`RowStore`), every
-    chain's bright structure, and the store chunk the z-updates currently work on, with
-    the next one read ahead (:class:`ChunkSource`). Full passes (MAP tuning, bound
-    statistics, the exact draws of z, regular MCMC) stream the store chunk by chunk.
-    The z-update then works on a *window*, chunk ``k = (t // r) mod m`` at the shard's
-    ``t``-th z-update since its chains were placed (``m`` chunks, ``r =
-    config.chunk_iterations``, by default chunk bytes /
-    :data:`~flymc_dist.shard.rows.WINDOW_BYTES`): the
-    implicit update (or the explicit one) restricted to
-    the window's rows, its bright and dark rows alike, with the dark→bright proposal
-    probability raised to ``q·n / window rows`` (capped at 1) so that as many rows are
-    proposed per iteration as in memory. This is exact: the z_n are independent given
-    θ, so the implicit update of any set of rows chosen without looking at z leaves
-    ``p(z | θ)`` invariant (a bright row outside the window stays bright, a dark one
-    dark: the identity, also invariant), for any proposal probability in (0, 1]; the
-    schedule is fixed in advance, so the chain is a deterministic-scan composition of
-    kernels that each leave the posterior invariant. (Updating every bright row but
-    only the window's dark rows would not be: rows chosen by their state.) The price:
-    a row's z is revisited only once every ``m·r`` iterations.
+    ``config.out_of_core=True``) streams them once from the store into a row file in
+    its worker's local directory (:class:`~flymc_dist.shard.rows.FileRows`) and holds in
+    memory only what is O(bright): the rows bright in some chain and every chain's
+    bright set (:class:`~flymc_dist.brightness.BrightSet`, no mask over the rows). Its
+    z-update is the in-memory one: the rows it proposes are read from the file before it
+    runs (the next z-update's on a thread, while θ moves: they depend on neither θ nor
+    z), so out-of-core draws are the in-memory draws, bit for bit where the evaluations
+    are compiled. Full passes (MAP tuning, bound statistics, the exact draw of z,
+    regular MCMC) stream the row file.
     """
 
     def __init__(
@@ -129,8 +118,8 @@ class Shard:
         K = self._n_row_constants() if self.flymc else 0
         self._K = K
         self._theta_hat: np.ndarray | None = None  # None: untuned tight points
-        #: the rows, in memory or left in the store (:mod:`flymc_dist.shard.rows`)
-        self.rows: MemoryRows | StoreRows
+        #: the rows, in memory or in a local row file (:mod:`flymc_dist.shard.rows`)
+        self.rows: MemoryRows | FileRows
         #: rows of the blocks full passes sum by (:mod:`flymc_dist.reduce`): the store's
         #: chunks, or (arrays in memory, 0) :func:`~flymc_dist.reduce.block_rows` of N
         self.block_rows = 0
@@ -139,11 +128,9 @@ class Shard:
             ds = open_dataset(spec.path, storage_options=spec.storage_options)
             self.block_rows = int(ds.chunk_rows)
             n = spec.stop - spec.start
-            nbytes = n * (ds.n_features + K + 2) * 8 + config.chains * n
+            nbytes = n * (ds.n_features + K + 2) * 8
             if _out_of_core(config.out_of_core, nbytes, budget):
-                self.rows = StoreRows(
-                    ds, spec.start, spec.stop, K, prepare, config.chunk_iterations
-                )
+                self.rows = FileRows(ds, spec.start, spec.stop, K, prepare, local_directory())
             else:
                 XC = np.empty((n, ds.n_features + K))
                 ys = []
@@ -152,6 +139,7 @@ class Shard:
                     ys.append(yb)
                 y = np.concatenate(ys) if ys else np.empty(0)
                 self.rows = MemoryRows(XC, ds.n_features, y, prepare)
+                self.rows.passes = 1  # the store's, read into memory
         else:
             X, y = data
             X = np.asarray(X, dtype=np.float64)
@@ -161,8 +149,7 @@ class Shard:
         self.n, self.n_features = self.rows.n, self.rows.n_features
         self._use_compiled(K)
         self._init_common()
-        if not self.out_of_core:
-            self.rows.retune()  # out of core, each chunk's as it is read
+        self.rows.retune()  # out of core: of the resident rows (none yet)
 
     @property
     def out_of_core(self) -> bool:
@@ -229,9 +216,6 @@ class Shard:
             )
         first = self.spec.start // B
         n_blocks = -(-self.n_total // B)
-        fixed = self.rows.chunk_rows  # the store's chunks (out of core), or any
-        if fixed is not None and fixed != B:
-            raise ValueError(f"out of core: store chunks of {fixed} rows are not {B}-row blocks")
         it = self.rows.blocks(B)
         return tree_nodes(((first + k, fn(*b)) for k, b in enumerate(it)), n_blocks)
 
@@ -390,30 +374,17 @@ class Shard:
         """
         thetas = np.asarray(thetas, float)
         self.generation = int(generation)
-        self.chains = []
-        queries = 0
-        # every chain's z as one (chains, rows) array: the batched z-update reads and
-        # writes all chains' masks with one fancy index each
-        self._masks = np.zeros((thetas.shape[0], self.n), dtype=bool) if self.flymc else None
-        for c in range(thetas.shape[0]):
-            ch = _Chain(theta=thetas[c].copy())
-            if self.flymc:
-                ch.bright = BrightSet(
-                    self.n, self.model.n_outputs, self.track_grad, mask=self._masks[c]
-                )
-                if not self.out_of_core:
-                    with np.errstate(over="ignore", divide="ignore"):
-                        queries += explicit_update(
-                            self._streams(c, init=True), ch.bright, 1.0, self._row_evaluator(ch)
-                        )
-            elif not self.out_of_core:
+        self.chains = [_Chain(theta=thetas[c].copy()) for c in range(thetas.shape[0])]
+        self.rows.reset()
+        if self.flymc:
+            queries = self._place_z()
+        else:
+            queries = 0
+            for ch in self.chains:
                 s, g = self._regular_eval(ch.theta[None], self.track_grad)
                 ch.cur_sum = float(s[0])
                 ch.cur_grad = g[0] if g is not None else None
                 queries += self.n
-            self.chains.append(ch)
-        if self.out_of_core:
-            queries += self._place_out_of_core()
         self._seq, self._reply = None, None
         self._sent = [None] * len(self.chains)  # the next replica reply sends whole sets
         self.total_queries += queries
@@ -432,58 +403,44 @@ class Shard:
             init,
         )
 
-    def _place_out_of_core(self) -> int:
-        """:meth:`set_positions` of an out-of-core shard, in one streamed pass: each
-        chain's z drawn exactly from ``p(z | θ)`` (the same draws, in the same order, as
-        the in-memory explicit update of every row), or its full-data sums (regular)."""
-        self.rows.reset()
-        m, track, C = self.model, self.track_grad, len(self.chains)
-        parts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]] = [[] for _ in range(C)]
-        held: list[tuple[np.ndarray, ...]] = []
-        sums, grads = np.zeros(C), (np.zeros((C, self.n_params)) if track else None)
-        thetas = np.array([ch.theta for ch in self.chains])
-        keys = [self._streams(c, init=True).decide for c in range(C)]
-        lo = 0
+    def _place_z(self) -> int:
+        """Every chain's z drawn exactly from ``p(z | θ)`` — the explicit update of every
+        row, from the chains' placement streams — over the rows of each block of
+        :meth:`~flymc_dist.shard.rows.MemoryRows.sweep` (in memory one block; out of core
+        the row file's, keeping only the rows that turn bright). Returns the queries."""
+        m = self.model
+        for ch in self.chains:
+            ch.bright = BrightSet(self.n, m.n_outputs, self.track_grad)
+        streams = [self._streams(c, init=True) for c in range(len(self.chains))]
         with np.errstate(over="ignore", divide="ignore"):
-            for chunk in self.rows.source.stream():
-                X, y, xi = chunk.X, chunk.y, chunk.xi
-                rows = np.arange(lo, lo + y.size, dtype=np.int64)
-                lo += y.size
-                if not self.flymc:
-                    s, g = self._regular_block(thetas, X, y, track)
-                    sums += s
-                    if track:
-                        grads += g
-                    continue
-                vals, dvals = bright_terms(m, m.linear_predictor(thetas, X), y, xi, track)
-                on_any = np.zeros(y.size, dtype=bool)
-                for c in range(C):
-                    u = uniforms_range(keys[c], self.spec.start + lo - y.size, y.size)
-                    z = np.log1p(-u) < log_sigmoid(vals[c])
-                    on_any |= z
-                    parts[c].append((rows[z], vals[c][z], dvals[c][z] if track else None))
-                held.append((rows[on_any], chunk.XC[on_any], y[on_any], xi[on_any]))
-        if not self.flymc:
-            for c, ch in enumerate(self.chains):
-                ch.cur_sum = float(sums[c])
-                ch.cur_grad = grads[c] if track else None
-            return C * self.n
-        for c, ch in enumerate(self.chains):
-            rows, vals, dvals = zip(*parts[c], strict=True)
-            ch.bright.replace(
-                np.zeros(0, dtype=bool),
-                np.concatenate(rows),
-                np.concatenate(vals),
-                np.concatenate(dvals) if track else None,
-            )
-        if held:
-            self.rows.held.set(*(np.concatenate(a) for a in zip(*held, strict=True)))
-        return C * self.n
+            for lo, hi in self.rows.sweep():
+                rows = np.arange(lo, hi, dtype=np.int64)
+                for st, ch in zip(streams, self.chains, strict=True):
+                    vals, dvals = self._row_evaluator(ch)(rows)
+                    explicit_accept(st, ch.bright, rows, vals, dvals)
+                self.rows.after_z([ch.bright.idx for ch in self.chains])
+        self._prefetch_next()
+        return len(self.chains) * self.n
 
-    def _hold_bright(self) -> None:
+    def _prefetch_next(self) -> None:
+        """Out of core: start reading the rows every chain's next z-update will propose
+        (its Bernoulli process at its next step: known now, whatever θ and z become)."""
+        if not self.out_of_core or not self.chains:
+            return
+        parts = []
+        for c in range(len(self.chains)):
+            st = self._streams(c)
+            if self.config.z_update == "implicit":
+                parts.append(st.rows(st.propose, self.q_db, 0, self.n))
+            else:
+                parts.append(st.rows(st.select, self.config.resample_fraction, 0, self.n))
+        self.rows.prefetch(np.concatenate(parts))
+
+    def _after_z(self) -> None:
         """After a z-update: the rows hold what the chains' bright sets need (out of core,
-        exactly the rows bright in some chain)."""
+        exactly the rows bright in some chain), and the next z-update's start reading."""
         self.rows.after_z([ch.bright.idx for ch in self.chains])
+        self._prefetch_next()
 
     # -------------------------------------------------------------- evaluation
     def _bright_eval(
@@ -527,13 +484,12 @@ class Shard:
         vals = np.empty(rows.size)
         sums = np.empty(seg.size - 1)
         kind, par = self._kernel
-        XCs, rows, seg_src = self.rows.compiled(rows, seg, lambda: self._lists()[0])
         self._jit.eval_rows(
-            XCs,
+            self._lists(),
             self.n_features,
-            rows,
+            self.rows.locate(rows),
             seg,
-            seg_src,
+            np.zeros(seg.size - 1, np.int64),
             thetas,
             kind,
             par,
@@ -623,15 +579,17 @@ class Shard:
         implicit = self.config.z_update == "implicit"
         if self.fused_z:
             return self._update_z_fused()
-        window, q = self.rows.z_window(self.q_db)
+        q = self.q_db
         props = []
         streams = [self._streams(c) for c in range(len(self.chains))]
         for st, ch in zip(streams, self.chains, strict=True):
             if implicit:
-                props.append(implicit_propose(st, ch.bright, q, window))
+                props.append(implicit_propose(st, ch.bright, q))
             else:
                 fraction = self.config.resample_fraction
-                props.append((None, explicit_propose(st, ch.bright, fraction, window)))
+                props.append((None, explicit_propose(st, ch.bright, fraction)))
+        if self.out_of_core:
+            self.rows.fetch(np.concatenate([rows for _, rows in props]))
         segs = [(ch.theta[None], rows) for ch, (_, rows) in zip(self.chains, props, strict=True)]
         live = [i for i, (_, rows) in enumerate(segs) if rows.size]
         evals = (
@@ -652,7 +610,7 @@ class Shard:
                 explicit_accept(streams[c], ch.bright, rows, vals, dvals)
             queries[c] = rows.size
             ch.step += 1
-        self._hold_bright()
+        self._after_z()
         return queries
 
     @property
@@ -667,17 +625,12 @@ class Shard:
         )
 
     def _update_z_fused(self) -> np.ndarray:
-        """The implicit z-update of every chain at once: see :func:`fused_z_update` (out of
-        core: of the current window's rows, see the class notes). Returns the likelihood
-        queries of each chain."""
-        pairs = [(self, c) for c in range(len(self.chains))]
-        window, q = self.rows.z_window(self.q_db)
-        queries = fused_z_update(pairs, window=None if window is None else (*window, q))
-        self._hold_bright()
-        return queries
+        """The implicit z-update of every chain at once: see :func:`fused_z_update`.
+        Returns the likelihood queries of each chain."""
+        return fused_z_update([(self, c) for c in range(len(self.chains))])
 
-    def _lists(self) -> tuple[Any, Any]:
-        """This shard's buffer and masks as one-element typed lists (the kernels' form)."""
+    def _lists(self) -> Any:
+        """This shard's buffer as a one-element typed list (the kernels' form)."""
         return _typed_lists([self], self)
 
     def _flymc_points(
@@ -825,7 +778,7 @@ class Shard:
         full = np.zeros(C, dtype=bool)
         gone, new = [], []
         for c, ch in enumerate(self.chains):
-            now = np.sort(ch.bright.idx)
+            now = ch.bright.members
             before = self._sent[c]
             if before is None:
                 full[c] = True
@@ -876,9 +829,9 @@ class Shard:
         """Features, target and tight point (None: none set) of the shard-local ``rows``
         (distinct, any order), as new float64 arrays in that order.
 
-        In memory a gather; out of core one read of the store chunks the rows touch
-        (:meth:`ChunkSource.read_rows`, counted in ``state()["bytes_read"]``), with their
-        tight points computed at the shard's θ̂. The values are the same either way.
+        In memory a gather; out of core a read of those rows from the row file (counted
+        in ``state()["bytes_read"]``), with their tight points computed at the shard's
+        θ̂. The values are the same either way.
         """
         return self.rows.rows_at(np.asarray(rows, dtype=np.int64))
 
@@ -887,7 +840,7 @@ class Shard:
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         """Every row, as read-only ``(X, y, xi)`` blocks of ``block`` rows (None: one
         block; ``xi`` None when no tight points are set): a full pass. Out of core, the
-        blocks are the store's chunks, read one ahead."""
+        blocks are read from the row file, one ahead."""
         return self.rows.blocks(block)
 
     def extension(self, name: str, factory: Callable[[], _T]) -> _T:
@@ -937,9 +890,9 @@ class Shard:
             ],
         }
 
-    def bright_mask(self, chain: int) -> np.ndarray:
-        """The z of one chain as a boolean array over the shard's rows (tests)."""
-        return self.chains[chain].bright.mask.copy()
+    def close(self) -> None:
+        """Release the rows now (out of core: remove the row file)."""
+        self.rows.close()
 
 
 def _out_of_core(mode: bool | str, nbytes: int, budget: int | None) -> bool:

@@ -1,0 +1,207 @@
+"""An out-of-core shard's rows in a file of its worker's local directory, read by position.
+
+At set-up an out-of-core shard streams its rows from the store once (a local
+directory, or object storage: the only read of the store) into a file beside the
+worker (:meth:`RowFile.create`): one fixed-size record per row, its features in the
+store's dtype then its target. From then on it reads any rows by position
+(:meth:`RowFile.read`) with ``pread`` — from a compiled loop that releases the GIL, so
+the read runs on a thread while θ moves — and streams whole blocks for full passes
+(:meth:`RowFile.blocks`, one block read ahead). Reads go through the page cache, which
+the kernel reclaims under pressure and which is not the worker's memory (Dask's memory
+monitor counts a process's resident set; a memory-mapped file's pages would count).
+
+Knows nothing of models, chains or Dask, but for the local directory it asks the
+worker for (:func:`local_directory`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numba
+import numpy as np
+from distributed import get_worker
+
+from flymc_dist.data import Dataset
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_pread = _libc.pread
+_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
+_pread.restype = ctypes.c_ssize_t
+
+#: rows of each block a full pass reads at once (at most: the shard's blocks may be fewer)
+BLOCK_BYTES = 16 * 1024 * 1024
+
+
+@numba.njit(cache=True, nogil=True)
+def _pread_rows(fd: int, rows: np.ndarray, record: int, out: np.ndarray) -> int:
+    """Read the records of the sorted ``rows`` into ``out`` (a C-contiguous array of
+    ``rows.size`` records), one ``pread`` per run of consecutive rows. Returns the number
+    of rows read in full (``rows.size`` unless a read came up short)."""
+    base = out.ctypes.data
+    n = rows.size
+    i = 0
+    while i < n:
+        k = i + 1
+        while k < n and rows[k] == rows[k - 1] + 1:
+            k += 1
+        want = (k - i) * record
+        done = 0
+        while done < want:  # pread may return less than asked (signals, large reads)
+            got = _pread(fd, base + i * record + done, want - done, rows[i] * record + done)
+            if got <= 0:
+                return i
+            done += got
+        i = k
+    return n
+
+
+def local_directory() -> str:
+    """Where this process keeps its row files: the Dask worker's local directory, or the
+    system's temporary directory outside a worker."""
+    try:
+        worker: Any = get_worker()
+    except ValueError:  # not on a worker
+        return tempfile.gettempdir()
+    return str(worker.local_directory)
+
+
+def worker_memory_limit() -> int | None:
+    """The memory limit of the Dask worker this runs on (bytes), or None (no worker, or
+    no limit)."""
+    try:
+        worker: Any = get_worker()
+    except ValueError:  # not on a worker
+        return None
+    limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+    return int(limit) if limit else None
+
+
+class RowFile:
+    """A shard's rows ``start:stop`` of a store, in a local file of fixed-size records.
+
+    Made by :meth:`create`; removed by :meth:`close` (also when it is garbage collected,
+    or its process exits normally).
+
+    Attributes
+    ----------
+    n, n_features
+        Rows and features.
+    record
+        Bytes per row: ``n_features`` values of the store's dtype, then the target.
+    bytes_read
+        Bytes read from the file so far, by position and by block.
+    """
+
+    def __init__(self, path: str, n: int, n_features: int, x_dtype: Any, y_dtype: Any) -> None:
+        self.path = path
+        self.n, self.n_features = int(n), int(n_features)
+        self._rec = np.dtype([("X", np.dtype(x_dtype), (self.n_features,)), ("y", y_dtype)])
+        self.record = int(self._rec.itemsize)
+        self._fd = os.open(path, os.O_RDONLY)
+        self._pool: ThreadPoolExecutor | None = None
+        self.bytes_read = 0
+        self._finalizer = weakref.finalize(self, _remove, self._fd, path)
+
+    @classmethod
+    def create(cls, dataset: Dataset, start: int, stop: int, directory: str) -> RowFile:
+        """Stream rows ``start:stop`` of ``dataset`` into a new file in ``directory``.
+
+        Raises
+        ------
+        OSError
+            ``directory`` has not room for the file (checked before anything is written),
+            or a write failed (the partial file is removed).
+        """
+        n, D = int(stop - start), int(dataset.n_features)
+        probe = dataset.read(start, min(start + 1, stop))[1]
+        rec = np.dtype([("X", dataset.dtype, (D,)), ("y", probe.dtype)])
+        need = n * rec.itemsize
+        os.makedirs(directory, exist_ok=True)
+        free = shutil.disk_usage(directory).free
+        if need > free - 256 * 1024 * 1024:  # leave the disk some room
+            raise OSError(
+                f"out of core: this shard's rows need {need / 1e9:.2f} GB of local disk in "
+                f"{directory!r}, which has {free / 1e9:.2f} GB free; give the workers a "
+                "local directory with more room (dask worker --local-directory), more "
+                "memory, or more workers"
+            )
+        fd, path = tempfile.mkstemp(prefix="flymc-rows-", suffix=".bin", dir=directory)
+        try:
+            with os.fdopen(fd, "wb", buffering=0) as f:
+                for _, _, X, y in dataset.iter_chunks(start, stop):
+                    block = np.empty(y.size, dtype=rec)
+                    block["X"] = X
+                    block["y"] = y
+                    f.write(memoryview(block).cast("B"))
+            return cls(path, n, D, dataset.dtype, probe.dtype)
+        except BaseException:
+            os.unlink(path)
+            raise
+
+    @property
+    def block_rows(self) -> int:
+        """Rows per block of a full pass (:data:`BLOCK_BYTES` of records)."""
+        return max(1, BLOCK_BYTES // self.record)
+
+    def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted, distinct shard-local ``rows`` as float64 features and targets.
+
+        Safe to call from a thread: the read itself holds no lock of Python's.
+        """
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        buf = np.empty(rows.size, dtype=self._rec)
+        if rows.size and (rows[0] < 0 or rows[-1] >= self.n):
+            raise IndexError(f"rows outside the shard's {self.n}")
+        got = _pread_rows(self._fd, rows, self.record, buf)
+        if got != rows.size:
+            raise OSError(f"{self.path}: short read at row {int(rows[got])}")
+        self.bytes_read += rows.size * self.record
+        return np.ascontiguousarray(buf["X"], dtype=np.float64), buf["y"].copy()
+
+    def read_range(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``lo:hi`` (one ``pread``)."""
+        return self.read(np.arange(lo, hi, dtype=np.int64))
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        """Run ``fn(*args)`` on this file's reading thread."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="flymc-row-read")
+        return self._pool.submit(fn, *args)
+
+    def blocks(self, block: int) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """Every row, as ``(lo, hi, X, y)`` blocks of ``block`` rows, each next one read
+        while the caller works on the last."""
+        edges = list(range(0, self.n, max(block, 1))) + [self.n]
+        ahead = self.submit(self.read_range, edges[0], edges[1]) if self.n else None
+        for k in range(len(edges) - 1):
+            X, y = ahead.result()
+            if k + 2 < len(edges):
+                ahead = self.submit(self.read_range, edges[k + 1], edges[k + 2])
+            yield edges[k], edges[k + 1], X, y
+
+    def close(self) -> None:
+        """Stop the reading thread and remove the file."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._finalizer()
+
+
+def _remove(fd: int, path: str) -> None:
+    """Close ``fd`` and remove ``path`` (once; missing is fine)."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
