@@ -1,4 +1,4 @@
-"""Out-of-core shards: rows left in the store, read a chunk at a time.
+"""Out-of-core shards: rows streamed once into a local row file, read by position.
 
 Their exactness (every kernel, both z-updates, regular MCMC; and a negative control) is
 in ``test_exactness.py``; a worker SIGKILLed in out-of-core mode in ``test_cluster.py``;
@@ -20,7 +20,7 @@ from flymc_dist.data import make_logistic
 from flymc_dist.driver import Driver
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.shard import Shard
-from flymc_dist.shard.chunks import Chunk, ChunkSource, RowStore
+from flymc_dist.shard.rowfile import RowFile
 
 
 def _data(n: int, seed: int = 5) -> tuple[np.ndarray, np.ndarray]:
@@ -47,93 +47,52 @@ def _run(data, client="synchronous", **kw):
         n_shards=3,
         progress=False,
         out_of_core=True,
-        chunk_iterations=4,
     )
     opts.update(kw)
     return fd.sample(fd.LogisticRegression(prior_scale=3.0), data, client=client, **opts)
 
 
 # ------------------------------------------------------------------ the pieces
-def test_chunk_source_reads_the_shard_chunk_by_chunk(store):
+def test_row_file_reads_rows_by_position(store, tmp_path):
+    """The row file holds the shard's rows in the store's dtype and reads any sorted rows,
+    ranges and blocks back as float64; closing it removes it."""
     ds, X, y = store
-    src = ChunkSource(ds, 100, 400, lambda X_, y_: (y_ * 2.0, X_))
-    # the shard [100, 400) cut at the store's 64-row chunk edges, in shard-local rows
-    assert src.ranges == [(0, 28), (28, 92), (92, 156), (156, 220), (220, 284), (284, 300)]
-    got = list(src.stream())
-    assert [(c.lo, c.hi) for c in got] == src.ranges
-    np.testing.assert_array_equal(np.concatenate([c.X for c in got]), X[100:400])
-    np.testing.assert_array_equal(np.concatenate([c.y for c in got]), y[100:400])
-    np.testing.assert_array_equal(got[2].xi, 2.0 * y[192:256])  # computed with the read
-    # a read ahead of another chunk is dropped, not returned in its place
-    src.get(1, then=3)
-    assert src.get(4).lo == 220
-    assert src.get(3, then=0).lo == 156
-    assert src.get(0).lo == 0
+    f = RowFile.create(ds, 100, 400, str(tmp_path))
+    assert os.path.exists(f.path) and os.path.getsize(f.path) == 300 * f.record
+    rows = np.array([0, 3, 4, 5, 28, 250, 299])
+    Xr, yr = f.read(rows)
+    np.testing.assert_array_equal(Xr, X[100 + rows])
+    np.testing.assert_array_equal(yr, y[100 + rows])
+    assert Xr.dtype == np.float64 and f.bytes_read == rows.size * f.record
+    blocks = list(f.blocks(64))
+    assert [(lo, hi) for lo, hi, _, _ in blocks][-1] == (256, 300)
+    np.testing.assert_array_equal(np.concatenate([b[2] for b in blocks]), X[100:400])
+    with pytest.raises(IndexError):
+        f.read(np.array([300]))
+    f.close()
+    assert not os.path.exists(f.path)
 
 
-def test_row_store_gathers_held_rows_and_the_window(store):
-    _, X, y = store
-    rows = RowStore(3)
-    rows.set(np.array([3, 9]), X[[3, 9]], y[[3, 9]].astype(float), np.array([0.3, 0.9]))
-    win = Chunk(64, 128, X[64:128], y[64:128], np.arange(64.0), X[64:128])
-    Xg, yg, xg = rows.gather(np.array([9, 70, 3]), win)
-    np.testing.assert_array_equal(Xg, X[[9, 70, 3]])
-    np.testing.assert_array_equal(yg, y[[9, 70, 3]])
-    np.testing.assert_array_equal(xg, [0.9, 6.0, 0.3])
-    rows.keep(np.array([9, 70]), win)  # 3 dropped, 70 taken from the window
-    np.testing.assert_array_equal(rows.ids, [9, 70])
-    np.testing.assert_array_equal(rows.X, X[[9, 70]])
-    with pytest.raises(RuntimeError, match="neither held nor in the current chunk"):
-        rows.gather(np.array([5]), win)
-    with pytest.raises(RuntimeError, match="neither held nor in the current chunk"):
-        rows.gather(np.array([70, 200]), None)
+def test_row_file_refuses_a_full_disk_before_writing(store, tmp_path, monkeypatch):
+    """Where the local directory lacks room for the row file, set-up says so and writes
+    nothing (the disk's free space is what ``shutil.disk_usage`` reports: made small
+    here, as the test cannot fill a real disk)."""
+    import shutil
 
-
-def _locate(ids: np.ndarray, rows: np.ndarray, window: Chunk) -> tuple[int, np.ndarray]:
-    """Where all of ``rows`` are, by numpy: ``(0, positions in ids)`` when all are held,
-    else ``(1, offsets in the window)``, where they must all lie."""
-    pos = np.searchsorted(ids, rows)
-    if np.all(ids[np.minimum(pos, ids.size - 1)] == rows):
-        return 0, pos
-    if np.any((rows < window.lo) | (rows >= window.hi)):
-        raise RuntimeError("rows neither held nor in the current chunk")
-    return 1, rows - window.lo
-
-
-def test_compiled_locate_agrees_with_numpy():
-    """The shards' compiled lookup of scattered rows (held or in the window) gives, one
-    segment at a time, what a numpy lookup gives, and refuses rows that are neither."""
-    from flymc_dist._compiled import locate_segments
-
-    rng = np.random.default_rng(3)
-    store = RowStore(2)
-    held_in_win = np.array([510, 520, 530])
-    ids = np.union1d(rng.choice(np.arange(600, 1000), 37, replace=False), held_in_win)
-    store.set(ids, rng.normal(size=(ids.size, 2)), np.zeros(ids.size), np.zeros(ids.size))
-    win = Chunk(500, 600, None, np.zeros(100), np.zeros(100), np.zeros((100, 2)))
-    in_win = np.setdiff1d(np.arange(500, 600), ids)
-    segments = [
-        rng.choice(ids, 7),  # all held
-        rng.choice(in_win, 5),  # all in the window (none held)
-        np.concatenate([held_in_win, rng.choice(in_win, 2)]),  # mixed, all in the window
-        np.empty(0, dtype=np.int64),
-    ]
-    rows = np.concatenate(segments).astype(np.int64)
-    seg = np.cumsum([0] + [s.size for s in segments]).astype(np.int64)
-    local, src = np.empty_like(rows), np.empty(len(segments), dtype=np.int64)
-    assert locate_segments(store.ids, rows, seg, win.lo, win.hi, local, src)
-    for i, part in enumerate(segments):
-        where, pos = _locate(store.ids, part, win) if part.size else (0, part)
-        assert src[i] == where
-        np.testing.assert_array_equal(local[seg[i] : seg[i + 1]], pos)
-    assert list(src[:3]) == [0, 1, 1]  # each kind occurred
-    outside = np.array([ids[0], 450], dtype=np.int64)  # one held, one nowhere
-    two = np.array([0, 2], dtype=np.int64)
-    ok = locate_segments(store.ids, outside, two, win.lo, win.hi, np.empty(2, np.int64), src)
-    assert not ok
+    ds, _, _ = store
+    real = shutil.disk_usage
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda d: real(d)._replace(free=256 * 1024 * 1024 + 1000)
+    )
+    with pytest.raises(OSError, match="need .* GB of local disk"):
+        RowFile.create(ds, 0, 900, str(tmp_path))
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_shard_holds_only_its_bright_rows(store):
+    """Out of core a shard holds no rows array: after every z-update exactly the rows
+    bright in some chain are resident, its bright sets are O(bright), and its row file
+    goes when it closes."""
     ds, _, _ = store
     config = ShardConfig(
         model=fd.LogisticRegression(prior_scale=3.0),
@@ -143,7 +102,6 @@ def test_a_shard_holds_only_its_bright_rows(store):
         n_rows=ds.n_rows,
         q_db=0.05,
         out_of_core=True,
-        chunk_iterations=2,
     )
     sh = Shard(ShardSpec(0, ds.path, 0, 900), config)
     assert sh.out_of_core and not hasattr(sh.rows, "X")  # no rows array
@@ -152,13 +110,89 @@ def test_a_shard_holds_only_its_bright_rows(store):
     for _ in range(30):
         sh._update_z_all()
         bright = np.unique(np.concatenate([ch.bright.idx for ch in sh.chains]))
-        np.testing.assert_array_equal(sh.rows.held.ids, bright)  # exactly the bright rows
-        assert sh.rows.window is not None and sh.rows.window.hi - sh.rows.window.lo <= 64
-        for ch in sh.chains:  # the masks and the bright sets agree
-            assert set(np.flatnonzero(ch.bright.mask)) == set(ch.bright.idx)
+        np.testing.assert_array_equal(sh.rows.ids, bright)  # exactly the bright rows
+        for ch in sh.chains:
+            np.testing.assert_array_equal(ch.bright.members, np.sort(ch.bright.idx))
     state = sh.state()
     assert state["out_of_core"] and state["held_rows"] == bright.size
-    assert state["chunk_iterations"] == 2 and state["bytes_read"] > 0
+    assert state["rows_read"] > 0 and state["bytes_read"] > 0
+    path = sh.rows.file.path
+    assert os.path.exists(path)
+    sh.close()
+    assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize(
+    "model,kernel,bounds",
+    [
+        ("logistic", "nuts", "map"),
+        ("logistic", "rwmh", "map"),
+        ("logistic", "slice", "untuned"),
+        ("robust", "nuts", "map"),
+    ],
+)
+def test_out_of_core_draws_are_the_in_memory_draws(tmp_path, model, kernel, bounds):
+    """Forced out of core, with the implicit z-update, the draws and every statistic are
+    the in-memory run's, bit for bit: the z-update is the same, on the same rows."""
+    rng = np.random.default_rng(12)
+    n = 3000
+    X = np.c_[np.ones(n), rng.normal(size=(n, 3))]
+    if model == "logistic":
+        m = fd.LogisticRegression(prior_scale=3.0)
+        y = (rng.random(n) < expit(X @ np.array([0.3, -1.2, 0.8, 0.1]))).astype(np.int64)
+    else:
+        m = fd.RobustRegression()
+        y = X @ np.array([0.5, 1.0, -1.0, 0.2]) + rng.standard_t(4, size=n)
+    ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=256)
+    kw = dict(kernel=kernel, bounds=bounds, num_warmup=100, num_samples=100, chains=2)
+    kw.update(seed=3, n_shards=2, progress=False, q_db=0.05)
+    inmem = fd.sample(m, ds, out_of_core=False, **kw)
+    ooc = fd.sample(m, ds, out_of_core=True, **kw)
+    assert ooc.info["out_of_core"] == [True, True] and inmem.info["out_of_core"] == [False] * 2
+    assert ooc.info["rows_read"] > 0
+    np.testing.assert_array_equal(ooc.samples, inmem.samples)
+    np.testing.assert_array_equal(ooc.warmup_samples, inmem.warmup_samples)
+    for k in inmem.stats:
+        np.testing.assert_array_equal(ooc.stats[k], inmem.stats[k], err_msg=k)
+
+
+@pytest.mark.slow
+def test_brightness_state_is_o_bright_on_ten_million_rows(tmp_path):
+    """4 chains on a 10⁷-row out-of-core shard: the bright sets and resident rows take
+    O(bright) bytes (an N-byte mask per chain would be 40 MB), measured with
+    tracemalloc over the z-updates."""
+    import tracemalloc
+
+    n = 10_000_000
+    ds = make_logistic(tmp_path / "ten.zarr", n, 1, seed=4, dtype="float32")
+    config = ShardConfig(
+        model=fd.LogisticRegression(),
+        algorithm="flymc",
+        chains=4,
+        seed=1,
+        n_rows=n,
+        q_db=1e-5,
+        out_of_core=True,
+    )
+    sh = Shard(ShardSpec(0, ds.path, 0, n), config)
+    theta = np.array([0.0, 1.0])
+    sh.set_tight_points(theta)
+    sh.set_positions(np.tile(theta, (4, 1)))
+    tracemalloc.start()
+    with np.errstate(over="ignore", divide="ignore"):
+        for _ in range(50):
+            sh._update_z_all()
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    bright = sum(ch.bright.n_bright for ch in sh.chains)
+    state_bytes = sum(
+        a.nbytes for ch in sh.chains for a in (ch.bright.idx, ch.bright.members, ch.bright.vals)
+    )
+    arena = sh.rows.XC.nbytes + sh.rows.y.nbytes + sh.rows.xi.nbytes
+    print(f"bright {bright}, bright sets {state_bytes} B, arena {arena} B, z-update peak {peak} B")
+    assert state_bytes <= 24 * bright
+    assert peak < 2_000_000 and arena < 2_000_000  # 4 masks would be 40 MB
+    sh.close()
 
 
 def test_auto_follows_the_budget(store):
@@ -176,8 +210,8 @@ def test_auto_follows_the_budget(store):
 
 
 def test_shard_rows_at_reads_the_same_values_out_of_core(store):
-    """The add-on samplers' view of the rows: a gather in memory, a read of the touched
-    store chunks out of core (counted whole), the same values in the order asked."""
+    """The add-on samplers' view of the rows: a gather in memory, a read of those rows
+    from the row file out of core, the same values in the order asked."""
     ds, X, y = store
     model = fd.LogisticRegression()
     spec = ShardSpec(0, ds.path, 100, 400)
@@ -198,10 +232,9 @@ def test_shard_rows_at_reads_the_same_values_out_of_core(store):
         if theta_hat is None:
             assert ta is None and tb is None  # austerity sets no tight points of its own
         else:
-            np.testing.assert_allclose(tb, ta, rtol=1e-12)
-        # the shard's chunks (local rows) 0:28, 28:92, 220:284 and 284:300, touched, are
-        # decoded whole: 28 + 64 + 64 + 16 rows of 3 features and a target, as float64
-        assert ooc.state()["bytes_read"] - before == (28 + 64 + 64 + 16) * 4 * 8
+            np.testing.assert_array_equal(tb, ta)  # row by row: the same bits
+        # the rows asked, no more: records of 3 float64 features and an int64 target
+        assert ooc.state()["bytes_read"] - before == rows.size * 4 * 8
     assert inmem.state()["bytes_read"] == 0
     blocks = list(ooc.blocks())
     np.testing.assert_array_equal(np.concatenate([b[0] for b in blocks]), X[100:400])
@@ -213,9 +246,9 @@ def test_shard_rows_at_reads_the_same_values_out_of_core(store):
 def test_austerity_out_of_core_takes_the_same_decisions(store, control_variates):
     """Austerity's minibatches read through the store out of core: the same rows, the
     same values, so the same decisions and draws as in memory: bit for bit from a given
-    start; with control variates, to rounding (the MAP's full passes sum chunk by chunk
-    out of core, and the tight points come from GEMMs of other shapes)."""
-    kw = dict(algorithm="austerity", chunk_iterations="auto", control_variates=control_variates)
+    start; with control variates too (the full passes sum by the same blocks, and the
+    tight points are computed row by row)."""
+    kw = dict(algorithm="austerity", control_variates=control_variates)
     kw.update(batch_size=40, num_warmup=10, num_samples=30)
     if not control_variates:  # no MAP (whose full passes sum in another order out of core)
         kw.update(init=np.array([0.3, -1.2, 0.8]), precondition=np.diag([0.01, 0.02, 0.02]))
@@ -223,10 +256,7 @@ def test_austerity_out_of_core_takes_the_same_decisions(store, control_variates)
     inmem = _run(store[0], **{**kw, "out_of_core": False})
     assert ooc.info["out_of_core"] == [True] * 3 and inmem.info["out_of_core"] == [False] * 3
     assert ooc.info["bytes_read"] > 0 and inmem.info["bytes_read"] == 0
-    if control_variates:
-        np.testing.assert_allclose(ooc.samples, inmem.samples, rtol=1e-9, atol=1e-12)
-    else:
-        np.testing.assert_array_equal(ooc.samples, inmem.samples)
+    np.testing.assert_array_equal(ooc.samples, inmem.samples)
     np.testing.assert_array_equal(ooc.stats["data_used"], inmem.stats["data_used"])
     np.testing.assert_array_equal(ooc.stats["accepted"], inmem.stats["accepted"])
 
@@ -237,7 +267,6 @@ def test_austerity_out_of_core_takes_the_same_decisions(store, control_variates)
     [
         (dict(out_of_core="yes"), "out_of_core must be 'auto', True or False"),
         (dict(memory_budget=-1), "memory_budget must be None or a positive number"),
-        (dict(chunk_iterations=0), "chunk_iterations must be 'auto' or an integer >= 1"),
     ],
 )
 def test_bad_options_are_one_clear_line(store, kw, match):
@@ -246,17 +275,9 @@ def test_bad_options_are_one_clear_line(store, kw, match):
     assert "\n" not in str(info.value)
 
 
-def test_auto_chunk_iterations_follow_the_kernel():
-    """Under "auto", a new window chunk every iteration for gradient kernels (the sweep over z
-    limits their mixing), the shard's byte rule (None) for RWMH and slice."""
-    from flymc_dist.api import _chunk_iterations
-    from flymc_dist.kernels import get_kernel
-
-    for name in ("nuts", "hmc", "mala"):
-        assert _chunk_iterations("auto", get_kernel(name)) == 1
-    for name in ("rwmh", "slice"):
-        assert _chunk_iterations("auto", get_kernel(name)) is None
-    assert _chunk_iterations(7, get_kernel("nuts")) == 7
+def test_the_chunk_window_option_is_gone(store):
+    with pytest.raises(TypeError, match="there is no chunk window any more"):
+        _run(store[0], chunk_iterations=3)
 
 
 def test_in_memory_data_cannot_be_forced_out_of_core(store):
@@ -268,14 +289,13 @@ def test_in_memory_data_cannot_be_forced_out_of_core(store):
 def test_info_reports_each_shard(store):
     res = _run(store[0], num_warmup=5, num_samples=5)
     assert res.info["out_of_core"] == [True] * 3
-    assert res.info["chunk_iterations"] == [4] * 3
     assert res.info["memory_budget"] == [None] * 3
+    # set-up: the store into the row files, MAP search and bounds' statistics by the file
+    assert 2 <= res.info["setup_passes"] <= 10
     inmem = _run(store[0], num_warmup=5, num_samples=5, out_of_core="auto")
     assert inmem.info["out_of_core"] == [False] * 3  # in-process: no budget
     auto = _run(store[0], num_warmup=5, num_samples=5, out_of_core="auto", memory_budget=1000)
     assert auto.info["out_of_core"] == [True] * 3 and auto.info["memory_budget"] == [1000] * 3
-    default = _run(store[0], num_warmup=5, num_samples=5, chunk_iterations="auto")
-    assert default.info["chunk_iterations"] == [1] * 3  # 64-row chunks: 2 KiB each
 
 
 def test_resume_matches_an_uninterrupted_run(store, tmp_path, monkeypatch):
@@ -386,11 +406,11 @@ def test_workers_with_less_memory_than_their_shards(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["gaps", "flipped"])
-def test_windowed_z_update_leaves_the_conditional_invariant(tmp_path, monkeypatch, case):
-    """Out of core, the compiled z-update on a moving window (two chunks, each the window
-    for one iteration in turn) keeps each z_n's bright frequency at sigmoid(log L~_n(θ))
-    at fixed θ, within the exact sd of the time average of a two-state chain. "flipped"
-    (negative control): Algorithm 2's printed dark→bright comparison must fail the check."""
+def test_out_of_core_z_update_leaves_the_conditional_invariant(tmp_path, monkeypatch, case):
+    """Out of core, the compiled z-update (proposals read ahead from the row file) keeps
+    each z_n's bright frequency at sigmoid(log L~_n(θ)) at fixed θ, within the exact sd
+    of the time average of a two-state chain. "flipped" (negative control): Algorithm 2's
+    printed dark→bright comparison must fail the check."""
     from scipy import stats
 
     import flymc_dist.shard.fused as fused_mod
@@ -406,7 +426,7 @@ def test_windowed_z_update_leaves_the_conditional_invariant(tmp_path, monkeypatc
     model = fd.LogisticRegression()
     config = ShardConfig(
         model=model, algorithm="flymc", chains=2, seed=5, n_rows=n, q_db=q,
-        out_of_core=True, chunk_iterations=1,
+        out_of_core=True,
     )  # fmt: skip
     shard = Shard(ShardSpec(0, path, 0, n), config)
     theta_hat, thetas = np.array([0.0, 0.5]), np.array([[0.5, 1.5], [-1.0, 2.5]])
@@ -419,7 +439,8 @@ def test_windowed_z_update_leaves_the_conditional_invariant(tmp_path, monkeypatc
             shard._update_z_all()
         for _ in range(sweeps):
             shard._update_z_all()
-            freq += shard._masks
+            for c, ch in enumerate(shard.chains):
+                freq[c, ch.bright.idx] += 1
     freq /= sweeps
     xi = model.tuned_xi(model.linear_predictor(theta_hat[None], X)[0], y)
     eta = model.linear_predictor(thetas, X)
@@ -427,7 +448,7 @@ def test_windowed_z_update_leaves_the_conditional_invariant(tmp_path, monkeypatc
         lt = np.exp(log_expm1(model.loglik(eta, y) - model.logbound(eta, y, xi)))
     p = lt / (1.0 + lt)
     use = p > 1e-4
-    q_w, updates = 2 * q, sweeps / 2  # the window is half the rows, each its turn
+    q_w, updates = q, sweeps
     lt_u, p_u = lt[use], p[use]
     rho = 1.0 - np.minimum(q_w, lt_u) - np.minimum(1.0, q_w / lt_u)
     z = (freq[use] - p_u) / np.sqrt(p_u * (1 - p_u) / updates * (1 + rho) / (1 - rho))

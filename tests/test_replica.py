@@ -98,7 +98,7 @@ def _shard_bright(transport: InProcessTransport, chain: int) -> np.ndarray:
     out = []
     for spec in transport.specs:
         shard = transport.host.shards[spec.shard_id]
-        out.append(np.flatnonzero(shard.bright_mask(chain)) + spec.start)
+        out.append(shard.chains[chain].bright.members + spec.start)
     return np.concatenate(out)
 
 
@@ -158,7 +158,7 @@ def test_replica_sums_equal_shard_evaluation(model_name):
         grad = np.zeros((2, driver.P))
         for spec in transport.specs:
             sh = transport.host.shards[spec.shard_id]
-            rows = np.flatnonzero(sh.bright_mask(c))
+            rows = sh.chains[c].bright.members
             if rows.size:
                 v, d, Xr = sh._bright_eval(pts[c], rows, True)
                 want += v.sum(axis=1)

@@ -16,7 +16,6 @@ worker for (:func:`local_directory`).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import tempfile
@@ -28,13 +27,16 @@ from typing import Any
 import numba
 import numpy as np
 from distributed import get_worker
+from numba import types
 
 from flymc_dist.data import Dataset
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_pread = _libc.pread
-_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
-_pread.restype = ctypes.c_ssize_t
+#: libc's ``pread(fd, buffer, count, offset)``, linked by name (so the compiled loop below
+#: is cached on disk: a ctypes function pointer would be a dynamic global, compiled anew in
+#: every process); the buffer is passed as its address, an integer of a pointer's width
+_pread = types.ExternalFunction(
+    "pread", types.intp(types.intc, types.intp, types.uintp, types.int64)
+)
 
 #: rows of each block a full pass reads at once (at most: the shard's blocks may be fewer)
 BLOCK_BYTES = 16 * 1024 * 1024

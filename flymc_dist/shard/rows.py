@@ -37,6 +37,7 @@ from flymc_dist.shard.rowfile import RowFile
 
 Prepare = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray | None, np.ndarray | None]]
 
+
 def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
     """The bound ``method`` called through a weak reference to its object: rows may then
     call back into their shard without a reference cycle, which would keep a finished
