@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from flymc_dist._numerics import in_sorted
-from flymc_dist.shard.rowfile import RowFile
+from flymc_dist.shard.rowfile import BLOCK_BYTES, RowFile
 
 Prepare = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray | None, np.ndarray | None]]
 
@@ -245,11 +245,27 @@ class FileRows:
         self.rows_read += m
 
     def _keep(self, needed: np.ndarray) -> None:
-        """Keep resident exactly the resident rows among the sorted ``needed``."""
+        """Keep resident exactly the resident rows among the sorted ``needed``; an arena
+        mostly free (after a sweep) shrinks to twice what it holds."""
         keep = in_sorted(self.ids, needed)
         if not keep.all():
             self._free = np.concatenate([self._free, self._slot[~keep]])
             self.ids, self._slot = self.ids[keep], self._slot[keep]
+        cap, live = self.XC.shape[0], self.ids.size
+        if cap > 4 * max(live, 256):
+            new_cap = 2 * max(live, 64)
+            self.XC = self._moved(self.XC, new_cap)
+            self.y = self._moved(self.y, new_cap)
+            if self.xi is not None:
+                self.xi = self._moved(self.xi, new_cap)
+            self._slot = np.arange(live, dtype=np.int64)
+            self._free = np.arange(live, new_cap, dtype=np.int64)
+
+    def _moved(self, a: np.ndarray, cap: int) -> np.ndarray:
+        """``a``'s resident slots, in order, at the start of a new array of ``cap`` rows."""
+        out = np.empty((cap,) + a.shape[1:], dtype=a.dtype)
+        out[: self._slot.size] = a[self._slot]
+        return out
 
     def locate(self, rows: np.ndarray) -> np.ndarray:
         """Where the resident ``rows`` sit in :attr:`XC`."""
@@ -266,8 +282,8 @@ class FileRows:
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
             got = ahead[1].result()
-            new = ~in_sorted(got[0], self.ids)
-            self._insert(*(a[new] if a is not None else None for a in got))
+            use = in_sorted(got[0], rows) & ~in_sorted(got[0], self.ids)
+            self._insert(*(a[use] if a is not None else None for a in got))
         missing = rows[~in_sorted(rows, self.ids)]
         if missing.size:
             self._insert(*self._read(missing))
@@ -290,7 +306,8 @@ class FileRows:
         :meth:`after_z` after each."""
         self.drop_prepared()
         self.passes += 1
-        for lo, hi, X, y in self.file.blocks(self.file.block_rows):
+        block = max(1, BLOCK_BYTES // ((self.n_features + self._K + 2) * 8))
+        for lo, hi, X, y in self.file.blocks(block):
             rows = np.arange(lo, hi, dtype=np.int64)
             xi, consts = self._prepare(X, y)
             XC = np.empty((rows.size, self.n_features + self._K))

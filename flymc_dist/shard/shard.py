@@ -256,6 +256,7 @@ class Shard:
     def set_q(self, q_db: float) -> None:
         """Set the dark→bright proposal probability of the implicit z-update."""
         self.q_db = float(q_db)
+        self._prefetch_next()  # the rows read ahead were proposed at the old q
 
     def set_replica(self, on: bool) -> None:
         """Serve rounds for a driver-side replica of the bright rows (before
@@ -419,7 +420,7 @@ class Shard:
                     vals, dvals = self._row_evaluator(ch)(rows)
                     explicit_accept(st, ch.bright, rows, vals, dvals)
                 self.rows.after_z([ch.bright.idx for ch in self.chains])
-        self._prefetch_next()
+        self._prefetch_next()  # set_q starts it again if q changes
         return len(self.chains) * self.n
 
     def _prefetch_next(self) -> None:
