@@ -13,10 +13,12 @@ That data set is not public; this example uses either
 both in a temporary directory. The LocalCluster's workers get a memory limit
 (``--worker-memory``) below the in-memory size of their shards — rows × (features + 5)
 × 8 bytes / workers: the float64 features, the model's row constants, the target and
-the tight point — so with ``out_of_core="auto"`` every shard leaves its rows in the
-store and streams them a chunk at a time. It runs MAP-tuned FlyMC (NUTS; the paper's
+the tight point — so with ``out_of_core="auto"`` every shard streams its rows once into
+a row file in its worker's local directory and reads from it only the rows each
+z-update proposes (everything else at its default: one shard per worker, Dask's memory
+thresholds as they are). It runs MAP-tuned FlyMC (NUTS; the paper's
 slice sampler with ``--kernel slice``) beside a short regular-MCMC run (whose every
-likelihood evaluation is then a full pass over the store), on the same shards and
+likelihood evaluation is then a full pass over the row files), on the same shards and
 cluster, and reports whether each shard was out of core, each worker's peak RSS
 (measured in the worker), seconds per iteration, R-hat, min ESS and ESS per query.
 
@@ -25,10 +27,10 @@ Run: ``python examples/opv_scale.py --data opv --samples 1000 --workers 2``
 few rows the default memory limit cannot be below the shards' size — a worker needs
 some 420 MB to itself — so add ``--out-of-core true``).
 
-The workers' memory limit is the one Dask enforces by restarting a worker that passes
-95 % of it; Dask's *pause* at 80 % is turned off here (a paused worker runs no task,
-so the next run's shard host would never start: with so tight a limit that is a hang,
-not a protection). The peak RSS printed is each worker's own, measured in the worker.
+The workers' memory limit is the one Dask enforces (pausing a worker at 80 % of it,
+restarting it at 95 %). The peak RSS printed is each worker's own, measured in the
+worker. ``--out-of-core false`` with ``--worker-memory`` above the shards' size runs the
+same sampler in memory, for comparison.
 """
 
 from __future__ import annotations
@@ -47,9 +49,7 @@ from flymc_dist.data import make_opv_like
 
 #: the least memory limit given to a worker by default: its own footprint (Python, Dask,
 #: NumPy, numba compiling its kernels) is some 150-250 MB, and an out-of-core shard's
-#: windows, read-ahead and full passes add more (peak RSS measured with 8192-row chunks
-#: at 200,000 rows: ~265 MB per worker for FlyMC, ~280 MB for regular MCMC; with the
-#: default ~8 MiB chunks, ~310 and ~370 MB)
+#: full passes add a block of rows at a time
 MIN_WORKER_MEMORY = 420 * 10**6
 
 
@@ -99,17 +99,7 @@ def main() -> None:
         "--chunk-rows",
         type=int,
         default=8192,
-        help="rows per store chunk (default 8192: ~1.9 MB of float32 features; an "
-        "out-of-core shard holds its window chunk and the one read ahead, in float64)",
-    )
-    p.add_argument(
-        "--chunk-iterations",
-        default="auto",
-        type=lambda v: v if v == "auto" else int(v),
-        help="iterations each store chunk stays an out-of-core shard's z-update window "
-        "(auto: 1 for gradient kernels (nuts, hmc, mala), a new chunk every iteration, the "
-        "shortest sweep over the rows, at one chunk read per iteration; for rwmh and slice "
-        "a chunk's bytes / 128 KiB)",
+        help="rows per store chunk (default 8192: ~1.9 MB of float32 features)",
     )
     args = p.parse_args()
     for name in ("samples", "regular_samples"):  # ESS needs at least 4 draws per chain
@@ -145,11 +135,9 @@ def main() -> None:
             f"out_of_core={args.out_of_core!r}"
         )
         model = fd.RobustRegression(nu=4.0, scale=scale, prior="laplace", prior_scale=10.0)
-        import dask
         from distributed import Client, LocalCluster
 
         with (
-            dask.config.set({"distributed.worker.memory.pause": False}),
             LocalCluster(
                 n_workers=args.workers,
                 threads_per_worker=1,
@@ -166,10 +154,8 @@ def main() -> None:
                 chains=args.chains,
                 client=client,
                 seed=0,
-                n_shards=args.workers,
                 progress=True,
                 out_of_core=args.out_of_core,
-                chunk_iterations=args.chunk_iterations,
             )
             client.run(reset_peak_rss)
             t0 = time.perf_counter()

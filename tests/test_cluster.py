@@ -438,7 +438,7 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
         "rwmh": {"bright_replica": False},
         "nuts": {"bright_replica": True},
         "nuts-exact-rows": {"bright_replica": True},
-        "rwmh-out-of-core": {"out_of_core": True, "chunk_iterations": 3},
+        "rwmh-out-of-core": {"out_of_core": True},
     }[kernel]
     ooc = kernel.endswith("out-of-core")
     exact = kernel.endswith("exact-rows")

@@ -197,7 +197,7 @@ def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
     local, remote = data
     opts = s3["options"]
     url = f"s3://bucket/run-{out_of_core}/t.zarr"  # the data set's options are reused
-    kw = dict(out_of_core=out_of_core, chunk_iterations=3)
+    kw = dict(out_of_core=out_of_core)
     res = _interrupted_then_resumed(monkeypatch, remote, url, client, **kw)
     ref = _interrupted_then_resumed(monkeypatch, local, str(tmp_path / "t.zarr"), client, **kw)
     assert res.info["out_of_core"] == [out_of_core] * 2 == ref.info["out_of_core"]

@@ -17,22 +17,18 @@ Figures per N:
 * **load s**: the run's seconds outside set-up, warm-up and sampling: starting the
   shards on the workers (reading the rows of in-memory shards), collecting results;
 * **set-up s**: the driver's set-up (MAP search, bounds, first z);
-* **rows/s** and **MB/s/worker** of the streamed passes: rows read from the store during
-  set-up (out-of-core shards count the bytes they read, as float64 features and target,
-  ``info["setup_bytes_read"]``; divided by (D + 1) · 8 they give rows) over the set-up
-  seconds, summed over workers; MB/s/worker are those rows at their stored size
-  (D float32 features and an int64 label) divided by the out-of-core shards (one per
-  worker, all reading at once). Set-up also computes (gradients,
-  bound statistics), so this is the throughput of whole passes, a lower bound on the
-  reads' own speed; **passes**: the rows read during set-up / N. In-memory shards
-  stream nothing: "-";
-* **kB/it**: bytes of rows read from the store per iteration after set-up (the moving
-  chunk windows; as float64);
+* **passes**: the full passes over the rows set-up made (``info["setup_passes"]``: the
+  read of the store counts as one; the most any shard made);
+* **rows/s** and **MB/s/worker** of the out-of-core shards' set-up passes over their row
+  files (``info["setup_bytes_read"]``, records of D float32 features and an int64
+  label): rows read over the set-up seconds, summed over workers, and MB per worker
+  (one shard per worker, all reading at once). Set-up also computes (gradients, bound
+  statistics), so this is the throughput of whole passes, a lower bound on the reads'
+  own speed. In-memory shards read no row file: "-";
+* **rows/it**: rows an out-of-core shard read by position per iteration after set-up
+  (the z-updates' proposals, read ahead; 0 in memory);
 * **peak RSS** per worker (VmHWM, reset via ``/proc/self/clear_refs`` before the run:
   Linux only, else not measured), and whether each shard was out of core;
-* **sweep**: iterations between two visits of a row's z by an out-of-core shard's
-  moving window (its chunks × ``chunk_iterations``; 1 in memory): the price of out of
-  core, paid in mixing — compare **min ESS/it** with the in-memory run's;
 * **bright**: mean bright rows / N; **queries/it**: likelihood queries per chain per
   iteration; **min ESS/it**: the smallest bulk ESS over parameters (all chains pooled) per
   post-warm-up iteration, and per sampling second (**ESS/s**); **R-hat**: the largest
@@ -128,21 +124,7 @@ def _parse_out_of_core(value: str | bool) -> str | bool:
     raise ValueError(f"out_of_core must be 'auto', True or False, not {value!r}")
 
 
-def _parse_chunk_iterations(value: str | int) -> str | int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    v = str(value).strip().lower()
-    if v == "auto":
-        return "auto"
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(
-            f"chunk_iterations must be 'auto' or an integer >= 1, not {value!r}"
-        ) from None
-
-
-def _figures(res: Any, wall: float, n: int, d: int, n_chunks: int) -> dict[str, Any]:
+def _figures(res: Any, wall: float, n: int, d: int) -> dict[str, Any]:
     """The figures of one run (see the module docstring)."""
     info = res.info
     eff = res.efficiency()
@@ -150,17 +132,10 @@ def _figures(res: Any, wall: float, n: int, d: int, n_chunks: int) -> dict[str, 
     iterations = draws + int(info["num_warmup"])
     setup_s = float(info["setup_seconds"])
     setup_bytes = int(info.get("setup_bytes_read", 0))
-    total_bytes = int(info.get("bytes_read", setup_bytes))
-    f64_row = (d + 1) * 8  # what ChunkSource counts per row read
-    stored_row = d * 4 + 8  # float32 features and an int64 label in the store
-    rows_read = setup_bytes / f64_row
+    record = d * 4 + 8  # a row file's record: float32 features and an int64 label
+    rows_read = setup_bytes / record
     streamed = rows_read > 0 and setup_s > 0
     shards = max(1, sum(bool(x) for x in info["out_of_core"]))  # those that stream
-    # iterations between two visits of a row's z by the z-updates' moving window: the
-    # largest shard's chunks x chunk_iterations (shards are cut at chunk edges)
-    its = [c for c in info["chunk_iterations"] if c is not None]
-    n_shards = len(info["out_of_core"])
-    sweep = -(-n_chunks // n_shards) * max(its) if its else None
     rows_per_s = rows_read / setup_s if streamed else None
     return {
         "n_rows": n,
@@ -177,22 +152,20 @@ def _figures(res: Any, wall: float, n: int, d: int, n_chunks: int) -> dict[str, 
         "warmup": int(info["num_warmup"]),
         "out_of_core": [bool(x) for x in info["out_of_core"]],
         "memory_budget": list(info["memory_budget"]),
-        "chunk_iterations": list(info["chunk_iterations"]),
         "setup_bytes_read": setup_bytes,
-        "setup_passes": rows_read / n if streamed else None,
+        "setup_passes": int(info["setup_passes"]),
         "rows_per_second": rows_per_s,
         # one shard per worker, all reading at once
         "mb_per_second_per_worker": (
-            None if rows_per_s is None else rows_per_s * stored_row / shards / 1e6
+            None if rows_per_s is None else rows_per_s * record / shards / 1e6
         ),
-        "sampling_bytes_per_iteration": (total_bytes - setup_bytes) / iterations,
+        "rows_read_per_iteration": int(info.get("rows_read", 0)) / iterations,
         "bright_fraction": float(eff["bright_fraction"]),
         "bright_rows_per_chain": float(res.stats["n_bright"].mean()),
         "queries_per_iteration": float(eff["queries_per_iteration"]),
         "ess_min": float(eff["ess_min"]),
         "ess_min_per_iteration": float(eff["ess_min"]) / draws,
         "ess_min_per_second": float(eff["ess_min"]) / float(info["sampling_seconds"]),
-        "z_sweep_iterations": sweep,
         "r_hat_max": float(eff["r_hat_max"]),
         "converged": bool(eff["r_hat_max"] <= 1.01),
         "q_db": info.get("q_db"),
@@ -210,7 +183,6 @@ def run_scale(
     memory_limit: str = "auto",
     out_of_core: str = "auto",
     memory_budget: float | None = None,
-    chunk_iterations: str = "auto",
     seed: int = 0,
     workdir: str | None = None,
     chunk_rows: int | None = None,
@@ -242,8 +214,6 @@ def run_scale(
     memory_budget
         Bytes of rows per shard before ``"auto"`` leaves them in the store (default:
         the shard's share of half its worker's memory limit).
-    chunk_iterations
-        Iterations per chunk window of an out-of-core shard (``"auto"`` or an integer).
     seed
         Seeds the data (and the store's name) and the chains.
     workdir
@@ -275,7 +245,6 @@ def run_scale(
             f"n_shards must be one or more counts >= 0 (0: the default), not {n_shards!r}"
         )
     ooc = _parse_out_of_core(out_of_core)
-    chunk_its = _parse_chunk_iterations(chunk_iterations)
     budget = None if memory_budget is None else int(memory_budget)
     workdir = workdir or os.path.join(tempfile.gettempdir(), "flymc-bench-scale")
     os.makedirs(workdir, exist_ok=True)
@@ -295,7 +264,6 @@ def run_scale(
         "memory_limit": memory_limit,
         "out_of_core": ooc,
         "memory_budget": budget,
-        "chunk_iterations": chunk_its,
         "chunk_rows": chunk_rows,
         "n_shards": layouts,
         "seed": int(seed),
@@ -345,11 +313,10 @@ def run_scale(
                     progress=False,
                     out_of_core=ooc,
                     memory_budget=budget,
-                    chunk_iterations=chunk_its,
                 )
                 wall = time.perf_counter() - t0
                 peaks = client.run(peak_rss)
-                fig = _figures(res, wall, n, int(features), ds.n_chunks)
+                fig = _figures(res, wall, n, int(features))
                 fig["layout"] = layout
                 fig["peak_rss"] = [peaks[a] if rss_ok else None for a in sorted(peaks)]
                 fig["workers_restarted"] = client.run(os.getpid) != pids
@@ -425,14 +392,14 @@ def format_scale(d: dict[str, Any]) -> str:
         + (f", {mem / 1e9:.0f} GB" if mem else "")
         + f"): embedded LocalCluster of {s['workers']} workers x 1 thread, memory limit "
         f"{s['memory_limit']} ({lim_txt} per worker); out_of_core="
-        f"{s['out_of_core']!r}, memory_budget={s['memory_budget']!r}, chunk_iterations="
-        f"{s['chunk_iterations']!r}; load {s['loadavg_before']} -> {s['loadavg_after']}",
-        "s/it: sampling seconds per iteration; passes: rows read in set-up / N; "
-        "rows/s, MB/s/w: set-up's streamed passes "
-        "(rows read / set-up s; MB at stored size, per worker); RSS: peak per worker; "
-        "kB/it: rows read per iteration after set-up (float64); bright: mean bright rows / N; "
-        "q/it: queries per chain per iteration; sweep: iterations between visits of a "
-        "row's z; minESS/it, ESS/s: min bulk ESS / draws, / sampling s",
+        f"{s['out_of_core']!r}, memory_budget={s['memory_budget']!r}; load "
+        f"{s['loadavg_before']} -> {s['loadavg_after']}",
+        "s/it: sampling seconds per iteration; passes: full passes of set-up; "
+        "rows/s, MB/s/w: set-up's passes over the row files "
+        "(rows read / set-up s; MB per worker); RSS: peak per worker; "
+        "rows/it: rows read by position per iteration after set-up; bright: mean bright "
+        "rows / N; q/it: queries per chain per iteration; minESS/it, ESS/s: min bulk ESS / "
+        "draws, / sampling s",
     ]
     layouts = len(set(s.get("n_shards") or [0])) > 1
     if layouts:
@@ -444,7 +411,7 @@ def format_scale(d: dict[str, Any]) -> str:
     head = (
         f"{'N':>10}{lay_head}{'ooc':>8}{'load s':>8}{'setup s':>9}{'passes':>7}{'rows/s':>10}"
         f"{'MB/s/w':>8}"
-        f"{'ms/it':>9}{'kB/it':>7}{'sweep':>10}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}"
+        f"{'ms/it':>9}{'rows/it':>9}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}"
         f"{'minESS/it':>10}{'ESS/s':>7}{'R-hat':>7}"
     )
     lines.append(head)
@@ -461,14 +428,13 @@ def format_scale(d: dict[str, Any]) -> str:
             "-" if r["mb_per_second_per_worker"] is None else f"{r['mb_per_second_per_worker']:.0f}"
         )
         rss = "/".join(_mb(x) for x in r["peak_rss"])
-        passes = "-" if r["setup_passes"] is None else f"{r['setup_passes']:.1f}"
-        sweep = "1" if r["z_sweep_iterations"] is None else f"{r['z_sweep_iterations']:,d}"
+        passes = f"{r['setup_passes']:d}"
         lines.append(
             f"{_n(r['n_rows']):>10}{lay} {ooc:>7}"
             f"{r['load_seconds']:>8.1f}{r['setup_seconds']:>9.1f}"
             f"{passes:>7}{rps:>10}{mbs:>8}"
             f"{1000 * r['seconds_per_iteration']:>9.3f}"
-            f"{r['sampling_bytes_per_iteration'] / 1e3:>7.0f}{sweep:>10}{rss:>14}"
+            f"{r['rows_read_per_iteration']:>9.4g}{rss:>14}"
             f"{r['bright_fraction']:>10.2e}{r['queries_per_iteration']:>9.4g}"
             f"{r['ess_min_per_iteration']:>10.4f}{r['ess_min_per_second']:>7.2f}"
             f"{r['r_hat_max']:>7.3f}"
