@@ -42,7 +42,6 @@ def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
         "--memory-limit",
         "--out-of-core",
         "--memory-budget",
-        "--chunk-iterations",
         "--n-shards",
         "--workdir",
         "--json",
