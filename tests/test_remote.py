@@ -28,6 +28,7 @@ except ImportError as err:  # the "test" extra installs both
 
 import flymc_dist as fd
 from flymc_dist.cli import main
+from flymc_dist.data.write import from_blocks
 from flymc_dist.driver import Driver
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.trace import Trace
@@ -350,3 +351,137 @@ def test_cli_storage_option_values_are_json_where_possible():
     assert _storage_option('secret="123"') == ("secret", "123")
     assert _storage_option("secret=a=b") == ("secret", "a=b")
     assert json.dumps(_storage_option("n=5")) == '["n", 5]'
+
+
+# ------------------------------------------------------------------ overwrite on S3
+
+
+def _s3fs(s3):
+    fs = s3fs.S3FileSystem(**s3["options"])
+    fs.invalidate_cache()
+    return fs
+
+
+def _xy_s3(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
+    return X, (rng.random(n) < 0.5).astype(np.int64)
+
+
+def test_s3_overwrite_refuses_a_trace(s3):
+    """``overwrite`` over a finished trace is refused (as on disk); the trace is kept."""
+    opts, url = s3["options"], "s3://bucket/ow/trace.zarr"
+    tr = Trace.create(
+        url, chains=1, param_shape=(3,), stats={"a": np.float64}, attrs={}, storage_options=opts
+    )
+    tr.append(np.ones((1, 4, 3)), {"a": np.zeros((1, 4))}, warmup=False)
+    X, y = _xy_s3(40)
+    with pytest.raises(FileExistsError, match="not a flymc_dist data set"):
+        fd.from_numpy(X, y, url, overwrite=True, storage_options=opts)
+    assert Trace.open(url, storage_options=opts).n_draws == 4
+    code = main(
+        [
+            "make-data",
+            url,
+            "--rows",
+            "50",
+            "--features",
+            "2",
+            "--overwrite",
+            f"--storage-option=endpoint_url={opts['endpoint_url']}",
+            f"--storage-option=key={opts['key']}",
+            f"--storage-option=secret={opts['secret']}",
+        ]
+    )
+    assert code == 2
+    assert Trace.open(url, storage_options=opts).n_draws == 4
+
+
+@pytest.mark.parametrize("where", ["ow/foreign.zarr/notes.txt", "ow/plain.zarr"])
+def test_s3_overwrite_refuses_foreign_objects(s3, where):
+    """A prefix (or a key) holding objects that are not a zarr store is never deleted."""
+    fs = _s3fs(s3)
+    fs.pipe_file(f"bucket/{where}", b"keep me")
+    url = "s3://bucket/" + ("ow/foreign.zarr" if "/notes" in where else where)
+    X, y = _xy_s3(40)
+    with pytest.raises(FileExistsError, match="not a zarr store"):
+        fd.from_numpy(X, y, url, overwrite=True, storage_options=s3["options"])
+    assert _s3fs(s3).cat_file(f"bucket/{where}") == b"keep me"
+
+
+def _late_failure(X: np.ndarray, y: np.ndarray, failure: BaseException | None):
+    """Row blocks of (X, y); the last block carries a NaN (or raises ``failure``)."""
+    step = 10
+    for s in range(0, len(y), step):
+        Xb = X[s : s + step].copy()
+        if s + step >= len(y):
+            if failure is not None:
+                raise failure
+            Xb[-1, 1] = np.nan
+        yield Xb, y[s : s + step]
+
+
+@pytest.mark.parametrize("failure", [None, KeyboardInterrupt()], ids=["nan", "ctrl-c"])
+def test_s3_failed_overwrite_keeps_the_old_data_set(s3, failure):
+    """A NaN in a late block, or Ctrl-C, during an overwrite: the old data set is intact
+    and nothing is left beside it."""
+    opts, url = s3["options"], f"s3://bucket/ow/keep-{failure is None}.zarr"
+    X, y = _xy_s3(60, seed=1)
+    old = fd.from_numpy(X, y, url, chunk_rows=10, storage_options=opts)
+    before = sorted(_s3fs(s3).find("bucket/ow"))
+    X2, y2 = _xy_s3(60, seed=2)
+    with pytest.raises(ValueError if failure is None else KeyboardInterrupt):
+        from_blocks(
+            _late_failure(X2, y2, failure),
+            url,
+            60,
+            3,
+            task="binary",
+            chunk_rows=10,
+            overwrite=True,
+            storage_options=opts,
+        )
+    again = fd.open_dataset(url, storage_options=opts)
+    assert again.fingerprint() == old.fingerprint()
+    np.testing.assert_array_equal(again.read()[0], X)
+    assert sorted(_s3fs(s3).find("bucket/ow")) == before
+
+
+def test_s3_overwrite_replaces_a_data_set_whole(s3):
+    """A successful overwrite: the new rows, a new identity, none of the old chunks."""
+    opts, url = s3["options"], "s3://bucket/ow/swap.zarr"
+    X, y = _xy_s3(60, seed=3)
+    old = fd.from_numpy(X, y, url, chunk_rows=10, storage_options=opts)
+    X2, y2 = _xy_s3(30, seed=4)
+    new = fd.from_numpy(X2, y2, url, chunk_rows=15, overwrite=True, storage_options=opts)
+    assert new.fingerprint() != old.fingerprint()
+    again = fd.open_dataset(url, storage_options=opts)
+    np.testing.assert_array_equal(again.read()[0], X2)
+    keys = sorted(k for k in _s3fs(s3).find("bucket/ow") if "swap" in k)
+    assert all(k.startswith("bucket/ow/swap.zarr/") for k in keys)  # nothing left beside
+    assert sorted(k.rsplit("/c/", 1)[-1] for k in keys if "/X/c/" in k) == ["0/0", "1/0"]
+
+
+def test_s3_overwrite_interrupted_while_copying_names_the_new_store(s3, monkeypatch):
+    """The connection lost while the new store is copied into place: readers refuse the
+    half-swapped store (never read a mix), the error names the complete new store, and writing again
+    with overwrite=True recovers."""
+    opts, url = s3["options"], "s3://bucket/ow/cut.zarr"
+    X, y = _xy_s3(40, seed=5)
+    fd.from_numpy(X, y, url, chunk_rows=10, storage_options=opts)
+    real_copy = s3fs.S3FileSystem._cp_file
+
+    async def cut(self, *args, **kwargs):
+        raise ConnectionError("connection lost")
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cp_file", cut)
+    X2, y2 = _xy_s3(40, seed=6)
+    with pytest.raises(ConnectionError) as info:
+        fd.from_numpy(X2, y2, url, chunk_rows=10, overwrite=True, storage_options=opts)
+    note = " ".join(getattr(info.value, "__notes__", []))
+    assert "the complete new data set is at 's3://bucket/ow/.cut.zarr.flymc-tmp-" in note
+    with pytest.raises(ValueError, match="is being replaced"):
+        fd.open_dataset(url, storage_options=opts)
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cp_file", real_copy)
+    fd.from_numpy(X2, y2, url, chunk_rows=10, overwrite=True, storage_options=opts)
+    np.testing.assert_array_equal(fd.open_dataset(url, storage_options=opts).read()[0], X2)

@@ -47,6 +47,8 @@ __all__ = [
 
 #: Value of the ``"format"`` attribute that marks a complete flymc_dist store.
 FORMAT = "flymc_dist/1"
+#: Attribute that replaces ``"format"`` on an object store while its data set is replaced.
+_REPLACING = "flymc_replacing"
 #: Target size of one chunk of ``X`` when ``chunk_rows`` is not given (8 MiB).
 DEFAULT_CHUNK_BYTES = 8 * 2**20
 #: Storage dtypes of ``X`` (reading always returns float64).
@@ -204,6 +206,11 @@ class Dataset:
         self._arrays: tuple[Any, Any] | None = None
         group = self._open_group()
         attrs = dict(group.attrs)
+        if attrs.get(_REPLACING) == FORMAT:
+            raise ValueError(
+                f"{self.path!r} is being replaced by a new data set (or its replacement was "
+                "interrupted: write it again with overwrite=True)"
+            )
         if attrs.get("format") != FORMAT:
             raise ValueError(
                 f"{self.path!r} is not a complete flymc_dist data set "
