@@ -12,6 +12,9 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -31,7 +34,7 @@ from flymc_dist.cli import main
 from flymc_dist.data.write import from_blocks
 from flymc_dist.driver import Driver
 from flymc_dist.protocol import ShardConfig, ShardSpec
-from flymc_dist.trace import Trace
+from flymc_dist.trace import Trace, TraceLock, TraceLockedError
 
 SECRET = "s3cr3t-value-never-stored"
 
@@ -485,3 +488,129 @@ def test_s3_overwrite_interrupted_while_copying_names_the_new_store(s3, monkeypa
     monkeypatch.setattr(s3fs.S3FileSystem, "_cp_file", real_copy)
     fd.from_numpy(X2, y2, url, chunk_rows=10, overwrite=True, storage_options=opts)
     np.testing.assert_array_equal(fd.open_dataset(url, storage_options=opts).read()[0], X2)
+
+
+# ------------------------------------------------------------------ the lock of S3 traces
+
+
+def _s3_holder(url: str, opts: dict) -> subprocess.Popen:
+    """Another process that takes the lock of the S3 trace ``url`` and holds it until
+    killed."""
+    code = (
+        "import json, sys, time; from flymc_dist.trace import TraceLock; "
+        "lock = TraceLock(sys.argv[1], json.loads(sys.argv[2])).acquire(); "
+        "print('held', flush=True); time.sleep(600)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, url, json.dumps(opts)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _small_run(ds, url: str, **kw):
+    kw = {"seed": 1, **kw}
+    return fd.sample(
+        fd.LogisticRegression(prior_scale=3.0),
+        ds,
+        algorithm="regular",
+        kernel="rwmh",
+        num_warmup=10,
+        num_samples=20,
+        chains=1,
+        client="synchronous",
+        progress=False,
+        trace=url,
+        checkpoint_every=10,
+        **kw,
+    )
+
+
+def test_s3_trace_has_one_writer_at_a_time(s3, data):
+    """A live process holds the lock of an S3 trace: a second run (with overwrite) is
+    refused in one line naming it, the trace is untouched; once that process is gone
+    (killed: no release) the lock is taken over."""
+    _local, remote = data
+    opts, url = s3["options"], "s3://bucket/lock/t.zarr"
+    first = _small_run(remote, url)
+    holder = _s3_holder(url, opts)
+    try:
+        with pytest.raises(TraceLockedError, match=f"pid {holder.pid} ") as info:
+            _small_run(remote, url, overwrite_trace=True, seed=2)
+        assert "\n" not in str(info.value) and "lease" in str(info.value)
+        np.testing.assert_array_equal(Trace.open(url, storage_options=opts).samples, first.samples)
+    finally:
+        holder.kill()
+        holder.wait()
+    again = _small_run(remote, url, overwrite_trace=True, seed=2)
+    assert not np.array_equal(again.samples, first.samples)
+    assert not _s3fs(s3).exists("bucket/lock/.t.zarr.flymc-lock")  # released
+
+
+def test_s3_trace_lock_is_a_lease(s3):
+    """A lock from another machine is honoured while its lease runs and taken over once it
+    ran out; a held lock is renewed; one taken over behind its holder's back is lost, and
+    its release says so."""
+    opts, url = s3["options"], "s3://bucket/lease/t.zarr"
+    fs, key = _s3fs(s3), "bucket/lease/.t.zarr.flymc-lock"
+    other = {"pid": 1, "host": "elsewhere", "token": "x", "since": time.time()}
+    fs.pipe_file(key, json.dumps({**other, "expires": time.time() + 60}).encode())
+    with pytest.raises(TraceLockedError, match="elsewhere"):
+        TraceLock(url, opts).acquire()
+    fs.pipe_file(key, json.dumps({**other, "expires": time.time() - 1}).encode())
+    lock = TraceLock(url, opts, lease=1.0).acquire()
+    first = json.loads(_s3fs(s3).cat_file(key))["expires"]
+    time.sleep(1.2)
+    renewed = json.loads(_s3fs(s3).cat_file(key))
+    assert renewed["token"] != "x" and renewed["expires"] > first
+    with pytest.raises(TraceLockedError):
+        TraceLock(url, opts).acquire()
+    lock.release()
+    assert not _s3fs(s3).exists(key)
+    lock = TraceLock(url, opts, lease=1.0).acquire()
+    _s3fs(s3).pipe_file(key, json.dumps({**other, "expires": time.time() + 60}).encode())
+    time.sleep(1.0)
+    with pytest.raises(TraceLockedError, match="lost the lock"):
+        lock.release()
+    assert json.loads(_s3fs(s3).cat_file(key))["host"] == "elsewhere"  # not removed
+    _s3fs(s3).rm_file(key)
+
+
+def test_failed_run_on_an_s3_trace_keeps_it_and_says_how_to_resume(s3, data, capsys, monkeypatch):
+    """As on local disk: a run failing after a checkpoint keeps its S3 trace, the command
+    line prints the --resume hint, and --resume finishes it; a run failing before any
+    checkpoint leaves nothing behind."""
+    opts = s3["options"]
+    so = [f"--storage-option={k}={v}" for k, v in opts.items()]
+    real_step, calls = Driver.step, {"n": 0}
+
+    def failing_at(n: int):
+        def step(self, adapters=None):
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise RuntimeError("the cluster went away")
+            return real_step(self, adapters)
+
+        return step
+
+    base = ["run", "s3://bucket/d.zarr", "--model", "logistic", "--algorithm", "regular"]
+    base += ["--kernel", "rwmh", "--warmup", "10", "--samples", "30", "--chains", "1"]
+    base += ["--synchronous", "--no-progress", "--checkpoint-every", "10", *so]
+    monkeypatch.setattr(Driver, "step", failing_at(25))
+    capsys.readouterr()
+    assert main([*base, "--trace", "s3://bucket/fail/t.zarr"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "the cluster went away" in lines[0]
+    assert "s3://bucket/fail/t.zarr keeps 20 iterations" in lines[1] and "--resume" in lines[1]
+    monkeypatch.setattr(Driver, "step", real_step)
+    assert main([*base, "--trace", "s3://bucket/fail/t.zarr", "--resume"]) == 0
+    assert Trace.open("s3://bucket/fail/t.zarr", storage_options=opts).n_draws == 30
+    calls["n"] = 0
+    monkeypatch.setattr(Driver, "step", failing_at(5))
+    assert main([*base, "--trace", "s3://bucket/fail/early.zarr"]) == 1
+    assert "--resume" not in capsys.readouterr().err
+    assert not _s3fs(s3).exists("bucket/fail/early.zarr")
