@@ -851,7 +851,7 @@ class _LockObject:
             try:
                 out = self._s3_call("put_object", Body=body, IfNoneMatch="*")
             except OSError as err:
-                if "pre-condition" in str(err) or "PreconditionFailed" in str(err):
+                if _precondition_failed(err):
                     raise FileExistsError(self.url) from None
                 raise
             return str(out.get("ETag"))
@@ -864,8 +864,8 @@ class _LockObject:
         if self._s3:
             try:
                 out = self._s3_call("put_object", Body=body, IfMatch=etag)
-            except (FileNotFoundError, OSError) as err:
-                if isinstance(err, FileNotFoundError) or "pre-condition" in str(err):
+            except OSError as err:
+                if isinstance(err, FileNotFoundError) or _precondition_failed(err):
                     return None
                 raise
             return str(out.get("ETag"))
@@ -885,6 +885,16 @@ class _LockObject:
         if now is not None and now[1] == etag:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(self.key)
+
+
+def _precondition_failed(err: BaseException) -> bool:
+    """Whether an S3 error is a failed condition (``If-None-Match`` / ``If-Match``), or the
+    conflict S3 reports when two conditional writes race."""
+    cause = err.__cause__
+    code = getattr(cause, "response", {}).get("Error", {}).get("Code")
+    if code in ("PreconditionFailed", "ConditionalRequestConflict"):
+        return True
+    return "pre-condition" in str(err) or isinstance(err, FileExistsError)
 
 
 def _lease_is_stale(holder: dict[str, Any]) -> bool:
