@@ -582,6 +582,13 @@ def _canon(value: Any) -> Any:
     return value
 
 
+#: what a trace must record for a resume to be checked: a resume without them is refused
+_MUST_RECORD = {
+    "data_id": "the identity of its data set",
+    "options": "the settings that shape its draws",
+}
+
+
 def _check_resume(path: Any, args: dict[str, Any]) -> None:
     """Refuse, in one line naming what differs, to resume a trace written by another run:
     the model, the data set (its identity, not only its shape), the algorithm and every
@@ -610,6 +617,14 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
         if args["z_update"] == "explicit":
             want["resample_fraction"] = float(options.get("resample_fraction", 0.1))
     attrs = trace.attrs
+    unrecorded = [k for k in _MUST_RECORD if k not in attrs]
+    if unrecorded:  # written before traces recorded them: this run cannot be checked
+        what = " and ".join(f"{k!r} ({_MUST_RECORD[k]})" for k in unrecorded)
+        raise ValueError(
+            f"cannot resume {os.fspath(path)!s}: the trace does not record {what} (it was "
+            "written by an older flymc_dist), so this run cannot be checked to continue it "
+            "on the same data set with the same settings; start a new trace instead"
+        )
     if isinstance(attrs.get("kernel"), str):
         attrs["kernel"] = attrs["kernel"].strip().lower()
     diff = []
