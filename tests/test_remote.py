@@ -614,3 +614,20 @@ def test_failed_run_on_an_s3_trace_keeps_it_and_says_how_to_resume(s3, data, cap
     assert main([*base, "--trace", "s3://bucket/fail/early.zarr"]) == 1
     assert "--resume" not in capsys.readouterr().err
     assert not _s3fs(s3).exists("bucket/fail/early.zarr")
+
+
+def test_s3_reads_after_a_rewrite_fail_naming_both_ids(s3, monkeypatch):
+    """A data set on S3 replaced while open: the next identity check (here: every read)
+    fails naming both store_ids, as on local disk."""
+    import flymc_dist.data.store as store
+
+    opts, url = s3["options"], "s3://bucket/ident/d.zarr"
+    X, y = _xy_s3(60, seed=7)
+    ds = fd.from_numpy(X, y, url, chunk_rows=10, storage_options=opts)
+    monkeypatch.setattr(store, "URL_CHECK_SECONDS", 0.0)
+    np.testing.assert_array_equal(ds.read(0, 5)[0], X[:5])
+    new = fd.from_numpy(X + 1.0, y, url, chunk_rows=10, overwrite=True, storage_options=opts)
+    for _ in range(2):
+        with pytest.raises(store.StoreReplacedError) as info:
+            ds.read_rows([1, 30])
+        assert ds.store_id in str(info.value) and new.store_id in str(info.value)
