@@ -411,6 +411,7 @@ class Dataset:
         state = self.__dict__.copy()
         state["_arrays"] = None
         state["_stamp"] = None  # inodes are this machine's: taken again where unpickled
+        state["_checked"] = -math.inf  # so are monotonic clocks: check on the first read
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
