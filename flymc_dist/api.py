@@ -555,6 +555,13 @@ def _canon(value: Any) -> Any:
     return value
 
 
+#: what a trace must record for a resume to be checked: a resume without them is refused
+_MUST_RECORD = {
+    "data_id": "the identity of its data set",
+    "options": "the settings that shape its draws",
+}
+
+
 def _check_resume(path: Any, args: dict[str, Any]) -> None:
     """Refuse, in one line naming what differs, to resume a trace written by another run:
     the model, the data set (its identity, not only its shape), the algorithm and every
@@ -583,6 +590,14 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
         if args["z_update"] == "explicit":
             want["resample_fraction"] = float(options.get("resample_fraction", 0.1))
     attrs = trace.attrs
+    unrecorded = [k for k in _MUST_RECORD if k not in attrs]
+    if unrecorded:  # written before traces recorded them: this run cannot be checked
+        what = " and ".join(f"{k!r} ({_MUST_RECORD[k]})" for k in unrecorded)
+        raise ValueError(
+            f"cannot resume {os.fspath(path)!s}: the trace does not record {what} (it was "
+            "written by an older flymc_dist), so this run cannot be checked to continue it "
+            "on the same data set with the same settings; start a new trace instead"
+        )
     if isinstance(attrs.get("kernel"), str):
         attrs["kernel"] = attrs["kernel"].strip().lower()
     diff = []
@@ -610,8 +625,19 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
         )
 
 
-def _stamp(path: Any) -> tuple[int, int] | None:
-    """Identity of a local trace's root metadata file (it changes with every write)."""
+def _stamp(path: Any, storage_options: dict[str, Any] | None = None) -> Any:
+    """Identity of a trace's root metadata file (it changes with every write): inode and
+    time locally, the object's ETag (or time) on an object store; None if it is absent."""
+    if _is_url(path):
+        import fsspec
+
+        try:
+            fs, root = fsspec.core.url_to_fs(os.fspath(path), **(storage_options or {}))
+            fs.invalidate_cache()
+            info = fs.info(f"{root.rstrip('/')}/zarr.json")
+        except (OSError, ValueError):
+            return None
+        return info.get("ETag") or info.get("LastModified") or info.get("mtime") or info
     try:
         st = os.stat(os.path.join(os.fspath(path), "zarr.json"))
     except (OSError, TypeError):
@@ -626,26 +652,28 @@ def kept_trace(err: BaseException) -> tuple[str, int] | None:
 
 
 def _after_failure(
-    path: Any, before: tuple[int, int] | None, resume: bool, err: BaseException
+    path: Any,
+    before: Any,
+    resume: bool,
+    err: BaseException,
+    storage_options: dict[str, Any] | None = None,
 ) -> None:
     """A failed run keeps a trace that has a checkpoint (and says how to resume it), and
     removes one it created that has none; a trace it did not write is never touched.
 
     Runs under the trace's lock, so whatever changed at ``path`` since ``before`` is this
-    run's doing.
+    run's doing. The same on local disk and on object stores.
     """
-    if _is_url(path):
-        return
-    after = _stamp(path)
+    after = _stamp(path, storage_options)
     if after is None or (not resume and after == before):
         return  # nothing there, or an older trace this run did not replace yet
     try:
-        checkpoint = Trace.open(path, read_only=True).checkpoint
+        checkpoint = Trace.open(path, read_only=True, storage_options=storage_options).checkpoint
     except (OSError, ValueError):
         checkpoint = None
     if checkpoint is None or "iteration" not in checkpoint:
         if not resume:
-            shutil.rmtree(os.fspath(path), ignore_errors=True)
+            _remove_trace(path, storage_options)
         return
     n = int(checkpoint["iteration"]) + 1
     try:
@@ -656,6 +684,20 @@ def _after_failure(
         )
     except (AttributeError, TypeError):  # an exception that takes no attributes
         pass
+
+
+def _remove_trace(path: Any, storage_options: dict[str, Any] | None) -> None:
+    """Remove a trace this run created (and left without a checkpoint)."""
+    if not _is_url(path):
+        shutil.rmtree(os.fspath(path), ignore_errors=True)
+        return
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(os.fspath(path), **(storage_options or {}))
+        fs.rm(root.rstrip("/"), recursive=True)
+    except (OSError, ValueError):
+        pass  # best effort: the run failed already
 
 
 def _traced_sample(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -685,17 +727,19 @@ def _traced_sample(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     )
     _check_arguments(a["data"], a["seed"], options)
     resume = bool(options.get("resume"))
+    so = _trace_options(a["data"], options)
     if resume and a["algorithm"] != "austerity":  # no trace there: FileNotFoundError
-        Trace.open(path, read_only=True, storage_options=_trace_options(a["data"], options))
-    lock = TraceLock(path).acquire()
+        Trace.open(path, read_only=True, storage_options=so)
+    lock = TraceLock(path, so).acquire()
     try:
         if resume and a["algorithm"] != "austerity":
             _check_resume(path, a)
-        before = _stamp(path)
+        before = _stamp(path, so)
         try:
             return func(*args, **kwargs)
         except BaseException as err:
-            _after_failure(path, before, resume, err)
+            if not lock.lost:  # else the trace is another run's now: not ours to touch
+                _after_failure(path, before, resume, err, so)
             raise
     finally:
         lock.release()

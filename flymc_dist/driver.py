@@ -54,6 +54,7 @@ from flymc_dist.tune import (
     choose_exact_rows,
     conditional_narrowing,
     find_map,
+    flat_prior_to_check,
     initial_positions,
     needs_map,
     preconditioner,
@@ -204,7 +205,9 @@ class Driver:
         t0 = time.perf_counter()
         neg_h = None
         bounds_at_map = self.algorithm == "flymc" and self.bounds == "map"
-        if needs_map(self.init, self.precondition, bounds_at_map):
+        if needs_map(self.init, self.precondition, bounds_at_map) or flat_prior_to_check(
+            self.model
+        ):
             found = find_map(self.model, self.transport, self.P, maxiter=self.map_maxiter)
             self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
             self.setup_queries += found.passes * self.n_rows  # every datum at one θ a pass

@@ -76,5 +76,8 @@ def shard_layout(
     ds = data if isinstance(data, Dataset) else open_dataset(str(data))
     ranges = ds.shard_ranges(n_shards=n_shards, rows_per_shard=rows_per_shard)
     # the workers open the store exactly as the driver did (endpoint, credentials, ...)
-    specs = [ShardSpec(i, ds.path, a, b, ds.storage_options) for i, (a, b) in enumerate(ranges)]
+    specs = [
+        ShardSpec(i, ds.path, a, b, ds.storage_options, ds.store_id)
+        for i, (a, b) in enumerate(ranges)
+    ]
     return specs, None, ds.n_rows, ds.n_features, ds.task, ds.n_classes, ds.path

@@ -67,7 +67,9 @@ class ShardSpec:
 
     ``storage_options`` are the fsspec options the driver opened the store with (an
     endpoint, credentials), so that a worker opens it the same way; they are left out of
-    the repr (they may hold secrets) and of the hash.
+    the repr (they may hold secrets) and of the hash. ``store_id`` is the identity of the
+    data set the run opened (:attr:`flymc_dist.data.Dataset.store_id`): a shard opening a
+    store rewritten since — on set-up, or recreated after a fault — refuses it.
     """
 
     shard_id: int
@@ -75,6 +77,7 @@ class ShardSpec:
     start: int
     stop: int
     storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
+    store_id: str | None = None
 
 
 @dataclass(frozen=True)

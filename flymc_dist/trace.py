@@ -61,6 +61,7 @@ import re
 import secrets
 import shutil
 import socket
+import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -787,6 +788,149 @@ def _release_lock(path: str, token: str, made_dirs: list[str]) -> None:
             break
 
 
+#: How long a lock on an object store stays valid unless its holder renews it (seconds).
+LEASE_SECONDS = 60.0
+
+
+class _LockObject:
+    """The lock object of a trace on an object store: conditional writes, by ETag.
+
+    On S3 (s3fs) every write is conditional on the server: the create with
+    ``If-None-Match: *``, a renewal or a take-over with ``If-Match: <ETag>``, the removal
+    likewise. Other fsspec stores get the conditional create where fsspec has one
+    (``mode="create"``) and compare-then-write for the rest.
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
+        import fsspec
+
+        self.fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        parent, _, name = root.rstrip("/").rpartition("/")
+        self.key = f"{parent}/.{name}.flymc-lock" if parent else f".{name}.flymc-lock"
+        self.url = f"{url.split('://', 1)[0]}://{self.key}"
+        self._s3 = hasattr(self.fs, "call_s3") and hasattr(self.fs, "split_path")
+
+    def _s3_call(self, method: str, **kwargs: Any) -> dict[str, Any]:
+        bucket, key, _ = self.fs.split_path(self.key)
+        out = self.fs.call_s3(method, Bucket=bucket, Key=key, **kwargs)
+        self.fs.invalidate_cache(self.key)
+        return out
+
+    def read(self) -> tuple[dict[str, Any], str] | None:
+        """``(holder, etag)``; None if there is no lock; ``({}, etag)`` if unreadable."""
+        if self._s3:
+            from fsspec.asyn import sync
+
+            bucket, key, _ = self.fs.split_path(self.key)
+
+            async def get() -> tuple[str, bytes]:  # the body and its ETag in one request
+                out = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+                async with out["Body"] as body:
+                    return str(out.get("ETag")), await body.read()
+
+            try:
+                etag, text = sync(self.fs.loop, get)
+            except FileNotFoundError:
+                return None
+        else:
+            try:
+                text = self.fs.cat_file(self.key)
+            except FileNotFoundError:
+                return None
+            etag = text.decode(errors="replace")
+        try:
+            holder = json.loads(text)
+        except ValueError:
+            return {}, etag
+        return (holder if isinstance(holder, dict) else {}), etag
+
+    def create(self, holder: dict[str, Any]) -> str:
+        """Create the lock; its ETag. Raises FileExistsError if it exists."""
+        body = json.dumps(holder).encode()
+        if self._s3:
+            try:
+                out = self._s3_call("put_object", Body=body, IfNoneMatch="*")
+            except OSError as err:
+                if _precondition_failed(err):
+                    raise FileExistsError(self.url) from None
+                raise
+            return str(out.get("ETag"))
+        self.fs.pipe_file(self.key, body, mode="create")
+        return body.decode()
+
+    def replace(self, holder: dict[str, Any], etag: str) -> str | None:
+        """Replace the lock if it still has ``etag``: its new ETag, or None if it changed."""
+        body = json.dumps(holder).encode()
+        if self._s3:
+            try:
+                out = self._s3_call("put_object", Body=body, IfMatch=etag)
+            except OSError as err:
+                if isinstance(err, FileNotFoundError) or _precondition_failed(err):
+                    return None
+                raise
+            return str(out.get("ETag"))
+        now = self.read()
+        if now is None or now[1] != etag:
+            return None
+        self.fs.pipe_file(self.key, body)
+        return body.decode()
+
+    def delete(self, etag: str) -> None:
+        """Remove the lock if it still has ``etag``."""
+        if self._s3:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self._s3_call("delete_object", IfMatch=etag)
+            return
+        now = self.read()
+        if now is not None and now[1] == etag:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(self.key)
+
+
+def _precondition_failed(err: BaseException) -> bool:
+    """Whether an S3 error is a failed condition (``If-None-Match`` / ``If-Match``), or the
+    conflict S3 reports when two conditional writes race."""
+    cause = err.__cause__
+    code = getattr(cause, "response", {}).get("Error", {}).get("Code")
+    if code in ("PreconditionFailed", "ConditionalRequestConflict"):
+        return True
+    return "pre-condition" in str(err) or isinstance(err, FileExistsError)
+
+
+def _lease_is_stale(holder: dict[str, Any]) -> bool:
+    """Whether the holder of an object-store lock is gone: its lease ran out (by this
+    machine's clock), or it was a process of this machine that no longer runs."""
+    expires = holder.get("expires")
+    if not isinstance(expires, (int, float)) or time.time() > expires:
+        return True
+    return holder.get("host") == socket.gethostname() and _lock_is_stale(holder, "")
+
+
+def _renew(lock: _LockObject, state: dict[str, Any], lease: float, stop: Any) -> None:
+    """The holder's heartbeat: renew the lease every third of it, until ``stop`` is set.
+    A renewal that finds the lock changed (it was taken over) marks it lost and stops."""
+    while not stop.wait(lease / 3.0):
+        holder = {**state["holder"], "expires": time.time() + lease}
+        try:
+            etag = lock.replace(holder, state["etag"])
+        except Exception:  # noqa: BLE001 - a store unreachable now: retry next beat
+            continue
+        if etag is None:
+            state["lost"] = True
+            return
+        state["holder"], state["etag"] = holder, etag
+
+
+def _release_object_lock(lock: _LockObject, state: dict[str, Any], stop: Any) -> None:
+    stop.set()
+    thread = state.get("thread")
+    if thread is not None and thread.is_alive():
+        thread.join(timeout=30.0)
+    if not state.get("lost"):
+        with contextlib.suppress(Exception):
+            lock.delete(state["etag"])
+
+
 class TraceLock:
     """The one-writer lock of a trace: an exclusive lock file beside it.
 
@@ -797,21 +941,47 @@ class TraceLock:
     next :meth:`acquire` when the holder was on this machine (its pid is gone or reused,
     or the machine rebooted); a holder on another machine is never presumed dead: the
     error says which lock file to remove once that run is known to be gone. The lock is
-    also released when this object is garbage-collected or the interpreter exits. Traces
-    behind an fsspec URL are not locked (object stores have no exclusive create here).
+    also released when this object is garbage-collected or the interpreter exits.
+
+    A trace behind an fsspec URL gets a lock object beside it, ``.<name>.flymc-lock``,
+    created only if absent (on S3 a conditional ``PUT`` with ``If-None-Match: *``) and
+    held as a lease: it records when it expires (``lease`` seconds on) and a thread of
+    the holder renews it every third of that (a conditional ``PUT`` with ``If-Match``).
+    A lock whose lease ran out, or whose holder was a process of this machine that is
+    gone, is taken over (conditionally, so two runs cannot both take it). A holder that
+    cannot renew for a whole lease (the store unreachable, the process stopped) loses the
+    lock: :meth:`release` then raises, since another run may have written meanwhile.
 
     Parameters
     ----------
     path
         The trace's location (it need not exist yet).
+    storage_options
+        fsspec options of a trace at a URL.
+    lease
+        Seconds an object-store lock stays valid without renewal.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        lease: float = LEASE_SECONDS,
+    ) -> None:
         self.trace_path = path
         self.path: str | None = None
+        self._object: _LockObject | None = None
         if not _is_url(path):
             local = _local(path).absolute()
             self.path = str(local.parent / f".{local.name}.flymc-lock")
+        else:
+            self._object = _LockObject(os.fspath(path), storage_options)
+            self.path = self._object.url
+        if not (isinstance(lease, (int, float)) and math.isfinite(lease) and lease > 0):
+            raise ValueError(f"lease must be a positive number of seconds, got {lease!r}")
+        self.lease = float(lease)
+        self._state: dict[str, Any] = {}
         self._token: str | None = None
         self._finalizer: weakref.finalize | None = None
 
@@ -836,6 +1006,8 @@ class TraceLock:
         """
         if self.path is None or self._token is not None:
             return self
+        if self._object is not None:
+            return self._acquire_object(self._object)
         parent = os.path.dirname(self.path)
         made: list[str] = []
         d = parent
@@ -878,6 +1050,55 @@ class TraceLock:
             f"{os.fspath(self.trace_path)!s}: it keeps changing hands"
         )
 
+    def _acquire_object(self, lock: _LockObject) -> TraceLock:
+        token = secrets.token_hex(16)
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "boot": _boot_id(),
+            "start": _start_time(os.getpid()),
+            "token": token,
+            "since": time.time(),
+            "expires": time.time() + self.lease,
+        }
+        for _attempt in range(5):
+            try:
+                etag = lock.create(me)
+            except FileExistsError:
+                found = lock.read()
+                if found is None:
+                    continue  # released meanwhile: try again
+                holder, old = found
+                if not _lease_is_stale(holder):
+                    raise TraceLockedError(self._held_by(holder)) from None
+                etag = lock.replace(me, old)  # take it over, unless it changed meanwhile
+                if etag is None:
+                    continue
+            except TraceLockedError:
+                raise
+            except Exception as err:
+                raise OSError(
+                    f"cannot take the lock {self.path} of trace "
+                    f"{os.fspath(self.trace_path)!s}: {type(err).__name__}: {err}"
+                ) from err
+            stop = threading.Event()
+            self._state = {"holder": me, "etag": etag, "lost": False}
+            thread = threading.Thread(
+                target=_renew,
+                args=(lock, self._state, self.lease, stop),
+                name="flymc-trace-lease",
+                daemon=True,
+            )
+            self._state["thread"] = thread
+            thread.start()
+            self._token = token
+            self._finalizer = weakref.finalize(self, _release_object_lock, lock, self._state, stop)
+            return self
+        raise TraceLockedError(
+            f"could not take the lock {self.path} of trace "
+            f"{os.fspath(self.trace_path)!s}: it keeps changing hands"
+        )
+
     def _break(self, holder: dict[str, Any]) -> None:
         """Remove a stale lock, unless it changed hands since it was read."""
         aside = f"{self.path}.stale-{secrets.token_hex(6)}"
@@ -905,18 +1126,44 @@ class TraceLock:
             if isinstance(since, (int, float))
             else "?"
         )
+        if self._object is not None:
+            expires = holder.get("expires")
+            left = expires - time.time() if isinstance(expires, (int, float)) else 0.0
+            return (
+                f"trace {trace!s} is being written by another run (pid {holder.get('pid')} "
+                f"on {holder.get('host')}, since {when}); one writer at a time: its lease "
+                f"on {self.path} runs out {max(left, 0.0):.0f} s after it stops renewing it"
+            )
         return (
             f"trace {trace!s} is being written by another run (pid {holder.get('pid')} on "
             f"{holder.get('host')}, since {when}); one writer at a time: if that run is "
             f"gone, remove {self.path}"
         )
 
+    @property
+    def lost(self) -> bool:
+        """Whether an object-store lock was taken over after its lease ran out."""
+        return bool(self._state.get("lost"))
+
     def release(self) -> None:
-        """Give the lock back (removing its file only if it is still this lock's)."""
+        """Give the lock back (removing its file only if it is still this lock's).
+
+        Raises
+        ------
+        TraceLockedError
+            If an object-store lock was lost while held (another run may have written
+            to the trace since).
+        """
         if self._finalizer is not None:
             self._finalizer()
         self._finalizer = None
-        self._token = None
+        held, self._token = self._token, None
+        if held is not None and self.lost:
+            raise TraceLockedError(
+                f"this run lost the lock {self.path} of trace {os.fspath(self.trace_path)!s}: "
+                f"it could not renew it for {self.lease:.0f} s and another run took it over; "
+                "the trace may hold another run's writes"
+            )
 
     def __enter__(self) -> TraceLock:
         return self.acquire()

@@ -22,9 +22,11 @@ from flymc_dist.rng import ROLE_INIT, stream
 __all__ = [
     "MapEstimate",
     "bound_precision",
+    "check_proper",
     "choose_exact_rows",
     "conditional_narrowing",
     "find_map",
+    "flat_prior_to_check",
     "initial_positions",
     "laplace_covariance",
     "narrow_columns",
@@ -153,7 +155,99 @@ def find_map(
     }
     if not np.all(np.isfinite(theta)):
         raise FloatingPointError(f"MAP search diverged: {res.message}")
+    if flat_prior_to_check(model):
+        passes += check_proper(model, transport, theta, -loglik["last"][2], loglik["last"][0])
     return MapEstimate(theta, neg_h, info, passes)
+
+
+def flat_prior_to_check(model: Model) -> bool:
+    """Whether :func:`find_map` checks that the posterior is proper (and so a set-up must
+    search for the MAP whatever its settings): a flat prior on a log-concave likelihood,
+    whose posterior is improper exactly when the likelihood has no finite maximum."""
+    return getattr(model, "prior", None) == "flat" and bool(getattr(model, "log_concave", False))
+
+
+#: how far :func:`check_proper` looks along a direction: this many of the Laplace
+#: approximation's standard deviations, at most this many times (1 + |θ̂|)
+_RAY_SDS = 10.0
+_RAY_MAX = 1e6
+
+
+def check_proper(
+    model: Model, transport: Transport, theta: np.ndarray, neg_h: np.ndarray, value: float
+) -> int:
+    """Refuse a flat prior whose posterior is improper: the log-likelihood does not
+    decrease away from the MAP search's end ``theta`` along its own direction (the classes
+    are linearly separable: the search runs off to infinity) or along the direction of
+    least curvature (one the data do not inform: equal columns, a zero column).
+
+    For a log-concave likelihood with a finite maximum at ``theta`` the log-likelihood
+    drops, ``_RAY_SDS`` Laplace standard deviations away in any direction, by tens of
+    nats; along a direction of recession it does not drop at all. Up to three full
+    passes, only for models with ``prior="flat"``.
+
+    Parameters
+    ----------
+    model
+        The model (its ``prior`` is ``"flat"``).
+    transport
+        Reaches the shards.
+    theta
+        Where the MAP search ended.
+    neg_h
+        The negative Hessian of the log-likelihood there.
+    value
+        The log-likelihood there.
+
+    Returns
+    -------
+    int
+        The full passes made.
+
+    Raises
+    ------
+    ValueError
+        If the posterior is improper, in one line saying why and what to do.
+    """
+    h = 0.5 * (neg_h + neg_h.T)
+    _, evecs = np.linalg.eigh(h)
+    norm = float(np.linalg.norm(theta))
+    rays = []
+    if norm > 0:
+        rays.append(("separation", theta / norm))
+    rays.append(("flat", evecs[:, 0]))
+    tol = 1e-6 * (1.0 + abs(value))
+    passes = 0
+    for why, d in rays:
+        curv = float(d @ h @ d)
+        far = _RAY_MAX * (1.0 + norm)
+        step = min(_RAY_SDS / np.sqrt(curv), far) if curv > 0 else far
+        ends = (theta + step * d,) if why == "separation" else (theta + step * d, theta - step * d)
+        drops = []
+        for end in ends:
+            v = float(tree_total(transport.call("loglik_sum", end, 0))[0])
+            passes += 1
+            drops.append(value - v if np.isfinite(v) else np.inf)
+        if min(drops) > tol:
+            continue
+        name = getattr(model, "name", type(model).__name__)
+        shown = np.array2string(d, precision=3, max_line_width=10_000, threshold=8)
+        if why == "separation":
+            cause = (
+                f"the log-likelihood keeps increasing along θ's direction {shown} (the MAP "
+                f"search stopped at |θ| = {norm:.4g} with log-likelihood {value:.3g}): the "
+                "classes are linearly separable"
+            )
+        else:
+            cause = (
+                f"the log-likelihood is flat along the direction {shown}: the data do not "
+                "inform it (two equal columns, or a column of zeros, say)"
+            )
+        raise ValueError(
+            f"{name} regression with prior='flat' has an improper posterior on these data: "
+            f"{cause}; use prior='normal' or 'laplace'"
+        )
+    return passes
 
 
 def untuned_bound_mode(model: Model, transport: Transport, n_params: int) -> np.ndarray:

@@ -956,3 +956,18 @@ def test_cli_kernel_names_are_the_package_kernels():
     from flymc_dist.kernels import KERNELS
 
     assert set(parser._KERNELS) == set(KERNELS)
+
+
+def test_flat_prior_on_separable_data_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``flymc run --prior flat`` on separable logistic data: refused in one line (exit 2),
+    no trace left, instead of draws in the thousands and exit 0."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=300)
+    X = np.column_stack([np.ones(300), x])
+    store = from_numpy(X, (x > 0.1).astype(np.int64), tmp_path / "sep.zarr").path
+    trace = tmp_path / "t.zarr"
+    code, _, err = run_cli(run_args(Path(store), trace, "--prior", "flat"), capsys)
+    assert code == 2 and "improper posterior" in err and "separable" in err
+    assert err.count("\n") == 1 and not trace.exists()

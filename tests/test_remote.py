@@ -12,6 +12,9 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -28,9 +31,10 @@ except ImportError as err:  # the "test" extra installs both
 
 import flymc_dist as fd
 from flymc_dist.cli import main
+from flymc_dist.data.write import from_blocks
 from flymc_dist.driver import Driver
 from flymc_dist.protocol import ShardConfig, ShardSpec
-from flymc_dist.trace import Trace
+from flymc_dist.trace import Trace, TraceLock, TraceLockedError
 
 SECRET = "s3cr3t-value-never-stored"
 
@@ -350,3 +354,280 @@ def test_cli_storage_option_values_are_json_where_possible():
     assert _storage_option('secret="123"') == ("secret", "123")
     assert _storage_option("secret=a=b") == ("secret", "a=b")
     assert json.dumps(_storage_option("n=5")) == '["n", 5]'
+
+
+# ------------------------------------------------------------------ overwrite on S3
+
+
+def _s3fs(s3):
+    fs = s3fs.S3FileSystem(**s3["options"])
+    fs.invalidate_cache()
+    return fs
+
+
+def _xy_s3(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
+    return X, (rng.random(n) < 0.5).astype(np.int64)
+
+
+def test_s3_overwrite_refuses_a_trace(s3):
+    """``overwrite`` over a finished trace is refused (as on disk); the trace is kept."""
+    opts, url = s3["options"], "s3://bucket/ow/trace.zarr"
+    tr = Trace.create(
+        url, chains=1, param_shape=(3,), stats={"a": np.float64}, attrs={}, storage_options=opts
+    )
+    tr.append(np.ones((1, 4, 3)), {"a": np.zeros((1, 4))}, warmup=False)
+    X, y = _xy_s3(40)
+    with pytest.raises(FileExistsError, match="not a flymc_dist data set"):
+        fd.from_numpy(X, y, url, overwrite=True, storage_options=opts)
+    assert Trace.open(url, storage_options=opts).n_draws == 4
+    code = main(
+        [
+            "make-data",
+            url,
+            "--rows",
+            "50",
+            "--features",
+            "2",
+            "--overwrite",
+            f"--storage-option=endpoint_url={opts['endpoint_url']}",
+            f"--storage-option=key={opts['key']}",
+            f"--storage-option=secret={opts['secret']}",
+        ]
+    )
+    assert code == 2
+    assert Trace.open(url, storage_options=opts).n_draws == 4
+
+
+@pytest.mark.parametrize("where", ["ow/foreign.zarr/notes.txt", "ow/plain.zarr"])
+def test_s3_overwrite_refuses_foreign_objects(s3, where):
+    """A prefix (or a key) holding objects that are not a zarr store is never deleted."""
+    fs = _s3fs(s3)
+    fs.pipe_file(f"bucket/{where}", b"keep me")
+    url = "s3://bucket/" + ("ow/foreign.zarr" if "/notes" in where else where)
+    X, y = _xy_s3(40)
+    with pytest.raises(FileExistsError, match="not a zarr store"):
+        fd.from_numpy(X, y, url, overwrite=True, storage_options=s3["options"])
+    assert _s3fs(s3).cat_file(f"bucket/{where}") == b"keep me"
+
+
+def _late_failure(X: np.ndarray, y: np.ndarray, failure: BaseException | None):
+    """Row blocks of (X, y); the last block carries a NaN (or raises ``failure``)."""
+    step = 10
+    for s in range(0, len(y), step):
+        Xb = X[s : s + step].copy()
+        if s + step >= len(y):
+            if failure is not None:
+                raise failure
+            Xb[-1, 1] = np.nan
+        yield Xb, y[s : s + step]
+
+
+@pytest.mark.parametrize("failure", [None, KeyboardInterrupt()], ids=["nan", "ctrl-c"])
+def test_s3_failed_overwrite_keeps_the_old_data_set(s3, failure):
+    """A NaN in a late block, or Ctrl-C, during an overwrite: the old data set is intact
+    and nothing is left beside it."""
+    opts, url = s3["options"], f"s3://bucket/ow/keep-{failure is None}.zarr"
+    X, y = _xy_s3(60, seed=1)
+    old = fd.from_numpy(X, y, url, chunk_rows=10, storage_options=opts)
+    before = sorted(_s3fs(s3).find("bucket/ow"))
+    X2, y2 = _xy_s3(60, seed=2)
+    with pytest.raises(ValueError if failure is None else KeyboardInterrupt):
+        from_blocks(
+            _late_failure(X2, y2, failure),
+            url,
+            60,
+            3,
+            task="binary",
+            chunk_rows=10,
+            overwrite=True,
+            storage_options=opts,
+        )
+    again = fd.open_dataset(url, storage_options=opts)
+    assert again.fingerprint() == old.fingerprint()
+    np.testing.assert_array_equal(again.read()[0], X)
+    assert sorted(_s3fs(s3).find("bucket/ow")) == before
+
+
+def test_s3_overwrite_replaces_a_data_set_whole(s3):
+    """A successful overwrite: the new rows, a new identity, none of the old chunks."""
+    opts, url = s3["options"], "s3://bucket/ow/swap.zarr"
+    X, y = _xy_s3(60, seed=3)
+    old = fd.from_numpy(X, y, url, chunk_rows=10, storage_options=opts)
+    X2, y2 = _xy_s3(30, seed=4)
+    new = fd.from_numpy(X2, y2, url, chunk_rows=15, overwrite=True, storage_options=opts)
+    assert new.fingerprint() != old.fingerprint()
+    again = fd.open_dataset(url, storage_options=opts)
+    np.testing.assert_array_equal(again.read()[0], X2)
+    keys = sorted(k for k in _s3fs(s3).find("bucket/ow") if "swap" in k)
+    assert all(k.startswith("bucket/ow/swap.zarr/") for k in keys)  # nothing left beside
+    assert sorted(k.rsplit("/c/", 1)[-1] for k in keys if "/X/c/" in k) == ["0/0", "1/0"]
+
+
+def test_s3_overwrite_interrupted_while_copying_names_the_new_store(s3, monkeypatch):
+    """The connection lost while the new store is copied into place: readers refuse the
+    half-swapped store (never read a mix), the error names the complete new store, and writing again
+    with overwrite=True recovers."""
+    opts, url = s3["options"], "s3://bucket/ow/cut.zarr"
+    X, y = _xy_s3(40, seed=5)
+    fd.from_numpy(X, y, url, chunk_rows=10, storage_options=opts)
+    real_copy = s3fs.S3FileSystem._cp_file
+
+    async def cut(self, *args, **kwargs):
+        raise ConnectionError("connection lost")
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cp_file", cut)
+    X2, y2 = _xy_s3(40, seed=6)
+    with pytest.raises(ConnectionError) as info:
+        fd.from_numpy(X2, y2, url, chunk_rows=10, overwrite=True, storage_options=opts)
+    note = " ".join(getattr(info.value, "__notes__", []))
+    assert "the complete new data set is at 's3://bucket/ow/.cut.zarr.flymc-tmp-" in note
+    with pytest.raises(ValueError, match="is being replaced"):
+        fd.open_dataset(url, storage_options=opts)
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cp_file", real_copy)
+    fd.from_numpy(X2, y2, url, chunk_rows=10, overwrite=True, storage_options=opts)
+    np.testing.assert_array_equal(fd.open_dataset(url, storage_options=opts).read()[0], X2)
+
+
+# ------------------------------------------------------------------ the lock of S3 traces
+
+
+def _s3_holder(url: str, opts: dict) -> subprocess.Popen:
+    """Another process that takes the lock of the S3 trace ``url`` and holds it until
+    killed."""
+    code = (
+        "import json, sys, time; from flymc_dist.trace import TraceLock; "
+        "lock = TraceLock(sys.argv[1], json.loads(sys.argv[2])).acquire(); "
+        "print('held', flush=True); time.sleep(600)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, url, json.dumps(opts)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _small_run(ds, url: str, **kw):
+    kw = {"seed": 1, **kw}
+    return fd.sample(
+        fd.LogisticRegression(prior_scale=3.0),
+        ds,
+        algorithm="regular",
+        kernel="rwmh",
+        num_warmup=10,
+        num_samples=20,
+        chains=1,
+        client="synchronous",
+        progress=False,
+        trace=url,
+        checkpoint_every=10,
+        **kw,
+    )
+
+
+def test_s3_trace_has_one_writer_at_a_time(s3, data):
+    """A live process holds the lock of an S3 trace: a second run (with overwrite) is
+    refused in one line naming it, the trace is untouched; once that process is gone
+    (killed: no release) the lock is taken over."""
+    _local, remote = data
+    opts, url = s3["options"], "s3://bucket/lock/t.zarr"
+    first = _small_run(remote, url)
+    holder = _s3_holder(url, opts)
+    try:
+        with pytest.raises(TraceLockedError, match=f"pid {holder.pid} ") as info:
+            _small_run(remote, url, overwrite_trace=True, seed=2)
+        assert "\n" not in str(info.value) and "lease" in str(info.value)
+        np.testing.assert_array_equal(Trace.open(url, storage_options=opts).samples, first.samples)
+    finally:
+        holder.kill()
+        holder.wait()
+    again = _small_run(remote, url, overwrite_trace=True, seed=2)
+    assert not np.array_equal(again.samples, first.samples)
+    assert not _s3fs(s3).exists("bucket/lock/.t.zarr.flymc-lock")  # released
+
+
+def test_s3_trace_lock_is_a_lease(s3):
+    """A lock from another machine is honoured while its lease runs and taken over once it
+    ran out; a held lock is renewed; one taken over behind its holder's back is lost, and
+    its release says so."""
+    opts, url = s3["options"], "s3://bucket/lease/t.zarr"
+    fs, key = _s3fs(s3), "bucket/lease/.t.zarr.flymc-lock"
+    other = {"pid": 1, "host": "elsewhere", "token": "x", "since": time.time()}
+    fs.pipe_file(key, json.dumps({**other, "expires": time.time() + 60}).encode())
+    with pytest.raises(TraceLockedError, match="elsewhere"):
+        TraceLock(url, opts).acquire()
+    fs.pipe_file(key, json.dumps({**other, "expires": time.time() - 1}).encode())
+    lock = TraceLock(url, opts, lease=1.0).acquire()
+    first = json.loads(_s3fs(s3).cat_file(key))["expires"]
+    time.sleep(1.2)
+    renewed = json.loads(_s3fs(s3).cat_file(key))
+    assert renewed["token"] != "x" and renewed["expires"] > first
+    with pytest.raises(TraceLockedError):
+        TraceLock(url, opts).acquire()
+    lock.release()
+    assert not _s3fs(s3).exists(key)
+    lock = TraceLock(url, opts, lease=1.0).acquire()
+    _s3fs(s3).pipe_file(key, json.dumps({**other, "expires": time.time() + 60}).encode())
+    time.sleep(1.0)
+    with pytest.raises(TraceLockedError, match="lost the lock"):
+        lock.release()
+    assert json.loads(_s3fs(s3).cat_file(key))["host"] == "elsewhere"  # not removed
+    _s3fs(s3).rm_file(key)
+
+
+def test_failed_run_on_an_s3_trace_keeps_it_and_says_how_to_resume(s3, data, capsys, monkeypatch):
+    """As on local disk: a run failing after a checkpoint keeps its S3 trace, the command
+    line prints the --resume hint, and --resume finishes it; a run failing before any
+    checkpoint leaves nothing behind."""
+    opts = s3["options"]
+    so = [f"--storage-option={k}={v}" for k, v in opts.items()]
+    real_step, calls = Driver.step, {"n": 0}
+
+    def failing_at(n: int):
+        def step(self, adapters=None):
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise RuntimeError("the cluster went away")
+            return real_step(self, adapters)
+
+        return step
+
+    base = ["run", "s3://bucket/d.zarr", "--model", "logistic", "--algorithm", "regular"]
+    base += ["--kernel", "rwmh", "--warmup", "10", "--samples", "30", "--chains", "1"]
+    base += ["--synchronous", "--no-progress", "--checkpoint-every", "10", *so]
+    monkeypatch.setattr(Driver, "step", failing_at(25))
+    capsys.readouterr()
+    assert main([*base, "--trace", "s3://bucket/fail/t.zarr"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "the cluster went away" in lines[0]
+    assert "s3://bucket/fail/t.zarr keeps 20 iterations" in lines[1] and "--resume" in lines[1]
+    monkeypatch.setattr(Driver, "step", real_step)
+    assert main([*base, "--trace", "s3://bucket/fail/t.zarr", "--resume"]) == 0
+    assert Trace.open("s3://bucket/fail/t.zarr", storage_options=opts).n_draws == 30
+    calls["n"] = 0
+    monkeypatch.setattr(Driver, "step", failing_at(5))
+    assert main([*base, "--trace", "s3://bucket/fail/early.zarr"]) == 1
+    assert "--resume" not in capsys.readouterr().err
+    assert not _s3fs(s3).exists("bucket/fail/early.zarr")
+
+
+def test_s3_reads_after_a_rewrite_fail_naming_both_ids(s3, monkeypatch):
+    """A data set on S3 replaced while open: the next identity check (here: every read)
+    fails naming both store_ids, as on local disk."""
+    import flymc_dist.data.store as store
+
+    opts, url = s3["options"], "s3://bucket/ident/d.zarr"
+    X, y = _xy_s3(60, seed=7)
+    ds = fd.from_numpy(X, y, url, chunk_rows=10, storage_options=opts)
+    monkeypatch.setattr(store, "URL_CHECK_SECONDS", 0.0)
+    np.testing.assert_array_equal(ds.read(0, 5)[0], X[:5])
+    new = fd.from_numpy(X + 1.0, y, url, chunk_rows=10, overwrite=True, storage_options=opts)
+    for _ in range(2):
+        with pytest.raises(store.StoreReplacedError) as info:
+            ds.read_rows([1, 30])
+        assert ds.store_id in str(info.value) and new.store_id in str(info.value)

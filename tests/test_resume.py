@@ -178,3 +178,34 @@ def test_api_failure_keeps_a_checkpointed_trace_and_says_so(tmp_path, monkeypatc
     with pytest.raises(RuntimeError, match="lost"):
         _sample(str(tmp_path / "u.zarr"), checkpoint_every=100)
     assert not (tmp_path / "u.zarr").exists()
+
+
+@pytest.mark.parametrize("gone", [("data_id",), ("options",), ("data_id", "options")])
+def test_resume_refuses_a_trace_that_does_not_record_its_data_set(tmp_path, monkeypatch, gone):
+    """A trace written before traces recorded their data set's identity and options (here:
+    those attributes removed) cannot be checked against this run: a resume is refused,
+    saying why, rather than splicing another data set's posterior onto it."""
+    import zarr
+
+    trace = str(tmp_path / "t.zarr")
+    real_step, calls = Driver.step, {"n": 0}
+
+    def flaky_step(self, adapters=None):
+        calls["n"] += 1
+        if calls["n"] == 150:
+            raise KeyboardInterrupt
+        return real_step(self, adapters)
+
+    monkeypatch.setattr(Driver, "step", flaky_step)
+    with pytest.raises(KeyboardInterrupt):
+        _sample(trace)
+    monkeypatch.setattr(Driver, "step", real_step)
+    group = zarr.open_group(trace, mode="r+")
+    for key in gone:
+        del group.attrs[key]
+    before = Trace.open(trace).samples.copy()
+    with pytest.raises(ValueError, match="does not record") as info:
+        _sample(trace, resume=True)
+    msg = str(info.value)
+    assert "\n" not in msg and all(k in msg for k in gone) and "cannot be checked" in msg
+    np.testing.assert_array_equal(Trace.open(trace).samples, before)

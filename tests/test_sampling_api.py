@@ -635,3 +635,54 @@ def test_default_kernel_is_nuts_except_for_austerity(algorithm, expected):
     res = fd.sample(fd.LogisticRegression(), _logistic_data(), **args)
     assert res.info["kernel"] == expected
     assert res.info["kernel_repr"].startswith({"nuts": "NUTS(", "rwmh": "RandomWalkMH("}[expected])
+
+
+def _separable(n: int = 200, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Logistic data whose classes a line separates (y = 1 exactly where x > 0.1)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n)
+    return np.column_stack([np.ones(n), x]), (x > 0.1).astype(np.int64)
+
+
+@pytest.mark.parametrize(
+    "algorithm, kw",
+    [
+        ("flymc", {}),
+        ("regular", {"kernel": "nuts"}),
+        ("austerity", {"kernel": "rwmh"}),
+        # no MAP needed by the settings: the search runs all the same to check
+        ("flymc", {"bounds": "untuned", "init": [0.0, 0.0], "precondition": "identity"}),
+    ],
+)
+def test_flat_prior_on_separable_data_is_refused(algorithm, kw):
+    """Logistic regression with a flat prior on separable data has an improper posterior
+    (the likelihood keeps growing along the separating direction): refused in one line
+    naming the cause, as softmax with a flat prior is, instead of draws of 1e6-1e26."""
+    with pytest.raises(ValueError, match="improper posterior") as info:
+        _run(_separable(), fd.LogisticRegression(prior="flat"), algorithm=algorithm, **kw)
+    msg = str(info.value)
+    assert "\n" not in msg and "separa" in msg and "prior='normal'" in msg
+
+
+def test_flat_prior_is_refused_along_a_direction_the_data_do_not_inform():
+    """Two equal columns and a flat prior: the likelihood is constant along their
+    difference, so the posterior is improper too."""
+    X, y = _logistic_data(n=200)
+    X = np.column_stack([X, X[:, 1]])
+    with pytest.raises(ValueError, match="improper posterior"):
+        _run((X, y), fd.LogisticRegression(prior="flat"))
+
+
+def test_flat_prior_on_overlapping_classes_is_sampled():
+    """The check has no false alarm: overlapping classes (a finite MLE) sample as before,
+    with the flat prior or a proper one, small or large coefficients."""
+    res = _run(_logistic_data(n=200), fd.LogisticRegression(prior="flat"))
+    assert np.all(np.isfinite(res.samples)) and np.abs(res.samples).max() < 10
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=400)
+    y = (rng.random(400) < 1 / (1 + np.exp(-(0.01 + 0.01 * x)))).astype(np.int64)
+    _run((np.column_stack([np.ones(400), x]), y), fd.LogisticRegression(prior="flat"))
+    y = (rng.random(400) < 1 / (1 + np.exp(-8 * x))).astype(np.int64)  # nearly separable
+    if (y[x > 0] == 0).any() or (y[x < 0] == 1).any():
+        _run((np.column_stack([np.ones(400), x]), y), fd.LogisticRegression(prior="flat"))
+    _run(_separable(), fd.LogisticRegression(prior="normal"))

@@ -132,7 +132,14 @@ from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.run import describe_run, run, storage_info
 from flymc_dist.transport.dask import ShardLost, open_transport
-from flymc_dist.tune import find_map, initial_positions, needs_map, preconditioner, tight_bounds
+from flymc_dist.tune import (
+    find_map,
+    flat_prior_to_check,
+    initial_positions,
+    needs_map,
+    preconditioner,
+    tight_bounds,
+)
 
 #: the shard operations this sampler runs (:mod:`flymc_dist.austerity.shard`), by name
 OP_BATCH = operation_name(shard_batch)
@@ -611,7 +618,9 @@ class AusteritySampler:
         preconditioner and initial positions, as the FlyMC driver does."""
         t0 = time.perf_counter()
         neg_h = None
-        if needs_map(self.init, self.precondition, self.control_variates):
+        if needs_map(self.init, self.precondition, self.control_variates) or flat_prior_to_check(
+            self.model
+        ):
             found = find_map(self.model, self.transport, self.P, maxiter=self.map_maxiter)
             self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
             self.setup_queries = found.passes * self.n_rows  # every datum at one θ a pass

@@ -25,6 +25,7 @@ from flymc_dist.data.store import (
     FORMAT,
     DataIntegrityError,
     Dataset,
+    StoreReplacedError,
     default_chunk_rows,
     open_dataset,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DataIntegrityError",
     "Dataset",
+    "StoreReplacedError",
     "default_chunk_rows",
     "from_numpy",
     "from_blocks",

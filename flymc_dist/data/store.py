@@ -27,8 +27,10 @@ Generators add more attributes (e.g. ``true_theta``); :attr:`Dataset.attrs` expo
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,14 +43,20 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DataIntegrityError",
     "Dataset",
+    "StoreReplacedError",
     "default_chunk_rows",
     "open_dataset",
 ]
 
 #: Value of the ``"format"`` attribute that marks a complete flymc_dist store.
 FORMAT = "flymc_dist/1"
+#: Attribute that replaces ``"format"`` on an object store while its data set is replaced.
+_REPLACING = "flymc_replacing"
 #: Target size of one chunk of ``X`` when ``chunk_rows`` is not given (8 MiB).
 DEFAULT_CHUNK_BYTES = 8 * 2**20
+#: A data set behind a URL checks its identity at most this often (seconds): a request
+#: each time (on local disk: a ``stat`` after every read).
+URL_CHECK_SECONDS = 5.0
 #: Storage dtypes of ``X`` (reading always returns float64).
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -107,6 +115,20 @@ def default_chunk_rows(n_rows: int, n_features: int, itemsize: int = 8) -> int:
 
 class DataIntegrityError(ValueError):
     """A chunk of a data set is missing from its store, or cannot be decoded."""
+
+
+class StoreReplacedError(ValueError):
+    """The data set at a path was replaced (rewritten, its ``store_id`` changed) after a
+    run opened it: reading on would mix two data sets."""
+
+
+def _replaced(path: str, expected: str | None, found: Any) -> StoreReplacedError:
+    now = f"store_id {found}" if isinstance(found, str) else found
+    return StoreReplacedError(
+        f"data set {path!r} was replaced after this run opened it: the run's is store_id "
+        f"{expected}, the store now holds {now}; reading on would mix two data sets "
+        "(start the run again, on the new data set or with the old one restored)"
+    )
 
 
 class _ChunkGuard(WrapperStore):
@@ -197,13 +219,29 @@ class Dataset:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        storage_options: dict[str, Any] | None = None,
+        store_id: str | None = None,
     ) -> None:
         self.path = _norm_path(path)
         self.storage_options = dict(storage_options) if storage_options else None
         self._arrays: tuple[Any, Any] | None = None
+        self._stamp: Any = None  # local: the root zarr.json's inode, taken on first read
+        self._checked = time.monotonic()
         group = self._open_group()
         attrs = dict(group.attrs)
+        #: the identity written with the store (None: written before ids were); every
+        #: rewrite changes it, and every read checks that it did not change
+        self.store_id: str | None = attrs.get("store_id")
+        if store_id is not None and self.store_id != store_id:
+            raise _replaced(self.path, store_id, self.store_id)
+        if attrs.get(_REPLACING) == FORMAT:
+            raise ValueError(
+                f"{self.path!r} is being replaced by a new data set (or its replacement was "
+                "interrupted: write it again with overwrite=True)"
+            )
         if attrs.get("format") != FORMAT:
             raise ValueError(
                 f"{self.path!r} is not a complete flymc_dist data set "
@@ -322,9 +360,58 @@ class Dataset:
                     )
         return err
 
+    def _root_store_id(self) -> Any:
+        """The ``store_id`` the store holds now; a description if it holds no data set."""
+        meta_path = f"{self.path}/zarr.json"
+        try:
+            if _is_url(self.path):
+                import fsspec
+
+                fs, root = fsspec.core.url_to_fs(self.path, **(self.storage_options or {}))
+                text = fs.cat_file(f"{root.rstrip('/')}/zarr.json")
+            else:
+                with open(os.path.join(self.path, "zarr.json"), "rb") as fh:
+                    text = fh.read()
+            attrs = json.loads(text).get("attributes", {})
+        except FileNotFoundError:
+            return f"nothing ({meta_path} is gone)"
+        except (OSError, ValueError, AttributeError) as e:
+            return f"an unreadable zarr.json ({type(e).__name__}: {e})"
+        if attrs.get(_REPLACING) == FORMAT:
+            return "a data set being replaced"
+        return attrs.get("store_id")
+
+    def _check_unchanged(self, force: bool = False) -> None:
+        """Raise :class:`StoreReplacedError` if the store at :attr:`path` is no longer the
+        data set this object opened (checked after reads, so a read that a rewrite
+        overlapped is never returned). Local: one ``stat`` (the rewrite renames a new
+        directory into place); a URL: one request, at most every
+        :data:`URL_CHECK_SECONDS` unless ``force``."""
+        if self.store_id is None:
+            return  # written before ids were: nothing to compare
+        if _is_url(self.path):
+            now = time.monotonic()
+            if not force and now - self._checked < URL_CHECK_SECONDS:
+                return
+            self._checked = now
+        else:
+            try:
+                ino = os.stat(os.path.join(self.path, "zarr.json")).st_ino
+            except OSError:
+                ino = None
+            if ino is not None and ino == self._stamp:
+                return
+        found = self._root_store_id()
+        if found != self.store_id:
+            raise _replaced(self.path, self.store_id, found)  # and again on every read
+        if not _is_url(self.path):
+            self._stamp = ino
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_arrays"] = None
+        state["_stamp"] = None  # inodes are this machine's: taken again where unpickled
+        state["_checked"] = -math.inf  # so are monotonic clocks: check on the first read
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -485,9 +572,12 @@ class Dataset:
             X = np.ascontiguousarray(self._X[start:stop], dtype=np.float64)
             y = np.ascontiguousarray(self._y[start:stop])
         except DataIntegrityError:
+            self._check_unchanged(force=True)  # a replaced store before a damaged one
             raise
         except Exception as e:  # noqa: BLE001 - a damaged chunk, named; else re-raised
+            self._check_unchanged(force=True)
             raise self._damage(start, stop, e) from e
+        self._check_unchanged()
         return X, y
 
     def read_rows(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -530,9 +620,12 @@ class Dataset:
             X = self._X.get_orthogonal_selection((idx, slice(None)))
             y = self._y.get_orthogonal_selection(idx)
         except DataIntegrityError:
+            self._check_unchanged(force=True)  # a replaced store before a damaged one
             raise
         except Exception as e:  # noqa: BLE001 - a damaged chunk, named; else re-raised
+            self._check_unchanged(force=True)
             raise self._damage(int(idx[0]), int(idx[-1]) + 1, e) from e
+        self._check_unchanged()
         return np.ascontiguousarray(X, dtype=np.float64), np.ascontiguousarray(y)
 
     def iter_chunks(
@@ -561,7 +654,10 @@ class Dataset:
 
 
 def open_dataset(
-    path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
+    path: str | os.PathLike[str],
+    *,
+    storage_options: dict[str, Any] | None = None,
+    store_id: str | None = None,
 ) -> Dataset:
     """Open a flymc_dist data set.
 
@@ -571,6 +667,9 @@ def open_dataset(
         Local directory or fsspec URL.
     storage_options : dict, optional
         fsspec options for URLs.
+    store_id : str, optional
+        The identity the data set must have (:attr:`Dataset.store_id`, as a run opened
+        it): a store rewritten since is refused with :class:`StoreReplacedError`.
 
     Returns
     -------
@@ -582,5 +681,7 @@ def open_dataset(
         Nothing at ``path``.
     ValueError
         ``path`` is not a (complete) flymc_dist store.
+    StoreReplacedError
+        ``store_id`` is given and the store's differs.
     """
-    return Dataset(path, storage_options=storage_options)
+    return Dataset(path, storage_options=storage_options, store_id=store_id)

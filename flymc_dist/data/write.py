@@ -7,14 +7,18 @@ Atomicity
 ---------
 :func:`from_numpy` and :func:`ingest` validate all of their input before writing
 anything (:func:`from_blocks` and the generators validate each block as it arrives).
-For local paths every writer then writes into a temporary
-sibling directory (``.<name>.flymc-tmp-<random>``) and renames it into place only on
-success; with ``overwrite=True`` the old store is moved aside and deleted only after the
-new one is complete. Any failure, including ``KeyboardInterrupt``, removes the temporary
-directory and leaves an existing store untouched. For fsspec URLs (paths containing
-``"://"``) the store is written in place; the ``"format"`` attribute that marks a
-complete store is written last (so :func:`open_dataset` rejects a partial store) and a
-best-effort removal is attempted on failure, but atomicity is only guaranteed locally.
+Every writer then writes into a temporary sibling (``.<name>.flymc-tmp-<random>``) and
+puts it into place only once it is complete. Any failure before that, including
+``KeyboardInterrupt``, removes the temporary store and leaves an existing store untouched.
+Locally the temporary directory is renamed into place; with ``overwrite=True`` the old
+store is moved aside and deleted only after the new one is in place. On an object store
+(an fsspec URL: a path containing ``"://"``) there is no rename: the complete new store
+is copied into place (server-side where the store can), the old one first marked as
+being replaced (its ``"format"`` attribute renamed, so readers refuse it rather than read
+a mix) and the new root ``zarr.json`` copied last. An interruption during that copy keeps
+the complete new store beside and names it. ``overwrite=True`` only ever replaces a
+flymc_dist data set: a trace, another zarr store or foreign objects are refused, on disk
+and on object stores alike.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 import zarr
 
 from flymc_dist.data.store import (
+    _REPLACING,
     FORMAT,
     Dataset,
     _check_dtype,
@@ -242,16 +247,54 @@ def _rmtree(path: str) -> None:
         time.sleep(0.05)
 
 
+def _url_fs(path: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    """The fsspec file system of URL ``path`` and the path within it (listings not cached)."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache()
+    return fs, root.rstrip("/")
+
+
+def _url_kind(fs: Any, root: str) -> str:
+    """What is at ``root`` on an object store: ``"missing"``, ``"dataset"`` (a flymc_dist
+    data set, complete or being replaced), ``"zarr"`` (another zarr store: a trace, say)
+    or ``"foreign"`` (objects that are not a zarr store)."""
+    import json
+
+    try:
+        meta = json.loads(fs.cat_file(f"{root}/zarr.json"))
+    except FileNotFoundError:
+        return "foreign" if fs.exists(root) else "missing"
+    except ValueError:
+        return "foreign"
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    if isinstance(attrs, dict) and FORMAT in (attrs.get("format"), attrs.get(_REPLACING)):
+        return "dataset"
+    return "zarr"
+
+
 def _check_destination(
     path: str, overwrite: bool, storage_options: dict[str, Any] | None = None
 ) -> None:
     """Raise if ``path`` exists and may not (or must not) be replaced."""
     if _is_url(path):
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
-        if fs.exists(root) and not overwrite:
+        kind = _url_kind(*_url_fs(path, storage_options))
+        if kind == "missing":
+            return
+        if not overwrite:
             raise FileExistsError(f"{path!r} already exists (pass overwrite=True to replace it)")
+        # the same refusals as on local disk: never delete what is not a flymc data set
+        if kind == "foreign":
+            raise FileExistsError(
+                f"{path!r} exists and is not a zarr store (no zarr.json); refusing to overwrite it"
+            )
+        if kind == "zarr":
+            raise FileExistsError(
+                f"{path!r} is a zarr store but not a flymc_dist data set (a trace?); refusing "
+                "to overwrite it"
+            )
         return
     if not os.path.lexists(path):
         return
@@ -358,14 +401,20 @@ class _StoreWriter:
     def __enter__(self) -> _StoreWriter:
         _check_destination(self.path, self.overwrite, self.storage_options)
         if _is_url(self.path):
-            target: Any = self.path
-            mode = "w"
+            # written beside, then copied into place (object stores cannot rename)
+            parent, _, name = self.path.rpartition("/")
+            if not name or parent.endswith(":/"):
+                raise ValueError(
+                    f"{self.path!r} is the root of a bucket; write a data set under a prefix "
+                    "(e.g. s3://bucket/name.zarr)"
+                )
+            target: Any = f"{parent}/.{name}.flymc-tmp-{uuid.uuid4().hex[:12]}"
         else:
             parent, name = os.path.split(self.path)
             os.makedirs(parent, exist_ok=True)
-            self._tmp = os.path.join(parent, f".{name}.flymc-tmp-{uuid.uuid4().hex[:12]}")
-            target = self._tmp
-            mode = "w-"
+            target = os.path.join(parent, f".{name}.flymc-tmp-{uuid.uuid4().hex[:12]}")
+        self._tmp = target
+        mode = "w-"
         try:
             kw: dict[str, Any] = {}
             if self.storage_options and _is_url(self.path):
@@ -516,6 +565,9 @@ class _StoreWriter:
     def _commit(self) -> None:
         if self._tmp is None:
             return
+        if _is_url(self.path):
+            self._commit_url()
+            return
         if not os.path.lexists(self.path):
             os.rename(self._tmp, self.path)
             self._tmp = None
@@ -536,20 +588,63 @@ class _StoreWriter:
         self._tmp = None
         _rmtree(old)
 
+    def _commit_url(self) -> None:
+        """Copy the complete store at ``self._tmp`` into place on an object store.
+
+        The old data set (if any) is first marked as being replaced, so that no reader
+        takes it for complete while its objects are swapped; the new root ``zarr.json``
+        (with ``"format"``) is copied last. If this is interrupted, the complete new store
+        is kept where it was written and the error says where.
+        """
+        import json
+
+        fs, root = _url_fs(self.path, self.storage_options)
+        _, tmp = _url_fs(self._tmp, self.storage_options)  # type: ignore[arg-type]
+        kind = _url_kind(fs, root)
+        if kind != "missing" and not self.overwrite:
+            raise FileExistsError(
+                f"{self.path!r} appeared while writing (pass overwrite=True to replace it)"
+            )
+        _check_destination(self.path, self.overwrite, self.storage_options)
+        try:
+            if kind == "dataset":
+                meta = json.loads(fs.cat_file(f"{root}/zarr.json"))
+                attrs = meta.setdefault("attributes", {})
+                attrs[_REPLACING] = attrs.pop("format", FORMAT)
+                fs.pipe_file(f"{root}/zarr.json", json.dumps(meta).encode())
+                stale = [f for f in fs.find(root) if f != f"{root}/zarr.json"]
+                if stale:
+                    fs.rm(stale)
+            sources = [f for f in fs.find(tmp) if f != f"{tmp}/zarr.json"]
+            fs.copy(sources, [root + f[len(tmp) :] for f in sources])
+            fs.copy(f"{tmp}/zarr.json", f"{root}/zarr.json")  # last: marks it complete
+        except BaseException as err:
+            keep, self._tmp = self._tmp, None  # the complete new store: never removed
+            with contextlib.suppress(AttributeError, TypeError):
+                err.add_note(
+                    f"writing {self.path!r} was interrupted while copying it into place: "
+                    f"{self.path!r} is incomplete (refused by readers); the complete new "
+                    f"data set is at {keep!r} (copy it into place, or write it again "
+                    "with overwrite=True)"
+                )
+            raise
+        with contextlib.suppress(Exception):
+            fs.rm(tmp, recursive=True)
+        self._tmp = None
+
     def _abort(self) -> None:
         try:
             self._stop_thread()
         finally:
-            if self._tmp is not None:
+            if self._tmp is not None and _is_url(self._tmp):
+                with contextlib.suppress(Exception):  # best effort: the write failed already
+                    fs, tmp = _url_fs(self._tmp, self.storage_options)
+                    if fs.exists(tmp):
+                        fs.rm(tmp, recursive=True)
+                self._tmp = None
+            elif self._tmp is not None:
                 _rmtree(self._tmp)
                 self._tmp = None
-            elif _is_url(self.path):
-                with contextlib.suppress(Exception):
-                    import fsspec
-
-                    fs, root = fsspec.core.url_to_fs(self.path, **(self.storage_options or {}))
-                    if fs.exists(root):
-                        fs.rm(root, recursive=True)
 
 
 # --------------------------------------------------------------------------- public writers

@@ -125,7 +125,9 @@ class Shard:
         self.block_rows = 0
         prepare = weak_method(self._row_constants)  # no cycle shard -> rows -> shard
         if data is None:
-            ds = open_dataset(spec.path, storage_options=spec.storage_options)
+            ds = open_dataset(
+                spec.path, storage_options=spec.storage_options, store_id=spec.store_id
+            )
             self.block_rows = int(ds.chunk_rows)
             n = spec.stop - spec.start
             nbytes = n * (ds.n_features + K + 2) * 8

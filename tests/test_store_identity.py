@@ -1,0 +1,107 @@
+"""A data set replaced at its path while a run reads it: every read path checks the store's
+identity (its ``store_id``, new with every rewrite) and fails naming both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.special import expit
+
+import flymc_dist as fd
+from flymc_dist.data import StoreReplacedError
+from flymc_dist.driver import Driver
+from flymc_dist.layout import shard_layout
+from flymc_dist.protocol import ShardConfig
+from flymc_dist.shard import Shard
+
+
+def _data(n: int = 900, seed: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
+    y = (rng.random(n) < expit(X @ np.array([0.3, -1.2, 0.8]))).astype(np.int64)
+    return X, y
+
+
+def _rewrite_in_another_process(path: str, seed: int) -> None:
+    """``from_numpy(..., overwrite=True)`` of other rows of the same shape, run by another
+    process (as ``flymc make-data --overwrite`` would be)."""
+    code = (
+        "import sys, numpy as np, flymc_dist as fd; "
+        "rng = np.random.default_rng(int(sys.argv[2])); "
+        "X = np.c_[np.ones(900), rng.normal(size=(900, 2))]; "
+        "fd.from_numpy(X, (rng.random(900) < 0.5).astype(np.int64), sys.argv[1], "
+        "chunk_rows=64, overwrite=True)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code, path, str(seed)], check=True, env=env)
+
+
+def test_reads_after_a_rewrite_fail_naming_both_ids(tmp_path):
+    X, y = _data()
+    ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=64)
+    np.testing.assert_array_equal(ds.read(0, 10)[0], X[:10])
+    new = fd.from_numpy(X + 1.0, y, tmp_path / "d.zarr", chunk_rows=64, overwrite=True)
+    assert new.store_id != ds.store_id
+    for read in (lambda: ds.read(0, 10), lambda: ds.read_rows([3, 70, 800])):
+        with pytest.raises(StoreReplacedError) as info:
+            read()
+        msg = str(info.value)
+        assert ds.store_id in msg and new.store_id in msg and "\n" not in msg
+    with pytest.raises(StoreReplacedError, match=ds.store_id):
+        fd.open_dataset(tmp_path / "d.zarr", store_id=ds.store_id)
+
+
+def test_a_shard_opened_after_a_rewrite_refuses_it(tmp_path):
+    """A shard set up (or recreated after a fault) once the store was rewritten: refused
+    by its spec's store_id, in memory and out of core."""
+    X, y = _data()
+    ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=64)
+    specs = shard_layout(ds, {"n_shards": 2})[0]
+    assert {s.store_id for s in specs} == {ds.store_id}
+    config = ShardConfig(
+        model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0, n_rows=900
+    )
+    Shard(specs[1], config)  # the store the run opened: fine
+    _rewrite_in_another_process(str(tmp_path / "d.zarr"), seed=9)
+    for out_of_core in (False, True):
+        cfg = ShardConfig(**{**config.__dict__, "out_of_core": out_of_core})
+        with pytest.raises(StoreReplacedError, match=ds.store_id):
+            Shard(specs[1], cfg)
+
+
+def test_an_out_of_core_run_whose_store_is_replaced_mid_run_fails(tmp_path, monkeypatch):
+    """Another process rewrites the store 60 iterations into an out-of-core run: the run
+    fails naming both identities, instead of finishing on a mix of two data sets."""
+    X, y = _data()
+    path = str(tmp_path / "d.zarr")
+    ds = fd.from_numpy(X, y, path, chunk_rows=64)
+    real_step, calls = Driver.step, {"n": 0}
+
+    def step(self, adapters=None):
+        calls["n"] += 1
+        if calls["n"] == 60:
+            _rewrite_in_another_process(path, seed=11)
+        return real_step(self, adapters)
+
+    monkeypatch.setattr(Driver, "step", step)
+    with pytest.raises(StoreReplacedError) as info:
+        fd.sample(
+            fd.LogisticRegression(prior_scale=3.0),
+            ds,
+            kernel="rwmh",
+            num_warmup=50,
+            num_samples=100,
+            chains=2,
+            seed=8,
+            n_shards=2,
+            client="synchronous",
+            progress=False,
+            out_of_core=True,
+            chunk_iterations=4,
+        )
+    assert ds.store_id in str(info.value)
+    assert fd.open_dataset(path).store_id in str(info.value)
