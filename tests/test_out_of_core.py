@@ -214,6 +214,21 @@ def test_auto_follows_the_budget(store):
     assert Shard(spec, aus, budget=1000).out_of_core  # austerity follows it too
 
 
+def test_explicit_update_beyond_the_budget_is_refused(store):
+    """Out of core the explicit z-update reads resample_fraction of the rows per iteration:
+    beyond the shard's budget, set-up refuses it in one line, before writing anything."""
+    ds, _, _ = store
+    config = ShardConfig(
+        model=fd.LogisticRegression(), algorithm="flymc", chains=2, seed=0, n_rows=ds.n_rows,
+        z_update="explicit", resample_fraction=0.5,
+    )  # fmt: skip
+    spec = ShardSpec(0, ds.path, 0, 900)
+    with pytest.raises(ValueError, match="explicit z-update reads resample_fraction=0.5"):
+        Shard(spec, config, budget=10_000)
+    small = dataclasses.replace(config, resample_fraction=0.01)
+    assert Shard(spec, small, budget=10_000).out_of_core
+
+
 def test_shard_rows_at_reads_the_same_values_out_of_core(store):
     """The add-on samplers' view of the rows: a gather in memory, a read of those rows
     from the row file out of core, the same values in the order asked."""

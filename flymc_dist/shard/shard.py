@@ -132,6 +132,7 @@ class Shard:
             n = spec.stop - spec.start
             nbytes = n * (ds.n_features + K + 2) * 8
             if _out_of_core(config.out_of_core, nbytes, budget):
+                _check_explicit(config, n * config.chains * (ds.n_features + K + 2) * 8, budget)
                 self.rows = FileRows(ds, spec.start, spec.stop, K, prepare, local_directory())
             else:
                 XC = np.empty((n, ds.n_features + K))
@@ -903,3 +904,20 @@ def _out_of_core(mode: bool | str, nbytes: int, budget: int | None) -> bool:
     if mode == "auto":
         return budget is not None and nbytes > budget
     return bool(mode)
+
+
+def _check_explicit(config: ShardConfig, nbytes: int, budget: int | None) -> None:
+    """Out of core, refuse an explicit z-update whose rows resampled per iteration
+    (``resample_fraction`` of ``nbytes``: every chain's rows in memory) exceed the
+    shard's memory budget."""
+    if config.algorithm != "flymc" or config.z_update != "explicit" or budget is None:
+        return
+    need = config.resample_fraction * nbytes
+    if need > budget:
+        raise ValueError(
+            f"out of core, the explicit z-update reads resample_fraction="
+            f"{config.resample_fraction} of the rows per iteration ({need / 1e6:.0f} MB here "
+            f"with {config.chains} chains), more than the shard's memory budget of "
+            f"{budget / 1e6:.0f} MB: use z_update='implicit' (the default) or a smaller "
+            "resample_fraction"
+        )
