@@ -58,7 +58,7 @@ from flymc_dist.tune import (
     initial_positions,
     needs_map,
     preconditioner,
-    tight_bounds,
+    tight_bounds_and_expected,
 )
 
 log = logging.getLogger("flymc_dist")
@@ -76,6 +76,10 @@ STAT_NAMES: dict[str, str] = {
 
 #: the replica's default memory budget in ``bright_replica="auto"`` mode (bytes)
 REPLICA_BUDGET = 256 * 2**20
+#: the MAP search starts on 1/MAP_THIN of the rows (see :func:`~flymc_dist.tune.find_map`)
+#: when there are at least MAP_THIN_ROWS of them: below, a full pass costs little anyway
+MAP_THIN = 16
+MAP_THIN_ROWS = 2**18
 
 
 def check_bright_replica(value: Any, budget: Any = REPLICA_BUDGET) -> None:
@@ -175,6 +179,8 @@ class Driver:
         self._bound_symmetric: tuple[BoundStats | None, bool] = (None, False)
         self.theta_map: np.ndarray | None = None
         self.map_info: dict[str, Any] = {}
+        #: the expected bright rows at the MAP, from the bound statistics' pass (or None)
+        self._expected_bright: float | None = None
         self.positions = np.zeros((self.chains, self.P))
         self.params: list[Any] = []
         self.commits = np.full(self.chains, -1, dtype=np.int64)
@@ -208,13 +214,24 @@ class Driver:
         if needs_map(self.init, self.precondition, bounds_at_map) or flat_prior_to_check(
             self.model
         ):
-            found = find_map(self.model, self.transport, self.P, maxiter=self.map_maxiter)
+            found = find_map(
+                self.model,
+                self.transport,
+                self.P,
+                maxiter=self.map_maxiter,
+                thin=MAP_THIN if self.n_rows >= MAP_THIN_ROWS else 1,
+            )
             self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
             self.setup_queries += found.passes * self.n_rows  # every datum at one θ a pass
         if self.algorithm == "flymc":
             if self.exact_rows == "auto" and self.model.exact_xi(np.zeros(1)) is not None:
                 self.exact_counts = choose_exact_rows(self.transport, self.n_rows)
-            self.bound = tight_bounds(self.transport, self.theta_map if bounds_at_map else None)
+            # at the MAP, the replica's decision needs the expected bright rows there:
+            # from the bound statistics' pass
+            at = self.theta_map if bounds_at_map and self.bright_replica == "auto" else None
+            self.bound, self._expected_bright = tight_bounds_and_expected(
+                self.transport, self.theta_map if bounds_at_map else None, at
+            )
         is_bound = isinstance(self.precondition, str) and self.precondition == "bound"
         forecast = bounds_at_map and neg_h is not None  # how fast FlyMC can mix
         prec = bound_precision(self.bound, self.model, self.P) if is_bound or forecast else None
@@ -248,8 +265,10 @@ class Driver:
         if self.bright_replica is not True and self.bright_replica != "auto":
             return False
         if self.bright_replica == "auto":
-            start = self.theta_map if self.theta_map is not None else self.positions[0]
-            expected = float(tree_total(self.transport.call("expected_bright", start)))
+            expected = self._expected_bright
+            if expected is None:  # untuned bounds: at the first chain's start
+                start = self.theta_map if self.theta_map is not None else self.positions[0]
+                expected = float(tree_total(self.transport.call("expected_bright", start)))
             self.setup_queries += self.n_rows
             # features, target, tight point (up to K floats) and id of each row
             row_bytes = 8 * (self.n_features + 3 + self.model.n_outputs)

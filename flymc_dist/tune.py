@@ -76,8 +76,14 @@ def find_map(
     *,
     maxiter: int = 100,
     x0: np.ndarray | None = None,
+    thin: int = 1,
 ) -> MapEstimate:
     """MAP estimate by trust-region Newton with shard-summed gradients and Hessians.
+
+    With ``thin`` > 1 the search first runs on a subsample — the first 1/``thin`` of the
+    rows of every block, their sums scaled up (``Shard.loglik_sum(…, thin)``) — and then
+    from its end on full passes, which from so close a start converge in a few
+    evaluations: most of the search's passes cost 1/``thin`` of one.
 
     Parameters
     ----------
@@ -111,14 +117,20 @@ def find_map(
     cache: dict[bytes, tuple[float, np.ndarray, np.ndarray]] = {}
     loglik: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
     passes = 0
+    sub = {"thin": 1, "evaluations": 0}
 
     def evaluate(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         """The negated (smoothed: :meth:`Model.prior_map_terms`) log posterior."""
         nonlocal passes
-        key = np.asarray(theta, float).tobytes()
+        key = np.asarray(theta, float).tobytes() + bytes([sub["thin"] > 1])
         if key not in cache:
-            flat = tree_total(transport.call("loglik_sum", np.asarray(theta, float), 2))
-            passes += 1  # a full pass: every datum at one θ
+            flat = tree_total(
+                transport.call("loglik_sum", np.asarray(theta, float), 2, sub["thin"])
+            )
+            if sub["thin"] > 1:
+                sub["evaluations"] += 1
+            else:
+                passes += 1  # a full pass: every datum at one θ
             P = len(theta)
             v, g, h = float(flat[0]), flat[1 : 1 + P], flat[1 + P :].reshape(P, P)
             pv, pg, ph = model.prior_map_terms(np.asarray(theta, float))
@@ -134,14 +146,24 @@ def find_map(
     else:
         x0 = untuned_bound_mode(model, transport, n_params)
         passes += 1
-    res = scipy.optimize.minimize(
-        lambda t: evaluate(t)[0],
-        x0,
-        jac=lambda t: evaluate(t)[1],
-        hess=lambda t: evaluate(t)[2],
-        method="trust-exact",
-        options={"maxiter": int(maxiter), "gtol": 1e-6},
-    )
+
+    def search(start: np.ndarray) -> Any:
+        return scipy.optimize.minimize(
+            lambda t: evaluate(t)[0],
+            start,
+            jac=lambda t: evaluate(t)[1],
+            hess=lambda t: evaluate(t)[2],
+            method="trust-exact",
+            options={"maxiter": int(maxiter), "gtol": 1e-6},
+        )
+
+    if thin > 1:
+        sub["thin"] = int(thin)
+        first = search(x0)
+        if np.all(np.isfinite(first.x)):
+            x0 = np.asarray(first.x, float)
+        sub["thin"] = 1
+    res = search(x0)
     theta = np.asarray(res.x, float)
     evaluate(theta)
     # the preconditioner's curvature: the likelihood's, plus the prior's Gaussian
@@ -152,6 +174,8 @@ def find_map(
         "iterations": int(res.nit),
         "evaluations": int(res.nfev),
         "message": str(res.message),
+        "subsample_thin": int(thin),
+        "subsample_evaluations": int(sub["evaluations"]),
     }
     if not np.all(np.isfinite(theta)):
         raise FloatingPointError(f"MAP search diverged: {res.message}")
@@ -337,8 +361,19 @@ def tight_bounds(transport: Transport, theta_hat: np.ndarray | None) -> BoundSta
     austerity's control variates; a cluster transport replays ``set_tight_points`` on
     shards it recreates after a fault.
     """
+    return tight_bounds_and_expected(transport, theta_hat, None)[0]
+
+
+def tight_bounds_and_expected(
+    transport: Transport, theta_hat: np.ndarray | None, expected_at: np.ndarray | None
+) -> tuple[BoundStats, float | None]:
+    """:func:`tight_bounds`, and with ``expected_at`` a θ the expected number of bright
+    rows there (``Shard.expected_bright``) from the same full pass (else None)."""
     transport.call("set_tight_points", None if theta_hat is None else np.asarray(theta_hat, float))
-    return tree_total(transport.call("bound_stats"))
+    if expected_at is None:
+        return tree_total(transport.call("bound_stats")), None
+    both = tree_total(transport.call("bound_stats", False, np.asarray(expected_at, float)))
+    return both.first, float(both.second)
 
 
 def bound_precision(bound: BoundStats, model: Model, n_params: int) -> np.ndarray:

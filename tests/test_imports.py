@@ -25,7 +25,6 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     # replica compute with it, so `import flymc_dist` and the CLI do not pay for it.
     ("flymc_dist.replica", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.shard.shard", "flymc_dist._compiled"): "numba, heavy: only where it computes",
-    ("flymc_dist.shard.rows", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.replica", "flymc_dist._compiled_nuts"): "numba, heavy: only where it computes",
 }
 

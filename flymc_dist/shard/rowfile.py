@@ -178,16 +178,21 @@ class RowFile:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="flymc-row-read")
         return self._pool.submit(fn, *args)
 
-    def blocks(self, block: int) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-        """Every row, as ``(lo, hi, X, y)`` blocks of ``block`` rows, each next one read
-        while the caller works on the last."""
+    def blocks(
+        self, block: int, head: int | None = None
+    ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """Every row, as ``(lo, hi, X, y)`` blocks of ``block`` rows (with ``head``, the
+        first ``head`` rows of each), each next one read while the caller works on the
+        last."""
         edges = list(range(0, self.n, max(block, 1))) + [self.n]
-        ahead = self.submit(self.read_range, edges[0], edges[1]) if self.n else None
-        for k in range(len(edges) - 1):
+        take = max(block, 1) if head is None else max(int(head), 1)
+        spans = [(a, min(b, a + take)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        ahead = self.submit(self.read_range, *spans[0]) if spans else None
+        for k, (lo, hi) in enumerate(spans):
             X, y = ahead.result()
-            if k + 2 < len(edges):
-                ahead = self.submit(self.read_range, edges[k + 1], edges[k + 2])
-            yield edges[k], edges[k + 1], X, y
+            if k + 1 < len(spans):
+                ahead = self.submit(self.read_range, *spans[k + 1])
+            yield lo, hi, X, y
 
     def close(self) -> None:
         """Stop the reading thread and remove the file."""

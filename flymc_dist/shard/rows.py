@@ -101,13 +101,17 @@ class MemoryRows:
                 )
             self._consts[...] = consts
 
-    def blocks(self, block: int | None) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
-        """Every row as read-only ``(X, y, xi)`` blocks of ``block`` rows (None: one)."""
+    def blocks(
+        self, block: int | None, head: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
+        """Every row as read-only ``(X, y, xi)`` blocks of ``block`` rows (None: one); with
+        ``head``, only the first ``head`` rows of each block (a subsample, not a pass)."""
         step = max(self.n if block is None else block, 1)
-        self.passes += 1
+        take = step if head is None else min(step, max(int(head), 1))
+        self.passes += head is None
         for lo in range(0, max(self.n, 1), step):
-            xi = None if self.xi is None else read_only(self.xi[lo : lo + step])
-            yield read_only(self.X[lo : lo + step]), read_only(self.y[lo : lo + step]), xi
+            xi = None if self.xi is None else read_only(self.xi[lo : lo + take])
+            yield read_only(self.X[lo : lo + take]), read_only(self.y[lo : lo + take]), xi
 
     def locate(self, rows: np.ndarray) -> np.ndarray:
         """Where ``rows`` sit in :attr:`XC`: the rows themselves."""
@@ -122,7 +126,8 @@ class MemoryRows:
         return self.X[rows], self.y[rows], None if self.xi is None else self.xi[rows]
 
     def sweep(self) -> Iterator[tuple[int, int]]:
-        """Every row, resident: one range."""
+        """Every row, resident: one range (a full pass)."""
+        self.passes += 1
         yield 0, self.n
 
     def fetch(self, rows: np.ndarray) -> None:
@@ -334,10 +339,14 @@ class FileRows:
             if self._K and consts is not None:
                 self.XC[self._slot, self.n_features :] = consts
 
-    def blocks(self, block: int | None) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
+    def blocks(
+        self, block: int | None, head: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
         """Every row as read-only ``(X, y, xi)`` blocks of ``block`` rows (None: the row
-        file's), read from the row file one ahead."""
-        for _, _, X, y in self.file.blocks(block or self.file.block_rows):
+        file's), read from the row file one ahead; with ``head``, only the first ``head``
+        rows of each block are read (a subsample, not a pass)."""
+        self.passes += head is None
+        for _, _, X, y in self.file.blocks(block or self.file.block_rows, head):
             xi, _ = self._prepare(X, y)
             yield read_only(X), read_only(y), None if xi is None else read_only(xi)
 

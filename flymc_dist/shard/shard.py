@@ -39,7 +39,7 @@ from flymc_dist.protocol import (
     ShardSpec,
     resolve_operation,
 )
-from flymc_dist.reduce import BlockSums, block_rows, tree_nodes
+from flymc_dist.reduce import BlockSums, Both, block_rows, tree_nodes
 from flymc_dist.shard.fused import _typed_lists, fused_z_update
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
@@ -206,10 +206,15 @@ class Shard:
 
         return self._block_sums(lambda X, y, xi: energy(X))
 
-    def _block_sums(self, fn: Callable[[np.ndarray, np.ndarray, Any], Any]) -> BlockSums:
+    def _block_sums(
+        self, fn: Callable[[np.ndarray, np.ndarray, Any], Any], thin: int = 1
+    ) -> BlockSums:
         """``fn(X, y, xi)`` of every block of this shard's rows, added up along the fixed
         tree of :mod:`flymc_dist.reduce` as far as this shard's blocks go: sums that are
-        the same bits whatever the layout (a full pass)."""
+        the same bits whatever the layout (a full pass). With ``thin`` > 1, of the first
+        ``ceil(B / thin)`` rows of each ``B``-row block only, each block's value scaled by
+        its rows over those used (an estimate of the full sums from about 1/``thin`` of the
+        rows: not a full pass)."""
         B = self.block_rows
         if B <= 0:
             B = block_rows(self.n_total)
@@ -219,8 +224,16 @@ class Shard:
             )
         first = self.spec.start // B
         n_blocks = -(-self.n_total // B)
-        it = self.rows.blocks(B)
-        return tree_nodes(((first + k, fn(*b)) for k, b in enumerate(it)), n_blocks)
+        if thin <= 1:
+            it = self.rows.blocks(B)
+            return tree_nodes(((first + k, fn(*b)) for k, b in enumerate(it)), n_blocks)
+
+        def scaled(k: int, b: tuple[np.ndarray, np.ndarray, Any]) -> Any:
+            rows = min(B, self.n_total - (first + k) * B)
+            return fn(*b) * (rows / b[1].size)
+
+        it = self.rows.blocks(B, -(-B // int(thin)))
+        return tree_nodes(((first + k, scaled(k, b)) for k, b in enumerate(it)), n_blocks)
 
     def set_exact_rows(self, columns: np.ndarray, thresholds: np.ndarray) -> int:
         """The rule of the *exact rows* (``exact_rows``; before :meth:`set_tight_points`):
@@ -273,9 +286,8 @@ class Shard:
         self.replica = bool(on)
         self.track_grad = bool(self.config.track_grad) and not self.replica
 
-    def expected_bright(self, theta: np.ndarray) -> BlockSums:
-        """``Σ_n p(z_n = 1 | θ) = Σ_n −expm1(−δ_n(θ))`` over this shard's rows, by block:
-        the expected number of bright rows at ``theta`` (a full pass; set-up only)."""
+    def _expected(self, theta: np.ndarray) -> Callable[[np.ndarray, np.ndarray, Any], float]:
+        """A block's ``Σ_n p(z_n = 1 | θ)`` at ``theta`` (see :meth:`expected_bright`)."""
         m = self.model
         thetas = np.asarray(theta, float)[None]
 
@@ -284,23 +296,37 @@ class Shard:
             delta = np.maximum(m.loglik(eta, y) - m.logbound(eta, y, xi), 0.0)
             return float(-np.expm1(-delta).sum())
 
-        return self._block_sums(expected)
+        return expected
 
-    def bound_stats(self, untuned: bool = False) -> BlockSums:
+    def expected_bright(self, theta: np.ndarray) -> BlockSums:
+        """``Σ_n p(z_n = 1 | θ) = Σ_n −expm1(−δ_n(θ))`` over this shard's rows, by block:
+        the expected number of bright rows at ``theta`` (a full pass; set-up only)."""
+        return self._block_sums(self._expected(theta))
+
+    def bound_stats(self, untuned: bool = False, expected_at: Any = None) -> BlockSums:
         """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic, by block:
         at the tight points set, or (``untuned``) at the model's untuned ones without
-        setting them (the MAP search's start; a full pass)."""
+        setting them (the MAP search's start; a full pass). With ``expected_at`` a θ,
+        each block's value is :class:`~flymc_dist.reduce.Both` of that and the block's
+        :meth:`expected_bright` there, in the same pass."""
         m = self.model
-        return self._block_sums(
-            lambda X, y, xi: m.suffstats(X, y, m.untuned_xi(y) if untuned else xi)
-        )
 
-    def loglik_sum(self, theta: np.ndarray, order: int = 1) -> BlockSums:
+        def stats(X: np.ndarray, y: np.ndarray, xi: Any) -> Any:
+            return m.suffstats(X, y, m.untuned_xi(y) if untuned else xi)
+
+        if expected_at is None:
+            return self._block_sums(stats)
+        expected = self._expected(expected_at)
+        return self._block_sums(lambda X, y, xi: Both(stats(X, y, xi), expected(X, y, xi)))
+
+    def loglik_sum(self, theta: np.ndarray, order: int = 1, thin: int = 1) -> BlockSums:
         """``sum_n l_n(theta)`` with its gradient (order ≥ 1) and Hessian (order 2), by
         block, each block's as one flat array ``[value, gradient (P), Hessian (P·P)]``
         (:func:`flymc_dist.tune.find_map` reads the total).
 
-        Used by MAP tuning; a full pass over the shard (not counted as sampler queries).
+        Used by MAP tuning; a full pass over the shard (not counted as sampler queries);
+        with ``thin`` > 1 an estimate from about 1/``thin`` of the rows (see
+        :meth:`_block_sums`), the MAP search's cheap start.
         """
         theta = np.asarray(theta, float)[None]
         m = self.model
@@ -326,7 +352,7 @@ class Shard:
                     out[1 + P :] = hk.reshape(E * D * E * D)
             return out
 
-        return self._block_sums(block)
+        return self._block_sums(block, thin)
 
     def _tight_points(self, X: np.ndarray, y: np.ndarray) -> np.ndarray | None:
         """Tight points of the rows ``(X, y)`` under the current rule (None: none set, as
