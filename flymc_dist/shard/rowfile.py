@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -113,8 +113,16 @@ class RowFile:
         self._finalizer = weakref.finalize(self, _remove, self._fd, path)
 
     @classmethod
-    def create(cls, dataset: Dataset, start: int, stop: int, directory: str) -> RowFile:
-        """Stream rows ``start:stop`` of ``dataset`` into a new file in ``directory``.
+    def create(
+        cls,
+        dataset: Dataset,
+        start: int,
+        stop: int,
+        directory: str,
+        each: Callable[[int, np.ndarray], None] | None = None,
+    ) -> RowFile:
+        """Stream rows ``start:stop`` of ``dataset`` into a new file in ``directory``;
+        ``each(lo, X)`` sees every store chunk on the way (its first row, float64 features).
 
         Raises
         ------
@@ -138,7 +146,9 @@ class RowFile:
         fd, path = tempfile.mkstemp(prefix="flymc-rows-", suffix=".bin", dir=directory)
         try:
             with os.fdopen(fd, "wb", buffering=0) as f:
-                for _, _, X, y in dataset.iter_chunks(start, stop):
+                for lo, _, X, y in dataset.iter_chunks(start, stop):
+                    if each is not None:
+                        each(lo, X)
                     block = np.empty(y.size, dtype=rec)
                     block["X"] = X
                     block["y"] = y

@@ -178,6 +178,8 @@ class FileRows:
         as they are read.
     directory
         Where the row file goes.
+    each
+        Sees every store chunk as it is read (:meth:`RowFile.create`).
     """
 
     out_of_core = True
@@ -190,10 +192,11 @@ class FileRows:
         n_constants: int,
         prepare: Prepare,
         directory: str,
+        each: Callable[[int, np.ndarray], None] | None = None,
     ) -> None:
         self._K = int(n_constants)
         self._prepare = prepare
-        self.file = RowFile.create(dataset, start, stop, directory)
+        self.file = RowFile.create(dataset, start, stop, directory, each)
         self.n, self.n_features = self.file.n, self.file.n_features
         #: full passes over the rows so far: the store's, into the row file, then the file's
         self.passes = 1

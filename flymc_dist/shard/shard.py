@@ -118,6 +118,8 @@ class Shard:
         K = self._n_row_constants() if self.flymc else 0
         self._K = K
         self._theta_hat: np.ndarray | None = None  # None: untuned tight points
+        #: :meth:`column_energy`, when summed as the rows were read from the store
+        self._energy: BlockSums | None = None
         #: the rows, in memory or in a local row file (:mod:`flymc_dist.shard.rows`)
         self.rows: MemoryRows | FileRows
         #: rows of the blocks full passes sum by (:mod:`flymc_dist.reduce`): the store's
@@ -128,21 +130,30 @@ class Shard:
             ds = open_dataset(
                 spec.path, storage_options=spec.storage_options, store_id=spec.store_id
             )
-            self.block_rows = int(ds.chunk_rows)
+            self.block_rows = B = int(ds.chunk_rows)
             n = spec.stop - spec.start
             nbytes = n * (ds.n_features + K + 2) * 8
+            # the columns' energy (θ-free) is summed on the way in: no pass of its own
+            energy: list[tuple[int, np.ndarray]] = []
+
+            def each(lo: int, X: np.ndarray) -> None:
+                energy.append((lo // B, _column_energy(X)))
+
             if _out_of_core(config.out_of_core, nbytes, budget):
                 _check_explicit(config, n * config.chains * (ds.n_features + K + 2) * 8, budget)
-                self.rows = FileRows(ds, spec.start, spec.stop, K, prepare, local_directory())
+                self.rows = FileRows(ds, spec.start, spec.stop, K, prepare, local_directory(), each)
             else:
                 XC = np.empty((n, ds.n_features + K))
                 ys = []
                 for lo, hi, Xb, yb in ds.iter_chunks(spec.start, spec.stop):  # no 2nd copy
                     XC[lo - spec.start : hi - spec.start, : ds.n_features] = Xb
                     ys.append(yb)
+                    each(lo, Xb)
                 y = np.concatenate(ys) if ys else np.empty(0)
                 self.rows = MemoryRows(XC, ds.n_features, y, prepare)
                 self.rows.passes = 1  # the store's, read into memory
+            if spec.start % B == 0:  # whole blocks (else column_energy says why not)
+                self._energy = tree_nodes(energy, -(-self.n_total // B))
         else:
             X, y = data
             X = np.asarray(X, dtype=np.float64)
@@ -197,14 +208,12 @@ class Shard:
 
     def column_energy(self) -> BlockSums:
         """``Σ_n x_nj²`` and ``Σ_n x_nj⁴`` of every column j over this shard's rows, as
-        (2, D) arrays summed by block (a full pass; set-up only): what
-        :func:`flymc_dist.tune.narrow_columns` reads the rows carrying each column from."""
-
-        def energy(X: np.ndarray) -> np.ndarray:
-            sq = np.square(X, dtype=np.float64)
-            return np.stack([sq.sum(axis=0), np.square(sq).sum(axis=0)])
-
-        return self._block_sums(lambda X, y, xi: energy(X))
+        (2, D) arrays summed by block: what :func:`flymc_dist.tune.narrow_columns` reads
+        the rows carrying each column from. Summed while the rows were read from the
+        store; for rows given in memory, a full pass."""
+        if self._energy is not None:
+            return self._energy
+        return self._block_sums(lambda X, y, xi: _column_energy(X))
 
     def _block_sums(
         self, fn: Callable[[np.ndarray, np.ndarray, Any], Any], thin: int = 1
@@ -923,6 +932,12 @@ class Shard:
     def close(self) -> None:
         """Release the rows now (out of core: remove the row file)."""
         self.rows.close()
+
+
+def _column_energy(X: np.ndarray) -> np.ndarray:
+    """``Σ_n x_nj²`` and ``Σ_n x_nj⁴`` of every column of the rows ``X``: (2, D)."""
+    sq = np.square(X, dtype=np.float64)
+    return np.stack([sq.sum(axis=0), np.square(sq).sum(axis=0)])
 
 
 def _out_of_core(mode: bool | str, nbytes: int, budget: int | None) -> bool:
