@@ -63,7 +63,7 @@ import shutil
 import socket
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,63 @@ def _validate_positive_int(value: object, name: str) -> int:
     return int(value)
 
 
+def _validate_dims(dims: object, shape: tuple[int, ...]) -> tuple[str, ...]:
+    """The parameter axes' names: ``dims`` checked against ``shape``, or the defaults."""
+    if dims is None:
+        return tuple(f"theta_dim_{i}" for i in range(len(shape)))
+    if isinstance(dims, str) or not isinstance(dims, Sequence):
+        raise ValueError(f"dims must be a sequence of names, got {dims!r}")
+    names = tuple(dims)
+    reserved = {"chain", "draw", "warmup_draw"}
+    if (
+        len(names) != len(shape)
+        or not all(isinstance(n, str) and n for n in names)
+        or len(set(names)) != len(names)
+        or reserved & set(names)
+    ):
+        raise ValueError(
+            f"dims must be {len(shape)} distinct non-empty names (one per axis of "
+            f"param_shape {shape}, none of {sorted(reserved)}), got {dims!r}"
+        )
+    return names
+
+
+def _validate_coords(
+    coords: object, dims: tuple[str, ...], shape: tuple[int, ...]
+) -> dict[str, np.ndarray]:
+    """Every parameter axis's labels: ``coords`` checked, ``0 … n−1`` for the others."""
+    if coords is not None and not isinstance(coords, Mapping):
+        raise ValueError(f"coords must be a dict of dim -> labels, got {coords!r}")
+    given = dict(coords or {})
+    unknown = set(given) - set(dims)
+    if unknown:
+        raise ValueError(f"coords for unknown dims {sorted(unknown)}; the dims are {dims}")
+    out = {}
+    for dim, n in zip(dims, shape, strict=True):
+        if dim not in given:
+            out[dim] = np.arange(n)
+            continue
+        values = list(given[dim])
+        if len(values) != n or not (
+            all(isinstance(v, str) for v in values)
+            or all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in values)
+        ):
+            raise ValueError(
+                f"coords[{dim!r}] must be {n} labels, all str or all int, got {given[dim]!r}"
+            )
+        out[dim] = np.array(values, dtype=str if isinstance(values[0], str) else np.int64)
+    return out
+
+
+def _coordinate(group: zarr.Group, dim: str, values: np.ndarray) -> None:
+    """A one-dimensional xarray coordinate array ``dim`` in ``group``."""
+    dtype = str if values.dtype.kind == "U" else values.dtype
+    array = group.create_array(
+        dim, shape=values.shape, dtype=dtype, dimension_names=(dim,), fill_value=None
+    )
+    array[:] = values
+
+
 def _validate_stats(stats: object) -> dict[str, np.dtype]:
     if not isinstance(stats, Mapping):
         raise TypeError(f"stats must be a dict of name -> dtype, got {type(stats).__name__}")
@@ -282,6 +339,8 @@ class Trace:
         overwrite: bool = False,
         chunk_draws: int = _DEFAULT_CHUNK_DRAWS,
         storage_options: Mapping[str, Any] | None = None,
+        dims: Sequence[str] | None = None,
+        coords: Mapping[str, Sequence[Any]] | None = None,
     ) -> Trace:
         """Create an empty trace at ``path``.
 
@@ -309,6 +368,16 @@ class Trace:
             Draws per chunk along the draw axis.
         storage_options
             fsspec options (endpoint, credentials, ...) for a trace at a URL.
+        dims
+            The names of the parameter axes (one per axis of ``param_shape``, e.g.
+            ``("feature",)`` or ``("class", "feature")``; default ``theta_dim_0``, ...):
+            with ``chain`` and ``draw`` (``warmup_draw`` for the warm-up arrays) they are
+            every array's zarr ``dimension_names``, which xarray reads (see the module
+            docstring).
+        coords
+            Labels along parameter axes, dim -> one label (str or int) per entry (e.g.
+            ``{"feature": ["bias", "age"]}``); the others are ``0 … n−1``. Written, with
+            ``chain``, as xarray coordinate arrays.
 
         Returns
         -------
@@ -330,6 +399,8 @@ class Trace:
         shape = _validate_shape(param_shape)
         stat_dtypes = _validate_stats(stats)
         chunk = _validate_positive_int(chunk_draws, "chunk_draws")
+        param_dims = _validate_dims(dims, shape)
+        labels = _validate_coords(coords, param_dims, shape)
         if not isinstance(attrs, Mapping):
             raise TypeError(f"attrs must be a dict, got {type(attrs).__name__}")
         if _RESERVED_ATTR in attrs:
@@ -371,15 +442,22 @@ class Trace:
                 zarr_format=3,
                 **url_kw,
             )
+            # xarray coordinates: the chains, and the labels of the parameter axes
+            _coordinate(group, "chain", np.arange(n_chains))
+            for dim, values in labels.items():
+                _coordinate(group, dim, values)
             for prefix in ("", "warmup_"):
+                draw = f"{prefix}draw"
                 group.create_array(
                     f"{prefix}samples",
                     shape=(n_chains, 0, *shape),
                     chunks=(n_chains, chunk, *shape),
                     dtype=np.float64,
                     fill_value=np.nan,
+                    dimension_names=("chain", draw, *param_dims),
                 )
                 stats_group = group.create_group(f"{prefix}stats")
+                _coordinate(stats_group, "chain", np.arange(n_chains))
                 for name, dtype in stat_dtypes.items():
                     stats_group.create_array(
                         name,
@@ -387,6 +465,7 @@ class Trace:
                         chunks=(n_chains, chunk),
                         dtype=dtype,
                         fill_value=0,
+                        dimension_names=("chain", draw),
                     )
         except BaseException:
             if created_dir:
