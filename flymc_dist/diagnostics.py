@@ -671,11 +671,12 @@ EBFMI_THRESHOLD = 0.3
 def e_bfmi(energy: ArrayLike) -> np.ndarray:
     """The energy Bayesian fraction of missing information of each chain.
 
-    ``E-BFMI = mean((E_s − E_{s−1})²) / var(E)`` over one chain's post-warm-up energies
+    ``E-BFMI = Σ_s (E_s − E_{s−1})² / Σ_s (E_s − Ē)²`` over one chain's post-warm-up energies
     (the Hamiltonian at each draw): how well the momentum resampling moves the chain
     between energy levels (Betancourt 2016, "Diagnosing suboptimal cotangent
     disintegrations in Hamiltonian Monte Carlo"). Below :data:`EBFMI_THRESHOLD` the
-    chain explores the energy distribution poorly. The same formula as ArviZ's ``bfmi``.
+    chain explores the energy distribution poorly. The same formula as Stan's and ArviZ's
+    ``bfmi``.
 
     Parameters
     ----------
@@ -696,7 +697,9 @@ def e_bfmi(energy: ArrayLike) -> np.ndarray:
     if e.ndim != 2 or e.shape[1] < 2:
         raise ValueError(f"energy must have shape (chains, draws >= 2), got {e.shape}")
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.square(np.diff(e, axis=1)).mean(axis=1) / np.var(e, axis=1)
+        out = np.square(np.diff(e, axis=1)).sum(axis=1) / np.square(
+            e - e.mean(axis=1, keepdims=True)
+        ).sum(axis=1)
     out[~np.isfinite(e).all(axis=1)] = np.nan
     return np.where(np.isfinite(out), out, np.nan)
 
