@@ -234,8 +234,7 @@ class Result:
             ) from None
         shape = self.param_shape
         coords = param_coords(shape, self.feature_names)
-        C, S = self.samples.shape[:2]
-        coords.update(chain=list(range(C)), draw=list(range(S)))
+        coords["chain"] = list(range(self.samples.shape[0]))  # draws: ArviZ's 0 … n−1
         dims = {"theta": list(param_dims(shape))}
         groups: dict[str, Any] = {
             "posterior": {"theta": self.samples},

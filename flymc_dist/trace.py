@@ -15,6 +15,27 @@ Layout of a trace (a zarr v3 group)::
 Arrays grow along the draw axis (axis 1) and are chunked along it
 (``chunk_draws`` draws per chunk, all chains and parameters in one chunk).
 
+Reading a trace with xarray
+---------------------------
+Every array carries zarr 3 ``dimension_names``: ``chain``, ``draw`` (``warmup_draw`` for
+the warm-up arrays) and the parameter axes (``feature``; softmax ``class``,
+``feature``); the root group and both statistics' groups hold coordinate arrays
+``chain`` and (root) one per parameter axis, the feature names when the data set has
+them. So xarray alone opens a trace, no import of this package needed::
+
+    post = xr.open_zarr(path, consolidated=False)                 # samples, warmup_samples
+    stats = xr.open_zarr(path, group="stats", consolidated=False)  # lp, diverging, ...
+
+(``consolidated=False``: a trace keeps no consolidated metadata, which zarr 3 marks as
+outside its specification and which would go stale with every append). While a run
+appends, the arrays may hold draws beyond the committed count (being written, or after
+a crash): slice to ``attrs["flymc_trace"]["committed"]["n_draws"]``. The draws' group
+opens at any moment (its one sampling array grows alone); a statistics' group holds
+several arrays resized one after the other, so during that short burst of an append
+xarray can refuse it ("conflicting sizes for dimension 'draw'"): open it again.
+Measured with appends back to back (``tests/test_arviz.py``), about one open in ten
+met it; a run appends once every ``checkpoint_every`` iterations.
+
 Crash consistency
 -----------------
 The authoritative number of draws is stored in the group attributes, never
@@ -650,10 +671,14 @@ class Trace:
         start = self._n[warmup]
         stop = start + n_new
         payload = [draws.astype(np.float64, copy=False), *columns.values()]
-        for (key, tail, _), data in zip(self._array_specs(warmup), payload, strict=True):
-            array = self._arrays[key]
-            array.resize((self._chains, stop, *tail))  # also drops ignored stale draws
-            array[:, start:stop] = data
+        specs = self._array_specs(warmup)
+        # every array resized first, in one burst of metadata writes (this also drops
+        # ignored stale draws), then the data: a reader of the statistics' group (xarray)
+        # meets arrays of different lengths only during the burst
+        for key, tail, _ in specs:
+            self._arrays[key].resize((self._chains, stop, *tail))
+        for (key, _, _), data in zip(specs, payload, strict=True):
+            self._arrays[key][:, start:stop] = data
         counts = dict(self._record["committed"])
         counts["n_warmup_draws" if warmup else "n_draws"] = stop
         # Keep the other phase's committed count consistent with what this session shows.
