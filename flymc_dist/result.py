@@ -33,14 +33,24 @@ class Stats(dict):
 
     A plain dict, except that the names used before the statistics took ArviZ's names
     still read: ``stats["accept_prob"]`` is ``stats["acceptance_rate"]`` and
-    ``stats["log_joint"]`` is ``stats["lp"]`` (they are not listed as keys).
+    ``stats["log_joint"]`` is ``stats["lp"]`` (``in`` and :meth:`get` know them too; they
+    are not listed as keys).
     """
 
     def __missing__(self, key: str) -> np.ndarray:
         new = STAT_ALIASES.get(key)
-        if new is not None and new in self:
+        if new is not None and dict.__contains__(self, new):
             return self[new]
         raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (
+            isinstance(key, str) and dict.__contains__(self, STAT_ALIASES.get(key, ""))
+        )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``self[key]`` (a former name too), else ``default``."""
+        return self[key] if key in self else default
 
 
 def param_dims(param_shape: tuple[int, ...]) -> tuple[str, ...]:

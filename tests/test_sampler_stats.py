@@ -90,6 +90,8 @@ def test_hamiltonian_stats_in_result_and_trace(
     # the former names still read
     assert res.stats["accept_prob"] is st["acceptance_rate"]
     assert res.stats["log_joint"] is st["lp"]
+    assert "log_joint" in res.stats and res.stats.get("accept_prob") is st["acceptance_rate"]
+    assert "log_joint" not in list(res.stats) and res.stats.get("nothing") is None
     with pytest.raises(KeyError):
         res.stats["no_such_stat"]
 
