@@ -705,7 +705,7 @@ def e_bfmi(energy: ArrayLike) -> np.ndarray:
 
 
 def hamiltonian_checks(
-    stats: dict[str, ArrayLike], max_tree_depth: int | None = None
+    stats: dict[str, ArrayLike], max_tree_depth: int | None = None, algorithm: str | None = None
 ) -> dict[str, object] | None:
     """What a Hamiltonian kernel's statistics say about a run's post-warm-up iterations.
 
@@ -716,12 +716,16 @@ def hamiltonian_checks(
         for NUTS, ``tree_depth``), as :class:`flymc_dist.Result` and a trace hold them.
     max_tree_depth
         NUTS's maximum tree depth (iterations at it are counted), or None.
+    algorithm
+        The run's algorithm: under ``"flymc"`` the divergences of iterations with bright
+        rows are counted apart (``n_bright`` in ``stats``; see :func:`hamiltonian_lines`).
 
     Returns
     -------
     dict or None
         None when ``stats`` has no ``diverging`` (not a Hamiltonian kernel). Else
-        ``iterations`` (all chains'), ``divergences``, ``max_tree_depth`` and
+        ``iterations`` (all chains'), ``divergences``, ``divergences_bright`` (FlyMC:
+        those in iterations with bright rows; else None), ``max_tree_depth`` and
         ``max_tree_depth_hits`` (None without a tree depth), and ``e_bfmi``
         (``(chains,)``, NaN with fewer than 2 draws).
     """
@@ -737,9 +741,13 @@ def hamiltonian_checks(
         if energy.ndim == 2 and energy.shape[1] >= 2
         else np.full(div.shape[0], np.nan)
     )
+    bright = None
+    if algorithm == "flymc" and "n_bright" in stats:
+        bright = int(np.count_nonzero(div & (np.asarray(stats["n_bright"]) > 0)))
     return {
         "iterations": int(div.size),
         "divergences": int(np.count_nonzero(div)),
+        "divergences_bright": bright,
         "max_tree_depth": None if hits is None else int(max_tree_depth),
         "max_tree_depth_hits": hits,
         "e_bfmi": bfmi,
@@ -764,7 +772,15 @@ def hamiltonian_lines(checks: dict[str, object] | None) -> list[str]:
     finite = bfmi[np.isfinite(bfmi)]
     parts.append("E-BFMI " + (" ".join(f"{b:.2f}" for b in bfmi) if finite.size else "n/a"))
     lines = ["NUTS/HMC: " + ", ".join(parts) + " (per chain)"]
-    if div:
+    if div and checks.get("divergences_bright") == div:
+        lines.append(
+            f"WARNING: {share(div)} diverged, all with bright rows: FlyMC's θ given z is "
+            "zero where a bright row's bound is tight, and trajectories that come close stop "
+            "(the next z-update moves that wall), which slows mixing; if they are many, "
+            "raise target_accept (e.g. 0.95); to check the posterior itself, run "
+            "algorithm='regular' on a subsample"
+        )
+    elif div:
         lines.append(
             f"WARNING: {share(div)} diverged: the posterior has regions the step size cannot "
             "follow and the draws may be biased; raise target_accept (e.g. 0.95) or "

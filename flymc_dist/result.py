@@ -186,7 +186,9 @@ class Result:
         """A Hamiltonian kernel's post-warm-up divergences, max-tree-depth hits and E-BFMI
         per chain (:func:`flymc_dist.diagnostics.hamiltonian_checks`); None for the
         other kernels."""
-        return diagnostics.hamiltonian_checks(self.stats, self.info.get("max_tree_depth"))
+        return diagnostics.hamiltonian_checks(
+            self.stats, self.info.get("max_tree_depth"), self.info.get("algorithm")
+        )
 
     def summary(self, names: list[str] | None = None) -> Summary:
         """Per-parameter mean, sd, MCSE, bulk/tail ESS, rank-normalised split-R̂ and quantiles.

@@ -120,6 +120,29 @@ def test_divergences_are_counted_and_warned() -> None:
     assert "target_accept" in warning[0] and "reparameterise" in warning[0]
 
 
+def test_flymc_divergences_come_with_bright_rows() -> None:
+    """FlyMC's θ given z is zero where a bright row's bound is tight: NUTS diverges near
+    those walls, only in iterations with bright rows (regular NUTS on the same posterior
+    does not), and the warning says so instead of Stan's advice."""
+    rng = np.random.default_rng(1)
+    X = np.column_stack([np.ones(400), rng.standard_normal((400, 2))])
+    y = (rng.random(400) < 1 / (1 + np.exp(-X @ np.array([0.5, 1, -1])))).astype(int)
+    kw = dict(num_warmup=100, num_samples=1000, chains=4, seed=0)
+    res = _run(data=(X, y), algorithm="flymc", **kw)
+    checks = res.sampler_checks()
+    assert checks["divergences"] > 5
+    assert checks["divergences_bright"] == checks["divergences"]
+    assert not np.any(res.stats["diverging"] & (res.stats["n_bright"] == 0))
+    warning = [line for line in res.summary().footer if "diverged" in line]
+    assert len(warning) == 1 and "all with bright rows" in warning[0]
+    assert "algorithm='regular'" in warning[0]
+    regular = _run(data=(X, y), algorithm="regular", **kw)
+    assert regular.sampler_checks()["divergences"] == 0
+    # the generic advice when some divergence had no bright row
+    lines = diagnostics.hamiltonian_lines({**checks, "divergences_bright": 0})
+    assert "reparameterise" in lines[1] and "bright rows" not in lines[1]
+
+
 def test_max_tree_depth_hits_are_counted_and_warned() -> None:
     """A tiny step size and max_tree_depth 2: no trajectory turns back in 3 steps."""
     res = _run(

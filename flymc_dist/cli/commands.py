@@ -345,7 +345,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     _say(diagnostics.format_summary(table, max_rows=args.max_rows))
     stats = trace.stats
     for line in diagnostics.hamiltonian_lines(
-        diagnostics.hamiltonian_checks(stats, attrs.get("max_tree_depth"))
+        diagnostics.hamiltonian_checks(stats, attrs.get("max_tree_depth"), attrs.get("algorithm"))
     ):
         _say(line)
     _say("")
