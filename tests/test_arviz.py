@@ -298,3 +298,21 @@ def test_a_trace_being_appended_to_opens_in_xarray(tmp_path: Path) -> None:
     final = xr.open_zarr(path, consolidated=False)
     assert final["samples"].sizes["draw"] == n_appends * per
     print(f"{reads} reads of the draws, {stats_reads} of the statistics, {conflicts} retried")
+
+
+@pytest.mark.filterwarnings("ignore:Passing a dict or None as alias_mapping:DeprecationWarning")
+def test_the_readme_trace_plot_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``examples/trace_plot.py``, which draws the README's picture, runs (smaller): a CSV
+    header names the parameters in the summary and in the plot."""
+    import importlib.util
+
+    pytest.importorskip("matplotlib")
+    path = Path(__file__).parents[1] / "examples" / "trace_plot.py"
+    spec = importlib.util.spec_from_file_location("trace_plot", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "plot.png"
+    res = module.main(out, rows=2000, num_samples=200)
+    assert res.feature_names == ["bias", "age", "dose", "weight"]
+    assert "theta[dose]" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
