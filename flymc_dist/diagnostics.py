@@ -676,7 +676,8 @@ def e_bfmi(energy: ArrayLike) -> np.ndarray:
     between energy levels (Betancourt 2016, "Diagnosing suboptimal cotangent
     disintegrations in Hamiltonian Monte Carlo"). Below :data:`EBFMI_THRESHOLD` the
     chain explores the energy distribution poorly. The same formula as Stan's and ArviZ's
-    ``bfmi``.
+    ``bfmi``. Under FlyMC the energy is that of θ given z, whose target the z-update also
+    moves between iterations: its changes count in the numerator too.
 
     Parameters
     ----------

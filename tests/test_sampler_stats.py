@@ -262,3 +262,31 @@ def test_cli_names_from_a_csv_header_and_nuts_warnings(
     )
     assert code != 0 and "--max-tree-depth is not an option of kernel 'rwmh'" in err
     assert not (tmp_path / "v").exists()
+
+
+def test_resuming_a_trace_with_the_former_stat_names_is_refused(tmp_path: Path) -> None:
+    """A trace written before the statistics took ArviZ's names cannot be continued (its
+    arrays are named otherwise): one clear error, and the trace is left as it was."""
+    import shutil
+
+    import zarr
+
+    trace = tmp_path / "t.zarr"
+    kw = dict(kernel="rwmh", num_warmup=5, num_samples=10, trace=str(trace))
+    _run(**kw)
+    # what an earlier version wrote: accept_prob and log_joint
+    for group in ("stats", "warmup_stats"):
+        for old, new in (("accept_prob", "acceptance_rate"), ("log_joint", "lp")):
+            shutil.move(trace / group / new, trace / group / old)
+    root = zarr.open_group(trace, mode="r+")
+    record = dict(root.attrs["flymc_trace"])
+    record["stats"] = {
+        {"acceptance_rate": "accept_prob", "lp": "log_joint"}.get(k, k): v
+        for k, v in record["stats"].items()
+    }
+    root.update_attributes({"flymc_trace": record})
+    before = Trace.open(trace, read_only=True)
+    with pytest.raises(ValueError, match="written by an earlier version.*start a new trace"):
+        _run(resume=True, **kw)
+    after = Trace.open(trace, read_only=True)
+    assert after.n_draws == before.n_draws == 10 and "log_joint" in after.stats
