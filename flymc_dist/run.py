@@ -124,9 +124,9 @@ def run(
         start = int(trace.checkpoint["iteration"]) + 1
     if trace is not None and set(trace.stat_dtypes) != set(names):
         raise ValueError(
-            f"trace {trace_path} records the statistics {sorted(trace.stat_dtypes)}, this "
-            f"version {sorted(names)} (it was written by an earlier version): it cannot be "
-            "resumed; start a new trace"
+            f"trace {trace_path} was written by an earlier version (it records the "
+            f"statistics {sorted(trace.stat_dtypes)}, this version {sorted(names)}): it "
+            "cannot be resumed; start a new trace"
         )
     # what the summary's warnings need (the kernel's targets, as it runs with them)
     for key in ("target_accept", "max_tree_depth"):

@@ -286,7 +286,7 @@ def test_resuming_a_trace_with_the_former_stat_names_is_refused(tmp_path: Path) 
     }
     root.update_attributes({"flymc_trace": record})
     before = Trace.open(trace, read_only=True)
-    with pytest.raises(ValueError, match="written by an earlier version.*start a new trace"):
+    with pytest.raises(ValueError, match="written by an earlier version .*start a new trace"):
         _run(resume=True, **kw)
     after = Trace.open(trace, read_only=True)
     assert after.n_draws == before.n_draws == 10 and "log_joint" in after.stats
