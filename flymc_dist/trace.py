@@ -23,6 +23,7 @@ the warm-up arrays) and the parameter axes (``feature``; softmax ``class``,
 ``chain`` and (root) one per parameter axis, the feature names when the data set has
 them. So xarray alone opens a trace, no import of this package needed::
 
+    tree = xr.open_datatree(path, engine="zarr", consolidated=False)  # every group
     post = xr.open_zarr(path, consolidated=False)                 # samples, warmup_samples
     stats = xr.open_zarr(path, group="stats", consolidated=False)  # lp, diverging, ...
 
@@ -34,7 +35,9 @@ opens at any moment (its one sampling array grows alone); a statistics' group ho
 several arrays resized one after the other, so during that short burst of an append
 xarray can refuse it ("conflicting sizes for dimension 'draw'"): open it again.
 Measured with appends back to back (``tests/test_arviz.py``), about one open in ten
-met it; a run appends once every ``checkpoint_every`` iterations.
+met it; a run appends once every ``checkpoint_every`` iterations. ArviZ 0.23's
+``from_zarr`` refuses zarr 3 stores whatever their layout; ``arviz.InferenceData`` takes
+the datasets above (``samples`` renamed ``theta``).
 
 Crash consistency
 -----------------

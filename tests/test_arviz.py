@@ -211,12 +211,14 @@ np.savez({str(out)!r}, samples=theta.values, feature=np.array(post["feature"].va
     np.testing.assert_array_equal(got["lp"], res.stats["lp"])
     np.testing.assert_array_equal(got["div"], res.stats["diverging"])
     assert set(got["names"]) == set(res.stats)
-    # and into ArviZ from xarray alone: the same summary as the run's
-    post = xr.open_zarr(trace, consolidated=False)
-    stats = xr.open_zarr(trace, group="stats", consolidated=False)
+    # the README's recipe, into ArviZ from xarray alone: the same summary as the run's
+    tree = xr.open_datatree(trace, engine="zarr", consolidated=False)
+    assert tree.attrs["flymc_trace"]["committed"]["n_draws"] == 50
     idata = az.InferenceData(
-        posterior=post[["samples"]].rename(samples="theta").load(), sample_stats=stats.load()
+        posterior=tree.to_dataset()[["samples"]].rename(samples="theta"),
+        sample_stats=tree["stats"].to_dataset(),
     )
+    assert idata.sample_stats["tree_depth"].dims == ("chain", "draw")
     table = az.summary(idata, round_to="none")
     np.testing.assert_allclose(table["ess_bulk"].to_numpy(), res.summary()["ess_bulk"], rtol=RTOL)
     assert list(table.index) == [f"theta[{n}]" for n in NAMES]
@@ -301,6 +303,22 @@ def test_a_trace_being_appended_to_opens_in_xarray(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Passing a dict or None as alias_mapping:DeprecationWarning")
+def test_az_from_zarr_refuses_zarr_3(tmp_path: Path) -> None:
+    """Why a trace is not laid out for ``az.from_zarr``: the ArviZ installed refuses
+    every zarr 3 store. If this starts failing, ArviZ reads zarr 3: revisit the layout."""
+    import zarr
+
+    if int(zarr.__version__.split(".")[0]) < 3:
+        pytest.skip("zarr 2")
+    idata = az.from_dict(posterior={"theta": np.zeros((2, 5, 3))})
+    path = tmp_path / "az.zarr"
+    with pytest.raises(ImportError, match="zarr>=3, which is not supported"):
+        idata.to_zarr(str(path))
+    zarr.create_group(str(path), zarr_format=3)
+    with pytest.raises(ImportError, match="zarr>=3, which is not supported"):
+        az.from_zarr(str(path))
+
+
 def test_the_readme_trace_plot_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``examples/trace_plot.py``, which draws the README's picture, runs (smaller): a CSV
     header names the parameters in the summary and in the plot."""
