@@ -1,43 +1,45 @@
 """An incremental, resumable zarr trace of MCMC draws (STYLE 6; DESIGN §3 "Faults").
 
-Layout of a trace (a zarr v3 group)::
+Layout of a trace (a zarr v3 group, laid out as ArviZ's ``InferenceData``)::
 
     <path>/
-      zarr.json                     group attributes: the caller's ``attrs`` (algorithm
-                                    config, model, dataset path, seed, ...) plus the
-                                    reserved key "flymc_trace" (format, shapes, counts,
-                                    checkpoint)
-      samples          (chains, n_draws, *param_shape)          float64
-      warmup_samples   (chains, n_warmup_draws, *param_shape)   float64
-      stats/<name>         (chains, n_draws)         the declared dtype
-      warmup_stats/<name>  (chains, n_warmup_draws)  the declared dtype
+      zarr.json                          group attributes: the caller's ``attrs``
+                                         (algorithm config, model, dataset path, seed,
+                                         ...) plus the reserved key "flymc_trace"
+                                         (format, shapes, counts, checkpoint)
+      posterior/theta                    (chain, draw, *param_dims)  float64
+      posterior/chain, posterior/<dim>   coordinates: 0 … C−1, each parameter axis's labels
+      sample_stats/<name>                (chain, draw)  the declared dtype
+      sample_stats/chain
+      warmup_posterior/…, warmup_sample_stats/…   the same for the warm-up draws
 
 Arrays grow along the draw axis (axis 1) and are chunked along it
-(``chunk_draws`` draws per chunk, all chains and parameters in one chunk).
+(``chunk_draws`` draws per chunk, all chains and parameters in one chunk). Traces of
+format version 1 (``samples``, ``stats/<name>``, ``warmup_samples``,
+``warmup_stats/<name>`` at the root) are still read.
 
-Reading a trace with xarray
----------------------------
-Every array carries zarr 3 ``dimension_names``: ``chain``, ``draw`` (``warmup_draw`` for
-the warm-up arrays) and the parameter axes (``feature``; softmax ``class``,
-``feature``); the root group and both statistics' groups hold coordinate arrays
-``chain`` and (root) one per parameter axis, the feature names when the data set has
-them. So xarray alone opens a trace, no import of this package needed::
+Reading a trace with xarray and ArviZ
+-------------------------------------
+Every array carries zarr 3 ``dimension_names`` (``chain``, ``draw`` and the parameter
+axes: ``feature``; softmax ``class``, ``feature``) and every group its coordinates (the
+feature names when the data set has them), so xarray alone opens a trace, and ArviZ
+takes it as it is, no import of this package needed::
 
-    tree = xr.open_datatree(path, engine="zarr", consolidated=False)  # every group
-    post = xr.open_zarr(path, consolidated=False)                 # samples, warmup_samples
-    stats = xr.open_zarr(path, group="stats", consolidated=False)  # lp, diverging, ...
+    tree = xr.open_datatree(path, engine="zarr", consolidated=False)
+    idata = az.InferenceData.from_datatree(tree)   # posterior, sample_stats, warmup_*
+    stats = xr.open_zarr(path, group="sample_stats", consolidated=False)  # one group
 
 (``consolidated=False``: a trace keeps no consolidated metadata, which zarr 3 marks as
 outside its specification and which would go stale with every append). While a run
 appends, the arrays may hold draws beyond the committed count (being written, or after
-a crash): slice to ``attrs["flymc_trace"]["committed"]["n_draws"]``. The draws' group
-opens at any moment (its one sampling array grows alone); a statistics' group holds
-several arrays resized one after the other, so during that short burst of an append
-xarray can refuse it ("conflicting sizes for dimension 'draw'"): open it again.
-Measured with appends back to back (``tests/test_arviz.py``), about one open in ten
-met it; a run appends once every ``checkpoint_every`` iterations. ArviZ 0.23's
-``from_zarr`` refuses zarr 3 stores whatever their layout; ``arviz.InferenceData`` takes
-the datasets above (``samples`` renamed ``theta``).
+a crash): slice to ``attrs["flymc_trace"]["committed"]["n_draws"]``. A posterior group
+opens at any moment (its one array grows alone); a statistics' group holds several
+arrays, resized one after the other, so during that short burst of an append xarray can
+refuse it ("conflicting sizes for dimension 'draw'"): open it again. Measured with
+appends back to back (``tests/test_arviz.py``), about one open in ten met it; a run
+appends once every ``checkpoint_every`` iterations. ArviZ 0.23's ``from_zarr`` refuses
+every zarr 3 store ("Found zarr>=3, which is not supported by ArviZ"), whatever its
+layout: hence ``from_datatree``.
 
 Crash consistency
 -----------------
@@ -98,7 +100,18 @@ from numpy.typing import ArrayLike, DTypeLike
 __all__ = ["Trace", "TraceLock", "TraceLockedError", "TRACE_FORMAT", "TRACE_VERSION"]
 
 TRACE_FORMAT = "flymc_dist.trace"
-TRACE_VERSION = 1
+#: 2: ArviZ's groups (``posterior/theta``, ``sample_stats/<name>``, and their ``warmup_``
+#: twins); 1 (still read): ``samples``, ``stats/<name>``, ``warmup_samples``, ...
+TRACE_VERSION = 2
+_READ_VERSIONS = (1, 2)
+#: where each phase's arrays live, by format version: {warmup: (samples, stats group)}
+_LAYOUT = {
+    1: {False: ("samples", "stats"), True: ("warmup_samples", "warmup_stats")},
+    2: {
+        False: ("posterior/theta", "sample_stats"),
+        True: ("warmup_posterior/theta", "warmup_sample_stats"),
+    },
+}
 
 _RESERVED_ATTR = "flymc_trace"
 _TAG = "__flymc_type__"
@@ -250,7 +263,7 @@ def _validate_dims(dims: object, shape: tuple[int, ...]) -> tuple[str, ...]:
     if isinstance(dims, str) or not isinstance(dims, Sequence):
         raise ValueError(f"dims must be a sequence of names, got {dims!r}")
     names = tuple(dims)
-    reserved = {"chain", "draw", "warmup_draw"}
+    reserved = {"chain", "draw"}
     if (
         len(names) != len(shape)
         or not all(isinstance(n, str) and n for n in names)
@@ -307,6 +320,8 @@ def _validate_stats(stats: object) -> dict[str, np.dtype]:
     for name, dtype in stats.items():
         if not isinstance(name, str) or not _STAT_NAME.match(name) or name.startswith("__"):
             raise ValueError(f"stat names must be identifiers not starting with '__', got {name!r}")
+        if name in ("chain", "draw"):  # the statistics' group's dimensions
+            raise ValueError(f"{name!r} cannot name a stat: it names a dimension")
         try:
             resolved = np.dtype(dtype)
         except TypeError as err:
@@ -345,6 +360,7 @@ class Trace:
         self._chains = int(record["chains"])
         self._param_shape = tuple(int(d) for d in record["param_shape"])
         self._stat_dtypes = {name: np.dtype(d) for name, d in record["stats"].items()}
+        self._layout = _LAYOUT[int(record["version"])]
         counts = record["checkpoint"] if record["checkpoint"] is not None else record["committed"]
         self._n = {False: int(counts["n_draws"]), True: int(counts["n_warmup_draws"])}
         self._arrays: dict[str, zarr.Array] = {}  # handles, filled by _check_arrays
@@ -395,9 +411,8 @@ class Trace:
         dims
             The names of the parameter axes (one per axis of ``param_shape``, e.g.
             ``("feature",)`` or ``("class", "feature")``; default ``theta_dim_0``, ...):
-            with ``chain`` and ``draw`` (``warmup_draw`` for the warm-up arrays) they are
-            every array's zarr ``dimension_names``, which xarray reads (see the module
-            docstring).
+            with ``chain`` and ``draw`` they are every array's zarr ``dimension_names``,
+            which xarray reads (see the module docstring).
         coords
             Labels along parameter axes, dim -> one label (str or int) per entry (e.g.
             ``{"feature": ["bias", "age"]}``); the others are ``0 … n−1``. Written, with
@@ -466,21 +481,24 @@ class Trace:
                 zarr_format=3,
                 **url_kw,
             )
-            # xarray coordinates: the chains, and the labels of the parameter axes
-            _coordinate(group, "chain", np.arange(n_chains))
-            for dim, values in labels.items():
-                _coordinate(group, dim, values)
-            for prefix in ("", "warmup_"):
-                draw = f"{prefix}draw"
-                group.create_array(
-                    f"{prefix}samples",
+            for warmup in (False, True):
+                samples_key, stats_key = _LAYOUT[TRACE_VERSION][warmup]
+                post_key, samples_name = samples_key.split("/")
+                # each group with its xarray coordinates: the chains and the labels of the
+                # parameter axes (the draws are 0 … n−1, xarray's default)
+                post = group.create_group(post_key)
+                _coordinate(post, "chain", np.arange(n_chains))
+                for dim, values in labels.items():
+                    _coordinate(post, dim, values)
+                post.create_array(
+                    samples_name,
                     shape=(n_chains, 0, *shape),
                     chunks=(n_chains, chunk, *shape),
                     dtype=np.float64,
                     fill_value=np.nan,
-                    dimension_names=("chain", draw, *param_dims),
+                    dimension_names=("chain", "draw", *param_dims),
                 )
-                stats_group = group.create_group(f"{prefix}stats")
+                stats_group = group.create_group(stats_key)
                 _coordinate(stats_group, "chain", np.arange(n_chains))
                 for name, dtype in stat_dtypes.items():
                     stats_group.create_array(
@@ -489,7 +507,7 @@ class Trace:
                         chunks=(n_chains, chunk),
                         dtype=dtype,
                         fill_value=0,
-                        dimension_names=("chain", draw),
+                        dimension_names=("chain", "draw"),
                     )
         except BaseException:
             if created_dir:
@@ -544,9 +562,10 @@ class Trace:
         record = _record_of(group)
         if record is None:  # pragma: no cover - changed under our feet
             raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
-        if record.get("version") != TRACE_VERSION:
+        if record.get("version") not in _READ_VERSIONS:
             raise ValueError(
-                f"unsupported trace version {record.get('version')!r} (expected {TRACE_VERSION})"
+                f"unsupported trace version {record.get('version')!r} (this version reads "
+                f"{', '.join(map(str, _READ_VERSIONS))})"
             )
         try:
             trace = cls(group, record, path=path, read_only=read_only)
@@ -589,9 +608,9 @@ class Trace:
 
     def _array_specs(self, warmup: bool) -> list[tuple[str, tuple[int, ...], np.dtype]]:
         """``(key, trailing shape, dtype)`` of every array of one phase, samples first."""
-        prefix = "warmup_" if warmup else ""
-        specs = [(f"{prefix}samples", self._param_shape, np.dtype(np.float64))]
-        specs += [(f"{prefix}stats/{name}", (), dt) for name, dt in self._stat_dtypes.items()]
+        samples, stats = self._layout[warmup]
+        specs = [(samples, self._param_shape, np.dtype(np.float64))]
+        specs += [(f"{stats}/{name}", (), dt) for name, dt in self._stat_dtypes.items()]
         return specs
 
     # ----------------------------------------------------------------------------- writing
@@ -761,12 +780,12 @@ class Trace:
     @property
     def samples(self) -> np.ndarray:
         """Post-warm-up draws, ``(chains, n_draws, *param_shape)`` float64."""
-        return self._arrays["samples"][:, : self._n[False]]
+        return self._arrays[self._layout[False][0]][:, : self._n[False]]
 
     @property
     def warmup_samples(self) -> np.ndarray:
         """Warm-up draws, ``(chains, n_warmup_draws, *param_shape)`` float64."""
-        return self._arrays["warmup_samples"][:, : self._n[True]]
+        return self._arrays[self._layout[True][0]][:, : self._n[True]]
 
     @property
     def stats(self) -> dict[str, np.ndarray]:
@@ -779,9 +798,9 @@ class Trace:
         return self._read_stats(warmup=True)
 
     def _read_stats(self, *, warmup: bool) -> dict[str, np.ndarray]:
-        prefix = "warmup_" if warmup else ""
+        stats = self._layout[warmup][1]
         n = self._n[warmup]
-        return {name: self._arrays[f"{prefix}stats/{name}"][:, :n] for name in self._stat_dtypes}
+        return {name: self._arrays[f"{stats}/{name}"][:, :n] for name in self._stat_dtypes}
 
     @property
     def attrs(self) -> dict[str, Any]:

@@ -275,7 +275,7 @@ def test_resuming_a_trace_with_the_former_stat_names_is_refused(tmp_path: Path) 
     kw = dict(kernel="rwmh", num_warmup=5, num_samples=10, trace=str(trace))
     _run(**kw)
     # what an earlier version wrote: accept_prob and log_joint
-    for group in ("stats", "warmup_stats"):
+    for group in ("sample_stats", "warmup_sample_stats"):
         for old, new in (("accept_prob", "acceptance_rate"), ("log_joint", "lp")):
             shutil.move(trace / group / new, trace / group / old)
     root = zarr.open_group(trace, mode="r+")
