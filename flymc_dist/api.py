@@ -330,6 +330,7 @@ def sample(
         # the posterior (see WindowAdaptation)
         kernel_opts.setdefault("metric_from", "differences")
     kern = get_kernel(kernel, **kernel_opts)
+    names = feature_names(data)
     if algorithm == "austerity":
         return sample_austerity(
             model,
@@ -345,6 +346,7 @@ def sample(
             seed=seed,
             client=client,
             options=options,
+            feature_names=names,
         )
     config = ShardConfig(
         model=model,
@@ -384,6 +386,7 @@ def sample(
             n_features=n_features,
             num_warmup=num_warmup,
             num_samples=num_samples,
+            feature_names=names,
             algorithm=algorithm,
             bounds=bounds if algorithm == "flymc" else None,
             kernel=kernel,
@@ -395,6 +398,19 @@ def sample(
         return run(driver, info, num_warmup, num_samples, options)
     finally:
         transport.close()
+
+
+def feature_names(data: Any) -> list[str] | None:
+    """The column names of ``data``: a :class:`~flymc_dist.data.Dataset`'s (or its
+    path's) ``feature_names`` (a CSV header at ``flymc ingest``, a DataFrame's columns or
+    ``feature_names=`` at :func:`~flymc_dist.data.from_numpy`), an in-memory ``(X, y)``
+    pair's ``X.columns`` when ``X`` is a DataFrame; else None."""
+    if isinstance(data, tuple):
+        columns = getattr(data[0], "columns", None)
+        return None if columns is None else [str(c) for c in columns]
+    ds = data if isinstance(data, Dataset) else open_dataset(str(data))
+    names = ds.feature_names
+    return None if names is None else list(names)
 
 
 # ------------------------------------------------------------------ arguments checked up front

@@ -59,6 +59,10 @@ __all__ = [
     "summary",
     "format_summary",
     "SUMMARY_COLUMNS",
+    "EBFMI_THRESHOLD",
+    "e_bfmi",
+    "hamiltonian_checks",
+    "hamiltonian_lines",
 ]
 
 #: Minimum number of draws per chain accepted by the public functions.
@@ -654,3 +658,146 @@ def format_summary(
     if shown < n_rows:
         lines.append(f"... {n_rows - shown} more parameters not shown")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Hamiltonian sampler diagnostics
+# --------------------------------------------------------------------------------------------
+
+#: E-BFMI below this in a chain is warned about (Betancourt 2016; Stan, PyMC and ArviZ use 0.3)
+EBFMI_THRESHOLD = 0.3
+
+
+def e_bfmi(energy: ArrayLike) -> np.ndarray:
+    """The energy Bayesian fraction of missing information of each chain.
+
+    ``E-BFMI = Σ_s (E_s − E_{s−1})² / Σ_s (E_s − Ē)²`` over one chain's post-warm-up energies
+    (the Hamiltonian at each draw): how well the momentum resampling moves the chain
+    between energy levels (Betancourt 2016, "Diagnosing suboptimal cotangent
+    disintegrations in Hamiltonian Monte Carlo"). Below :data:`EBFMI_THRESHOLD` the
+    chain explores the energy distribution poorly. The same formula as Stan's and ArviZ's
+    ``bfmi``. Under FlyMC the energy is that of θ given z, whose target the z-update also
+    moves between iterations: its changes count in the numerator too.
+
+    Parameters
+    ----------
+    energy
+        ``(chains, draws)``, at least 2 draws.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(chains,)``; NaN for a chain with non-finite or constant energies.
+
+    Raises
+    ------
+    ValueError
+        If ``energy`` is not 2-D with at least 2 draws.
+    """
+    e = np.asarray(energy, dtype=np.float64)
+    if e.ndim != 2 or e.shape[1] < 2:
+        raise ValueError(f"energy must have shape (chains, draws >= 2), got {e.shape}")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.square(np.diff(e, axis=1)).sum(axis=1) / np.square(
+            e - e.mean(axis=1, keepdims=True)
+        ).sum(axis=1)
+    out[~np.isfinite(e).all(axis=1)] = np.nan
+    return np.where(np.isfinite(out), out, np.nan)
+
+
+def hamiltonian_checks(
+    stats: dict[str, ArrayLike], max_tree_depth: int | None = None, algorithm: str | None = None
+) -> dict[str, object] | None:
+    """What a Hamiltonian kernel's statistics say about a run's post-warm-up iterations.
+
+    Parameters
+    ----------
+    stats
+        Per-iteration statistics ``(chains, draws)``: ``diverging`` and ``energy`` (and,
+        for NUTS, ``tree_depth``), as :class:`flymc_dist.Result` and a trace hold them.
+    max_tree_depth
+        NUTS's maximum tree depth (iterations at it are counted), or None.
+    algorithm
+        The run's algorithm: under ``"flymc"`` the divergences of iterations with bright
+        rows are counted apart (``n_bright`` in ``stats``; see :func:`hamiltonian_lines`).
+
+    Returns
+    -------
+    dict or None
+        None when ``stats`` has no ``diverging`` (not a Hamiltonian kernel). Else
+        ``iterations`` (all chains'), ``divergences``, ``divergences_bright`` (FlyMC:
+        those in iterations with bright rows; else None), ``max_tree_depth`` and
+        ``max_tree_depth_hits`` (None without a tree depth), and ``e_bfmi``
+        (``(chains,)``, NaN with fewer than 2 draws).
+    """
+    if "diverging" not in stats:
+        return None
+    div = np.asarray(stats["diverging"], dtype=bool)
+    hits = None
+    if max_tree_depth is not None and "tree_depth" in stats:
+        hits = int(np.count_nonzero(np.asarray(stats["tree_depth"]) >= int(max_tree_depth)))
+    energy = np.asarray(stats.get("energy", np.full(div.shape, np.nan)), dtype=np.float64)
+    bfmi = (
+        e_bfmi(energy)
+        if energy.ndim == 2 and energy.shape[1] >= 2
+        else np.full(div.shape[0], np.nan)
+    )
+    bright = None
+    if algorithm == "flymc" and "n_bright" in stats:
+        bright = int(np.count_nonzero(div & (np.asarray(stats["n_bright"]) > 0)))
+    return {
+        "iterations": int(div.size),
+        "divergences": int(np.count_nonzero(div)),
+        "divergences_bright": bright,
+        "max_tree_depth": None if hits is None else int(max_tree_depth),
+        "max_tree_depth_hits": hits,
+        "e_bfmi": bfmi,
+    }
+
+
+def hamiltonian_lines(checks: dict[str, object] | None) -> list[str]:
+    """The report of :func:`hamiltonian_checks`: one line of counts, then one warning line
+    per problem saying what to try (as Stan and PyMC do). Empty for None."""
+    if checks is None:
+        return []
+    n, div, hits = checks["iterations"], checks["divergences"], checks["max_tree_depth_hits"]
+    depth = checks["max_tree_depth"]
+    bfmi = np.asarray(checks["e_bfmi"], dtype=np.float64)
+
+    def share(k: int) -> str:
+        return f"{k:,} of {n:,} post-warm-up iterations ({100.0 * k / n:.2g}%)" if n else "0"
+
+    parts = [f"divergences {div:,}"]
+    if hits is not None:
+        parts.append(f"at max tree depth {depth}: {hits:,}")
+    finite = bfmi[np.isfinite(bfmi)]
+    parts.append("E-BFMI " + (" ".join(f"{b:.2f}" for b in bfmi) if finite.size else "n/a"))
+    lines = ["NUTS/HMC: " + ", ".join(parts) + " (per chain)"]
+    if div and checks.get("divergences_bright") == div:
+        lines.append(
+            f"WARNING: {share(div)} diverged, all with bright rows: FlyMC's θ given z is "
+            "zero where a bright row's bound is tight, and trajectories that come close stop "
+            "(the next z-update moves that wall), which slows mixing; if they are many, "
+            "raise target_accept (e.g. 0.95); to check the posterior itself, run "
+            "algorithm='regular' on a subsample"
+        )
+    elif div:
+        lines.append(
+            f"WARNING: {share(div)} diverged: the posterior has regions the step size cannot "
+            "follow and the draws may be biased; raise target_accept (e.g. 0.95) or "
+            "reparameterise the model (e.g. standardise the columns, a wider prior)"
+        )
+    if hits:
+        lines.append(
+            f"WARNING: {share(hits)} hit the maximum tree depth {depth}: the trajectories "
+            "were cut short (an efficiency problem, not a bias); raise max_tree_depth"
+        )
+    low = [c for c, b in enumerate(bfmi) if np.isfinite(b) and b < EBFMI_THRESHOLD]
+    if low:
+        which = ", ".join(f"{c} ({bfmi[c]:.2f})" for c in low)
+        lines.append(
+            f"WARNING: E-BFMI below {EBFMI_THRESHOLD} in chain {which}: the momentum "
+            "resampling explores the energy poorly; reparameterise the model (heavy tails, "
+            "funnels) or adapt a dense metric with a longer warm-up"
+        )
+    return lines

@@ -63,13 +63,18 @@ from flymc_dist.tune import (
 
 log = logging.getLogger("flymc_dist")
 
+#: the per-iteration statistics of every kernel, name -> dtype (ArviZ's names where ArviZ
+#: has one: ``acceptance_rate`` is the kernel's acceptance probability or statistic, ``lp``
+#: the log target at the new position: the log posterior up to a constant in regular
+#: MCMC, FlyMC's log joint of θ and z, given the bright set); the kernel adds its own
+#: (:attr:`~flymc_dist.kernels.base.Kernel.sample_stats`)
 STAT_NAMES: dict[str, str] = {
     "accepted": "bool",
-    "accept_prob": "float64",
+    "acceptance_rate": "float64",
     "n_bright": "int64",
     "likelihood_queries": "int64",
     "round_trips": "int64",
-    "log_joint": "float64",
+    "lp": "float64",
     "recoveries": "int64",
 }
 
@@ -134,8 +139,9 @@ class Driver:
         Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
     """
 
-    #: per-iteration statistics of :meth:`step`, name -> dtype
-    stat_names = STAT_NAMES
+    #: per-iteration statistics of :meth:`step`, name -> dtype: :data:`STAT_NAMES` and
+    #: the kernel's :attr:`~flymc_dist.kernels.base.Kernel.sample_stats`
+    stat_names: dict[str, str]
 
     def __init__(
         self,
@@ -160,6 +166,7 @@ class Driver:
         self.model = model
         self.transport = transport
         self.kernel = kernel
+        self.stat_names = {**STAT_NAMES, **kernel.sample_stats}
         self.algorithm = algorithm
         self.bounds = bounds
         self.chains = int(chains)
@@ -615,12 +622,13 @@ class Driver:
         self.step_seconds += time.perf_counter() - t_step
         return {
             "accepted": np.array([info.accepted for info in infos], dtype=bool),
-            "accept_prob": np.array([info.accept_prob for info in infos], dtype=float),
+            "acceptance_rate": np.array([info.accept_prob for info in infos], dtype=float),
             "n_bright": np.asarray(agg.n_bright, dtype=np.int64),  # of the first round trip
             "likelihood_queries": np.asarray(agg.queries, dtype=np.int64),
             "round_trips": np.array([round_trips] * C, dtype=np.int64),
-            "log_joint": np.asarray(log_joint, dtype=float),
+            "lp": np.asarray(log_joint, dtype=float),
             "recoveries": np.array([len(recoveries) - n_recoveries] * C, dtype=np.int64),
+            **self.kernel.info_stats(infos),
         }
 
     def checkpoint(self, iteration: int) -> dict[str, Any]:

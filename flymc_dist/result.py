@@ -4,28 +4,122 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from importlib import metadata
 from typing import Any
 
 import numpy as np
 
 from flymc_dist import diagnostics
 
-__all__ = ["Result", "Summary", "efficiency", "narrowing_line"]
+__all__ = [
+    "Result",
+    "Stats",
+    "Summary",
+    "efficiency",
+    "narrowing_line",
+    "param_coords",
+    "param_dims",
+    "param_labels",
+]
+
+#: statistics renamed to ArviZ's names: old name -> new name (the old names still read)
+STAT_ALIASES = {"accept_prob": "acceptance_rate", "log_joint": "lp"}
+
+
+class Stats(dict):
+    """Per-iteration statistics, name -> ``(chains, draws)`` array.
+
+    A plain dict, except that the names used before the statistics took ArviZ's names
+    still read: ``stats["accept_prob"]`` is ``stats["acceptance_rate"]`` and
+    ``stats["log_joint"]`` is ``stats["lp"]`` (``in`` and :meth:`get` know them too; they
+    are not listed as keys).
+    """
+
+    def __missing__(self, key: str) -> np.ndarray:
+        new = STAT_ALIASES.get(key)
+        if new is not None and dict.__contains__(self, new):
+            return self[new]
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (
+            isinstance(key, str) and dict.__contains__(self, STAT_ALIASES.get(key, ""))
+        )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``self[key]`` (a former name too), else ``default``."""
+        return self[key] if key in self else default
+
+
+def param_dims(param_shape: tuple[int, ...]) -> tuple[str, ...]:
+    """The dimension names of θ: ``("feature",)`` for one weight per column,
+    ``("class", "feature")`` for softmax's ``(K, D)``; ``theta_dim_i`` otherwise."""
+    if len(param_shape) == 1:
+        return ("feature",)
+    if len(param_shape) == 2:
+        return ("class", "feature")
+    return tuple(f"theta_dim_{i}" for i in range(len(param_shape)))
+
+
+def _names_fit(param_shape: tuple[int, ...], feature_names: Sequence[str] | None) -> bool:
+    return (
+        feature_names is not None
+        and len(param_shape) in (1, 2)
+        and len(feature_names) == param_shape[-1]
+    )
+
+
+def param_coords(
+    param_shape: tuple[int, ...], feature_names: Sequence[str] | None = None
+) -> dict[str, list]:
+    """Coordinates of :func:`param_dims`: the feature names (when they fit the last axis,
+    else ``0 … D−1``) and the class labels ``0 … K−1``."""
+    dims = param_dims(param_shape)
+    coords: dict[str, list] = {d: list(range(n)) for d, n in zip(dims, param_shape, strict=True)}
+    if _names_fit(param_shape, feature_names):
+        coords["feature"] = [str(n) for n in feature_names]
+    return coords
+
+
+def param_labels(
+    param_shape: tuple[int, ...], feature_names: Sequence[str] | None = None
+) -> list[str] | None:
+    """Row labels of a summary as ArviZ writes them: ``theta[age]`` (one weight per
+    column) or ``theta[2, age]`` (softmax: class, feature), C order; None when there are
+    no feature names that fit (the table then says ``theta[3]``)."""
+    if not _names_fit(param_shape, feature_names):
+        return None
+    names = [str(n) for n in feature_names]
+    if len(param_shape) == 1:
+        return [f"theta[{n}]" for n in names]
+    return [f"theta[{k}, {n}]" for k in range(param_shape[0]) for n in names]
 
 
 class Summary(dict):
-    """Per-parameter diagnostics (a dict of arrays) that prints as a table."""
+    """Per-parameter diagnostics (a dict of arrays) that prints as a table.
+
+    ``footer`` lines (a Hamiltonian kernel's counts of divergences and max-tree-depth
+    hits, E-BFMI, and warnings) print after the table.
+    """
 
     def __init__(
-        self, table: dict[str, np.ndarray], names: list[str] | None = None, header: str = ""
+        self,
+        table: dict[str, np.ndarray],
+        names: list[str] | None = None,
+        header: str = "",
+        footer: Sequence[str] = (),
     ) -> None:
         super().__init__(table)
         self._names = names
         self._header = header
+        self.footer = list(footer)
 
     def __str__(self) -> str:
         body = diagnostics.format_summary(dict(self), names=self._names)
-        return f"{self._header}\n{body}" if self._header else body
+        parts = ([self._header] if self._header else []) + [body] + self.footer
+        return "\n".join(parts)
 
     __repr__ = __str__
 
@@ -38,9 +132,16 @@ class Result:
     samples
         Post-warm-up draws, shape ``(chains, draws) + param_shape``.
     stats
-        Per-iteration statistics, each of shape ``(chains, draws)``: ``accepted``,
-        ``accept_prob``, ``n_bright``, ``likelihood_queries``, ``round_trips``,
-        ``log_joint`` (and ``data_used`` for austerity).
+        Per-iteration statistics (a :class:`Stats` dict), each of shape ``(chains,
+        draws)``, under ArviZ's names where ArviZ has one: ``accepted``,
+        ``acceptance_rate`` (the kernel's acceptance probability; NUTS: Stan's mean
+        acceptance statistic over the tree), ``lp`` (the log target at the draw, up to a
+        constant: the log posterior in regular MCMC, FlyMC's log joint of θ and its
+        brightness variables; NaN for austerity), ``n_bright``, ``likelihood_queries``,
+        ``round_trips``, ``recoveries`` (and ``data_used`` for austerity). HMC and NUTS add
+        ``diverging``, ``n_steps`` (leapfrog steps), ``step_size``, ``energy`` (the
+        Hamiltonian at the draw) and, NUTS, ``tree_depth``. The former names
+        ``accept_prob`` and ``log_joint`` still read.
     warmup_samples, warmup_stats
         The same for the discarded warm-up iterations.
     info
@@ -63,9 +164,9 @@ class Result:
         info: dict[str, Any],
     ) -> None:
         self.samples = samples
-        self.stats = stats
+        self.stats = Stats(stats)
         self.warmup_samples = warmup_samples
-        self.warmup_stats = warmup_stats
+        self.warmup_stats = Stats(warmup_stats)
         self.info = info
         self.approximate = info.get("algorithm") == "austerity"
 
@@ -74,13 +175,37 @@ class Result:
         """Shape of one draw."""
         return tuple(self.samples.shape[2:])
 
+    @property
+    def feature_names(self) -> list[str] | None:
+        """The data set's column names (from the store, a DataFrame's columns or
+        ``feature_names=``), or None."""
+        names = self.info.get("feature_names")
+        return None if names is None else [str(n) for n in names]
+
+    def sampler_checks(self) -> dict[str, Any] | None:
+        """A Hamiltonian kernel's post-warm-up divergences, max-tree-depth hits and E-BFMI
+        per chain (:func:`flymc_dist.diagnostics.hamiltonian_checks`); None for the
+        other kernels."""
+        return diagnostics.hamiltonian_checks(
+            self.stats, self.info.get("max_tree_depth"), self.info.get("algorithm")
+        )
+
     def summary(self, names: list[str] | None = None) -> Summary:
-        """Per-parameter mean, sd, MCSE, bulk/tail ESS, rank-normalised split-R̂ and quantiles."""
+        """Per-parameter mean, sd, MCSE, bulk/tail ESS, rank-normalised split-R̂ and quantiles.
+
+        Rows are labelled by the data set's feature names when it has them
+        (``theta[age]``; softmax ``theta[2, age]``), else ``theta[3]``; ``names`` (one
+        label per parameter, C order) overrides them. With HMC or NUTS the table is
+        followed by the count of post-warm-up divergences and of iterations at the
+        maximum tree depth, E-BFMI per chain, and one warning line per problem.
+        """
+        if names is None:
+            names = param_labels(self.param_shape, self.feature_names)
         table = diagnostics.summary(self.samples, names=names)
         header = ""
         if self.approximate:
             header = "APPROXIMATE (austerity MH): draws do not target the exact posterior."
-        return Summary(table, names, header)
+        return Summary(table, names, header, diagnostics.hamiltonian_lines(self.sampler_checks()))
 
     def efficiency(self) -> dict[str, float]:
         """Cost figures: queries and seconds per iteration, ESS per query and per second
@@ -92,15 +217,70 @@ class Result:
             float(self.info.get("sampling_seconds", np.nan)),
         )
 
-    def to_arviz(self) -> Any:
-        """An ``arviz.InferenceData`` (needs the ``arviz`` extra)."""
+    def to_arviz(self, warmup: bool = False) -> Any:
+        """The run as an ``arviz.InferenceData`` (needs the ``arviz`` extra).
+
+        Groups ``posterior`` (``theta`` with dims ``chain``, ``draw``, ``feature`` and,
+        for softmax, ``class`` before ``feature``; the feature coordinates are the data
+        set's column names when it has them) and ``sample_stats`` (every statistic of
+        :attr:`stats` under its ArviZ name: ``lp``, ``acceptance_rate``, ``diverging``,
+        ``energy``, ``tree_depth``, ``n_steps``, ``step_size``, and this package's own);
+        with ``warmup``, also ``warmup_posterior`` and ``warmup_sample_stats``. The run's
+        settings (algorithm, kernel, model, sizes, seed, timings, ...) are the attributes
+        of every group: scalars as they are, anything else as JSON text.
+
+        Parameters
+        ----------
+        warmup
+            Also hold the warm-up draws and statistics.
+
+        Returns
+        -------
+        arviz.InferenceData
+        """
         try:
             import arviz as az
-        except ImportError as err:  # pragma: no cover - optional extra
-            raise ImportError("to_arviz needs arviz: pip install 'flymc_dist[arviz]'") from err
-        return az.from_dict(
-            posterior={"theta": self.samples}, sample_stats={k: v for k, v in self.stats.items()}
-        )
+        except ImportError:
+            raise ImportError(
+                "Result.to_arviz needs arviz: pip install 'flymc_dist[arviz]'"
+            ) from None
+        shape = self.param_shape
+        coords = param_coords(shape, self.feature_names)
+        coords["chain"] = list(range(self.samples.shape[0]))  # draws: ArviZ's 0 … n−1
+        dims = {"theta": list(param_dims(shape))}
+        groups: dict[str, Any] = {
+            "posterior": {"theta": self.samples},
+            "sample_stats": dict(self.stats),
+        }
+        if warmup:
+            groups["warmup_posterior"] = {"theta": self.warmup_samples}
+            groups["warmup_sample_stats"] = dict(self.warmup_stats)
+        idata = az.from_dict(**groups, coords=coords, dims=dims, save_warmup=warmup)
+        attrs = self.arviz_attrs()
+        for group in idata.groups():
+            idata[group].attrs.update(attrs)
+        return idata
+
+    def arviz_attrs(self) -> dict[str, Any]:
+        """The run's settings as netCDF-safe attributes (:meth:`to_arviz`): the scalar
+        entries of :attr:`info` as they are, lists and dicts as JSON text (arrays such as
+        the MAP are left out), plus ``inference_library``."""
+        attrs: dict[str, Any] = {"inference_library": "flymc_dist"}
+        try:
+            attrs["inference_library_version"] = metadata.version("flymc_dist")
+        except metadata.PackageNotFoundError:  # run from a source tree
+            pass
+        for key, value in self.info.items():
+            if isinstance(value, bool | np.bool_):
+                attrs[key] = int(value)
+            elif isinstance(value, int | float | str | np.integer | np.floating):
+                attrs[key] = value
+            elif isinstance(value, dict | list | tuple):
+                try:
+                    attrs[key] = json.dumps(value, default=_json_default)
+                except (TypeError, ValueError):
+                    continue
+        return attrs
 
     def __repr__(self) -> str:
         C, S = self.samples.shape[:2]
@@ -109,6 +289,15 @@ class Result:
             f"<Result{tag} algorithm={self.info.get('algorithm')} chains={C} draws={S} "
             f"param_shape={self.param_shape}>"
         )
+
+
+def _json_default(value: Any) -> Any:
+    """numpy scalars and arrays in :meth:`Result.arviz_attrs`' JSON text."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON-able: {type(value).__name__}")
 
 
 def efficiency(

@@ -21,7 +21,7 @@ import numpy as np
 from flymc_dist.kernels.base import Adapter, Kernel, params_to_json
 from flymc_dist.progress import Progress
 from flymc_dist.protocol import Transport
-from flymc_dist.result import Result
+from flymc_dist.result import Result, param_coords, param_dims
 from flymc_dist.trace import Trace
 
 __all__ = ["Sampler", "run"]
@@ -122,6 +122,17 @@ def run(
         if trace.checkpoint is None:
             raise ValueError(f"trace {trace_path} has no checkpoint to resume from")
         start = int(trace.checkpoint["iteration"]) + 1
+    if trace is not None and set(trace.stat_dtypes) != set(names):
+        raise ValueError(
+            f"trace {trace_path} was written by an earlier version (it records the "
+            f"statistics {sorted(trace.stat_dtypes)}, this version {sorted(names)}): it "
+            "cannot be resumed; start a new trace"
+        )
+    # what the summary's warnings need (the kernel's targets, as it runs with them)
+    for key in ("target_accept", "max_tree_depth"):
+        value = getattr(sampler.kernel, key, None)
+        if value is not None:
+            info[key] = value
     sampler.setup()
     info.update(sampler.setup_info())
     if trace_path is not None and trace is None:
@@ -133,6 +144,8 @@ def run(
             attrs={k: v for k, v in info.items() if k != "map"},
             overwrite=bool(options.get("overwrite_trace", False)),
             storage_options=options.get("trace_storage_options"),
+            dims=param_dims(shape),
+            coords=param_coords(shape, info.get("feature_names")),
         )
     if start:
         sampler.restore(trace.checkpoint)
@@ -234,11 +247,13 @@ def describe_run(
     n_features: int,
     num_warmup: int,
     num_samples: int,
+    feature_names: list[str] | None = None,
     **algorithm: Any,
 ) -> dict[str, Any]:
     """The run information every sampler reports before its set-up: its own keys
-    ``algorithm`` (``"algorithm"``, ``"kernel"``, ``"bounds"``, ...) first, then the data,
-    the cluster and the run's size, under the same names for each."""
+    ``algorithm`` (``"algorithm"``, ``"kernel"``, ``"bounds"``, ...) first, then the data
+    (with its column names, ``feature_names``, or None), the cluster and the run's size,
+    under the same names for each."""
     return {
         **algorithm,
         "chains": chains,
@@ -249,6 +264,7 @@ def describe_run(
         "transport": transport.name,
         "n_workers": transport.n_workers,
         "data": data,
+        "feature_names": None if feature_names is None else [str(n) for n in feature_names],
         "model": model_description,
         "num_warmup": num_warmup,
         "num_samples": num_samples,

@@ -1,19 +1,45 @@
 """An incremental, resumable zarr trace of MCMC draws (STYLE 6; DESIGN §3 "Faults").
 
-Layout of a trace (a zarr v3 group)::
+Layout of a trace (a zarr v3 group, laid out as ArviZ's ``InferenceData``)::
 
     <path>/
-      zarr.json                     group attributes: the caller's ``attrs`` (algorithm
-                                    config, model, dataset path, seed, ...) plus the
-                                    reserved key "flymc_trace" (format, shapes, counts,
-                                    checkpoint)
-      samples          (chains, n_draws, *param_shape)          float64
-      warmup_samples   (chains, n_warmup_draws, *param_shape)   float64
-      stats/<name>         (chains, n_draws)         the declared dtype
-      warmup_stats/<name>  (chains, n_warmup_draws)  the declared dtype
+      zarr.json                          group attributes: the caller's ``attrs``
+                                         (algorithm config, model, dataset path, seed,
+                                         ...) plus the reserved key "flymc_trace"
+                                         (format, shapes, counts, checkpoint)
+      posterior/theta                    (chain, draw, *param_dims)  float64
+      posterior/chain, posterior/<dim>   coordinates: 0 … C−1, each parameter axis's labels
+      sample_stats/<name>                (chain, draw)  the declared dtype
+      sample_stats/chain
+      warmup_posterior/…, warmup_sample_stats/…   the same for the warm-up draws
 
 Arrays grow along the draw axis (axis 1) and are chunked along it
-(``chunk_draws`` draws per chunk, all chains and parameters in one chunk).
+(``chunk_draws`` draws per chunk, all chains and parameters in one chunk). Traces of
+format version 1 (``samples``, ``stats/<name>``, ``warmup_samples``,
+``warmup_stats/<name>`` at the root) are still read.
+
+Reading a trace with xarray and ArviZ
+-------------------------------------
+Every array carries zarr 3 ``dimension_names`` (``chain``, ``draw`` and the parameter
+axes: ``feature``; softmax ``class``, ``feature``) and every group its coordinates (the
+feature names when the data set has them), so xarray alone opens a trace, and ArviZ
+takes it as it is, no import of this package needed::
+
+    tree = xr.open_datatree(path, engine="zarr", consolidated=False)
+    idata = az.InferenceData.from_datatree(tree)   # posterior, sample_stats, warmup_*
+    stats = xr.open_zarr(path, group="sample_stats", consolidated=False)  # one group
+
+(``consolidated=False``: a trace keeps no consolidated metadata, which zarr 3 marks as
+outside its specification and which would go stale with every append). While a run
+appends, the arrays may hold draws beyond the committed count (being written, or after
+a crash): slice to ``attrs["flymc_trace"]["committed"]["n_draws"]``. A posterior group
+opens at any moment (its one array grows alone); a statistics' group holds several
+arrays, resized one after the other, so during that short burst of an append xarray can
+refuse it ("conflicting sizes for dimension 'draw'"): open it again. Measured with
+appends back to back (``tests/test_arviz.py``), about one open in ten met it; a run
+appends once every ``checkpoint_every`` iterations. ArviZ 0.23's ``from_zarr`` refuses
+every zarr 3 store ("Found zarr>=3, which is not supported by ArviZ"), whatever its
+layout: hence ``from_datatree``.
 
 Crash consistency
 -----------------
@@ -64,7 +90,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +101,18 @@ from numpy.typing import ArrayLike, DTypeLike
 __all__ = ["Trace", "TraceLock", "TraceLockedError", "TRACE_FORMAT", "TRACE_VERSION"]
 
 TRACE_FORMAT = "flymc_dist.trace"
-TRACE_VERSION = 1
+#: 2: ArviZ's groups (``posterior/theta``, ``sample_stats/<name>``, and their ``warmup_``
+#: twins); 1 (still read): ``samples``, ``stats/<name>``, ``warmup_samples``, ...
+TRACE_VERSION = 2
+_READ_VERSIONS = (1, 2)
+#: where each phase's arrays live, by format version: {warmup: (samples, stats group)}
+_LAYOUT = {
+    1: {False: ("samples", "stats"), True: ("warmup_samples", "warmup_stats")},
+    2: {
+        False: ("posterior/theta", "sample_stats"),
+        True: ("warmup_posterior/theta", "warmup_sample_stats"),
+    },
+}
 
 _RESERVED_ATTR = "flymc_trace"
 _TAG = "__flymc_type__"
@@ -220,6 +257,63 @@ def _validate_positive_int(value: object, name: str) -> int:
     return int(value)
 
 
+def _validate_dims(dims: object, shape: tuple[int, ...]) -> tuple[str, ...]:
+    """The parameter axes' names: ``dims`` checked against ``shape``, or the defaults."""
+    if dims is None:
+        return tuple(f"theta_dim_{i}" for i in range(len(shape)))
+    if isinstance(dims, str) or not isinstance(dims, Sequence):
+        raise ValueError(f"dims must be a sequence of names, got {dims!r}")
+    names = tuple(dims)
+    reserved = {"chain", "draw"}
+    if (
+        len(names) != len(shape)
+        or not all(isinstance(n, str) and n for n in names)
+        or len(set(names)) != len(names)
+        or reserved & set(names)
+    ):
+        raise ValueError(
+            f"dims must be {len(shape)} distinct non-empty names (one per axis of "
+            f"param_shape {shape}, none of {sorted(reserved)}), got {dims!r}"
+        )
+    return names
+
+
+def _validate_coords(
+    coords: object, dims: tuple[str, ...], shape: tuple[int, ...]
+) -> dict[str, np.ndarray]:
+    """Every parameter axis's labels: ``coords`` checked, ``0 … n−1`` for the others."""
+    if coords is not None and not isinstance(coords, Mapping):
+        raise ValueError(f"coords must be a dict of dim -> labels, got {coords!r}")
+    given = dict(coords or {})
+    unknown = set(given) - set(dims)
+    if unknown:
+        raise ValueError(f"coords for unknown dims {sorted(unknown)}; the dims are {dims}")
+    out = {}
+    for dim, n in zip(dims, shape, strict=True):
+        if dim not in given:
+            out[dim] = np.arange(n)
+            continue
+        values = list(given[dim])
+        if len(values) != n or not (
+            all(isinstance(v, str) for v in values)
+            or all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in values)
+        ):
+            raise ValueError(
+                f"coords[{dim!r}] must be {n} labels, all str or all int, got {given[dim]!r}"
+            )
+        out[dim] = np.array(values, dtype=str if isinstance(values[0], str) else np.int64)
+    return out
+
+
+def _coordinate(group: zarr.Group, dim: str, values: np.ndarray) -> None:
+    """A one-dimensional xarray coordinate array ``dim`` in ``group``."""
+    dtype = str if values.dtype.kind == "U" else values.dtype
+    array = group.create_array(
+        dim, shape=values.shape, dtype=dtype, dimension_names=(dim,), fill_value=None
+    )
+    array[:] = values
+
+
 def _validate_stats(stats: object) -> dict[str, np.dtype]:
     if not isinstance(stats, Mapping):
         raise TypeError(f"stats must be a dict of name -> dtype, got {type(stats).__name__}")
@@ -227,6 +321,8 @@ def _validate_stats(stats: object) -> dict[str, np.dtype]:
     for name, dtype in stats.items():
         if not isinstance(name, str) or not _STAT_NAME.match(name) or name.startswith("__"):
             raise ValueError(f"stat names must be identifiers not starting with '__', got {name!r}")
+        if name in ("chain", "draw"):  # the statistics' group's dimensions
+            raise ValueError(f"{name!r} cannot name a stat: it names a dimension")
         try:
             resolved = np.dtype(dtype)
         except TypeError as err:
@@ -265,6 +361,7 @@ class Trace:
         self._chains = int(record["chains"])
         self._param_shape = tuple(int(d) for d in record["param_shape"])
         self._stat_dtypes = {name: np.dtype(d) for name, d in record["stats"].items()}
+        self._layout = _LAYOUT[int(record["version"])]
         counts = record["checkpoint"] if record["checkpoint"] is not None else record["committed"]
         self._n = {False: int(counts["n_draws"]), True: int(counts["n_warmup_draws"])}
         self._arrays: dict[str, zarr.Array] = {}  # handles, filled by _check_arrays
@@ -283,6 +380,8 @@ class Trace:
         overwrite: bool = False,
         chunk_draws: int = _DEFAULT_CHUNK_DRAWS,
         storage_options: Mapping[str, Any] | None = None,
+        dims: Sequence[str] | None = None,
+        coords: Mapping[str, Sequence[Any]] | None = None,
     ) -> Trace:
         """Create an empty trace at ``path``.
 
@@ -310,6 +409,15 @@ class Trace:
             Draws per chunk along the draw axis.
         storage_options
             fsspec options (endpoint, credentials, ...) for a trace at a URL.
+        dims
+            The names of the parameter axes (one per axis of ``param_shape``, e.g.
+            ``("feature",)`` or ``("class", "feature")``; default ``theta_dim_0``, ...):
+            with ``chain`` and ``draw`` they are every array's zarr ``dimension_names``,
+            which xarray reads (see the module docstring).
+        coords
+            Labels along parameter axes, dim -> one label (str or int) per entry (e.g.
+            ``{"feature": ["bias", "age"]}``); the others are ``0 … n−1``. Written, with
+            ``chain``, as xarray coordinate arrays.
 
         Returns
         -------
@@ -331,6 +439,8 @@ class Trace:
         shape = _validate_shape(param_shape)
         stat_dtypes = _validate_stats(stats)
         chunk = _validate_positive_int(chunk_draws, "chunk_draws")
+        param_dims = _validate_dims(dims, shape)
+        labels = _validate_coords(coords, param_dims, shape)
         if not isinstance(attrs, Mapping):
             raise TypeError(f"attrs must be a dict, got {type(attrs).__name__}")
         if _RESERVED_ATTR in attrs:
@@ -372,15 +482,25 @@ class Trace:
                 zarr_format=3,
                 **url_kw,
             )
-            for prefix in ("", "warmup_"):
-                group.create_array(
-                    f"{prefix}samples",
+            for warmup in (False, True):
+                samples_key, stats_key = _LAYOUT[TRACE_VERSION][warmup]
+                post_key, samples_name = samples_key.split("/")
+                # each group with its xarray coordinates: the chains and the labels of the
+                # parameter axes (the draws are 0 … n−1, xarray's default)
+                post = group.create_group(post_key)
+                _coordinate(post, "chain", np.arange(n_chains))
+                for dim, values in labels.items():
+                    _coordinate(post, dim, values)
+                post.create_array(
+                    samples_name,
                     shape=(n_chains, 0, *shape),
                     chunks=(n_chains, chunk, *shape),
                     dtype=np.float64,
                     fill_value=np.nan,
+                    dimension_names=("chain", "draw", *param_dims),
                 )
-                stats_group = group.create_group(f"{prefix}stats")
+                stats_group = group.create_group(stats_key)
+                _coordinate(stats_group, "chain", np.arange(n_chains))
                 for name, dtype in stat_dtypes.items():
                     stats_group.create_array(
                         name,
@@ -388,6 +508,7 @@ class Trace:
                         chunks=(n_chains, chunk),
                         dtype=dtype,
                         fill_value=0,
+                        dimension_names=("chain", "draw"),
                     )
         except BaseException:
             if created_dir:
@@ -442,9 +563,10 @@ class Trace:
         record = _record_of(group)
         if record is None:  # pragma: no cover - changed under our feet
             raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
-        if record.get("version") != TRACE_VERSION:
+        if record.get("version") not in _READ_VERSIONS:
             raise ValueError(
-                f"unsupported trace version {record.get('version')!r} (expected {TRACE_VERSION})"
+                f"unsupported trace version {record.get('version')!r} (this version reads "
+                f"{', '.join(map(str, _READ_VERSIONS))})"
             )
         try:
             trace = cls(group, record, path=path, read_only=read_only)
@@ -487,9 +609,9 @@ class Trace:
 
     def _array_specs(self, warmup: bool) -> list[tuple[str, tuple[int, ...], np.dtype]]:
         """``(key, trailing shape, dtype)`` of every array of one phase, samples first."""
-        prefix = "warmup_" if warmup else ""
-        specs = [(f"{prefix}samples", self._param_shape, np.dtype(np.float64))]
-        specs += [(f"{prefix}stats/{name}", (), dt) for name, dt in self._stat_dtypes.items()]
+        samples, stats = self._layout[warmup]
+        specs = [(samples, self._param_shape, np.dtype(np.float64))]
+        specs += [(f"{stats}/{name}", (), dt) for name, dt in self._stat_dtypes.items()]
         return specs
 
     # ----------------------------------------------------------------------------- writing
@@ -572,10 +694,14 @@ class Trace:
         start = self._n[warmup]
         stop = start + n_new
         payload = [draws.astype(np.float64, copy=False), *columns.values()]
-        for (key, tail, _), data in zip(self._array_specs(warmup), payload, strict=True):
-            array = self._arrays[key]
-            array.resize((self._chains, stop, *tail))  # also drops ignored stale draws
-            array[:, start:stop] = data
+        specs = self._array_specs(warmup)
+        # every array resized first, in one burst of metadata writes (this also drops
+        # ignored stale draws), then the data: a reader of the statistics' group (xarray)
+        # meets arrays of different lengths only during the burst
+        for key, tail, _ in specs:
+            self._arrays[key].resize((self._chains, stop, *tail))
+        for (key, _, _), data in zip(specs, payload, strict=True):
+            self._arrays[key][:, start:stop] = data
         counts = dict(self._record["committed"])
         counts["n_warmup_draws" if warmup else "n_draws"] = stop
         # Keep the other phase's committed count consistent with what this session shows.
@@ -655,12 +781,12 @@ class Trace:
     @property
     def samples(self) -> np.ndarray:
         """Post-warm-up draws, ``(chains, n_draws, *param_shape)`` float64."""
-        return self._arrays["samples"][:, : self._n[False]]
+        return self._arrays[self._layout[False][0]][:, : self._n[False]]
 
     @property
     def warmup_samples(self) -> np.ndarray:
         """Warm-up draws, ``(chains, n_warmup_draws, *param_shape)`` float64."""
-        return self._arrays["warmup_samples"][:, : self._n[True]]
+        return self._arrays[self._layout[True][0]][:, : self._n[True]]
 
     @property
     def stats(self) -> dict[str, np.ndarray]:
@@ -673,9 +799,9 @@ class Trace:
         return self._read_stats(warmup=True)
 
     def _read_stats(self, *, warmup: bool) -> dict[str, np.ndarray]:
-        prefix = "warmup_" if warmup else ""
+        stats = self._layout[warmup][1]
         n = self._n[warmup]
-        return {name: self._arrays[f"{prefix}stats/{name}"][:, :n] for name in self._stat_dtypes}
+        return {name: self._arrays[f"{stats}/{name}"][:, :n] for name in self._stat_dtypes}
 
     @property
     def attrs(self) -> dict[str, Any]:

@@ -630,11 +630,11 @@ def test_sample_api_labels_and_stats():
     assert res.samples.shape == (3, 40, 3) and res.warmup_samples.shape == (3, 30, 3)
     for key in (
         "accepted",
-        "accept_prob",
+        "acceptance_rate",
         "n_bright",
         "likelihood_queries",
         "round_trips",
-        "log_joint",
+        "lp",
         "data_used",
         "test_rounds",
     ):
@@ -644,8 +644,9 @@ def test_sample_api_labels_and_stats():
     assert np.all((st["data_used"] >= 300) & (st["data_used"] <= 3000))
     assert np.all(st["round_trips"] >= st["test_rounds"])
     assert np.all(st["round_trips"] == st["round_trips"][0])  # shared by the chains
-    assert np.all(st["accept_prob"] == st["accepted"])
-    assert np.all(np.isnan(st["log_joint"]))
+    assert np.all(st["acceptance_rate"] == st["accepted"])
+    assert np.all(np.isnan(st["lp"]))
+    assert st["log_joint"] is st["lp"]  # the former name still reads
     eff = res.efficiency()
     assert 0 < eff["bright_fraction"] <= 1
     moved = np.any(np.diff(res.samples, axis=1) != 0, axis=2)

@@ -240,8 +240,8 @@ def test_run_then_summary(store: Path, tmp_path: Path, capsys: pytest.CaptureFix
     t = Trace.open(trace, read_only=True)
     assert t.samples.shape == (2, 40, FEATURES)
     assert t.warmup_samples.shape == (2, 20, FEATURES)
-    assert set(t.stats) >= {"accepted", "n_bright", "likelihood_queries", "log_joint"}
-    assert "ess_bulk" in out and "r_hat" in out and "x1" in out  # names from the store
+    assert set(t.stats) >= {"accepted", "n_bright", "likelihood_queries", "lp", "acceptance_rate"}
+    assert "ess_bulk" in out and "r_hat" in out and "theta[x1]" in out  # names from the store
     assert "likelihood queries" in out
     assert "narrower than the posterior" in out  # MAP-tuned FlyMC's forecast of its mixing
     code, out2, err = run_cli(["summary", trace], capsys)
@@ -256,7 +256,7 @@ def test_run_then_summary(store: Path, tmp_path: Path, capsys: pytest.CaptureFix
     assert float(line.split()[-1]) == pytest.approx(secs["sampling"] / 40, rel=1e-3)
     assert "ESS per second" in out2
     # the table printed by summary is the one printed by run
-    table = [line for line in out.splitlines() if line.startswith("x1 ")]
+    table = [line for line in out.splitlines() if line.startswith("theta[x1] ")]
     assert table and table[0] in out2
 
 

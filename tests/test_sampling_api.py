@@ -34,7 +34,7 @@ from references import logistic_logpost, robust_logpost
 
 import flymc_dist as fd
 
-STAT_KEYS = ("accepted", "n_bright", "likelihood_queries", "log_joint", "round_trips")
+STAT_KEYS = ("accepted", "n_bright", "likelihood_queries", "lp", "round_trips", "acceptance_rate")
 
 
 def _logistic_data(n: int = 40, seed: int = 11) -> tuple[np.ndarray, np.ndarray]:
@@ -111,7 +111,7 @@ def test_stats_keys_and_shapes(algorithm, kernel):
         assert res.stats[k].shape == (3, 12), k
         assert res.warmup_stats[k].shape == (3, 5), k
     assert res.stats["accepted"].dtype == bool
-    assert np.all(np.isfinite(res.stats["log_joint"]))
+    assert np.all(np.isfinite(res.stats["lp"]))
     assert np.all(res.stats["likelihood_queries"] >= 0)
     assert np.all((res.stats["n_bright"] >= 0) & (res.stats["n_bright"] <= 40))
 

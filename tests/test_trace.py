@@ -125,7 +125,7 @@ def test_growth_across_many_appends_and_chunks(tmp_path: Path) -> None:
     reopened = Trace.open(tmp_path / "t", read_only=True)
     _assert_content(reopened, warm, warmup=True)
     _assert_content(reopened, main, warmup=False)
-    assert zarr.open_group(tmp_path / "t", mode="r")["samples"].chunks == (3, 16, 4)
+    assert zarr.open_group(tmp_path / "t", mode="r")["posterior/theta"].chunks == (3, 16, 4)
 
 
 def test_appends_continue_after_reopen(tmp_path: Path) -> None:
@@ -426,7 +426,7 @@ def test_draws_after_last_checkpoint_are_ignored_on_open(tmp_path: Path) -> None
     # A crash between append and set_checkpoint: the draws are written, the checkpoint is not.
     trace.append(*_batch(rng, 3, 6, (4,)), warmup=False)
     assert trace.n_draws == 15
-    assert zarr.open_group(tmp_path / "t", mode="r")["samples"].shape[1] == 15
+    assert zarr.open_group(tmp_path / "t", mode="r")["posterior/theta"].shape[1] == 15
 
     resumed = Trace.open(tmp_path / "t")
     assert resumed.checkpoint == {"iteration": 9}
@@ -437,7 +437,7 @@ def test_draws_after_last_checkpoint_are_ignored_on_open(tmp_path: Path) -> None
     resumed.set_checkpoint({"iteration": 11})
     final = Trace.open(tmp_path / "t")
     _assert_content(final, [*good, more], warmup=False)
-    assert zarr.open_group(tmp_path / "t", mode="r")["samples"].shape[1] == 11
+    assert zarr.open_group(tmp_path / "t", mode="r")["posterior/theta"].shape[1] == 11
 
 
 def test_crash_before_commit_keeps_previous_count(tmp_path: Path, monkeypatch) -> None:
@@ -453,12 +453,14 @@ def test_crash_before_commit_keeps_previous_count(tmp_path: Path, monkeypatch) -
     with pytest.raises(_Crash):
         trace.append(*_batch(rng, 3, 7, (4,)), warmup=False)
     monkeypatch.undo()
-    assert zarr.open_group(tmp_path / "t", mode="r")["samples"].shape[1] == 12  # data written
+    group = zarr.open_group(tmp_path / "t", mode="r")
+    assert group["posterior/theta"].shape[1] == 12  # data written
     _assert_content(Trace.open(tmp_path / "t"), good, warmup=False)  # but not committed
 
 
 def test_crash_between_arrays_of_one_append(tmp_path: Path, monkeypatch) -> None:
-    """Samples written, a stat array not yet: arrays of unequal lengths, all ignored."""
+    """Every array resized, samples and one stat written, the other stat not yet: the
+    partly written draws are all ignored."""
     rng = np.random.default_rng(14)
     good = [_batch(rng, 3, 5, (4,))]
     trace = _new(tmp_path / "t")
@@ -479,9 +481,15 @@ def test_crash_between_arrays_of_one_append(tmp_path: Path, monkeypatch) -> None
     monkeypatch.undo()
     lengths = {
         key: zarr.open_group(tmp_path / "t", mode="r")[key].shape[1]
-        for key in ("warmup_samples", "warmup_stats/accepted", "warmup_stats/log_joint")
+        for key in (
+            "warmup_posterior/theta",
+            "warmup_sample_stats/accepted",
+            "warmup_sample_stats/log_joint",
+        )
     }
-    assert lengths["warmup_samples"] == 9 and lengths["warmup_stats/log_joint"] == 5
+    # resized together before any data is written (a reader meets unequal lengths only
+    # during that burst of metadata writes)
+    assert set(lengths.values()) == {9}
     reopened = Trace.open(tmp_path / "t")
     _assert_content(reopened, good, warmup=True)
     assert reopened.n_draws == 0 and reopened.checkpoint == {"phase": "warmup"}
@@ -503,7 +511,7 @@ def test_truncated_arrays_are_reported_as_corrupt(tmp_path: Path) -> None:
     trace = _new(tmp_path / "t")
     trace.append(*_batch(rng, 3, 6, (4,)), warmup=False)
     trace.set_checkpoint({"iteration": 6})
-    zarr.open_group(tmp_path / "t", mode="r+")["stats/n_bright"].resize((3, 4))
+    zarr.open_group(tmp_path / "t", mode="r+")["sample_stats/n_bright"].resize((3, 4))
     with pytest.raises(ValueError, match="corrupt"):
         Trace.open(tmp_path / "t")
 
@@ -511,7 +519,7 @@ def test_truncated_arrays_are_reported_as_corrupt(tmp_path: Path) -> None:
 def test_missing_array_is_reported_as_corrupt(tmp_path: Path) -> None:
     _new(tmp_path / "t")
     group = zarr.open_group(tmp_path / "t", mode="r+")
-    del group["warmup_stats/log_joint"]
+    del group["warmup_sample_stats/log_joint"]
     with pytest.raises(ValueError, match="corrupt"):
         Trace.open(tmp_path / "t")
 
@@ -608,3 +616,73 @@ def test_lock_makes_no_directories_it_leaves(tmp_path: Path) -> None:
     with TraceLock(path):
         assert (tmp_path / "a" / "b").is_dir()
     assert not (tmp_path / "a").exists()
+
+
+def test_dimension_names_and_coordinates(tmp_path: Path) -> None:
+    """Every array names its dimensions (zarr 3 ``dimension_names``, what xarray reads);
+    the coordinates are arrays of their own; bad ``dims`` / ``coords`` write nothing."""
+    _new(tmp_path / "t", param_shape=(2, 4), dims=("class", "feature"),
+         coords={"feature": ["a", "b", "c", "d"]})  # fmt: skip
+    group = zarr.open_group(tmp_path / "t", mode="r")
+    assert group["posterior/theta"].metadata.dimension_names == (
+        "chain",
+        "draw",
+        "class",
+        "feature",
+    )
+    assert group["warmup_posterior/theta"].metadata.dimension_names[:2] == ("chain", "draw")
+    assert group["sample_stats/accepted"].metadata.dimension_names == ("chain", "draw")
+    assert group["warmup_sample_stats/accepted"].metadata.dimension_names == ("chain", "draw")
+    assert list(group["posterior/feature"][:]) == ["a", "b", "c", "d"]
+    assert list(group["posterior/class"][:]) == [0, 1]
+    assert list(group["sample_stats/chain"][:]) == [0, 1, 2]
+    # the defaults name every axis
+    _new(tmp_path / "u")
+    dims = zarr.open_group(tmp_path / "u", mode="r")["posterior/theta"].metadata.dimension_names
+    assert dims == ("chain", "draw", "theta_dim_0")
+    for dims, coords, match in (
+        (("feature",), None, "dims must be 2 distinct"),
+        (("x", "x"), None, "dims must be 2 distinct"),
+        (("chain", "x"), None, "dims must be 2 distinct"),
+        (("k", "f"), {"g": [0, 1]}, "coords for unknown dims"),
+        (("k", "f"), {"f": ["a", "b"]}, r"coords\['f'\] must be 4 labels"),
+        (("k", "f"), {"f": ["a", 1, "c", "d"]}, "all str or all int"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _new(tmp_path / "bad", param_shape=(2, 4), dims=dims, coords=coords)
+        assert not (tmp_path / "bad").exists()
+
+
+def test_format_1_traces_are_still_read(tmp_path: Path) -> None:
+    """A trace of format version 1 (arrays at the root: ``samples``, ``stats/<name>``,
+    ``warmup_samples``, ``warmup_stats/<name>``), written here as that version did."""
+    rng = np.random.default_rng(21)
+    samples, stats = _batch(rng, 3, 6, (4,))
+    wsamples, wstats = _batch(rng, 3, 2, (4,))
+    record = {
+        "format": "flymc_dist.trace",
+        "version": 1,
+        "chains": 3,
+        "param_shape": [4],
+        "stats": {k: np.dtype(v).str for k, v in STATS.items()},
+        "chunk_draws": 16,
+        "committed": {"n_draws": 6, "n_warmup_draws": 2},
+        "checkpoint": None,
+    }
+    group = zarr.create_group(tmp_path / "old", attributes={"seed": 0, "flymc_trace": record})
+    for prefix, x, st in (("", samples, stats), ("warmup_", wsamples, wstats)):
+        group.create_array(f"{prefix}samples", data=x, chunks=(3, 16, 4))
+        for name, column in st.items():
+            group.create_array(f"{prefix}stats/{name}", data=column.astype(STATS[name]))
+    old = Trace.open(tmp_path / "old", read_only=True)
+    np.testing.assert_array_equal(old.samples, samples)
+    np.testing.assert_array_equal(old.warmup_samples, wsamples)
+    for name in STATS:
+        np.testing.assert_array_equal(old.stats[name], stats[name].astype(STATS[name]))
+    # a new trace is written in format 2
+    _new(tmp_path / "new")
+    record = zarr.open_group(tmp_path / "new", mode="r").attrs["flymc_trace"]
+    assert record["version"] == 2
+    # a stat cannot take a dimension's name
+    with pytest.raises(ValueError, match="'chain' cannot name a stat"):
+        Trace.create(tmp_path / "bad", chains=2, param_shape=(2,), stats={"chain": int}, attrs={})

@@ -81,11 +81,11 @@ exponential ``−log u``, in that order, every iteration, as the RWMH kernel dra
 the per-shard counts from ``stream(seed, ROLE_AUSTERITY, 1, c)``; the rows a shard
 draws for chain ``c`` from ``stream(seed, ROLE_AUSTERITY, 2, shard_id, c)``.
 
-Statistics per iteration: ``accepted``; ``accept_prob`` (the decision as 0.0/1.0 —
+Statistics per iteration: ``accepted``; ``acceptance_rate`` (the decision as 0.0/1.0 —
 the MH probability is never computed); ``data_used`` and ``n_bright`` (rows in the
 decision); ``likelihood_queries`` (``2 × data_used``: ``ℓ_i`` at ``θ`` and at ``θ′``);
 ``round_trips`` (test rounds of the iteration, shared by all chains, as for the
-other algorithms); ``test_rounds`` (rounds this chain took part in); ``log_joint``
+other algorithms); ``test_rounds`` (rounds this chain took part in); ``lp``
 (NaN: the full-data log joint is never computed).
 
 Cost and limits: a shard keeps one byte per row per chain (the used-rows mask, allocated
@@ -164,11 +164,11 @@ __all__ = [
 #: per-iteration statistics of an austerity run, name -> dtype
 AUSTERITY_STATS: dict[str, str] = {
     "accepted": "bool",
-    "accept_prob": "float64",
+    "acceptance_rate": "float64",
     "n_bright": "int64",
     "likelihood_queries": "int64",
     "round_trips": "int64",
-    "log_joint": "float64",
+    "lp": "float64",
     "data_used": "int64",
     "test_rounds": "int64",
 }
@@ -680,11 +680,11 @@ class AusteritySampler:
                 )
         return {
             "accepted": dec.accept,
-            "accept_prob": dec.accept.astype(float),
+            "acceptance_rate": dec.accept.astype(float),
             "n_bright": dec.data_used,
             "likelihood_queries": 2 * dec.data_used,
             "round_trips": np.full(C, dec.round_trips, dtype=np.int64),
-            "log_joint": np.full(C, np.nan),
+            "lp": np.full(C, np.nan),
             "data_used": dec.data_used,
             "test_rounds": dec.rounds,
         }
@@ -728,6 +728,7 @@ def sample_austerity(
     seed: int,
     client: Any,
     options: dict[str, Any],
+    feature_names: list[str] | None = None,
 ) -> Result:
     """Austerity MH (approximate) — what ``fd.sample(..., algorithm="austerity")`` runs:
     builds an :class:`AusteritySampler` and runs it with :func:`flymc_dist.run.run`.
@@ -753,6 +754,8 @@ def sample_austerity(
         ``map_maxiter``, ``n_shards``/``rows_per_shard``, ``trace`` (zarr path, written
         as the run goes; ``resume`` is not supported), ``overwrite_trace``,
         ``progress``, ``n_workers``, ``timeout``.
+    feature_names
+        The data's column names (for ``info``, the summary and ArviZ), or None.
 
     Returns
     -------
@@ -821,12 +824,13 @@ def sample_austerity(
             batch_size=batch_size,
             control_variates=control_variates,
             bounds="map" if control_variates else None,
+            feature_names=feature_names,
             kernel=kernel.name,
             z_update=None,
             q_db=None,
             resample_fraction=None,
         )
-        info["log_joint"] = "not computed (NaN): austerity never evaluates the full likelihood"
+        info["lp"] = "not computed (NaN): austerity never evaluates the full likelihood"
         return run(sampler, info, num_warmup, num_samples, options, label="austerity")
     finally:
         transport.close()

@@ -25,8 +25,9 @@ from flymc_dist.cli.common import (
     _url_options,
 )
 from flymc_dist.data import ingest, open_dataset
+from flymc_dist.kernels import kernel_options
 from flymc_dist.models import make_model
-from flymc_dist.result import efficiency, narrowing_line
+from flymc_dist.result import efficiency, narrowing_line, param_labels
 from flymc_dist.trace import Trace, _probe
 
 # --------------------------------------------------------------------------- make-data, ingest
@@ -122,11 +123,22 @@ def _efficiency_lines(eff: dict[str, float], r_hat_max: float, chains: int) -> l
     return lines
 
 
-def _param_names(ds: Any, n_params: int) -> list[str] | None:
-    names = getattr(ds, "feature_names", None)
-    if names and len(names) == n_params:
-        return list(names)
-    return None
+def _kernel_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--target-accept`` and ``--max-tree-depth`` as ``kernel_options``, checked against
+    the kernel that will run."""
+    kernel = default_kernel(args.kernel, args.algorithm)
+    accepted = kernel_options(kernel)
+    out: dict[str, Any] = {}
+    for flag, key, value in (
+        ("--target-accept", "target_accept", args.target_accept),
+        ("--max-tree-depth", "max_tree_depth", args.max_tree_depth),
+    ):
+        if value is None:
+            continue
+        if key not in accepted:
+            raise CLIError(f"{flag} is not an option of kernel {kernel!r}")
+        out[key] = value
+    return out
 
 
 def _build_model(args: argparse.Namespace, ds: Any) -> Any:
@@ -237,6 +249,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             options[key] = value
     if args.no_control_variates:
         options["control_variates"] = False
+    kernel_opts = _kernel_options(args)
+    if kernel_opts:
+        options["kernel_options"] = kernel_opts
     t = time.perf_counter()
     res = fd.sample(
         model,
@@ -253,7 +268,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         **options,
     )
     seconds = time.perf_counter() - t
-    names = _param_names(ds, int(np.prod(res.param_shape)))
     C, S = res.samples.shape[:2]
     label = {
         "flymc": f"FlyMC ({args.bounds} bounds, {args.z_update} z-update)",
@@ -265,7 +279,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         f"{label}, {kernel}, {model!r}: {C} chains × {S} draws "
         f"(+{args.warmup} warm-up) in {seconds:.1f} s → {args.trace}"
     )
-    _say(str(res.summary(names=names)))
+    _say(str(res.summary()))  # rows named by the data set's columns, NUTS/HMC warnings
     _say("")
     r_hat = diagnostics.rhat(res.samples.reshape(C, S, -1))
     eff = res.efficiency()
@@ -279,11 +293,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace_efficiency(trace: Any) -> dict[str, float]:
+def _trace_efficiency(trace: Any, stats: dict[str, np.ndarray]) -> dict[str, float]:
     """:func:`flymc_dist.result.efficiency` of a trace's post-warm-up draws (the wall seconds
     of its sampling iterations are kept with the checkpoint)."""
     secs = (trace.checkpoint or {}).get("seconds", {}).get("sampling")
-    return efficiency(trace.samples, trace.stats, trace.attrs.get("n_rows"), secs)
+    return efficiency(trace.samples, stats, trace.attrs.get("n_rows"), secs)
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
@@ -317,18 +331,25 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         raise CLIError(
             f"{args.trace!r} holds {S} post-warm-up draws per chain; a summary needs at least 4"
         )
-    names = None
-    # a data set at a URL is read only with options given (else it could be a long wait)
-    if isinstance(data_path, str) and (os.path.isdir(data_path) or ("://" in data_path and so)):
+    names = attrs.get("feature_names")  # kept with the trace since it has them
+    # older traces: from the data set (one at a URL only with options given, else it
+    # could be a long wait)
+    if names is None and (
+        isinstance(data_path, str) and (os.path.isdir(data_path) or ("://" in data_path and so))
+    ):
         with contextlib.suppress(Exception):
-            names = _param_names(
-                open_dataset(data_path, storage_options=_url_options(data_path, so)),
-                int(np.prod(trace.param_shape)),
-            )
-    table = diagnostics.summary(trace.samples, names=names)
+            names = open_dataset(
+                data_path, storage_options=_url_options(data_path, so)
+            ).feature_names
+    table = diagnostics.summary(trace.samples, names=param_labels(trace.param_shape, names))
     _say(diagnostics.format_summary(table, max_rows=args.max_rows))
+    stats = trace.stats
+    for line in diagnostics.hamiltonian_lines(
+        diagnostics.hamiltonian_checks(stats, attrs.get("max_tree_depth"), attrs.get("algorithm"))
+    ):
+        _say(line)
     _say("")
-    eff = _trace_efficiency(trace)
+    eff = _trace_efficiency(trace, stats)
     for line in _efficiency_lines(eff, float(np.nanmax(table["r_hat"])), C):
         _say(line)
     line = narrowing_line(attrs, eff["ess_min_per_draw"])  # kept with the trace's set-up

@@ -58,6 +58,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _open_probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
 #: storage dtypes of X for make-data and ingest
 _DTYPES = ("float64", "float32")
 _DTYPE_HELP = (
@@ -325,6 +335,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=_KERNELS,
         default=None,
         help="theta kernel (default nuts; rwmh, its only one, for austerity)",
+    )
+    g.add_argument(
+        "--target-accept",
+        type=_open_probability,
+        default=None,
+        help="acceptance the kernel's warm-up aims for (nuts/hmc default 0.8; raise it, "
+        "e.g. 0.95, when NUTS diverges)",
+    )
+    g.add_argument(
+        "--max-tree-depth",
+        type=_positive_int,
+        default=None,
+        help="nuts: maximum tree depth (default 10; raise it when iterations hit it)",
     )
     g.add_argument(
         "--z-update",

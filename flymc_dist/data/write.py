@@ -695,7 +695,9 @@ def from_numpy(
         Number of classes (``"multiclass"``: default max(y) + 1, must be >= 2;
         ``"binary"``: 2; ``"real"``: must be None).
     feature_names : sequence of str, optional
-        One name per column of ``X``.
+        One name per column of ``X``; default: the columns of ``X`` when it is a
+        DataFrame, else none. They name the parameters in summaries, the CLI's tables
+        and :meth:`~flymc_dist.Result.to_arviz`.
     storage_options : dict, optional
         Passed to fsspec for URL paths.
     dtype : {"float64", "float32"}, default "float64"
@@ -725,6 +727,9 @@ def from_numpy(
     Writing is atomic for local paths (temporary sibling + rename; see the module
     docstring); a failure, including ``KeyboardInterrupt``, leaves no partial store.
     """
+    columns = getattr(X, "columns", None)  # a DataFrame's column names
+    if feature_names is None and columns is not None:
+        feature_names = [str(c) for c in columns]
     X = _as_array(X, "X")
     y = _as_array(y, "y")
     if X.ndim != 2:

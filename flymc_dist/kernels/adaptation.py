@@ -348,6 +348,17 @@ class WindowAdaptation:
         )
 
 
+#: the :class:`~flymc_dist.kernels.hamiltonian.HamiltonianInfo` attribute behind each
+#: ArviZ statistic name of the Hamiltonian kernels
+INFO_ATTRIBUTES = {
+    "diverging": "divergent",
+    "n_steps": "n_leapfrog",
+    "step_size": "step_size",
+    "energy": "energy",
+    "tree_depth": "tree_depth",
+}
+
+
 class HamiltonianKernel(Kernel):
     """What :class:`~flymc_dist.kernels.hmc.HMC` and :class:`~flymc_dist.kernels.nuts.NUTS`
     share besides their step: parameters seeded from the preconditioner, and Stan's
@@ -371,6 +382,26 @@ class HamiltonianKernel(Kernel):
     adapt_metric: bool
     metric_from: str
     dark_proposals_per_bright = 4.0
+    #: ArviZ's names of the Hamiltonian statistics (NUTS adds ``tree_depth``); the
+    #: :class:`~flymc_dist.kernels.hamiltonian.HamiltonianInfo` attribute of each is in
+    #: :data:`INFO_ATTRIBUTES`
+    sample_stats = {
+        "diverging": "bool",
+        "n_steps": "int64",
+        "step_size": "float64",
+        "energy": "float64",
+    }
+
+    def info_stats(self, infos: list[KernelInfo]) -> dict[str, np.ndarray]:
+        """Each of :attr:`sample_stats` over the chains' infos (see
+        :meth:`~flymc_dist.kernels.base.Kernel.info_stats`): ``diverging`` (the trajectory
+        hit an energy error above the threshold, or zero density), ``n_steps`` (its
+        leapfrog steps), ``step_size`` (its nominal step size), ``energy`` (the
+        Hamiltonian at the new state, for E-BFMI) and, for NUTS, ``tree_depth``."""
+        return {
+            name: np.array([getattr(info, INFO_ATTRIBUTES[name]) for info in infos], dtype=dt)
+            for name, dt in self.sample_stats.items()
+        }
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> HamiltonianParams:
         """Initial parameters: inverse metric ``L Lᵀ`` (or its diagonal) from the

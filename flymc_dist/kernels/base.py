@@ -132,6 +132,11 @@ class Kernel:
         iteration (default 1): a kernel whose every step crosses θ's conditional given z
         moves the bright set's own conditional as far, and z must be proposed faster to
         follow it.
+    sample_stats
+        The per-iteration statistics of the kernel's own beyond every kernel's
+        (``accepted``, ``acceptance_rate``), name -> dtype, under ArviZ's names (the
+        Hamiltonian kernels: ``diverging``, ``n_steps``, ``step_size``, ``energy``, NUTS
+        also ``tree_depth``); :meth:`info_stats` gives their values. Empty by default.
     """
 
     name: str
@@ -140,6 +145,22 @@ class Kernel:
     requests_per_step: int | None = None
     step_chains: ChainsStep | None = None
     dark_proposals_per_bright: float = 1.0
+    sample_stats: dict[str, str] = {}
+
+    def info_stats(self, infos: list[KernelInfo]) -> dict[str, np.ndarray]:
+        """The values of :attr:`sample_stats` for one step of every chain.
+
+        Parameters
+        ----------
+        infos
+            Each chain's info of the step (the kernel's own :class:`KernelInfo` kind).
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            Every name of :attr:`sample_stats`, shape ``(len(infos),)``, of its dtype.
+        """
+        return {}
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None) -> Any:
         """Initial parameters: ``scale_tril`` is a Cholesky factor of an approximate

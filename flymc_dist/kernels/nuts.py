@@ -248,6 +248,7 @@ class NUTS(HamiltonianKernel):
     #: one request per leapfrog step of a tree of varying depth
     requests_per_step = None
     step_chains = None
+    sample_stats = {**HamiltonianKernel.sample_stats, "tree_depth": "int64"}
 
     def __init__(
         self,
