@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from flymc_dist.austerity.sampler import loglog_slope
-from flymc_dist.bench.scale import _ratio, _slope, _store, format_scale
+from flymc_dist.bench.scale import _first_variant, _ratio, _slope, _store, format_scale
 from flymc_dist.cli import main
 
 NS = [3000, 12000]
@@ -207,3 +207,21 @@ def test_table_with_several_layouts() -> None:
         ["8", "2.50", "n/n/n/n/n/n/n/n"],
     ] * 2
     assert "log-log slope of s/it on N (first layout): 0.000" in text
+
+
+def test_table_with_in_memory_and_out_of_core_side_by_side() -> None:
+    """``--out-of-core false true``: each N runs in memory, then out of core, on the same
+    store and cluster; the out-of-core run's s/it is given over the in-memory one's."""
+    rows = []
+    for mode, factor in ((False, 1.0), (True, 1.2)):
+        r = _row(10**6, 1e-3 * factor)
+        r["layout"], r["mode"], r["out_of_core"] = 0, mode, [mode, mode]
+        rows.append(r)
+    setup = _setup(out_of_core=[False, True])
+    text = format_scale({"setup": setup, "rows": rows, "slope": None, "ratio_to_1e6": None})
+    body = [line.split() for line in text.splitlines() if line.split()[:1] == ["1e6"]]
+    assert [b[1:5] for b in body] == [
+        ["default", "2", "1.00", "n/n"],
+        ["default", "2", "1.20", "y/y"],
+    ]
+    assert _first_variant(rows, False, 0) == rows[:1]

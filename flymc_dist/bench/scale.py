@@ -181,7 +181,7 @@ def run_scale(
     num_samples: int = 5000,
     workers: int = 2,
     memory_limit: str = "auto",
-    out_of_core: str = "auto",
+    out_of_core: Sequence[str] = ("auto",),
     memory_budget: float | None = None,
     seed: int = 0,
     workdir: str | None = None,
@@ -209,8 +209,10 @@ def run_scale(
         Each worker's memory limit, as Dask takes it (``"auto"``: Dask's share of the
         machine's memory; or bytes such as ``"2GB"``).
     out_of_core
-        ``"auto"`` (a shard stays in its store when its rows exceed its memory budget),
-        ``True`` (always) or ``False`` (never).
+        The modes each N runs with, one after the other on the same store and cluster:
+        ``"auto"`` (a shard goes out of core when its rows exceed its memory budget),
+        ``True`` (always) or ``False`` (never); e.g. ``false true`` for in memory and
+        out of core side by side.
     memory_budget
         Bytes of rows per shard before ``"auto"`` leaves them in the store (default:
         the shard's share of half its worker's memory limit).
@@ -244,7 +246,12 @@ def run_scale(
         raise ValueError(
             f"n_shards must be one or more counts >= 0 (0: the default), not {n_shards!r}"
         )
-    ooc = _parse_out_of_core(out_of_core)
+    modes = [
+        _parse_out_of_core(v)
+        for v in ([out_of_core] if isinstance(out_of_core, str | bool) else out_of_core)
+    ]
+    if not modes:
+        raise ValueError("out_of_core must name one or more modes")
     budget = None if memory_budget is None else int(memory_budget)
     workdir = workdir or os.path.join(tempfile.gettempdir(), "flymc-bench-scale")
     os.makedirs(workdir, exist_ok=True)
@@ -262,7 +269,7 @@ def run_scale(
         "workers": int(workers),
         "threads_per_worker": 1,
         "memory_limit": memory_limit,
-        "out_of_core": ooc,
+        "out_of_core": modes if len(modes) > 1 else modes[0],
         "memory_budget": budget,
         "chunk_rows": chunk_rows,
         "n_shards": layouts,
@@ -294,7 +301,7 @@ def run_scale(
         for n in sizes:
             ds, gen_s, reused = _store(workdir, n, int(features), int(seed), chunk_rows)
             stores.append({"n_rows": n, "path": ds.path, "seconds": gen_s, "reused": reused})
-            for layout in layouts:
+            for ooc, layout in [(m, k) for m in modes for k in layouts]:
                 pids = client.run(os.getpid)
                 rss_ok = all(client.run(reset_peak_rss).values())
                 t0 = time.perf_counter()
@@ -318,6 +325,7 @@ def run_scale(
                 peaks = client.run(peak_rss)
                 fig = _figures(res, wall, n, int(features))
                 fig["layout"] = layout
+                fig["mode"] = ooc
                 fig["peak_rss"] = [peaks[a] if rss_ok else None for a in sorted(peaks)]
                 fig["workers_restarted"] = client.run(os.getpid) != pids
                 rows.append(fig)
@@ -327,8 +335,8 @@ def run_scale(
     return {
         "setup": setup,
         "rows": rows,
-        "slope": _slope([r for r in rows if r["layout"] == layouts[0]]),
-        "ratio_to_1e6": _ratio([r for r in rows if r["layout"] == layouts[0]]),
+        "slope": _slope(_first_variant(rows, modes[0], layouts[0])),
+        "ratio_to_1e6": _ratio(_first_variant(rows, modes[0], layouts[0])),
         "seconds": time.perf_counter() - t_all,
     }
 
@@ -357,8 +365,13 @@ def _ratio(rows: list[dict[str, Any]]) -> float | None:
     return big["seconds_per_iteration"] / ref[0]["seconds_per_iteration"]
 
 
+def _first_variant(rows: list[dict[str, Any]], mode: Any, layout: int) -> list[dict[str, Any]]:
+    """The runs of the first mode and layout (what the slope and the ratio are of)."""
+    return [r for r in rows if r["layout"] == layout and r.get("mode", mode) == mode]
+
+
 def _layout_ratios(rows: list[dict[str, Any]]) -> list[float]:
-    """Each run's s/it over the s/it of the first layout run at its N (1.0 for those)."""
+    """Each run's s/it over the s/it of the first run at its N (1.0 for those)."""
     first: dict[int, float] = {}
     for r in rows:
         first.setdefault(r["n_rows"], r["seconds_per_iteration"])
@@ -401,11 +414,12 @@ def format_scale(d: dict[str, Any]) -> str:
         "rows / N; q/it: queries per chain per iteration; minESS/it, ESS/s: min bulk ESS / "
         "draws, / sampling s",
     ]
-    layouts = len(set(s.get("n_shards") or [0])) > 1
+    modes = s["out_of_core"] if isinstance(s["out_of_core"], list) else [s["out_of_core"]]
+    layouts = len(set(s.get("n_shards") or [0])) > 1 or len(modes) > 1
     if layouts:
         lines.append(
-            "shards: the run's layout (default: one shard per worker); x first: its s/it over "
-            "the first layout's at that N"
+            "shards: the run's layout (default: one shard per worker); ooc: each shard out of "
+            "core (y) or in memory (n); x first: its s/it over the first run's at that N"
         )
     lay_head = f"{'shards':>11}{'x first':>8}" if layouts else ""
     head = (
