@@ -210,18 +210,27 @@ class FileRows:
         self.rows_read = 0
 
     # ---------------------------------------------------------------- the arena
-    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
-        """The sorted ``rows`` read and prepared: ``(rows, XC, y, xi)``."""
-        X, y = self.file.read(rows)
+    def _prepared(self, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, Any]:
+        """Rows ``(X, y)`` as one ``(n, D + K)`` buffer with their row constants, and their
+        tight points, under the current rule."""
         xi, consts = self._prepare(X, y)
-        XC = np.empty((rows.size, self.n_features + self._K))
+        XC = np.empty((X.shape[0], self.n_features + self._K))
         XC[:, : self.n_features] = X
         if self._K and consts is not None:
             XC[:, self.n_features :] = consts
+        return XC, xi
+
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+        """The sorted ``rows`` read and prepared: ``(rows, XC, y, xi)``."""
+        X, y = self.file.read(rows)
+        XC, xi = self._prepared(X, y)
         return rows, XC, y, xi
 
-    def _insert(self, rows: np.ndarray, XC: np.ndarray, y: np.ndarray, xi: Any) -> None:
-        """Make the sorted ``rows`` (none resident) resident, with their data."""
+    def _insert(
+        self, rows: np.ndarray, XC: np.ndarray, y: np.ndarray, xi: Any, fetched: bool = True
+    ) -> None:
+        """Make the sorted ``rows`` (none resident) resident, with their data (``fetched``:
+        read by position, counted in :attr:`rows_read`; else by a full pass)."""
         m = rows.size
         if m == 0:
             return
@@ -250,7 +259,7 @@ class FileRows:
         pos = np.searchsorted(self.ids, rows)
         self.ids = np.insert(self.ids, pos, rows)
         self._slot = np.insert(self._slot, pos, slots)
-        self.rows_read += m
+        self.rows_read += m if fetched else 0
 
     def _keep(self, needed: np.ndarray) -> None:
         """Keep resident exactly the resident rows among the sorted ``needed``; an arena
@@ -317,14 +326,9 @@ class FileRows:
         block = max(1, BLOCK_BYTES // ((self.n_features + self._K + 2) * 8))
         for lo, hi, X, y in self.file.blocks(block):
             rows = np.arange(lo, hi, dtype=np.int64)
-            xi, consts = self._prepare(X, y)
-            XC = np.empty((rows.size, self.n_features + self._K))
-            XC[:, : self.n_features] = X
-            if self._K and consts is not None:
-                XC[:, self.n_features :] = consts
+            XC, xi = self._prepared(X, y)
             new = ~in_sorted(rows, self.ids)
-            self._insert(rows[new], XC[new], y[new], None if xi is None else xi[new])
-            self.rows_read -= int(new.sum())  # counted as a full pass, not as fetched rows
+            self._insert(rows[new], XC[new], y[new], None if xi is None else xi[new], False)
             yield lo, hi
 
     # ---------------------------------------------------------------- the rest
