@@ -228,42 +228,6 @@ def segment_sums(vals: np.ndarray, seg: np.ndarray, out: np.ndarray) -> None:
 
 
 @numba.njit(**_JIT)
-def locate_segments(
-    ids: np.ndarray,
-    rows: np.ndarray,
-    seg: np.ndarray,
-    win_lo: int,
-    win_hi: int,
-    local: np.ndarray,
-    src: np.ndarray,
-) -> bool:
-    """Out of core: where each segment ``rows[seg[i]:seg[i+1]]`` lies — all among the held
-    rows (sorted ``ids``: ``src[i] = 0``, ``local`` their positions there) or else all in
-    the window of rows ``[win_lo, win_hi)`` (``src[i] = 1``, ``local`` their offsets in
-    it). False if a segment is neither (nothing is then to be trusted)."""
-    n = ids.size
-    for i in range(seg.size - 1):
-        held = True
-        for r in range(seg[i], seg[i + 1]):
-            p = np.searchsorted(ids, rows[r])
-            if p < n and ids[p] == rows[r]:
-                local[r] = p
-            else:
-                held = False
-                break
-        if held:
-            src[i] = 0
-            continue
-        src[i] = 1
-        for r in range(seg[i], seg[i + 1]):
-            o = rows[r] - win_lo
-            if o < 0 or o >= win_hi - win_lo:
-                return False
-            local[r] = o
-    return True
-
-
-@numba.njit(**_JIT)
 def dark_rows(
     members: np.ndarray,
     m_seg: np.ndarray,

@@ -100,17 +100,9 @@ class BrightSet:
 
 
 def implicit_propose(
-    streams: RowStreams,
-    bright: BrightSet,
-    q: float,
-    window: tuple[int, int] | None = None,
+    streams: RowStreams, bright: BrightSet, q: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """First half of :func:`implicit_update`: which bright rows go dark, which dark rows propose.
-
-    With ``window = (lo, hi)`` the update is restricted to the rows ``lo:hi`` — their
-    bright and their dark rows alike, so that it still leaves ``p(z | θ)`` invariant
-    (the z_n are independent given θ, and the rows a sub-update touches are chosen
-    without looking at z): bright rows outside the window stay bright, dark ones dark.
 
     Every random number is the row's own (:class:`~flymc_dist.streams.RowStreams`): a
     bright row's uniform decides its move, and which dark rows propose is the chain's
@@ -123,18 +115,10 @@ def implicit_propose(
         to brighten; evaluate ``log L~`` of ``cand`` and pass it to
         :func:`implicit_accept`.
     """
-    lo, hi = (0, bright.n_rows) if window is None else window
     # bright -> dark: accept iff log u < log q - log L~ (a row with L~ = 0 always goes dark)
-    if window is None:
-        darken = streams.log_uniforms(bright.idx) < math.log(q) - bright.vals
-    else:
-        inside = (bright.idx >= lo) & (bright.idx < hi)
-        darken = np.zeros(bright.n_bright, dtype=bool)
-        darken[inside] = (
-            streams.log_uniforms(bright.idx[inside]) < math.log(q) - bright.vals[inside]
-        )
+    darken = streams.log_uniforms(bright.idx) < math.log(q) - bright.vals
     # dark -> bright proposals, decided on the z as it was before this sweep
-    cand = streams.rows(streams.propose, q, lo, hi)
+    cand = streams.rows(streams.propose, q, 0, bright.n_rows)
     return darken, cand[~bright.contains(cand)]
 
 
@@ -200,17 +184,10 @@ def implicit_update(
     return int(cand.size)
 
 
-def explicit_propose(
-    streams: RowStreams,
-    bright: BrightSet,
-    fraction: float,
-    window: tuple[int, int] | None = None,
-) -> np.ndarray:
+def explicit_propose(streams: RowStreams, bright: BrightSet, fraction: float) -> np.ndarray:
     """First half of :func:`explicit_update`: the rows to resample, each row independently
-    with probability ``fraction`` (its Bernoulli process; with ``window = (lo, hi)``,
-    among the rows ``lo:hi``)."""
-    lo, hi = (0, bright.n_rows) if window is None else window
-    return streams.rows(streams.select, fraction, lo, hi)
+    with probability ``fraction`` (its Bernoulli process)."""
+    return streams.rows(streams.select, fraction, 0, bright.n_rows)
 
 
 def explicit_accept(
