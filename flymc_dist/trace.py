@@ -900,6 +900,18 @@ def _lock_is_stale(holder: dict[str, Any], lock_path: str) -> bool:
     return started is not None and _start_time(pid) not in (None, started)
 
 
+def _holder(token: str) -> dict[str, Any]:
+    """What a lock records of the process taking it: who, where, since when, its token."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "boot": _boot_id(),
+        "start": _start_time(os.getpid()),
+        "token": token,
+        "since": time.time(),
+    }
+
+
 def _release_lock(path: str, token: str, made_dirs: list[str]) -> None:
     holder = _read_lock(path)
     if holder is not None and holder.get("token") == token:
@@ -1142,14 +1154,7 @@ class TraceLock:
             d = os.path.dirname(d)
         os.makedirs(parent, exist_ok=True)
         token = secrets.token_hex(16)
-        me = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "boot": _boot_id(),
-            "start": _start_time(os.getpid()),
-            "token": token,
-            "since": time.time(),
-        }
+        me = _holder(token)
         for _attempt in range(5):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -1178,15 +1183,7 @@ class TraceLock:
 
     def _acquire_object(self, lock: _LockObject) -> TraceLock:
         token = secrets.token_hex(16)
-        me = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "boot": _boot_id(),
-            "start": _start_time(os.getpid()),
-            "token": token,
-            "since": time.time(),
-            "expires": time.time() + self.lease,
-        }
+        me = {**_holder(token), "expires": time.time() + self.lease}
         for _attempt in range(5):
             try:
                 etag = lock.create(me)
