@@ -482,3 +482,23 @@ def test_out_of_core_z_update_leaves_the_conditional_invariant(tmp_path, monkeyp
     assert np.max(np.abs(z)) < crit, np.round(z, 2)
     assert stats.chi2.sf(np.sum(z**2), m) > 1e-4
     assert np.all(freq[p == 0.0] == 0.0)
+
+
+def test_a_run_leaves_no_row_file(store, tmp_path, monkeypatch):
+    """The row files go when the run's shards close: the local directory is as before."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = []
+    create = RowFile.create.__func__
+
+    def recording(cls, *args, **kwargs):
+        f = create(cls, *args, **kwargs)
+        made.append(f.path)
+        return f
+
+    monkeypatch.setattr(RowFile, "create", classmethod(recording))
+    res = _run(store[0], num_warmup=5, num_samples=5)
+    assert res.info["out_of_core"] == [True] * 3
+    assert len(made) == 3 and all(os.path.dirname(p) == str(tmp_path) for p in made)
+    assert os.listdir(tmp_path) == []

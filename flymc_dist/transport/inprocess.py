@@ -78,4 +78,5 @@ class InProcessTransport:
         return [self.host.timing()]
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Release the shards (an out-of-core shard's row file is removed)."""
+        self.host.release()
