@@ -378,7 +378,7 @@ class RowStreams:
         The exact draw of z at placement: the decisions come from the ``Z_INIT`` stream.
     """
 
-    __slots__ = ("decide", "propose", "select", "offset", "n_total")
+    __slots__ = ("_ids", "_decide", "_keys", "offset", "n_total")
 
     def __init__(
         self,
@@ -390,11 +390,32 @@ class RowStreams:
         n_total: int,
         init: bool = False,
     ) -> None:
-        self.decide = stream_key(seed, generation, chain, step, Z_INIT if init else Z_DECIDE)
-        self.propose = stream_key(seed, generation, chain, step, Z_PROPOSE)
-        self.select = stream_key(seed, generation, chain, step, Z_SELECT)
+        self._ids = (seed, generation, chain, step)
+        self._decide = Z_INIT if init else Z_DECIDE
+        self._keys: dict[int, int] = {}  # computed when first asked for
         self.offset = int(offset)
         self.n_total = int(n_total)
+
+    def _key(self, purpose: int) -> int:
+        key = self._keys.get(purpose)
+        if key is None:
+            key = self._keys[purpose] = stream_key(*self._ids, purpose)
+        return key
+
+    @property
+    def decide(self) -> int:
+        """The key of the rows' decisions (``Z_INIT`` at placement, else ``Z_DECIDE``)."""
+        return self._key(self._decide)
+
+    @property
+    def propose(self) -> int:
+        """The key of the dark→bright proposals' Bernoulli(q) process."""
+        return self._key(Z_PROPOSE)
+
+    @property
+    def select(self) -> int:
+        """The key of the explicit update's Bernoulli(fraction) selection."""
+        return self._key(Z_SELECT)
 
     def log_uniforms(self, rows: np.ndarray) -> np.ndarray:
         """``log(1 - u)`` of the shard-local ``rows``' uniforms: finite, never ``log 0``."""

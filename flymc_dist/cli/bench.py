@@ -93,9 +93,12 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
                 flag, action=argparse.BooleanOptionalAction, default=default, help=helptext
             )
         elif isinstance(default, (list, tuple)) or "Sequence" in ann or "list" in ann:
+            values = default or ()
             kind = (
-                float
-                if ("float" in ann or any(isinstance(v, float) for v in (default or ())))
+                str
+                if ("str" in ann or any(isinstance(v, str) for v in values))
+                else float
+                if ("float" in ann or any(isinstance(v, float) for v in values))
                 else int
             )
             parser.add_argument(

@@ -106,15 +106,26 @@ def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndar
     log_u = np.log1p(-uniforms_at_many(keys_z, cand, cand_seg, offsets))
     counts = cand_seg[1:] - cand_seg[:-1]
     pair_shard = np.array([where[id(sh)] for sh, _ in pairs], dtype=np.int64)
-    at = cand  # where each candidate sits in its shard's buffer
     if any(sh.out_of_core for sh in shards):
+        # each shard's buffer of its proposals (out of core: the rows read for them), and
+        # where each candidate sits there
         parts = [cand[cand_seg[p] : cand_seg[p + 1]] for p in range(P)]
+        bufs = []
         for s_i, sh in enumerate(shards):
-            if sh.out_of_core:
-                mine = [r for r, i in zip(parts, pair_shard, strict=True) if i == s_i]
-                sh.rows.fetch(np.concatenate(mine))
-        at = np.concatenate([pairs[p][0].rows.locate(parts[p]) for p in range(P)])
-    XCs = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
+            mine = [r for r, i in zip(parts, pair_shard, strict=True) if i == s_i]
+            bufs.append(sh.rows.proposals(np.concatenate(mine)))
+        XCs: Any = tuple(buf for buf, _ in bufs)  # built afresh each time: no typed list
+        at = np.concatenate(
+            [
+                parts[p]
+                if (held := bufs[pair_shard[p]][1]) is None
+                else np.searchsorted(held, parts[p])
+                for p in range(P)
+            ]
+        )
+    else:
+        at = cand  # in memory: each candidate at its own row
+        XCs = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
     vals = np.empty(cand.size)
     kind, par = first._kernel
     jit.eval_rows(

@@ -26,6 +26,7 @@ are the same bits as in memory.
 
 from __future__ import annotations
 
+import os as _os
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +35,8 @@ import numpy as np
 
 from flymc_dist._numerics import in_sorted
 from flymc_dist.shard.rowfile import BLOCK_BYTES, RowFile
+
+READ_AHEAD = _os.environ.get("FLYMC_READ_AHEAD", "1") == "1"
 
 Prepare = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray | None, np.ndarray | None]]
 
@@ -133,6 +136,11 @@ class MemoryRows:
     def fetch(self, rows: np.ndarray) -> None:
         """Nothing to read: every row is here."""
 
+    def proposals(self, rows: np.ndarray) -> tuple[np.ndarray, None]:
+        """The buffer a z-update evaluates its proposed ``rows`` from (:attr:`XC`), and
+        the sorted rows it holds (None: all, at their own positions)."""
+        return self.XC, None
+
     def prefetch(self, rows: np.ndarray) -> None:
         """Nothing to read ahead."""
 
@@ -207,6 +215,9 @@ class FileRows:
         self.y = np.empty(0, dtype=self.file._rec["y"])
         self.xi: np.ndarray | None = None
         self._ahead: tuple[np.ndarray, Any] | None = None  # rows being read, and the future
+        #: the last :meth:`proposals`: rows, their buffer, targets and tight points
+        self._proposed: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None
+        #: rows read by position (the z-updates' proposals, read ahead or not)
         self.rows_read = 0
 
     # ---------------------------------------------------------------- the arena
@@ -220,17 +231,8 @@ class FileRows:
             XC[:, self.n_features :] = consts
         return XC, xi
 
-    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
-        """The sorted ``rows`` read and prepared: ``(rows, XC, y, xi)``."""
-        X, y = self.file.read(rows)
-        XC, xi = self._prepared(X, y)
-        return rows, XC, y, xi
-
-    def _insert(
-        self, rows: np.ndarray, XC: np.ndarray, y: np.ndarray, xi: Any, fetched: bool = True
-    ) -> None:
-        """Make the sorted ``rows`` (none resident) resident, with their data (``fetched``:
-        read by position, counted in :attr:`rows_read`; else by a full pass)."""
+    def _insert(self, rows: np.ndarray, XC: np.ndarray, y: np.ndarray, xi: Any) -> None:
+        """Make the sorted ``rows`` (none resident) resident, with their data."""
         m = rows.size
         if m == 0:
             return
@@ -259,7 +261,6 @@ class FileRows:
         pos = np.searchsorted(self.ids, rows)
         self.ids = np.insert(self.ids, pos, rows)
         self._slot = np.insert(self._slot, pos, slots)
-        self.rows_read += m if fetched else 0
 
     def _keep(self, needed: np.ndarray) -> None:
         """Keep resident exactly the resident rows among the sorted ``needed``; an arena
@@ -293,29 +294,67 @@ class FileRows:
             raise RuntimeError("out-of-core shard: rows asked for that are not resident")
         return self._slot[pos]
 
+    def _with_ahead(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The sorted distinct ``rows`` and more, read: the read ahead (if any) with what it
+        lacks of ``rows`` read now; ``(rows read, X, y)``, sorted by row."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            self.rows_read += rows.size
+            return rows, *self.file.read(rows)
+        got, (X, y) = ahead[0], ahead[1].result()
+        self.rows_read += got.size
+        missing = rows[~in_sorted(rows, got)]
+        if missing.size:  # proposed at another q or step than read ahead: rare
+            Xm, ym = self.file.read(missing)
+            self.rows_read += missing.size
+            order = np.argsort(np.concatenate([got, missing]), kind="stable")
+            got = np.concatenate([got, missing])[order]
+            X, y = np.concatenate([X, Xm])[order], np.concatenate([y, ym])[order]
+        return got, X, y
+
     def fetch(self, rows: np.ndarray) -> None:
-        """Make ``rows`` resident: from the read ahead where it has them, else read now."""
+        """Make ``rows`` resident: from the read ahead where it has them, else read now;
+        prepared (tight points, row constants) here, under the current rule."""
         rows = np.unique(rows)
-        if self._ahead is not None:
-            ahead, self._ahead = self._ahead, None
-            got = ahead[1].result()
-            use = in_sorted(got[0], rows) & ~in_sorted(got[0], self.ids)
-            self._insert(*(a[use] if a is not None else None for a in got))
         missing = rows[~in_sorted(rows, self.ids)]
-        if missing.size:
-            self._insert(*self._read(missing))
+        if missing.size or self._ahead is not None:
+            got, X, y = self._with_ahead(missing)
+            use = in_sorted(got, missing)
+            if use.any():
+                XC, xi = self._prepared(X[use], y[use])
+                self._insert(got[use], XC, y[use], xi)
+
+    def proposals(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The buffer a z-update evaluates its proposed ``rows`` from, and the sorted rows
+        it holds: the rows read ahead (the chains' proposals at this step), with any of
+        ``rows`` they lack read now, prepared under the current rule. Nothing is made
+        resident: :meth:`after_z` takes in, from this buffer, the rows that turned bright
+        (a few), so the proposals cost no bookkeeping of the resident rows."""
+        got, X, y = self._with_ahead(np.unique(rows))
+        XC, xi = self._prepared(X, y)
+        self._proposed = (got, XC, y, xi)
+        return XC, got
 
     def prefetch(self, rows: np.ndarray) -> None:
-        """Start reading ``rows`` (those not resident) on the file's thread."""
+        """Start reading ``rows`` on the file's thread: only the read, in a compiled loop
+        that holds no lock of Python's while θ moves."""
         self.drop_prepared()
-        rows = np.unique(rows)
-        rows = rows[~in_sorted(rows, self.ids)]
-        if rows.size:
-            self._ahead = (rows, self.file.submit(self._read, rows))
+        if READ_AHEAD:
+            rows = np.unique(rows)
+            self._ahead = (rows, self.file.submit(self.file.read, rows))
 
     def after_z(self, bright: list[np.ndarray]) -> None:
-        """Keep resident exactly the rows bright in some chain (``bright``: each chain's)."""
-        self._keep(np.unique(np.concatenate(bright)) if bright else np.empty(0, np.int64))
+        """Keep resident exactly the rows bright in some chain (``bright``: each chain's):
+        those that turned bright come from the last :meth:`proposals`."""
+        needed = np.unique(np.concatenate(bright)) if bright else np.empty(0, np.int64)
+        proposed, self._proposed = self._proposed, None
+        if proposed is not None:
+            new = needed[~in_sorted(needed, self.ids)]
+            if new.size:
+                at = np.searchsorted(proposed[0], new)
+                xi = proposed[3]
+                self._insert(new, proposed[1][at], proposed[2][at], None if xi is None else xi[at])
+        self._keep(needed)
 
     def sweep(self) -> Iterator[tuple[int, int]]:
         """Every row resident in turn: the row file's blocks, each read (one ahead) into
@@ -328,14 +367,14 @@ class FileRows:
             rows = np.arange(lo, hi, dtype=np.int64)
             XC, xi = self._prepared(X, y)
             new = ~in_sorted(rows, self.ids)
-            self._insert(rows[new], XC[new], y[new], None if xi is None else xi[new], False)
+            self._insert(rows[new], XC[new], y[new], None if xi is None else xi[new])
             yield lo, hi
 
     # ---------------------------------------------------------------- the rest
     def retune(self) -> None:
         """New tight points and row constants for the resident rows (rows read from now
-        on are prepared under the new rule; a read ahead under the old one is dropped)."""
-        self.drop_prepared()
+        on are prepared under the new rule)."""
+        self._proposed = None
         if self.ids.size:
             X = self.XC[self._slot, : self.n_features]
             xi, consts = self._prepare(X, self.y[self._slot])
@@ -376,10 +415,11 @@ class FileRows:
     def reset(self) -> None:
         """Chains placed anew: nothing stays resident."""
         self.drop_prepared()
+        self._proposed = None
         self._keep(np.empty(0, dtype=np.int64))
 
     def drop_prepared(self) -> None:
-        """Forget the read ahead (e.g. its tight points are out of date)."""
+        """Forget the read ahead (its rows were proposed at another q or step)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead[1].result()

@@ -44,7 +44,7 @@ from flymc_dist.shard.fused import _typed_lists, fused_z_update
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
 from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
-from flymc_dist.streams import RowStreams
+from flymc_dist.streams import RowStreams, bernoulli_rows_many
 from flymc_dist.terms import bright_terms, bright_terms_many
 
 _T = TypeVar("_T")
@@ -466,14 +466,13 @@ class Shard:
         (its Bernoulli process at its next step: known now, whatever θ and z become)."""
         if not self.out_of_core or not self.chains:
             return
-        parts = []
-        for c in range(len(self.chains)):
-            st = self._streams(c)
-            if self.config.z_update == "implicit":
-                parts.append(st.rows(st.propose, self.q_db, 0, self.n))
-            else:
-                parts.append(st.rows(st.select, self.config.resample_fraction, 0, self.n))
-        self.rows.prefetch(np.concatenate(parts))
+        implicit = self.config.z_update == "implicit"
+        streams = [self._streams(c) for c in range(len(self.chains))]
+        keys = np.array([st.propose if implicit else st.select for st in streams], np.uint64)
+        p = self.q_db if implicit else self.config.resample_fraction
+        lo = np.full(len(streams), self.spec.start, dtype=np.int64)
+        rows, _ = bernoulli_rows_many(keys, p, self.n_total, lo, lo + self.n)
+        self.rows.prefetch(rows - self.spec.start)
 
     def _after_z(self) -> None:
         """After a z-update: the rows hold what the chains' bright sets need (out of core,
