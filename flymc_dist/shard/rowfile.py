@@ -17,11 +17,12 @@ worker for (:func:`local_directory`).
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numba
@@ -108,7 +109,7 @@ class RowFile:
         self._rec = np.dtype([("X", np.dtype(x_dtype), (self.n_features,)), ("y", y_dtype)])
         self.record = int(self._rec.itemsize)
         self._fd = os.open(path, os.O_RDONLY)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: _Reader | None = None
         self.bytes_read = 0
         self._finalizer = weakref.finalize(self, _remove, self._fd, path)
 
@@ -182,10 +183,10 @@ class RowFile:
         """Rows ``lo:hi`` (one ``pread``)."""
         return self.read(np.arange(lo, hi, dtype=np.int64))
 
-    def submit(self, fn: Any, *args: Any) -> Future:
-        """Run ``fn(*args)`` on this file's reading thread."""
+    def submit(self, fn: Any, *args: Any) -> _Job:
+        """Run ``fn(*args)`` on this file's reading thread; ``.result()`` waits for it."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="flymc-row-read")
+            self._pool = _Reader()
         return self._pool.submit(fn, *args)
 
     def blocks(
@@ -207,9 +208,58 @@ class RowFile:
     def close(self) -> None:
         """Stop the reading thread and remove the file."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.close()
             self._pool = None
         self._finalizer()
+
+
+class _Job:
+    """One call run on a :class:`_Reader`: its result, or its error, once it is done."""
+
+    __slots__ = ("fn", "args", "done", "value", "error")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        self.fn, self.args = fn, args
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def result(self) -> Any:
+        """Wait for the call, and return its value (or raise its error)."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _Reader:
+    """One thread running calls in order: a few microseconds a hand-off, where a
+    ``ThreadPoolExecutor`` takes about a hundred (measured: ``submit`` was 0.13 ms of an
+    out-of-core round)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="flymc-row-read", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> _Job:
+        job = _Job(fn, args)
+        self._jobs.put(job)
+        return job
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job.value = job.fn(*job.args)
+            except BaseException as e:  # handed to the caller of result()
+                job.error = e
+            finally:
+                job.done.set()
+
+    def close(self) -> None:
+        """Finish the calls queued, and stop."""
+        self._jobs.put(None)
+        self._thread.join()
 
 
 def _remove(fd: int, path: str) -> None:
