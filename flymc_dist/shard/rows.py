@@ -26,7 +26,6 @@ are the same bits as in memory.
 
 from __future__ import annotations
 
-import os as _os
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,8 +34,6 @@ import numpy as np
 
 from flymc_dist._numerics import in_sorted
 from flymc_dist.shard.rowfile import BLOCK_BYTES, RowFile
-
-READ_AHEAD = _os.environ.get("FLYMC_READ_AHEAD", "1") == "1"
 
 Prepare = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray | None, np.ndarray | None]]
 
@@ -339,9 +336,8 @@ class FileRows:
         """Start reading ``rows`` on the file's thread: only the read, in a compiled loop
         that holds no lock of Python's while θ moves."""
         self.drop_prepared()
-        if READ_AHEAD:
-            rows = np.unique(rows)
-            self._ahead = (rows, self.file.submit(self.file.read, rows))
+        rows = np.unique(rows)
+        self._ahead = (rows, self.file.submit(self.file.read, rows))
 
     def after_z(self, bright: list[np.ndarray]) -> None:
         """Keep resident exactly the rows bright in some chain (``bright``: each chain's):
