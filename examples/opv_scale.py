@@ -200,7 +200,7 @@ def main() -> None:
             f"({100 * ef['bright_fraction']:.4f}% bright), "
             f"{ef['round_trips_per_iteration']:.2f} round trips/it; R-hat max "
             f"{ef['r_hat_max']:.4f}, min ESS {ef['ess_min']:.0f}, ESS/query "
-            f"{ef['ess_per_query']:.3g}"
+            f"{ef['ess_per_query']:.3g}; whole run {ef['ess_min'] / t_fly:.2f} min-ESS/s"
         )
         print(
             f"regular: {t_reg:.0f} s; {er['seconds_per_iteration'] * 1e3:.1f} ms/it, "

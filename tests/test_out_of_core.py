@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 import pytest
+from scipy.optimize import minimize
 from scipy.special import expit
 
 import flymc_dist as fd
@@ -502,3 +503,32 @@ def test_a_run_leaves_no_row_file(store, tmp_path, monkeypatch):
     assert res.info["out_of_core"] == [True] * 3
     assert len(made) == 3 and all(os.path.dirname(p) == str(tmp_path) for p in made)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_set_up_makes_five_full_passes(tmp_path, out_of_core):
+    """MAP-tuned FlyMC on 2^18 rows: reading the store, two full passes of the MAP search
+    (its start on a subsample), the bound statistics (with the expected bright rows), the
+    exact first z — five full passes, counted by the shards, in memory and out of core;
+    and the MAP is the full search's to within 10⁻⁶ nats."""
+    n = 2**18
+    rng = np.random.default_rng(3)
+    X = np.c_[np.ones(n), rng.normal(size=(n, 3))]
+    y = (rng.random(n) < expit(X @ np.array([0.3, -1.2, 0.8, 0.1]))).astype(np.int64)
+    ds = fd.from_numpy(X, y, tmp_path / "p.zarr")
+    model = fd.LogisticRegression()
+    res = fd.sample(
+        model, ds, kernel="rwmh", num_warmup=2, num_samples=2, chains=2, seed=0,
+        client="synchronous", progress=False, out_of_core=out_of_core,
+    )  # fmt: skip
+    assert res.info["out_of_core"] == [out_of_core]
+    assert res.info["setup_passes"] == 5
+    assert res.info["map_info"]["subsample_thin"] == 16
+
+    def log_post(theta):
+        eta = X @ theta
+        return float(np.sum(y * eta - np.logaddexp(0, eta)) + model.log_prior(theta[None])[0])
+
+    full = res.info["map"].ravel()
+    best = minimize(lambda t: -log_post(t), full, method="BFGS", options={"gtol": 1e-10}).x
+    assert log_post(best) - log_post(full) < 1e-6
