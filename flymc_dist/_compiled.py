@@ -218,6 +218,29 @@ def eval_rows(
 
 
 @numba.njit(**_JIT)
+def eval_rows_at(
+    XC: np.ndarray,
+    D: int,
+    rows: np.ndarray,
+    thetas: np.ndarray,
+    kind: int,
+    par: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """Fused ``log L~`` of ``rows`` of the buffer ``XC`` at every one of ``thetas`` (C, P):
+    ``out[c, j]`` for ``rows[j]`` at ``thetas[c]``, each row read once for all of them
+    (the exact draw of every chain's z at placement: a pass over all rows). The same
+    operations, in the same order, as :func:`eval_rows`: the same bits."""
+    for j in range(rows.size):
+        r = rows[j]
+        for c in range(thetas.shape[0]):
+            eta = 0.0
+            for d in range(D):
+                eta += XC[r, d] * thetas[c, d]
+            out[c, j] = _log_bright(kind, par, eta, XC[r, D], XC[r, D + 1], XC[r, D + 2])
+
+
+@numba.njit(**_JIT)
 def segment_sums(vals: np.ndarray, seg: np.ndarray, out: np.ndarray) -> None:
     """``out[i] = sum(vals[seg[i]:seg[i+1]])``, in order."""
     for i in range(seg.size - 1):
