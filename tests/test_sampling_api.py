@@ -252,19 +252,25 @@ class CountingLogistic(fd.LogisticRegression):
 @pytest.fixture()
 def count_compiled(monkeypatch):
     """Make ``model.evaluated`` also count the rows the compiled kernels evaluate: the
-    shards' (one datum at one θ per row) and the driver replica's (every row of the
+    shards' (one datum at one θ per row; at placement every row at every chain's θ) and
+    the driver replica's (every row of the
     chain's buffer at each point, also in the compiled NUTS transition, which counts its
     evaluations itself); in-process runs only."""
     from flymc_dist import _compiled, _compiled_nuts
 
     def install(model: CountingLogistic) -> None:
         real = _compiled.eval_rows
+        real_at = _compiled.eval_rows_at
         real_replica = _compiled.replica_eval
         real_nuts = _compiled_nuts.nuts_transition
 
         def counting(XC, D, rows, *args):
             model.evaluated += int(rows.size)
             return real(XC, D, rows, *args)
+
+        def counting_at(XC, D, rows, thetas, *args):  # every row at every θ
+            model.evaluated += int(rows.size * thetas.shape[0])
+            return real_at(XC, D, rows, thetas, *args)
 
         def counting_replica(XC, starts, D, chain_of, *args):
             model.evaluated += int(sum(starts[c + 1] - starts[c] for c in chain_of))
@@ -277,6 +283,7 @@ def count_compiled(monkeypatch):
             return out
 
         monkeypatch.setattr(_compiled, "eval_rows", counting)
+        monkeypatch.setattr(_compiled, "eval_rows_at", counting_at)
         monkeypatch.setattr(_compiled, "replica_eval", counting_replica)
         monkeypatch.setattr(_compiled_nuts, "nuts_transition", counting_nuts)
 
