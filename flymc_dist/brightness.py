@@ -87,9 +87,9 @@ class BrightSet:
     ) -> None:
         """Keep the bright rows where ``keep`` is true and brighten ``new_rows`` (dark now)."""
         gone = self.idx[~keep]
-        members = self.members[~in_sorted(self.members, np.sort(gone))] if gone.size else None
-        if members is None:
-            members = self.members
+        members = self.members
+        if gone.size:
+            members = members[~in_sorted(members, np.sort(gone))]
         if new_rows.size:
             members = np.union1d(members, new_rows).astype(np.int64, copy=False)
         self.members = members

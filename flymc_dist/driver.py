@@ -697,8 +697,10 @@ class Driver:
 
     def run_info(self, stats: dict[str, np.ndarray]) -> dict[str, Any]:
         """How the run went (modes taken, data read), for ``Result.info``."""
+        storage = storage_info(self.transport)
         return {
             "bright_replica": self.replica is not None,
             "channel": self.transport.channel,
-            **{k: storage_info(self.transport)[k] for k in ("bytes_read", "rows_read")},
+            "bytes_read": storage["bytes_read"],
+            "rows_read": storage["rows_read"],
         }

@@ -118,18 +118,16 @@ def find_map(
     cache: dict[bytes, tuple[float, np.ndarray, np.ndarray]] = {}
     loglik: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
     passes = 0
-    sub = {"thin": 1, "evaluations": 0}
+    now_thin, sub_evaluations = 1, 0  # the thinning evaluations use now; those made thinned
 
     def evaluate(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         """The negated (smoothed: :meth:`Model.prior_map_terms`) log posterior."""
-        nonlocal passes
-        key = np.asarray(theta, float).tobytes() + bytes([sub["thin"] > 1])
+        nonlocal passes, sub_evaluations
+        key = np.asarray(theta, float).tobytes() + bytes([now_thin > 1])
         if key not in cache:
-            flat = tree_total(
-                transport.call("loglik_sum", np.asarray(theta, float), 2, sub["thin"])
-            )
-            if sub["thin"] > 1:
-                sub["evaluations"] += 1
+            flat = tree_total(transport.call("loglik_sum", np.asarray(theta, float), 2, now_thin))
+            if now_thin > 1:
+                sub_evaluations += 1
             else:
                 passes += 1  # a full pass: every datum at one θ
             P = len(theta)
@@ -160,11 +158,11 @@ def find_map(
 
     res = None
     if thin > 1:
-        sub["thin"] = int(thin)
+        now_thin = int(thin)
         first = search(x0)
         if np.all(np.isfinite(first.x)):
             x0 = np.asarray(first.x, float)
-        sub["thin"] = 1
+        now_thin = 1
         res = _newton(evaluate, x0, maxiter)
     if res is None:
         res = search(x0)
@@ -180,7 +178,7 @@ def find_map(
         "evaluations": int(res.nfev),
         "message": str(res.message),
         "subsample_thin": int(thin),
-        "subsample_evaluations": int(sub["evaluations"]),
+        "subsample_evaluations": sub_evaluations,
     }
     if not np.all(np.isfinite(theta)):
         raise FloatingPointError(f"MAP search diverged: {res.message}")

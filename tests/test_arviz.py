@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from synthetic import logistic_rows
 
 import flymc_dist as fd
 from flymc_dist import diagnostics
@@ -29,13 +30,8 @@ RTOL = 1e-9
 NAMES = ["bias", "age", "dose"]
 
 
-def _data(n: int = 80, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 2))
-    X = np.column_stack([np.ones(n), x])
-    logit = 0.3 + x @ np.array([1.0, -0.7])
-    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
-    return X, y
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    return logistic_rows(80)
 
 
 @pytest.fixture(scope="module")

@@ -58,8 +58,8 @@ def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndar
     chain's Bernoulli(q) process restricted to the shard's rows, and each row's uniform.
     So the draws depend neither on which pairs are updated together nor on how the rows
     are cut into shards. The shards must share their model, features and ``q``. An
-    out-of-core shard reads the rows proposed to it first (``rows.fetch``; mostly read
-    ahead already), so its update is this same one.
+    out-of-core shard's candidates are evaluated from the buffer its proposals were read
+    into (``rows.proposals``; mostly read ahead already), so its update is this same one.
 
     ``owner`` keeps the typed list of the shards' buffers between calls
     (:func:`_typed_lists`; default: the shard, when the pairs are all on one).

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round
-from flymc_dist.shard.fused import _typed_lists, fused_z_update
+from flymc_dist.shard.fused import _bounds, _typed_lists, fused_z_update
 
 if TYPE_CHECKING:
     from flymc_dist.shard.shard import Shard
@@ -138,10 +138,8 @@ def _bright_sums(
             vals,
             sums,
         )
-    cur_bounds = np.zeros(len(pairs) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=cur_bounds[1:])
     current = np.empty(len(pairs))
-    jit.segment_sums(np.concatenate([b.vals for b in brights]), cur_bounds, current)
+    jit.segment_sums(np.concatenate([b.vals for b in brights]), _bounds(sizes), current)
     out: dict[int, Reply] = {}
     off = j = 0
     for s_i, sh in enumerate(shards):

@@ -16,6 +16,7 @@ worker for (:func:`local_directory`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import shutil
@@ -132,8 +133,9 @@ class RowFile:
             or a write failed (the partial file is removed).
         """
         n, D = int(stop - start), int(dataset.n_features)
-        probe = dataset.read(start, min(start + 1, stop))[1]
-        rec = np.dtype([("X", dataset.dtype, (D,)), ("y", probe.dtype)])
+        chunks = dataset.iter_chunks(start, stop)
+        first = next(chunks)  # its target's dtype sizes the records
+        rec = np.dtype([("X", dataset.dtype, (D,)), ("y", first[3].dtype)])
         need = n * rec.itemsize
         os.makedirs(directory, exist_ok=True)
         free = shutil.disk_usage(directory).free
@@ -147,14 +149,14 @@ class RowFile:
         fd, path = tempfile.mkstemp(prefix="flymc-rows-", suffix=".bin", dir=directory)
         try:
             with os.fdopen(fd, "wb", buffering=0) as f:
-                for lo, _, X, y in dataset.iter_chunks(start, stop):
+                for lo, _, X, y in itertools.chain([first], chunks):
                     if each is not None:
                         each(lo, X)
                     block = np.empty(y.size, dtype=rec)
                     block["X"] = X
                     block["y"] = y
                     f.write(memoryview(block).cast("B"))
-            return cls(path, n, D, dataset.dtype, probe.dtype)
+            return cls(path, n, D, dataset.dtype, rec["y"])
         except BaseException:
             os.unlink(path)
             raise

@@ -147,9 +147,6 @@ class MemoryRows:
     def reset(self) -> None:
         """Nothing to forget."""
 
-    def drop_prepared(self) -> None:
-        """Nothing is prepared ahead."""
-
     def close(self) -> None:
         """Nothing to release but memory."""
 
@@ -335,7 +332,7 @@ class FileRows:
     def prefetch(self, rows: np.ndarray) -> None:
         """Start reading ``rows`` on the file's thread: only the read, in a compiled loop
         that holds no lock of Python's while θ moves."""
-        self.drop_prepared()
+        self._drop_ahead()
         rows = np.unique(rows)
         self._ahead = (rows, self.file.submit(self.file.read, rows))
 
@@ -356,7 +353,7 @@ class FileRows:
         """Every row resident in turn: the row file's blocks, each read (one ahead) into
         the arena before it is yielded; the caller keeps what it needs with
         :meth:`after_z` after each."""
-        self.drop_prepared()
+        self._drop_ahead()
         self.passes += 1
         block = max(1, BLOCK_BYTES // ((self.n_features + self._K + 2) * 8))
         for lo, hi, X, y in self.file.blocks(block):
@@ -410,19 +407,20 @@ class FileRows:
 
     def reset(self) -> None:
         """Chains placed anew: nothing stays resident."""
-        self.drop_prepared()
+        self._drop_ahead()
         self._proposed = None
         self._keep(np.empty(0, dtype=np.int64))
 
-    def drop_prepared(self) -> None:
-        """Forget the read ahead (its rows were proposed at another q or step)."""
+    def _drop_ahead(self) -> None:
+        """Let the read ahead, if any, finish, and forget it (its rows were proposed at
+        another q or step, or the reading thread is wanted for something else)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead[1].result()
 
     def close(self) -> None:
         """Remove the row file."""
-        self.drop_prepared()
+        self._drop_ahead()
         self.file.close()
 
     def state(self) -> dict[str, Any]:

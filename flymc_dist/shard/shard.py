@@ -140,7 +140,7 @@ class Shard:
                 energy.append((lo // B, _column_energy(X)))
 
             if _out_of_core(config.out_of_core, nbytes, budget):
-                _check_explicit(config, n * config.chains * (ds.n_features + K + 2) * 8, budget)
+                _check_explicit(config, nbytes * config.chains, budget)
                 self.rows = FileRows(ds, spec.start, spec.stop, K, prepare, local_directory(), each)
             else:
                 XC = np.empty((n, ds.n_features + K))
@@ -233,16 +233,15 @@ class Shard:
             )
         first = self.spec.start // B
         n_blocks = -(-self.n_total // B)
-        if thin <= 1:
-            it = self.rows.blocks(B)
-            return tree_nodes(((first + k, fn(*b)) for k, b in enumerate(it)), n_blocks)
+        head = None if thin <= 1 else -(-B // int(thin))
 
-        def scaled(k: int, b: tuple[np.ndarray, np.ndarray, Any]) -> Any:
-            rows = min(B, self.n_total - (first + k) * B)
-            return fn(*b) * (rows / b[1].size)
+        def value(k: int, b: tuple[np.ndarray, np.ndarray, Any]) -> Any:
+            if head is None:
+                return fn(*b)
+            return fn(*b) * (min(B, self.n_total - k * B) / b[1].size)  # block k's rows
 
-        it = self.rows.blocks(B, -(-B // int(thin)))
-        return tree_nodes(((first + k, scaled(k, b)) for k, b in enumerate(it)), n_blocks)
+        it = self.rows.blocks(B, head)
+        return tree_nodes(((first + k, value(first + k, b)) for k, b in enumerate(it)), n_blocks)
 
     def set_exact_rows(self, columns: np.ndarray, thresholds: np.ndarray) -> int:
         """The rule of the *exact rows* (``exact_rows``; before :meth:`set_tight_points`):
@@ -253,7 +252,6 @@ class Shard:
         it. Returns how many rows of this shard the rule picks (a full pass)."""
         columns = np.asarray(columns, dtype=np.int64)
         thresholds = np.asarray(thresholds, dtype=np.float64)
-        self.rows.drop_prepared()  # nothing prepared under the previous rule stays
         self._exact = (columns, thresholds) if columns.size else None
         return sum(int(self._exact_mask(X).sum()) for X, _, _ in self.blocks(65536))
 
