@@ -119,6 +119,14 @@ class ShardHost:
         b["round_cpu"] += time.thread_time() - c
         return dict(zip(ids, replies, strict=True))
 
+    def settle(self) -> None:
+        """Each shard's work left by the last round (:meth:`Shard.settle`), run after its
+        reply has gone: out of core, the reads of the next z-update's rows, while the
+        driver moves θ."""
+        for i in sorted(self.shards):
+            with self._locks[i]:
+                self.shards[i].settle()
+
     def timing(self) -> dict[str, float]:
         """Rounds served here and the wall / CPU seconds they took."""
         return dict(self._busy)
@@ -138,7 +146,7 @@ class ShardHost:
         Returns the address to connect to and the token to present.
         """
         self.close_channel()
-        self._channel = ChannelServer(self._serve_channel, host)
+        self._channel = ChannelServer(self._serve_channel, host, self._after_channel)
         # the server holds this host weakly: once Dask drops the actor (its run released
         # it, or the run's client went away), the server stops and its port is freed
         weakref.finalize(self, self._channel.close)
@@ -150,6 +158,10 @@ class ShardHost:
         if code == ECHO:
             return payload
         raise ValueError(f"unknown channel request code {code}")
+
+    def _after_channel(self, code: int) -> None:
+        if code == ROUND:
+            self.settle()
 
     def close_channel(self) -> None:
         """Stop serving rounds on the socket (if open)."""

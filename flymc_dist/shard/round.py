@@ -53,6 +53,8 @@ def round_shards(
     # one errstate for the whole round (the fused log L~ relies on it; entering one per
     # evaluation would cost as much as the evaluation itself)
     with np.errstate(over="ignore", divide="ignore"):
+        for sh in todo:  # what the last round left (when nothing ran it after its reply)
+            sh.settle()
         for sh in todo:  # 1. each chain to its θ
             if replica:
                 queries[id(sh)] += sh._move_to(msg.thetas)

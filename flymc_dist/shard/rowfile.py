@@ -40,6 +40,14 @@ _pread = types.ExternalFunction(
     "pread", types.intp(types.intc, types.intp, types.uintp, types.int64)
 )
 
+#: libc's ``posix_fadvise(fd, offset, len, advice)``, linked by name as :data:`_pread` is
+_fadvise = types.ExternalFunction(
+    "posix_fadvise", types.intc(types.intc, types.int64, types.int64, types.intc)
+)
+
+#: ``POSIX_FADV_WILLNEED`` (Linux): start reading these bytes into the page cache, now
+_WILLNEED = 3
+
 #: rows of each block a full pass reads at once (at most: the shard's blocks may be fewer)
 BLOCK_BYTES = 16 * 1024 * 1024
 
@@ -65,6 +73,21 @@ def _pread_rows(fd: int, rows: np.ndarray, record: int, out: np.ndarray) -> int:
             done += got
         i = k
     return n
+
+
+@numba.njit(cache=True, nogil=True)
+def _advise_rows(fd: int, rows: np.ndarray, record: int) -> None:
+    """Ask the kernel to read the records of the sorted ``rows`` into the page cache, in
+    the background (``POSIX_FADV_WILLNEED``): one call per run of consecutive rows, none
+    of which waits for the disk."""
+    n = rows.size
+    i = 0
+    while i < n:
+        k = i + 1
+        while k < n and rows[k] == rows[k - 1] + 1:
+            k += 1
+        _fadvise(fd, rows[i] * record, (k - i) * record, _WILLNEED)
+        i = k
 
 
 def local_directory() -> str:
@@ -180,6 +203,14 @@ class RowFile:
             raise OSError(f"{self.path}: short read at row {int(rows[got])}")
         self.bytes_read += rows.size * self.record
         return np.ascontiguousarray(buf["X"], dtype=np.float64), buf["y"].copy()
+
+    def advise(self, rows: np.ndarray) -> None:
+        """Start bringing the sorted, distinct ``rows`` into the page cache without waiting
+        for them (a later :meth:`read` of them then need not wait for the disk)."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if rows.size and (rows[0] < 0 or rows[-1] >= self.n):
+            raise IndexError(f"rows outside the shard's {self.n}")
+        _advise_rows(self._fd, rows, self.record)
 
     def read_range(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``lo:hi`` (one ``pread``)."""

@@ -9,9 +9,11 @@ z-updates, evaluations and full passes are written once:
   then touches one place in memory), targets and tight points: every row in memory;
   out of core the rows some chain has bright and those fetched for this z-update;
 - ``locate(rows)``: where shard-local rows sit in those buffers (in memory: the rows);
-- ``fetch(rows)`` / ``prefetch(rows)``: make rows resident now / start reading them on a
-  thread (out of core; in memory every row is);
-- ``after_z(bright)``: keep resident what the chains' bright sets need;
+- ``fetch(rows)``: make rows resident now (out of core; in memory every row is);
+  ``read_ahead(rows, later)``: read and prepare the next z-update's proposals between
+  rounds, and have the page cache fetch the one after's;
+- ``after_z(bright)`` / ``keep()``: make resident what the chains' bright sets need / drop
+  the rest (after the round's reply);
 - ``sweep()``: every row resident in turn, for the exact draw of z at placement;
 - ``retune()``: tight points and row constants of the resident rows under the current
   rule; ``blocks(block)``: every row as read-only ``(X, y, xi)`` blocks (a full pass);
@@ -138,11 +140,14 @@ class MemoryRows:
         the sorted rows it holds (None: all, at their own positions)."""
         return self.XC, None
 
-    def prefetch(self, rows: np.ndarray) -> None:
+    def read_ahead(self, rows: np.ndarray, later: np.ndarray) -> None:
         """Nothing to read ahead."""
 
-    def after_z(self, bright: list[np.ndarray]) -> None:
+    def after_z(self, bright: list[np.ndarray], keep: bool = True) -> None:
         """Nothing to hold: every row is here."""
+
+    def keep(self) -> None:
+        """Nothing to drop."""
 
     def reset(self) -> None:
         """Nothing to forget."""
@@ -208,7 +213,11 @@ class FileRows:
         self.XC = np.empty((0, self.n_features + self._K))
         self.y = np.empty(0, dtype=self.file._rec["y"])
         self.xi: np.ndarray | None = None
-        self._ahead: tuple[np.ndarray, Any] | None = None  # rows being read, and the future
+        #: the next z-update's proposals, read and prepared ahead (:meth:`read_ahead`):
+        #: sorted rows, their buffer, targets and tight points
+        self._ahead: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None
+        #: the rows the chains' bright sets need, while :meth:`keep` has yet to drop the rest
+        self._needed: np.ndarray | None = None
         #: the last :meth:`proposals`: rows, their buffer, targets and tight points
         self._proposed: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None
         #: rows read by position (the z-updates' proposals, read ahead or not)
@@ -288,57 +297,64 @@ class FileRows:
             raise RuntimeError("out-of-core shard: rows asked for that are not resident")
         return self._slot[pos]
 
-    def _with_ahead(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The sorted distinct ``rows`` and more, read: the read ahead (if any) with what it
-        lacks of ``rows`` read now; ``(rows read, X, y)``, sorted by row."""
+    def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+        """The sorted distinct ``rows`` read from the row file and prepared:
+        ``(rows, XC, y, xi)``."""
+        self.rows_read += rows.size
+        X, y = self.file.read(rows)
+        XC, xi = self._prepared(X, y)
+        return rows, XC, y, xi
+
+    def _take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+        """The sorted distinct ``rows`` and maybe more, prepared, sorted by row: those read
+        ahead (if any), with what they lack of ``rows`` read now; ``(rows, XC, y, xi)``."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
-            self.rows_read += rows.size
-            return rows, *self.file.read(rows)
-        got, (X, y) = ahead[0], ahead[1].result()
-        self.rows_read += got.size
-        missing = rows[~in_sorted(rows, got)]
-        if missing.size:  # proposed at another q or step than read ahead: rare
-            Xm, ym = self.file.read(missing)
-            self.rows_read += missing.size
-            order = np.argsort(np.concatenate([got, missing]), kind="stable")
-            got = np.concatenate([got, missing])[order]
-            X, y = np.concatenate([X, Xm])[order], np.concatenate([y, ym])[order]
-        return got, X, y
+            return self._read(rows)
+        missing = rows[~in_sorted(rows, ahead[0])]
+        if not missing.size:
+            return ahead
+        # proposed at another q or step than read ahead (rare): merged in
+        more = self._read(missing)
+        order = np.argsort(np.concatenate([ahead[0], missing]), kind="stable")
+        return tuple(
+            None if a is None else np.concatenate([a, b])[order]
+            for a, b in zip(ahead, more, strict=True)
+        )
 
     def fetch(self, rows: np.ndarray) -> None:
-        """Make ``rows`` resident: from the read ahead where it has them, else read now;
-        prepared (tight points, row constants) here, under the current rule."""
+        """Make ``rows`` resident: from the rows read ahead where it has them, else read
+        now; prepared (tight points, row constants) under the current rule."""
         rows = np.unique(rows)
         missing = rows[~in_sorted(rows, self.ids)]
-        if missing.size or self._ahead is not None:
-            got, X, y = self._with_ahead(missing)
+        if missing.size:
+            got, XC, y, xi = self._take(missing)
             use = in_sorted(got, missing)
-            if use.any():
-                XC, xi = self._prepared(X[use], y[use])
-                self._insert(got[use], XC, y[use], xi)
+            self._insert(got[use], XC[use], y[use], None if xi is None else xi[use])
 
     def proposals(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The buffer a z-update evaluates its proposed ``rows`` from, and the sorted rows
         it holds: the rows read ahead (the chains' proposals at this step), with any of
-        ``rows`` they lack read now, prepared under the current rule. Nothing is made
-        resident: :meth:`after_z` takes in, from this buffer, the rows that turned bright
-        (a few), so the proposals cost no bookkeeping of the resident rows."""
-        got, X, y = self._with_ahead(np.unique(rows))
-        XC, xi = self._prepared(X, y)
-        self._proposed = (got, XC, y, xi)
-        return XC, got
+        ``rows`` they lack read now. Nothing is made resident: :meth:`after_z` takes in,
+        from this buffer, the rows that turned bright (a few), so the proposals cost no
+        bookkeeping of the resident rows."""
+        self._proposed = self._take(np.unique(rows))
+        return self._proposed[1], self._proposed[0]
 
-    def prefetch(self, rows: np.ndarray) -> None:
-        """Start reading ``rows`` on the file's thread: only the read, in a compiled loop
-        that holds no lock of Python's while θ moves."""
-        self._drop_ahead()
-        rows = np.unique(rows)
-        self._ahead = (rows, self.file.submit(self.file.read, rows))
+    def read_ahead(self, rows: np.ndarray, later: np.ndarray) -> None:
+        """Read and prepare ``rows`` (the next z-update's proposals) now, between rounds,
+        and ask for ``later`` (the one after's) to be brought into the page cache in the
+        background: the next round need not read, and the reads of this call's next
+        call need not wait for the disk."""
+        later = np.unique(later)
+        if later.size:
+            self.file.advise(later)
+        self._ahead = self._read(np.unique(rows))
 
-    def after_z(self, bright: list[np.ndarray]) -> None:
-        """Keep resident exactly the rows bright in some chain (``bright``: each chain's):
-        those that turned bright come from the last :meth:`proposals`."""
+    def after_z(self, bright: list[np.ndarray], keep: bool = True) -> None:
+        """Make resident the rows bright in some chain (``bright``: each chain's): those
+        that turned bright come from the last :meth:`proposals`. With ``keep``, drop the
+        others now; else :meth:`keep` does, later (after the round's reply)."""
         needed = np.unique(np.concatenate(bright)) if bright else np.empty(0, np.int64)
         proposed, self._proposed = self._proposed, None
         if proposed is not None:
@@ -347,13 +363,21 @@ class FileRows:
                 at = np.searchsorted(proposed[0], new)
                 xi = proposed[3]
                 self._insert(new, proposed[1][at], proposed[2][at], None if xi is None else xi[at])
-        self._keep(needed)
+        self._needed = needed
+        if keep:
+            self.keep()
+
+    def keep(self) -> None:
+        """Keep resident only the rows the last :meth:`after_z` found needed."""
+        needed, self._needed = self._needed, None
+        if needed is not None:
+            self._keep(needed)
 
     def sweep(self) -> Iterator[tuple[int, int]]:
         """Every row resident in turn: the row file's blocks, each read (one ahead) into
         the arena before it is yielded; the caller keeps what it needs with
         :meth:`after_z` after each."""
-        self._drop_ahead()
+        self._ahead = None
         self.passes += 1
         block = max(1, BLOCK_BYTES // ((self.n_features + self._K + 2) * 8))
         for lo, hi, X, y in self.file.blocks(block):
@@ -367,7 +391,7 @@ class FileRows:
     def retune(self) -> None:
         """New tight points and row constants for the resident rows (rows read from now
         on are prepared under the new rule)."""
-        self._proposed = None
+        self._proposed = self._ahead = None  # prepared under the old rule
         if self.ids.size:
             X = self.XC[self._slot, : self.n_features]
             xi, consts = self._prepare(X, self.y[self._slot])
@@ -407,20 +431,12 @@ class FileRows:
 
     def reset(self) -> None:
         """Chains placed anew: nothing stays resident."""
-        self._drop_ahead()
-        self._proposed = None
+        self._proposed = self._ahead = self._needed = None
         self._keep(np.empty(0, dtype=np.int64))
-
-    def _drop_ahead(self) -> None:
-        """Let the read ahead, if any, finish, and forget it (its rows were proposed at
-        another q or step, or the reading thread is wanted for something else)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead[1].result()
 
     def close(self) -> None:
         """Remove the row file."""
-        self._drop_ahead()
+        self._ahead = None
         self.file.close()
 
     def state(self) -> dict[str, Any]:

@@ -199,6 +199,7 @@ class Shard:
         self._exact: tuple[np.ndarray, np.ndarray] | None = None
         self._typed: tuple | None = None  # see _typed_lists
         self._extensions: dict[str, Any] = {}  # see extension()
+        self._unsettled = False  # work left for settle()
 
     # ------------------------------------------------------------------ set-up
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
@@ -279,7 +280,8 @@ class Shard:
     def set_q(self, q_db: float) -> None:
         """Set the dark→bright proposal probability of the implicit z-update."""
         self.q_db = float(q_db)
-        self._prefetch_next()  # the rows read ahead were proposed at the old q
+        self._unsettled = True  # the rows read ahead were proposed at the old q
+        self.settle()
 
     def set_replica(self, on: bool) -> None:
         """Serve rounds for a driver-side replica of the bright rows (before
@@ -427,14 +429,14 @@ class Shard:
         self.total_queries += queries
         return queries
 
-    def _streams(self, c: int, init: bool = False) -> RowStreams:
-        """Chain ``c``'s row-keyed streams at its current step (``init``: the exact draw
-        of z at placement), for this shard's rows."""
+    def _streams(self, c: int, init: bool = False, ahead: int = 0) -> RowStreams:
+        """Chain ``c``'s row-keyed streams at its current step, or ``ahead`` steps later
+        (``init``: the exact draw of z at placement), for this shard's rows."""
         return RowStreams(
             self.config.seed,
             self.generation,
             c,
-            0 if init else self.chains[c].step,
+            0 if init else self.chains[c].step + ahead,
             self.spec.start,
             self.n_total,
             init,
@@ -465,27 +467,41 @@ class Shard:
                     v, dv = (vals[c], None) if compiled else self._row_evaluator(ch)(rows)
                     explicit_accept(st, ch.bright, rows, v, dv)
                 self.rows.after_z([ch.bright.idx for ch in self.chains])
-        self._prefetch_next()  # set_q starts it again if q changes
+        self._unsettled = True  # set_q reads again if q changes
+        self.settle()
         return len(self.chains) * self.n
 
-    def _prefetch_next(self) -> None:
-        """Out of core: start reading the rows every chain's next z-update will propose
-        (its Bernoulli process at its next step: known now, whatever θ and z become)."""
-        if not self.out_of_core or not self.chains:
-            return
+    def _proposed_rows(self, ahead: int) -> np.ndarray:
+        """The shard-local rows every chain's z-update ``ahead`` steps after its next one
+        will propose (its Bernoulli process at that step: known now, whatever θ and z
+        become), in one array with repeats."""
         implicit = self.config.z_update == "implicit"
-        streams = [self._streams(c) for c in range(len(self.chains))]
+        streams = [self._streams(c, ahead=ahead) for c in range(len(self.chains))]
         keys = np.array([st.propose if implicit else st.select for st in streams], np.uint64)
         p = self.q_db if implicit else self.config.resample_fraction
         lo = np.full(len(streams), self.spec.start, dtype=np.int64)
         rows, _ = bernoulli_rows_many(keys, p, self.n_total, lo, lo + self.n)
-        self.rows.prefetch(rows - self.spec.start)
+        return rows - self.spec.start
+
+    def settle(self) -> None:
+        """Out of core, the work a round leaves for after its reply (a host runs it once
+        the reply has gone: :meth:`~flymc_dist.shard.host.ShardHost.settle`; else the
+        next round starts with it): drop the rows no chain has bright any more, read and
+        prepare the rows each chain's next z-update will propose, and have the page
+        cache fetch the ones of the z-update after. Nothing here changes a draw: a
+        z-update reads whatever it lacks."""
+        if not self._unsettled:
+            return
+        if self.out_of_core and self.chains:
+            self.rows.keep()
+            self.rows.read_ahead(self._proposed_rows(0), self._proposed_rows(1))
+        self._unsettled = False  # not before: after an error the next round tries again
 
     def _after_z(self) -> None:
         """After a z-update: the rows hold what the chains' bright sets need (out of core,
-        exactly the rows bright in some chain), and the next z-update's start reading."""
-        self.rows.after_z([ch.bright.idx for ch in self.chains])
-        self._prefetch_next()
+        at least the rows bright in some chain; :meth:`settle` drops the others)."""
+        self.rows.after_z([ch.bright.idx for ch in self.chains], keep=False)
+        self._unsettled = True
 
     # -------------------------------------------------------------- evaluation
     def _bright_eval(

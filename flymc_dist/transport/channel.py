@@ -58,6 +58,9 @@ ERROR = 1
 #: ``handler(code, payload) -> reply``
 Handler = Callable[[int, bytes], bytes]
 
+#: ``after(code)``: run once a request's reply has been sent
+After = Callable[[int], None]
+
 
 #: values of the ``channel`` option (see :class:`~flymc_dist.transport.dask.DaskTransport`)
 CHANNELS = ("auto", "socket", "dask")
@@ -101,13 +104,21 @@ class ChannelServer:
         bound method is held weakly: once its object is gone, connections are closed.
     host
         The interface to listen on (the worker's own host).
+    after
+        Run after each reply has been sent (see :data:`After`): the work a request leaves
+        for when the driver has its answer. Held as ``handler`` is; its errors are logged
+        (the next request meets them again).
     """
 
-    def __init__(self, handler: Handler, host: str) -> None:
+    def __init__(self, handler: Handler, host: str, after: After | None = None) -> None:
         # a bound method weakly (its object, the shard host, must not be kept alive by
         # this server's threads), any other callable as it is
         self._handler_ref = weakref.WeakMethod(handler) if hasattr(handler, "__self__") else None
         self._handler = handler if self._handler_ref is None else None
+        self._after_ref = (
+            weakref.WeakMethod(after) if after is not None and hasattr(after, "__self__") else None
+        )
+        self._after = after if self._after_ref is None else None
         self.token = secrets.token_bytes(TOKEN_BYTES)
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
@@ -176,6 +187,8 @@ class ChannelServer:
                     status, reply = ERROR, _pickle_error(e)
                 del handler
                 conn.sendall(HEADER.pack(status, len(reply)) + reply)
+                if status == OK:
+                    self._run_after(code)
         except (OSError, ChannelError):
             pass  # the driver went away (or this server is closing)
         finally:
@@ -184,6 +197,15 @@ class ChannelServer:
                 if not authenticated:
                     self._pending -= 1
             conn.close()
+
+    def _run_after(self, code: int) -> None:
+        after = self._after if self._after_ref is None else self._after_ref()
+        if after is None:
+            return
+        try:
+            after(code)
+        except Exception:  # noqa: BLE001 - the next request meets it again, and says so
+            log.debug("flymc channel: the work after a reply failed", exc_info=True)
 
     def close(self) -> None:
         """Stop listening and close every connection (their threads then end).
