@@ -17,22 +17,20 @@ missing); without it the firewall test is skipped, saying so.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from netns import Layout, ipv4, sh, why_no_netns
 from synthetic import logistic_rows
 
 import flymc_dist as fd
 
 pytestmark = pytest.mark.cluster
 
-#: the test network: the bridge's subnet and each host's address on it
-SUBNET = "198.18.29.0/24"
+#: each host's address on the test network (a /24)
 HOSTS = {"sched": "198.18.29.1", "w1": "198.18.29.2", "w2": "198.18.29.3", "drv": "198.18.29.4"}
 SCHEDULER_PORT = 8786
 #: the one port a worker listens on for Dask (``--worker-port``); the firewall leaves it open
@@ -65,116 +63,6 @@ np.savez(out, samples=res.samples, n_bright=res.stats["n_bright"],
 """
 
 
-def _sh(*argv: str, check: bool = True, input: str | None = None) -> str:
-    """Run a command (``ip``, ``nft``) and return its output; a failure says what failed."""
-    done = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=60)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
-    return done.stdout
-
-
-def _why_no_netns() -> str | None:
-    """Why this session cannot make network namespaces, or None if it can."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "network namespaces need root (`ip netns add`); this session is not root"
-    if shutil.which("ip") is None:
-        return "`ip` (iproute2) is not installed"
-    probe = f"flymc-probe-{os.getpid()}"
-    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"`ip netns add` fails here: {done.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-class Layout:
-    """Network namespaces named ``flymc-<pid>-<host>``, each with one veth leg on a bridge
-    that lives in a namespace of its own (the machine's own network is not touched), and
-    the processes started in them. :meth:`close` ends the processes and deletes the
-    namespaces (which removes their links); it is safe to call on a half-made layout."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.prefix = f"flymc-{os.getpid()}"
-        self.tmp = tmp
-        self.namespaces: list[str] = []
-        self.procs: list[subprocess.Popen] = []
-        self.logs: dict[str, Path] = {}
-
-    def ns(self, host: str) -> str:
-        return f"{self.prefix}-{host}"
-
-    def build(self) -> None:
-        bridge = self.ns("net")
-        self._add_ns(bridge)
-        _sh("ip", "-n", bridge, "link", "add", "br0", "type", "bridge")
-        _sh("ip", "-n", bridge, "link", "set", "br0", "up")
-        prefix_len = SUBNET.split("/")[1]
-        for i, (host, address) in enumerate(HOSTS.items()):
-            ns = self.ns(host)
-            self._add_ns(ns)
-            # both legs are made inside the host's namespace, then one is moved to the
-            # bridge's: no link ever appears in the machine's own namespace
-            leg = f"leg{i}"
-            _sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", leg)
-            _sh("ip", "-n", ns, "link", "set", leg, "netns", bridge)
-            _sh("ip", "-n", bridge, "link", "set", leg, "master", "br0", "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{address}/{prefix_len}", "dev", "eth0")
-            _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-
-    def _add_ns(self, name: str) -> None:
-        _sh("ip", "netns", "add", name)
-        self.namespaces.append(name)
-
-    def start(self, host: str, argv: list[str], name: str | None = None) -> subprocess.Popen:
-        """Start ``argv`` in ``host``'s namespace, its output to a log file."""
-        name = name or host
-        log = self.tmp / f"{name}.log"
-        self.logs[name] = log
-        with open(log, "wb") as f:
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.ns(host), *argv],
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, DASK_DISTRIBUTED__WORKER__DAEMON="False"),
-            )
-        self.procs.append(proc)
-        return proc
-
-    def run(self, host: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-        """Run ``argv`` in ``host``'s namespace to completion."""
-        return subprocess.run(
-            ["ip", "netns", "exec", self.ns(host), *argv],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=dict(os.environ),
-        )
-
-    def log(self, name: str) -> str:
-        path = self.logs.get(name)
-        return path.read_text(errors="replace")[-3000:] if path and path.exists() else ""
-
-    def close(self) -> None:
-        for p in self.procs[::-1]:  # the driver and workers before the scheduler
-            if p.poll() is None:
-                p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for ns in self.namespaces[::-1]:
-            # anything still running in a namespace of ours was started by this test
-            for pid in _sh("ip", "netns", "pids", ns, check=False).split():
-                try:
-                    os.kill(int(pid), 9)
-                except ProcessLookupError:
-                    pass
-            _sh("ip", "netns", "del", ns, check=False)
-        self.namespaces.clear()
-
-
 def _dask(*args: str) -> list[str]:
     exe = shutil.which("dask")
     return [exe, *args] if exe else [sys.executable, "-m", "distributed.cli.dask_spec", *args]
@@ -183,10 +71,10 @@ def _dask(*args: str) -> list[str]:
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory):
     """The scheduler and two workers running, each in its namespace; the driver's empty."""
-    why = _why_no_netns()
+    why = why_no_netns()
     if why is not None:
         pytest.skip(why)
-    lay = Layout(tmp_path_factory.mktemp("netns"))
+    lay = Layout(tmp_path_factory.mktemp("netns"), HOSTS, subnet_bits=24, tag="hosts")
     try:
         lay.build()
         sched = f"tcp://{HOSTS['sched']}:{SCHEDULER_PORT}"
@@ -225,10 +113,7 @@ def layout(tmp_path_factory):
         )
         done = lay.run("drv", [sys.executable, "-c", wait, sched], timeout=180)
         if done.returncode != 0:
-            raise RuntimeError(
-                f"the workers did not join: {done.stderr[-2000:]}\n"
-                + "\n".join(f"--- {n}\n{lay.log(n)}" for n in lay.logs)
-            )
+            raise RuntimeError(f"the workers did not join: {done.stderr[-2000:]}{lay.all_logs()}")
         lay.scheduler = sched
         lay.workers = done.stdout.strip()
         yield lay
@@ -260,8 +145,7 @@ def _drive(layout: Layout, store: str, tmp: Path, **extra) -> tuple[dict, str]:
     )
     if done.returncode != 0:
         raise RuntimeError(
-            f"the driver failed ({done.returncode}):\n{done.stderr[-3000:]}\n"
-            + "\n".join(f"--- {n}\n{layout.log(n)}" for n in layout.logs)
+            f"the driver failed ({done.returncode}):\n{done.stderr[-3000:]}{layout.all_logs()}"
         )
     with np.load(out) as f:
         return {k: f[k] for k in f.files}, done.stderr
@@ -273,20 +157,12 @@ def _same_draws(got: dict, ref) -> None:
     np.testing.assert_array_equal(got["log_joint"], ref.stats["log_joint"])
 
 
-def _ipv4(ip_json: str) -> set[str]:
-    """The IPv4 addresses in the output of ``ip -j addr``."""
-    links = json.loads(ip_json)
-    return {
-        a["local"] for link in links for a in link.get("addr_info", []) if a["family"] == "inet"
-    }
-
-
 def test_addresses_exist_only_in_the_namespaces(layout):
     """The hosts' addresses are on no interface of the machine's own namespace, and each
     namespace holds exactly its own (besides loopback); the workers joined by them."""
-    assert not _ipv4(_sh("ip", "-j", "addr")) & set(HOSTS.values())
+    assert not ipv4(sh("ip", "-j", "addr")) & set(HOSTS.values())
     for host, address in HOSTS.items():
-        held = _ipv4(_sh("ip", "-n", layout.ns(host), "-j", "addr"))
+        held = ipv4(sh("ip", "-n", layout.ns(host), "-j", "addr"))
         assert held == {address, "127.0.0.1"}, (host, held)
     assert layout.workers == str(sorted(f"tcp://{HOSTS[w]}:{WORKER_PORT}" for w in ("w1", "w2")))
 
@@ -316,13 +192,13 @@ table inet {NFT_TABLE} {{
 }}
 """
     for w in ("w1", "w2"):
-        _sh("ip", "netns", "exec", layout.ns(w), "nft", "-f", "-", input=rules)
+        sh("ip", "netns", "exec", layout.ns(w), "nft", "-f", "-", input=rules)
 
 
 def _dropped(layout: Layout, w: str) -> int:
     """Packets the firewall of worker ``w`` dropped so far."""
     out = json.loads(
-        _sh("ip", "netns", "exec", layout.ns(w), "nft", "-j", "list", "table", "inet", NFT_TABLE)
+        sh("ip", "netns", "exec", layout.ns(w), "nft", "-j", "list", "table", "inet", NFT_TABLE)
     )
     for item in out["nftables"]:
         for e in item.get("rule", {}).get("expr", []):
@@ -344,7 +220,7 @@ def test_firewalled_round_channels_fall_back_to_dask(layout, store, in_process, 
         dropped = sum(_dropped(layout, w) for w in ("w1", "w2"))
     finally:
         for w in ("w1", "w2"):
-            _sh("ip", "netns", "exec", layout.ns(w), "nft", "delete", "table", "inet", NFT_TABLE)
+            sh("ip", "netns", "exec", layout.ns(w), "nft", "delete", "table", "inet", NFT_TABLE)
     assert dropped > 0  # the firewall, not something else, stopped the channel
     assert str(got["channel"]) == "dask", err
     lines = [line for line in err.splitlines() if line.strip()]
