@@ -74,7 +74,7 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
         "n_workers": args.workers,
         "resources": {"requests": size, "limits": size},
         "env": env,
-        "worker_command": "dask worker --nthreads 1",
+        "worker_command": "dask-worker --nthreads 1",
     }
 
 

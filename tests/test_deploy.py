@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,8 +49,14 @@ DEPLOY_FILES = {
     "kubernetes.py": ["test_kubernetes_script_runs_on_s3", "test_kubernetes_cluster_options"],
     "_sampling.py": ["test_jobqueue_script_runs_locally", "test_kubernetes_script_runs_on_s3"],
     "Dockerfile": ["test_dockerfile_lints_and_copies_what_exists", "test_dockerfile_builds"],
-    "bin/dask-scheduler": ["test_operator_pod_commands_start_a_cluster"],
-    "bin/dask-worker": ["test_operator_pod_commands_start_a_cluster"],
+    "bin/dask-scheduler": [
+        "test_operator_pod_commands_start_a_cluster",
+        "test_shell_scripts_pass_shellcheck",
+    ],
+    "bin/dask-worker": [
+        "test_operator_pod_commands_start_a_cluster",
+        "test_shell_scripts_pass_shellcheck",
+    ],
 }
 
 #: the run every recipe makes, and its in-process twin (``flymc run``'s defaults: NUTS)
@@ -82,12 +90,44 @@ def _same_draws(trace: str, reference: np.ndarray, storage_options=None) -> None
     np.testing.assert_array_equal(got, reference)
 
 
+def _end_group(pgid: int) -> None:
+    """End the process group ``pgid`` (one of ours): SIGTERM, then SIGKILL after 20 s."""
+    for sig, patience in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def _run_group(argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``argv`` to completion in a process group of its own, which is ended afterwards
+    (on a timeout too): the workers a recipe starts do not outlive its test."""
+    with subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    ) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        finally:
+            _end_group(p.pid)
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
 def _script(name: str, *args: str, env: dict | None = None, timeout: float = 600):
     """Run ``python deploy/NAME ARGS`` (from another directory, as a user would)."""
-    done = subprocess.run(
+    done = _run_group(
         [sys.executable, str(DEPLOY / name), *args],
-        capture_output=True,
-        text=True,
         timeout=timeout,
         cwd=ROOT.parent,
         env=dict(os.environ if env is None else env, CI="1"),
@@ -179,10 +219,8 @@ def test_slurm_script_runs_a_job(store, reference, tmp_path):
         SLURM_SUBMIT_DIR=str(tmp_path),
         FLYMC_INTERFACE="lo",
     )
-    done = subprocess.run(
+    done = _run_group(
         ["bash", str(DEPLOY / "slurm.sh"), store, trace, "--model", "logistic", *CLI],
-        capture_output=True,
-        text=True,
         timeout=600,
         cwd=tmp_path,
         env=env,
@@ -292,21 +330,20 @@ def test_jobqueue_job_script_runs(store, reference, tmp_path):
             for i in range(args.jobs):
                 job = tmp_path / f"job{i}.sh"
                 job.write_text(script.replace("dummy-name", f"job-{i}"))
-                procs.append(
+                procs.append(  # each in a process group of its own, as a job is
                     subprocess.Popen(
-                        ["bash", str(job)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                        ["bash", str(job)],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
                     )
                 )
             with Client(cluster.scheduler_address, direct_to_workers=True) as client:
                 res = jq.sample_on(client, args, args.jobs)
         finally:
             for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+                _end_group(p.pid)
+                p.wait()
     assert res.info["n_workers"] == 2
     np.testing.assert_array_equal(res.samples, reference)
 
@@ -390,7 +427,7 @@ def test_kubernetes_cluster_options():
     )
     opts = k8s.cluster_options(args)
     assert opts["n_workers"] == 3 and opts["image"] == "reg.example.org/flymc:1"
-    assert opts["worker_command"].split()[:2] == ["dask", "worker"]
+    assert opts["worker_command"].split() == ["dask-worker", "--nthreads", "1"]
     assert opts["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
     secret_refs = {
         e["name"]: e["valueFrom"]["secretKeyRef"] for e in opts["env"] if "valueFrom" in e
@@ -405,7 +442,7 @@ def test_kubernetes_cluster_options():
         return  # the operator's client is in the image, not in the test extra
     spec = make_cluster_spec(**{k: v for k, v in opts.items() if k != "namespace"})
     worker = spec["spec"]["worker"]["spec"]["containers"][0]
-    assert worker["image"] == opts["image"] and worker["args"][:2] == ["dask", "worker"]
+    assert worker["image"] == opts["image"] and worker["args"][0] == "dask-worker"
 
 
 # ------------------------------------------------------------------------------ the image
@@ -481,21 +518,30 @@ def test_dockerfile_builds(tmp_path):
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
 
-#: the containers' commands of dask-kubernetes 2026.3's DaskCluster (make_cluster_spec):
-#: the scheduler's, and the workers' with kubernetes.py's worker_command (the operator
-#: sets DASK_SCHEDULER_ADDRESS and DASK_WORKER_NAME in the worker pods)
+#: the containers' arguments in dask-kubernetes 2026.3's DaskCluster (its
+#: make_scheduler_spec / make_worker_spec): the scheduler's, and what follows the
+#: worker_command in the workers' (the operator sets DASK_SCHEDULER_ADDRESS and
+#: DASK_WORKER_NAME in the worker pods)
 SCHEDULER_POD = ["dask-scheduler", "--host", "0.0.0.0"]
-WORKER_POD = [
-    "dask",
-    "worker",
-    "--nthreads",
-    "1",
-    "--name",
-    "$(DASK_WORKER_NAME)",
-    "--dashboard",
-    "--dashboard-address",
-    "8788",
-]
+WORKER_POD_TAIL = ["--name", "$(DASK_WORKER_NAME)", "--dashboard", "--dashboard-address", "8788"]
+
+
+def _pod_commands() -> tuple[list[str], list[str]]:
+    """The scheduler's and a worker's container arguments for kubernetes.py's cluster:
+    from the operator's client where it is installed, else as its 2026.3 release has them."""
+    k8s = _load("kubernetes")
+    opts = k8s.cluster_options(
+        k8s.parse_args(["s3://b/d.zarr", "--trace", "s3://b/r.zarr", "--model", "logistic"])
+    )
+    try:
+        from dask_kubernetes.operator import make_cluster_spec
+    except ImportError:
+        return SCHEDULER_POD, opts["worker_command"].split() + WORKER_POD_TAIL
+    spec = make_cluster_spec(**{k: v for k, v in opts.items() if k != "namespace"})["spec"]
+    return (
+        spec["scheduler"]["spec"]["containers"][0]["args"],
+        spec["worker"]["spec"]["containers"][0]["args"],
+    )
 
 
 @pytest.mark.slow
@@ -516,10 +562,13 @@ def test_operator_pod_commands_start_a_cluster(store, reference, tmp_path):
     lay = Layout(tmp_path, hosts, subnet_bits=24, tag="pods")
     try:
         lay.build(default_route=True)  # as a pod has: Dask finds its address by it
-        lay.start("sched", SCHEDULER_POD, env={"PATH": path})
+        scheduler_pod, worker_pod = _pod_commands()
+        for cmd in (scheduler_pod, worker_pod):  # the image's commands: deploy/bin's
+            assert shutil.which(cmd[0], path=path) == str(DEPLOY / "bin" / cmd[0]), cmd
+        lay.start("sched", scheduler_pod, env={"PATH": path})
         address = f"tcp://{hosts['sched']}:8786"
         for w in ("w1", "w2"):
-            cmd = [a.replace("$(DASK_WORKER_NAME)", f"flymc-worker-{w}") for a in WORKER_POD]
+            cmd = [a.replace("$(DASK_WORKER_NAME)", f"flymc-worker-{w}") for a in worker_pod]
             lay.start(w, cmd, env={"PATH": path, "DASK_SCHEDULER_ADDRESS": address})
         code = (
             "import sys, json, numpy as np, flymc_dist as fd\n"
