@@ -44,9 +44,28 @@ def progress_enabled(option: bool | None) -> bool:
 
 
 class _Bar(tqdm):
-    """tqdm without its monitor thread (the bars here refresh themselves)."""
+    """tqdm on stderr without its monitor thread (the bars here refresh themselves), as
+    wide as the terminal: 100 × 24 where the terminal reports no size (a pseudo-terminal
+    without one, e.g. under ``script``), where tqdm would print empty lines."""
 
     monitor_interval = 0
+
+    def __init__(self, **kwargs: Any) -> None:
+        size = None
+        try:
+            if os.get_terminal_size(sys.stderr.fileno()).columns <= 0:
+                size = (100, 24)
+        except (AttributeError, OSError, ValueError):  # not a terminal: tqdm's default
+            pass
+        super().__init__(
+            file=sys.stderr,
+            ncols=None if size is None else size[0],
+            nrows=None if size is None else size[1],
+            dynamic_ncols=size is None,
+            mininterval=0.0,
+            leave=True,
+            **kwargs,
+        )
 
 
 def _per_second(amount: float, seconds: float, suffix: str) -> str:
@@ -98,11 +117,7 @@ class Progress:
                 initial=initial,
                 desc=f"{label} (warm-up)" if initial < num_warmup else label,
                 unit="it",
-                file=sys.stderr,
-                mininterval=0.0,
                 miniters=0,
-                dynamic_ncols=True,
-                leave=True,
             )
 
     def update(self, stats: dict[str, np.ndarray]) -> None:
@@ -183,10 +198,6 @@ class SetupProgress:
             total=None,
             desc=name,
             bar_format="{desc}: {elapsed} ...",
-            file=sys.stderr,
-            mininterval=0.0,
-            dynamic_ncols=True,
-            leave=True,
         )
         stop = threading.Event()
 

@@ -145,3 +145,30 @@ def test_the_sampling_bar_off_counts_and_writes_nothing(capsys: pytest.CaptureFi
     bar.close()
     assert capsys.readouterr() == ("", "")
     assert bar.count == 10 and bar.accepted / bar.n_acc == pytest.approx(0.75)
+
+
+def test_a_terminal_that_reports_no_size_still_shows_the_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pseudo-terminal without a size (0 × 0, as under ``script`` without a terminal
+    around it): tqdm alone printed empty lines there."""
+    master, slave = os.openpty()
+    try:
+        with os.fdopen(slave, "w") as tty:
+            assert os.get_terminal_size(tty.fileno()).columns == 0
+            monkeypatch.setattr(sys, "stderr", tty)
+            monkeypatch.delenv("CI", raising=False)
+            with SetupProgress(None, row_bytes=8).phase("bound statistics", 1000):
+                pass
+            bar = Progress(3, None)
+            for _ in range(3):
+                bar.update({"accepted": np.array([True]), "n_bright": np.array([7])})
+            bar.close()
+            tty.flush()
+        shown = os.read(master, 65536).decode()
+    finally:
+        os.close(master)
+    lines = _lines(shown.replace("\r\n", "\n"))
+    assert lines[0].startswith("bound statistics: 1.00k rows in ")
+    assert lines[1].startswith("sampling: 100%") and "3/3" in lines[1]
+    assert lines[1].endswith("accept 1.000, bright 7]")
