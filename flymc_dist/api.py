@@ -27,7 +27,7 @@ from flymc_dist.driver import (
 from flymc_dist.kernels import get_kernel, kernel_options
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
-from flymc_dist.progress import SetupProgress
+from flymc_dist.progress import SetupProgress, load_note
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.result import Result, Summary, efficiency
 from flymc_dist.run import describe_run, run
@@ -366,7 +366,7 @@ def sample(
         memory_budget=options.get("memory_budget"),
     )
     with shown.phase("load", n_rows) as load:
-        load.note = "from the store" if mem is None else "given in memory"
+        load.note = load_note(client, mem)
         transport = open_transport(client, _layout(data, options, specs), config, mem, options)
     try:
         driver = Driver(

@@ -32,7 +32,14 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-__all__ = ["Progress", "SetupPass", "SetupProgress", "map_search_rows", "progress_enabled"]
+__all__ = [
+    "Progress",
+    "SetupPass",
+    "SetupProgress",
+    "load_note",
+    "map_search_rows",
+    "progress_enabled",
+]
 
 
 def progress_enabled(option: bool | None) -> bool:
@@ -216,9 +223,10 @@ class SetupProgress:
             stop.set()
             ticker.join()
             seconds = time.perf_counter() - t0
-            bar.bar_format = "{desc}"
-            bar.set_description_str(f"{name}: {self._final(done, seconds, ok)}", refresh=False)
+            # the closing line whole (tqdm would cut it to the terminal's width)
+            bar.leave = False
             bar.close()
+            _Bar.write(f"{name}: {self._final(done, seconds, ok)}", file=sys.stderr)
 
     def _final(self, done: SetupPass, seconds: float, ok: bool) -> str:
         """The pass's closing words."""
@@ -242,3 +250,9 @@ def map_search_rows(found: Any, n_rows: int, thin: int = 1) -> tuple[float, str]
     rows = found.passes * n_rows + sub * -(-n_rows // max(thin, 1))
     note = f"{found.passes} full passes" + (f", {sub} on 1/{thin} of the rows" if sub else "")
     return rows, note
+
+
+def load_note(client: Any, mem: dict | None) -> str:
+    """Where the load reads the rows from, and what else it waits on."""
+    note = "from the store" if mem is None else "given in memory"
+    return note + (", with the cluster's start" if client is None else "")

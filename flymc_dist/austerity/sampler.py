@@ -127,7 +127,7 @@ from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.progress import SetupProgress, map_search_rows
+from flymc_dist.progress import SetupProgress, load_note, map_search_rows
 from flymc_dist.protocol import ShardConfig, ShardSpec, Transport, operation_name
 from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
@@ -802,7 +802,7 @@ def sample_austerity(
     )
     shown = progress if progress is not None else SetupProgress(options.get("progress"))
     with shown.phase("load", n_rows) as load:
-        load.note = "from the store" if mem is None else "given in memory"
+        load.note = load_note(client, mem)
         transport = open_transport(client, specs, config, mem, options)
     try:
         sampler = AusteritySampler(
