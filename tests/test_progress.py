@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import sys
 
 import numpy as np
@@ -147,6 +148,21 @@ def test_the_sampling_bar_off_counts_and_writes_nothing(capsys: pytest.CaptureFi
     assert bar.count == 10 and bar.accepted / bar.n_acc == pytest.approx(0.75)
 
 
+def _read_all(master: int) -> str:
+    """Everything written to the pseudo-terminal (its other end closed): the kernel
+    hands it over in pieces, some maybe after a first read."""
+    chunks = []
+    while select.select([master], [], [], 2.0)[0]:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the other end is closed and everything was read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
 def test_a_terminal_that_reports_no_size_still_shows_the_lines(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -165,7 +181,7 @@ def test_a_terminal_that_reports_no_size_still_shows_the_lines(
                 bar.update({"accepted": np.array([True]), "n_bright": np.array([7])})
             bar.close()
             tty.flush()
-        shown = os.read(master, 65536).decode()
+        shown = _read_all(master)
     finally:
         os.close(master)
     lines = _lines(shown.replace("\r\n", "\n"))
