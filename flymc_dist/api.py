@@ -27,6 +27,7 @@ from flymc_dist.driver import (
 from flymc_dist.kernels import get_kernel, kernel_options
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
+from flymc_dist.progress import SetupProgress, load_note
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.result import Result, Summary, efficiency
 from flymc_dist.run import describe_run, run
@@ -331,6 +332,9 @@ def sample(
         kernel_opts.setdefault("metric_from", "differences")
     kern = get_kernel(kernel, **kernel_opts)
     names = feature_names(data)
+    shown = SetupProgress(options.get("progress"))  # each set-up pass, as it runs
+    if shown.enabled:
+        shown.row_bytes = _row_bytes(data, n_features)
     if algorithm == "austerity":
         return sample_austerity(
             model,
@@ -347,6 +351,7 @@ def sample(
             client=client,
             options=options,
             feature_names=names,
+            progress=shown,
         )
     config = ShardConfig(
         model=model,
@@ -360,7 +365,9 @@ def sample(
         out_of_core=options.get("out_of_core", "auto"),
         memory_budget=options.get("memory_budget"),
     )
-    transport = open_transport(client, _layout(data, options, specs), config, mem, options)
+    with shown.phase("load", n_rows) as load:
+        load.note = load_note(client, mem)
+        transport = open_transport(client, _layout(data, options, specs), config, mem, options)
     try:
         driver = Driver(
             model,
@@ -373,6 +380,7 @@ def sample(
             seed=seed,
             q_db=options.get("q_db", "auto"),
             n_rows=n_rows,
+            progress=shown,
             **{k: options[k] for k in _DRIVER_OPTIONS if k in options},
         )
         info = describe_run(
@@ -398,6 +406,15 @@ def sample(
         return run(driver, info, num_warmup, num_samples, options)
     finally:
         transport.close()
+
+
+def _row_bytes(data: Any, n_features: int) -> int:
+    """Bytes of one row as set-up passes read it (features in the store's dtype, in
+    memory float64, and the target): what set-up progress counts bytes per second in."""
+    if isinstance(data, tuple):
+        return 8 * (n_features + 1)
+    ds = data if isinstance(data, Dataset) else open_dataset(str(data))
+    return int(ds.dtype.itemsize) * n_features + 8
 
 
 def feature_names(data: Any) -> list[str] | None:

@@ -39,6 +39,7 @@ from flymc_dist.kernels.base import (
     params_to_json,
 )
 from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.progress import SetupProgress, map_search_rows
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round, Transport
 from flymc_dist.reduce import tree_total
 from flymc_dist.replica import BrightReplica
@@ -137,6 +138,8 @@ class Driver:
         (the shards' own sums are added shard by shard, which rounds by the layout).
     replica_budget
         Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
+    progress
+        Shows each set-up pass while it runs (default: none shown).
     """
 
     #: per-iteration statistics of :meth:`step`, name -> dtype: :data:`STAT_NAMES` and
@@ -162,6 +165,7 @@ class Driver:
         bright_replica: bool | str = "auto",
         replica_budget: float = REPLICA_BUDGET,
         exact_rows: str | None = "auto",
+        progress: SetupProgress | None = None,
     ) -> None:
         self.model = model
         self.transport = transport
@@ -197,6 +201,7 @@ class Driver:
         self.bright_replica = bright_replica
         self.replica_budget = float(replica_budget)
         self.exact_rows = exact_rows
+        self.progress = progress if progress is not None else SetupProgress(False)
         #: rows each shard evaluates at every step (``exact_rows``), per shard
         self.exact_counts: list[int] = []
         #: MAP-tuned FlyMC: how many times narrower θ | z is than the posterior, at most
@@ -221,24 +226,26 @@ class Driver:
         if needs_map(self.init, self.precondition, bounds_at_map) or flat_prior_to_check(
             self.model
         ):
-            found = find_map(
-                self.model,
-                self.transport,
-                self.P,
-                maxiter=self.map_maxiter,
-                thin=MAP_THIN if self.n_rows >= MAP_THIN_ROWS else 1,
-            )
+            thin = MAP_THIN if self.n_rows >= MAP_THIN_ROWS else 1
+            with self.progress.phase("MAP search") as shown:
+                found = find_map(
+                    self.model, self.transport, self.P, maxiter=self.map_maxiter, thin=thin
+                )
+                shown.rows, shown.note = map_search_rows(found, self.n_rows, thin)
             self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
             self.setup_queries += found.passes * self.n_rows  # every datum at one θ a pass
         if self.algorithm == "flymc":
             if self.exact_rows == "auto" and self.model.exact_xi(np.zeros(1)) is not None:
-                self.exact_counts = choose_exact_rows(self.transport, self.n_rows)
+                with self.progress.phase("exact rows") as shown:
+                    self.exact_counts = choose_exact_rows(self.transport, self.n_rows)
+                    shown.note = f"{sum(self.exact_counts):,} rows chosen"
             # at the MAP, the replica's decision needs the expected bright rows there:
             # from the bound statistics' pass
             at = self.theta_map if bounds_at_map and self.bright_replica == "auto" else None
-            self.bound, self._expected_bright = tight_bounds_and_expected(
-                self.transport, self.theta_map if bounds_at_map else None, at
-            )
+            with self.progress.phase("bound statistics", self.n_rows):
+                self.bound, self._expected_bright = tight_bounds_and_expected(
+                    self.transport, self.theta_map if bounds_at_map else None, at
+                )
         is_bound = isinstance(self.precondition, str) and self.precondition == "bound"
         forecast = bounds_at_map and neg_h is not None  # how fast FlyMC can mix
         prec = bound_precision(self.bound, self.model, self.P) if is_bound or forecast else None
@@ -260,7 +267,9 @@ class Driver:
             self.replica = BrightReplica(
                 self.model, self.chains, [(s.start, s.stop) for s in self.transport.specs]
             )
-        q = self.transport.call("set_positions", self.positions, 0)
+        first = "first draw of z" if self.algorithm == "flymc" else "first evaluation"
+        with self.progress.phase(first, self.n_rows):
+            q = self.transport.call("set_positions", self.positions, 0)
         self.setup_queries += int(sum(q))
         if self.algorithm == "flymc":
             self.q_db = self._choose_q()
@@ -275,7 +284,8 @@ class Driver:
             expected = self._expected_bright
             if expected is None:  # untuned bounds: at the first chain's start
                 start = self.theta_map if self.theta_map is not None else self.positions[0]
-                expected = float(tree_total(self.transport.call("expected_bright", start)))
+                with self.progress.phase("expected bright rows (replica)", self.n_rows):
+                    expected = float(tree_total(self.transport.call("expected_bright", start)))
             self.setup_queries += self.n_rows
             # features, target, tight point (up to K floats) and id of each row
             row_bytes = 8 * (self.n_features + 3 + self.model.n_outputs)

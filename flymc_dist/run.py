@@ -161,7 +161,9 @@ def run(
         for k in names:
             wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
             stats[k][:, : prev.shape[1]] = trace.stats[k]
-    progress = Progress(total, enabled=options.get("progress"), initial=start, label=label)
+    progress = Progress(
+        total, options.get("progress"), initial=start, label=label, num_warmup=num_warmup
+    )
     buf: list[tuple[bool, np.ndarray, dict]] = []
     snap = sampler.timing() if num_warmup <= start else None
     t0 = time.perf_counter()

@@ -127,6 +127,7 @@ from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.progress import SetupProgress, load_note, map_search_rows
 from flymc_dist.protocol import ShardConfig, ShardSpec, Transport, operation_name
 from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
@@ -564,7 +565,7 @@ class AusteritySampler:
     eps, batch_size, control_variates
         The sequential test's tolerance and rows per round; whether it runs on the gap
         to MAP-tuned bounds.
-    init, precondition, map_maxiter
+    init, precondition, map_maxiter, progress
         As for :class:`~flymc_dist.driver.Driver`.
     """
 
@@ -587,6 +588,7 @@ class AusteritySampler:
         init: str | np.ndarray = "map",
         precondition: str | np.ndarray = "laplace",
         map_maxiter: int = 100,
+        progress: SetupProgress | None = None,
     ) -> None:
         self.model = model
         self.transport = transport
@@ -602,6 +604,7 @@ class AusteritySampler:
         self.init = init
         self.precondition = precondition
         self.map_maxiter = int(map_maxiter)
+        self.progress = progress if progress is not None else SetupProgress(False)
         self.P = model.n_params(n_features)
         self.param_shape = model.param_shape(n_features)
         self.positions = np.empty((self.chains, self.P))
@@ -621,12 +624,17 @@ class AusteritySampler:
         if needs_map(self.init, self.precondition, self.control_variates) or flat_prior_to_check(
             self.model
         ):
-            found = find_map(self.model, self.transport, self.P, maxiter=self.map_maxiter)
+            with self.progress.phase("MAP search") as shown:
+                found = find_map(self.model, self.transport, self.P, maxiter=self.map_maxiter)
+                shown.rows, shown.note = map_search_rows(found, self.n_rows)
             self.theta_map, neg_h, self.map_info = found.theta, found.neg_hessian, found.info
             self.setup_queries = found.passes * self.n_rows  # every datum at one θ a pass
         # control variates: tight points at the MAP, as FlyMC's bounds="map" (its accuracy
         # affects how much data a decision needs, never which decision is taken at n = N)
-        bound = tight_bounds(self.transport, self.theta_map) if self.control_variates else None
+        bound = None
+        if self.control_variates:
+            with self.progress.phase("bound statistics", self.n_rows):
+                bound = tight_bounds(self.transport, self.theta_map)
         chol = preconditioner(self.precondition, neg_h, self.P)
         self.positions = initial_positions(self.init, self.theta_map, chol, self.chains, self.seed)
         self.setup_seconds = time.perf_counter() - t0
@@ -729,6 +737,7 @@ def sample_austerity(
     client: Any,
     options: dict[str, Any],
     feature_names: list[str] | None = None,
+    progress: SetupProgress | None = None,
 ) -> Result:
     """Austerity MH (approximate) — what ``fd.sample(..., algorithm="austerity")`` runs:
     builds an :class:`AusteritySampler` and runs it with :func:`flymc_dist.run.run`.
@@ -756,6 +765,8 @@ def sample_austerity(
         ``progress``, ``n_workers``, ``timeout``.
     feature_names
         The data's column names (for ``info``, the summary and ArviZ), or None.
+    progress
+        Shows each set-up pass while it runs (default: as ``options["progress"]`` says).
 
     Returns
     -------
@@ -789,7 +800,10 @@ def sample_austerity(
         out_of_core=options.get("out_of_core", "auto"),
         memory_budget=options.get("memory_budget"),
     )
-    transport = open_transport(client, specs, config, mem, options)
+    shown = progress if progress is not None else SetupProgress(options.get("progress"))
+    with shown.phase("load", n_rows) as load:
+        load.note = load_note(client, mem)
+        transport = open_transport(client, specs, config, mem, options)
     try:
         sampler = AusteritySampler(
             model,
@@ -806,6 +820,7 @@ def sample_austerity(
             init=options.get("init", "map"),
             precondition=options.get("precondition", "laplace"),
             map_maxiter=int(options.get("map_maxiter", 100)),
+            progress=shown,
         )
         info = describe_run(
             transport=transport,

@@ -182,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run in this process instead of on a LocalCluster",
     )
     p.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
-    p.add_argument("--no-progress", action="store_true", help="no progress line")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress (set-up passes, sampling bar)"
+    )
     p.set_defaults(func=_cmd_demo)
 
     # ---- make-data
@@ -439,7 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="iterations between trace flushes / checkpoints (default 100)",
     )
-    g.add_argument("--no-progress", action="store_true", help="no progress line")
+    g.add_argument(
+        "--no-progress", action="store_true", help="no progress (set-up passes, sampling bar)"
+    )
     g.add_argument(
         "--storage-option",
         type=_storage_option,
