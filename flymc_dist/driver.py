@@ -59,7 +59,6 @@ from flymc_dist.tune import (
     initial_positions,
     needs_map,
     preconditioner,
-    tight_bounds_and_expected,
 )
 
 log = logging.getLogger("flymc_dist")
@@ -190,7 +189,7 @@ class Driver:
         self._bound_symmetric: tuple[BoundStats | None, bool] = (None, False)
         self.theta_map: np.ndarray | None = None
         self.map_info: dict[str, Any] = {}
-        #: the expected bright rows at the MAP, from the bound statistics' pass (or None)
+        #: the expected bright rows at the MAP with bounds tight there (or None)
         self._expected_bright: float | None = None
         self.positions = np.zeros((self.chains, self.P))
         self.params: list[Any] = []
@@ -239,42 +238,64 @@ class Driver:
                 with self.progress.phase("exact rows") as shown:
                     self.exact_counts = choose_exact_rows(self.transport, self.n_rows)
                     shown.note = f"{sum(self.exact_counts):,} rows chosen"
-            # at the MAP, the replica's decision needs the expected bright rows there:
-            # from the bound statistics' pass
-            at = self.theta_map if bounds_at_map and self.bright_replica == "auto" else None
-            with self.progress.phase("bound statistics", self.n_rows):
-                self.bound, self._expected_bright = tight_bounds_and_expected(
-                    self.transport, self.theta_map if bounds_at_map else None, at
-                )
+            theta_hat = self.theta_map if bounds_at_map else None
+            self.transport.call(
+                "set_tight_points", None if theta_hat is None else np.asarray(theta_hat, float)
+            )
+            if bounds_at_map:
+                # with every bound tight at the MAP, a row is bright there with probability
+                # 1 if it is an exact row (its bound lies far below) and 0 otherwise: the
+                # replica's decision needs no pass for the expected bright rows there
+                self._expected_bright = float(sum(self.exact_counts))
         is_bound = isinstance(self.precondition, str) and self.precondition == "bound"
-        forecast = bounds_at_map and neg_h is not None  # how fast FlyMC can mix
-        prec = bound_precision(self.bound, self.model, self.P) if is_bound or forecast else None
-        if forecast:
-            self.narrowing = conditional_narrowing(prec, neg_h)
-        chol = preconditioner(self.precondition, neg_h, self.P, prec)
-        self.scale_tril = chol
         # the start is jittered by the posterior's scale (overdispersed, for R-hat), not by
-        # the narrower bounds'
-        jitter = (
-            preconditioner("laplace", neg_h, self.P) if is_bound and neg_h is not None else chol
-        )
+        # the narrower bounds'; only the bounds' preconditioner without a MAP needs the
+        # bound statistics first, else they are summed in the pass that draws the first z
+        fused = self.algorithm == "flymc" and not (is_bound and neg_h is None)
+        if self.algorithm == "flymc" and not fused:
+            with self.progress.phase("bound statistics", self.n_rows):
+                self.bound = tree_total(self.transport.call("bound_stats"))
+        if is_bound:
+            jitter = (
+                preconditioner("laplace", neg_h, self.P)
+                if neg_h is not None
+                else preconditioner("bound", None, self.P, self._bound_precision())
+            )
+        else:
+            jitter = preconditioner(self.precondition, neg_h, self.P)
         self.positions = initial_positions(
             self.init, self.theta_map, jitter, self.chains, self.seed
         )
-        self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
         if self.algorithm == "flymc" and self._use_replica():
             self.transport.call("set_replica", True)
             self.replica = BrightReplica(
                 self.model, self.chains, [(s.start, s.stop) for s in self.transport.specs]
             )
-        first = "first draw of z" if self.algorithm == "flymc" else "first evaluation"
-        with self.progress.phase(first, self.n_rows):
-            q = self.transport.call("set_positions", self.positions, 0)
+        if fused:
+            with self.progress.phase("bound statistics and first draw of z", self.n_rows):
+                placed = self.transport.call("place_with_bound_stats", self.positions)
+            q = [p[0] for p in placed]
+            self.bound = tree_total([p[1] for p in placed])
+        else:
+            first = "first draw of z" if self.algorithm == "flymc" else "first evaluation"
+            with self.progress.phase(first, self.n_rows):
+                q = self.transport.call("set_positions", self.positions, 0)
         self.setup_queries += int(sum(q))
+        forecast = bounds_at_map and neg_h is not None  # how fast FlyMC can mix
+        prec = self._bound_precision() if is_bound or forecast else None
+        if forecast:
+            self.narrowing = conditional_narrowing(prec, neg_h)
+        chol = preconditioner(self.precondition, neg_h, self.P, prec)
+        self.scale_tril = chol
+        self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
         if self.algorithm == "flymc":
             self.q_db = self._choose_q()
             self.transport.call("set_q", self.q_db)
         self.setup_seconds = time.perf_counter() - t0
+
+    def _bound_precision(self) -> np.ndarray:
+        """The precision of θ given that every datum is dark (:func:`bound_precision`)."""
+        return bound_precision(self.bound, self.model, self.P)
 
     def _use_replica(self) -> bool:
         """Whether FlyMC runs in replica mode (see ``bright_replica``)."""

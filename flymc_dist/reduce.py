@@ -21,7 +21,6 @@ Values are anything with an elementwise ``+`` (floats, numpy arrays,
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 #: ``(level, index, value)``: the sum of the blocks ``[index·2**level, (index+1)·2**level)``
@@ -97,14 +96,3 @@ def tree_total(parts: list[BlockSums]) -> Any:
     if len(nodes) != 1 or root not in nodes:
         raise ValueError(f"the shards' blocks do not cover the {n_blocks} blocks once")
     return nodes[root]
-
-
-@dataclass(frozen=True)
-class Both:
-    """Two sums carried along one tree: what one full pass computing both returns."""
-
-    first: Any
-    second: Any
-
-    def __add__(self, other: Both) -> Both:
-        return Both(self.first + other.first, self.second + other.second)

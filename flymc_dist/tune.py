@@ -400,23 +400,13 @@ def tight_bounds(transport: Transport, theta_hat: np.ndarray | None) -> BoundSta
     """Set every shard's tight points at ``theta_hat`` (None: the model's untuned ones)
     and sum their bound statistics (by block: :mod:`flymc_dist.reduce`).
 
-    FlyMC's collapsed bound (``bounds="map"`` at the MAP, ``"untuned"`` with None), and
-    austerity's control variates; a cluster transport replays ``set_tight_points`` on
-    shards it recreates after a fault.
+    Austerity's control variates. (A FlyMC set-up sets the tight points and sums the
+    same statistics in the pass that draws the chains' first z:
+    ``Shard.place_with_bound_stats``.) A cluster transport replays ``set_tight_points``
+    on shards it recreates after a fault.
     """
-    return tight_bounds_and_expected(transport, theta_hat, None)[0]
-
-
-def tight_bounds_and_expected(
-    transport: Transport, theta_hat: np.ndarray | None, expected_at: np.ndarray | None
-) -> tuple[BoundStats, float | None]:
-    """:func:`tight_bounds`, and with ``expected_at`` a θ the expected number of bright
-    rows there (``Shard.expected_bright``) from the same full pass (else None)."""
     transport.call("set_tight_points", None if theta_hat is None else np.asarray(theta_hat, float))
-    if expected_at is None:
-        return tree_total(transport.call("bound_stats")), None
-    both = tree_total(transport.call("bound_stats", False, np.asarray(expected_at, float)))
-    return both.first, float(both.second)
+    return tree_total(transport.call("bound_stats"))
 
 
 def bound_precision(bound: BoundStats, model: Model, n_params: int) -> np.ndarray:

@@ -49,7 +49,6 @@ import flymc_dist.shard.fused as fused_module
 import flymc_dist.shard.rows as rows_module
 import flymc_dist.shard.shard as shard_module
 from flymc_dist.diagnostics import ess_mean
-from flymc_dist.reduce import Both
 
 pytestmark = pytest.mark.slow
 
@@ -600,21 +599,12 @@ def test_exact_rows_exact(name, combo, force_exact_rows):
     assert result.passed, f"{name} {_combo_id(combo)}: {result}"
 
 
-def _bound_without_exact_rows(self, untuned=False, expected_at=None):
+def _bound_without_exact_rows(self, X, y, xi):
     """The trap on the exact rows: leaving their bound out of the collapsed sum ("they are
     evaluated exactly, so they need no bound") — but their bright term is still
     ``log(L/B − 1)``, so the target gains a factor ``1/B`` per exact row."""
-    m = self.model
-
-    def without(X, y, xi):
-        keep = ~self._exact_mask(X)
-        xi = m.untuned_xi(y) if untuned else xi
-        return m.suffstats(X[keep], y[keep], xi[keep])
-
-    if expected_at is None:
-        return self._block_sums(without)  # by block, as Shard.bound_stats
-    expected = self._expected(expected_at)
-    return self._block_sums(lambda X, y, xi: Both(without(X, y, xi), expected(X, y, xi)))
+    keep = ~self._exact_mask(X)
+    return self.model.suffstats(X[keep], y[keep], xi[keep])
 
 
 @pytest.mark.slow
@@ -622,7 +612,7 @@ def test_negative_control_exact_rows_without_their_bound_fails(monkeypatch, forc
     """Dropping the exact rows' bound from the collapsed sum must fail the battery by a
     wide margin. (Logistic: its loose bound ``≈ −2500 + s/2`` depends on θ; robust
     regression's is flat to 1e-16 there, so the same mistake would cost it nothing.)"""
-    monkeypatch.setattr(shard_module.Shard, "bound_stats", _bound_without_exact_rows)
+    monkeypatch.setattr(shard_module.Shard, "_bound_block", _bound_without_exact_rows)
     bad, n_exact = _exact_run("logistic", EXACT_COMBOS[0], force_exact_rows)
     assert bad.info["exact_rows"] == n_exact > 0
     ref = reference("logistic")

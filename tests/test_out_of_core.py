@@ -507,11 +507,11 @@ def test_a_run_leaves_no_row_file(store, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("out_of_core", [False, True])
-def test_set_up_makes_five_full_passes(tmp_path, out_of_core):
+def test_set_up_makes_four_full_passes(tmp_path, out_of_core):
     """MAP-tuned FlyMC on 2^18 rows: reading the store, two full passes of the MAP search
-    (its start on a subsample), the bound statistics (with the expected bright rows), the
-    exact first z — five full passes, counted by the shards, in memory and out of core;
-    and the MAP is the full search's to within 10⁻⁶ nats."""
+    (its start on a subsample), and one pass for both the bound statistics and the exact
+    first z — four full passes, counted by the shards, in memory and out of core; and the
+    MAP is the full search's to within 10⁻⁶ nats."""
     n = 2**18
     rng = np.random.default_rng(3)
     X = np.c_[np.ones(n), rng.normal(size=(n, 3))]
@@ -523,7 +523,7 @@ def test_set_up_makes_five_full_passes(tmp_path, out_of_core):
         client="synchronous", progress=False, out_of_core=out_of_core,
     )  # fmt: skip
     assert res.info["out_of_core"] == [out_of_core]
-    assert res.info["setup_passes"] == 5
+    assert res.info["setup_passes"] == 4
     assert res.info["map_info"]["subsample_thin"] == 16
 
     def log_post(theta):

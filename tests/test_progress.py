@@ -18,7 +18,7 @@ from flymc_dist.progress import Progress, SetupProgress, progress_enabled
 
 #: the set-up passes each algorithm shows, in order (in-process, MAP-tuned)
 PHASES = {
-    "flymc": ["load", "MAP search", "exact rows", "bound statistics", "first draw of z"],
+    "flymc": ["load", "MAP search", "exact rows", "bound statistics and first draw of z"],
     "regular": ["load", "MAP search", "first evaluation"],
     "austerity": ["load", "MAP search", "bound statistics"],
 }

@@ -127,10 +127,15 @@ class MemoryRows:
         """:meth:`gather` of any rows, with None for unset tight points."""
         return self.X[rows], self.y[rows], None if self.xi is None else self.xi[rows]
 
-    def sweep(self) -> Iterator[tuple[int, int]]:
+    def sweep(self, unit: int | None = None) -> Iterator[tuple[int, int]]:
         """Every row, resident: one range (a full pass)."""
         self.passes += 1
         yield 0, self.n
+
+    def span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, Any]:
+        """Rows ``lo:hi`` as read-only ``(X, y, xi)``, as :meth:`blocks` gives them."""
+        xi = None if self.xi is None else read_only(self.xi[lo:hi])
+        return read_only(self.X[lo:hi]), read_only(self.y[lo:hi]), xi
 
     def fetch(self, rows: np.ndarray) -> None:
         """Nothing to read: every row is here."""
@@ -373,19 +378,25 @@ class FileRows:
         if needed is not None:
             self._keep(needed)
 
-    def sweep(self) -> Iterator[tuple[int, int]]:
-        """Every row resident in turn: the row file's blocks, each read (one ahead) into
-        the arena before it is yielded; the caller keeps what it needs with
-        :meth:`after_z` after each."""
+    def sweep(self, unit: int | None = None) -> Iterator[tuple[int, int]]:
+        """Every row resident in turn: the row file's blocks (of a multiple of ``unit``
+        rows, if given), each read (one ahead) into the arena before it is yielded; the
+        caller keeps what it needs with :meth:`after_z` after each."""
         self._ahead = None
         self.passes += 1
         block = max(1, BLOCK_BYTES // ((self.n_features + self._K + 2) * 8))
+        if unit:
+            block = max(unit, block // unit * unit)
         for lo, hi, X, y in self.file.blocks(block):
             rows = np.arange(lo, hi, dtype=np.int64)
             XC, xi = self._prepared(X, y)
             new = ~in_sorted(rows, self.ids)
             self._insert(rows[new], XC[new], y[new], None if xi is None else xi[new])
             yield lo, hi
+
+    def span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, Any]:
+        """The resident rows ``lo:hi`` as ``(X, y, xi)`` (during a :meth:`sweep`)."""
+        return self.gather(np.arange(lo, hi, dtype=np.int64))
 
     # ---------------------------------------------------------------- the rest
     def retune(self) -> None:

@@ -39,7 +39,7 @@ from flymc_dist.protocol import (
     ShardSpec,
     resolve_operation,
 )
-from flymc_dist.reduce import BlockSums, Both, block_rows, tree_nodes
+from flymc_dist.reduce import BlockSums, block_rows, tree_nodes
 from flymc_dist.shard.fused import _typed_lists, fused_z_update
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
@@ -225,15 +225,7 @@ class Shard:
         ``ceil(B / thin)`` rows of each ``B``-row block only, each block's value scaled by
         its rows over those used (an estimate of the full sums from about 1/``thin`` of the
         rows: not a full pass)."""
-        B = self.block_rows
-        if B <= 0:
-            B = block_rows(self.n_total)
-        if self.spec.start % B or (self.spec.stop % B and self.spec.stop != self.n_total):
-            raise ValueError(
-                f"shard rows [{self.spec.start}, {self.spec.stop}) split a block of {B} rows"
-            )
-        first = self.spec.start // B
-        n_blocks = -(-self.n_total // B)
+        B, first, n_blocks = self._blocking()
         head = None if thin <= 1 else -(-B // int(thin))
 
         def value(k: int, b: tuple[np.ndarray, np.ndarray, Any]) -> Any:
@@ -243,6 +235,18 @@ class Shard:
 
         it = self.rows.blocks(B, head)
         return tree_nodes(((first + k, value(first + k, b)) for k, b in enumerate(it)), n_blocks)
+
+    def _blocking(self) -> tuple[int, int, int]:
+        """The blocks full passes sum by: their rows ``B``, the index of this shard's first
+        and their number over all N rows."""
+        B = self.block_rows
+        if B <= 0:
+            B = block_rows(self.n_total)
+        if self.spec.start % B or (self.spec.stop % B and self.spec.stop != self.n_total):
+            raise ValueError(
+                f"shard rows [{self.spec.start}, {self.spec.stop}) split a block of {B} rows"
+            )
+        return B, self.spec.start // B, -(-self.n_total // B)
 
     def set_exact_rows(self, columns: np.ndarray, thresholds: np.ndarray) -> int:
         """The rule of the *exact rows* (``exact_rows``; before :meth:`set_tight_points`):
@@ -312,21 +316,19 @@ class Shard:
         the expected number of bright rows at ``theta`` (a full pass; set-up only)."""
         return self._block_sums(self._expected(theta))
 
-    def bound_stats(self, untuned: bool = False, expected_at: Any = None) -> BlockSums:
+    def bound_stats(self, untuned: bool = False) -> BlockSums:
         """This shard's collapsed bound ``sum_n beta_n(theta)`` as a quadratic, by block:
         at the tight points set, or (``untuned``) at the model's untuned ones without
-        setting them (the MAP search's start; a full pass). With ``expected_at`` a θ,
-        each block's value is :class:`~flymc_dist.reduce.Both` of that and the block's
-        :meth:`expected_bright` there, in the same pass."""
+        setting them (the MAP search's start; a full pass)."""
         m = self.model
+        return self._block_sums(
+            lambda X, y, xi: self._bound_block(X, y, m.untuned_xi(y) if untuned else xi)
+        )
 
-        def stats(X: np.ndarray, y: np.ndarray, xi: Any) -> Any:
-            return m.suffstats(X, y, m.untuned_xi(y) if untuned else xi)
-
-        if expected_at is None:
-            return self._block_sums(stats)
-        expected = self._expected(expected_at)
-        return self._block_sums(lambda X, y, xi: Both(stats(X, y, xi), expected(X, y, xi)))
+    def _bound_block(self, X: np.ndarray, y: np.ndarray, xi: Any) -> Any:
+        """One block's share of the collapsed bound: the statistics of the rows ``(X, y)``
+        with tight points ``xi`` (:meth:`bound_stats`, :meth:`place_with_bound_stats`)."""
+        return self.model.suffstats(X, y, xi)
 
     def loglik_sum(self, theta: np.ndarray, order: int = 1, thin: int = 1) -> BlockSums:
         """``sum_n l_n(theta)`` with its gradient (order ≥ 1) and Hessian (order 2), by
@@ -411,12 +413,29 @@ class Shard:
         int
             Likelihood queries made.
         """
+        return self._set_positions(thetas, generation, None)
+
+    def place_with_bound_stats(self, thetas: np.ndarray) -> tuple[int, BlockSums]:
+        """:meth:`set_positions` at ``thetas`` (FlyMC) and :meth:`bound_stats` at the tight
+        points set, in one pass over the rows: the chains' start and the collapsed bound
+        of a set-up, the same bits as the two calls. Returns the queries and the sums."""
+        if not self.flymc:
+            raise ValueError("place_with_bound_stats is FlyMC's (algorithm='flymc')")
+        stats: list[tuple[int, Any]] = []
+        queries = self._set_positions(thetas, 0, stats)
+        return queries, tree_nodes(stats, self._blocking()[2])
+
+    def _set_positions(
+        self, thetas: np.ndarray, generation: int, stats: list[tuple[int, Any]] | None
+    ) -> int:
+        """:meth:`set_positions`; with ``stats`` a list, the bound statistics of every
+        block (:meth:`bound_stats`) are appended to it from the same pass."""
         thetas = np.asarray(thetas, float)
         self.generation = int(generation)
         self.chains = [_Chain(theta=thetas[c].copy()) for c in range(thetas.shape[0])]
         self.rows.reset()
         if self.flymc:
-            queries = self._place_z()
+            queries = self._place_z(stats)
         else:
             queries = 0
             for ch in self.chains:
@@ -442,20 +461,27 @@ class Shard:
             init,
         )
 
-    def _place_z(self) -> int:
+    def _place_z(self, stats: list[tuple[int, Any]] | None = None) -> int:
         """Every chain's z drawn exactly from ``p(z | θ)`` — the explicit update of every
         row, from the chains' placement streams — over the rows of each block of
         :meth:`~flymc_dist.shard.rows.MemoryRows.sweep` (in memory one block; out of core
-        the row file's, keeping only the rows that turn bright). Returns the queries."""
+        the row file's, keeping only the rows that turn bright). With ``stats`` a list,
+        each full-pass block's bound statistics are appended to it, as
+        ``(block, suffstats)``. Returns the queries."""
         m = self.model
+        B, first, _ = self._blocking()
         for ch in self.chains:
             ch.bright = BrightSet(self.n, m.n_outputs, self.track_grad)
         streams = [self._streams(c, init=True) for c in range(len(self.chains))]
         thetas = np.array([ch.theta for ch in self.chains])
         compiled = self._kernel is not None and not self.track_grad
         with np.errstate(over="ignore", divide="ignore"):
-            for lo, hi in self.rows.sweep():
+            for lo, hi in self.rows.sweep(B if stats is not None else None):
                 rows = np.arange(lo, hi, dtype=np.int64)
+                if stats is not None:  # blocks of B rows, as bound_stats sums them
+                    for a in range(lo, hi, B):
+                        X, y, xi = self.rows.span(a, min(a + B, hi))
+                        stats.append((first + a // B, self._bound_block(X, y, xi)))
                 if compiled:  # every chain's log L~ in one read of the rows
                     vals = np.empty((len(self.chains), rows.size))
                     kind, par = self._kernel

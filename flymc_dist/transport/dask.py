@@ -285,8 +285,13 @@ class DaskTransport:
             if self._layout is not None:  # the default layout: one shard per worker
                 self.specs = sorted(self._layout(len(workers)), key=lambda s: s.shard_id)
             blocks = np.array_split(np.arange(len(self.specs)), min(len(workers), len(self.specs)))
-            for w, block in zip(workers, blocks, strict=False):
-                self._start_host(w, [self.specs[i] for i in block])
+            # every host loads its rows at once (minutes each at 10⁸ rows)
+            started = [
+                self._submit_host(w, [self.specs[i] for i in block])
+                for w, block in zip(workers, blocks, strict=False)
+            ]
+            for host in started:
+                self._host_ready(*host)
         except BaseException:
             self.close()
             raise
@@ -297,6 +302,13 @@ class DaskTransport:
         return len(self.placement)
 
     def _start_host(self, worker: str, specs: list[ShardSpec]) -> None:
+        """Open a shard host holding ``specs`` on ``worker``, and wait until it is up."""
+        self._host_ready(*self._submit_host(worker, specs))
+
+    def _submit_host(
+        self, worker: str, specs: list[ShardSpec]
+    ) -> tuple[str, list[ShardSpec], str, Any]:
+        """Start opening a shard host on ``worker`` (its shards load their rows)."""
         key = f"flymc-shardhost-{uuid.uuid4().hex}"
         fut = self.client.submit(
             ShardHost,
@@ -308,7 +320,18 @@ class DaskTransport:
             pure=False,
             key=key,
         )
-        fut.result(timeout=max(self.timeout, 120))
+        return worker, specs, key, fut
+
+    def _host_ready(self, worker: str, specs: list[ShardSpec], key: str, fut: Any) -> None:
+        """Wait for the host :meth:`_submit_host` started, for as long as its worker is
+        there: loading a shard is a full read of its rows (minutes out of core at scale)."""
+        while True:
+            try:
+                fut.result(timeout=self.timeout)
+                break
+            except TimeoutError:
+                if not self.client.sync(self._still_there, worker):
+                    raise ShardLost(f"worker {worker} left while its shards were loading") from None
         self._futures[worker] = fut
         self._keys[worker] = key
         self.placement[worker] = list(specs)
