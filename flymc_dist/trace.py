@@ -97,8 +97,18 @@ from typing import Any
 import numpy as np
 import zarr
 from numpy.typing import ArrayLike, DTypeLike
+from zarr.storage import WrapperStore
 
-__all__ = ["Trace", "TraceLock", "TraceLockedError", "TRACE_FORMAT", "TRACE_VERSION"]
+from flymc_dist._unreachable import retry
+
+__all__ = [
+    "Trace",
+    "TraceDamagedError",
+    "TraceLock",
+    "TraceLockedError",
+    "TRACE_FORMAT",
+    "TRACE_VERSION",
+]
 
 TRACE_FORMAT = "flymc_dist.trace"
 #: 2: ArviZ's groups (``posterior/theta``, ``sample_stats/<name>``, and their ``warmup_``
@@ -119,6 +129,9 @@ _TAG = "__flymc_type__"
 _MAX_EXACT_INT = 2**53
 _STAT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEFAULT_CHUNK_DRAWS = 256
+#: every array of a trace is written with all its chunks, those equal to the fill value
+#: too (zarr omits them by default), so an absent chunk is a loss, never zeros
+_EVERY_CHUNK = {"write_empty_chunks": True}
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,7 +322,12 @@ def _coordinate(group: zarr.Group, dim: str, values: np.ndarray) -> None:
     """A one-dimensional xarray coordinate array ``dim`` in ``group``."""
     dtype = str if values.dtype.kind == "U" else values.dtype
     array = group.create_array(
-        dim, shape=values.shape, dtype=dtype, dimension_names=(dim,), fill_value=None
+        dim,
+        shape=values.shape,
+        dtype=dtype,
+        dimension_names=(dim,),
+        fill_value=None,
+        config=_EVERY_CHUNK,
     )
     array[:] = values
 
@@ -334,6 +352,53 @@ def _validate_stats(stats: object) -> dict[str, np.dtype]:
 
 
 # --------------------------------------------------------------------------------------------
+# a missing chunk is a loss
+# --------------------------------------------------------------------------------------------
+
+
+class TraceDamagedError(ValueError):
+    """A chunk of a trace that holds recorded draws (or a coordinate) is missing."""
+
+
+class _ChunkGuard(WrapperStore):
+    """A view of a trace's store that refuses to read, as fill values, an absent chunk of
+    recorded draws.
+
+    zarr reads a chunk that is not in the store as the array's fill value (NaN draws,
+    zero statistics). A trace stores every chunk it writes (:data:`_EVERY_CHUNK`), so an
+    absent chunk holding recorded draws is a loss: the read (or the append that would
+    rewrite it) raises :class:`TraceDamagedError` naming it, with no extra request.
+    ``needed(array_key, chunk_index)`` says whether, and which draws, a chunk should hold.
+    """
+
+    def __init__(self, store: Any, where: str, prefix: str, needed: Any) -> None:
+        super().__init__(store)
+        self._where = where
+        self._prefix = prefix
+        self._needed = needed
+
+    def _with_store(self, store: Any) -> _ChunkGuard:
+        return type(self)(store, self._where, self._prefix, self._needed)
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        value = await self._store.get(key, prototype, byte_range)
+        if value is None and key.startswith(self._prefix) and "/c/" in key:
+            array, _, index = key[len(self._prefix) :].rpartition("/c/")
+            try:
+                chunk = tuple(int(i) for i in index.split("/"))
+            except ValueError:
+                return value
+            what = self._needed(array, chunk)
+            if what is not None:
+                raise TraceDamagedError(
+                    f"trace {self._where} is damaged: chunk {key!r} ({what}) is missing from "
+                    "the store (a partial copy?); nothing was read in its place (copy the "
+                    "trace again from its source, or start a new trace)"
+                )
+        return value
+
+
+# --------------------------------------------------------------------------------------------
 # the trace
 # --------------------------------------------------------------------------------------------
 
@@ -354,7 +419,6 @@ class Trace:
         path: str | os.PathLike[str],
         read_only: bool,
     ) -> None:
-        self._group = group
         self._record = record
         self._path = path
         self._read_only = read_only
@@ -365,6 +429,19 @@ class Trace:
         counts = record["checkpoint"] if record["checkpoint"] is not None else record["committed"]
         self._n = {False: int(counts["n_draws"]), True: int(counts["n_warmup_draws"])}
         self._arrays: dict[str, zarr.Array] = {}  # handles, filled by _check_arrays
+        #: whether every chunk was written (traces before that omitted all-zero ones: in
+        #: them only an absent chunk of draws, never all NaN, is known to be a loss)
+        self._every_chunk = bool(record.get("every_chunk"))
+        #: draws array -> its phase (warm-up or not); its draws per chunk
+        self._phase = {
+            key: warmup for warmup in (False, True) for key, _, _ in self._array_specs(warmup)
+        }
+        self._chunk_len: dict[str, int] = {}
+        prefix = f"{group.path}/" if group.path else ""
+        guard = _ChunkGuard(group.store, os.fspath(path), prefix, self._chunk_needed)
+        self._group = zarr.open_group(
+            store=guard, path=group.path, mode="r" if read_only else "r+", zarr_format=3
+        )
 
     # ----------------------------------------------------------------------------- creation
 
@@ -470,6 +547,7 @@ class Trace:
             "chunk_draws": chunk,
             "committed": {"n_draws": 0, "n_warmup_draws": 0},
             "checkpoint": None,
+            "every_chunk": True,
         }
         created_dir = not _is_url(path) and not _local(path).exists()
         try:
@@ -498,6 +576,7 @@ class Trace:
                     dtype=np.float64,
                     fill_value=np.nan,
                     dimension_names=("chain", "draw", *param_dims),
+                    config=_EVERY_CHUNK,
                 )
                 stats_group = group.create_group(stats_key)
                 _coordinate(stats_group, "chain", np.arange(n_chains))
@@ -509,6 +588,7 @@ class Trace:
                         dtype=dtype,
                         fill_value=0,
                         dimension_names=("chain", "draw"),
+                        config=_EVERY_CHUNK,
                     )
         except BaseException:
             if created_dir:
@@ -605,7 +685,46 @@ class Trace:
                         f"corrupt trace {self._path!s}: {key!r} holds {shape[1]} draws but "
                         f"{n} {prefix}draws are recorded"
                     )
-                self._arrays[key] = array
+                self._arrays[key] = array.with_config(_EVERY_CHUNK)
+                self._chunk_len[key] = int(array.chunks[1])
+
+    def _chunk_needed(self, array: str, chunk: tuple[int, ...]) -> str | None:
+        """Which recorded draws chunk ``chunk`` of ``array`` holds (None: it may be absent,
+        as a chunk past the recorded draws, or an all-zero one of an older trace)."""
+        if array not in self._phase:  # a coordinate: written whole with the trace
+            groups = {g for s, st in self._layout.values() for g in (s.rpartition("/")[0], st)}
+            if self._every_chunk and array.rpartition("/")[0] in groups:
+                return f"the coordinate {array}"
+            return None
+        warmup = self._phase[array]
+        per = self._chunk_len.get(array)
+        if per is None or len(chunk) < 2:
+            return None
+        lo, n = chunk[1] * per, self._n[warmup]
+        if lo >= n or not (self._every_chunk or array == self._layout[warmup][0]):
+            return None
+        phase = "warm-up draws" if warmup else "draws"
+        return f"{phase} {lo}-{min(lo + per, n) - 1} of {array}"
+
+    def verify(self) -> None:
+        """Read every recorded draw, statistic and coordinate once.
+
+        Raises
+        ------
+        TraceDamagedError
+            Naming the first chunk missing from the store.
+        """
+        for warmup in (False, True):
+            for key, _, _ in self._array_specs(warmup):
+                self._arrays[key][:, : self._n[warmup]]
+        if self._every_chunk:  # format 2: each group's coordinates
+            for warmup in (False, True):
+                samples, stats = self._layout[warmup]
+                post = samples.rpartition("/")[0]
+                dims = self._arrays[samples].metadata.dimension_names or ()
+                keys = [f"{post}/{dim}" for dim in ("chain", *dims[2:])] + [f"{stats}/chain"]
+                for key in keys:
+                    self._group[key][:]
 
     def _array_specs(self, warmup: bool) -> list[tuple[str, tuple[int, ...], np.dtype]]:
         """``(key, trailing shape, dtype)`` of every array of one phase, samples first."""
@@ -620,8 +739,16 @@ class Trace:
         if self._read_only:
             raise PermissionError(f"trace {self._path!s} was opened read-only")
 
-    def _write_record(self) -> None:
-        self._group.update_attributes({_RESERVED_ATTR: self._record})
+    def _write_record(self, record: dict[str, Any]) -> None:
+        self._group.update_attributes({_RESERVED_ATTR: record})
+
+    def _retry(self, write: Any) -> None:
+        """``write()``; on an object store retried while it cannot be reached (a bounded
+        number of times: then :class:`~flymc_dist._unreachable.StoreUnreachableError`)."""
+        if _is_url(self._path):
+            retry(write, f"trace {os.fspath(self._path)!s}")
+        else:
+            write()
 
     def append(
         self,
@@ -695,19 +822,24 @@ class Trace:
         stop = start + n_new
         payload = [draws.astype(np.float64, copy=False), *columns.values()]
         specs = self._array_specs(warmup)
-        # every array resized first, in one burst of metadata writes (this also drops
-        # ignored stale draws), then the data: a reader of the statistics' group (xarray)
-        # meets arrays of different lengths only during the burst
-        for key, tail, _ in specs:
-            self._arrays[key].resize((self._chains, stop, *tail))
-        for (key, _, _), data in zip(specs, payload, strict=True):
-            self._arrays[key][:, start:stop] = data
         counts = dict(self._record["committed"])
         counts["n_warmup_draws" if warmup else "n_draws"] = stop
         # Keep the other phase's committed count consistent with what this session shows.
         counts["n_draws" if warmup else "n_warmup_draws"] = self._n[not warmup]
-        self._record = {**self._record, "committed": counts}
-        self._write_record()
+        record = {**self._record, "committed": counts}
+
+        def write() -> None:
+            # every array resized first, in one burst of metadata writes (this also drops
+            # ignored stale draws), then the data: a reader of the statistics' group
+            # (xarray) meets arrays of different lengths only during the burst
+            for key, tail, _ in specs:
+                self._arrays[key].resize((self._chains, stop, *tail))
+            for (key, _, _), data in zip(specs, payload, strict=True):
+                self._arrays[key][:, start:stop] = data
+            self._write_record(record)
+
+        self._retry(write)  # the same bytes at the same places: safe to write again
+        self._record = record
         self._n[warmup] = stop
 
     def set_checkpoint(self, state: Mapping[str, Any]) -> None:
@@ -734,12 +866,13 @@ class Trace:
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
         encoded = _encode(dict(state), "state")
         counts = {"n_draws": self._n[False], "n_warmup_draws": self._n[True]}
-        self._record = {
+        record = {
             **self._record,
             "committed": dict(counts),
             "checkpoint": {**counts, "state": encoded},
         }
-        self._write_record()
+        self._retry(lambda: self._write_record(record))
+        self._record = record
 
     # ----------------------------------------------------------------------------- reading
 
@@ -884,6 +1017,10 @@ def _lock_is_stale(holder: dict[str, Any], lock_path: str) -> bool:
             return False
     if holder.get("host") != socket.gethostname():
         return False
+    if holder.get("pid") == os.getpid() and holder.get("start") == _start_time(os.getpid()):
+        # this process: stale unless one of its locks still holds it (a lock it could not
+        # remove, its store unreachable then, is no longer held)
+        return holder.get("token") not in _HELD
     boot = _boot_id()
     if boot is not None and holder.get("boot") not in (None, boot):
         return True
@@ -900,6 +1037,10 @@ def _lock_is_stale(holder: dict[str, Any], lock_path: str) -> bool:
     return started is not None and _start_time(pid) not in (None, started)
 
 
+#: the tokens of the locks this process holds
+_HELD: set[str] = set()
+
+
 def _holder(token: str) -> dict[str, Any]:
     """What a lock records of the process taking it: who, where, since when, its token."""
     return {
@@ -913,6 +1054,7 @@ def _holder(token: str) -> dict[str, Any]:
 
 
 def _release_lock(path: str, token: str, made_dirs: list[str]) -> None:
+    _HELD.discard(token)
     holder = _read_lock(path)
     if holder is not None and holder.get("token") == token:
         try:
@@ -1060,6 +1202,7 @@ def _renew(lock: _LockObject, state: dict[str, Any], lease: float, stop: Any) ->
 
 
 def _release_object_lock(lock: _LockObject, state: dict[str, Any], stop: Any) -> None:
+    _HELD.discard(state["holder"].get("token"))
     stop.set()
     thread = state.get("thread")
     if thread is not None and thread.is_alive():
@@ -1174,6 +1317,7 @@ class TraceLock:
                 fh.flush()
                 os.fsync(fh.fileno())
             self._token = token
+            _HELD.add(token)
             self._finalizer = weakref.finalize(self, _release_lock, self.path, token, made)
             return self
         raise TraceLockedError(
@@ -1215,6 +1359,7 @@ class TraceLock:
             self._state["thread"] = thread
             thread.start()
             self._token = token
+            _HELD.add(token)
             self._finalizer = weakref.finalize(self, _release_object_lock, lock, self._state, stop)
             return self
         raise TraceLockedError(
