@@ -1,0 +1,63 @@
+"""Issue #28, round two: what a user meets at the command line and in ``fd.sample`` when
+the data hold values too large to compute with, a run is stopped by SIGTERM, a CSV header
+is all numbers, or a trace is reached through a symbolic link."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from scipy.special import expit
+
+import flymc_dist as fd
+from flymc_dist.cli import main
+
+
+def _logistic(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
+    return X, (rng.random(n) < expit(X @ np.array([0.4, -1.0, 0.6]))).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- item 8
+
+
+def test_cli_ingest_refuses_a_value_whose_powers_overflow(tmp_path: Path, capsys) -> None:
+    """A CSV cell of 1e300: `flymc ingest` ends with status 2 and one line naming its row
+    and column; nothing is written."""
+    X, y = _logistic(50)
+    X[10, 1] = 1e300
+    np.savetxt(tmp_path / "d.csv", np.column_stack([X, y]), delimiter=",", fmt="%.17g")
+    capsys.readouterr()
+    assert main(["ingest", str(tmp_path / "d.csv"), str(tmp_path / "d.zarr")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too large to compute with: first at row 10, column 1" in err[0]
+    assert not (tmp_path / "d.zarr").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["flymc", "regular"])
+def test_an_overflow_in_the_map_search_names_the_parameter(tmp_path: Path, algorithm) -> None:
+    """A store holding 1e300 (as written before writers refused it): the run fails at the
+    MAP search naming the parameter whose derivatives overflow, not with scipy's "array
+    must not contain infs or NaNs"."""
+    X, y = _logistic()
+    fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=100)
+    zarr.open_group(tmp_path / "d.zarr", mode="r+")["X"][100, 1] = 1e300
+    with (
+        np.errstate(over="ignore", invalid="ignore"),
+        pytest.raises(FloatingPointError, match="overflow in parameter 1 ") as info,
+    ):
+        fd.sample(
+            fd.LogisticRegression(),
+            fd.open_dataset(tmp_path / "d.zarr"),
+            algorithm=algorithm,
+            kernel="rwmh",
+            num_warmup=10,
+            num_samples=10,
+            chains=1,
+            client="synchronous",
+            progress=False,
+        )
+    assert "too large for float64" in str(info.value) and "\n" not in str(info.value)
