@@ -61,3 +61,58 @@ def test_an_overflow_in_the_map_search_names_the_parameter(tmp_path: Path, algor
             progress=False,
         )
     assert "too large for float64" in str(info.value) and "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- SIGTERM
+
+
+def test_sigterm_keeps_the_trace_releases_the_lock_and_prints_the_resume_hint(
+    tmp_path: Path,
+) -> None:
+    """A batch scheduler stops `flymc run` with SIGTERM after its first checkpoint: it ends
+    with status 143 and two lines (terminated; how to resume), its lock is released and
+    --resume continues the trace."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from flymc_dist.trace import Trace, TraceLock
+
+    X, y = _logistic()
+    fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=100)
+    trace = tmp_path / "t.zarr"
+    argv = ["run", str(tmp_path / "d.zarr"), "--model", "logistic", "--algorithm", "regular"]
+    argv += ["--kernel", "rwmh", "--warmup", "10", "--chains", "1", "--synchronous"]
+    argv += ["--no-progress", "--checkpoint-every", "10", "--trace", str(trace)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flymc_dist.cli", *argv, "--samples", "1000000"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        while True:  # until the first checkpoint is written
+            assert proc.poll() is None
+            try:
+                if Trace.open(trace, read_only=True).checkpoint is not None:
+                    break
+            except (FileNotFoundError, ValueError):
+                pass
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = err.strip().splitlines()
+    assert proc.returncode == 143, err
+    assert len(lines) == 2 and lines[0] == "flymc: error: terminated (SIGTERM)", lines
+    assert f"{trace} keeps" in lines[1] and "--resume" in lines[1]
+    assert not Path(TraceLock(trace).path).exists()  # released, not left stale
+    done = int(Trace.open(trace, read_only=True).checkpoint["iteration"]) + 1
+    assert f"keeps {done:,} iterations" in lines[1]
