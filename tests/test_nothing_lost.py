@@ -116,3 +116,31 @@ def test_sigterm_keeps_the_trace_releases_the_lock_and_prints_the_resume_hint(
     assert not Path(TraceLock(trace).path).exists()  # released, not left stale
     done = int(Trace.open(trace, read_only=True).checkpoint["iteration"]) + 1
     assert f"keeps {done:,} iterations" in lines[1]
+
+
+# --------------------------------------------------------------------------- CSV header
+
+
+def test_an_all_numeric_csv_header_is_not_read_as_data_silently(tmp_path: Path, capsys) -> None:
+    """`0,1,2,3`, the header pandas writes for unnamed columns, could be a header or a
+    row: `flymc ingest` refuses to guess (one line, nothing written); --header and
+    --no-header say which. Other numeric first lines are data, as before."""
+    X, y = _logistic(30)
+    body = "\n".join(",".join(f"{v:.17g}" for v in [*x, t]) for x, t in zip(X, y, strict=True))
+    src, out = tmp_path / "d.csv", tmp_path / "d.zarr"
+    src.write_text("0,1,2,3\n" + body + "\n")
+    capsys.readouterr()
+    assert main(["ingest", str(src), str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "0,1,2,3, may be a header" in err[0] and "--no-header" in err[0]
+    assert not out.exists()
+    assert main(["ingest", str(src), str(out), "--header"]) == 0
+    ds = fd.open_dataset(out)
+    assert ds.n_rows == 30 and ds.feature_names == ["0", "1", "2"]
+    np.testing.assert_array_equal(ds.read()[0], X)
+    assert main(["ingest", str(src), str(tmp_path / "e.zarr"), "--no-header"]) == 0
+    X1, y1 = fd.open_dataset(tmp_path / "e.zarr").read()  # as asked: the line is a row
+    assert X1.shape == (31, 3) and list(X1[0]) == [0, 1, 2] and y1[0] == 3
+    src.write_text("1,0.5,2,1\n" + body + "\n")  # a first row of data, as before
+    assert main(["ingest", str(src), str(tmp_path / "f.zarr")]) == 0
+    assert fd.open_dataset(tmp_path / "f.zarr").n_rows == 31

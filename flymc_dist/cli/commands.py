@@ -98,6 +98,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         overwrite=args.overwrite,
         storage_options=_storage_options(args, args.out),
+        header=args.header,
     )
     _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
     return 0
