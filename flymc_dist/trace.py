@@ -1215,8 +1215,9 @@ def _release_object_lock(lock: _LockObject, state: dict[str, Any], stop: Any) ->
 class TraceLock:
     """The one-writer lock of a trace: an exclusive lock file beside it.
 
-    ``<parent>/.<name>.flymc-lock`` is created with ``O_CREAT | O_EXCL`` (atomic on
-    local file systems and on NFS v3 and later) and records the holder: pid, host, boot
+    ``<parent>/.<name>.flymc-lock`` (of the real path: symbolic links resolved) is
+    created with ``O_CREAT | O_EXCL`` (atomic on local file systems and on NFS v3 and
+    later) and records the holder: pid, host, boot
     id, process start time and a random token. :meth:`release` removes it only if it
     still holds this lock's token. A lock left by a process that died is broken by the
     next :meth:`acquire` when the holder was on this machine (its pid is gone or reused,
@@ -1254,7 +1255,9 @@ class TraceLock:
         self.path: str | None = None
         self._object: _LockObject | None = None
         if not _is_url(path):
-            local = _local(path).absolute()
+            # the real path: a run reaching the trace through a symbolic link (to it or
+            # to a directory above it) takes the same lock as one given the real path
+            local = Path(os.path.realpath(_local(path)))
             self.path = str(local.parent / f".{local.name}.flymc-lock")
         else:
             self._object = _LockObject(os.fspath(path), storage_options)

@@ -785,3 +785,20 @@ def test_an_older_trace_may_lack_all_zero_chunks_but_not_draws(tmp_path: Path) -
     os.remove(tmp_path / "t" / "posterior" / "theta" / "c" / "0" / "0" / "0")
     with pytest.raises(TraceDamagedError, match="draws 0-3 of posterior/theta"):
         np.asarray(Trace.open(tmp_path / "t", read_only=True).samples)
+
+
+def test_lock_through_a_symbolic_link_protects_the_real_path(tmp_path: Path) -> None:
+    """A run given a symbolic link to a trace (or to a directory above it) takes the lock
+    of the real path: a second run given the real path is refused, and the other way."""
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "alias")
+    os.symlink(tmp_path / "real" / "t.zarr", tmp_path / "link.zarr")
+    _new(tmp_path / "real" / "t.zarr")
+    for first, second in (
+        (tmp_path / "link.zarr", tmp_path / "real" / "t.zarr"),
+        (tmp_path / "real" / "t.zarr", tmp_path / "alias" / "t.zarr"),
+    ):
+        with TraceLock(first):
+            with pytest.raises(TraceLockedError, match="being written by another run"):
+                TraceLock(second).acquire()
+        TraceLock(second).acquire().release()  # free again
