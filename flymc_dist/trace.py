@@ -65,6 +65,15 @@ reader cannot damage a running writer); there must be one writer at a time:
 With a local path every zarr metadata write is atomic (temporary file, then
 rename), so a crash leaves either the old or the new record.
 
+Every chunk of every array is stored, all-zero ones too (zarr omits chunks equal to the
+fill value by default), so a chunk of recorded draws absent from the store is a loss: a
+read of it, an append over it and :meth:`Trace.verify` raise :class:`TraceDamagedError`
+naming it, never reading fill values in its place (traces written before record no
+``every_chunk`` and may omit all-zero statistics' chunks: only their draws are checked).
+On an object store a write that cannot reach the store is tried again a bounded number
+of times (:func:`flymc_dist._unreachable.retry`), then fails with
+:class:`~flymc_dist._unreachable.StoreUnreachableError`.
+
 Checkpoint encoding
 -------------------
 Checkpoint states and ``attrs`` must be JSON-like: ``dict`` with ``str`` keys,
