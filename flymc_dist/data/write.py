@@ -146,6 +146,8 @@ def _check_X_magnitude(X: np.ndarray, n_rows: int, offset: int = 0) -> None:
     if not np.issubdtype(X.dtype, np.floating):
         return  # |int64| < 2**63, far below the limit at any row count
     limit = magnitude_limit(n_rows)
+    if limit >= float(np.finfo(X.dtype).max):
+        return  # float32, float16: no finite value is beyond it
     for s, e in _row_blocks(X.shape[0], X.shape[1]):
         bad = np.abs(X[s:e]) > limit
         if bad.any():
