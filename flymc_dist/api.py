@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from flymc_dist._unreachable import unreachable
 from flymc_dist.austerity.sampler import check_control_variates, sample_austerity
 from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.driver import (
@@ -603,6 +604,7 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
     trace = Trace.open(path, read_only=True, storage_options=_trace_options(args["data"], options))
     if trace.checkpoint is None:
         raise ValueError(f"trace {os.fspath(path)!s} has no checkpoint to resume from")
+    trace.verify()  # a chunk of its draws missing: TraceDamagedError, naming it
     specs, _mem, n_rows, n_features, _t, _k, data_path = shard_layout(args["data"], options)
     algorithm = args["algorithm"]
     want: dict[str, Any] = {
@@ -658,9 +660,14 @@ def _check_resume(path: Any, args: dict[str, Any]) -> None:
         )
 
 
+#: what :func:`_stamp` returns for a trace whose store cannot be reached
+_UNREACHABLE = "unreachable"
+
+
 def _stamp(path: Any, storage_options: dict[str, Any] | None = None) -> Any:
     """Identity of a trace's root metadata file (it changes with every write): inode and
-    time locally, the object's ETag (or time) on an object store; None if it is absent."""
+    time locally, the object's ETag (or time) on an object store; None if it is absent,
+    :data:`_UNREACHABLE` if its store cannot be reached."""
     if _is_url(path):
         import fsspec
 
@@ -668,8 +675,12 @@ def _stamp(path: Any, storage_options: dict[str, Any] | None = None) -> Any:
             fs, root = fsspec.core.url_to_fs(os.fspath(path), **(storage_options or {}))
             fs.invalidate_cache()
             info = fs.info(f"{root.rstrip('/')}/zarr.json")
-        except (OSError, ValueError):
-            return None
+        except Exception as err:
+            if unreachable(err):
+                return _UNREACHABLE
+            if isinstance(err, OSError | ValueError):
+                return None
+            raise
         return info.get("ETag") or info.get("LastModified") or info.get("mtime") or info
     try:
         st = os.stat(os.path.join(os.fspath(path), "zarr.json"))
@@ -698,22 +709,35 @@ def _after_failure(
     run's doing. The same on local disk and on object stores.
     """
     after = _stamp(path, storage_options)
+    checkpoint = None
+    if after not in (None, _UNREACHABLE) and (resume or after != before):
+        try:
+            trace = Trace.open(path, read_only=True, storage_options=storage_options)
+            checkpoint = trace.checkpoint
+        except (OSError, ValueError) as failed:
+            if unreachable(failed):
+                after = _UNREACHABLE
+    if after == _UNREACHABLE:  # what this run checkpointed last, as it wrote it
+        saved = getattr(err, "flymc_checkpointed", None)
+        if isinstance(saved, int) and saved > 0:
+            _keep(err, path, saved, " once its store can be reached again")
+        return  # nothing is removed from a store that cannot be reached
     if after is None or (not resume and after == before):
         return  # nothing there, or an older trace this run did not replace yet
-    try:
-        checkpoint = Trace.open(path, read_only=True, storage_options=storage_options).checkpoint
-    except (OSError, ValueError):
-        checkpoint = None
     if checkpoint is None or "iteration" not in checkpoint:
         if not resume:
             _remove_trace(path, storage_options)
         return
-    n = int(checkpoint["iteration"]) + 1
+    _keep(err, path, int(checkpoint["iteration"]) + 1)
+
+
+def _keep(err: BaseException, path: Any, n: int, when: str = "") -> None:
+    """Mark ``err`` as leaving the trace at ``path`` resumable after ``n`` iterations."""
     try:
         err.flymc_kept_trace = (os.fspath(path), n)  # type: ignore[attr-defined]
         err.add_note(
             f"the trace {os.fspath(path)!s} keeps {n} iterations (to its last "
-            "checkpoint): continue the run with resume=True"
+            f"checkpoint): continue the run with resume=True{when}"
         )
     except (AttributeError, TypeError):  # an exception that takes no attributes
         pass

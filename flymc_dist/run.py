@@ -13,6 +13,7 @@ A round (one round trip to the shards) lives in :mod:`flymc_dist.driver` and
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Protocol
 
@@ -186,6 +187,7 @@ def run(
     adapters = None
     if start < num_warmup:
         adapters = [sampler.kernel.adapter(p, num_warmup - start) for p in sampler.params]
+    saved = start  # iterations the trace's last checkpoint keeps
     try:
         for i in range(start, total):
             warm = i < num_warmup
@@ -213,7 +215,15 @@ def run(
                     checkpoint = sampler.checkpoint(i)
                     if checkpoint is not None:
                         trace.set_checkpoint({**checkpoint, "seconds": seconds_so_far()})
+                        saved = i + 1
                     buf = []
+    except BaseException as err:
+        # what the trace keeps, as this run wrote it: said even if the trace's store
+        # cannot be reached to read it back (see flymc_dist.api)
+        if trace is not None and saved:
+            with contextlib.suppress(AttributeError, TypeError):
+                err.flymc_checkpointed = saved  # type: ignore[attr-defined]
+        raise
     finally:
         progress.close()
     t_end = time.perf_counter()

@@ -132,6 +132,7 @@ def find_map(
                 passes += 1  # a full pass: every datum at one θ
             P = len(theta)
             v, g, h = float(flat[0]), flat[1 : 1 + P], flat[1 + P :].reshape(P, P)
+            _check_finite_derivatives(g, h)
             pv, pg, ph = model.prior_map_terms(np.asarray(theta, float))
             cache.clear()
             cache[key] = (-(v + pv), -(g + pg), -(h + np.diag(ph)))
@@ -185,6 +186,20 @@ def find_map(
     if flat_prior_to_check(model):
         passes += check_proper(model, transport, theta, -loglik["last"][2], loglik["last"][0])
     return MapEstimate(theta, neg_h, info, passes)
+
+
+def _check_finite_derivatives(g: np.ndarray, h: np.ndarray) -> None:
+    """Raise, naming the first parameter concerned, if the log-likelihood's gradient or
+    Hessian summed over the rows is not finite (an overflow: the search cannot go on)."""
+    bad = ~(np.isfinite(g) & np.isfinite(h).all(axis=1))
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise FloatingPointError(
+            f"the MAP search's log-likelihood derivatives overflow in parameter {j} (its "
+            f"{'gradient' if not np.isfinite(g[j]) else 'Hessian'} summed over the rows is "
+            "not finite): the data set's column for it holds values too large for float64 "
+            "arithmetic: rescale (standardise) it and write the data set again"
+        )
 
 
 #: :func:`_newton` stops once the Newton decrement says the objective is within this many

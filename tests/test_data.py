@@ -24,6 +24,7 @@ from flymc_dist.data import (
     open_dataset,
 )
 from flymc_dist.data import write as data_write
+from flymc_dist.data.write import magnitude_limit
 
 # --------------------------------------------------------------------------- helpers
 
@@ -898,7 +899,7 @@ def test_float32_overflow_is_refused_and_writes_nothing(tmp_path: Path) -> None:
     no store (nor a temporary one) is left; an existing store is kept."""
     X, y = _xy(103, 4)
     X[57, 2] = -4e38
-    X[80, 1] = 1e300
+    X[80, 1] = 1e60
     path = tmp_path / "d.zarr"
     match = r"too large for dtype float32.*first at row 57, column 2"
     with pytest.raises(ValueError, match=match):
@@ -1041,3 +1042,30 @@ def test_read_rows_matches_read(tmp_path: Path, dtype: str) -> None:
         np.testing.assert_array_equal(y, ya[idx])
     X, y = ds.read_rows(np.array([3, 4], dtype=np.uint16))  # any integer dtype
     np.testing.assert_array_equal(X, Xa[[3, 4]])
+
+
+def test_values_whose_powers_overflow_are_refused_naming_row_and_column(tmp_path: Path) -> None:
+    """X[100, 1] = 1e300 is finite, but a run sums x² and x⁴ of every column over the rows:
+    every writer refuses it at write time, naming its row and column and the limit, and
+    writes nothing (#28 item 8); a value just within the limit is written."""
+    X, y = _xy(300, 3, "binary")
+    X[100, 1] = 1e300
+    X[200, 2] = -1e200
+    match = r"too large to compute with: first at row 100, column 1 \(value 1e\+300\)"
+    with pytest.raises(ValueError, match=match) as info:
+        from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=50)
+    assert f"{magnitude_limit(300):.3g}" in str(info.value) and "\n" not in str(info.value)
+    assert_nothing_written(tmp_path / "d.zarr")
+    blocks = ((X[s : s + 64], y[s : s + 64]) for s in range(0, 300, 64))
+    with pytest.raises(ValueError, match=match):
+        from_blocks(blocks, tmp_path / "b.zarr", 300, 3, task="binary", chunk_rows=50)
+    assert_nothing_written(tmp_path / "b.zarr")
+    np.save(tmp_path / "a.npy", np.column_stack([X, y]))
+    with pytest.raises(ValueError, match=match):
+        ingest(tmp_path / "a.npy", tmp_path / "i.zarr")
+    assert_nothing_written(tmp_path / "i.zarr")
+    ok = X.copy()
+    ok[100, 1], ok[200, 2] = magnitude_limit(300), -magnitude_limit(300)
+    assert from_numpy(ok, y, tmp_path / "ok.zarr").read()[0][100, 1] == ok[100, 1]
+    with np.errstate(over="raise"):  # what a run sums stays finite
+        assert np.isfinite((ok**4).sum(axis=0)).all()

@@ -8,6 +8,7 @@ port with bogus credentials, so nothing but the options reaches the server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -631,3 +632,92 @@ def test_s3_reads_after_a_rewrite_fail_naming_both_ids(s3, monkeypatch):
         with pytest.raises(store.StoreReplacedError) as info:
             ds.read_rows([1, 30])
         assert ds.store_id in str(info.value) and new.store_id in str(info.value)
+
+
+# ------------------------------------------------------------------ an unreachable store
+
+
+@pytest.fixture
+def fragile(s3):
+    """A second moto server (same process, so the same buckets), which a test may stop and
+    start again on the same port; yields ``(options, stop, start)``."""
+    state = {"server": ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)}
+    state["server"].start()
+    host, port = state["server"].get_host_and_port()
+    opts = {"endpoint_url": f"http://{host}:{port}", "key": "test-key", "secret": SECRET}
+
+    def stop():
+        state["server"].stop()
+
+    def start():
+        state["server"] = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+        state["server"].start()
+
+    yield opts, stop, start
+    with contextlib.suppress(Exception):
+        state["server"].stop()
+
+
+def test_an_unreachable_data_set_is_not_called_damaged_and_reads_are_retried(fragile, monkeypatch):
+    """The endpoint down: a read fails after a bounded number of attempts saying the store
+    cannot be reached (not "damaged", not "replaced"); an endpoint back within them is
+    read as if nothing happened (#28 item 7)."""
+    import threading
+
+    import flymc_dist._unreachable as unreachable
+    from flymc_dist.data import DataIntegrityError, StoreReplacedError, StoreUnreachableError
+
+    opts, stop, start = fragile
+    X, y = _xy_s3(80, seed=3)
+    ds = fd.from_numpy(X, y, "s3://bucket/down/d.zarr", chunk_rows=20, storage_options=opts)
+    monkeypatch.setattr(unreachable, "RETRY_PAUSE", 0.05)
+    stop()
+    for read in (lambda: ds.read(0, 50), lambda: ds.read_rows([3, 70])):
+        with pytest.raises(StoreUnreachableError) as info:
+            read()
+        assert not isinstance(info.value, DataIntegrityError | StoreReplacedError)
+        msg = str(info.value)
+        assert "cannot be reached" in msg and "3 attempts" in msg and "not damaged" in msg
+        assert "\n" not in msg and "EndpointConnectionError" in msg
+    monkeypatch.setattr(unreachable, "RETRY_PAUSE", 3.0)  # back long before the retry
+    threading.Timer(0.2, start).start()
+    np.testing.assert_array_equal(ds.read(0, 50)[0], X[:50])
+
+
+def test_an_s3_trace_unreachable_mid_run_is_kept_with_the_resume_hint(fragile, monkeypatch, capsys):
+    """The endpoint of an S3 trace goes down mid-run: the command line says the store
+    cannot be reached (one line, no traceback, not "damaged") and how to resume; once it
+    is back, --resume completes the run (#28 item 7)."""
+    import flymc_dist._unreachable as unreachable
+
+    opts, stop, start = fragile
+    X, y = _xy_s3(300, seed=4)
+    fd.from_numpy(X, y, "s3://bucket/down/run.zarr", chunk_rows=100, storage_options=opts)
+    monkeypatch.setattr(unreachable, "RETRY_PAUSE", 0.05)
+    so = [f"--storage-option={k}={v}" for k, v in opts.items()]
+    argv = ["run", "s3://bucket/down/run.zarr", "--model", "logistic", "--algorithm", "regular"]
+    argv += ["--kernel", "rwmh", "--warmup", "10", "--samples", "20", "--chains", "1"]
+    argv += ["--synchronous", "--no-progress", "--checkpoint-every", "10", *so]
+    argv += ["--trace", "s3://bucket/down/t.zarr"]
+    real_step, calls = Driver.step, {"n": 0}
+
+    def step(self, adapters=None):
+        calls["n"] += 1
+        if calls["n"] == 25:
+            stop()
+        return real_step(self, adapters)
+
+    monkeypatch.setattr(Driver, "step", step)
+    capsys.readouterr()
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("flymc: error: trace s3://bucket/down/t.zarr cannot be reached")
+    assert "not damaged" in lines[0] and "Traceback" not in lines[0]
+    assert "s3://bucket/down/t.zarr keeps 20 iterations" in lines[1]
+    assert "--resume once its store can be reached again" in lines[1]
+    start()
+    monkeypatch.setattr(Driver, "step", real_step)
+    assert main([*argv, "--resume"]) == 0
+    trace = Trace.open("s3://bucket/down/t.zarr", storage_options=opts)
+    assert trace.n_draws == 20 and np.all(np.isfinite(trace.samples))

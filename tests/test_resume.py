@@ -209,3 +209,40 @@ def test_resume_refuses_a_trace_that_does_not_record_its_data_set(tmp_path, monk
     msg = str(info.value)
     assert "\n" not in msg and all(k in msg for k in gone) and "cannot be checked" in msg
     np.testing.assert_array_equal(Trace.open(trace).samples, before)
+
+
+def test_cli_refuses_a_trace_missing_a_chunk(tmp_path, capsys, monkeypatch):
+    """A trace copied in part (a chunk of its statistics gone): `flymc summary` and
+    `--resume` fail in one line naming the chunk (no NaN table, no wrong acceptance, no
+    resume hint), and the trace is left as it was (#28 item 6)."""
+    import os
+
+    from flymc_dist.cli import main
+
+    store = str(tmp_path / "d.zarr")
+    fd.from_numpy(*_data(), store, chunk_rows=100)
+    trace = str(tmp_path / "t.zarr")
+    base = ["run", store, "--model", "logistic", "--algorithm", "regular", "--kernel", "rwmh"]
+    base += ["--warmup", "10", "--samples", "60", "--chains", "1", "--synchronous"]
+    base += ["--no-progress", "--checkpoint-every", "10", "--trace", trace]
+    real_step, calls = Driver.step, {"n": 0}
+
+    def flaky_step(self, adapters=None):
+        calls["n"] += 1
+        if calls["n"] == 45:
+            raise KeyboardInterrupt
+        return real_step(self, adapters)
+
+    monkeypatch.setattr(Driver, "step", flaky_step)
+    assert main(base) == 130
+    monkeypatch.setattr(Driver, "step", real_step)
+    chunk = os.path.join(trace, "sample_stats", "accepted", "c", "0", "0")
+    os.remove(chunk)
+    capsys.readouterr()
+    for argv in (["summary", trace], [*base, "--resume"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert "is damaged: chunk 'sample_stats/accepted/c/0/0'" in err[0]
+        assert "draws 0-29 of sample_stats/accepted" in err[0]
+    assert not os.path.exists(chunk) and Trace.open(trace).n_draws == 30

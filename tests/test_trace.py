@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zarr
 
-from flymc_dist.trace import Trace, TraceLock, TraceLockedError
+from flymc_dist.trace import Trace, TraceDamagedError, TraceLock, TraceLockedError
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -446,7 +446,7 @@ def test_crash_before_commit_keeps_previous_count(tmp_path: Path, monkeypatch) -
     trace = _new(tmp_path / "t")
     trace.append(*good[0], warmup=False)  # no checkpoint: committed counts rule
 
-    def crash(self) -> None:
+    def crash(self, record) -> None:
         raise _Crash
 
     monkeypatch.setattr(Trace, "_write_record", crash)
@@ -686,3 +686,119 @@ def test_format_1_traces_are_still_read(tmp_path: Path) -> None:
     # a stat cannot take a dimension's name
     with pytest.raises(ValueError, match="'chain' cannot name a stat"):
         Trace.create(tmp_path / "bad", chains=2, param_shape=(2,), stats={"chain": int}, attrs={})
+
+
+# --------------------------------------------------------------------------------------------
+# a missing chunk is a loss (#28 item 6)
+# --------------------------------------------------------------------------------------------
+
+
+def _zeros_and_draws(tmp_path: Path) -> tuple[Trace, tuple]:
+    """A trace of 10 draws in chunks of 4, whose statistics are all zero (the fill value)."""
+    rng = np.random.default_rng(30)
+    samples, stats = _batch(rng, 3, 10, (4,))
+    stats = {k: np.zeros_like(v) for k, v in stats.items()}
+    trace = _new(tmp_path / "t", chunk_draws=4)
+    trace.append(samples, stats, warmup=False)
+    trace.set_checkpoint({"iteration": 9})
+    return trace, (samples, stats)
+
+
+def test_every_chunk_is_written_even_all_zero(tmp_path: Path) -> None:
+    """zarr omits chunks equal to the fill value unless told not to: a trace writes them
+    (statistics of zeros, the chain coordinate [0]), also after it is reopened."""
+    trace, (samples, stats) = _zeros_and_draws(tmp_path)
+    for name in STATS:
+        assert sorted(os.listdir(tmp_path / "t" / "sample_stats" / name / "c" / "0")) == [
+            "0",
+            "1",
+            "2",
+        ]
+    reopened = Trace.open(tmp_path / "t")
+    reopened.append(samples[:, :4], {k: v[:, :4] for k, v in stats.items()}, warmup=False)
+    assert (tmp_path / "t" / "sample_stats" / "accepted" / "c" / "0" / "3").exists()
+    one = Trace.create(tmp_path / "one", chains=1, param_shape=(2,), stats=STATS, attrs={})
+    assert (tmp_path / "one" / "posterior" / "chain" / "c" / "0").exists()
+    one.verify()
+
+
+@pytest.mark.parametrize(
+    "chunk, match",
+    [
+        ("sample_stats/accepted/c/0/1", r"draws 4-7 of sample_stats/accepted"),
+        ("posterior/theta/c/0/2/0", r"draws 8-9 of posterior/theta"),
+        ("posterior/theta_dim_0/c/0", r"the coordinate posterior/theta_dim_0"),
+    ],
+)
+def test_a_missing_chunk_is_refused_naming_it(tmp_path: Path, chunk: str, match: str) -> None:
+    """A chunk gone from a trace (a partial copy) is never read as fill values (NaN draws,
+    zero statistics): reading it, appending over it and verify() raise, naming it."""
+    trace, _ = _zeros_and_draws(tmp_path)
+    trace.verify()
+    os.remove(tmp_path / "t" / chunk)
+    damaged = Trace.open(tmp_path / "t", read_only=True)
+    with pytest.raises(TraceDamagedError, match=f"chunk '{chunk}' \\({match}\\) is missing"):
+        damaged.verify()
+    if chunk.startswith("posterior/theta/"):
+        with pytest.raises(TraceDamagedError, match=match):
+            np.asarray(damaged.samples)
+        with pytest.raises(TraceDamagedError, match=match):  # appending rewrites that chunk
+            Trace.open(tmp_path / "t").append(
+                *_batch(np.random.default_rng(0), 3, 1, (4,)), warmup=False
+            )
+    elif "accepted" in chunk:
+        with pytest.raises(TraceDamagedError, match=match):
+            dict(damaged.stats)
+        assert damaged.samples.shape == (3, 10, 4)  # the others read
+    with pytest.raises(TraceDamagedError) as info:
+        damaged.verify()
+    assert "\n" not in str(info.value)
+
+
+def test_chunks_past_the_recorded_draws_may_be_absent(tmp_path: Path) -> None:
+    """Only chunks holding recorded draws must exist: draws past the checkpoint (a crash
+    before it) and the other phase's empty arrays are no loss."""
+    trace, (samples, stats) = _zeros_and_draws(tmp_path)
+    trace.append(samples, stats, warmup=False)  # 20 draws, 10 of them past the checkpoint
+    os.remove(tmp_path / "t" / "sample_stats" / "accepted" / "c" / "0" / "4")
+    reopened = Trace.open(tmp_path / "t")
+    assert reopened.n_draws == 10
+    reopened.verify()
+    reopened.append(samples, stats, warmup=False)
+    reopened.set_checkpoint({"iteration": 19})
+    assert Trace.open(tmp_path / "t").n_draws == 20
+
+
+def test_an_older_trace_may_lack_all_zero_chunks_but_not_draws(tmp_path: Path) -> None:
+    """Traces written before every chunk was stored omit all-zero statistics' chunks: they
+    still read (as zeros, as written); a missing chunk of draws (never all NaN) is refused."""
+    trace, (_, stats) = _zeros_and_draws(tmp_path)
+    group = zarr.open_group(tmp_path / "t", mode="r+")
+    record = dict(group.attrs["flymc_trace"])
+    del record["every_chunk"]
+    group.update_attributes({"flymc_trace": record})
+    os.remove(tmp_path / "t" / "sample_stats" / "accepted" / "c" / "0" / "1")
+    os.remove(tmp_path / "t" / "posterior" / "chain" / "c" / "0")
+    old = Trace.open(tmp_path / "t", read_only=True)
+    np.testing.assert_array_equal(old.stats["accepted"], stats["accepted"])
+    old.verify()
+    os.remove(tmp_path / "t" / "posterior" / "theta" / "c" / "0" / "0" / "0")
+    with pytest.raises(TraceDamagedError, match="draws 0-3 of posterior/theta"):
+        np.asarray(Trace.open(tmp_path / "t", read_only=True).samples)
+
+
+def test_lock_through_a_symbolic_link_protects_the_real_path(tmp_path: Path) -> None:
+    """A run given a symbolic link to a trace (or to a directory above it) takes the lock
+    of the real path: a second run given the real path is refused, and the other way."""
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "alias")
+    os.symlink(tmp_path / "real" / "t.zarr", tmp_path / "link.zarr")
+    _new(tmp_path / "real" / "t.zarr")
+    for first, second in (
+        (tmp_path / "link.zarr", tmp_path / "real" / "t.zarr"),
+        (tmp_path / "real" / "t.zarr", tmp_path / "alias" / "t.zarr"),
+    ):
+        with TraceLock(first):
+            with pytest.raises(TraceLockedError, match="being written by another run"):
+                TraceLock(second).acquire()
+        TraceLock(second).acquire().release()  # free again

@@ -13,9 +13,11 @@ Subcommands::
 Bad input (a missing file, NaN in the data, an unknown model or option, …) ends with
 exit status 2 and one line ``flymc: error: <reason>`` on stderr, and writes nothing.
 An unexpected internal failure ends with status 1 (set ``FLYMC_DEBUG=1`` for the
-traceback); an interrupt with 130; output cut short by its reader (``| head``) with 141,
-quietly. A run that fails after its first checkpoint keeps its trace and says, in one
-more line, how to continue it with ``--resume``.
+traceback); an interrupt (Ctrl-C) with 130; SIGTERM (what a batch scheduler sends) is
+handled as Ctrl-C is and ends with 143; output cut short by its reader (``| head``)
+with 141, quietly. A run that fails or is stopped after its first checkpoint keeps its
+trace, releases its lock, and says, in one more line, how to continue it with
+``--resume``.
 
 The subcommands live in :mod:`flymc_dist.cli.demo`, :mod:`flymc_dist.cli.commands`
 (make-data, ingest, run, summary) and :mod:`flymc_dist.cli.bench`; the parser in
@@ -26,9 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import FrameType
 
 from flymc_dist.cli.bench import BENCH_MODULES, _cmd_bench_module
 from flymc_dist.cli.commands import _resume_hint
@@ -45,6 +50,32 @@ EXIT_FAILURE = 1
 EXIT_INTERRUPT = 130
 #: Exit status when stdout's reader went away (as a process killed by SIGPIPE).
 EXIT_BROKEN_PIPE = 141
+#: Exit status after SIGTERM (as a process killed by it).
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is (as Ctrl-C raises KeyboardInterrupt), so a
+    run stopped by a batch scheduler keeps its trace, releases its lock and says how to
+    resume, as an interrupted one does."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one cannot cut the clean-up
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` while the command runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -73,11 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         0 on success, 2 for bad input or usage (one line on stderr, nothing written), 1 for
-        an unexpected failure, 130 when interrupted.
+        an unexpected failure, 130 when interrupted, 143 after SIGTERM.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _dispatch(argv)
+        with _sigterm_as_interrupt():
+            return _dispatch(argv)
     except SystemExit as stop:  # --help, --version
         code = stop.code
         return code if isinstance(code, int) else (0 if code is None else EXIT_USAGE)
@@ -85,9 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(err))
         return EXIT_USAGE
     except KeyboardInterrupt as err:
-        _error("interrupted")
+        terminated = isinstance(err, Terminated)
+        _error("terminated (SIGTERM)" if terminated else "interrupted")
         _resume_hint(err)
-        return EXIT_INTERRUPT
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPT
     except BrokenPipeError:
         # stdout's reader went away (`flymc summary t.zarr | head -2`): stop quietly
         with contextlib.suppress(OSError):

@@ -14,6 +14,7 @@ import numpy as np
 
 import flymc_dist as fd
 from flymc_dist import data, diagnostics
+from flymc_dist._unreachable import unreachable
 from flymc_dist.api import default_kernel, kept_trace
 from flymc_dist.cli.common import (
     CLIError,
@@ -97,6 +98,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         overwrite=args.overwrite,
         storage_options=_storage_options(args, args.out),
+        header=args.header,
     )
     _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
     return 0
@@ -189,9 +191,10 @@ def _resume_hint(err: BaseException) -> None:
     """After a failed run that kept its trace: one line saying how to continue it."""
     kept = kept_trace(err)
     if kept is not None:
+        when = " once its store can be reached again" if unreachable(err) else ""
         sys.stderr.write(
             f"flymc: {kept[0]} keeps {kept[1]:,} iterations (to its last "
-            "checkpoint): continue with the same command and --resume\n"
+            f"checkpoint): continue with the same command and --resume{when}\n"
         )
         sys.stderr.flush()
 

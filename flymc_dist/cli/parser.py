@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Validate a .npy (2-D, target column last unless --target), "
         ".npz (arrays X and y) or .csv (header row; target column last unless "
         "--target; a first line of numbers only is read as data, not as a "
-        "header) file and write it as a flymc_dist zarr store. Nothing is "
+        "header, and 0,1,...,k-1 is refused unless --header or --no-header says "
+        "which) file and write it as a flymc_dist zarr store. Nothing is "
         "written if the data are invalid (NaN/inf, bad labels, wrong shapes).",
     )
     p.add_argument("src", metavar="SRC", help="the .npy, .npz or .csv file")
@@ -278,6 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-rows", type=_positive_int, default=None, help="rows per chunk")
     p.add_argument("--dtype", choices=_DTYPES, default="float64", help=_DTYPE_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument(
+        "--header",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=".csv: the first line is a header (--header) or data (--no-header); by "
+        "default a header unless it is numbers only",
+    )
     p.add_argument(
         "--storage-option",
         type=_storage_option,

@@ -26,6 +26,7 @@ from flymc_dist.data.store import (
     DataIntegrityError,
     Dataset,
     StoreReplacedError,
+    StoreUnreachableError,
     default_chunk_rows,
     open_dataset,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "DataIntegrityError",
     "Dataset",
     "StoreReplacedError",
+    "StoreUnreachableError",
     "default_chunk_rows",
     "from_numpy",
     "from_blocks",

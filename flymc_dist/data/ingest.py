@@ -66,7 +66,9 @@ def _ingest_npz(src: str, target: Any) -> tuple[np.ndarray, np.ndarray, list[str
     return X, y, names
 
 
-def _ingest_csv(src: str, target: Any) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
+def _ingest_csv(
+    src: str, target: Any, has_header: bool | None = None
+) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
     with open(src, newline="") as fh:
         reader = csv.reader(fh)
         try:
@@ -75,8 +77,24 @@ def _ingest_csv(src: str, target: Any) -> tuple[np.ndarray, np.ndarray, list[str
             raise ValueError(f"{src!r} is empty (expected a header row or data)") from None
         if len(first) < 2:
             raise ValueError(f"{src!r}: needs at least 2 columns (features + target)")
-        # a first line of numbers only is data, not a header (the columns are then unnamed)
-        header: list[str] | None = None if all(_is_float(c) for c in first) else first
+        # a first line of numbers only is data, not a header (the columns are then unnamed),
+        # unless said otherwise; 0,1,...,k-1 (the column labels pandas writes for a frame
+        # without names) could be either: refused unless said
+        numeric = all(_is_float(c) for c in first)
+        if has_header is None and numeric and first == [str(i) for i in range(len(first))]:
+            raise ValueError(
+                f"{src!r}: its first line, {','.join(first)}, may be a header (the column "
+                "labels pandas writes for unnamed columns) or a row of data: say which, with "
+                "header=True or header=False (flymc ingest --header or --no-header)"
+            )
+        if has_header is False and not numeric:
+            bad = next(c for c in first if not _is_float(c))
+            raise ValueError(
+                f"{src!r} line 1: non-numeric value {bad!r}, and header=False says it is data"
+            )
+        header: list[str] | None = (
+            first if has_header or (has_header is None and not numeric) else None
+        )
         columns = header if header is not None else [str(i) for i in range(len(first))]
         if target is None:
             t = len(columns) - 1
@@ -138,6 +156,7 @@ def ingest(
     n_classes: int | None = None,
     storage_options: dict[str, Any] | None = None,
     dtype: str | np.dtype = "float64",
+    header: bool | None = None,
 ) -> Dataset:
     """Convert a ``.npy``, ``.npz`` or ``.csv`` file into a flymc_dist store.
 
@@ -154,7 +173,8 @@ def ingest(
           y column (default: the last column); all other columns are features, named
           after the header. All values must parse as numbers. A first line of numbers
           only is not a header but the first row of data: the features are then unnamed
-          and ``target`` is a column index.
+          and ``target`` is a column index; ``0,1,…,k−1`` (what pandas writes for unnamed
+          columns) is refused as ambiguous unless ``header`` says which it is.
     path : str or os.PathLike
         Destination (see :func:`from_numpy`).
     target : int or str, optional
@@ -171,6 +191,9 @@ def ingest(
         fsspec options for a URL ``path``.
     dtype : {"float64", "float32"}, default "float64"
         Storage dtype of ``X`` (see :func:`from_numpy`).
+    header : bool, optional
+        ``.csv`` only: whether the first line is a header (True) or data (False); by
+        default, a header unless it is numbers only (see above).
 
     Returns
     -------
@@ -189,12 +212,14 @@ def ingest(
     if not os.path.isfile(src):
         raise FileNotFoundError(f"source file {src!r} not found")
     ext = Path(src).suffix.lower()
+    if header is not None and (not isinstance(header, bool) or ext != ".csv"):
+        raise ValueError(f"header applies to a .csv file only, as True or False, got {header!r}")
     if ext == ".npy":
         X, y, names = _ingest_npy(src, target)
     elif ext == ".npz":
         X, y, names = _ingest_npz(src, target)
     elif ext == ".csv":
-        X, y, names = _ingest_csv(src, target)
+        X, y, names = _ingest_csv(src, target, header)
     else:
         raise ValueError(f"cannot ingest {src!r}: unknown extension {ext!r} (.npy, .npz, .csv)")
     return from_numpy(

@@ -38,12 +38,15 @@ import numpy as np
 import zarr
 from zarr.storage import WrapperStore
 
+from flymc_dist._unreachable import StoreUnreachableError, describe, retry, unreachable
+
 __all__ = [
     "FORMAT",
     "DEFAULT_CHUNK_BYTES",
     "DataIntegrityError",
     "Dataset",
     "StoreReplacedError",
+    "StoreUnreachableError",
     "default_chunk_rows",
     "open_dataset",
 ]
@@ -352,6 +355,8 @@ class Dataset:
                 except DataIntegrityError as e:
                     return e
                 except Exception as e:  # noqa: BLE001 - reported with the chunk named
+                    if unreachable(e):
+                        return self._unreachable(e)
                     key = array.metadata.encode_chunk_key((i,) if name == "y" else (i, 0))
                     return DataIntegrityError(
                         f"data set {self.path!r} is damaged: chunk {f'{name}/{key}'!r} (rows "
@@ -359,6 +364,14 @@ class Dataset:
                         f"({type(e).__name__}: {e})"
                     )
         return err
+
+    def _unreachable(self, err: BaseException) -> StoreUnreachableError:
+        if isinstance(err, StoreUnreachableError):
+            return err
+        return StoreUnreachableError(
+            f"data set {self.path!r} cannot be reached ({describe(err)}): the store is "
+            "unreachable, not damaged"
+        )
 
     def _root_store_id(self) -> Any:
         """The ``store_id`` the store holds now; a description if it holds no data set."""
@@ -375,7 +388,12 @@ class Dataset:
             attrs = json.loads(text).get("attributes", {})
         except FileNotFoundError:
             return f"nothing ({meta_path} is gone)"
-        except (OSError, ValueError, AttributeError) as e:
+        except Exception as e:
+            if unreachable(e):  # not a sign of a rewrite: say so instead
+                raise self._unreachable(e) from e
+            if not isinstance(e, OSError | ValueError | AttributeError):
+                raise
+
             return f"an unreadable zarr.json ({type(e).__name__}: {e})"
         if attrs.get(_REPLACING) == FORMAT:
             return "a data set being replaced"
@@ -406,6 +424,14 @@ class Dataset:
             raise _replaced(self.path, self.store_id, found)  # and again on every read
         if not _is_url(self.path):
             self._stamp = ino
+
+    def _retry(self, read: Any) -> Any:
+        """``read()``, retried while the store cannot be reached (a URL's; at most
+        :data:`flymc_dist._unreachable.RETRIES` attempts), then
+        :class:`StoreUnreachableError`."""
+        if not _is_url(self.path):
+            return read()
+        return retry(read, f"data set {self.path!r}")
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -569,8 +595,9 @@ class Dataset:
                 np.empty(0, dtype=self._y.dtype),
             )
         try:
-            X = np.ascontiguousarray(self._X[start:stop], dtype=np.float64)
-            y = np.ascontiguousarray(self._y[start:stop])
+            X, y = self._retry(lambda: (self._X[start:stop], self._y[start:stop]))
+        except StoreUnreachableError:
+            raise
         except DataIntegrityError:
             self._check_unchanged(force=True)  # a replaced store before a damaged one
             raise
@@ -578,7 +605,7 @@ class Dataset:
             self._check_unchanged(force=True)
             raise self._damage(start, stop, e) from e
         self._check_unchanged()
-        return X, y
+        return np.ascontiguousarray(X, dtype=np.float64), np.ascontiguousarray(y)
 
     def read_rows(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
         """Read the rows at sorted integer ``indices`` (out-of-core access).
@@ -617,8 +644,14 @@ class Dataset:
         if idx[0] < 0 or idx[-1] >= self.n_rows:
             raise IndexError(f"indices must be within [0, {self.n_rows})")
         try:
-            X = self._X.get_orthogonal_selection((idx, slice(None)))
-            y = self._y.get_orthogonal_selection(idx)
+            X, y = self._retry(
+                lambda: (
+                    self._X.get_orthogonal_selection((idx, slice(None))),
+                    self._y.get_orthogonal_selection(idx),
+                )
+            )
+        except StoreUnreachableError:
+            raise
         except DataIntegrityError:
             self._check_unchanged(force=True)  # a replaced store before a damaged one
             raise
