@@ -307,10 +307,12 @@ class Driver:
                 start = self.theta_map if self.theta_map is not None else self.positions[0]
                 with self.progress.phase("expected bright rows (replica)", self.n_rows):
                     expected = float(tree_total(self.transport.call("expected_bright", start)))
-            self.setup_queries += self.n_rows
+                self.setup_queries += self.n_rows
             # features, target, tight point (up to K floats) and id of each row
             row_bytes = 8 * (self.n_features + 3 + self.model.n_outputs)
-            return expected * self.chains * row_bytes <= self.replica_budget
+            # a budget of 0 holds no replica, whatever is expected
+            budget = self.replica_budget
+            return budget > 0 and expected * self.chains * row_bytes <= budget
         return True
 
     def _choose_q(self) -> float:
