@@ -38,6 +38,7 @@ import math
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -302,6 +303,14 @@ def _run_config(
         )
         m = _measure(res, time.perf_counter() - t0)
         attempts.append(m)
+        print(  # progress on stderr: the whole table takes long
+            f"table1: {p.name} {kernel} {algorithm}"
+            + (f" ({bounds} bounds)" if algorithm == "flymc" else "")
+            + f": {warmup}+{draws} draws per chain, R-hat max {m['r_hat_max']:.3f}, min ESS "
+            f"{m['ess_min']:.0f}, {m['wall_seconds']:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         if m["r_hat_max"] <= RHAT_TARGET:
             break
         if 2 * draws > smax:
