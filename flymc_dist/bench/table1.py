@@ -94,9 +94,9 @@ RHAT_TARGET = 1.01
 #: configuration whose every iteration is a full pass over 3M rows (or half of it):
 #: a few draws time it, the budget allows no more
 _SCHEDULE = {
-    "small": (500, 2000, 128_000),
-    "nuts": (500, 1000, 16_000),
-    "untuned": (250, 1000, 64_000),
+    "small": (250, 1000, 128_000),
+    "nuts": (200, 250, 16_000),
+    "untuned": (100, 400, 64_000),
     "flights": (500, 2000, 8000),
     "probe": (0, 4, 4),
 }
@@ -245,96 +245,93 @@ def _step_size(res: Any) -> float | None:
     return float(np.mean(steps)) if steps else None
 
 
-class _Clock:
-    """The time budget: each configuration gets its weight's share of what is left."""
+@dataclass
+class _Config:
+    """One cell group of the table: a data set, kernel and algorithm, and its runs."""
 
-    def __init__(self, seconds: float, weights: list[float]) -> None:
-        self.end = time.perf_counter() + seconds
-        self.weights = list(weights)
+    row: str
+    data: str
+    kernel: str
+    label: str
+    algorithm: str
+    bounds: str
+    kind: str
+    weight: float
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""
 
-    def share(self, i: int) -> float:
-        left = max(0.0, self.end - time.perf_counter())
-        return left * self.weights[i] / max(sum(self.weights[i:]), 1e-12)
+    @property
+    def converged(self) -> bool:
+        return bool(self.attempts) and self.attempts[-1]["r_hat_max"] <= RHAT_TARGET
+
+    def next_seconds(self) -> float:
+        """What the next doubling would take: twice the last run's warm-up and sampling,
+        plus its set-up."""
+        m = self.attempts[-1]
+        setup = m["setup_seconds"] if math.isfinite(m["setup_seconds"]) else 0.0
+        return 2.0 * (m["wall_seconds"] - setup) + setup
 
 
-def _run_config(
+def _attempt(
     p: _Problem,
-    kernel: str,
-    algorithm: str,
-    bounds: str,
-    schedule: tuple[int, int, int],
+    c: _Config,
+    draws: int,
+    w0: int,
     chains: int,
     seed: int,
-    seconds: float,
     step_size: float | None,
-    max_tree_depth: int | None = None,
+    max_tree_depth: int | None,
 ) -> tuple[dict[str, Any], Any]:
-    """One configuration on the doubling schedule; its figures and the last result."""
-    w0, s0, smax = schedule
-    attempts: list[dict[str, Any]] = []
-    t_start = time.perf_counter()
-    res = None
-    draws = s0
-    reason = ""
-    while True:
-        warmup = max(w0, draws // 4) if w0 > 0 else 0
-        opts = dict(p.options)
-        kopts: dict[str, Any] = {}
-        if warmup == 0 and kernel == "nuts" and step_size is not None:
-            kopts["step_size"] = step_size
-        if kernel == "nuts" and max_tree_depth is not None:
-            kopts["max_tree_depth"] = max_tree_depth
-        if kopts:
-            opts["kernel_options"] = kopts
-        t0 = time.perf_counter()
-        res = fd.sample(
-            p.model,
-            p.data,
-            algorithm=algorithm,
-            bounds=bounds,
-            kernel=kernel,
-            num_warmup=warmup,
-            num_samples=draws,
-            chains=chains,
-            seed=seed,
-            client="synchronous",
-            progress=False,
-            **opts,
-        )
-        m = _measure(res, time.perf_counter() - t0)
-        attempts.append(m)
-        print(  # progress on stderr: the whole table takes long
-            f"table1: {p.name} {kernel} {algorithm}"
-            + (f" ({bounds} bounds)" if algorithm == "flymc" else "")
-            + f": {warmup}+{draws} draws per chain, R-hat max {m['r_hat_max']:.3f}, min ESS "
-            f"{m['ess_min']:.0f}, {m['wall_seconds']:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-        if m["r_hat_max"] <= RHAT_TARGET:
-            break
-        if 2 * draws > smax:
-            reason = f"the schedule's limit of {smax:,} draws per chain"
-            break
-        spent = time.perf_counter() - t_start
-        run = m["wall_seconds"] - (0.0 if math.isnan(m["setup_seconds"]) else m["setup_seconds"])
-        forecast = spent + 2.0 * run + max(m["setup_seconds"], 0.0)
-        if forecast > seconds:
-            reason = (
-                f"{2 * draws:,} draws per chain would take ~{forecast - spent:,.0f} s more, "
-                f"beyond this configuration's share of the budget ({seconds:,.0f} s)"
-            )
-            break
-        draws *= 2
-    last = dict(attempts[-1])
-    last["converged"] = bool(last["r_hat_max"] <= RHAT_TARGET)
-    last["reason"] = "" if last["converged"] else reason
+    """One run of a configuration with ``draws`` kept draws per chain."""
+    warmup = max(w0, draws // 4) if w0 > 0 else 0
+    opts = dict(p.options)
+    kopts: dict[str, Any] = {}
+    if warmup == 0 and c.kernel == "nuts" and step_size is not None:
+        kopts["step_size"] = step_size
+    if c.kernel == "nuts" and max_tree_depth is not None:
+        kopts["max_tree_depth"] = max_tree_depth
+    if kopts:
+        opts["kernel_options"] = kopts
+    t0 = time.perf_counter()
+    res = fd.sample(
+        p.model,
+        p.data,
+        algorithm=c.algorithm,
+        bounds=c.bounds,
+        kernel=c.kernel,
+        num_warmup=warmup,
+        num_samples=draws,
+        chains=chains,
+        seed=seed,
+        client="synchronous",
+        progress=False,
+        **opts,
+    )
+    m = _measure(res, time.perf_counter() - t0)
+    print(  # progress on stderr: the whole table takes long
+        f"table1: {c.data} {c.kernel} {c.label}: {warmup}+{draws} draws per chain, R-hat "
+        f"max {m['r_hat_max']:.3f}, min ESS {m['ess_min']:.0f}, {m['wall_seconds']:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return m, res
+
+
+def _summary(c: _Config) -> dict[str, Any]:
+    """The figures of a configuration: its last run's, with every attempt and why it
+    stopped."""
+    if not c.attempts:
+        return _not_run(c.kind)
+    last = dict(c.attempts[-1])
+    last["converged"] = c.converged
+    last["reason"] = "" if c.converged else c.reason
     last["attempts"] = [
         {k: a[k] for k in ("warmup", "draws", "r_hat_max", "ess_min", "wall_seconds")}
-        for a in attempts
+        for a in c.attempts
     ]
-    last["config_seconds"] = time.perf_counter() - t_start
-    return last, res
+    last["config_seconds"] = float(sum(a["wall_seconds"] for a in c.attempts))
+    last["schedule"] = c.kind
+    return last
 
 
 def _not_run(kind: str) -> dict[str, Any]:
@@ -507,7 +504,7 @@ def run_table1(
     own_dir = workdir is None
     workdir = tempfile.mkdtemp(prefix="flymc-table1-") if own_dir else workdir
     os.makedirs(workdir, exist_ok=True)
-    plan = []  # (row, data set, kernel, label, algorithm, bounds)
+    plan: list[_Config] = []
     for row, d in ROWS:
         if d not in datasets:
             continue
@@ -515,15 +512,16 @@ def run_table1(
             kernel = PAPER_KERNEL[d] if k == "paper" else "nuts"
             # MAP-tuned first: a regular probe run without warm-up takes its step size
             for label, alg, bounds in (ALGORITHMS[2], ALGORITHMS[0], ALGORITHMS[1]):
-                plan.append((row, d, kernel, label, alg, bounds))
-    # the probes (a few iterations of full passes over 3M rows) last: if the budget is
-    # spent by then they are left out, and say so
-    plan.sort(key=lambda c: (_kind(c[1], c[2], c[4], c[5]) == "probe", c[5] == "untuned"))
-    weights = [
-        (3.0 if d == "flights" and b == "map" and a == "flymc" else 1.0)
-        * (0.3 if b == "untuned" and a == "flymc" else 1.0)
-        for _, d, _, _, a, b in plan
-    ]
+                kind = _kind(d, kernel, alg, bounds)
+                weight = (
+                    0.3
+                    if kind in ("untuned", "probe")
+                    else (3.0 if k == "paper" or d == "flights" else 1.0)
+                )
+                plan.append(_Config(row, d, kernel, label, alg, bounds, kind, weight))
+    # the first round by weight, the probes (a few iterations of full passes over 3M
+    # rows) last: if the budget is spent by then they are left out, and say so
+    plan.sort(key=lambda c: (c.kind == "probe", -c.weight))
     out: dict[str, Any] = {
         "protocol": {
             "quick": bool(quick),
@@ -532,6 +530,11 @@ def run_table1(
             "seed": int(seed),
             "rhat_target": RHAT_TARGET,
             "schedules": {k: list(v) for k, v in schedules.items()},
+            "weights": {
+                "paper kernel, or flights (regular, MAP-tuned)": 3.0,
+                "NUTS (regular, MAP-tuned)": 1.0,
+                "untuned FlyMC": 0.3,
+            },
             "client": "synchronous (in this process)",
             "cores": os.cpu_count(),
             "machine": platform.processor() or platform.machine(),
@@ -542,51 +545,76 @@ def run_table1(
         "rows": {},
         "paper": PAPER,
     }
-    clock = _Clock(budget_minutes * 60.0, weights)
     t_all = time.perf_counter()
+    end = t_all + budget_minutes * 60.0
     problems: dict[str, _Problem] = {}
     step_sizes: dict[tuple[str, str], float | None] = {}
+    tree_depth = _QUICK_TREE_DEPTH if quick else None
+
+    def problem(c: _Config) -> _Problem:
+        if c.data not in problems:
+            t0 = time.perf_counter()
+            problems[c.data] = p = _problem(c.data, quick, workdir, seed)
+            out["protocol"]["data"][c.data] = {
+                "row": c.row,
+                "n_rows": p.n_rows,
+                "n_features": p.n_features,
+                "model": repr(p.model),
+                "note": p.note,
+                "load_seconds": time.perf_counter() - t0,
+                **dict(p.options.items()),
+            }
+        return problems[c.data]
+
+    def attempt(c: _Config, draws: int) -> None:
+        w0 = schedules[c.kind][0]
+        m, res = _attempt(
+            problem(c), c, draws, w0, chains, seed, step_sizes.get((c.data, c.kernel)), tree_depth
+        )
+        c.attempts.append(m)
+        if c.label == "MAP-tuned FlyMC":
+            step_sizes[(c.data, c.kernel)] = _step_size(res)
+
     try:
-        for i, (row, d, kernel, label, alg, bounds) in enumerate(plan):
-            if d not in problems:
-                t0 = time.perf_counter()
-                problems[d] = _problem(d, quick, workdir, seed)
-                p = problems[d]
-                out["protocol"]["data"][d] = {
-                    "row": row,
-                    "n_rows": p.n_rows,
-                    "n_features": p.n_features,
-                    "model": repr(p.model),
-                    "note": p.note,
-                    "load_seconds": time.perf_counter() - t0,
-                    **{k: v for k, v in p.options.items()},
-                }
-            p = problems[d]
-            kind = _kind(d, kernel, alg, bounds)
-            key = f"{d}/{kernel}"
-            entry = out["rows"].setdefault(
-                key, {"row": row, "data": d, "kernel": kernel, "algorithms": {}}
-            )
-            if clock.share(i) <= 0:
-                entry["algorithms"][label] = {"measured": _not_run(kind)}
+        # round 1: every configuration at its first number of draws
+        for c in plan:
+            if time.perf_counter() >= end:
+                c.reason = "not run: the time budget was spent"
                 continue
-            m, res = _run_config(
-                p,
-                kernel,
-                alg,
-                bounds,
-                schedules[kind],
-                chains,
-                seed,
-                clock.share(i),
-                step_sizes.get((d, kernel)),
-                _QUICK_TREE_DEPTH if quick else None,
-            )
-            m["schedule"] = kind
-            if label == "MAP-tuned FlyMC":
-                step_sizes[(d, kernel)] = _step_size(res)
-            del res
-            entry["algorithms"][label] = {"measured": m}
+            attempt(c, schedules[c.kind][1])
+        # then: double the draws of the configuration not yet converged whose next run is
+        # cheapest for its weight, while that run fits in what is left of the budget
+        while True:
+            left = end - time.perf_counter()
+            open_ = []
+            for c in plan:
+                if not c.attempts or c.converged:
+                    continue
+                draws, smax = c.attempts[-1]["draws"], schedules[c.kind][2]
+                if 2 * draws > smax:
+                    c.reason = f"the schedule's limit of {smax:,} draws per chain"
+                elif c.next_seconds() > left:
+                    c.reason = (
+                        f"{2 * draws:,} draws per chain would take ~{c.next_seconds():,.0f} s, "
+                        f"more than the {max(left, 0.0):,.0f} s left of the time budget"
+                    )
+                else:
+                    open_.append(c)
+            if not open_:
+                break
+            c = min(open_, key=lambda c: c.next_seconds() / c.weight)
+            attempt(c, 2 * c.attempts[-1]["draws"])
+        for c in plan:
+            out["rows"].setdefault(
+                f"{c.data}/{c.kernel}",
+                {"row": c.row, "data": c.data, "kernel": c.kernel, "algorithms": {}},
+            )["algorithms"][c.label] = {"measured": _summary(c)}
+        out["rows"] = {
+            f"{d}/{k}": out["rows"][f"{d}/{k}"]
+            for _, d in ROWS
+            for k in ("rwmh", "mala", "slice", "nuts")
+            if f"{d}/{k}" in out["rows"]
+        }
         for entry in out["rows"].values():
             algs = entry["algorithms"]
             base = algs.get("regular", {}).get("measured")
@@ -624,16 +652,21 @@ def _protocol_lines(d: dict[str, Any]) -> list[str]:
         f"({p['machine']}), BLAS threads {p['blas_threads']}; load {p['loadavg_before']} -> "
         f"{p.get('loadavg_after')}; {p.get('total_seconds', math.nan) / 60:.1f} min of a "
         f"{p['budget_minutes']:g} min budget",
-        f"- every run starts at the MAP jittered by the Laplace covariance; draws per chain "
-        f"double (a fresh run each time, warm-up max(w0, draws/4), discarded and not counted) "
-        f"until every R-hat <= {p['rhat_target']}, within (w0, first draws, most draws) = "
+        "- every run starts at the MAP jittered by the Laplace covariance; a configuration's "
+        "draws per chain double (a fresh run each time; warm-up max(w0, draws/4), discarded, "
+        f"not counted) until every R-hat <= {p['rhat_target']}; (w0, first draws, most draws): "
         f"{tuple(sch['small'])} for random-walk MH, MALA and slice on MNIST and QM9, "
         f"{tuple(sch['nuts'])} for NUTS there, {tuple(sch['untuned'])} for untuned FlyMC, "
-        f"{tuple(sch['flights'])} for MAP-tuned FlyMC on the flights, and a share of the "
-        "time budget each (the flights' probes run last, and not at all once it is spent)",
+        f"{tuple(sch['flights'])} for MAP-tuned FlyMC on the flights",
+        "- the time budget: every configuration runs once at its first draws (by weight, "
+        "the probes last), then the one "
+        "not yet converged whose doubled run is cheapest for its weight runs again (weight 3: "
+        "regular and MAP-tuned FlyMC with the paper's kernel, and on the flights; 1: NUTS; "
+        "0.3: untuned FlyMC), while that run is forecast to fit in what is left",
         f"- regular MCMC and untuned FlyMC on the 3M flights: every iteration is one or more "
         f"passes over 3M rows (half of them for untuned FlyMC): {tuple(sch['probe'])}, "
-        "a probe of their cost without warm-up (NUTS with MAP-tuned FlyMC's step size)",
+        "a probe of their cost without warm-up (NUTS with MAP-tuned FlyMC's step size), run "
+        "last in the first round",
         "- queries/it and s/it: of the kept draws (set-up and warm-up in the JSON); ESS: bulk, "
         "per 1000 iterations of one chain (min and mean over parameters); speedups: min-ESS "
         "per query and per second against regular MCMC with the same kernel, only when both "
