@@ -144,6 +144,18 @@ def test_rejects_bad_options() -> None:
         run_table1(quick=True, budget_minutes=0)
 
 
+def test_cli_help_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's options come from ``run_table1``; bad input is a usage error."""
+    assert main(["bench", "table1", "--help"]) == 0
+    out, _ = capsys.readouterr()
+    for flag in ("--quick", "--budget-minutes", "--chains", "--datasets", "--kernels", "--json"):
+        assert flag in out, flag
+    assert main(["bench", "--help"]) == 0
+    assert "table1" in capsys.readouterr()[0]
+    assert main(["bench", "table1", "--quick", "--datasets", "cifar"]) == 2
+    assert "unknown data set 'cifar'" in capsys.readouterr()[1]
+
+
 def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``flymc bench table1 --quick``: every row, kernel and algorithm is in the JSON, each
     cell a figure or an explicit "not converged within N draws"; the protocol and the
