@@ -700,7 +700,7 @@ def format_table1(d: dict[str, Any]) -> str:
                 f"{_fmt(c['queries_per_iteration'], ',.0f'):>12}"
                 f"{_fmt(c['ess_per_1000_min'], '.2f'):>13}"
                 f"{_fmt(c['ess_per_1000_mean'], '.1f'):>7}"
-                f"{_fmt(c['r_hat_max'], '.3f'):>7}"
+                f"{_fmt(c['r_hat_max'], '.4f'):>7}"
                 f"{_fmt(1000 * c['seconds_per_iteration'], '.2f'):>9}"
                 f"{_fmt(c['speedup_per_query'], '.1f'):>9}"
                 f"{_fmt(c['speedup_per_second'], '.2f'):>7}"
@@ -710,7 +710,7 @@ def format_table1(d: dict[str, Any]) -> str:
             if not m["converged"]:
                 notes.append(
                     f"{entry['data']}/{kname}/{label}: not converged within {m['draws']:,} "
-                    f"draws per chain (R-hat {m['r_hat_max']:.3f}, min ESS {m['ess_min']:.0f}): "
+                    f"draws per chain (R-hat {m['r_hat_max']:.4f}, min ESS {m['ess_min']:.0f}): "
                     f"{m['reason']}"
                 )
     lines.append("-" * len(head))
