@@ -18,8 +18,11 @@ speedup per query. Here each row runs with the paper's θ-kernel for it and with
 
 Each configuration runs on a doubling schedule: draws per chain ``s0, 2 s0, 4 s0, …``
 (each a fresh run with warm-up ``max(w0, draws / 4)``) until every parameter's R̂ ≤ 1.01,
-up to a stated number of draws and a share of the time budget; a configuration that
-does not get there is reported as "not converged within N draws" with why. Queries and
+up to a stated number of draws and within the time budget (every configuration runs
+once; then, while the budget lasts, the one whose doubled run is cheapest for its
+weight; a run in progress is not stopped, so a slow first run can overrun the budget);
+a configuration that does not get there is reported as "not converged within N draws"
+with why. Queries and
 seconds per iteration are of the kept draws (warm-up and set-up not counted; both are
 in the JSON); speedups are ratios of min-ESS per query and per second against regular
 MCMC with the same kernel, and exist only when both runs converged.
