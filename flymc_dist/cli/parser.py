@@ -477,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
         "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
         "against N; see 'flymc bench sublinear --help'), 'mixing' "
         "(converged draws per second of the whole run, FlyMC against regular "
-        "MCMC with NUTS; see 'flymc bench mixing --help') and 'scale' (FlyMC's cost "
+        "MCMC with NUTS; see 'flymc bench mixing --help'), 'scale' (FlyMC's cost "
         "per iteration, memory and mixing against N, in memory or out of core; see "
         "'flymc bench scale --help') and 'table1' (the FlyMC paper's Table 1, all three "
         "rows, each run to R-hat <= 1.01; see 'flymc bench table1 --help').",
