@@ -7,6 +7,8 @@
   of core;
 - :mod:`flymc_dist.bench.sublinear`: austerity MH's data use against N, and its bias
   against eps;
+- :mod:`flymc_dist.bench.table1`: the FlyMC paper's Table 1, all three rows, each
+  configuration run until R-hat <= 1.01;
 - :mod:`flymc_dist.bench.common`: what they share (:func:`~.common.local_client`).
 
 ``flymc bench NAME`` imports ``flymc_dist.bench.NAME`` only when asked for it; this
