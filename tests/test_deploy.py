@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -362,6 +363,10 @@ def s3():
         host, port = server.get_host_and_port()
         creds = {"AWS_ACCESS_KEY_ID": "flymc-key", "AWS_SECRET_ACCESS_KEY": "flymc-secret"}
         endpoint = f"http://{host}:{port}"
+        # moto's buckets live in the process, not the server: start from none
+        urllib.request.urlopen(
+            urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10
+        ).close()
         s3fs.S3FileSystem(
             endpoint_url=endpoint,
             key=creds["AWS_ACCESS_KEY_ID"],

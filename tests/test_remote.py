@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -73,6 +74,12 @@ def s3(tmp_path_factory):
         try:
             host, port = server.get_host_and_port()
             opts = {"endpoint_url": f"http://{host}:{port}", "key": "test-key", "secret": SECRET}
+            # moto's buckets live in the process, not the server (another module's may
+            # still be there): start from none
+            urllib.request.urlopen(
+                urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"),
+                timeout=10,
+            ).close()
             s3fs.S3FileSystem(**opts).mkdir("bucket")
             yield {"options": opts, "bogus": bogus}
         finally:

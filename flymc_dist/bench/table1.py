@@ -51,6 +51,7 @@ import numpy as np
 
 import flymc_dist as fd
 from flymc_dist.bench.common import reusable_store
+from flymc_dist.data.real import flights_to_zarr, mnist_7_vs_9, mnist_classes, qm9_gap
 
 __all__ = ["run_table1", "format_table1", "PAPER", "ROWS"]
 
@@ -136,8 +137,6 @@ def _subsample(X: np.ndarray, y: np.ndarray, n: int | None, seed: int) -> tuple[
 
 def _problem(name: str, quick: bool, workdir: str, seed: int) -> _Problem:
     """The model and data of one data set (``quick``: a small random subset)."""
-    from flymc_dist.data.real import flights_to_zarr, mnist_7_vs_9, mnist_classes, qm9_gap
-
     n = _QUICK_ROWS[name] if quick else None
     if name == "mnist":
         X, y = _subsample(*mnist_7_vs_9(), n, seed)

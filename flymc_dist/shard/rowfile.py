@@ -53,6 +53,15 @@ BLOCK_BYTES = 16 * 1024 * 1024
 
 
 @numba.njit(cache=True, nogil=True)
+def _run_end(rows: np.ndarray, i: int) -> int:
+    """Where the run of consecutive rows that starts at ``rows[i]`` ends (exclusive)."""
+    k = i + 1
+    while k < rows.size and rows[k] == rows[k - 1] + 1:
+        k += 1
+    return k
+
+
+@numba.njit(cache=True, nogil=True)
 def _pread_rows(fd: int, rows: np.ndarray, record: int, out: np.ndarray) -> int:
     """Read the records of the sorted ``rows`` into ``out`` (a C-contiguous array of
     ``rows.size`` records), one ``pread`` per run of consecutive rows. Returns the number
@@ -61,9 +70,7 @@ def _pread_rows(fd: int, rows: np.ndarray, record: int, out: np.ndarray) -> int:
     n = rows.size
     i = 0
     while i < n:
-        k = i + 1
-        while k < n and rows[k] == rows[k - 1] + 1:
-            k += 1
+        k = _run_end(rows, i)
         want = (k - i) * record
         done = 0
         while done < want:  # pread may return less than asked (signals, large reads)
@@ -80,12 +87,9 @@ def _advise_rows(fd: int, rows: np.ndarray, record: int) -> None:
     """Ask the kernel to read the records of the sorted ``rows`` into the page cache, in
     the background (``POSIX_FADV_WILLNEED``): one call per run of consecutive rows, none
     of which waits for the disk."""
-    n = rows.size
     i = 0
-    while i < n:
-        k = i + 1
-        while k < n and rows[k] == rows[k - 1] + 1:
-            k += 1
+    while i < rows.size:
+        k = _run_end(rows, i)
         _fadvise(fd, rows[i] * record, (k - i) * record, _WILLNEED)
         i = k
 
