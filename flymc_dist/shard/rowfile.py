@@ -4,11 +4,12 @@ At set-up an out-of-core shard streams its rows from the store once (a local
 directory, or object storage: the only read of the store) into a file beside the
 worker (:meth:`RowFile.create`): one fixed-size record per row, its features in the
 store's dtype then its target. From then on it reads any rows by position
-(:meth:`RowFile.read`) with ``pread`` — from a compiled loop that releases the GIL, so
-the read runs on a thread while θ moves — and streams whole blocks for full passes
-(:meth:`RowFile.blocks`, one block read ahead). Reads go through the page cache, which
-the kernel reclaims under pressure and which is not the worker's memory (Dask's memory
-monitor counts a process's resident set; a memory-mapped file's pages would count).
+(:meth:`RowFile.read`) with ``pread`` from a compiled loop, asks the kernel to bring
+rows it will read soon into the page cache (:meth:`RowFile.advise`), and streams whole
+blocks for full passes (:meth:`RowFile.blocks`, one block read ahead on a thread).
+Reads go through the page cache, which the kernel reclaims under pressure and which is
+not the worker's memory (Dask's memory monitor counts a process's resident set; a
+memory-mapped file's pages would count).
 
 Knows nothing of models, chains or Dask, but for the local directory it asks the
 worker for (:func:`local_directory`).
@@ -270,9 +271,8 @@ class _Job:
 
 
 class _Reader:
-    """One thread running calls in order: a few microseconds a hand-off, where a
-    ``ThreadPoolExecutor`` takes about a hundred (measured: ``submit`` was 0.13 ms of an
-    out-of-core round)."""
+    """One thread running calls in order (a full pass's next block): a few microseconds a
+    hand-off, where a ``ThreadPoolExecutor`` takes about a hundred."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()

@@ -172,10 +172,10 @@ class FileRows:
 
     The z-update is the in-memory one: its dark→bright proposals (the rows of each
     chain's Bernoulli(q) process, which depend on neither θ nor z) are read before it
-    runs — the next iteration's on a thread, as soon as this one's z-update is done —
-    and dropped after it unless they turned bright. Resident rows sit in an arena
-    (``XC``, ``y``, ``xi``) at slots found through the sorted ``ids`` (:meth:`locate`),
-    so fetching and dropping a few rows moves nothing else.
+    runs — the next iteration's between rounds, once the last round's reply has gone
+    (:meth:`read_ahead`) — and dropped after it unless they turned bright. Resident
+    rows sit in an arena (``XC``, ``y``, ``xi``) at slots found through the sorted
+    ``ids`` (:meth:`locate`), so fetching and dropping a few rows moves nothing else.
 
     Parameters
     ----------
