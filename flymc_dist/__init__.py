@@ -6,14 +6,27 @@ regular full-data MCMC as the baseline, and (approximate, labelled) austerity MH
 
 from flymc_dist.api import sample
 from flymc_dist.data import Dataset, from_numpy, open_dataset
+from flymc_dist.kernels import HMC, MALA, NUTS
+from flymc_dist.kernels import RandomWalkMH as RWMH
+from flymc_dist.kernels import SliceSampler as Slice
 from flymc_dist.models import LogisticRegression, RobustRegression, SoftmaxRegression
+from flymc_dist.options import Austerity, FlyMC, Placement, Regular
 from flymc_dist.result import Result
 
 __all__ = [
+    "HMC",
+    "MALA",
+    "NUTS",
+    "RWMH",
+    "Austerity",
     "Dataset",
+    "FlyMC",
     "LogisticRegression",
+    "Placement",
+    "Regular",
     "Result",
     "RobustRegression",
+    "Slice",
     "SoftmaxRegression",
     "from_numpy",
     "open_dataset",

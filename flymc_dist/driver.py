@@ -39,6 +39,7 @@ from flymc_dist.kernels.base import (
     params_to_json,
 )
 from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.options import REPLICA_BUDGET
 from flymc_dist.progress import SetupProgress, map_search_rows
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round, Transport
 from flymc_dist.reduce import tree_total
@@ -79,21 +80,10 @@ STAT_NAMES: dict[str, str] = {
 }
 
 
-#: the replica's default memory budget in ``bright_replica="auto"`` mode (bytes)
-REPLICA_BUDGET = 256 * 2**20
 #: the MAP search starts on 1/MAP_THIN of the rows (see :func:`~flymc_dist.tune.find_map`)
 #: when there are at least MAP_THIN_ROWS of them: below, a full pass costs little anyway
 MAP_THIN = 16
 MAP_THIN_ROWS = 2**18
-
-
-def check_bright_replica(value: Any, budget: Any = REPLICA_BUDGET) -> None:
-    """Raise ``ValueError`` unless ``value`` and ``budget`` are valid ``bright_replica`` and
-    ``replica_budget`` options."""
-    if not (value is True or value is False or value == "auto"):
-        raise ValueError(f"bright_replica must be 'auto', True or False, not {value!r}")
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
-        raise ValueError(f"replica_budget must be a number of bytes >= 0, not {budget!r}")
 
 
 class Driver:
@@ -196,7 +186,6 @@ class Driver:
         self.commits = np.full(self.chains, -1, dtype=np.int64)
         self.rngs = [stream(self.seed, ROLE_KERNEL, c) for c in range(self.chains)]
         self.seq = 0
-        check_bright_replica(bright_replica, replica_budget)
         self.bright_replica = bright_replica
         self.replica_budget = float(replica_budget)
         self.exact_rows = exact_rows

@@ -77,6 +77,7 @@ not as a change of the sampler.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -467,28 +468,41 @@ def run_config(
         client = client_for(cfg.workers)
     else:
         client = "synchronous"
+    extra_opts = dict(cfg.options)
+    groups: dict[str, dict[str, Any]] = {"flymc": {}, "austerity": {}, "placement": {}}
+    for key, value in extra_opts.items():
+        for group, cls in (
+            ("flymc", fd.FlyMC),
+            ("austerity", fd.Austerity),
+            ("placement", fd.Placement),
+        ):
+            if key in {f.name for f in dataclasses.fields(cls)}:
+                groups[group][key] = value
+    if cfg.algorithm == "flymc":
+        # recorded with the shards evaluating every point the kernel asks for: pinned,
+        # since the default ("auto") now runs multi-evaluation kernels on the driver's
+        # replica of the bright rows (a new mode, covered by tests/test_replica.py)
+        algorithm: Any = fd.FlyMC(
+            bounds=cfg.bounds,
+            z_update=cfg.z_update,
+            **{"bright_replica": False, **groups["flymc"]},
+        )
+    elif cfg.algorithm == "austerity":
+        # recorded as plain austerity: control variates (now the default) change the test
+        algorithm = fd.Austerity(**{"control_variates": False, **groups["austerity"]})
+    else:
+        algorithm = fd.Regular()
     opts: dict[str, Any] = dict(
-        algorithm=cfg.algorithm,
-        bounds=cfg.bounds,
+        algorithm=algorithm,
         kernel=cfg.kernel,
-        z_update=cfg.z_update,
         num_warmup=WARMUP,
         num_samples=DRAWS,
         chains=CHAINS,
         seed=cfg.seed,
         client=client,
-        n_shards=N_SHARDS,
+        placement=fd.Placement(**{"n_shards": N_SHARDS, **groups["placement"]}),
         progress=False,
     )
-    opts.update(dict(cfg.options))
-    if cfg.algorithm == "flymc":
-        # recorded with the shards evaluating every point the kernel asks for: pinned,
-        # since the default ("auto") now runs multi-evaluation kernels on the driver's
-        # replica of the bright rows (a new mode, covered by tests/test_replica.py)
-        opts.setdefault("bright_replica", False)
-    if cfg.algorithm == "austerity":
-        # recorded as plain austerity: control variates (now the default) change the test
-        opts.setdefault("control_variates", False)
 
     def sample(**extra: Any) -> Any:
         return fd.sample(make_model(cfg.model), data, **{**opts, **extra})

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import flymc_dist as fd
-from flymc_dist.api import _shard_layout
+from flymc_dist.layout import shard_layout
 from flymc_dist.driver import Driver
 from flymc_dist.kernels import get_kernel
 from flymc_dist.protocol import (
@@ -65,7 +65,7 @@ def _driver(
     X, y = _data(model_name)
     model = MODELS[model_name]()
     opts = {"n_shards": 3, **options}
-    specs, mem, n_rows, n_features, *_ = _shard_layout((X, y), opts)
+    specs, mem, n_rows, n_features, *_ = shard_layout((X, y), opts)
     kern = get_kernel(kernel)
     config = ShardConfig(
         model=model,

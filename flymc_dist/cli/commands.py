@@ -15,7 +15,8 @@ import numpy as np
 import flymc_dist as fd
 from flymc_dist import data, diagnostics
 from flymc_dist._unreachable import unreachable
-from flymc_dist.api import default_kernel, kept_trace
+from flymc_dist.api import kept_trace
+from flymc_dist.call import default_kernel
 from flymc_dist.cli.common import (
     CLIError,
     _fmt,

@@ -380,7 +380,7 @@ class HamiltonianKernel(Kernel):
     target_accept: float
     find_step_size: bool
     adapt_metric: bool
-    metric_from: str
+    metric_from: str | None
     dark_proposals_per_bright = 4.0
     #: ArviZ's names of the Hamiltonian statistics (NUTS adds ``tree_depth``); the
     #: :class:`~flymc_dist.kernels.hamiltonian.HamiltonianInfo` attribute of each is in
@@ -417,5 +417,5 @@ class HamiltonianKernel(Kernel):
             self.target_accept,
             find_step_size=self.find_step_size,
             adapt_metric=self.adapt_metric,
-            metric_from=self.metric_from,
+            metric_from=self.metric_from or "draws",
         )

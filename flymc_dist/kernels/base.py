@@ -33,6 +33,7 @@ Rules every kernel obeys (the driver relies on them):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Generator
 from typing import Any, NamedTuple, Protocol
 
@@ -147,6 +148,16 @@ class Kernel:
     dark_proposals_per_bright: float = 1.0
     sample_stats: dict[str, str] = {}
 
+    def settings(self) -> dict[str, Any]:
+        """Every constructor option of this kernel and its value, e.g. ``{"target_accept":
+        0.8, "max_tree_depth": 10, …}`` for NUTS."""
+        return {name: getattr(self, name) for name in _options_of(type(self))}
+
+    def changed(self) -> dict[str, Any]:
+        """The settings that differ from those of the kernel made with no options."""
+        defaults = type(self)().settings()
+        return {k: v for k, v in self.settings().items() if v != defaults[k]}
+
     def info_stats(self, infos: list[KernelInfo]) -> dict[str, np.ndarray]:
         """The values of :attr:`sample_stats` for one step of every chain.
 
@@ -193,6 +204,15 @@ class Kernel:
             The new position, the step's info, and the log target at the new position.
         """
         raise NotImplementedError
+
+
+def _options_of(cls: type) -> list[str]:
+    """A kernel class's constructor options."""
+    return [
+        name
+        for name, p in inspect.signature(cls).parameters.items()
+        if p.kind is p.POSITIONAL_OR_KEYWORD or p.kind is p.KEYWORD_ONLY
+    ]
 
 
 class Adapter(Protocol):

@@ -158,11 +158,13 @@ def check_adapt_metric(adapt_metric: Any) -> bool:
 METRIC_SOURCES = ("draws", "differences")
 
 
-def check_metric_from(metric_from: Any) -> str:
-    """``metric_from`` as ``"draws"`` or ``"differences"``, else ValueError naming the
-    argument."""
+def check_metric_from(metric_from: Any) -> str | None:
+    """``metric_from`` as ``"draws"``, ``"differences"`` or None (the algorithm's choice:
+    ``"differences"`` under FlyMC, else ``"draws"``), else ValueError naming the argument."""
+    if metric_from is None:
+        return None
     if not isinstance(metric_from, str) or metric_from.strip().lower() not in METRIC_SOURCES:
-        raise ValueError(f"metric_from must be 'draws' or 'differences', got {metric_from!r}")
+        raise ValueError(f"metric_from must be None, 'draws' or 'differences', got {metric_from!r}")
     return metric_from.strip().lower()
 
 

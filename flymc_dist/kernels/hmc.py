@@ -76,7 +76,8 @@ class HMC(HamiltonianKernel):
         z, which can be much narrower: ``precondition="bound"`` with ``False`` keeps that
         conditional's own Gaussian (see :func:`flymc_dist.sample`).
     metric_from
-        ``"draws"`` (default) or ``"differences"``; see :class:`~flymc_dist.kernels.nuts.NUTS`.
+        None (default: the algorithm's), ``"draws"`` or ``"differences"``; see
+        :class:`~flymc_dist.kernels.nuts.NUTS`.
 
     Notes
     -----
@@ -101,7 +102,7 @@ class HMC(HamiltonianKernel):
         find_step_size: bool = True,
         divergence_threshold: float = DIVERGENCE_THRESHOLD,
         adapt_metric: bool = True,
-        metric_from: str = "draws",
+        metric_from: str | None = None,
     ) -> None:
         self.target_accept = check_probability("target_accept", target_accept)
         self.trajectory_length = check_positive("trajectory_length", trajectory_length)

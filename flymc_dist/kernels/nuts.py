@@ -232,11 +232,12 @@ class NUTS(HamiltonianKernel):
         z, which can be much narrower: ``precondition="bound"`` with ``False`` keeps that
         conditional's own Gaussian (see :func:`flymc_dist.sample`).
     metric_from
-        What the slow windows estimate the metric from: ``"draws"`` (default: their
-        covariance, as Stan) or ``"differences"`` (half the covariance of successive
-        draws: the mean covariance of the conditional a Gibbs block samples; see
-        :class:`~flymc_dist.kernels.adaptation.WindowAdaptation`). FlyMC passes
-        ``"differences"`` unless told otherwise: its θ-step samples θ given z.
+        What the slow windows estimate the metric from: ``"draws"`` (their covariance,
+        as Stan) or ``"differences"`` (half the covariance of successive draws: the mean
+        covariance of the conditional a Gibbs block samples; see
+        :class:`~flymc_dist.kernels.adaptation.WindowAdaptation`). Default (None): the
+        algorithm's — ``"differences"`` under FlyMC, whose θ-step samples θ given z,
+        ``"draws"`` otherwise.
 
     Notes
     -----
@@ -259,7 +260,7 @@ class NUTS(HamiltonianKernel):
         find_step_size: bool = True,
         divergence_threshold: float = DIVERGENCE_THRESHOLD,
         adapt_metric: bool = True,
-        metric_from: str = "draws",
+        metric_from: str | None = None,
     ) -> None:
         self.target_accept = check_probability("target_accept", target_accept)
         if (

@@ -39,6 +39,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from flymc_dist.options import CHANNELS
+
 log = logging.getLogger("flymc_dist")
 
 HEADER = struct.Struct("!BQ")
@@ -63,7 +65,6 @@ After = Callable[[int], None]
 
 
 #: values of the ``channel`` option (see :class:`~flymc_dist.transport.dask.DaskTransport`)
-CHANNELS = ("auto", "socket", "dask")
 
 
 def check_channel(value: Any) -> str:

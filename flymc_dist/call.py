@@ -1,0 +1,321 @@
+"""What :func:`flymc_dist.sample` was asked: every argument checked once, before anything
+starts, into one :class:`Call` (the algorithm and kernel as objects, the placement, the
+run's own settings); and the keyword style of earlier releases mapped onto it."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flymc_dist.data import Dataset
+from flymc_dist.kernels import KERNELS, Kernel, get_kernel
+from flymc_dist.models.base import Model
+from flymc_dist.options import (
+    Austerity,
+    FlyMC,
+    Placement,
+    Regular,
+    algorithm_of,
+    boolean,
+    integer,
+)
+from flymc_dist.trace import _is_url
+
+__all__ = ["RUN_DEFAULTS", "Call", "check_task", "default_kernel", "make_call"]
+
+#: the settings of the run itself (keyword arguments of :func:`flymc_dist.sample`) and
+#: their defaults
+RUN_DEFAULTS: dict[str, Any] = {
+    "num_warmup": 500,
+    "num_samples": 1000,
+    "chains": 4,
+    "seed": 0,
+    "client": None,
+    "placement": None,
+    "init": "map",
+    "precondition": "laplace",
+    "map_maxiter": 100,
+    "trace": None,
+    "resume": False,
+    "overwrite_trace": False,
+    "checkpoint_every": 100,
+    "trace_storage_options": None,
+    "progress": None,
+}
+
+
+@dataclass
+class Call:
+    """One call of :func:`flymc_dist.sample`, checked.
+
+    Attributes
+    ----------
+    algorithm
+        :class:`~flymc_dist.options.FlyMC`, :class:`~flymc_dist.options.Regular` or
+        :class:`~flymc_dist.options.Austerity`.
+    kernel
+        The θ-kernel object this run uses (a copy of the one given; ``metric_from``
+        resolved for the algorithm).
+    kernel_options
+        The kernel's settings that differ from its defaults, as given (what a trace
+        records and a resume must match).
+    """
+
+    model: Model
+    data: Any
+    algorithm: FlyMC | Regular | Austerity
+    kernel: Kernel
+    kernel_options: dict[str, Any]
+    num_warmup: int
+    num_samples: int
+    chains: int
+    seed: int
+    client: Any
+    placement: Placement
+    init: Any
+    precondition: Any
+    map_maxiter: int
+    trace: Any
+    resume: bool
+    overwrite_trace: bool
+    checkpoint_every: int
+    trace_storage_options: dict[str, Any] | None
+    progress: bool | None
+
+    @property
+    def flymc(self) -> FlyMC:
+        """The FlyMC options (their defaults for another algorithm)."""
+        return self.algorithm if isinstance(self.algorithm, FlyMC) else FlyMC()
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Every option by name, as the run's parts read them."""
+        out = {
+            k: getattr(self, k)
+            for k in RUN_DEFAULTS
+            if k not in ("num_warmup", "num_samples", "chains", "seed", "client", "placement")
+        }
+        for group in (self.algorithm, self.placement):
+            out.update({f.name: getattr(group, f.name) for f in dataclasses.fields(group)})
+        out["kernel_options"] = self.kernel_options
+        return out
+
+
+def default_kernel(kernel: Any, algorithm: str) -> str:
+    """The name of ``kernel`` (a name or a kernel object), or when None the default
+    θ-kernel of ``algorithm``: NUTS, except for austerity (RWMH, its only kernel)."""
+    if kernel is None:
+        return "rwmh" if algorithm == "austerity" else "nuts"
+    if isinstance(kernel, Kernel):
+        return kernel.name
+    return str(kernel).strip().lower()
+
+
+def make_call(
+    model: Any, data: Any, algorithm: Any, kernel: Any, run: dict[str, Any], legacy: dict[str, Any]
+) -> Call:
+    """Check every argument of :func:`flymc_dist.sample` and gather them into a
+    :class:`Call`; ``legacy`` holds keywords of the earlier style (``bounds=``,
+    ``q_db=``, ``n_shards=``, ``kernel_options=``…), mapped with a ``DeprecationWarning``
+    naming the replacement."""
+    algorithm, kernel, placement = _from_legacy(algorithm, kernel, run.get("placement"), legacy)
+    alg = algorithm_of(algorithm)
+    if placement is None:
+        placement = Placement()
+    elif not isinstance(placement, Placement):
+        raise TypeError(f"placement must be fd.Placement(…), not {type(placement).__name__}")
+    _check_model(model)
+    _check_data(data)
+    for name, lo in (
+        ("num_warmup", 0),
+        ("num_samples", 1),
+        ("chains", 1),
+        ("seed", 0),
+        ("checkpoint_every", 1),
+        ("map_maxiter", 0),
+    ):
+        run[name] = integer(lo)(name, run[name])
+    for name in ("resume", "overwrite_trace"):
+        run[name] = boolean(name, run[name])
+    if run["progress"] is not None:
+        run["progress"] = boolean("progress", run["progress"])
+    _check_trace(run)
+    for name, words in (("init", ("map",)), ("precondition", ("laplace", "bound", "identity"))):
+        v = run[name]
+        if isinstance(v, str) and v in words:
+            continue
+        if isinstance(v, str) or np.asarray(v).dtype.kind not in "biuf":
+            raise ValueError(
+                f"{name} must be {' or '.join(map(repr, words))} or an array of numbers, not {v!r}"
+            )
+    if isinstance(run["precondition"], str) and run["precondition"] == "bound":
+        if not isinstance(alg, FlyMC):
+            raise ValueError("precondition='bound' needs FlyMC's bounds (algorithm=fd.FlyMC())")
+    kern, recorded = _kernel(kernel, alg)
+    run = {k: v for k, v in run.items() if k != "placement"}
+    return Call(
+        model=model,
+        data=data,
+        algorithm=alg,
+        kernel=kern,
+        kernel_options=recorded,
+        placement=placement,
+        **run,
+    )
+
+
+def _kernel(kernel: Any, alg: Any) -> tuple[Kernel, dict[str, Any]]:
+    """The kernel object of this run (a copy, ``metric_from`` resolved for ``alg``) and its
+    settings that differ from the defaults."""
+    if kernel is None or isinstance(kernel, str):
+        kern = get_kernel(default_kernel(kernel, alg.name))
+    elif isinstance(kernel, Kernel):
+        kern = copy.copy(kernel)
+    else:
+        raise TypeError(
+            f"kernel must be a kernel object (fd.NUTS(…), fd.RWMH(…), …) or one of "
+            f"{sorted(KERNELS)}, not {type(kernel).__name__}"
+        )
+    recorded = kern.changed()
+    if getattr(kern, "metric_from", "") is None:
+        # the θ-step of FlyMC samples θ given z: estimate the metric of that conditional,
+        # not of the posterior (see WindowAdaptation)
+        kern.metric_from = "differences" if isinstance(alg, FlyMC) else "draws"
+    return kern, recorded
+
+
+# ------------------------------------------------------------------ the earlier keyword style
+
+
+def _from_legacy(
+    algorithm: Any, kernel: Any, placement: Any, legacy: dict[str, Any]
+) -> tuple[Any, Any, Any]:
+    """Fold the earlier style's keywords into the algorithm, kernel and placement objects."""
+    if not legacy:
+        return algorithm, kernel, placement
+    groups: dict[str, dict[str, Any]] = {"flymc": {}, "austerity": {}, "placement": {}}
+    homes = {
+        **{f.name: "flymc" for f in dataclasses.fields(FlyMC)},
+        **{f.name: "austerity" for f in dataclasses.fields(Austerity)},
+        **{f.name: "placement" for f in dataclasses.fields(Placement)},
+    }
+    kernel_options = legacy.pop("kernel_options", None)
+    unknown = sorted(set(legacy) - set(homes))
+    if unknown:
+        valid = sorted([*homes, "kernel_options", *RUN_DEFAULTS])
+        raise TypeError(f"unknown option(s) {unknown}; valid options are {valid}")
+    for key, value in legacy.items():
+        groups[homes[key]][key] = value
+    said = []
+    name = algorithm if isinstance(algorithm, str) else getattr(algorithm, "name", None)
+    for group, cls in (("flymc", FlyMC), ("austerity", Austerity)):
+        given = groups[group]
+        if not given:
+            continue
+        said.append(f"algorithm=fd.{cls.__name__}({', '.join(f'{k}=…' for k in given)})")
+        if not isinstance(algorithm, str):
+            raise TypeError(f"give {sorted(given)} in the algorithm object, not as keywords")
+        made = cls(**given)  # checked even where the algorithm does not use them
+        if name == cls.name:
+            algorithm = made
+    if groups["placement"]:
+        said.append(f"placement=fd.Placement({', '.join(f'{k}=…' for k in groups['placement'])})")
+        if placement is not None:
+            raise TypeError(f"give {sorted(groups['placement'])} in fd.Placement(…), not both")
+        placement = Placement(**groups["placement"])
+    if kernel_options is not None:
+        if not isinstance(kernel_options, dict):
+            raise ValueError(f"kernel_options must be a dict, not {type(kernel_options).__name__}")
+        if kernel is not None and not isinstance(kernel, str):
+            raise TypeError("give the kernel's options to the kernel object, not kernel_options")
+        kname = default_kernel(kernel, name if isinstance(name, str) else "flymc")
+        kernel = get_kernel(kname, **kernel_options)
+        cls_name = type(kernel).__name__
+        said.append(f"kernel=fd.{cls_name}({', '.join(f'{k}=…' for k in kernel_options)})")
+    warnings.warn(
+        "fd.sample's option keywords are deprecated and will be removed: pass " + ", ".join(said),
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return algorithm, kernel, placement
+
+
+# ------------------------------------------------------------------ the checks
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a flymc_dist model, not {type(model).__name__}")
+    if getattr(model, "task", None) == "multiclass" and getattr(model, "prior", None) == "flat":
+        raise ValueError(
+            "softmax regression with prior='flat' has an improper posterior "
+            "(adding one vector to every class's weights leaves the likelihood "
+            "unchanged): use prior='normal' or 'laplace'"
+        )
+
+
+def _check_data(data: Any) -> None:
+    """``data`` is a Dataset, a store path, or an ``(X, y)`` pair of real arrays, D >= 1."""
+    if isinstance(data, (Dataset, str, os.PathLike)):
+        return
+    if not isinstance(data, tuple):
+        shape = getattr(data, "shape", None)
+        raise TypeError(
+            f"data must be a Dataset, a store path or an (X, y) tuple, not "
+            f"{type(data).__name__}" + (f" of shape {shape}" if shape else "")
+        )
+    if len(data) != 2:
+        raise ValueError(f"data as a tuple must be (X, y), not a tuple of {len(data)}")
+    for name, a, ndim in (("X", data[0], 2), ("y", data[1], 1)):
+        arr = np.asarray(a)
+        if arr.dtype.kind not in "biuf":
+            raise ValueError(
+                f"{name} must hold real numbers (bool, integer or float), not dtype {arr.dtype}"
+            )
+        if arr.ndim != ndim:
+            raise ValueError(f"{name} must have {ndim} dimension(s), not shape {arr.shape}")
+    if np.shape(data[0])[1] == 0:
+        raise ValueError(f"X must have at least one column (D >= 1), not shape {np.shape(data[0])}")
+
+
+def _check_trace(run: dict[str, Any]) -> None:
+    trace = run["trace"]
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise ValueError(f"trace must be a path (str or os.PathLike), not {type(trace).__name__}")
+    if run["resume"] and trace is None:
+        raise ValueError("resume=True needs trace=<the path of the trace to continue>")
+    if run["resume"] and run["overwrite_trace"]:
+        raise ValueError("resume=True and overwrite_trace=True exclude each other")
+    tso = run["trace_storage_options"]
+    if tso is not None:
+        if not isinstance(tso, dict) or not all(isinstance(k, str) for k in tso):
+            raise ValueError(
+                f"trace_storage_options must be a dict of fsspec options with str "
+                f"keys, not {type(tso).__name__}"
+            )
+        if trace is None or not _is_url(trace):
+            raise ValueError(
+                "trace_storage_options applies only to a trace at an fsspec URL (trace='s3://…')"
+            )
+
+
+def check_task(model: Model, task: str, n_classes: int | None) -> None:
+    """The model fits the data set's task (and its number of classes)."""
+    if model.task == "binary" and task != "binary":
+        raise ValueError(
+            f"{type(model).__name__} needs 0/1 labels; this data set's task is {task!r}"
+        )
+    if model.task == "multiclass":
+        if task not in ("multiclass", "binary"):
+            raise ValueError(
+                f"{type(model).__name__} needs class labels; this data set's task is {task!r}"
+            )
+        k = getattr(model, "n_classes", None)
+        if n_classes is not None and k is not None and n_classes > k:
+            raise ValueError(f"the data have {n_classes} classes but the model has {k}")

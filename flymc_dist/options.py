@@ -1,0 +1,304 @@
+"""The typed options of :func:`flymc_dist.sample`, each declared once.
+
+The algorithm is an object — :class:`FlyMC`, :class:`Regular` or :class:`Austerity` —
+holding the options that belong to it; where the shards run is a :class:`Placement`;
+the θ-kernel is a kernel object (:class:`~flymc_dist.kernels.NUTS` and the others). Each
+field has its type, its default and a one-line doc (``field.metadata["doc"]``), and is
+checked once, when the object is made. ``flymc run``'s flags are generated from these
+same fields (:mod:`flymc_dist.cli.parser`), so the API and the command line cannot
+drift.
+
+>>> FlyMC(q_db=0.01).changed()
+{'q_db': 0.01}
+
+This module imports nothing heavy: the command line builds its parser from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "ALGORITHMS",
+    "CHANNELS",
+    "REPLICA_BUDGET",
+    "Austerity",
+    "FlyMC",
+    "Placement",
+    "Regular",
+    "algorithm_of",
+    "describe",
+]
+
+#: the replica's default memory budget in ``bright_replica="auto"`` mode (bytes)
+REPLICA_BUDGET = 256 * 2**20
+#: how rounds travel to the shard hosts
+CHANNELS = ("auto", "socket", "dask")
+
+
+def _option(default: Any, doc: str, check: Callable[[str, Any], Any] | None = None) -> Any:
+    """A field: its default, its one-line doc, and the check (``check(name, value)``
+    returns the value, normalised, or raises ``ValueError`` naming ``name``)."""
+    return field(default=default, metadata={"doc": doc, "check": check})
+
+
+# ------------------------------------------------------------------ value checks
+
+
+def _is_int(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or _is_numpy(v, "iu")
+
+
+def _is_real(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or _is_numpy(v, "iuf")
+
+
+def _is_numpy(v: Any, kinds: str) -> bool:
+    dtype = getattr(v, "dtype", None)
+    return getattr(v, "ndim", None) == 0 and dtype is not None and dtype.kind in kinds
+
+
+def one_of(*words: Any) -> Callable[[str, Any], Any]:
+    """The check: one of ``words`` (str, True, False or None)."""
+
+    def check(name: str, v: Any) -> Any:
+        for w in words:
+            if (v is w) or (isinstance(w, str) and isinstance(v, str) and v == w):
+                return v
+        raise ValueError(f"{name} must be {_or(words)}, not {v!r}")
+
+    check.words = words  # type: ignore[attr-defined]
+    return check
+
+
+def _or(words: tuple) -> str:
+    if len(words) == 1:
+        return repr(words[0])
+    return ", ".join(map(repr, words[:-1])) + f" or {words[-1]!r}"
+
+
+def number_in(lo: float, hi: float, *, lo_open: bool = True, also: tuple = ()) -> Callable:
+    """The check: a real number in ``(lo, hi]`` (``[lo, hi)`` with ``lo_open=False``), or one
+    of ``also``."""
+
+    def check(name: str, v: Any) -> Any:
+        if any(v is w or (isinstance(v, str) and v == w) for w in also):
+            return v
+        ok = _is_real(v) and math.isfinite(float(v))
+        if ok:
+            x = float(v)
+            ok = (lo < x <= hi) if lo_open else (lo <= x < hi)
+        if not ok:
+            span = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g})"
+            extra = f"{_or(also)} or " if also else ""
+            raise ValueError(f"{name} must be {extra}a number in {span}, not {v!r}")
+        return float(v)
+
+    check.words = also  # type: ignore[attr-defined]
+    return check
+
+
+def integer(lo: int, *, none: bool = False) -> Callable[[str, Any], Any]:
+    """The check: an integer ``>= lo`` (or None with ``none``)."""
+
+    def check(name: str, v: Any) -> Any:
+        if v is None and none:
+            return None
+        if not _is_int(v) or v < lo:
+            what = f"{'None or ' if none else ''}an integer >= {lo}"
+            raise ValueError(f"{name} must be {what}, not {v!r}")
+        return int(v)
+
+    return check
+
+
+def seconds(name: str, v: Any) -> float:
+    """The check: a finite number of seconds > 0."""
+    if not (_is_real(v) and math.isfinite(float(v)) and float(v) > 0):
+        raise ValueError(f"{name} must be a number of seconds > 0, not {v!r}")
+    return float(v)
+
+
+def nonnegative_bytes(name: str, v: Any) -> float | int:
+    """The check: a number of bytes >= 0."""
+    if not (_is_real(v) and float(v) >= 0):
+        raise ValueError(f"{name} must be a number of bytes >= 0, not {v!r}")
+    return v
+
+
+def positive_bytes_or_none(name: str, v: Any) -> int | None:
+    """The check: None or a positive integer number of bytes."""
+    if v is not None and not (_is_int(v) and v > 0):
+        raise ValueError(f"{name} must be None or a positive number of bytes, not {v!r}")
+    return None if v is None else int(v)
+
+
+def boolean(name: str, v: Any) -> bool:
+    """The check: True or False."""
+    if isinstance(v, bool) or _is_numpy(v, "b"):
+        return bool(v)
+    raise ValueError(f"{name} must be True or False, not {v!r}")
+
+
+# ------------------------------------------------------------------ the option groups
+
+
+class _Options:
+    """Each field checked (and normalised) by its ``check`` when the object is made."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            check = f.metadata.get("check")
+            if check is not None:
+                object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
+
+    def changed(self) -> dict[str, Any]:
+        """The fields that differ from their defaults."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+            if getattr(self, f.name) != f.default
+        }
+
+
+@dataclass(frozen=True)
+class FlyMC(_Options):
+    """Firefly Monte Carlo (exact): each row has a brightness z_n; a θ-step evaluates only
+    the bright rows (and the collapsed bound of the dark ones). The default algorithm."""
+
+    name: ClassVar[str] = "flymc"
+    bounds: str = _option(
+        "map",
+        "tight points of the lower bounds: 'map' (tuned at the MAP estimate) or 'untuned'",
+        one_of("map", "untuned"),
+    )
+    z_update: str = _option(
+        "implicit",
+        "'implicit' (MH on each z_n, proposal knob q_db) or 'explicit' (Gibbs on a "
+        "resample_fraction of the z_n each iteration)",
+        one_of("implicit", "explicit"),
+    )
+    q_db: float | str = _option(
+        "auto",
+        "implicit z-update: a dark row is proposed bright once in 1/q_db iterations; 'auto': "
+        "about as many proposals per iteration as bright rows (4× for HMC and NUTS), plus "
+        "one per exact row",
+        number_in(0.0, 1.0, also=("auto",)),
+    )
+    resample_fraction: float = _option(
+        0.1,
+        "explicit z-update: each row is resampled with this probability per iteration",
+        number_in(0.0, 1.0),
+    )
+    exact_rows: str | None = _option(
+        "auto",
+        "'auto': rows that alone inform a weight (a rare one-hot column, an extreme value) "
+        "get loose bounds and are evaluated at every step; None: off",
+        one_of("auto", None),
+    )
+    bright_replica: str | bool = _option(
+        "auto",
+        "keep the chains' bright rows on the driver too, so θ-steps need no round trip: "
+        "'auto' (when they fit replica_budget), True or False",
+        one_of("auto", True, False),
+    )
+    replica_budget: int = _option(
+        REPLICA_BUDGET,
+        "bytes the bright replica may hold in 'auto' mode (0: no replica)",
+        nonnegative_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class Regular(_Options):
+    """Regular MCMC (exact): every θ-step evaluates the log-likelihood on every row."""
+
+    name: ClassVar[str] = "regular"
+
+
+@dataclass(frozen=True)
+class Austerity(_Options):
+    """Austerity MH (APPROXIMATE; results are labelled so): a sequential t-test on random
+    minibatches decides each RWMH step."""
+
+    name: ClassVar[str] = "austerity"
+    eps: float = _option(
+        0.01,
+        "tolerance of the sequential test (0: exact, a full pass per step)",
+        number_in(0.0, 1.0, lo_open=False),
+    )
+    batch_size: int = _option(500, "rows per minibatch of the sequential test", integer(1))
+    control_variates: bool = _option(
+        True,
+        "test the gap between each row's log-likelihood and its MAP-tuned FlyMC bound "
+        "(whose collapsed sum is exact) instead of the log-likelihood differences",
+        boolean,
+    )
+
+
+@dataclass(frozen=True)
+class Placement(_Options):
+    """Where the shards run and how they hold their rows. Placement never changes the
+    draws (every random number is keyed by row), only the cost."""
+
+    n_shards: int | None = _option(None, "shards (default: one per worker)", integer(1, none=True))
+    rows_per_shard: int | None = _option(
+        None, "rows per shard, instead of n_shards", integer(1, none=True)
+    )
+    out_of_core: str | bool = _option(
+        "auto",
+        "'auto': a shard whose rows exceed its memory budget streams them once into a "
+        "row file on its worker's local disk and reads only the rows it touches; True / "
+        "False force it",
+        one_of("auto", True, False),
+    )
+    memory_budget: int | None = _option(
+        None,
+        "bytes of rows a shard may hold in memory (default: its share of half its "
+        "worker's memory limit; in-process: no limit)",
+        positive_bytes_or_none,
+    )
+    channel: str = _option(
+        "auto",
+        "how rounds travel: 'socket' (a direct socket to each worker's shard host), "
+        "'dask' (Dask's actor RPC), 'auto' (socket unless the cluster uses TLS)",
+        one_of(*CHANNELS),
+    )
+    n_workers: int | None = _option(
+        None,
+        "workers of the embedded LocalCluster (default: the machine's cores, at most 8)",
+        integer(1, none=True),
+    )
+    timeout: float = _option(
+        60.0, "seconds without an answer after which a worker is treated as lost", seconds
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.n_shards is not None and self.rows_per_shard is not None:
+            raise ValueError("give n_shards or rows_per_shard, not both")
+
+
+#: algorithm name → its options class
+ALGORITHMS: dict[str, type[_Options]] = {c.name: c for c in (FlyMC, Regular, Austerity)}  # type: ignore[attr-defined]
+
+
+def algorithm_of(value: Any) -> FlyMC | Regular | Austerity:
+    """``value`` as an algorithm object: one already, or a name (its default options)."""
+    if isinstance(value, (FlyMC, Regular, Austerity)):
+        return value
+    if isinstance(value, str) and value in ALGORITHMS:
+        return ALGORITHMS[value]()  # type: ignore[return-value]
+    raise ValueError(
+        f"algorithm must be fd.FlyMC(…), fd.Regular(), fd.Austerity(…) or one of "
+        f"{tuple(ALGORITHMS)}, not {value!r}"
+    )
+
+
+def describe(cls: type) -> list[tuple[str, Any, str]]:
+    """``(name, default, doc)`` of each field of an options class."""
+    return [(f.name, f.default, f.metadata["doc"]) for f in dataclasses.fields(cls)]
