@@ -297,11 +297,6 @@ def test_bad_options_are_one_clear_line(store, kw, match):
     assert "\n" not in str(info.value)
 
 
-def test_the_chunk_window_option_is_gone(store):
-    with pytest.raises(TypeError, match="there is no chunk window any more"):
-        _run(store[0], chunk_iterations=3)
-
-
 def test_in_memory_data_cannot_be_forced_out_of_core(store):
     _, X, y = store
     with pytest.raises(ValueError, match="needs a data set in a store"):
