@@ -26,8 +26,8 @@ from flymc_dist.cli.common import (
     _storage_options,
     _url_options,
 )
+from flymc_dist.cli.flags import flag_of, kernel_from_args, options_from_args
 from flymc_dist.data import ingest, open_dataset
-from flymc_dist.kernels import kernel_options
 from flymc_dist.models import make_model
 from flymc_dist.result import efficiency, narrowing_line, param_labels
 from flymc_dist.trace import Trace, _probe
@@ -126,22 +126,19 @@ def _efficiency_lines(eff: dict[str, float], r_hat_max: float, chains: int) -> l
     return lines
 
 
-def _kernel_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``--target-accept`` and ``--max-tree-depth`` as ``kernel_options``, checked against
-    the kernel that will run."""
-    kernel = default_kernel(args.kernel, args.algorithm)
-    accepted = kernel_options(kernel)
-    out: dict[str, Any] = {}
-    for flag, key, value in (
-        ("--target-accept", "target_accept", args.target_accept),
-        ("--max-tree-depth", "max_tree_depth", args.max_tree_depth),
-    ):
-        if value is None:
-            continue
-        if key not in accepted:
-            raise CLIError(f"{flag} is not an option of kernel {kernel!r}")
-        out[key] = value
-    return out
+def _algorithm(args: argparse.Namespace) -> Any:
+    """The algorithm object of ``--algorithm`` with its flags; the flags of another
+    algorithm are refused."""
+    groups = {"flymc": fd.FlyMC, "austerity": fd.Austerity}
+    made: Any = fd.Regular()
+    for name, cls in groups.items():
+        given = options_from_args(args, cls)
+        if name == args.algorithm:
+            made = cls(**given)
+        elif given:
+            flags = ", ".join(flag_of(k) for k in given)
+            raise CLIError(f"{flags} applies only to --algorithm {name}")
+    return made
 
 
 def _build_model(args: argparse.Namespace, ds: Any) -> Any:
@@ -168,11 +165,6 @@ def _build_model(args: argparse.Namespace, ds: Any) -> Any:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    if args.workers is not None and (args.scheduler or args.scheduler_file or args.synchronous):
-        raise CLIError(
-            "--workers applies only to the embedded LocalCluster (not with "
-            "--scheduler, --scheduler-file or --synchronous)"
-        )
     if args.synchronous:
         return "synchronous"
     if args.scheduler is not None:
@@ -232,49 +224,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(
                 f"{args.trace!r} exists and is not a flymc trace; refusing to overwrite it"
             ) from None
-    options: dict[str, Any] = {
-        "trace": trace_path,
-        "resume": args.resume,
-        "overwrite_trace": args.overwrite,
-        "progress": _progress(args),
-    }
-    if trace_so is not None:
-        options["trace_storage_options"] = trace_so
-    for key, value in (
-        ("q_db", args.q_db),
-        ("resample_fraction", args.resample_fraction),
-        ("eps", args.eps),
-        ("batch_size", args.batch_size),
-        ("checkpoint_every", args.checkpoint_every),
-        ("n_workers", args.workers),
-        ("n_shards", args.n_shards),
-    ):
-        if value is not None:
-            options[key] = value
-    if args.no_control_variates:
-        options["control_variates"] = False
-    kernel_opts = _kernel_options(args)
-    if kernel_opts:
-        options["kernel_options"] = kernel_opts
+    algorithm = _algorithm(args)
+    placement = fd.Placement(**options_from_args(args, fd.Placement))
+    if placement.n_workers is not None and client is not None:
+        raise CLIError(
+            "--workers applies only to the embedded LocalCluster (not with "
+            "--scheduler, --scheduler-file or --synchronous)"
+        )
+    kernel = kernel_from_args(args, default_kernel(args.kernel, args.algorithm))
     t = time.perf_counter()
     res = fd.sample(
         model,
         ds,
-        algorithm=args.algorithm,
-        bounds=args.bounds,
-        kernel=args.kernel,
-        z_update=args.z_update,
+        algorithm,
+        kernel,
         num_warmup=args.warmup,
         num_samples=args.samples,
         chains=args.chains,
         seed=args.seed,
         client=client,
-        **options,
+        placement=placement,
+        precondition=args.precondition,
+        map_maxiter=args.map_maxiter,
+        trace=trace_path,
+        resume=args.resume,
+        overwrite_trace=args.overwrite,
+        checkpoint_every=args.checkpoint_every,
+        trace_storage_options=trace_so,
+        progress=_progress(args),
     )
     seconds = time.perf_counter() - t
     C, S = res.samples.shape[:2]
     label = {
-        "flymc": f"FlyMC ({args.bounds} bounds, {args.z_update} z-update)",
+        "flymc": f"FlyMC ({res.info['bounds']} bounds, {res.info['z_update']} z-update)",
         "regular": "regular MCMC (full data)",
         "austerity": "austerity MH (APPROXIMATE)",
     }[args.algorithm]

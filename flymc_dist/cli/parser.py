@@ -20,9 +20,12 @@ from flymc_dist.cli.demo import (
     _DEMO_SAMPLES,
     _cmd_demo,
 )
+from flymc_dist.cli.flags import add_kernel_flags, add_option_flags
+from flymc_dist.kernels import KERNELS
+from flymc_dist.options import Austerity, FlyMC, Placement
 
-#: the θ-kernels (flymc_dist.kernels.KERNELS; named here to keep the CLI's start light)
-_KERNELS = ("rwmh", "mala", "slice", "hmc", "nuts")
+#: the θ-kernels
+_KERNELS = tuple(KERNELS)
 
 
 # --------------------------------------------------------------------------- argument types
@@ -58,36 +61,12 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _open_probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
-    return value
-
-
 #: storage dtypes of X for make-data and ingest
 _DTYPES = ("float64", "float32")
 _DTYPE_HELP = (
     "storage dtype of X (default float64; float32 halves the bytes, values rounded once "
     "when written; all arithmetic stays float64)"
 )
-
-
-def _q_db(text: str) -> str | float:
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'auto' or a number in (0, 1], got {text!r}"
-        ) from None
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number in (0, 1], got {text!r}")
-    return value
 
 
 def _storage_option(text: str) -> tuple[str, Any]:
@@ -338,55 +317,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="flymc (exact, default), regular (exact, full data) or austerity (approximate)",
     )
     g.add_argument(
-        "--bounds", choices=("map", "untuned"), default="map", help="FlyMC bounds (default map)"
-    )
-    g.add_argument(
         "--kernel",
         choices=_KERNELS,
         default=None,
         help="theta kernel (default nuts; rwmh, its only one, for austerity)",
     )
     g.add_argument(
-        "--target-accept",
-        type=_open_probability,
-        default=None,
-        help="acceptance the kernel's warm-up aims for (nuts/hmc default 0.8; raise it, "
-        "e.g. 0.95, when NUTS diverges)",
+        "--precondition",
+        choices=("laplace", "bound", "identity"),
+        default="laplace",
+        help="the kernel's preconditioner: the Gaussian at the MAP (laplace, default), "
+        "FlyMC's Gaussian of theta with every row dark (bound), or none (identity)",
     )
     g.add_argument(
-        "--max-tree-depth",
-        type=_positive_int,
-        default=None,
-        help="nuts: maximum tree depth (default 10; raise it when iterations hit it)",
-    )
-    g.add_argument(
-        "--z-update",
-        choices=("implicit", "explicit"),
-        default="implicit",
-        help="FlyMC z-update (default implicit)",
-    )
-    g.add_argument(
-        "--q-db",
-        type=_q_db,
-        default=None,
-        help="implicit z-update: dark→bright proposal probability, or 'auto' "
-        "(the library's default)",
-    )
-    g.add_argument(
-        "--resample-fraction",
-        type=_positive_float,
-        default=None,
-        help="explicit z-update: fraction of z resampled per iteration",
-    )
-    g.add_argument("--eps", type=_positive_float, default=None, help="austerity: t-test tolerance")
-    g.add_argument(
-        "--batch-size", type=_positive_int, default=None, help="austerity: rows per minibatch"
-    )
-    g.add_argument(
-        "--no-control-variates",
-        action="store_true",
-        help="austerity: plain sequential test on the log-likelihood differences "
-        "(default: on their gap to the MAP-tuned bounds)",
+        "--map-maxiter",
+        type=_nonnegative_int,
+        default=100,
+        help="iterations of the MAP search (default 100)",
     )
     g.add_argument(
         "--warmup",
@@ -416,19 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--synchronous", action="store_true", help="run every shard in this process (no Dask)"
     )
-    g.add_argument(
-        "--workers",
-        type=_positive_int,
-        default=None,
-        help="workers of the embedded LocalCluster (default: cores, at most 8)",
-    )
-    g.add_argument(
-        "--n-shards",
-        type=_positive_int,
-        default=None,
-        help="shards (whole zarr chunks each; default: about 262,144 rows per "
-        "shard); at least the number of workers keeps every worker busy",
-    )
+    add_option_flags(g, Placement)
+    add_option_flags(p.add_argument_group("FlyMC (--algorithm flymc)"), FlyMC)
+    add_option_flags(p.add_argument_group("austerity (--algorithm austerity)"), Austerity)
+    add_kernel_flags(p.add_argument_group("theta-kernel options (each for the kernels named)"))
     g = p.add_argument_group("output")
     g.add_argument(
         "--trace",
@@ -446,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--checkpoint-every",
         type=_positive_int,
-        default=None,
+        default=100,
         help="iterations between trace flushes / checkpoints (default 100)",
     )
     g.add_argument(
