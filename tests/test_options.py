@@ -1,0 +1,254 @@
+"""The typed options of ``fd.sample`` (#31): the algorithm, placement and kernel objects,
+their checks, the command-line flags generated from them, and the deprecated keyword
+style, which must give the same draws."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import flymc_dist as fd
+from flymc_dist.call import RUN_DEFAULTS
+from flymc_dist.cli.flags import flag_of, kernel_option_names
+from flymc_dist.cli.parser import build_parser
+from flymc_dist.kernels import KERNELS
+
+#: arguments of fd.sample with no flag of their own, and why
+API_ONLY = {
+    "model": "--model and its --classes/--nu/--scale/--prior flags build it",
+    "data": "the STORE argument",
+    "client": "--scheduler, --scheduler-file, --synchronous or the embedded cluster",
+    "placement": "its fields are flags (--n-shards, --out-of-core, …)",
+    "init": "the start is the MAP on the command line; an array has no command-line form",
+    "trace_storage_options": "--storage-option KEY=VALUE",
+    "progress": "--no-progress",
+    "overwrite_trace": "--overwrite",
+    "num_warmup": "--warmup",
+    "num_samples": "--samples",
+}
+
+
+def _data(n: int = 1500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
+    y = (rng.random(n) < 1 / (1 + np.exp(-X @ np.array([0.3, 1.0, -0.5])))).astype(float)
+    return X, y
+
+
+def _help() -> str:
+    sub = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    return sub.format_help()
+
+
+def test_every_option_of_the_api_has_a_flag():
+    """Each field of FlyMC, Austerity and Placement, each kernel option and each keyword of
+    fd.sample is a ``flymc run`` flag, or on the commented API-only list."""
+    text = _help()
+    names = [f.name for c in (fd.FlyMC, fd.Austerity, fd.Placement) for f in dataclasses.fields(c)]
+    names += list(kernel_option_names())
+    names += [k for k in RUN_DEFAULTS if k not in API_ONLY]
+    names += ["algorithm", "kernel"]
+    missing = [n for n in names if f"{flag_of(n)} " not in text and f"{flag_of(n)}," not in text]
+    assert missing == []
+    params = set(inspect.signature(fd.sample).parameters) - {"deprecated"}
+    assert params <= set(RUN_DEFAULTS) | {"model", "data", "algorithm", "kernel"}
+    assert set(API_ONLY) <= params
+
+
+def test_help_lists_every_option_with_its_default():
+    doc = fd.sample.__doc__
+    for cls in (fd.FlyMC, fd.Austerity, fd.Placement):
+        for f in dataclasses.fields(cls):
+            assert f"``{f.name}`` (default ``{f.default!r}``)" in doc
+    text = " ".join(_help().split())
+    assert "(default 268435456)" in text  # replica_budget
+    assert "hmc/nuts: default 0.8" in text  # target_accept, per kernel
+    assert "nuts: default 10" in text  # max_tree_depth
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: fd.FlyMC(q_db=2.0), r"q_db must be 'auto' or a number in \(0, 1\]"),
+        (lambda: fd.FlyMC(bounds="tight"), "bounds must be 'map' or 'untuned'"),
+        (lambda: fd.FlyMC(exact_rows="all"), "exact_rows must be 'auto' or None"),
+        (lambda: fd.Austerity(batch_size=0), "batch_size must be an integer >= 1"),
+        (lambda: fd.Austerity(control_variates="yes"), "control_variates must be True or"),
+        (lambda: fd.Placement(n_shards=2, rows_per_shard=10), "n_shards or rows_per_shard"),
+        (lambda: fd.Placement(timeout=-1), "timeout must be a number of seconds > 0"),
+        (lambda: fd.NUTS(max_tree_depth=0), "max_tree_depth must be an integer"),
+    ],
+)
+def test_a_bad_option_is_refused_when_its_object_is_made(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_the_deprecated_keywords_warn_naming_the_replacement_and_give_the_same_draws():
+    """The keyword style of earlier releases maps onto the objects: one DeprecationWarning
+    naming them, and bit for bit the draws of the new style."""
+    X, y = _data()
+    common = dict(
+        num_warmup=30, num_samples=30, chains=2, seed=3, client="synchronous", progress=False
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = fd.sample(
+            fd.LogisticRegression(),
+            (X, y),
+            fd.FlyMC(q_db=0.05, bright_replica=False),
+            fd.NUTS(target_accept=0.9, max_tree_depth=6),
+            placement=fd.Placement(n_shards=2),
+            **common,
+        )
+    with pytest.warns(DeprecationWarning) as caught:
+        old = fd.sample(
+            fd.LogisticRegression(),
+            (X, y),
+            "flymc",
+            "nuts",
+            q_db=0.05,
+            bright_replica=False,
+            kernel_options={"target_accept": 0.9, "max_tree_depth": 6},
+            n_shards=2,
+            **common,
+        )
+    message = str(caught[0].message)
+    assert "fd.FlyMC(q_db=…, bright_replica=…)" in message
+    assert "fd.Placement(n_shards=…)" in message
+    assert "fd.NUTS(target_accept=…, max_tree_depth=…)" in message
+    assert caught[0].filename == __file__  # points at the caller
+    np.testing.assert_array_equal(new.samples, old.samples)
+    # and a wrong one is still caught: other draws
+    other = fd.sample(
+        fd.LogisticRegression(),
+        (X, y),
+        fd.FlyMC(q_db=0.06, bright_replica=False),
+        fd.NUTS(target_accept=0.9, max_tree_depth=6),
+        **common,
+    )
+    assert not np.array_equal(new.samples, other.samples)
+
+
+def test_options_given_twice_are_refused():
+    X, y = _data()
+    with pytest.raises(TypeError, match="in the algorithm object"):
+        fd.sample(fd.LogisticRegression(), (X, y), fd.FlyMC(), q_db=0.1, client="synchronous")
+    with pytest.raises(TypeError, match="fd.Placement"):
+        fd.sample(
+            fd.LogisticRegression(),
+            (X, y),
+            placement=fd.Placement(),
+            n_shards=2,
+            client="synchronous",
+        )
+    with pytest.raises(TypeError, match="kernel object"):
+        fd.sample(
+            fd.LogisticRegression(),
+            (X, y),
+            kernel=fd.NUTS(),
+            kernel_options={"target_accept": 0.9},
+            client="synchronous",
+        )
+    with pytest.raises(TypeError, match="kernel must be a kernel object"):
+        fd.sample(fd.LogisticRegression(), (X, y), kernel=3, client="synchronous")
+
+
+def test_metric_from_defaults_to_the_algorithms_and_the_given_object_is_not_changed():
+    """NUTS's metric_from left at None is "differences" under FlyMC and "draws" under
+    regular MCMC, on a copy: the user's kernel object is not modified."""
+    from flymc_dist.call import make_call
+
+    kernel = fd.NUTS()
+    run = dict(RUN_DEFAULTS)
+    X, y = _data(200)
+    fly = make_call(fd.LogisticRegression(), (X, y), "flymc", kernel, dict(run), {})
+    reg = make_call(fd.LogisticRegression(), (X, y), "regular", kernel, dict(run), {})
+    assert (fly.kernel.metric_from, reg.kernel.metric_from) == ("differences", "draws")
+    assert kernel.metric_from is None and fly.kernel_options == {}
+
+
+def test_every_kernel_option_is_an_attribute_of_its_kernel():
+    """Kernel.settings() reads each constructor option back (what traces record)."""
+    for cls in KERNELS.values():
+        k = cls()
+        assert set(k.settings()) == set(inspect.signature(cls).parameters)
+        assert k.changed() == {}
+
+
+def test_the_cli_builds_the_objects_from_its_flags(tmp_path):
+    """``flymc run`` with generated flags: a FlyMC, a placement and a NUTS option reach the
+    run (recorded in the trace), and a flag of another algorithm or kernel is refused."""
+    X, y = _data(800)
+    store = str(tmp_path / "d.zarr")
+    fd.from_numpy(X, y, store, chunk_rows=200)
+    base = [
+        sys.executable,
+        "-m",
+        "flymc_dist.cli",
+        "run",
+        store,
+        "--model",
+        "logistic",
+        "--synchronous",
+        "--warmup",
+        "20",
+        "--samples",
+        "20",
+        "--chains",
+        "2",
+        "--no-progress",
+    ]
+    ok = subprocess.run(
+        [
+            *base,
+            "--trace",
+            str(tmp_path / "t.zarr"),
+            "--q-db",
+            "0.05",
+            "--n-shards",
+            "2",
+            "--max-tree-depth",
+            "5",
+            "--bright-replica",
+            "false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ok.returncode == 0, ok.stderr
+    from flymc_dist.trace import Trace
+
+    attrs = Trace.open(str(tmp_path / "t.zarr"), read_only=True).attrs
+    assert attrs["options"]["q_db"] == 0.05
+    assert attrs["options"]["kernel_options"] == {"max_tree_depth": 5}
+    assert attrs["options"]["bright_replica"] is False
+    assert attrs["n_shards"] == 2
+    bad = subprocess.run(
+        [*base, "--trace", str(tmp_path / "u.zarr"), "--eps", "0.1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "--eps applies only to --algorithm austerity" in bad.stderr
+    bad = subprocess.run(
+        [*base, "--trace", str(tmp_path / "v.zarr"), "--width", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "--width is not an option of kernel 'nuts'" in bad.stderr
+    bad = subprocess.run(
+        [*base, "--trace", str(tmp_path / "w.zarr"), "--q-db", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "q-db must be 'auto' or a number in (0, 1]" in bad.stderr
