@@ -17,6 +17,7 @@ from flymc_dist import diagnostics
 from flymc_dist.bench.common import local_client
 from flymc_dist.cli.common import CLIError, _fmt, _percent, _progress, _say
 from flymc_dist.data import make_logistic
+from flymc_dist.kernels import get_kernel
 from flymc_dist.result import narrowing_line
 
 _DEMO_ROWS = 200_000
@@ -77,7 +78,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             f"  data      {n:,} rows × {d} features (incl. bias) → temporary zarr store, "
             f"{ds.n_chunks} chunks ({time.perf_counter() - t:.1f} s)"
         )
-        shards: dict[str, Any] = {}
         if args.synchronous:
             client = "synchronous"
             _say("  cluster   none: every shard in this process (--synchronous)")
@@ -86,8 +86,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             t = time.perf_counter()
             client, cluster = local_client(workers)
             client.wait_for_workers(workers, timeout=120)
-            # one shard per worker: one actor call per worker per iteration, the cheapest
-            shards = {"n_shards": workers}
             _say(
                 f"  cluster   embedded LocalCluster, {workers} workers × 1 thread, one shard "
                 f"per worker ({time.perf_counter() - t:.1f} s to start)"
@@ -100,19 +98,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
         model = fd.LogisticRegression()
         common = {
-            "kernel": args.kernel,
             "chains": chains,
             "seed": args.seed,
             "client": client,
             "progress": _progress(args),
-            **shards,
         }
         t = time.perf_counter()
         fly = fd.sample(
             model,
             ds,
-            algorithm="flymc",
-            bounds="map",
+            fd.FlyMC(bounds="map"),
+            args.kernel,
             num_warmup=warmup,
             num_samples=samples,
             **common,
@@ -125,10 +121,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         reg = fd.sample(
             model,
             ds,
-            algorithm="regular",
+            fd.Regular(),
+            get_kernel(args.kernel, step_size=step),
             num_warmup=0,
             num_samples=reg_samples,
-            kernel_options={"step_size": step},
             **common,
         )
         t_reg = time.perf_counter() - t

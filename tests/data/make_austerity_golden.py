@@ -19,7 +19,6 @@ Laplace preconditioner change in the last bits, and so do the draws.
 
 from __future__ import annotations
 
-import inspect
 import pathlib
 
 import numpy as np
@@ -69,9 +68,7 @@ def run(name: str, **extra: object) -> dict[str, np.ndarray]:
 
 
 if __name__ == "__main__":
-    extra = {}
-    if "control_variates" in inspect.getsource(fd.api):
-        extra = {"control_variates": False}
+    extra = {"control_variates": False}  # recorded as plain austerity
     arrays = {}
     for name in RUNS:
         arrays.update(run(name, **extra))
