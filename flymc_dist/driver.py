@@ -670,15 +670,14 @@ class Driver:
         """Continue from a :meth:`checkpoint`: positions, kernel parameters and streams,
         then a fresh exact draw of z at the positions (a valid Gibbs step) from streams of
         a generation no earlier segment used: the one counter that fault recovery also
-        advances, kept in every checkpoint (traces written before it was kept had used
-        generation 1 for their resume). Call after :meth:`setup`."""
+        advances, kept in every checkpoint. Call after :meth:`setup`."""
         self.positions = np.asarray(checkpoint["positions"], float)
         kind = type(self.params[0])
         self.params = [params_from_json(kind, p) for p in checkpoint["params"]]
         for r, s in zip(self.rngs, checkpoint["rng_states"], strict=True):
             r.bit_generator.state = rng_state_from_json(s)
-        self.seq = int(checkpoint.get("seq", 0))
-        self.transport.generation = int(checkpoint.get("generation", 1)) + 1
+        self.seq = int(checkpoint["seq"])
+        self.transport.generation = int(checkpoint["generation"]) + 1
         self.transport.call("set_positions", self.positions, self.transport.generation)
 
     def setup_info(self) -> dict[str, Any]:

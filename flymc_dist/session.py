@@ -141,10 +141,9 @@ def _check_resume(call: Call) -> None:
         elif key == "options":
             old, new = _canon(attrs[key]), _canon(value)
             diff += [
-                f"{k} {old.get(k, _canon(_SHAPING.get(k)))!r} (this run: {new.get(k)!r})"
+                f"{k} {old[k]!r} (this run: {new[k]!r})" if k in old else f"no {k}"
                 for k in sorted(new)
-                # an option a trace does not record was not one yet: its default then
-                if old.get(k, _canon(_SHAPING.get(k))) != new.get(k)
+                if k not in old or old[k] != new[k]
             ]
         else:
             diff.append(f"{key} {attrs[key]!r} (this run: {value!r})")

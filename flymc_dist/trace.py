@@ -14,9 +14,8 @@ Layout of a trace (a zarr v3 group, laid out as ArviZ's ``InferenceData``)::
       warmup_posterior/…, warmup_sample_stats/…   the same for the warm-up draws
 
 Arrays grow along the draw axis (axis 1) and are chunked along it
-(``chunk_draws`` draws per chunk, all chains and parameters in one chunk). Traces of
-format version 1 (``samples``, ``stats/<name>``, ``warmup_samples``,
-``warmup_stats/<name>`` at the root) are still read.
+(``chunk_draws`` draws per chunk, all chains and parameters in one chunk). A trace
+written by an earlier release in another layout is refused, in one line saying so.
 
 Reading a trace with xarray and ArviZ
 -------------------------------------
@@ -68,8 +67,7 @@ rename), so a crash leaves either the old or the new record.
 Every chunk of every array is stored, all-zero ones too (zarr omits chunks equal to the
 fill value by default), so a chunk of recorded draws absent from the store is a loss: a
 read of it, an append over it and :meth:`Trace.verify` raise :class:`TraceDamagedError`
-naming it, never reading fill values in its place (traces written before record no
-``every_chunk`` and may omit all-zero statistics' chunks: only their draws are checked).
+naming it, never reading fill values in its place.
 On an object store a write that cannot reach the store is tried again a bounded number
 of times (:func:`flymc_dist._unreachable.retry`), then fails with
 :class:`~flymc_dist._unreachable.StoreUnreachableError`.
@@ -122,16 +120,12 @@ __all__ = [
 
 TRACE_FORMAT = "flymc_dist.trace"
 #: 2: ArviZ's groups (``posterior/theta``, ``sample_stats/<name>``, and their ``warmup_``
-#: twins); 1 (still read): ``samples``, ``stats/<name>``, ``warmup_samples``, ...
+#: twins), every chunk stored
 TRACE_VERSION = 2
-_READ_VERSIONS = (1, 2)
-#: where each phase's arrays live, by format version: {warmup: (samples, stats group)}
+#: where each phase's arrays live: {warmup: (samples, stats group)}
 _LAYOUT = {
-    1: {False: ("samples", "stats"), True: ("warmup_samples", "warmup_stats")},
-    2: {
-        False: ("posterior/theta", "sample_stats"),
-        True: ("warmup_posterior/theta", "warmup_sample_stats"),
-    },
+    False: ("posterior/theta", "sample_stats"),
+    True: ("warmup_posterior/theta", "warmup_sample_stats"),
 }
 
 _RESERVED_ATTR = "flymc_trace"
@@ -473,13 +467,10 @@ class Trace:
         self._chains = int(record["chains"])
         self._param_shape = tuple(int(d) for d in record["param_shape"])
         self._stat_dtypes = {name: np.dtype(d) for name, d in record["stats"].items()}
-        self._layout = _LAYOUT[int(record["version"])]
+        self._layout = _LAYOUT
         counts = record["checkpoint"] if record["checkpoint"] is not None else record["committed"]
         self._n = {False: int(counts["n_draws"]), True: int(counts["n_warmup_draws"])}
         self._arrays: dict[str, zarr.Array] = {}  # handles, filled by _check_arrays
-        #: whether every chunk was written (traces before that omitted all-zero ones: in
-        #: them only an absent chunk of draws, never all NaN, is known to be a loss)
-        self._every_chunk = bool(record.get("every_chunk"))
         #: draws array -> its phase (warm-up or not); its draws per chunk
         self._phase = {
             key: warmup for warmup in (False, True) for key, _, _ in self._array_specs(warmup)
@@ -610,7 +601,7 @@ class Trace:
             )
             arrays: list[tuple[Any, ...]] = []  # (function, *args): made after the groups
             for warmup in (False, True):
-                samples_key, stats_key = _LAYOUT[TRACE_VERSION][warmup]
+                samples_key, stats_key = _LAYOUT[warmup]
                 post_key, samples_name = samples_key.split("/")
                 # each group with its xarray coordinates: the chains and the labels of the
                 # parameter axes (the draws are 0 … n−1, xarray's default)
@@ -688,10 +679,12 @@ class Trace:
         record = _record_of(group)
         if record is None:  # pragma: no cover - changed under our feet
             raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
-        if record.get("version") not in _READ_VERSIONS:
+        if record.get("version") != TRACE_VERSION or not record.get("every_chunk"):
+            omitted = "" if record.get("every_chunk") else ", chunks of zeros omitted"
             raise ValueError(
-                f"unsupported trace version {record.get('version')!r} (this version reads "
-                f"{', '.join(map(str, _READ_VERSIONS))})"
+                f"{os.fspath(path)!s} is a trace of an earlier flymc_dist release (format "
+                f"{record.get('version')!r}{omitted}); this release reads format "
+                f"{TRACE_VERSION}: open it with the release that wrote it, or start a new trace"
             )
         try:
             trace = cls(group, record, path=path, read_only=read_only)
@@ -743,7 +736,7 @@ class Trace:
         as a chunk past the recorded draws, or an all-zero one of an older trace)."""
         if array not in self._phase:  # a coordinate: written whole with the trace
             groups = {g for s, st in self._layout.values() for g in (s.rpartition("/")[0], st)}
-            if self._every_chunk and array.rpartition("/")[0] in groups:
+            if array.rpartition("/")[0] in groups:
                 return f"the coordinate {array}"
             return None
         warmup = self._phase[array]
@@ -751,7 +744,7 @@ class Trace:
         if per is None or len(chunk) < 2:
             return None
         lo, n = chunk[1] * per, self._n[warmup]
-        if lo >= n or not (self._every_chunk or array == self._layout[warmup][0]):
+        if lo >= n:
             return None
         phase = "warm-up draws" if warmup else "draws"
         return f"{phase} {lo}-{min(lo + per, n) - 1} of {array}"
@@ -767,14 +760,13 @@ class Trace:
         for warmup in (False, True):
             for key, _, _ in self._array_specs(warmup):
                 self._arrays[key][:, : self._n[warmup]]
-        if self._every_chunk:  # format 2: each group's coordinates
-            for warmup in (False, True):
-                samples, stats = self._layout[warmup]
-                post = samples.rpartition("/")[0]
-                dims = self._arrays[samples].metadata.dimension_names or ()
-                keys = [f"{post}/{dim}" for dim in ("chain", *dims[2:])] + [f"{stats}/chain"]
-                for key in keys:
-                    self._group[key][:]
+        for warmup in (False, True):  # each group's coordinates
+            samples, stats = self._layout[warmup]
+            post = samples.rpartition("/")[0]
+            dims = self._arrays[samples].metadata.dimension_names or ()
+            keys = [f"{post}/{dim}" for dim in ("chain", *dims[2:])] + [f"{stats}/chain"]
+            for key in keys:
+                self._group[key][:]
 
     def _array_specs(self, warmup: bool) -> list[tuple[str, tuple[int, ...], np.dtype]]:
         """``(key, trailing shape, dtype)`` of every array of one phase, samples first."""

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import flymc_dist as fd
-from flymc_dist.layout import shard_layout
 from flymc_dist.driver import Driver
 from flymc_dist.kernels import get_kernel
+from flymc_dist.layout import shard_layout
 from flymc_dist.protocol import (
     ReplicaReply,
     ReplicaRound,

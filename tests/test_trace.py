@@ -653,12 +653,12 @@ def test_dimension_names_and_coordinates(tmp_path: Path) -> None:
         assert not (tmp_path / "bad").exists()
 
 
-def test_format_1_traces_are_still_read(tmp_path: Path) -> None:
-    """A trace of format version 1 (arrays at the root: ``samples``, ``stats/<name>``,
-    ``warmup_samples``, ``warmup_stats/<name>``), written here as that version did."""
+def test_traces_of_an_earlier_release_are_refused_in_one_line(tmp_path: Path) -> None:
+    """A trace of format version 1 (arrays at the root: ``samples``, ``stats/<name>``…),
+    or of format 2 written before every chunk was stored, is refused saying so; a new
+    trace is written in format 2, every chunk stored."""
     rng = np.random.default_rng(21)
     samples, stats = _batch(rng, 3, 6, (4,))
-    wsamples, wstats = _batch(rng, 3, 2, (4,))
     record = {
         "format": "flymc_dist.trace",
         "version": 1,
@@ -666,23 +666,21 @@ def test_format_1_traces_are_still_read(tmp_path: Path) -> None:
         "param_shape": [4],
         "stats": {k: np.dtype(v).str for k, v in STATS.items()},
         "chunk_draws": 16,
-        "committed": {"n_draws": 6, "n_warmup_draws": 2},
+        "committed": {"n_draws": 6, "n_warmup_draws": 0},
         "checkpoint": None,
     }
     group = zarr.create_group(tmp_path / "old", attributes={"seed": 0, "flymc_trace": record})
-    for prefix, x, st in (("", samples, stats), ("warmup_", wsamples, wstats)):
-        group.create_array(f"{prefix}samples", data=x, chunks=(3, 16, 4))
-        for name, column in st.items():
-            group.create_array(f"{prefix}stats/{name}", data=column.astype(STATS[name]))
-    old = Trace.open(tmp_path / "old", read_only=True)
-    np.testing.assert_array_equal(old.samples, samples)
-    np.testing.assert_array_equal(old.warmup_samples, wsamples)
-    for name in STATS:
-        np.testing.assert_array_equal(old.stats[name], stats[name].astype(STATS[name]))
-    # a new trace is written in format 2
+    group.create_array("samples", data=samples, chunks=(3, 16, 4))
+    with pytest.raises(ValueError, match=r"earlier flymc_dist release \(format 1, chunks of"):
+        Trace.open(tmp_path / "old", read_only=True)
     _new(tmp_path / "new")
     record = zarr.open_group(tmp_path / "new", mode="r").attrs["flymc_trace"]
-    assert record["version"] == 2
+    assert record["version"] == 2 and record["every_chunk"] is True
+    Trace.open(tmp_path / "new", read_only=True)
+    del record["every_chunk"]
+    zarr.open_group(tmp_path / "new", mode="r+").update_attributes({"flymc_trace": record})
+    with pytest.raises(ValueError, match=r"\(format 2, chunks of zeros omitted\); this release"):
+        Trace.open(tmp_path / "new", read_only=True)
     # a stat cannot take a dimension's name
     with pytest.raises(ValueError, match="'chain' cannot name a stat"):
         Trace.create(tmp_path / "bad", chains=2, param_shape=(2,), stats={"chain": int}, attrs={})
@@ -767,24 +765,6 @@ def test_chunks_past_the_recorded_draws_may_be_absent(tmp_path: Path) -> None:
     reopened.append(samples, stats, warmup=False)
     reopened.set_checkpoint({"iteration": 19})
     assert Trace.open(tmp_path / "t").n_draws == 20
-
-
-def test_an_older_trace_may_lack_all_zero_chunks_but_not_draws(tmp_path: Path) -> None:
-    """Traces written before every chunk was stored omit all-zero statistics' chunks: they
-    still read (as zeros, as written); a missing chunk of draws (never all NaN) is refused."""
-    trace, (_, stats) = _zeros_and_draws(tmp_path)
-    group = zarr.open_group(tmp_path / "t", mode="r+")
-    record = dict(group.attrs["flymc_trace"])
-    del record["every_chunk"]
-    group.update_attributes({"flymc_trace": record})
-    os.remove(tmp_path / "t" / "sample_stats" / "accepted" / "c" / "0" / "1")
-    os.remove(tmp_path / "t" / "posterior" / "chain" / "c" / "0")
-    old = Trace.open(tmp_path / "t", read_only=True)
-    np.testing.assert_array_equal(old.stats["accepted"], stats["accepted"])
-    old.verify()
-    os.remove(tmp_path / "t" / "posterior" / "theta" / "c" / "0" / "0" / "0")
-    with pytest.raises(TraceDamagedError, match="draws 0-3 of posterior/theta"):
-        np.asarray(Trace.open(tmp_path / "t", read_only=True).samples)
 
 
 def test_lock_through_a_symbolic_link_protects_the_real_path(tmp_path: Path) -> None:

@@ -226,4 +226,5 @@ def kernel_from_args(args: argparse.Namespace, kernel: str) -> Kernel | str:
     try:
         return get_kernel(kernel, **given)
     except ValueError as err:
-        raise CLIError(str(err)) from None
+        named = [flag_of(k) for k in given if str(err).startswith(k)]
+        raise CLIError(f"{named[0] if named else '--kernel'}: {err}") from None

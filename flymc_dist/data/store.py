@@ -16,8 +16,8 @@ A data set is a zarr v3 group with two arrays and a few attributes::
 
 ``X`` is stored as float64 (the default) or float32 (``dtype="float32"`` in the writers:
 half the bytes; values rounded once when written); every read returns float64, so all
-arithmetic is float64 either way. Stores written before the ``"dtype"`` attribute existed
-are float64 (:attr:`Dataset.dtype` reads it from the array).
+arithmetic is float64 either way. A store written by an earlier release (no
+``store_id`` or ``dtype`` attribute) is refused, in one line saying to write it again.
 
 ``task`` is one of ``"binary"`` (y in {0, 1}, ``n_classes == 2``), ``"multiclass"``
 (y in 0..K-1, ``n_classes == K >= 2``) or ``"real"`` (``n_classes`` is ``None``).
@@ -150,16 +150,14 @@ class _ChunkGuard(WrapperStore):
         where: str = "",
         chunk_rows: int = 0,
         prefix: str = "",
-        legacy: bool = False,
     ) -> None:
         super().__init__(store)
         self._where = where
         self._chunk_rows = chunk_rows
         self._prefix = prefix
-        self._legacy = legacy
 
     def _with_store(self, store: Any) -> _ChunkGuard:
-        return type(self)(store, self._where, self._chunk_rows, self._prefix, self._legacy)
+        return type(self)(store, self._where, self._chunk_rows, self._prefix)
 
     async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
         value = await self._store.get(key, prototype, byte_range)
@@ -170,12 +168,6 @@ class _ChunkGuard(WrapperStore):
                     f"data set {self._where!r} is damaged: chunk {key!r} "
                     f"({_rows_of(key, name, self._prefix, self._chunk_rows)}) is missing from "
                     "the store (a partial copy?); nothing was read in its place"
-                    + (
-                        " (stores written before every chunk was stored may omit chunks "
-                        "holding only zeros: if so, write it again from its source)"
-                        if self._legacy
-                        else ""
-                    )
                 )
         return value
 
@@ -235,9 +227,9 @@ class Dataset:
         self._checked = time.monotonic()
         group = self._open_group()
         attrs = dict(group.attrs)
-        #: the identity written with the store (None: written before ids were); every
-        #: rewrite changes it, and every read checks that it did not change
-        self.store_id: str | None = attrs.get("store_id")
+        #: the identity written with the store; every rewrite changes it, and every read
+        #: checks that it did not change
+        self.store_id: str = str(attrs.get("store_id"))
         if store_id is not None and self.store_id != store_id:
             raise _replaced(self.path, store_id, self.store_id)
         if attrs.get(_REPLACING) == FORMAT:
@@ -257,6 +249,12 @@ class Dataset:
         missing = [k for k in ("n_rows", "n_features", "chunk_rows", "task") if k not in attrs]
         if missing:
             raise ValueError(f"{self.path!r}: group attributes {missing} are missing")
+        if not attrs.get("store_id") or "dtype" not in attrs:
+            raise ValueError(
+                f"{self.path!r} was written by an earlier flymc_dist release (it records no "
+                "store id or dtype): write it again from its source (fd.from_numpy, "
+                "flymc ingest)"
+            )
         self.n_rows = int(attrs["n_rows"])
         self.n_features = int(attrs["n_features"])
         self.chunk_rows = int(attrs["chunk_rows"])
@@ -265,10 +263,9 @@ class Dataset:
         fn = attrs.get("feature_names")
         self.feature_names = None if fn is None else [str(v) for v in fn]
         self._attrs = attrs
-        # stores written before the attribute existed are float64; infer from the array
         stored = np.dtype(X.dtype)
-        declared = attrs.get("dtype")
-        if stored not in _DTYPES or (declared is not None and declared != stored.name):
+        declared = attrs["dtype"]
+        if stored not in _DTYPES or declared != stored.name:
             raise ValueError(
                 f"{self.path!r}: X is stored as {stored} but the attributes declare dtype "
                 f"{declared!r} (expected float64 or float32, matching)"
@@ -336,9 +333,7 @@ class Dataset:
     def _guarded(self, group: Any) -> tuple[Any, Any]:
         """``X`` and ``y`` read through a :class:`_ChunkGuard` (an absent chunk raises)."""
         prefix = f"{group.path}/" if group.path else ""
-        store = _ChunkGuard(
-            group.store, self.path, self.chunk_rows, prefix, legacy="store_id" not in self._attrs
-        )
+        store = _ChunkGuard(group.store, self.path, self.chunk_rows, prefix)
         g = zarr.open_group(store=store, path=group.path, mode="r", zarr_format=3)
         return g["X"], g["y"]
 
@@ -405,8 +400,6 @@ class Dataset:
         overlapped is never returned). Local: one ``stat`` (the rewrite renames a new
         directory into place); a URL: one request, at most every
         :data:`URL_CHECK_SECONDS` unless ``force``."""
-        if self.store_id is None:
-            return  # written before ids were: nothing to compare
         if _is_url(self.path):
             now = time.monotonic()
             if not force and now - self._checked < URL_CHECK_SECONDS:
@@ -467,34 +460,12 @@ class Dataset:
 
         ``"<n_rows>x<n_features>:<store_id>"``, the random id written with the store (so a
         copy of a store is the same data set, and two stores of the same shape are not).
-        A store written before ids were written gets a hash of its layout attributes and
-        of its first and last rows (two chunks read).
 
         Returns
         -------
         str
         """
-        head = f"{self.n_rows}x{self.n_features}:"
-        sid = self._attrs.get("store_id")
-        if isinstance(sid, str) and sid:
-            return head + sid
-        import hashlib
-
-        h = hashlib.sha256()
-        layout = [
-            self.n_rows,
-            self.n_features,
-            self.chunk_rows,
-            self.task,
-            self.n_classes,
-            self.feature_names,
-        ]
-        h.update(repr(layout).encode())
-        for lo in {0, self.n_rows - 1}:
-            X, y = self.read(lo, lo + 1)
-            h.update(X.tobytes())
-            h.update(np.asarray(y, np.float64).tobytes())
-        return head + "sha256-" + h.hexdigest()[:32]
+        return f"{self.n_rows}x{self.n_features}:{self.store_id}"
 
     def __repr__(self) -> str:
         k = f", n_classes={self.n_classes}" if self.task != "real" else ""
