@@ -45,6 +45,7 @@ from flymc_dist.bench.common import local_client, reusable_store
 from flymc_dist.bench.numpyro_nuts import import_numpyro, run_numpyro
 from flymc_dist.data import make_logistic
 from flymc_dist.data.real import flights_to_zarr, mnist_7_vs_9, qm9_gap
+from flymc_dist.kernels import get_kernel
 from flymc_dist.result import narrowing_line
 
 PROBLEMS = ("qm9", "mnist", "flights", "logistic")
@@ -222,19 +223,19 @@ def run_mixing(
         if kernel != "nuts":
             raise ValueError(f"numpyro=True compares NUTS with NUTS, not with {kernel!r}")
         import_numpyro()
-    fly_options: dict[str, Any] = {"precondition": precondition}
+    fly: dict[str, Any] = {"bounds": "map"}
     if q_db is not None:
-        fly_options["q_db"] = float(q_db)
+        fly["q_db"] = float(q_db)
     if not exact_rows:
-        fly_options["exact_rows"] = None
+        fly["exact_rows"] = None
     shared_kernel: dict[str, Any] = {}  # kernel options of both runs
     if max_tree_depth is not None:
         if kernel != "nuts":
             raise ValueError(f"max_tree_depth is an option of NUTS, not of {kernel!r}")
         shared_kernel["max_tree_depth"] = int(max_tree_depth)
-    fly_options["kernel_options"] = dict(shared_kernel)
-    if not adapt_metric:
-        fly_options["kernel_options"]["adapt_metric"] = False
+    fly_kernel = get_kernel(
+        kernel, **shared_kernel, **({} if adapt_metric else {"adapt_metric": False})
+    )
     own_dir = workdir is None
     workdir = tempfile.mkdtemp(prefix="flymc-mixing-") if own_dir else workdir
     cluster = None
@@ -244,7 +245,7 @@ def run_mixing(
         ingest = time.perf_counter() - t0
         if client is None:
             client, cluster = local_client(workers)
-        common = dict(kernel=kernel, chains=chains, seed=seed, client=client, progress=False)
+        common = dict(chains=chains, seed=seed, client=client, progress=False)
         out: dict[str, Any] = {
             "setup": {
                 "problem": problem,
@@ -269,24 +270,24 @@ def run_mixing(
         res = fd.sample(
             model,
             ds,
-            algorithm="flymc",
-            bounds="map",
+            fd.FlyMC(**fly),
+            fly_kernel,
             num_warmup=num_warmup,
             num_samples=num_samples,
-            **fly_options,
+            precondition=precondition,
             **common,
         )
         out["flymc"] = _figures(res, time.perf_counter() - t0)
         if regular:
-            common["kernel_options"] = dict(shared_kernel)
             if regular_warmup == 0:
                 steps = [p["step_size"] for p in res.info["kernel_params"]]
-                common["kernel_options"]["step_size"] = float(np.mean(steps))
+                shared_kernel["step_size"] = float(np.mean(steps))
             t0 = time.perf_counter()
             res = fd.sample(
                 model,
                 ds,
-                algorithm="regular",
+                fd.Regular(),
+                get_kernel(kernel, **shared_kernel),
                 num_warmup=regular_warmup,
                 num_samples=regular_samples,
                 **common,

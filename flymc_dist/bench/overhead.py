@@ -273,13 +273,14 @@ def run_overhead(
             finally:
                 transport.close()
 
-            def run(algorithm: str, n_iter: int, n_warm: int, **opts: Any) -> Any:
+            def run(
+                algorithm: Any, n_iter: int, n_warm: int, kernel: Any = "rwmh", **opts: Any
+            ) -> Any:
                 return fd.sample(
                     model,
                     ds,
-                    algorithm=algorithm,
-                    bounds="map",
-                    kernel="rwmh",
+                    algorithm,
+                    kernel,
                     num_warmup=n_warm,
                     num_samples=n_iter,
                     chains=chains,
@@ -289,12 +290,17 @@ def run_overhead(
                     **opts,
                 )
 
-            fly = run("flymc", iterations, warmup)
+            fly = run(fd.FlyMC(bounds="map"), iterations, warmup)
             out["flymc"] = _sampler_figures(fly)
             out["setup"]["channel"] = fly.info["channel"]
             # the same run with its rounds on Dask's actor RPC: same draws, other time
             out["flymc_dask_channel"] = _sampler_figures(
-                run("flymc", iterations, warmup, channel="dask")
+                run(
+                    fd.FlyMC(bounds="map"),
+                    iterations,
+                    warmup,
+                    placement=fd.Placement(channel="dask"),
+                )
             )
             # regular MCMC: FlyMC's last draws, step size and preconditioner (no MAP search,
             # no warm-up needed: the chains already sample the posterior)
@@ -304,9 +310,9 @@ def run_overhead(
             reg_opts = {
                 "init": fly.samples[:, -1].reshape(chains, -1).tolist(),
                 "precondition": tril @ tril.T,
-                "kernel_options": {"step_size": float(np.mean([p["step_size"] for p in kp]))},
+                "kernel": fd.RWMH(step_size=float(np.mean([p["step_size"] for p in kp]))),
             }
-            out["regular"] = _sampler_figures(run("regular", regular_iterations, 0, **reg_opts))
+            out["regular"] = _sampler_figures(run(fd.Regular(), regular_iterations, 0, **reg_opts))
             transport = DaskTransport(client, specs, config, channel="socket")
             try:
                 _time_pings(transport, 20, "actor")

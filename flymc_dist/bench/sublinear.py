@@ -46,6 +46,7 @@ from flymc_dist.austerity.sampler import loglog_slope, run_decisions
 from flymc_dist.data import from_numpy
 from flymc_dist.kernels.rwmh import tril_matvec
 from flymc_dist.models.logistic import LogisticRegression
+from flymc_dist.options import Austerity, Placement, Regular
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.transport.dask import _client_from
 
@@ -408,18 +409,14 @@ def _posterior_run(
     res = sample(
         model,
         data,
-        algorithm="austerity",
-        control_variates=cv,
-        eps=eps,
-        batch_size=batch_size,
+        Austerity(eps=eps, batch_size=batch_size, control_variates=cv),
         num_warmup=warmup,
         num_samples=samples,
         chains=chains,
         seed=seed,
         client=client,
-        n_shards=n_shards,
+        placement=Placement(n_shards=n_shards, out_of_core=out_of_core),
         progress=False,
-        out_of_core=out_of_core,
     )
     secs = time.perf_counter() - t
     used = res.stats["data_used"]
@@ -465,12 +462,12 @@ def _bias_vs_eps(
         "chains": chains,
         "seed": seed,
         "client": client,
-        "n_shards": n_shards,
+        "placement": Placement(n_shards=n_shards),
         "progress": False,
     }
     t = time.perf_counter()
     # exact RWMH: its adapted step and covariance make the moves the decisions are tried on
-    ref = sample(model, data, algorithm="regular", kernel="rwmh", **common)
+    ref = sample(model, data, Regular(), "rwmh", **common)
     ref_secs = time.perf_counter() - t
     flat = ref.samples.reshape(chains, samples, -1)
     ref_mean = flat.mean(axis=(0, 1))
@@ -506,10 +503,7 @@ def _bias_vs_eps(
             res = sample(
                 model,
                 data,
-                algorithm="austerity",
-                eps=e,
-                batch_size=batch_size,
-                control_variates=cv,
+                Austerity(eps=e, batch_size=batch_size, control_variates=cv),
                 **common,
             )
             secs = time.perf_counter() - t
