@@ -39,25 +39,22 @@ def main() -> None:
     X, y = mnist_7_vs_9()
     model = fd.LogisticRegression(prior="normal", prior_scale=args.prior_scale)
     runs = {}
-    for label, algorithm, bounds in (
-        ("regular", "regular", "map"),
-        ("untuned FlyMC", "flymc", "untuned"),
-        ("MAP-tuned FlyMC", "flymc", "map"),
+    for label, algorithm in (
+        ("regular", fd.Regular()),
+        ("untuned FlyMC", fd.FlyMC(bounds="untuned", q_db=args.q_db)),
+        ("MAP-tuned FlyMC", fd.FlyMC(bounds="map", q_db=args.q_db)),
     ):
         t0 = time.perf_counter()
         res = fd.sample(
             model,
             (X, y),
-            algorithm=algorithm,
-            bounds=bounds,
-            kernel="rwmh",
-            z_update="implicit",
+            algorithm,
+            fd.RWMH(),
             num_warmup=args.warmup,
             num_samples=args.samples,
             chains=args.chains,
             seed=args.seed,
             client=args.client,
-            q_db=args.q_db,
             progress=False,
         )
         eff = res.efficiency()
