@@ -64,7 +64,6 @@ def sample_on(
     client.wait_for_workers(n_workers, timeout=3600)
     ds = fd.open_dataset(args.store, storage_options=storage_options)
     kwargs = {"n_classes": ds.n_classes} if args.model == "softmax" else {}
-    options: dict[str, Any] = {} if args.n_shards is None else {"n_shards": args.n_shards}
     return fd.sample(
         MODELS[args.model](**kwargs),
         ds,
@@ -74,7 +73,7 @@ def sample_on(
         chains=args.chains,
         seed=args.seed,
         client=client,
+        placement=fd.Placement(n_shards=args.n_shards),
         trace=args.trace,
         resume=args.resume,
-        **options,
     )
