@@ -5,6 +5,7 @@ trace, inside the trace session (:mod:`flymc_dist.session`)."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from flymc_dist.austerity.sampler import sample_austerity
 from flymc_dist.call import RUN_DEFAULTS, Call, check_task, make_call
 from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.driver import Driver
-from flymc_dist.kernels import Kernel
+from flymc_dist.kernels import KERNELS, Kernel
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import Model
 from flymc_dist.options import Austerity, FlyMC, Placement, Regular, describe
@@ -124,7 +125,18 @@ def sample(
 
 def _options_doc() -> str:
     """The options of the algorithm and placement objects, for :func:`sample`'s docstring."""
-    lines = []
+    lines = ["The kernels and their options' defaults (each class documents them):\n"]
+    for alias, name in (
+        ("NUTS", "nuts"),
+        ("HMC", "hmc"),
+        ("MALA", "mala"),
+        ("Slice", "slice"),
+        ("RWMH", "rwmh"),
+    ):
+        params = inspect.signature(KERNELS[name]).parameters.values()
+        shown = ", ".join(f"{p.name}={p.default!r}" for p in params)
+        lines.append(f"    - ``fd.{alias}({shown})``")
+    lines.append("")
     for cls in (FlyMC, Austerity, Placement):
         lines.append(f"``fd.{cls.__name__}`` options:\n")
         for name, default, doc in describe(cls):

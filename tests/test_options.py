@@ -63,6 +63,8 @@ def test_every_option_of_the_api_has_a_flag():
 
 def test_help_lists_every_option_with_its_default():
     doc = fd.sample.__doc__
+    assert "fd.NUTS(target_accept=0.8, max_tree_depth=10, metric='dense'" in doc
+    assert "fd.RWMH(target_accept=0.234, step_size=None)" in doc
     for cls in (fd.FlyMC, fd.Austerity, fd.Placement):
         for f in dataclasses.fields(cls):
             assert f"``{f.name}`` (default ``{f.default!r}``)" in doc
