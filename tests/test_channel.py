@@ -118,7 +118,7 @@ def test_check_channel():
     for v in ("auto", "socket", "dask"):
         assert check_channel(v) == v
     for v in ("tcp", None, 1, "Socket"):
-        with pytest.raises(ValueError, match="channel must be one of"):
+        with pytest.raises(ValueError, match="channel must be 'auto', 'socket' or 'dask'"):
             check_channel(v)
 
 
@@ -127,7 +127,7 @@ def test_sample_rejects_bad_channel_before_writing(tmp_path):
     X = np.column_stack([np.ones(50), rng.normal(size=50)])
     y = (rng.random(50) < 0.5).astype(float)
     trace = tmp_path / "t.zarr"
-    with pytest.raises(ValueError, match="channel must be one of"):
+    with pytest.raises(ValueError, match="channel must be 'auto', 'socket' or 'dask'"):
         fd.sample(
             fd.LogisticRegression(),
             (X, y),

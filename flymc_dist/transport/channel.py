@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from flymc_dist.options import CHANNELS
+from flymc_dist.options import CHANNELS, one_of
 
 log = logging.getLogger("flymc_dist")
 
@@ -69,9 +69,7 @@ After = Callable[[int], None]
 
 def check_channel(value: Any) -> str:
     """Validate the ``channel`` option."""
-    if not isinstance(value, str) or value not in CHANNELS:
-        raise ValueError(f"channel must be one of {', '.join(map(repr, CHANNELS))}, not {value!r}")
-    return value
+    return one_of(*CHANNELS)("channel", value)
 
 
 class ChannelError(OSError):
