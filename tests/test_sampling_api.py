@@ -3,7 +3,7 @@
 errors. All runs are tiny and in-process (``client="synchronous"``).
 
 The query counts are derived by hand from the round-trip protocol (DESIGN.md §2 "Cost
-accounting"; ``Shard.round`` / ``implicit_update`` / ``explicit_update``):
+accounting"; ``Shard.round`` and the z-updates of :mod:`flymc_dist.brightness`):
 
 * regular: every evaluated point costs N queries (one full pass); RWMH and MALA evaluate
   one point per iteration (MALA's gradient at the current point is cached from the
