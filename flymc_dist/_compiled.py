@@ -6,12 +6,14 @@ and a handful of transcendental functions. In numpy that work is dominated by th
 cost of launching array operations (tens per round, a few microseconds each), not by
 the arithmetic; here each phase is one compiled loop.
 
-The kernels implement the models' fused ``log L~`` (see
-:meth:`~flymc_dist.models.base.Model.log_bright_rows`) for the models that
-provide a compiled form (:meth:`~flymc_dist.models.base.Model.compiled_bright`),
-operation for operation in the same order as their numpy versions; the results
-agree to a few ulp (the libm and numpy's vectorised ``exp``/``log`` may differ in the
-last bit), and every transport runs these same kernels, so draws are identical
+The kernels implement ``log L~_n = log expm1(ℓ_n − β_n)`` of one row from its linear
+predictor and the model's row constants (its label and bound coefficients, see
+:meth:`~flymc_dist.models.base.Model.row_constants`) for the models that provide a
+compiled form (:meth:`~flymc_dist.models.base.Model.compiled_bright`), with the
+operations of the models' numpy ``loglik`` and ``logbound``; the results agree with
+``log_expm1(loglik − logbound)`` to rounding (the libm and numpy's vectorised
+``exp``/``log`` may differ in the last bit; ``tests/test_fused_z.py`` bounds the
+difference), and every transport runs these same kernels, so draws are identical
 in-process and on any number of workers.
 
 Random numbers are never drawn here: they come from the rows' own streams
@@ -25,7 +27,7 @@ for such a kernel (every call signature compiles again, about a second each), so
 worker would pay that compilation at each start, and again after each recovery. With
 the switch every kernel here is compiled once and cached on disk. A model joins by a
 kind id in :data:`KINDS`, a branch in :func:`_log_bright` and :func:`_bright_and_slope`
-(operation for operation as its numpy ``log_bright_rows``), and its
+(the operations of its numpy ``loglik`` and ``logbound``), and its
 :meth:`~flymc_dist.models.base.Model.compiled_bright` naming the kind; its
 ``row_constants`` are the ``(c0, c1, c2)`` those branches read.
 """
@@ -48,7 +50,7 @@ _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 @numba.njit(inline="always", **_JIT)
 def _log_expm1(delta: float) -> float:
-    """``log(exp(delta) - 1)`` of ``max(delta, 0)``, as ``_numerics.log_expm1_inplace``."""
+    """``log(exp(delta) - 1)`` of ``max(delta, 0)``, as :func:`flymc_dist._numerics.log_expm1`."""
     d = max(delta, 0.0)
     return d + math.log(-math.expm1(-d))
 
