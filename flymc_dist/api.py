@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from flymc_dist._paths import is_url as _is_url
 from flymc_dist._unreachable import unreachable
 from flymc_dist.austerity.sampler import check_control_variates, sample_austerity
 from flymc_dist.data import Dataset, open_dataset
@@ -32,7 +33,7 @@ from flymc_dist.progress import SetupProgress, load_note
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.result import Result, Summary, efficiency
 from flymc_dist.run import describe_run, run
-from flymc_dist.trace import Trace, TraceLock, _is_url
+from flymc_dist.trace import Trace, TraceLock
 from flymc_dist.transport.channel import check_channel
 from flymc_dist.transport.dask import open_transport
 
