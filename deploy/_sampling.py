@@ -42,12 +42,11 @@ def check_sampler_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def local_cluster(n_workers: int) -> Any:
-    """``n_workers`` single-threaded local worker processes (``--local``)."""
-    from distributed import LocalCluster
+    """``n_workers`` single-threaded local worker processes (``--local``): the embedded
+    cluster of ``fd.sample(client=None)``."""
+    from flymc_dist.transport.dask import local_cluster as embedded
 
-    return LocalCluster(
-        n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None
-    )
+    return embedded(n_workers)
 
 
 def sample_on(

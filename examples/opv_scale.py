@@ -36,7 +36,6 @@ same sampler in memory, for comparison.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
 import tempfile
@@ -46,6 +45,7 @@ from pathlib import Path
 import flymc_dist as fd
 from flymc_dist.bench.scale import peak_rss, reset_peak_rss
 from flymc_dist.data import make_opv_like
+from flymc_dist.transport.dask import local_client
 
 #: the least memory limit given to a worker by default: its own footprint (Python, Dask,
 #: NumPy, numba compiling its kernels) is some 150-250 MB, and an out-of-core shard's
@@ -135,19 +135,8 @@ def main() -> None:
             f"out_of_core={args.out_of_core!r}"
         )
         model = fd.RobustRegression(nu=4.0, scale=scale, prior="laplace", prior_scale=10.0)
-        from distributed import Client, LocalCluster
-
-        with (
-            LocalCluster(
-                n_workers=args.workers,
-                threads_per_worker=1,
-                memory_limit=limit,
-                dashboard_address=None,
-                scheduler_kwargs={"dashboard_address": ":0"},
-                silence_logs=logging.ERROR,
-            ) as cluster,
-            Client(cluster, direct_to_workers=True) as client,
-        ):
+        client, cluster = local_client(args.workers, memory_limit=limit)
+        with cluster, client:
             pids = client.run(os.getpid)
             common = dict(
                 kernel=args.kernel,

@@ -67,22 +67,6 @@ def log_expm1(delta: ArrayLike) -> np.ndarray:
     return _result(out)
 
 
-def log_expm1_inplace(delta: np.ndarray) -> np.ndarray:
-    """:func:`log_expm1` of a float64 array, overwriting it: the hot-path form.
-
-    No copy and no ``errstate`` (entering one costs as much as the arithmetic on a few
-    hundred values): ``delta == 0`` gives ``-inf`` and may warn unless the caller has
-    silenced "divide" (shards do, once per round).
-    """
-    np.maximum(delta, 0.0, out=delta)
-    tmp = np.negative(delta)
-    np.expm1(tmp, out=tmp)
-    np.negative(tmp, out=tmp)
-    np.log(tmp, out=tmp)
-    delta += tmp
-    return delta
-
-
 def log_sigmoid(s: ArrayLike) -> np.ndarray:
     """Stable ``log(1 / (1 + exp(-s))) = -logaddexp(0, -s)``.
 

@@ -20,22 +20,19 @@ With ``log L~_n = log(expm1(delta_n))`` (``delta_n = l_n - beta_n``) the
 conditional brightness probability is ``p(z_n = 1 | θ) = 1 - exp(-delta_n)
 = sigmoid(log L~_n)``, so the updates work entirely in ``log L~``.
 
-Knows nothing of Dask or models: rows are evaluated through a callback
-``evaluate(rows) -> (vals, dvals)`` at the chain's current θ.
+Knows nothing of Dask or models: each update comes in two halves, ``*_propose`` (which
+rows to evaluate) and ``*_accept`` (given their ``log L~`` at the chain's current θ),
+and the caller evaluates the rows between them (a shard, for all its chains at once).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
 from flymc_dist._numerics import in_sorted, log_sigmoid
 from flymc_dist.streams import RowStreams
-
-#: ``evaluate(rows)`` → ``(log L~ of those rows at the current θ, d log L~/d eta or None)``
-RowEvaluator = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]]
 
 
 class BrightSet:
@@ -102,7 +99,17 @@ class BrightSet:
 def implicit_propose(
     streams: RowStreams, bright: BrightSet, q: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """First half of :func:`implicit_update`: which bright rows go dark, which dark rows propose.
+    """First half of the implicit z-update: which bright rows go dark, which dark rows
+    propose.
+
+    The implicit update is the Metropolis–Hastings update of every z_n (the paper's
+    Algorithm 2, sign corrected): bright rows propose dark and are accepted with
+    ``min(1, q / L~_n)``; dark rows propose bright with probability ``q`` and are
+    accepted with ``min(1, L~_n / q)`` (:func:`implicit_accept`). Which rows propose is a
+    Bernoulli(q) process over *all* rows, the bright ones among them being skipped — the
+    same as proposing each dark row with probability q. Between the halves the caller
+    evaluates ``log L~`` of the proposing rows at the current θ (the likelihood queries
+    of the update: one per proposing row).
 
     Every random number is the row's own (:class:`~flymc_dist.streams.RowStreams`): a
     bright row's uniform decides its move, and which dark rows propose is the chain's
@@ -131,7 +138,10 @@ def implicit_accept(
     vals: np.ndarray,
     dvals: np.ndarray | None,
 ) -> None:
-    """Second half of :func:`implicit_update`: accept dark→bright with ``min(1, L~/q)``."""
+    """Second half of the implicit z-update (:func:`implicit_propose`): darken the rows
+    ``darken`` picks, and accept each dark→bright proposal ``cand`` with ``min(1, L~/q)``
+    (:func:`brighten`), ``vals`` (and ``dvals``) its ``log L~`` (and eta-derivative) at
+    the current θ."""
     if cand.size:
         accept = brighten(streams.log_uniforms(cand), vals, q)
         new_rows, new_vals = cand[accept], vals[accept]
@@ -150,43 +160,17 @@ def brighten(log_u: np.ndarray, vals: np.ndarray, q: float) -> np.ndarray:
     return log_u < vals - math.log(q)
 
 
-def implicit_update(
-    streams: RowStreams, bright: BrightSet, q: float, evaluate: RowEvaluator
-) -> int:
-    """Metropolis–Hastings update of every z_n (the paper's Algorithm 2, sign corrected).
-
-    Bright rows propose dark and are accepted with ``min(1, q / L~_n)``; dark rows
-    propose bright with probability ``q`` and are accepted with ``min(1, L~_n / q)``.
-    (The paper's line 10 reads "<" where ">" is meant: the dark→bright move is
-    accepted when ``u < L~_n / q``.) Which rows propose is a Bernoulli(q) process over
-    *all* rows, the bright ones among them being skipped — the same as proposing each
-    dark row with probability q.
-
-    Parameters
-    ----------
-    streams
-        This chain's row-keyed streams at this step.
-    bright
-        The structure to update in place (its ``vals`` at the current θ).
-    q
-        ``q_{d→b}``, the dark→bright proposal probability, in (0, 1].
-    evaluate
-        Computes ``log L~`` (and its eta-derivative) of dark rows at the current θ.
-
-    Returns
-    -------
-    int
-        The number of likelihood queries made (dark rows evaluated).
-    """
-    darken, cand = implicit_propose(streams, bright, q)
-    vals, dvals = evaluate(cand) if cand.size else (np.empty(0), None)
-    implicit_accept(streams, bright, q, darken, cand, vals, dvals)
-    return int(cand.size)
-
-
 def explicit_propose(streams: RowStreams, bright: BrightSet, fraction: float) -> np.ndarray:
-    """First half of :func:`explicit_update`: the rows to resample, each row independently
-    with probability ``fraction`` (its Bernoulli process)."""
+    """First half of the explicit z-update: the rows to resample, each row independently
+    with probability ``fraction`` (its Bernoulli process).
+
+    The explicit update is a Gibbs update of these rows' z from their exact conditional
+    (:func:`explicit_accept`): the paper's Algorithm 1, which resamples
+    ``ceil(fraction * N)`` rows; here their number is Binomial(N, fraction), so that
+    which rows are drawn depends on nothing but the rows' own streams. With
+    ``fraction = 1`` it draws the whole of z exactly from ``p(z | θ)``: the way to
+    (re)initialise a shard.
+    """
     return streams.rows(streams.select, fraction, 0, bright.n_rows)
 
 
@@ -197,7 +181,9 @@ def explicit_accept(
     vals: np.ndarray,
     dvals: np.ndarray | None,
 ) -> None:
-    """Second half of :func:`explicit_update`: draw z of ``rows`` from ``sigmoid(log L~)``."""
+    """Second half of the explicit z-update (:func:`explicit_propose`): draw z of ``rows``
+    from ``sigmoid(log L~)``, ``vals`` (and ``dvals``) their ``log L~`` (and
+    eta-derivative) at the current θ."""
     if rows.size == 0:
         return
     z = streams.log_uniforms(rows) < log_sigmoid(vals)
@@ -211,27 +197,3 @@ def explicit_accept(
     )
     on = ~was_bright & z
     bright.replace(keep, rows[on], vals[on], dvals[on] if dvals is not None else None)
-
-
-def explicit_update(
-    streams: RowStreams, bright: BrightSet, fraction: float, evaluate: RowEvaluator
-) -> int:
-    """Gibbs update of random z_n (each row with probability ``fraction``) from their
-    exact conditional.
-
-    The paper's Algorithm 1 (which resamples ``ceil(fraction * N)`` rows: here their
-    number is Binomial(N, fraction), so that which rows are drawn depends on nothing but
-    the rows' own streams). With ``fraction = 1`` this draws the whole of z exactly
-    from ``p(z | θ)``: the way to (re)initialise a shard.
-
-    Returns
-    -------
-    int
-        The number of likelihood queries made (rows evaluated).
-    """
-    rows = explicit_propose(streams, bright, fraction)
-    if rows.size == 0:
-        return 0
-    vals, dvals = evaluate(rows)
-    explicit_accept(streams, bright, rows, vals, dvals)
-    return int(rows.size)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from flymc_dist._paths import is_url
 from flymc_dist.data import Dataset
 from flymc_dist.kernels import KERNELS, Kernel, get_kernel
 from flymc_dist.models.base import Model
@@ -25,7 +26,6 @@ from flymc_dist.options import (
     boolean,
     integer,
 )
-from flymc_dist.trace import _is_url
 
 __all__ = ["RUN_DEFAULTS", "Call", "check_task", "default_kernel", "make_call"]
 
@@ -299,7 +299,7 @@ def _check_trace(run: dict[str, Any]) -> None:
                 f"trace_storage_options must be a dict of fsspec options with str "
                 f"keys, not {type(tso).__name__}"
             )
-        if trace is None or not _is_url(trace):
+        if trace is None or not is_url(trace):
             raise ValueError(
                 "trace_storage_options applies only to a trace at an fsspec URL (trace='s3://…')"
             )

@@ -235,16 +235,6 @@ class BrightReplica:
             self._rows[c] = cur
         self._rebuild()
 
-    def set_rows(
-        self, chain: int, ids: np.ndarray, X: np.ndarray, y: np.ndarray, xi: np.ndarray
-    ) -> None:
-        """Replace one chain's bright rows (ids sorted); tests, and anything that builds
-        a replica without shards."""
-        self._rows[chain] = _Rows(
-            np.asarray(ids), np.asarray(X, float), np.asarray(y), np.asarray(xi)
-        )
-        self._rebuild()
-
     def _rebuild(self) -> None:
         """The compiled kernel's buffer, when a chain's rows have changed (an iteration
         where z changed for no chain rebuilds nothing; a changed chain's row constants are
@@ -402,7 +392,3 @@ class BrightReplica:
             )  # fmt: skip
             for i in range(self.chains)
         ]
-
-    def state(self) -> list[dict[str, Any]]:
-        """Each chain's bright global row ids (tests)."""
-        return [{"ids": None if r is None else r.ids.copy()} for r in self._rows]

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from flymc_dist._paths import is_url, local_path
 from flymc_dist._unreachable import unreachable
 from flymc_dist.call import Call, default_kernel
 from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.layout import shard_layout
 from flymc_dist.options import REPLICA_BUDGET, FlyMC
-from flymc_dist.trace import Trace, TraceLock, _is_url
+from flymc_dist.trace import Trace, TraceLock
 
 __all__ = ["data_id", "kept_trace", "shaping_options", "trace_options", "traced"]
 
@@ -49,7 +50,7 @@ def trace_options(data: Any, trace: Any, given: dict[str, Any] | None) -> dict[s
     if given is not None:
         return dict(given) or None
     ds_options = getattr(data, "storage_options", None)
-    if trace is None or not ds_options or not _is_url(trace):
+    if trace is None or not ds_options or not is_url(trace):
         return None
     same = os.fspath(trace).split("://", 1)[0] == str(data.path).split("://", 1)[0]
     return dict(ds_options) if same else None
@@ -161,7 +162,7 @@ def _stamp(path: Any, storage_options: dict[str, Any] | None = None) -> Any:
     """Identity of a trace's root metadata file (it changes with every write): inode and
     time locally, the object's ETag (or time) on an object store; None if it is absent,
     :data:`_UNREACHABLE` if its store cannot be reached."""
-    if _is_url(path):
+    if is_url(path):
         import fsspec
 
         try:
@@ -176,7 +177,7 @@ def _stamp(path: Any, storage_options: dict[str, Any] | None = None) -> Any:
             raise
         return info.get("ETag") or info.get("LastModified") or info.get("mtime") or info
     try:
-        st = os.stat(os.path.join(os.fspath(path), "zarr.json"))
+        st = os.stat(os.path.join(local_path(path), "zarr.json"))
     except (OSError, TypeError):
         return None
     return (st.st_ino, st.st_mtime_ns)
@@ -238,8 +239,8 @@ def _keep(err: BaseException, path: Any, n: int, when: str = "") -> None:
 
 def _remove_trace(path: Any, storage_options: dict[str, Any] | None) -> None:
     """Remove a trace this run created (and left without a checkpoint)."""
-    if not _is_url(path):
-        shutil.rmtree(os.fspath(path), ignore_errors=True)
+    if not is_url(path):
+        shutil.rmtree(local_path(path), ignore_errors=True)
         return
     import fsspec
 

@@ -107,6 +107,7 @@ import zarr
 from numpy.typing import ArrayLike, DTypeLike
 from zarr.storage import WrapperStore
 
+from flymc_dist._paths import is_url, local_path
 from flymc_dist._unreachable import retry
 
 __all__ = [
@@ -204,15 +205,6 @@ def _decode(value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def _is_url(path: str | os.PathLike[str]) -> bool:
-    return isinstance(path, str) and "://" in path and not path.startswith("file://")
-
-
-def _local(path: str | os.PathLike[str]) -> Path:
-    text = os.fspath(path)
-    return Path(text[len("file://") :] if text.startswith("file://") else text)
-
-
 def _record_of(group: zarr.Group) -> dict[str, Any] | None:
     """The trace record of ``group``, or None if the group is not a trace."""
     record = group.attrs.get(_RESERVED_ATTR)
@@ -229,7 +221,7 @@ def _url_options(
         raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
     if not storage_options:
         return {}
-    if not _is_url(path):
+    if not is_url(path):
         raise ValueError(
             f"storage_options apply to a trace at an fsspec URL only, not to {os.fspath(path)!s}"
         )
@@ -238,8 +230,8 @@ def _url_options(
 
 def _probe(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> str:
     """Classify ``path``: ``"missing"`` (free to use), ``"trace"`` or ``"other"``."""
-    if not _is_url(path):
-        local = _local(path)
+    if not is_url(path):
+        local = local_path(path)
         if not local.exists():
             return "missing"
         if local.is_dir() and not any(local.iterdir()):
@@ -249,9 +241,9 @@ def _probe(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | No
     try:
         group = zarr.open_group(path, mode="r", **_url_options(path, storage_options))
     except FileNotFoundError:  # includes zarr's GroupNotFoundError
-        return "missing" if _is_url(path) else "other"
+        return "missing" if is_url(path) else "other"
     except (ValueError, OSError) as err:  # an array, or unreadable metadata
-        if _is_url(path) and not isinstance(err, ValueError):  # e.g. access denied
+        if is_url(path) and not isinstance(err, ValueError):  # e.g. access denied
             raise OSError(f"cannot read {path}: {type(err).__name__}: {err}") from err
         return "other"
     except Exception as err:  # an fsspec client's own error: endpoint unreachable, ...
@@ -363,7 +355,7 @@ def _concurrently(path: str | os.PathLike[str], calls: list[tuple[Any, ...]]) ->
     for a trace on an object store, where each is a few requests of a round trip each
     (appending to 9 arrays: ~45 requests, the time of ~4 instead of 45). Every call has
     ended when this returns or raises (the first failure), so none races a retry."""
-    if not _is_url(path) or len(calls) < 2:
+    if not is_url(path) or len(calls) < 2:
         return [f(*args) for f, *args in calls]
     with ThreadPoolExecutor(min(_URL_WRITERS, len(calls)), "flymc-trace") as pool:
         futures = [pool.submit(f, *args) for f, *args in calls]
@@ -588,7 +580,7 @@ class Trace:
             "checkpoint": None,
             "every_chunk": True,
         }
-        created_dir = not _is_url(path) and not _local(path).exists()
+        created_dir = not is_url(path) and not local_path(path).exists()
         try:
             # The group (with its format marker) first, so that an interrupted create
             # leaves something recognisable as a trace that overwrite=True may replace.
@@ -628,7 +620,7 @@ class Trace:
             _concurrently(path, arrays)
         except BaseException:
             if created_dir:
-                shutil.rmtree(_local(path), ignore_errors=True)
+                shutil.rmtree(local_path(path), ignore_errors=True)
             raise
         trace = cls(group, record, path=path, read_only=False)
         trace._check_arrays()
@@ -787,7 +779,7 @@ class Trace:
     def _retry(self, write: Any) -> None:
         """``write()``; on an object store retried while it cannot be reached (a bounded
         number of times: then :class:`~flymc_dist._unreachable.StoreUnreachableError`)."""
-        if _is_url(self._path):
+        if is_url(self._path):
             retry(write, f"trace {os.fspath(self._path)!s}")
         else:
             write()
@@ -1304,10 +1296,10 @@ class TraceLock:
         self.trace_path = path
         self.path: str | None = None
         self._object: _LockObject | None = None
-        if not _is_url(path):
+        if not is_url(path):
             # the real path: a run reaching the trace through a symbolic link (to it or
             # to a directory above it) takes the same lock as one given the real path
-            local = Path(os.path.realpath(_local(path)))
+            local = Path(os.path.realpath(local_path(path)))
             self.path = str(local.parent / f".{local.name}.flymc-lock")
         else:
             self._object = _LockObject(os.fspath(path), storage_options)

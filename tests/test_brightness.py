@@ -3,14 +3,49 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from flymc_dist import brightness
-from flymc_dist.brightness import BrightSet, explicit_update, implicit_update
+from flymc_dist.brightness import (
+    BrightSet,
+    explicit_accept,
+    explicit_propose,
+    implicit_accept,
+    implicit_propose,
+)
 from flymc_dist.streams import RowStreams
+
+#: ``evaluate(rows)`` → ``(log L~ of those rows at the current θ, d log L~/d eta or None)``
+RowEvaluator = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]]
+
+
+def implicit_update(
+    streams: RowStreams, bright: BrightSet, q: float, evaluate: RowEvaluator
+) -> int:
+    """One implicit z-update of one chain (Algorithm 2, sign corrected): the production
+    halves with ``evaluate`` between them, as a shard runs them. Returns the likelihood
+    queries made (dark rows evaluated)."""
+    darken, cand = implicit_propose(streams, bright, q)
+    vals, dvals = evaluate(cand) if cand.size else (np.empty(0), None)
+    implicit_accept(streams, bright, q, darken, cand, vals, dvals)
+    return int(cand.size)
+
+
+def explicit_update(
+    streams: RowStreams, bright: BrightSet, fraction: float, evaluate: RowEvaluator
+) -> int:
+    """One explicit (Gibbs) z-update of one chain: the production halves with
+    ``evaluate`` between them. Returns the likelihood queries made (rows evaluated)."""
+    rows = explicit_propose(streams, bright, fraction)
+    if rows.size == 0:
+        return 0
+    vals, dvals = evaluate(rows)
+    explicit_accept(streams, bright, rows, vals, dvals)
+    return int(rows.size)
 
 
 def _z(b: BrightSet) -> np.ndarray:

@@ -848,7 +848,7 @@ def test_bench_mixing_reuses_its_store(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def cluster_client() -> object:
     """One 2-worker LocalCluster shared by the cluster tests (started once: it is slow)."""
-    from flymc_dist.bench.common import local_client
+    from flymc_dist.transport.dask import local_client
 
     client, cluster = local_client(2)
     client.wait_for_workers(2, timeout=120)

@@ -405,6 +405,23 @@ def test_fsspec_memory_url() -> None:
         open_dataset("memory://flymc-test/missing.zarr")
 
 
+def test_file_url_is_the_local_directory(tmp_path: Path) -> None:
+    """One definition of a URL for data sets, traces and the CLI: ``file://`` is a local
+    path (written by rename, checked by inode), everything else with ``://`` a URL."""
+    from flymc_dist._paths import is_url, local_path
+
+    assert is_url("s3://bucket/d.zarr") and is_url("memory://d.zarr")
+    assert not any(is_url(p) for p in (f"file://{tmp_path}", tmp_path, str(tmp_path), "d.zarr"))
+    assert local_path(f"file://{tmp_path}/d.zarr") == tmp_path / "d.zarr"
+    X, y = _xy(20, 2, "binary")
+    ds = from_numpy(X, y, f"file://{tmp_path}/d.zarr", chunk_rows=8)
+    assert ds.path == str(tmp_path / "d.zarr")
+    assert (tmp_path / "d.zarr" / "zarr.json").is_file()
+    np.testing.assert_array_equal(open_dataset(f"file://{tmp_path}/d.zarr").read()[0], X)
+    with pytest.raises(FileExistsError):
+        from_numpy(X, y, f"file://{tmp_path}/d.zarr")
+
+
 # --------------------------------------------------------------------------- reading
 
 

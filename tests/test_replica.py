@@ -305,13 +305,41 @@ def test_typed_rounds_pack_and_unpack_exactly():
     np.testing.assert_array_equal(back.thetas, thetas)
 
 
+def _replica_of(model, n_rows: int, rows: list[tuple], compiled: bool = True):
+    """A driver's replica of one shard of ``n_rows`` rows, holding chain c's bright rows
+    ``rows[c] = (ids (sorted), X, y, xi)``: built as a driver builds it, from a shard's
+    first reply (every chain's whole bright set). ``compiled=False``: without the model's
+    compiled form (the numpy reference of :mod:`flymc_dist.terms`)."""
+    from flymc_dist.replica import BrightReplica
+
+    C = len(rows)
+    replica = BrightReplica(model, C, [(0, n_rows)])
+    if not compiled:
+        replica._compiled = None
+    sizes = [np.size(r[0]) for r in rows]
+    replica.apply(
+        [
+            ReplicaReply(
+                n_bright=np.array(sizes, dtype=np.int64),
+                queries=np.zeros(C, dtype=np.int64),
+                full=np.ones(C, dtype=bool),
+                gone_ids=np.empty(0, dtype=np.int64),
+                gone_seg=np.zeros(C + 1, dtype=np.int64),
+                new_ids=np.concatenate([np.asarray(r[0], dtype=np.int64) for r in rows]),
+                new_seg=np.cumsum([0, *sizes]).astype(np.int64),
+                new_X=np.concatenate([np.asarray(r[1], dtype=float) for r in rows]),
+                new_y=np.concatenate([r[2] for r in rows]),
+                new_xi=np.concatenate([r[3] for r in rows]),
+            )
+        ]
+    )
+    return replica
+
+
 def _conditional(model, rows_X, rows_y, rows_xi, stats, ids):
     """The FlyMC conditional log p(θ | z) of one chain whose bright rows are given, with
     its gradient, the way the driver evaluates it on its replica."""
-    from flymc_dist.replica import BrightReplica
-
-    rep = BrightReplica(model, 1, [(0, 10**9)])
-    rep.set_rows(0, ids, rows_X, rows_y, rows_xi)
+    rep = _replica_of(model, 10**9, [(ids, rows_X, rows_y, rows_xi)])
 
     def f(theta: np.ndarray) -> tuple[float, np.ndarray]:
         t = theta[None]
@@ -365,21 +393,16 @@ def test_compiled_replica_equals_numpy_reference(model_name):
     (the fused form against loglik − logbound): agreement to 1e-9 relative, not ulps.
     Near tight, the slope (ℓ' − β')/(1 − e^−δ) inherits δ's relative rounding error
     ε|ℓ|/δ in both forms: gradients agree to 1e-6."""
-    from flymc_dist.replica import BrightReplica
-
     X, y = _data(model_name, n=200, seed=4)
     model = MODELS[model_name]()
     P = model.n_params(X.shape[1])
     rng = np.random.default_rng(2)
     theta_hat = rng.standard_normal(P)
     xi = model.tuned_xi(model.linear_predictor(theta_hat[None], X)[0], y)
-    fast = BrightReplica(model, 2, [(0, 200)])
-    slow = BrightReplica(model, 2, [(0, 200)])
-    slow._compiled = None
-    assert fast._compiled is not None
-    for c, ids in enumerate((np.arange(0, 200, 2), np.arange(1, 200, 7))):
-        for rep in (fast, slow):
-            rep.set_rows(c, ids, X[ids], y[ids], xi[ids])
+    rows = [(ids, X[ids], y[ids], xi[ids]) for ids in (np.arange(0, 200, 2), np.arange(1, 200, 7))]
+    fast = _replica_of(model, 200, rows)
+    slow = _replica_of(model, 200, rows, compiled=False)
+    assert fast._compiled is not None and slow._compiled is None
     pts = [theta_hat + s * rng.standard_normal((3, P)) for s in (0.05, 1.0)]
     for g in ([True, False], [False, True]):
         a, b = fast.evaluate(pts, g), slow.evaluate(pts, g)
@@ -394,7 +417,6 @@ def _fused_case(model_name: str, prior: str, seed: int = 6):
     """A replica of one chain's bright rows (tight points near a random θ̂), a collapsed
     bound of them, and an evaluator of the same conditional for the generator kernel."""
     from flymc_dist.kernels.base import EvalResponse
-    from flymc_dist.replica import BrightReplica
 
     X, y = _data(model_name, n=300, seed=seed)
     model = (fd.LogisticRegression if model_name == "logistic" else fd.RobustRegression)(
@@ -406,8 +428,7 @@ def _fused_case(model_name: str, prior: str, seed: int = 6):
     xi = model.tuned_xi(model.linear_predictor(theta_hat[None], X)[0], y)
     bound = model.suffstats(X, y, xi)
     ids = np.sort(rng.choice(300, 25, replace=False))
-    replica = BrightReplica(model, 1, [(0, 300)])
-    replica.set_rows(0, ids, X[ids], y[ids], xi[ids])
+    replica = _replica_of(model, 300, [(ids, X[ids], y[ids], xi[ids])])
 
     def evaluator(position):
         def evaluate(request, first):

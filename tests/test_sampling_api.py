@@ -3,7 +3,7 @@
 errors. All runs are tiny and in-process (``client="synchronous"``).
 
 The query counts are derived by hand from the round-trip protocol (DESIGN.md §2 "Cost
-accounting"; ``Shard.round`` / ``implicit_update`` / ``explicit_update``):
+accounting"; ``Shard.round`` and the z-updates of :mod:`flymc_dist.brightness`):
 
 * regular: every evaluated point costs N queries (one full pass); RWMH and MALA evaluate
   one point per iteration (MALA's gradient at the current point is cached from the
@@ -243,10 +243,6 @@ class CountingLogistic(fd.LogisticRegression):
     def loglik_grad(self, eta, y):
         self.evaluated += int(np.prod(np.shape(eta)[:2]))
         return super().loglik_grad(eta, y)
-
-    def log_bright_rows(self, eta, consts):  # the shards' fused log L~: one datum per entry
-        self.evaluated += int(np.size(eta))
-        return super().log_bright_rows(eta, consts)
 
 
 @pytest.fixture()

@@ -9,7 +9,8 @@
   against eps;
 - :mod:`flymc_dist.bench.table1`: the FlyMC paper's Table 1, all three rows, each
   configuration run until R-hat <= 1.01;
-- :mod:`flymc_dist.bench.common`: what they share (:func:`~.common.local_client`).
+- :mod:`flymc_dist.bench.common`: what they share (:func:`~.common.reusable_store`); they
+  start their clusters with :func:`flymc_dist.transport.dask.local_client`.
 
 ``flymc bench NAME`` imports ``flymc_dist.bench.NAME`` only when asked for it; this
 ``__init__`` imports none of them.

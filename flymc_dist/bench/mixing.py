@@ -41,12 +41,13 @@ from typing import Any
 import numpy as np
 
 import flymc_dist as fd
-from flymc_dist.bench.common import local_client, reusable_store
+from flymc_dist.bench.common import reusable_store
 from flymc_dist.bench.numpyro_nuts import import_numpyro, run_numpyro
 from flymc_dist.data import make_logistic
 from flymc_dist.data.real import flights_to_zarr, mnist_7_vs_9, qm9_gap
 from flymc_dist.kernels import get_kernel
 from flymc_dist.result import narrowing_line
+from flymc_dist.transport.dask import local_client
 
 PROBLEMS = ("qm9", "mnist", "flights", "logistic")
 #: shape of the ``flights`` problem's store (what a reused store must have)

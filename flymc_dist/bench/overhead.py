@@ -45,10 +45,9 @@ from typing import Any
 import numpy as np
 
 import flymc_dist as fd
-from flymc_dist.bench.common import local_client
 from flymc_dist.data import make_logistic
 from flymc_dist.protocol import Request, Round, ShardConfig, ShardSpec, pack_round
-from flymc_dist.transport.dask import DaskTransport
+from flymc_dist.transport.dask import DaskTransport, local_client
 
 __all__ = [
     "GOAL_FLYMC_OVER_BARE",

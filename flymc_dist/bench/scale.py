@@ -54,6 +54,7 @@ import flymc_dist as fd
 from flymc_dist.austerity.sampler import loglog_slope
 from flymc_dist.bench.common import reusable_store
 from flymc_dist.data import make_logistic
+from flymc_dist.transport.dask import local_client
 
 __all__ = ["format_scale", "peak_rss", "reset_peak_rss", "run_scale"]
 
@@ -256,8 +257,6 @@ def run_scale(
     workdir = workdir or os.path.join(tempfile.gettempdir(), "flymc-bench-scale")
     os.makedirs(workdir, exist_ok=True)
 
-    from distributed import Client, LocalCluster
-
     t_all = time.perf_counter()
     rows: list[dict[str, Any]] = []
     setup: dict[str, Any] = {
@@ -283,18 +282,11 @@ def run_scale(
         "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
     stores: list[dict[str, Any]] = []
-    with (
-        LocalCluster(
-            n_workers=int(workers),
-            threads_per_worker=1,
-            processes=True,
-            memory_limit=memory_limit,
-            dashboard_address=None,
-            scheduler_kwargs={"dashboard_address": ":0"},
-            silence_logs=logging.CRITICAL,  # (shutdown races log errors)
-        ) as cluster,
-        Client(cluster, direct_to_workers=True) as client,
-    ):
+    # (shutdown races log errors)
+    client, cluster = local_client(
+        workers, memory_limit=memory_limit, silence_logs=logging.CRITICAL
+    )
+    with cluster, client:
         limits = sorted(w.get("memory_limit") for w in client.scheduler_info()["workers"].values())
         setup["worker_memory_limits"] = limits
         model = fd.LogisticRegression(prior="normal", prior_scale=1.0)

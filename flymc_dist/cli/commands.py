@@ -14,6 +14,7 @@ import numpy as np
 
 import flymc_dist as fd
 from flymc_dist import data, diagnostics
+from flymc_dist._paths import is_url, local_path
 from flymc_dist._unreachable import unreachable
 from flymc_dist.api import kept_trace
 from flymc_dist.call import default_kernel
@@ -198,11 +199,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     model = _build_model(args, ds)
     client = _client(args)
     trace_so = _url_options(args.trace, so)
-    if "://" in args.trace:
+    if is_url(args.trace):
         trace_path = args.trace
         existed = _probe(trace_path, trace_so) != "missing"
     else:
-        trace_path = os.path.abspath(os.path.expanduser(args.trace))
+        trace_path = os.path.abspath(os.path.expanduser(local_path(args.trace)))
         existed = os.path.exists(trace_path) and (
             not os.path.isdir(trace_path) or bool(os.listdir(trace_path))
         )
@@ -291,7 +292,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     trace = Trace.open(args.trace, read_only=True, storage_options=_url_options(args.trace, so))
     attrs = trace.attrs
     data_path = attrs.get("data")
-    if so and "://" not in args.trace and not (isinstance(data_path, str) and "://" in data_path):
+    if so and not is_url(args.trace) and not is_url(data_path):
         raise CLIError(
             "--storage-option applies only to fsspec URLs (s3://…), and neither the "
             "trace nor its data set is at one"
@@ -321,7 +322,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     # older traces: from the data set (one at a URL only with options given, else it
     # could be a long wait)
     if names is None and (
-        isinstance(data_path, str) and (os.path.isdir(data_path) or ("://" in data_path and so))
+        isinstance(data_path, str) and (os.path.isdir(data_path) or (is_url(data_path) and so))
     ):
         with contextlib.suppress(Exception):
             names = open_dataset(

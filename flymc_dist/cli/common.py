@@ -7,6 +7,8 @@ import math
 import sys
 from typing import Any, NoReturn
 
+from flymc_dist._paths import is_url
+
 
 class CLIError(Exception):
     """Bad input or usage: reported as one line on stderr, exit status 2."""
@@ -41,7 +43,7 @@ def _storage_options(args: argparse.Namespace, *paths: str) -> dict[str, Any] | 
     pairs = getattr(args, "storage_option", None) or []
     if not pairs:
         return None
-    if paths and not any("://" in p for p in paths):
+    if paths and not any(is_url(p) for p in paths):
         raise CLIError(
             "--storage-option applies only to fsspec URLs (s3://…), and no path here is one"
         )
@@ -55,7 +57,7 @@ def _storage_options(args: argparse.Namespace, *paths: str) -> dict[str, Any] | 
 
 def _url_options(path: str, options: dict[str, Any] | None) -> dict[str, Any] | None:
     """``options`` for a URL ``path``, None for a local one."""
-    return options if "://" in path else None
+    return options if is_url(path) else None
 
 
 def _progress(args: argparse.Namespace) -> bool | None:

@@ -14,11 +14,11 @@ import numpy as np
 
 import flymc_dist as fd
 from flymc_dist import diagnostics
-from flymc_dist.bench.common import local_client
 from flymc_dist.cli.common import CLIError, _fmt, _percent, _progress, _say
 from flymc_dist.data import make_logistic
 from flymc_dist.kernels import get_kernel
 from flymc_dist.result import narrowing_line
+from flymc_dist.transport.dask import local_client
 
 _DEMO_ROWS = 200_000
 _DEMO_FEATURES = 10

@@ -38,6 +38,7 @@ import numpy as np
 import zarr
 from zarr.storage import WrapperStore
 
+from flymc_dist._paths import is_url, local_path
 from flymc_dist._unreachable import StoreUnreachableError, describe, retry, unreachable
 
 __all__ = [
@@ -67,18 +68,14 @@ _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 # --------------------------------------------------------------------------- helpers
 
 
-def _is_url(path: str | os.PathLike[str]) -> bool:
-    return "://" in str(path)
-
-
 def _norm_path(path: str | os.PathLike[str]) -> str:
     """Absolute local path (workers may have another cwd) or the URL unchanged."""
     p = os.fspath(path)
     if not isinstance(p, str):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    if _is_url(p):
+    if is_url(p):
         return p.rstrip("/")
-    return os.path.abspath(os.path.expanduser(p))
+    return os.path.abspath(os.path.expanduser(local_path(p)))
 
 
 def _check_dtype(dtype: Any) -> np.dtype:
@@ -286,7 +283,7 @@ class Dataset:
 
     # -- opening
     def _open_group(self) -> Any:
-        if _is_url(self.path):
+        if is_url(self.path):
             kw: dict[str, Any] = {}
             if self.storage_options:
                 kw["storage_options"] = self.storage_options
@@ -372,7 +369,7 @@ class Dataset:
         """The ``store_id`` the store holds now; a description if it holds no data set."""
         meta_path = f"{self.path}/zarr.json"
         try:
-            if _is_url(self.path):
+            if is_url(self.path):
                 import fsspec
 
                 fs, root = fsspec.core.url_to_fs(self.path, **(self.storage_options or {}))
@@ -400,7 +397,7 @@ class Dataset:
         overlapped is never returned). Local: one ``stat`` (the rewrite renames a new
         directory into place); a URL: one request, at most every
         :data:`URL_CHECK_SECONDS` unless ``force``."""
-        if _is_url(self.path):
+        if is_url(self.path):
             now = time.monotonic()
             if not force and now - self._checked < URL_CHECK_SECONDS:
                 return
@@ -415,14 +412,14 @@ class Dataset:
         found = self._root_store_id()
         if found != self.store_id:
             raise _replaced(self.path, self.store_id, found)  # and again on every read
-        if not _is_url(self.path):
+        if not is_url(self.path):
             self._stamp = ino
 
     def _retry(self, read: Any) -> Any:
         """``read()``, retried while the store cannot be reached (a URL's; at most
         :data:`flymc_dist._unreachable.RETRIES` attempts), then
         :class:`StoreUnreachableError`."""
-        if not _is_url(self.path):
+        if not is_url(self.path):
             return read()
         return retry(read, f"data set {self.path!r}")
 

@@ -9,16 +9,17 @@ Atomicity
 anything (:func:`from_blocks` and the generators validate each block as it arrives).
 Every writer then writes into a temporary sibling (``.<name>.flymc-tmp-<random>``) and
 puts it into place only once it is complete. Any failure before that, including
-``KeyboardInterrupt``, removes the temporary store and leaves an existing store untouched.
-Locally the temporary directory is renamed into place; with ``overwrite=True`` the old
-store is moved aside and deleted only after the new one is in place. On an object store
-(an fsspec URL: a path containing ``"://"``) there is no rename: the complete new store
-is copied into place (server-side where the store can), the old one first marked as
-being replaced (its ``"format"`` attribute renamed, so readers refuse it rather than read
-a mix) and the new root ``zarr.json`` copied last. An interruption during that copy keeps
-the complete new store beside and names it. ``overwrite=True`` only ever replaces a
-flymc_dist data set: a trace, another zarr store or foreign objects are refused, on disk
-and on object stores alike.
+``KeyboardInterrupt``, removes the temporary store and leaves an existing store
+untouched. Locally the temporary directory is renamed into place; with
+``overwrite=True`` the old store is moved aside and deleted only after the new one is in
+place. On an object store (an fsspec URL, :func:`flymc_dist._paths.is_url`; ``file://``
+is local) there is no rename: the complete new store is copied into place (server-side
+where the store can), the old one first marked as being replaced (its ``"format"``
+attribute renamed, so readers refuse it rather than read a mix) and the new root
+``zarr.json`` copied last. An interruption during that copy keeps the complete new store
+beside and names it. ``overwrite=True`` only ever replaces a flymc_dist data set: a
+trace, another zarr store or foreign objects are refused, on disk and on object stores
+alike.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ from typing import Any
 import numpy as np
 import zarr
 
+from flymc_dist._paths import is_url
 from flymc_dist.data.store import (
     _REPLACING,
     FORMAT,
     Dataset,
     _check_dtype,
-    _is_url,
     _norm_path,
     default_chunk_rows,
 )
@@ -306,7 +307,7 @@ def _check_destination(
     path: str, overwrite: bool, storage_options: dict[str, Any] | None = None
 ) -> None:
     """Raise if ``path`` exists and may not (or must not) be replaced."""
-    if _is_url(path):
+    if is_url(path):
         kind = _url_kind(*_url_fs(path, storage_options))
         if kind == "missing":
             return
@@ -427,7 +428,7 @@ class _StoreWriter:
     # -- context management
     def __enter__(self) -> _StoreWriter:
         _check_destination(self.path, self.overwrite, self.storage_options)
-        if _is_url(self.path):
+        if is_url(self.path):
             # written beside, then copied into place (object stores cannot rename)
             parent, _, name = self.path.rpartition("/")
             if not name or parent.endswith(":/"):
@@ -444,7 +445,7 @@ class _StoreWriter:
         mode = "w-"
         try:
             kw: dict[str, Any] = {}
-            if self.storage_options and _is_url(self.path):
+            if self.storage_options and is_url(self.path):
                 kw["storage_options"] = self.storage_options
             self._group = zarr.open_group(store=target, mode=mode, zarr_format=3, **kw)
             # Every chunk is stored, and the fill values are impossible data (NaN in X and
@@ -592,7 +593,7 @@ class _StoreWriter:
     def _commit(self) -> None:
         if self._tmp is None:
             return
-        if _is_url(self.path):
+        if is_url(self.path):
             self._commit_url()
             return
         if not os.path.lexists(self.path):
@@ -663,7 +664,7 @@ class _StoreWriter:
         try:
             self._stop_thread()
         finally:
-            if self._tmp is not None and _is_url(self._tmp):
+            if self._tmp is not None and is_url(self._tmp):
                 with contextlib.suppress(Exception):  # best effort: the write failed already
                     fs, tmp = _url_fs(self._tmp, self.storage_options)
                     if fs.exists(tmp):
@@ -707,7 +708,7 @@ def from_numpy(
     y : array_like, shape (N,)
         Targets: {0, 1} for ``"binary"``, 0..K-1 for ``"multiclass"``, real for ``"real"``.
     path : str or os.PathLike
-        Local directory to create, or an fsspec URL (contains ``"://"``).
+        Local directory to create (``file://…`` too), or an fsspec URL (``s3://…``).
     chunk_rows : int, optional
         Rows per zarr chunk. Default: ~8 MiB of stored ``X`` per chunk (so twice the rows
         for float32), at most N. Values larger than N are clipped to N.

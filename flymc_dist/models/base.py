@@ -165,26 +165,23 @@ class Model(ABC):
         """``(beta_n, d beta_n / d eta)``: shapes (B, n) and (B, n, E)."""
 
     def row_constants(self, y: np.ndarray, xi: np.ndarray) -> np.ndarray | None:
-        """Per-row constants ``(n, K)`` for the fused :meth:`log_bright_rows`, or None.
+        """Per-row constants ``(n, K)`` of the compiled ``log L~`` (see
+        :meth:`compiled_bright`), or None.
 
         A model with one linear predictor (E = 1) may precompute, once per set of tight
-        points, everything ``log L~_n`` needs besides ``eta_n`` (the label and the bound's
-        coefficients), so that evaluating a few hundred scattered rows costs one gather
-        and a handful of array operations. None (the default): shards use
-        :meth:`loglik` and :meth:`logbound`.
+        points, everything ``log L~_n = log(expm1(l_n - beta_n))`` needs besides
+        ``eta_n`` (the label and the bound's coefficients), so that evaluating a few
+        hundred scattered rows costs one gather and a handful of arithmetic operations
+        each. None (the default): shards use :meth:`loglik` and :meth:`logbound`.
         """
         return None
 
-    def log_bright_rows(self, eta: np.ndarray, consts: np.ndarray) -> np.ndarray:
-        """``log L~_n = log(expm1(l_n - beta_n))`` from ``eta`` (n,) and
-        :meth:`row_constants` rows ``consts`` (n, K); (n,). The same value as
-        ``log_expm1(loglik - logbound)`` up to rounding."""
-        raise NotImplementedError(f"{type(self).__name__} has no fused log L~")
-
     def compiled_bright(self) -> tuple[str, np.ndarray] | None:
-        """``(kind, params)`` of the compiled form of :meth:`log_bright_rows` in
-        :mod:`flymc_dist._compiled` (the shards' hot path), or None (the default:
-        shards use the numpy form). ``params`` are the model's scalar constants."""
+        """``(kind, params)`` of the compiled ``log L~_n`` of one row, from ``eta_n`` and its
+        :meth:`row_constants`, in :mod:`flymc_dist._compiled` (the shards' hot path), or
+        None (the default: shards use :meth:`loglik` and :meth:`logbound`). ``params``
+        are the model's scalar constants. The compiled value equals
+        ``log_expm1(loglik - logbound)`` up to rounding."""
         return None
 
     @abstractmethod

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import expit
 
-from flymc_dist._numerics import BOUND_EPS, log_expm1_inplace, log_sigmoid, weighted_gram
+from flymc_dist._numerics import BOUND_EPS, log_sigmoid, weighted_gram
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.models.priors import Prior, PriorMixin
 
@@ -181,28 +181,6 @@ class LogisticRegression(PriorMixin, Model):
         """Columns ``t = 2y - 1``, ``a`` and ``c`` of every row: (n, 3)."""
         a, c = jaakkola_jordan_coefficients(xi)
         return np.column_stack([2.0 * np.asarray(y, dtype=np.float64) - 1.0, a, c])
-
-    def log_bright_rows(self, eta: np.ndarray, consts: np.ndarray) -> np.ndarray:
-        """``log expm1(log sigmoid(s) - (a s^2 + s/2 + c))`` with ``s = t eta``: (n,).
-
-        Call under ``np.errstate(over="ignore", divide="ignore")`` (shards do).
-        """
-        s = eta * consts[:, 0]
-        # log sigmoid(s) = min(s, 0) - log1p(exp(-|s|))
-        e = np.abs(s)
-        np.negative(e, out=e)
-        np.exp(e, out=e)
-        np.log1p(e, out=e)
-        delta = np.minimum(s, 0.0)
-        delta -= e
-        # minus beta = a s^2 + s/2 + c, in the order of logbound
-        np.multiply(consts[:, 1], s, out=e)
-        e *= s
-        s *= 0.5
-        e += s
-        e += consts[:, 2]
-        delta -= e
-        return log_expm1_inplace(delta)
 
     def compiled_bright(self) -> tuple[str, np.ndarray]:
         """``("logistic", no parameters)``: see :meth:`Model.compiled_bright`."""

@@ -17,7 +17,7 @@ import numbers
 import numpy as np
 from scipy.special import gammaln
 
-from flymc_dist._numerics import BOUND_EPS, log_expm1_inplace, weighted_gram
+from flymc_dist._numerics import BOUND_EPS, weighted_gram
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.models.priors import Prior, PriorMixin
 
@@ -204,21 +204,6 @@ class RobustRegression(PriorMixin, Model):
         """Columns ``y``, ``a`` and ``c`` of every row: (n, 3)."""
         a, c = self.bound_coefficients(xi)
         return np.column_stack([np.asarray(y, dtype=np.float64), a, c])
-
-    def log_bright_rows(self, eta: np.ndarray, consts: np.ndarray) -> np.ndarray:
-        """``log expm1(l - (a r^2 + c))`` with ``r = y - eta``: (n,).
-
-        Call under ``np.errstate(over="ignore", divide="ignore")`` (shards do).
-        """
-        r = consts[:, 0] - eta
-        delta = self._log1p_q(r)
-        delta *= -self._h
-        delta += self._const
-        r *= r
-        r *= consts[:, 1]
-        r += consts[:, 2]
-        delta -= r
-        return log_expm1_inplace(delta)
 
     def compiled_bright(self) -> tuple[str, np.ndarray]:
         """``("robust", (h, const, 1/(nu sigma^2), log 1/(nu sigma^2)))``: see

@@ -92,21 +92,82 @@ INLINE = ("round_packed", "echo", "ping")
 REPLAYED = ("set_exact_rows", "set_tight_points", "set_q", "set_replica")
 
 
+def local_cluster(
+    n_workers: int | None = None,
+    *,
+    memory_limit: str | int | float | None = "auto",
+    silence_logs: int = logging.ERROR,
+) -> Any:
+    """The embedded cluster: what ``fd.sample(client=None)`` runs on.
+
+    The one recipe of a :class:`distributed.LocalCluster` in flymc_dist (the sampler's,
+    the benchmarks', the examples', the deploy scripts' ``--local``): worker processes
+    with one thread each (BLAS is single-threaded too: the shards' work is many small
+    products), no dashboard (the scheduler's bare HTTP server on a free port, so that
+    another cluster holding the default port 8787 causes no warning), quiet logs.
+
+    Parameters
+    ----------
+    n_workers
+        Worker processes; None: the machine's cores, at most 8.
+    memory_limit
+        Each worker's memory limit, as :class:`distributed.LocalCluster` takes it
+        (``"auto"``: the machine's memory shared out; None or 0: none).
+    silence_logs
+        The level below which the cluster's log records are dropped.
+
+    Returns
+    -------
+    distributed.LocalCluster
+        Started; close it when done (or use it in a ``with`` statement).
+    """
+    from distributed import LocalCluster
+
+    return LocalCluster(
+        n_workers=int(n_workers or max(1, min(os.cpu_count() or 1, 8))),
+        threads_per_worker=1,
+        processes=True,
+        memory_limit=memory_limit,
+        dashboard_address=None,
+        scheduler_kwargs={"dashboard_address": ":0"},
+        silence_logs=silence_logs,
+    )
+
+
+def local_client(
+    n_workers: int | None = None,
+    *,
+    memory_limit: str | int | float | None = "auto",
+    silence_logs: int = logging.ERROR,
+) -> tuple[Any, Any]:
+    """:func:`local_cluster` and a client for it with ``direct_to_workers=True`` (actor
+    calls go straight to the workers). The short connect timeout is set by each run's
+    transport, for that run only.
+
+    Returns
+    -------
+    client, cluster
+        Close both when done (``client.close(); cluster.close()``, or ``with cluster,
+        client:``).
+    """
+    from distributed import Client
+
+    cluster = local_cluster(n_workers, memory_limit=memory_limit, silence_logs=silence_logs)
+    try:
+        client = Client(cluster, direct_to_workers=True)
+    except BaseException:
+        cluster.close()
+        raise
+    return client, cluster
+
+
 def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
     """Return ``(client, cluster_or_None, owned)``."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     if client is None:
         _check_main_guard()
-        n = n_workers or max(1, min(os.cpu_count() or 1, 8))
-        cluster = LocalCluster(
-            n_workers=n,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",
-            silence_logs=logging.ERROR,
-        )
-        return Client(cluster, direct_to_workers=True), cluster, True
+        return (*local_client(n_workers), True)
     if isinstance(client, Client):
         return client, None, False
     if isinstance(client, str):
