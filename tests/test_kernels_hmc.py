@@ -636,13 +636,15 @@ def test_differences_estimate_the_mean_conditional_covariance_of_a_gibbs_sampler
 
 @pytest.mark.parametrize("name", ["hmc", "nuts"])
 def test_metric_from_option(name: str) -> None:
-    """``metric_from`` reaches the kernel's adapter; FlyMC sets "differences" unless the
-    user chose, regular MCMC keeps Stan's "draws"."""
-    assert get_kernel(name).metric_from == "draws"
+    """``metric_from`` reaches the kernel's adapter; left at None, FlyMC takes
+    "differences", regular MCMC (and a kernel used on its own) Stan's "draws"."""
+    assert get_kernel(name).metric_from is None
+    default = get_kernel(name)
+    assert default.adapter(default.init_params(2), 200).metric_from == "draws"
     kernel = get_kernel(name, metric_from="differences")
     assert kernel.adapter(kernel.init_params(2), 200).metric_from == "differences"
     assert "metric_from='differences'" in repr(kernel)
-    with pytest.raises(ValueError, match="metric_from must be 'draws' or 'differences'"):
+    with pytest.raises(ValueError, match="metric_from must be None, 'draws' or 'differences'"):
         get_kernel(name, metric_from=True)
     rng = np.random.default_rng(0)
     X = np.column_stack([rng.normal(size=(300, 2)), np.ones(300)])

@@ -255,7 +255,7 @@ class WindowAdaptation:
         adapt_metric: bool = True,
         metric_from: str = "draws",
     ) -> None:
-        self.metric_from = check_metric_from(metric_from)
+        self.metric_from = check_metric_from(metric_from, none=False)
         self._last: np.ndarray | None = None
         self.windows = (
             build_schedule(num_warmup, initial_buffer, first_window, final_buffer)

@@ -158,13 +158,15 @@ def check_adapt_metric(adapt_metric: Any) -> bool:
 METRIC_SOURCES = ("draws", "differences")
 
 
-def check_metric_from(metric_from: Any) -> str | None:
-    """``metric_from`` as ``"draws"``, ``"differences"`` or None (the algorithm's choice:
-    ``"differences"`` under FlyMC, else ``"draws"``), else ValueError naming the argument."""
-    if metric_from is None:
+def check_metric_from(metric_from: Any, none: bool = True) -> str | None:
+    """``metric_from`` as ``"draws"``, ``"differences"`` or, with ``none``, None (the
+    algorithm's choice: ``"differences"`` under FlyMC, else ``"draws"``), else ValueError
+    naming the argument."""
+    if metric_from is None and none:
         return None
     if not isinstance(metric_from, str) or metric_from.strip().lower() not in METRIC_SOURCES:
-        raise ValueError(f"metric_from must be None, 'draws' or 'differences', got {metric_from!r}")
+        words = "None, 'draws' or 'differences'" if none else "'draws' or 'differences'"
+        raise ValueError(f"metric_from must be {words}, got {metric_from!r}")
     return metric_from.strip().lower()
 
 
