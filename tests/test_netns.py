@@ -39,16 +39,7 @@ WORKER_PORT = 40001
 NFT_TABLE = "flymc_test"
 
 #: the run compared with the in-process one (small: the point is the network, not the chain)
-RUN = dict(
-    algorithm="flymc",
-    bounds="map",
-    num_warmup=40,
-    num_samples=60,
-    chains=2,
-    seed=5,
-    n_shards=4,
-    progress=False,
-)
+RUN = dict(num_warmup=40, num_samples=60, chains=2, seed=5, progress=False)
 
 #: the driver, run in its own namespace: samples by scheduler address and saves what it got
 DRIVER = """
@@ -56,7 +47,8 @@ import json, sys
 import numpy as np
 import flymc_dist as fd
 store, address, out, run = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-res = fd.sample(fd.LogisticRegression(), fd.open_dataset(store), client=address, **run)
+res = fd.sample(fd.LogisticRegression(), fd.open_dataset(store), fd.FlyMC(bounds="map"),
+                placement=fd.Placement(n_shards=4), client=address, **run)
 np.savez(out, samples=res.samples, n_bright=res.stats["n_bright"],
          log_joint=res.stats["log_joint"], channel=res.info["channel"],
          n_workers=res.info["n_workers"])
@@ -132,7 +124,14 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def in_process(store):
     """The reference: every shard in the test process (no network at all)."""
-    return fd.sample(fd.LogisticRegression(), fd.open_dataset(store), client="synchronous", **RUN)
+    return fd.sample(
+        fd.LogisticRegression(),
+        fd.open_dataset(store),
+        fd.FlyMC(bounds="map"),
+        placement=fd.Placement(n_shards=4),
+        client="synchronous",
+        **RUN,
+    )
 
 
 def _drive(layout: Layout, store: str, tmp: Path, **extra) -> tuple[dict, str]:
