@@ -71,12 +71,61 @@ def _merge(nodes: dict[tuple[int, int], Any], n_blocks: int) -> dict[tuple[int, 
         level += 1
 
 
+class BlockFold:
+    """A shard's blocks' values folded into the tree as they come (:meth:`append`), each
+    node combined as soon as its children are both there: blocks given in increasing
+    order leave O(log blocks) values held, not one per block (a full pass's values at
+    10⁸ rows, 57 features and order-2 sums: 26 KB each, 36 MB per worker). The nodes
+    are the sums :func:`_merge` takes, the same bits."""
+
+    def __init__(self, n_blocks: int) -> None:
+        self.n_blocks = int(n_blocks)
+        self._nodes: dict[tuple[int, int], Any] = {}
+
+    def append(self, item: tuple[int, Any]) -> None:
+        """Add block ``item[0]``'s value ``item[1]`` (a list's ``append``, for callers
+        that collect ``(block, value)`` pairs)."""
+        b, value = item
+        level, i = 0, int(b)
+        nodes = self._nodes
+        while True:
+            width = -(-self.n_blocks // (1 << level))  # nodes at this level
+            if width <= 1:
+                break
+            parent = i // 2
+            left, right = 2 * parent, 2 * parent + 1
+            if right >= width:  # a left child alone: its parent is the same sum
+                if i != left:
+                    break
+            elif i == left:
+                if (level, right) not in nodes:
+                    break
+                value = value + nodes.pop((level, right))
+            else:
+                if (level, left) not in nodes:
+                    break
+                value = nodes.pop((level, left)) + value
+            level, i = level + 1, parent
+        nodes[(level, i)] = value
+
+    def __len__(self) -> int:
+        """The values held now."""
+        return len(self._nodes)
+
+    def sums(self) -> BlockSums:
+        """The nodes completed, and those left (see :func:`tree_nodes`)."""
+        merged = _merge(dict(self._nodes), self.n_blocks)
+        return BlockSums(self.n_blocks, [(lv, i, v) for (lv, i), v in sorted(merged.items())])
+
+
 def tree_nodes(blocks: Iterable[tuple[int, Any]], n_blocks: int) -> BlockSums:
     """A shard's part of the tree: its blocks' values ``(block index, value)`` combined
-    into every node they complete; the nodes left, as ``(level, index, value)``."""
-    nodes = {(0, int(b)): v for b, v in blocks}
-    merged = _merge(nodes, n_blocks)
-    return BlockSums(n_blocks, [(lv, i, v) for (lv, i), v in sorted(merged.items())])
+    into every node they complete; the nodes left, as ``(level, index, value)``. The
+    blocks are folded in as they come (:class:`BlockFold`)."""
+    fold = BlockFold(n_blocks)
+    for item in blocks:
+        fold.append(item)
+    return fold.sums()
 
 
 def tree_total(parts: list[BlockSums]) -> Any:

@@ -158,6 +158,35 @@ def test_block_tree_sums_same_for_every_partition():
         tree_total([tree_nodes([(0, 1.0)], 3)])
 
 
+def test_block_fold_gives_the_merged_nodes_and_holds_log_blocks():
+    """A pass's block values folded as they come (:class:`~flymc_dist.reduce.BlockFold`)
+    give the nodes the whole pass's values merged at once give, the same bits, whatever
+    the blocks' order; in increasing order at most two values per tree level are held at
+    a time, not one per block (36 MB per worker per pass at 10⁸ × 57)."""
+    from flymc_dist.reduce import BlockFold, _merge
+
+    rng = np.random.default_rng(4)
+    for n_blocks in (1, 2, 5, 16, 33, 1000):
+        v = rng.standard_normal((n_blocks, 3)) * 10.0 ** rng.integers(-8, 8, (n_blocks, 3))
+        for _ in range(5):
+            a = int(rng.integers(0, n_blocks))
+            c = int(rng.integers(a + 1, n_blocks + 1))
+            for shuffled in (False, True):
+                order = rng.permutation(np.arange(a, c)) if shuffled else np.arange(a, c)
+                fold, held = BlockFold(n_blocks), 0
+                for b in order:
+                    fold.append((int(b), v[b]))
+                    held = max(held, len(fold))
+                want = _merge({(0, b): v[b] for b in range(a, c)}, n_blocks)
+                got = fold.sums()
+                assert got.n_blocks == n_blocks
+                assert [(lv, i) for lv, i, _ in got.nodes] == sorted(want)
+                for lv, i, x in got.nodes:
+                    assert np.array_equal(x, want[(lv, i)])
+                if not shuffled:  # per level: the part's left edge, and the growing end
+                    assert held <= 2 * ((n_blocks - 1).bit_length() + 1)
+
+
 # ------------------------------------------------------------- the fused z-update: exactness
 N_ROWS = 48
 THETAS = np.array([[0.5, 1.5], [-1.0, 2.5], [1.5, -1.0]])

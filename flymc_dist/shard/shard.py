@@ -39,7 +39,7 @@ from flymc_dist.protocol import (
     ShardSpec,
     resolve_operation,
 )
-from flymc_dist.reduce import BlockSums, block_rows, tree_nodes
+from flymc_dist.reduce import BlockFold, BlockSums, block_rows, tree_nodes
 from flymc_dist.shard.fused import _typed_lists, fused_z_update
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
@@ -421,15 +421,13 @@ class Shard:
         of a set-up, the same bits as the two calls. Returns the queries and the sums."""
         if not self.flymc:
             raise ValueError("place_with_bound_stats is FlyMC's (algorithm='flymc')")
-        stats: list[tuple[int, Any]] = []
+        stats = BlockFold(self._blocking()[2])  # folded as they come: O(log blocks) held
         queries = self._set_positions(thetas, 0, stats)
-        return queries, tree_nodes(stats, self._blocking()[2])
+        return queries, stats.sums()
 
-    def _set_positions(
-        self, thetas: np.ndarray, generation: int, stats: list[tuple[int, Any]] | None
-    ) -> int:
-        """:meth:`set_positions`; with ``stats`` a list, the bound statistics of every
-        block (:meth:`bound_stats`) are appended to it from the same pass."""
+    def _set_positions(self, thetas: np.ndarray, generation: int, stats: BlockFold | None) -> int:
+        """:meth:`set_positions`; with ``stats``, the bound statistics of every block
+        (:meth:`bound_stats`) are appended to it from the same pass."""
         thetas = np.asarray(thetas, float)
         self.generation = int(generation)
         self.chains = [_Chain(theta=thetas[c].copy()) for c in range(thetas.shape[0])]
@@ -461,11 +459,11 @@ class Shard:
             init,
         )
 
-    def _place_z(self, stats: list[tuple[int, Any]] | None = None) -> int:
+    def _place_z(self, stats: BlockFold | None = None) -> int:
         """Every chain's z drawn exactly from ``p(z | θ)`` — the explicit update of every
         row, from the chains' placement streams — over the rows of each block of
         :meth:`~flymc_dist.shard.rows.MemoryRows.sweep` (in memory one block; out of core
-        the row file's, keeping only the rows that turn bright). With ``stats`` a list,
+        the row file's, keeping only the rows that turn bright). With ``stats`` (a fold),
         each full-pass block's bound statistics are appended to it, as
         ``(block, suffstats)``. Returns the queries."""
         m = self.model
@@ -493,8 +491,12 @@ class Shard:
                     v, dv = (vals[c], None) if compiled else self._row_evaluator(ch)(rows)
                     explicit_accept(st, ch.bright, rows, v, dv)
                 self.rows.after_z([ch.bright.idx for ch in self.chains])
-        self._unsettled = True  # set_q reads again if q changes
-        self.settle()
+        # The first z-update's rows are read ahead by the next settle (set_q's, or the
+        # next round's), not here: in set-up the q is still ShardConfig's placeholder
+        # (0.01) until the driver's set_q, and its proposals with 4 chains are ~4 % of
+        # the rows (measured: 2.4 GB per worker at 10⁸ × 57 out of core, read at random
+        # and dropped at once by set_q)
+        self._unsettled = True
         return len(self.chains) * self.n
 
     def _proposed_rows(self, ahead: int) -> np.ndarray:
