@@ -233,24 +233,15 @@ def test_the_cli_builds_the_objects_from_its_flags(tmp_path):
     assert attrs["options"]["kernel_options"] == {"max_tree_depth": 5}
     assert attrs["options"]["bright_replica"] is False
     assert attrs["n_shards"] == 2
-    bad = subprocess.run(
-        [*base, "--trace", str(tmp_path / "u.zarr"), "--eps", "0.1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert bad.returncode == 2 and "--eps applies only to --algorithm austerity" in bad.stderr
-    bad = subprocess.run(
-        [*base, "--trace", str(tmp_path / "v.zarr"), "--width", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert bad.returncode == 2 and "--width is not an option of kernel 'nuts'" in bad.stderr
-    bad = subprocess.run(
-        [*base, "--trace", str(tmp_path / "w.zarr"), "--q-db", "3"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert bad.returncode == 2 and "q-db must be 'auto' or a number in (0, 1]" in bad.stderr
+    for name, flags, said in (
+        ("u", ["--eps", "0.1"], "--eps applies only to --algorithm austerity"),
+        ("v", ["--width", "1"], "--width is not an option of kernel 'nuts'"),
+        ("w", ["--q-db", "3"], "q-db must be 'auto' or a number in (0, 1]"),
+    ):
+        bad = subprocess.run(
+            [*base, "--trace", str(tmp_path / f"{name}.zarr"), *flags],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert bad.returncode == 2 and said in bad.stderr
