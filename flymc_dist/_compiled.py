@@ -256,23 +256,28 @@ def dark_rows(
     m_seg: np.ndarray,
     rows: np.ndarray,
     seg: np.ndarray,
-    offsets: np.ndarray,
+    pos: np.ndarray,
     cand: np.ndarray,
     cand_seg: np.ndarray,
+    at: np.ndarray,
 ) -> None:
-    """The dark rows among each (shard, chain) pair's proposed global ``rows``
-    (``seg``): pair p's rows less ``offsets[p]``, those not among its sorted bright rows
+    """The dark rows among each (shard, chain) pair's proposed shard-local ``rows``
+    (``seg``): pair p's rows not among its sorted bright rows
     ``members[m_seg[p]:m_seg[p+1]]`` (a binary search each), written pair after pair to
-    ``cand`` (``cand_seg``)."""
+    ``cand`` (``cand_seg``), and where each sits in its shard's buffer to ``at``: its
+    ``pos`` entry (the proposals' buffer, out of core), or the row itself (``pos``
+    empty: every shard in memory)."""
     m = 0
     cand_seg[0] = 0
+    own = pos.size == 0
     for p in range(seg.size - 1):
         bright = members[m_seg[p] : m_seg[p + 1]]
         for i in range(seg[p], seg[p + 1]):
-            r = rows[i] - offsets[p]
+            r = rows[i]
             k = np.searchsorted(bright, r)
             if k == bright.size or bright[k] != r:
                 cand[m] = r
+                at[m] = r if own else pos[i]
                 m += 1
         cand_seg[p + 1] = m
 

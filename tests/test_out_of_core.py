@@ -91,9 +91,9 @@ def test_row_file_refuses_a_full_disk_before_writing(store, tmp_path, monkeypatc
 
 
 def test_a_shard_holds_only_its_bright_rows(store):
-    """Out of core a shard holds no rows array: after every z-update exactly the rows
-    bright in some chain are resident, its bright sets are O(bright), and its row file
-    goes when it closes."""
+    """Out of core a shard holds no rows array: after every z-update the rows bright in
+    some chain are resident, once it has settled exactly those; its bright sets are
+    O(bright), and its row file goes when it closes."""
     ds, _, _ = store
     config = ShardConfig(
         model=fd.LogisticRegression(prior_scale=3.0),
@@ -107,13 +107,21 @@ def test_a_shard_holds_only_its_bright_rows(store):
     sh = Shard(ShardSpec(0, ds.path, 0, 900), config)
     assert sh.out_of_core and not hasattr(sh.rows, "X")  # no rows array
     sh.set_tight_points(np.array([0.3, -1.2, 0.8]))
-    sh.set_positions(np.tile([0.3, -1.2, 0.8], (3, 1)))
+    # away from the tight points: some rows bright, turning bright and dark
+    sh.set_positions(np.tile([0.6, -1.6, 1.1], (3, 1)))
+    sizes, went_dark = [], 0
     for _ in range(30):
+        before = sh.rows.ids
         sh._update_z_all()
         bright = np.unique(np.concatenate([ch.bright.idx for ch in sh.chains]))
+        assert np.isin(bright, sh.rows.ids).all()  # the bright rows are resident
+        sh.settle()
         np.testing.assert_array_equal(sh.rows.ids, bright)  # exactly the bright rows
         for ch in sh.chains:
             np.testing.assert_array_equal(ch.bright.members, np.sort(ch.bright.idx))
+        sizes.append(bright.size)
+        went_dark += np.setdiff1d(before, bright).size
+    assert min(sizes) > 0 and went_dark > 0  # what the checks above are about happened
     state = sh.state()
     assert state["out_of_core"] and state["held_rows"] == bright.size
     assert state["rows_read"] > 0 and state["bytes_read"] > 0

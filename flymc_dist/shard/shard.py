@@ -200,6 +200,8 @@ class Shard:
         self._typed: tuple | None = None  # see _typed_lists
         self._extensions: dict[str, Any] = {}  # see extension()
         self._unsettled = False  # work left for settle()
+        #: the chains' proposals drawn so far, by what they were drawn for (see _drawn)
+        self._draws: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ set-up
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
@@ -492,41 +494,63 @@ class Shard:
                 for c, (st, ch) in enumerate(zip(streams, self.chains, strict=True)):
                     v, dv = (vals[c], None) if compiled else self._row_evaluator(ch)(rows)
                     explicit_accept(st, ch.bright, rows, v, dv)
-                self.rows.after_z([ch.bright.idx for ch in self.chains])
+                self.rows.keep([ch.bright.members for ch in self.chains])
         self._unsettled = True  # set_q reads again if q changes
         self.settle()
         return len(self.chains) * self.n
 
-    def _proposed_rows(self, ahead: int) -> np.ndarray:
+    def _drawn(self, ahead: int = 0) -> tuple[tuple, np.ndarray, np.ndarray]:
         """The shard-local rows every chain's z-update ``ahead`` steps after its next one
-        will propose (its Bernoulli process at that step: known now, whatever θ and z
-        become), in one array with repeats."""
+        proposes (implicit; the explicit update: selects), its Bernoulli process at that
+        step — known now, whatever θ and z become: ``(key, rows, seg)``, chain c's rows
+        sorted at ``rows[seg[c]:seg[c + 1]]``.
+
+        Drawn once and kept (:meth:`settle` draws the next z-update's ahead, the z-update
+        takes them), under ``key``: everything the draw depends on that can change (the
+        generation, the update, its probability, each chain's step), so a kept draw is
+        never stale. Draws of steps the chains have passed are forgotten."""
         implicit = self.config.z_update == "implicit"
-        streams = [self._streams(c, ahead=ahead) for c in range(len(self.chains))]
-        keys = np.array([st.propose if implicit else st.select for st in streams], np.uint64)
-        p = self.q_db if implicit else self.config.resample_fraction
-        lo = np.full(len(streams), self.spec.start, dtype=np.int64)
-        rows, _ = bernoulli_rows_many(keys, p, self.n_total, lo, lo + self.n)
-        return rows - self.spec.start
+        p = self.q_db if implicit else float(self.config.resample_fraction)
+        steps = tuple(ch.step + ahead for ch in self.chains)
+        key = (self.generation, implicit, p, steps)
+        got = self._draws.get(key)
+        if got is None:
+            streams = [self._streams(c, ahead=ahead) for c in range(len(self.chains))]
+            keys = np.array([st.propose if implicit else st.select for st in streams], np.uint64)
+            lo = np.full(len(streams), self.spec.start, dtype=np.int64)
+            rows, seg = bernoulli_rows_many(keys, p, self.n_total, lo, lo + self.n)
+            now = [ch.step for ch in self.chains]
+            self._draws = {
+                k: v
+                for k, v in self._draws.items()
+                if k[:3] == key[:3]
+                and len(k[3]) == len(now)
+                and all(a >= b for a, b in zip(k[3], now, strict=True))
+            }
+            got = self._draws[key] = (rows - self.spec.start, seg)
+        return key, got[0], got[1]
 
     def settle(self) -> None:
-        """Out of core, the work a round leaves for after its reply (a host runs it once
+        """The work a z-update leaves for after the round's reply (a host runs it once
         the reply has gone: :meth:`~flymc_dist.shard.host.ShardHost.settle`; else the
-        next round starts with it): drop the rows no chain has bright any more, read and
-        prepare the rows each chain's next z-update will propose, and have the page
-        cache fetch the ones of the z-update after. Nothing here changes a draw: a
-        z-update reads whatever it lacks."""
+        next round starts with it): draw the rows each chain's next z-update will
+        propose (:meth:`_drawn`, for :func:`fused_z_update`); out of core also drop the
+        rows no chain has bright any more, read and prepare the proposed rows, and have
+        the page cache fetch those of the z-update after (drawn now, read by the next
+        call). Nothing here changes a draw: a z-update draws and reads whatever it
+        lacks."""
         if not self._unsettled:
             return
-        if self.out_of_core and self.chains:
-            self.rows.keep()
-            self.rows.read_ahead(self._proposed_rows(0), self._proposed_rows(1))
+        if self.flymc and self.chains and (self.fused_z or self.out_of_core):
+            key, rows, _ = self._drawn(0)
+            if self.out_of_core:
+                self.rows.keep([ch.bright.members for ch in self.chains])
+                self.rows.read_ahead(key, rows, self._drawn(1)[1])
         self._unsettled = False  # not before: after an error the next round tries again
 
     def _after_z(self) -> None:
-        """After a z-update: the rows hold what the chains' bright sets need (out of core,
-        at least the rows bright in some chain; :meth:`settle` drops the others)."""
-        self.rows.after_z([ch.bright.idx for ch in self.chains], keep=False)
+        """After a z-update: the rows hold at least the rows bright in some chain
+        (:meth:`settle` drops the others, after the reply)."""
         self._unsettled = True
 
     # -------------------------------------------------------------- evaluation
