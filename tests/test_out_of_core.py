@@ -131,6 +131,71 @@ def test_a_shard_holds_only_its_bright_rows(store):
     assert not os.path.exists(path)
 
 
+def _ooc_shard(ds, q_db: float = 0.05, out_of_core: bool = True) -> Shard:
+    config = ShardConfig(
+        model=fd.LogisticRegression(prior_scale=3.0),
+        algorithm="flymc",
+        chains=3,
+        seed=1,
+        n_rows=ds.n_rows,
+        q_db=q_db,
+        out_of_core=out_of_core,
+    )
+    sh = Shard(ShardSpec(0, ds.path, 0, 900), config)
+    sh.set_tight_points(np.array([0.3, -1.2, 0.8]))
+    sh.set_positions(np.tile([0.6, -1.6, 1.1], (3, 1)))
+    return sh
+
+
+def test_the_z_update_reads_nothing_once_settled(store):
+    """Between rounds a shard reads its next z-updates' proposals (several ahead): the
+    z-update itself then reads no row; without the read-ahead it has to."""
+    ds, _, _ = store
+    sh = _ooc_shard(ds)
+    during = []
+    for _ in range(12):
+        sh.settle()
+        before = sh.rows.rows_read
+        sh._update_z_all()
+        during.append(sh.rows.rows_read - before)
+    assert sh.rows.rows_read > 0 and during == [0] * 12
+    sh.rows.read_ahead = lambda wanted, later: None  # the control: nothing read ahead
+    sh.settle()
+    before = sh.rows.rows_read
+    sh._update_z_all()
+    assert sh.rows.rows_read > before
+    sh.close()
+
+
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_kept_proposals_are_the_fresh_draw(store, out_of_core):
+    """The proposals a shard keeps between rounds (``Shard._drawn``) are what drawing
+    them afresh gives, whatever changed since they were drawn: the chains' steps, q,
+    the generation."""
+    ds, _, _ = store
+    sh = _ooc_shard(ds, out_of_core=out_of_core)
+
+    def same_as_fresh() -> None:
+        kept = sh._drawn((0, 1, 2))
+        sh._draws.clear()
+        for (_, rows, seg), (_, fresh, fresh_seg) in zip(kept, sh._drawn((0, 1, 2)), strict=True):
+            np.testing.assert_array_equal(rows, fresh)
+            np.testing.assert_array_equal(seg, fresh_seg)
+
+    sh.settle()
+    same_as_fresh()
+    sh._update_z_all()  # the steps move on
+    same_as_fresh()
+    before = sh._drawn((0, 1, 2))[0][1]
+    sh.set_q(0.2)  # q changes
+    assert sh._drawn()[0][1].size > 2 * before.size  # at four times the q
+    same_as_fresh()
+    sh._drawn((0, 1, 2))
+    sh.set_positions(np.tile([0.6, -1.6, 1.1], (3, 1)), generation=1)  # a new generation
+    same_as_fresh()
+    sh.close()
+
+
 @pytest.mark.parametrize(
     "model,kernel,bounds",
     [

@@ -161,7 +161,7 @@ def _proposals(
     (:meth:`Shard._drawn`) — with their segments (pair after pair), where each sits in
     its shard's buffer (empty when every shard is in memory: at its own row), and each
     shard's buffer (in memory its rows; out of core the rows read for its proposals)."""
-    drawn = [sh._drawn() for sh in shards]
+    drawn = [sh._drawn()[0] for sh in shards]
     held = [sh.rows.proposals(key, rows) for sh, (key, rows, _) in zip(shards, drawn, strict=True)]
     bufs = [buf for buf, _ in held]
     ooc = any(pos is not None for _, pos in held)

@@ -10,7 +10,7 @@ z-updates, evaluations and full passes are written once:
   out of core the rows some chain has bright and those fetched for this z-update;
 - ``locate(rows)``: where shard-local rows sit in those buffers (in memory: the rows);
 - ``fetch(rows)``: make rows resident now (out of core; in memory every row is);
-  ``read_ahead(key, rows, later)``: read and prepare the next z-update's proposals
+  ``read_ahead(wanted, later)``: read and prepare the next z-updates' proposals
   between rounds, and have the page cache fetch the one after's; ``proposals(key,
   rows)``: the buffer a z-update evaluates its proposals from, and where each sits there;
 - ``admit(rows, at)``: make resident the proposals that turned bright (before the
@@ -282,7 +282,7 @@ class MemoryRows:
         where each sits there (None: at its own row)."""
         return self.XC, None
 
-    def read_ahead(self, key: Any, rows: np.ndarray, later: np.ndarray) -> None:
+    def read_ahead(self, wanted: list[tuple[Any, np.ndarray]], later: np.ndarray) -> None:
         """Nothing to read ahead."""
 
     def admit(self, rows: np.ndarray, at: np.ndarray) -> None:
@@ -357,12 +357,14 @@ class FileRows:
         self.XC = np.empty((0, self.n_features + self._K))
         self.y = np.empty(0, dtype=self.file._rec["y"])
         self.xi: np.ndarray | None = None
-        #: the next z-update's proposals, read and prepared ahead (:meth:`read_ahead`):
+        #: the next z-updates' proposals, read and prepared ahead (:meth:`read_ahead`):
         #: sorted rows, their buffer, targets and tight points
         self._ahead: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None
-        #: what :attr:`_ahead` was read for: the key of its proposals, and where each of
-        #: them sits in it
-        self._ahead_for: tuple[Any, np.ndarray] | None = None
+        #: the proposals :attr:`_ahead` holds, by key: where each of them sits in it
+        self._ahead_for: dict[Any, np.ndarray] = {}
+        #: proposals read ahead, not yet prepared, by key: their sorted distinct rows,
+        #: where each proposal sits among them, and their features and targets
+        self._staged: dict[Any, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         #: the last :meth:`proposals`' buffer: rows, their features, targets, tight points
         self._proposed: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None
         #: rows read by position (the z-updates' proposals, read ahead or not)
@@ -456,7 +458,7 @@ class FileRows:
     def _take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
         """The sorted distinct ``rows`` and maybe more, prepared, sorted by row: those read
         ahead (if any), with what they lack of ``rows`` read now; ``(rows, XC, y, xi)``."""
-        ahead, self._ahead, self._ahead_for = self._ahead, None, None
+        ahead = self._ahead
         if ahead is None:
             return self._read(rows)
         missing = rows[~in_sorted(rows, ahead[0])]
@@ -486,25 +488,56 @@ class FileRows:
         were read for these proposals (``key``: :meth:`read_ahead`'s); else those rows
         with any of ``rows`` they lack, read now. Nothing is made resident:
         :meth:`admit` takes in, from this buffer, the rows that turned bright (a few)."""
-        ahead_for, self._ahead_for = self._ahead_for, None
-        if ahead_for is not None and self._ahead is not None and ahead_for[0] == key:
-            self._proposed, self._ahead = self._ahead, None
-            return self._proposed[1], ahead_for[1]
+        pos = self._ahead_for.pop(key, None)
+        if pos is not None and self._ahead is not None:
+            self._proposed = self._ahead
+            return self._proposed[1], pos
         self._proposed = self._take(np.unique(rows))
         return self._proposed[1], np.searchsorted(self._proposed[0], rows)
 
-    def read_ahead(self, key: Any, rows: np.ndarray, later: np.ndarray) -> None:
-        """Read and prepare ``rows`` (the next z-update's proposals, every chain's, with
-        repeats; ``key`` names them for :meth:`proposals`) now, between rounds, and ask
-        for ``later`` (the one after's) to be brought into the page cache in the
-        background: the next round need not read, and the reads of this call's next
-        call need not wait for the disk."""
+    def read_ahead(self, wanted: list[tuple[Any, np.ndarray]], later: np.ndarray) -> None:
+        """Between rounds: have the proposals of the next z-updates (``wanted``: each
+        one's key and rows — every chain's, with repeats — in order) read and prepared,
+        and ask for ``later`` (the one after's) to be brought into the page cache in the
+        background.
+
+        Each z-update's rows are read once, by the first call that wants them (in a run,
+        the one ``len(wanted)`` - 1 z-updates before: a call reads one z-update's rows);
+        once the next z-update's are not prepared, every wanted z-update's are prepared
+        together, into one buffer (a call in ``len(wanted)`` prepares: the prepare's
+        cost is mostly per call, the reads' per row). The next round then need not read
+        or prepare, and this call's next calls need not wait for the disk."""
         later, _ = distinct(later)
         if later.size:
             self.file.advise(later)
-        rows, pos = distinct(rows)
-        self._ahead = self._read(rows)
-        self._ahead_for = (key, pos)
+        staged = {}
+        for key, rows in wanted:
+            got = self._staged.get(key)
+            if got is None:
+                d, pos = distinct(rows)
+                self.rows_read += d.size
+                got = (d, pos, *self.file.read(d))
+            staged[key] = got
+        self._staged = staged  # proposals no longer wanted are forgotten
+        if wanted and wanted[0][0] not in self._ahead_for:
+            self._prepare_ahead([key for key, _ in wanted])
+
+    def _prepare_ahead(self, keys: list[Any]) -> None:
+        """The staged proposals of ``keys`` prepared into one buffer, :attr:`_ahead` (each
+        row once), with where each proposal sits there."""
+        parts = [self._staged[key] for key in keys]
+        d, pos = distinct(np.concatenate([p[0] for p in parts]))
+        src = np.empty(d.size, dtype=np.int64)  # a row of the staged reads for each of d
+        src[pos] = np.arange(pos.size)
+        X = np.concatenate([p[2] for p in parts])[src]
+        y = np.concatenate([p[3] for p in parts])[src]
+        XC, xi = self._prepared(X, y)
+        self._ahead = (d, XC, y, xi)
+        self._ahead_for = {}
+        off = 0
+        for key, (rows, at, _, _) in zip(keys, parts, strict=True):
+            self._ahead_for[key] = pos[off + at]
+            off += rows.size
 
     def admit(self, rows: np.ndarray, at: np.ndarray) -> None:
         """Make resident the ``rows`` (any order, repeats allowed) that turned bright in
@@ -546,7 +579,8 @@ class FileRows:
         """Every row resident in turn: the row file's blocks (of a multiple of ``unit``
         rows, if given), each read (one ahead) into the arena before it is yielded; the
         caller keeps what it needs with :meth:`keep` after each."""
-        self._ahead = self._ahead_for = self._proposed = None
+        self._ahead = self._proposed = None
+        self._ahead_for, self._staged = {}, {}
         self.passes += 1
         block = max(1, BLOCK_BYTES // ((self.n_features + self._K + 2) * 8))
         if unit:
@@ -566,7 +600,8 @@ class FileRows:
     def retune(self) -> None:
         """New tight points and row constants for the resident rows (rows read from now
         on are prepared under the new rule)."""
-        self._proposed = self._ahead = self._ahead_for = None  # under the old rule
+        self._proposed = self._ahead = None  # prepared under the old rule
+        self._ahead_for = {}
         if self.ids.size:
             X = self.XC[self._slot, : self.n_features]
             xi, consts = self._prepare(X, self.y[self._slot])
@@ -606,12 +641,14 @@ class FileRows:
 
     def reset(self) -> None:
         """Chains placed anew: nothing stays resident."""
-        self._proposed = self._ahead = self._ahead_for = None
+        self._proposed = self._ahead = None
+        self._ahead_for, self._staged = {}, {}
         self._keep(np.zeros(self.ids.size, dtype=bool))
 
     def close(self) -> None:
         """Remove the row file."""
-        self._ahead = self._ahead_for = self._proposed = None
+        self._ahead = self._proposed = None
+        self._ahead_for, self._staged = {}, {}
         self.file.close()
 
     def state(self) -> dict[str, Any]:
