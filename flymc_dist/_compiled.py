@@ -6,7 +6,7 @@ and a handful of transcendental functions. In numpy that work is dominated by th
 cost of launching array operations (tens per round, a few microseconds each), not by
 the arithmetic; here each phase is one compiled loop.
 
-The kernels implement the models' fused ``log L~`` (see
+The kernels implement the models' ``log L~`` in one formula (see
 :meth:`~flymc_dist.models.base.Model.log_bright_rows`) for the models that
 provide a compiled form (:meth:`~flymc_dist.models.base.Model.compiled_bright`),
 operation for operation in the same order as their numpy versions; the results
@@ -55,7 +55,7 @@ def _log_expm1(delta: float) -> float:
 
 @numba.njit(inline="always", **_JIT)
 def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float) -> float:
-    """Fused ``log L~`` of one row at linear predictor ``eta`` with row constants
+    """``log L~`` of one row at linear predictor ``eta`` with row constants
     ``(c0, c1, c2)`` (the models' ``row_constants``)."""
     if kind == LOGISTIC:  # c = (t, a, c); s = t eta
         s = eta * c0
@@ -197,7 +197,7 @@ def eval_rows(
     out: np.ndarray,
     sums: np.ndarray,
 ) -> float:
-    """Fused ``log L~`` of ``rows``, laid out in segments: rows ``seg[i]:seg[i+1]`` of the
+    """``log L~`` of ``rows``, laid out in segments: rows ``seg[i]:seg[i+1]`` of the
     buffer ``XCs[seg_shard[i]]`` (features, then row constants) at ``thetas[i]``. Writes
     the values to ``out`` and each segment's sum to ``sums[i]``. Returns
     :func:`touch_rows`'s sum (meaningless)."""
@@ -227,7 +227,7 @@ def eval_rows_at(
     par: np.ndarray,
     out: np.ndarray,
 ) -> None:
-    """Fused ``log L~`` of ``rows`` of the buffer ``XC`` at every one of ``thetas`` (C, P):
+    """``log L~`` of ``rows`` of the buffer ``XC`` at every one of ``thetas`` (C, P):
     ``out[c, j]`` for ``rows[j]`` at ``thetas[c]``, each row read once for all of them
     (the exact draw of every chain's z at placement: a pass over all rows). The same
     operations, in the same order, as :func:`eval_rows`: the same bits."""

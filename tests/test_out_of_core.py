@@ -508,11 +508,11 @@ def test_out_of_core_z_update_leaves_the_conditional_invariant(tmp_path, monkeyp
     printed dark→bright comparison must fail the check."""
     from scipy import stats
 
-    import flymc_dist.shard.fused as fused_mod
+    import flymc_dist.shard.batched as batched_mod
     from flymc_dist._numerics import log_expm1
 
     if case == "flipped":
-        monkeypatch.setattr(fused_mod, "brighten", lambda log_u, v, q: log_u > v - np.log(q))
+        monkeypatch.setattr(batched_mod, "brighten", lambda log_u, v, q: log_u > v - np.log(q))
     n, q, sweeps = 96, 0.2, 4000
     x = np.random.default_rng(3).permutation(np.linspace(-2.5, 2.5, n))
     X, y = np.column_stack([np.ones(n), x]), (np.arange(n) % 2).astype(float)
@@ -527,7 +527,7 @@ def test_out_of_core_z_update_leaves_the_conditional_invariant(tmp_path, monkeyp
     theta_hat, thetas = np.array([0.0, 0.5]), np.array([[0.5, 1.5], [-1.0, 2.5]])
     shard.set_tight_points(theta_hat)
     shard.set_positions(thetas)
-    assert shard.out_of_core and shard.fused_z
+    assert shard.out_of_core and shard.batched_z
     freq = np.zeros((2, n))
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(20):

@@ -244,7 +244,7 @@ class CountingLogistic(fd.LogisticRegression):
         self.evaluated += int(np.prod(np.shape(eta)[:2]))
         return super().loglik_grad(eta, y)
 
-    def log_bright_rows(self, eta, consts):  # the shards' fused log L~: one datum per entry
+    def log_bright_rows(self, eta, consts):  # the shards' log L~: one datum per entry
         self.evaluated += int(np.size(eta))
         return super().log_bright_rows(eta, consts)
 

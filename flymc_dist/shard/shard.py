@@ -40,7 +40,7 @@ from flymc_dist.protocol import (
     resolve_operation,
 )
 from flymc_dist.reduce import BlockSums, block_rows, tree_nodes
-from flymc_dist.shard.fused import _typed_lists, fused_z_update
+from flymc_dist.shard.batched import _typed_lists, batched_z_update
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
 from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
@@ -117,7 +117,7 @@ class Shard:
         self.model = config.model
         self.flymc = config.algorithm == "flymc"
         self.memory_budget = budget
-        # FlyMC with a fused log L~ keeps each row's constants beside its features, in
+        # FlyMC with a compiled log L~ keeps each row's constants beside its features, in
         # one (n, D + K) buffer: evaluating a scattered row then touches one place in
         # memory, not two (the z-update's cost is mostly such cache misses)
         K = self._n_row_constants() if self.flymc else 0
@@ -176,8 +176,8 @@ class Shard:
         return self.rows.out_of_core
 
     def _use_compiled(self, K: int) -> None:
-        """Find the model's compiled fused log L~ (when it has ``K`` row constants)."""
-        #: ``(kind, params)`` of the model's compiled fused log L~ (the hot path), or None
+        """Find the model's compiled log L~ (when it has ``K`` row constants)."""
+        #: ``(kind, params)`` of the model's compiled log L~ (the hot path), or None
         self._kernel: tuple[int, np.ndarray] | None = None
         compiled = self.model.compiled_bright() if K else None
         if compiled is not None:
@@ -281,7 +281,7 @@ class Shard:
             xi[mask] = self.model.exact_xi(y[mask])
 
     def _n_row_constants(self) -> int:
-        """K, the number of per-row constants of the model's fused ``log L~`` (0: none)."""
+        """K, the number of per-row constants of the model's ``log L~`` in one formula (0: none)."""
         if self.model.n_outputs != 1:
             return 0
         y0 = np.zeros(1)
@@ -543,7 +543,7 @@ class Shard:
         """The work a z-update leaves for after the round's reply (a host runs it once
         the reply has gone: :meth:`~flymc_dist.shard.host.ShardHost.settle`; else the
         next round starts with it): draw the rows each chain's next z-update will
-        propose (:meth:`_drawn`, for :func:`fused_z_update`); out of core also drop the
+        propose (:meth:`_drawn`, for :func:`batched_z_update`); out of core also drop the
         rows no chain has bright any more, read and prepare the proposed rows of the
         next z-updates (:data:`READ_AHEAD` of them:
         :meth:`~flymc_dist.shard.rows.FileRows.read_ahead`), and have the page cache
@@ -551,7 +551,7 @@ class Shard:
         changes a draw: a z-update draws and reads whatever it lacks."""
         if not self._unsettled:
             return
-        if self.flymc and self.chains and (self.fused_z or self.out_of_core):
+        if self.flymc and self.chains and (self.batched_z or self.out_of_core):
             if self.out_of_core:
                 self.rows.keep([ch.bright.members for ch in self.chains])
                 # the implicit update's next few z-updates (a few hundred rows each; the
@@ -590,7 +590,7 @@ class Shard:
         makes a round over C chains cost little more than a round over one.
         """
         if not grad and self._kernel is not None:
-            return [(v, None, None) for v, _ in self._fused_eval(segments)]
+            return [(v, None, None) for v, _ in self._compiled_eval(segments)]
         if len(segments) <= 1:
             return [self._bright_eval(t, r, grad) for t, r in segments]
         rows = [self._gather(r) for _, r in segments]
@@ -601,10 +601,10 @@ class Shard:
         )
         return [(v, d, X) for (v, d), (X, _, _) in zip(terms, rows, strict=True)]
 
-    def _fused_values(
+    def _compiled_values(
         self, rows: np.ndarray, thetas: np.ndarray, seg: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Fused ``log L~`` of ``rows`` laid out in segments — rows ``seg[i]:seg[i+1]``
+        """Compiled ``log L~`` of ``rows`` laid out in segments — rows ``seg[i]:seg[i+1]``
         at ``thetas[i]`` (P,) — in one compiled pass. Returns the values and each
         segment's sum."""
         vals = np.empty(rows.size)
@@ -624,11 +624,11 @@ class Shard:
         )
         return vals, sums
 
-    def _fused_eval(
+    def _compiled_eval(
         self, segments: list[tuple[np.ndarray, np.ndarray]]
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """``log L~`` of several ``(thetas (k, P), rows)`` segments without gradients,
-        through the model's compiled fused form (E = 1), in one pass: each segment's
+        through the model's compiled form (E = 1), in one pass: each segment's
         values (k, rows) and their sums (k,)."""
         if not segments:
             return []
@@ -643,7 +643,7 @@ class Shard:
         bounds = [0]
         for size in sizes:
             bounds.append(bounds[-1] + size)
-        vals, sums = self._fused_values(rows, thetas, np.array(bounds, dtype=np.int64))
+        vals, sums = self._compiled_values(rows, thetas, np.array(bounds, dtype=np.int64))
         out, off, j = [], 0, 0
         for t, r in segments:
             k, n = t.shape[0], r.size
@@ -703,8 +703,8 @@ class Shard:
         """
         track = self.track_grad
         implicit = self.config.z_update == "implicit"
-        if self.fused_z:
-            return self._update_z_fused()
+        if self.batched_z:
+            return self._update_z_batched()
         q = self.q_db
         props = []
         streams = [self._streams(c) for c in range(len(self.chains))]
@@ -740,9 +740,9 @@ class Shard:
         return queries
 
     @property
-    def fused_z(self) -> bool:
-        """Whether the z-update runs all chains at once (:meth:`_update_z_fused`): implicit
-        updates, no gradients, and a model with a compiled fused ``log L~``."""
+    def batched_z(self) -> bool:
+        """Whether the z-update runs all chains at once (:meth:`_update_z_batched`): implicit
+        updates, no gradients, and a model with a compiled ``log L~``."""
         return (
             self.flymc
             and self.config.z_update == "implicit"
@@ -750,10 +750,10 @@ class Shard:
             and self._kernel is not None
         )
 
-    def _update_z_fused(self) -> np.ndarray:
-        """The implicit z-update of every chain at once: see :func:`fused_z_update`.
+    def _update_z_batched(self) -> np.ndarray:
+        """The implicit z-update of every chain at once: see :func:`batched_z_update`.
         Returns the likelihood queries of each chain."""
-        return fused_z_update([(self, c) for c in range(len(self.chains))])
+        return batched_z_update([(self, c) for c in range(len(self.chains))])
 
     def _lists(self) -> Any:
         """This shard's buffer as a one-element typed list (the kernels' form)."""
@@ -780,7 +780,7 @@ class Shard:
         if not grad and self._kernel is not None:  # compiled, with the sums
             results = {
                 c: (v, None, None, sums)
-                for c, (v, sums) in zip(want, self._fused_eval(segments), strict=True)
+                for c, (v, sums) in zip(want, self._compiled_eval(segments), strict=True)
             }
         else:
             results = {

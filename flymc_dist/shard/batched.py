@@ -47,7 +47,7 @@ def _typed_lists(shards: list[Shard], owner: Any = None) -> Any:
     return lists[2]
 
 
-def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndarray:
+def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndarray:
     """The implicit z-update of every (shard, chain) pair in ``pairs`` at once.
 
     The same moves as :func:`~flymc_dist.brightness.implicit_update` pair by pair
@@ -79,7 +79,7 @@ def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndar
     for sh, _ in pairs:
         if id(sh) not in where:
             if sh.q_db != first.q_db:
-                raise ValueError("a fused z-update needs one q_db for all its shards")
+                raise ValueError("a batched z-update needs one q_db for all its shards")
             where[id(sh)] = len(shards)
             shards.append(sh)
     q = first.q_db
