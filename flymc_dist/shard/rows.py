@@ -479,6 +479,7 @@ class FileRows:
         missing = rows[~in_sorted(rows, self.ids)]
         if missing.size:
             got, XC, y, xi = self._take(missing)
+            self._ahead, self._ahead_for = None, {}  # taken in: not held twice
             use = in_sorted(got, missing)
             self._insert(got[use], XC[use], y[use], None if xi is None else xi[use])
 
@@ -520,6 +521,7 @@ class FileRows:
             staged[key] = got
         self._staged = staged  # proposals no longer wanted are forgotten
         if wanted and wanted[0][0] not in self._ahead_for:
+            self._ahead, self._ahead_for = None, {}  # spent: not held beside the next
             self._prepare_ahead([key for key, _ in wanted])
 
     def _prepare_ahead(self, keys: list[Any]) -> None:

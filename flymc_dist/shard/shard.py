@@ -49,7 +49,7 @@ from flymc_dist.terms import bright_terms, bright_terms_many
 
 _T = TypeVar("_T")
 
-#: out of core, the implicit z-updates whose proposals :meth:`Shard.settle` has read ahead
+#: out of core, the batched z-updates whose proposals :meth:`Shard.settle` has read ahead
 #: (each read once, one z-update's a round; all prepared in one call every this many: the
 #: prepare costs ~0.2 ms a call whatever its rows, measured at 10^6 x 57)
 READ_AHEAD = 4
@@ -554,9 +554,9 @@ class Shard:
         if self.flymc and self.chains and (self.batched_z or self.out_of_core):
             if self.out_of_core:
                 self.rows.keep([ch.bright.members for ch in self.chains])
-                # the implicit update's next few z-updates (a few hundred rows each; the
-                # explicit update's rows, a fraction of the shard's, one at a time)
-                ahead = READ_AHEAD if self.config.z_update == "implicit" else 1
+                # the batched z-update's next few (a few hundred rows each); else the next
+                # only (the explicit update's rows are a fraction of the shard's)
+                ahead = READ_AHEAD if self.batched_z else 1
                 drawn = self._drawn(tuple(range(ahead + 1)))
                 self.rows.read_ahead([(key, rows) for key, rows, _ in drawn[:-1]], drawn[-1][1])
             else:
