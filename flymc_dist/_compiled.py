@@ -12,7 +12,7 @@ predictor and the model's row constants (its label and bound coefficients, see
 compiled form (:meth:`~flymc_dist.models.base.Model.compiled_bright`), with the
 operations of the models' numpy ``loglik`` and ``logbound``; the results agree with
 ``log_expm1(loglik − logbound)`` to rounding (the libm and numpy's vectorised
-``exp``/``log`` may differ in the last bit; ``tests/test_fused_z.py`` bounds the
+``exp``/``log`` may differ in the last bit; ``tests/test_batched_z.py`` bounds the
 difference), and every transport runs these same kernels, so draws are identical
 in-process and on any number of workers.
 
@@ -108,7 +108,7 @@ def _gap(
 
 @numba.njit(inline="always", **_JIT)
 def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float) -> float:
-    """Fused ``log L~ = log expm1(δ)`` of one row (see :func:`_gap`)."""
+    """``log L~ = log expm1(δ)`` of one row (see :func:`_gap`)."""
     return _log_expm1(_gap(kind, par, eta, c0, c1, c2)[0])
 
 
@@ -216,7 +216,7 @@ def eval_rows(
     out: np.ndarray,
     sums: np.ndarray,
 ) -> float:
-    """Fused ``log L~`` of ``rows``, laid out in segments: rows ``seg[i]:seg[i+1]`` of the
+    """``log L~`` of ``rows``, laid out in segments: rows ``seg[i]:seg[i+1]`` of the
     buffer ``XCs[seg_shard[i]]`` (features, then row constants) at ``thetas[i]``. Writes
     the values to ``out`` and each segment's sum to ``sums[i]``. Returns
     :func:`touch_rows`'s sum (meaningless)."""
@@ -246,7 +246,7 @@ def eval_rows_at(
     par: np.ndarray,
     out: np.ndarray,
 ) -> None:
-    """Fused ``log L~`` of ``rows`` of the buffer ``XC`` at every one of ``thetas`` (C, P):
+    """``log L~`` of ``rows`` of the buffer ``XC`` at every one of ``thetas`` (C, P):
     ``out[c, j]`` for ``rows[j]`` at ``thetas[c]``, each row read once for all of them
     (the exact draw of every chain's z at placement: a pass over all rows). The same
     operations, in the same order, as :func:`eval_rows`: the same bits."""
@@ -275,23 +275,28 @@ def dark_rows(
     m_seg: np.ndarray,
     rows: np.ndarray,
     seg: np.ndarray,
-    offsets: np.ndarray,
+    pos: np.ndarray,
     cand: np.ndarray,
     cand_seg: np.ndarray,
+    at: np.ndarray,
 ) -> None:
-    """The dark rows among each (shard, chain) pair's proposed global ``rows``
-    (``seg``): pair p's rows less ``offsets[p]``, those not among its sorted bright rows
+    """The dark rows among each (shard, chain) pair's proposed shard-local ``rows``
+    (``seg``): pair p's rows not among its sorted bright rows
     ``members[m_seg[p]:m_seg[p+1]]`` (a binary search each), written pair after pair to
-    ``cand`` (``cand_seg``)."""
+    ``cand`` (``cand_seg``), and where each sits in its shard's buffer to ``at``: its
+    ``pos`` entry (the proposals' buffer, out of core), or the row itself (``pos``
+    empty: every shard in memory)."""
     m = 0
     cand_seg[0] = 0
+    own = pos.size == 0
     for p in range(seg.size - 1):
         bright = members[m_seg[p] : m_seg[p + 1]]
         for i in range(seg[p], seg[p + 1]):
-            r = rows[i] - offsets[p]
+            r = rows[i]
             k = np.searchsorted(bright, r)
             if k == bright.size or bright[k] != r:
                 cand[m] = r
+                at[m] = r if own else pos[i]
                 m += 1
         cand_seg[p + 1] = m
 

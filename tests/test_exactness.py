@@ -45,7 +45,7 @@ from scipy import stats
 
 import flymc_dist as fd
 import flymc_dist.brightness as brightness_module
-import flymc_dist.shard.fused as fused_module
+import flymc_dist.shard.batched as batched_module
 import flymc_dist.shard.rows as rows_module
 import flymc_dist.shard.shard as shard_module
 from flymc_dist.diagnostics import ess_mean
@@ -484,9 +484,9 @@ def test_negative_control_flipped_z_sign_fails(runs, monkeypatch, name):
     # the shard's compiled path) takes its dark→bright decision from `brighten`, looked up
     # by name in its module: flip it in both — the brightness check below proves the patch
     # took effect
-    assert hasattr(fused_module, "brighten"), "the shard no longer calls brighten by name"
+    assert hasattr(batched_module, "brighten"), "the shard no longer calls brighten by name"
     monkeypatch.setattr(brightness_module, "brighten", _flipped_brighten)
-    monkeypatch.setattr(fused_module, "brighten", _flipped_brighten)
+    monkeypatch.setattr(batched_module, "brighten", _flipped_brighten)
     bad = run_sampler(name, CONTROL_COMBO)  # here, in this process: the patch applies
     # the patch took effect: the chains are far too bright
     assert bad.stats["n_bright"].mean() > 3 * good.stats["n_bright"].mean()

@@ -91,9 +91,9 @@ def test_row_file_refuses_a_full_disk_before_writing(store, tmp_path, monkeypatc
 
 
 def test_a_shard_holds_only_its_bright_rows(store):
-    """Out of core a shard holds no rows array: after every z-update exactly the rows
-    bright in some chain are resident, its bright sets are O(bright), and its row file
-    goes when it closes."""
+    """Out of core a shard holds no rows array: after every z-update the rows bright in
+    some chain are resident, once it has settled exactly those; its bright sets are
+    O(bright), and its row file goes when it closes."""
     ds, _, _ = store
     config = ShardConfig(
         model=fd.LogisticRegression(prior_scale=3.0),
@@ -107,13 +107,21 @@ def test_a_shard_holds_only_its_bright_rows(store):
     sh = Shard(ShardSpec(0, ds.path, 0, 900), config)
     assert sh.out_of_core and not hasattr(sh.rows, "X")  # no rows array
     sh.set_tight_points(np.array([0.3, -1.2, 0.8]))
-    sh.set_positions(np.tile([0.3, -1.2, 0.8], (3, 1)))
+    # away from the tight points: some rows bright, turning bright and dark
+    sh.set_positions(np.tile([0.6, -1.6, 1.1], (3, 1)))
+    sizes, went_dark = [], 0
     for _ in range(30):
+        before = sh.rows.ids
         sh._update_z_all()
         bright = np.unique(np.concatenate([ch.bright.idx for ch in sh.chains]))
+        assert np.isin(bright, sh.rows.ids).all()  # the bright rows are resident
+        sh.settle()
         np.testing.assert_array_equal(sh.rows.ids, bright)  # exactly the bright rows
         for ch in sh.chains:
             np.testing.assert_array_equal(ch.bright.members, np.sort(ch.bright.idx))
+        sizes.append(bright.size)
+        went_dark += np.setdiff1d(before, bright).size
+    assert min(sizes) > 0 and went_dark > 0  # what the checks above are about happened
     state = sh.state()
     assert state["out_of_core"] and state["held_rows"] == bright.size
     assert state["rows_read"] > 0 and state["bytes_read"] > 0
@@ -145,12 +153,76 @@ def test_placement_reads_no_rows_before_the_driver_sets_q(store):
     sh.place_with_bound_stats(np.tile(theta, (4, 1)))
     assert sh.state()["rows_read"] == 0
     sh.set_q(0.004)
-    proposed = np.unique(sh._proposed_rows(0)).size
-    assert proposed > 0
-    assert sh.state()["rows_read"] == proposed
+    read = sh.state()["rows_read"]
+    assert read > 0  # the proposals ahead, at the driver's q
     with np.errstate(over="ignore", divide="ignore"):
         sh._update_z_all()
-    assert sh.state()["rows_read"] == proposed  # the first z-update had them all
+    assert sh.state()["rows_read"] == read  # the first z-update had them all
+    sh.close()
+
+
+def _ooc_shard(ds, q_db: float = 0.05, out_of_core: bool = True) -> Shard:
+    config = ShardConfig(
+        model=fd.LogisticRegression(prior_scale=3.0),
+        algorithm="flymc",
+        chains=3,
+        seed=1,
+        n_rows=ds.n_rows,
+        q_db=q_db,
+        out_of_core=out_of_core,
+    )
+    sh = Shard(ShardSpec(0, ds.path, 0, 900), config)
+    sh.set_tight_points(np.array([0.3, -1.2, 0.8]))
+    sh.set_positions(np.tile([0.6, -1.6, 1.1], (3, 1)))
+    return sh
+
+
+def test_the_z_update_reads_nothing_once_settled(store):
+    """Between rounds a shard reads its next z-updates' proposals (several ahead): the
+    z-update itself then reads no row; without the read-ahead it has to."""
+    ds, _, _ = store
+    sh = _ooc_shard(ds)
+    during = []
+    for _ in range(12):
+        sh.settle()
+        before = sh.rows.rows_read
+        sh._update_z_all()
+        during.append(sh.rows.rows_read - before)
+    assert sh.rows.rows_read > 0 and during == [0] * 12
+    sh.rows.read_ahead = lambda wanted, later: None  # the control: nothing read ahead
+    sh.settle()
+    before = sh.rows.rows_read
+    sh._update_z_all()
+    assert sh.rows.rows_read > before
+    sh.close()
+
+
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_kept_proposals_are_the_fresh_draw(store, out_of_core):
+    """The proposals a shard keeps between rounds (``Shard._drawn``) are what drawing
+    them afresh gives, whatever changed since they were drawn: the chains' steps, q,
+    the generation."""
+    ds, _, _ = store
+    sh = _ooc_shard(ds, out_of_core=out_of_core)
+
+    def same_as_fresh() -> None:
+        kept = sh._drawn((0, 1, 2))
+        sh._draws.clear()
+        for (_, rows, seg), (_, fresh, fresh_seg) in zip(kept, sh._drawn((0, 1, 2)), strict=True):
+            np.testing.assert_array_equal(rows, fresh)
+            np.testing.assert_array_equal(seg, fresh_seg)
+
+    sh.settle()
+    same_as_fresh()
+    sh._update_z_all()  # the steps move on
+    same_as_fresh()
+    before = sh._drawn((0, 1, 2))[0][1]
+    sh.set_q(0.2)  # q changes
+    assert sh._drawn()[0][1].size > 2 * before.size  # at four times the q
+    same_as_fresh()
+    sh._drawn((0, 1, 2))
+    sh.set_positions(np.tile([0.6, -1.6, 1.1], (3, 1)), generation=1)  # a new generation
+    same_as_fresh()
     sh.close()
 
 
@@ -461,11 +533,11 @@ def test_out_of_core_z_update_leaves_the_conditional_invariant(tmp_path, monkeyp
     printed dark→bright comparison must fail the check."""
     from scipy import stats
 
-    import flymc_dist.shard.fused as fused_mod
+    import flymc_dist.shard.batched as batched_mod
     from flymc_dist._numerics import log_expm1
 
     if case == "flipped":
-        monkeypatch.setattr(fused_mod, "brighten", lambda log_u, v, q: log_u > v - np.log(q))
+        monkeypatch.setattr(batched_mod, "brighten", lambda log_u, v, q: log_u > v - np.log(q))
     n, q, sweeps = 96, 0.2, 4000
     x = np.random.default_rng(3).permutation(np.linspace(-2.5, 2.5, n))
     X, y = np.column_stack([np.ones(n), x]), (np.arange(n) % 2).astype(float)
@@ -480,7 +552,7 @@ def test_out_of_core_z_update_leaves_the_conditional_invariant(tmp_path, monkeyp
     theta_hat, thetas = np.array([0.0, 0.5]), np.array([[0.5, 1.5], [-1.0, 2.5]])
     shard.set_tight_points(theta_hat)
     shard.set_positions(thetas)
-    assert shard.out_of_core and shard.fused_z
+    assert shard.out_of_core and shard.batched_z
     freq = np.zeros((2, n))
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(20):

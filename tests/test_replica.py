@@ -387,10 +387,10 @@ def test_conditional_gradient_matches_finite_differences(model_name, near_tight)
 
 @pytest.mark.parametrize("model_name", ["logistic", "robust"])
 def test_compiled_replica_equals_numpy_reference(model_name):
-    """The compiled evaluation of the replica (models with a fused log L~) against the
+    """The compiled evaluation of the replica (models with a compiled log L~) against the
     numpy reference of :mod:`flymc_dist.terms`, rows near and far from tight. Far
     from tight, δ = ℓ − β is a difference of terms of size ~s² computed in another order
-    (the fused form against loglik − logbound): agreement to 1e-9 relative, not ulps.
+    (the one formula against loglik − logbound): agreement to 1e-9 relative, not ulps.
     Near tight, the slope (ℓ' − β')/(1 − e^−δ) inherits δ's relative rounding error
     ε|ℓ|/δ in both forms: gradients agree to 1e-6."""
     X, y = _data(model_name, n=200, seed=4)

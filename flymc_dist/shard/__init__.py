@@ -4,7 +4,7 @@
   passes, in memory or out of core;
 - :mod:`~flymc_dist.shard.round`: the round (commit, z-update, sums), written once over
   the shards of a host;
-- :mod:`~flymc_dist.shard.fused`: the compiled z-update of many (shard, chain) pairs;
+- :mod:`~flymc_dist.shard.batched`: the compiled z-update of many (shard, chain) pairs;
 - :mod:`~flymc_dist.shard.rows`: a shard's rows behind one interface, in memory or
   in a local row file;
 - :mod:`~flymc_dist.shard.rowfile`: an out-of-core shard's row file, read by position;

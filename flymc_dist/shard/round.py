@@ -9,7 +9,7 @@ A round is the Gibbs composite of FlyMC read in one function (numpyro's
    or -1); in replica mode (a :class:`ReplicaRound`) the chain's new θ is sent;
 2. **z at that θ** (FlyMC, when ``update_z``; always in replica mode): one compiled
    implicit update of every pair where the model has a compiled ``log L~`` and no
-   gradients are kept (:func:`~flymc_dist.shard.fused.fused_z_update`), shard by shard
+   gradients are kept (:func:`~flymc_dist.shard.batched.batched_z_update`), shard by shard
    otherwise (explicit updates, gradients);
 3. **the answer**: the sums at each chain's current θ and requested points over its
    bright rows (FlyMC) or all rows (regular), compiled over every pair where it can be;
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round
-from flymc_dist.shard.fused import _bounds, _typed_lists, fused_z_update
+from flymc_dist.shard.batched import _bounds, _typed_lists, batched_z_update
 
 if TYPE_CHECKING:
     from flymc_dist.shard.shard import Shard
@@ -50,7 +50,7 @@ def round_shards(
     todo = [sh for sh in shards if seq is None or sh._seq != seq]
     C = msg.thetas.shape[0] if replica else len(msg.requests)
     queries = {id(sh): np.zeros(C, dtype=np.int64) for sh in todo}
-    # one errstate for the whole round (the fused log L~ relies on it; entering one per
+    # one errstate for the whole round (the compiled log L~ relies on it; entering one per
     # evaluation would cost as much as the evaluation itself)
     with np.errstate(over="ignore", divide="ignore"):
         for sh in todo:  # what the last round left (when nothing ran it after its reply)
@@ -61,10 +61,10 @@ def round_shards(
             else:
                 sh._commit_all(msg.commits)
         live = [sh for sh in todo if replica or (sh.flymc and msg.update_z)]
-        batched = [sh for sh in live if sh.fused_z]  # 2. z at θ
+        batched = [sh for sh in live if sh.batched_z]  # 2. z at θ
         if batched:
             pairs = [(sh, c) for sh in batched for c in range(C)]
-            q = fused_z_update(pairs, owner=owner if len(batched) > 1 else None)
+            q = batched_z_update(pairs, owner=owner if len(batched) > 1 else None)
             for i, sh in enumerate(batched):
                 queries[id(sh)] += q[i * C : (i + 1) * C]
         for sh in live:

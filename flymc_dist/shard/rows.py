@@ -10,10 +10,11 @@ z-updates, evaluations and full passes are written once:
   out of core the rows some chain has bright and those fetched for this z-update;
 - ``locate(rows)``: where shard-local rows sit in those buffers (in memory: the rows);
 - ``fetch(rows)``: make rows resident now (out of core; in memory every row is);
-  ``read_ahead(rows, later)``: read and prepare the next z-update's proposals between
-  rounds, and have the page cache fetch the one after's;
-- ``after_z(bright)`` / ``keep()``: make resident what the chains' bright sets need / drop
-  the rest (after the round's reply);
+  ``read_ahead(wanted, later)``: read and prepare the next z-updates' proposals
+  between rounds, and have the page cache fetch the one after's; ``proposals(key,
+  rows)``: the buffer a z-update evaluates its proposals from, and where each sits there;
+- ``admit(rows, at)``: make resident the proposals that turned bright (before the
+  round's reply); ``keep(bright)``: drop the rows no chain has bright (after it);
 - ``sweep()``: every row resident in turn, for the exact draw of z at placement;
 - ``retune()``: tight points and row constants of the resident rows under the current
   rule; ``blocks(block)``: every row as read-only ``(X, y, xi)`` blocks (a full pass);
@@ -28,16 +29,152 @@ are the same bits as in memory.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numba
 import numpy as np
 
 from flymc_dist._numerics import in_sorted
 from flymc_dist.shard.rowfile import BLOCK_BYTES, RowFile
 
 Prepare = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray | None, np.ndarray | None]]
+
+
+# ------------------------------------------------------------ the arena's compiled loops
+# A round's bookkeeping of the resident rows touches a few rows among a few hundred: in
+# numpy it is a dozen array operations of a few microseconds each (measured: 0.2 ms of
+# an out-of-core round at 10^6 x 57), here one compiled call each.
+
+
+@numba.njit(cache=True, nogil=True)
+def _find(ids: np.ndarray, slot: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
+    """The slots of ``rows`` among the sorted resident ``ids`` (their slots ``slot``)
+    into ``out``; returns the index of the first row not resident, or -1."""
+    n = ids.size
+    for i in range(rows.size):
+        r = rows[i]
+        k = np.searchsorted(ids, r)
+        if k == n or ids[k] != r:
+            return i
+        out[i] = slot[k]
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _admit(
+    ids: np.ndarray,
+    slot: np.ndarray,
+    free: np.ndarray,
+    rows: np.ndarray,
+    at: np.ndarray,
+    src_XC: np.ndarray,
+    src_y: np.ndarray,
+    src_xi: np.ndarray,
+    XC: np.ndarray,
+    y: np.ndarray,
+    xi: np.ndarray,
+    new_ids: np.ndarray,
+    new_slot: np.ndarray,
+) -> int:
+    """Make resident the distinct ``rows`` (any order, repeats allowed) that are not:
+    each from position ``at`` of the buffers ``src_*`` into the next free slot (``free``
+    in order) of the arena ``XC``, ``y``, ``xi`` (``xi`` two-dimensional; zero columns:
+    none). Writes the merged sorted ids and their slots to ``new_ids`` / ``new_slot``
+    (room for ``ids.size + rows.size``) and returns the number of rows added (the free
+    slots used)."""
+    order = np.argsort(rows)
+    add = np.empty(rows.size, dtype=np.int64)
+    k = 0
+    last = -1
+    for j in range(rows.size):
+        i = order[j]
+        r = rows[i]
+        if r == last:
+            continue
+        last = r
+        p = np.searchsorted(ids, r)
+        if p < ids.size and ids[p] == r:
+            continue
+        s = free[k]
+        a = at[i]
+        for d in range(XC.shape[1]):
+            XC[s, d] = src_XC[a, d]
+        y[s] = src_y[a]
+        for e in range(xi.shape[1]):
+            xi[s, e] = src_xi[a, e]
+        add[k] = r
+        k += 1
+    i = j = o = 0
+    while i < ids.size or j < k:
+        if j == k or (i < ids.size and ids[i] < add[j]):
+            new_ids[o] = ids[i]
+            new_slot[o] = slot[i]
+            i += 1
+        else:
+            new_ids[o] = add[j]
+            new_slot[o] = free[j]
+            j += 1
+        o += 1
+    return k
+
+
+@numba.njit(cache=True, nogil=True)
+def _bright_in_any(ids: np.ndarray, members: np.ndarray, seg: np.ndarray, out: np.ndarray) -> int:
+    """Whether each of ``ids`` is among some chain's sorted bright rows
+    (``members[seg[c]:seg[c + 1]]``), into ``out``; returns how many are."""
+    kept = 0
+    for i in range(ids.size):
+        r = ids[i]
+        hit = False
+        for c in range(seg.size - 1):
+            lo, hi = seg[c], seg[c + 1]
+            p = lo + np.searchsorted(members[lo:hi], r)
+            if p < hi and members[p] == r:
+                hit = True
+                break
+        out[i] = hit
+        kept += hit
+    return kept
+
+
+@numba.njit(cache=True, nogil=True)
+def _distinct_rows(rows: np.ndarray, out: np.ndarray, pos: np.ndarray) -> int:
+    """The distinct ``rows`` (any order, repeats allowed), sorted, into ``out``, and
+    where each of ``rows`` sits there into ``pos``; returns their number."""
+    order = np.argsort(rows)
+    k = -1
+    for j in range(rows.size):
+        i = order[j]
+        r = rows[i]
+        if k < 0 or r != out[k]:
+            k += 1
+            out[k] = r
+        pos[i] = k
+    return k + 1
+
+
+def distinct(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, return_inverse=True)`` of int64 rows, in one compiled pass."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    out = np.empty(rows.size, dtype=np.int64)
+    pos = np.empty(rows.size, dtype=np.int64)
+    return out[: _distinct_rows(rows, out, pos)], pos
+
+
+#: the tight points' stand-in when there are none (the compiled loops' form)
+_NO_XI = np.empty((0, 0))
+
+
+def _as_2d(a: np.ndarray | None) -> np.ndarray:
+    """``a`` as (rows, columns) for the compiled loops (None: no columns)."""
+    if a is None:
+        return _NO_XI
+    if a.ndim == 1:
+        return a[:, None]
+    return a if a.ndim == 2 else a.reshape(a.shape[0], math.prod(a.shape[1:]))
 
 
 def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -140,18 +277,18 @@ class MemoryRows:
     def fetch(self, rows: np.ndarray) -> None:
         """Nothing to read: every row is here."""
 
-    def proposals(self, rows: np.ndarray) -> tuple[np.ndarray, None]:
+    def proposals(self, key: Any, rows: np.ndarray) -> tuple[np.ndarray, None]:
         """The buffer a z-update evaluates its proposed ``rows`` from (:attr:`XC`), and
-        the sorted rows it holds (None: all, at their own positions)."""
+        where each sits there (None: at its own row)."""
         return self.XC, None
 
-    def read_ahead(self, rows: np.ndarray, later: np.ndarray) -> None:
+    def read_ahead(self, wanted: list[tuple[Any, np.ndarray]], later: np.ndarray) -> None:
         """Nothing to read ahead."""
 
-    def after_z(self, bright: list[np.ndarray], keep: bool = True) -> None:
-        """Nothing to hold: every row is here."""
+    def admit(self, rows: np.ndarray, at: np.ndarray) -> None:
+        """Nothing to take in: every row is here."""
 
-    def keep(self) -> None:
+    def keep(self, bright: list[np.ndarray]) -> None:
         """Nothing to drop."""
 
     def reset(self) -> None:
@@ -173,9 +310,11 @@ class FileRows:
     The z-update is the in-memory one: its dark→bright proposals (the rows of each
     chain's Bernoulli(q) process, which depend on neither θ nor z) are read before it
     runs — the next iteration's between rounds, once the last round's reply has gone
-    (:meth:`read_ahead`) — and dropped after it unless they turned bright. Resident
-    rows sit in an arena (``XC``, ``y``, ``xi``) at slots found through the sorted
-    ``ids`` (:meth:`locate`), so fetching and dropping a few rows moves nothing else.
+    (:meth:`read_ahead`) — into a buffer of their own (:meth:`proposals`); the few that
+    turn bright are copied into the resident rows (:meth:`admit`), and rows no chain
+    has bright any more are dropped after the reply (:meth:`keep`). Resident rows sit
+    in an arena (``XC``, ``y``, ``xi``) at slots found through the sorted ``ids``
+    (:meth:`locate`), so taking in and dropping a few rows moves nothing else.
 
     Parameters
     ----------
@@ -218,12 +357,15 @@ class FileRows:
         self.XC = np.empty((0, self.n_features + self._K))
         self.y = np.empty(0, dtype=self.file._rec["y"])
         self.xi: np.ndarray | None = None
-        #: the next z-update's proposals, read and prepared ahead (:meth:`read_ahead`):
+        #: the next z-updates' proposals, read and prepared ahead (:meth:`read_ahead`):
         #: sorted rows, their buffer, targets and tight points
         self._ahead: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None
-        #: the rows the chains' bright sets need, while :meth:`keep` has yet to drop the rest
-        self._needed: np.ndarray | None = None
-        #: the last :meth:`proposals`: rows, their buffer, targets and tight points
+        #: the proposals :attr:`_ahead` holds, by key: where each of them sits in it
+        self._ahead_for: dict[Any, np.ndarray] = {}
+        #: proposals read ahead, not yet prepared, by key: their sorted distinct rows,
+        #: where each proposal sits among them, and their features and targets
+        self._staged: dict[Any, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        #: the last :meth:`proposals`' buffer: rows, their features, targets, tight points
         self._proposed: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None
         #: rows read by position (the z-updates' proposals, read ahead or not)
         self.rows_read = 0
@@ -239,11 +381,9 @@ class FileRows:
             XC[:, self.n_features :] = consts
         return XC, xi
 
-    def _insert(self, rows: np.ndarray, XC: np.ndarray, y: np.ndarray, xi: Any) -> None:
-        """Make the sorted ``rows`` (none resident) resident, with their data."""
-        m = rows.size
-        if m == 0:
-            return
+    def _room(self, m: int, xi: Any) -> None:
+        """Free slots for ``m`` more rows (growing the arena), and room for tight points
+        shaped as ``xi``'s rows (if not None)."""
         if self._free.size < m:  # grow the arena
             cap = self.XC.shape[0]
             new_cap = max(2 * cap, cap + m - self._free.size, 64)
@@ -261,6 +401,13 @@ class FileRows:
             self._free = np.concatenate([self._free, np.arange(cap, new_cap, dtype=np.int64)])
         if xi is not None and self.xi is None:
             self.xi = np.empty((self.XC.shape[0],) + np.shape(xi)[1:])
+
+    def _insert(self, rows: np.ndarray, XC: np.ndarray, y: np.ndarray, xi: Any) -> None:
+        """Make the sorted ``rows`` (none resident) resident, with their data."""
+        m = rows.size
+        if m == 0:
+            return
+        self._room(m, xi)
         slots, self._free = self._free[:m], self._free[m:]
         self.XC[slots] = XC
         self.y[slots] = y
@@ -270,10 +417,9 @@ class FileRows:
         self.ids = np.insert(self.ids, pos, rows)
         self._slot = np.insert(self._slot, pos, slots)
 
-    def _keep(self, needed: np.ndarray) -> None:
-        """Keep resident exactly the resident rows among the sorted ``needed``; an arena
-        mostly free (after a sweep) shrinks to twice what it holds."""
-        keep = in_sorted(self.ids, needed)
+    def _keep(self, keep: np.ndarray) -> None:
+        """Keep resident the resident rows where ``keep`` is true; an arena mostly free
+        (after a sweep) shrinks to twice what it holds."""
         if not keep.all():
             self._free = np.concatenate([self._free, self._slot[~keep]])
             self.ids, self._slot = self.ids[keep], self._slot[keep]
@@ -295,12 +441,11 @@ class FileRows:
 
     def locate(self, rows: np.ndarray) -> np.ndarray:
         """Where the resident ``rows`` sit in :attr:`XC`."""
-        pos = np.searchsorted(self.ids, rows)
-        ok = pos < self.ids.size
-        ok[ok] = self.ids[pos[ok]] == rows[ok]
-        if not ok.all():
-            raise RuntimeError("out-of-core shard: rows asked for that are not resident")
-        return self._slot[pos]
+        out = np.empty(rows.size, dtype=np.int64)
+        bad = _find(self.ids, self._slot, np.ascontiguousarray(rows, dtype=np.int64), out)
+        if bad >= 0:
+            raise RuntimeError(f"out-of-core shard: row {int(rows[bad])} asked for is not resident")
+        return out
 
     def _read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
         """The sorted distinct ``rows`` read from the row file and prepared:
@@ -313,7 +458,7 @@ class FileRows:
     def _take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
         """The sorted distinct ``rows`` and maybe more, prepared, sorted by row: those read
         ahead (if any), with what they lack of ``rows`` read now; ``(rows, XC, y, xi)``."""
-        ahead, self._ahead = self._ahead, None
+        ahead = self._ahead
         if ahead is None:
             return self._read(rows)
         missing = rows[~in_sorted(rows, ahead[0])]
@@ -334,55 +479,110 @@ class FileRows:
         missing = rows[~in_sorted(rows, self.ids)]
         if missing.size:
             got, XC, y, xi = self._take(missing)
+            self._ahead, self._ahead_for = None, {}  # taken in: not held twice
             use = in_sorted(got, missing)
             self._insert(got[use], XC[use], y[use], None if xi is None else xi[use])
 
-    def proposals(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The buffer a z-update evaluates its proposed ``rows`` from, and the sorted rows
-        it holds: the rows read ahead (the chains' proposals at this step), with any of
-        ``rows`` they lack read now. Nothing is made resident: :meth:`after_z` takes in,
-        from this buffer, the rows that turned bright (a few), so the proposals cost no
-        bookkeeping of the resident rows."""
+    def proposals(self, key: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The buffer a z-update evaluates its proposed ``rows`` (every chain's, with
+        repeats) from, and where each of them sits there: the rows read ahead, when they
+        were read for these proposals (``key``: :meth:`read_ahead`'s); else those rows
+        with any of ``rows`` they lack, read now. Nothing is made resident:
+        :meth:`admit` takes in, from this buffer, the rows that turned bright (a few)."""
+        pos = self._ahead_for.pop(key, None)
+        if pos is not None and self._ahead is not None:
+            self._proposed = self._ahead
+            return self._proposed[1], pos
         self._proposed = self._take(np.unique(rows))
-        return self._proposed[1], self._proposed[0]
+        return self._proposed[1], np.searchsorted(self._proposed[0], rows)
 
-    def read_ahead(self, rows: np.ndarray, later: np.ndarray) -> None:
-        """Read and prepare ``rows`` (the next z-update's proposals) now, between rounds,
+    def read_ahead(self, wanted: list[tuple[Any, np.ndarray]], later: np.ndarray) -> None:
+        """Between rounds: have the proposals of the next z-updates (``wanted``: each
+        one's key and rows — every chain's, with repeats — in order) read and prepared,
         and ask for ``later`` (the one after's) to be brought into the page cache in the
-        background: the next round need not read, and the reads of this call's next
-        call need not wait for the disk."""
-        later = np.unique(later)
+        background.
+
+        Each z-update's rows are read once, by the first call that wants them (in a run,
+        the one ``len(wanted)`` - 1 z-updates before: a call reads one z-update's rows);
+        once the next z-update's are not prepared, every wanted z-update's are prepared
+        together, into one buffer (a call in ``len(wanted)`` prepares: the prepare's
+        cost is mostly per call, the reads' per row). The next round then need not read
+        or prepare, and this call's next calls need not wait for the disk."""
+        later, _ = distinct(later)
         if later.size:
             self.file.advise(later)
-        self._ahead = self._read(np.unique(rows))
+        staged = {}
+        for key, rows in wanted:
+            got = self._staged.get(key)
+            if got is None:
+                d, pos = distinct(rows)
+                self.rows_read += d.size
+                got = (d, pos, *self.file.read(d))
+            staged[key] = got
+        self._staged = staged  # proposals no longer wanted are forgotten
+        if wanted and wanted[0][0] not in self._ahead_for:
+            self._ahead, self._ahead_for = None, {}  # spent: not held beside the next
+            self._prepare_ahead([key for key, _ in wanted])
 
-    def after_z(self, bright: list[np.ndarray], keep: bool = True) -> None:
-        """Make resident the rows bright in some chain (``bright``: each chain's): those
-        that turned bright come from the last :meth:`proposals`. With ``keep``, drop the
-        others now; else :meth:`keep` does, later (after the round's reply)."""
-        needed = np.unique(np.concatenate(bright)) if bright else np.empty(0, np.int64)
-        proposed, self._proposed = self._proposed, None
-        if proposed is not None:
-            new = needed[~in_sorted(needed, self.ids)]
-            if new.size:
-                at = np.searchsorted(proposed[0], new)
-                xi = proposed[3]
-                self._insert(new, proposed[1][at], proposed[2][at], None if xi is None else xi[at])
-        self._needed = needed
-        if keep:
-            self.keep()
+    def _prepare_ahead(self, keys: list[Any]) -> None:
+        """The staged proposals of ``keys`` prepared into one buffer, :attr:`_ahead` (each
+        row once), with where each proposal sits there."""
+        parts = [self._staged[key] for key in keys]
+        d, pos = distinct(np.concatenate([p[0] for p in parts]))
+        src = np.empty(d.size, dtype=np.int64)  # a row of the staged reads for each of d
+        src[pos] = np.arange(pos.size)
+        X = np.concatenate([p[2] for p in parts])[src]
+        y = np.concatenate([p[3] for p in parts])[src]
+        XC, xi = self._prepared(X, y)
+        self._ahead = (d, XC, y, xi)
+        self._ahead_for = {}
+        off = 0
+        for key, (rows, at, _, _) in zip(keys, parts, strict=True):
+            self._ahead_for[key] = pos[off + at]
+            off += rows.size
 
-    def keep(self) -> None:
-        """Keep resident only the rows the last :meth:`after_z` found needed."""
-        needed, self._needed = self._needed, None
-        if needed is not None:
-            self._keep(needed)
+    def admit(self, rows: np.ndarray, at: np.ndarray) -> None:
+        """Make resident the ``rows`` (any order, repeats allowed) that turned bright in
+        the z-update of the last :meth:`proposals`, from where they sit in its buffer
+        (``at``); rows resident already stay as they are."""
+        proposed = self._proposed
+        if proposed is None:
+            raise RuntimeError("out-of-core shard: rows admitted with no proposals read")
+        m = rows.size
+        if m == 0:
+            return
+        _, XC, y, xi = proposed
+        self._room(m, xi)
+        n = self.ids.size
+        new_ids = np.empty(n + m, dtype=np.int64)
+        new_slot = np.empty(n + m, dtype=np.int64)
+        k = _admit(
+            self.ids, self._slot, self._free, rows, at, XC, y, _as_2d(xi),
+            self.XC, self.y, _as_2d(None if xi is None else self.xi), new_ids, new_slot,
+        )  # fmt: skip
+        self.ids, self._slot, self._free = new_ids[: n + k], new_slot[: n + k], self._free[k:]
+
+    def keep(self, bright: list[np.ndarray]) -> None:
+        """Keep resident only the rows some chain has bright (``bright``: each chain's
+        bright rows, sorted)."""
+        self._proposed = None
+        if not self.ids.size:
+            return
+        bounds = [0]
+        for b in bright:
+            bounds.append(bounds[-1] + b.size)
+        seg = np.array(bounds, dtype=np.int64)
+        members = np.concatenate(bright) if bright else np.empty(0, np.int64)
+        keep = np.empty(self.ids.size, dtype=bool)
+        _bright_in_any(self.ids, members, seg, keep)
+        self._keep(keep)
 
     def sweep(self, unit: int | None = None) -> Iterator[tuple[int, int]]:
         """Every row resident in turn: the row file's blocks (of a multiple of ``unit``
         rows, if given), each read (one ahead) into the arena before it is yielded; the
-        caller keeps what it needs with :meth:`after_z` after each."""
-        self._ahead = None
+        caller keeps what it needs with :meth:`keep` after each."""
+        self._ahead = self._proposed = None
+        self._ahead_for, self._staged = {}, {}
         self.passes += 1
         block = max(1, BLOCK_BYTES // ((self.n_features + self._K + 2) * 8))
         if unit:
@@ -403,6 +603,7 @@ class FileRows:
         """New tight points and row constants for the resident rows (rows read from now
         on are prepared under the new rule)."""
         self._proposed = self._ahead = None  # prepared under the old rule
+        self._ahead_for = {}
         if self.ids.size:
             X = self.XC[self._slot, : self.n_features]
             xi, consts = self._prepare(X, self.y[self._slot])
@@ -442,12 +643,14 @@ class FileRows:
 
     def reset(self) -> None:
         """Chains placed anew: nothing stays resident."""
-        self._proposed = self._ahead = self._needed = None
-        self._keep(np.empty(0, dtype=np.int64))
+        self._proposed = self._ahead = None
+        self._ahead_for, self._staged = {}, {}
+        self._keep(np.zeros(self.ids.size, dtype=bool))
 
     def close(self) -> None:
         """Remove the row file."""
-        self._ahead = None
+        self._ahead = self._proposed = None
+        self._ahead_for, self._staged = {}, {}
         self.file.close()
 
     def state(self) -> dict[str, Any]:

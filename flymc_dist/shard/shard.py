@@ -40,7 +40,7 @@ from flymc_dist.protocol import (
     resolve_operation,
 )
 from flymc_dist.reduce import BlockFold, BlockSums, block_rows, tree_nodes
-from flymc_dist.shard.fused import _typed_lists, fused_z_update
+from flymc_dist.shard.batched import _typed_lists, batched_z_update
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
 from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
@@ -48,6 +48,11 @@ from flymc_dist.streams import RowStreams, bernoulli_rows_many
 from flymc_dist.terms import bright_terms, bright_terms_many
 
 _T = TypeVar("_T")
+
+#: out of core, the batched z-updates whose proposals :meth:`Shard.settle` has read ahead
+#: (each read once, one z-update's a round; all prepared in one call every this many: the
+#: prepare costs ~0.2 ms a call whatever its rows, measured at 10^6 x 57)
+READ_AHEAD = 4
 
 
 @dataclass
@@ -112,7 +117,7 @@ class Shard:
         self.model = config.model
         self.flymc = config.algorithm == "flymc"
         self.memory_budget = budget
-        # FlyMC with a fused log L~ keeps each row's constants beside its features, in
+        # FlyMC with a compiled log L~ keeps each row's constants beside its features, in
         # one (n, D + K) buffer: evaluating a scattered row then touches one place in
         # memory, not two (the z-update's cost is mostly such cache misses)
         K = self._n_row_constants() if self.flymc else 0
@@ -171,8 +176,8 @@ class Shard:
         return self.rows.out_of_core
 
     def _use_compiled(self, K: int) -> None:
-        """Find the model's compiled fused log L~ (when it has ``K`` row constants)."""
-        #: ``(kind, params)`` of the model's compiled fused log L~ (the hot path), or None
+        """Find the model's compiled log L~ (when it has ``K`` row constants)."""
+        #: ``(kind, params)`` of the model's compiled log L~ (the hot path), or None
         self._kernel: tuple[int, np.ndarray] | None = None
         compiled = self.model.compiled_bright() if K else None
         if compiled is not None:
@@ -200,6 +205,8 @@ class Shard:
         self._typed: tuple | None = None  # see _typed_lists
         self._extensions: dict[str, Any] = {}  # see extension()
         self._unsettled = False  # work left for settle()
+        #: the chains' proposals drawn so far, by what they were drawn for (see _drawn)
+        self._draws: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ set-up
     def set_tight_points(self, theta_hat: np.ndarray | None) -> None:
@@ -274,7 +281,7 @@ class Shard:
             xi[mask] = self.model.exact_xi(y[mask])
 
     def _n_row_constants(self) -> int:
-        """K, the number of per-row constants of the model's fused ``log L~`` (0: none)."""
+        """K, the number of per-row constants of the model's ``log L~`` in one formula (0: none)."""
         if self.model.n_outputs != 1:
             return 0
         y0 = np.zeros(1)
@@ -490,7 +497,7 @@ class Shard:
                 for c, (st, ch) in enumerate(zip(streams, self.chains, strict=True)):
                     v, dv = (vals[c], None) if compiled else self._row_evaluator(ch)(rows)
                     explicit_accept(st, ch.bright, rows, v, dv)
-                self.rows.after_z([ch.bright.idx for ch in self.chains])
+                self.rows.keep([ch.bright.members for ch in self.chains])
         # The first z-update's rows are read ahead by the next settle (set_q's, or the
         # next round's), not here: in set-up the q is still ShardConfig's placeholder
         # (0.01) until the driver's set_q, and its proposals with 4 chains are ~4 % of
@@ -499,36 +506,68 @@ class Shard:
         self._unsettled = True
         return len(self.chains) * self.n
 
-    def _proposed_rows(self, ahead: int) -> np.ndarray:
+    def _drawn(self, aheads: tuple[int, ...] = (0,)) -> list[tuple[tuple, np.ndarray, np.ndarray]]:
         """The shard-local rows every chain's z-update ``ahead`` steps after its next one
-        will propose (its Bernoulli process at that step: known now, whatever θ and z
-        become), in one array with repeats."""
+        proposes (implicit; the explicit update: selects), its Bernoulli process at that
+        step — known now, whatever θ and z become: for each of ``aheads``, ``(key, rows,
+        seg)``, chain c's rows sorted at ``rows[seg[c]:seg[c + 1]]``.
+
+        Drawn once and kept (:meth:`settle` draws the next z-updates' ahead, the z-update
+        takes them), under ``key``: everything the draw depends on that can change (the
+        generation, the update, its probability, each chain's step), so a kept draw is
+        never stale. Draws of steps the chains have passed are forgotten."""
         implicit = self.config.z_update == "implicit"
-        streams = [self._streams(c, ahead=ahead) for c in range(len(self.chains))]
-        keys = np.array([st.propose if implicit else st.select for st in streams], np.uint64)
-        p = self.q_db if implicit else self.config.resample_fraction
-        lo = np.full(len(streams), self.spec.start, dtype=np.int64)
-        rows, _ = bernoulli_rows_many(keys, p, self.n_total, lo, lo + self.n)
-        return rows - self.spec.start
+        p = self.q_db if implicit else float(self.config.resample_fraction)
+        head = (self.generation, implicit, p)
+        now = [ch.step for ch in self.chains]
+        out = []
+        for ahead in aheads:
+            key = (*head, tuple([s + ahead for s in now]))
+            got = self._draws.get(key)
+            if got is None:
+                streams = [self._streams(c, ahead=ahead) for c in range(len(now))]
+                keys = [st.propose if implicit else st.select for st in streams]
+                lo = np.full(len(now), self.spec.start, dtype=np.int64)
+                rows, seg = bernoulli_rows_many(
+                    np.array(keys, np.uint64), p, self.n_total, lo, lo + self.n
+                )
+                first = min(now, default=0)  # forget what no chain will propose again
+                self._draws = {
+                    k: v
+                    for k, v in self._draws.items()
+                    if k[:3] == head and max(k[3], default=0) >= first
+                }
+                got = self._draws[key] = (rows - self.spec.start, seg)
+            out.append((key, *got))
+        return out
 
     def settle(self) -> None:
-        """Out of core, the work a round leaves for after its reply (a host runs it once
+        """The work a z-update leaves for after the round's reply (a host runs it once
         the reply has gone: :meth:`~flymc_dist.shard.host.ShardHost.settle`; else the
-        next round starts with it): drop the rows no chain has bright any more, read and
-        prepare the rows each chain's next z-update will propose, and have the page
-        cache fetch the ones of the z-update after. Nothing here changes a draw: a
-        z-update reads whatever it lacks."""
+        next round starts with it): draw the rows each chain's next z-update will
+        propose (:meth:`_drawn`, for :func:`batched_z_update`); out of core also drop the
+        rows no chain has bright any more, read and prepare the proposed rows of the
+        next z-updates (:data:`READ_AHEAD` of them:
+        :meth:`~flymc_dist.shard.rows.FileRows.read_ahead`), and have the page cache
+        fetch those of the one after (drawn now, read by the next call). Nothing here
+        changes a draw: a z-update draws and reads whatever it lacks."""
         if not self._unsettled:
             return
-        if self.out_of_core and self.chains:
-            self.rows.keep()
-            self.rows.read_ahead(self._proposed_rows(0), self._proposed_rows(1))
+        if self.flymc and self.chains and (self.batched_z or self.out_of_core):
+            if self.out_of_core:
+                self.rows.keep([ch.bright.members for ch in self.chains])
+                # the batched z-update's next few (a few hundred rows each); else the next
+                # only (the explicit update's rows are a fraction of the shard's)
+                ahead = READ_AHEAD if self.batched_z else 1
+                drawn = self._drawn(tuple(range(ahead + 1)))
+                self.rows.read_ahead([(key, rows) for key, rows, _ in drawn[:-1]], drawn[-1][1])
+            else:
+                self._drawn()
         self._unsettled = False  # not before: after an error the next round tries again
 
     def _after_z(self) -> None:
-        """After a z-update: the rows hold what the chains' bright sets need (out of core,
-        at least the rows bright in some chain; :meth:`settle` drops the others)."""
-        self.rows.after_z([ch.bright.idx for ch in self.chains], keep=False)
+        """After a z-update: the rows hold at least the rows bright in some chain
+        (:meth:`settle` drops the others, after the reply)."""
         self._unsettled = True
 
     # -------------------------------------------------------------- evaluation
@@ -553,7 +592,7 @@ class Shard:
         makes a round over C chains cost little more than a round over one.
         """
         if not grad and self._kernel is not None:
-            return [(v, None, None) for v, _ in self._fused_eval(segments)]
+            return [(v, None, None) for v, _ in self._compiled_eval(segments)]
         if len(segments) <= 1:
             return [self._bright_eval(t, r, grad) for t, r in segments]
         rows = [self._gather(r) for _, r in segments]
@@ -564,10 +603,10 @@ class Shard:
         )
         return [(v, d, X) for (v, d), (X, _, _) in zip(terms, rows, strict=True)]
 
-    def _fused_values(
+    def _compiled_values(
         self, rows: np.ndarray, thetas: np.ndarray, seg: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Fused ``log L~`` of ``rows`` laid out in segments — rows ``seg[i]:seg[i+1]``
+        """Compiled ``log L~`` of ``rows`` laid out in segments — rows ``seg[i]:seg[i+1]``
         at ``thetas[i]`` (P,) — in one compiled pass. Returns the values and each
         segment's sum."""
         vals = np.empty(rows.size)
@@ -587,11 +626,11 @@ class Shard:
         )
         return vals, sums
 
-    def _fused_eval(
+    def _compiled_eval(
         self, segments: list[tuple[np.ndarray, np.ndarray]]
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """``log L~`` of several ``(thetas (k, P), rows)`` segments without gradients,
-        through the model's compiled fused form (E = 1), in one pass: each segment's
+        through the model's compiled form (E = 1), in one pass: each segment's
         values (k, rows) and their sums (k,)."""
         if not segments:
             return []
@@ -606,7 +645,7 @@ class Shard:
         bounds = [0]
         for size in sizes:
             bounds.append(bounds[-1] + size)
-        vals, sums = self._fused_values(rows, thetas, np.array(bounds, dtype=np.int64))
+        vals, sums = self._compiled_values(rows, thetas, np.array(bounds, dtype=np.int64))
         out, off, j = [], 0, 0
         for t, r in segments:
             k, n = t.shape[0], r.size
@@ -666,8 +705,8 @@ class Shard:
         """
         track = self.track_grad
         implicit = self.config.z_update == "implicit"
-        if self.fused_z:
-            return self._update_z_fused()
+        if self.batched_z:
+            return self._update_z_batched()
         q = self.q_db
         props = []
         streams = [self._streams(c) for c in range(len(self.chains))]
@@ -703,9 +742,9 @@ class Shard:
         return queries
 
     @property
-    def fused_z(self) -> bool:
-        """Whether the z-update runs all chains at once (:meth:`_update_z_fused`): implicit
-        updates, no gradients, and a model with a compiled fused ``log L~``."""
+    def batched_z(self) -> bool:
+        """Whether the z-update runs all chains at once (:meth:`_update_z_batched`): implicit
+        updates, no gradients, and a model with a compiled ``log L~``."""
         return (
             self.flymc
             and self.config.z_update == "implicit"
@@ -713,10 +752,10 @@ class Shard:
             and self._kernel is not None
         )
 
-    def _update_z_fused(self) -> np.ndarray:
-        """The implicit z-update of every chain at once: see :func:`fused_z_update`.
+    def _update_z_batched(self) -> np.ndarray:
+        """The implicit z-update of every chain at once: see :func:`batched_z_update`.
         Returns the likelihood queries of each chain."""
-        return fused_z_update([(self, c) for c in range(len(self.chains))])
+        return batched_z_update([(self, c) for c in range(len(self.chains))])
 
     def _lists(self) -> Any:
         """This shard's buffer as a one-element typed list (the kernels' form)."""
@@ -743,7 +782,7 @@ class Shard:
         if not grad and self._kernel is not None:  # compiled, with the sums
             results = {
                 c: (v, None, None, sums)
-                for c, (v, sums) in zip(want, self._fused_eval(segments), strict=True)
+                for c, (v, sums) in zip(want, self._compiled_eval(segments), strict=True)
             }
         else:
             results = {

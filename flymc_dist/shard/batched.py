@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flymc_dist.brightness import brighten
-from flymc_dist.streams import bernoulli_rows_many, uniforms_at_many
+from flymc_dist.streams import uniforms_at_many
 
 if TYPE_CHECKING:
     from flymc_dist.shard.shard import Shard
@@ -47,10 +47,11 @@ def _typed_lists(shards: list[Shard], owner: Any = None) -> Any:
     return lists[2]
 
 
-def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndarray:
+def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndarray:
     """The implicit z-update of every (shard, chain) pair in ``pairs`` at once.
 
-    The same moves as :func:`~flymc_dist.brightness.implicit_update` pair by pair
+    The same moves as :func:`~flymc_dist.brightness.implicit_propose` and
+    :func:`~flymc_dist.brightness.implicit_accept` pair by pair
     (bright→dark accepted with ``min(1, q/L~)``, each dark row proposed with
     probability q and accepted with ``min(1, L~/q)``, by :func:`brighten`), in compiled
     passes over all pairs: proposals, their ``log L~``, and the update of the bright
@@ -79,16 +80,14 @@ def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndar
     for sh, _ in pairs:
         if id(sh) not in where:
             if sh.q_db != first.q_db:
-                raise ValueError("a fused z-update needs one q_db for all its shards")
+                raise ValueError("a batched z-update needs one q_db for all its shards")
             where[id(sh)] = len(shards)
             shards.append(sh)
     q = first.q_db
     chains = [sh.chains[c] for sh, c in pairs]
     brights = [ch.bright for ch in chains]
-    ns = np.array([sh.n for sh, _ in pairs], dtype=np.int64)
     streams = [sh._streams(c) for sh, c in pairs]
     keys_z = np.array([st.decide for st in streams], dtype=np.uint64)
-    keys_p = np.array([st.propose for st in streams], dtype=np.uint64)
     # global row of each pair's local row 0
     offsets = np.array([sh.spec.start for sh, _ in pairs], dtype=np.int64)
     b_seg = _bounds([b.idx.size for b in brights])
@@ -97,34 +96,22 @@ def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndar
     members = np.concatenate([b.members for b in brights])
     u_dark = uniforms_at_many(keys_z, b_idx, b_seg, offsets)
     thetas = np.array([ch.theta for ch in chains])
-    # dark -> bright proposals: the chain's process on the pair's rows, the bright skipped
-    rows, seg = bernoulli_rows_many(keys_p, q, streams[0].n_total, offsets, offsets + ns)
+    pair_shard = np.array([where[id(sh)] for sh, _ in pairs], dtype=np.int64)
+    # dark -> bright proposals: the chain's process on the pair's rows, the bright skipped;
+    # out of core evaluated from the buffer its shard read them into
+    rows, seg, pos, bufs = _proposals(pairs, shards, where)
     cand = np.empty(rows.size, dtype=np.int64)
+    at = np.empty(rows.size, dtype=np.int64)
     cand_seg = np.empty(P + 1, dtype=np.int64)
-    jit.dark_rows(members, b_seg, rows, seg, offsets, cand, cand_seg)
-    cand = cand[: int(cand_seg[P])]
+    jit.dark_rows(members, b_seg, rows, seg, pos, cand, cand_seg, at)
+    n_cand = int(cand_seg[P])
+    cand, at = cand[:n_cand], at[:n_cand]
     log_u = np.log1p(-uniforms_at_many(keys_z, cand, cand_seg, offsets))
     counts = cand_seg[1:] - cand_seg[:-1]
-    pair_shard = np.array([where[id(sh)] for sh, _ in pairs], dtype=np.int64)
-    if any(sh.out_of_core for sh in shards):
-        # each shard's buffer of its proposals (out of core: the rows read for them), and
-        # where each candidate sits there
-        parts = [cand[cand_seg[p] : cand_seg[p + 1]] for p in range(P)]
-        bufs = []
-        for s_i, sh in enumerate(shards):
-            mine = [r for r, i in zip(parts, pair_shard, strict=True) if i == s_i]
-            bufs.append(sh.rows.proposals(np.concatenate(mine)))
-        XCs: Any = tuple(buf for buf, _ in bufs)  # built afresh each time: no typed list
-        at = np.concatenate(
-            [
-                parts[p]
-                if (held := bufs[pair_shard[p]][1]) is None
-                else np.searchsorted(held, parts[p])
-                for p in range(P)
-            ]
-        )
+    ooc = [s_i for s_i, sh in enumerate(shards) if sh.out_of_core]
+    if ooc:
+        XCs: Any = tuple(bufs)  # built afresh each time: no typed list
     else:
-        at = cand  # in memory: each candidate at its own row
         XCs = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
     vals = np.empty(cand.size)
     kind, par = first._kernel
@@ -152,6 +139,11 @@ def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndar
         new_members,
         new_seg,
     )
+    if ooc:  # out of core: the rows that turned bright become resident, from the buffer
+        cand_shard = None if len(shards) == 1 else np.repeat(pair_shard, counts)
+        for s_i in ooc:
+            take = acc if cand_shard is None else acc & (cand_shard == s_i)
+            shards[s_i].rows.admit(cand[take], at[take])
     new_bounds = new_seg.tolist()
     for i, b in enumerate(brights):
         lo, hi = new_bounds[i], new_bounds[i + 1]
@@ -160,6 +152,39 @@ def fused_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndar
     for sh in shards:
         sh._after_z()
     return counts
+
+
+def _proposals(
+    pairs: list[tuple[Shard, int]], shards: list[Shard], where: dict[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Every pair's proposed shard-local rows — its chain's Bernoulli(q) process on its
+    shard's rows at the chain's step, drawn ahead between rounds where it could be
+    (:meth:`Shard._drawn`) — with their segments (pair after pair), where each sits in
+    its shard's buffer (empty when every shard is in memory: at its own row), and each
+    shard's buffer (in memory its rows; out of core the rows read for its proposals)."""
+    drawn = [sh._drawn()[0] for sh in shards]
+    held = [sh.rows.proposals(key, rows) for sh, (key, rows, _) in zip(shards, drawn, strict=True)]
+    bufs = [buf for buf, _ in held]
+    ooc = any(pos is not None for _, pos in held)
+    if len(shards) == 1 and pairs == [(shards[0], c) for c in range(len(shards[0].chains))]:
+        _, rows, seg = drawn[0]  # a round's layout on one shard: its chains in order
+        return rows, seg, held[0][1] if ooc else _AT_OWN_ROW, bufs
+    parts, where_at = [], []
+    for sh, c in pairs:
+        s_i = where[id(sh)]
+        _, r, sg = drawn[s_i]
+        lo, hi = sg[c], sg[c + 1]
+        parts.append(r[lo:hi])
+        if ooc:
+            pos = held[s_i][1]
+            where_at.append(r[lo:hi] if pos is None else pos[lo:hi])
+    rows = np.concatenate(parts)
+    seg = _bounds([r.size for r in parts])
+    return rows, seg, np.concatenate(where_at) if ooc else _AT_OWN_ROW, bufs
+
+
+#: no positions in a buffer: every proposal is evaluated at its own row (in memory)
+_AT_OWN_ROW = np.empty(0, dtype=np.int64)
 
 
 def _bounds(sizes: list[int]) -> np.ndarray:

@@ -1,6 +1,6 @@
-"""The fused hot path and its random numbers: the row-keyed streams (Philox4x32-10, the
-Bernoulli process over all rows, the block-tree sums), the all-chains z-update, and the
-fused ``log L~`` of the models.
+"""The batched z-update and its random numbers: the row-keyed streams (Philox4x32-10,
+the Bernoulli process over all rows, the block-tree sums), the z-update of all chains in
+one compiled call, and the models' ``log L~`` in one formula (numpy and compiled).
 
 Statistical checks derive their tolerances from the exact sampling distributions
 (binomial counts; the two-state Markov chain of each z_n, as in
@@ -18,7 +18,7 @@ import pytest
 from scipy import stats
 
 import flymc_dist as fd
-import flymc_dist.shard.fused as fused_mod
+import flymc_dist.shard.batched as batched_mod
 from flymc_dist import streams
 from flymc_dist._numerics import log_expm1
 from flymc_dist.protocol import ShardConfig, ShardSpec
@@ -187,7 +187,7 @@ def test_block_fold_gives_the_merged_nodes_and_holds_log_blocks():
                     assert held <= 2 * ((n_blocks - 1).bit_length() + 1)
 
 
-# ------------------------------------------------------------- the fused z-update: exactness
+# ----------------------------------------------------------- the batched z-update: exactness
 N_ROWS = 48
 THETAS = np.array([[0.5, 1.5], [-1.0, 2.5], [1.5, -1.0]])
 THETA_HAT = np.array([0.0, 0.5])
@@ -211,14 +211,14 @@ def _make_shard(X, y, model, chains: int, seed: int, q: float) -> Shard:
 
 
 def _log_lt(model, X: np.ndarray, y: np.ndarray, xi: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """log L~_n(theta) of every row, recomputed with the unfused model functions."""
+    """log L~_n(theta) of every row, recomputed from the model's loglik and logbound."""
     eta = model.linear_predictor(np.asarray(theta, float)[None], X)
     return log_expm1(model.loglik(eta, y) - model.logbound(eta, y, xi))[0]
 
 
-def _fused_stationarity_z(shard: Shard, X, y, sweeps: int) -> tuple[np.ndarray, np.ndarray]:
+def _batched_stationarity_z(shard: Shard, X, y, sweeps: int) -> tuple[np.ndarray, np.ndarray]:
     """Z-scores (chains, rows) of each z_n's bright frequency under repeated
-    ``_update_z_fused`` against p_n = sigmoid(log L~_n(theta_c)), with the exact variance of
+    ``_update_z_batched`` against p_n = sigmoid(log L~_n(theta_c)), with the exact variance of
     the time average of a two-state chain (P01 = min(q, L~), P10 = min(1, q / L~)).
 
     Returns the z-scores and the mask of entries used (p_n not ~0)."""
@@ -227,9 +227,9 @@ def _fused_stationarity_z(shard: Shard, X, y, sweeps: int) -> tuple[np.ndarray, 
     freq = np.zeros((C, shard.n))
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(20):  # set_positions drew z exactly; a short burn-in regardless
-            shard._update_z_fused()
+            shard._update_z_batched()
         for _ in range(sweeps):
-            shard._update_z_fused()
+            shard._update_z_batched()
             freq += _masks(shard)
     freq /= sweeps
     lt = np.exp(np.array([_log_lt(model, X, y, shard.rows.xi, ch.theta) for ch in shard.chains]))
@@ -247,20 +247,20 @@ def _fused_stationarity_z(shard: Shard, X, y, sweeps: int) -> tuple[np.ndarray, 
     return z, use
 
 
-def _fused_shard(theta_hat, seed: int = 21, q: float = Q) -> tuple[Shard, np.ndarray, np.ndarray]:
+def _batched_shard(theta_hat, seed: int = 21, q: float = Q) -> tuple[Shard, np.ndarray, np.ndarray]:
     X, y = _stat_data()
     shard = _make_shard(X, y, fd.LogisticRegression(), chains=3, seed=seed, q=q)
     shard.set_tight_points(theta_hat)
     shard.set_positions(THETAS)
-    assert shard.fused_z
+    assert shard.batched_z
     return shard, X, y
 
 
-def test_fused_z_test_data_cover_both_regimes():
+def test_batched_z_test_data_cover_both_regimes():
     """The stationarity check has power in both regimes: rows with L~ < q (proposal-limited
     brightening) and L~ > q (always accepted when proposed) at every chain's θ."""
     X, y = _stat_data()
-    shard, _, _ = _fused_shard(THETA_HAT)
+    shard, _, _ = _batched_shard(THETA_HAT)
     for ch in shard.chains:
         lt = np.exp(_log_lt(shard.model, X, y, shard.rows.xi, ch.theta))
         p = lt / (1 + lt)
@@ -269,28 +269,28 @@ def test_fused_z_test_data_cover_both_regimes():
 
 
 @pytest.mark.parametrize("theta_hat", [THETA_HAT, None], ids=["tuned", "untuned"])
-def test_fused_z_update_leaves_conditional_invariant(theta_hat):
+def test_batched_z_update_leaves_conditional_invariant(theta_hat):
     """Three chains at three fixed θ, updated together: every z_n keeps sigmoid(log L~_n)."""
-    shard, X, y = _fused_shard(theta_hat)
-    z, use = _fused_stationarity_z(shard, X, y, sweeps=4000)
+    shard, X, y = _batched_shard(theta_hat)
+    z, use = _batched_stationarity_z(shard, X, y, sweeps=4000)
     m = int(use.sum())
     assert m >= 60
     assert np.max(np.abs(z[use])) < _crit(m), np.round(z, 2)
     assert stats.chi2.sf(np.sum(z[use] ** 2), m) > 1e-4
 
 
-def test_fused_z_flipped_sign_negative_control_fails(monkeypatch):
-    """The same check rejects the fused update with Algorithm 2's printed comparison
+def test_batched_z_flipped_sign_negative_control_fails(monkeypatch):
+    """The same check rejects the batched update with Algorithm 2's printed comparison
     (dark→bright accepted when ``u > L~ / q``)."""
-    monkeypatch.setattr(fused_mod, "brighten", lambda log_u, vals, q: log_u > vals - math.log(q))
-    shard, X, y = _fused_shard(THETA_HAT)
-    z, use = _fused_stationarity_z(shard, X, y, sweeps=4000)
+    monkeypatch.setattr(batched_mod, "brighten", lambda log_u, vals, q: log_u > vals - math.log(q))
+    shard, X, y = _batched_shard(THETA_HAT)
+    z, use = _batched_stationarity_z(shard, X, y, sweeps=4000)
     m = int(use.sum())
     assert np.max(np.abs(z[use])) > 2 * _crit(m)
     assert stats.chi2.sf(np.sum(z[use] ** 2), m) < 1e-6
 
 
-# --------------------------------------------------------- the fused z-update: bookkeeping
+# ------------------------------------------------------- the batched z-update: bookkeeping
 def _masks(shard: Shard) -> np.ndarray:
     """Every chain's z as one (chains, rows) boolean array."""
     z = np.zeros((len(shard.chains), shard.n), dtype=bool)
@@ -313,8 +313,8 @@ def _assert_cache_consistent(shard: Shard, X, y) -> None:
 
 
 @pytest.mark.parametrize("model_name", ["logistic", "robust"])
-def test_fused_z_update_keeps_cache_consistent(model_name):
-    """After every fused sweep: idx ↔ sorted members ↔ cached log L~ agree, for both
+def test_batched_z_update_keeps_cache_consistent(model_name):
+    """After every batched sweep: idx ↔ sorted members ↔ cached log L~ agree, for both
     models."""
     rng = np.random.default_rng(31)
     n = 200
@@ -329,35 +329,35 @@ def test_fused_z_update_keeps_cache_consistent(model_name):
     shard = _make_shard(X, y, model, chains=3, seed=32, q=0.1)
     shard.set_tight_points(thetas[0])
     shard.set_positions(thetas)
-    assert shard.fused_z
+    assert shard.batched_z
     _assert_cache_consistent(shard, X, y)
     total = 0
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(60):
-            total += int(shard._update_z_fused().sum())
+            total += int(shard._update_z_batched().sum())
             _assert_cache_consistent(shard, X, y)
     assert total > 0
 
 
-def test_fused_z_queries_count_dark_proposals():
+def test_batched_z_queries_count_dark_proposals():
     """Queries per chain = dark rows proposed: with q = 1 every row proposes, so each chain
     evaluates exactly the rows dark before the sweep."""
-    shard, _, _ = _fused_shard(THETA_HAT, seed=34, q=1.0)
+    shard, _, _ = _batched_shard(THETA_HAT, seed=34, q=1.0)
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(20):
             dark_before = (~_masks(shard)).sum(axis=1)
-            assert np.array_equal(shard._update_z_fused(), dark_before)
+            assert np.array_equal(shard._update_z_batched(), dark_before)
 
 
-# ------------------------------------------------------------------- fused log L~ per model
+# ---------------------------------------------------------- log L~ in one formula, per model
 def _eta_grid(rng: np.random.Generator, n: int) -> np.ndarray:
     extreme = np.array([0.0, -0.0, 1e-8, -1e-8, 40.0, -40.0, 1e3, -1e3, 1e200, -1e200])
     return np.concatenate([rng.normal(scale=3.0, size=n), extreme])
 
 
-def _assert_fused_equals_unfused(model, eta: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
-    """The compiled fused ``log L~`` (from ``eta`` and the model's row constants) against
-    the unfused numpy reference ``log_expm1(loglik - logbound)``."""
+def _assert_formula_equals_reference(model, eta: np.ndarray, y: np.ndarray, xi: np.ndarray) -> None:
+    """The compiled ``log L~`` in one formula (from ``eta`` and the model's row constants)
+    against the numpy reference ``log_expm1(loglik - logbound)``."""
     consts = model.row_constants(y, xi)
     e3 = eta[None, :, None]
     ref = log_expm1(model.loglik(e3, y) - model.logbound(e3, y, xi))[0]
@@ -401,7 +401,7 @@ def _assert_compiled_matches(model, eta: np.ndarray, consts: np.ndarray, ref: np
 
 
 @pytest.mark.parametrize("tuned", [False, True], ids=["untuned", "tuned"])
-def test_logistic_fused_log_bright_matches_reference(tuned):
+def test_logistic_compiled_log_bright_matches_reference(tuned):
     rng = np.random.default_rng(41)
     model = fd.LogisticRegression(xi_untuned=1.5)
     eta = _eta_grid(rng, 400)
@@ -413,13 +413,13 @@ def test_logistic_fused_log_bright_matches_reference(tuned):
         xi = model.tuned_xi(eta_hat[:, None], y)
     else:
         xi = model.untuned_xi(y)
-    _assert_fused_equals_unfused(model, eta, y, xi)
+    _assert_formula_equals_reference(model, eta, y, xi)
     # and at the tight point itself (delta ~ eps: tiny L~, finite)
-    _assert_fused_equals_unfused(model, (2 * y - 1) * xi, y, xi)
+    _assert_formula_equals_reference(model, (2 * y - 1) * xi, y, xi)
 
 
 @pytest.mark.parametrize("tuned", [False, True], ids=["untuned", "tuned"])
-def test_robust_fused_log_bright_matches_reference(tuned):
+def test_robust_compiled_log_bright_matches_reference(tuned):
     rng = np.random.default_rng(42)
     model = fd.RobustRegression(nu=4.0, scale=0.7)
     eta = _eta_grid(rng, 400)
@@ -432,8 +432,8 @@ def test_robust_fused_log_bright_matches_reference(tuned):
         xi = model.tuned_xi(eta_hat[:, None], y)
     else:
         xi = model.untuned_xi(y)
-    _assert_fused_equals_unfused(model, eta, y, xi)
-    _assert_fused_equals_unfused(model, y - xi, y, xi)
+    _assert_formula_equals_reference(model, eta, y, xi)
+    _assert_formula_equals_reference(model, y - xi, y, xi)
 
 
 @pytest.mark.parametrize("replica", [False, True])
