@@ -240,8 +240,8 @@ class Driver:
         # the start is jittered by the posterior's scale (overdispersed, for R-hat), not by
         # the narrower bounds'; only the bounds' preconditioner without a MAP needs the
         # bound statistics first, else they are summed in the pass that draws the first z
-        fused = self.algorithm == "flymc" and not (is_bound and neg_h is None)
-        if self.algorithm == "flymc" and not fused:
+        one_pass = self.algorithm == "flymc" and not (is_bound and neg_h is None)
+        if self.algorithm == "flymc" and not one_pass:
             with self.progress.phase("bound statistics", self.n_rows):
                 self.bound = tree_total(self.transport.call("bound_stats"))
         if is_bound:
@@ -260,7 +260,7 @@ class Driver:
             self.replica = BrightReplica(
                 self.model, self.chains, [(s.start, s.stop) for s in self.transport.specs]
             )
-        if fused:
+        if one_pass:
             with self.progress.phase("bound statistics and first draw of z", self.n_rows):
                 placed = self.transport.call("place_with_bound_stats", self.positions)
             q = [p[0] for p in placed]

@@ -128,7 +128,7 @@ class BrightReplica:
         self.chains = int(chains)
         self.shard_ranges = list(shard_ranges)
         self._rows: list[_Rows | None] = [None] * self.chains
-        #: the model's compiled fused ``log L~`` (one linear predictor per row), or None:
+        #: the model's compiled ``log L~`` (one linear predictor per row), or None:
         #: then every chain's rows are also kept with their row constants, in one buffer
         self._compiled: tuple[Any, int, np.ndarray] | None = None
         spec = model.compiled_bright() if model.n_outputs == 1 else None
