@@ -26,7 +26,7 @@ every process. Measured with numba's own counters: a second process has no cache
 for such a kernel (every call signature compiles again, about a second each), so every
 worker would pay that compilation at each start, and again after each recovery. With
 the switch every kernel here is compiled once and cached on disk. A model joins by a
-kind id in :data:`KINDS`, a ``_<model>_gap`` function and its branch in :func:`_gap`
+kind id in :data:`KINDS`, a branch in :func:`_log_bright` and :func:`_bright_and_slope`
 (the operations of its numpy ``loglik`` and ``logbound``), and its
 :meth:`~flymc_dist.models.base.Model.compiled_bright` naming the kind; its
 ``row_constants`` are the ``(c0, c1, c2)`` those branches read.
@@ -56,60 +56,23 @@ def _log_expm1(delta: float) -> float:
 
 
 @numba.njit(inline="always", **_JIT)
-def _logistic_gap(eta: float, t: float, a: float, c: float) -> tuple[float, float]:
-    """Logistic regression's ``δ = ℓ − β`` at linear predictor ``eta``, and ``ℓ' − β'``
-    (in ``eta``): row constants ``(t, a, c)``, ``s = t eta``, ``ℓ = log σ(s)``,
-    ``β = a s² + s/2 + c`` (:class:`~flymc_dist.models.logistic.LogisticRegression`'s
-    ``loglik`` and ``logbound``, operation for operation)."""
-    s = eta * t
-    e = math.exp(-abs(s))  # shared by log σ(s) and σ(−s)
-    delta = min(s, 0.0) - math.log1p(e)
-    beta = a * s * s + 0.5 * s + c
-    # dℓ/dη = t σ(−s); dβ/dη = t (2 a s + 1/2)
-    sig_neg = e / (1.0 + e) if s >= 0.0 else 1.0 / (1.0 + e)
-    dl = t * sig_neg
-    db = t * (2.0 * a * s + 0.5)
-    return delta - beta, dl - db
-
-
-@numba.njit(inline="always", **_JIT)
-def _robust_gap(par: np.ndarray, eta: float, y: float, a: float, c: float) -> tuple[float, float]:
-    """Robust (Student-t) regression's ``δ = ℓ − β`` at linear predictor ``eta``, and
-    ``ℓ' − β'`` (in ``eta``): row constants ``(y, a, c)``, ``r = y − eta``,
-    ``par = (h, const, 1/(ν σ²), log 1/(ν σ²))``, ``ℓ = const − h log1p(r²/(ν σ²))``,
-    ``β = a r² + c`` (:class:`~flymc_dist.models.robust.RobustRegression`'s ``loglik``
-    and ``logbound``, operation for operation)."""
-    r = y - eta
+def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float) -> float:
+    """``log L~`` of one row at linear predictor ``eta`` with row constants
+    ``(c0, c1, c2)`` (the models' ``row_constants``)."""
+    if kind == LOGISTIC:  # c = (t, a, c); s = t eta
+        s = eta * c0
+        delta = min(s, 0.0) - math.log1p(math.exp(-abs(s)))
+        beta = c1 * s * s + 0.5 * s + c2
+        return _log_expm1(delta - beta)
+    # ROBUST: c = (y, a, c); r = y - eta; par = (h, const, 1/(nu s^2), log(1/(nu s^2)))
+    r = c0 - eta
     qq = r * r * par[2]
     if math.isinf(qq):
         lq = 2.0 * math.log(abs(r)) + par[3]
     else:
         lq = math.log1p(qq)
     delta = lq * -par[0] + par[1]
-    beta = r * r * a + c
-    # dℓ/dη = 2 h r / (ν σ² + r²) = 2 h r (1/(νσ²)) / (1 + r²/(νσ²)); dβ/dη = −2 a r
-    dl = 2.0 * par[0] * r * par[2] / (1.0 + qq)
-    db = -2.0 * a * r
-    return delta - beta, dl - db
-
-
-@numba.njit(inline="always", **_JIT)
-def _gap(
-    kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float
-) -> tuple[float, float]:
-    """``δ = ℓ − β`` of one row and its derivative in ``eta``, by the model's ``kind``, at
-    linear predictor ``eta`` with row constants ``(c0, c1, c2)`` (the models'
-    ``row_constants``). The one place each model's log L~ is written here: a caller that
-    wants the value alone leaves the derivative unused, and the compiler drops it."""
-    if kind == LOGISTIC:
-        return _logistic_gap(eta, c0, c1, c2)
-    return _robust_gap(par, eta, c0, c1, c2)
-
-
-@numba.njit(inline="always", **_JIT)
-def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float) -> float:
-    """``log L~ = log expm1(δ)`` of one row (see :func:`_gap`)."""
-    return _log_expm1(_gap(kind, par, eta, c0, c1, c2)[0])
+    return _log_expm1(delta - (r * r * c1 + c2))
 
 
 @numba.njit(inline="always", **_JIT)
@@ -118,12 +81,32 @@ def _bright_and_slope(
 ) -> tuple[float, float]:
     """:func:`_log_bright` and its derivative in ``eta``,
     ``(ℓ' − β') / (1 − e^−δ)`` (0 where the bound is tight, δ = 0)."""
-    gap, slope = _gap(kind, par, eta, c0, c1, c2)
-    d = max(gap, 0.0)
+    if kind == LOGISTIC:  # c = (t, a, c); s = t eta
+        s = eta * c0
+        e = math.exp(-abs(s))  # shared by log σ(s) and σ(−s)
+        delta = min(s, 0.0) - math.log1p(e)
+        beta = c1 * s * s + 0.5 * s + c2
+        # dℓ/dη = t σ(−s); dβ/dη = t (2 a s + 1/2)
+        sig_neg = e / (1.0 + e) if s >= 0.0 else 1.0 / (1.0 + e)
+        dl = c0 * sig_neg
+        db = c0 * (2.0 * c1 * s + 0.5)
+    else:  # ROBUST: c = (y, a, c); r = y − η; par = (h, const, 1/(ν σ²), log 1/(ν σ²))
+        r = c0 - eta
+        qq = r * r * par[2]
+        if math.isinf(qq):
+            lq = 2.0 * math.log(abs(r)) + par[3]
+        else:
+            lq = math.log1p(qq)
+        delta = lq * -par[0] + par[1]
+        beta = r * r * c1 + c2
+        # dℓ/dη = 2 h r / (ν σ² + r²) = 2 h r (1/(νσ²)) / (1 + r²/(νσ²)); dβ/dη = −2 a r
+        dl = 2.0 * par[0] * r * par[2] / (1.0 + qq)
+        db = -2.0 * c1 * r
+    d = max(delta - beta, 0.0)
     if d <= 0.0:
         return -math.inf, 0.0
     p = -math.expm1(-d)  # p(z = 1 | θ) = 1 − e^−δ, shared by the value and the slope
-    return d + math.log(p), slope / p
+    return d + math.log(p), (dl - db) / p
 
 
 @numba.njit(**_JIT)

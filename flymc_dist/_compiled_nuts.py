@@ -26,11 +26,7 @@ driver runs it); the generated code, and so the last bits, can differ between CP
 Why the target is written in here rather than passed as a function: see
 :mod:`flymc_dist._compiled` (a kernel receiving a jitted function is not cached across
 processes). The kernel side stays pure: :meth:`~flymc_dist.kernels.nuts.NUTS.fused_step`
-only asks its target for a NUTS transition with its own settings. The rows' ``log L~``
-and slope are :mod:`flymc_dist._compiled`'s (:func:`~flymc_dist._compiled._bright_and_slope`),
-inlined here: numba's disk cache knows a function by the stamp of its own file alone,
-so a change there reaches this module's cached code only once this file changes too (or
-its ``__pycache__`` entries are removed).
+only asks its target for a NUTS transition with its own settings.
 """
 
 from __future__ import annotations
