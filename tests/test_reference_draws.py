@@ -64,6 +64,10 @@ Re-recorded on 2026-11-25 for the row-keyed streams (:mod:`flymc_dist.streams`):
 FlyMC configuration's z-updates draw from new streams, full passes sum by fixed blocks,
 and ``bright_replica="auto"`` now takes the replica for RWMH too, so every entry changed.
 
+Configurations added on 2026-11-26 (the others bit-identical): NUTS and HMC were not
+recorded at all, nor the default path (NUTS on the driver's replica), where a refactor
+of the compiled log L~ changed the draws unnoticed.
+
 Re-recorded on 2026-11-26: the tight points at θ̂ are computed row by row
 (:func:`flymc_dist._compiled.row_dots`) instead of by one BLAS product, so that an
 out-of-core shard preparing only the rows it reads gets the same bits. Only the
@@ -229,6 +233,31 @@ CONFIGS: tuple[Config, ...] = (
         "softmax-flymc-slice-explicit-untuned", "softmax", "flymc", "slice", "explicit", "untuned"
     ),
     # ---------------------------------------------------------------- regular
+    # the default path: NUTS, its whole transition compiled on the driver's replica of
+    # the bright rows (bright_replica="auto"); and NUTS with the shards evaluating
+    Config(
+        "logistic-flymc-nuts-implicit-map-replica",
+        "logistic",
+        "flymc",
+        "nuts",
+        "implicit",
+        "map",
+        options=(("bright_replica", "auto"),),
+    ),
+    Config(
+        "robust-flymc-nuts-implicit-map-replica",
+        "robust",
+        "flymc",
+        "nuts",
+        "implicit",
+        "map",
+        data="zarr",
+        options=(("bright_replica", "auto"),),
+    ),
+    Config(
+        "logistic-flymc-hmc-implicit-untuned", "logistic", "flymc", "hmc", "implicit", "untuned"
+    ),
+    Config("logistic-regular-nuts", "logistic", "regular", "nuts"),
     Config("logistic-regular-rwmh", "logistic", "regular", "rwmh"),
     Config(
         "robust-regular-rwmh-zarr", "robust", "regular", "rwmh", "explicit", "untuned", data="zarr"
@@ -726,7 +755,10 @@ def test_table_covers_every_combination() -> None:
     """Every algorithm × kernel × z_update × bounds (for FlyMC), every model with every
     algorithm and every kernel."""
     flymc = {(c.kernel, c.z_update, c.bounds) for c in CONFIGS if c.algorithm == "flymc"}
-    assert len(flymc) == 12
+    assert {k for k, _, _ in flymc} == {"rwmh", "mala", "slice", "nuts", "hmc"}
+    assert len({f for f in flymc if f[0] in ("rwmh", "mala", "slice")}) == 12
+    # the default path: NUTS with the driver's replica
+    assert any(c.kernel == "nuts" and ("bright_replica", "auto") in c.options for c in CONFIGS)
     pairs = {(c.model, c.algorithm, c.kernel) for c in CONFIGS}
     for m in ("logistic", "robust", "softmax"):
         for a, kernels in (
