@@ -59,6 +59,9 @@ def test_every_option_of_the_api_has_a_flag():
     params = set(inspect.signature(fd.sample).parameters) - {"deprecated"}
     assert params <= set(RUN_DEFAULTS) | {"model", "data", "algorithm", "kernel"}
     assert set(API_ONLY) <= params
+    for name, p in inspect.signature(fd.sample).parameters.items():  # one set of defaults
+        if name in RUN_DEFAULTS:
+            assert p.default == RUN_DEFAULTS[name], name
 
 
 def test_help_lists_every_option_with_its_default():
