@@ -26,10 +26,10 @@ every process. Measured with numba's own counters: a second process has no cache
 for such a kernel (every call signature compiles again, about a second each), so every
 worker would pay that compilation at each start, and again after each recovery. With
 the switch every kernel here is compiled once and cached on disk. A model joins by a
-kind id in :data:`KINDS`, a branch in :func:`_log_bright` and :func:`_bright_and_slope`
-(the operations of its numpy ``loglik`` and ``logbound``), and its
+kind id in :data:`KINDS`, a branch in :func:`_bright_and_slope` (the operations of its
+numpy ``loglik`` and ``logbound``; :func:`_log_bright` takes its value), and its
 :meth:`~flymc_dist.models.base.Model.compiled_bright` naming the kind; its
-``row_constants`` are the ``(c0, c1, c2)`` those branches read.
+``row_constants`` are the ``(c0, c1, c2)`` that branch reads.
 """
 
 from __future__ import annotations
@@ -53,26 +53,6 @@ def _log_expm1(delta: float) -> float:
     """``log(exp(delta) - 1)`` of ``max(delta, 0)``, as :func:`flymc_dist._numerics.log_expm1`."""
     d = max(delta, 0.0)
     return d + math.log(-math.expm1(-d))
-
-
-@numba.njit(inline="always", **_JIT)
-def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float) -> float:
-    """``log L~`` of one row at linear predictor ``eta`` with row constants
-    ``(c0, c1, c2)`` (the models' ``row_constants``)."""
-    if kind == LOGISTIC:  # c = (t, a, c); s = t eta
-        s = eta * c0
-        delta = min(s, 0.0) - math.log1p(math.exp(-abs(s)))
-        beta = c1 * s * s + 0.5 * s + c2
-        return _log_expm1(delta - beta)
-    # ROBUST: c = (y, a, c); r = y - eta; par = (h, const, 1/(nu s^2), log(1/(nu s^2)))
-    r = c0 - eta
-    qq = r * r * par[2]
-    if math.isinf(qq):
-        lq = 2.0 * math.log(abs(r)) + par[3]
-    else:
-        lq = math.log1p(qq)
-    delta = lq * -par[0] + par[1]
-    return _log_expm1(delta - (r * r * c1 + c2))
 
 
 @numba.njit(inline="always", **_JIT)
@@ -107,6 +87,15 @@ def _bright_and_slope(
         return -math.inf, 0.0
     p = -math.expm1(-d)  # p(z = 1 | θ) = 1 − e^−δ, shared by the value and the slope
     return d + math.log(p), (dl - db) / p
+
+
+@numba.njit(inline="always", **_JIT)
+def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float) -> float:
+    """``log L~`` of one row at linear predictor ``eta`` with row constants
+    ``(c0, c1, c2)`` (the models' ``row_constants``): :func:`_bright_and_slope`'s value,
+    the one place each model's compiled log L~ is written (a caller that wants the value
+    alone leaves the slope unused, and the compiler drops it)."""
+    return _bright_and_slope(kind, par, eta, c0, c1, c2)[0]
 
 
 @numba.njit(**_JIT)
