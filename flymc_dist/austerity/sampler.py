@@ -152,7 +152,6 @@ __all__ = [
     "Decisions",
     "SequentialTester",
     "bound_difference",
-    "check_control_variates",
     "decision_data_used",
     "loglog_slope",
     "run_decisions",
@@ -525,13 +524,6 @@ def _check_eps(eps: Any) -> float:
     return out
 
 
-def check_control_variates(value: Any) -> bool:
-    """``value`` as a bool, else ``ValueError``: the ``control_variates`` option."""
-    if isinstance(value, bool | np.bool_):
-        return bool(value)
-    raise ValueError(f"control_variates must be True or False, not {value!r}")
-
-
 def _check_batch_size(batch_size: Any) -> int:
     if (
         isinstance(batch_size, bool)
@@ -777,12 +769,12 @@ def sample_austerity(
     Raises
     ------
     ValueError
-        Bad ``eps``/``batch_size``/``control_variates``, a kernel other than RWMH, or
-        ``resume``.
+        A kernel other than RWMH, or ``resume``. (``eps``, ``batch_size`` and
+        ``control_variates`` were checked when their :class:`~flymc_dist.options.Austerity`
+        was made.)
     """
-    eps = _check_eps(options.get("eps", 0.01))
-    batch_size = _check_batch_size(options.get("batch_size", 500))
-    control_variates = check_control_variates(options.get("control_variates", True))
+    eps, batch_size = options["eps"], options["batch_size"]
+    control_variates = options["control_variates"]
     if not isinstance(kernel, RandomWalkMH):
         raise ValueError(
             f"austerity MH supports kernel='rwmh' only, not "
