@@ -16,6 +16,8 @@ import pytest
 
 from flymc_dist.bench.table1 import (
     ALGORITHMS,
+    ESS_AIM,
+    _Config,
     _cells,
     _forecast_from_probe,
     format_table1,
@@ -173,11 +175,18 @@ def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
             str(tmp_path / "work"),
             "--json",
             str(out_json),
+            "--partial-json",
+            str(tmp_path / "partial.json"),
         ]
     )
     out, _ = capsys.readouterr()
     assert code == 0
     d = json.loads(out_json.read_text())
+    # the figures so far, written after every run: the last one holds every run made
+    partial = json.loads((tmp_path / "partial.json").read_text())
+    assert partial["partial"] is True and "partial" not in d
+    assert partial["rows"] == d["rows"]
+    assert not list(tmp_path.glob("partial.json.tmp-*"))
     assert d["protocol"]["quick"] is True
     assert set(d["protocol"]["data"]) == {"mnist", "softmax", "qm9", "flights"}
     assert d["protocol"]["data"]["flights"]["out_of_core"] is True
@@ -215,3 +224,27 @@ def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "Protocol:" in out and "CIFAR-10" in out and "not available here" in out
     assert "1/0.7/22" in out and "1/1.2/11" in out and "1/-/29" in out
     assert format_table1(d) in out
+
+
+@pytest.mark.parametrize(
+    ("draws", "ess_min", "most", "expected"),
+    [
+        (1000, 9.0, 128_000, 16_000),  # far from the aim: the most growth, 16x
+        (1000, 100.0, 128_000, 8000),  # 1.25 * 400 / 100 = 5 -> the next power of two, 8
+        (1000, 300.0, 128_000, 2000),  # close: at least 2x
+        (1000, 5000.0, 128_000, 2000),  # above the aim but not converged: still 2x
+        (1000, float("nan"), 128_000, 16_000),  # no ESS (chains that never moved)
+        (64_000, 9.0, 128_000, 128_000),  # the schedule's limit
+    ],
+)
+def test_next_draws_grow_by_the_ess_still_missing(
+    draws: int, ess_min: float, most: int, expected: int
+) -> None:
+    c = _Config("1", "mnist", "rwmh", "regular", "regular", "map", "small", 3.0, most)
+    c.attempts.append(
+        {"draws": draws, "ess_min": ess_min, "wall_seconds": 12.0, "setup_seconds": 2.0}
+    )
+    assert ESS_AIM == 400.0
+    assert c.next_draws() == expected
+    # the next run's forecast cost: the last run's warm-up and sampling scaled, set-up once
+    assert c.next_seconds() == pytest.approx(expected / draws * 10.0 + 2.0)
