@@ -113,7 +113,7 @@ GROWTH = (2, 16)
 #: configuration whose every iteration is a full pass over 3M rows (or half of it):
 #: a few draws time it, the budget allows no more
 _SCHEDULE = {
-    "small": (250, 1000, 128_000),
+    "small": (250, 1000, 256_000),
     "nuts": (200, 250, 16_000),
     "untuned": (100, 400, 64_000),
     "flights": (500, 2000, 8000),
