@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -17,9 +19,11 @@ import pytest
 from flymc_dist.bench.table1 import (
     ALGORITHMS,
     ESS_AIM,
-    _Config,
+    _BudgetSpent,
     _cells,
+    _Config,
     _forecast_from_probe,
+    _within,
     format_table1,
     run_table1,
 )
@@ -185,7 +189,11 @@ def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     # the figures so far, written after every run: the last one holds every run made
     partial = json.loads((tmp_path / "partial.json").read_text())
     assert partial["partial"] is True and "partial" not in d
-    assert partial["rows"] == d["rows"]
+    assert set(partial["rows"]) == set(d["rows"])
+    for key, entry in d["rows"].items():  # every run made (the reasons are final only in d)
+        for label, a in entry["algorithms"].items():
+            runs = partial["rows"][key]["algorithms"][label]["measured"]["attempts"]
+            assert json.dumps(runs) == json.dumps(a["measured"]["attempts"]), (key, label)
     assert not list(tmp_path.glob("partial.json.tmp-*"))
     assert d["protocol"]["quick"] is True
     assert set(d["protocol"]["data"]) == {"mnist", "softmax", "qm9", "flights"}
@@ -211,7 +219,10 @@ def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
             if m["attempts"]:
                 assert m["attempts"][-1]["draws"] == m["draws"]
             else:  # left out: the time budget was spent (a heavily loaded machine)
-                assert m["reason"] == "not run: the time budget was spent"
+                assert m["reason"] == "not run: the time budget was spent" or re.fullmatch(
+                    r"the time budget ran out during its run of [\d,]+ draws per chain",
+                    m["reason"],
+                )
             if m["converged"]:
                 assert m["r_hat_max"] <= 1.01
                 assert isinstance(cells["ess_per_1000_min"], float)
@@ -248,3 +259,17 @@ def test_next_draws_grow_by_the_ess_still_missing(
     assert c.next_draws() == expected
     # the next run's forecast cost: the last run's warm-up and sampling scaled, set-up once
     assert c.next_seconds() == pytest.approx(expected / draws * 10.0 + 2.0)
+
+
+def test_a_run_the_budget_cannot_hold_is_stopped() -> None:
+    """The wall-clock guard: a run still going when the budget ends is stopped (not
+    waited for), the timer is cleared after a run that ends in time, and the previous
+    SIGALRM handler is back either way."""
+    before = signal.getsignal(signal.SIGALRM)
+    t0 = time.perf_counter()
+    with pytest.raises(_BudgetSpent):
+        _within(0.2, lambda: time.sleep(30))
+    assert time.perf_counter() - t0 < 25  # stopped, not the 30 s sleep
+    assert _within(5.0, lambda: 7) == 7
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is before

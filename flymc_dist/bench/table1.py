@@ -24,8 +24,7 @@ draws times the power of two (2 to 16) its min ESS says reaches 400 with a quart
 spare (each a fresh run with warm-up ``max(w0, draws / 4)``), until every parameter's
 R̂ ≤ 1.01, up to a stated number of draws and within the time budget (every
 configuration runs once; then, while the budget lasts, the one whose next run is
-cheapest for its weight; a run in progress is not stopped, so a slow first run can
-overrun the budget);
+cheapest for its weight; a run the budget runs out in is stopped, and says so);
 a configuration that does not get there is reported as "not converged within N draws"
 with why. Queries and
 seconds per iteration are of the kept draws (warm-up and set-up not counted; both are
@@ -47,9 +46,12 @@ import math
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,6 +265,30 @@ def _step_size(res: Any) -> float | None:
     return float(np.mean(steps)) if steps else None
 
 
+class _BudgetSpent(Exception):
+    """The time budget ran out during a run."""
+
+
+def _within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """``fn()``, stopped with :class:`_BudgetSpent` after ``seconds`` of wall time (a
+    real-time timer; in the main thread, where signals are delivered, else unguarded)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
+        return fn()
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _BudgetSpent
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @dataclass
 class _Config:
     """One cell group of the table: a data set, kernel and algorithm, and its runs."""
@@ -347,7 +373,7 @@ def _summary(c: _Config) -> dict[str, Any]:
     """The figures of a configuration: its last run's, with every attempt and why it
     stopped."""
     if not c.attempts:
-        return _not_run(c.kind)
+        return _not_run(c.kind, c.reason or "not run: the time budget was spent")
     last = dict(c.attempts[-1])
     last["converged"] = c.converged
     last["reason"] = "" if c.converged else c.reason
@@ -360,8 +386,8 @@ def _summary(c: _Config) -> dict[str, Any]:
     return last
 
 
-def _not_run(kind: str) -> dict[str, Any]:
-    """The figures of a configuration the time budget left no time for."""
+def _not_run(kind: str, reason: str) -> dict[str, Any]:
+    """The figures of a configuration the time budget left no time for (``reason``)."""
     nan = math.nan
     figures = dict.fromkeys(
         (
@@ -388,7 +414,7 @@ def _not_run(kind: str) -> dict[str, Any]:
         "warmup": 0,
         "chains": 0,
         "converged": False,
-        "reason": "not run: the time budget was spent",
+        "reason": reason,
         "attempts": [],
         "config_seconds": 0.0,
         "schedule": kind,
@@ -599,11 +625,20 @@ def run_table1(
             }
         return problems[c.data]
 
-    def attempt(c: _Config, draws: int) -> None:
+    def attempt(c: _Config, draws: int) -> bool:
         w0 = schedules[c.kind][0]
-        m, res = _attempt(
-            problem(c), c, draws, w0, chains, seed, step_sizes.get((c.data, c.kernel)), tree_depth
-        )
+        p = problem(c)
+        try:  # a run the budget cannot hold is stopped, not waited for
+            m, res = _within(
+                end - time.perf_counter(),
+                lambda: _attempt(
+                    p, c, draws, w0, chains, seed, step_sizes.get((c.data, c.kernel)), tree_depth
+                ),
+            )
+        except _BudgetSpent:
+            c.reason = f"the time budget ran out during its run of {draws:,} draws per chain"
+            print(f"table1: {c.data} {c.kernel} {c.label}: {c.reason}", file=sys.stderr)
+            return False
         c.attempts.append(m)
         if c.label == "MAP-tuned FlyMC":
             step_sizes[(c.data, c.kernel)] = _step_size(res)
@@ -611,6 +646,7 @@ def run_table1(
             partial = {**out, "rows": _rows(plan), "partial": True}
             partial["protocol"] = {**out["protocol"], "total_seconds": time.perf_counter() - t_all}
             _write_json(partial_json, partial)
+        return True
 
     try:
         # round 1: every configuration at its first number of draws
@@ -640,7 +676,8 @@ def run_table1(
             if not open_:
                 break
             c = min(open_, key=lambda c: c.next_seconds() / c.weight)
-            attempt(c, c.next_draws())
+            if not attempt(c, c.next_draws()):
+                break  # the budget ran out during that run
         out["rows"] = _rows(plan)
     finally:
         if own_dir:
@@ -715,7 +752,8 @@ def _protocol_lines(d: dict[str, Any]) -> list[str]:
         "the probes last), then the one "
         "not yet converged whose next run is cheapest for its weight runs again (weight 3: "
         "regular and MAP-tuned FlyMC with the paper's kernel, and on the flights; 1: NUTS; "
-        "0.3: untuned FlyMC), while that run is forecast to fit in what is left",
+        "0.3: untuned FlyMC), while that run is forecast to fit in what is left; a run the "
+        "budget runs out in is stopped",
         f"- regular MCMC and untuned FlyMC on the 3M flights: every iteration is one or more "
         f"passes over 3M rows (half of them for untuned FlyMC): {tuple(sch['probe'])}, "
         "a probe of their cost without warm-up (NUTS with MAP-tuned FlyMC's step size), run "
