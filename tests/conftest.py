@@ -135,3 +135,32 @@ def local_clusters():
         yield clusters
     finally:
         clusters.close()
+
+
+def _modules(session: pytest.Session) -> list:
+    """The test modules of the session's selected tests, in order, once each."""
+    seen: dict[int, object] = {}
+    for item in getattr(session, "items", []):
+        module = getattr(item, "module", None)
+        if module is not None:
+            seen.setdefault(id(module), module)
+    return list(seen.values())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Let a test module start long, independent work in the background as soon as the
+    session's tests are known (``start_early(items)``: tests/test_exactness.py's runs)."""
+    if session.config.option.collectonly:
+        return
+    for module in _modules(session):
+        start = getattr(module, "start_early", None)
+        if callable(start):
+            start(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop what ``start_early`` started and the module's tests did not take over."""
+    for module in _modules(session):
+        stop = getattr(module, "stop_early", None)
+        if callable(stop):
+            stop()

@@ -24,8 +24,10 @@ for every value of these knobs, so the test loses nothing.
 The 112 runs, and the 6 with exact rows, are independent and deterministic, so a module
 fixture starts them all at once in spawned worker processes (one per core, at most 4;
 ``FLYMC_EXACTNESS_WORKERS=1`` runs everything in this process) and each test waits for
-its own. On an otherwise idle
-2-core machine the file takes about 3 minutes (2 min 50 s measured; ~300 CPU-seconds).
+its own. In a session of more tests they start with the session, at the lowest CPU
+priority (:func:`start_early`): the tests before this module mostly leave a core idle.
+On an otherwise idle 2-core machine the file alone takes about 3 minutes (2 min 50 s
+measured; ~300 CPU-seconds).
 """
 
 from __future__ import annotations
@@ -351,21 +353,35 @@ def _n_workers() -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
+def _background() -> None:
+    """A pool worker's start when the runs begin before this module's tests: the lowest
+    CPU priority there is (Linux's SCHED_IDLE, else nice 19), so that they take only the
+    CPU time the rest of the suite leaves idle and slow its tests down by next to
+    nothing."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
 class Runs:
     """The runs this session needs, started at once in spawned worker processes.
 
     Each run is independent and deterministic (fixed seed, in-process shards), so where
     it runs does not change its draws; spreading them over the cores only shortens the
-    wall time. With one worker everything runs here, in order.
+    wall time. With one worker everything runs here, in order. ``background``: the
+    workers run at the lowest CPU priority (:func:`_background`).
     """
 
-    def __init__(self, keys: list[tuple], workers: int) -> None:
+    def __init__(self, keys: list[tuple], workers: int, background: bool = False) -> None:
         self.results: dict[tuple, fd.Result] = {}
         self.futures: dict[tuple, concurrent.futures.Future] = {}
         self.pool = None
         if workers > 1 and keys:
             self.pool = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn")
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_background if background else None,
             )
             for key in keys:
                 self.futures[key] = self.pool.submit(_run_in_worker, *key)
@@ -389,12 +405,12 @@ class Runs:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def runs(request):
-    """Start every run the selected tests of this module need (in test order)."""
+def _keys(items: list[pytest.Item]) -> list[tuple]:
+    """The runs the selected tests of this module need, in test order."""
     keys: list[tuple] = []
-    for item in request.session.items:
-        if item.module is not sys.modules[__name__] or not hasattr(item, "callspec"):
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not sys.modules[__name__] or not hasattr(item, "callspec"):
             continue
         params = item.callspec.params
         if item.originalname in ("test_targets_exact_posterior", "test_out_of_core_exact"):
@@ -409,7 +425,36 @@ def runs(request):
             continue
         if key not in keys:
             keys.append(key)
-    pool = Runs(keys, _n_workers())
+    return keys
+
+
+#: the runs started by :func:`start_early`, which the fixture :func:`runs` takes over
+_EARLY: list[Runs] = []
+
+
+def start_early(items: list[pytest.Item]) -> None:
+    """Start this module's runs as soon as the session's tests are known (called by
+    ``pytest_collection_finish`` in tests/conftest.py), in workers of the lowest CPU
+    priority: most of the suite before this module runs one process at a time, so on 2
+    cores they take the idle one, and their results are mostly ready when these tests
+    start. The same runs as :func:`runs` would start, with the same draws."""
+    keys = _keys(items)
+    if keys and _n_workers() > 1:
+        _EARLY.append(Runs(keys, _n_workers(), background=True))
+
+
+def stop_early() -> None:
+    """Shut down the runs of :func:`start_early` this module's tests did not take over
+    (a session stopped before them); called by ``pytest_sessionfinish``."""
+    while _EARLY:
+        _EARLY.pop().close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runs(request):
+    """Every run the selected tests of this module need (in test order): those
+    :func:`start_early` started, else started now."""
+    pool = _EARLY.pop() if _EARLY else Runs(_keys(request.session.items), _n_workers())
     yield pool
     pool.close()
 
