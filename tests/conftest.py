@@ -96,3 +96,71 @@ def force_exact_rows(monkeypatch):
         monkeypatch.setattr(tune, "EXACT_MAX_FRACTION", 1.0)
 
     return force
+
+
+class LocalClusters:
+    """Started :class:`distributed.LocalCluster` s shared by the tests, one per worker
+    count: worker processes with one thread each, as the tests started for themselves.
+
+    Starting one costs seconds (the worker processes import the package): a test that
+    does not depend on fresh workers (one that kills a worker, limits their memory or sets
+    their environment does) takes its cluster from here and makes its own client for it,
+    with the options it needs.
+    """
+
+    def __init__(self) -> None:
+        self._clusters: dict[int, object] = {}
+
+    def get(self, n_workers: int) -> object:
+        """The shared cluster with ``n_workers`` workers (started on first use)."""
+        if n_workers not in self._clusters:
+            from distributed import LocalCluster
+
+            self._clusters[n_workers] = LocalCluster(
+                n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+            )
+        return self._clusters[n_workers]
+
+    def close(self) -> None:
+        """Close every cluster started here."""
+        while self._clusters:
+            self._clusters.popitem()[1].close()
+
+
+@pytest.fixture(scope="session")
+def local_clusters():
+    """The session's shared LocalClusters (:class:`LocalClusters`), closed at its end."""
+    clusters = LocalClusters()
+    try:
+        yield clusters
+    finally:
+        clusters.close()
+
+
+def _modules(session: pytest.Session) -> list:
+    """The test modules of the session's selected tests, in order, once each."""
+    seen: dict[int, object] = {}
+    for item in getattr(session, "items", []):
+        module = getattr(item, "module", None)
+        if module is not None:
+            seen.setdefault(id(module), module)
+    return list(seen.values())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Let a test module start long, independent work in the background as soon as the
+    session's tests are known (``start_early(items)``: tests/test_exactness.py's runs)."""
+    if session.config.option.collectonly:
+        return
+    for module in _modules(session):
+        start = getattr(module, "start_early", None)
+        if callable(start):
+            start(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop what ``start_early`` started and the module's tests did not take over."""
+    for module in _modules(session):
+        stop = getattr(module, "stop_early", None)
+        if callable(stop):
+            stop()

@@ -752,9 +752,9 @@ def test_softmax_works():
 # --------------------------------------------------------------------- on a cluster
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_same_draws_on_dask_cluster(tmp_path):
+def test_same_draws_on_dask_cluster(tmp_path, local_clusters):
     """The same seed gives identical draws in-process and on Dask actors (2 workers)."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     X, y, _ = _data(1200, seed=22)
     path = str(tmp_path / "d.zarr")
@@ -770,12 +770,7 @@ def test_same_draws_on_dask_cluster(tmp_path):
         "n_shards": 3,
     }
     local = fd.sample(MODEL, path, client="synchronous", **kw)
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster, direct_to_workers=True) as client,
-    ):
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
         remote = fd.sample(MODEL, path, client=client, **kw)
     assert remote.info["transport"] == "dask" and remote.info["n_workers"] == 2
     np.testing.assert_array_equal(local.samples, remote.samples)

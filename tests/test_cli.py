@@ -846,15 +846,14 @@ def test_bench_mixing_reuses_its_store(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster_client() -> object:
-    """One 2-worker LocalCluster shared by the cluster tests (started once: it is slow)."""
-    from flymc_dist.transport.dask import local_client
+def cluster_client(local_clusters) -> object:
+    """A client of the session's shared 2-worker LocalCluster (started once: it is slow)."""
+    from distributed import Client
 
-    client, cluster = local_client(2)
+    client = Client(local_clusters.get(2), direct_to_workers=True)
     client.wait_for_workers(2, timeout=120)
     yield client
     client.close()
-    cluster.close()
 
 
 @pytest.mark.cluster

@@ -67,16 +67,13 @@ def store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def local_client():
-    from distributed import Client, LocalCluster
+def local_client(local_clusters):
+    """A client of the session's shared 2-worker LocalCluster."""
+    from distributed import Client
 
-    cluster = LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-    )
-    client = Client(cluster, direct_to_workers=True)
+    client = Client(local_clusters.get(2), direct_to_workers=True)
     yield client
     client.close()
-    cluster.close()
 
 
 def _run(store_path: str, client, **kw):
@@ -96,7 +93,7 @@ def _run(store_path: str, client, **kw):
     return fd.sample(model, fd.open_dataset(store_path), client=client, **opts)
 
 
-def test_deterministic_across_placements(store, local_client):
+def test_deterministic_across_placements(store, local_client, local_clusters):
     """Same seed ⇒ bit-identical draws in-process, on 1 worker and on 2 workers."""
     path = store[0]
     sync = _run(path, "synchronous")
@@ -104,15 +101,10 @@ def test_deterministic_across_placements(store, local_client):
     assert two.info["n_workers"] == 2
     one_worker = local_client.scheduler_info()["workers"]
     first = sorted(one_worker)[0]
-    # one worker: a client view restricted by placing every shard on one worker
-    from distributed import Client, LocalCluster
+    # one worker: the session's shared 1-worker cluster
+    from distributed import Client
 
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as c1,
-        Client(c1, direct_to_workers=True) as cl1,
-    ):
+    with Client(local_clusters.get(1), direct_to_workers=True) as cl1:
         one = _run(path, cl1)
     assert one.info["n_workers"] == 1 and first
     np.testing.assert_array_equal(sync.samples, two.samples)
@@ -574,12 +566,12 @@ def test_resume_recovery_resume_never_reuse_a_z_stream(
 
 @pytest.mark.parametrize("kernel", ["slice", "nuts", "nuts-exact-rows"])
 def test_replica_mode_deterministic_across_placements(
-    store, local_client, kernel, force_exact_rows
+    store, local_client, local_clusters, kernel, force_exact_rows
 ):
     """Replica mode (the θ-kernel on the driver's copy of the bright rows): the same
     draws in-process, on 1 and on 2 workers, one round trip per iteration (also with
     exact rows)."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     path = store[0]
     kernel_id = kernel
@@ -589,12 +581,7 @@ def test_replica_mode_deterministic_across_placements(
     kw = dict(kernel=kernel, bright_replica=True, num_warmup=50, num_samples=100)
     sync = _run(path, "synchronous", **kw)
     two = _run(path, local_client, **kw)
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as c1,
-        Client(c1, direct_to_workers=True) as cl1,
-    ):
+    with Client(local_clusters.get(1), direct_to_workers=True) as cl1:
         one = _run(path, cl1, **kw)
     assert sync.info["bright_replica"] and two.info["bright_replica"]
     assert two.info["n_workers"] == 2 and one.info["n_workers"] == 1

@@ -91,8 +91,11 @@ def _same_draws(trace: str, reference: np.ndarray, storage_options=None) -> None
     np.testing.assert_array_equal(got, reference)
 
 
-def _end_group(pgid: int) -> None:
-    """End the process group ``pgid`` (one of ours): SIGTERM, then SIGKILL after 20 s."""
+def _end_group(leader: subprocess.Popen) -> None:
+    """End the process group that ``leader`` (one of ours) leads: SIGTERM, then SIGKILL
+    after 20 s. The leader is reaped as it exits: until then, as a zombie, it would keep
+    the group answering, and the wait would last the full 20 + 5 s whenever it died."""
+    pgid = leader.pid
     for sig, patience in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
@@ -100,6 +103,7 @@ def _end_group(pgid: int) -> None:
             return
         deadline = time.monotonic() + patience
         while time.monotonic() < deadline:
+            leader.poll()  # reap the leader once it has exited
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
@@ -121,7 +125,7 @@ def _run_group(argv: list[str], timeout: float, **kwargs) -> subprocess.Complete
         try:
             out, err = p.communicate(timeout=timeout)
         finally:
-            _end_group(p.pid)
+            _end_group(p)
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
@@ -343,7 +347,7 @@ def test_jobqueue_job_script_runs(store, reference, tmp_path):
                 res = jq.sample_on(client, args, args.jobs)
         finally:
             for p in procs:
-                _end_group(p.pid)
+                _end_group(p)
                 p.wait()
     assert res.info["n_workers"] == 2
     np.testing.assert_array_equal(res.samples, reference)

@@ -84,10 +84,10 @@ def test_layout_dependence_is_visible_without_row_keys(monkeypatch):
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("kernel", ["nuts", "rwmh"])
-def test_draws_identical_in_process_and_on_workers(tmp_path, kernel):
+def test_draws_identical_in_process_and_on_workers(tmp_path, kernel, local_clusters):
     """A store: in-process with 1 and 5 shards, on a 1- and a 2-worker LocalCluster with
     the default layout (one shard per worker) and with 5 shards — the same draws."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     X, y = _data(n=4000)
     ds = fd.from_numpy(X, y, str(tmp_path / "d.zarr"), chunk_rows=250)
@@ -95,12 +95,7 @@ def test_draws_identical_in_process_and_on_workers(tmp_path, kernel):
     assert ref.info["n_shards"] == 1
     _same(ref, _run(ds, kernel, "implicit", "synchronous", n_shards=5))
     for workers in (1, 2):
-        with (
-            LocalCluster(
-                n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
-            ) as cluster,
-            Client(cluster) as client,
-        ):
+        with Client(local_clusters.get(workers)) as client:
             res = _run(ds, kernel, "implicit", client)
             assert res.info["n_shards"] == workers  # the layout follows the cluster
             _same(ref, res)

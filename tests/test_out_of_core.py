@@ -445,17 +445,12 @@ def test_resume_matches_an_uninterrupted_run(store, tmp_path, monkeypatch):
 
 
 @pytest.mark.cluster
-def test_deterministic_across_placements(store):
+def test_deterministic_across_placements(store, local_clusters):
     """Out of core, the same seed gives the same draws in-process and on 2 workers."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     sync = _run(store[0], kernel="nuts")
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster, direct_to_workers=True) as client,
-    ):
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
         two = _run(store[0], client, kernel="nuts")
     assert two.info["n_workers"] == 2 and two.info["out_of_core"] == [True] * 3
     assert two.info["bright_replica"]
