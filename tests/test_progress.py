@@ -25,8 +25,9 @@ PHASES = {
 
 
 def _lines(err: str) -> list[str]:
-    """What a terminal would show: the last ``\\r``-separated state of every line."""
-    return [line.split("\r")[-1] for line in err.split("\n") if line.strip("\r")]
+    """What a terminal would show: the last ``\\r``-separated state of every line, without
+    the spaces tqdm pads a shorter state with to blank the longer one it overwrote."""
+    return [line.split("\r")[-1].rstrip(" ") for line in err.split("\n") if line.strip("\r")]
 
 
 def _si(text: str) -> float:
