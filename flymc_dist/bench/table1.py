@@ -41,7 +41,6 @@ MCMC with that kernel reached on another data set of the table.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -58,7 +57,7 @@ from typing import Any
 import numpy as np
 
 import flymc_dist as fd
-from flymc_dist.bench.common import reusable_store
+from flymc_dist.bench.common import reusable_store, write_json
 from flymc_dist.data.real import flights_to_zarr, mnist_7_vs_9, mnist_classes, qm9_gap
 from flymc_dist.kernels import get_kernel
 
@@ -645,7 +644,7 @@ def run_table1(
         if partial_json:
             partial = {**out, "rows": _rows(plan), "partial": True}
             partial["protocol"] = {**out["protocol"], "total_seconds": time.perf_counter() - t_all}
-            _write_json(partial_json, partial)
+            write_json(partial_json, partial)
         return True
 
     try:
@@ -711,14 +710,6 @@ def _rows(plan: list[_Config]) -> dict[str, Any]:
     for entry in rows.values():
         entry["forecast_from_probe"] = _forecast_from_probe(entry, rows)
     return rows
-
-
-def _write_json(path: str, d: dict[str, Any]) -> None:
-    """Write ``d`` to ``path`` whole or not at all (a temporary file, then a rename)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(d, fh, indent=2, default=lambda v: v.item() if hasattr(v, "item") else str(v))
-    os.replace(tmp, path)
 
 
 def _fmt(v: Any, spec: str) -> str:

@@ -10,8 +10,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
+from flymc_dist.bench.common import write_json
 from flymc_dist.bench.overhead import format_overhead, run_overhead
 from flymc_dist.cli.common import CLIError, _Parser, _say
 
@@ -158,14 +157,5 @@ def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
         raise CLIError(str(err)) from None
     _say(fmt(d))
     if json_path:
-        with open(json_path, "w") as fh:
-            json.dump(d, fh, indent=2, default=_json_default)
+        write_json(json_path, d)
     return 0
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (np.integer, np.floating, np.bool_)):
-        return value.item()
-    return str(value)
