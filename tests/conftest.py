@@ -14,6 +14,7 @@ Where it cannot be, the bit-for-bit tests skip through the :func:`recorded_cpu`
 fixture, saying why.
 """
 
+import functools
 import os
 import platform
 import sys
@@ -78,24 +79,11 @@ def recorded_cpu() -> None:
 
 @pytest.fixture
 def force_exact_rows(monkeypatch):
-    """``force(column, threshold)``: make ``exact_rows="auto"`` pick the rows with
-    ``x[:, column]² ≥ threshold``, whatever the data — the rule's own limits are for large
-    data (at most N/100 rows carry a narrow column), the tests' problems are small. Only
-    the driver-side rule is patched (:func:`flymc_dist.tune.narrow_columns` and the row
-    budget), so the shards apply it for real, in-process or on any cluster."""
-    import numpy as np
+    """``force(column, threshold)``: :func:`exact_rows.force_exact_rows` for this test (make
+    ``exact_rows="auto"`` pick the rows with ``x[:, column]² ≥ threshold``)."""
+    from exact_rows import force_exact_rows as force
 
-    from flymc_dist import tune
-
-    def force(column: int, threshold: float) -> None:
-        monkeypatch.setattr(
-            tune,
-            "narrow_columns",
-            lambda energy, n_rows: (np.array([column]), np.array([float(threshold)])),
-        )
-        monkeypatch.setattr(tune, "EXACT_MAX_FRACTION", 1.0)
-
-    return force
+    return functools.partial(force, monkeypatch)
 
 
 class LocalClusters:

@@ -41,6 +41,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 
+import exact_rows
 import numpy as np
 import pytest
 import references as R
@@ -647,18 +648,12 @@ def _exact_run(name: str, combo: tuple, force_exact_rows) -> tuple[fd.Result, in
 
 
 def exact_run(name: str, combo: tuple) -> fd.Result:
-    """:func:`_exact_run` with the conftest fixture ``force_exact_rows``'s patch made
-    here and undone afterwards (it runs in a pool worker too, where no fixture is)."""
-    from flymc_dist import tune
-
+    """:func:`_exact_run` with the patch of the conftest fixture ``force_exact_rows``
+    (:func:`exact_rows.force_exact_rows`) made here and undone afterwards: it runs in a
+    pool worker too, where no fixture is."""
     column, threshold, _ = _exact_rule(name)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(
-            tune,
-            "narrow_columns",
-            lambda energy, n_rows: (np.array([column]), np.array([threshold])),
-        )
-        mp.setattr(tune, "EXACT_MAX_FRACTION", 1.0)
+        exact_rows.force_exact_rows(mp, column, threshold)
         return _sample(name, combo, (problem(name).X, problem(name).y), dict(FLYMC_OPTIONS))
 
 
