@@ -88,7 +88,7 @@ def force_exact_rows(monkeypatch):
 
 class LocalClusters:
     """Started :class:`distributed.LocalCluster` s shared by the tests, one per worker
-    count: worker processes with one thread each, as the tests started for themselves.
+    count: the package's own recipe (:func:`flymc_dist.transport.dask.local_cluster`).
 
     Starting one costs seconds (the worker processes import the package): a test that
     does not depend on fresh workers (one that kills a worker, limits their memory or sets
@@ -102,11 +102,9 @@ class LocalClusters:
     def get(self, n_workers: int) -> object:
         """The shared cluster with ``n_workers`` workers (started on first use)."""
         if n_workers not in self._clusters:
-            from distributed import LocalCluster
+            from flymc_dist.transport.dask import local_cluster
 
-            self._clusters[n_workers] = LocalCluster(
-                n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0"
-            )
+            self._clusters[n_workers] = local_cluster(n_workers)
         return self._clusters[n_workers]
 
     def close(self) -> None:
