@@ -47,7 +47,6 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import fft as _fft
 from scipy import special as _special
-from scipy import stats as _stats
 
 __all__ = [
     "ess_bulk",
@@ -107,8 +106,12 @@ def _split_chains(x: np.ndarray) -> np.ndarray:
 
 def _z_scale(x: np.ndarray) -> np.ndarray:
     """Rank-normalise the draws of each parameter jointly (average ties, Blom's offset)."""
+    # scipy.stats costs about 0.5 s to import, in every process that imports flymc_dist
+    # (each worker, each CLI call): only the diagnostics need it, and only this function
+    from scipy.stats import rankdata
+
     n_params = x.shape[0]
-    ranks = _stats.rankdata(x.reshape(n_params, -1), method="average", axis=1)
+    ranks = rankdata(x.reshape(n_params, -1), method="average", axis=1)
     size = x[0].size
     z = _special.ndtri((ranks - _BLOM_OFFSET) / (size - 2.0 * _BLOM_OFFSET + 1.0))
     return z.reshape(x.shape)
