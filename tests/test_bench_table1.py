@@ -22,6 +22,7 @@ from flymc_dist.bench.table1 import (
     _BudgetSpent,
     _cells,
     _Config,
+    _decomposition,
     _forecast_from_probe,
     _within,
     format_table1,
@@ -162,6 +163,32 @@ def test_cli_help_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown data set 'cifar'" in capsys.readouterr()[1]
 
 
+def test_decomposition_of_the_speedup_per_query() -> None:
+    """MAP-tuned FlyMC's speedup per query is the query ratio times the mixing ratio (the
+    latter only when both converged), and the paper's factor is named for its kernel."""
+    base = _measured(1000, 1.004, 400.0, 10_000.0, 0.01)
+    fly = _measured(2000, 1.008, 200.0, 100.0, 0.002)
+    entry = {
+        "data": "mnist",
+        "kernel": "rwmh",
+        "algorithms": {"regular": {"measured": base}, "MAP-tuned FlyMC": {"measured": fly}},
+    }
+    part = _decomposition(entry)
+    assert part["query_ratio"] == pytest.approx(100.0)
+    assert part["mixing_ratio"] == pytest.approx(0.25)
+    assert part["paper_speedup_per_query"] == 22.0
+    # the product is the speedup per query of the cells
+    speedup = _cells(fly, base, flymc_map=True)["speedup_per_query"]
+    assert part["query_ratio"] * part["mixing_ratio"] == pytest.approx(speedup)
+    entry["kernel"] = "nuts"  # not the paper's kernel: no paper figure
+    assert _decomposition(entry)["paper_speedup_per_query"] is None
+    entry["algorithms"]["MAP-tuned FlyMC"]["measured"] = _measured(500, 1.3, 9.0, 200.0, 0.002)
+    part = _decomposition(entry)  # FlyMC not converged: the query ratio only
+    assert part["query_ratio"] == pytest.approx(50.0) and part["mixing_ratio"] is None
+    del entry["algorithms"]["regular"]
+    assert _decomposition(entry) is None
+
+
 def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``flymc bench table1 --quick``: every row, kernel and algorithm is in the JSON, each
     cell a figure or an explicit "not converged within N draws"; the protocol and the
@@ -211,6 +238,9 @@ def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     labels = [label for label, _, _ in ALGORITHMS]
     for key, entry in d["rows"].items():
         assert list(entry["algorithms"]) == labels, key
+        part = entry["decomposition"]
+        if part is not None:
+            assert part["query_ratio"] > 0.0, key
         for label, a in entry["algorithms"].items():
             cells, m = a["cells"], a["measured"]
             assert set(cells) == set(CELLS), (key, label)
@@ -234,6 +264,8 @@ def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert d["paper"]["mnist"]["speedup_per_query"][2] == 22.0
     assert "Protocol:" in out and "CIFAR-10" in out and "not available here" in out
     assert "1/0.7/22" in out and "1/1.2/11" in out and "1/-/29" in out
+    if any(entry["decomposition"] for entry in d["rows"].values()):
+        assert "Speedup per query = query ratio" in out
     assert format_table1(d) in out
 
 
