@@ -300,6 +300,47 @@ def test_battery(kernel_name: str, target_name: str) -> None:
     battery(get_kernel(kernel_name), make(), scale_tril=tril, seed=1)
 
 
+@pytest.mark.parametrize("target_name", sorted(TARGETS))
+def test_battery_slice_random_directions(target_name: str) -> None:
+    """Hit-and-run (``directions="random"``), the slice sampler's other direction rule."""
+    make, tril = TARGETS[target_name]
+    battery(SliceSampler(directions="random"), make(), scale_tril=tril, seed=1)
+
+
+def test_slice_steps_along_the_preconditioners_principal_axes() -> None:
+    """With ``directions="axes"`` every evaluated point lies on a line through the current
+    position along one of ``L``'s principal axes ``s_i u_i`` (``L Lᵀ = Σ s_i² u_i u_iᵀ``,
+    each of whitened length 1), and every axis is used."""
+    kernel = SliceSampler()
+    axes = kernel._axes(ROUGH_TRIL, 2)
+    cov = ROUGH_TRIL @ ROUGH_TRIL.T
+    assert axes.shape == (2, 2)
+    np.testing.assert_allclose(sum(np.outer(a, a) for a in axes), cov, atol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(np.linalg.solve(ROUGH_TRIL, axes.T), axis=0), 1.0)
+    assert kernel._axes(ROUGH_TRIL, 2) is axes  # computed once per preconditioner
+    ev = Evaluator(Gaussian([1.0, -2.0], [[1.0, 1.2], [1.2, 4.0]]), np.array([1.0, -2.0]))
+    rng = np.random.default_rng(8)
+    params = kernel.init_params(2, ROUGH_TRIL)
+    used = set()
+    for _ in range(60):
+        start = ev.position.copy()
+        ev.step(kernel, rng, params)
+        for request in ev.requests:
+            for point in request.points:
+                d = point - start
+                # parallel to exactly one axis: the cross product with it vanishes
+                cross = np.abs(axes[:, 0] * d[1] - axes[:, 1] * d[0])
+                hit = np.flatnonzero(cross <= 1e-9 * max(np.linalg.norm(d), 1.0))
+                assert hit.size == 1, (d, axes)
+                used.add(int(hit[0]))
+    assert used == {0, 1}
+
+
+def test_slice_rejects_unknown_directions() -> None:
+    with pytest.raises(ValueError, match="directions must be one of"):
+        SliceSampler(directions="diagonal")
+
+
 # ------------------------------------------------------------------ negative controls
 class UncorrectedMALA(MALA):
     """Negative control: MALA without the proposal-density correction."""
@@ -550,7 +591,7 @@ def test_slice_batching_gives_identical_draws(target_name: str, width: float) ->
     ref, req_ref, eval_ref = _slice_run(
         SliceSampler(batch=1, max_steps_out=8), target, params, 150, seed=11
     )
-    assert np.unique(ref[:, 0]).size > 100  # it moves
+    assert np.unique(ref, axis=0).shape[0] > 100  # it moves
     for batch, ahead in ((2, 0), (4, 0), (4, 4), (3, 7), (16, 1)):
         kernel = SliceSampler(batch=batch, shrink_ahead=ahead, max_steps_out=8)
         draws, n_req, _ = _slice_run(kernel, target, params, 150, seed=11)

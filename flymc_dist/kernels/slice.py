@@ -1,7 +1,10 @@
 """Hit-and-run slice sampling (Neal 2003, stepping out + shrinkage) with speculative batching.
 
-One step picks a direction ``d = L z / ‖z‖`` (``z ~ N(0, I)``, independent of the
-state; ``L`` the preconditioner) and runs Neal's univariate slice sampler on
+One step picks a direction ``d`` independent of the state — by default one of the
+preconditioner's principal axes at random, ``d = s_i u_i`` with ``L = U S Vᵀ`` (the SVD of
+the preconditioner ``L``, so ``L Lᵀ = Σ s_i² u_i u_iᵀ``); with ``directions="random"``
+(hit-and-run) ``d = L z / ‖z‖``, ``z ~ N(0, I)``; either way ``‖L⁻¹ d‖ = 1`` — and runs
+Neal's univariate slice sampler on
 ``t ↦ log p(θ + t d)`` from ``t = 0``: level ``log y = log p(θ) − E`` (``E ~ Exp(1)``),
 initial interval ``[−w U, −w U + w]``, stepping out by ``w`` at most ``J`` times to the
 left and ``K`` to the right (``J = ⌊m V⌋``, ``K = m − 1 − J``), then shrinkage.
@@ -22,7 +25,21 @@ Round trips matter more than evaluations, so every request carries several point
   one sequential shrinkage would accept, and it is in the last request (rule 2 of
   :mod:`flymc_dist.kernels.base`).
 
-Randomness per step is consumed in a fixed pattern (``P`` normals, one exponential,
+Principal axes by default: on QM9 (robust regression, 57 weights, Laplace prior) two
+nearly collinear descriptors leave a ridge held only by the prior, along which the
+posterior is about 7 times wider than the Laplace preconditioner says. A random direction
+has only a small share along it, and hit-and-run with that preconditioner did not mix
+(MAP-tuned FlyMC, 4 chains, 4,000 + 16,000 draws: R-hat 1.51, 0.12 effective draws per
+1000 iterations); one step along the widest axes crosses it (R-hat 1.022, 4.7 per 1000 —
+more than hit-and-run preconditioned by the covariance of a converged NUTS run, 4.0).
+On softmax regression (MNIST 3/5/8, 153 weights, MAP-tuned FlyMC, 4,000 + 16,000 draws)
+the axes gave R-hat 1.063 and 0.86 per 1000 against 1.41 and 0.14. On MNIST 7 vs 9
+(logistic) the two were within each other's noise: regular MCMC 5.65 (axes) against
+4.63 (random) per 1000 at 1,000 + 4,000 draws, MAP-tuned FlyMC 0.54 against 0.74 at
+4,000 + 16,000. (All 4 chains, in-process, seed 0.)
+
+Randomness per step is consumed in a fixed pattern (one integer, the axis — or ``P``
+normals with ``directions="random"`` —, one exponential,
 ``2 + _BLOCK`` uniforms, one integer seeding a per-step stream used only if a step needs
 more than ``_BLOCK`` shrinkage uniforms), and candidate positions are computed by the
 same floating-point expressions whatever the batching. Hence ``batch`` and
@@ -52,6 +69,9 @@ __all__ = ["SliceInfo", "SliceParams", "SliceSampler"]
 
 _BLOCK = 16  # shrinkage uniforms drawn up front every step
 _MAX_SHRINK = 200  # safety net: after this many rejected candidates, stay put
+_AXES_CACHE = 16  # preconditioners whose principal axes are kept (one per chain at most)
+#: what a step's direction is drawn from (see the module docstring)
+DIRECTIONS = ("axes", "random")
 
 
 class SliceParams(NamedTuple):
@@ -172,6 +192,11 @@ class SliceSampler(Kernel):
         Karamanis & Beutler 2021; about the fewest evaluations), else 0.1: a width a
         few times the slice, so that stepping out (whose speculative batches are mostly
         wasted) is rare and shrinkage usually ends within the first speculative batch.
+    directions
+        ``"axes"`` (default): each step moves along one of the preconditioner's
+        principal axes, chosen uniformly at random; ``"random"``: along a uniformly
+        random direction of the whitened space (hit-and-run). Both are valid for any
+        preconditioner; see the module docstring for when they differ.
 
     Notes
     -----
@@ -193,6 +218,7 @@ class SliceSampler(Kernel):
         shrink_ahead: int | None = None,
         width: float | None = None,
         target_expand: float | None = None,
+        directions: str = "axes",
     ) -> None:
         self.batch = _check_int("batch", batch, minimum=1)
         self.max_steps_out = _check_int("max_steps_out", max_steps_out, minimum=1)
@@ -205,12 +231,16 @@ class SliceSampler(Kernel):
         if target_expand is None:
             target_expand = 0.5 if self.batch == 1 else 0.1
         self.target_expand = check_probability("target_expand", target_expand)
+        if directions not in DIRECTIONS:
+            raise ValueError(f"directions must be one of {DIRECTIONS}, got {directions!r}")
+        self.directions = directions
+        self._axes_cache: dict[int | None, tuple[np.ndarray | None, np.ndarray]] = {}
 
     def __repr__(self) -> str:
         return (
             f"SliceSampler(batch={self.batch}, max_steps_out={self.max_steps_out}, "
             f"shrink_ahead={self.shrink_ahead}, width={self.width}, "
-            f"target_expand={self.target_expand})"
+            f"target_expand={self.target_expand}, directions={self.directions!r})"
         )
 
     def init_params(self, dim: int, scale_tril: np.ndarray | None = None) -> SliceParams:
@@ -263,15 +293,19 @@ class SliceSampler(Kernel):
         batch = self.batch
         m = self.max_steps_out
         # -- all of this step's randomness, in a fixed pattern
-        z = rng.standard_normal(dim)
+        if self.directions == "axes":
+            direction = self._axes(params.scale_tril, dim)[int(rng.integers(dim))]
+        else:
+            z = rng.standard_normal(dim)
         exp_draw = rng.standard_exponential()
         u = rng.random(2 + _BLOCK)
         uniforms = _Uniforms(u[2:], int(rng.integers(0, 2**63 - 1)))
-        norm = math.sqrt(float(z @ z))
-        if norm == 0.0:  # probability zero: any fixed direction will do
-            z = np.ones(dim)
-            norm = math.sqrt(dim)
-        direction = tril_matvec(params.scale_tril, z / norm)
+        if self.directions == "random":
+            norm = math.sqrt(float(z @ z))
+            if norm == 0.0:  # probability zero: any fixed direction will do
+                z = np.ones(dim)
+                norm = math.sqrt(dim)
+            direction = tril_matvec(params.scale_tril, z / norm)
 
         left0 = -width * float(u[0])
         right0 = left0 + width
@@ -361,6 +395,24 @@ class SliceSampler(Kernel):
                 return self._stay(position, n_evals, n_requests, n_expand, used)
             lo, hi = after[-1]
         return self._stay(position, n_evals, n_requests, n_expand, used)
+
+    def _axes(self, tril: np.ndarray | None, dim: int) -> np.ndarray:
+        """The preconditioner's principal axes ``s_i u_i`` as rows (``L = U S Vᵀ``; the
+        unit vectors for the identity), computed once per preconditioner."""
+        key = None if tril is None else id(tril)
+        cached = self._axes_cache.get(key)
+        if cached is not None and cached[0] is tril and cached[1].shape[0] == dim:
+            return cached[1]
+        if tril is None:
+            axes = np.eye(dim)
+        else:
+            u, s, _ = np.linalg.svd(tril)
+            axes = np.ascontiguousarray((u * s).T)
+        axes.flags.writeable = False
+        if len(self._axes_cache) >= _AXES_CACHE:
+            self._axes_cache.clear()
+        self._axes_cache[key] = (tril, axes)  # holding tril keeps its id from being reused
+        return axes
 
     @staticmethod
     def _finish(
