@@ -73,6 +73,11 @@ Re-recorded on 2026-11-26: the tight points at θ̂ are computed row by row
 out-of-core shard preparing only the rows it reads gets the same bits. Only the
 MAP-tuned FlyMC configurations changed (six entries); the other 24 are bit-identical.
 
+Re-recorded on 2026-11-26 (later): the slice sampler's default directions became the
+preconditioner's principal axes (``directions="axes"``; hit-and-run before), a deliberate
+change of the sampler. Only the eight slice configurations changed; the others are
+bit-identical.
+
 The data sets are made here by numpy from fixed seeds and also stored in the
 file; :func:`test_reference_draws` first checks that they are regenerated
 identically, so that a change of numpy's random streams is reported as such,
