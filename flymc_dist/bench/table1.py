@@ -545,9 +545,11 @@ def run_table1(
         molecules, 2,000 flights), at most 80 draws per chain and NUTS trees of depth 4
         at most; its figures say nothing about the method.
     budget_minutes
-        The whole run's time budget: each configuration gets its share of what is left
-        (flights' MAP-tuned ones three shares, untuned ones 0.3) and stops
-        doubling its draws when the next run would exceed it.
+        The whole run's time budget: every configuration runs once, then the one not
+        yet converged whose next run is cheapest for its weight (3: regular and MAP-tuned
+        FlyMC with the paper's kernel, and on the flights; 1: NUTS; 0.3: untuned FlyMC)
+        runs again, while that run is forecast to fit in what is left; a run the budget
+        runs out in is stopped and says so.
     chains
         Chains of every run.
     seed
