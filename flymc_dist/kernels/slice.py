@@ -1,4 +1,4 @@
-"""Hit-and-run slice sampling (Neal 2003, stepping out + shrinkage) with speculative batching.
+"""Slice sampling along random lines (Neal 2003, stepping out + shrinkage), batched.
 
 One step picks a direction ``d`` independent of the state — by default one of the
 preconditioner's principal axes at random, ``d = s_i u_i`` with ``L = U S Vᵀ`` (the SVD of
@@ -30,8 +30,9 @@ nearly collinear descriptors leave a ridge held only by the prior, along which t
 posterior is about 7 times wider than the Laplace preconditioner says. A random direction
 has only a small share along it, and hit-and-run with that preconditioner did not mix
 (MAP-tuned FlyMC, 4 chains, 4,000 + 16,000 draws: R-hat 1.51, 0.12 effective draws per
-1000 iterations); one step along the widest axes crosses it (R-hat 1.022, 4.7 per 1000 —
-more than hit-and-run preconditioned by the covariance of a converged NUTS run, 4.0).
+1000 iterations). A step along the principal axis that holds the ridge moves along it
+as far as the slice reaches: the axes gave R-hat 1.022 and 4.7 per 1000, more than
+hit-and-run preconditioned by the covariance of a converged NUTS run (4.0).
 On softmax regression (MNIST 3/5/8, 153 weights, MAP-tuned FlyMC, 4,000 + 16,000 draws)
 the axes gave R-hat 1.063 and 0.86 per 1000 against 1.41 and 0.14. On MNIST 7 vs 9
 (logistic) the two were within each other's noise: regular MCMC 5.65 (axes) against
