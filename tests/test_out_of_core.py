@@ -197,6 +197,50 @@ def test_the_z_update_reads_nothing_once_settled(store):
     sh.close()
 
 
+def test_a_bright_row_lost_from_the_resident_rows_is_read_back(store, caplog, monkeypatch):
+    """Should the resident rows ever lose a bright row (a CI run once found one missing;
+    the cause was not found), the next z-update or settle reads it back from the row
+    file, counts it and logs it: the chains go on with the in-memory shard's values,
+    where a round would have failed. The control: without the read-back, it fails."""
+    ds, _, _ = store
+    ooc, mem = _ooc_shard(ds), _ooc_shard(ds, out_of_core=False)
+    for sh in (ooc, mem):
+        for _ in range(3):
+            sh.settle()
+            sh._update_z_all()
+    ooc.settle()
+
+    def lose_one() -> int:
+        row = int(ooc.chains[0].bright.members[0])
+        ooc.rows._keep(ooc.rows.ids != row)
+        return row
+
+    def bright_values(sh: Shard) -> list[np.ndarray]:
+        return [sh._bright_eval(ch.theta[None], ch.bright.idx, False)[0] for ch in sh.chains]
+
+    row = lose_one()
+    with caplog.at_level("WARNING", logger="flymc_dist"):
+        ooc._update_z_all()  # read back after the z-update
+    mem._update_z_all()
+    assert ooc.state()["lost_rows"] == 1 and f"first [{row}]" in caplog.text
+    for a, b in zip(bright_values(ooc), bright_values(mem), strict=True):
+        np.testing.assert_array_equal(a, b)
+    ooc._unsettled = True
+    lose_one()
+    ooc.settle()  # and after a settle
+    assert ooc.state()["lost_rows"] == 2
+    for a, b in zip(bright_values(ooc), bright_values(mem), strict=True):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(Shard, "_reread_lost", lambda self: None)  # the control
+    ooc._unsettled = True
+    lose_one()
+    ooc.settle()
+    with pytest.raises(RuntimeError, match="not resident"):
+        bright_values(ooc)
+    ooc.close()
+    mem.close()
+
+
 @pytest.mark.parametrize("out_of_core", [False, True])
 def test_kept_proposals_are_the_fresh_draw(store, out_of_core):
     """The proposals a shard keeps between rounds (``Shard._drawn``) are what drawing

@@ -14,6 +14,7 @@ kernels asked for, returning only sums.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -46,6 +47,8 @@ from flymc_dist.shard.rowfile import local_directory
 from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
 from flymc_dist.streams import RowStreams, bernoulli_rows_many
 from flymc_dist.terms import bright_terms, bright_terms_many
+
+log = logging.getLogger("flymc_dist")
 
 _T = TypeVar("_T")
 
@@ -198,6 +201,8 @@ class Shard:
         self.chains: list[_Chain] = []
         self.generation = 0
         self.total_queries = 0
+        #: bright rows found not resident out of core, and read back (:meth:`_reread_lost`)
+        self.lost_rows = 0
         self._seq: Any = None
         self._reply: Reply | ReplicaReply | None = None
         #: columns and thresholds of the exact rows' rule (see set_exact_rows), or None
@@ -556,6 +561,7 @@ class Shard:
         if self.flymc and self.chains and (self.batched_z or self.out_of_core):
             if self.out_of_core:
                 self.rows.keep([ch.bright.members for ch in self.chains])
+                self._reread_lost()
                 # the batched z-update's next few (a few hundred rows each); else the next
                 # only (the explicit update's rows are a fraction of the shard's)
                 ahead = READ_AHEAD if self.batched_z else 1
@@ -568,7 +574,36 @@ class Shard:
     def _after_z(self) -> None:
         """After a z-update: the rows hold at least the rows bright in some chain
         (:meth:`settle` drops the others, after the reply)."""
+        if self.out_of_core:
+            self._reread_lost()
         self._unsettled = True
+
+    def _reread_lost(self) -> None:
+        """Out of core: read back any row some chain has bright that is not resident.
+
+        None should be: a z-update makes the rows that turn bright resident, and
+        :meth:`settle` keeps every bright row. Once, in CI, a round found a bright row
+        missing (not reproduced here in some thousand runs); its values are the row
+        file's, so reading it back keeps the draws exact where the round would have
+        failed. Each such row is counted (``lost_rows`` in :meth:`state`) and logged,
+        with whether the chain's two views of its bright rows agree."""
+        lost = self.rows.missing([ch.bright.members for ch in self.chains])
+        if not lost.size:
+            return
+        agree = [
+            bool(np.array_equal(np.sort(ch.bright.idx), ch.bright.members)) for ch in self.chains
+        ]
+        log.warning(
+            "out-of-core shard %d: %d bright rows were not resident (first %s; step %s; "
+            "bright rows and their sorted copy agree per chain: %s): read back",
+            self.spec.shard_id,
+            lost.size,
+            lost[:5].tolist(),
+            [ch.step for ch in self.chains],
+            agree,
+        )
+        self.rows.fetch(lost)
+        self.lost_rows += int(lost.size)
 
     # -------------------------------------------------------------- evaluation
     def _bright_eval(
@@ -1013,6 +1048,7 @@ class Shard:
             **self.rows.state(),
             "generation": self.generation,
             "total_queries": self.total_queries,
+            "lost_rows": self.lost_rows,
             "n_bright": [
                 ch.bright.n_bright if ch.bright is not None else self.n for ch in self.chains
             ],
