@@ -688,6 +688,7 @@ class Driver:
         setup_bytes_read = storage.pop("bytes_read")
         setup_passes = storage.pop("passes")
         storage.pop("rows_read")
+        storage.pop("lost_rows")
         return {
             **storage,
             "q_db": self.q_db if self.algorithm == "flymc" else None,
@@ -724,4 +725,5 @@ class Driver:
             "channel": self.transport.channel,
             "bytes_read": storage["bytes_read"],
             "rows_read": storage["rows_read"],
+            "lost_rows": storage["lost_rows"],
         }

@@ -288,7 +288,8 @@ def storage_info(transport: Transport) -> dict[str, Any]:
     ``bytes_read``, the bytes its out-of-core shards have read from their row files so
     far; ``rows_read``, the rows they have read by position (z-update proposals, beside
     the rows of full passes); ``passes``, the full passes over the rows so far (the most
-    any shard made: the read of the store counts as one)."""
+    any shard made: the read of the store counts as one); ``lost_rows``, the bright rows
+    out-of-core shards found not resident and read back (none, but for a fault)."""
     states = transport.call("state")
     return {
         "out_of_core": [bool(st["out_of_core"]) for st in states],
@@ -296,6 +297,7 @@ def storage_info(transport: Transport) -> dict[str, Any]:
         "bytes_read": sum(int(st["bytes_read"]) for st in states),
         "rows_read": sum(int(st["rows_read"]) for st in states),
         "passes": max((int(st["passes"]) for st in states), default=0),
+        "lost_rows": sum(int(st.get("lost_rows", 0)) for st in states),
     }
 
 

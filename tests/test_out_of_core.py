@@ -297,7 +297,7 @@ def test_out_of_core_draws_are_the_in_memory_draws(tmp_path, model, kernel, boun
     inmem = fd.sample(m, ds, out_of_core=False, **kw)
     ooc = fd.sample(m, ds, out_of_core=True, **kw)
     assert ooc.info["out_of_core"] == [True, True] and inmem.info["out_of_core"] == [False] * 2
-    assert ooc.info["rows_read"] > 0
+    assert ooc.info["rows_read"] > 0 and inmem.info["lost_rows"] == 0
     np.testing.assert_array_equal(ooc.samples, inmem.samples)
     np.testing.assert_array_equal(ooc.warmup_samples, inmem.warmup_samples)
     for k in inmem.stats:
