@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -298,6 +299,10 @@ def test_out_of_core_draws_are_the_in_memory_draws(tmp_path, model, kernel, boun
     ooc = fd.sample(m, ds, out_of_core=True, **kw)
     assert ooc.info["out_of_core"] == [True, True] and inmem.info["out_of_core"] == [False] * 2
     assert ooc.info["rows_read"] > 0 and inmem.info["lost_rows"] == 0
+    if ooc.info["lost_rows"]:  # survived exactly (the draws are compared below), but a fault:
+        # said in the warnings summary, so that a CI run that meets it shows it
+        lost = ooc.info["lost_rows"]
+        warnings.warn(f"{lost} bright rows were read back (lost_rows)", stacklevel=1)
     np.testing.assert_array_equal(ooc.samples, inmem.samples)
     np.testing.assert_array_equal(ooc.warmup_samples, inmem.warmup_samples)
     for k in inmem.stats:
