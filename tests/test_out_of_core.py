@@ -280,6 +280,7 @@ def test_kept_proposals_are_the_fresh_draw(store, out_of_core):
         ("robust", "nuts", "map"),
     ],
 )
+@pytest.mark.filterwarnings("default:.* bright rows were read back:UserWarning")
 def test_out_of_core_draws_are_the_in_memory_draws(tmp_path, model, kernel, bounds):
     """Forced out of core, with the implicit z-update, the draws and every statistic are
     the in-memory run's, bit for bit: the z-update is the same, on the same rows."""
