@@ -297,7 +297,7 @@ def storage_info(transport: Transport) -> dict[str, Any]:
         "bytes_read": sum(int(st["bytes_read"]) for st in states),
         "rows_read": sum(int(st["rows_read"]) for st in states),
         "passes": max((int(st["passes"]) for st in states), default=0),
-        "lost_rows": sum(int(st.get("lost_rows", 0)) for st in states),
+        "lost_rows": sum(int(st["lost_rows"]) for st in states),
     }
 
 

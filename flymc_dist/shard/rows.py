@@ -287,8 +287,9 @@ class MemoryRows:
         xi = None if self.xi is None else read_only(self.xi[lo:hi])
         return read_only(self.X[lo:hi]), read_only(self.y[lo:hi]), xi
 
-    def fetch(self, rows: np.ndarray) -> None:
-        """Nothing to read: every row is here."""
+    def fetch(self, rows: np.ndarray) -> np.ndarray:
+        """Nothing to read: every row is here (none made resident)."""
+        return np.empty(0, dtype=np.int64)
 
     def proposals(self, key: Any, rows: np.ndarray) -> tuple[np.ndarray, None]:
         """The buffer a z-update evaluates its proposed ``rows`` from (:attr:`XC`), and
@@ -485,9 +486,10 @@ class FileRows:
             for a, b in zip(ahead, more, strict=True)
         )
 
-    def fetch(self, rows: np.ndarray) -> None:
+    def fetch(self, rows: np.ndarray) -> np.ndarray:
         """Make ``rows`` resident: from the rows read ahead where it has them, else read
-        now; prepared (tight points, row constants) under the current rule."""
+        now; prepared (tight points, row constants) under the current rule. Returns the
+        rows that were not resident, sorted."""
         rows = np.unique(rows)
         missing = rows[~in_sorted(rows, self.ids)]
         if missing.size:
@@ -495,6 +497,7 @@ class FileRows:
             self._ahead, self._ahead_for = None, {}  # taken in: not held twice
             use = in_sorted(got, missing)
             self._insert(got[use], XC[use], y[use], None if xi is None else xi[use])
+        return missing
 
     def proposals(self, key: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The buffer a z-update evaluates its proposed ``rows`` (every chain's, with
@@ -575,15 +578,12 @@ class FileRows:
         )  # fmt: skip
         self.ids, self._slot, self._free = new_ids[: n + k], new_slot[: n + k], self._free[k:]
 
-    def missing(self, bright: list[np.ndarray]) -> np.ndarray:
-        """The rows some chain has bright (``bright``: each chain's bright rows, sorted)
-        that are not resident, sorted: none, unless the resident rows lost track of one
+    def lacks(self, bright: list[np.ndarray]) -> bool:
+        """Whether some chain has bright (``bright``: each chain's bright rows, sorted) a
+        row that is not resident: never, unless the resident rows lost track of one
         (:meth:`~flymc_dist.shard.shard.Shard._reread_lost` then reads it back). One
         merge per chain (measured: 7 µs for 4 chains of 120 bright rows)."""
-        if not any(_not_in(self.ids, b) for b in bright):  # the usual case
-            return np.empty(0, dtype=np.int64)
-        rows = np.unique(np.concatenate(bright))
-        return rows[~in_sorted(rows, self.ids)]
+        return any(_not_in(self.ids, b) for b in bright)
 
     def keep(self, bright: list[np.ndarray]) -> None:
         """Keep resident only the rows some chain has bright (``bright``: each chain's

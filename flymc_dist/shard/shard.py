@@ -587,9 +587,10 @@ class Shard:
         file's, so reading it back keeps the draws exact where the round would have
         failed. Each such row is counted (``lost_rows`` in :meth:`state`) and logged,
         with whether the chain's two views of its bright rows agree."""
-        lost = self.rows.missing([ch.bright.members for ch in self.chains])
-        if not lost.size:
+        bright = [ch.bright.members for ch in self.chains]
+        if not self.rows.lacks(bright):  # the usual case
             return
+        lost = self.rows.fetch(np.concatenate(bright))
         agree = [
             bool(np.array_equal(np.sort(ch.bright.idx), ch.bright.members)) for ch in self.chains
         ]
@@ -602,7 +603,6 @@ class Shard:
             [ch.step for ch in self.chains],
             agree,
         )
-        self.rows.fetch(lost)
         self.lost_rows += int(lost.size)
 
     # -------------------------------------------------------------- evaluation
