@@ -217,6 +217,8 @@ def _sample(call: Call) -> Result:
             n_rows=n_rows,
             bright_replica=fly.bright_replica,
             replica_budget=fly.replica_budget,
+            read_ahead=fly.read_ahead,
+            z_update=fly.z_update,
             exact_rows=fly.exact_rows,
             progress=shown,
         )

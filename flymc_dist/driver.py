@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from flymc_dist.ahead import ReadAhead
 from flymc_dist.kernels.base import (
     EvalRequest,
     EvalResponse,
@@ -39,7 +40,7 @@ from flymc_dist.kernels.base import (
     params_to_json,
 )
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.options import REPLICA_BUDGET
+from flymc_dist.options import READ_AHEAD, REPLICA_BUDGET
 from flymc_dist.progress import SetupProgress, map_search_rows
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round, Transport
 from flymc_dist.reduce import tree_total
@@ -127,6 +128,13 @@ class Driver:
         (the shards' own sums are added shard by shard, which rounds by the layout).
     replica_budget
         Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
+    read_ahead
+        Replica mode with a compiled model and the implicit z-update: the driver updates z
+        on its replica, fetching the rows the next ``read_ahead`` iterations propose in
+        one request per host (:mod:`flymc_dist.ahead`); 0: a round to the shards every
+        iteration. The draws are the same either way.
+    z_update
+        FlyMC's z-update, ``"implicit"`` or ``"explicit"`` (the shards' setting).
     progress
         Shows each set-up pass while it runs (default: none shown).
     """
@@ -153,6 +161,8 @@ class Driver:
         n_rows: int = 0,
         bright_replica: bool | str = "auto",
         replica_budget: float = REPLICA_BUDGET,
+        read_ahead: int = READ_AHEAD,
+        z_update: str = "implicit",
         exact_rows: str | None = "auto",
         progress: SetupProgress | None = None,
     ) -> None:
@@ -188,6 +198,10 @@ class Driver:
         self.seq = 0
         self.bright_replica = bright_replica
         self.replica_budget = float(replica_budget)
+        self.read_ahead = int(read_ahead)
+        self.z_update = z_update
+        #: replica mode, z updated here (:mod:`flymc_dist.ahead`), set up by :meth:`setup`
+        self.ahead: ReadAhead | None = None
         self.exact_rows = exact_rows
         self.progress = progress if progress is not None else SetupProgress(False)
         #: rows each shard evaluates at every step (``exact_rows``), per shard
@@ -280,6 +294,16 @@ class Driver:
         if self.algorithm == "flymc":
             self.q_db = self._choose_q()
             self.transport.call("set_q", self.q_db)
+        if (
+            self.replica is not None
+            and self.replica.fusable
+            and self.z_update == "implicit"
+            and self.read_ahead > 0
+        ):
+            self.ahead = ReadAhead(
+                self.transport, self.replica, self.seed, self.q_db, self.read_ahead
+            )
+            self.ahead.take_shards_z(self.positions)
         self.setup_seconds = time.perf_counter() - t0
 
     def _bound_precision(self) -> np.ndarray:
@@ -433,6 +457,14 @@ class Driver:
         a round: the bright rows and the queries (to which the evaluations on the
         replica add) per chain; no sums (zero)."""
         C = self.chains
+        if self.ahead is not None:  # z updated here, its proposals read ahead
+            requests, waited = self.ahead.requests, self.ahead.wait_seconds
+            queries = self.ahead.update(positions)
+            self._trips += self.ahead.requests - requests
+            self.round_seconds += self.ahead.wait_seconds - waited
+            self._replica_current = [None] * C
+            zeros = np.zeros(C)
+            return Reply(zeros, zeros[:, None], self.replica.n_bright(), queries)
         self.seq += 1
         self._trips += 1
         t_rt = time.perf_counter()
@@ -679,6 +711,8 @@ class Driver:
         self.seq = int(checkpoint["seq"])
         self.transport.generation = int(checkpoint["generation"]) + 1
         self.transport.call("set_positions", self.positions, self.transport.generation)
+        if self.ahead is not None:
+            self.ahead.take_shards_z(self.positions)
 
     def setup_info(self) -> dict[str, Any]:
         """The run information :meth:`setup` settled (``q_db``, MAP, set-up cost, each
@@ -722,6 +756,7 @@ class Driver:
         storage = storage_info(self.transport)
         return {
             "bright_replica": self.replica is not None,
+            "read_ahead": self.ahead.depth if self.ahead is not None else 0,
             "channel": self.transport.channel,
             "bytes_read": storage["bytes_read"],
             "rows_read": storage["rows_read"],

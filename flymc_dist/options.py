@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 __all__ = [
     "ALGORITHMS",
     "CHANNELS",
+    "READ_AHEAD",
     "REPLICA_BUDGET",
     "Austerity",
     "FlyMC",
@@ -36,6 +37,9 @@ __all__ = [
 
 #: the replica's default memory budget in ``bright_replica="auto"`` mode (bytes)
 REPLICA_BUDGET = 256 * 2**20
+#: replica mode: iterations of dark→bright proposals whose rows the driver fetches from
+#: the shard hosts in one request per host (see :mod:`flymc_dist.ahead`)
+READ_AHEAD = 16
 #: how rounds travel to the shard hosts
 CHANNELS = ("auto", "socket", "dask")
 
@@ -210,6 +214,13 @@ class FlyMC(_Options):
         REPLICA_BUDGET,
         "bytes the bright replica may hold in 'auto' mode (0: no replica)",
         nonnegative_bytes,
+    )
+    read_ahead: int = _option(
+        READ_AHEAD,
+        "replica mode: the driver updates z itself, fetching the rows the next read_ahead "
+        "iterations will propose in one request per host (0: a round to the shards every "
+        "iteration)",
+        integer(0),
     )
 
 

@@ -293,6 +293,58 @@ def unpack_reply(blob: bytes) -> dict[int, Reply | ReplicaReply]:
     }
 
 
+class Ahead(NamedTuple):
+    """A read-ahead request (replica mode, the driver updating z): the rows every chain's
+    dark→bright proposals hit at steps ``first .. first + count - 1`` of the streams of
+    ``generation``, with their data (:class:`Proposals`), from every shard of a host."""
+
+    first: int
+    count: int
+    generation: int
+
+
+class Proposals(NamedTuple):
+    """One shard's answer to an :class:`Ahead`: the rows each (step, chain) pair proposes,
+    pair ``p = (step - first) * C + chain`` at ``ids[seg[p]:seg[p + 1]]`` (global ids,
+    sorted), and the data of those rows once each (``rows``, sorted global ids, with their
+    features ``X``, targets ``y`` and tight points ``xi``)."""
+
+    ids: np.ndarray
+    seg: np.ndarray
+    rows: np.ndarray
+    X: np.ndarray
+    y: np.ndarray
+    xi: np.ndarray
+
+
+def pack_ahead(msg: Ahead) -> bytes:
+    """A read-ahead request as one buffer (:meth:`ShardHost.proposals_packed` takes it)."""
+    return pack_arrays(("ahead", int(msg.first), int(msg.count), int(msg.generation)), [])
+
+
+def unpack_ahead(blob: bytes) -> Ahead:
+    """Invert :func:`pack_ahead`."""
+    meta, _ = unpack_arrays(blob)
+    if not (isinstance(meta, tuple) and len(meta) == 4 and meta[0] == "ahead"):
+        raise ValueError("not a read-ahead request")
+    return Ahead(*(int(v) for v in meta[1:]))
+
+
+def pack_proposals(reply: dict[int, Proposals]) -> bytes:
+    """A host's :class:`Proposals` (shard id → its answer) as one buffer."""
+    arrays: list[np.ndarray] = []
+    for r in reply.values():
+        arrays += list(r)
+    return pack_arrays(list(reply), arrays)
+
+
+def unpack_proposals(blob: bytes) -> dict[int, Proposals]:
+    """Invert :func:`pack_proposals` (the arrays are read-only views of ``blob``)."""
+    sids, arrays = unpack_arrays(blob)
+    n = len(Proposals._fields)
+    return {sid: Proposals._make(arrays[i * n : (i + 1) * n]) for i, sid in enumerate(sids)}
+
+
 class Transport(Protocol):
     """How the driver reaches its shards: in-process
     (:class:`flymc_dist.transport.inprocess.InProcessTransport`) or Dask actors
@@ -328,6 +380,14 @@ class Transport(Protocol):
 
     def round(self, msg: Round | ReplicaRound, positions: np.ndarray) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard (``positions``: where recovery redraws z)."""
+
+    def post_ahead(self, msg: Ahead) -> Any:
+        """Send a read-ahead request to every host without waiting: a handle for
+        :meth:`take_ahead`."""
+
+    def take_ahead(self, handle: Any) -> list[Proposals] | None:
+        """The answers to :meth:`post_ahead`'s request, in shard order; None when hosts
+        were lost on the way and their shards recreated (the driver then redraws z)."""
 
     def timing(self) -> list[dict[str, float]]:
         """Each shard host's busy seconds (for reports)."""

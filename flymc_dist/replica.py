@@ -17,13 +17,16 @@ and workers.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from flymc_dist._numerics import in_sorted
+from flymc_dist.brightness import brighten
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply
+from flymc_dist.streams import uniforms_at_many
 from flymc_dist.terms import bright_terms_many
 
 
@@ -170,7 +173,7 @@ class BrightReplica:
         # the compiled kernel's rows of every chain's new rows, one call per reply (the row
         # constants are a function of each row's target and tight point alone)
         new_bufs = [
-            self._row_buffer(r.new_X, r.new_y, r.new_xi)
+            self.row_buffer(r.new_X, r.new_y, r.new_xi)
             if self._compiled is not None and r.new_ids.size
             else None
             for r in replies
@@ -235,6 +238,92 @@ class BrightReplica:
             self._rows[c] = cur
         self._rebuild()
 
+    def update_z(
+        self,
+        thetas: np.ndarray,
+        keys: np.ndarray,
+        q: float,
+        proposed: tuple[np.ndarray, np.ndarray, np.ndarray],
+        rows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    ) -> np.ndarray:
+        """Every chain's implicit z-update at ``thetas[c]``, here: the shards' compiled
+        update (:func:`~flymc_dist.shard.batched.batched_z_update`) with the same
+        operations on the same values, so the same bright sets, bit for bit.
+
+        Parameters
+        ----------
+        thetas
+            ``(C, P)``: each chain's position.
+        keys
+            ``(C,)`` uint64: each chain's ``Z_DECIDE`` stream at this step.
+        q
+            The dark→bright proposal probability.
+        proposed
+            ``(ids, seg, at)``: chain c's proposed global rows ``ids[seg[c]:seg[c+1]]``
+            (sorted) and where each sits in ``rows``.
+        rows
+            ``(buffer, X, y, xi)`` of the proposed rows (:meth:`row_buffer`'s form first).
+
+        Returns
+        -------
+        numpy.ndarray
+            Likelihood queries of each chain (its bright rows and its dark proposals).
+        """
+        if self._compiled is None or any(r is None for r in self._rows):
+            raise RuntimeError("update_z needs a compiled model and the replica filled")
+        jit, kind, par = self._compiled
+        C = self.chains
+        self._rebuild()
+        buf_all, b_seg = self._buffer_all, self._starts.copy()
+        D = self._rows[0].X.shape[1]
+        thetas = np.ascontiguousarray(thetas, dtype=np.float64)
+        b_idx = np.concatenate([r.ids for r in self._rows])
+        b_vals = np.empty(b_idx.size)
+        jit.eval_segments(
+            buf_all, D, np.arange(b_idx.size, dtype=np.int64), b_seg, thetas, kind, par, b_vals
+        )
+        offsets = np.zeros(C, dtype=np.int64)
+        u_dark = uniforms_at_many(keys, b_idx, b_seg, offsets)
+        ids, seg, pos = proposed
+        cand = np.empty(ids.size, dtype=np.int64)
+        at = np.empty(ids.size, dtype=np.int64)
+        cand_seg = np.empty(C + 1, dtype=np.int64)
+        jit.dark_rows(b_idx, b_seg, ids, seg, pos, cand, cand_seg, at)
+        n = int(cand_seg[C])
+        cand, at = cand[:n], at[:n]
+        log_u = np.log1p(-uniforms_at_many(keys, cand, cand_seg, offsets))
+        buf, X, y, xi = rows
+        vals = np.empty(n)
+        jit.eval_segments(buf, D, at, cand_seg, thetas, kind, par, vals)
+        acc = brighten(log_u, vals, q)
+        new_idx = np.empty(b_idx.size + n, dtype=np.int64)
+        new_vals = np.empty(new_idx.size)
+        new_members = np.empty(new_idx.size, dtype=np.int64)
+        new_seg = np.empty(C + 1, dtype=np.int64)
+        jit.apply(
+            b_idx, b_vals, b_seg, b_idx, u_dark, math.log(q), cand, cand_seg, vals, acc,
+            new_idx, new_vals, new_members, new_seg,
+        )  # fmt: skip
+        for c in range(C):
+            cur = self._rows[c]
+            now = new_members[new_seg[c] : new_seg[c + 1]]
+            a0, a1 = cand_seg[c], cand_seg[c + 1]
+            took = at[a0:a1][acc[a0:a1]]
+            if took.size == 0 and now.size == cur.ids.size:
+                continue  # nothing went dark (only rows can go) and nothing came in
+            keep = in_sorted(cur.ids, now)
+            ids_c = np.concatenate([cur.ids[keep], cand[a0:a1][acc[a0:a1]]])
+            order = np.argsort(ids_c, kind="stable")
+            self._rows[c] = _Rows(
+                ids_c[order],
+                np.concatenate([cur.X[keep], X[took]])[order],
+                np.concatenate([cur.y[keep], y[took]])[order],
+                np.concatenate([cur.xi[keep], xi[took]])[order],
+                np.concatenate([cur.buf[keep], buf[took]])[order],
+            )
+        self._rebuild()
+        return np.diff(b_seg) + np.diff(cand_seg)
+
     def _rebuild(self) -> None:
         """The compiled kernel's buffer, when a chain's rows have changed (an iteration
         where z changed for no chain rebuilds nothing; a changed chain's row constants are
@@ -253,10 +342,10 @@ class BrightReplica:
         """One chain's rows as the compiled kernel reads them: features, then the model's
         row constants (built once per set of rows; :meth:`apply` carries them over)."""
         if rows.buf is None:
-            rows.buf = self._row_buffer(rows.X, rows.y, rows.xi)
+            rows.buf = self.row_buffer(rows.X, rows.y, rows.xi)
         return rows.buf
 
-    def _row_buffer(self, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> np.ndarray:
+    def row_buffer(self, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> np.ndarray:
         """Rows ``(X, y, xi)`` as the compiled kernel reads them: the features, then the
         model's row constants (a function of each row's target and tight point alone)."""
         D = X.shape[1]

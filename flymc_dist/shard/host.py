@@ -12,19 +12,22 @@ from typing import Any
 import numpy as np
 
 from flymc_dist.protocol import (
+    Proposals,
     ReplicaReply,
     ReplicaRound,
     Reply,
     Round,
     ShardConfig,
     ShardSpec,
+    pack_proposals,
     pack_reply,
+    unpack_ahead,
     unpack_round,
 )
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import worker_memory_limit
 from flymc_dist.shard.shard import Shard
-from flymc_dist.transport.channel import ECHO, ROUND, ChannelServer
+from flymc_dist.transport.channel import AHEAD, ECHO, ROUND, ChannelServer
 
 
 class ShardHost:
@@ -119,6 +122,15 @@ class ShardHost:
         b["round_cpu"] += time.thread_time() - c
         return dict(zip(ids, replies, strict=True))
 
+    def proposals(self, first: int, count: int, generation: int) -> dict[int, Proposals]:
+        """:meth:`Shard.proposals` of every shard here (a read-ahead request)."""
+        return {i: self._on(i, "proposals", first, count, generation) for i in sorted(self.shards)}
+
+    def proposals_packed(self, blob: bytes) -> bytes:
+        """:meth:`proposals` with its request and reply packed into one buffer each."""
+        msg = unpack_ahead(blob)
+        return pack_proposals(self.proposals(msg.first, msg.count, msg.generation))
+
     def settle(self) -> None:
         """Each shard's work left by the last round (:meth:`Shard.settle`), run after its
         reply has gone: out of core, the reads of the next z-update's rows, while the
@@ -155,6 +167,8 @@ class ShardHost:
     def _serve_channel(self, code: int, payload: bytes) -> bytes:
         if code == ROUND:
             return self.round_packed(payload)
+        if code == AHEAD:
+            return self.proposals_packed(payload)
         if code == ECHO:
             return payload
         raise ValueError(f"unknown channel request code {code}")

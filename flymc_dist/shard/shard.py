@@ -31,6 +31,7 @@ from flymc_dist.brightness import (
 )
 from flymc_dist.data import open_dataset
 from flymc_dist.protocol import (
+    Proposals,
     ReplicaReply,
     ReplicaRound,
     Reply,
@@ -45,7 +46,7 @@ from flymc_dist.shard.batched import _typed_lists, batched_z_update
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
 from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
-from flymc_dist.streams import RowStreams, bernoulli_rows_many
+from flymc_dist.streams import Z_PROPOSE, RowStreams, bernoulli_rows_many, stream_key
 from flymc_dist.terms import bright_terms, bright_terms_many
 
 log = logging.getLogger("flymc_dist")
@@ -968,6 +969,39 @@ class Shard:
             new_y=new_y,
             new_xi=new_xi,
         )
+
+    def bright_rows(self) -> ReplicaReply:
+        """Every chain's whole bright set with its rows (``full``), z unchanged: how a
+        driver that updates z itself (:mod:`flymc_dist.ahead`) takes the shards' exact
+        draw of z (at placement, resume, recovery)."""
+        self._sent = [None] * len(self.chains)
+        return self._bright_change(np.zeros(len(self.chains), dtype=np.int64))
+
+    def proposals(self, first: int, count: int, generation: int) -> Proposals:
+        """The rows of this shard each chain's implicit z-update proposes dark→bright at
+        steps ``first .. first + count - 1`` of the streams of ``generation`` (its
+        Bernoulli(q) process: known whatever θ and z are), with their data: what a driver
+        that updates z itself reads ahead (:class:`~flymc_dist.protocol.Proposals`). Out
+        of core the rows are read from the row file by position."""
+        if not self.flymc or self.config.z_update != "implicit":
+            raise ValueError("proposals are the implicit FlyMC z-update's")
+        C = len(self.chains)
+        seed = self.config.seed
+        keys = np.array(
+            [
+                stream_key(seed, generation, c, first + t, Z_PROPOSE)
+                for t in range(count)
+                for c in range(C)
+            ],
+            dtype=np.uint64,
+        )
+        lo = np.full(keys.size, self.spec.start, dtype=np.int64)
+        ids, seg = bernoulli_rows_many(keys, self.q_db, self.n_total, lo, lo + self.n)
+        rows = np.unique(ids)
+        X, y, xi = self.rows_at(rows - self.spec.start)
+        if xi is None:
+            raise ValueError("proposals need the tight points set (set_tight_points)")
+        return Proposals(ids, seg, rows, X, y, xi)
 
     def _sums(self, requests: list[Request | None], queries: np.ndarray) -> Reply:
         """Step 3 of a round: the sums (and gradients where asked) at every chain's

@@ -53,6 +53,7 @@ MAX_FRAME = 64 * 2**20
 #: request codes
 ROUND = 1
 ECHO = 2
+AHEAD = 3  # a read-ahead request (replica mode: the driver updates z)
 #: reply codes
 OK = 0
 ERROR = 1
@@ -273,10 +274,19 @@ class ChannelClient:
         :class:`ChannelError`; an exception raised by the host's handler is reported
         as itself (the connection stays usable).
         """
+        pending, bad = self.post(code, payload, keys)
+        ok, late = self.collect(pending, timeout)
+        return ok, {**bad, **late}
+
+    def post(
+        self, code: int, payload: bytes, keys: list[str]
+    ) -> tuple[list[str], dict[str, BaseException]]:
+        """Send ``payload`` to every host in ``keys`` without waiting for the replies
+        (:meth:`collect` reads them; a connection carries one request at a time).
+        Returns the hosts it went to and the failures."""
         frame = HEADER.pack(code, len(payload)) + payload
-        ok: dict[str, bytes] = {}
         bad: dict[str, BaseException] = {}
-        pending: dict[str, socket.socket] = {}
+        pending: list[str] = []
         for k in keys:
             sock = self._socks.get(k)
             if sock is None:
@@ -284,12 +294,25 @@ class ChannelClient:
                 continue
             try:
                 sock.sendall(frame)
-                pending[k] = sock
+                pending.append(k)
             except OSError as e:
                 self.drop(k)
                 bad[k] = ChannelError(f"sending to {k} failed: {e!r}")
+        return pending, bad
+
+    def collect(
+        self, keys: list[str], timeout: float
+    ) -> tuple[dict[str, bytes], dict[str, BaseException]]:
+        """The replies to the requests :meth:`post` sent to ``keys``, within ``timeout``
+        seconds (as :meth:`fanout`)."""
+        ok: dict[str, bytes] = {}
+        bad: dict[str, BaseException] = {}
         deadline = time.monotonic() + timeout
-        for k, sock in pending.items():
+        for k in keys:
+            sock = self._socks.get(k)
+            if sock is None:
+                bad[k] = ChannelError(f"no channel to {k}")
+                continue
             try:
                 # hosts compute concurrently: reading them in turn waits for the slowest
                 sock.settimeout(max(deadline - time.monotonic(), 1e-3))

@@ -34,17 +34,21 @@ from typing import Any
 import numpy as np
 
 from flymc_dist.protocol import (
+    Ahead,
+    Proposals,
     ReplicaReply,
     ReplicaRound,
     Reply,
     Round,
     ShardConfig,
     ShardSpec,
+    pack_ahead,
     pack_round,
+    unpack_proposals,
     unpack_reply,
 )
 from flymc_dist.shard import ShardHost
-from flymc_dist.transport.channel import ECHO, ROUND, ChannelClient, check_channel
+from flymc_dist.transport.channel import AHEAD, ECHO, ROUND, ChannelClient, check_channel
 from flymc_dist.transport.inprocess import InProcessTransport
 
 log = logging.getLogger("flymc_dist")
@@ -327,6 +331,9 @@ class DaskTransport:
             set(INLINE) if config.algorithm == "flymc" else set(INLINE) - {"round_packed"}
         )
         self.round_trips = 0
+        #: requests sent to each host so far (every call, round and read-ahead: the one
+        #: count of messages, whichever way they travel)
+        self.messages: dict[str, int] = {}
         self.recoveries: list[dict[str, Any]] = []
         self.generation = 0
         self._futures: dict[str, Any] = {}  # worker -> actor future (keeps the actor alive)
@@ -477,6 +484,7 @@ class DaskTransport:
                 *(one(w, *c) for w, c in calls.items()), return_exceptions=True
             )
 
+        self._count(list(calls))
         out = self.client.sync(run)
         self.round_trips += 1
         ok, bad = {}, {}
@@ -561,6 +569,7 @@ class DaskTransport:
         blob = pack_round(msg)
         for _attempt in range(5):
             if self._chan is not None:
+                self._count(list(self.placement))
                 ok, bad = self._chan.fanout(ROUND, blob, list(self.placement), self.timeout)
                 self.round_trips += 1
             else:
@@ -569,6 +578,55 @@ class DaskTransport:
                 return self._per_shard({w: unpack_reply(r) for w, r in ok.items()})
             self._recover(self._lost(bad), positions)
         raise ShardLost("giving up after 5 recoveries in one round")
+
+    def _count(self, workers: list[str]) -> None:
+        """One more request sent to each of ``workers`` (:attr:`messages`)."""
+        for w in workers:
+            self.messages[w] = self.messages.get(w, 0) + 1
+
+    def post_ahead(self, msg: Ahead) -> Any:
+        """Send a read-ahead request to every host, without waiting for the answers: on
+        the round channel (each connection then carries this one request until
+        :meth:`take_ahead` reads its reply), else as an actor call run in the client's
+        event loop. Returns the handle :meth:`take_ahead` takes."""
+        blob = pack_ahead(msg)
+        workers = list(self.placement)
+        self.round_trips += 1
+        if self._chan is not None:
+            self._count(workers)
+            sent, bad = self._chan.post(AHEAD, blob, workers)
+            return "socket", sent, bad
+
+        async def run() -> list[Any]:
+            return await asyncio.gather(
+                *(self._execute(w, "proposals_packed", (blob,), {}) for w in workers),
+                return_exceptions=True,
+            )
+
+        self._count(workers)
+        future = asyncio.run_coroutine_threadsafe(run(), self.client.loop.asyncio_loop)
+        return "dask", workers, future
+
+    def take_ahead(self, handle: Any) -> list[Proposals] | None:
+        """The answers to :meth:`post_ahead`'s request, in shard order. A host lost on the
+        way (its connection fails, or no answer within ``timeout``) has its shards
+        recreated on live workers (:meth:`recover`): then None, and the driver redraws z."""
+        how, workers, extra = handle
+        if how == "socket":
+            ok, bad = self._chan.collect(workers, self.timeout)
+            bad = {**extra, **bad}
+        else:
+            try:
+                out = extra.result(self.timeout)
+            except TimeoutError:
+                out = [TimeoutError("no answer to a read-ahead request")] * len(workers)
+            ok, bad = {}, {}
+            for w, r in zip(workers, out, strict=True):
+                (bad if isinstance(r, BaseException) else ok)[w] = r
+        if bad:
+            self.recover(self._lost(bad))
+            return None
+        return self._per_shard({w: unpack_proposals(r) for w, r in ok.items()})
 
     def recover(self, lost: list[str]) -> None:
         """Recreate the shards of the ``lost`` workers on live ones, without positions.
@@ -655,6 +713,7 @@ class DaskTransport:
         """One bare round trip carrying ``payload`` to every host and back, the way
         rounds travel (the bench's floor)."""
         if self._chan is not None:
+            self._count(list(self.placement))
             _ok, bad = self._chan.fanout(ECHO, payload, list(self.placement), self.timeout)
         else:
             _ok, bad = self._fanout({w: ("echo", (payload,), {}) for w in self.placement})

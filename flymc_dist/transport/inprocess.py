@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from flymc_dist.protocol import (
+    Ahead,
+    Proposals,
     ReplicaReply,
     ReplicaRound,
     Reply,
@@ -72,6 +74,16 @@ class InProcessTransport:
         self.round_trips += 1
         out = self.host.round(msg)
         return [out[s.shard_id] for s in self.specs]
+
+    def post_ahead(self, msg: Ahead) -> list[Proposals]:
+        """A read-ahead request, answered at once (one round trip)."""
+        self.round_trips += 1
+        out = self.host.proposals(msg.first, msg.count, msg.generation)
+        return [out[s.shard_id] for s in self.specs]
+
+    def take_ahead(self, handle: list[Proposals]) -> list[Proposals]:
+        """The answers of :meth:`post_ahead` (nothing is ever lost in-process)."""
+        return handle
 
     def timing(self) -> list[dict[str, float]]:
         """:meth:`ShardHost.timing` of every host (here: one)."""

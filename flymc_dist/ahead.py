@@ -1,0 +1,171 @@
+"""Replica mode without a round per iteration: the driver updates z itself.
+
+In replica mode the driver holds every chain's bright rows and runs the θ-kernel on
+them. The implicit z-update of a (chain, step) needs, besides those rows, only the rows
+its dark→bright proposals hit: a Bernoulli(q) process keyed by row, chain, step and
+stream generation (:mod:`flymc_dist.streams`), which depends on neither θ nor z. So the
+rows the next ``depth`` steps will propose are known now. :class:`ReadAhead` asks every
+shard host for them — the rows and their data, one request per host per ``depth``
+iterations, sent ``depth`` iterations before they are needed — and the driver runs the
+z-update on its replica (:meth:`~flymc_dist.replica.BrightReplica.update_z`): the same
+operations on the same values as the shards' update, so the same draws, bit for bit,
+with no round trip on an iteration's path.
+
+The shards keep their exact draw of z from placement (or the last redraw) and are not
+told the driver's updates; nothing reads z there in this mode. Whenever z is drawn
+afresh on the shards — at placement, on resume (a new stream generation), after a lost
+host's shards are recreated (every shard redrawn, at a new generation) — the driver
+takes their draw (:meth:`~flymc_dist.shard.Shard.bright_rows`) and starts again at step
+0 of that generation, as the shards' own update would.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from flymc_dist.protocol import Ahead, Proposals, Transport
+from flymc_dist.replica import BrightReplica
+from flymc_dist.streams import Z_DECIDE, stream_key
+
+__all__ = ["ReadAhead"]
+
+
+class _Block:
+    """The proposals of steps ``first .. first + depth - 1`` of every chain, merged over
+    the shards: pair ``p = (step - first) * C + c`` at ``ids[seg[p]:seg[p+1]]`` (sorted),
+    each at ``at`` in the rows' buffer."""
+
+    __slots__ = ("first", "ids", "seg", "at", "rows")
+
+    def __init__(self, first: int, parts: list[Proposals], n_pairs: int, replica: BrightReplica):
+        self.first = first
+        labels = np.concatenate(
+            [np.repeat(np.arange(n_pairs), np.diff(p.seg)) for p in parts]
+        ).astype(np.int64)
+        ids = np.concatenate([p.ids for p in parts]).astype(np.int64)
+        order = np.argsort(labels, kind="stable")  # each pair's rows, shard after shard
+        self.ids = ids[order]
+        self.seg = np.zeros(n_pairs + 1, dtype=np.int64)
+        np.cumsum(np.bincount(labels, minlength=n_pairs), out=self.seg[1:])
+        rows = np.concatenate([p.rows for p in parts]).astype(np.int64)
+        X = np.concatenate([p.X for p in parts])
+        y = np.concatenate([p.y for p in parts])
+        xi = np.concatenate([p.xi for p in parts])
+        sort = np.argsort(rows, kind="stable")  # already sorted when shards are in row order
+        rows, X, y, xi = rows[sort], X[sort], y[sort], xi[sort]
+        self.at = np.searchsorted(rows, self.ids)
+        self.rows = (replica.row_buffer(X, y, xi), X, y, xi)
+
+    def step(self, step: int, chains: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every chain's proposals at ``step``: ``(ids, seg, at)``."""
+        i0 = (step - self.first) * chains
+        a, b = self.seg[i0], self.seg[i0 + chains]
+        return self.ids[a:b], self.seg[i0 : i0 + chains + 1] - a, self.at[a:b]
+
+
+class ReadAhead:
+    """The driver's implicit z-update in replica mode, its proposals read ahead.
+
+    Parameters
+    ----------
+    transport
+        Reaches the shard hosts (:meth:`~flymc_dist.protocol.Transport.post_ahead`).
+    replica
+        The driver's replica of every chain's bright rows (compiled: :attr:`fusable`).
+    seed
+        The run's seed (the z streams' key).
+    q
+        The dark→bright proposal probability.
+    depth
+        Steps of proposals per request (:data:`~flymc_dist.options.READ_AHEAD`).
+    """
+
+    def __init__(
+        self, transport: Transport, replica: BrightReplica, seed: int, q: float, depth: int
+    ) -> None:
+        if int(depth) < 1:
+            raise ValueError(f"read_ahead must be >= 1 here, got {depth}")
+        self.transport = transport
+        self.replica = replica
+        self.seed = int(seed)
+        self.q = float(q)
+        self.depth = int(depth)
+        self.generation = 0
+        #: the next z-update's step (in the streams of :attr:`generation`)
+        self.step = 0
+        self._block: _Block | None = None
+        self._pending: tuple[int, Any] | None = None  # (first step, handle) in flight
+        #: read-ahead requests sent (each to every host) and wall seconds spent waiting
+        self.requests = 0
+        self.wait_seconds = 0.0
+
+    def take_shards_z(self, positions: np.ndarray) -> None:
+        """Start from the shards' current draw of z (at placement or after a redraw):
+        the replica takes every chain's bright set, the steps restart at 0 of the
+        transport's generation. ``positions`` are unused here (the shards drew z there)."""
+        self._drain()
+        self.replica.apply(self.transport.call("bright_rows"))
+        self.generation = int(self.transport.generation)
+        self.step = 0
+        self._block = None
+
+    def _drain(self) -> None:
+        """Read (and drop) the answer of a request still in flight: each connection
+        carries one request at a time."""
+        if self._pending is not None:
+            _, handle = self._pending
+            self._pending = None
+            self.transport.take_ahead(handle)
+
+    def _post(self, first: int) -> None:
+        self._pending = (
+            first,
+            self.transport.post_ahead(Ahead(first, self.depth, self.generation)),
+        )
+        self.requests += 1
+
+    def _proposals(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every chain's proposals at :attr:`step`: from the block held, or the block
+        that was read ahead for it (then the next one is asked for)."""
+        step, C = self.step, self.replica.chains
+        block = self._block
+        if block is not None and block.first <= step < block.first + self.depth:
+            return block.step(step, C)
+        first = step - step % self.depth
+        if self._pending is None or self._pending[0] != first:
+            self._drain()
+            self._post(first)
+        _, handle = self._pending
+        self._pending = None
+        t0 = time.perf_counter()
+        parts = self.transport.take_ahead(handle)
+        self.wait_seconds += time.perf_counter() - t0
+        if parts is None:  # hosts were lost and their shards recreated: redraw every z
+            self.transport.call("set_positions", positions, self.transport.generation)
+            self.take_shards_z(positions)
+            return self._proposals(positions)
+        self._block = _Block(first, parts, self.depth * C, self.replica)
+        self._post(first + self.depth)
+        return self._block.step(step, C)
+
+    def update(self, positions: np.ndarray) -> np.ndarray:
+        """Every chain's z-update at ``positions`` on the replica (the shards' draws).
+        Returns each chain's likelihood queries."""
+        proposed = self._proposals(positions)
+        keys = np.array(
+            [
+                stream_key(self.seed, self.generation, c, self.step, Z_DECIDE)
+                for c in range(self.replica.chains)
+            ],
+            dtype=np.uint64,
+        )
+        queries = self.replica.update_z(positions, keys, self.q, proposed, self._block.rows)
+        self.step += 1
+        return queries
+
+    def close(self) -> None:
+        """Read the answer of a request still in flight (the run is over)."""
+        self._drain()
