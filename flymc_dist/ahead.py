@@ -105,12 +105,14 @@ class ReadAhead:
     def take_shards_z(self, positions: np.ndarray) -> None:
         """Start from the shards' current draw of z (at placement or after a redraw):
         the replica takes every chain's bright set, the steps restart at 0 of the
-        transport's generation. ``positions`` are unused here (the shards drew z there)."""
+        transport's generation, and the first steps' proposals are asked for.
+        ``positions`` are unused here (the shards drew z there)."""
         self._drain()
         self.replica.apply(self.transport.call("bright_rows"))
         self.generation = int(self.transport.generation)
         self.step = 0
         self._block = None
+        self._post(0)  # the first steps' rows travel while the driver finishes its set-up
 
     def _drain(self) -> None:
         """Read (and drop) the answer of a request still in flight: each connection

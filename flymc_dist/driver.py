@@ -213,11 +213,15 @@ class Driver:
         self.replica: BrightReplica | None = None
         self._replica_current: list[tuple[float, np.ndarray | None] | None] = []
         self._trips = 0  # round trips made by :meth:`_round`
+        self._messages_setup: dict[str, int] = {}
         self.setup_queries = 0
         self.setup_seconds = 0.0
         #: wall seconds in :meth:`step` and, within it, waiting on the transport's rounds
         self.step_seconds = 0.0
         self.round_seconds = 0.0
+        #: wall seconds in :meth:`step` updating z (replica mode, :meth:`_replica_update`:
+        #: the round, or here on the replica); the rest of a step is the θ-kernel's
+        self.z_seconds = 0.0
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -304,6 +308,8 @@ class Driver:
                 self.transport, self.replica, self.seed, self.q_db, self.read_ahead
             )
             self.ahead.take_shards_z(self.positions)
+        # the requests each host had been sent when sampling began (a Dask transport's)
+        self._messages_setup = dict(getattr(self.transport, "messages", {}))
         self.setup_seconds = time.perf_counter() - t0
 
     def _bound_precision(self) -> np.ndarray:
@@ -456,6 +462,14 @@ class Driver:
         the shards, the change applied to the replica. Returns what :meth:`step` reads of
         a round: the bright rows and the queries (to which the evaluations on the
         replica add) per chain; no sums (zero)."""
+        t_z = time.perf_counter()
+        try:
+            return self._update_z_replica(positions)
+        finally:
+            self.z_seconds += time.perf_counter() - t_z
+
+    def _update_z_replica(self, positions: np.ndarray) -> Reply:
+        """:meth:`_replica_update` (untimed)."""
         C = self.chains
         if self.ahead is not None:  # z updated here, its proposals read ahead
             requests, waited = self.ahead.requests, self.ahead.wait_seconds
@@ -744,19 +758,29 @@ class Driver:
         }
 
     def timing(self) -> dict[str, Any]:
-        """Cumulative seconds so far: in :meth:`step`, waiting on rounds, and per host."""
+        """Cumulative seconds so far: in :meth:`step`, waiting on rounds, updating z
+        (replica mode), and per host."""
         return {
             "step": self.step_seconds,
             "round": self.round_seconds,
+            "z": self.z_seconds,
             "hosts": self.transport.timing(),
         }
 
     def run_info(self, stats: dict[str, np.ndarray]) -> dict[str, Any]:
-        """How the run went (modes taken, data read), for ``Result.info``."""
+        """How the run went (modes taken, data read, requests sent to each host while
+        sampling: ``host_messages``, a Dask transport's), for ``Result.info``."""
+        sent = getattr(self.transport, "messages", None)
+        host_messages = (
+            None
+            if sent is None
+            else {w: n - self._messages_setup.get(w, 0) for w, n in sorted(sent.items())}
+        )
         storage = storage_info(self.transport)
         return {
             "bright_replica": self.replica is not None,
             "read_ahead": self.ahead.depth if self.ahead is not None else 0,
+            "host_messages": host_messages,
             "channel": self.transport.channel,
             "bytes_read": storage["bytes_read"],
             "rows_read": storage["rows_read"],

@@ -308,7 +308,9 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
     ``step`` (the driver's whole iteration) = ``round_trip`` (waiting on the transport:
     the round trips' communication plus the workers' ``host_round_wall``) + ``driver``
     (kernels, sums, bookkeeping). Per host: rounds served, wall and CPU seconds per
-    round.
+    round. The driver's samplers also give ``z_update`` (FlyMC's z-update in replica
+    mode: its round, or its update on the replica with the wait for read-ahead rows)
+    and ``theta_kernel``, the rest of the step: the θ-kernel on the replica.
     """
     n = max(int(iterations), 1)
     hosts = []
@@ -325,7 +327,11 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
             )
     step = (b["step"] - a["step"]) / n
     rt = (b["round"] - a["round"]) / n
-    return {"iterations": n, "step": step, "round_trip": rt, "driver": step - rt, "hosts": hosts}
+    out = {"iterations": n, "step": step, "round_trip": rt, "driver": step - rt, "hosts": hosts}
+    if "z" in a and "z" in b:  # replica mode: the z-updates, and the θ-kernel's the rest
+        out["z_update"] = (b["z"] - a["z"]) / n
+        out["theta_kernel"] = step - out["z_update"]
+    return out
 
 
 def _flush(

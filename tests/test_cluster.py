@@ -465,7 +465,9 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
     elif kernel == "rwmh":
         assert not res.info["bright_replica"]
     else:
-        assert res.info["bright_replica"] and np.all(res.stats["round_trips"] == 1)
+        # z on the driver, its proposals read ahead (a recovery asks again at once)
+        assert res.info["bright_replica"] and res.stats["round_trips"].max() <= 2
+        assert res.stats["round_trips"].sum() <= 4 * (2 + 2000 // res.info["read_ahead"])
     assert res.samples.shape == (4, 2000, 2)
     assert np.all(np.isfinite(res.samples))
     rec = res.info["recoveries"]

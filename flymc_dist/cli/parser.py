@@ -422,15 +422,17 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- bench
     p = sub.add_parser(
         "bench",
-        help="benchmarks (overhead, sublinear, mixing, scale, table1)",
+        help="benchmarks (overhead, sublinear, mixing, scale, table1, scaleout)",
         description="Benchmarks: 'overhead' (FlyMC per iteration against a bare "
         "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
         "against N; see 'flymc bench sublinear --help'), 'mixing' "
         "(converged draws per second of the whole run, FlyMC against regular "
         "MCMC with NUTS; see 'flymc bench mixing --help'), 'scale' (FlyMC's cost "
         "per iteration, memory and mixing against N, in memory or out of core; see "
-        "'flymc bench scale --help') and 'table1' (the FlyMC paper's Table 1, all three "
-        "rows, each run to R-hat <= 1.01; see 'flymc bench table1 --help').",
+        "'flymc bench scale --help'), 'table1' (the FlyMC paper's Table 1, all three "
+        "rows, each run to R-hat <= 1.01; see 'flymc bench table1 --help') and "
+        "'scaleout' (FlyMC's cost per iteration against the number of workers and added "
+        "latency; see 'flymc bench scaleout --help').",
     )
     bsub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     b = bsub.add_parser("overhead", help="FlyMC vs bare round trip vs regular, per iteration")

@@ -1,0 +1,291 @@
+"""``flymc bench scaleout``: FlyMC's cost per iteration against the number of workers
+and the network's latency.
+
+One float64 logistic store of ``rows`` × ``features`` (the bias included; written once by
+:func:`flymc_dist.data.make_logistic` into ``workdir`` and reused) is sampled by
+``fd.FlyMC()`` with its defaults (MAP-tuned bounds, the replica, z updated on the
+driver with its proposals read ahead) and the ``kernel``, on a cluster started for each
+run the way a user starts one: a ``dask scheduler`` and W ``dask worker`` processes (one
+thread each; the executables beside ``sys.executable``) on loopback, the driver in this
+process, one shard per worker. Each W of ``workers`` runs without added latency; each
+``delays_ms`` above 0 runs at the first W with that delay added to every reply of every
+host (a :class:`~flymc_dist.bench.delay.DelayProxy` in front of each host's round
+channel). Each ``read_ahead`` (the FlyMC option; 0: a round to the hosts every
+iteration) runs every configuration, side by side.
+
+Figures per run (post-warm-up iterations):
+
+* **ms/it**: wall milliseconds per iteration (an iteration moves every chain once);
+* **CPU ms/it**: the driver process's CPU milliseconds per iteration
+  (``time.process_time`` between its first and last kept iterations: the sampler's thread
+  and the Dask client's together);
+* **θ ms/it**: the θ-kernel's own wall time per iteration inside the run (the step less
+  its z-update: ``info["timing"]["theta_kernel"]``), **z ms/it** the z-update's (with any
+  wait for its rows), and **ms/θ**, the ratio of ms/it to θ ms/it;
+* **req/host**: requests the driver sent each host while sampling, per 100 iterations;
+* **R-hat** (largest rank-normalised split-R̂) and **min ESS** (smallest bulk ESS over
+  parameters, all chains pooled).
+
+Below the table, each run's ms/it and CPU ms/it over the first run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+import flymc_dist as fd
+from flymc_dist.bench.common import reusable_store
+from flymc_dist.bench.delay import delayed_channels
+from flymc_dist.data import make_logistic
+from flymc_dist.diagnostics import ess_bulk, rhat
+from flymc_dist.driver import Driver
+
+__all__ = ["format_scaleout", "run_scaleout", "user_cluster"]
+
+
+def _dask() -> str:
+    """The ``dask`` command beside this Python."""
+    path = os.path.join(os.path.dirname(sys.executable), "dask")
+    if not os.path.exists(path):
+        raise ImportError(f"no 'dask' command beside {sys.executable}: install distributed")
+    return path
+
+
+@contextlib.contextmanager
+def user_cluster(workers: int, workdir: str) -> Iterator[str]:
+    """A ``dask scheduler`` and ``workers`` ``dask worker`` processes (one thread each)
+    on loopback, as a user starts them; yields the scheduler file; stops them after."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    sched_file = os.path.join(workdir, f"scheduler-{os.getpid()}-{time.time_ns()}.json")
+    procs: list[subprocess.Popen] = []
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    try:
+        procs.append(
+            subprocess.Popen(
+                [
+                    _dask(),
+                    "scheduler",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--no-dashboard",
+                    "--scheduler-file",
+                    sched_file,
+                ],
+                **quiet,
+            )  # fmt: skip
+        )
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sched_file):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the dask scheduler did not start within 60 s")
+            time.sleep(0.1)
+        for _ in range(workers):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        _dask(),
+                        "worker",
+                        "--nthreads",
+                        "1",
+                        "--host",
+                        "127.0.0.1",
+                        "--no-dashboard",
+                        "--memory-limit",
+                        "0",
+                        "--scheduler-file",
+                        sched_file,
+                    ],
+                    **quiet,
+                )  # fmt: skip
+            )
+        yield sched_file
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        with contextlib.suppress(OSError):
+            os.remove(sched_file)
+
+
+@contextlib.contextmanager
+def _cpu_per_step() -> Iterator[list[float]]:
+    """The process's CPU seconds at each :meth:`Driver.step` call, while in the block."""
+    original = Driver.step
+    marks: list[float] = []
+
+    def step(self: Driver, adapters: Any = None) -> dict[str, np.ndarray]:
+        marks.append(time.process_time())
+        return original(self, adapters)
+
+    Driver.step = step  # type: ignore[method-assign]
+    try:
+        yield marks
+    finally:
+        Driver.step = original  # type: ignore[method-assign]
+
+
+def _one(
+    ds: Any, sched_file: str, workers: int, kernel: str, chains: int, warmup: int,
+    draws: int, seed: int, read_ahead: int, delay_ms: float,
+) -> dict[str, Any]:  # fmt: skip
+    from distributed import Client
+
+    delay = delayed_channels(delay_ms / 1e3) if delay_ms > 0 else contextlib.nullcontext([])
+    with Client(scheduler_file=sched_file, direct_to_workers=True) as client:
+        client.wait_for_workers(workers, timeout=120)
+        with delay, _cpu_per_step() as marks:
+            res = fd.sample(
+                fd.LogisticRegression(),
+                ds,
+                fd.FlyMC(read_ahead=read_ahead),
+                kernel,
+                num_warmup=warmup,
+                num_samples=draws,
+                chains=chains,
+                seed=seed,
+                client=client,
+                progress=False,
+            )
+    info = res.info
+    timing = info.get("timing", {})
+    cpu = (marks[-1] - marks[warmup]) / max(draws - 1, 1)
+    wall = info["sampling_seconds"] / draws
+    theta = timing.get("theta_kernel")
+    sent = info.get("host_messages") or {}
+    x = res.samples.reshape(chains, draws, -1)
+    return {
+        "workers": int(info["n_workers"]),
+        "delay_ms": float(delay_ms),
+        "read_ahead": int(info.get("read_ahead", 0)),
+        "channel": info.get("channel"),
+        "ms_per_it": 1e3 * wall,
+        "cpu_ms_per_it": 1e3 * cpu,
+        "theta_ms_per_it": None if theta is None else 1e3 * theta,
+        "z_ms_per_it": None if timing.get("z_update") is None else 1e3 * timing["z_update"],
+        "per_theta": None if not theta else wall / theta,
+        "requests_per_100_it_per_host": (
+            100.0 * max(sent.values()) / (warmup + draws) if sent else None
+        ),
+        "n_bright": float(np.mean(res.stats["n_bright"])),
+        "rhat": float(np.max(rhat(x))),
+        "min_ess": float(np.min(ess_bulk(x))),
+    }
+
+
+def run_scaleout(
+    rows: int = 400_000,
+    features: int = 20,
+    kernel: str = "nuts",
+    chains: int = 4,
+    num_warmup: int = 200,
+    num_samples: int = 1000,
+    workers: Sequence[int] = (2, 16),
+    delays_ms: Sequence[float] = (1.0,),
+    read_ahead: Sequence[int] = (fd.FlyMC().read_ahead,),
+    seed: int = 0,
+    workdir: str | None = None,
+) -> dict[str, Any]:
+    """FlyMC's cost per iteration on W workers and with added latency, side by side.
+
+    Parameters
+    ----------
+    rows, features
+        The logistic store's N and D (the bias included).
+    kernel
+        FlyMC's θ-kernel.
+    chains
+        Chains per run.
+    num_warmup, num_samples
+        Warm-up and kept iterations per run.
+    workers
+        The worker counts, each run without added latency.
+    delays_ms
+        Milliseconds added to every host's replies, each run at the first worker count
+        (0: none).
+    read_ahead
+        The FlyMC option's values to run every configuration with (0: a round to the
+        hosts every iteration).
+    seed
+        The store's and the runs' seed.
+    workdir
+        Where the store is kept (default: the system's temporary directory).
+
+    Returns
+    -------
+    dict
+        ``runs`` (one dict per run: the figures of the module notes) and the settings.
+    """
+    workdir = workdir or os.path.join(tempfile.gettempdir(), "flymc-bench-scaleout")
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, f"logistic-{rows}x{features}-seed{seed}.zarr")
+    ds = reusable_store(path, rows, features, seed=seed, dtype="float64")
+    if ds is None:
+        ds = make_logistic(path, rows, features, seed=seed, overwrite=True)
+    plan = [(w, 0.0) for w in workers] + [(workers[0], float(d)) for d in delays_ms if d > 0]
+    runs = []
+    for w, d in plan:
+        with user_cluster(w, workdir) as sched_file:
+            for depth in read_ahead:
+                runs.append(
+                    _one(ds, sched_file, w, kernel, chains, num_warmup, num_samples, seed, depth, d)
+                )
+    return {
+        "rows": rows,
+        "features": features,
+        "kernel": kernel,
+        "chains": chains,
+        "num_warmup": num_warmup,
+        "num_samples": num_samples,
+        "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "cpus": os.cpu_count(),
+        "runs": runs,
+    }
+
+
+def format_scaleout(d: dict[str, Any]) -> str:
+    """The table of :func:`run_scaleout`'s figures."""
+
+    def f(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    lines = [
+        f"flymc bench scaleout: {d['rows']:,} x {d['features']} logistic, FlyMC defaults, "
+        f"{d['kernel']}, {d['chains']} chains, {d['num_warmup']} + {d['num_samples']} "
+        f"iterations; load average {f(d.get('load'), '.1f')} on {d.get('cpus')} CPUs",
+        f"{'W':>3}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}{'θ ms/it':>9}{'z ms/it':>8}"
+        f"{'ms/θ':>6}{'req/100it':>10}{'bright':>8}{'R-hat':>7}{'minESS':>8}",
+    ]
+    for r in d["runs"]:
+        lines.append(
+            f"{r['workers']:>3}{r['delay_ms']:>5.1f}ms{r['read_ahead']:>6}"
+            f"{r['ms_per_it']:>8.3f}{r['cpu_ms_per_it']:>10.3f}"
+            f"{f(r['theta_ms_per_it'], '.3f'):>9}{f(r['z_ms_per_it'], '.3f'):>8}"
+            f"{f(r['per_theta'], '.2f'):>6}"
+            f"{f(r['requests_per_100_it_per_host'], '.1f'):>10}{r['n_bright']:>8.1f}"
+            f"{r['rhat']:>7.3f}{r['min_ess']:>8.0f}"
+        )
+    if len(d["runs"]) > 1:
+        a = d["runs"][0]
+        lines.append("against the first run (ms/it, CPU ms/it):")
+        for r in d["runs"][1:]:
+            lines.append(
+                f"  W={r['workers']} delay {r['delay_ms']:.1f} ms read_ahead {r['read_ahead']}: "
+                f"{r['ms_per_it'] / a['ms_per_it']:.2f}x, "
+                f"{r['cpu_ms_per_it'] / a['cpu_ms_per_it']:.2f}x"
+            )
+    return "\n".join(lines)

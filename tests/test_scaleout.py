@@ -1,0 +1,159 @@
+"""Replica mode without a round per iteration (:mod:`flymc_dist.ahead`), checked
+deterministically: the driver's z-update gives the shards' draws bit for bit, in process
+and on 1, 2 and 4 workers; over 1,000 iterations each host is sent one request per
+``read_ahead`` iterations and a few more; a host whose replies come 50 ms late changes
+no draw. The shard-evaluated regime (``bright_replica=False``) stays layout-free beside
+it. (Exactness is the shards' z-update's, shown statistically in test_exactness.py;
+fault recovery in this mode: test_cluster.py's ``test_worker_killed_mid_run``.)"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.special import expit
+
+import flymc_dist as fd
+from flymc_dist.bench.delay import delayed_channels
+from flymc_dist.options import READ_AHEAD
+
+STATS = ("n_bright", "likelihood_queries", "lp", "accepted")
+
+
+def _data(n: int = 4000, seed: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
+    y = (rng.random(n) < expit(X @ np.array([0.3, -1.0, 0.7]))).astype(np.int64)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    X, y = _data()
+    return fd.from_numpy(X, y, str(tmp_path_factory.mktemp("so") / "d.zarr"), chunk_rows=250)
+
+
+def _run(data, client, *, warmup: int = 60, draws: int = 90, kernel: str = "nuts", **fly):
+    return fd.sample(
+        fd.LogisticRegression(),
+        data,
+        fd.FlyMC(**fly),
+        kernel,
+        num_warmup=warmup,
+        num_samples=draws,
+        chains=3,
+        seed=5,
+        client=client,
+        progress=False,
+    )
+
+
+def _same(a, b) -> None:
+    assert np.array_equal(a.samples, b.samples)
+    assert np.array_equal(a.warmup_samples, b.warmup_samples)
+    for k in STATS:
+        assert np.array_equal(a.stats[k], b.stats[k]), k
+
+
+@pytest.mark.parametrize(
+    "fly",
+    [{}, {"bounds": "untuned", "bright_replica": True}, {"q_db": 0.05}],
+    ids=["map", "untuned-many-bright", "many-proposals"],
+)
+@pytest.mark.parametrize("kernel", ["nuts", "slice"])
+def test_driver_z_update_is_the_shards(kernel, fly):
+    """In process, 1 and 3 shards: the driver's z-update (read ahead by 4 and by the
+    default) against the shards' per-iteration round (``read_ahead=0``): the same draws,
+    bright counts and queries; and far fewer round trips."""
+    data = _data(1500)
+    ref = _run(data, "synchronous", kernel=kernel, read_ahead=0, **fly)
+    assert ref.info["read_ahead"] == 0 and ref.info["bright_replica"]
+    assert ref.stats["n_bright"].mean() > (10 if "bounds" in fly else 0)
+    for depth, shards in ((4, 1), (READ_AHEAD, 3)):
+        res = fd.sample(
+            fd.LogisticRegression(),
+            data,
+            fd.FlyMC(read_ahead=depth, **fly),
+            kernel,
+            num_warmup=60,
+            num_samples=90,
+            chains=3,
+            seed=5,
+            client="synchronous",
+            placement=fd.Placement(n_shards=shards),
+            progress=False,
+        )
+        assert res.info["read_ahead"] == depth
+        _same(ref, res)
+        trips = res.stats["round_trips"][0].sum() + res.warmup_stats["round_trips"][0].sum()
+        assert trips == math.ceil(150 / depth)  # the first block's asked for in set-up
+
+
+def test_a_bad_read_ahead_is_refused():
+    with pytest.raises(ValueError, match="read_ahead"):
+        fd.FlyMC(read_ahead=-1)
+
+
+@pytest.mark.cluster
+def test_draws_identical_on_1_2_4_workers(ds, local_clusters):
+    """The default (replica mode, z on the driver) in process and on 1, 2 and 4 workers
+    (one shard each): the same draws; and the shard-evaluated regime
+    (``bright_replica=False``) in process and on 2 workers: its own same draws."""
+    from distributed import Client
+
+    ref = _run(ds, "synchronous")
+    assert ref.info["read_ahead"] == READ_AHEAD
+    # the shards' own sums are added shard by shard: the layout's two shards in process
+    plain = fd.sample(
+        fd.LogisticRegression(),
+        ds,
+        fd.FlyMC(bright_replica=False),
+        "nuts",
+        num_warmup=60,
+        num_samples=90,
+        chains=3,
+        seed=5,
+        client="synchronous",
+        placement=fd.Placement(n_shards=2),
+        progress=False,
+    )
+    for workers in (1, 2, 4):
+        with Client(local_clusters.get(workers), direct_to_workers=True) as client:
+            res = _run(ds, client)
+            assert res.info["n_shards"] == workers and res.info["read_ahead"] == READ_AHEAD
+            _same(ref, res)
+            if workers == 2:
+                _same(plain, _run(ds, client, bright_replica=False))
+
+
+@pytest.mark.cluster
+def test_hot_path_sends_each_host_one_request_per_read_ahead(ds, local_clusters):
+    """1,000 iterations on 2 workers: each host is sent at most ⌈1000/T⌉ requests and a
+    few more (the timing reads of the run's end), counted where the transport sends
+    (``host_messages``); the per-iteration round trips add up to one per T."""
+    from distributed import Client
+
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
+        res = _run(ds, client, warmup=200, draws=800)
+    assert res.info["channel"] == "socket"
+    sent = res.info["host_messages"]
+    assert len(sent) == 2
+    bound = math.ceil(1000 / READ_AHEAD)
+    assert all(bound <= n <= bound + 4 for n in sent.values()), sent
+    trips = res.stats["round_trips"][0].sum() + res.warmup_stats["round_trips"][0].sum()
+    assert trips == bound
+
+
+@pytest.mark.cluster
+def test_a_slow_host_changes_no_draw(ds, local_clusters):
+    """The first host's replies delayed by 50 ms (a delaying proxy before its round
+    channel): the same draws as without."""
+    from distributed import Client
+
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
+        ref = _run(ds, client)
+        with delayed_channels(lambda i: 0.05 if i == 0 else 0.0) as proxies:
+            res = _run(ds, client)
+        assert len(proxies) == 2 and res.info["channel"] == "socket"
+    _same(ref, res)
