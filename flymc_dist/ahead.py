@@ -168,6 +168,18 @@ class ReadAhead:
         self.step += 1
         return queries
 
+    def hand_back(self, positions: np.ndarray) -> None:
+        """Give z back to the shards (:meth:`~flymc_dist.shard.Shard.set_bright`): each
+        chain's bright rows of each shard, at ``positions``, their z-updates continuing at
+        this step — for the driver to go on with shard-evaluated rounds."""
+        self._drain()
+        bright = self.replica.bright_ids()
+        per_shard = []
+        for spec in self.transport.specs:
+            mine = [b[(b >= spec.start) & (b < spec.stop)] for b in bright]
+            per_shard.append((positions, mine, self.step, self.generation))
+        self.transport.call_each("set_bright", per_shard)
+
     def close(self) -> None:
         """Read the answer of a request still in flight (the run is over)."""
         self._drain()

@@ -687,6 +687,8 @@ class Driver:
         if adapters is not None:
             self.params = [a.update(info) for a, info in zip(adapters, infos, strict=True)]
         self.commits = np.array([info.index for info in infos], dtype=np.int64)
+        if self.ahead is not None and self.bright_replica == "auto":
+            self._check_budget()
         self.step_seconds += time.perf_counter() - t_step
         return {
             "accepted": np.array([info.accepted for info in infos], dtype=bool),
@@ -698,6 +700,26 @@ class Driver:
             "recoveries": np.array([len(recoveries) - n_recoveries] * C, dtype=np.int64),
             **self.kernel.info_stats(infos),
         }
+
+    def _check_budget(self) -> None:
+        """``bright_replica="auto"``: once the replica outgrows ``replica_budget``, hand z
+        back to the shards (:meth:`ReadAhead.hand_back`) and go on with shard-evaluated
+        rounds (their sums, added shard by shard). The chains stay exact: the shards
+        continue z from the driver's state, with the streams the driver would have used."""
+        if self.replica.nbytes() <= self.replica_budget:
+            return
+        log.warning(
+            "the bright rows (%d per chain, %.0f MB) outgrew replica_budget (%.0f MB): "
+            "the shards evaluate the sums from here on",
+            int(self.replica.n_bright().mean()),
+            self.replica.nbytes() / 1e6,
+            self.replica_budget / 1e6,
+        )
+        self.transport.call("set_replica", False)  # first: gradients are kept from here
+        self.ahead.hand_back(self.positions)
+        self.ahead = None
+        self.replica = None
+        self.commits = np.full(self.chains, -1, dtype=np.int64)
 
     def checkpoint(self, iteration: int) -> dict[str, Any]:
         """A JSON-able snapshot to resume from (positions, params, kernel RNG states)."""

@@ -158,6 +158,10 @@ class BrightReplica:
         """Bright rows of each chain, shape (C,)."""
         return np.array([0 if r is None else r.ids.size for r in self._rows], dtype=np.int64)
 
+    def bright_ids(self) -> list[np.ndarray]:
+        """Each chain's bright rows, global ids sorted."""
+        return [np.empty(0, dtype=np.int64) if r is None else r.ids for r in self._rows]
+
     def nbytes(self) -> int:
         """Memory held by the replica's rows."""
         return int(

@@ -157,3 +157,70 @@ def test_a_slow_host_changes_no_draw(ds, local_clusters):
             res = _run(ds, client)
         assert len(proxies) == 2 and res.info["channel"] == "socket"
     _same(ref, res)
+
+
+def _driver(kernel: str, budget: float = 2**30):
+    """A replica-mode driver on 3 in-process shards, z on the driver, untuned bounds
+    (tens of bright rows per chain)."""
+    from flymc_dist.driver import Driver
+    from flymc_dist.kernels import get_kernel
+    from flymc_dist.layout import shard_layout
+    from flymc_dist.protocol import ShardConfig
+    from flymc_dist.transport.inprocess import InProcessTransport
+
+    X, y = _data(1500)
+    model = fd.LogisticRegression()
+    specs, mem, n_rows, n_features, *_ = shard_layout((X, y), {"n_shards": 3})
+    kern = get_kernel(kernel)
+    config = ShardConfig(
+        model=model, algorithm="flymc", chains=3, seed=5, n_rows=n_rows,
+        track_grad=kern.needs_grad,
+    )  # fmt: skip
+    transport = InProcessTransport(specs, config, mem)
+    driver = Driver(
+        model, transport, kern, n_features=n_features, bounds="untuned", chains=3, seed=5,
+        q_db=0.05, n_rows=n_rows, bright_replica="auto", replica_budget=budget,
+    )  # fmt: skip
+    driver.setup()
+    return driver, transport
+
+
+def _shards_z(transport) -> list[np.ndarray]:
+    """Each chain's bright rows on the shards, global ids."""
+    hosts = transport.host.shards
+    return [
+        np.concatenate(
+            [hosts[s.shard_id].chains[c].bright.members + s.start for s in transport.specs]
+        )
+        for c in range(3)
+    ]
+
+
+@pytest.mark.parametrize("kernel", ["slice", "nuts"])
+def test_replica_over_budget_hands_z_back_to_the_shards(kernel, caplog):
+    """``bright_replica="auto"``, the replica outgrowing its budget mid-run: the shards
+    take the driver's z and go on where its z-updates would have — the next z-update on
+    the shards gives the bright sets the driver's own would have, exactly."""
+    stay, _ = _driver(kernel)
+    move, transport = _driver(kernel)
+    assert stay.ahead is not None and move.ahead is not None
+    for _ in range(5):
+        stay.step()
+        move.step()
+    np.testing.assert_array_equal(stay.positions, move.positions)
+    move.replica_budget = 0.0  # the next step outgrows it
+    stay.step()
+    move.step()
+    assert move.ahead is None and move.replica is None
+    assert "outgrew replica_budget" in caplog.text
+    for a, b in zip(stay.replica.bright_ids(), _shards_z(transport), strict=True):
+        np.testing.assert_array_equal(a, b)  # handed back as the driver held it
+    np.testing.assert_array_equal(stay.positions, move.positions)
+    stay.step()
+    st = move.step()  # a shard-evaluated round: z updated there, at the same positions
+    assert st["round_trips"][0] >= 1
+    for a, b in zip(stay.replica.bright_ids(), _shards_z(transport), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert np.all(np.isfinite(move.positions))
+    for _ in range(5):
+        move.step()

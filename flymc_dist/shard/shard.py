@@ -977,6 +977,40 @@ class Shard:
         self._sent = [None] * len(self.chains)
         return self._bright_change(np.zeros(len(self.chains), dtype=np.int64))
 
+    def set_bright(
+        self, thetas: np.ndarray, bright: list[np.ndarray], step: int, generation: int
+    ) -> int:
+        """Take the driver's z (it updated z itself: :mod:`flymc_dist.ahead`): every
+        chain at ``thetas[c]`` with the global rows ``bright[c]`` (sorted) of this shard
+        bright, its z-updates continuing at ``step`` of the streams of ``generation`` —
+        where the driver's would have. Their ``log L~`` (and slopes, when kept) are
+        evaluated at θ; out of core the rows are made resident. Returns the queries."""
+        self.generation = int(generation)
+        track = self.track_grad
+        queries = 0
+        local = [np.asarray(b, dtype=np.int64) - self.spec.start for b in bright]
+        if self.out_of_core:
+            self.rows.fetch(np.concatenate(local))
+        for c, ch in enumerate(self.chains):
+            ch.theta = np.array(thetas[c], dtype=float)
+            ch.step = int(step)
+            ch.last_points = ch.last_vals = ch.last_dvals = None
+            b = BrightSet(self.n, self.model.n_outputs, track)
+            rows = local[c]
+            if rows.size:
+                vals, dvals, _ = self._bright_eval(ch.theta[None], rows, track)
+                b.idx, b.members = rows.copy(), rows.copy()
+                b.set_values(vals[0], None if dvals is None else dvals[0])
+                queries += int(rows.size)
+            ch.bright = b
+        if self.out_of_core:
+            self.rows.keep([ch.bright.members for ch in self.chains])
+        self._sent = [ch.bright.members for ch in self.chains]
+        self._seq, self._reply = None, None
+        self._unsettled = True
+        self.total_queries += queries
+        return queries
+
     def proposals(self, first: int, count: int, generation: int) -> Proposals:
         """The rows of this shard each chain's implicit z-update proposes dark→bright at
         steps ``first .. first + count - 1`` of the streams of ``generation`` (its
