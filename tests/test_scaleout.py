@@ -224,3 +224,27 @@ def test_replica_over_budget_hands_z_back_to_the_shards(kernel, caplog):
     assert np.all(np.isfinite(move.positions))
     for _ in range(5):
         move.step()
+
+
+def test_out_of_core_shards_serve_the_read_ahead(ds):
+    """Out of core (the proposed rows read from the row file by position): the driver's
+    z-update gives the draws of the shards' own out-of-core update."""
+
+    def run(depth: int):
+        return fd.sample(
+            fd.LogisticRegression(),
+            ds,
+            fd.FlyMC(read_ahead=depth, q_db=0.05),
+            "nuts",
+            num_warmup=40,
+            num_samples=60,
+            chains=3,
+            seed=5,
+            client="synchronous",
+            placement=fd.Placement(n_shards=2, out_of_core=True),
+            progress=False,
+        )
+
+    ref, res = run(0), run(8)
+    assert res.info["out_of_core"] == [True, True] and res.info["rows_read"] > 0
+    _same(ref, res)

@@ -159,6 +159,8 @@ def _one(
                 chains=chains,
                 seed=seed,
                 client=client,
+                # a loaded machine may take long to load the shards or to answer
+                placement=fd.Placement(timeout=600.0),
                 progress=False,
             )
     info = res.info
