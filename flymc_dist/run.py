@@ -308,7 +308,8 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
     ``step`` (the driver's whole iteration) = ``round_trip`` (waiting on the transport:
     the round trips' communication plus the workers' ``host_round_wall``) + ``driver``
     (kernels, sums, bookkeeping). Per host: rounds served, wall and CPU seconds per
-    round.
+    round, and the handshakes and frames its round channel refused over the whole run
+    (``channel_refused``: see :mod:`flymc_dist.transport.channel`).
     """
     n = max(int(iterations), 1)
     hosts = []
@@ -321,6 +322,7 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
                     "rounds": int(rounds),
                     "round_wall": (hb["round_wall"] - ha["round_wall"]) / per,
                     "round_cpu": (hb["round_cpu"] - ha["round_cpu"]) / per,
+                    "channel_refused": int(hb["channel_refused"]),
                 }
             )
     step = (b["step"] - a["step"]) / n
