@@ -6,16 +6,18 @@ A *round* is one call from the driver to every shard, for all chains at once
 (each chain's θ only) — and a :class:`Reply` of small arrays (in replica mode a
 :class:`ReplicaReply`) comes back per shard. :class:`ShardSpec` says where a shard's
 rows are (and how to open their store), :class:`ShardConfig` how every shard of a run
-behaves. A round and its replies travel as raw array bytes behind a small pickled header
-(:func:`pack_round`, :func:`pack_reply`): pickling each array costs more than a round's
-compute for a few chains.
+behaves. A round and its replies travel in a fixed binary layout (:func:`pack_arrays`):
+the arrays' raw bytes behind a header of explicit lengths, whitelisted dtypes and shapes,
+validated on arrival (:func:`unpack_round`, :func:`unpack_reply`); nothing received is
+unpickled.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
-import pickle
+import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -41,23 +43,33 @@ def operation_name(func: Callable[..., Any]) -> str:
     return f"{func.__module__}:{func.__qualname__}"
 
 
+#: the modules whose shard operations a shard imports on demand; any other module must
+#: already be imported where the shard runs (nothing else is imported by name)
+OPERATION_MODULES = ("flymc_dist.austerity.shard",)
+
+
 def resolve_operation(name: str) -> Callable[..., Any]:
-    """The shard operation called ``name`` (see :func:`shard_operation`): its module is
-    imported where it runs. A name that is not a function marked with
-    :func:`shard_operation` is refused (ValueError): no arbitrary callable runs on a shard.
+    """The shard operation called ``name`` (see :func:`shard_operation`).
+
+    ``name`` is ``"module:function"``; the module is imported only if it is one of
+    :data:`OPERATION_MODULES` or already imported, so that naming a module runs none of
+    its code. Anything else, or a name that is not a function marked with
+    :func:`shard_operation`, is refused (ValueError): no arbitrary callable runs on a shard.
     """
-    module, _, qualname = str(name).partition(":")
-    func = None
-    if module and qualname:
-        try:
-            func = getattr(importlib.import_module(module), qualname, None)
-        except ImportError:
-            func = None
+    refused = ValueError(
+        f"unknown shard operation {name!r}: not a function marked with "
+        f"flymc_dist.protocol.shard_operation"
+    )
+    if not isinstance(name, str):
+        raise refused
+    module, _, qualname = name.partition(":")
+    if not (module and qualname.isidentifier()):
+        raise refused
+    if module not in sys.modules and module not in OPERATION_MODULES:
+        raise refused
+    func = getattr(importlib.import_module(module), qualname, None)
     if getattr(func, "shard_operation", None) != name:
-        raise ValueError(
-            f"unknown shard operation {name!r}: not a function marked with "
-            f"flymc_dist.protocol.shard_operation"
-        )
+        raise refused
     return func  # type: ignore[return-value]
 
 
@@ -111,34 +123,178 @@ class Request(NamedTuple):
     current_grad: bool
 
 
-def pack_arrays(meta: Any, arrays: list[np.ndarray]) -> bytes:
-    """``meta`` (small plain Python data) and ``arrays`` as one buffer.
+#: the dtypes an array may travel as (little-endian, by their code on the wire)
+WIRE_DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(t)
+    for t in ("<f8", "<f4", "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "<u2", "|u1", "|b1")
+)
+_DTYPE_CODE = {dt: i for i, dt in enumerate(WIRE_DTYPES)}
+#: the most dimensions an array may have, and the deepest nesting of a message's meta
+MAX_NDIM = 4
+MAX_DEPTH = 8
+_MAGIC = b"FLYMC1\0\0"  # 8 bytes: the arrays start 8-byte aligned
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+#: meta value tags: None, False, True, int, float, str, bytes, list, dict
+_NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _DICT = (bytes([c]) for c in b"NFTifsblm")
 
-    The arrays travel as their raw bytes after a pickled header of ``meta`` and their
-    dtypes and shapes: pickling each array through its ``__reduce__`` costs ~10 µs
-    apiece, more than a round's compute for a few chains.
+
+class WireError(ValueError):
+    """A message that does not decode: bad layout, length, dtype, shape or value. Nothing
+    of it has been applied."""
+
+
+def _put(out: list[bytes], v: Any, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise WireError(f"meta nested deeper than {MAX_DEPTH}")
+    if v is None:
+        out.append(_NONE)
+    elif isinstance(v, bool | np.bool_):
+        out.append(_TRUE if v else _FALSE)
+    elif isinstance(v, int | np.integer):
+        out += [_INT, _I64.pack(int(v))]
+    elif isinstance(v, float | np.floating):
+        out += [_FLOAT, _F64.pack(float(v))]
+    elif isinstance(v, str | bytes):
+        b = v.encode() if isinstance(v, str) else v
+        out += [_STR if isinstance(v, str) else _BYTES, _U32.pack(len(b)), b]
+    elif isinstance(v, list | tuple):
+        out += [_LIST, _U32.pack(len(v))]
+        for x in v:
+            _put(out, x, depth + 1)
+    elif isinstance(v, dict):
+        out += [_DICT, _U32.pack(len(v))]
+        for k, x in v.items():
+            _put(out, k, depth + 1)
+            _put(out, x, depth + 1)
+    else:
+        raise TypeError(f"meta cannot carry a {type(v).__name__} (only plain values)")
+
+
+class _Reader:
+    """Reads a message's buffer front to back, refusing anything past its end."""
+
+    def __init__(self, blob: bytes | memoryview) -> None:
+        self.blob = memoryview(blob).cast("B")
+        self.off = 0
+
+    def take(self, n: int) -> memoryview:
+        if n < 0 or self.off + n > len(self.blob):
+            raise WireError(
+                f"message truncated: {n} bytes wanted at {self.off} of {len(self.blob)}"
+            )
+        self.off += n
+        return self.blob[self.off - n : self.off]
+
+    def u32(self) -> int:
+        return _U32.unpack(self.take(4))[0]
+
+    def value(self, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise WireError(f"meta nested deeper than {MAX_DEPTH}")
+        tag = bytes(self.take(1))
+        if tag == _NONE:
+            return None
+        if tag in (_FALSE, _TRUE):
+            return tag == _TRUE
+        if tag == _INT:
+            return _I64.unpack(self.take(8))[0]
+        if tag == _FLOAT:
+            return _F64.unpack(self.take(8))[0]
+        if tag == _STR:
+            try:
+                return str(self.take(self.u32()), "utf-8")
+            except UnicodeDecodeError as e:
+                raise WireError(f"meta string is not UTF-8: {e}") from None
+        if tag == _BYTES:
+            return bytes(self.take(self.u32()))
+        if tag == _LIST:
+            n = self.u32()
+            if n > len(self.blob) - self.off:  # each item takes a byte at least
+                raise WireError(f"meta list of {n} items longer than the message")
+            return tuple(self.value(depth + 1) for _ in range(n))
+        if tag == _DICT:
+            n = self.u32()
+            if 2 * n > len(self.blob) - self.off:
+                raise WireError(f"meta dict of {n} items longer than the message")
+            out = {}
+            for _ in range(n):
+                k = self.value(depth + 1)
+                if not isinstance(k, int | str | bytes | bool | None):
+                    raise WireError(f"meta dict key of type {type(k).__name__}")
+                out[k] = self.value(depth + 1)
+            return out
+        raise WireError(f"unknown meta tag {tag!r}")
+
+
+def pack_arrays(meta: Any, arrays: list[np.ndarray]) -> bytes:
+    """``meta`` (small plain data: None, bool, int, float, str, bytes, lists, tuples and
+    dicts of them) and ``arrays`` as one buffer; nothing in it is pickled.
+
+    The layout: an 8-byte magic; the meta's length and its tagged encoding; the number
+    of arrays and, for each, its dtype's code in :data:`WIRE_DTYPES`, its number of
+    dimensions and its shape; then the arrays' raw bytes, 8-byte aligned. Pickling each
+    array through its ``__reduce__`` would cost ~10 µs apiece, more than a round's
+    compute for a few chains, and would run code on the receiving side.
     """
+    body: list[bytes] = []
+    _put(body, meta, 0)
+    head = b"".join(body)
     arrays = [np.ascontiguousarray(a) for a in arrays]
-    head = pickle.dumps(
-        (meta, [(a.dtype.str, a.shape) for a in arrays]), protocol=pickle.HIGHEST_PROTOCOL
-    )
-    pad = -(len(head) + 8) % 8  # the arrays start 8-byte aligned
+    specs = [_U32.pack(len(arrays))]
+    for a in arrays:
+        dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
+        if dt not in _DTYPE_CODE:
+            raise TypeError(f"an array of dtype {a.dtype} cannot travel (see WIRE_DTYPES)")
+        if a.ndim > MAX_NDIM:
+            raise TypeError(f"an array of {a.ndim} dimensions cannot travel (at most {MAX_NDIM})")
+        specs.append(struct.pack(f"<BB{a.ndim}q", _DTYPE_CODE[dt], a.ndim, *a.shape))
+    spec = b"".join(specs)
+    n = 8 + 4 + len(head) + len(spec)
     return b"".join(
-        [len(head).to_bytes(8, "little"), head, b"\0" * pad] + [a.tobytes() for a in arrays]
+        [_MAGIC, _U32.pack(len(head)), head, spec, b"\0" * (-n % 8)]
+        + [a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes() for a in arrays]
     )
 
 
 def unpack_arrays(blob: bytes) -> tuple[Any, list[np.ndarray]]:
-    """Invert :func:`pack_arrays`; the arrays are read-only views of ``blob``."""
-    n = int.from_bytes(blob[:8], "little")
-    meta, specs = pickle.loads(blob[8 : 8 + n])
-    off = 8 + n + (-(n + 8) % 8)
+    """Invert :func:`pack_arrays`, refusing (:class:`WireError`) anything that does not
+    fit its layout: a wrong magic, a length past the end or short of it, an unknown dtype,
+    a negative shape. The arrays are read-only views of ``blob``."""
+    r = _Reader(blob)
+    if bytes(r.take(8)) != _MAGIC:
+        raise WireError("not a flymc message (wrong magic)")
+    n_head = r.u32()
+    end = r.off + n_head
+    meta = r.value()
+    if r.off != end:
+        raise WireError(f"meta of {r.off - end + n_head} bytes, its header says {n_head}")
+    n_arrays = r.u32()
+    if 2 * n_arrays > len(r.blob) - r.off:
+        raise WireError(f"{n_arrays} arrays announced in a message of {len(r.blob)} bytes")
+    specs = []
+    for _ in range(n_arrays):
+        code, ndim = struct.unpack("<BB", r.take(2))
+        if code >= len(WIRE_DTYPES) or ndim > MAX_NDIM:
+            raise WireError(f"array of dtype code {code} and {ndim} dimensions refused")
+        shape = struct.unpack(f"<{ndim}q", r.take(8 * ndim))
+        if any(d < 0 for d in shape):
+            raise WireError(f"array of negative shape {shape} refused")
+        specs.append((WIRE_DTYPES[code], shape))
+    r.take(-r.off % 8)
     out = []
-    for dt, shape in specs:
-        dtype = np.dtype(dt)
+    for dtype, shape in specs:
         count = math.prod(shape)
-        out.append(np.frombuffer(blob, dtype, count, off).reshape(shape))
-        off += count * dtype.itemsize
+        nbytes = count * dtype.itemsize
+        if nbytes > len(r.blob) - r.off:
+            raise WireError(f"array of shape {shape} longer than the message")
+        a = np.frombuffer(r.take(nbytes), dtype, count).reshape(shape)
+        if dtype.kind == "b" and count and a.view(np.uint8).max() > 1:
+            raise WireError("a boolean array holds bytes other than 0 and 1")
+        out.append(a.astype(dtype.newbyteorder("="), copy=False))
+    if r.off != len(r.blob):
+        raise WireError(f"{len(r.blob) - r.off} bytes after the last array")
     return meta, out
 
 
@@ -176,15 +332,75 @@ def pack_round(msg: Round | ReplicaRound) -> bytes:
     return pack_arrays(meta, [r.points for r in msg.requests if r is not None])
 
 
+def _finite_matrix(a: np.ndarray, what: str) -> np.ndarray:
+    if a.dtype != np.float64 or a.ndim != 2:
+        raise WireError(f"{what} must be a 2-D float64 array, not {a.ndim}-D {a.dtype}")
+    if not np.isfinite(a).all():
+        raise WireError(f"{what} holds NaN or infinite values")
+    return a
+
+
+def _int(v: Any, what: str, lo: int = -(2**63)) -> int:
+    if type(v) is not int or v < lo:
+        raise WireError(f"{what} must be an integer >= {lo}, not {v!r}")
+    return v
+
+
 def unpack_round(blob: bytes) -> Round | ReplicaRound:
-    """Invert :func:`pack_round`."""
+    """Invert :func:`pack_round`, validating the message before anything uses it
+    (:class:`WireError`: wrong layout, a NaN or infinite θ, a shape that does not fit).
+    How many chains and parameters the shards have is checked by :func:`check_round`."""
     meta, arrays = unpack_arrays(blob)
+    if not isinstance(meta, tuple) or not meta or meta[0] not in ("replica", "round"):
+        raise WireError("not a round message")
     if meta[0] == "replica":
-        return ReplicaRound(meta[1], arrays[0])
-    _, seq, commits, update_z, shapes = meta
+        if len(meta) != 2 or len(arrays) != 1:
+            raise WireError("a replica round carries its seq and one array")
+        return ReplicaRound(_int(meta[1], "seq"), _finite_matrix(arrays[0], "thetas"))
+    if len(meta) != 5:
+        raise WireError("a round carries seq, commits, update_z and the requests' flags")
+    _, seq, commits, update_z, flags = meta
+    if not isinstance(commits, tuple) or not isinstance(flags, tuple) or len(commits) != len(flags):
+        raise WireError("a round's commits and requests must be one per chain")
+    if type(update_z) is not bool:
+        raise WireError("update_z must be a bool")
+    for f in flags:
+        if f is not None and not (
+            isinstance(f, tuple) and len(f) == 2 and all(type(b) is bool for b in f)
+        ):
+            raise WireError(f"a request's flags must be None or two bools, not {f!r}")
+    if len(arrays) != sum(f is not None for f in flags):
+        raise WireError("a round carries one array of points per request")
     it = iter(arrays)
-    requests = [None if f is None else Request(next(it), f[0], f[1]) for f in shapes]
-    return Round(seq, np.asarray(commits, dtype=np.int64), update_z, requests)
+    requests = [
+        None if f is None else Request(_finite_matrix(next(it), "points"), f[0], f[1])
+        for f in flags
+    ]
+    return Round(
+        _int(seq, "seq"),
+        np.array([_int(c, "commit", -1) for c in commits], dtype=np.int64),
+        update_z,
+        requests,
+    )
+
+
+def check_round(msg: Round | ReplicaRound, chains: int, n_params: int) -> None:
+    """Refuse (:class:`WireError`) a round whose chains or parameters are not the
+    shards' ``chains`` and ``n_params``."""
+    if isinstance(msg, ReplicaRound):
+        if msg.thetas.shape != (chains, n_params):
+            raise WireError(
+                f"thetas of shape {msg.thetas.shape}, the shards hold {chains} chains "
+                f"of {n_params} parameters"
+            )
+        return
+    if len(msg.requests) != chains or msg.commits.shape != (chains,):
+        raise WireError(f"a round for {len(msg.requests)} chains, the shards hold {chains}")
+    for r in msg.requests:
+        if r is not None and r.points.shape[1] != n_params:
+            raise WireError(
+                f"points of {r.points.shape[1]} parameters, the shards' model has {n_params}"
+            )
 
 
 class Reply(NamedTuple):
@@ -284,13 +500,24 @@ def pack_reply(reply: dict[int, Reply | ReplicaReply]) -> bytes:
 
 
 def unpack_reply(blob: bytes) -> dict[int, Reply | ReplicaReply]:
-    """Invert :func:`pack_reply` (the arrays are read-only views of ``blob``)."""
+    """Invert :func:`pack_reply`, validating the layout (:class:`WireError`); the arrays
+    are read-only views of ``blob``."""
     meta, arrays = unpack_arrays(blob)
+    if not isinstance(meta, tuple):
+        raise WireError("not a reply message")
     it = iter(arrays)
-    return {
-        sid: _REPLY_TYPES[tag]._make([next(it) if p else None for p in present])
-        for sid, tag, present in meta
-    }
+    out: dict[int, Reply | ReplicaReply] = {}
+    try:
+        for sid, tag, present in meta:
+            kind = _REPLY_TYPES[int(tag)]
+            if not isinstance(present, tuple) or len(present) != len(kind._fields):
+                raise WireError(f"a {kind.__name__} has {len(kind._fields)} fields")
+            out[_int(sid, "shard id", 0)] = kind._make([next(it) if p else None for p in present])
+    except (TypeError, ValueError, StopIteration) as e:
+        raise WireError(f"not a reply message: {e}") from None
+    if next(it, None) is not None:
+        raise WireError("a reply carries more arrays than its fields")
+    return out
 
 
 class Ahead(NamedTuple):

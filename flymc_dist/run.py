@@ -308,9 +308,11 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
     ``step`` (the driver's whole iteration) = ``round_trip`` (waiting on the transport:
     the round trips' communication plus the workers' ``host_round_wall``) + ``driver``
     (kernels, sums, bookkeeping). Per host: rounds served, wall and CPU seconds per
-    round. The driver's samplers also give ``z_update`` (FlyMC's z-update in replica
-    mode: its round, or its update on the replica with the wait for read-ahead rows)
-    and ``theta_kernel``, the rest of the step: the θ-kernel on the replica.
+    round, and the handshakes and frames its round channel refused over the whole run
+    (``channel_refused``: see :mod:`flymc_dist.transport.channel`). The driver's samplers
+    also give ``z_update`` (FlyMC's z-update in replica mode: its round, or its update on
+    the replica with the wait for read-ahead rows) and ``theta_kernel``, the rest of the
+    step: the θ-kernel on the replica.
     """
     n = max(int(iterations), 1)
     hosts = []
@@ -323,6 +325,7 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
                     "rounds": int(rounds),
                     "round_wall": (hb["round_wall"] - ha["round_wall"]) / per,
                     "round_cpu": (hb["round_cpu"] - ha["round_cpu"]) / per,
+                    "channel_refused": int(hb["channel_refused"]),
                 }
             )
     step = (b["step"] - a["step"]) / n

@@ -12,13 +12,15 @@ import pytest
 import flymc_dist as fd
 from flymc_dist.transport.channel import (
     ECHO,
+    KEY_BYTES,
     ROUND,
-    TOKEN_BYTES,
     ChannelClient,
     ChannelError,
     ChannelServer,
     check_channel,
 )
+
+SECRET = b"k" * KEY_BYTES
 
 
 class _Handler:
@@ -40,10 +42,10 @@ class _Handler:
 
 @pytest.fixture()
 def pair():
-    servers = [ChannelServer(_Handler(), "127.0.0.1") for _ in range(2)]
     client = ChannelClient()
+    servers = [ChannelServer(_Handler(), "127.0.0.1", client.secret) for _ in range(2)]
     for i, s in enumerate(servers):
-        client.connect(f"w{i}", s.address, s.token)
+        client.connect(f"w{i}", s.address, client.secret)
     yield servers, client
     client.close()
     for s in servers:
@@ -91,27 +93,36 @@ def test_timeout_is_a_lost_host(pair):
     assert "w0" not in client
 
 
-def test_connection_without_token_is_dropped_before_anything_runs():
+def test_connection_without_the_key_is_dropped_before_anything_runs(caplog):
     handler = _Handler()
-    server = ChannelServer(handler, "127.0.0.1")
+    server = ChannelServer(handler, "127.0.0.1", SECRET)
     try:
         with socket.create_connection(server.address, timeout=5) as s:
-            s.sendall(b"\0" * TOKEN_BYTES)  # wrong token, then a well-formed request
-            s.sendall(bytes([ECHO]) + (3).to_bytes(8, "big") + b"abc")
+            s.recv(100)  # the greeting
+            s.sendall(b"\0" * 48)  # a wrong proof, then a request
+            s.sendall(bytes([ECHO]) + (1).to_bytes(8, "big") + (3).to_bytes(8, "big") + b"abc")
             try:  # closed without a reply (reset: our request was never read)
                 assert s.recv(100) == b""
             except ConnectionResetError:
                 pass
-        assert handler.calls == []
-        # a client with the wrong token learns it as a lost host
+        # a client with another key learns it at connect
         client = ChannelClient()
-        client.connect("w", server.address, b"\1" * TOKEN_BYTES)
-        ok, bad = client.fanout(ECHO, b"abc", ["w"], timeout=5)
-        assert not ok and isinstance(bad["w"], ChannelError)
+        with pytest.raises(ChannelError, match="refused the handshake"):
+            client.connect("w", server.address, b"\1" * KEY_BYTES)
         assert handler.calls == []
+        _wait(lambda: server.refused["handshake"] == 2)
+        assert "refused handshake" in caplog.text
         client.close()
     finally:
         server.close()
+
+
+def _wait(pred, timeout: float = 10.0) -> None:
+    t0 = time.time()
+    while not pred():
+        if time.time() - t0 > timeout:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
 
 
 def test_check_channel():
@@ -151,7 +162,7 @@ def _refused(address: tuple[str, int]) -> bool:
 
 
 def test_close_wakes_the_accept_thread_and_frees_the_port():
-    server = ChannelServer(_Handler(), "127.0.0.1")
+    server = ChannelServer(_Handler(), "127.0.0.1", SECRET)
     assert not _refused(server.address)
     server.close()
     assert not server._thread.is_alive()  # woken from accept(), not left blocked forever
@@ -174,9 +185,9 @@ def test_a_released_host_stops_its_channel():
         model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0, n_rows=30
     )
     host = ShardHost([ShardSpec(0, "", 0, 30)], config, {0: (X, y)})
-    address, token = host.open_channel("127.0.0.1")
     client = ChannelClient()
-    client.connect("w", address, token)
+    address = host.open_channel("127.0.0.1", client.secret)
+    client.connect("w", address, client.secret)
     ok, bad = client.fanout(ECHO, b"abc", ["w"], timeout=5)
     assert ok == {"w": b"abc"} and not bad
     thread = host._channel._thread
@@ -191,8 +202,8 @@ def test_a_released_host_stops_its_channel():
     client.close()
 
 
-def test_connections_before_the_token_are_capped_and_frames_after_it():
-    """Idle connections cannot pile up threads (at most MAX_PENDING wait for the token;
+def test_connections_in_handshake_are_capped_and_frames_after_it():
+    """Idle connections cannot pile up threads (at most MAX_PENDING in their handshake;
     more are closed at once), and an oversized request closes its connection unread."""
     from flymc_dist.transport.channel import HEADER, MAX_FRAME, MAX_PENDING
 
@@ -200,7 +211,8 @@ def test_connections_before_the_token_are_capped_and_frames_after_it():
         return sum(t.name == "flymc-channel" for t in threading.enumerate())
 
     handler = _Handler()
-    server = ChannelServer(handler, "127.0.0.1")
+    client = ChannelClient()
+    server = ChannelServer(handler, "127.0.0.1", client.secret)
     idle = []
     base = serving()  # other tests' connection threads may still be ending
     try:
@@ -226,15 +238,16 @@ def test_connections_before_the_token_are_capped_and_frames_after_it():
             time.sleep(0.01)
         assert server._pending == 0
         # the driver gets in, and an oversized request closes its connection unread
-        with socket.create_connection(server.address, timeout=5) as s:
-            s.sendall(server.token + HEADER.pack(ECHO, MAX_FRAME + 1) + b"x" * 1000)
-            try:
-                assert s.recv(100) == b""
-            except ConnectionResetError:
-                pass
+        client.connect("w", server.address, client.secret)
+        sock = client._conns["w"].sock
+        sock.sendall(HEADER.pack(ECHO, 1, MAX_FRAME + 1) + b"x" * 1000)
+        try:
+            assert sock.recv(100) == b""
+        except ConnectionResetError:
+            pass
         assert handler.calls == []
-        client = ChannelClient()
-        client.connect("w", server.address, server.token)
+        _wait(lambda: server.refused["oversized frame"] == 1)
+        client.connect("w", server.address, client.secret)
         ok, bad = client.fanout(ECHO, b"abc", ["w"], timeout=5)
         assert ok == {"w": b"abc"} and not bad
         client.close()
@@ -242,3 +255,234 @@ def test_connections_before_the_token_are_capped_and_frames_after_it():
         for s in idle:
             s.close()
         server.close()
+
+
+# ------------------------------------------------------------------ attacks (issue 41)
+class _Recorder:
+    """Wraps a connected client's socket: every byte the driver sends is kept."""
+
+    def __init__(self, client: ChannelClient, key: str) -> None:
+        self.sent: list[bytes] = []
+        conn = client._conns[key]
+        real = conn.sock
+
+        class Sock:
+            def __getattr__(_, name):
+                return getattr(real, name)
+
+            def sendall(_, data):
+                self.sent.append(bytes(data))
+                return real.sendall(data)
+
+        conn.sock = Sock()
+        self.real = real
+
+
+def test_a_replayed_frame_is_refused_on_its_connection_and_on_another(caplog):
+    handler = _Handler()
+    client = ChannelClient()
+    server = ChannelServer(handler, "127.0.0.1", client.secret)
+    try:
+        client.connect("w", server.address, client.secret)
+        rec = _Recorder(client, "w")
+        ok, _ = client.fanout(ROUND, b"abc", ["w"], timeout=5)
+        assert ok == {"w": b"cba"}
+        frame = rec.sent[-1]
+        # on another connection: its handshake cannot be replayed (fresh nonces)
+        with socket.create_connection(server.address, timeout=5) as s:
+            s.recv(100)
+            s.sendall(b"\0" * 48 + frame)
+            _closed(s)
+        # on the driver's own connection: out of sequence
+        rec.real.sendall(frame)
+        _closed(rec.real)
+        assert handler.calls == [(ROUND, b"abc")]  # applied once, never again
+        _wait(lambda: server.refused["replayed frame"] == 1 and server.refused["handshake"] == 1)
+        assert "refused replayed frame" in caplog.text
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_forged_frame_and_a_second_driver_are_refused():
+    handler = _Handler()
+    client = ChannelClient()
+    server = ChannelServer(handler, "127.0.0.1", client.secret)
+    try:
+        client.connect("w", server.address, client.secret)
+        # a second driver, even with the key, while one is connected
+        other = ChannelClient()
+        with pytest.raises(ChannelError):
+            other.connect("w", server.address, client.secret)
+        _wait(lambda: server.refused["second driver"] == 1)
+        ok, bad = client.fanout(ECHO, b"still here", ["w"], timeout=5)
+        assert ok == {"w": b"still here"} and not bad
+        # a frame whose payload was changed in flight
+        rec = _Recorder(client, "w")
+        client.fanout(ROUND, b"abc", ["w"], timeout=5)
+        from flymc_dist.transport.channel import HEADER
+
+        forged = bytearray(rec.sent[-1])
+        forged[HEADER.size] ^= 1
+        forged[1:9] = (3).to_bytes(8, "big")  # the next sequence number
+        rec.real.sendall(bytes(forged))
+        _closed(rec.real)
+        _wait(lambda: server.refused["forged frame"] == 1)
+        assert handler.calls == [(ECHO, b"still here"), (ROUND, b"abc")]
+    finally:
+        client.close()
+        server.close()
+
+
+def _closed(sock: socket.socket) -> None:
+    sock.settimeout(5)
+    try:
+        assert sock.recv(100) == b""
+    except ConnectionResetError:
+        pass
+
+
+def test_a_crafted_pickle_runs_nothing(tmp_path):
+    """What the old channel unpickled: a pickle whose loading runs a command. Sent raw,
+    after the greeting, as a frame: refused, nothing runs, the server goes on."""
+    import os
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    blob = pickle.dumps(Evil())
+    handler = _Handler()
+    client = ChannelClient()
+    server = ChannelServer(handler, "127.0.0.1", client.secret)
+    try:
+        for data in (blob, bytes([ROUND]) + len(blob).to_bytes(8, "big") + blob):
+            with socket.create_connection(server.address, timeout=5) as s:
+                s.recv(100)
+                s.sendall(data + b"\0" * 64)
+                _closed(s)
+        _wait(lambda: server.refused["handshake"] == 2)
+        client.connect("w", server.address, client.secret)
+        ok, _ = client.fanout(ECHO, b"up", ["w"], timeout=5)
+        assert ok == {"w": b"up"}
+        # and a pickle inside an authenticated round is refused by the round's layout
+        from flymc_dist.protocol import WireError, unpack_reply, unpack_round
+
+        for unpack in (unpack_round, unpack_reply):
+            with pytest.raises(WireError):
+                unpack(blob)
+        assert not marker.exists() and handler.calls == [(ECHO, b"up")]
+    finally:
+        client.close()
+        server.close()
+
+
+def test_errors_travel_as_a_code_and_a_message():
+    from flymc_dist.transport.channel import decode_error, encode_error
+
+    class Custom(ValueError):
+        pass
+
+    for e, kind, text in (
+        (ValueError("bad θ"), ValueError, "bad θ"),
+        (FileNotFoundError(2, "gone"), OSError, "FileNotFoundError: [Errno 2] gone"),
+        (Custom("x"), ValueError, "Custom: x"),
+        (KeyError("k"), KeyError, "k"),
+        (SystemExit(3), RuntimeError, "SystemExit: 3"),
+    ):
+        back = decode_error(encode_error(e))
+        assert type(back) is kind and str(back).strip("'") == text
+    for junk in (b"", b"\xff\xff boom"):
+        assert isinstance(decode_error(junk), ChannelError)
+
+
+# ------------------------------------------------------------ the round's wire layout
+def _round():
+    from flymc_dist.protocol import Request, Round
+
+    reqs = [Request(np.array([[0.1, 0.2]]), False, True), None]
+    return Round(7, np.array([-1, 0]), True, reqs)
+
+
+def test_round_layout_round_trips_and_refuses_what_does_not_fit():
+    from flymc_dist.protocol import (
+        ReplicaRound,
+        WireError,
+        check_round,
+        pack_arrays,
+        pack_round,
+        unpack_round,
+    )
+
+    back = unpack_round(pack_round(_round()))
+    assert back.seq == 7 and back.update_z and back.requests[1] is None
+    np.testing.assert_array_equal(back.requests[0].points, [[0.1, 0.2]])
+    check_round(back, 2, 2)
+    with pytest.raises(WireError, match="2 chains of 3 parameters|model has 3"):
+        check_round(back, 2, 3)
+    with pytest.raises(WireError, match="for 2 chains, the shards hold 4"):
+        check_round(back, 4, 2)
+    good = pack_round(ReplicaRound(3, np.zeros((2, 2))))
+    assert unpack_round(good).seq == 3
+    bad = {
+        "NaN θ": pack_round(ReplicaRound(3, np.array([[0.0, np.nan], [0, 0]]))),
+        "inf point": pack_arrays(
+            ("round", 1, (-1,), True, ((False, False),)), [np.full((1, 2), np.inf)]
+        ),
+        "truncated": good[:-3],
+        "trailing": good + b"\0" * 8,
+        "wrong magic": b"X" + good[1:],
+        "int θ": pack_arrays(("replica", 3), [np.zeros((2, 2), dtype=np.int64)]),
+        "1-D θ": pack_arrays(("replica", 3), [np.zeros(4)]),
+        "commit -2": pack_arrays(("round", 1, (-2,), True, (None,)), []),
+        "str seq": pack_arrays(("replica", "3"), [np.zeros((2, 2))]),
+        "missing points": pack_arrays(("round", 1, (-1,), True, ((False, False),)), []),
+        "unknown kind": pack_arrays(("exec", "os.system"), []),
+    }
+    # a negative shape, an unknown dtype code and a huge shape, written by hand
+    from flymc_dist.protocol import WIRE_DTYPES
+
+    f8 = WIRE_DTYPES.index(np.dtype("<f8"))
+    shape_at = good.index(bytes([f8, 2]) + (2).to_bytes(8, "little", signed=True))
+    bad["negative shape"] = (
+        good[: shape_at + 2] + (-2).to_bytes(8, "little", signed=True) + good[shape_at + 10 :]
+    )
+    bad["unknown dtype"] = good[:shape_at] + bytes([200]) + good[shape_at + 1 :]
+    bad["huge shape"] = (
+        good[: shape_at + 2] + (2**40).to_bytes(8, "little", signed=True) + good[shape_at + 10 :]
+    )
+    for name, blob in bad.items():
+        with pytest.raises(WireError):
+            unpack_round(blob)
+        assert name
+
+
+def test_resolve_operation_refuses_before_importing(tmp_path, monkeypatch):
+    import sys
+
+    from flymc_dist.protocol import operation_name, resolve_operation
+
+    (tmp_path / "flymc_side_effect.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\ndef f(shard):\n    return 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in (
+        None,
+        3,
+        b"x:y",
+        "",
+        "os",
+        "os:system",
+        "flymc_side_effect:f",
+        ":f",
+        "os:path.join",
+    ):
+        with pytest.raises(ValueError, match="unknown shard operation"):
+            resolve_operation(name)
+    assert "flymc_side_effect" not in sys.modules and not (tmp_path / "imported").exists()
+    from flymc_dist.austerity.shard import shard_batch
+
+    assert resolve_operation(operation_name(shard_batch)) is shard_batch

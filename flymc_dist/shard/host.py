@@ -19,6 +19,7 @@ from flymc_dist.protocol import (
     Round,
     ShardConfig,
     ShardSpec,
+    check_round,
     pack_proposals,
     pack_reply,
     unpack_ahead,
@@ -140,29 +141,40 @@ class ShardHost:
                 self.shards[i].settle()
 
     def timing(self) -> dict[str, float]:
-        """Rounds served here and the wall / CPU seconds they took."""
-        return dict(self._busy)
+        """Rounds served here and the wall / CPU seconds they took; ``channel_refused``:
+        the handshakes and frames the round channel refused (see
+        :attr:`flymc_dist.transport.channel.ChannelServer.refused`)."""
+        refused = 0 if self._channel is None else sum(self._channel.refused.values())
+        return {**self._busy, "channel_refused": refused}
 
     def round_packed(self, blob: bytes) -> bytes:
-        """:meth:`round` with its arguments and reply pickled into one buffer each.
+        """:meth:`round` with its arguments and reply packed into one buffer each
+        (:func:`~flymc_dist.protocol.pack_round`, :func:`~flymc_dist.protocol.pack_reply`).
 
         A round's payload is a handful of small arrays; one buffer each way costs the
-        Dask RPC layer far less than serialising every array as its own frame.
+        Dask RPC layer far less than serialising every array as its own frame. The
+        message is validated — its layout, finite values, the shards' chains and
+        parameters — before any shard sees it.
         """
-        return pack_reply(self.round(unpack_round(blob)))
+        msg = unpack_round(blob)
+        if self.shards:
+            first = next(iter(self.shards.values()))
+            check_round(msg, self.config.chains, first.n_params)
+        return pack_reply(self.round(msg))
 
     # ------------------------------------------------------------ the channel
-    def open_channel(self, host: str) -> tuple[tuple[str, int], bytes]:
-        """Serve rounds on a socket of ``host`` (see :mod:`flymc_dist.transport.channel`).
+    def open_channel(self, host: str, secret: bytes) -> tuple[str, int]:
+        """Serve rounds on a socket of ``host`` (see :mod:`flymc_dist.transport.channel`)
+        to the driver holding the run's key ``secret`` (handed over through Dask).
 
-        Returns the address to connect to and the token to present.
+        Returns the address to connect to.
         """
         self.close_channel()
-        self._channel = ChannelServer(self._serve_channel, host, self._after_channel)
+        self._channel = ChannelServer(self._serve_channel, host, secret, self._after_channel)
         # the server holds this host weakly: once Dask drops the actor (its run released
         # it, or the run's client went away), the server stops and its port is freed
         weakref.finalize(self, self._channel.close)
-        return self._channel.address, self._channel.token
+        return self._channel.address
 
     def _serve_channel(self, code: int, payload: bytes) -> bytes:
         if code == ROUND:

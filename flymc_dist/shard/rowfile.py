@@ -3,13 +3,17 @@
 At set-up an out-of-core shard streams its rows from the store once (a local
 directory, or object storage: the only read of the store) into a file beside the
 worker (:meth:`RowFile.create`): one fixed-size record per row, its features in the
-store's dtype then its target. From then on it reads any rows by position
+store's dtype, its target, and a 32-bit checksum of the record and its row number (every
+write checked, a short one continued). From then on it reads any rows by position
 (:meth:`RowFile.read`) with ``pread`` from a compiled loop, asks the kernel to bring
 rows it will read soon into the page cache (:meth:`RowFile.advise`), and streams whole
 blocks for full passes (:meth:`RowFile.blocks`, one block read ahead on a thread).
-Reads go through the page cache, which the kernel reclaims under pressure and which is
-not the worker's memory (Dask's memory monitor counts a process's resident set; a
-memory-mapped file's pages would count).
+Every record read is checked against its checksum (:func:`check_records`): a file changed
+in place after it was written (another shard's bytes, a shift) is an :class:`OSError`
+naming the file and the row, never silently read. Reads go through the page cache,
+which the kernel reclaims under pressure and which is not the worker's memory (Dask's
+memory monitor counts a process's resident set; a memory-mapped file's pages would
+count).
 
 Knows nothing of models, chains or Dask, but for the local directory it asks the
 worker for (:func:`local_directory`).
@@ -51,6 +55,86 @@ _WILLNEED = 3
 
 #: rows of each block a full pass reads at once (at most: the shard's blocks may be fewer)
 BLOCK_BYTES = 16 * 1024 * 1024
+
+
+#: a record's checksum: its row number and its 32-bit words before the checksum, mixed
+_SEED = np.uint64(0x9E3779B97F4A7C15)
+_ROW = np.uint64(0xC2B2AE3D27D4EB4F)
+_MUL = np.uint64(0xFF51AFD7ED558CCD)
+
+
+@numba.njit(cache=True, nogil=True)
+def _checksums(words: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """Each record's checksum into ``out``: ``words`` is ``(n, W)`` uint32, the records
+    (their last word is the stored checksum, left out), ``rows`` their row numbers."""
+    s29, s32 = np.uint64(29), np.uint64(32)
+    m = words.shape[1] - 1  # the words checked
+    for i in range(words.shape[0]):
+        h = _SEED ^ (np.uint64(rows[i]) * _ROW)
+        for j in range(0, m - 1, 2):  # two words at a time
+            v = np.uint64(words[i, j]) | (np.uint64(words[i, j + 1]) << s32)
+            h = (h ^ v) * _MUL
+            h ^= h >> s29
+        if m % 2:
+            h = (h ^ np.uint64(words[i, m - 1])) * _MUL
+        h = (h ^ (h >> s32)) * _ROW
+        out[i] = np.uint32(h >> s32)
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_bad(words: np.ndarray, rows: np.ndarray) -> int:
+    """The index of the first record whose stored checksum is not its own, or -1."""
+    sums = np.empty(words.shape[0], dtype=np.uint32)
+    _checksums(words, rows, sums)
+    last = words.shape[1] - 1
+    for i in range(words.shape[0]):
+        if sums[i] != words[i, last]:
+            return i
+    return -1
+
+
+def record_dtype(x_dtype: Any, y_dtype: Any, n_features: int) -> np.dtype:
+    """A row file's record: the features, the target, padding to 4 bytes, the checksum."""
+    fields = [("X", np.dtype(x_dtype), (int(n_features),)), ("y", np.dtype(y_dtype))]
+    pad = -sum(np.dtype(f[1]).itemsize * (f[2][0] if len(f) > 2 else 1) for f in fields) % 4
+    if pad:
+        fields.append(("pad", np.uint8, (pad,)))
+    return np.dtype(fields + [("check", "<u4")])
+
+
+def check_records(buf: np.ndarray, rows: np.ndarray, path: str) -> None:
+    """Refuse (:class:`OSError` naming ``path`` and the row) records of ``buf`` (read from
+    ``rows``) whose checksum is not theirs."""
+    if not buf.size:
+        return
+    words = buf.view(np.uint32).reshape(buf.size, -1)
+    bad = _first_bad(words, rows)
+    if bad >= 0:
+        raise OSError(
+            f"{path}: row {int(rows[bad])} (its record at byte {int(rows[bad]) * buf.itemsize}) "
+            "fails its checksum: the row file was changed after it was written"
+        )
+
+
+def _write_all(fd: int, data: memoryview, path: str, at: int) -> None:
+    """Write all of ``data`` (``at`` bytes written before), continuing short writes;
+    :class:`OSError` naming ``path`` and the cause if a write fails or makes no progress."""
+    done = 0
+    while done < len(data):
+        try:
+            k = os.write(fd, data[done:])
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"out of core: writing the row file {path!r} failed after "
+                f"{at + done} bytes: {e.strerror}",
+            ) from None
+        if k <= 0:
+            raise OSError(
+                f"out of core: writing the row file {path!r} made no progress after "
+                f"{at + done} bytes"
+            )
+        done += k
 
 
 @numba.njit(cache=True, nogil=True)
@@ -135,7 +219,7 @@ class RowFile:
     def __init__(self, path: str, n: int, n_features: int, x_dtype: Any, y_dtype: Any) -> None:
         self.path = path
         self.n, self.n_features = int(n), int(n_features)
-        self._rec = np.dtype([("X", np.dtype(x_dtype), (self.n_features,)), ("y", y_dtype)])
+        self._rec = record_dtype(x_dtype, y_dtype, self.n_features)
         self.record = int(self._rec.itemsize)
         self._fd = os.open(path, os.O_RDONLY)
         self._pool: _Reader | None = None
@@ -158,12 +242,13 @@ class RowFile:
         ------
         OSError
             ``directory`` has not room for the file (checked before anything is written),
-            or a write failed (the partial file is removed).
+            or a write failed or made no progress (naming the file and the cause; the
+            partial file is removed).
         """
         n, D = int(stop - start), int(dataset.n_features)
         chunks = dataset.iter_chunks(start, stop)
         first = next(chunks)  # its target's dtype sizes the records
-        rec = np.dtype([("X", dataset.dtype, (D,)), ("y", first[3].dtype)])
+        rec = record_dtype(dataset.dtype, first[3].dtype, D)
         need = n * rec.itemsize
         os.makedirs(directory, exist_ok=True)
         free = shutil.disk_usage(directory).free
@@ -176,16 +261,24 @@ class RowFile:
             )
         fd, path = tempfile.mkstemp(prefix="flymc-rows-", suffix=".bin", dir=directory)
         try:
-            with os.fdopen(fd, "wb", buffering=0) as f:
-                for lo, _, X, y in itertools.chain([first], chunks):
-                    if each is not None:
-                        each(lo, X)
-                    block = np.empty(y.size, dtype=rec)
-                    block["X"] = X
-                    block["y"] = y
-                    f.write(memoryview(block).cast("B"))
+            at = 0
+            for lo, _, X, y in itertools.chain([first], chunks):
+                if each is not None:
+                    each(lo, X)
+                block = np.zeros(y.size, dtype=rec)
+                block["X"] = X
+                block["y"] = y
+                words = block.view(np.uint32).reshape(y.size, -1)
+                rows = np.arange(lo - start, lo - start + y.size, dtype=np.int64)
+                _checksums(words, rows, block["check"])
+                _write_all(fd, memoryview(block).cast("B"), path, at)
+                at += block.nbytes
+            os.close(fd)
+            fd = -1
             return cls(path, n, D, dataset.dtype, rec["y"])
         except BaseException:
+            if fd >= 0:
+                os.close(fd)
             os.unlink(path)
             raise
 
@@ -206,6 +299,7 @@ class RowFile:
         got = _pread_rows(self._fd, rows, self.record, buf)
         if got != rows.size:
             raise OSError(f"{self.path}: short read at row {int(rows[got])}")
+        check_records(buf, rows, self.path)
         self.bytes_read += rows.size * self.record
         return np.ascontiguousarray(buf["X"], dtype=np.float64), buf["y"].copy()
 

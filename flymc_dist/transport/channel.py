@@ -8,28 +8,44 @@ a TCP port of its worker's host, served by a thread of its own, and the driver w
 the packed round to every host and reads the replies, from its own thread, with plain
 blocking sockets.
 
-Everything else — placing the actors, set-up calls, recovery — still goes through Dask,
-and so does the channel's set-up: the actor opens the port and returns its address and
-a random token over the (possibly TLS-authenticated) Dask connection; a connection
-that does not present the token first is dropped before anything is unpickled.
+Trust: the channel is never weaker than the Dask comms that set it up.
 
-A frame is a 9-byte header — a one-byte code and an unsigned 64-bit length, network
-order — followed by that many bytes. Requests carry a method code; replies carry
-:data:`OK` (the method's ``bytes``) or :data:`ERROR` (a pickled exception).
+- The driver draws a random key per run (:attr:`ChannelClient.secret`) and hands it to
+  each host through Dask's own connection (with TLS, encrypted); it never travels on the
+  channel. The channel is only used on a plain ``tcp://`` cluster, where Dask's comms are
+  no more private than it is: on a TLS cluster rounds go through Dask
+  (:class:`~flymc_dist.transport.dask.DaskTransport`).
+- A connection starts with a handshake: the server sends a random nonce, the client
+  answers with its own nonce and an HMAC-SHA256 of both under the key, the server proves
+  it holds the key too. Both nonces give the connection's session key.
+- Every frame then carries a sequence number (1, 2, … per connection and direction) and
+  an HMAC-SHA256 under the session key of its direction, header and payload. A forged
+  frame, a frame replayed (on this connection or another) or out of order, a handshake
+  without the key, or a second driver while one is connected is refused before anything
+  is read from it, logged and counted (:attr:`ChannelServer.refused`), and its connection
+  closed: it is never applied.
+- Nothing received is unpickled: payloads are the fixed binary layout of
+  :mod:`flymc_dist.protocol`, and an error comes back as a code and a UTF-8 message
+  (:func:`encode_error`).
 
-Limits: at most :data:`MAX_PENDING` connections may be waiting to present the token
-(more are closed at once, so idle connections cannot pile up threads), each for at
-most 10 s; after the token, a request larger than :data:`MAX_FRAME` closes the
-connection. The server holds its handler's owner (the shard host) weakly: closing the
-server, or the host being released (by the run, or by Dask when the driver's client
-goes away), stops the listening thread and frees the port.
+A frame is a 17-byte header — a one-byte code, an unsigned 64-bit sequence number and
+an unsigned 64-bit length, network order — that many bytes, and a 32-byte MAC. Requests
+carry a method code; replies carry :data:`OK` (the method's ``bytes``) or :data:`ERROR`.
+
+Limits: at most :data:`MAX_PENDING` connections may be in their handshake (more are
+closed at once, so idle connections cannot pile up threads), each for at most 10 s; a
+request larger than :data:`MAX_FRAME` closes the connection unread. The server holds its
+handler's owner (the shard host) weakly: closing the server, or the host being released
+(by the run, or by Dask when the driver's client goes away), stops the listening thread
+and frees the port.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import hmac
 import logging
-import pickle
 import secrets
 import socket
 import struct
@@ -43,11 +59,16 @@ from flymc_dist.options import CHANNELS, one_of
 
 log = logging.getLogger("flymc_dist")
 
-HEADER = struct.Struct("!BQ")
-TOKEN_BYTES = 32
-#: connections at most that have not presented the token yet (more are closed at once)
+HEADER = struct.Struct("!BQQ")
+#: bytes of the per-run key, of each side's nonce, and of a MAC
+KEY_BYTES = 32
+NONCE_BYTES = 16
+MAC_BYTES = 32
+#: the server's greeting, before its nonce
+GREETING = b"FLYMC-CH1"
+#: connections at most that are in their handshake (more are closed at once)
 MAX_PENDING = 16
-#: the largest request accepted after the token, in bytes (a round is a few kilobytes)
+#: the largest request accepted, in bytes (a round is a few kilobytes)
 MAX_FRAME = 64 * 2**20
 
 #: request codes
@@ -64,8 +85,21 @@ Handler = Callable[[int, bytes], bytes]
 #: ``after(code)``: run once a request's reply has been sent
 After = Callable[[int], None]
 
-
-#: values of the ``channel`` option (see :class:`~flymc_dist.transport.dask.DaskTransport`)
+#: the exception types an error reply names, by code (a subclass travels as the first
+#: listed it derives from, its own name in the message; anything else as RuntimeError)
+ERROR_TYPES: tuple[type[BaseException], ...] = (
+    RuntimeError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    FloatingPointError,
+    ArithmeticError,
+    MemoryError,
+    NotImplementedError,
+    OSError,
+)
+_ERROR = struct.Struct("!H")
 
 
 def check_channel(value: Any) -> str:
@@ -75,6 +109,27 @@ def check_channel(value: Any) -> str:
 
 class ChannelError(OSError):
     """A channel connection failed, closed or timed out: its host is treated as lost."""
+
+
+def encode_error(e: BaseException) -> bytes:
+    """An exception as an error reply: the code of its type in :data:`ERROR_TYPES` and
+    its message in UTF-8 (prefixed with its own type's name when that is not listed)."""
+    code = next((i for i, t in enumerate(ERROR_TYPES) if isinstance(e, t)), 0)
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    if type(e) is not ERROR_TYPES[code]:
+        text = f"{type(e).__name__}: {text}"
+    return _ERROR.pack(code) + text.encode("utf-8", "replace")[: 1 << 16]
+
+
+def decode_error(body: bytes) -> BaseException:
+    """Invert :func:`encode_error`: a new exception of the named type (an unknown code or
+    a malformed body: a :class:`ChannelError`, the host being treated as lost)."""
+    if len(body) < _ERROR.size:
+        return ChannelError("a malformed error reply")
+    (code,) = _ERROR.unpack_from(body)
+    if code >= len(ERROR_TYPES):
+        return ChannelError(f"an error reply of unknown code {code}")
+    return ERROR_TYPES[code](body[_ERROR.size :].decode("utf-8", "replace"))
 
 
 def _nodelay(sock: socket.socket) -> None:
@@ -94,23 +149,59 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
+def _session(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> tuple[bytes, bytes]:
+    """The connection's handshake proof (the client's) and its session key."""
+    return (
+        _mac(secret, b"hello", server_nonce, client_nonce),
+        _mac(secret, b"session", server_nonce, client_nonce),
+    )
+
+
+def _frame(session: bytes, direction: bytes, code: int, seq: int, payload: bytes) -> bytes:
+    header = HEADER.pack(code, seq, len(payload))
+    return header + payload + _mac(session, direction, header, payload)
+
+
+class Refused(Exception):
+    """A frame or handshake the server refused (never applied); ``reason`` counts it."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
 class ChannelServer:
     """The host side: a listening socket on ``host`` and a thread per connection.
 
     Parameters
     ----------
     handler
-        Serves one request (see :data:`Handler`). Exceptions it raises are sent back. A
-        bound method is held weakly: once its object is gone, connections are closed.
+        Serves one request (see :data:`Handler`). Exceptions it raises are sent back
+        (:func:`encode_error`). A bound method is held weakly: once its object is gone,
+        connections are closed.
     host
         The interface to listen on (the worker's own host).
+    secret
+        The run's key (:attr:`ChannelClient.secret`, :data:`KEY_BYTES` bytes), handed
+        over through Dask.
     after
         Run after each reply has been sent (see :data:`After`): the work a request leaves
         for when the driver has its answer. Held as ``handler`` is; its errors are logged
         (the next request meets them again).
     """
 
-    def __init__(self, handler: Handler, host: str, after: After | None = None) -> None:
+    def __init__(
+        self, handler: Handler, host: str, secret: bytes, after: After | None = None
+    ) -> None:
+        if not isinstance(secret, bytes) or len(secret) != KEY_BYTES:
+            raise ValueError(f"secret must be {KEY_BYTES} bytes")
         # a bound method weakly (its object, the shard host, must not be kept alive by
         # this server's threads), any other callable as it is
         self._handler_ref = weakref.WeakMethod(handler) if hasattr(handler, "__self__") else None
@@ -119,12 +210,15 @@ class ChannelServer:
             weakref.WeakMethod(after) if after is not None and hasattr(after, "__self__") else None
         )
         self._after = after if self._after_ref is None else None
-        self.token = secrets.token_bytes(TOKEN_BYTES)
+        self._secret = secret
+        #: refused handshakes and frames, by reason (never applied)
+        self.refused: collections.Counter[str] = collections.Counter()
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
-        self._pending = 0  # connections that have not presented the token yet
+        self._pending = 0  # connections in their handshake
+        self._driver: socket.socket | None = None  # the one authenticated connection
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._accept, name="flymc-channel-accept", daemon=True
@@ -144,8 +238,8 @@ class ChannelServer:
                 if self._pending >= MAX_PENDING:
                     conn.close()
                     log.warning(
-                        "flymc channel: %d connections are waiting to present the "
-                        "token; a new one was closed",
+                        "flymc channel: %d connections are in their handshake; a new "
+                        "one was closed",
                         self._pending,
                     )
                     continue
@@ -155,28 +249,61 @@ class ChannelServer:
                 target=self._serve, args=(conn,), name="flymc-channel", daemon=True
             ).start()
 
+    def _refuse(self, conn: socket.socket, why: Refused) -> None:
+        with self._lock:
+            self.refused[why.reason] += 1
+        try:
+            peer = conn.getpeername()
+        except OSError:
+            peer = "?"
+        log.warning(
+            "flymc channel: refused %s from %s (%s); nothing applied", why.reason, peer, why
+        )
+
+    def _handshake(self, conn: socket.socket) -> bytes:
+        """Authenticate the driver; its session key. :class:`Refused` if it has not the
+        run's key, or another driver is connected."""
+        server_nonce = secrets.token_bytes(NONCE_BYTES)
+        conn.sendall(GREETING + server_nonce)
+        answer = _recv_exact(conn, NONCE_BYTES + MAC_BYTES)
+        client_nonce, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
+        expected, session = _session(self._secret, server_nonce, client_nonce)
+        if not hmac.compare_digest(proof, expected):
+            raise Refused("handshake", "a connection without the run's key")
+        with self._lock:
+            if self._driver is not None:
+                raise Refused("second driver", "a driver is connected already")
+            self._driver = conn
+            self._pending -= 1
+        conn.sendall(_mac(self._secret, b"welcome", server_nonce, client_nonce))
+        return session
+
+    def _read_request(self, conn: socket.socket, session: bytes, seq: int) -> tuple[int, bytes]:
+        """The next request, authenticated: :class:`Refused` if it is larger than
+        :data:`MAX_FRAME`, forged, replayed or out of order."""
+        header = _recv_exact(conn, HEADER.size)
+        code, got, n = HEADER.unpack(header)
+        if n > MAX_FRAME:
+            raise Refused("oversized frame", f"a request of {n} bytes (more than {MAX_FRAME})")
+        payload = _recv_exact(conn, n)
+        mac = _recv_exact(conn, MAC_BYTES)
+        if not hmac.compare_digest(mac, _mac(session, b"Q", header, payload)):
+            raise Refused("forged frame", f"a request of {n} bytes with a wrong MAC")
+        if got != seq:
+            raise Refused("replayed frame", f"a request numbered {got}, expected {seq}")
+        return code, payload
+
     def _serve(self, conn: socket.socket) -> None:
-        authenticated = False
+        driver = False
         try:
             _nodelay(conn)
-            conn.settimeout(10.0)  # for the token only
-            if not hmac.compare_digest(_recv_exact(conn, TOKEN_BYTES), self.token):
-                log.warning("flymc channel: a connection without the token was dropped")
-                return
-            with self._lock:
-                self._pending -= 1
-                authenticated = True
+            conn.settimeout(10.0)  # for the handshake only
+            session = self._handshake(conn)
+            driver = True
             conn.settimeout(None)
+            seq = 1
             while True:
-                code, n = HEADER.unpack(_recv_exact(conn, HEADER.size))
-                if n > MAX_FRAME:
-                    log.warning(
-                        "flymc channel: a request of %d bytes (more than %d) closed its connection",
-                        n,
-                        MAX_FRAME,
-                    )
-                    return
-                payload = _recv_exact(conn, n)
+                code, payload = self._read_request(conn, session, seq)
                 handler = self._handler if self._handler_ref is None else self._handler_ref()
                 if handler is None:  # the host is gone
                     return
@@ -184,17 +311,22 @@ class ChannelServer:
                     reply = handler(code, payload)
                     status = OK
                 except BaseException as e:  # noqa: BLE001 - sent back to the driver
-                    status, reply = ERROR, _pickle_error(e)
+                    status, reply = ERROR, encode_error(e)
                 del handler
-                conn.sendall(HEADER.pack(status, len(reply)) + reply)
+                conn.sendall(_frame(session, b"A", status, seq, reply))
+                seq += 1
                 if status == OK:
                     self._run_after(code)
+        except Refused as why:
+            self._refuse(conn, why)
         except (OSError, ChannelError):
             pass  # the driver went away (or this server is closing)
         finally:
             with self._lock:
                 self._conns.discard(conn)
-                if not authenticated:
+                if driver:
+                    self._driver = None
+                else:
                     self._pending -= 1
             conn.close()
 
@@ -231,48 +363,80 @@ class ChannelServer:
             self._thread.join(timeout=10.0)
 
 
-def _pickle_error(e: BaseException) -> bytes:
-    try:
-        return pickle.dumps(e)
-    except Exception:  # noqa: BLE001 - an unpicklable exception: send its text
-        return pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
+class _Connection:
+    """One authenticated connection of the driver: its socket, session key and the
+    sequence number of its next request."""
+
+    def __init__(self, sock: socket.socket, session: bytes) -> None:
+        self.sock = sock
+        self.session = session
+        self.seq = 1
 
 
 class ChannelClient:
-    """The driver side: one connection per host, keyed by worker address."""
+    """The driver side: one connection per host, keyed by worker address.
+
+    Draws the run's key (:attr:`secret`): hand it to each host through Dask before
+    connecting (:class:`ChannelServer`'s ``secret``).
+    """
 
     def __init__(self) -> None:
-        self._socks: dict[str, socket.socket] = {}
+        self._conns: dict[str, _Connection] = {}
+        #: the run's key (never sent on the channel)
+        self.secret = secrets.token_bytes(KEY_BYTES)
 
     def connect(
-        self, key: str, address: tuple[str, int], token: bytes, timeout: float = 10.0
+        self, key: str, address: tuple[str, int], secret: bytes, timeout: float = 10.0
     ) -> None:
-        """Connect to a host's :class:`ChannelServer` and present its token."""
+        """Connect to a host's :class:`ChannelServer` and authenticate with ``secret``
+        (the run's key; :class:`ChannelError` if the host does not prove it holds it)."""
         self.drop(key)
         sock = socket.create_connection(tuple(address), timeout=timeout)
-        _nodelay(sock)
-        sock.sendall(token)
-        sock.settimeout(None)
-        self._socks[key] = sock
+        try:
+            _nodelay(sock)
+            hello = _recv_exact(sock, len(GREETING) + NONCE_BYTES)
+            if not hello.startswith(GREETING):
+                raise ChannelError(f"{address} is not a flymc round channel")
+            server_nonce = hello[len(GREETING) :]
+            client_nonce = secrets.token_bytes(NONCE_BYTES)
+            proof, session = _session(secret, server_nonce, client_nonce)
+            sock.sendall(client_nonce + proof)
+            try:
+                welcome = _recv_exact(sock, MAC_BYTES)
+            except ChannelError:
+                raise ChannelError(
+                    f"the round channel at {address} refused the handshake (not this run's "
+                    "key, or another driver is connected)"
+                ) from None
+            if not hmac.compare_digest(
+                welcome, _mac(secret, b"welcome", server_nonce, client_nonce)
+            ):
+                raise ChannelError(f"the round channel at {address} does not hold the run's key")
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        self._conns[key] = _Connection(sock, session)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._socks
+        return key in self._conns
 
     def drop(self, key: str) -> None:
         """Close the connection to ``key`` (if any)."""
-        sock = self._socks.pop(key, None)
-        if sock is not None:
-            sock.close()
+        conn = self._conns.pop(key, None)
+        if conn is not None:
+            conn.sock.close()
 
     def fanout(
         self, code: int, payload: bytes, keys: list[str], timeout: float
     ) -> tuple[dict[str, bytes], dict[str, BaseException]]:
         """Send ``payload`` to every host in ``keys``, then collect their replies.
 
-        Returns ``(replies, failures)``. A connection that fails, closes or does not
-        answer within ``timeout`` seconds is dropped and reported as a
-        :class:`ChannelError`; an exception raised by the host's handler is reported
-        as itself (the connection stays usable).
+        Returns ``(replies, failures)``. A connection that fails, closes, does not answer
+        within ``timeout`` seconds, or answers with a reply that is not authentic and in
+        order is dropped and reported as a :class:`ChannelError`; an exception raised by
+        the host's handler is reported as a new one of its type (:func:`decode_error`;
+        the connection stays usable).
         """
         pending, bad = self.post(code, payload, keys)
         ok, late = self.collect(pending, timeout)
@@ -284,16 +448,15 @@ class ChannelClient:
         """Send ``payload`` to every host in ``keys`` without waiting for the replies
         (:meth:`collect` reads them; a connection carries one request at a time).
         Returns the hosts it went to and the failures."""
-        frame = HEADER.pack(code, len(payload)) + payload
         bad: dict[str, BaseException] = {}
         pending: list[str] = []
         for k in keys:
-            sock = self._socks.get(k)
-            if sock is None:
+            conn = self._conns.get(k)
+            if conn is None:
                 bad[k] = ChannelError(f"no channel to {k}")
                 continue
             try:
-                sock.sendall(frame)
+                conn.sock.sendall(_frame(conn.session, b"Q", code, conn.seq, payload))
                 pending.append(k)
             except OSError as e:
                 self.drop(k)
@@ -309,27 +472,37 @@ class ChannelClient:
         bad: dict[str, BaseException] = {}
         deadline = time.monotonic() + timeout
         for k in keys:
-            sock = self._socks.get(k)
-            if sock is None:
+            conn = self._conns.get(k)
+            if conn is None:
                 bad[k] = ChannelError(f"no channel to {k}")
                 continue
+            sock = conn.sock
             try:
                 # hosts compute concurrently: reading them in turn waits for the slowest
                 sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-                status, n = HEADER.unpack(_recv_exact(sock, HEADER.size))
+                header = _recv_exact(sock, HEADER.size)
+                status, seq, n = HEADER.unpack(header)
+                if n > MAX_FRAME:
+                    raise ChannelError(f"a reply of {n} bytes")
                 body = _recv_exact(sock, n)
+                mac = _recv_exact(sock, MAC_BYTES)
                 sock.settimeout(None)
+                if not hmac.compare_digest(mac, _mac(conn.session, b"A", header, body)):
+                    raise ChannelError("a reply with a wrong MAC")
+                if seq != conn.seq:
+                    raise ChannelError(f"reply numbered {seq}, expected {conn.seq}")
             except (OSError, ChannelError) as e:
                 self.drop(k)
                 bad[k] = ChannelError(f"no reply from {k}: {e!r}")
                 continue
+            conn.seq += 1
             if status == OK:
                 ok[k] = body
             else:
-                bad[k] = pickle.loads(body)
+                bad[k] = decode_error(body)
         return ok, bad
 
     def close(self) -> None:
         """Close every connection."""
-        for k in list(self._socks):
+        for k in list(self._conns):
             self.drop(k)

@@ -293,9 +293,10 @@ class DaskTransport:
     channel
         How the per-iteration rounds travel. ``"socket"``: a direct TCP connection to
         each host (:mod:`flymc_dist.transport.channel`), set up through Dask; ``"dask"``: Dask's
-        actor RPC. ``"auto"`` (default): the socket when every worker is reached over
-        plain ``tcp://`` — with TLS the rounds stay on Dask's authenticated, encrypted
-        connections. Set-up, recovery and every other call always go through Dask.
+        actor RPC. ``"auto"`` (default): the socket. Only on a cluster reached over plain
+        ``tcp://``: with TLS the rounds stay on Dask's authenticated, encrypted
+        connections whatever ``channel`` says (logged when it says ``"socket"``).
+        Set-up, recovery and every other call always go through Dask.
     """
 
     name = "dask"
@@ -346,10 +347,7 @@ class DaskTransport:
             if not workers:
                 self.client.wait_for_workers(1, timeout=60)
                 workers = sorted(_scheduler_workers(self.client))
-            if channel == "socket" or (
-                channel == "auto" and all(w.startswith("tcp://") for w in workers)
-            ):
-                self._chan = ChannelClient()
+            self._chan = self._channel_client(workers)
             if self._layout is not None:  # the default layout: one shard per worker
                 self.specs = sorted(self._layout(len(workers)), key=lambda s: s.shard_id)
             blocks = np.array_split(np.arange(len(self.specs)), min(len(workers), len(self.specs)))
@@ -363,6 +361,24 @@ class DaskTransport:
         except BaseException:
             self.close()
             raise
+
+    def _channel_client(self, workers: list[str]) -> ChannelClient | None:
+        """The round channel's client, or None (rounds through Dask): the channel is used
+        only where every connection of the cluster is plain ``tcp://``; on a TLS cluster
+        it would be weaker than Dask's comms, so rounds go through them whatever
+        ``channel`` says."""
+        if self._channel_mode == "dask":
+            return None
+        addresses = [*workers, str(getattr(self.client.scheduler, "address", ""))]
+        if all(a.startswith("tcp://") for a in addresses):
+            return ChannelClient()
+        if self._channel_mode == "socket":
+            log.warning(
+                "channel='socket' on a cluster reached over %s: the rounds go through "
+                "Dask's comms instead (the socket channel is plain TCP)",
+                sorted({a.partition("://")[0] + "://" for a in addresses}),
+            )
+        return None
 
     @property
     def n_workers(self) -> int:
@@ -408,13 +424,13 @@ class DaskTransport:
 
     def _open_channel(self, worker: str) -> None:
         """Connect the round channel to the host on ``worker``."""
-        ok, bad = self._fanout({worker: ("open_channel", (_channel_host(worker),), {})})
+        secret = self._chan.secret  # the run's key: through Dask, never on the channel
+        ok, bad = self._fanout({worker: ("open_channel", (_channel_host(worker), secret), {})})
         self.round_trips -= 1  # set-up, not a protocol round trip
         try:
             if bad:  # e.g. the worker's contact address is not one it can listen on
                 raise OSError(f"the host could not open it: {bad[worker]!r}")
-            address, token = ok[worker]
-            self._chan.connect(worker, address, token, timeout=min(self.timeout, 10.0))
+            self._chan.connect(worker, ok[worker], secret, timeout=min(self.timeout, 10.0))
         except OSError as e:
             if self._channel_mode == "socket":
                 raise ShardLost(f"cannot reach the round channel of {worker}: {e!r}") from e
