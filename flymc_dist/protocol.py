@@ -414,7 +414,9 @@ class Reply(NamedTuple):
     ----------
     current : numpy.ndarray
         ``(C,)`` float: the shard's likelihood part at each chain's current θ (FlyMC:
-        ``Σ_bright log L~_n``; regular MCMC: ``Σ_n l_n``).
+        ``Σ_bright log L~_n``; regular MCMC: ``Σ_n l_n``). In a shard's reply, one such
+        sum per node of the fixed block tree (``tree``): ``(n, C)``, and likewise a
+        leading axis on ``points``, ``current_grad`` and ``points_grad``.
     points : numpy.ndarray
         ``(C, kmax)`` float: the same at each requested point, padded with NaN beyond a
         chain's own number of points.
@@ -427,6 +429,11 @@ class Reply(NamedTuple):
         ``(C, P)`` float: the gradient of ``current``, when some chain asked for it.
     points_grad : numpy.ndarray or None
         ``(C, kmax, P)`` float: the gradients at the points, when some chain asked.
+    tree : numpy.ndarray or None
+        A shard's reply: ``(n, 3)`` int64, row ``j`` the ``(level, index, blocks)`` of the
+        node of :mod:`flymc_dist.reduce`'s fixed block tree whose sums are entry ``j`` of
+        the sums' leading axis (:func:`~flymc_dist.reduce.fold_blocks`): the driver
+        completes the tree, so the sums do not depend on the layout. None in a sum.
     """
 
     current: np.ndarray
@@ -435,6 +442,7 @@ class Reply(NamedTuple):
     queries: np.ndarray
     current_grad: np.ndarray | None = None
     points_grad: np.ndarray | None = None
+    tree: np.ndarray | None = None
 
 
 class ReplicaReply(NamedTuple):

@@ -42,6 +42,11 @@ Z_DECIDE = 1  # a row's uniform in an implicit or explicit z-update
 Z_PROPOSE = 2  # the implicit update's dark→bright proposals (a Bernoulli(q) process)
 Z_SELECT = 3  # the explicit update's rows to resample (a Bernoulli(fraction) process)
 Z_INIT = 4  # the exact draw of z when chains are placed
+A_ROWS = 5  # austerity: the order in which a decision draws the rows (a keyed permutation)
+
+#: Feistel rounds of :func:`permuted_rows` (Luby–Rackoff: four of a pseudo-random
+#: function give a pseudo-random permutation; more for margin)
+FEISTEL_ROUNDS = 8
 
 #: a tree node with at most this many points places them directly
 LEAF_POINTS = 16
@@ -359,6 +364,54 @@ def uniforms_at_many(
         np.ascontiguousarray(offsets, dtype=np.int64),
         out,
     )
+    return out
+
+
+# ------------------------------------------------------- a keyed permutation of rows
+@numba.njit(**_JIT)
+def _permuted(key: np.uint64, n_total: int, bits: int, start: int, out: np.ndarray) -> None:
+    m = np.uint64(_M32)
+    k0, k1 = key & m, key >> np.uint64(32)
+    one = np.uint64(1)
+    for i in range(out.size):
+        x = np.uint64(start + i)
+        while True:  # cycle-walk: apply the permutation of [0, 2**bits) until inside [0, N)
+            u = bits // 2  # the left part's bits; the right part has bits - u
+            v = bits - u
+            left, right = x >> np.uint64(v), x & ((one << np.uint64(v)) - one)
+            for r in range(FEISTEL_ROUNDS):
+                f = _philox(right & m, right >> np.uint64(32), r, A_ROWS, k0, k1)[0]
+                # (L, R) of u and v bits -> (R, L xor F(R)) of v and u bits: a bijection
+                left, right = right, left ^ (np.uint64(f) & ((one << np.uint64(u)) - one))
+                u, v = v, u
+            x = (left << np.uint64(v)) | right
+            if x < np.uint64(n_total):
+                break
+        out[i] = np.int64(x)
+
+
+def permuted_rows(key: int, n_total: int, start: int, count: int) -> np.ndarray:
+    """Positions ``start .. start + count - 1`` of a pseudo-random permutation of the rows
+    ``[0, n_total)`` keyed by ``key`` (:func:`stream_key`): distinct rows, in a random order
+    that depends on nothing but ``(key, n_total)`` — not on how the rows are cut into
+    shards — at O(count) whatever N.
+
+    A Feistel network on ``bits`` bits (``2**bits ≥ N``, at least 2; halves of
+    ``bits // 2`` and the rest bits, alternating) whose round function is Philox4x32-10 of
+    ``(right half, round, A_ROWS)`` under the key, restricted to ``[0, N)`` by cycle walking
+    (Black & Rogaway 2002: fewer than two walks expected). A prefix of it is a simple
+    random sample of the rows without replacement.
+    """
+    n_total, start, count = int(n_total), int(start), int(count)
+    if count < 0 or start < 0 or start + count > n_total:
+        raise ValueError(
+            f"permuted_rows: positions [{start}, {start + count}) are not within [0, {n_total})"
+        )
+    bits = max(2, (n_total - 1).bit_length())
+    if bits > 64:
+        raise ValueError(f"permuted_rows: n_total must be below 2**64, got {n_total}")
+    out = np.empty(count, dtype=np.int64)
+    _permuted(np.uint64(int(key) & 0xFFFFFFFFFFFFFFFF), n_total, bits, start, out)
     return out
 
 

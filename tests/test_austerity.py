@@ -331,8 +331,8 @@ def _golden_module():
 
 def test_control_variates_off_is_the_plain_sampler_bit_for_bit(recorded_cpu: None) -> None:
     """control_variates=False reproduces, bit for bit, the draws and statistics recorded
-    from the sampler before control variates existed (commit 9577f69, written by
-    tests/data/make_austerity_golden.py): a fixed-start run and a default (MAP start,
+    from the plain sampler (tests/data/make_austerity_golden.py, re-recorded when the rows
+    became keyed by row): a fixed-start run and a default (MAP start,
     Laplace preconditioner) run, warm-up adaptation included. Negative control: the same
     runs with control variates use far fewer rows, so the comparison sees a change."""
     gold = _golden_module()
@@ -483,7 +483,8 @@ def test_control_variates_sublinear_with_posterior_scaled_proposals():
 # ------------------------------------------------------------ minibatches across shards
 def test_shard_selection_unbiased():
     """Every row equally likely in every round of a decision, whatever the shard sizes;
-    no row twice in a decision. Negative control: equal per-shard counts are caught."""
+    no row twice in a decision; the chains' rows independent. Negative control: rows
+    keyed without the chain (every chain the same rows) are caught."""
     N, sizes, batch, R = 1000, [100, 300, 600], 100, 600
     X, y, th0 = _data(N, seed=11)
     transport, specs = _transport(X, y, sizes, seed=12)
@@ -504,14 +505,10 @@ def test_shard_selection_unbiased():
         shard_tot = np.add.reduceat(counts, [0, 100, 400])
         assert stats.chisquare(shard_tot, R * batch * np.array(sizes) / N).pvalue > 1e-3
 
-    # negative control: a biased selection (equal counts per shard) must fail
-    def equal_split(rng, unseen, m):
-        out = np.minimum(unseen, m // len(unseen))
-        out[np.argmax(unseen)] += m - out.sum()
-        return out
-
+    # negative control: every chain drawing the same rows must fail
+    real = aus.permuted_rows
     mp = pytest.MonkeyPatch()
-    mp.setattr(aus, "shard_counts", equal_split)
+    mp.setattr(aus, "permuted_rows", lambda key, n, start, count: real(7, n, start, count))
     try:
         bad = aus.SequentialTester(
             transport, specs, R, eps=0.0, batch_size=batch, seed=13, record_rows=True
@@ -523,16 +520,35 @@ def test_shard_selection_unbiased():
     assert stats.chi2.sf(chi2, N - 1) < 1e-6
 
 
-def test_shard_counts_huge_population():
-    """Beyond numpy's 10^9 limit the counts come from distinct global ranks."""
-    rng = np.random.default_rng(0)
-    unseen = np.array([4 * 10**8, 10**9, 6 * 10**8], dtype=np.int64)
-    tot = np.zeros(3)
-    for _ in range(200):
-        c = aus.shard_counts(rng, unseen, 500)
-        assert c.sum() == 500 and np.all(c >= 0)
-        tot += c
-    assert stats.chisquare(tot, 200 * 500 * unseen / unseen.sum()).pvalue > 1e-3
+def test_rows_keyed_by_row_not_by_shard():
+    """The rows a decision draws, its statistics and its outcome are the same bits for
+    every partition of the rows into shards (drawn on the driver from a keyed permutation
+    of all N rows, summed in draw order); a huge population costs O(rows drawn)."""
+    N = 1000
+    X, y, th0 = _data(N, seed=21)
+    S = 3
+    thetas = np.tile(th0, (S, 1))
+    props = thetas + np.array([[0.05], [-0.03], [0.02]])
+    outs = []
+    for sizes in ([1000], [100, 300, 600], [250] * 4):
+        transport, specs = _transport(X, y, sizes, seed=22)
+        tester = aus.SequentialTester(
+            transport, specs, S, eps=0.05, batch_size=64, seed=23, record_rows=True
+        )
+        outs.append([tester.decide(thetas, props, np.zeros(S)) for _ in range(3)])
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other, strict=True):
+            assert np.array_equal(a.accept, b.accept) and np.array_equal(a.mean, b.mean)
+            assert np.array_equal(a.p_value, b.p_value)
+            for ra, rb in zip(a.rows, b.rows, strict=True):
+                assert all(np.array_equal(u, v) for u, v in zip(ra, rb, strict=True))
+    assert not np.array_equal(outs[0][0].rows[0][0], outs[0][1].rows[0][0])  # new decision
+    big = 3 * 10**9  # beyond numpy's multivariate hypergeometric (10⁹)
+    rows = np.concatenate([aus.permuted_rows(k, big, 0, 500) for k in range(200)])
+    assert rows.min() >= 0 and rows.max() < big
+    assert all(np.unique(rows[i : i + 500]).size == 500 for i in range(0, rows.size, 500))
+    thirds = np.bincount(rows * 3 // big, minlength=3)
+    assert stats.chisquare(thirds).pvalue > 1e-3
 
 
 class _Spy:
@@ -559,9 +575,8 @@ def test_one_round_trip_per_round_to_drawn_shards_only():
 
 def test_shard_interface_for_add_on_samplers():
     """Austerity reaches a shard only through its public interface: read-only rows (a
-    full pass or a gather, with tight points), one named state slot, and the named
-    operations (no arbitrary callable, no writes into the shard's attributes)."""
-    from flymc_dist.austerity.shard import EXTENSION, AusterityRows
+    full pass or a gather, with tight points) and the named operations (no arbitrary
+    callable, no writes into the shard's attributes, no state kept there)."""
     from flymc_dist.shard import Shard
 
     X, y, th0 = _data(300, seed=17)
@@ -586,9 +601,7 @@ def test_shard_interface_for_add_on_samplers():
     tester = aus.SequentialTester(transport, specs, 2, eps=0.0, batch_size=50, seed=18)
     tester.decide(np.tile(th0, (2, 1)), np.tile(th0 + 0.1, (2, 1)), np.zeros(2))
     assert set(vars(shard)) == set(before)  # no attribute added to the shard
-    state = shard.extension(EXTENSION, dict)  # the slot holds austerity's state already
-    assert isinstance(state, AusterityRows) and state.run == tester.run
-    assert sorted(state.slots) == [0, 1]
+    assert shard.extension("austerity", dict) == {}  # no state kept in its slot
     assert shard.total_queries == 2 * 2 * 200  # eps = 0: every row of the shard, twice
 
 

@@ -1,10 +1,14 @@
-"""Draws keyed by row: the layout never changes the draws.
+"""Draws keyed by row: the layout never changes the draws, for every algorithm.
 
-Every random number of a z-update is keyed by its global row (:mod:`flymc_dist.streams`)
-and full passes sum by fixed blocks (:mod:`flymc_dist.reduce`), so any partition of the
-rows into shards, in-process or on any number of workers, gives bit-identical draws —
-for every θ-kernel and both z-updates. (The reference draws of
-``tests/test_reference_draws.py`` were re-recorded once for these streams.)
+Every random number of a z-update is keyed by its global row (:mod:`flymc_dist.streams`),
+full passes and every round's sums (regular MCMC's full-data sums, FlyMC's shard-evaluated
+bright sums) are taken by fixed blocks along one fixed tree (:mod:`flymc_dist.reduce`),
+and austerity draws each decision's rows from a keyed permutation of all N rows on the
+driver (:func:`flymc_dist.streams.permuted_rows`), so any partition of the rows into
+shards, in-process or on any number of workers, gives bit-identical draws — FlyMC with
+every θ-kernel, both z-updates, in replica and shard-evaluated mode; regular MCMC with
+every kernel; austerity with and without control variates. (The reference draws of
+``tests/test_reference_draws.py`` were re-recorded for these streams and sums.)
 """
 
 from __future__ import annotations
@@ -42,7 +46,113 @@ def _run(data, kernel: str, z_update: str, client, **options) -> fd.Result:
 def _same(a: fd.Result, b: fd.Result) -> None:
     assert np.array_equal(a.samples, b.samples)
     for key in ("accepted", "n_bright", "likelihood_queries", "log_joint"):
-        assert np.array_equal(a.stats[key], b.stats[key]), key
+        assert np.array_equal(a.stats[key], b.stats[key], equal_nan=True), key
+
+
+#: short trajectories: the point is the bits, not the posterior
+_SHORT = {"nuts": fd.NUTS(max_tree_depth=4), "hmc": fd.HMC(max_steps=8)}
+
+
+def _sample(data, algorithm, kernel: str | None, client, n_shards: int | None = None):
+    """A short run of any algorithm (tiny: the point is the bits, not the posterior)."""
+    return fd.sample(
+        fd.LogisticRegression(),
+        data,
+        algorithm=algorithm,
+        kernel=_SHORT.get(kernel, kernel),
+        num_warmup=20,
+        num_samples=15,
+        chains=2,
+        seed=3,
+        client=client,
+        placement=fd.Placement(n_shards=n_shards),
+        progress=False,
+    )
+
+
+def _across_layouts(data, algorithm, kernel: str | None) -> fd.Result:
+    """n_shards in {1, 2, 3, 4} in-process give the same draws; returns the first."""
+    ref = _sample(data, algorithm, kernel, "synchronous", 1)
+    for k in (2, 3, 4):
+        res = _sample(data, algorithm, kernel, "synchronous", k)
+        assert res.info["n_shards"] == k
+        _same(ref, res)
+    return ref
+
+
+_KERNELS = ["nuts", "hmc", "mala", "rwmh", "slice"]
+
+
+@pytest.mark.parametrize("z_update", ["implicit", "explicit"])
+@pytest.mark.parametrize("kernel", _KERNELS)
+def test_shard_evaluated_flymc_identical_for_every_partition(kernel, z_update):
+    """FlyMC with the shards evaluating every point (``bright_replica=False``): the bright
+    sums are taken per block and added along the fixed tree, whatever the layout."""
+    if z_update == "explicit" and kernel not in ("nuts", "rwmh"):
+        pytest.skip("explicit updates: one gradient and one gradient-free kernel suffice")
+    ref = _across_layouts(_data(n=640), fd.FlyMC(bright_replica=False, z_update=z_update), kernel)
+    assert not ref.info["bright_replica"]
+
+
+@pytest.mark.parametrize("kernel", ["hmc", "mala"])
+def test_replica_flymc_identical_for_every_partition(kernel):
+    """The replica mode with the kernels the test above leaves out."""
+    ref = _across_layouts(_data(n=640), fd.FlyMC(), kernel)
+    assert ref.info["bright_replica"]
+
+
+@pytest.mark.parametrize("kernel", _KERNELS)
+def test_regular_identical_for_every_partition(kernel):
+    """Regular MCMC: full-data sums (and gradients) per block along the fixed tree."""
+    _across_layouts(_data(n=640), fd.Regular(), kernel)
+
+
+@pytest.mark.parametrize("control_variates", [False, True])
+def test_austerity_identical_for_every_partition(control_variates):
+    """Austerity: each decision's rows from a keyed permutation of all N rows, the round's
+    statistics summed in draw order. The decisions stop early (a real minibatch test)."""
+    data = _data(n=6000)
+    algo = fd.Austerity(eps=0.05, batch_size=100, control_variates=control_variates)
+    ref = _across_layouts(data, algo, None)
+    used = ref.stats["data_used"]
+    assert used.min() < 6000 and used.mean() < 0.8 * 6000
+
+
+def test_layout_dependence_of_sums_is_visible(monkeypatch):
+    """Negative control: add the shards' nodes shard by shard (the first design's sums)
+    and regular NUTS's draws change with the layout in the last bits."""
+    import flymc_dist.driver as driver_mod
+
+    def by_shard(parts):
+        return sum(vals.sum(axis=0) for _, vals in parts)
+
+    monkeypatch.setattr(driver_mod, "tree_total_arrays", by_shard)
+    data = _data(n=640)
+    a = _sample(data, fd.Regular(), "nuts", "synchronous", 1)
+    b = _sample(data, fd.Regular(), "nuts", "synchronous", 3)
+    assert not np.array_equal(a.samples, b.samples)
+
+
+def test_layout_dependence_of_austerity_rows_is_visible(monkeypatch):
+    """Negative control: let each shard pick rows of its own (its first rows, as many as
+    the draw gave it) and austerity's draws change with the layout."""
+    import flymc_dist.austerity.sampler as aus
+
+    real = aus.SequentialTester._route
+
+    def by_shard(self, drawn):
+        out = real(self, drawn)
+        return {
+            j: (sl, np.concatenate([np.arange(k) for k in np.diff(seg)]), seg, at)
+            for j, (sl, _, seg, at) in out.items()
+        }
+
+    monkeypatch.setattr(aus.SequentialTester, "_route", by_shard)
+    data = _data(n=6000)
+    algo = fd.Austerity(eps=0.05, batch_size=100, control_variates=False)
+    a = _sample(data, algo, None, "synchronous", 1)
+    b = _sample(data, algo, None, "synchronous", 3)
+    assert not np.array_equal(a.stats["data_used"], b.stats["data_used"])
 
 
 @pytest.mark.parametrize("z_update", ["implicit", "explicit"])
@@ -60,7 +170,7 @@ def test_draws_identical_for_every_partition(kernel, z_update):
 
 def test_untuned_bounds_identical_for_every_partition():
     """Untuned bounds (most rows bright, every z-update touching many rows) too."""
-    data = _data(n=1200)
+    data = _data(n=640)
     ref = _run(data, "rwmh", "implicit", "synchronous", bounds="untuned", n_shards=1)
     _same(ref, _run(data, "rwmh", "implicit", "synchronous", bounds="untuned", n_shards=3))
 
@@ -100,3 +210,31 @@ def test_draws_identical_in_process_and_on_workers(tmp_path, kernel, local_clust
             assert res.info["n_shards"] == workers  # the layout follows the cluster
             _same(ref, res)
             _same(ref, _run(ds, kernel, "implicit", client, n_shards=5))
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "algorithm, kernel",
+    [
+        (fd.Regular(), "nuts"),
+        (fd.FlyMC(bright_replica=False), "nuts"),
+        (fd.Austerity(eps=0.05, batch_size=100), None),
+    ],
+    ids=["regular", "flymc-shard-evaluated", "austerity"],
+)
+def test_every_algorithm_identical_in_process_and_on_workers(
+    tmp_path, algorithm, kernel, local_clusters
+):
+    """A store of 250-row chunks: in-process with 1 and 3 shards, and on a 2-worker
+    LocalCluster (one shard per worker) — the same draws for regular MCMC, FlyMC with
+    the shards evaluating and austerity."""
+    from distributed import Client
+
+    X, y = _data(n=3000)
+    ds = fd.from_numpy(X, y, str(tmp_path / "d.zarr"), chunk_rows=250)
+    ref = _sample(ds, algorithm, kernel, "synchronous", 1)
+    _same(ref, _sample(ds, algorithm, kernel, "synchronous", 3))
+    with Client(local_clusters.get(2)) as client:
+        res = _sample(ds, algorithm, kernel, client)
+        assert res.info["n_shards"] == 2
+        _same(ref, res)

@@ -78,6 +78,18 @@ preconditioner's principal axes (``directions="axes"``; hit-and-run before), a d
 change of the sampler. Only the eight slice configurations changed; the others are
 bit-identical.
 
+Re-recorded on 2026-11-28 so that no algorithm's draws depend on the layout (issue 41,
+item 5): a round's sums — regular MCMC's full-data sums and FlyMC's shard-evaluated
+bright sums (``bright_replica=False``) — are taken per fixed block (each block's rows
+evaluated alone) and added along the fixed block tree of :mod:`flymc_dist.reduce`,
+instead of per shard and then shard by shard; and austerity draws each decision's rows
+from a keyed permutation of all N rows on the driver (:func:`flymc_dist.streams.permuted_rows`)
+instead of per-shard counts and per-shard streams. Changed: the three austerity entries
+(other rows, other draws); every regular entry and the shard-evaluated FlyMC entries of
+untuned bounds, MALA, HMC or the robust/softmax models in the last bits of ``log_joint``
+and (through adaptation) of the draws (at most 5e-6 for HMC, 2e-12 otherwise). Unchanged
+bit for bit: the replica entries and the nine others listed by the re-recording commit.
+
 The data sets are made here by numpy from fixed seeds and also stored in the
 file; :func:`test_reference_draws` first checks that they are regenerated
 identically, so that a change of numpy's random streams is reported as such,

@@ -115,7 +115,6 @@ takes no accept/reject decision to test.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -132,6 +131,7 @@ from flymc_dist.protocol import ShardConfig, ShardSpec, Transport, operation_nam
 from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.run import describe_run, run, storage_info
+from flymc_dist.streams import A_ROWS, permuted_rows, stream_key
 from flymc_dist.transport.dask import ShardLost, open_transport
 from flymc_dist.tune import (
     find_map,
@@ -156,7 +156,6 @@ __all__ = [
     "loglog_slope",
     "run_decisions",
     "sample_austerity",
-    "shard_counts",
     "stop_rule",
     "tight_bounds",
 ]
@@ -173,13 +172,8 @@ AUSTERITY_STATS: dict[str, str] = {
     "test_rounds": "int64",
 }
 
-#: sub-roles under ROLE_AUSTERITY (the shards' row selection is
-#: :data:`flymc_dist.austerity.shard.SUB_SHARD`, 2)
+#: sub-role under ROLE_AUSTERITY of the proposals' streams
 _SUB_PROPOSAL = 0
-_SUB_SELECT = 1
-
-#: numpy's multivariate hypergeometric ("marginals") needs sum(colors) < 1e9
-_MVHG_LIMIT = 1_000_000_000
 
 
 # ==================================================================== driver side
@@ -223,26 +217,6 @@ def stop_rule(
     stop = exact | (p < eps) | infinite
     accept = mean > mu0
     return stop, accept, p
-
-
-def shard_counts(rng: np.random.Generator, unseen: np.ndarray, m: int) -> np.ndarray:
-    """How many of ``m`` new rows come from each shard: multivariate hypergeometric.
-
-    Equivalent to choosing ``m`` of the ``unseen.sum()`` unseen rows uniformly without
-    replacement and counting them per shard; for populations of 10⁹ rows or more it is
-    done literally that way (``m`` distinct ranks, O(m)).
-    """
-    unseen = np.asarray(unseen, dtype=np.int64)
-    total = int(unseen.sum())
-    if m > total:
-        raise ValueError(f"cannot draw {m} rows from {total} unseen")
-    if m == total or unseen.size == 1:
-        return unseen.copy() if m == total else np.array([m], dtype=np.int64)
-    if total < _MVHG_LIMIT:
-        return rng.multivariate_hypergeometric(unseen, m).astype(np.int64)
-    ranks = rng.choice(total, size=m, replace=False)
-    which = np.searchsorted(np.cumsum(unseen), ranks, side="right")
-    return np.bincount(which, minlength=unseen.size).astype(np.int64)
 
 
 class Decisions(NamedTuple):
@@ -313,8 +287,9 @@ class SequentialTester:
                 float(bound.c),
             )
         )
-        self.rngs = [stream(self.seed, ROLE_AUSTERITY, _SUB_SELECT, c) for c in range(self.slots)]
-        self.run = uuid.uuid4().int & ((1 << 62) - 1)
+        #: the shards' first rows and ends, in global shard order (where a row goes)
+        self.starts = np.array([s.start for s in specs], dtype=np.int64)
+        self.stops = np.array([s.stop for s in specs], dtype=np.int64)
         self.decision = 0
         #: decisions started over after a lost worker's shards were recreated
         self.restarts = 0
@@ -380,7 +355,6 @@ class SequentialTester:
         """:meth:`decide` as decision number ``key``."""
         S = self.slots
         N, B = self.N, self.batch_size
-        unseen = np.tile(self.sizes, (S, 1))
         n = np.zeros(S, dtype=np.int64)
         mean = np.zeros(S)
         m2 = np.zeros(S)
@@ -393,33 +367,19 @@ class SequentialTester:
         p_val[done] = 0.0
         rows_log: list | None = [[] for _ in range(S)] if self.record_rows else None
         trips = 0
-        keys = np.full(S, key, dtype=np.int64)
         cv = self.bound is not None
+        # each chain's rows in the order of its own keyed permutation of all N rows
+        order = [stream_key(self.seed, 0, c, key, A_ROWS) for c in range(S)]
         while not done.all():
             active = np.flatnonzero(~done)
-            per_shard: dict[int, tuple[list[int], list[int]]] = {}
-            for c in active:
-                m = min(B, N - int(n[c]))
-                cnt = shard_counts(self.rngs[c], unseen[c], m)
-                unseen[c] -= cnt
-                for j in np.flatnonzero(cnt):
-                    slots_j, counts_j = per_shard.setdefault(int(j), ([], []))
-                    slots_j.append(int(c))
-                    counts_j.append(int(cnt[j]))
-            calls = {}
-            for j, (sl, ct) in per_shard.items():
-                sl_a = np.array(sl, dtype=np.int64)
-                calls[int(self.shard_ids[j])] = (
-                    OP_BATCH,
-                    self.run,
-                    keys[sl_a],
-                    sl_a,
-                    thetas[sl_a],
-                    proposals[sl_a],
-                    np.array(ct, dtype=np.int64),
-                    self.record_rows,
-                    cv,
-                )
+            drawn = {
+                int(c): permuted_rows(order[c], N, int(n[c]), min(B, N - int(n[c]))) for c in active
+            }
+            per_shard = self._route(drawn)
+            calls = {
+                int(self.shard_ids[j]): (OP_BATCH, thetas[sl], proposals[sl], rows, seg, cv)
+                for j, (sl, rows, seg, _) in per_shard.items()
+            }
             try:
                 replies = self.transport.call_some("operation", calls)
             except Exception as e:  # a lost worker: say how many rows this attempt used
@@ -427,28 +387,15 @@ class SequentialTester:
                 raise
             trips += 1
             rounds[active] += 1
+            diffs = {c: np.empty(r.size) for c, r in drawn.items()}
+            for j, (sl, _, seg, at) in per_shard.items():
+                got = np.asarray(replies[int(self.shard_ids[j])], float)
+                for i, c in enumerate(sl):
+                    diffs[int(c)][at[i]] = got[seg[i] : seg[i + 1]]
+            _merge(n, mean, m2, active, *_batch_stats([diffs[int(c)] for c in active]))
             if rows_log is not None:
-                got: dict[int, list] = {int(c): [] for c in active}
-            for j in sorted(per_shard):  # global shard order: placement-independent sums
-                sl = np.array(per_shard[j][0], dtype=np.int64)
-                cnt_b, mean_b, m2_b, rows_b = replies[int(self.shard_ids[j])]
-                _merge(
-                    n,
-                    mean,
-                    m2,
-                    sl,
-                    np.asarray(cnt_b, dtype=np.int64),
-                    np.asarray(mean_b, float),
-                    np.asarray(m2_b, float),
-                )
-                if rows_log is not None:
-                    for i, c in enumerate(sl):
-                        got[int(c)].append(rows_b[i])
-            if rows_log is not None:
-                for c, parts in got.items():
-                    rows_log[c].append(
-                        np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-                    )
+                for c, r in drawn.items():
+                    rows_log[c].append(r)
             if np.isnan(mean[active]).any():
                 raise FloatingPointError("a log-likelihood difference is NaN")
             stop, acc, p = stop_rule(n[active], mean[active], m2[active], mu0[active], N, self.eps)
@@ -457,6 +404,28 @@ class SequentialTester:
             p_val[fin] = p[stop]
             done[fin] = True
         return Decisions(accept, n.copy(), rounds, trips, mean, p_val, rows_log)
+
+    def _route(
+        self, drawn: dict[int, np.ndarray]
+    ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]]:
+        """The global rows each chain drew, sent to the shards holding them: per shard
+        index ``j``, the chains asking, their shard-local rows (each chain's in its draw
+        order), each chain's part of them, and where those rows sit in its draw."""
+        per: dict[int, tuple[list[int], list[np.ndarray], list[np.ndarray]]] = {}
+        for c, rows in drawn.items():
+            shard = np.searchsorted(self.stops, rows, side="right")
+            for j in np.unique(shard):
+                at = np.flatnonzero(shard == j)
+                slots, local, where = per.setdefault(int(j), ([], [], []))
+                slots.append(c)
+                local.append(rows[at] - self.starts[j])
+                where.append(at)
+        out = {}
+        for j in sorted(per):
+            slots, local, where = per[j]
+            seg = np.cumsum([0] + [r.size for r in local]).astype(np.int64)
+            out[j] = (np.array(slots, dtype=np.int64), np.concatenate(local), seg, where)
+        return out
 
 
 def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarray) -> np.ndarray:
@@ -482,6 +451,26 @@ def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarra
     d = proposals - thetas
     with np.errstate(over="ignore", invalid="ignore"):
         return np.sum((d @ bound.A) * (proposals + thetas), axis=-1) + d @ bound.b
+
+
+def _batch_stats(diffs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(count, mean, M2)`` of each chain's new differences ``diffs[i]`` (in the order
+    its decision drew them: the same sums whatever the layout). An infinite ``l_i``
+    decides alone (the full mean is infinite too): the mean is then the sum of the
+    infinite ones and M2 zero; NaN stays NaN (the caller reports it)."""
+    counts = np.array([d.size for d in diffs], dtype=np.int64)
+    mean = np.zeros(len(diffs))
+    m2 = np.zeros(len(diffs))
+    for i, d in enumerate(diffs):
+        if not d.size:
+            continue
+        bad = ~np.isfinite(d)
+        if bad.any():
+            mean[i] = float(np.sum(d[bad]))
+            continue
+        mean[i] = float(np.sum(d)) / d.size
+        m2[i] = float(np.sum((d - mean[i]) ** 2))
+    return counts, mean, m2
 
 
 def _merge(

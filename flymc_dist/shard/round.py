@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round
-from flymc_dist.shard.batched import _bounds, _typed_lists, batched_z_update
+from flymc_dist.shard.batched import _typed_lists, batched_z_update
 
 if TYPE_CHECKING:
     from flymc_dist.shard.shard import Shard
@@ -140,29 +140,30 @@ def _bright_sums(
             vals,
             sums,
         )
-    current = np.empty(len(pairs))
-    jit.segment_sums(np.concatenate([b.vals for b in brights]), _bounds(sizes), current)
     out: dict[int, Reply] = {}
-    off = j = 0
+    off = 0
     for s_i, sh in enumerate(shards):
         lo = s_i * C
-        points = np.full((C, kmax), np.nan)
+        nb = sh.tree_blocks()[2]
+        current = np.zeros((nb, C))  # the sums per block, folded by tree_reply
+        points = np.zeros((nb, C, kmax))
         q_s = queries[id(sh)]
         for c, ch in enumerate(sh.chains):
             k, M = ks[c], sizes[lo + c]
+            points[:, c, k:] = np.nan
+            order, blocks, starts = sh.block_groups(brights[lo + c].idx)
+            if M:
+                current[blocks, c] = np.add.reduceat(brights[lo + c].vals[order], starts)
             if not k:
                 continue
             ch.last_points = requests[c].points
             ch.last_vals = vals[off : off + k * M].reshape(k, M)
             ch.last_dvals = None
-            points[c, :k] = sums[j : j + k]
+            if M:
+                points[blocks, c, :k] = np.add.reduceat(ch.last_vals[:, order], starts, axis=1).T
             q_s[c] += k * M
             off += k * M
-            j += k
-        out[id(sh)] = Reply(
-            current=current[lo : lo + C].copy(),
-            points=points,
-            n_bright=np.array(sizes[lo : lo + C], dtype=np.int64),
-            queries=q_s,
+        out[id(sh)] = sh.tree_reply(
+            current, points, np.array(sizes[lo : lo + C], dtype=np.int64), q_s
         )
     return out

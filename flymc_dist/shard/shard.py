@@ -41,7 +41,7 @@ from flymc_dist.protocol import (
     ShardSpec,
     resolve_operation,
 )
-from flymc_dist.reduce import BlockFold, BlockSums, block_rows, tree_nodes
+from flymc_dist.reduce import BlockFold, BlockSums, block_rows, fold_blocks, tree_nodes
 from flymc_dist.shard.batched import _typed_lists, batched_z_update
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
@@ -64,11 +64,11 @@ class _Chain:
     theta: np.ndarray
     step: int = 0  # z-updates since the chain was placed: keys its row streams
     bright: BrightSet | None = None  # flymc
-    cur_sum: float = 0.0  # regular: sum of l_n at theta
-    cur_grad: np.ndarray | None = None  # regular: its gradient when known
+    cur_sum: np.ndarray | None = None  # regular: sum of l_n at theta per block (nb,)
+    cur_grad: np.ndarray | None = None  # regular: its gradient per block (nb, P) when known
     last_points: np.ndarray | None = None
-    last_vals: np.ndarray | None = None  # flymc (k, M) / regular (k,)
-    last_dvals: np.ndarray | None = None  # flymc (k, M, E) / regular grads (k, P)
+    last_vals: np.ndarray | None = None  # flymc (k, M) / regular per block (nb, k)
+    last_dvals: np.ndarray | None = None  # flymc (k, M, E) / regular grads (nb, k, P)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -451,8 +451,8 @@ class Shard:
             queries = 0
             for ch in self.chains:
                 s, g = self._regular_eval(ch.theta[None], self.track_grad)
-                ch.cur_sum = float(s[0])
-                ch.cur_grad = g[0] if g is not None else None
+                ch.cur_sum = s[:, 0]
+                ch.cur_grad = g[:, 0] if g is not None else None
                 queries += self.n
         self._seq, self._reply = None, None
         self._sent = [None] * len(self.chains)  # the next replica reply sends whole sets
@@ -615,7 +615,23 @@ class Shard:
             return self._bright_eval_many([(thetas, rows)], False)[0]
         m = self.model
         X, y, xi = self._gather(rows)
-        vals, dvals = bright_terms(m, m.linear_predictor(thetas, X), y, xi, grad)
+        if self.replica or not rows.size:
+            vals, dvals = bright_terms(m, m.linear_predictor(thetas, X), y, xi, grad)
+            return vals, dvals, X
+        # the shards' own sums: each block's rows in a product of their own, so that a
+        # row's value (BLAS rounds by where a row sits in a product) is the same in
+        # every layout, as the sums by block need
+        order, _, starts = self.block_groups(rows)
+        vals = np.empty((thetas.shape[0], rows.size))
+        dvals = np.empty((thetas.shape[0], rows.size, m.n_outputs)) if grad else None
+        for a, b in zip(starts, np.append(starts[1:], rows.size), strict=True):
+            at = order[a:b]
+            v, d = bright_terms(
+                m, m.linear_predictor(thetas, X[at]), y[at], None if xi is None else xi[at], grad
+            )
+            vals[:, at] = v
+            if grad:
+                dvals[:, at] = d
         return vals, dvals, X
 
     def _bright_eval_many(
@@ -629,7 +645,7 @@ class Shard:
         """
         if not grad and self._kernel is not None:
             return [(v, None, None) for v, _ in self._compiled_eval(segments)]
-        if len(segments) <= 1:
+        if len(segments) <= 1 or not self.replica:  # the shards' sums: block by block
             return [self._bright_eval(t, r, grad) for t, r in segments]
         rows = [self._gather(r) for _, r in segments]
         terms = bright_terms_many(
@@ -700,15 +716,18 @@ class Shard:
         return evaluate
 
     def _regular_eval(self, thetas: np.ndarray, grad: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """``sum_n l_n`` over all rows at each of ``thetas`` (k, P) (and gradients)."""
-        blocks = iter(self.blocks())
-        X, y, _ = next(blocks)  # in memory the only one
-        sums, grads = self._regular_block(thetas, X, y, grad)
-        for X, y, _ in blocks:
+        """``sum_n l_n`` over each block of the shard's rows (:meth:`tree_blocks`) at each
+        of ``thetas`` (k, P): ``(nb, k)``, and the gradients ``(nb, k, P)`` (or None).
+        Every block is evaluated alone, so its sums are the same bits in every layout."""
+        B, _, nb, _ = self.tree_blocks()
+        k = thetas.shape[0]
+        sums = np.empty((nb, k))
+        grads = np.empty((nb, k, self.n_params)) if grad else None
+        for j, (X, y, _) in enumerate(self.blocks(B)):
             s, g = self._regular_block(thetas, X, y, grad)
-            sums += s
+            sums[j] = s
             if grad:
-                grads += g
+                grads[j] = g
         return sums, grads
 
     def _regular_block(
@@ -730,8 +749,8 @@ class Shard:
                 ch.last_vals[j], ch.last_dvals[j] if ch.last_dvals is not None else None
             )
         else:
-            ch.cur_sum = float(ch.last_vals[j])
-            ch.cur_grad = ch.last_dvals[j] if ch.last_dvals is not None else None
+            ch.cur_sum = ch.last_vals[:, j]
+            ch.cur_grad = ch.last_dvals[:, j] if ch.last_dvals is not None else None
 
     def _update_z_all(self) -> np.ndarray:
         """Update every chain's z at its current θ; one batched evaluation for all chains.
@@ -807,7 +826,8 @@ class Shard:
         n_bright: np.ndarray,
         queries: np.ndarray,
     ) -> None:
-        """Evaluate every chain's requested points on its bright rows (one batched pass)."""
+        """Evaluate every chain's requested points on its bright rows (one batched pass);
+        the sums per block (the arrays' leading axis: the shard's blocks)."""
         want = [
             c
             for c, r in enumerate(requests)
@@ -815,52 +835,98 @@ class Shard:
         ]
         grad = any(requests[c].grad for c in want)
         segments = [(requests[c].points, self.chains[c].bright.idx) for c in want]
-        if not grad and self._kernel is not None:  # compiled, with the sums
+        if not grad and self._kernel is not None:  # compiled
             results = {
-                c: (v, None, None, sums)
-                for c, (v, sums) in zip(want, self._compiled_eval(segments), strict=True)
+                c: (v, None, None)
+                for c, (v, _) in zip(want, self._compiled_eval(segments), strict=True)
             }
         else:
-            results = {
-                c: (v, d, X, v.sum(axis=1))
-                for c, (v, d, X) in zip(want, self._bright_eval_many(segments, grad), strict=True)
-            }
+            results = dict(zip(want, self._bright_eval_many(segments, grad), strict=True))
         for c, ch in enumerate(self.chains):
             req = requests[c]
             rows = ch.bright.idx
             M = rows.size
+            groups = self.block_groups(rows)
+            order, blocks, starts = groups
             if req is not None and req.points.shape[0]:
                 k = req.points.shape[0]
                 if c in results:
-                    vals, dvals, X, sums = results[c]
-                    points[c, :k] = sums
+                    vals, dvals, X = results[c]
+                    points[blocks, c, :k] = np.add.reduceat(vals[:, order], starts, axis=1).T
                     if req.grad:
-                        points_grad[c, :k] = self.model.grad_theta(dvals, X)
+                        points_grad[blocks, c, :k] = self._block_grads(dvals, X, groups)
                 else:  # nothing bright: the bright sum is empty
                     vals = np.zeros((k, 0))
                     dvals = np.zeros((k, 0, self.model.n_outputs)) if req.grad else None
-                    points[c, :k] = 0.0
                 ch.last_points, ch.last_vals, ch.last_dvals = req.points, vals, dvals
                 queries[c] += k * M
             if req is not None and req.current_grad:
                 if ch.bright.dvals is None:
                     raise RuntimeError("gradient kernel on a shard built without track_grad")
-                current_grad[c] = self.model.grad_theta(
-                    ch.bright.dvals[None], self._gather(rows)[0]
-                )[0]
+                if M:
+                    current_grad[blocks, c] = self._block_grads(
+                        ch.bright.dvals[None], self._gather(rows)[0], groups
+                    )[:, 0]
             n_bright[c] = M
-        if self._kernel is not None:  # the bright sums at the current θ, in one pass
-            bounds = [0]
-            for ch in self.chains:
-                bounds.append(bounds[-1] + ch.bright.vals.size)
-            self._jit.segment_sums(
-                np.concatenate([ch.bright.vals for ch in self.chains]),
-                np.array(bounds, dtype=np.int64),
-                current,
-            )
-        else:
-            for c, ch in enumerate(self.chains):
-                current[c] = ch.bright.vals.sum()
+            if M:
+                current[blocks, c] = np.add.reduceat(ch.bright.vals[order], starts)
+
+    def _block_grads(
+        self, dvals: np.ndarray, X: np.ndarray, groups: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ) -> np.ndarray:
+        """The gradients of ``k`` bright sums, per group of :meth:`block_groups`: ``dvals``
+        (k, M, E) and ``X`` (M, D) of the rows; returns (groups, k, P), each group's
+        gradient taken over its rows alone."""
+        order, _, starts = groups
+        ends = np.append(starts[1:], order.size)
+        return np.stack(
+            [
+                self.model.grad_theta(dvals[:, order[a:b]], X[order[a:b]])
+                for a, b in zip(starts, ends, strict=True)
+            ]
+        )
+
+    def tree_blocks(self) -> tuple[int, int, int, int]:
+        """The fixed blocks a round's sums are taken by (:mod:`flymc_dist.reduce`): their
+        rows ``B``, this shard's first block, its number of blocks, and the number of
+        blocks over all N rows."""
+        B, first, n_blocks = self._blocking()
+        return B, first, -(-self.n // B), n_blocks
+
+    def block_groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Shard-local ``rows`` grouped by block: ``(order, blocks, starts)``, where
+        ``rows[order]`` holds each block's rows together (in their order in ``rows``),
+        ``blocks[g]`` is group g's shard-local block and ``starts[g]`` where it begins
+        in ``order``."""
+        bid = np.asarray(rows, dtype=np.int64) // self.tree_blocks()[0]
+        order = np.argsort(bid, kind="stable")
+        sb = bid[order]
+        if not sb.size:
+            return order, sb, sb
+        starts = np.flatnonzero(np.concatenate([[True], sb[1:] != sb[:-1]]))
+        return order, sb[starts], starts
+
+    def tree_reply(
+        self,
+        current: np.ndarray,
+        points: np.ndarray,
+        n_bright: np.ndarray,
+        queries: np.ndarray,
+        current_grad: np.ndarray | None = None,
+        points_grad: np.ndarray | None = None,
+    ) -> Reply:
+        """A round's :class:`Reply` from per-block sums (leading axis: the shard's blocks),
+        folded along the fixed block tree (:func:`~flymc_dist.reduce.fold_blocks`):
+        O(log blocks) sums per field, which the driver completes in every layout alike."""
+        _, first, _, n_blocks = self.tree_blocks()
+        tree, cur = fold_blocks(current, first, n_blocks)
+
+        def fold(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else fold_blocks(a, first, n_blocks)[1]
+
+        return Reply(
+            cur, fold(points), n_bright, queries, fold(current_grad), fold(points_grad), tree
+        )
 
     def _regular_points(
         self,
@@ -872,7 +938,8 @@ class Shard:
         n_bright: np.ndarray,
         queries: np.ndarray,
     ) -> None:
-        """Full-data sums at every chain's requested points (all chains in one pass)."""
+        """Full-data sums at every chain's requested points (all chains in one pass), per
+        block: the arrays' leading axis is the shard's blocks."""
         want = [c for c, r in enumerate(requests) if r is not None and r.points.shape[0]]
         if want:
             grad = any(requests[c].grad for c in want)
@@ -883,12 +950,12 @@ class Shard:
             for c in want:
                 req = requests[c]
                 k = req.points.shape[0]
-                s_c = sums[off : off + k]
-                g_c = grads[off : off + k] if grads is not None else None
+                s_c = sums[:, off : off + k]
+                g_c = grads[:, off : off + k] if grads is not None else None
                 off += k
-                points[c, :k] = s_c
+                points[:, c, :k] = s_c
                 if req.grad:
-                    points_grad[c, :k] = g_c
+                    points_grad[:, c, :k] = g_c
                 ch = self.chains[c]
                 ch.last_points, ch.last_vals, ch.last_dvals = req.points, s_c, g_c
                 queries[c] += k * self.n
@@ -897,10 +964,10 @@ class Shard:
             if req is not None and req.current_grad:
                 if ch.cur_grad is None:
                     _, g = self._regular_eval(ch.theta[None], True)
-                    ch.cur_grad = g[0]
+                    ch.cur_grad = g[:, 0]
                     queries[c] += self.n
-                current_grad[c] = ch.cur_grad
-            current[c] = ch.cur_sum
+                current_grad[:, c] = ch.cur_grad
+            current[:, c] = ch.cur_sum
             n_bright[c] = self.n
 
     def round(self, msg: Round | ReplicaRound) -> Reply | ReplicaReply:
@@ -1039,21 +1106,24 @@ class Shard:
 
     def _sums(self, requests: list[Request | None], queries: np.ndarray) -> Reply:
         """Step 3 of a round: the sums (and gradients where asked) at every chain's
-        current θ and requested points, over its bright rows (FlyMC) or all rows."""
+        current θ and requested points, over its bright rows (FlyMC) or all rows, taken
+        per block and folded along the fixed block tree (:meth:`tree_reply`)."""
         C = len(self.chains)
         P = self.n_params
+        nb = self.tree_blocks()[2]
         kmax = max((r.points.shape[0] for r in requests if r is not None), default=0)
         any_grad = any(r is not None and r.grad for r in requests)
         any_cgrad = any(r is not None and r.current_grad for r in requests)
-        current = np.empty(C)
-        points = np.empty((C, kmax))
-        points.fill(np.nan)
-        points_grad = np.zeros((C, kmax, P)) if any_grad else None
-        current_grad = np.zeros((C, P)) if any_cgrad else None
+        current = np.zeros((nb, C))
+        points = np.zeros((nb, C, kmax))
+        for c, r in enumerate(requests):  # NaN beyond each chain's own points
+            points[:, c, 0 if r is None else r.points.shape[0] :] = np.nan
+        points_grad = np.zeros((nb, C, kmax, P)) if any_grad else None
+        current_grad = np.zeros((nb, C, P)) if any_cgrad else None
         n_bright = np.zeros(C, dtype=np.int64)
         fill = self._flymc_points if self.flymc else self._regular_points
         fill(requests, current, current_grad, points, points_grad, n_bright, queries)
-        return Reply(current, points, n_bright, queries, current_grad, points_grad)
+        return self.tree_reply(current, points, n_bright, queries, current_grad, points_grad)
 
     # ------------------------------------------------- the add-on samplers' interface
     def rows_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

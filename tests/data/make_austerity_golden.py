@@ -15,6 +15,11 @@ Re-recorded on 2026-11-25 (documented reason): the MAP search now sums its full 
 by fixed blocks along a fixed tree (:mod:`flymc_dist.reduce`, so that the layout does not
 change the draws) and the default layout is one shard per worker; the MAP start and the
 Laplace preconditioner change in the last bits, and so do the draws.
+Re-recorded on 2026-11-28 (documented reason, a deliberate change of the sampler): the
+minibatch rows are drawn on the driver from a keyed permutation of all N rows
+(:func:`flymc_dist.streams.permuted_rows`) instead of per-shard counts and per-shard
+streams, and each round's statistics are summed in draw order, so that the layout does
+not change the draws; every decision uses other rows, so every draw changed.
 """
 
 from __future__ import annotations
