@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of ``SLURMCluster`` / ``PBSCluster``: one job, one worker process,
-    one thread; no dashboard (nothing here reads it)."""
+    one thread; the scheduler's HTTP server (it starts one even without a dashboard, on
+    8787 unless told) on a free port: nothing here reads it, and 8787 is often taken."""
     return {
         "cores": 1,
         "processes": 1,
@@ -65,7 +66,7 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
         "job_extra_directives": list(args.job_directive),
         "job_name": "flymc-worker",
         "python": args.python,
-        "scheduler_options": {"dashboard_address": None},
+        "scheduler_options": {"dashboard_address": ":0"},
     }
 
 

@@ -123,30 +123,20 @@ def local_clusters():
         clusters.close()
 
 
-def _modules(session: pytest.Session) -> list:
-    """The test modules of the session's selected tests, in order, once each."""
-    seen: dict[int, object] = {}
-    for item in getattr(session, "items", []):
-        module = getattr(item, "module", None)
-        if module is not None:
-            seen.setdefault(id(module), module)
-    return list(seen.values())
+#: the xdist group of the tests that start processes (Dask clusters, command-line tools,
+#: network namespaces): one worker runs them one after another, beside the other workers'
+#: in-process tests, so that they never compete for the cores with each other
+PROCESS_GROUP = "processes"
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Let a test module start long, independent work in the background as soon as the
-    session's tests are known (``start_early(items)``: tests/test_exactness.py's runs)."""
-    if session.config.option.collectonly:
-        return
-    for module in _modules(session):
-        start = getattr(module, "start_early", None)
-        if callable(start):
-            start(session.items)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop what ``start_early`` started and the module's tests did not take over."""
-    for module in _modules(session):
-        stop = getattr(module, "stop_early", None)
-        if callable(stop):
-            stop()
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the tests marked ``cluster`` (or using :func:`local_clusters`) in
+    :data:`PROCESS_GROUP`, before pytest-xdist reads the groups."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        if item.get_closest_marker("cluster") is not None or "local_clusters" in getattr(
+            item, "fixturenames", ()
+        ):
+            item.add_marker(pytest.mark.xdist_group(PROCESS_GROUP))

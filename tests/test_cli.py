@@ -682,6 +682,10 @@ def test_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "--scheduler-file" in out
     code, out, _ = run_cli(["bench", "sublinear", "--help"], capsys)
     assert code == 0 and "--ns" in out
+    # the demo's help says what it runs (its defaults, not a figure of an earlier release)
+    code, out, _ = run_cli(["demo", "--help"], capsys)
+    flat = " ".join(out.split())
+    assert code == 0 and "200,000 rows by default" in flat and "NUTS by default" in flat
 
 
 # --------------------------------------------------------------------------- demo, bench

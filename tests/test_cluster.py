@@ -4,7 +4,6 @@ processes driven by address; determinism across placements; a worker SIGKILLed m
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -308,12 +307,9 @@ def _wait_for(pred, timeout: float, what: str) -> None:
 def process_cluster(tmp_path):
     """`dask scheduler` and two `dask worker` processes (no nanny) on loopback."""
     sched_file = str(tmp_path / "scheduler.json")
-    dask_exe = shutil.which("dask") or sys.executable
-    base = (
-        [dask_exe]
-        if dask_exe.endswith("dask")
-        else [sys.executable, "-m", "distributed.cli.dask_spec"]
-    )
+    # this interpreter's own `dask` (not the first on PATH, nor none when pytest runs
+    # from a venv that is not activated)
+    base = [sys.executable, "-m", "dask"]
     env = dict(os.environ, DASK_DISTRIBUTED__WORKER__DAEMON="False")
     procs = [
         subprocess.Popen(

@@ -21,24 +21,18 @@ see :data:`DRAWS`), 2 shards,
 need several times more iterations for the same ESS. Exactness holds
 for every value of these knobs, so the test loses nothing.
 
-The 112 runs, and the 6 with exact rows, are independent and deterministic, so a module
-fixture starts them all at once in spawned worker processes (one per core, at most 4;
-``FLYMC_EXACTNESS_WORKERS=1`` runs everything in this process) and each test waits for
-its own. In a session of more tests they start with the session, at the lowest CPU
-priority (:func:`start_early`): the tests before this module mostly leave a core idle.
-On an otherwise idle 2-core machine the file alone takes about 3 minutes (2 min 50 s
-measured; ~300 CPU-seconds).
+The 112 runs, and the 6 with exact rows, are independent and deterministic: each test
+makes its own (a fixed seed of its own, in-process shards), and pytest-xdist spreads the
+tests over the cores. The negative controls reuse the runs of :data:`CONTROL_COMBO` and
+:data:`OOC_CONTROL_COMBO`, made once per process: their tests share an xdist group. The
+file takes ~300 CPU-seconds.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
-import multiprocessing
 import os
-import sys
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 
 import exact_rows
@@ -266,6 +260,8 @@ _PROBLEMS: dict[str, R.Problem] = {}
 _REFERENCES: dict[tuple, R.Moments] = {}
 #: the run the negative controls reuse
 CONTROL_COMBO = ("flymc", "map", "rwmh", "implicit", None)
+#: the out-of-core run its negative control reuses
+OOC_CONTROL_COMBO = ("flymc", "map", "rwmh", "implicit", "ooc")
 
 
 def problem(name: str) -> R.Problem:
@@ -310,6 +306,8 @@ def run_sampler(name: str, combo: tuple) -> fd.Result:
             res = _sample(name, combo, store, options)
         if not all(res.info["out_of_core"]):
             raise RuntimeError(f"the shards were not out of core: {res.info['out_of_core']}")
+        if res.info["lost_rows"]:  # read back in production, an invariant broken here
+            raise RuntimeError(f"{res.info['lost_rows']} bright rows were read back")
         return res
     if mode is not None:
         options["bright_replica"] = mode == "replica"
@@ -337,132 +335,36 @@ def _sample(name: str, combo: tuple, data: object, options: dict) -> fd.Result:
     )
 
 
-def _run_in_worker(name: str, combo: tuple, exact: bool = False) -> fd.Result:
-    """:func:`run_sampler` (or, ``exact``, :func:`exact_run`) in a pool worker, with
-    warnings as errors as under pytest."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", ResourceWarning)
-        return exact_run(name, combo) if exact else run_sampler(name, combo)
+#: the runs made in this process, by (problem, combination, exact rows?): the negative
+#: controls reuse the run of :data:`CONTROL_COMBO` (their tests share its xdist group)
+_RUNS: dict[tuple, fd.Result] = {}
 
 
-def _n_workers() -> int:
-    env = os.environ.get("FLYMC_EXACTNESS_WORKERS")
-    if env:
-        return max(1, int(env))
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
+def cached_run(name: str, combo: tuple, exact: bool = False) -> fd.Result:
+    """The run of ``combo`` on problem ``name`` (``exact``: :func:`exact_run`'s), made once
+    per process. Every run is independent and deterministic (a fixed seed of its own,
+    in-process shards), so where and when it runs does not change its draws."""
+    key = (name, combo, exact)
+    if key not in _RUNS:
+        _RUNS[key] = exact_run(name, combo) if exact else run_sampler(name, combo)
+    return _RUNS[key]
 
 
-def _background() -> None:
-    """A pool worker's start when the runs begin before this module's tests: the lowest
-    CPU priority there is (Linux's SCHED_IDLE, else nice 19), so that they take only the
-    CPU time the rest of the suite leaves idle and slow its tests down by next to
-    nothing."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        os.nice(19)
+#: the xdist group of the tests that read the control runs: one worker makes each run once
+CONTROL_GROUP = pytest.mark.xdist_group("exactness-control")
 
 
-class Runs:
-    """The runs this session needs, started at once in spawned worker processes.
-
-    Each run is independent and deterministic (fixed seed, in-process shards), so where
-    it runs does not change its draws; spreading them over the cores only shortens the
-    wall time. With one worker everything runs here, in order. ``background``: the
-    workers run at the lowest CPU priority (:func:`_background`).
-    """
-
-    def __init__(self, keys: list[tuple], workers: int, background: bool = False) -> None:
-        self.results: dict[tuple, fd.Result] = {}
-        self.futures: dict[tuple, concurrent.futures.Future] = {}
-        self.pool = None
-        if workers > 1 and keys:
-            self.pool = concurrent.futures.ProcessPoolExecutor(
-                workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_background if background else None,
-            )
-            for key in keys:
-                self.futures[key] = self.pool.submit(_run_in_worker, *key)
-
-    def get(self, name: str, combo: tuple, exact: bool = False) -> fd.Result:
-        """The run of ``combo`` on problem ``name`` (``exact``: :func:`exact_run`'s)."""
-        key = (name, combo, exact)
-        if key not in self.results:
-            future = self.futures.pop(key, None)
-            try:
-                result = future.result() if future is not None else None
-            except Exception:  # rerun here: the same draws, and a local traceback
-                result = None  # (also covers a pool that cannot import this module)
-            if result is None:
-                result = exact_run(name, combo) if exact else run_sampler(name, combo)
-            self.results[key] = result
-        return self.results[key]
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _keys(items: list[pytest.Item]) -> list[tuple]:
-    """The runs the selected tests of this module need, in test order."""
-    keys: list[tuple] = []
-    for item in items:
-        module = getattr(item, "module", None)
-        if module is not sys.modules[__name__] or not hasattr(item, "callspec"):
-            continue
-        params = item.callspec.params
-        if item.originalname in ("test_targets_exact_posterior", "test_out_of_core_exact"):
-            key = (params["name"], params["combo"], False)
-        elif item.originalname == "test_exact_rows_exact":
-            key = (params["name"], params["combo"], True)
-        elif item.originalname.startswith("test_negative_control_out_of_core"):
-            key = (params["name"], OOC_CONTROL_COMBO, False)
-        elif item.originalname.startswith("test_negative_control"):
-            key = (params["name"], CONTROL_COMBO, False)
-        else:
-            continue
-        if key not in keys:
-            keys.append(key)
-    return keys
-
-
-#: the runs started by :func:`start_early`, which the fixture :func:`runs` takes over
-_EARLY: list[Runs] = []
-
-
-def start_early(items: list[pytest.Item]) -> None:
-    """Start this module's runs as soon as the session's tests are known (called by
-    ``pytest_collection_finish`` in tests/conftest.py), in workers of the lowest CPU
-    priority: most of the suite before this module runs one process at a time, so on 2
-    cores they take the idle one, and their results are mostly ready when these tests
-    start (not when this process is niced: see below). The same runs as :func:`runs`
-    would start, with the same draws."""
-    keys = _keys(items)
-    # only beside a test process of ordinary priority: against one already niced (as on
-    # a machine shared with benchmarks) SCHED_IDLE's weight is not small enough, and the
-    # tests before this module slowed down by 1.5-2x in a measured run; then the runs
-    # start with the module, as before
-    if keys and _n_workers() > 1 and os.getpriority(os.PRIO_PROCESS, 0) <= 0:
-        _EARLY.append(Runs(keys, _n_workers(), background=True))
-
-
-def stop_early() -> None:
-    """Shut down the runs of :func:`start_early` this module's tests did not take over
-    (a session stopped before them); called by ``pytest_sessionfinish``."""
-    while _EARLY:
-        _EARLY.pop().close()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def runs(request):
-    """Every run the selected tests of this module need (in test order): those
-    :func:`start_early` started, else started now."""
-    pool = _EARLY.pop() if _EARLY else Runs(_keys(request.session.items), _n_workers())
-    yield pool
-    pool.close()
+def _cases(pairs: list[tuple[str, tuple]]) -> list:
+    """``(name, combo)`` parameters, those of a control run in :data:`CONTROL_GROUP`."""
+    return [
+        pytest.param(
+            name,
+            combo,
+            id=f"{name}-{_combo_id(combo)}",
+            marks=[CONTROL_GROUP] if combo in (CONTROL_COMBO, OOC_CONTROL_COMBO) else [],
+        )
+        for name, combo in pairs
+    ]
 
 
 def _combo_id(combo: tuple) -> str:
@@ -500,12 +402,10 @@ def test_reference_log_density_matches_package_model(name):
 # --------------------------------------------------------------------------------------------
 # every combination against the reference
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "name, combo", CASES, ids=[f"{name}-{_combo_id(combo)}" for name, combo in CASES]
-)
-def test_targets_exact_posterior(runs, name, combo):
+@pytest.mark.parametrize("name, combo", _cases(CASES))
+def test_targets_exact_posterior(name, combo):
     ref = reference(name)
-    res = runs.get(name, combo)
+    res = cached_run(name, combo)
     assert res.samples.shape[:2] == (CHAINS, draws(combo)[1])
     assert np.all(np.isfinite(res.samples))
     result = check_against(res.samples, ref.mean, ref.cov)
@@ -513,13 +413,14 @@ def test_targets_exact_posterior(runs, name, combo):
     assert result.passed, f"{name} {_combo_id(combo)}: {result}"
 
 
-@pytest.mark.parametrize("combo", OOC_COMBINATIONS, ids=[_combo_id(c) for c in OOC_COMBINATIONS])
-@pytest.mark.parametrize("name", OOC_MODELS)
-def test_out_of_core_exact(runs, name, combo):
+@pytest.mark.parametrize(
+    "name, combo", _cases([(name, combo) for combo in OOC_COMBINATIONS for name in OOC_MODELS])
+)
+def test_out_of_core_exact(name, combo):
     """Out-of-core shards (rows in local row files, the z-updates reading the rows they
     propose) target the exact posterior too."""
     ref = reference(name)
-    res = runs.get(name, combo)
+    res = cached_run(name, combo)
     assert res.samples.shape[:2] == (CHAINS, draws(combo)[1])
     result = check_against(res.samples, ref.mean, ref.cov)
     print(f"{name} {_combo_id(combo)}: worst |z| {result.worst:.2f}; {result}")
@@ -534,10 +435,11 @@ def _flipped_brighten(log_u, vals, q):
     return log_u > vals - math.log(q)  # wrong sign
 
 
+@CONTROL_GROUP
 @pytest.mark.parametrize("name", ["logistic", "robust"])
-def test_negative_control_flipped_z_sign_fails(runs, monkeypatch, name):
+def test_negative_control_flipped_z_sign_fails(monkeypatch, name):
     """FlyMC with Algorithm 2's typo must fail the battery by a wide margin."""
-    good = runs.get(name, CONTROL_COMBO)
+    good = cached_run(name, CONTROL_COMBO)
     # every implicit z-update (per chain in flymc_dist.brightness, all chains at once in
     # the shard's compiled path) takes its dark→bright decision from `brighten`, looked up
     # by name in its module: flip it in both — the brightness check below proves the patch
@@ -558,9 +460,6 @@ def test_negative_control_flipped_z_sign_fails(runs, monkeypatch, name):
     assert result.worst > 2 * result.crit_mean, str(result)
 
 
-OOC_CONTROL_COMBO = ("flymc", "map", "rwmh", "implicit", "ooc")
-
-
 def _constants_left_out(original):
     """The out-of-core trap: rows read by position from the row file get their features
     but not their row constants (left zero), which live beside the features only for
@@ -575,11 +474,12 @@ def _constants_left_out(original):
     return prepared
 
 
+@CONTROL_GROUP
 @pytest.mark.parametrize("name", ["logistic"])
-def test_negative_control_out_of_core_rows_without_constants_fail(runs, monkeypatch, name):
+def test_negative_control_out_of_core_rows_without_constants_fail(monkeypatch, name):
     """Out of core, evaluating the rows read by position without their row constants
     must fail."""
-    good = runs.get(name, OOC_CONTROL_COMBO)
+    good = cached_run(name, OOC_CONTROL_COMBO)
     monkeypatch.setattr(
         rows_module.FileRows, "_prepared", _constants_left_out(rows_module.FileRows._prepared)
     )
@@ -606,12 +506,13 @@ WRONG_TARGETS = [
 ]
 
 
+@CONTROL_GROUP
 @pytest.mark.parametrize(
     "name,perturbation", WRONG_TARGETS, ids=[f"{n}-{next(iter(p))}" for n, p in WRONG_TARGETS]
 )
-def test_negative_control_wrong_target_fails(runs, name, perturbation):
+def test_negative_control_wrong_target_fails(name, perturbation):
     """The correct sampler's draws must fail against a slightly different posterior."""
-    res = runs.get(name, CONTROL_COMBO)
+    res = cached_run(name, CONTROL_COMBO)
     right = check_against(res.samples, reference(name).mean, reference(name).cov)
     assert right.passed, str(right)
     wrong = reference(name, **perturbation)
@@ -660,11 +561,11 @@ def exact_run(name: str, combo: tuple) -> fd.Result:
 @pytest.mark.slow
 @pytest.mark.parametrize("combo", EXACT_COMBOS, ids=[_combo_id(c) for c in EXACT_COMBOS])
 @pytest.mark.parametrize("name", ["logistic", "robust", "softmax"])
-def test_exact_rows_exact(runs, name, combo):
+def test_exact_rows_exact(name, combo):
     """``exact_rows``: half the rows at the model's loose tight points are bright in every
     chain at every iteration (each θ-step evaluates their log-likelihood), the other half
     are FlyMC's as usual; the posterior stays the exact one."""
-    res, n_exact = runs.get(name, combo, exact=True), _exact_rule(name)[2]
+    res, n_exact = cached_run(name, combo, exact=True), _exact_rule(name)[2]
     assert res.info["exact_rows"] == n_exact > 0
     assert res.stats["n_bright"].min() >= n_exact  # never dark
     assert res.stats["n_bright"].max() < problem(name).X.shape[0]  # FlyMC rows remain

@@ -56,8 +56,9 @@ np.savez(out, samples=res.samples, n_bright=res.stats["n_bright"],
 
 
 def _dask(*args: str) -> list[str]:
-    exe = shutil.which("dask")
-    return [exe, *args] if exe else [sys.executable, "-m", "distributed.cli.dask_spec", *args]
+    """Dask's command line run by this interpreter (not the first `dask` on PATH, nor none
+    when pytest runs from a venv that is not activated)."""
+    return [sys.executable, "-m", "dask", *args]
 
 
 @pytest.fixture(scope="module")

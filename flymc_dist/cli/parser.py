@@ -109,10 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- demo
     p = sub.add_parser(
         "demo",
-        help="FlyMC vs regular MCMC on ~1M synthetic logistic rows",
-        description="Generate a synthetic logistic data set (~1M rows) in a "
-        "temporary zarr store, sample it with MAP-tuned FlyMC and with regular "
-        "MCMC (RWMH, 4 chains) on an embedded LocalCluster, and compare.",
+        help=f"FlyMC vs regular MCMC on {_DEMO_ROWS:,} synthetic logistic rows",
+        description=f"Generate a synthetic logistic data set ({_DEMO_ROWS:,} rows by default) "
+        "in a temporary zarr store, sample it with MAP-tuned FlyMC and with regular MCMC "
+        f"({_DEMO_KERNEL.upper()} by default, 4 chains) on an embedded LocalCluster, and "
+        "compare.",
     )
     p.add_argument(
         "--rows", type=_positive_int, default=_DEMO_ROWS, help=f"rows N (default {_DEMO_ROWS:,})"

@@ -121,10 +121,6 @@ class Kernel:
         Its requests ask for gradients (``grad`` / ``current_grad``): whoever evaluates
         the target must be able to give them. Every kernel sets it (no default: a new
         gradient kernel must not silently get none).
-    requests_per_step
-        How many requests every step makes when that number is fixed, else None (the
-        default). Informational: the driver no longer reads it (it chose speculative
-        z-updates and, in ``bright_replica="auto"``, the replica by it).
     step_chains
         None (the default), or a method stepping every chain at once (a
         :class:`ChainsStep`), which the driver then prefers to :meth:`step`.
@@ -143,7 +139,6 @@ class Kernel:
     name: str
     target_accept: float
     needs_grad: bool
-    requests_per_step: int | None = None
     step_chains: ChainsStep | None = None
     dark_proposals_per_bright: float = 1.0
     sample_stats: dict[str, str] = {}

@@ -87,8 +87,6 @@ class HMC(HamiltonianKernel):
 
     name = "hmc"
     needs_grad = True
-    #: the step-size search and the jittered trajectory length vary the requests
-    requests_per_step = None
     step_chains = None
 
     def __init__(

@@ -72,8 +72,6 @@ class MALA(Kernel):
 
     name = "mala"
     needs_grad = True
-    #: the gradient at the current position, then the proposal
-    requests_per_step = 2
     step_chains = None
 
     def __init__(self, target_accept: float = 0.57, step_size: float | None = None) -> None:

@@ -246,8 +246,6 @@ class NUTS(HamiltonianKernel):
 
     name = "nuts"
     needs_grad = True
-    #: one request per leapfrog step of a tree of varying depth
-    requests_per_step = None
     step_chains = None
     sample_stats = {**HamiltonianKernel.sample_stats, "tree_depth": "int64"}
 

@@ -327,8 +327,6 @@ class RandomWalkMH(Kernel):
 
     name = "rwmh"
     needs_grad = False
-    #: every step makes exactly one request (so every round trip starts an iteration)
-    requests_per_step = 1
 
     def __init__(self, target_accept: float = 0.234, step_size: float | None = None) -> None:
         self.target_accept = check_probability("target_accept", target_accept)

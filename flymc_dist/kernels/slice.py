@@ -207,8 +207,6 @@ class SliceSampler(Kernel):
 
     name = "slice"
     needs_grad = False
-    #: stepping out and shrinkage take as many requests as the slice needs
-    requests_per_step = None
     step_chains = None
     target_accept = 1.0
 
