@@ -43,9 +43,11 @@ from numba.typed import List
 #: model kinds of :meth:`Model.compiled_bright`
 LOGISTIC = 0
 ROBUST = 1
-KINDS = {"logistic": LOGISTIC, "robust": ROBUST}
+GLM = 2
+KINDS = {"logistic": LOGISTIC, "robust": ROBUST, "glm": GLM}
 
 _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
+_LOG_2PI = math.log(2.0 * math.pi)
 
 
 @numba.njit(inline="always", **_JIT)
@@ -53,6 +55,58 @@ def _log_expm1(delta: float) -> float:
     """``log(exp(delta) - 1)`` of ``max(delta, 0)``, as :func:`flymc_dist._numerics.log_expm1`."""
     d = max(delta, 0.0)
     return d + math.log(-math.expm1(-d))
+
+
+@numba.njit(inline="always", **_JIT)
+def _softplus(x: float) -> float:
+    """``log(1 + e^x)``, as :mod:`flymc_dist.models.glm`."""
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+
+
+@numba.njit(inline="always", **_JIT)
+def _sigmoid(x: float) -> float:
+    e = math.exp(-abs(x))
+    return (1.0 if x >= 0.0 else e) / (1.0 + e)
+
+
+@numba.njit(inline="always", **_JIT)
+def _log_ndtr(x: float) -> float:
+    """``log Φ(x)``, as :func:`flymc_dist.models.glm.log_ndtr`."""
+    if x > 0.0:
+        return math.log1p(-0.5 * math.erfc(x / math.sqrt(2.0)))
+    if x >= -37.0:
+        return math.log(0.5 * math.erfc(-x / math.sqrt(2.0)))
+    u = 1.0 / (x * x)
+    return (
+        -0.5 * x * x
+        - math.log(-x)
+        - 0.5 * _LOG_2PI
+        + math.log1p(u * (-1.0 + u * (3.0 + u * (-15.0 + u * 105.0))))
+    )
+
+
+@numba.njit(inline="always", **_JIT)
+def _glm_core(par: np.ndarray, eta: float, y: float) -> tuple[float, float, float]:
+    """A GLM family's ``core(η; y)``, its derivative and its curvature bound ``c(y)``
+    (:mod:`flymc_dist.models.glm`, formula for formula)."""
+    fam = par[0]
+    if fam == 0.0:  # binomial, logit link; par = (0, m)
+        m = par[1]
+        return y * eta - m * _softplus(eta), y - m * _sigmoid(eta), 0.25 * m
+    if fam == 1.0:  # binomial, probit link; par = (1, m)
+        m = par[1]
+        lp = _log_ndtr(eta)
+        ln = _log_ndtr(-eta)
+        phi = -0.5 * eta * eta - 0.5 * _LOG_2PI
+        d = y * math.exp(phi - lp) - (m - y) * math.exp(phi - ln)
+        return y * lp + (m - y) * ln, d, m
+    if fam == 2.0:  # negative binomial, log link; par = (2, r, log r)
+        u = eta - par[2]
+        w = y + par[1]
+        return y * eta - w * _softplus(u), y - w * _sigmoid(u), 0.25 * w
+    # Gaussian, identity link; par = (3, 1/σ²)
+    r = y - eta
+    return -0.5 * par[1] * r * r, par[1] * r, par[1]
 
 
 @numba.njit(inline="always", **_JIT)
@@ -70,6 +124,10 @@ def _bright_and_slope(
         sig_neg = e / (1.0 + e) if s >= 0.0 else 1.0 / (1.0 + e)
         dl = c0 * sig_neg
         db = c0 * (2.0 * c1 * s + 0.5)
+    elif kind == GLM:  # c = (y, q1, q0); par = (family id, its parameters)
+        delta, dl, curv = _glm_core(par, eta, c0)
+        beta = -0.5 * curv * eta * eta + c1 * eta + c2
+        db = -curv * eta + c1
     else:  # ROBUST: c = (y, a, c); r = y − η; par = (h, const, 1/(ν σ²), log 1/(ν σ²))
         r = c0 - eta
         qq = r * r * par[2]
