@@ -10,6 +10,7 @@ Bernoulli-logit family declaring half its curvature, that the set-up refuses.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numba
@@ -318,3 +319,90 @@ def test_custom_family_exact_against_quadrature():
     )
     verdict = check_against(res.samples, ref.mean, ref.cov, alpha=ALPHA)
     assert verdict.passed, str(verdict)
+
+
+# ---------------------------------------------------------------------------------------
+# every family through the CLI, ArviZ output and a trace resume
+# ---------------------------------------------------------------------------------------
+#: CLI --model, its flags, the store's task, the target generator
+CLI_CASES = {
+    "probit": (["--model", "probit"], "binary", lambda g, e: g.random(e.size) < 0.5 + 0 * e),
+    "binomial": (
+        ["--model", "binomial", "--trials", "4", "--link", "probit"],
+        "count",
+        lambda g, e: g.binomial(4, special.expit(e)),
+    ),
+    "negative_binomial": (
+        ["--model", "negative_binomial", "--dispersion", "3"],
+        "count",
+        lambda g, e: g.negative_binomial(3, 3 / (3 + np.exp(e))),
+    ),
+    "gaussian": (
+        ["--model", "gaussian", "--scale", "0.5"],
+        "real",
+        lambda g, e: e + g.normal(size=e.size),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if n == "negative_binomial" else pytest.param(n, marks=pytest.mark.slow) for n in CLI_CASES],
+)
+def test_family_through_cli_arviz_and_resume(name, tmp_path, capsys, monkeypatch):
+    from flymc_dist.cli import main
+    from flymc_dist.driver import Driver
+    from flymc_dist.trace import Trace
+
+    flags, task, gen = CLI_CASES[name]
+    g = np.random.default_rng(7)
+    X = np.column_stack([np.ones(300), g.normal(size=300)])
+    y = gen(g, 0.2 + 0.5 * X[:, 1]).astype(float if task == "real" else np.int64)
+    store = tmp_path / "d.zarr"
+    fd.from_numpy(X, y, str(store), task=task)
+    common = ["--synchronous", "--warmup", "20", "--samples", "20", "--chains", "2"]
+    common += ["--no-progress", "--checkpoint-every", "10"]
+
+    def run(trace, *extra):
+        code = main(["run", str(store), *flags, *common, "--trace", str(trace), *extra])
+        return code, capsys.readouterr().err
+
+    ref = tmp_path / "ref.zarr"
+    code, err = run(ref)
+    assert code == 0, err
+    full = Trace.open(ref, read_only=True)
+    assert full.samples.shape == (2, 20, 2) and np.all(np.isfinite(full.samples))
+    assert full.attrs["model"]["name"] == "glm"
+
+    calls = {"n": 0}
+    real_step = Driver.step
+
+    def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 33:
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    trace = tmp_path / "t.zarr"
+    monkeypatch.setattr(Driver, "step", interrupted)
+    assert run(trace)[0] == 130
+    monkeypatch.undo()
+    kept = Trace.open(trace, read_only=True).samples.copy()
+    code, err = run(trace, "--resume")
+    assert code == 0, err
+    done = Trace.open(trace, read_only=True)
+    assert done.samples.shape == (2, 20, 2)
+    np.testing.assert_array_equal(done.samples[:, : kept.shape[1]], kept)
+
+    res = fd.sample(
+        fd.GLM(**{k: v for k, v in full.attrs["model"].items() if k != "name"}),
+        str(store),
+        num_warmup=20,
+        num_samples=20,
+        chains=2,
+        client="synchronous",
+        progress=False,
+    )
+    idata = res.to_arviz()
+    assert idata.posterior["theta"].shape == (2, 20, 2)
+    assert json.loads(idata.posterior.attrs["model"])["family"] == full.attrs["model"]["family"]
