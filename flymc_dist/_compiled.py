@@ -48,6 +48,10 @@ KINDS = {"logistic": LOGISTIC, "robust": ROBUST, "glm": GLM}
 
 _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
 _LOG_2PI = math.log(2.0 * math.pi)
+#: a bound above its likelihood by more than this, relative to their size, is broken (a
+#: wrong curvature), not rounding: its log L~ is NaN, which the callers' guard
+#: (:func:`flymc_dist.terms.check_bounds_held`) turns into an error naming row and θ
+BOUND_TOLERANCE = 1e-9
 
 
 @numba.njit(inline="always", **_JIT)
@@ -140,7 +144,10 @@ def _bright_and_slope(
         # dℓ/dη = 2 h r / (ν σ² + r²) = 2 h r (1/(νσ²)) / (1 + r²/(νσ²)); dβ/dη = −2 a r
         dl = 2.0 * par[0] * r * par[2] / (1.0 + qq)
         db = -2.0 * c1 * r
-    d = max(delta - beta, 0.0)
+    diff = delta - beta
+    if diff < -BOUND_TOLERANCE * (1.0 + abs(delta) + abs(beta)):
+        return math.nan, math.nan  # the bound is broken here: the callers' guard raises
+    d = max(diff, 0.0)
     if d <= 0.0:
         return -math.inf, 0.0
     p = -math.expm1(-d)  # p(z = 1 | θ) = 1 − e^−δ, shared by the value and the slope

@@ -406,3 +406,83 @@ def test_family_through_cli_arviz_and_resume(name, tmp_path, capsys, monkeypatch
     idata = res.to_arviz()
     assert idata.posterior["theta"].shape == (2, 20, 2)
     assert json.loads(idata.posterior.attrs["model"])["family"] == full.attrs["model"]["family"]
+
+
+# ---------------------------------------------------------------------------------------
+# the guard while sampling
+# ---------------------------------------------------------------------------------------
+def _guard_data():
+    g = np.random.default_rng(8)
+    X = np.column_stack([np.ones(200), g.normal(size=200)])
+    y = (g.random(200) < special.expit(0.5 + 2.0 * X[:, 1])).astype(float)
+    return X, y
+
+
+def _flymc(model, data, kernel="rwmh"):
+    return fd.sample(
+        model,
+        data,
+        algorithm=fd.FlyMC(q_db=0.5, resample_fraction=1.0),
+        kernel=kernel,
+        num_warmup=30,
+        num_samples=30,
+        chains=2,
+        client="synchronous",
+        n_shards=2,
+        progress=False,
+    )
+
+
+@pytest.mark.parametrize("kernel", ["rwmh", "mala"])
+def test_negative_control_guard_catches_too_small_curvature(kernel):
+    """A user family declaring c = 1/8 for the logit (true curvature reaches −1/4), with
+    the set-up check off (as if the violation lay outside the range it checks): the
+    first row evaluated where B > L stops the run, naming the row and θ."""
+    fam = fd.CustomFamily(_logit_f, _logit_df, 0.125, name="halved", log_concave=True)
+    fam.checked = False
+    with pytest.raises(FloatingPointError, match=r"exceeds the likelihood at row \d+ and theta"):
+        _flymc(fd.GLM(fam), _guard_data(), kernel)
+    # the correct curvature runs
+    fam.c = 0.25
+    assert np.all(np.isfinite(_flymc(fd.GLM(fam), _guard_data(), kernel).samples))
+
+
+def test_negative_control_guard_in_the_compiled_path(monkeypatch):
+    """A built-in family whose row constants put its bound 1 nat above the likelihood at
+    the tight point: the compiled log L̃ flags it, and the run stops."""
+    original = fd.GLM.row_constants
+
+    def raised(self, y, xi):
+        c = original(self, y, xi)
+        c[:, 2] += 1.0
+        return c
+
+    monkeypatch.setattr(fd.GLM, "row_constants", raised)
+    with pytest.raises(FloatingPointError, match=r"exceeds the likelihood at row \d+"):
+        _flymc(fd.GLM("binomial"), _guard_data())
+
+
+@pytest.mark.slow
+def test_the_readme_family_runs(tmp_path, monkeypatch):
+    """The README's user family, run as written on a small store of its kind of data."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    section = text[text.index("### GLM families and your own likelihood") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert len(code.splitlines()) <= 60
+    g = np.random.default_rng(9)
+    X = np.column_stack([np.ones(300), g.normal(size=300)])
+    fd.from_numpy(X, X @ np.array([1.0, -2.0]) + g.logistic(size=300), str(tmp_path / "data.zarr"))
+    monkeypatch.chdir(tmp_path)
+    # the README's call with a small run, in this process
+    code = code.replace(
+        "fd.NUTS())",
+        'fd.NUTS(), num_warmup=50, num_samples=50, client="synchronous", progress=False)',
+    )
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)
+    res = ns["res"]
+    assert res.samples.shape == (4, 50, 2)
+    assert np.all(np.abs(res.samples.mean(axis=(0, 1)) - [1.0, -2.0]) < 0.5)
