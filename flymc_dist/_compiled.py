@@ -29,7 +29,10 @@ the switch every kernel here is compiled once and cached on disk. A model joins 
 kind id in :data:`KINDS`, a branch in :func:`_bright_and_slope` (the operations of its
 numpy ``loglik`` and ``logbound``; :func:`_log_bright` takes its value), and its
 :meth:`~flymc_dist.models.base.Model.compiled_bright` naming the kind; its
-``row_constants`` are the ``(c0, c1, c2)`` that branch reads.
+``row_constants`` are the ``(c0, c1, c2)`` that branch reads. The GLM families
+(:mod:`flymc_dist.models.glm`) share one kind, ``"glm"``: each family is a branch of
+:func:`_glm_core` (its ``f``, ``f'`` and curvature bound), chosen by ``par[0]``, and the
+bound is derived from them in one place.
 """
 
 from __future__ import annotations
