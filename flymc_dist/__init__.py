@@ -9,16 +9,24 @@ from flymc_dist.data import Dataset, from_numpy, open_dataset
 from flymc_dist.kernels import HMC, MALA, NUTS
 from flymc_dist.kernels import RandomWalkMH as RWMH
 from flymc_dist.kernels import SliceSampler as Slice
-from flymc_dist.models import LogisticRegression, RobustRegression, SoftmaxRegression
+from flymc_dist.models import (
+    GLM,
+    CustomFamily,
+    LogisticRegression,
+    RobustRegression,
+    SoftmaxRegression,
+)
 from flymc_dist.options import Austerity, FlyMC, Placement, Regular
 from flymc_dist.result import Result
 
 __all__ = [
+    "GLM",
     "HMC",
     "MALA",
     "NUTS",
     "RWMH",
     "Austerity",
+    "CustomFamily",
     "Dataset",
     "FlyMC",
     "LogisticRegression",

@@ -29,7 +29,10 @@ the switch every kernel here is compiled once and cached on disk. A model joins 
 kind id in :data:`KINDS`, a branch in :func:`_bright_and_slope` (the operations of its
 numpy ``loglik`` and ``logbound``; :func:`_log_bright` takes its value), and its
 :meth:`~flymc_dist.models.base.Model.compiled_bright` naming the kind; its
-``row_constants`` are the ``(c0, c1, c2)`` that branch reads.
+``row_constants`` are the ``(c0, c1, c2)`` that branch reads. The GLM families
+(:mod:`flymc_dist.models.glm`) share one kind, ``"glm"``: each family is a branch of
+:func:`_glm_core` (its ``f``, ``f'`` and curvature bound), chosen by ``par[0]``, and the
+bound is derived from them in one place.
 """
 
 from __future__ import annotations
@@ -43,9 +46,15 @@ from numba.typed import List
 #: model kinds of :meth:`Model.compiled_bright`
 LOGISTIC = 0
 ROBUST = 1
-KINDS = {"logistic": LOGISTIC, "robust": ROBUST}
+GLM = 2
+KINDS = {"logistic": LOGISTIC, "robust": ROBUST, "glm": GLM}
 
 _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
+_LOG_2PI = math.log(2.0 * math.pi)
+#: a bound above its likelihood by more than this, relative to their size, is broken (a
+#: wrong curvature), not rounding: its log L~ is NaN, which the callers' guard
+#: (:func:`flymc_dist.terms.check_bounds_held`) turns into an error naming row and θ
+BOUND_TOLERANCE = 1e-9
 
 
 @numba.njit(inline="always", **_JIT)
@@ -53,6 +62,58 @@ def _log_expm1(delta: float) -> float:
     """``log(exp(delta) - 1)`` of ``max(delta, 0)``, as :func:`flymc_dist._numerics.log_expm1`."""
     d = max(delta, 0.0)
     return d + math.log(-math.expm1(-d))
+
+
+@numba.njit(inline="always", **_JIT)
+def _softplus(x: float) -> float:
+    """``log(1 + e^x)``, as :mod:`flymc_dist.models.glm`."""
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+
+
+@numba.njit(inline="always", **_JIT)
+def _sigmoid(x: float) -> float:
+    e = math.exp(-abs(x))
+    return (1.0 if x >= 0.0 else e) / (1.0 + e)
+
+
+@numba.njit(inline="always", **_JIT)
+def _log_ndtr(x: float) -> float:
+    """``log Φ(x)``, as :func:`flymc_dist.models.glm.log_ndtr`."""
+    if x > 0.0:
+        return math.log1p(-0.5 * math.erfc(x / math.sqrt(2.0)))
+    if x >= -37.0:
+        return math.log(0.5 * math.erfc(-x / math.sqrt(2.0)))
+    u = 1.0 / (x * x)
+    return (
+        -0.5 * x * x
+        - math.log(-x)
+        - 0.5 * _LOG_2PI
+        + math.log1p(u * (-1.0 + u * (3.0 + u * (-15.0 + u * 105.0))))
+    )
+
+
+@numba.njit(inline="always", **_JIT)
+def _glm_core(par: np.ndarray, eta: float, y: float) -> tuple[float, float, float]:
+    """A GLM family's ``core(η; y)``, its derivative and its curvature bound ``c(y)``
+    (:mod:`flymc_dist.models.glm`, formula for formula)."""
+    fam = par[0]
+    if fam == 0.0:  # binomial, logit link; par = (0, m)
+        m = par[1]
+        return y * eta - m * _softplus(eta), y - m * _sigmoid(eta), 0.25 * m
+    if fam == 1.0:  # binomial, probit link; par = (1, m)
+        m = par[1]
+        lp = _log_ndtr(eta)
+        ln = _log_ndtr(-eta)
+        phi = -0.5 * eta * eta - 0.5 * _LOG_2PI
+        d = y * math.exp(phi - lp) - (m - y) * math.exp(phi - ln)
+        return y * lp + (m - y) * ln, d, m
+    if fam == 2.0:  # negative binomial, log link; par = (2, r, log r)
+        u = eta - par[2]
+        w = y + par[1]
+        return y * eta - w * _softplus(u), y - w * _sigmoid(u), 0.25 * w
+    # Gaussian, identity link; par = (3, 1/σ²)
+    r = y - eta
+    return -0.5 * par[1] * r * r, par[1] * r, par[1]
 
 
 @numba.njit(inline="always", **_JIT)
@@ -70,6 +131,10 @@ def _bright_and_slope(
         sig_neg = e / (1.0 + e) if s >= 0.0 else 1.0 / (1.0 + e)
         dl = c0 * sig_neg
         db = c0 * (2.0 * c1 * s + 0.5)
+    elif kind == GLM:  # c = (y, q1, q0); par = (family id, its parameters)
+        delta, dl, curv = _glm_core(par, eta, c0)
+        beta = -0.5 * curv * eta * eta + c1 * eta + c2
+        db = -curv * eta + c1
     else:  # ROBUST: c = (y, a, c); r = y − η; par = (h, const, 1/(ν σ²), log 1/(ν σ²))
         r = c0 - eta
         qq = r * r * par[2]
@@ -82,7 +147,10 @@ def _bright_and_slope(
         # dℓ/dη = 2 h r / (ν σ² + r²) = 2 h r (1/(νσ²)) / (1 + r²/(νσ²)); dβ/dη = −2 a r
         dl = 2.0 * par[0] * r * par[2] / (1.0 + qq)
         db = -2.0 * c1 * r
-    d = max(delta - beta, 0.0)
+    diff = delta - beta
+    if diff < -BOUND_TOLERANCE * (1.0 + abs(delta) + abs(beta)):
+        return math.nan, math.nan  # the bound is broken here: the callers' guard raises
+    d = max(diff, 0.0)
     if d <= 0.0:
         return -math.inf, 0.0
     p = -math.expm1(-d)  # p(z = 1 | θ) = 1 − e^−δ, shared by the value and the slope

@@ -27,7 +27,7 @@ from flymc_dist.brightness import brighten
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply
 from flymc_dist.streams import uniforms_at_many
-from flymc_dist.terms import bright_terms_many
+from flymc_dist.terms import bright_terms, bright_terms_many, check_bounds_held
 
 
 class _Rows:
@@ -394,6 +394,8 @@ class BrightReplica:
                 else []
             )
             done = dict(zip(live, terms, strict=True))
+            for c in live:
+                self._check_held(done[c][0], points[c], c)
             for c in sel:
                 pts = points[c]
                 k = pts.shape[0]
@@ -407,6 +409,15 @@ class BrightReplica:
                     grads = np.zeros((k, P)) if g else None
                 out[c] = (sums, grads, k * int(self._rows[c].ids.size))
         return out
+
+    def _check_held(self, vals: np.ndarray, thetas: np.ndarray, c: int) -> None:
+        """The guard (:func:`~flymc_dist.terms.check_bounds_held`) over chain ``c``'s
+        bright rows' values ``vals`` (k, M) at ``thetas`` (k, P)."""
+        ids = self._rows[c].ids
+        k, n = vals.shape
+        check_bounds_held(
+            vals.ravel(), np.arange(k + 1) * n, thetas, lambda j: int(ids[j % n]), self.model
+        )
 
     def _evaluate_compiled(
         self, points: list[np.ndarray | None], grad: list[bool]
@@ -440,6 +451,13 @@ class BrightReplica:
                 sums,
                 grads,
             )
+            if np.isnan(sums).any():  # a broken bound (or a non-finite θ): find the row
+                for i in np.flatnonzero(np.isnan(sums)):
+                    c = int(chain_of[i])
+                    rows = self._rows[c]
+                    vals, _ = bright_terms(self.model, self.model.linear_predictor(
+                        thetas[i : i + 1], rows.X), rows.y, rows.xi, False)  # fmt: skip
+                    self._check_held(vals, thetas[i : i + 1], c)
             off = 0
             for c in sel:
                 k = points[c].shape[0]

@@ -9,6 +9,8 @@ both and neither knows of the other.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from flymc_dist._numerics import log_expm1
@@ -19,14 +21,51 @@ def log_bright_ratio(
     ll: np.ndarray, lb: np.ndarray, dl: np.ndarray | None, db: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``log L~ = log expm1(l - beta)`` and, given the eta-derivatives of ``l`` and ``beta``,
-    ``d log L~ / d eta = (dl - dbeta) / (1 - exp(-delta))`` (0 where the bound is tight)."""
-    delta = np.maximum(ll - lb, 0.0)
+    ``d log L~ / d eta = (dl - dbeta) / (1 - exp(-delta))`` (0 where the bound is tight).
+
+    Where ``beta`` exceeds ``l`` by more than :data:`BOUND_TOLERANCE` of their size (a
+    broken bound, not rounding) the value is NaN: :func:`check_bounds_held` raises."""
+    diff = ll - lb
+    broken = diff < -BOUND_TOLERANCE * (1.0 + np.abs(ll) + np.abs(lb))
+    delta = np.maximum(diff, 0.0)
     vals = log_expm1(delta)
+    if broken.any():
+        vals = np.where(broken, np.nan, vals)
     if dl is None:
         return vals, None
     with np.errstate(divide="ignore", invalid="ignore"):
         w = (dl - db) / -np.expm1(-delta)[..., None]
     return vals, np.where(delta[..., None] > 0.0, w, 0.0)
+
+
+#: as :data:`flymc_dist._compiled.BOUND_TOLERANCE` (which numba compiles as a constant)
+BOUND_TOLERANCE = 1e-9
+
+
+class BoundViolation(FloatingPointError):
+    """A row's bound exceeded its likelihood while sampling: the model's bound is wrong."""
+
+
+def check_bounds_held(
+    vals: np.ndarray, seg: np.ndarray, thetas: np.ndarray, row_of: Any, model: Model
+) -> None:
+    """Raise :class:`BoundViolation` if a row's ``log L~`` (``vals``, laid out in segments
+    ``seg``, segment i evaluated at ``thetas[i]``) is NaN at a finite θ: its bound was
+    above its likelihood there (see :func:`log_bright_ratio`). ``row_of(j)`` names the
+    global row of value ``j``. One ``isnan`` over values already computed."""
+    nan = np.isnan(vals)
+    if not nan.any():
+        return
+    for j in np.flatnonzero(nan):
+        i = int(np.searchsorted(seg, j, side="right")) - 1
+        theta = np.asarray(thetas[i], dtype=np.float64)
+        if np.all(np.isfinite(theta)):
+            raise BoundViolation(
+                f"the bound of {model!r} exceeds the likelihood at row {row_of(int(j))} "
+                f"and theta = {np.array2string(theta, precision=6, separator=', ')}: the "
+                "declared curvature is too small (or f' is not f's derivative); stopped "
+                "rather than sample a wrong posterior"
+            )
 
 
 def bright_terms(

@@ -154,15 +154,31 @@ def _build_model(args: argparse.Namespace, ds: Any) -> Any:
     if args.model == "robust":
         if args.nu is not None:
             kwargs["nu"] = args.nu
-        if args.scale is not None:
-            kwargs["scale"] = args.scale
-    elif args.nu is not None or args.scale is not None:
-        raise CLIError("--nu and --scale apply only to --model robust")
+    elif args.nu is not None:
+        raise CLIError("--nu applies only to --model robust")
+    if args.scale is not None:
+        if args.model not in ("robust", "gaussian"):
+            raise CLIError("--scale applies only to --model robust or gaussian")
+        kwargs["scale"] = args.scale
+    for flag, value, models in (
+        ("--trials", args.trials, ("binomial", "probit")),
+        ("--link", args.link, ("binomial",)),
+        ("--dispersion", args.dispersion, ("negative_binomial",)),
+    ):
+        if value is not None:
+            if args.model not in models:
+                raise CLIError(f"{flag} applies only to --model {' or '.join(models)}")
+            kwargs[flag[2:]] = value
     if args.prior is not None:
         kwargs["prior"] = args.prior
     if args.prior_scale is not None:
         kwargs["prior_scale"] = args.prior_scale
-    return make_model(args.model, **kwargs)
+    if args.model in ("logistic", "softmax", "robust"):
+        return make_model(args.model, **kwargs)
+    if args.model == "probit":
+        kwargs["link"] = "probit"
+    family = "binomial" if args.model == "probit" else args.model
+    return make_model("glm", family=family, **kwargs)
 
 
 def _client(args: argparse.Namespace) -> Any:

@@ -249,9 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--task",
-        choices=("binary", "multiclass", "real"),
+        choices=("binary", "multiclass", "count", "real"),
         default=None,
-        help="the task (default: inferred from the target)",
+        help="the task (default: inferred from the target; counts, for --model binomial or "
+        "negative_binomial, are inferred as multiclass labels unless --task count)",
     )
     p.add_argument(
         "--classes", type=_positive_int, default=None, help="number of classes (multiclass)"
@@ -285,7 +286,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("store", metavar="STORE", help="a flymc_dist data set (zarr store)")
     g = p.add_argument_group("model")
-    g.add_argument("--model", required=True, choices=("logistic", "softmax", "robust"))
+    g.add_argument(
+        "--model",
+        required=True,
+        choices=(
+            "logistic",
+            "softmax",
+            "robust",
+            "probit",
+            "binomial",
+            "negative_binomial",
+            "gaussian",
+        ),
+        help="the likelihood; probit, binomial, negative_binomial and gaussian are GLM "
+        "families (fd.GLM)",
+    )
     g.add_argument(
         "--classes",
         type=_positive_int,
@@ -299,7 +314,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="robust: Student-t degrees of freedom (default 4)",
     )
     g.add_argument(
-        "--scale", type=_positive_float, default=None, help="robust: Student-t scale (default 1)"
+        "--scale",
+        type=_positive_float,
+        default=None,
+        help="robust: Student-t scale; gaussian: noise sd (default 1)",
+    )
+    g.add_argument(
+        "--trials", type=_positive_int, default=None, help="binomial: trials per row (default 1)"
+    )
+    g.add_argument(
+        "--link",
+        choices=("logit", "probit"),
+        default=None,
+        help="binomial: the link (default logit)",
+    )
+    g.add_argument(
+        "--dispersion",
+        type=_positive_float,
+        default=None,
+        help="negative_binomial: dispersion r, variance mu + mu^2/r (default 1)",
     )
     g.add_argument(
         "--prior",

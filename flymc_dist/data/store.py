@@ -11,7 +11,7 @@ A data set is a zarr v3 group with two arrays and a few attributes::
                                      "chunk_rows", "dtype", "task", "n_classes",
                                      "feature_names", ...}
     <path>/X           (N, D) float64 or float32 (attribute "dtype"), chunks (chunk_rows, D)
-    <path>/y           (N,)   float64 (task "real") or int64 ("binary", "multiclass"),
+    <path>/y           (N,)   float64 (task "real") or int64 ("binary", "multiclass", "count"),
                               chunks (chunk_rows,)
 
 ``X`` is stored as float64 (the default) or float32 (``dtype="float32"`` in the writers:
@@ -20,7 +20,8 @@ arithmetic is float64 either way. A store written by an earlier release (no
 ``store_id`` or ``dtype`` attribute) is refused, in one line saying to write it again.
 
 ``task`` is one of ``"binary"`` (y in {0, 1}, ``n_classes == 2``), ``"multiclass"``
-(y in 0..K-1, ``n_classes == K >= 2``) or ``"real"`` (``n_classes`` is ``None``).
+(y in 0..K-1, ``n_classes == K >= 2``), ``"count"`` (integers y >= 0, the GLM count
+families') or ``"real"`` (``n_classes`` is ``None`` for these two).
 Generators add more attributes (e.g. ``true_theta``); :attr:`Dataset.attrs` exposes them.
 """
 

@@ -52,7 +52,7 @@ __all__ = ["from_blocks", "from_numpy"]
 #: Rows per block for validation passes and multi-chunk writes of in-memory arrays.
 _WORK_BLOCK_BYTES = 32 * 2**20
 
-_TASKS = ("binary", "multiclass", "real")
+_TASKS = ("binary", "multiclass", "count", "real")
 
 
 # --------------------------------------------------------------------------- validation
@@ -206,9 +206,9 @@ def _resolve_task(
         if isinstance(n_classes, bool) or not isinstance(n_classes, int | np.integer):
             raise ValueError(f"n_classes must be an integer or None, got {n_classes!r}")
         n_classes = int(n_classes)
-    if task == "real":
+    if task in ("real", "count"):
         if n_classes is not None:
-            raise ValueError(f"n_classes must be None for task 'real', got {n_classes}")
+            raise ValueError(f"n_classes must be None for task {task!r}, got {n_classes}")
     elif task == "binary":
         if n_classes is not None and n_classes != 2:
             raise ValueError(f"n_classes must be 2 (or None) for task 'binary', got {n_classes}")
@@ -232,11 +232,11 @@ def _check_labels(y: np.ndarray, task: str, n_classes: int | None, offset: int =
         raise ValueError(
             f"y must be integer-valued for task {task!r}: row {offset + r} has y = {y[r]!r}"
         )
-    k = 2 if task == "binary" else int(n_classes)  # type: ignore[arg-type]
-    bad = (y < 0) | (y > k - 1)
+    k = 2 if task == "binary" else None if task == "count" else int(n_classes)  # type: ignore[arg-type]
+    bad = (y < 0) if k is None else (y < 0) | (y > k - 1)
     if bad.any():
         r = int(np.argmax(bad))
-        allowed = "{0, 1}" if task == "binary" else f"0..{k - 1}"
+        allowed = "{0, 1}" if task == "binary" else "0, 1, 2, …" if k is None else f"0..{k - 1}"
         raise ValueError(
             f"labels must be in {allowed} for task {task!r}: row {offset + r} has y = {y[r]!r}"
         )
@@ -706,7 +706,8 @@ def from_numpy(
         Features, real numeric (bool/int/float); stored as ``dtype``. Include a bias column
         yourself if the model needs one.
     y : array_like, shape (N,)
-        Targets: {0, 1} for ``"binary"``, 0..K-1 for ``"multiclass"``, real for ``"real"``.
+        Targets: {0, 1} for ``"binary"``, 0..K-1 for ``"multiclass"``, integers >= 0 for
+        ``"count"``, real for ``"real"``.
     path : str or os.PathLike
         Local directory to create (``file://…`` too), or an fsspec URL (``s3://…``).
     chunk_rows : int, optional
@@ -715,13 +716,14 @@ def from_numpy(
     overwrite : bool, default False
         Replace an existing store at ``path``. The old store is removed only after the new
         one is complete. A non-empty directory that is not a zarr store is never replaced.
-    task : {"binary", "multiclass", "real"}, optional
+    task : {"binary", "multiclass", "count", "real"}, optional
         If None it is inferred: integer-valued y with values in {0, 1} -> ``"binary"``;
         other integer-valued y with min >= 0 -> ``"multiclass"`` with
-        ``n_classes = max(y) + 1``; anything else -> ``"real"``.
+        ``n_classes = max(y) + 1`` (counts must say ``"count"``); anything else ->
+        ``"real"``.
     n_classes : int, optional
         Number of classes (``"multiclass"``: default max(y) + 1, must be >= 2;
-        ``"binary"``: 2; ``"real"``: must be None).
+        ``"binary"``: 2; ``"real"``, ``"count"``: must be None).
     feature_names : sequence of str, optional
         One name per column of ``X``; default: the columns of ``X`` when it is a
         DataFrame, else none. They name the parameters in summaries, the CLI's tables
@@ -837,7 +839,7 @@ def from_blocks(
         Destination (local path or fsspec URL).
     n_rows, n_features : int
         Total shape of ``X``; the blocks must add up to exactly ``n_rows`` rows.
-    task : {"binary", "multiclass", "real"}
+    task : {"binary", "multiclass", "count", "real"}
         Task (required).
     n_classes : int, optional
         As in :func:`from_numpy` (required for ``"multiclass"``).

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.models.glm import (
+    FAMILIES,
+    GLM,
+    BinomialFamily,
+    CustomFamily,
+    Family,
+    GaussianFamily,
+    NegativeBinomialFamily,
+)
 from flymc_dist.models.logistic import LogisticRegression
 from flymc_dist.models.priors import VALID_PRIORS, Prior
 from flymc_dist.models.robust import RobustRegression
 from flymc_dist.models.softmax import SoftmaxRegression
 
 __all__ = [
+    "FAMILIES",
+    "GLM",
     "MODELS",
+    "BinomialFamily",
+    "CustomFamily",
+    "Family",
+    "GaussianFamily",
+    "NegativeBinomialFamily",
     "VALID_PRIORS",
     "BoundStats",
     "LogisticRegression",
@@ -26,6 +42,7 @@ MODELS: dict[str, type[Model]] = {
     "logistic": LogisticRegression,
     "softmax": SoftmaxRegression,
     "robust": RobustRegression,
+    "glm": GLM,
 }
 
 
@@ -41,10 +58,11 @@ def make_model(name: str, **kwargs: object) -> Model:
     Parameters
     ----------
     name
-        ``"logistic"``, ``"softmax"`` or ``"robust"`` (case-insensitive).
+        ``"logistic"``, ``"softmax"``, ``"robust"`` or ``"glm"`` (case-insensitive).
     **kwargs
         Constructor arguments, e.g. ``n_classes=10`` for softmax, ``nu=4.0`` for
-        robust, ``prior="laplace"``, ``prior_scale=2.0``.
+        robust, ``family="negative_binomial", dispersion=2.0`` for glm,
+        ``prior="laplace"``, ``prior_scale=2.0``.
 
     Returns
     -------

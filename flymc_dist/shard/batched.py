@@ -19,6 +19,7 @@ import numpy as np
 
 from flymc_dist.brightness import brighten
 from flymc_dist.streams import uniforms_at_many
+from flymc_dist.terms import check_bounds_held
 
 if TYPE_CHECKING:
     from flymc_dist.shard.shard import Shard
@@ -117,6 +118,13 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     kind, par = first._kernel
     jit.eval_rows(
         XCs, first.n_features, at, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
+    )
+    check_bounds_held(
+        vals,
+        cand_seg,
+        thetas,
+        lambda j: int(cand[j] + offsets[np.searchsorted(cand_seg, j, side="right") - 1]),
+        first.model,
     )
     acc = brighten(log_u, vals, q)
     new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)

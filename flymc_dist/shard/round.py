@@ -29,6 +29,7 @@ import numpy as np
 
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round
 from flymc_dist.shard.batched import _typed_lists, batched_z_update
+from flymc_dist.terms import check_bounds_held
 
 if TYPE_CHECKING:
     from flymc_dist.shard.shard import Shard
@@ -113,7 +114,7 @@ def _bright_sums(
     kmax = max(ks, default=0)
     brights = [sh.chains[c].bright for sh, c in pairs]
     sizes = [b.idx.size for b in brights]
-    row_parts, theta_parts, seg_bounds, seg_shard = [], [], [0], []
+    row_parts, theta_parts, seg_bounds, seg_shard, seg_pair = [], [], [0], [], []
     for p, (_, c) in enumerate(pairs):
         k = ks[c]
         if k:
@@ -123,6 +124,7 @@ def _bright_sums(
             for _ in range(k):
                 seg_bounds.append(seg_bounds[-1] + sizes[p])
                 seg_shard.append(p // C)
+                seg_pair.append(p)
     n_seg = len(seg_shard)
     vals = np.empty(seg_bounds[-1])
     sums = np.empty(n_seg)
@@ -134,12 +136,20 @@ def _bright_sums(
             np.concatenate(row_parts),
             np.array(seg_bounds, dtype=np.int64),
             np.array(seg_shard, dtype=np.int64),
-            np.concatenate(theta_parts),
+            (thetas := np.concatenate(theta_parts)),
             kind,
             par,
             vals,
             sums,
         )
+        bounds = np.array(seg_bounds, dtype=np.int64)
+
+        def row_of(j: int) -> int:
+            i = int(np.searchsorted(bounds, j, side="right")) - 1
+            p = seg_pair[i]
+            return int(brights[p].idx[j - bounds[i]] + pairs[p][0].spec.start)
+
+        check_bounds_held(vals, bounds, thetas, row_of, shards[0].model)
     out: dict[int, Reply] = {}
     off = 0
     for s_i, sh in enumerate(shards):

@@ -47,7 +47,7 @@ from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
 from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
 from flymc_dist.streams import Z_PROPOSE, RowStreams, bernoulli_rows_many, stream_key
-from flymc_dist.terms import bright_terms, bright_terms_many
+from flymc_dist.terms import bright_terms, bright_terms_many, check_bounds_held
 
 log = logging.getLogger("flymc_dist")
 
@@ -500,6 +500,7 @@ class Shard:
                         self.rows.XC, self.n_features, self.rows.locate(rows), thetas, kind,
                         par, vals,
                     )  # fmt: skip
+                    self._check_held(vals, thetas, rows)
                 for c, (st, ch) in enumerate(zip(streams, self.chains, strict=True)):
                     v, dv = (vals[c], None) if compiled else self._row_evaluator(ch)(rows)
                     explicit_accept(st, ch.bright, rows, v, dv)
@@ -617,6 +618,7 @@ class Shard:
         X, y, xi = self._gather(rows)
         if self.replica or not rows.size:
             vals, dvals = bright_terms(m, m.linear_predictor(thetas, X), y, xi, grad)
+            self._check_held(vals, thetas, rows)
             return vals, dvals, X
         # the shards' own sums: each block's rows in a product of their own, so that a
         # row's value (BLAS rounds by where a row sits in a product) is the same in
@@ -632,7 +634,20 @@ class Shard:
             vals[:, at] = v
             if grad:
                 dvals[:, at] = d
+        self._check_held(vals, thetas, rows)
         return vals, dvals, X
+
+    def _check_held(self, vals: np.ndarray, thetas: np.ndarray, rows: np.ndarray) -> None:
+        """The guard (:func:`~flymc_dist.terms.check_bounds_held`) over ``vals`` (k, m):
+        ``rows`` at each of ``thetas`` (k, P)."""
+        k, n = vals.shape
+        check_bounds_held(
+            vals.ravel(),
+            np.arange(k + 1) * n,
+            thetas,
+            lambda j: int(rows[j % n] + self.spec.start),
+            self.model,
+        )
 
     def _bright_eval_many(
         self, segments: list[tuple[np.ndarray, np.ndarray]], grad: bool
@@ -653,6 +668,8 @@ class Shard:
             [(t, X, y, xi) for (t, _), (X, y, xi) in zip(segments, rows, strict=True)],
             grad,
         )
+        for (t, r), (v, _) in zip(segments, terms, strict=True):
+            self._check_held(v, t, r)
         return [(v, d, X) for (v, d), (X, _, _) in zip(terms, rows, strict=True)]
 
     def _compiled_values(
@@ -676,6 +693,7 @@ class Shard:
             vals,
             sums,
         )
+        check_bounds_held(vals, seg, thetas, lambda j: int(rows[j] + self.spec.start), self.model)
         return vals, sums
 
     def _compiled_eval(
