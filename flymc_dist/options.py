@@ -223,13 +223,29 @@ class Regular(_Options):
 @dataclass(frozen=True)
 class Austerity(_Options):
     """Austerity MH (APPROXIMATE; results are labelled so): a sequential t-test on random
-    minibatches decides each RWMH step."""
+    minibatches decides each RWMH step. ``eps`` is one-sided by default, as the paper's
+    (Chen, Mansinghka & Ghahramani 2016, Appendix A): ``tails="two"`` with ``2·eps`` takes
+    the same decisions."""
 
     name: ClassVar[str] = "austerity"
     eps: float = _option(
         0.01,
-        "tolerance of the sequential test (0: exact, a full pass per step)",
+        "tolerance of the sequential test, in the sense tails says (0: exact, a full pass "
+        "per step)",
         number_in(0.0, 1.0, lo_open=False),
+    )
+    tails: str = _option(
+        "one",
+        "the test's p-value: 'one' (the paper's eps: stop when P(T > |t|) < eps, i.e. the "
+        "one-sided level, threshold t⁻¹(1 − eps)) or 'two' (stop when 2·P(T > |t|) < eps; "
+        "a one-sided eps decides as a two-sided 2·eps)",
+        one_of("one", "two"),
+    )
+    min_batches: int = _option(
+        1,
+        "minibatches drawn before the first test (the paper's k0: 3, with minibatches of "
+        "10–100 rows)",
+        integer(1),
     )
     batch_size: int = _option(500, "rows per minibatch of the sequential test", integer(1))
     control_variates: bool = _option(
