@@ -6,11 +6,12 @@ regular full-data MCMC as the baseline, and (approximate, labelled) austerity MH
 
 from flymc_dist.api import sample
 from flymc_dist.data import Dataset, from_numpy, open_dataset
+from flymc_dist.jointdpm import sample_jointdpm
 from flymc_dist.kernels import HMC, MALA, NUTS
 from flymc_dist.kernels import RandomWalkMH as RWMH
 from flymc_dist.kernels import SliceSampler as Slice
 from flymc_dist.models import LogisticRegression, RobustRegression, SoftmaxRegression
-from flymc_dist.options import Austerity, FlyMC, Placement, Regular
+from flymc_dist.options import Austerity, FlyMC, JointDPM, Placement, Regular
 from flymc_dist.result import Result
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Austerity",
     "Dataset",
     "FlyMC",
+    "JointDPM",
     "LogisticRegression",
     "Placement",
     "Regular",
@@ -31,6 +33,7 @@ __all__ = [
     "from_numpy",
     "open_dataset",
     "sample",
+    "sample_jointdpm",
 ]
 
 __version__ = "0.1.0"
