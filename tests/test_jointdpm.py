@@ -367,3 +367,35 @@ def test_partition_posterior_matches_enumeration():
     K2, co2 = _chain_estimates(_NoCounts, seed=1)
     z2 = _z_scores(K2, co2, pk, pco)
     assert np.max(np.abs(z2)) > 6, z2
+
+
+def test_bench_jointdpm_is_wired(tmp_path, capsys):
+    """`flymc bench jointdpm` on a tiny problem: both runs, the table, JSON and the plot."""
+    from flymc_dist.cli import main
+
+    out_json = tmp_path / "f.json"
+    plot = tmp_path / "f.png"
+    code = main(
+        [
+            "bench",
+            "jointdpm",
+            "--rows",
+            "300",
+            "--test-rows",
+            "60",
+            "--iterations",
+            "4",
+            "--step-z",
+            "10",
+            "--init-clusters",
+            "2",
+            "--plot",
+            str(plot),
+            "--json",
+            str(out_json),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "final acc" in out and "eps>0 reaches" in out
+    assert out_json.exists() and plot.exists()

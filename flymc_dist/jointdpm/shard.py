@@ -37,7 +37,8 @@ def logit_loglik(F: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 class MemberArray:
     """The rows of one cluster on one shard: an array with O(1) insert and remove (the
     last member fills a removed one's place) and uniform draws without replacement (a
-    partial Fisher–Yates shuffle of the array itself, restarted by :meth:`restart`)."""
+    partial Fisher–Yates shuffle of the array itself, restarted by :meth:`restart`; a
+    draw of every member left takes them as they stand)."""
 
     __slots__ = ("count", "rows", "taken")
 
@@ -71,6 +72,9 @@ class MemberArray:
         if self.taken + m > self.count:
             raise ValueError(f"cannot draw {m} of {self.count - self.taken} unseen members")
         t = self.taken
+        if t + m == self.count:  # every member left: their order does not matter
+            self.taken = self.count
+            return self.rows[t : self.count].copy()
         picks = rng.integers(np.arange(t, t + m), self.count) if m else np.empty(0, np.int64)
         rows = self.rows
         for j, r in enumerate(picks):
