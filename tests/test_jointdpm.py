@@ -206,6 +206,38 @@ def test_austerity_decisions_use_the_paper_rule():
     assert np.mean(used < total / 4) > 0.5
 
 
+def test_decision_error_shrinks_with_eps():
+    """On one state of the four-blob chain, the same weight moves (w, w′, u) decided at
+    eps = 0.3, 0.1, 0.01 against the exact decision (eps = 0): the share that differ
+    falls with eps, and the loosest one errs visibly (the comparison can see an error),
+    while reading fewer members."""
+    X, y = four_blobs(3000, 8)
+    s = _sampler(fd.JointDPM(init_clusters=4, step_z=30), X, y, n_shards=2)
+    for _ in range(3):
+        s.step()
+    st = s.states[0]
+    labels = sorted(st.stats)
+    rng = np.random.default_rng(9)
+    reps = 60
+    W = np.stack([st.w[k] for k in labels])
+    moves = [
+        (W + 0.05 * rng.standard_normal(W.shape), -rng.standard_exponential(len(labels)))
+        for _ in range(reps)
+    ]
+    exact = [s.decide_weights(0, labels, W, wp, lu, 0.0)["decision_accept"] for wp, lu in moves]
+    err, used = [], []
+    for e in (0.3, 0.1, 0.01):
+        wrong = rows = 0
+        for (wp, lu), ex in zip(moves, exact, strict=True):
+            d = s.decide_weights(0, labels, W, wp, lu, e)
+            wrong += int(np.sum(d["decision_accept"] != ex))
+            rows += d["data_used"]
+        err.append(wrong / (reps * len(labels)))
+        used.append(rows)
+    assert err[0] > 0.02 and err[0] > err[1] >= err[2], err
+    assert err[2] < 0.02 and used[0] < used[2] < 3000 * reps, (err, used)
+
+
 def test_options_and_bad_input():
     """JointDPM's options are checked once, in one line naming the argument."""
     assert fd.JointDPM().changed() == {}

@@ -303,6 +303,35 @@ class JointDPMSampler:
         W = np.stack([st.w[k] for k in labels])
         Wp = W + o.proposal_sd * rng.standard_normal(W.shape)
         log_u = -rng.standard_exponential(S)
+        info = self.decide_weights(c, labels, W, Wp, log_u, o.eps)
+        for s, k in enumerate(labels):
+            if info["decision_accept"][s]:
+                st.w[k] = Wp[s]
+        return info
+
+    def decide_weights(
+        self,
+        c: int,
+        labels: list[int],
+        W: np.ndarray,
+        Wp: np.ndarray,
+        log_u: np.ndarray,
+        eps: float,
+    ) -> dict[str, Any]:
+        """The MH decisions ``w_k → w′_k`` of clusters ``labels`` of chain ``c`` (with log
+        uniforms ``log_u``) by the sequential test at ``eps``, concurrently (``labels``
+        distinct: a shard's member draws are per cluster); nothing moves.
+
+        Returns
+        -------
+        dict
+            ``decision_accept``, ``decision_n`` (members read), ``decision_N`` (cluster
+            sizes) and the totals ``decisions``, ``accepted``, ``data_used``,
+            ``cluster_rows``, ``round_trips`` (with this iteration's two label trips).
+        """
+        o, st = self.options, self.states[c]
+        rng = st.rng
+        S = len(labels)
         Nk = np.array([st.stats[k].n for k in labels], dtype=np.int64)
         lp_diff = -0.5 * (np.sum(W * W, axis=1) - np.sum(Wp * Wp, axis=1)) / o.w_prior**2
         mu0 = (log_u + lp_diff) / Nk  # log p(w) − log p(w′) + log u, per member
@@ -321,7 +350,7 @@ class JointDPMSampler:
             slots: dict[int, list[int]] = {}
             for s in np.flatnonzero(~done).tolist():
                 # eps = 0 never stops early: all members in one round, the same decision
-                m = int(Nk[s] - n[s] if o.eps == 0 else min(o.batch_size, Nk[s] - n[s]))
+                m = int(Nk[s] - n[s] if eps == 0 else min(o.batch_size, Nk[s] - n[s]))
                 if self.n_shards == 1:
                     cnt = np.array([m], dtype=np.int64)
                 else:
@@ -354,7 +383,7 @@ class JointDPMSampler:
                     m2[s : s + 1],
                     mu0[s : s + 1],
                     int(Nk[s]),
-                    o.eps,
+                    eps,
                     tails=o.tails,
                     rounds=rounds[s : s + 1],
                     min_batches=o.min_batches,
@@ -362,9 +391,6 @@ class JointDPMSampler:
                 if stop[0]:
                     done[s] = True
                     accept[s] = bool(acc[0])
-        for s, k in enumerate(labels):
-            if accept[s]:
-                st.w[k] = Wp[s]
         if self.record_rows:
             self.last_rows.append({k: np.concatenate(v) for k, v in used_rows.items()})
         return {
