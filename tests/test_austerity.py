@@ -959,3 +959,17 @@ def test_bench_sublinear_smoke():
     assert "Out of core" in bench.format({"posterior": ooc, "seconds": 1.0})
     with pytest.raises(ValueError, match="nothing to measure"):
         bench.run_sublinear(ns=(1000, 2000), plain=False, control_variates=False)
+
+
+def test_bench_sublinear_paper_settings():
+    """`run_sublinear(paper=True)`: the paper's Fig. 5 settings (one-sided eps = 0.01,
+    minibatch 100, no test before 3 of them): no decision reads fewer than 300 rows or
+    the whole data set, and the report says which settings ran."""
+    from flymc_dist.bench.sublinear import format_sublinear, run_sublinear
+
+    r = run_sublinear(ns=(250, 400), paper=True, n_shards=2)
+    assert r["paper"] and r["approximate"]
+    for row in r["rows"]:
+        assert row["mean_data_used"] >= min(300, row["n_rows"])
+    text = format_sublinear(r)
+    assert "one-sided" in text and "slope" in text
