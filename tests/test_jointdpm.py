@@ -238,6 +238,32 @@ def test_decision_error_shrinks_with_eps():
     assert err[2] < 0.02 and used[0] < used[2] < 3000 * reps, (err, used)
 
 
+@pytest.mark.parametrize("how", ["escobar-west", "mh"])
+def test_alpha_update_targets_its_conditional(how):
+    """With K fixed, repeated α moves have the mean of p(α | K, N) ∝ Gamma(α; 1, 1)
+    α^K Γ(α)/Γ(α + N) (quadrature), within 4 MCSE; negative control: the same chain
+    is far from the conditional of another N."""
+    s = _sampler(fd.JointDPM(alpha_update=how))
+    K, N = 3, s.N
+
+    def cond_mean(n):
+        def f(al, p):
+            return al**p * math.exp(K * math.log(al) - al + gammaln(al) - gammaln(al + n))
+
+        top = integrate.quad(f, 0, np.inf, args=(1,))[0]
+        return top / integrate.quad(f, 0, np.inf, args=(0,))[0]
+
+    st = ChainState(1.0, {k: None for k in range(K)}, {}, {}, K, np.random.default_rng(4))
+    draws = np.empty((4, 3000))
+    for c in range(4):
+        for t in range(draws.shape[1]):
+            s.update_alpha(st)
+            draws[c, t] = st.alpha
+    est, se = draws.mean(), float(mcse_mean(draws))
+    assert abs(est - cond_mean(N)) < 4 * se, (est, cond_mean(N), se)
+    assert abs(est - cond_mean(4 * N)) > 8 * se
+
+
 def test_options_and_bad_input():
     """JointDPM's options are checked once, in one line naming the argument."""
     assert fd.JointDPM().changed() == {}

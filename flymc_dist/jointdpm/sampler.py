@@ -195,7 +195,7 @@ class JointDPMSampler:
         self.last_rows = []
         for c, st in enumerate(self.states):
             t0 = time.perf_counter()
-            self._update_alpha(st)
+            self.update_alpha(st)
             moved = self._update_z(c, st)
             info = self._update_weights(c, st)
             info["moved"] = moved
@@ -203,7 +203,9 @@ class JointDPMSampler:
             out.append(info)
         return out
 
-    def _update_alpha(self, st: ChainState) -> None:
+    def update_alpha(self, st: ChainState) -> None:
+        """Move chain state ``st``'s α given its number of clusters K: Escobar & West's
+        Gibbs step, or a random-walk MH step on log α (``alpha_update``)."""
         a, b = self.options.alpha_prior
         K, N, rng = len(st.stats), self.N, st.rng
         if self.options.alpha_update == "escobar-west":
