@@ -6,6 +6,7 @@ regular full-data MCMC as the baseline, and (approximate, labelled) austerity MH
 
 from flymc_dist.api import sample
 from flymc_dist.data import Dataset, from_numpy, open_dataset
+from flymc_dist.jointdpm import sample_jointdpm
 from flymc_dist.kernels import HMC, MALA, NUTS
 from flymc_dist.kernels import RandomWalkMH as RWMH
 from flymc_dist.kernels import SliceSampler as Slice
@@ -16,7 +17,7 @@ from flymc_dist.models import (
     RobustRegression,
     SoftmaxRegression,
 )
-from flymc_dist.options import Austerity, FlyMC, Placement, Regular
+from flymc_dist.options import Austerity, FlyMC, JointDPM, Placement, Regular
 from flymc_dist.result import Result
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "CustomFamily",
     "Dataset",
     "FlyMC",
+    "JointDPM",
     "LogisticRegression",
     "Placement",
     "Regular",
@@ -39,6 +41,7 @@ __all__ = [
     "from_numpy",
     "open_dataset",
     "sample",
+    "sample_jointdpm",
 ]
 
 __version__ = "0.1.0"

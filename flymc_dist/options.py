@@ -29,6 +29,7 @@ __all__ = [
     "REPLICA_BUDGET",
     "Austerity",
     "FlyMC",
+    "JointDPM",
     "Placement",
     "Regular",
     "algorithm_of",
@@ -234,13 +235,29 @@ class Regular(_Options):
 @dataclass(frozen=True)
 class Austerity(_Options):
     """Austerity MH (APPROXIMATE; results are labelled so): a sequential t-test on random
-    minibatches decides each RWMH step."""
+    minibatches decides each RWMH step. ``eps`` is one-sided by default, as the paper's
+    (Chen, Mansinghka & Ghahramani 2016, Appendix A): ``tails="two"`` with ``2·eps`` takes
+    the same decisions."""
 
     name: ClassVar[str] = "austerity"
     eps: float = _option(
         0.01,
-        "tolerance of the sequential test (0: exact, a full pass per step)",
+        "tolerance of the sequential test, in the sense tails says (0: exact, a full pass "
+        "per step)",
         number_in(0.0, 1.0, lo_open=False),
+    )
+    tails: str = _option(
+        "one",
+        "the test's p-value: 'one' (the paper's eps: stop when P(T > |t|) < eps, i.e. the "
+        "one-sided level, threshold t⁻¹(1 − eps)) or 'two' (stop when 2·P(T > |t|) < eps; "
+        "a one-sided eps decides as a two-sided 2·eps)",
+        one_of("one", "two"),
+    )
+    min_batches: int = _option(
+        1,
+        "minibatches drawn before the first test (the paper's k0: 3, with minibatches of "
+        "10–100 rows)",
+        integer(1),
     )
     batch_size: int = _option(500, "rows per minibatch of the sequential test", integer(1))
     control_variates: bool = _option(
@@ -248,6 +265,82 @@ class Austerity(_Options):
         "test the gap between each row's log-likelihood and its MAP-tuned FlyMC bound "
         "(whose collapsed sum is exact) instead of the log-likelihood differences",
         boolean,
+    )
+
+
+def positive_pair(name: str, v: Any) -> tuple[float, float]:
+    """The check: two finite numbers > 0, as a tuple."""
+    try:
+        a, b = v
+        ok = all(_is_real(t) and math.isfinite(float(t)) and float(t) > 0 for t in (a, b))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be two numbers > 0, not {v!r}")
+    return float(a), float(b)
+
+
+def columns_or_none(name: str, v: Any) -> tuple[int, ...] | None:
+    """The check: None or a non-empty sequence of distinct column indices >= 0."""
+    if v is None:
+        return None
+    try:
+        out = tuple(v)
+    except TypeError:
+        out = ()
+    if not out or not all(_is_int(c) and c >= 0 for c in out) or len(set(out)) != len(out):
+        raise ValueError(f"{name} must be None or distinct column indices >= 0, not {v!r}")
+    return tuple(int(c) for c in out)
+
+
+@dataclass(frozen=True)
+class JointDPM(_Options):
+    """The joint Dirichlet process mixture of logistic experts (Wade et al.; the
+    sublinear-MH paper's Sec. 4.2) over a binary data set: clusters with collapsed
+    Normal-inverse-Wishart densities over ``density_columns`` and logistic weights
+    ``w_k``, a Dirichlet process with concentration ``α``. Run by
+    :func:`flymc_dist.sample_jointdpm`; ``eps > 0`` makes the ``w_k`` moves approximate
+    (austerity over the cluster's members), ``eps = 0`` is exact."""
+
+    name: ClassVar[str] = "jointdpm"
+    alpha_prior: tuple = _option(
+        (1.0, 1.0), "(shape, rate) of the Gamma prior of the concentration α", positive_pair
+    )
+    alpha_update: str = _option(
+        "escobar-west",
+        "how α moves: 'escobar-west' (exact Gibbs, with its auxiliary variable) or 'mh' "
+        "(random walk on log α)",
+        one_of("escobar-west", "mh"),
+    )
+    niw: tuple = _option(
+        (5.0, 5.0),
+        "(k0, v0 − D) of the Normal-inverse-Wishart prior; m0 = 0, S0 = v0·I (the paper's)",
+        positive_pair,
+    )
+    w_prior: float = _option(
+        1.0,
+        "sd of the N(0, sd²·I) prior of each cluster's weights (with bias)",
+        number_in(0, 1e300),
+    )
+    density_columns: tuple | None = _option(
+        None, "columns of X the mixture's densities model (None: all)", columns_or_none
+    )
+    step_z: int = _option(100, "rows whose cluster is Gibbs-sampled per iteration", integer(1))
+    proposal_sd: float = _option(
+        0.2, "sd of the random-walk proposal of each cluster's weights", number_in(0, 1e300)
+    )
+    eps: float = _option(
+        0.0,
+        "tolerance of the sequential test on each w_k move (0: exact MH over the cluster)",
+        number_in(0.0, 1.0, lo_open=False),
+    )
+    tails: str = _option(
+        "one", "the test's p-value: 'one' (the paper's eps) or 'two'", one_of("one", "two")
+    )
+    min_batches: int = _option(3, "minibatches before the first test (the paper's k0)", integer(1))
+    batch_size: int = _option(10, "members per minibatch of the sequential test", integer(1))
+    init_clusters: int = _option(
+        1, "clusters at the start (each row's label from its own random number)", integer(1)
     )
 
 

@@ -57,33 +57,159 @@ def _transport(X: np.ndarray, y: np.ndarray, sizes: list[int], seed: int = 0):
 
 
 # ------------------------------------------------------------------ the test itself
-def test_stop_rule_formula():
-    """t with the finite-population correction, two-sided p-value, no test at sd = 0,
-    exact decision at n = N."""
-    n, mean, sd, mu0, N = 50, 0.02, 0.1, 0.0, 400
-    m2 = sd**2 * (n - 1)
-    stop, acc, p = aus.stop_rule(
-        np.array([n]), np.array([mean]), np.array([m2]), np.array([mu0]), N, 0.05
-    )
+def _stop_by_definition(n, mean, sd, mu0, N, eps, tails, rounds, min_batches):
+    """The stop rule written out for one decision, from scipy's Student-t: returns
+    (stop, accept) or None for "continue"."""
+    accept = mean > mu0
+    if n >= N:
+        return True, accept
+    if n < 2 or rounds < min_batches:
+        return None
+    if sd == 0.0:
+        return (True, accept) if eps > 0 else None
     s = sd / math.sqrt(n) * math.sqrt(1 - (n - 1) / (N - 1))
-    p_ref = 2 * stats.t.sf(abs((mean - mu0) / s), n - 1)
-    assert p[0] == pytest.approx(p_ref, rel=1e-10)
-    assert bool(stop[0]) == (p_ref < 0.05) and bool(acc[0])
-    # zero sample sd: no test, however large the difference
-    stop, _, p = aus.stop_rule(
-        np.array([10]), np.array([5.0]), np.array([0.0]), np.array([0.0]), N, 0.5
+    t = (mean - mu0) / s
+    # one-sided: |t| beyond the (1 - eps) quantile (the paper's Appendix A)
+    tail = stats.t.sf(abs(t), n - 1)
+    p = tail if tails == "one" else 2 * tail
+    return (True, accept) if p < eps else None
+
+
+def test_stop_rule_against_its_definition():
+    """The stop rule, vectorised, against its definition decision by decision (scipy's
+    t distribution): sidedness, rounds before the first test, zero sample sd (decided at
+    once unless eps = 0), all rows used (exact, whatever eps)."""
+    rng = np.random.default_rng(0)
+    N = 400
+    k = 3000
+    n = rng.integers(1, N + 1, k)
+    n[:50] = N
+    mean = rng.normal(0, 0.05, k)
+    sd = np.abs(rng.normal(0, 0.3, k))
+    sd[50:150] = 0.0
+    mu0 = rng.normal(0, 0.02, k)
+    rounds = rng.integers(1, 6, k)
+    m2 = sd**2 * np.maximum(n - 1, 0)
+    seen = set()
+    for tails in ("one", "two"):
+        for eps in (0.0, 0.01, 0.1, 0.3):
+            for min_batches in (1, 3):
+                stop, acc, _ = aus.stop_rule(
+                    n, mean, m2, mu0, N, eps, tails=tails, rounds=rounds, min_batches=min_batches
+                )
+                for i in range(k):
+                    ref = _stop_by_definition(
+                        n[i], mean[i], sd[i], mu0[i], N, eps, tails, rounds[i], min_batches
+                    )
+                    assert bool(stop[i]) == (ref is not None), (tails, eps, min_batches, i)
+                    if ref is not None:
+                        assert bool(acc[i]) == ref[1]
+                seen.add(int(stop.sum()))
+    assert len(seen) > 8  # the settings really give different stops
+    # the p-value reported: one-sided P(T > |t|)
+    nn, mm, ss, mu, e = 50, 0.02, 0.1, 0.0, 0.05
+    _, _, p = aus.stop_rule(
+        np.array([nn]), np.array([mm]), np.array([ss**2 * (nn - 1)]), np.array([mu]), N, e
     )
-    assert not stop[0] and p[0] == 1.0
-    # all rows used: exact, whatever eps (even 0)
-    stop, acc, p = aus.stop_rule(
-        np.array([N]), np.array([-1e-9]), np.array([3.0]), np.array([-2e-9]), N, 0.0
+    s_ = ss / math.sqrt(nn) * math.sqrt(1 - (nn - 1) / (N - 1))
+    assert p[0] == pytest.approx(stats.t.sf(abs((mm - mu) / s_), nn - 1), rel=1e-10)
+    with pytest.raises(ValueError, match="tails must be"):
+        aus.stop_rule(
+            np.array([5]), np.array([0.0]), np.array([1.0]), np.array([0.0]), N, 0.1, tails="left"
+        )
+
+
+def test_one_sided_eps_is_two_sided_twice_eps():
+    """On the symmetric t-test a one-sided eps takes the decisions of a two-sided 2·eps,
+    bit for bit, both in the stop rule and through whole sequential tests over shards
+    (same rows, same stops, same data used). Negative control: one- and two-sided at the
+    same eps differ."""
+    rng = np.random.default_rng(1)
+    N, k = 1000, 20000
+    n = rng.integers(2, N, k)
+    mean = rng.normal(0, 0.05, k)
+    m2 = rng.gamma(2.0, 1.0, k) * (n - 1) * 0.01
+    mu0 = rng.normal(0, 0.02, k)
+    for e in (0.01, 0.05, 0.3):
+        one = aus.stop_rule(n, mean, m2, mu0, N, e, tails="one")
+        two = aus.stop_rule(n, mean, m2, mu0, N, 2 * e, tails="two")
+        np.testing.assert_array_equal(one[0], two[0])
+        np.testing.assert_array_equal(one[1], two[1])
+        same_eps = aus.stop_rule(n, mean, m2, mu0, N, e, tails="two")
+        assert (same_eps[0] != one[0]).sum() > 100
+    X, y, th0 = _data(3000, seed=4)
+    thetas, props, log_u = _moves(X, y, 200, seed=5)
+    kw = dict(batch_size=100, seed=9, n_shards=3, exact=False)
+    one = aus.run_decisions(MODEL, (X, y), thetas, props, log_u, eps=0.05, tails="one", **kw)
+    two = aus.run_decisions(MODEL, (X, y), thetas, props, log_u, eps=0.1, tails="two", **kw)
+    half = aus.run_decisions(MODEL, (X, y), thetas, props, log_u, eps=0.05, tails="two", **kw)
+    a, b, c = one["by_eps"][0], two["by_eps"][0], half["by_eps"][0]
+    np.testing.assert_array_equal(a["accept"], b["accept"])
+    np.testing.assert_array_equal(a["data_used"], b["data_used"])
+    assert c["data_used"].sum() > a["data_used"].sum()  # the stricter test uses more rows
+
+
+def test_min_batches_and_zero_variance_in_the_sequential_test():
+    """No decision stops before min_batches minibatches (unless it has used every row); a
+    population whose differences are all equal is decided after the first test's rows
+    (zero sample sd), exactly as the exact decision."""
+    X, y, _ = _data(2000, seed=6)
+    thetas, props, log_u = _moves(X, y, 100, seed=7)
+    for mb in (1, 3, 5):
+        r = aus.run_decisions(
+            MODEL,
+            (X, y),
+            thetas,
+            props,
+            log_u,
+            eps=0.3,
+            batch_size=50,
+            seed=3,
+            n_shards=2,
+            min_batches=mb,
+            exact=False,
+        )
+        used = r["by_eps"][0]["data_used"]
+        assert used.min() >= mb * 50
+        if mb == 1:
+            assert used.min() == 50  # loose eps: some decisions stop at the first test
+    # every row identical: every l_i equal, sd = 0 from the start
+    Xc = np.tile(X[:1], (600, 1))
+    yc = np.ones(600)
+    th = np.zeros(3)
+    prop = np.array([0.05, -0.02, 0.01])
+    lu = -np.random.default_rng(0).standard_exponential(40)
+    r = aus.run_decisions(
+        MODEL,
+        (Xc, yc),
+        th,
+        prop,
+        lu,
+        eps=0.01,
+        batch_size=20,
+        seed=2,
+        n_shards=2,
+        min_batches=3,
     )
-    assert stop[0] and acc[0] and p[0] == 0.0
-    # eps = 0 never stops early
-    stop, _, _ = aus.stop_rule(
-        np.array([N - 1]), np.array([1.0]), np.array([1e-6]), np.array([0.0]), N, 0.0
+    row = r["by_eps"][0]
+    assert np.all(row["data_used"] == 60)
+    np.testing.assert_array_equal(row["accept"], r["exact_accept"])
+    r0 = aus.run_decisions(
+        MODEL, (Xc, yc), th, prop, lu, eps=0.0, batch_size=20, seed=2, n_shards=2
     )
-    assert not stop[0]
+    assert np.all(r0["by_eps"][0]["data_used"] == 600)  # eps = 0 waits for every row
+
+
+def test_austerity_options_tails_and_min_batches():
+    """The options: the default is the paper's one-sided test, k0 selectable; bad values
+    refused in one line; the run's info records both."""
+    a = fd.Austerity()
+    assert a.tails == "one" and a.min_batches == 1
+    assert fd.Austerity(tails="two", min_batches=3).changed() == {"tails": "two", "min_batches": 3}
+    with pytest.raises(ValueError, match="tails must be 'one' or 'two'"):
+        fd.Austerity(tails="both")
+    with pytest.raises(ValueError, match="min_batches must be an integer >= 1"):
+        fd.Austerity(min_batches=0)
 
 
 @pytest.mark.parametrize("cv", [True, False])
@@ -624,6 +750,7 @@ def test_sample_api_labels_and_stats():
     assert res.approximate and res.info["approximate"] is True
     assert res.info["algorithm"] == "austerity"
     assert res.info["eps"] == 0.05 and res.info["batch_size"] == 300
+    assert res.info["tails"] == "one" and res.info["min_batches"] == 1
     assert res.info["control_variates"] is True and res.info["bounds"] == "map"
     assert "APPROXIMATE" in str(res.summary()) and "APPROXIMATE" in repr(res)
     for key in (
@@ -845,3 +972,17 @@ def test_bench_sublinear_smoke():
     assert "Out of core" in bench.format({"posterior": ooc, "seconds": 1.0})
     with pytest.raises(ValueError, match="nothing to measure"):
         bench.run_sublinear(ns=(1000, 2000), plain=False, control_variates=False)
+
+
+def test_bench_sublinear_paper_settings():
+    """`run_sublinear(paper=True)`: the paper's Fig. 5 settings (one-sided eps = 0.01,
+    minibatch 100, no test before 3 of them): no decision reads fewer than 300 rows or
+    the whole data set, and the report says which settings ran."""
+    from flymc_dist.bench.sublinear import format_sublinear, run_sublinear
+
+    r = run_sublinear(ns=(250, 400), paper=True, n_shards=2)
+    assert r["paper"] and r["approximate"]
+    for row in r["rows"]:
+        assert row["mean_data_used"] >= min(300, row["n_rows"])
+    text = format_sublinear(r)
+    assert "one-sided" in text and "slope" in text

@@ -177,7 +177,7 @@ class Config:
     seed: int = 7
 
 
-_AUS = (("eps", 0.05), ("batch_size", 40))
+_AUS = (("eps", 0.05), ("tails", "two"), ("batch_size", 40))
 
 #: the table. FlyMC: 3 kernels × 4 (z_update, bounds), each kernel on every model;
 #: regular: every model × kernel; austerity: every model; then cluster, resume, fault.

@@ -13,9 +13,16 @@ with ``n`` rows used, mean ``l̄`` and sample sd ``s_l``,
 
     s = s_l / √n · √(1 − (n − 1)/(N − 1)),   t = (l̄ − μ₀) / s,
 
-and the test stops when ``P(|T_{n−1}| > |t|) < eps`` (accept iff ``l̄ > μ₀``). There
-is no test while ``s_l = 0``; when every row has been used the decision is the
-exact MH decision. ``eps = 0`` therefore reproduces exact MH.
+and the test stops when its p-value is below ``eps`` (accept iff ``l̄ > μ₀``). The
+p-value is one-sided by default, ``P(T_{n−1} > |t|)`` (``tails="one"``), as the paper's ε
+is (its Appendix A: the threshold ``t⁻¹(1 − ε)``; Venture rejects when the p-value is below
+ε and accepts when it is above ``1 − ε``); ``tails="two"`` uses ``2·P(T_{n−1} > |t|)``, so a
+one-sided ``eps`` takes the decisions of a two-sided ``2·eps`` (the paper's ε = 0.01 is a
+two-sided 0.02). No test runs before ``min_batches`` minibatches (the paper's ``k0 = 3``,
+with minibatches of 10–100 rows; the default is 1, a minibatch of 500 rows being well past
+where the t approximation needs help); after that, a sample sd of zero decides at once
+(``eps > 0``). When every row has been used the decision is the exact MH decision, and
+``eps = 0`` (which never stops early) therefore reproduces exact MH.
 
 Control variates from the bounds (``control_variates=True``, the default)
 --------------------------------------------------------------------------
@@ -126,6 +133,7 @@ from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import BoundStats, Model
+from flymc_dist.options import Austerity
 from flymc_dist.progress import SetupProgress, load_note, map_search_rows
 from flymc_dist.protocol import ShardConfig, ShardSpec, Transport, operation_name
 from flymc_dist.result import Result
@@ -178,9 +186,28 @@ _SUB_PROPOSAL = 0
 
 # ==================================================================== driver side
 def stop_rule(
-    n: np.ndarray, mean: np.ndarray, m2: np.ndarray, mu0: np.ndarray, N: int, eps: float
+    n: np.ndarray,
+    mean: np.ndarray,
+    m2: np.ndarray,
+    mu0: np.ndarray,
+    N: int,
+    eps: float,
+    *,
+    tails: str = Austerity.tails,
+    rounds: np.ndarray | int | None = None,
+    min_batches: int = Austerity.min_batches,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The sequential test after a round (vectorised over chains).
+
+    With ``t = (l̄ − μ₀)/s`` and ``T`` Student-t with ``n − 1`` degrees of freedom, the
+    test's p-value is ``P(T > |t|)`` (``tails="one"``, the paper's: Chen, Mansinghka &
+    Ghahramani 2016, Appendix A, stop when ``|t|`` exceeds ``t⁻¹(1 − eps)``) or
+    ``2·P(T > |t|)`` (``tails="two"``); the decision is taken when it is below ``eps``.
+    A one-sided ``eps`` is therefore a two-sided ``2·eps``, decision for decision.
+
+    No test runs before ``min_batches`` rounds (the paper's ``k0``) or on fewer than two
+    rows; after that a zero sample sd decides at once (``eps > 0``; ``eps = 0`` waits for
+    every row). All ``N`` rows used: the exact decision, whatever ``eps``.
 
     Parameters
     ----------
@@ -191,30 +218,43 @@ def stop_rule(
     N
         Population size.
     eps
-        Test tolerance: stop when ``P(|T_{n−1}| > |t|) < eps``.
+        Test tolerance.
+    tails
+        ``"one"`` or ``"two"``: which p-value is compared with ``eps``.
+    rounds
+        Rounds (minibatches) each decision has drawn (None: enough to test).
+    min_batches
+        Rounds before the first test.
 
     Returns
     -------
     stop, accept, p_value
         Whether each decision is taken, the decision (``l̄ > μ₀``; meaningful where
-        ``stop``), and the test's p-value (0 when all ``N`` rows are used, 1 while the
-        test cannot run: ``n < 2`` or zero sample sd).
+        ``stop``), and the test's p-value (0 when all ``N`` rows are used or the sample
+        sd is zero, 1 while the test cannot run).
     """
+    if tails not in ("one", "two"):
+        raise ValueError(f"tails must be 'one' or 'two', not {tails!r}")
     n = np.asarray(n)
     mean = np.asarray(mean, float)
     mu0 = np.asarray(mu0, float)
     exact = n >= N
+    ready = n >= 2
+    if rounds is not None:
+        ready = ready & (np.asarray(rounds) >= min_batches)
     p = np.ones(mean.shape)
     with np.errstate(divide="ignore", invalid="ignore"):
         sd = np.sqrt(np.asarray(m2, float) / (n - 1))
         fpc = np.sqrt(np.clip(1.0 - (n - 1) / max(N - 1, 1), 0.0, None))
         s = sd / np.sqrt(n) * fpc
         t = (mean - mu0) / s
-        can = (n >= 2) & (sd > 0) & (s > 0) & ~exact
-        p = np.where(can, 2.0 * stdtr(np.maximum(n - 1, 1), -np.abs(t)), p)
-    p = np.where(exact, 0.0, p)
+        can = ready & (sd > 0) & (s > 0) & ~exact
+        one = stdtr(np.maximum(n - 1, 1), -np.abs(t))
+        p = np.where(can, one if tails == "one" else 2.0 * one, p)
+    zero_sd = ready & (sd == 0) & ~exact & (eps > 0)
+    p = np.where(exact | zero_sd, 0.0, p)
     infinite = ~np.isfinite(mean) | ~np.isfinite(mu0)
-    stop = exact | (p < eps) | infinite
+    stop = exact | zero_sd | (p < eps) | infinite
     accept = mean > mu0
     return stop, accept, p
 
@@ -248,6 +288,9 @@ class SequentialTester:
         Rows added to each decision per round (the last round may be smaller).
     seed
         Seed of the selection streams.
+    tails, min_batches
+        The test's p-value (``"one"``: the paper's, or ``"two"``) and the rounds before
+        its first test (see :func:`stop_rule`).
     record_rows
         Return the global row indices every decision drew (tests; costs bandwidth).
     bound
@@ -265,10 +308,14 @@ class SequentialTester:
         eps: float,
         batch_size: int,
         seed: int,
+        tails: str = Austerity.tails,
+        min_batches: int = Austerity.min_batches,
         record_rows: bool = False,
         bound: BoundStats | None = None,
     ) -> None:
         self.transport = transport
+        self.tails = Austerity(tails=tails).tails
+        self.min_batches = Austerity(min_batches=min_batches).min_batches
         specs = sorted(specs, key=lambda s: s.shard_id)
         self.shard_ids = np.array([s.shard_id for s in specs], dtype=np.int64)
         self.sizes = np.array([s.stop - s.start for s in specs], dtype=np.int64)
@@ -398,7 +445,17 @@ class SequentialTester:
                     rows_log[c].append(r)
             if np.isnan(mean[active]).any():
                 raise FloatingPointError("a log-likelihood difference is NaN")
-            stop, acc, p = stop_rule(n[active], mean[active], m2[active], mu0[active], N, self.eps)
+            stop, acc, p = stop_rule(
+                n[active],
+                mean[active],
+                m2[active],
+                mu0[active],
+                N,
+                self.eps,
+                tails=self.tails,
+                rounds=rounds[active],
+                min_batches=self.min_batches,
+            )
             fin = active[stop]
             accept[fin] = acc[stop]
             p_val[fin] = p[stop]
@@ -543,9 +600,9 @@ class AusteritySampler:
         D and N.
     chains, seed
         Number of chains; the seed of every random stream.
-    eps, batch_size, control_variates
-        The sequential test's tolerance and rows per round; whether it runs on the gap
-        to MAP-tuned bounds.
+    eps, tails, min_batches, batch_size, control_variates
+        The sequential test's tolerance, its sidedness, the rounds before its first test
+        and the rows per round; whether it runs on the gap to MAP-tuned bounds.
     init, precondition, map_maxiter, progress
         As for :class:`~flymc_dist.driver.Driver`.
     """
@@ -566,6 +623,8 @@ class AusteritySampler:
         eps: float,
         batch_size: int,
         control_variates: bool,
+        tails: str = Austerity.tails,
+        min_batches: int = Austerity.min_batches,
         init: str | np.ndarray = "map",
         precondition: str | np.ndarray = "laplace",
         map_maxiter: int = 100,
@@ -580,6 +639,8 @@ class AusteritySampler:
         self.chains = int(chains)
         self.seed = int(seed)
         self.eps = eps
+        self.tails = tails
+        self.min_batches = min_batches
         self.batch_size = batch_size
         self.control_variates = control_variates
         self.init = init
@@ -626,6 +687,8 @@ class AusteritySampler:
             eps=self.eps,
             batch_size=self.batch_size,
             seed=self.seed,
+            tails=self.tails,
+            min_batches=self.min_batches,
             bound=bound,
         )
         self.params = [self.kernel.init_params(self.P, chol) for _ in range(self.chains)]
@@ -737,7 +800,8 @@ def sample_austerity(
     num_warmup, num_samples, chains, seed, client
         As for :func:`flymc_dist.sample`.
     options
-        ``eps`` (test tolerance, default 0.01; 0 gives exact MH), ``batch_size`` (rows
+        ``eps`` (test tolerance; 0 gives exact MH), ``tails`` (``"one"``, the paper's,
+        or ``"two"``), ``min_batches`` (rounds before the first test), ``batch_size`` (rows
         per round per decision, default 500), ``control_variates`` (default True: the
         test runs on the gap to FlyMC's MAP-tuned bounds, see the module docstring;
         False: plain austerity, as before the option existed), ``init``, ``precondition``,
@@ -763,6 +827,7 @@ def sample_austerity(
         was made.)
     """
     eps, batch_size = options["eps"], options["batch_size"]
+    tails, min_batches = options["tails"], options["min_batches"]
     control_variates = options["control_variates"]
     if not isinstance(kernel, RandomWalkMH):
         raise ValueError(
@@ -796,6 +861,8 @@ def sample_austerity(
             chains=chains,
             seed=seed,
             eps=eps,
+            tails=tails,
+            min_batches=min_batches,
             batch_size=batch_size,
             control_variates=control_variates,
             init=options.get("init", "map"),
@@ -817,6 +884,8 @@ def sample_austerity(
             algorithm="austerity",
             approximate=True,
             eps=eps,
+            tails=tails,
+            min_batches=min_batches,
             batch_size=batch_size,
             control_variates=control_variates,
             bounds="map" if control_variates else None,
@@ -846,6 +915,8 @@ def run_decisions(
     client: Any = "synchronous",
     exact: bool = True,
     control_variates: bool | np.ndarray = False,
+    tails: str = Austerity.tails,
+    min_batches: int = Austerity.min_batches,
 ) -> dict[str, Any]:
     """Austerity decisions for given ``(θ, θ′, u)`` triples, scored against exact MH.
 
@@ -872,6 +943,8 @@ def run_decisions(
         False: plain austerity. True: control variates from bounds tight at the MAP
         (found here as the sampler finds it). An array ``(P,)``: bounds tight at that
         estimate instead.
+    tails, min_batches
+        The test's sidedness and the rounds before its first test (:func:`stop_rule`).
 
     Returns
     -------
@@ -918,7 +991,15 @@ def run_decisions(
             out["exact_accept"] = exact_mean > mu0
         for e in eps_list:
             tester = SequentialTester(
-                transport, specs, S, eps=e, batch_size=batch_size, seed=seed, bound=bound
+                transport,
+                specs,
+                S,
+                eps=e,
+                batch_size=batch_size,
+                seed=seed,
+                tails=tails,
+                min_batches=min_batches,
+                bound=bound,
             )
             dec = tester.decide(thetas, proposals, mu0)
             row = {

@@ -50,7 +50,7 @@ from flymc_dist.options import Austerity, Placement, Regular
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.transport.dask import _client_from
 
-__all__ = ["format", "format_sublinear", "logistic_data", "run_sublinear"]
+__all__ = ["format", "format_sublinear", "logistic_data", "run_paper_fig5", "run_sublinear"]
 
 #: sub-role of the benchmark's own random streams (data, u, moves)
 _BENCH = 7
@@ -146,6 +146,7 @@ def run_sublinear(
     bias_shards: int = 2,
     error_moves: int = 400,
     workdir: str | None = None,
+    paper: bool = False,
 ) -> dict[str, Any]:
     """Data used per austerity decision against N, and bias against eps.
 
@@ -201,6 +202,9 @@ def run_sublinear(
         Moves scored for the per-decision error rate.
     workdir
         Where to write zarr stores for a cluster client.
+    paper
+        Instead, the sublinear-MH paper's Fig. 5 settings (see :func:`run_paper_fig5`):
+        ``ns``, ``seed`` and ``n_shards`` are used, every other option ignored.
 
     Returns
     -------
@@ -217,6 +221,8 @@ def run_sublinear(
     ns = [int(n) for n in ns]
     if len(ns) < 2:
         raise ValueError("ns needs at least two sizes to fit a slope")
+    if paper:
+        return run_paper_fig5(ns, seed=seed, n_shards=n_shards)
     variants = _variants(control_variates, plain)
     t0 = time.perf_counter()
     model = LogisticRegression()
@@ -564,8 +570,83 @@ def _slope_line(part: dict[str, Any]) -> str:
     return "log-log slope of rows per decision on N: " + ", ".join(out)
 
 
+def run_paper_fig5(ns: Sequence[int], *, seed: int = 0, n_shards: int = 4) -> dict[str, Any]:
+    """The sublinear-MH paper's Fig. 5 settings: plain austerity (no control variates) on
+    logistic data with two synthetic features and a bias, prior N(0, 0.1·I), eps = 0.01
+    one-sided (the paper's; a two-sided 0.02), minibatches of 100 with no test before 3
+    of them, a random-walk proposal of sd 0.1 (identity preconditioner, no adaptation),
+    300 iterations of one chain from the generating θ₀, in this process.
+
+    Returns
+    -------
+    dict
+        ``paper: True``, the settings, and per N the mean and median rows per decision,
+        their fraction of N, the acceptance rate and the seconds; ``slope`` of the mean
+        rows against N (log-log).
+    """
+    from flymc_dist.kernels.rwmh import RandomWalkMH
+
+    alg = Austerity(eps=0.01, tails="one", min_batches=3, batch_size=100, control_variates=False)
+    model = LogisticRegression(prior="normal", prior_scale=math.sqrt(0.1))
+    rows = []
+    for n in ns:
+        X, y, theta0 = logistic_data(int(n), 3, seed)
+        t0 = time.perf_counter()
+        res = sample(
+            model,
+            (X, y),
+            alg,
+            RandomWalkMH(step_size=0.1),
+            placement=Placement(n_shards=min(n_shards, int(n))),
+            num_warmup=0,
+            num_samples=300,
+            chains=1,
+            seed=seed,
+            client="synchronous",
+            init=theta0,
+            precondition=np.eye(3),
+            progress=False,
+        )
+        used = res.stats["data_used"].ravel()
+        rows.append(
+            {
+                "n_rows": int(n),
+                "mean_data_used": float(used.mean()),
+                "median_data_used": float(np.median(used)),
+                "fraction": float(used.mean() / n),
+                "acceptance": float(res.stats["accepted"].mean()),
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+    return {
+        "paper": True,
+        "approximate": True,
+        "settings": "eps=0.01 one-sided, batch 100, k0=3, proposal sd 0.1, 300 iterations, "
+        "prior N(0, 0.1 I), D=2 + bias, plain austerity",
+        "rows": rows,
+        "slope": loglog_slope(ns, [r["mean_data_used"] for r in rows]),
+    }
+
+
+def _format_paper(result: dict[str, Any]) -> str:
+    lines = [
+        "APPROXIMATE (austerity MH): sequential-test decisions, not exact MH.",
+        f"The sublinear-MH paper's Fig. 5 settings: {result['settings']}",
+        f"{'N':>10} {'rows/decision':>14} {'median':>8} {'fraction':>9} {'accept':>7} {'secs':>7}",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['n_rows']:>10,d} {r['mean_data_used']:>14.1f} {r['median_data_used']:>8.0f} "
+            f"{r['fraction']:>9.4f} {r['acceptance']:>7.3f} {r['seconds']:>7.1f}"
+        )
+    lines.append(f"log-log slope of rows per decision against N: {result['slope']:.3f}")
+    return "\n".join(lines)
+
+
 def format_sublinear(result: dict[str, Any]) -> str:
     """The report of :func:`run_sublinear` as text."""
+    if result.get("paper"):
+        return _format_paper(result)
     lines = ["APPROXIMATE (austerity MH): sequential-test decisions, not exact MH."]
     f = result.get("fixed")
     if f:

@@ -525,4 +525,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the FlyMC paper's Table 1, all three rows, converged (R-hat <= 1.01)",
     )
     b.set_defaults(func=None)
+    b = bsub.add_parser(
+        "jointdpm",
+        add_help=False,
+        help="JointDPM (the sublinear-MH paper's Fig. 6): held-out accuracy against time, "
+        "exact MH against austerity",
+    )
+    b.set_defaults(func=None)
     return parser

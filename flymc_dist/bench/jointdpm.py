@@ -1,0 +1,188 @@
+"""``flymc bench jointdpm``: the sublinear-MH paper's Fig. 6 — JointDPM on four rotated
+blobs, held-out accuracy of the chain-averaged prediction against time, exact MH on the
+clusters' weights against austerity (eps = 0.3, one-sided, as the paper's).
+
+Both runs use the same seed, data and settings (the paper's: NIW k0 = 5, v0 = D + 5,
+S0 = v0·I, α ~ Gamma(1, 1), w ~ N(0, I) with a bias, drift sd 0.2, minibatch 10, no
+test before 3 minibatches); only ``eps`` differs. Reported per run: the accuracy curve
+against each chain's own wall time, the time to reach the exact run's final accuracy
+(less ``tolerance``), the members the weight tests read against the clusters' sizes (the
+paper's cost measure), the clusters found (K's posterior mean and the largest clusters'
+sizes), and R̂ / bulk ESS of K and α.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from flymc_dist.jointdpm.data import four_blobs
+from flymc_dist.jointdpm.sampler import sample_jointdpm
+from flymc_dist.options import JointDPM
+
+__all__ = ["format_jointdpm", "run_jointdpm"]
+
+
+def _time_to(acc: np.ndarray, seconds: np.ndarray, target: float) -> float:
+    """Mean over chains of the first time the accuracy reaches ``target`` (NaN if a chain
+    never does)."""
+    out = []
+    for a, s in zip(acc, seconds, strict=True):
+        hit = np.flatnonzero(a >= target)
+        out.append(s[hit[0]] if hit.size else np.nan)
+    return float(np.mean(out))
+
+
+def run_jointdpm(
+    rows: int = 10000,
+    test_rows: int = 1000,
+    iterations: int = 300,
+    warmup: int = 0,
+    chains: int = 2,
+    eps: float = 0.3,
+    step_z: int = 50,
+    init_clusters: int = 10,
+    n_shards: int = 2,
+    tolerance: float = 0.005,
+    seed: int = 0,
+    client: Any = "synchronous",
+    plot: str | None = "jointdpm.png",
+) -> dict[str, Any]:
+    """Exact MH and austerity on JointDPM's weights, side by side.
+
+    Parameters
+    ----------
+    rows, test_rows
+        Training and held-out points of the four-blob data.
+    iterations, warmup
+        Iterations kept (each: α, step_z labels, every cluster's weights) and dropped.
+    chains
+        Chains per run.
+    eps
+        The approximate run's tolerance (one-sided, the paper's).
+    step_z
+        Labels Gibbs-sampled per iteration.
+    init_clusters
+        Clusters at the start.
+    n_shards
+        Row ranges.
+    tolerance
+        Accuracy below the exact run's final accuracy that counts as reaching it.
+    seed, client
+        Seed; where the shards run ('synchronous', 'local', an address).
+    plot
+        A PNG of accuracy against time (None: none; skipped without matplotlib).
+
+    Returns
+    -------
+    dict
+        ``runs`` (per eps: curves, times, data use, clusters, diagnostics), ``speedup``.
+    """
+    X, y = four_blobs(rows, seed)
+    Xt, yt = four_blobs(test_rows, seed + 1000)
+    runs = {}
+    for e in (0.0, eps):
+        alg = JointDPM(eps=e, step_z=step_z, init_clusters=init_clusters)
+        t0 = time.perf_counter()
+        res = sample_jointdpm(
+            (X, y),
+            alg,
+            num_warmup=warmup,
+            num_samples=iterations,
+            chains=chains,
+            seed=seed,
+            client=client,
+            n_shards=n_shards,
+            test=(Xt, yt),
+        )
+        d = res.draws
+        runs[e] = {
+            "eps": e,
+            "seconds": time.perf_counter() - t0,
+            "accuracy": d["accuracy"],
+            "chain_seconds": d["seconds"],
+            "final_accuracy": float(np.mean(d["accuracy"][:, -1])),
+            "data_used_per_iteration": float(d["data_used"].mean()),
+            "cluster_rows_per_iteration": float(d["cluster_rows"].mean()),
+            "K_mean": float(d["K"].mean()),
+            "K_last": d["K"][:, -1].tolist(),
+            "largest_sizes": d["sizes"][:, -1, :8].tolist(),
+            "summary": res.summary(),
+            "seconds_per_iteration": float(d["seconds"][:, -1].mean() / (iterations + warmup)),
+        }
+    exact, approx = runs[0.0], runs[eps]
+    target = exact["final_accuracy"] - tolerance
+    for r in runs.values():
+        r["time_to_target"] = _time_to(r["accuracy"], r["chain_seconds"], target)
+    out = {
+        "rows": rows,
+        "test_rows": test_rows,
+        "iterations": iterations,
+        "chains": chains,
+        "step_z": step_z,
+        "target_accuracy": target,
+        "runs": [exact, approx],
+        "speedup": exact["time_to_target"] / approx["time_to_target"],
+        "data_ratio": exact["data_used_per_iteration"] / approx["data_used_per_iteration"],
+        "plot": None,
+    }
+    if plot:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return out
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r, colour in ((exact, "C0"), (approx, "C1")):
+            label = "exact MH" if r["eps"] == 0 else f"austerity eps={r['eps']:g} (one-sided)"
+            for c in range(chains):
+                ax.plot(
+                    r["chain_seconds"][c],
+                    r["accuracy"][c],
+                    color=colour,
+                    alpha=0.8,
+                    label=label if c == 0 else None,
+                )
+        ax.set_xlabel("seconds (each chain's own)")
+        ax.set_ylabel("held-out accuracy of the chain average")
+        ax.set_title(f"JointDPM, four blobs, {rows:,} rows")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(plot, dpi=120)
+        plt.close(fig)
+        out["plot"] = plot
+    return out
+
+
+def format_jointdpm(d: dict[str, Any]) -> str:
+    """The benchmark's figures as text."""
+    lines = [
+        f"JointDPM on four blobs: {d['rows']:,} rows, {d['test_rows']:,} held out; "
+        f"{d['chains']} chains x {d['iterations']} iterations, step_z={d['step_z']}",
+        f"{'eps':>5} {'final acc':>9} {'t->target s':>11} {'s/iter':>8} {'rows read/it':>12} "
+        f"{'of':>8} {'K mean':>7} {'Rhat K':>7} {'Rhat a':>7}",
+    ]
+    for r in d["runs"]:
+        s = r["summary"]
+        lines.append(
+            f"{r['eps']:>5g} {r['final_accuracy']:>9.3f} {r['time_to_target']:>11.2f} "
+            f"{r['seconds_per_iteration']:>8.4f} {r['data_used_per_iteration']:>12.0f} "
+            f"{r['cluster_rows_per_iteration']:>8.0f} {r['K_mean']:>7.2f} "
+            f"{s['K']['rhat']:>7.3f} {s['alpha']['rhat']:>7.3f}"
+        )
+    lines.append(
+        f"target accuracy {d['target_accuracy']:.3f}: eps>0 reaches it {d['speedup']:.2f}x "
+        f"sooner; its weight tests read {d['data_ratio']:.1f}x fewer rows"
+    )
+    for r in d["runs"]:
+        lines.append(
+            f"  eps={r['eps']:g}: clusters at the end {r['K_last']}, largest sizes "
+            f"{r['largest_sizes'][0]}"
+        )
+    if d["plot"]:
+        lines.append(f"plot: {d['plot']}")
+    return "\n".join(lines)

@@ -1,0 +1,617 @@
+"""JointDPM's driver: the joint Dirichlet process mixture of logistic experts over shards.
+
+Model (Wade et al.; Chen, Mansinghka & Ghahramani 2016, Sec. 4.2). Rows ``(x_i, y_i)``,
+``y_i ∈ {0, 1}``; cluster labels ``z`` from a Chinese restaurant process with concentration
+``α ~ Gamma(a, b)``; per cluster ``(μ_k, Σ_k) ~ NIW(m0, k0, v0, S0)`` over the density
+columns (collapsed: never sampled) and ``w_k ~ N(0, s²I)``; ``x_i | z_i = k ~ N(μ_k, Σ_k)``
+and ``y_i | x_i, z_i = k ~ Bernoulli(σ(w_kᵀ[x_i, 1]))``.
+
+One iteration of a chain (the paper's Fig. 7 program):
+
+1. ``α`` given ``K``: Escobar & West's Gibbs step (auxiliary ``η ~ Beta(α + 1, N)``), or a
+   random-walk MH step on ``log α``.
+2. Collapsed Gibbs on the labels of ``step_z`` rows drawn uniformly by the driver (with
+   replacement; each a valid Gibbs move), in order. Row ``i`` leaves its cluster (a
+   rank-one Cholesky downdate of its NIW statistics); ``P(z_i = k) ∝ n_k⁻ⁱ t_k(x_i)
+   σ_k(y_i)`` for the clusters, ``∝ α t_0(x_i) σ_aux(y_i)`` for a new one whose weights
+   are the auxiliary ``w_aux`` — the emptied cluster's own if ``i`` was alone, else a draw
+   from the prior (Neal 2000, algorithm 8 with one auxiliary component); ``t`` is the
+   Student-t predictive. It joins the chosen cluster (a rank-one update). No full pass:
+   the rows are fetched from their shards in one round trip, the moves sent back in one.
+3. Every cluster's ``w_k`` by a random-walk MH step whose decision is the sequential test
+   of :func:`flymc_dist.austerity.sampler.stop_rule` over the cluster's members only:
+   minibatches of ``batch_size`` members drawn without replacement (how many from each
+   shard by a multivariate hypergeometric draw over the shards' unseen member counts,
+   which members by the shard, uniformly from its member array), the population size
+   ``N_k``; ``eps = 0`` uses all ``N_k`` members (in one round: the test could not stop
+   earlier) and is exact MH. All clusters' tests share the round trips.
+
+The NIW statistics live on the driver, per cluster, summed over the shards in shard
+order at the start and then moved point by point with the labels; the labels live on the
+shards beside the rows, with a member array per chain and cluster.
+
+Randomness: a chain's driver stream ``stream(seed, ROLE_JOINTDPM, 0, chain)`` (α, the
+rows to update, the Gibbs draws, the auxiliary weights, the proposals, the uniforms,
+the per-shard counts), a shard's member draws ``stream(seed, ROLE_JOINTDPM, 1, shard,
+chain)``, the initial labels row-keyed. A given layout (number of shards) therefore gives
+identical draws in process and on any cluster; a different layout changes which members
+the ``w_k`` tests draw (and so, for ``eps > 0``, the draws), and the initial statistics'
+last bits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.special import gammaln
+
+from flymc_dist.austerity.sampler import stop_rule
+from flymc_dist.diagnostics import ess_bulk, rhat
+from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
+from flymc_dist.jointdpm.shard import ROLE_JOINTDPM, SUB_DRIVER, logit_loglik
+from flymc_dist.jointdpm.transport import DPMTransport, open_dpm_transport
+from flymc_dist.options import JointDPM
+from flymc_dist.rng import stream
+
+__all__ = ["ChainState", "DPMResult", "JointDPMSampler", "sample_jointdpm"]
+
+#: the label of "a new cluster" in the Gibbs step's list of choices
+NEW = -1
+#: sorted cluster sizes kept per draw (the largest ones)
+MAX_SIZES = 32
+
+
+@dataclass
+class ChainState:
+    """One chain on the driver: ``α``, each cluster's NIW statistics, weights and member
+    count per shard, and the next free label."""
+
+    alpha: float
+    stats: dict[int, ClusterStats]
+    w: dict[int, np.ndarray]
+    counts: dict[int, np.ndarray]
+    next_label: int
+    rng: np.random.Generator
+    tracked: dict[int, int] = field(default_factory=dict)
+
+
+class JointDPMSampler:
+    """The driver of JointDPM's chains over a :class:`DPMTransport`'s shards.
+
+    Parameters
+    ----------
+    options
+        The model and sampler settings.
+    transport
+        The shards.
+    bounds
+        The shards' row ranges (``bounds[j] .. bounds[j + 1]``).
+    n_features
+        Columns of ``X`` (the weights have one more: the bias).
+    chains, seed
+        Chains and the seed of every stream.
+    tracked_rows
+        Rows whose labels the driver follows (co-clustering of row pairs).
+    record_rows
+        Keep the global rows each ``w_k`` decision used (tests).
+    """
+
+    def __init__(
+        self,
+        options: JointDPM,
+        transport: DPMTransport,
+        bounds: np.ndarray,
+        n_features: int,
+        *,
+        chains: int,
+        seed: int,
+        tracked_rows: np.ndarray | None = None,
+        record_rows: bool = False,
+    ) -> None:
+        self.options = options
+        self.transport = transport
+        self.bounds = np.asarray(bounds, dtype=np.int64)
+        self.n_shards = self.bounds.size - 1
+        self.N = int(self.bounds[-1])
+        self.n_features = int(n_features)
+        cols = options.density_columns
+        self.density_columns = list(range(n_features)) if cols is None else list(cols)
+        if max(self.density_columns) >= n_features:
+            raise ValueError(
+                f"density_columns {options.density_columns} name a column beyond the "
+                f"data's {n_features}"
+            )
+        self.D = len(self.density_columns)
+        self.P = self.n_features + 1
+        k0, extra = options.niw
+        self.prior = NIWPrior.paper(self.D, k0, extra)
+        self.prior_stats = ClusterStats(self.prior)
+        self.chains = int(chains)
+        self.seed = int(seed)
+        self.tracked_rows = (
+            np.empty(0, np.int64) if tracked_rows is None else np.asarray(tracked_rows, np.int64)
+        )
+        self.record_rows = bool(record_rows)
+        self.states: list[ChainState] = []
+        #: the rows each w decision of the last step used, per chain (record_rows)
+        self.last_rows: list[dict[int, np.ndarray]] = []
+
+    # ---------------------------------------------------------------- set-up
+    def setup(self) -> None:
+        """Initial labels (row-keyed, ``init_clusters`` of them), their NIW statistics
+        summed in shard order, weights and ``α`` from their priors."""
+        a, b = self.options.alpha_prior
+        self.states = []
+        for c in range(self.chains):
+            rng = stream(self.seed, ROLE_JOINTDPM, SUB_DRIVER, c)
+            replies = self.transport.call_all("init_labels", c, self.options.init_clusters)
+            sums: dict[int, list] = {}
+            counts: dict[int, np.ndarray] = {}
+            for j, rep in enumerate(replies):  # shard order
+                for k, (n, sx, sxx) in rep.items():
+                    if k not in sums:
+                        sums[k] = [0, np.zeros(self.D), np.zeros((self.D, self.D))]
+                        counts[k] = np.zeros(self.n_shards, dtype=np.int64)
+                    sums[k][0] += n
+                    sums[k][1] = sums[k][1] + sx
+                    sums[k][2] = sums[k][2] + sxx
+                    counts[k][j] = n
+            stats = {k: ClusterStats.from_sums(self.prior, *sums[k]) for k in sorted(sums)}
+            w = {k: self.options.w_prior * rng.standard_normal(self.P) for k in sorted(stats)}
+            alpha = float(rng.gamma(a, 1.0 / b))
+            st = ChainState(alpha, stats, w, counts, max(stats) + 1, rng)
+            if self.tracked_rows.size:
+                _, _, _, z = self._fetch(c, self.tracked_rows)
+                st.tracked = {int(r): int(k) for r, k in zip(self.tracked_rows, z, strict=True)}
+            self.states.append(st)
+
+    def _shard_of(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.bounds, rows, side="right") - 1
+
+    def _fetch(
+        self, chain: int, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(Xd, F, y, z)`` of global ``rows`` (in their order), one round trip."""
+        sh = self._shard_of(rows)
+        calls = {int(j): (chain, rows[sh == j] - self.bounds[j]) for j in np.unique(sh).tolist()}
+        got = self.transport.call_some("rows", calls)
+        Xd = np.empty((rows.size, self.D))
+        F = np.empty((rows.size, self.P))
+        y = np.empty(rows.size)
+        z = np.empty(rows.size, dtype=np.int64)
+        for j, (xd, f, yy, zz) in got.items():
+            m = sh == j
+            Xd[m], F[m], y[m], z[m] = xd, f, yy, zz
+        return Xd, F, y, z
+
+    # ---------------------------------------------------------------- one iteration
+    def step(self) -> list[dict[str, Any]]:
+        """One iteration of every chain: α, ``step_z`` labels, every cluster's weights."""
+        out = []
+        self.last_rows = []
+        for c, st in enumerate(self.states):
+            t0 = time.perf_counter()
+            self.update_alpha(st)
+            moved = self._update_z(c, st)
+            info = self._update_weights(c, st)
+            info["moved"] = moved
+            info["seconds"] = time.perf_counter() - t0
+            out.append(info)
+        return out
+
+    def update_alpha(self, st: ChainState) -> None:
+        """Move chain state ``st``'s α given its number of clusters K: Escobar & West's
+        Gibbs step, or a random-walk MH step on log α (``alpha_update``)."""
+        a, b = self.options.alpha_prior
+        K, N, rng = len(st.stats), self.N, st.rng
+        if self.options.alpha_update == "escobar-west":
+            eta = rng.beta(st.alpha + 1.0, N)
+            rate = b - math.log(eta)
+            odds = (a + K - 1.0) / (N * rate)
+            shape = a + K if rng.random() < odds / (1.0 + odds) else a + K - 1.0
+            st.alpha = float(rng.gamma(shape, 1.0 / rate))
+            return
+
+        def log_target(log_alpha: float) -> float:
+            al = math.exp(log_alpha)
+            return (
+                (a - 1.0) * log_alpha
+                - b * al
+                + K * log_alpha
+                + gammaln(al)
+                - gammaln(al + N)
+                + log_alpha
+            )  # the Jacobian of log α
+
+        cur = math.log(st.alpha)
+        prop = cur + 0.5 * rng.standard_normal()
+        if log_target(prop) - log_target(cur) > -rng.standard_exponential():
+            st.alpha = math.exp(prop)
+
+    def z_log_weights(
+        self, st: ChainState, xd: np.ndarray, f: np.ndarray, y: float, w_aux: np.ndarray
+    ) -> tuple[list[int], np.ndarray]:
+        """The Gibbs step's choices for a row that has left its cluster, and their log
+        weights: ``log n_k⁻ⁱ + log t_k(x) + log σ_k(y)`` for each cluster (sorted labels),
+        ``log α + log t_0(x) + log σ_aux(y)`` for a new one (:data:`NEW`, last)."""
+        labels = sorted(st.stats)
+        W = np.stack([st.w[k] for k in labels] + [w_aux])
+        ll = logit_loglik(f[None], np.array([y]), W)[:, 0]
+        terms = [st.stats[k].predictive_terms() for k in labels]
+        terms.append(self.prior_stats.predictive_terms())
+        M = np.stack([t[0] for t in terms])
+        A = np.stack([t[1] for t in terms])
+        const = np.array([t[2] for t in terms])
+        nu = np.array([t[3] for t in terms])
+        y_ = np.einsum("kij,kj->ki", A, xd - M)
+        log_t = const - 0.5 * (nu + self.D) * np.log1p(np.sum(y_ * y_, axis=1) / nu)
+        log_n = np.log([st.stats[k].n for k in labels] + [st.alpha])
+        return [*labels, NEW], log_n + log_t + ll
+
+    def _update_z(self, c: int, st: ChainState) -> int:
+        """Collapsed Gibbs on ``step_z`` random rows; returns how many changed cluster."""
+        rng = st.rng
+        rows = rng.integers(0, self.N, self.options.step_z)
+        Xd, F, Y, Z = self._fetch(c, rows)
+        current: dict[int, int] = {}
+        sh = self._shard_of(rows)
+        new_labels = np.empty(rows.size, dtype=np.int64)
+        moved = 0
+        for i, r in enumerate(rows.tolist()):
+            old = current.get(r, int(Z[i]))
+            xd, f, y, j = Xd[i], F[i], float(Y[i]), int(sh[i])
+            s_old = st.stats[old]
+            s_old.remove(xd)
+            st.counts[old][j] -= 1
+            w_aux = self.options.w_prior * rng.standard_normal(self.P)
+            if s_old.n == 0:  # algorithm 8: the emptied cluster's weights are the auxiliary
+                w_aux = st.w.pop(old)
+                del st.stats[old], st.counts[old]
+            labels, lw = self.z_log_weights(st, xd, f, y, w_aux)
+            p = np.exp(lw - lw.max())
+            cdf = np.cumsum(p)
+            pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+            new = labels[min(pick, len(labels) - 1)]
+            if new == NEW:
+                new = st.next_label
+                st.next_label += 1
+                st.stats[new] = ClusterStats(self.prior)
+                st.w[new] = w_aux
+                st.counts[new] = np.zeros(self.n_shards, dtype=np.int64)
+            st.stats[new].add(xd)
+            st.counts[new][j] += 1
+            current[r] = new
+            new_labels[i] = new
+            moved += new != old
+            if r in st.tracked:
+                st.tracked[r] = new
+        calls = {
+            int(j): (c, rows[sh == j] - self.bounds[j], new_labels[sh == j])
+            for j in np.unique(sh).tolist()
+        }
+        self.transport.call_some("move", calls)
+        return moved
+
+    def _update_weights(self, c: int, st: ChainState) -> dict[str, Any]:
+        """One MH step on every cluster's weights, each decided by the sequential test
+        over the cluster's members; all clusters' tests share the round trips."""
+        o, rng = self.options, st.rng
+        labels = sorted(st.stats)
+        S = len(labels)
+        W = np.stack([st.w[k] for k in labels])
+        Wp = W + o.proposal_sd * rng.standard_normal(W.shape)
+        log_u = -rng.standard_exponential(S)
+        info = self.decide_weights(c, labels, W, Wp, log_u, o.eps)
+        for s, k in enumerate(labels):
+            if info["decision_accept"][s]:
+                st.w[k] = Wp[s]
+        return info
+
+    def decide_weights(
+        self,
+        c: int,
+        labels: list[int],
+        W: np.ndarray,
+        Wp: np.ndarray,
+        log_u: np.ndarray,
+        eps: float,
+    ) -> dict[str, Any]:
+        """The MH decisions ``w_k → w′_k`` of clusters ``labels`` of chain ``c`` (with log
+        uniforms ``log_u``) by the sequential test at ``eps``, concurrently (``labels``
+        distinct: a shard's member draws are per cluster); nothing moves.
+
+        Returns
+        -------
+        dict
+            ``decision_accept``, ``decision_n`` (members read), ``decision_N`` (cluster
+            sizes) and the totals ``decisions``, ``accepted``, ``data_used``,
+            ``cluster_rows``, ``round_trips`` (with this iteration's two label trips).
+        """
+        o, st = self.options, self.states[c]
+        rng = st.rng
+        S = len(labels)
+        Nk = np.array([st.stats[k].n for k in labels], dtype=np.int64)
+        lp_diff = -0.5 * (np.sum(W * W, axis=1) - np.sum(Wp * Wp, axis=1)) / o.w_prior**2
+        mu0 = (log_u + lp_diff) / Nk  # log p(w) − log p(w′) + log u, per member
+        total = np.stack([st.counts[k] for k in labels]).astype(np.int64)
+        unseen = total.copy()
+        n = np.zeros(S, dtype=np.int64)
+        mean = np.zeros(S)
+        m2 = np.zeros(S)
+        rounds = np.zeros(S, dtype=np.int64)
+        accept = np.zeros(S, dtype=bool)
+        done = np.zeros(S, dtype=bool)
+        used_rows: dict[int, list] = {k: [] for k in labels}
+        trips = 0
+        while not done.all():
+            per_shard: dict[int, list] = {}
+            slots: dict[int, list[int]] = {}
+            for s in np.flatnonzero(~done).tolist():
+                # eps = 0 never stops early: all members in one round, the same decision
+                m = int(Nk[s] - n[s] if eps == 0 else min(o.batch_size, Nk[s] - n[s]))
+                if self.n_shards == 1:
+                    cnt = np.array([m], dtype=np.int64)
+                else:
+                    cnt = rng.multivariate_hypergeometric(unseen[s], m).astype(np.int64)
+                for j in np.flatnonzero(cnt).tolist():
+                    first = bool(unseen[s, j] == total[s, j])  # this decision's first draw here
+                    per_shard.setdefault(j, []).append(
+                        (labels[s], first, int(cnt[j]), W[s], Wp[s], self.record_rows)
+                    )
+                    slots.setdefault(j, []).append(s)
+                unseen[s] -= cnt
+                rounds[s] += 1
+            replies = self.transport.call_some(
+                "batch", {j: (c, reqs) for j, reqs in per_shard.items()}
+            )
+            trips += 1
+            for j in sorted(replies):  # shard order: placement-independent sums
+                for s, (nb, mb, m2b, rows) in zip(slots[j], replies[j], strict=True):
+                    tot = n[s] + nb
+                    delta = mb - mean[s]
+                    mean[s] += delta * nb / tot
+                    m2[s] += m2b + delta * delta * n[s] * nb / tot
+                    n[s] = tot
+                    if rows is not None:
+                        used_rows[labels[s]].append(rows)
+            for s in np.flatnonzero(~done).tolist():
+                stop, acc, _ = stop_rule(
+                    n[s : s + 1],
+                    mean[s : s + 1],
+                    m2[s : s + 1],
+                    mu0[s : s + 1],
+                    int(Nk[s]),
+                    eps,
+                    tails=o.tails,
+                    rounds=rounds[s : s + 1],
+                    min_batches=o.min_batches,
+                )
+                if stop[0]:
+                    done[s] = True
+                    accept[s] = bool(acc[0])
+        if self.record_rows:
+            self.last_rows.append({k: np.concatenate(v) for k, v in used_rows.items()})
+        return {
+            "decisions": S,
+            "accepted": int(accept.sum()),
+            "data_used": int(n.sum()),
+            "cluster_rows": int(Nk.sum()),
+            "round_trips": trips + 2,
+            "decision_labels": labels,
+            "decision_n": n,
+            "decision_N": Nk,
+            "decision_accept": accept,
+            "decision_w": W,
+            "decision_proposal": Wp,
+            "decision_log_u": log_u,
+        }
+
+    # ---------------------------------------------------------------- what a draw shows
+    def predict(self, c: int, Xd: np.ndarray, F: np.ndarray) -> np.ndarray:
+        """``p(y = 1 | x)`` under chain ``c``'s state for rows ``(Xd, F)``: each cluster
+        weighted by ``n_k t_k(x)``, a new cluster by ``α t_0(x)`` (whose expected
+        ``σ(wᵀf)`` under the symmetric prior is ½)."""
+        st = self.states[c]
+        labels = sorted(st.stats)
+        logw = np.stack(
+            [math.log(st.stats[k].n) + st.stats[k].log_predictive(Xd) for k in labels]
+            + [math.log(st.alpha) + self.prior_stats.log_predictive(Xd)]
+        )
+        W = np.stack([st.w[k] for k in labels])
+        p1 = np.vstack([1.0 / (1.0 + np.exp(-(W @ F.T))), np.full((1, Xd.shape[0]), 0.5)])
+        wts = np.exp(logw - logw.max(axis=0))
+        return np.sum(wts * p1, axis=0) / np.sum(wts, axis=0)
+
+    def sizes(self, c: int) -> np.ndarray:
+        """Chain ``c``'s cluster sizes, largest first."""
+        return np.sort([s.n for s in self.states[c].stats.values()])[::-1]
+
+
+@dataclass
+class DPMResult:
+    """A JointDPM run: label-free quantities per chain and draw, and the run's info.
+
+    ``draws`` holds ``alpha`` and ``K`` ``(chains, draws)``, ``sizes`` ``(chains, draws,
+    32)`` (largest first, zero-padded), ``cocluster`` ``(chains, draws, pairs)`` (whether
+    each pair of ``pairs`` shares a cluster), ``seconds`` (cumulative wall time of each
+    chain's iterations), ``data_used`` and ``cluster_rows`` (members the ``w_k`` tests
+    read, and the clusters' total size, per iteration), ``accepted``, ``moved``; with
+    test rows, ``accuracy`` (of the running chain-averaged prediction, per chain and
+    draw) and ``predictive`` ``(chains, test rows)`` (the final chain averages).
+    """
+
+    draws: dict[str, np.ndarray]
+    info: dict[str, Any]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """R̂ and bulk ESS of ``alpha`` and ``K``, with their means."""
+        out = {}
+        for name in ("alpha", "K"):
+            x = np.asarray(self.draws[name], float)
+            out[name] = {
+                "mean": float(x.mean()),
+                "rhat": float(rhat(x)),
+                "ess_bulk": float(ess_bulk(x)),
+            }
+        return out
+
+
+def _split(n_rows: int, n_shards: int) -> np.ndarray:
+    return np.linspace(0, n_rows, n_shards + 1).round().astype(np.int64)
+
+
+def sample_jointdpm(
+    data: Any,
+    algorithm: JointDPM | None = None,
+    *,
+    num_warmup: int = 0,
+    num_samples: int = 1000,
+    chains: int = 4,
+    seed: int = 0,
+    client: Any = None,
+    n_shards: int | None = None,
+    test: tuple[np.ndarray, np.ndarray] | None = None,
+    pairs: np.ndarray | None = None,
+    predict_every: int = 1,
+) -> DPMResult:
+    """Run JointDPM's chains over a binary data set.
+
+    Parameters
+    ----------
+    data
+        ``(X, y)`` arrays or a :class:`~flymc_dist.data.Dataset` (read into the shards);
+        ``y`` in {0, 1}.
+    algorithm
+        The model and sampler settings (default ``fd.JointDPM()``).
+    num_warmup, num_samples
+        Iterations dropped, then kept.
+    chains, seed
+        Chains, and the seed of every random stream.
+    client
+        ``"synchronous"`` (every shard in this process), a ``distributed.Client``, or None
+        (an embedded LocalCluster).
+    n_shards
+        Row ranges the data is cut into (default: 2, or the client's workers). The draws
+        depend on it (see :mod:`flymc_dist.jointdpm.sampler`), not on the placement.
+    test
+        Held-out ``(X, y)``: the chain-averaged prediction's accuracy is traced.
+    pairs
+        ``(P, 2)`` row pairs whose co-clustering is traced.
+    predict_every
+        Iterations between predictions on the test rows.
+
+    Returns
+    -------
+    DPMResult
+    """
+    alg = JointDPM() if algorithm is None else algorithm
+    if not isinstance(alg, JointDPM):
+        raise ValueError(f"algorithm must be fd.JointDPM(…), not {alg!r}")
+    for name, v, lo in (
+        ("num_warmup", num_warmup, 0),
+        ("num_samples", num_samples, 1),
+        ("chains", chains, 1),
+        ("predict_every", predict_every, 1),
+    ):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, not {v!r}")
+    if isinstance(data, tuple):
+        X, y = (np.asarray(a, float) for a in data)
+    else:
+        X, y = data.read()
+        X, y = np.asarray(X, float), np.asarray(y, float)
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise ValueError(f"data must be X (N, D) and y (N,), not {X.shape} and {y.shape}")
+    if not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError("data: JointDPM needs binary labels y in {0, 1}")
+    if not np.isfinite(X).all():
+        raise ValueError("data: X has non-finite values")
+    pairs_a = np.empty((0, 2), np.int64) if pairs is None else np.asarray(pairs, np.int64)
+    if (
+        pairs_a.ndim != 2
+        or pairs_a.shape[1] != 2
+        or (pairs_a.size and (pairs_a.min() < 0 or pairs_a.max() >= X.shape[0]))
+    ):
+        raise ValueError("pairs must be (P, 2) row indices of the data")
+    if n_shards is None:
+        n_shards = 2
+    if isinstance(n_shards, bool) or not isinstance(n_shards, int) or not 1 <= n_shards <= len(X):
+        raise ValueError(f"n_shards must be an integer in [1, rows], not {n_shards!r}")
+    bounds = _split(X.shape[0], n_shards)
+    cols = list(range(X.shape[1])) if alg.density_columns is None else list(alg.density_columns)
+    if max(cols) >= X.shape[1]:
+        raise ValueError(f"density_columns {alg.density_columns} name a column beyond {X.shape[1]}")
+    transport = open_dpm_transport(client, X, y, bounds, cols, chains, seed)
+    try:
+        tracked = np.unique(pairs_a.ravel())
+        sampler = JointDPMSampler(
+            alg, transport, bounds, X.shape[1], chains=chains, seed=seed, tracked_rows=tracked
+        )
+        sampler.setup()
+        if test is not None:
+            Xt, yt = (np.asarray(a, float) for a in test)
+            Xtd = Xt[:, cols]
+            Ft = np.hstack([Xt, np.ones((Xt.shape[0], 1))])
+            running = np.zeros((chains, Xt.shape[0]))
+            n_pred = np.zeros(chains)
+        total = num_warmup + num_samples
+        keys = ("alpha", "K", "seconds", "data_used", "cluster_rows", "accepted", "moved")
+        rec = {k: np.zeros((chains, num_samples)) for k in keys}
+        rec["sizes"] = np.zeros((chains, num_samples, MAX_SIZES), dtype=np.int64)
+        rec["cocluster"] = np.zeros((chains, num_samples, pairs_a.shape[0]), dtype=bool)
+        if test is not None:
+            rec["accuracy"] = np.full((chains, num_samples), np.nan)
+        clock = np.zeros(chains)
+        t_start = time.perf_counter()
+        for it in range(total):
+            infos = sampler.step()
+            for c, inf in enumerate(infos):
+                clock[c] += inf["seconds"]
+                t = it - num_warmup
+                st = sampler.states[c]
+                if test is not None and (it + 1) % predict_every == 0 and t >= 0:
+                    t0 = time.perf_counter()
+                    running[c] += sampler.predict(c, Xtd, Ft)
+                    n_pred[c] += 1
+                    clock[c] += time.perf_counter() - t0
+                if t < 0:
+                    continue
+                sz = sampler.sizes(c)[:MAX_SIZES]
+                rec["alpha"][c, t] = st.alpha
+                rec["K"][c, t] = len(st.stats)
+                rec["sizes"][c, t, : sz.size] = sz
+                rec["seconds"][c, t] = clock[c]
+                for key in ("data_used", "cluster_rows", "accepted", "moved"):
+                    rec[key][c, t] = inf[key]
+                if pairs_a.size:
+                    rec["cocluster"][c, t] = [
+                        st.tracked[int(a)] == st.tracked[int(b)] for a, b in pairs_a
+                    ]
+                if test is not None and n_pred[c]:
+                    avg = running[c] / n_pred[c]
+                    rec["accuracy"][c, t] = float(np.mean((avg > 0.5) == (yt > 0.5)))
+        if test is not None:
+            rec["predictive"] = running / np.maximum(n_pred, 1)[:, None]
+        info = {
+            "algorithm": "jointdpm",
+            "approximate": alg.eps > 0,
+            "options": {f: getattr(alg, f) for f in alg.__dataclass_fields__},
+            "n_rows": int(X.shape[0]),
+            "n_features": int(X.shape[1]),
+            "n_shards": int(n_shards),
+            "transport": transport.name,
+            "chains": chains,
+            "seed": seed,
+            "num_warmup": num_warmup,
+            "num_samples": num_samples,
+            "round_trips": transport.round_trips,
+            "seconds": time.perf_counter() - t_start,
+            "pairs": pairs_a,
+        }
+        return DPMResult(rec, info)
+    finally:
+        transport.close()

@@ -1,0 +1,459 @@
+"""JointDPM: the collapsed NIW pieces against scipy, the Gibbs conditional against
+brute force, eps = 0 decisions against exact MH over a cluster's members, draws identical
+in process and on 2 Dask workers, and (slow) the posterior over partitions of 8 rows
+against exhaustive enumeration, with a negative control that must fail."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+from scipy.special import gammaln, logsumexp
+
+import flymc_dist as fd
+from flymc_dist.diagnostics import mcse_mean
+from flymc_dist.jointdpm.data import four_blobs
+from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
+from flymc_dist.jointdpm.sampler import NEW, ChainState, JointDPMSampler
+from flymc_dist.jointdpm.shard import MemberArray, logit_loglik
+from flymc_dist.jointdpm.transport import open_dpm_transport
+
+
+# ------------------------------------------------------------------ the NIW pieces
+def test_student_t_predictive_after_1000_updates_equals_scipy():
+    """1,000 random rank-one updates and downdates, then the predictive equals
+    scipy.stats.multivariate_t built from the remaining points from scratch; the
+    marginal likelihood equals the chain rule of predictives."""
+    D = 3
+    prior = NIWPrior.paper(D)
+    rng = np.random.default_rng(0)
+    c = ClusterStats(prior)
+    pts: list[np.ndarray] = []
+    downdates = 0
+    for _ in range(1000):
+        if pts and rng.random() < 0.45:
+            c.remove(pts.pop(int(rng.integers(len(pts)))))
+            downdates += 1
+        else:
+            x = rng.normal(size=D) * [1.0, 2.0, 0.5] + 1.0
+            pts.append(x)
+            c.add(x)
+    assert downdates > 400
+    X = np.array(pts)
+    n = len(X)
+    k, v = prior.k0 + n, prior.v0 + n
+    m = (prior.k0 * prior.m0 + X.sum(0)) / k
+    S = prior.S0 + X.T @ X + prior.k0 * np.outer(prior.m0, prior.m0) - k * np.outer(m, m)
+    nu = v - D + 1
+    t = stats.multivariate_t(loc=m, shape=S * (k + 1) / (k * nu), df=nu)
+    q = rng.normal(size=(20, D)) * 2
+    np.testing.assert_allclose(c.log_predictive(q), t.logpdf(q), rtol=1e-10, atol=1e-10)
+    mm, A, const, nu2 = c.predictive_terms()
+    direct = const - 0.5 * (nu2 + D) * np.log1p(np.sum(((q - mm) @ A.T) ** 2, axis=1) / nu2)
+    np.testing.assert_allclose(direct, t.logpdf(q), rtol=1e-10, atol=1e-10)
+    fresh = ClusterStats(prior)
+    chain = 0.0
+    for x in X[:15]:
+        chain += fresh.log_predictive(x)[0]
+        fresh.add(x)
+    assert chain == pytest.approx(fresh.log_marginal(), rel=1e-12)
+    # negative control: a wrong degrees of freedom is seen
+    wrong = stats.multivariate_t(loc=m, shape=S * (k + 1) / (k * nu), df=nu + 1)
+    assert np.max(np.abs(c.log_predictive(q) - wrong.logpdf(q))) > 1e-3
+
+
+def test_member_array_insert_remove_draw():
+    """O(1) insert/remove keep the set; draws without replacement cover it exactly once
+    and are uniform (chi-square over first draws)."""
+    pos = np.zeros(50, dtype=np.int64)
+    a = MemberArray()
+    for r in range(50):
+        a.insert(r, pos)
+    for r in range(0, 50, 3):
+        a.remove(r, pos)
+    members = {r for r in range(50) if r % 3}
+    assert set(a.rows[: a.count].tolist()) == members
+    assert all(a.rows[pos[r]] == r for r in members)
+    rng = np.random.default_rng(1)
+    a.restart()
+    got = np.concatenate([a.draw(rng, 7, pos) for _ in range(a.count // 7)])
+    got = np.concatenate([got, a.draw(rng, a.count - got.size, pos)])
+    assert sorted(got.tolist()) == sorted(members)
+    with pytest.raises(ValueError, match="cannot draw"):
+        a.draw(rng, 1, pos)
+    first = []
+    for _ in range(3300):
+        a.restart()
+        first.append(int(a.draw(rng, 1, pos)[0]))
+    counts = np.array([first.count(r) for r in sorted(members)])
+    assert stats.chisquare(counts).pvalue > 1e-3
+
+
+# ------------------------------------------------------------------ a small problem
+X8 = np.array([-2.2, -1.9, -1.4, -0.3, 0.4, 1.6, 2.0, 2.5])[:, None]
+Y8 = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+PAIRS = [(0, 1), (0, 7), (2, 3), (5, 6)]
+
+
+def _sampler(alg, X=X8, y=Y8, n_shards=2, chains=1, seed=0, cls=JointDPMSampler, **kw):
+    bounds = np.linspace(0, len(X), n_shards + 1).round().astype(np.int64)
+    tr = open_dpm_transport("synchronous", X, y, bounds, [0], chains, seed)
+    s = cls(alg, tr, bounds, X.shape[1], chains=chains, seed=seed, **kw)
+    s.setup()
+    return s
+
+
+def _log_joint(z, w, alpha, X, y, prior, a_prior=(1.0, 1.0)):
+    """log p(z, w | α) p(data | z, w) up to a constant: CRP × NIW marginals (closed form
+    from the clusters' sums) × logistic likelihood × weight priors."""
+    labels = sorted(set(z))
+    K, N = len(labels), len(z)
+    out = K * math.log(alpha) + gammaln(alpha) - gammaln(alpha + N)
+    F = np.hstack([X, np.ones((N, 1))])
+    for k in labels:
+        idx = [i for i in range(N) if z[i] == k]
+        out += gammaln(len(idx))
+        xs = X[idx][:, [0]]
+        cs = ClusterStats.from_sums(prior, len(idx), xs.sum(0), xs.T @ xs)
+        out += cs.log_marginal()
+        out += float(logit_loglik(F[idx], y[idx], w[k]).sum())
+        out += float(stats.norm.logpdf(w[k]).sum())
+    return out
+
+
+def test_z_conditional_equals_brute_force():
+    """The Gibbs conditional of one label (Student-t predictives with counts n_k⁻ⁱ, α and
+    the auxiliary weights for a new cluster) equals the normalised full joint over the
+    label's values, computed from closed-form marginals — for a row in a shared cluster
+    and for a singleton (whose weights become the auxiliary)."""
+    s = _sampler(fd.JointDPM())
+    prior = s.prior
+    rng = np.random.default_rng(3)
+    z = [0, 0, 1, 1, 1, 2, 3, 3]
+    w = {k: rng.normal(size=2) for k in range(4)}
+    F = np.hstack([X8, np.ones((8, 1))])
+    for i in (1, 5):  # 1 shares cluster 0; 5 is alone in cluster 2
+        alpha = 0.7
+        stats_ = {}
+        for k in set(z):
+            idx = [j for j in range(8) if z[j] == k and j != i]
+            if idx:
+                xs = X8[idx]
+                stats_[k] = ClusterStats.from_sums(prior, len(idx), xs.sum(0), xs.T @ xs)
+        w_aux = w[z[i]] if z[i] not in stats_ else rng.normal(size=2)
+        st = ChainState(alpha, stats_, {k: w[k] for k in stats_}, {}, 10, rng)
+        labels, lw = s.z_log_weights(st, X8[i], F[i], float(Y8[i]), w_aux)
+        got = np.exp(lw - logsumexp(lw))
+        brute = []
+        for k in labels:
+            zz = list(z)
+            ww = dict(st.w)
+            if k == NEW:
+                zz[i], ww[99] = 99, w_aux
+            else:
+                zz[i] = k
+            # the auxiliary weights: the new cluster's when chosen, else drawn from the
+            # prior beside the state (algorithm 8's extended space), so p(w_aux) is
+            # in every candidate's joint
+            aux = 0.0 if k == NEW else float(stats.norm.logpdf(w_aux).sum())
+            brute.append(_log_joint(zz, ww, alpha, X8, Y8, prior) + aux)
+        brute = np.exp(np.array(brute) - logsumexp(brute))
+        np.testing.assert_allclose(got, brute, rtol=1e-9, atol=1e-12)
+        # negative control: without n_k the conditional differs
+        wrong = lw - np.log([st.stats[k].n for k in labels[:-1]] + [alpha])
+        assert np.max(np.abs(np.exp(wrong - logsumexp(wrong)) - brute)) > 1e-3
+
+
+def test_eps0_decisions_are_exact_mh_over_members():
+    """eps = 0: every w_k decision reads each of the cluster's members once (its rows are
+    exactly the cluster's members on the shards) and takes the exact MH decision."""
+    X, y = four_blobs(600, 2)
+    s = _sampler(fd.JointDPM(init_clusters=4, step_z=50), X, y, n_shards=3, record_rows=True)
+    F = np.hstack([X, np.ones((len(X), 1))])
+    decided = 0
+    for _ in range(5):
+        (info,) = s.step()
+        z = np.concatenate(s.transport.call_all("z_of", 0))
+        rows = s.last_rows[0]
+        for j, k in enumerate(info["decision_labels"]):
+            members = np.flatnonzero(z == k)
+            assert sorted(rows[k].tolist()) == members.tolist()
+            w, wp = info["decision_w"][j], info["decision_proposal"][j]
+            Fm, ym = F[members], y[members]
+            diff = logit_loglik(Fm, ym, wp) - logit_loglik(Fm, ym, w)
+            lhs = diff.sum() - 0.5 * (wp @ wp - w @ w)
+            assert bool(lhs > info["decision_log_u"][j]) == bool(info["decision_accept"][j])
+            decided += 1
+    assert decided >= 15
+
+
+def test_austerity_decisions_use_the_paper_rule():
+    """eps > 0: no decision reads fewer than min_batches × batch_size members (or the
+    whole cluster), and some stop well before the whole cluster."""
+    X, y = four_blobs(2000, 4)
+    alg = fd.JointDPM(init_clusters=3, step_z=20, eps=0.3, batch_size=10, min_batches=3)
+    s = _sampler(alg, X, y, n_shards=2)
+    used, total = [], []
+    for _ in range(4):
+        (info,) = s.step()
+        used.extend(info["decision_n"].tolist())
+        total.extend(info["decision_N"].tolist())
+    used, total = np.array(used), np.array(total)
+    assert np.all(used >= np.minimum(30, total))
+    assert np.mean(used < total / 4) > 0.5
+
+
+def test_decision_error_shrinks_with_eps():
+    """On one state of the four-blob chain, the same weight moves (w, w′, u) decided at
+    eps = 0.3, 0.1, 0.01 against the exact decision (eps = 0): the share that differ
+    falls with eps, and the loosest one errs visibly (the comparison can see an error),
+    while reading fewer members."""
+    X, y = four_blobs(3000, 8)
+    s = _sampler(fd.JointDPM(init_clusters=4, step_z=30), X, y, n_shards=2)
+    for _ in range(3):
+        s.step()
+    st = s.states[0]
+    labels = sorted(st.stats)
+    rng = np.random.default_rng(9)
+    reps = 60
+    W = np.stack([st.w[k] for k in labels])
+    moves = [
+        (W + 0.05 * rng.standard_normal(W.shape), -rng.standard_exponential(len(labels)))
+        for _ in range(reps)
+    ]
+    exact = [s.decide_weights(0, labels, W, wp, lu, 0.0)["decision_accept"] for wp, lu in moves]
+    err, used = [], []
+    for e in (0.3, 0.1, 0.01):
+        wrong = rows = 0
+        for (wp, lu), ex in zip(moves, exact, strict=True):
+            d = s.decide_weights(0, labels, W, wp, lu, e)
+            wrong += int(np.sum(d["decision_accept"] != ex))
+            rows += d["data_used"]
+        err.append(wrong / (reps * len(labels)))
+        used.append(rows)
+    assert err[0] > 0.02 and err[0] > err[1] >= err[2], err
+    assert err[2] < 0.02 and used[0] < used[2] < 3000 * reps, (err, used)
+
+
+@pytest.mark.parametrize("how", ["escobar-west", "mh"])
+def test_alpha_update_targets_its_conditional(how):
+    """With K fixed, repeated α moves have the mean of p(α | K, N) ∝ Gamma(α; 1, 1)
+    α^K Γ(α)/Γ(α + N) (quadrature), within 4 MCSE; negative control: the same chain
+    is far from the conditional of another N."""
+    s = _sampler(fd.JointDPM(alpha_update=how))
+    K, N = 3, s.N
+
+    def cond_mean(n):
+        def f(al, p):
+            return al**p * math.exp(K * math.log(al) - al + gammaln(al) - gammaln(al + n))
+
+        top = integrate.quad(f, 0, np.inf, args=(1,))[0]
+        return top / integrate.quad(f, 0, np.inf, args=(0,))[0]
+
+    st = ChainState(1.0, {k: None for k in range(K)}, {}, {}, K, np.random.default_rng(4))
+    draws = np.empty((4, 3000))
+    for c in range(4):
+        for t in range(draws.shape[1]):
+            s.update_alpha(st)
+            draws[c, t] = st.alpha
+    est, se = draws.mean(), float(mcse_mean(draws))
+    assert abs(est - cond_mean(N)) < 4 * se, (est, cond_mean(N), se)
+    assert abs(est - cond_mean(4 * N)) > 8 * se
+
+
+def test_options_and_bad_input():
+    """JointDPM's options are checked once, in one line naming the argument."""
+    assert fd.JointDPM().changed() == {}
+    assert fd.JointDPM(niw=[2, 3]).niw == (2.0, 3.0)
+    for kw, match in (
+        ({"alpha_prior": (1.0, -1.0)}, "alpha_prior must be two numbers > 0"),
+        ({"niw": 5}, "niw must be two numbers > 0"),
+        ({"density_columns": [0, 0]}, "density_columns must be None or distinct"),
+        ({"alpha_update": "slice"}, "alpha_update must be"),
+        ({"step_z": 0}, "step_z must be an integer >= 1"),
+        ({"eps": 1.0}, "eps must be"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            fd.JointDPM(**kw)
+    with pytest.raises(ValueError, match="binary labels"):
+        fd.sample_jointdpm((X8, Y8 + 2), client="synchronous", num_samples=2)
+    with pytest.raises(ValueError, match="density_columns"):
+        fd.sample_jointdpm(
+            (X8, Y8), fd.JointDPM(density_columns=(3,)), client="synchronous", num_samples=2
+        )
+
+
+# ------------------------------------------------------------------ placement
+def _run(client, **kw):
+    X, y = four_blobs(900, 5)
+    Xt, yt = four_blobs(200, 6)
+    alg = fd.JointDPM(init_clusters=3, step_z=40, eps=0.3)
+    return fd.sample_jointdpm(
+        (X, y),
+        alg,
+        num_samples=12,
+        chains=2,
+        seed=11,
+        client=client,
+        n_shards=3,
+        test=(Xt, yt),
+        pairs=[(0, 1), (2, 500)],
+        **kw,
+    )
+
+
+def test_identical_draws_in_process_and_on_two_workers():
+    """The same seed and layout give the same draws in process and on a 2-worker Dask
+    LocalCluster (shards as actors): α, K, sizes, co-clustering, data used, accuracy."""
+    from flymc_dist.transport.dask import local_client
+
+    a = _run("synchronous")
+    client, cluster = local_client(2)
+    try:
+        b = _run(client)
+    finally:
+        client.close()
+        cluster.close()
+    assert b.info["transport"] == "dask"
+    for key in ("alpha", "K", "sizes", "cocluster", "data_used", "accepted", "accuracy"):
+        np.testing.assert_array_equal(a.draws[key], b.draws[key], err_msg=key)
+    assert a.draws["data_used"].sum() < a.draws["cluster_rows"].sum()  # austerity stopped early
+    c = _run("synchronous", predict_every=1)
+    np.testing.assert_array_equal(a.draws["alpha"], c.draws["alpha"])
+
+
+# ------------------------------------------------------------------ known truth
+def _partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        yield [[first], *part]
+        for j in range(len(part)):
+            yield [*part[:j], [first, *part[j]], *part[j + 1 :]]
+
+
+def _exact_posterior(X, y, prior, a=1.0, b=1.0, nodes=60):
+    """P(K) and P(z_i = z_j) by enumerating every partition: the NIW marginal in closed
+    form, ∫ N(w; 0, I) Π σ dw by Gauss–Hermite quadrature, ∫ p(α) CRP dα by quad."""
+    N = len(X)
+    F = np.hstack([X, np.ones((N, 1))])
+    t, h = np.polynomial.hermite.hermgauss(nodes)
+    W = np.sqrt(2.0) * np.array(list(itertools.product(t, t)))
+    logh = np.log(np.array([hi * hj for hi in h for hj in h]) / np.pi)
+    block = {}
+    for mask in range(1, 2**N):
+        idx = [i for i in range(N) if mask >> i & 1]
+        xs = X[idx]
+        cs = ClusterStats.from_sums(prior, len(idx), xs.sum(0), xs.T @ xs)
+        ll = logit_loglik(F[idx], y[idx], W).sum(axis=1)
+        block[mask] = cs.log_marginal() + logsumexp(ll + logh) + gammaln(len(idx))
+
+    def crp(K):
+        f = lambda al: math.exp(  # noqa: E731
+            (a - 1) * math.log(al) - b * al + K * math.log(al) + gammaln(al) - gammaln(al + N)
+        )
+        return math.log(integrate.quad(f, 0, np.inf, limit=200)[0])
+
+    log_alpha_term = {K: crp(K) for K in range(1, N + 1)}
+    logs, Ks, parts = [], [], []
+    for part in _partitions(list(range(N))):
+        masks = [sum(1 << i for i in blk) for blk in part]
+        logs.append(log_alpha_term[len(part)] + sum(block[m] for m in masks))
+        Ks.append(len(part))
+        parts.append(part)
+    p = np.exp(np.array(logs) - logsumexp(logs))
+    Ks = np.array(Ks)
+    pk = np.array([p[Ks == k].sum() for k in range(1, N + 1)])
+    co = []
+    for i, j in PAIRS:
+        together = [any(i in b_ and j in b_ for b_ in part) for part in parts]
+        co.append(float(p[np.array(together)].sum()))
+    return len(parts), pk, np.array(co)
+
+
+class _NoCounts(JointDPMSampler):
+    """Negative control: the Gibbs conditional without the n_k⁻ⁱ count."""
+
+    def z_log_weights(self, st, xd, f, y, w_aux):
+        labels, lw = super().z_log_weights(st, xd, f, y, w_aux)
+        return labels, lw - np.log([st.stats[k].n for k in labels[:-1]] + [st.alpha])
+
+
+def _chain_estimates(cls, chains=4, iters=2500, burn=200, seed=0):
+    alg = fd.JointDPM(step_z=8, init_clusters=2)
+    s = _sampler(alg, chains=chains, seed=seed, cls=cls, tracked_rows=np.arange(8))
+    K = np.zeros((chains, iters))
+    co = np.zeros((chains, iters, len(PAIRS)))
+    for it in range(burn + iters):
+        s.step()
+        if it < burn:
+            continue
+        for c, st in enumerate(s.states):
+            K[c, it - burn] = len(st.stats)
+            co[c, it - burn] = [st.tracked[i] == st.tracked[j] for i, j in PAIRS]
+    return K, co
+
+
+def _z_scores(K, co, pk, pco):
+    out = []
+    for k in range(1, 5):
+        ind = (K == k).astype(float)
+        out.append((ind.mean() - pk[k - 1]) / max(float(mcse_mean(ind)), 1e-3))
+    for p in range(co.shape[-1]):
+        ind = co[..., p].astype(float)
+        out.append((ind.mean() - pco[p]) / max(float(mcse_mean(ind)), 1e-3))
+    return np.array(out)
+
+
+@pytest.mark.slow
+def test_partition_posterior_matches_enumeration():
+    """N = 8, D = 1: every one of the Bell(8) = 4,140 partitions enumerated, so P(K) and
+    the co-clustering of four row pairs are exact; four eps = 0 chains agree within
+    their MCSE (|z| < 3.5 over 8 quantities). Negative control: the same chains without
+    the n_k⁻ⁱ count in the Gibbs conditional fail the same test."""
+    n_parts, pk, pco = _exact_posterior(X8, Y8, NIWPrior.paper(1))
+    assert n_parts == 4140
+    assert 0.05 < pk[0] < 0.9 and pk[1] > 0.05 and pk[2] > 0.02  # an informative posterior
+    K, co = _chain_estimates(JointDPMSampler)
+    z = _z_scores(K, co, pk, pco)
+    assert np.all(np.abs(z) < 3.5), (z, pk[:4], pco)
+    K2, co2 = _chain_estimates(_NoCounts, seed=1)
+    z2 = _z_scores(K2, co2, pk, pco)
+    assert np.max(np.abs(z2)) > 6, z2
+
+
+def test_bench_jointdpm_is_wired(tmp_path, capsys):
+    """`flymc bench jointdpm` on a tiny problem: both runs, the table, JSON and the plot."""
+    from flymc_dist.cli import main
+
+    out_json = tmp_path / "f.json"
+    plot = tmp_path / "f.png"
+    code = main(
+        [
+            "bench",
+            "jointdpm",
+            "--rows",
+            "300",
+            "--test-rows",
+            "60",
+            "--iterations",
+            "4",
+            "--step-z",
+            "10",
+            "--init-clusters",
+            "2",
+            "--plot",
+            str(plot),
+            "--json",
+            str(out_json),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "final acc" in out and "eps>0 reaches" in out
+    assert out_json.exists() and plot.exists()
