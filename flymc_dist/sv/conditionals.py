@@ -113,8 +113,8 @@ def sample_phi(
 ) -> float:
     """An exact draw of ``φ | σ², h`` by rejection from a tangent envelope (module doc).
 
-    ``wrong=True`` accepts every proposal (it samples the truncated normal without the
-    Beta factor): only the negative control of the tests.
+    ``wrong=True`` draws ``N(C/S, σ²/S)`` truncated to [0, 1], leaving out the Beta
+    prior: only the negative control of the tests.
     """
     if pr.phi_a < 1 or pr.phi_b < 1:
         raise ValueError("the exact φ draw needs a log-concave Beta prior (phi_a, phi_b >= 1)")
@@ -125,7 +125,7 @@ def sample_phi(
     a, b = pr.phi_a, pr.phi_b
     p0 = _mode(m, v, a, b)
     g = (a - 1) / p0 - (b - 1) / (1 - p0)
-    mu = m + v * g
+    mu = m if wrong else m + v * g
     sd = math.sqrt(v)
     lo, hi = (0.0 - mu) / sd, (1.0 - mu) / sd
     lt0 = (a - 1) * math.log(p0) + (b - 1) * math.log1p(-p0)
