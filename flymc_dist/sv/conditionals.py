@@ -62,7 +62,7 @@ def log_prior(phi: float, sigma2: float, pr: Priors) -> float:
 
 def sample_sigma2(rng: np.random.Generator, stats: np.ndarray, phi: float, pr: Priors) -> float:
     """An exact draw of ``σ² | φ, h`` from the summed statistics ``(S, C, Q, n)``."""
-    S, C, Q, n = (float(v) for v in stats)
+    S, C, Q, n = (float(v) for v in stats[:4])
     rss = max(Q - 2.0 * phi * C + phi * phi * S, 0.0)
     shape = pr.s2_a + 0.5 * n
     rate = pr.s2_b + 0.5 * rss

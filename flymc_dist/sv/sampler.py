@@ -56,6 +56,7 @@ __all__ = ["ROLE_SV", "SVResult", "StochasticVolatility", "load_trace", "sample_
 ROLE_SV = 20
 _SUB_INIT = 0
 _SUB_STEP = 1
+_SUB_SCALE = 2
 #: warm-up adaptation of the subsampled MH's step toward this acceptance rate
 TARGET_ACCEPT = 0.3
 UPDATES = ("exact", "subsampled")
@@ -86,6 +87,11 @@ class StochasticVolatility:
         ``(shape, scale)`` of the inverse-gamma prior of σ².
     trace_series
         Global indices of the series whose states are traced.
+    scale_move
+        After each sweep, an exact MH move scaling every state and σ by one factor
+        ``c`` (a group move: ``log α = Δ_obs + 2 log c + log p(c²σ²) − log p(σ²)``,
+        ``Δ_obs`` summed by the shards with the sweep): it breaks the Gibbs coupling of
+        σ and the states, the slow direction of particle Gibbs.
     """
 
     update: str = "exact"
@@ -97,6 +103,7 @@ class StochasticVolatility:
     phi_prior: tuple[float, float] = (5.0, 1.0)
     sigma2_prior: tuple[float, float] = (5.0, 0.05)
     trace_series: tuple[int, ...] = (0, 1, 2)
+    scale_move: bool = True
 
     def __post_init__(self) -> None:
         if self.update not in UPDATES:
@@ -141,6 +148,7 @@ class StochasticVolatility:
             "phi_prior": list(map(float, self.phi_prior)),
             "sigma2_prior": list(map(float, self.sigma2_prior)),
             "trace_series": [int(i) for i in self.trace_series],
+            "scale_move": bool(self.scale_move),
         }
 
 
@@ -390,6 +398,7 @@ def _run(
         g = zarr.open_group(store=trace, mode="r", zarr_format=3)
         theta = np.array(g.attrs["theta"], float)
         log_step = np.array(g.attrs["log_step"], float)
+        log_cstep = np.array(g.attrs["log_cstep"], float)
         it0 = int(g.attrs["iteration"])
         n_warm = 0
         tp.call("load_states", trace)
@@ -399,6 +408,7 @@ def _run(
             r = stream(seed, ROLE_SV, _SUB_INIT, c)
             theta[c] = (r.beta(pr.phi_a, pr.phi_b), pr.s2_b / r.gamma(pr.s2_a))
         log_step = np.full(C, math.log(model.step))
+        log_cstep = np.full(C, math.log(0.05))
         it0 = 0
         n_warm = int(num_warmup)
         if trace is not None:
@@ -410,6 +420,7 @@ def _run(
     accepted = np.zeros((C, num_samples), np.int64)
     sweep_s, update_s = np.zeros(num_samples), np.zeros(num_samples)
     kept_from = 0  # first draw not yet written to the trace
+    pending = np.ones(C)  # accepted scale moves the shards have not applied yet
 
     def fetch_for(c: int):
         def fetch(idx: np.ndarray) -> np.ndarray:
@@ -418,6 +429,7 @@ def _run(
             for s in np.unique(which):
                 m = which == s
                 out[m] = tp.call_one(int(s), "fetch", c, idx[m])
+            out[:, :3] *= pending[c] ** 2
             return out
 
         return fetch
@@ -425,9 +437,32 @@ def _run(
     for k in range(n_total):
         it = it0 + k
         w0 = time.perf_counter()
-        replies = tp.call("sweep", it, theta[:, 0].copy(), np.sqrt(theta[:, 1]))
-        sums = np.concatenate([r[0] for r in replies], axis=1).sum(axis=1)  # (C, 4)
+        crng = [stream(seed, ROLE_SV, _SUB_SCALE, c, it) for c in range(C)]
+        trial = np.ones(C)
+        if model.scale_move:
+            trial = np.array(
+                [math.exp(math.exp(log_cstep[c]) * r.standard_normal()) for c, r in enumerate(crng)]
+            )
+        replies = tp.call("sweep", it, theta[:, 0].copy(), np.sqrt(theta[:, 1]), pending, trial)
+        sums = np.concatenate([r[0] for r in replies], axis=1).sum(axis=1)  # (C, 5)
         tr = np.concatenate([r[1] for r in replies], axis=1) if traced else None
+        pending = np.ones(C)
+        if model.scale_move:
+            for c in range(C):
+                cc, s2 = trial[c], theta[c, 1]
+                log_a = sums[c, 4] + 2 * math.log(cc)
+                log_a += (
+                    -(pr.s2_a + 1) * math.log(cc * cc) - pr.s2_b / (cc * cc * s2) + pr.s2_b / s2
+                )
+                ok = math.log(crng[c].random()) < log_a
+                if ok:
+                    pending[c] = cc
+                    theta[c, 1] = s2 * cc * cc
+                    sums[c, :3] *= cc * cc
+                    if traced:
+                        tr[c] *= cc
+                if k < n_warm:
+                    log_cstep[c] += (float(ok) - TARGET_ACCEPT) / math.sqrt(k + 1)
         w1 = time.perf_counter()
         n_read = np.zeros(C, np.int64)
         n_acc = np.zeros(C, np.int64)
@@ -491,7 +526,10 @@ def _run(
                     states[:, sl],
                     read[:, sl],
                     accepted[:, sl],
+                    pending,
+                    log_cstep,
                 )
+                pending = np.ones(C)  # the shards applied them
                 kept_from = j + 1
     return SVResult(
         phis,
@@ -513,6 +551,7 @@ def _run(
             "n_shards": len(ranges),
             "first_iteration": it0 + n_warm,
             "step": np.exp(log_step),
+            "scale_step": np.exp(log_cstep),
         },
     )
 
@@ -534,7 +573,9 @@ def _create_trace(trace: str, config: dict, C: int, ds: SeriesDataset, k: int) -
     g.attrs.update({"config": config, "iteration": 0, "n_draws": 0})
 
 
-def _checkpoint(trace, tp, iteration, theta, log_step, phi, sigma, states, read, acc) -> None:
+def _checkpoint(
+    trace, tp, iteration, theta, log_step, phi, sigma, states, read, acc, pending, log_cstep
+) -> None:
     """Append the draws, then save the states and the driver's state (the iteration last:
     a checkpoint interrupted before it is not taken as done)."""
     g = zarr.open_group(store=trace, mode="r+", zarr_format=3)
@@ -546,9 +587,14 @@ def _checkpoint(trace, tp, iteration, theta, log_step, phi, sigma, states, read,
         ("accepted", acc),
     ):
         g[name].append(v, axis=1)
-    tp.call("save_states", trace)
+    tp.call("save_states", trace, pending)
     g.attrs.update(
-        {"theta": theta.tolist(), "log_step": log_step.tolist(), "n_draws": int(g["phi"].shape[1])}
+        {
+            "theta": theta.tolist(),
+            "log_step": log_step.tolist(),
+            "log_cstep": log_cstep.tolist(),
+            "n_draws": int(g["phi"].shape[1]),
+        }
     )
     g.attrs["iteration"] = int(iteration)
 

@@ -52,20 +52,39 @@ class SeriesShard:
         self.traced = [int(i) - start for i in traced if start <= int(i) < stop]
 
     def sweep(
-        self, iteration: int, phis: np.ndarray, sigmas: np.ndarray
+        self,
+        iteration: int,
+        phis: np.ndarray,
+        sigmas: np.ndarray,
+        pending: np.ndarray,
+        trial: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """One CSMC-AS sweep of every series for every chain.
+
+        Parameters
+        ----------
+        iteration, phis, sigmas
+            The iteration (keys the random numbers) and each chain's (φ, σ).
+        pending
+            Each chain's accepted scale of the last iteration's scale move, applied to
+            the states before the sweep (1: none).
+        trial
+            Each chain's proposed scale ``c`` of this iteration's scale move.
 
         Returns
         -------
         sums, states
-            Per chain and global block, the summed ``(S, C, Q, n)``:
-            ``(chains, blocks, 4)``; the traced series' new states ``(chains, k, T)``.
+            Per chain and global block, the summed ``(S, C, Q, n, Δ)`` with
+            ``Δ = Σ_t log N(x_t; 0, e^{c h_t}) − log N(x_t; 0, e^{h_t})`` at the new
+            states: ``(chains, blocks, 5)``; the traced series' new states ``(chains, k, T)``.
         """
         n = self.stop - self.start
         nb = -(-n // self.block)
-        sums = np.empty((self.chains, nb, 4))
+        sums = np.empty((self.chains, nb, 5))
+        x2 = self.x * self.x
         for c in range(self.chains):
+            if pending[c] != 1.0:
+                self.h[c] *= pending[c]
             self.h[c] = csmc_sweep(
                 self.x,
                 self.h[c],
@@ -78,16 +97,27 @@ class SeriesShard:
                 particles=self.particles,
             )
             self.stats[c] = series_stats(self.h[c])
+            h = self.h[c]
+            delta = -0.5 * ((trial[c] - 1.0) * h + x2 * (np.exp(-trial[c] * h) - np.exp(-h)))
+            d = delta.sum(axis=1)
             for b in range(nb):
-                sums[c, b] = self.stats[c, b * self.block : (b + 1) * self.block].sum(axis=0)
+                blk = slice(b * self.block, (b + 1) * self.block)
+                sums[c, b, :4] = self.stats[c, blk].sum(axis=0)
+                sums[c, b, 4] = d[blk].sum()
         return sums, self.h[:, self.traced].copy()
 
     def fetch(self, chain: int, series: np.ndarray) -> np.ndarray:
-        """The last sweep's statistics of global series ``series`` for ``chain``."""
+        """The last sweep's statistics of global series ``series`` for ``chain`` (before
+        a pending scale: the driver applies it)."""
         return self.stats[chain, np.asarray(series, dtype=np.int64) - self.start]
 
-    def save_states(self, trace: str) -> None:
-        """Write the current states into the trace's ``h`` array (this shard's rows)."""
+    def save_states(self, trace: str, pending: np.ndarray) -> None:
+        """Apply the pending scales, then write the states into the trace's ``h`` array
+        (this shard's rows)."""
+        for c in range(self.chains):
+            if pending[c] != 1.0:
+                self.h[c] *= pending[c]
+                self.stats[c] = series_stats(self.h[c])
         g = zarr.open_group(store=trace, mode="r+", zarr_format=3)
         g["h"][:, self.start : self.stop] = self.h
 
