@@ -422,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- bench
     p = sub.add_parser(
         "bench",
-        help="benchmarks (overhead, sublinear, mixing, scale, table1)",
+        help="benchmarks (overhead, sublinear, mixing, scale, table1, sv)",
         description="Benchmarks: 'overhead' (FlyMC per iteration against a bare "
         "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
         "against N; see 'flymc bench sublinear --help'), 'mixing' "
@@ -430,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
         "MCMC with NUTS; see 'flymc bench mixing --help'), 'scale' (FlyMC's cost "
         "per iteration, memory and mixing against N, in memory or out of core; see "
         "'flymc bench scale --help') and 'table1' (the FlyMC paper's Table 1, all three "
-        "rows, each run to R-hat <= 1.01; see 'flymc bench table1 --help').",
+        "rows, each run to R-hat <= 1.01; see 'flymc bench table1 --help'); 'sv' (stochastic "
+        "volatility over a panel; see 'flymc bench sv --help').",
     )
     bsub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     b = bsub.add_parser("overhead", help="FlyMC vs bare round trip vs regular, per iteration")
@@ -487,6 +488,12 @@ def build_parser() -> argparse.ArgumentParser:
         "table1",
         add_help=False,
         help="the FlyMC paper's Table 1, all three rows, converged (R-hat <= 1.01)",
+    )
+    b.set_defaults(func=None)
+    b = bsub.add_parser(
+        "sv",
+        add_help=False,
+        help="stochastic volatility: the sublinear-MH paper's Fig. 9, bias, a tall panel",
     )
     b.set_defaults(func=None)
     return parser
