@@ -12,6 +12,12 @@ from flymc_dist.kernels import SliceSampler as Slice
 from flymc_dist.models import LogisticRegression, RobustRegression, SoftmaxRegression
 from flymc_dist.options import Austerity, FlyMC, Placement, Regular
 from flymc_dist.result import Result
+from flymc_dist.sv import (
+    StochasticVolatility,
+    open_series,
+    sample_sv,
+    series_from_numpy,
+)
 
 __all__ = [
     "HMC",
@@ -28,9 +34,13 @@ __all__ = [
     "RobustRegression",
     "Slice",
     "SoftmaxRegression",
+    "StochasticVolatility",
     "from_numpy",
     "open_dataset",
+    "open_series",
     "sample",
+    "sample_sv",
+    "series_from_numpy",
 ]
 
 __version__ = "0.1.0"

@@ -86,3 +86,34 @@ def test_bad_input(panel) -> None:
         sample_sv(StochasticVolatility(), panel, client="synchronous", num_samples=0)
     with pytest.raises(TypeError, match="StochasticVolatility"):
         sample_sv(object(), panel, client="synchronous")
+
+
+def test_bench_sv_cli(tmp_path, capsys) -> None:
+    from flymc_dist.cli import main
+
+    argv = [
+        "bench",
+        "sv",
+        "--parts",
+        "informative",
+        "--informative-series",
+        "8",
+        "--informative-length",
+        "6",
+        "--num-samples",
+        "8",
+        "--num-warmup",
+        "2",
+        "--chains",
+        "2",
+        "--particles",
+        "4",
+        "--workdir",
+        str(tmp_path),
+        "--json",
+        str(tmp_path / "sv.json"),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr()[0]
+    assert "subsampled − exact" in out and "(approximate)" in out
+    assert (tmp_path / "sv.json").exists()
