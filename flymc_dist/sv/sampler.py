@@ -395,7 +395,13 @@ def _run(
     starts = np.array([a for a, _ in ranges])
     C = int(chains)
     if resume:
-        g = zarr.open_group(store=trace, mode="r", zarr_format=3)
+        g = zarr.open_group(store=trace, mode="r+", zarr_format=3)
+        if "theta" not in g.attrs:
+            raise ValueError(f"trace {trace!r} holds no checkpoint to resume from")
+        n_kept = int(g.attrs["n_draws"])
+        for name in ("phi", "sigma", "states", "series_read", "accepted"):
+            if g[name].shape[1] > n_kept:  # draws appended by an interrupted checkpoint
+                g[name].resize((g[name].shape[0], n_kept, *g[name].shape[2:]))
         theta = np.array(g.attrs["theta"], float)
         log_step = np.array(g.attrs["log_step"], float)
         log_cstep = np.array(g.attrs["log_cstep"], float)
