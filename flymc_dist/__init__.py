@@ -19,6 +19,12 @@ from flymc_dist.models import (
 )
 from flymc_dist.options import Austerity, FlyMC, JointDPM, Placement, Regular
 from flymc_dist.result import Result
+from flymc_dist.sv import (
+    StochasticVolatility,
+    open_series,
+    sample_sv,
+    series_from_numpy,
+)
 
 __all__ = [
     "GLM",
@@ -38,10 +44,14 @@ __all__ = [
     "RobustRegression",
     "Slice",
     "SoftmaxRegression",
+    "StochasticVolatility",
     "from_numpy",
     "open_dataset",
+    "open_series",
     "sample",
     "sample_jointdpm",
+    "sample_sv",
+    "series_from_numpy",
 ]
 
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ Subcommands::
     flymc run STORE --model … --trace OUT.zarr
                                      sample; draws + stats go to a resumable zarr trace
     flymc summary TRACE              the posterior table and efficiency of a trace
-    flymc bench overhead|sublinear|mixing|scale|table1|scaleout   benchmarks
+    flymc bench overhead|sublinear|mixing|scale|table1|scaleout|jointdpm|sv   benchmarks
 
 Bad input (a missing file, NaN in the data, an unknown model or option, …) ends with
 exit status 2 and one line ``flymc: error: <reason>`` on stderr, and writes nothing.

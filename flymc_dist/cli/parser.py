@@ -456,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- bench
     p = sub.add_parser(
         "bench",
-        help="benchmarks (overhead, sublinear, mixing, scale, table1, scaleout)",
+        help="benchmarks (overhead, sublinear, mixing, scale, table1, scaleout, jointdpm, sv)",
         description="Benchmarks: 'overhead' (FlyMC per iteration against a bare "
         "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
         "against N; see 'flymc bench sublinear --help'), 'mixing' "
@@ -464,9 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
         "MCMC with NUTS; see 'flymc bench mixing --help'), 'scale' (FlyMC's cost "
         "per iteration, memory and mixing against N, in memory or out of core; see "
         "'flymc bench scale --help'), 'table1' (the FlyMC paper's Table 1, all three "
-        "rows, each run to R-hat <= 1.01; see 'flymc bench table1 --help') and "
+        "rows, each run to R-hat <= 1.01; see 'flymc bench table1 --help'), "
         "'scaleout' (FlyMC's cost per iteration against the number of workers and added "
-        "latency; see 'flymc bench scaleout --help').",
+        "latency; see 'flymc bench scaleout --help'), 'jointdpm' (the sublinear-MH "
+        "paper's Fig. 6) and 'sv' (stochastic volatility over a panel; see "
+        "'flymc bench sv --help').",
     )
     bsub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     b = bsub.add_parser("overhead", help="FlyMC vs bare round trip vs regular, per iteration")
@@ -530,6 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="JointDPM (the sublinear-MH paper's Fig. 6): held-out accuracy against time, "
         "exact MH against austerity",
+    )
+    b.set_defaults(func=None)
+    b = bsub.add_parser(
+        "sv",
+        add_help=False,
+        help="stochastic volatility: the sublinear-MH paper's Fig. 9, bias, a tall panel",
     )
     b.set_defaults(func=None)
     return parser

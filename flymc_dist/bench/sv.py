@@ -1,0 +1,275 @@
+"""Stochastic volatility over a panel (the sublinear-MH paper's Fig. 9 and beyond):
+the paper's 200 × 5 configuration and how little its data say, subsampled MH's bias on
+an informative panel, and a tall panel's cost.
+
+Parts (``parts``):
+
+- ``paper``: 200 series × T = 5, φ = 0.95, σ = 0.1. The marginal log-likelihood of the
+  simulated panel over φ ∈ [0, 0.999] (σ = 0.1) and over σ ∈ [0.03, 0.1] (φ = 0.95), by
+  a particle filter with common random numbers: its range in nats says how far the data
+  move the posterior from the prior. Then exact Gibbs, exact MH (``eps = 0``) and
+  subsampled MH (``eps``): posterior means against the truth and the prior, quantiles
+  (the histogram), lag-1 autocorrelation, ESS per second.
+- ``informative``: ``informative_series`` × ``informative_length``, σ = 0.3, φ = 0.95:
+  subsampled MH's bias on φ and σ against exact Gibbs, in units of their MCSE, with its
+  ``eps`` and series read per decision.
+- ``tall``: T = 5 panels of ``tall_series`` series: series read per subsampled decision
+  against the number of series (log-log slope), the particle-Gibbs sweep's seconds per
+  iteration, and 2 workers against 1.
+
+All timings come from one run on whatever else the machine is doing: compare ratios.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from flymc_dist.austerity.sampler import loglog_slope
+from flymc_dist.diagnostics import ess_bulk, mcse_mean
+from flymc_dist.sv import StochasticVolatility, sample_sv, series_from_numpy, simulate_sv
+from flymc_dist.sv.reference import panel_loglik
+from flymc_dist.transport.dask import local_client
+
+__all__ = ["format_sv", "run_sv"]
+
+
+def _acf1(x: np.ndarray) -> float:
+    x = x - x.mean(axis=1, keepdims=True)
+    return float(np.mean(np.sum(x[:, 1:] * x[:, :-1], axis=1) / np.sum(x * x, axis=1)))
+
+
+def _describe(res: Any, seconds: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"seconds": seconds, "approximate": bool(res.approximate)}
+    for name in ("phi", "sigma"):
+        d = getattr(res, name)
+        ess = float(ess_bulk(d))
+        out[name] = {
+            "mean": float(d.mean()),
+            "sd": float(d.std()),
+            "mcse": float(mcse_mean(d)),
+            "quantiles": np.quantile(d, [0.05, 0.25, 0.5, 0.75, 0.95]).tolist(),
+            "acf1": _acf1(d),
+            "ess": ess,
+            "ess_per_s": ess / seconds,
+        }
+    out["series_read_per_iteration"] = float(res.stats["series_read"].mean())
+    out["accept_rate"] = float(res.stats["accepted"].mean())
+    return out
+
+
+def _timed(model: StochasticVolatility, ds: Any, **kw: Any) -> dict[str, Any]:
+    t = time.perf_counter()
+    res = sample_sv(model, ds, **kw)
+    return _describe(res, time.perf_counter() - t)
+
+
+def run_sv(
+    parts: Sequence[str] = ("paper", "informative", "tall"),
+    eps: float = 0.02,
+    batch_size: int = 20,
+    particles: int = 32,
+    chains: int = 4,
+    num_warmup: int = 200,
+    num_samples: int = 1000,
+    pf_particles: int = 2000,
+    informative_series: int = 200,
+    informative_length: int = 50,
+    tall_series: Sequence[int] = (10_000, 100_000),
+    tall_iterations: int = 20,
+    seed: int = 0,
+    workdir: str | None = None,
+) -> dict[str, Any]:
+    """Run the parts of the stochastic-volatility benchmark.
+
+    Parameters
+    ----------
+    parts
+        Any of ``paper``, ``informative``, ``tall``.
+    eps
+        The subsampled MH's test tolerance (two-sided; the paper's one-sided 0.01).
+    batch_size
+        Series per test round.
+    particles
+        Particles per series in particle Gibbs.
+    chains, num_warmup, num_samples
+        Of every sampling run (``paper``, ``informative``).
+    pf_particles
+        Particles of the particle filter measuring the marginal likelihood.
+    informative_series, informative_length
+        The informative panel's size.
+    tall_series
+        Panel sizes of the tall part (T = 5).
+    tall_iterations
+        Iterations timed per tall run (one chain).
+    seed
+        Seed of data and samplers.
+    workdir
+        Where the stores go (default: a temporary directory).
+    """
+    work = workdir or tempfile.mkdtemp(prefix="flymc-sv-")
+    os.makedirs(work, exist_ok=True)
+    out: dict[str, Any] = {"eps": eps, "batch_size": batch_size, "particles": particles}
+    run = dict(chains=chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed)
+    if "paper" in parts:
+        x, _ = simulate_sv(200, 5, 0.95, 0.1, seed=seed)
+        ds = series_from_numpy(x, os.path.join(work, "paper.zarr"), overwrite=True)
+        phis = np.linspace(0.0, 0.999, 12)
+        sigmas = np.linspace(0.03, 0.1, 8)
+        ll_phi = [panel_loglik(x, p, 0.1, particles=pf_particles, seed=seed) for p in phis]
+        ll_sig = [panel_loglik(x, 0.95, s, particles=pf_particles, seed=seed) for s in sigmas]
+        # the filter's own noise at one point, for scale
+        noise = np.std(
+            [panel_loglik(x, 0.95, 0.1, particles=pf_particles, seed=s) for s in range(5)]
+        )
+        p: dict[str, Any] = {
+            "loglik_phi_grid": phis.tolist(),
+            "loglik_over_phi": ll_phi,
+            "loglik_range_phi": float(np.ptp(ll_phi)),
+            "loglik_sigma_grid": sigmas.tolist(),
+            "loglik_over_sigma": ll_sig,
+            "loglik_range_sigma": float(np.ptp(ll_sig)),
+            "pf_noise_sd": float(noise),
+        }
+        base = dict(particles=particles, batch_size=batch_size)
+        p["gibbs"] = _timed(StochasticVolatility(**base), ds, client="synchronous", **run)
+        p["exact_mh"] = _timed(
+            StochasticVolatility(update="subsampled", eps=0.0, **base),
+            ds,
+            client="synchronous",
+            **run,
+        )
+        p["subsampled"] = _timed(
+            StochasticVolatility(update="subsampled", eps=eps, **base),
+            ds,
+            client="synchronous",
+            **run,
+        )
+        out["paper"] = p
+    if "informative" in parts:
+        x, _ = simulate_sv(informative_series, informative_length, 0.95, 0.3, seed=seed + 1)
+        ds = series_from_numpy(x, os.path.join(work, "informative.zarr"), overwrite=True)
+        base = dict(particles=particles, batch_size=batch_size)
+        g = _timed(StochasticVolatility(**base), ds, client="synchronous", **run)
+        s = _timed(
+            StochasticVolatility(update="subsampled", eps=eps, **base),
+            ds,
+            client="synchronous",
+            **run,
+        )
+        bias = {
+            k: {
+                "difference": s[k]["mean"] - g[k]["mean"],
+                "z": (s[k]["mean"] - g[k]["mean"]) / float(np.hypot(s[k]["mcse"], g[k]["mcse"])),
+            }
+            for k in ("phi", "sigma")
+        }
+        out["informative"] = {
+            "n_series": informative_series,
+            "length": informative_length,
+            "gibbs": g,
+            "subsampled": s,
+            "bias": bias,
+        }
+    if "tall" in parts:
+        rows = []
+        for n in tall_series:
+            x, _ = simulate_sv(int(n), 5, 0.95, 0.1, seed=seed + 2)
+            ds = series_from_numpy(x, os.path.join(work, f"tall-{n}.zarr"), overwrite=True)
+            model = StochasticVolatility(
+                update="subsampled",
+                eps=eps,
+                batch_size=batch_size,
+                particles=particles,
+                trace_series=(),
+            )
+            row: dict[str, Any] = {"n_series": int(n)}
+            for workers in (1, 2):
+                client, cluster = local_client(workers)
+                with cluster, client:
+                    t = time.perf_counter()
+                    res = sample_sv(
+                        model,
+                        ds,
+                        client=client,
+                        chains=1,
+                        seed=seed,
+                        num_warmup=tall_iterations // 2,
+                        num_samples=tall_iterations,
+                    )
+                    wall = time.perf_counter() - t
+                row[f"sweep_s_{workers}w"] = float(np.median(res.stats["sweep_seconds"]))
+                row[f"update_s_{workers}w"] = float(np.median(res.stats["update_seconds"]))
+                row[f"wall_{workers}w"] = wall
+                row["series_read_per_decision"] = float(res.stats["series_read"].mean())
+            row["speedup_2w"] = row["sweep_s_1w"] / row["sweep_s_2w"]
+            rows.append(row)
+        out["tall"] = rows
+        if len(rows) > 1:
+            out["tall_read_slope"] = loglog_slope(
+                [r["n_series"] for r in rows], [r["series_read_per_decision"] for r in rows]
+            )
+            out["tall_sweep_slope"] = loglog_slope(
+                [r["n_series"] for r in rows], [r["sweep_s_1w"] for r in rows]
+            )
+    return out
+
+
+def format_sv(d: dict[str, Any]) -> str:
+    """The figures as text."""
+    lines = [
+        f"stochastic volatility (eps={d['eps']}, batch {d['batch_size']} series, "
+        f"{d['particles']} particles)"
+    ]
+
+    def row(name: str, r: dict[str, Any]) -> str:
+        f = r["phi"]
+        s = r["sigma"]
+        tag = " (approximate)" if r["approximate"] else ""
+        return (
+            f"  {name:<11} φ {f['mean']:.4f}±{f['sd']:.4f} (mcse {f['mcse']:.4f}, ess/s "
+            f"{f['ess_per_s']:.2f}, acf1 {f['acf1']:.2f})  σ {s['mean']:.4f}±{s['sd']:.4f} "
+            f"(mcse {s['mcse']:.4f}, ess/s {s['ess_per_s']:.2f}, acf1 {s['acf1']:.2f})  "
+            f"series/it {r['series_read_per_iteration']:.0f}{tag}"
+        )
+
+    if "paper" in d:
+        p = d["paper"]
+        lines.append("paper 200 × 5 (φ=0.95, σ=0.1; prior means φ 0.833, σ≈0.11):")
+        lines.append(
+            f"  marginal log-lik range over φ∈[0,0.999]: {p['loglik_range_phi']:.2f} nats; "
+            f"over σ∈[0.03,0.1]: {p['loglik_range_sigma']:.2f} nats "
+            f"(filter noise sd {p['pf_noise_sd']:.2f})"
+        )
+        for k in ("gibbs", "exact_mh", "subsampled"):
+            lines.append(row(k, p[k]))
+    if "informative" in d:
+        q = d["informative"]
+        lines.append(f"informative {q['n_series']} × {q['length']} (φ=0.95, σ=0.3):")
+        lines.append(row("gibbs", q["gibbs"]))
+        lines.append(row("subsampled", q["subsampled"]))
+        b = q["bias"]
+        lines.append(
+            f"  subsampled − exact: φ {b['phi']['difference']:+.4f} (z {b['phi']['z']:+.1f}), "
+            f"σ {b['sigma']['difference']:+.4f} (z {b['sigma']['z']:+.1f})"
+        )
+    if "tall" in d:
+        lines.append(
+            "tall panel (T=5, one chain): series  read/decision  sweep s/it 1w  2w  speedup"
+        )
+        for r in d["tall"]:
+            lines.append(
+                f"  {r['n_series']:>9}  {r['series_read_per_decision']:>10.0f}  "
+                f"{r['sweep_s_1w']:.3f}  {r['sweep_s_2w']:.3f}  {r['speedup_2w']:.2f}×"
+            )
+        if "tall_read_slope" in d:
+            lines.append(
+                f"  log-log slope: series read {d['tall_read_slope']:.2f}, "
+                f"sweep {d['tall_sweep_slope']:.2f}"
+            )
+    return "\n".join(lines)
