@@ -295,6 +295,11 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
 
 
 # ---------------------------------------------------------------- real processes
+#: how long a test waits for what always comes (a process started, draws in a trace): a
+#: guard against a hang only, long enough for a loaded machine
+HANG = 600.0
+
+
 def _wait_for(pred, timeout: float, what: str) -> None:
     t0 = time.time()
     while not pred():
@@ -303,64 +308,70 @@ def _wait_for(pred, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture()
-def process_cluster(tmp_path):
-    """`dask scheduler` and two `dask worker` processes (no nanny) on loopback."""
-    sched_file = str(tmp_path / "scheduler.json")
-    # this interpreter's own `dask` (not the first on PATH, nor none when pytest runs
-    # from a venv that is not activated)
-    base = [sys.executable, "-m", "dask"]
-    env = dict(os.environ, DASK_DISTRIBUTED__WORKER__DAEMON="False")
-    procs = [
-        subprocess.Popen(
-            base
-            + [
-                "scheduler",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--no-dashboard",
-                "--scheduler-file",
-                sched_file,
-            ],
+class ProcessCluster:
+    """`dask scheduler` and two `dask worker` processes (no nanny) on loopback, started by
+    this interpreter (``python -m dask``, not the first `dask` on PATH).
+
+    One serves the module's tests: :meth:`ready` restarts only what a test killed (a
+    worker; everything, after the scheduler)."""
+
+    N_WORKERS = 2
+
+    def __init__(self, directory) -> None:
+        self.scheduler_file = str(directory / "scheduler.json")
+        self.env = dict(os.environ, DASK_DISTRIBUTED__WORKER__DAEMON="False")
+        self.scheduler: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen] = []
+        self.address = ""
+
+    @property
+    def _common(self) -> list[str]:
+        """The options of every process: on loopback, no dashboard, the scheduler file."""
+        return ["--host", "127.0.0.1", "--no-dashboard", "--scheduler-file", self.scheduler_file]
+
+    def _start(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dask", *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=env,
+            env=self.env,
         )
-    ]
-    try:
-        _wait_for(lambda: os.path.exists(sched_file), 60, "the scheduler file")
-        for _ in range(2):
-            procs.append(
-                subprocess.Popen(
-                    base
-                    + [
-                        "worker",
-                        "--scheduler-file",
-                        sched_file,
-                        "--nthreads",
-                        "1",
-                        "--no-nanny",
-                        "--host",
-                        "127.0.0.1",
-                        "--no-dashboard",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    env=env,
-                )
-            )
+
+    def ready(self) -> dict:
+        """The cluster with its scheduler and every worker running (those a test killed
+        started again), as the tests read it."""
         from distributed import Client
 
-        with Client(scheduler_file=sched_file, direct_to_workers=True) as c:
-            c.wait_for_workers(2, timeout=60)
-            address = c.scheduler.address
-        yield {"address": address, "scheduler_file": sched_file, "scheduler": procs[0]}
-    finally:
-        # one at a time, the workers first: a worker told to stop while the scheduler is
-        # closing can hang in its own close (distributed 2026.8: a CancelledError in
-        # ``rpc.close``) and stay alive until killed, which cost 20 s a test
+        if self.scheduler is None or self.scheduler.poll() is not None:
+            self.close()
+            if os.path.exists(self.scheduler_file):
+                os.remove(self.scheduler_file)
+            self.scheduler = self._start("scheduler", "--port", "0", *self._common)
+            _wait_for(lambda: os.path.exists(self.scheduler_file), HANG, "the scheduler file")
+        self.workers = [w for w in self.workers if w.poll() is None]
+        while len(self.workers) < self.N_WORKERS:
+            self.workers.append(
+                self._start("worker", "--nthreads", "1", "--no-nanny", *self._common)
+            )
+        with Client(scheduler_file=self.scheduler_file, direct_to_workers=True) as c:
+            # the killed workers' places taken: exactly the live ones are known
+            _wait_for(
+                lambda: len(c.scheduler_info(n_workers=-1)["workers"]) == self.N_WORKERS,
+                HANG,
+                f"{self.N_WORKERS} workers",
+            )
+            self.address = c.scheduler.address
+        return {
+            "address": self.address,
+            "scheduler_file": self.scheduler_file,
+            "scheduler": self.scheduler,
+        }
+
+    def close(self) -> None:
+        """Stop every process, one at a time, the workers first: a worker told to stop
+        while the scheduler is closing can hang in its own close (distributed 2026.8: a
+        CancelledError in ``rpc.close``) and stay alive until killed (20 s a test)."""
+        procs = [p for p in (self.scheduler, *self.workers) if p is not None]
         for p in procs[::-1]:
             if p.poll() is None:
                 p.terminate()
@@ -369,6 +380,24 @@ def process_cluster(tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        self.scheduler, self.workers = None, []
+
+
+@pytest.fixture(scope="module")
+def process_cluster_of_module(tmp_path_factory):
+    """The module's :class:`ProcessCluster`, stopped at its end."""
+    cluster = ProcessCluster(tmp_path_factory.mktemp("process_cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture()
+def process_cluster(process_cluster_of_module):
+    """`dask scheduler` and two `dask worker` processes (no nanny) on loopback: the
+    module's, with what an earlier test killed started again."""
+    return process_cluster_of_module.ready()
 
 
 def test_real_cluster_by_address(store, process_cluster):
@@ -396,7 +425,7 @@ def _kill_a_worker_once(pids: dict, trace: str, draws: int) -> tuple[threading.T
 
     def killer() -> None:
         try:
-            _wait_for(enough_draws, 120, "draws in the trace")
+            _wait_for(enough_draws, HANG, "draws in the trace")
         except Exception as err:  # noqa: BLE001 - reported through `killed`
             killed["error"] = err
             return
@@ -613,7 +642,7 @@ def test_scheduler_killed_mid_run_says_so_and_keeps_the_trace(
             except (FileNotFoundError, ValueError, KeyError):
                 return False
 
-        _wait_for(checkpointed, 120, "draws in the trace")
+        _wait_for(checkpointed, HANG, "draws in the trace")
         sched.send_signal(signal.SIGKILL)
 
     th = threading.Thread(target=killer, daemon=True)
