@@ -197,9 +197,13 @@ class _DaskActors:
         self.client, self.owned = client, owned
         workers = sorted(client.scheduler_info()["workers"])
         futs = [
-            client.submit(SeriesShard, actor=True, workers=[workers[i % len(workers)]], **kw)
+            # pure=False: a fresh actor each run, never one a run with the same options left
+            client.submit(
+                SeriesShard, actor=True, pure=False, workers=[workers[i % len(workers)]], **kw
+            )
             for i, kw in enumerate(kwargs)
         ]
+        self.futures = futs  # the actors live while their futures are held
         self.actors = [f.result() for f in futs]
 
     def call(self, method: str, *args: Any) -> list[Any]:
@@ -211,6 +215,7 @@ class _DaskActors:
 
     def close(self) -> None:
         self.actors = []
+        self.futures = []
         if self.owned is not None:
             client, cluster = self.owned
             client.close()
