@@ -280,6 +280,8 @@ def test_options_and_bad_input():
             fd.JointDPM(**kw)
     with pytest.raises(ValueError, match="binary labels"):
         fd.sample_jointdpm((X8, Y8 + 2), client="synchronous", num_samples=2)
+    with pytest.raises(ValueError, match="client must be"):
+        fd.sample_jointdpm((X8, Y8), client="tcp-nowhere", num_samples=2)
     with pytest.raises(ValueError, match="density_columns"):
         fd.sample_jointdpm(
             (X8, Y8), fd.JointDPM(density_columns=(3,)), client="synchronous", num_samples=2

@@ -540,4 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="stochastic volatility: the sublinear-MH paper's Fig. 9, bias, a tall panel",
     )
     b.set_defaults(func=None)
+    b = bsub.add_parser(
+        "risk",
+        add_help=False,
+        help="the sublinear-MH paper's Fig. 4: risk of the predictive mean on held-out "
+        "MNIST 7 vs 9 against time, exact MH against austerity",
+    )
+    b.set_defaults(func=None)
     return parser

@@ -495,7 +495,7 @@ def sample_jointdpm(
         ``"synchronous"`` (every shard in this process), a ``distributed.Client``, or None
         (an embedded LocalCluster).
     n_shards
-        Row ranges the data is cut into (default: 2, or the client's workers). The draws
+        Row ranges the data is cut into (default 2, whatever the client). The draws
         depend on it (see :mod:`flymc_dist.jointdpm.sampler`), not on the placement.
     test
         Held-out ``(X, y)``: the chain-averaged prediction's accuracy is traced.

@@ -87,6 +87,10 @@ def open_dpm_transport(
     ]
     if isinstance(client, str) and client == "synchronous":
         return DPMTransport({a[0]: DPMShard(*a) for a in args}, remote=False)
+    if client is not None and not hasattr(client, "submit"):
+        raise ValueError(
+            f"client must be 'synchronous', a distributed.Client or None, not {client!r}"
+        )
     owned: tuple = ()
     if client is None:
         client, cluster = local_client(n_workers)
