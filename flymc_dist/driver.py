@@ -129,9 +129,9 @@ class Driver:
         θ-kernel on it, one round trip per iteration whatever the kernel
         (:mod:`flymc_dist.replica`); False: the shards evaluate every point the kernel
         asks for; ``"auto"`` (default): the replica when the expected bright rows at the
-        starting point (all chains) fit ``replica_budget`` bytes — for every kernel, since
-        the replica sums in global row order, so the draws do not depend on the layout
-        (the shards' own sums are added shard by shard, which rounds by the layout).
+        starting point (all chains) fit ``replica_budget`` bytes — for every kernel (the
+        replica sums in global row order, the shards by fixed blocks along a fixed tree:
+        either way the draws do not depend on the layout).
     replica_budget
         Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
     read_ahead

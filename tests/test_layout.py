@@ -226,8 +226,8 @@ def test_every_algorithm_identical_in_process_and_on_workers(
     tmp_path, algorithm, kernel, local_clusters
 ):
     """A store of 250-row chunks: in-process with 1 and 3 shards, and on a 2-worker
-    LocalCluster (one shard per worker) — the same draws for regular MCMC, FlyMC with
-    the shards evaluating and austerity."""
+    LocalCluster with 2 shards — the same draws for regular MCMC, FlyMC with the shards
+    evaluating and austerity."""
     from distributed import Client
 
     X, y = _data(n=3000)
@@ -235,6 +235,6 @@ def test_every_algorithm_identical_in_process_and_on_workers(
     ref = _sample(ds, algorithm, kernel, "synchronous", 1)
     _same(ref, _sample(ds, algorithm, kernel, "synchronous", 3))
     with Client(local_clusters.get(2)) as client:
-        res = _sample(ds, algorithm, kernel, client)
-        assert res.info["n_shards"] == 2
+        res = _sample(ds, algorithm, kernel, client, 2)
+        assert res.info["n_shards"] == 2 and res.info["n_workers"] == 2
         _same(ref, res)

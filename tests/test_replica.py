@@ -283,9 +283,19 @@ def test_typed_replies_pack_and_unpack_exactly():
         rng.normal(size=3),
         rng.normal(size=3),
     )
-    sent = {4: plain, 0: replica, 7: plain._replace(points_grad=None)}
+    # a shard's reply: the sums of each node of the fixed block tree (a leading axis)
+    nodes = Reply(
+        rng.normal(size=(2, C)),
+        rng.normal(size=(2, C, k)),
+        np.arange(C, dtype=np.int64),
+        np.arange(C, dtype=np.int64),
+        rng.normal(size=(2, C, P)),
+        None,
+        np.array([[0, 3, 8], [2, 1, 8]], dtype=np.int64),
+    )
+    sent = {4: plain, 0: replica, 7: plain._replace(points_grad=None), 9: nodes}
     back = unpack_reply(pack_reply(sent))
-    assert list(back) == [4, 0, 7]
+    assert list(back) == [4, 0, 7, 9]
     for got, want in zip(back.values(), sent.values(), strict=True):
         assert type(got) is type(want)
         for name, a, b in zip(want._fields, got, want, strict=True):

@@ -62,31 +62,29 @@ option existed (same streams, same arithmetic).
 
 Minibatches across shards
 -------------------------
-Per test round and chain, the driver draws how many of the batch's rows come from
-each shard from a multivariate hypergeometric distribution over the shards'
-*unseen* row counts (rows not yet used by this decision); each shard then draws that
-many of its own unseen rows uniformly without replacement. Together the batches are
-a simple random sample of all ``N`` rows, whatever the shard sizes. One round trip
-per test round (:meth:`call_some` to the shards drawn from), carrying every still
-undecided chain. The shard side lives in :mod:`flymc_dist.austerity.shard`, run as the
-shard operation :func:`~flymc_dist.austerity.shard.shard_batch`
-(:meth:`flymc_dist.shard.Shard.operation`).
-A shard keeps, per chain, which of its rows the current decision has used (a boolean
-mask plus the list of used rows; a new decision resets it in O(used)), in its slot
-for austerity (:meth:`flymc_dist.shard.Shard.extension`); new rows are drawn by
-rejection against the mask while less than half the shard is used (O(batch)), else
-from one permutation of the remainder.
+Each chain's decision draws its rows on the driver, keyed by row: the rows of decision
+``d`` of chain ``c`` are, in order, a keyed pseudo-random permutation of all ``N`` rows
+(:func:`flymc_dist.streams.permuted_rows`, keyed by ``(seed, c, d)``); a test round
+takes the next ``batch_size`` of them, so the batches are a simple random sample of
+all ``N`` rows without replacement, whatever the shards, at O(rows drawn) — no O(N)
+work per decision. The driver sends each row to the shard holding it: one round trip
+per test round (:meth:`call_some` to the shards that hold drawn rows), carrying every
+still undecided chain. The shard side lives in :mod:`flymc_dist.austerity.shard`, run
+as the shard operation :func:`~flymc_dist.austerity.shard.shard_batch`
+(:meth:`flymc_dist.shard.Shard.operation`): it returns each row's ``l_i`` (``Δδ_i``
+with control variates), each computed from its row alone, and keeps no state.
 
-Each shard returns, per chain, ``(count, mean, M2)`` of its new ``l_i`` (``Δδ_i`` with
-control variates): the batch's mean and sum of squared deviations, which the driver
-merges with Chan et al.'s pairwise update in global shard order — the same information
-as ``(n, Σl, Σl²)`` without the cancellation of ``Σl² − n l̄²``.
+The driver computes each round's ``(count, mean, M2)`` over the chain's new
+differences in the order they were drawn and merges it with Chan et al.'s pairwise
+update — the same information as ``(n, Σl, Σl²)`` without the cancellation of
+``Σl² − n l̄²``. Rows, sums and decisions are therefore the same bits for every
+partition of the rows into shards, in-process or on any workers.
 
-Randomness (placement-independent): the proposal and ``u`` of chain ``c`` come from
+Randomness (layout-independent): the proposal and ``u`` of chain ``c`` come from
 ``stream(seed, ROLE_AUSTERITY, 0, c)`` (``P`` standard normals, then one standard
 exponential ``−log u``, in that order, every iteration, as the RWMH kernel draws);
-the per-shard counts from ``stream(seed, ROLE_AUSTERITY, 1, c)``; the rows a shard
-draws for chain ``c`` from ``stream(seed, ROLE_AUSTERITY, 2, shard_id, c)``.
+the rows of its decision ``d`` from the permutation keyed by
+``stream_key(seed, 0, c, d, A_ROWS)``.
 
 Statistics per iteration: ``accepted``; ``acceptance_rate`` (the decision as 0.0/1.0 —
 the MH probability is never computed); ``data_used`` and ``n_bright`` (rows in the
@@ -95,8 +93,8 @@ decision); ``likelihood_queries`` (``2 × data_used``: ``ℓ_i`` at ``θ`` and a
 other algorithms); ``test_rounds`` (rounds this chain took part in); ``lp``
 (NaN: the full-data log joint is never computed).
 
-Cost and limits: a shard keeps one byte per row per chain (the used-rows mask, allocated
-on first use) plus one int64 scratch array per run. ``info["setup_queries"]`` counts the
+Cost and limits: the driver holds nothing per row (a decision's next rows are the next
+positions of its permutation). ``info["setup_queries"]`` counts the
 full passes of the MAP search (``N`` per pass). Out of core (``out_of_core``, as for
 FlyMC) a shard reads each test round's rows from its store (:meth:`Shard.rows_at`):
 the store chunks they touch, each decoded whole — of ``m`` chunks, ``b`` scattered rows
@@ -109,7 +107,7 @@ workers (their tight points set again) and the decision in progress starts over 
 new one (every row unseen again).
 The moment of a fault does not depend on the data, so the restarted test is distributed
 as a fresh one and the sampler is unchanged; the draws differ from a run without the
-fault (the selection streams move on). Recoveries are listed in
+fault (the restarted decision draws from a new permutation). Recoveries are listed in
 ``info["recoveries"]``, the restarted decisions counted in
 ``info["restarted_decisions"]`` and the queries of their abandoned attempts in
 ``info["restarted_queries"]``.
@@ -287,7 +285,7 @@ class SequentialTester:
     batch_size
         Rows added to each decision per round (the last round may be smaller).
     seed
-        Seed of the selection streams.
+        Seed of the row permutations.
     tails, min_batches
         The test's p-value (``"one"``: the paper's, or ``"two"``) and the rounds before
         its first test (see :func:`stop_rule`).
@@ -388,7 +386,7 @@ class SequentialTester:
                 if not lost.workers or not hasattr(self.transport, "recover"):
                     raise
                 # The lost shards are reopened on live workers and the test starts over
-                # as a new decision (every shard's rows unseen again). When a worker dies
+                # as a new decision (a new permutation, every row unseen again). When a worker dies
                 # does not depend on the data, so a restarted test is distributed as a
                 # fresh one: the sampler stays what it was.
                 self.transport.recover(lost.workers)
