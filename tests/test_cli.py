@@ -600,7 +600,7 @@ def test_run_bad_input_writes_nothing(
         == 0
     )
     cases = [
-        (["run", store, "--model", "probit", "--trace", trace], "invalid choice"),
+        (["run", store, "--model", "poisson", "--trace", trace], "invalid choice"),
         (
             [
                 "run",
