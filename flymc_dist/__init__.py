@@ -5,7 +5,15 @@ regular full-data MCMC as the baseline, and (approximate, labelled) austerity MH
 """
 
 from flymc_dist.api import sample
-from flymc_dist.data import Dataset, from_numpy, open_dataset
+from flymc_dist.data import (
+    Dataset,
+    from_dask,
+    from_numpy,
+    from_parquet,
+    from_zarr,
+    ingest,
+    open_dataset,
+)
 from flymc_dist.kernels import HMC, MALA, NUTS
 from flymc_dist.kernels import RandomWalkMH as RWMH
 from flymc_dist.kernels import SliceSampler as Slice
@@ -28,7 +36,11 @@ __all__ = [
     "RobustRegression",
     "Slice",
     "SoftmaxRegression",
+    "from_dask",
     "from_numpy",
+    "from_parquet",
+    "from_zarr",
+    "ingest",
     "open_dataset",
     "sample",
 ]
