@@ -329,3 +329,26 @@ def test_foreign_zarr_pair_is_the_from_numpy_store(tmp_path, client) -> None:
     with pytest.raises(ValueError, match=r"row 417, column '1'"):
         fd.from_zarr(zx, zy, tmp_path / "c.zarr", client=client)
     _nothing_at(tmp_path / "c.zarr")
+
+
+def test_cli_ingests_parquet_with_categorical_and_standardize(tmp_path, capsys) -> None:
+    from flymc_dist.cli import main
+
+    t = pa.table({"dist": [1.0, 2.0, 4.0, 5.0], "c": ["b", "a", "b", "c"], "y": [0, 1, 1, 0]})
+    pq.write_table(t, tmp_path / "t.parquet")
+    code = main(
+        [
+            "ingest",
+            str(tmp_path / "t.parquet"),
+            str(tmp_path / "t.zarr"),
+            "--target",
+            "y",
+            "--categorical",
+            "c",
+            "--standardize",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    ds = fd.open_dataset(tmp_path / "t.zarr")
+    assert ds.feature_names == ["dist", "c[b]", "c[c]"]
+    np.testing.assert_allclose(ds.read()[0][:, 0], (np.array([1, 2, 4, 5]) - 3) / np.sqrt(2.5))

@@ -90,18 +90,36 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
                 f"--target for a .npy file must be a column index, got {args.target!r}"
             ) from None
     t = time.perf_counter()
-    ds = ingest(
-        args.src,
-        args.out,
-        target=target,
-        task=args.task,
-        n_classes=args.classes,
-        chunk_rows=args.chunk_rows,
-        dtype=args.dtype,
-        overwrite=args.overwrite,
-        storage_options=_storage_options(args, args.out),
-        header=args.header,
-    )
+    opts = _storage_options(args, args.out, args.src)
+    client = None
+    if args.scheduler is not None:
+        if "://" not in args.scheduler:
+            raise CLIError(
+                f"--scheduler must be an address like tcp://host:8786, got {args.scheduler!r}"
+            )
+        from distributed import Client
+
+        client = Client(args.scheduler)
+    try:
+        ds = ingest(
+            args.src,
+            args.out,
+            target=target,
+            categorical=args.categorical,
+            standardize=args.standardize,
+            task=args.task,
+            n_classes=args.classes,
+            chunk_rows=args.chunk_rows,
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+            storage_options=opts if is_url(args.out) else None,
+            source_options=opts if is_url(args.src) else None,
+            header=args.header,
+            client=client,
+        )
+    finally:
+        if client is not None:
+            client.close()
     _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
     return 0
 

@@ -230,15 +230,16 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- ingest
     p = sub.add_parser(
         "ingest",
-        help="convert .npy/.npz/.csv into a zarr data set",
+        help="convert .npy/.npz/.csv/Parquet into a zarr data set",
         description="Validate a .npy (2-D, target column last unless --target), "
-        ".npz (arrays X and y) or .csv (header row; target column last unless "
+        ".npz (arrays X and y), Parquet (a file, a directory or a URL; target column "
+        "last unless --target) or .csv (header row; target column last unless "
         "--target; a first line of numbers only is read as data, not as a "
         "header, and 0,1,...,k-1 is refused unless --header or --no-header says "
         "which) file and write it as a flymc_dist zarr store. Nothing is "
         "written if the data are invalid (NaN/inf, bad labels, wrong shapes).",
     )
-    p.add_argument("src", metavar="SRC", help="the .npy, .npz or .csv file")
+    p.add_argument("src", metavar="SRC", help="the .npy, .npz, .csv or Parquet file or directory")
     p.add_argument("out", metavar="OUT", help="the store to create (a directory)")
     p.add_argument(
         "--target",
@@ -264,6 +265,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=".csv: the first line is a header (--header) or data (--no-header); by "
         "default a header unless it is numbers only",
+    )
+    p.add_argument(
+        "--categorical",
+        action="append",
+        metavar="COLUMN",
+        default=None,
+        help="one-hot encode this column (repeat the flag for more; .csv with a header, "
+        "Parquet); the first level in sorted order is the reference",
+    )
+    p.add_argument(
+        "--standardize",
+        action="store_true",
+        help="centre and scale every non-constant numeric feature (recorded in the store)",
+    )
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="a Dask scheduler address: its workers convert and write row ranges in "
+        "parallel (Parquet, .npy)",
     )
     p.add_argument(
         "--storage-option",
