@@ -19,6 +19,7 @@ from flymc_dist.kernels import RandomWalkMH as RWMH
 from flymc_dist.kernels import SliceSampler as Slice
 from flymc_dist.models import LogisticRegression, RobustRegression, SoftmaxRegression
 from flymc_dist.options import Austerity, FlyMC, Placement, Regular
+from flymc_dist.predictive import compare
 from flymc_dist.result import Result
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Result",
     "RobustRegression",
     "Slice",
+    "compare",
     "SoftmaxRegression",
     "from_dask",
     "from_numpy",

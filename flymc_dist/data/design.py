@@ -345,7 +345,7 @@ class Design:
         if unseen.any():
             r = int(np.argmax(unseen))
             raise ValueError(
-                f"{_where(where, offset + r)}, column {c!r}: level {s[r]!r} was not seen when "
+                f"{_where(where, offset + r)}, column {c!r}: level {str(s[r])!r} was not seen when "
                 f"the data set was written (its levels: {list(self.categorical[c])})"
             )
         out = np.zeros((s.size, levels.size - 1), dtype=np.float64)
