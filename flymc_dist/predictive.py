@@ -59,7 +59,9 @@ def psis(log_ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     log_weights : ndarray, shape (S, n)
         Smoothed, normalised log weights.
     k : ndarray, shape (n,)
-        The Pareto shape estimates k̂ (above 0.7: unreliable; NaN: too few draws).
+        The Pareto shape estimates k̂ (above 0.7: unreliable; NaN: too few draws, or a
+        quarter of the tail tied, as repeated draws of a Metropolis chain give; those
+        columns' weights are left unsmoothed).
     """
     lr = np.asarray(log_ratios, dtype=np.float64)
     S, n = lr.shape
@@ -73,8 +75,8 @@ def psis(log_ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             tail = order[-M:]
             cutoff = col[order[-M - 1]]
             x = np.exp(col[tail]) - np.exp(cutoff)
-            if not np.all(np.isfinite(x)) or x[-1] <= 0 or np.all(x == x[0]):
-                continue
+            if not np.all(np.isfinite(x)) or x[int(M / 4 + 0.5) - 1] <= 0:
+                continue  # a tail of ties (repeated draws of a Metropolis chain): unsmoothed
             k, sigma = _gpd_fit(x)
             ks[i] = k
             if np.isfinite(k) and sigma > 0:

@@ -177,3 +177,28 @@ def test_loo_negative_control_a_wrong_model_scores_worse(run, full_loo) -> None:
     table = fd.compare({"right": a, "flipped": b})
     assert [r["name"] for r in table] == ["right", "flipped"]
     assert table[1]["elpd_diff"] < 0 and table[1]["diff_se"] > 0
+
+
+def test_a_sampled_run_predicts_and_scores_its_rows(tmp_path) -> None:
+    """Through fd.sample (in process): the run records what predict and loo need."""
+    rng = np.random.default_rng(4)
+    X = np.c_[np.ones(600), rng.normal(size=(600, 1))]
+    y = (rng.random(600) < expit(X @ np.array([0.2, 1.0]))).astype(np.int64)
+    ds = fd.from_numpy(X, y, tmp_path / "d.zarr", feature_names=["one", "x"])
+    res = fd.sample(
+        fd.LogisticRegression(),
+        ds,
+        fd.Regular(),
+        "rwmh",
+        num_warmup=100,
+        num_samples=100,
+        chains=2,
+        seed=0,
+        client="synchronous",
+    )
+    theta = res.samples.reshape(-1, 2)
+    np.testing.assert_allclose(
+        res.predict(X[:5])["probability"], expit(X[:5] @ theta.T).mean(axis=1), rtol=1e-12
+    )
+    est = res.loo(n_subsample=600)  # every row: no subsampling error
+    assert est["subsampling_se"] == 0 and np.isfinite(est["elpd_loo"])
