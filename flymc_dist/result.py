@@ -300,7 +300,7 @@ class Result:
             )
         return open_dataset(path, storage_options=self.info.get("storage_options"))
 
-    def _design(self) -> Any:
+    def design(self) -> Any:
         """The training store's design (categorical levels, centring), or one that takes
         the feature columns by name; None without names."""
         from flymc_dist.data.design import Design
@@ -358,7 +358,7 @@ class Result:
         model = self.model()
         if isinstance(new, Dataset):
             return _predict_store(self, model, new, out, client, interval, seed)
-        design = self._design()
+        design = self.design()
         if hasattr(new, "columns") and not isinstance(new, np.ndarray):
             if design is None:
                 raise ValueError("this run's data set has no column names: pass an array")
@@ -553,7 +553,7 @@ def _predict_store(
     d = int(result.info.get("n_features", data.n_features))
     if data.n_features != d:
         raise ValueError(f"the data set has {data.n_features} features, the run's {d}")
-    mine = result._design()
+    mine = result.design()
     theirs = data.attrs.get("design")
     if mine is not None and mine.transformed and theirs != mine.to_attrs():
         raise ValueError(

@@ -202,3 +202,33 @@ def test_a_sampled_run_predicts_and_scores_its_rows(tmp_path) -> None:
     )
     est = res.loo(n_subsample=600)  # every row: no subsampling error
     assert est["subsampling_se"] == 0 and np.isfinite(est["elpd_loo"])
+
+
+def test_cli_predict_from_a_trace(tmp_path, capsys) -> None:
+    import zarr
+
+    from flymc_dist.cli import main
+
+    rng = np.random.default_rng(5)
+    X = np.c_[np.ones(400), rng.normal(size=(400, 1))]
+    y = (rng.random(400) < expit(X @ np.array([0.1, 0.8]))).astype(np.int64)
+    ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=100)
+    fd.sample(
+        fd.LogisticRegression(),
+        ds,
+        fd.Regular(),
+        "rwmh",
+        num_warmup=50,
+        num_samples=50,
+        chains=2,
+        seed=0,
+        client="synchronous",
+        trace=str(tmp_path / "t.zarr"),
+    )
+    code = main(["predict", str(tmp_path / "t.zarr"), ds.path, str(tmp_path / "p.zarr")])
+    assert code == 0, capsys.readouterr().err
+    from flymc_dist.trace import Trace
+
+    samples = Trace.open(str(tmp_path / "t.zarr"), read_only=True).samples.reshape(-1, 2)
+    got = zarr.open_group(str(tmp_path / "p.zarr"), mode="r")["probability"][:]
+    np.testing.assert_allclose(got, expit(X @ samples.T).mean(axis=1), rtol=1e-12)

@@ -4,10 +4,11 @@ Subcommands::
 
     flymc demo                       FlyMC vs regular MCMC on ~1M synthetic rows
     flymc make-data OUT --like …     write a synthetic data set (zarr)
-    flymc ingest SRC OUT             .npy / .npz / .csv → a validated zarr data set
+    flymc ingest SRC OUT             .npy / .npz / .csv / Parquet → a validated zarr data set
     flymc run STORE --model … --trace OUT.zarr
                                      sample; draws + stats go to a resumable zarr trace
     flymc summary TRACE              the posterior table and efficiency of a trace
+    flymc predict TRACE NEW OUT      the posterior predictive at new rows, into zarr
     flymc bench overhead|sublinear|mixing|scale|table1   benchmarks
 
 Bad input (a missing file, NaN in the data, an unknown model or option, …) ends with

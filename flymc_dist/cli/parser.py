@@ -10,7 +10,13 @@ from typing import Any
 
 from flymc_dist import __version__
 from flymc_dist.cli.bench import _cmd_bench_overhead
-from flymc_dist.cli.commands import _cmd_ingest, _cmd_make_data, _cmd_run, _cmd_summary
+from flymc_dist.cli.commands import (
+    _cmd_ingest,
+    _cmd_make_data,
+    _cmd_predict,
+    _cmd_run,
+    _cmd_summary,
+)
 from flymc_dist.cli.common import _Parser
 from flymc_dist.cli.demo import (
     _DEMO_FEATURES,
@@ -294,6 +300,35 @@ def build_parser() -> argparse.ArgumentParser:
         help=_STORAGE_HELP,
     )
     p.set_defaults(func=_cmd_ingest)
+
+    # ---- predict
+    p = sub.add_parser(
+        "predict",
+        help="the posterior predictive of a trace's draws at new rows",
+        description="Compute the posterior predictive (class probabilities, or the "
+        "predictive mean and interval) of a trace's draws at new rows: a data set "
+        "written with the training data's settings (computed chunk by chunk, on the "
+        "cluster with --scheduler) or a small .csv/.parquet file of the training "
+        "columns; written as a zarr group.",
+    )
+    p.add_argument("trace", metavar="TRACE", help="the trace of a run (flymc run --trace)")
+    p.add_argument("new", metavar="NEW", help="a data set, or a .csv/.parquet file")
+    p.add_argument("out", metavar="OUT", help="the zarr group to create")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=0.9,
+        help="regression: the central predictive interval's mass (default 0.9)",
+    )
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="a Dask scheduler")
+    p.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP,
+    )
+    p.set_defaults(func=_cmd_predict)
 
     # ---- run
     p = sub.add_parser(
