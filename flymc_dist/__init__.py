@@ -5,7 +5,15 @@ regular full-data MCMC as the baseline, and (approximate, labelled) austerity MH
 """
 
 from flymc_dist.api import sample
-from flymc_dist.data import Dataset, from_numpy, open_dataset
+from flymc_dist.data import (
+    Dataset,
+    from_dask,
+    from_numpy,
+    from_parquet,
+    from_zarr,
+    ingest,
+    open_dataset,
+)
 from flymc_dist.jointdpm import sample_jointdpm
 from flymc_dist.kernels import HMC, MALA, NUTS
 from flymc_dist.kernels import RandomWalkMH as RWMH
@@ -18,6 +26,7 @@ from flymc_dist.models import (
     SoftmaxRegression,
 )
 from flymc_dist.options import Austerity, FlyMC, JointDPM, Placement, Regular
+from flymc_dist.predictive import compare
 from flymc_dist.result import Result
 from flymc_dist.sv import (
     StochasticVolatility,
@@ -45,7 +54,12 @@ __all__ = [
     "Slice",
     "SoftmaxRegression",
     "StochasticVolatility",
+    "compare",
+    "from_dask",
     "from_numpy",
+    "from_parquet",
+    "from_zarr",
+    "ingest",
     "open_dataset",
     "open_series",
     "sample",

@@ -282,6 +282,143 @@ class Result:
                     continue
         return attrs
 
+    # -- answers out: predictions, log-likelihoods, LOO
+    def model(self) -> Any:
+        """The run's model, rebuilt from :attr:`info` (``info["model"]``)."""
+        from flymc_dist.models import model_from_dict
+
+        return model_from_dict(dict(self.info["model"]))
+
+    def dataset(self) -> Any:
+        """The data set the run sampled (``info["data"]``), opened again."""
+        from flymc_dist.data import open_dataset
+
+        path = self.info.get("data")
+        if not isinstance(path, str):
+            raise ValueError(
+                f"this run records no data set path (info['data'] is {path!r}): pass data="
+            )
+        return open_dataset(path, storage_options=self.info.get("storage_options"))
+
+    def design(self) -> Any:
+        """The training store's design (categorical levels, centring), or one that takes
+        the feature columns by name; None without names."""
+        from flymc_dist.data.design import Design
+
+        try:
+            attrs = self.dataset().attrs
+        except (ValueError, FileNotFoundError, OSError):
+            attrs = {}
+        if "design" in attrs:
+            return Design.from_attrs(attrs["design"])
+        names = self.feature_names
+        return None if names is None else Design(tuple(names), None)
+
+    def predict(
+        self,
+        new: Any,
+        *,
+        draws: bool = False,
+        interval: float = 0.9,
+        seed: int = 0,
+        out: str | None = None,
+        client: Any = None,
+    ) -> dict[str, Any]:
+        """The posterior predictive at new rows.
+
+        Parameters
+        ----------
+        new : ndarray, DataFrame or Dataset
+            New rows: an array of the feature columns as the data set was written from
+            (before one-hot encoding; standardized as the data set was); a DataFrame with
+            the training columns by name (categorical levels encoded as in the data set;
+            an unseen level is refused naming it); or a data set (:class:`Dataset`,
+            written through the same design), computed chunk by chunk (with ``client``,
+            on its workers) and written to the zarr group ``out``.
+        draws : bool, default False
+            Also return the per-draw values (not for a data set).
+        interval : float, default 0.9
+            Regression: the central predictive interval's mass.
+        seed : int, default 0
+            Regression: the seed of the predictive draws.
+        out : str, optional
+            A data set ``new``: the zarr group to write (required).
+        client : distributed.Client, optional
+            A data set ``new``: compute on its workers.
+
+        Returns
+        -------
+        dict
+            :func:`flymc_dist.predictive.predict`'s arrays (``"probability"``, or
+            ``"mean"``, ``"lower"``, ``"upper"``); for a data set, the zarr arrays written.
+        """
+        from flymc_dist.data import Dataset
+        from flymc_dist.predictive import predict
+
+        model = self.model()
+        if isinstance(new, Dataset):
+            return _predict_store(self, model, new, out, client, interval, seed)
+        design = self.design()
+        if hasattr(new, "columns") and not isinstance(new, np.ndarray):
+            if design is None:
+                raise ValueError("this run's data set has no column names: pass an array")
+            X = design.X({str(c): new[c] for c in new.columns}, "new rows")
+        else:
+            A = np.asarray(new, dtype=np.float64)
+            if A.ndim != 2:
+                raise ValueError(f"new must be 2-D (rows, features), got shape {A.shape}")
+            if design is not None and design.transformed:
+                if design.categorical:
+                    raise ValueError(
+                        "the data set has categorical columns: pass new rows as a DataFrame"
+                    )
+                if A.shape[1] != len(design.columns):
+                    raise ValueError(
+                        f"new has {A.shape[1]} columns, the data set {len(design.columns)}"
+                    )
+                X = design.X({c: A[:, j] for j, c in enumerate(design.columns)}, "new rows")
+            else:
+                X = A
+        d = int(self.info.get("n_features", X.shape[1]))
+        if X.shape[1] != d:
+            raise ValueError(f"new has {X.shape[1]} features, the run's data set {d}")
+        return predict(model, self.samples, X, draws=draws, interval=interval, seed=seed)
+
+    def log_likelihood(self, rows: Any, data: Any = None) -> np.ndarray:
+        """``log p(y_i | θ)`` of every draw at chosen rows of the data set.
+
+        Parameters
+        ----------
+        rows : array_like of int
+            Row indices (any order; duplicates allowed).
+        data : Dataset, optional
+            The data (default: the run's, :meth:`dataset`).
+
+        Returns
+        -------
+        ndarray, shape (chains, draws, len(rows))
+        """
+        from flymc_dist.predictive import log_likelihood
+
+        ds = self.dataset() if data is None else data
+        idx = np.asarray(rows)
+        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError("rows must be a 1-D array of integer row indices")
+        order = np.argsort(idx, kind="stable")
+        X, y = ds.read_rows(idx[order])
+        ll = log_likelihood(self.model(), self.samples, X, y)
+        out = np.empty_like(ll)
+        out[..., order] = ll
+        return out
+
+    def loo(self, n_subsample: int = 400, seed: int = 0, data: Any = None) -> dict[str, Any]:
+        """PSIS-LOO's elpd by subsampling rows (:func:`flymc_dist.predictive.loo`): one
+        pass over the rows for the surrogate, PSIS on ``n_subsample`` of them."""
+        from flymc_dist.predictive import loo
+
+        ds = self.dataset() if data is None else data
+        return loo(self.model(), self.samples, ds, n_subsample=n_subsample, seed=seed)
+
     def __repr__(self) -> str:
         C, S = self.samples.shape[:2]
         tag = " APPROXIMATE" if self.approximate else ""
@@ -373,3 +510,74 @@ def narrowing_line(info: dict[str, Any], ess_min_per_draw: float) -> str | None:
         f"direction {rate:.3g} effective draws per iteration (measured: "
         f"{ess_min_per_draw:.3g} per draw, the min over parameters)"
     )
+
+
+def _predict_piece(
+    model_dict: dict,
+    samples: np.ndarray,
+    data: Any,
+    out: str,
+    start: int,
+    stop: int,
+    interval: float,
+    seed: int,
+) -> int:
+    """Predict rows ``start:stop`` of ``data`` into the zarr group ``out`` (a worker's
+    task)."""
+    import zarr
+
+    from flymc_dist.models import model_from_dict
+    from flymc_dist.predictive import predict
+
+    X, _ = data.read(start, stop)
+    res = predict(model_from_dict(model_dict), samples, X, interval=interval, seed=seed + start)
+    group = zarr.open_group(out, mode="r+")
+    for key, value in res.items():
+        group[key][start:stop] = value
+    return stop - start
+
+
+def _predict_store(
+    result: Result,
+    model: Any,
+    data: Any,
+    out: str | None,
+    client: Any,
+    interval: float,
+    seed: int,
+) -> dict[str, Any]:
+    import zarr
+
+    if out is None:
+        raise ValueError("predicting a data set writes a zarr group: pass out=")
+    d = int(result.info.get("n_features", data.n_features))
+    if data.n_features != d:
+        raise ValueError(f"the data set has {data.n_features} features, the run's {d}")
+    mine = result.design()
+    theirs = data.attrs.get("design")
+    if mine is not None and mine.transformed and theirs != mine.to_attrs():
+        raise ValueError(
+            "the data set was not written through this run's design (its categorical levels "
+            "or centring differ): write the new rows with the same categorical and "
+            "standardize settings from the training data, or pass a DataFrame"
+        )
+    n = data.n_rows
+    K = model.n_outputs if model.task == "multiclass" else None
+    group = zarr.open_group(out, mode="w-")
+    keys = ("probability",) if model.task != "real" else ("mean", "lower", "upper")
+    for key in keys:
+        shape = (n, K) if K else (n,)
+        chunks = (data.chunk_rows, K) if K else (data.chunk_rows,)
+        group.create_array(key, shape=shape, chunks=chunks, dtype="f8")
+    spec = (dict(result.info["model"]), result.samples, data, out)
+    ranges = data.chunk_ranges()
+    if client is None:
+        for s, e in ranges:
+            _predict_piece(*spec, s, e, interval, seed)
+    else:
+        import functools
+
+        task = functools.partial(_predict_piece, *spec, interval=interval, seed=seed)
+        futs = client.map(task, [s for s, _ in ranges], [e for _, e in ranges], pure=False)
+        client.gather(futs)
+    return {key: group[key] for key in keys}

@@ -807,7 +807,7 @@ def test_ingest_errors(tmp_path: Path) -> None:
     nan = np.ones((5, 3))
     nan[2, 1] = np.nan
     np.save(tmp_path / "nan.npy", nan)
-    with pytest.raises(ValueError, match="row 2, column 1"):
+    with pytest.raises(ValueError, match="nan.npy' row 2, column '1'"):
         ingest(tmp_path / "nan.npy", out)
     np.savez(tmp_path / "bad.npz", X=np.ones((3, 2)))
     with pytest.raises(ValueError, match="missing \\['y'\\]"):
@@ -818,10 +818,10 @@ def test_ingest_errors(tmp_path: Path) -> None:
     (tmp_path / "ragged.csv").write_text("a,b\n1,2\n3\n")
     with pytest.raises(ValueError, match="2 fields|1 fields"):
         ingest(tmp_path / "ragged.csv", out)
-    with pytest.raises(ValueError, match="not in the header"):
+    with pytest.raises(ValueError, match="not in the columns"):
         ingest(tmp_path / "bad.csv", out, target="zzz")
     (tmp_path / "nan.csv").write_text("a,b\n1,2\nnan,3\n")
-    with pytest.raises(ValueError, match="row 1, column 0"):
+    with pytest.raises(ValueError, match="nan.csv' data row 1, column 'a'"):
         ingest(tmp_path / "nan.csv", out)
     (tmp_path / "empty.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match="empty"):
@@ -829,7 +829,7 @@ def test_ingest_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="n_classes >= 2"):
         ingest(tmp_path / "ok.npy", out, task="multiclass", n_classes=1)
     np.save(tmp_path / "lab.npy", np.column_stack([np.ones(4), [0, 1, 2, 1]]))
-    with pytest.raises(ValueError, match=r"labels must be in \{0, 1\}.*row 2"):
+    with pytest.raises(ValueError, match=r"lab.npy' row 2, column '1': label 2.0 is not in 0..1"):
         ingest(tmp_path / "lab.npy", out, task="binary")
     assert_nothing_written(out)
 

@@ -1,4 +1,4 @@
-"""``flymc make-data``, ``ingest``, ``run`` and ``summary``."""
+"""``flymc make-data``, ``ingest``, ``run``, ``summary`` and ``predict``."""
 
 from __future__ import annotations
 
@@ -90,18 +90,36 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
                 f"--target for a .npy file must be a column index, got {args.target!r}"
             ) from None
     t = time.perf_counter()
-    ds = ingest(
-        args.src,
-        args.out,
-        target=target,
-        task=args.task,
-        n_classes=args.classes,
-        chunk_rows=args.chunk_rows,
-        dtype=args.dtype,
-        overwrite=args.overwrite,
-        storage_options=_storage_options(args, args.out),
-        header=args.header,
-    )
+    opts = _storage_options(args, args.out, args.src)
+    client = None
+    if args.scheduler is not None:
+        if "://" not in args.scheduler:
+            raise CLIError(
+                f"--scheduler must be an address like tcp://host:8786, got {args.scheduler!r}"
+            )
+        from distributed import Client
+
+        client = Client(args.scheduler)
+    try:
+        ds = ingest(
+            args.src,
+            args.out,
+            target=target,
+            categorical=args.categorical,
+            standardize=args.standardize,
+            task=args.task,
+            n_classes=args.classes,
+            chunk_rows=args.chunk_rows,
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+            storage_options=opts if is_url(args.out) else None,
+            source_options=opts if is_url(args.src) else None,
+            header=args.header,
+            client=client,
+        )
+    finally:
+        if client is not None:
+            client.close()
     _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
     return 0
 
@@ -358,4 +376,55 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     line = narrowing_line(attrs, eff["ess_min_per_draw"])  # kept with the trace's set-up
     if line is not None:
         _say(line)
+    return 0
+
+
+# --------------------------------------------------------------------------- predict
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    import zarr
+
+    from flymc_dist.data import Dataset
+    from flymc_dist.result import Result
+
+    so = _storage_options(args)
+    trace = Trace.open(args.trace, read_only=True, storage_options=_url_options(args.trace, so))
+    info = dict(trace.attrs)
+    samples = trace.samples
+    if samples.shape[1] == 0:
+        raise CLIError(f"{args.trace!r} holds no post-warm-up draws to predict with")
+    res = Result(samples, {}, samples[:, :0], {}, info)
+    if os.path.exists(args.out):
+        raise CLIError(f"{args.out!r} already exists")
+    t = time.perf_counter()
+    new = args.new
+    low = new.lower().rstrip("/")
+    if low.endswith((".csv", ".parquet", ".pq")):
+        import pandas as pd
+
+        frame = pd.read_csv(new) if low.endswith(".csv") else pd.read_parquet(new)
+        design = res.design()
+        target = None if design is None else design.target
+        out = res.predict(
+            frame.drop(columns=[c for c in [target] if c in frame]), interval=args.interval
+        )
+        group = zarr.open_group(args.out, mode="w-")
+        for key, value in out.items():
+            group.create_array(key, data=np.asarray(value))
+        n = len(frame)
+    else:
+        ds: Dataset = open_dataset(new, storage_options=_url_options(new, so))
+        client = None
+        if args.scheduler is not None:
+            from distributed import Client
+
+            client = Client(args.scheduler)
+        try:
+            res.predict(ds, out=args.out, client=client, interval=args.interval)
+        finally:
+            if client is not None:
+                client.close()
+        n = ds.n_rows
+    _say(f"wrote predictions for {n:,} rows to {args.out} ({time.perf_counter() - t:.1f} s)")
     return 0

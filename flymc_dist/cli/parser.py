@@ -10,7 +10,13 @@ from typing import Any
 
 from flymc_dist import __version__
 from flymc_dist.cli.bench import _cmd_bench_overhead
-from flymc_dist.cli.commands import _cmd_ingest, _cmd_make_data, _cmd_run, _cmd_summary
+from flymc_dist.cli.commands import (
+    _cmd_ingest,
+    _cmd_make_data,
+    _cmd_predict,
+    _cmd_run,
+    _cmd_summary,
+)
 from flymc_dist.cli.common import _Parser
 from flymc_dist.cli.demo import (
     _DEMO_FEATURES,
@@ -231,15 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- ingest
     p = sub.add_parser(
         "ingest",
-        help="convert .npy/.npz/.csv into a zarr data set",
+        help="convert .npy/.npz/.csv/Parquet into a zarr data set",
         description="Validate a .npy (2-D, target column last unless --target), "
-        ".npz (arrays X and y) or .csv (header row; target column last unless "
+        ".npz (arrays X and y), Parquet (a file, a directory or a URL; target column "
+        "last unless --target) or .csv (header row; target column last unless "
         "--target; a first line of numbers only is read as data, not as a "
         "header, and 0,1,...,k-1 is refused unless --header or --no-header says "
         "which) file and write it as a flymc_dist zarr store. Nothing is "
         "written if the data are invalid (NaN/inf, bad labels, wrong shapes).",
     )
-    p.add_argument("src", metavar="SRC", help="the .npy, .npz or .csv file")
+    p.add_argument("src", metavar="SRC", help="the .npy, .npz, .csv or Parquet file or directory")
     p.add_argument("out", metavar="OUT", help="the store to create (a directory)")
     p.add_argument(
         "--target",
@@ -268,6 +275,26 @@ def build_parser() -> argparse.ArgumentParser:
         "default a header unless it is numbers only",
     )
     p.add_argument(
+        "--categorical",
+        action="append",
+        metavar="COLUMN",
+        default=None,
+        help="one-hot encode this column (repeat the flag for more; .csv with a header, "
+        "Parquet); the first level in sorted order is the reference",
+    )
+    p.add_argument(
+        "--standardize",
+        action="store_true",
+        help="centre and scale every non-constant numeric feature (recorded in the store)",
+    )
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="a Dask scheduler address: its workers convert and write row ranges in "
+        "parallel (Parquet, .npy)",
+    )
+    p.add_argument(
         "--storage-option",
         type=_storage_option,
         action="append",
@@ -275,6 +302,35 @@ def build_parser() -> argparse.ArgumentParser:
         help=_STORAGE_HELP,
     )
     p.set_defaults(func=_cmd_ingest)
+
+    # ---- predict
+    p = sub.add_parser(
+        "predict",
+        help="the posterior predictive of a trace's draws at new rows",
+        description="Compute the posterior predictive (class probabilities, or the "
+        "predictive mean and interval) of a trace's draws at new rows: a data set "
+        "written with the training data's settings (computed chunk by chunk, on the "
+        "cluster with --scheduler) or a small .csv/.parquet file of the training "
+        "columns; written as a zarr group.",
+    )
+    p.add_argument("trace", metavar="TRACE", help="the trace of a run (flymc run --trace)")
+    p.add_argument("new", metavar="NEW", help="a data set, or a .csv/.parquet file")
+    p.add_argument("out", metavar="OUT", help="the zarr group to create")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=0.9,
+        help="regression: the central predictive interval's mass (default 0.9)",
+    )
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="a Dask scheduler")
+    p.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help=_STORAGE_HELP,
+    )
+    p.set_defaults(func=_cmd_predict)
 
     # ---- run
     p = sub.add_parser(

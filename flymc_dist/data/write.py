@@ -31,7 +31,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,14 @@ from flymc_dist.data.store import (
     default_chunk_rows,
 )
 
-__all__ = ["from_blocks", "from_numpy"]
+__all__ = [
+    "check_block",
+    "check_chunk_rows",
+    "from_blocks",
+    "from_numpy",
+    "from_pieces",
+    "resolve_task",
+]
 
 #: Rows per block for validation passes and multi-chunk writes of in-memory arrays.
 _WORK_BLOCK_BYTES = 32 * 2**20
@@ -58,7 +65,7 @@ _TASKS = ("binary", "multiclass", "count", "real")
 # --------------------------------------------------------------------------- validation
 
 
-def _check_chunk_rows(
+def check_chunk_rows(
     chunk_rows: int | None, n_rows: int, n_features: int, itemsize: int = 8
 ) -> int:
     if chunk_rows is None:
@@ -190,7 +197,7 @@ def _infer_task(y: np.ndarray) -> tuple[str, int | None]:
     return "real", None
 
 
-def _resolve_task(
+def resolve_task(
     task: str | None, n_classes: int | None, y_sample: np.ndarray | None
 ) -> tuple[str, int | None]:
     """Check ``task`` / ``n_classes``; infer from ``y_sample`` (all of y) if task is None."""
@@ -230,7 +237,7 @@ def _check_labels(y: np.ndarray, task: str, n_classes: int | None, offset: int =
     if not _integer_valued(y):
         r = int(np.argmax(y != np.round(y)))
         raise ValueError(
-            f"y must be integer-valued for task {task!r}: row {offset + r} has y = {y[r]!r}"
+            f"y must be integer-valued for task {task!r}: row {offset + r} has y = {y[r].item()!r}"
         )
     k = 2 if task == "binary" else None if task == "count" else int(n_classes)  # type: ignore[arg-type]
     bad = (y < 0) if k is None else (y < 0) | (y > k - 1)
@@ -238,7 +245,8 @@ def _check_labels(y: np.ndarray, task: str, n_classes: int | None, offset: int =
         r = int(np.argmax(bad))
         allowed = "{0, 1}" if task == "binary" else "0, 1, 2, …" if k is None else f"0..{k - 1}"
         raise ValueError(
-            f"labels must be in {allowed} for task {task!r}: row {offset + r} has y = {y[r]!r}"
+            f"labels must be in {allowed} for task {task!r}: row {offset + r} has "
+            f"y = {y[r].item()!r}"
         )
 
 
@@ -412,6 +420,7 @@ class _StoreWriter:
             1, _WORK_BLOCK_BYTES // (self.x_dtype.itemsize * self.n_features * self.chunk_rows)
         )
         self._buf_rows = min(per * self.chunk_rows, max(self.n_rows, 1))
+        self._free: queue.Queue[tuple[np.ndarray, np.ndarray]] = queue.Queue()
         self._new_buffer()
         self._tmp: str | None = None
         self._queue: queue.Queue[tuple[int, np.ndarray, np.ndarray] | None] = queue.Queue(maxsize=1)
@@ -420,10 +429,20 @@ class _StoreWriter:
         self._stop = threading.Event()
 
     def _new_buffer(self) -> None:
-        # A fresh buffer per flush: the previous one may still be being written.
-        self._buf_X = np.empty((self._buf_rows, self.n_features), dtype=self.x_dtype)
-        self._buf_y = np.empty(self._buf_rows, dtype=self.y_dtype)
+        # Another buffer per flush (the previous one may still be being written): one the
+        # writer thread has finished with, else a new one. Reusing them keeps the heap
+        # from growing with the rows (freed and reallocated blocks fragment it).
+        self._buf_X, self._buf_y = self._take_buffer()
         self._buf_n = 0
+
+    def _take_buffer(self) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            return (
+                np.empty((self._buf_rows, self.n_features), dtype=self.x_dtype),
+                np.empty(self._buf_rows, dtype=self.y_dtype),
+            )
 
     # -- context management
     def __enter__(self) -> _StoreWriter:
@@ -525,6 +544,8 @@ class _StoreWriter:
                 _write_block(self._y, start, y)
             except BaseException as e:  # re-raised in the calling thread
                 self._error = e
+            if X.shape[0] == self._buf_rows and X.base is None:
+                self._free.put((X, y))  # a whole buffer: used again
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -563,10 +584,10 @@ class _StoreWriter:
             if self._buf_n == 0 and n - i >= cap:
                 # Direct path: a full buffer's worth of whole chunks, copied (the caller
                 # may reuse its block while the writer thread still holds ours).
-                self._emit(
-                    np.array(X[i : i + cap], dtype=self.x_dtype, order="C"),
-                    np.array(y[i : i + cap], dtype=self.y_dtype),
-                )
+                bx, by = self._take_buffer()
+                bx[:] = X[i : i + cap]
+                by[:] = y[i : i + cap]
+                self._emit(bx, by)
                 i += cap
                 continue
             take = min(cap - self._buf_n, n - i)
@@ -578,7 +599,10 @@ class _StoreWriter:
                 self._flush()
 
     def _flush(self) -> None:
-        if self._buf_n:
+        if self._buf_n == self._buf_rows:
+            self._emit(self._buf_X, self._buf_y)
+            self._new_buffer()
+        elif self._buf_n:
             self._emit(self._buf_X[: self._buf_n], self._buf_y[: self._buf_n])
             self._new_buffer()
 
@@ -778,13 +802,13 @@ def from_numpy(
     _check_numeric(X, "X")
     _check_numeric(y, "y")
     x_dtype = _check_dtype(dtype)
-    chunk_rows = _check_chunk_rows(chunk_rows, n, d, x_dtype.itemsize)
+    chunk_rows = check_chunk_rows(chunk_rows, n, d, x_dtype.itemsize)
     names = _check_feature_names(feature_names, d)
     _check_X_finite(X)
     _check_X_fits(X, x_dtype)
     _check_X_magnitude(X, n)
     _check_y_finite(y)
-    task, n_classes = _resolve_task(task, n_classes, y)
+    task, n_classes = resolve_task(task, n_classes, y)
     _check_labels(y, task, n_classes)
     path = _norm_path(path)
     _check_destination(path, overwrite, storage_options)
@@ -870,8 +894,8 @@ def from_blocks(
     if n_features <= 0:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
     x_dtype = _check_dtype(dtype)
-    chunk_rows = _check_chunk_rows(chunk_rows, n_rows, n_features, x_dtype.itemsize)
-    task, n_classes = _resolve_task(task, n_classes, None)
+    chunk_rows = check_chunk_rows(chunk_rows, n_rows, n_features, x_dtype.itemsize)
+    task, n_classes = resolve_task(task, n_classes, None)
     names = _check_feature_names(feature_names, n_features)
     reserved = {
         "format",
@@ -905,27 +929,227 @@ def from_blocks(
     ) as w:
         offset = 0
         for Xb, yb in blocks:
-            Xb = _as_array(Xb, "X")
-            yb = _as_array(yb, "y")
-            if Xb.ndim != 2 or Xb.shape[1] != n_features:
-                raise ValueError(
-                    f"X block at row {offset} has shape {Xb.shape}, expected (n, {n_features})"
-                )
-            if yb.ndim != 1 or yb.shape[0] != Xb.shape[0]:
-                raise ValueError(
-                    f"y block at row {offset} has shape {yb.shape}, expected ({Xb.shape[0]},)"
-                )
-            if offset + Xb.shape[0] > n_rows:
-                raise ValueError(f"blocks contain more than n_rows = {n_rows} rows")
-            _check_numeric(Xb, "X")
-            _check_numeric(yb, "y")
-            _check_X_finite(Xb, offset)
-            _check_X_fits(Xb, x_dtype, offset)
-            _check_X_magnitude(Xb, n_rows, offset)
-            _check_y_finite(yb, offset)
-            _check_labels(yb, task, n_classes, offset)
+            Xb, yb = check_block(Xb, yb, offset, n_rows, n_features, x_dtype, task, n_classes)
             w.write(Xb, yb)
             offset += Xb.shape[0]
         if offset != n_rows:
             raise ValueError(f"blocks contain {offset} rows, expected n_rows = {n_rows}")
+    return Dataset(path, storage_options=storage_options)
+
+
+def check_block(
+    Xb: Any,
+    yb: Any,
+    offset: int,
+    n_rows: int,
+    n_features: int,
+    x_dtype: np.dtype,
+    task: str,
+    n_classes: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a block of rows starting at row ``offset`` of a data set of ``n_rows`` rows
+    (shapes, numeric dtype, finiteness, the storage dtype's range, the magnitude limit,
+    labels); the block as arrays.
+
+    Raises
+    ------
+    ValueError
+        Naming the first bad row (and column of ``X``).
+    """
+    Xb = _as_array(Xb, "X")
+    yb = _as_array(yb, "y")
+    if Xb.ndim != 2 or Xb.shape[1] != n_features:
+        raise ValueError(
+            f"X block at row {offset} has shape {Xb.shape}, expected (n, {n_features})"
+        )
+    if yb.ndim != 1 or yb.shape[0] != Xb.shape[0]:
+        raise ValueError(f"y block at row {offset} has shape {yb.shape}, expected ({Xb.shape[0]},)")
+    if offset + Xb.shape[0] > n_rows:
+        raise ValueError(f"blocks contain more than n_rows = {n_rows} rows")
+    _check_numeric(Xb, "X")
+    _check_numeric(yb, "y")
+    _check_X_finite(Xb, offset)
+    _check_X_fits(Xb, x_dtype, offset)
+    _check_X_magnitude(Xb, n_rows, offset)
+    _check_y_finite(yb, offset)
+    _check_labels(yb, task, n_classes, offset)
+    return Xb, yb
+
+
+#: Row pieces in flight at once per worker when writing in parallel (:func:`from_pieces`).
+_PIECES_PER_WORKER = 2
+
+
+def _write_piece(
+    tmp: str,
+    storage_options: dict[str, Any] | None,
+    start: int,
+    stop: int,
+    payload: Any,
+    convert: Callable[[int, int, Any], tuple[np.ndarray, np.ndarray]],
+    check: tuple[int, int, str, str, int | None],
+) -> int:
+    """On a worker: convert rows ``start:stop`` (``convert(start, stop, payload)``),
+    validate them and write them into the temporary store ``tmp``; the rows written."""
+    n_rows, n_features, dtype, task, n_classes = check
+    x_dtype = np.dtype(dtype)
+    X, y = convert(start, stop, payload)
+    X, y = check_block(X, y, start, n_rows, n_features, x_dtype, task, n_classes)
+    if X.shape[0] != stop - start:
+        raise ValueError(f"rows {start}-{stop - 1}: {X.shape[0]} rows converted")
+    kw: dict[str, Any] = {}
+    if storage_options and is_url(tmp):
+        kw["storage_options"] = storage_options
+    group = zarr.open_group(store=tmp, mode="r+", zarr_format=3, **kw)
+    _write_block(group["X"], start, np.ascontiguousarray(X, dtype=x_dtype))
+    y_dtype = np.float64 if task == "real" else np.int64
+    _write_block(group["y"], start, np.ascontiguousarray(y, dtype=y_dtype))
+    return stop - start
+
+
+def from_pieces(
+    pieces: Iterable[tuple[int, int, Any]],
+    convert: Callable[[int, int, Any], tuple[np.ndarray, np.ndarray]],
+    path: str | os.PathLike[str],
+    n_rows: int,
+    n_features: int,
+    *,
+    task: str,
+    n_classes: int | None,
+    chunk_rows: int,
+    feature_names: Sequence[str] | None = None,
+    attrs: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    dtype: str | np.dtype = "float64",
+    client: Any = None,
+) -> Dataset:
+    """Write a data set from row pieces converted where they are read.
+
+    Each piece ``(start, stop, payload)`` is turned into rows by
+    ``convert(start, stop, payload) -> (X, y)`` (``payload``: whatever the piece needs, a
+    Dask collection or future is computed first), validated as :func:`from_blocks` does
+    and written. Without a client the pieces are converted here, one at a time, in order.
+    With a Dask ``client`` each piece is converted and written by a worker into the
+    temporary store (pieces must then start at multiples of ``chunk_rows``: no two write
+    one chunk), at most two pieces per worker in flight; on the first failure no more
+    pieces are started, those in flight are waited for, and nothing is left. The layout,
+    the chunk bytes and the attributes are those :func:`from_numpy` writes for the same
+    rows; atomicity is as in :func:`from_numpy`.
+
+    Parameters
+    ----------
+    pieces : iterable of (int, int, object)
+        Row ranges covering ``0..n_rows`` in order, with their payloads.
+    convert : callable
+        ``convert(start, stop, payload) -> (X, y)``; picklable when ``client`` is given.
+    path : str or os.PathLike
+        Destination (local path or fsspec URL).
+    n_rows, n_features : int
+        Shape of ``X``.
+    task, n_classes, chunk_rows, feature_names, attrs, overwrite, storage_options, dtype
+        As in :func:`from_blocks` (``task`` and ``chunk_rows`` required).
+    client : distributed.Client, optional
+        Write in parallel on its workers.
+
+    Returns
+    -------
+    Dataset
+    """
+    x_dtype = _check_dtype(dtype)
+    task, n_classes = resolve_task(task, n_classes, None)
+    if client is None:
+
+        def blocks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            for start, stop, payload in pieces:
+                if hasattr(payload, "compute"):
+                    payload = payload.compute()
+                yield convert(start, stop, payload)
+
+        return from_blocks(
+            blocks(),
+            path,
+            n_rows,
+            n_features,
+            task=task,
+            n_classes=n_classes,
+            chunk_rows=chunk_rows,
+            overwrite=overwrite,
+            feature_names=feature_names,
+            attrs=attrs,
+            storage_options=storage_options,
+            dtype=x_dtype,
+        )
+    from distributed import as_completed, wait
+
+    names = _check_feature_names(feature_names, n_features)
+    path = _norm_path(path)
+    _check_destination(path, overwrite, storage_options)
+    check = (int(n_rows), int(n_features), x_dtype.name, task, n_classes)
+    n_workers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))
+    window = _PIECES_PER_WORKER * n_workers
+    with _StoreWriter(
+        path,
+        n_rows,
+        n_features,
+        chunk_rows=chunk_rows,
+        task=task,
+        n_classes=n_classes,
+        feature_names=names,
+        overwrite=overwrite,
+        extra_attrs=dict(attrs or {}),
+        storage_options=storage_options,
+        dtype=x_dtype,
+    ) as w:
+        running = as_completed()
+        futures: list[Any] = []
+        todo = iter(pieces)
+        expected = 0
+
+        def submit() -> bool:
+            nonlocal expected
+            piece = next(todo, None)
+            if piece is None:
+                return False
+            start, stop, payload = piece
+            if start != expected or (start % chunk_rows and start != n_rows):
+                raise ValueError(
+                    f"internal error: piece {start}-{stop} does not follow row {expected} "
+                    f"or does not start a chunk of {chunk_rows} rows"
+                )
+            expected = stop
+            if hasattr(payload, "__dask_graph__"):
+                payload = client.compute(payload)
+            fut = client.submit(
+                _write_piece,
+                w._tmp,
+                storage_options,
+                start,
+                stop,
+                payload,
+                convert,
+                check,
+                pure=False,
+            )
+            futures.append(fut)
+            running.add(fut)
+            return True
+
+        try:
+            for _ in range(window):
+                if not submit():
+                    break
+            written = 0
+            for fut in running:
+                written += fut.result()
+                submit()
+        except BaseException:
+            # no piece may write into the temporary store once it is removed: those in
+            # flight (at most the window) are waited for, not cancelled (a running task
+            # cannot be stopped)
+            wait(futures)
+            raise
+        if written != n_rows or expected != n_rows:
+            raise ValueError(f"pieces contain {written} rows, expected n_rows = {n_rows}")
+        w._written = n_rows
     return Dataset(path, storage_options=storage_options)
