@@ -5,15 +5,8 @@ regular full-data MCMC as the baseline, and (approximate, labelled) austerity MH
 """
 
 from flymc_dist.api import sample
-from flymc_dist.data import (
-    Dataset,
-    from_dask,
-    from_numpy,
-    from_parquet,
-    from_zarr,
-    ingest,
-    open_dataset,
-)
+from flymc_dist.dask_data import from_dask, from_zarr
+from flymc_dist.data import Dataset, from_numpy, from_parquet, ingest, open_dataset
 from flymc_dist.jointdpm import sample_jointdpm
 from flymc_dist.kernels import HMC, MALA, NUTS
 from flymc_dist.kernels import RandomWalkMH as RWMH

@@ -4,14 +4,20 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
 import numpy as np
+import zarr
 
 from flymc_dist import diagnostics
+from flymc_dist.data import Dataset, open_dataset
+from flymc_dist.data.design import Design
+from flymc_dist.models import model_from_dict
+from flymc_dist.predictive import log_likelihood, loo, predict
 
 __all__ = [
     "Result",
@@ -285,14 +291,10 @@ class Result:
     # -- answers out: predictions, log-likelihoods, LOO
     def model(self) -> Any:
         """The run's model, rebuilt from :attr:`info` (``info["model"]``)."""
-        from flymc_dist.models import model_from_dict
-
         return model_from_dict(dict(self.info["model"]))
 
     def dataset(self) -> Any:
         """The data set the run sampled (``info["data"]``), opened again."""
-        from flymc_dist.data import open_dataset
-
         path = self.info.get("data")
         if not isinstance(path, str):
             raise ValueError(
@@ -303,8 +305,6 @@ class Result:
     def design(self) -> Any:
         """The training store's design (categorical levels, centring), or one that takes
         the feature columns by name; None without names."""
-        from flymc_dist.data.design import Design
-
         try:
             attrs = self.dataset().attrs
         except (ValueError, FileNotFoundError, OSError):
@@ -352,9 +352,6 @@ class Result:
             :func:`flymc_dist.predictive.predict`'s arrays (``"probability"``, or
             ``"mean"``, ``"lower"``, ``"upper"``); for a data set, the zarr arrays written.
         """
-        from flymc_dist.data import Dataset
-        from flymc_dist.predictive import predict
-
         model = self.model()
         if isinstance(new, Dataset):
             return _predict_store(self, model, new, out, client, interval, seed)
@@ -398,8 +395,6 @@ class Result:
         -------
         ndarray, shape (chains, draws, len(rows))
         """
-        from flymc_dist.predictive import log_likelihood
-
         ds = self.dataset() if data is None else data
         idx = np.asarray(rows)
         if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
@@ -414,8 +409,6 @@ class Result:
     def loo(self, n_subsample: int = 400, seed: int = 0, data: Any = None) -> dict[str, Any]:
         """PSIS-LOO's elpd by subsampling rows (:func:`flymc_dist.predictive.loo`): one
         pass over the rows for the surrogate, PSIS on ``n_subsample`` of them."""
-        from flymc_dist.predictive import loo
-
         ds = self.dataset() if data is None else data
         return loo(self.model(), self.samples, ds, n_subsample=n_subsample, seed=seed)
 
@@ -524,11 +517,6 @@ def _predict_piece(
 ) -> int:
     """Predict rows ``start:stop`` of ``data`` into the zarr group ``out`` (a worker's
     task)."""
-    import zarr
-
-    from flymc_dist.models import model_from_dict
-    from flymc_dist.predictive import predict
-
     X, _ = data.read(start, stop)
     res = predict(model_from_dict(model_dict), samples, X, interval=interval, seed=seed + start)
     group = zarr.open_group(out, mode="r+")
@@ -546,8 +534,6 @@ def _predict_store(
     interval: float,
     seed: int,
 ) -> dict[str, Any]:
-    import zarr
-
     if out is None:
         raise ValueError("predicting a data set writes a zarr group: pass out=")
     d = int(result.info.get("n_features", data.n_features))
@@ -575,8 +561,6 @@ def _predict_store(
         for s, e in ranges:
             _predict_piece(*spec, s, e, interval, seed)
     else:
-        import functools
-
         task = functools.partial(_predict_piece, *spec, interval=interval, seed=seed)
         futs = client.map(task, [s for s, _ in ranges], [e for _, e in ranges], pure=False)
         client.gather(futs)

@@ -160,6 +160,7 @@ def test_csv_categorical_and_standardized(tmp_path) -> None:
     assert design["center"][1:] == [0.0, 0.0] and design["scale"][1:] == [1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_peak_memory_of_a_csv_ingest_does_not_grow_with_the_file(tmp_path) -> None:
     """A 20 MB and an 80 MB CSV, read, converted and written in 4 MiB blocks: the peak RSS
     of a fresh process grows by a small fraction of the 60 MB between them (the old reader
@@ -352,3 +353,71 @@ def test_cli_ingests_parquet_with_categorical_and_standardize(tmp_path, capsys) 
     ds = fd.open_dataset(tmp_path / "t.zarr")
     assert ds.feature_names == ["dist", "c[b]", "c[c]"]
     np.testing.assert_allclose(ds.read()[0][:, 0], (np.array([1, 2, 4, 5]) - 3) / np.sqrt(2.5))
+
+
+# --------------------------------------------------------------------------- S3
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on loopback with a bucket: the storage options to reach it."""
+    import logging
+    import urllib.request
+
+    s3fs = pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        opts = {"endpoint_url": f"http://{host}:{port}", "key": "k", "secret": "s"}
+        urllib.request.urlopen(
+            urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"),
+            timeout=10,
+        ).close()
+        s3fs.S3FileSystem(**opts).mkdir("ingest")
+        yield opts
+    finally:
+        server.stop()
+
+
+def test_parquet_on_s3_into_s3_by_the_workers_or_nothing(tmp_path, s3, client) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3)
+    X, y = _data(1000)
+    src = _write_parquet_dir(X, y, tmp_path / "src", ["a", "b", "c", "d"])
+    for f in sorted(os.listdir(src)):
+        fs.put(str(src / f), f"ingest/src/{f}")
+    got = fd.from_parquet(
+        "s3://ingest/src",
+        "s3://ingest/d.zarr",
+        target="label",
+        chunk_rows=96,
+        client=client,
+        storage_options=s3,
+        source_options=s3,
+    )
+    ref = fd.from_numpy(
+        X, y, tmp_path / "ref.zarr", chunk_rows=96, feature_names=["a", "b", "c", "d"]
+    )
+    a, b = got.read(), ref.read()
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert got.attrs["feature_names"] == ["a", "b", "c", "d"]
+    X[777, 0] = np.nan
+    bad = _write_parquet_dir(X, y, tmp_path / "bad", ["a", "b", "c", "d"])
+    fs.put(str(bad / "part-02.parquet"), "ingest/src/part-02.parquet")
+    with pytest.raises(ValueError, match=r"part-02\.parquet' row 77, column 'a'"):
+        fd.from_parquet(
+            "s3://ingest/src",
+            "s3://ingest/e.zarr",
+            target="label",
+            chunk_rows=96,
+            client=client,
+            storage_options=s3,
+            source_options=s3,
+        )
+    fs.invalidate_cache()
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("ingest")) == ["d.zarr", "src"]

@@ -238,3 +238,32 @@ def test_every_algorithm_identical_in_process_and_on_workers(
         res = _sample(ds, algorithm, kernel, client, 2)
         assert res.info["n_shards"] == 2 and res.info["n_workers"] == 2
         _same(ref, res)
+
+
+def test_fold_blocks_is_the_block_tree():
+    """A shard's vectorised fold (:func:`~flymc_dist.reduce.fold_blocks`) leaves the same
+    nodes with the same bits as the block-by-block fold, and the driver's completion is
+    the one-shard total for every cut into shards; a node given twice is refused."""
+    from flymc_dist.reduce import fold_blocks, tree_nodes, tree_total, tree_total_arrays
+
+    rng = np.random.default_rng(1)
+    for nb in (1, 2, 3, 5, 8, 13, 245, 257):
+        v = rng.standard_normal((nb, 3)) * 10.0 ** rng.integers(-8, 8, (nb, 1))
+        whole = tree_total([tree_nodes(((b, v[b]) for b in range(nb)), nb)])
+        for _ in range(10):
+            k = int(rng.integers(1, min(nb, 6) + 1))
+            cuts = np.sort(rng.choice(np.arange(1, nb), k - 1, replace=False)) if nb > 1 else []
+            edges = [0, *cuts, nb]
+            parts = [fold_blocks(v[a:b], a, nb) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+            for (a, b), (nodes, vals) in zip(
+                zip(edges[:-1], edges[1:], strict=True), parts, strict=True
+            ):
+                ref = tree_nodes(((x, v[x]) for x in range(a, b)), nb)
+                assert [(lv, i) for lv, i, _ in ref.nodes] == [tuple(r[:2]) for r in nodes]
+                assert all(
+                    np.array_equal(x, y) for (_, _, x), y in zip(ref.nodes, vals, strict=True)
+                )
+            assert np.array_equal(tree_total_arrays(parts), whole)
+    nodes, vals = fold_blocks(np.ones((4, 1)), 0, 8)
+    with pytest.raises(ValueError, match="given twice"):
+        tree_total_arrays([(nodes, vals), (nodes, vals)])

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import numpy as np
+import zarr
 
 import flymc_dist as fd
 from flymc_dist import data, diagnostics
@@ -28,9 +29,9 @@ from flymc_dist.cli.common import (
     _url_options,
 )
 from flymc_dist.cli.flags import flag_of, kernel_from_args, options_from_args
-from flymc_dist.data import ingest, open_dataset
+from flymc_dist.data import Dataset, ingest, open_dataset
 from flymc_dist.models import make_model
-from flymc_dist.result import efficiency, narrowing_line, param_labels
+from flymc_dist.result import Result, efficiency, narrowing_line, param_labels
 from flymc_dist.trace import Trace, _probe
 
 # --------------------------------------------------------------------------- make-data, ingest
@@ -383,11 +384,6 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    import zarr
-
-    from flymc_dist.data import Dataset
-    from flymc_dist.result import Result
-
     so = _storage_options(args)
     trace = Trace.open(args.trace, read_only=True, storage_options=_url_options(args.trace, so))
     info = dict(trace.attrs)

@@ -7,9 +7,9 @@ It knows nothing of models or Dask. Its modules:
   :meth:`Dataset.shard_ranges`);
 - :mod:`flymc_dist.data.write`: validation and atomic writing (:func:`from_numpy`,
   :func:`from_blocks`);
-- :mod:`flymc_dist.data.ingest`: ``.npy`` / ``.npz`` / ``.csv`` / Parquet files, Dask
-  collections and foreign zarr arrays into a store, streamed (:func:`ingest`,
-  :func:`from_parquet`, :func:`from_dask`, :func:`from_zarr`);
+- :mod:`flymc_dist.data.ingest`: ``.npy`` / ``.npz`` / ``.csv`` / Parquet files into a
+  store, streamed (:func:`ingest`, :func:`from_parquet`; Dask collections and foreign
+  zarr arrays: :mod:`flymc_dist.dask_data`);
 - :mod:`flymc_dist.data.design`: categorical and standardized columns (:class:`Design`);
 - :mod:`flymc_dist.data.generate`: synthetic generators that write chunk by chunk
   (:func:`make_logistic`, :func:`make_softmax`, :func:`make_robust`, :func:`make_opv_like`);
@@ -21,7 +21,7 @@ public paths.
 """
 
 from flymc_dist.data.generate import make_logistic, make_opv_like, make_robust, make_softmax
-from flymc_dist.data.ingest import from_dask, from_parquet, from_zarr, ingest
+from flymc_dist.data.ingest import from_parquet, ingest
 from flymc_dist.data.store import (
     DEFAULT_CHUNK_BYTES,
     FORMAT,
@@ -47,8 +47,6 @@ __all__ = [
     "open_dataset",
     "ingest",
     "from_parquet",
-    "from_dask",
-    "from_zarr",
     "make_logistic",
     "make_softmax",
     "make_robust",

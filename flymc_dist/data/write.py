@@ -1080,8 +1080,6 @@ def from_pieces(
             storage_options=storage_options,
             dtype=x_dtype,
         )
-    from distributed import as_completed, wait
-
     names = _check_feature_names(feature_names, n_features)
     path = _norm_path(path)
     _check_destination(path, overwrite, storage_options)
@@ -1101,8 +1099,7 @@ def from_pieces(
         storage_options=storage_options,
         dtype=x_dtype,
     ) as w:
-        running = as_completed()
-        futures: list[Any] = []
+        futures: list[Any] = []  # in flight, oldest first
         todo = iter(pieces)
         expected = 0
 
@@ -1120,34 +1117,35 @@ def from_pieces(
             expected = stop
             if hasattr(payload, "__dask_graph__"):
                 payload = client.compute(payload)
-            fut = client.submit(
-                _write_piece,
-                w._tmp,
-                storage_options,
-                start,
-                stop,
-                payload,
-                convert,
-                check,
-                pure=False,
+            futures.append(
+                client.submit(
+                    _write_piece,
+                    w._tmp,
+                    storage_options,
+                    start,
+                    stop,
+                    payload,
+                    convert,
+                    check,
+                    pure=False,
+                )
             )
-            futures.append(fut)
-            running.add(fut)
             return True
 
+        written = 0
         try:
             for _ in range(window):
                 if not submit():
                     break
-            written = 0
-            for fut in running:
-                written += fut.result()
+            while futures:
+                written += futures[0].result()
+                futures.pop(0)
                 submit()
         except BaseException:
             # no piece may write into the temporary store once it is removed: those in
             # flight (at most the window) are waited for, not cancelled (a running task
             # cannot be stopped)
-            wait(futures)
+            client.gather(futures, errors="skip")
             raise
         if written != n_rows or expected != n_rows:
             raise ValueError(f"pieces contain {written} rows, expected n_rows = {n_rows}")
