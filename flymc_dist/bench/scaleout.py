@@ -235,17 +235,23 @@ def run_scaleout(
     workdir = workdir or os.path.join(tempfile.gettempdir(), "flymc-bench-scaleout")
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, f"logistic-{rows}x{features}-seed{seed}.zarr")
-    ds = reusable_store(path, rows, features, seed=seed, dtype="float64")
+    # chunks small enough for one shard per worker at the largest W (a shard holds
+    # whole chunks)
+    chunk = max(1, rows // (4 * max(workers)))
+    ds = reusable_store(path, rows, features, seed=seed, dtype="float64", chunk_rows=chunk)
     if ds is None:
-        ds = make_logistic(path, rows, features, seed=seed, overwrite=True)
+        ds = make_logistic(path, rows, features, seed=seed, chunk_rows=chunk, overwrite=True)
     plan = [(w, 0.0) for w in workers] + [(workers[0], float(d)) for d in delays_ms if d > 0]
     runs = []
     for w, d in plan:
         with user_cluster(w, workdir) as sched_file:
             for depth in read_ahead:
-                runs.append(
-                    _one(ds, sched_file, w, kernel, chains, num_warmup, num_samples, seed, depth, d)
+                run = _one(
+                    ds, sched_file, w, kernel, chains, num_warmup, num_samples, seed, depth, d
                 )
+                if run["workers"] != w:
+                    raise RuntimeError(f"the run held shards on {run['workers']} of {w} workers")
+                runs.append(run)
     return {
         "rows": rows,
         "features": features,
