@@ -286,6 +286,7 @@ class BrightReplica:
         jit.eval_segments(
             buf_all, D, np.arange(b_idx.size, dtype=np.int64), b_seg, thetas, kind, par, b_vals
         )
+        check_bounds_held(b_vals, b_seg, thetas, lambda j: int(b_idx[j]), self.model)
         offsets = np.zeros(C, dtype=np.int64)
         u_dark = uniforms_at_many(keys, b_idx, b_seg, offsets)
         ids, seg, pos = proposed
@@ -299,6 +300,7 @@ class BrightReplica:
         buf, X, y, xi = rows
         vals = np.empty(n)
         jit.eval_segments(buf, D, at, cand_seg, thetas, kind, par, vals)
+        check_bounds_held(vals, cand_seg, thetas, lambda j: int(cand[j]), self.model)
         acc = brighten(log_u, vals, q)
         new_idx = np.empty(b_idx.size + n, dtype=np.int64)
         new_vals = np.empty(new_idx.size)
