@@ -10,7 +10,7 @@ from scipy.stats import norm
 from flymc_dist.diagnostics import mcse_mean, mcse_sd
 from flymc_dist.sv import StochasticVolatility, sample_sv, series_from_numpy, simulate_sv
 from flymc_dist.sv.conditionals import Priors, sample_phi, sample_sigma2
-from flymc_dist.sv.csmc import AS_WRONG, csmc_sweep, series_stats
+from flymc_dist.sv.csmc import AS_WRONG, OBS_GAUSS, csmc_sweep, series_stats
 from flymc_dist.sv.reference import pmmh
 
 pytestmark = pytest.mark.slow
@@ -83,3 +83,41 @@ def test_wrong_ancestor_weights_disagree(reference) -> None:
     wphi, wsigma = _wrong_gibbs(x, 1500, 4)
     z = np.concatenate([_z(wphi, phi), _z(wsigma, sigma)])
     assert np.any(np.abs(z) > Z), z
+
+
+def _prior_gibbs(wrong: bool, chains: int = 40, iters: int = 300) -> np.ndarray:
+    """Particle Gibbs (CSMC-AS and the exact conditionals) on data that say nothing
+    (Gaussian observations of sd 100), each chain started from a prior draw."""
+    pr = Priors()
+    x = np.random.default_rng(0).normal(size=(20, 5))
+    phis = np.empty((chains, iters))
+    for c in range(chains):
+        rng = np.random.default_rng(100 + c)
+        phi, s2 = rng.beta(5, 1), 0.05 / rng.gamma(5)
+        h = np.zeros_like(x)
+        for it in range(iters):
+            h = csmc_sweep(
+                x,
+                h,
+                phi,
+                np.sqrt(s2),
+                seed=1,
+                chain=c,
+                iteration=it,
+                first_series=0,
+                particles=8,
+                obs=OBS_GAUSS,
+                obs_sd=100.0,
+            )
+            st = series_stats(h).sum(axis=0)
+            s2 = sample_sigma2(rng, st, phi, pr)
+            phi = sample_phi(rng, st, s2, pr, wrong=wrong)
+            phis[c, it] = phi
+    return phis
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_uninformative_data_give_back_the_prior(wrong: bool) -> None:
+    phis = _prior_gibbs(wrong)
+    z = (phis.mean() - 5 / 6) / mcse_mean(phis)  # Beta(5, 1) has mean 5/6
+    assert (abs(z) > norm.ppf(0.995)) == wrong, z
