@@ -408,8 +408,9 @@ def test_shard_rows_at_reads_the_same_values_out_of_core(store):
             assert ta is None and tb is None  # austerity sets no tight points of its own
         else:
             np.testing.assert_array_equal(tb, ta)  # row by row: the same bits
-        # the rows asked, no more: records of 3 float64 features and an int64 target
-        assert ooc.state()["bytes_read"] - before == rows.size * 4 * 8
+        # the rows asked, no more: records of 3 float64 features, an int64 target and a
+        # 4-byte checksum
+        assert ooc.state()["bytes_read"] - before == rows.size * (4 * 8 + 4)
     assert inmem.state()["bytes_read"] == 0
     blocks = list(ooc.blocks())
     np.testing.assert_array_equal(np.concatenate([b[0] for b in blocks]), X[100:400])
