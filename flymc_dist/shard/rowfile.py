@@ -53,6 +53,12 @@ _fadvise = types.ExternalFunction(
 #: ``POSIX_FADV_WILLNEED`` (Linux): start reading these bytes into the page cache, now
 _WILLNEED = 3
 
+#: bytes of the local disk a row file always leaves free: the worker spills data, writes
+#: logs and holds other shards' row files in the same directory, and a disk filled to the
+#: last byte fails all of them (a row file that does not fit with this left free is
+#: refused before anything is written)
+DISK_RESERVE = 256 * 1024 * 1024
+
 #: rows of each block a full pass reads at once (at most: the shard's blocks may be fewer)
 BLOCK_BYTES = 16 * 1024 * 1024
 
@@ -254,12 +260,13 @@ class RowFile:
         need = n * rec.itemsize
         os.makedirs(directory, exist_ok=True)
         free = shutil.disk_usage(directory).free
-        if need > free - 256 * 1024 * 1024:  # leave the disk some room
+        if need > free - DISK_RESERVE:
             raise OSError(
                 f"out of core: this shard's rows need {need / 1e9:.2f} GB of local disk in "
-                f"{directory!r}, which has {free / 1e9:.2f} GB free; give the workers a "
-                "local directory with more room (dask worker --local-directory), more "
-                "memory, or more workers"
+                f"{directory!r}, which has {free / 1e9:.2f} GB free, of which "
+                f"{DISK_RESERVE / 1e9:.2f} GB stay free for the worker (its spill, logs and "
+                "other shards' files); give the workers a local directory with more room "
+                "(dask worker --local-directory), more memory, or more workers"
             )
         fd, path = tempfile.mkstemp(prefix="flymc-rows-", suffix=".bin", dir=directory)
         try:
