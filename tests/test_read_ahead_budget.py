@@ -52,7 +52,7 @@ def test_the_read_ahead_fits_the_budget(store):
     per_update = 8 * (4 * 5 + roomy._K + 5) * 4 * 0.2 * 3000
     tight = _shard(store, int(5 * per_update))  # half of it holds two z-updates' proposals
     assert tight.read_ahead_depth() == 2 == len(tight.rows._staged)
-    tiny = _shard(store, 1000)
+    tiny = _shard(store, int(1.5 * per_update))
     assert tiny.read_ahead_depth() == 1 == len(tiny.rows._staged)
     for sh in (unbounded, roomy, tight, tiny):
         sh.close()
@@ -75,6 +75,23 @@ def test_the_draws_do_not_depend_on_the_read_ahead(store):
             **kw,
         )
 
-    a, b = run(), run(memory_budget=1000)
+    per_update = 8 * (4 * 5 + 3 + 5) * 2 * 0.2 * 3000  # K = 3 row constants (logistic)
+    a, b = run(), run(memory_budget=int(1.5 * per_update))
     np.testing.assert_array_equal(a.samples, b.samples)
     np.testing.assert_array_equal(a.stats["n_bright"], b.stats["n_bright"])
+
+
+def test_what_cannot_fit_is_refused_up_front(store, tmp_path, monkeypatch):
+    """A z-update whose proposals alone exceed the budget: refused in one line, before
+    the row file is written."""
+    import os
+
+    monkeypatch.setattr("flymc_dist.shard.shard.local_directory", lambda: str(tmp_path))
+    with pytest.raises(ValueError, match=r"q_db=0\.2 proposes about 2,400 rows .* budget") as e:
+        _shard(store, 100_000)
+    assert "\n" not in str(e.value) and os.listdir(tmp_path) == []
+    sh = _shard(store, 2**20)  # q 0.2 fits, q 0.9 not: the driver's set_q is refused
+    with pytest.raises(ValueError, match=r"q_db=0\.9 proposes"):
+        sh.set_q(0.9)
+    assert sh.q_db == 0.2
+    sh.close()
