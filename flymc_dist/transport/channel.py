@@ -293,12 +293,10 @@ class ChannelServer:
         return code, payload
 
     def _serve(self, conn: socket.socket) -> None:
-        driver = False
         try:
             _nodelay(conn)
             conn.settimeout(10.0)  # for the handshake only
             session = self._handshake(conn)
-            driver = True
             conn.settimeout(None)
             seq = 1
             while True:
@@ -323,7 +321,7 @@ class ChannelServer:
         finally:
             with self._lock:
                 self._conns.discard(conn)
-                if driver:
+                if self._driver is conn:  # authenticated (no longer pending) in one step
                     self._driver = None
                 else:
                     self._pending -= 1
