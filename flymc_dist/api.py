@@ -91,7 +91,10 @@ def sample(
     trace
         A zarr path or fsspec URL the draws are written to as the run goes (resumable).
     resume
-        Continue the run recorded in ``trace`` (same model, data and settings).
+        Continue the run recorded in ``trace`` (same model, data and settings). FlyMC's
+        z is not checkpointed: it is redrawn exactly from p(z | θ) at the checkpointed
+        θ (a valid Gibbs step), so the resumed draws are an exact continuation but not
+        those of the uninterrupted run.
     overwrite_trace
         Replace an existing trace.
     checkpoint_every

@@ -358,7 +358,8 @@ def test_auto_follows_the_budget(store):
     spec = ShardSpec(0, ds.path, 0, 900)
     config = ShardConfig(model=model, algorithm="flymc", chains=2, seed=0, n_rows=ds.n_rows)
     assert not Shard(spec, config).out_of_core  # "auto", no budget (in-process): in memory
-    assert Shard(spec, config, budget=1000).out_of_core
+    # (a budget its proposals fit in: ~2.9 kB a z-update at q 0.01, see test_read_ahead_budget)
+    assert Shard(spec, config, budget=10_000).out_of_core
     assert not Shard(spec, config, budget=10**9).out_of_core
     forced = dataclasses.replace(config, out_of_core=False)
     assert not Shard(spec, forced, budget=1000).out_of_core
@@ -405,8 +406,9 @@ def test_shard_rows_at_reads_the_same_values_out_of_core(store):
             assert ta is None and tb is None  # austerity sets no tight points of its own
         else:
             np.testing.assert_array_equal(tb, ta)  # row by row: the same bits
-        # the rows asked, no more: records of 3 float64 features and an int64 target
-        assert ooc.state()["bytes_read"] - before == rows.size * 4 * 8
+        # the rows asked, no more: records of 3 float64 features, an int64 target and a
+        # 4-byte checksum
+        assert ooc.state()["bytes_read"] - before == rows.size * (4 * 8 + 4)
     assert inmem.state()["bytes_read"] == 0
     blocks = list(ooc.blocks())
     np.testing.assert_array_equal(np.concatenate([b[0] for b in blocks]), X[100:400])
@@ -461,8 +463,8 @@ def test_info_reports_each_shard(store):
     assert 2 <= res.info["setup_passes"] <= 10
     inmem = _run(store[0], num_warmup=5, num_samples=5, out_of_core="auto")
     assert inmem.info["out_of_core"] == [False] * 3  # in-process: no budget
-    auto = _run(store[0], num_warmup=5, num_samples=5, out_of_core="auto", memory_budget=1000)
-    assert auto.info["out_of_core"] == [True] * 3 and auto.info["memory_budget"] == [1000] * 3
+    auto = _run(store[0], num_warmup=5, num_samples=5, out_of_core="auto", memory_budget=5000)
+    assert auto.info["out_of_core"] == [True] * 3 and auto.info["memory_budget"] == [5000] * 3
 
 
 def test_resume_matches_an_uninterrupted_run(store, tmp_path, monkeypatch):

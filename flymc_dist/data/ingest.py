@@ -546,16 +546,28 @@ def _ingest_npz(src: str, target: Any) -> tuple[np.ndarray, np.ndarray, list[str
                 raise ValueError(
                     f"{src!r} must contain arrays 'X' and 'y'; missing {missing} (has {f.files})"
                 )
-            out = []
-            for key in ("X", "y"):
-                try:
-                    out.append(f[key])
-                except ValueError as e:
-                    raise ValueError(f"{src!r}: array {key!r} cannot be read: {e}") from None
-            names = [str(v) for v in f["feature_names"]] if "feature_names" in f.files else None
+            X, y = _npz_array(f, src, "X"), _npz_array(f, src, "y")
+            names = (
+                [str(v) for v in _npz_array(f, src, "feature_names")]
+                if "feature_names" in f.files
+                else None
+            )
     except (OSError, EOFError) as e:
         raise ValueError(f"cannot read {src!r} as a .npz archive: {e}") from e
-    return out[0], out[1], names
+    return X, y, names
+
+
+def _npz_array(f: Any, src: str, key: str) -> np.ndarray:
+    """Array ``key`` of the open .npz ``f``; an array numpy cannot load without pickle
+    (object dtype: Python objects, never read here) is refused naming the file and the
+    array."""
+    try:
+        return f[key]
+    except ValueError as e:
+        raise ValueError(
+            f"{src!r}: array {key!r} cannot be read without unpickling Python objects "
+            f"(object dtype; {e}): save it as a numeric array (or, for names, strings)"
+        ) from None
 
 
 # --------------------------------------------------------------------------- public

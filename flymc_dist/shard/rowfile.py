@@ -53,6 +53,12 @@ _fadvise = types.ExternalFunction(
 #: ``POSIX_FADV_WILLNEED`` (Linux): start reading these bytes into the page cache, now
 _WILLNEED = 3
 
+#: bytes of the local disk a row file always leaves free: the worker spills data, writes
+#: logs and holds other shards' row files in the same directory, and a disk filled to the
+#: last byte fails all of them (a row file that does not fit with this left free is
+#: refused before anything is written)
+DISK_RESERVE = 256 * 1024 * 1024
+
 #: rows of each block a full pass reads at once (at most: the shard's blocks may be fewer)
 BLOCK_BYTES = 16 * 1024 * 1024
 
@@ -224,7 +230,9 @@ class RowFile:
         self._fd = os.open(path, os.O_RDONLY)
         self._pool: _Reader | None = None
         self.bytes_read = 0
-        self._finalizer = weakref.finalize(self, _remove, self._fd, path)
+        # the reading thread's queue, once it runs: the finalizer stops the thread too
+        self._queues: list[queue.SimpleQueue] = []
+        self._finalizer = weakref.finalize(self, _remove, self._fd, path, self._queues)
 
     @classmethod
     def create(
@@ -252,12 +260,13 @@ class RowFile:
         need = n * rec.itemsize
         os.makedirs(directory, exist_ok=True)
         free = shutil.disk_usage(directory).free
-        if need > free - 256 * 1024 * 1024:  # leave the disk some room
+        if need > free - DISK_RESERVE:
             raise OSError(
                 f"out of core: this shard's rows need {need / 1e9:.2f} GB of local disk in "
-                f"{directory!r}, which has {free / 1e9:.2f} GB free; give the workers a "
-                "local directory with more room (dask worker --local-directory), more "
-                "memory, or more workers"
+                f"{directory!r}, which has {free / 1e9:.2f} GB free, of which "
+                f"{DISK_RESERVE / 1e9:.2f} GB stay free for the worker (its spill, logs and "
+                "other shards' files); give the workers a local directory with more room "
+                "(dask worker --local-directory), more memory, or more workers"
             )
         fd, path = tempfile.mkstemp(prefix="flymc-rows-", suffix=".bin", dir=directory)
         try:
@@ -319,6 +328,7 @@ class RowFile:
         """Run ``fn(*args)`` on this file's reading thread; ``.result()`` waits for it."""
         if self._pool is None:
             self._pool = _Reader()
+            self._queues.append(self._pool.jobs)
         return self._pool.submit(fn, *args)
 
     def blocks(
@@ -338,7 +348,9 @@ class RowFile:
             yield lo, hi, X, y
 
     def close(self) -> None:
-        """Stop the reading thread and remove the file."""
+        """Stop the reading thread and remove the file (also done, but for waiting for
+        the thread, when the file is garbage collected: the thread holds no reference to
+        it between calls)."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -366,35 +378,53 @@ class _Job:
 
 class _Reader:
     """One thread running calls in order (a full pass's next block): a few microseconds a
-    hand-off, where a ``ThreadPoolExecutor`` takes about a hundred."""
+    hand-off, where a ``ThreadPoolExecutor`` takes about a hundred.
+
+    Between calls the thread holds nothing of them (a finished call's function and
+    arguments are dropped): a row file whose owner is gone is not kept alive by its
+    reading thread, and its finalizer stops the thread.
+    """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="flymc-row-read", daemon=True)
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=_serve_jobs, args=(self.jobs,), name="flymc-row-read", daemon=True
+        )
         self._thread.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> _Job:
         job = _Job(fn, args)
-        self._jobs.put(job)
+        self.jobs.put(job)
         return job
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                job.value = job.fn(*job.args)
-            except BaseException as e:  # handed to the caller of result()
-                job.error = e
-            finally:
-                job.done.set()
 
     def close(self) -> None:
         """Finish the calls queued, and stop."""
-        self._jobs.put(None)
-        self._thread.join()
+        self.jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
 
-def _remove(fd: int, path: str) -> None:
-    """Close ``fd`` and remove ``path`` (once; missing is fine)."""
+def _serve_jobs(jobs: queue.SimpleQueue) -> None:
+    """The reading thread: run the queued calls until a None."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        try:
+            job.value = job.fn(*job.args)
+        except BaseException as e:  # handed to the caller of result()
+            job.error = e
+        finally:
+            job.fn = job.args = None  # nothing of the call held between calls
+            job.done.set()
+            del job
+
+
+def _remove(fd: int, path: str, queues: list[queue.SimpleQueue]) -> None:
+    """Stop the reading threads of ``queues``, close ``fd`` and remove ``path`` (once;
+    missing is fine)."""
+    for q in queues:
+        q.put(None)
     try:
         os.close(fd)
     except OSError:

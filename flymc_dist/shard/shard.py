@@ -150,6 +150,7 @@ class Shard:
 
             if _out_of_core(config.out_of_core, nbytes, budget):
                 _check_explicit(config, nbytes * config.chains, budget)
+                _check_proposals(n, ds.n_features, K, config, config.q_db, budget)
                 self.rows = FileRows(ds, spec.start, spec.stop, K, prepare, local_directory(), each)
             else:
                 XC = np.empty((n, ds.n_features + K))
@@ -296,6 +297,10 @@ class Shard:
 
     def set_q(self, q_db: float) -> None:
         """Set the dark→bright proposal probability of the implicit z-update."""
+        if self.out_of_core:
+            _check_proposals(
+                self.n, self.n_features, self._K, self.config, float(q_db), self.memory_budget
+            )
         self.q_db = float(q_db)
         self._unsettled = True  # the rows read ahead were proposed at the old q
         self.settle()
@@ -566,12 +571,28 @@ class Shard:
                 self._reread_lost()
                 # the batched z-update's next few (a few hundred rows each); else the next
                 # only (the explicit update's rows are a fraction of the shard's)
-                ahead = READ_AHEAD if self.batched_z else 1
+                ahead = self.read_ahead_depth() if self.batched_z else 1
                 drawn = self._drawn(tuple(range(ahead + 1)))
                 self.rows.read_ahead([(key, rows) for key, rows, _ in drawn[:-1]], drawn[-1][1])
             else:
                 self._drawn()
         self._unsettled = False  # not before: after an error the next round tries again
+
+    def read_ahead_depth(self) -> int:
+        """Out of core, how many z-updates' proposals :meth:`settle` reads ahead: at
+        most :data:`READ_AHEAD`, and as many as fit in half the shard's memory budget
+        (none: :data:`READ_AHEAD`), at least one.
+
+        A z-update proposes about ``q · n`` rows per chain; each read ahead is held as it
+        was read, then prepared (features and row constants in float64, target, tight
+        point), with a copy while it is prepared: about ``8 (4 D + K + 5)`` bytes a row.
+        At 5·10⁵ rows × 10 features a shard, q = 0.05 and 4 chains that is ~40 MB a
+        z-update, 160 MB for four: more than a 400 MB worker can spare."""
+        if self.memory_budget is None:
+            return READ_AHEAD
+        per_update = _proposal_bytes(self.n, self.n_features, self._K, self.config, self.q_db)
+        fit = int((self.memory_budget // 2) // max(per_update, 1.0))
+        return max(1, min(READ_AHEAD, fit))
 
     def _after_z(self) -> None:
         """After a z-update: the rows hold at least the rows bright in some chain
@@ -1226,6 +1247,29 @@ def _out_of_core(mode: bool | str, nbytes: int, budget: int | None) -> bool:
     if mode == "auto":
         return budget is not None and nbytes > budget
     return bool(mode)
+
+
+def _proposal_bytes(n: int, n_features: int, K: int, config: ShardConfig, q_db: float) -> float:
+    """About the bytes one out-of-core z-update's proposals take, read and prepared
+    (see :meth:`Shard.read_ahead_depth`)."""
+    return 8 * (4 * n_features + K + 5) * config.chains * q_db * n
+
+
+def _check_proposals(
+    n: int, n_features: int, K: int, config: ShardConfig, q_db: float, budget: int | None
+) -> None:
+    """Refuse, before anything is read, an out-of-core FlyMC shard whose implicit
+    z-update's proposals alone would exceed its memory budget."""
+    if config.algorithm != "flymc" or config.z_update != "implicit" or budget is None:
+        return
+    need = _proposal_bytes(n, n_features, K, config, q_db)
+    if need > budget:
+        raise ValueError(
+            f"out of core: q_db={q_db:g} proposes about {q_db * n * config.chains:,.0f} rows "
+            f"a z-update ({need / 1e6:.1f} MB with {config.chains} chains), more than the "
+            f"shard's memory budget of {budget / 1e6:.1f} MB: lower q_db, run fewer chains, "
+            "or give the workers more memory (or more workers)"
+        )
 
 
 def _check_explicit(config: ShardConfig, nbytes: int, budget: int | None) -> None:

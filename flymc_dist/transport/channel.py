@@ -43,7 +43,6 @@ and frees the port.
 from __future__ import annotations
 
 import collections
-import hashlib
 import hmac
 import logging
 import secrets
@@ -150,10 +149,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _mac(key: bytes, *parts: bytes) -> bytes:
-    h = hmac.new(key, digestmod=hashlib.sha256)
-    for p in parts:
-        h.update(p)
-    return h.digest()
+    """HMAC-SHA256 of ``parts`` under ``key`` (one-shot: OpenSSL's fast path)."""
+    return hmac.digest(key, b"".join(parts), "sha256")
 
 
 def _session(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> tuple[bytes, bytes]:
@@ -285,8 +282,8 @@ class ChannelServer:
         code, got, n = HEADER.unpack(header)
         if n > MAX_FRAME:
             raise Refused("oversized frame", f"a request of {n} bytes (more than {MAX_FRAME})")
-        payload = _recv_exact(conn, n)
-        mac = _recv_exact(conn, MAC_BYTES)
+        body = _recv_exact(conn, n + MAC_BYTES)  # the payload and its MAC, in one read
+        payload, mac = body[:n], body[n:]
         if not hmac.compare_digest(mac, _mac(session, b"Q", header, payload)):
             raise Refused("forged frame", f"a request of {n} bytes with a wrong MAC")
         if got != seq:
@@ -294,12 +291,10 @@ class ChannelServer:
         return code, payload
 
     def _serve(self, conn: socket.socket) -> None:
-        driver = False
         try:
             _nodelay(conn)
             conn.settimeout(10.0)  # for the handshake only
             session = self._handshake(conn)
-            driver = True
             conn.settimeout(None)
             seq = 1
             while True:
@@ -324,7 +319,7 @@ class ChannelServer:
         finally:
             with self._lock:
                 self._conns.discard(conn)
-                if driver:
+                if self._driver is conn:  # authenticated (no longer pending) in one step
                     self._driver = None
                 else:
                     self._pending -= 1
@@ -484,8 +479,8 @@ class ChannelClient:
                 status, seq, n = HEADER.unpack(header)
                 if n > MAX_FRAME:
                     raise ChannelError(f"a reply of {n} bytes")
-                body = _recv_exact(sock, n)
-                mac = _recv_exact(sock, MAC_BYTES)
+                body = _recv_exact(sock, n + MAC_BYTES)
+                body, mac = body[:n], body[n:]
                 sock.settimeout(None)
                 if not hmac.compare_digest(mac, _mac(conn.session, b"A", header, body)):
                     raise ChannelError("a reply with a wrong MAC")

@@ -1,0 +1,92 @@
+"""A driver that dies leaves nothing on the workers (issue 41, item 2): SIGKILL the driver
+of an out-of-core run on a real LocalCluster, and each worker's row files, reading threads,
+their file descriptors and the run's channel threads go."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import flymc_dist as fd
+
+pytestmark = pytest.mark.cluster
+
+
+def _held(dask_worker=None) -> dict[str, int]:
+    """On a worker: what out-of-core runs placed there (files, threads, descriptors)."""
+    import glob
+    import threading
+
+    files = len(glob.glob(os.path.join(str(dask_worker.local_directory), "flymc-rows-*")))
+    fds = 0
+    for fd_ in os.listdir("/proc/self/fd"):
+        try:
+            fds += "flymc-rows-" in os.readlink(f"/proc/self/fd/{fd_}")
+        except OSError:
+            pass
+    names = [t.name for t in threading.enumerate()]
+    return {
+        "files": files,
+        "fds": fds,
+        "read_threads": names.count("flymc-row-read"),
+        "channel_threads": sum(n.startswith("flymc-channel") for n in names),
+    }
+
+
+def _wait_for(pred, timeout: float, what: str) -> None:
+    t0 = time.time()
+    while not pred():
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_a_killed_driver_leaves_no_row_file_thread_or_descriptor(tmp_path):
+    from distributed import Client, LocalCluster
+
+    rng = np.random.default_rng(2)
+    X = np.c_[np.ones(4000), rng.normal(size=(4000, 3))]
+    y = (rng.random(4000) < 0.5).astype(np.int64)
+    path = str(tmp_path / "d.zarr")
+    fd.from_numpy(X, y, path, chunk_rows=500)
+    code = (
+        "import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "
+        "client=sys.argv[2], n_shards=2, num_warmup=10, num_samples=10**7, chains=2, "
+        "out_of_core=True, progress=False)"
+    )
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        empty = {"files": 0, "fds": 0, "read_threads": 0, "channel_threads": 0}
+        before = client.run(_held)
+        assert all(v == empty for v in before.values()), before
+        driver = subprocess.Popen(
+            [sys.executable, "-c", code, path, cluster.scheduler_address],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_for(
+                lambda: all(
+                    v["files"] == 1 and v["read_threads"] == 1 and v["channel_threads"] > 0
+                    for v in client.run(_held).values()
+                ),
+                180,
+                "the driver's out-of-core shards",
+            )
+            time.sleep(2.0)  # mid-run
+        finally:
+            driver.kill()  # SIGKILL: nothing of the driver runs after it
+            driver.wait()
+        _wait_for(
+            lambda: all(v == empty for v in client.run(_held).values()),
+            60,
+            f"the killed driver's resources to go (held: {client.run(_held)})",
+        )
