@@ -1,6 +1,6 @@
 """Out of core, the read-ahead is bounded by the shard's memory budget (issue 41, item 1):
 the z-updates whose proposals are read ahead are as many as fit in half the budget (at
-most READ_AHEAD, at least one), and the draws do not change."""
+most ROWS_AHEAD, at least one), and the draws do not change."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import flymc_dist as fd
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.shard import Shard
-from flymc_dist.shard.shard import READ_AHEAD
+from flymc_dist.shard.shard import ROWS_AHEAD
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +46,9 @@ def test_the_read_ahead_fits_the_budget(store):
     # one z-update proposes ~0.2 · 3000 rows per chain, 4 chains: ~2,400 rows of
     # 8 (4·5 + K + 5) bytes, ~0.5 MB
     unbounded = _shard(store, None)
-    assert unbounded.read_ahead_depth() == READ_AHEAD == len(unbounded.rows._staged)
+    assert unbounded.read_ahead_depth() == ROWS_AHEAD == len(unbounded.rows._staged)
     roomy = _shard(store, 100 * 2**20)
-    assert roomy.read_ahead_depth() == READ_AHEAD
+    assert roomy.read_ahead_depth() == ROWS_AHEAD
     per_update = 8 * (4 * 5 + roomy._K + 5) * 4 * 0.2 * 3000
     tight = _shard(store, int(5 * per_update))  # half of it holds two z-updates' proposals
     assert tight.read_ahead_depth() == 2 == len(tight.rows._staged)

@@ -56,7 +56,7 @@ _T = TypeVar("_T")
 #: out of core, the batched z-updates whose proposals :meth:`Shard.settle` has read ahead
 #: (each read once, one z-update's a round; all prepared in one call every this many: the
 #: prepare costs ~0.2 ms a call whatever its rows, measured at 10^6 x 57)
-READ_AHEAD = 4
+ROWS_AHEAD = 4
 
 
 @dataclass
@@ -559,7 +559,7 @@ class Shard:
         next round starts with it): draw the rows each chain's next z-update will
         propose (:meth:`_drawn`, for :func:`batched_z_update`); out of core also drop the
         rows no chain has bright any more, read and prepare the proposed rows of the
-        next z-updates (:data:`READ_AHEAD` of them:
+        next z-updates (:data:`ROWS_AHEAD` of them:
         :meth:`~flymc_dist.shard.rows.FileRows.read_ahead`), and have the page cache
         fetch those of the one after (drawn now, read by the next call). Nothing here
         changes a draw: a z-update draws and reads whatever it lacks."""
@@ -580,8 +580,8 @@ class Shard:
 
     def read_ahead_depth(self) -> int:
         """Out of core, how many z-updates' proposals :meth:`settle` reads ahead: at
-        most :data:`READ_AHEAD`, and as many as fit in half the shard's memory budget
-        (none: :data:`READ_AHEAD`), at least one.
+        most :data:`ROWS_AHEAD`, and as many as fit in half the shard's memory budget
+        (none: :data:`ROWS_AHEAD`), at least one.
 
         A z-update proposes about ``q · n`` rows per chain; each read ahead is held as it
         was read, then prepared (features and row constants in float64, target, tight
@@ -589,10 +589,10 @@ class Shard:
         At 5·10⁵ rows × 10 features a shard, q = 0.05 and 4 chains that is ~40 MB a
         z-update, 160 MB for four: more than a 400 MB worker can spare."""
         if self.memory_budget is None:
-            return READ_AHEAD
+            return ROWS_AHEAD
         per_update = _proposal_bytes(self.n, self.n_features, self._K, self.config, self.q_db)
         fit = int((self.memory_budget // 2) // max(per_update, 1.0))
-        return max(1, min(READ_AHEAD, fit))
+        return max(1, min(ROWS_AHEAD, fit))
 
     def _after_z(self) -> None:
         """After a z-update: the rows hold at least the rows bright in some chain
