@@ -144,15 +144,14 @@ def main() -> None:
                 client=client,
                 seed=0,
                 progress=True,
-                out_of_core=args.out_of_core,
+                placement=fd.Placement(out_of_core=args.out_of_core),
             )
             client.run(reset_peak_rss)
             t0 = time.perf_counter()
             fly = fd.sample(
                 model,
                 ds,
-                algorithm="flymc",
-                bounds="map",
+                fd.FlyMC(bounds="map"),
                 num_warmup=args.warmup,
                 num_samples=args.samples,
                 **common,

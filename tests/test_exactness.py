@@ -315,23 +315,26 @@ def run_sampler(name: str, combo: tuple) -> fd.Result:
 
 
 def _sample(name: str, combo: tuple, data: object, options: dict) -> fd.Result:
+    """The run of ``combo`` on problem ``name``'s ``data``; ``options`` are the FlyMC
+    algorithm's and ``out_of_core`` (the placement's)."""
     algorithm, bounds, kernel, z_update, _ = combo
     prob = problem(name)
+    options = dict(options)
+    placement = {k: options.pop(k) for k in ("out_of_core",) if k in options}
     return fd.sample(
         MODEL_CLASSES[name](**prob.settings),
         data,
-        algorithm=algorithm,
-        bounds=bounds or "map",
-        kernel=kernel,
-        z_update=z_update or "implicit",
+        fd.FlyMC(bounds=bounds, z_update=z_update, **options)
+        if algorithm == "flymc"
+        else fd.Regular(),
+        kernel,
         num_warmup=draws(combo)[0],
         num_samples=draws(combo)[1],
         chains=CHAINS,
         seed=run_seed(name, combo),
         client="synchronous",
-        n_shards=N_SHARDS,
+        placement=fd.Placement(n_shards=N_SHARDS, **placement),
         progress=False,
-        **options,
     )
 
 

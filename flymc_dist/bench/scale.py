@@ -300,18 +300,17 @@ def run_scale(
                 res = fd.sample(
                     model,
                     ds,
-                    algorithm="flymc",
-                    bounds="map",
-                    kernel=kernel,
+                    fd.FlyMC(bounds="map"),
+                    kernel,
                     chains=int(chains),
                     num_warmup=int(num_warmup),
                     num_samples=int(num_samples),
                     seed=int(seed),
                     client=client,
-                    **({"n_shards": layout} if layout else {}),
+                    placement=fd.Placement(
+                        n_shards=layout or None, out_of_core=ooc, memory_budget=budget
+                    ),
                     progress=False,
-                    out_of_core=ooc,
-                    memory_budget=budget,
                 )
                 wall = time.perf_counter() - t0
                 peaks = client.run(peak_rss)
