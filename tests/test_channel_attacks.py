@@ -43,6 +43,8 @@ def _run(path: str, client, **kw):
         chains=2,
         seed=3,
         n_shards=3,
+        # a round every iteration (the shards updating z), for the attacks to ride on
+        read_ahead=0,
         progress=False,
     )
     opts.update(kw)

@@ -7,6 +7,7 @@ LocalCluster are marked ``cluster``.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 from flymc_dist.cli import main
 from flymc_dist.data import from_numpy, open_dataset
+from flymc_dist.options import READ_AHEAD
 from flymc_dist.trace import Trace
 
 ROWS = 2000
@@ -791,7 +793,8 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "flymc" in out and "regular" in out and "FlyMC / regular" in out
     d = json.loads(out_json.read_text())
     assert d["flymc"]["bright_replica"] is True
-    assert d["flymc"]["round_trips_per_iteration"] == 1.0
+    # the driver updates z itself: one request per READ_AHEAD iterations
+    assert 0 < d["flymc"]["round_trips_per_iteration"] <= math.ceil(30 / READ_AHEAD) / 30
     assert d["regular"]["queries_per_iteration"] > d["flymc"]["queries_per_iteration"]
     assert d["setup"]["precondition"] == "laplace" and d["setup"]["adapt_metric"] is True
     # FlyMC's forecast of its own mixing, beside what it measured
@@ -912,7 +915,7 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
         assert key in d
     assert d["setup"]["workers"] == 2
     assert d["bare_round_trip"]["mean"] > 0
-    assert d["flymc"]["round_trips_per_iteration"] == 1.0
+    assert 0 < d["flymc"]["round_trips_per_iteration"] <= math.ceil(20 / READ_AHEAD) / 20
     assert d["regular"]["queries_per_iteration"] == 4000
     assert d["socket_echo"]["mean"] > 0 and d["rpc_echo"]["mean"] > 0
     assert d["setup"]["payload_bytes"] > 100 and d["setup"]["channel"] == "socket"
@@ -926,7 +929,8 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
     assert "where FlyMC's time goes" in text
     t = d["flymc"]["timing"]
     assert len(t["hosts"]) == d["flymc"]["n_workers"]
-    assert all(h["rounds"] == t["iterations"] for h in t["hosts"])
+    # rounds are the shards' z-updates: with the driver's own, none while sampling
+    assert all(h["rounds"] == 0 for h in t["hosts"])
 
 
 @pytest.mark.cluster

@@ -43,10 +43,12 @@ from scipy import stats
 
 import flymc_dist as fd
 import flymc_dist.brightness as brightness_module
+import flymc_dist.replica as replica_module
 import flymc_dist.shard.batched as batched_module
 import flymc_dist.shard.rows as rows_module
 import flymc_dist.shard.shard as shard_module
 from flymc_dist.diagnostics import ess_mean
+from flymc_dist.terms import BoundViolation
 
 pytestmark = pytest.mark.slow
 
@@ -444,12 +446,13 @@ def test_negative_control_flipped_z_sign_fails(monkeypatch, name):
     """FlyMC with Algorithm 2's typo must fail the battery by a wide margin."""
     good = cached_run(name, CONTROL_COMBO)
     # every implicit z-update (per chain in flymc_dist.brightness, all chains at once in
-    # the shard's compiled path) takes its dark→bright decision from `brighten`, looked up
-    # by name in its module: flip it in both — the brightness check below proves the patch
-    # took effect
-    assert hasattr(batched_module, "brighten"), "the shard no longer calls brighten by name"
+    # the shard's compiled path, and on the driver's replica with read-ahead) takes its
+    # dark→bright decision from `brighten`, looked up by name in its module: flip it in
+    # all three — the brightness check below proves the patch took effect
+    for module in (batched_module, replica_module):
+        assert hasattr(module, "brighten"), f"{module.__name__} no longer calls brighten"
+        monkeypatch.setattr(module, "brighten", _flipped_brighten)
     monkeypatch.setattr(brightness_module, "brighten", _flipped_brighten)
-    monkeypatch.setattr(batched_module, "brighten", _flipped_brighten)
     bad = run_sampler(name, CONTROL_COMBO)  # here, in this process: the patch applies
     # the patch took effect: the chains are far too bright
     assert bad.stats["n_bright"].mean() > 3 * good.stats["n_bright"].mean()
@@ -486,7 +489,12 @@ def test_negative_control_out_of_core_rows_without_constants_fail(monkeypatch, n
     monkeypatch.setattr(
         rows_module.FileRows, "_prepared", _constants_left_out(rows_module.FileRows._prepared)
     )
-    bad = run_sampler(name, OOC_CONTROL_COMBO)  # here, in this process: the patch applies
+    try:
+        bad = run_sampler(name, OOC_CONTROL_COMBO)  # here, in this process: the patch applies
+    except BoundViolation as e:
+        # the bound guard sees it first: a row evaluated above its likelihood stops the run
+        assert "exceeds the likelihood at row" in str(e)
+        return
     ref = reference(name)
     result = check_against(bad.samples, ref.mean, ref.cov)
     print(

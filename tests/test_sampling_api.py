@@ -33,6 +33,7 @@ import pytest
 from references import logistic_logpost, robust_logpost
 
 import flymc_dist as fd
+from flymc_dist.options import READ_AHEAD
 
 STAT_KEYS = ("accepted", "n_bright", "likelihood_queries", "lp", "round_trips", "acceptance_rate")
 
@@ -116,22 +117,37 @@ def test_stats_keys_and_shapes(algorithm, kernel):
     assert np.all((res.stats["n_bright"] >= 0) & (res.stats["n_bright"] <= 40))
 
 
+def _read_ahead_trips(res) -> None:
+    """The driver updating z itself (replica mode, implicit update, read-ahead): one
+    request per READ_AHEAD iterations, none in between."""
+    trips = _all_stats(res, "round_trips")
+    assert trips.max() == 1
+    assert np.all(trips.sum(axis=1) == math.ceil(trips.shape[1] / READ_AHEAD))
+
+
 def test_rwmh_one_round_trip_per_iteration():
+    """One round trip per iteration where the shards update z (regular MCMC, the explicit
+    update, ``read_ahead=0``); one per READ_AHEAD iterations where the driver does."""
     for algorithm in ("regular", "flymc"):
         for z in ("implicit", "explicit"):
             res = _run(algorithm=algorithm, z_update=z)
+            if algorithm == "flymc" and z == "implicit":
+                _read_ahead_trips(res)
+                res = _run(algorithm=algorithm, z_update=z, read_ahead=0)
             assert np.all(_all_stats(res, "round_trips") == 1), (algorithm, z)
 
 
 def test_mala_two_round_trips_slice_at_least_one():
     """With the shards evaluating every point; on the driver's replica of the bright
-    rows (the default for these kernels) every iteration is one round trip."""
+    rows (the default for these kernels) every iteration is one round trip, or one per
+    READ_AHEAD iterations with the driver's own z-update (the default)."""
     res = _run(kernel="mala", bright_replica=False)
     assert np.all(_all_stats(res, "round_trips") == 2)
     res = _run(kernel="slice", bright_replica=False)
     assert np.all(_all_stats(res, "round_trips") >= 1)
     for kernel in ("mala", "slice"):
-        assert np.all(_all_stats(_run(kernel=kernel), "round_trips") == 1)
+        _read_ahead_trips(_run(kernel=kernel))
+        assert np.all(_all_stats(_run(kernel=kernel, read_ahead=0), "round_trips") == 1)
 
 
 def test_rejected_steps_keep_position_and_accepted_flags_agree():
@@ -251,7 +267,8 @@ def count_compiled(monkeypatch):
     shards' (one datum at one θ per row; at placement every row at every chain's θ) and
     the driver replica's (every row of the
     chain's buffer at each point, also in the compiled NUTS transition, which counts its
-    evaluations itself); in-process runs only."""
+    evaluations itself, and the rows of the z-update it runs itself with read-ahead);
+    in-process runs only."""
     from flymc_dist import _compiled, _compiled_nuts
 
     def install(model: CountingLogistic) -> None:
@@ -259,6 +276,7 @@ def count_compiled(monkeypatch):
         real_at = _compiled.eval_rows_at
         real_replica = _compiled.replica_eval
         real_nuts = _compiled_nuts.nuts_transition
+        real_segments = _compiled.eval_segments
 
         def counting(XC, D, rows, *args):
             model.evaluated += int(rows.size)
@@ -272,6 +290,10 @@ def count_compiled(monkeypatch):
             model.evaluated += int(sum(starts[c + 1] - starts[c] for c in chain_of))
             return real_replica(XC, starts, D, chain_of, *args)
 
+        def counting_segments(XC, D, rows, *args):  # the driver's own z-update
+            model.evaluated += int(rows.size)
+            return real_segments(XC, D, rows, *args)
+
         def counting_nuts(*args):
             out = real_nuts(*args)
             r0, r1 = args[9], args[10]
@@ -282,6 +304,7 @@ def count_compiled(monkeypatch):
         monkeypatch.setattr(_compiled, "eval_rows_at", counting_at)
         monkeypatch.setattr(_compiled, "replica_eval", counting_replica)
         monkeypatch.setattr(_compiled_nuts, "nuts_transition", counting_nuts)
+        monkeypatch.setattr(_compiled, "eval_segments", counting_segments)
 
     return install
 
@@ -529,8 +552,9 @@ def test_in_memory_softmax_accepted():
 
 def test_timing_breakdown_adds_up():
     """``info["timing"]``: per post-warm-up iteration, step = round trip + driver, and the
-    host served one round per RWMH iteration, each taking at most the round trip's time."""
-    res = _run(num_warmup=10, num_samples=40)
+    host served one round per RWMH iteration (the shards updating z: ``read_ahead=0``),
+    each taking at most the round trip's time."""
+    res = _run(num_warmup=10, num_samples=40, read_ahead=0)
     t = res.info["timing"]
     assert t["iterations"] == 40
     assert t["step"] > 0 and t["round_trip"] > 0 and t["driver"] > 0

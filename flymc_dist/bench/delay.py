@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from flymc_dist.transport.channel import ChannelClient
+
 __all__ = ["DelayProxy", "delayed_channels"]
 
 
@@ -128,8 +130,6 @@ def delayed_channels(delay: Callable[[int], float] | float) -> Iterator[list[Del
     """Within the block, every round channel the driver connects to a shard host goes
     through a :class:`DelayProxy` of its own: ``delay`` seconds (or ``delay(i)`` for the
     i-th channel connected) added to the host's replies. Yields the proxies started."""
-    from flymc_dist.transport.channel import ChannelClient
-
     original = ChannelClient.connect
     proxies: list[DelayProxy] = []
 

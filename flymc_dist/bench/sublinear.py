@@ -44,7 +44,7 @@ from flymc_dist import diagnostics
 from flymc_dist.api import sample
 from flymc_dist.austerity.sampler import loglog_slope, run_decisions
 from flymc_dist.data import from_numpy
-from flymc_dist.kernels.rwmh import tril_matvec
+from flymc_dist.kernels.rwmh import RandomWalkMH, tril_matvec
 from flymc_dist.models.logistic import LogisticRegression
 from flymc_dist.options import Austerity, Placement, Regular
 from flymc_dist.rng import ROLE_AUSTERITY, stream
@@ -584,8 +584,6 @@ def run_paper_fig5(ns: Sequence[int], *, seed: int = 0, n_shards: int = 4) -> di
         their fraction of N, the acceptance rate and the seconds; ``slope`` of the mean
         rows against N (log-log).
     """
-    from flymc_dist.kernels.rwmh import RandomWalkMH
-
     alg = Austerity(eps=0.01, tails="one", min_batches=3, batch_size=100, control_variates=False)
     model = LogisticRegression(prior="normal", prior_scale=math.sqrt(0.1))
     rows = []
