@@ -48,7 +48,7 @@ from flymc_dist.kernels.rwmh import RandomWalkMH, tril_matvec
 from flymc_dist.models.logistic import LogisticRegression
 from flymc_dist.options import Austerity, Placement, Regular
 from flymc_dist.rng import ROLE_AUSTERITY, stream
-from flymc_dist.transport.dask import _client_from
+from flymc_dist.transport.dask import client_from
 
 __all__ = ["format", "format_sublinear", "logistic_data", "run_paper_fig5", "run_sublinear"]
 
@@ -233,7 +233,7 @@ def run_sublinear(
     tmp = workdir if workdir is not None else (tmpdir.name if tmpdir is not None else None)
     cluster, owned = None, False
     if not local:  # one client (and embedded cluster, for None) for the whole benchmark
-        client, cluster, owned = _client_from(client, None)
+        client, cluster, owned = client_from(client, None)
     fix_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}
     post_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}
     ooc_rows: dict[bool, dict[str, list]] = {cv: {} for cv in variants}

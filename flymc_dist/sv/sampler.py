@@ -31,6 +31,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,7 @@ from flymc_dist.sv.conditionals import (
 )
 from flymc_dist.sv.data import SeriesDataset, open_series
 from flymc_dist.sv.shard import SeriesShard
-from flymc_dist.transport.dask import local_client
+from flymc_dist.transport.dask import client_from
 
 __all__ = ["ROLE_SV", "SVResult", "StochasticVolatility", "load_trace", "sample_sv"]
 
@@ -193,7 +194,9 @@ class _DaskActors:
     """One Dask actor per shard, placed round-robin on the workers; every call goes to
     all of them concurrently and the replies come back in shard order."""
 
-    def __init__(self, client: Any, kwargs: list[dict[str, Any]], owned: tuple | None) -> None:
+    def __init__(
+        self, client: Any, kwargs: list[dict[str, Any]], owned: tuple[Any, Any] | None
+    ) -> None:
         self.client, self.owned = client, owned
         workers = sorted(client.scheduler_info()["workers"])
         futs = [
@@ -219,25 +222,23 @@ class _DaskActors:
         if self.owned is not None:
             client, cluster = self.owned
             client.close()
-            cluster.close()
+            if cluster is not None:
+                cluster.close()
 
 
-def _open(client: Any, kwargs: list[dict[str, Any]], n_workers: int | None) -> Any:
+def _open(
+    client: Any,
+    kwargs_of: Callable[[int], list[dict[str, Any]]],
+    n_shards: int | None,
+    n_workers: int | None,
+) -> Any:
+    """The shards, in process (``client="synchronous"``: one shard unless ``n_shards``
+    says otherwise) or as Dask actors (one per worker unless ``n_shards`` says)."""
     if isinstance(client, str) and client == "synchronous":
-        return _InProcess([SeriesShard(**kw) for kw in kwargs])
-    from distributed import Client
-
-    if client is None:
-        c, cluster = local_client(n_workers)
-        return _DaskActors(c, kwargs, (c, cluster))
-    if isinstance(client, Client):
-        return _DaskActors(client, kwargs, None)
-    if isinstance(client, str) and "://" in client:
-        c = Client(client, direct_to_workers=True)
-        return _DaskActors(c, kwargs, (c, c))
-    raise TypeError(
-        f"client must be None, 'synchronous', a distributed.Client or an address, not {client!r}"
-    )
+        return _InProcess([SeriesShard(**kw) for kw in kwargs_of(n_shards or 1)])
+    c, cluster, owned = client_from(client, n_workers)
+    k = n_shards if n_shards is not None else len(c.scheduler_info()["workers"])
+    return _DaskActors(c, kwargs_of(int(k)), (c, cluster) if owned else None)
 
 
 def _log_target_prior(phi: float, s2: float, pr: Priors) -> float:
@@ -327,8 +328,6 @@ def sample_sv(
             raise FileExistsError(
                 f"trace {trace!r} exists; pass overwrite_trace=True or resume=True"
             )
-    if n_shards is None:
-        n_shards = 1 if client == "synchronous" else None
     kwargs_of = lambda k: [  # noqa: E731
         dict(
             path=ds.path,
@@ -342,25 +341,7 @@ def sample_sv(
         )
         for a, b in ds.shard_ranges(k)
     ]
-    if n_shards is not None:
-        tp = _open(client, kwargs_of(int(n_shards)), n_workers)
-    else:
-        from distributed import Client
-
-        # one shard per worker: learn the number of workers first
-        if client is None:
-            c, cluster = local_client(n_workers)
-            owned: Any = (c, cluster)
-        elif isinstance(client, Client):
-            c, owned = client, None
-        elif isinstance(client, str) and "://" in client:
-            c = Client(client, direct_to_workers=True)
-            owned = (c, c)
-        else:
-            raise TypeError(
-                f"client must be None, 'synchronous', a Client or an address, not {client!r}"
-            )
-        tp = _DaskActors(c, kwargs_of(len(c.scheduler_info()["workers"])), owned)
+    tp = _open(client, kwargs_of, n_shards, n_workers)
     try:
         return _run(
             tp,

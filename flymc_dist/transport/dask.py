@@ -165,7 +165,7 @@ def local_client(
     return client, cluster
 
 
-def _client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
+def client_from(client: Any, n_workers: int | None) -> tuple[Any, Any, bool]:
     """Return ``(client, cluster_or_None, owned)``."""
     from distributed import Client
 
@@ -283,7 +283,7 @@ class DaskTransport:
     Parameters
     ----------
     client
-        See :func:`_client_from`.
+        See :func:`client_from`.
     specs, config
         The shards and their configuration.
     n_workers
@@ -318,7 +318,7 @@ class DaskTransport:
         # run's connections only: restored by close()
         self._dask_config = dask.config.set({"distributed.comm.timeouts.connect": "5s"})
         try:
-            self.client, self.cluster, self.owned = _client_from(client, n_workers)
+            self.client, self.cluster, self.owned = client_from(client, n_workers)
         except BaseException:
             self._dask_config.__exit__(None, None, None)
             raise
