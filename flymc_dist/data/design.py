@@ -169,6 +169,20 @@ class ColumnStats:
         return "real", None
 
 
+def _finite(v: np.ndarray, column: str, what: str, where: Any, offset: int) -> np.ndarray:
+    """Column ``v`` as float64, its first non-finite or missing entry refused naming the
+    row (``where``, ``offset``), the column and ``what`` it holds."""
+    v = v.astype(np.float64, copy=False)
+    bad = ~np.isfinite(v)
+    if bad.any():
+        r = int(np.argmax(bad))
+        raise ValueError(
+            f"{_where(where, offset + r)}, column {column!r}: non-finite or missing {what} "
+            f"({float(v[r])!r})"
+        )
+    return v
+
+
 def _where(where: Any, row: int) -> str:
     """``"file.parquet row 12"``: ``where`` is a callable from a row of the block's source
     to such a phrase, or a name."""
@@ -312,15 +326,7 @@ class Design:
                     f"column {c!r} is not numeric (dtype {v.dtype}); name it in "
                     "categorical=[...] to one-hot encode it"
                 )
-            v = v.astype(np.float64, copy=False)
-            bad = ~np.isfinite(v)
-            if bad.any():
-                r = int(np.argmax(bad))
-                raise ValueError(
-                    f"{_where(where, offset + r)}, column {c!r}: non-finite or missing value "
-                    f"({float(v[r])!r})"
-                )
-            parts.append(v[:, None])
+            parts.append(_finite(v, c, "value", where, offset)[:, None])
         X = np.concatenate(parts, axis=1) if parts else np.empty((n or 0, 0))
         X = np.ascontiguousarray(X, dtype=np.float64)
         if self.center is not None:
@@ -360,12 +366,4 @@ class Design:
         v = column_values(cols[self.target])
         if not _is_numeric(v):
             raise ValueError(f"the target column {self.target!r} is not numeric ({v.dtype})")
-        v = v.astype(np.float64, copy=False)
-        bad = ~np.isfinite(v)
-        if bad.any():
-            r = int(np.argmax(bad))
-            raise ValueError(
-                f"{_where(where, offset + r)}, column {self.target!r}: non-finite or missing "
-                f"target ({float(v[r])!r})"
-            )
-        return v
+        return _finite(v, self.target, "target", where, offset)
