@@ -43,6 +43,8 @@ import numba
 import numpy as np
 from numba.typed import List
 
+from flymc_dist.streams import uniform_at
+
 #: model kinds of :meth:`Model.compiled_bright`
 LOGISTIC = 0
 ROBUST = 1
@@ -433,6 +435,147 @@ def apply(
                 w += 1
             a += 1
     new_seg[b_seg.size - 1] = o
+
+
+@numba.njit(**_JIT)
+def replica_z_propose(
+    buf: np.ndarray,
+    ids: np.ndarray,
+    starts: np.ndarray,
+    D: int,
+    thetas: np.ndarray,
+    keys: np.ndarray,
+    log_q: float,
+    p_ids: np.ndarray,
+    p_seg: np.ndarray,
+    p_at: np.ndarray,
+    rows_buf: np.ndarray,
+    kind: int,
+    par: np.ndarray,
+    b_vals: np.ndarray,
+    gone: np.ndarray,
+    cand: np.ndarray,
+    cand_seg: np.ndarray,
+    cand_at: np.ndarray,
+    cand_u: np.ndarray,
+    cand_vals: np.ndarray,
+) -> bool:
+    """The first half of every chain's implicit z-update on the driver's replica, in one
+    call: what :func:`eval_segments`, :func:`~flymc_dist.streams.uniforms_at_many`,
+    :func:`dark_rows` and :func:`apply` compute of it, with the same operations in the
+    same order (the same bits).
+
+    Chain c's bright rows are ``buf[starts[c]:starts[c+1]]`` (global ids ``ids``, sorted
+    within the chain); its dark→bright proposals are the global rows
+    ``p_ids[p_seg[c]:p_seg[c+1]]`` (sorted), row ``p_at[j]`` of ``rows_buf``; ``keys[c]``
+    its ``Z_DECIDE`` stream at this step. Writes each bright row's ``log L~`` at
+    ``thetas[c]`` (``b_vals``) and whether it goes dark (``gone``: ``log(1-u) < log q −
+    log L~``); the dark proposals (``cand``, chain after chain: ``cand_seg``), where each
+    sits in ``rows_buf`` (``cand_at``), its uniform (``cand_u``) and its ``log L~``
+    (``cand_vals``). Returns whether any value is NaN (a broken bound, or a non-finite θ:
+    the caller's guard, :func:`flymc_dist.terms.check_bounds_held`, tells which).
+    """
+    nan = False
+    m = 0
+    cand_seg[0] = 0
+    for c in range(starts.size - 1):
+        key = keys[c]
+        s0, s1 = starts[c], starts[c + 1]
+        for j in range(s0, s1):
+            eta = 0.0
+            for d in range(D):
+                eta += buf[j, d] * thetas[c, d]
+            v = _log_bright(kind, par, eta, buf[j, D], buf[j, D + 1], buf[j, D + 2])
+            b_vals[j] = v
+            nan = nan or math.isnan(v)
+            gone[j] = math.log1p(-uniform_at(key, ids[j])) < log_q - v
+        bright = ids[s0:s1]
+        for i in range(p_seg[c], p_seg[c + 1]):
+            r = p_ids[i]
+            k = np.searchsorted(bright, r)
+            if k < bright.size and bright[k] == r:
+                continue
+            a = p_at[i]
+            eta = 0.0
+            for d in range(D):
+                eta += rows_buf[a, d] * thetas[c, d]
+            v = _log_bright(kind, par, eta, rows_buf[a, D], rows_buf[a, D + 1], rows_buf[a, D + 2])
+            nan = nan or math.isnan(v)
+            cand[m] = r
+            cand_at[m] = a
+            cand_u[m] = uniform_at(key, r)
+            cand_vals[m] = v
+            m += 1
+        cand_seg[c + 1] = m
+    return nan
+
+
+@numba.njit(**_JIT)
+def replica_z_apply(
+    buf: np.ndarray,
+    ids: np.ndarray,
+    starts: np.ndarray,
+    gone: np.ndarray,
+    cand: np.ndarray,
+    cand_seg: np.ndarray,
+    cand_at: np.ndarray,
+    log_u: np.ndarray,
+    cand_vals: np.ndarray,
+    log_q: float,
+    rows_buf: np.ndarray,
+    new_buf: np.ndarray,
+    new_ids: np.ndarray,
+    new_src: np.ndarray,
+    new_starts: np.ndarray,
+) -> int:
+    """The second half (:func:`replica_z_propose`): accept each dark proposal when
+    ``log u < log L~ − log q`` (:func:`flymc_dist.brightness.brighten`, ``log_u`` its
+    ``log(1-u)``), and write every chain's new bright rows, sorted by global id, chain
+    after chain: their ids, their buffer rows (copied from ``buf`` or ``rows_buf``) and
+    where each came from (``new_src``: ``j`` for row ``j`` of ``buf``, ``len(buf) + a``
+    for row ``a`` of ``rows_buf``), the chains' segments in ``new_starts``.
+
+    Returns the number of rows written, or -1 when no chain's bright set changed (then
+    nothing is written)."""
+    changed = False
+    for j in range(gone.size):
+        changed = changed or gone[j]
+    acc = np.empty(cand.size, dtype=np.bool_)
+    for j in range(cand.size):
+        acc[j] = log_u[j] < cand_vals[j] - log_q
+        changed = changed or acc[j]
+    if not changed:
+        return -1
+    M = ids.size
+    W = buf.shape[1]
+    o = 0
+    new_starts[0] = 0
+    for c in range(starts.size - 1):
+        j, s1 = starts[c], starts[c + 1]
+        a, a1 = cand_seg[c], cand_seg[c + 1]
+        while True:
+            while j < s1 and gone[j]:
+                j += 1
+            while a < a1 and not acc[a]:
+                a += 1
+            if j < s1 and (a >= a1 or ids[j] < cand[a]):
+                new_ids[o] = ids[j]
+                new_src[o] = j
+                for d in range(W):
+                    new_buf[o, d] = buf[j, d]
+                j += 1
+            elif a < a1:
+                r = cand_at[a]
+                new_ids[o] = cand[a]
+                new_src[o] = M + r
+                for d in range(W):
+                    new_buf[o, d] = rows_buf[r, d]
+                a += 1
+            else:
+                break
+            o += 1
+        new_starts[c + 1] = o
+    return o
 
 
 def typed_list(arrays: list[np.ndarray]) -> List:

@@ -23,10 +23,8 @@ from typing import Any
 import numpy as np
 
 from flymc_dist._numerics import in_sorted
-from flymc_dist.brightness import brighten
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply
-from flymc_dist.streams import uniforms_at_many
 from flymc_dist.terms import bright_terms, bright_terms_many, check_bounds_held
 
 
@@ -143,6 +141,11 @@ class BrightReplica:
         # chain c's rows are _buffer_all[_starts[c]:_starts[c + 1]]
         self._buffer_all: np.ndarray | None = None
         self._starts = np.zeros(self.chains + 1, dtype=np.int64)
+        # every chain's global ids, targets and tight points, in the same order
+        self._ids_all = np.empty(0, dtype=np.int64)
+        self._X_all: np.ndarray | None = None
+        self._y_all: np.ndarray | None = None
+        self._xi_all: np.ndarray | None = None
         # the _Rows objects they were built from (held, so that an identity check is valid)
         self._buffers_of: tuple[_Rows, ...] = ()
         # (the bound, its arrays and the prior's terms) of fused_targets
@@ -276,59 +279,72 @@ class BrightReplica:
         if self._compiled is None or any(r is None for r in self._rows):
             raise RuntimeError("update_z needs a compiled model and the replica filled")
         jit, kind, par = self._compiled
-        C = self.chains
         self._rebuild()
-        buf_all, b_seg = self._buffer_all, self._starts.copy()
+        buf_all, b_seg, b_idx = self._buffer_all, self._starts, self._ids_all
         D = self._rows[0].X.shape[1]
         thetas = np.ascontiguousarray(thetas, dtype=np.float64)
-        b_idx = np.concatenate([r.ids for r in self._rows])
-        b_vals = np.empty(b_idx.size)
-        jit.eval_segments(
-            buf_all, D, np.arange(b_idx.size, dtype=np.int64), b_seg, thetas, kind, par, b_vals
-        )
-        check_bounds_held(b_vals, b_seg, thetas, lambda j: int(b_idx[j]), self.model)
-        offsets = np.zeros(C, dtype=np.int64)
-        u_dark = uniforms_at_many(keys, b_idx, b_seg, offsets)
         ids, seg, pos = proposed
-        cand = np.empty(ids.size, dtype=np.int64)
-        at = np.empty(ids.size, dtype=np.int64)
-        cand_seg = np.empty(C + 1, dtype=np.int64)
-        jit.dark_rows(b_idx, b_seg, ids, seg, pos, cand, cand_seg, at)
-        n = int(cand_seg[C])
-        cand, at = cand[:n], at[:n]
-        log_u = np.log1p(-uniforms_at_many(keys, cand, cand_seg, offsets))
         buf, X, y, xi = rows
-        vals = np.empty(n)
-        jit.eval_segments(buf, D, at, cand_seg, thetas, kind, par, vals)
-        check_bounds_held(vals, cand_seg, thetas, lambda j: int(cand[j]), self.model)
-        acc = brighten(log_u, vals, q)
-        new_idx = np.empty(b_idx.size + n, dtype=np.int64)
-        new_vals = np.empty(new_idx.size)
-        new_members = np.empty(new_idx.size, dtype=np.int64)
-        new_seg = np.empty(C + 1, dtype=np.int64)
-        jit.apply(
-            b_idx, b_vals, b_seg, b_idx, u_dark, math.log(q), cand, cand_seg, vals, acc,
-            new_idx, new_vals, new_members, new_seg,
+        M, n_prop = b_idx.size, ids.size
+        log_q = math.log(q)
+        b_vals = np.empty(M)
+        gone = np.empty(M, dtype=np.bool_)
+        cand = np.empty(n_prop, dtype=np.int64)
+        cand_seg = np.empty(self.chains + 1, dtype=np.int64)
+        cand_at = np.empty(n_prop, dtype=np.int64)
+        cand_u = np.empty(n_prop)
+        vals = np.empty(n_prop)
+        nan = jit.replica_z_propose(
+            buf_all, b_idx, b_seg, D, thetas, keys, log_q, ids, seg, pos, buf, kind, par,
+            b_vals, gone, cand, cand_seg, cand_at, cand_u, vals,
         )  # fmt: skip
-        for c in range(C):
-            cur = self._rows[c]
-            now = new_members[new_seg[c] : new_seg[c + 1]]
-            a0, a1 = cand_seg[c], cand_seg[c + 1]
-            took = at[a0:a1][acc[a0:a1]]
-            if took.size == 0 and now.size == cur.ids.size:
-                continue  # nothing went dark (only rows can go) and nothing came in
-            keep = in_sorted(cur.ids, now)
-            ids_c = np.concatenate([cur.ids[keep], cand[a0:a1][acc[a0:a1]]])
-            order = np.argsort(ids_c, kind="stable")
-            self._rows[c] = _Rows(
-                ids_c[order],
-                np.concatenate([cur.X[keep], X[took]])[order],
-                np.concatenate([cur.y[keep], y[took]])[order],
-                np.concatenate([cur.xi[keep], xi[took]])[order],
-                np.concatenate([cur.buf[keep], buf[took]])[order],
+        n = int(cand_seg[-1])
+        cand, cand_at, vals = cand[:n], cand_at[:n], vals[:n]
+        if nan:  # the guard over the bright rows' values, then the proposals'
+            check_bounds_held(b_vals, b_seg, thetas, lambda j: int(b_idx[j]), self.model)
+            check_bounds_held(vals, cand_seg, thetas, lambda j: int(cand[j]), self.model)
+        # log(1 - u) of the proposals in numpy, as brighten has always been given it
+        log_u = np.log1p(-cand_u[:n])
+        queries = np.diff(b_seg) + np.diff(cand_seg)
+        new_buf = np.empty((M + n, buf_all.shape[1]))
+        new_ids = np.empty(M + n, dtype=np.int64)
+        new_src = np.empty(M + n, dtype=np.int64)
+        new_starts = np.empty(self.chains + 1, dtype=np.int64)
+        m = jit.replica_z_apply(
+            buf_all, b_idx, b_seg, gone, cand, cand_seg, cand_at, log_u, vals, log_q, buf,
+            new_buf, new_ids, new_src, new_starts,
+        )  # fmt: skip
+        if m >= 0:  # some chain's bright set changed
+            src = new_src[:m]
+            self._set_all(
+                new_ids[:m],
+                new_buf[:m],
+                np.concatenate([self._X_all, X])[src],
+                np.concatenate([self._y_all, y])[src],
+                np.concatenate([self._xi_all, xi])[src],
+                new_starts,
             )
-        self._rebuild()
-        return np.diff(b_seg) + np.diff(cand_seg)
+        return queries
+
+    def _set_all(
+        self,
+        ids: np.ndarray,
+        buf: np.ndarray,
+        X: np.ndarray,
+        y: np.ndarray,
+        xi: np.ndarray,
+        starts: np.ndarray,
+    ) -> None:
+        """Every chain's rows from arrays of all of them, chain after chain (chain c's at
+        ``starts[c]:starts[c+1]``): each chain's :class:`_Rows` are views of them."""
+        rows = []
+        for c in range(self.chains):
+            s = slice(int(starts[c]), int(starts[c + 1]))
+            rows.append(_Rows(ids[s], X[s], y[s], xi[s], buf[s]))
+        self._rows = rows
+        self._buffer_all, self._starts = buf, starts
+        self._ids_all, self._X_all, self._y_all, self._xi_all = ids, X, y, xi
+        self._buffers_of = tuple(rows)
 
     def _rebuild(self) -> None:
         """The compiled kernel's buffer, when a chain's rows have changed (an iteration
@@ -341,7 +357,12 @@ class BrightReplica:
             a is not b for a, b in zip(rows, self._buffers_of, strict=True)
         ):
             self._buffer_all = np.concatenate([self._buffer(r) for r in rows])
+            self._starts = np.zeros(self.chains + 1, dtype=np.int64)
             self._starts[1:] = np.cumsum([r.ids.size for r in rows])
+            self._ids_all = np.concatenate([r.ids for r in rows])
+            self._X_all = np.concatenate([r.X for r in rows])
+            self._y_all = np.concatenate([r.y for r in rows])
+            self._xi_all = np.concatenate([r.xi for r in rows])
             self._buffers_of = rows
 
     def _buffer(self, rows: _Rows) -> np.ndarray:

@@ -124,6 +124,13 @@ def _uniform(key: np.uint64, n: int, word2: int, word3: int) -> float:
     return _to_unit(o[0], o[1])
 
 
+@numba.njit(inline="always", **_JIT)
+def uniform_at(key: np.uint64, n: int) -> float:
+    """The uniform of row (or index) ``n`` in the stream ``key``: the value
+    :func:`uniforms_at` gives it (for compiled callers)."""
+    return _uniform(key, n, 0, 0)
+
+
 @numba.njit(**_JIT)
 def _uniforms_range(key: np.uint64, start: int, out: np.ndarray) -> None:
     for i in range(out.size):
