@@ -459,6 +459,7 @@ def replica_z_propose(
     cand_at: np.ndarray,
     cand_u: np.ndarray,
     cand_vals: np.ndarray,
+    queries: np.ndarray,
 ) -> bool:
     """The first half of every chain's implicit z-update on the driver's replica, in one
     call: what :func:`eval_segments`, :func:`~flymc_dist.streams.uniforms_at_many`,
@@ -472,7 +473,8 @@ def replica_z_propose(
     ``thetas[c]`` (``b_vals``) and whether it goes dark (``gone``: ``log(1-u) < log q −
     log L~``); the dark proposals (``cand``, chain after chain: ``cand_seg``), where each
     sits in ``rows_buf`` (``cand_at``), its uniform (``cand_u``) and its ``log L~``
-    (``cand_vals``). Returns whether any value is NaN (a broken bound, or a non-finite θ:
+    (``cand_vals``), and each chain's likelihood queries (its bright rows and dark
+    proposals, ``queries``). Returns whether any value is NaN (a broken bound, or a non-finite θ:
     the caller's guard, :func:`flymc_dist.terms.check_bounds_held`, tells which).
     """
     nan = False
@@ -507,6 +509,7 @@ def replica_z_propose(
             cand_vals[m] = v
             m += 1
         cand_seg[c + 1] = m
+        queries[c] = s1 - s0 + m - cand_seg[c]
     return nan
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from flymc_dist.protocol import Ahead, Proposals, Transport
 from flymc_dist.replica import BrightReplica
-from flymc_dist.streams import Z_DECIDE, stream_key
+from flymc_dist.streams import Z_DECIDE, stream_keys
 
 __all__ = ["ReadAhead"]
 
@@ -157,13 +157,7 @@ class ReadAhead:
         """Every chain's z-update at ``positions`` on the replica (the shards' draws).
         Returns each chain's likelihood queries."""
         proposed = self._proposals(positions)
-        keys = np.array(
-            [
-                stream_key(self.seed, self.generation, c, self.step, Z_DECIDE)
-                for c in range(self.replica.chains)
-            ],
-            dtype=np.uint64,
-        )
+        keys = stream_keys(self.seed, self.generation, self.replica.chains, self.step, Z_DECIDE)
         queries = self.replica.update_z(positions, keys, self.q, proposed, self._block.rows)
         self.step += 1
         return queries

@@ -801,6 +801,7 @@ class Driver:
             "step": self.step_seconds,
             "round": self.round_seconds,
             "z": self.z_seconds,
+            "theta": None if self.replica is None else float(self.replica.kernel_clock[0]),
             "hosts": self.transport.timing(),
         }
 

@@ -18,6 +18,7 @@ and workers.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -56,7 +57,7 @@ class FusedTarget:
     in the replica's order.
     """
 
-    __slots__ = ("buffer", "r0", "r1", "kind", "par", "S", "b", "c", "prior")
+    __slots__ = ("buffer", "r0", "r1", "kind", "par", "S", "b", "c", "prior", "clock")
 
     def __init__(
         self,
@@ -71,10 +72,13 @@ class FusedTarget:
         prior_kind: int,
         prior_k: float,
         prior_const: float,
+        clock: np.ndarray | None = None,
     ) -> None:
         self.buffer, self.r0, self.r1, self.kind, self.par = buffer, r0, r1, kind, par
         self.S, self.b, self.c = S, b, c
         self.prior = (prior_kind, prior_k, prior_const)
+        #: where the wall seconds of the compiled transitions add up (``clock[0]``)
+        self.clock = clock
 
     @property
     def n_rows(self) -> int:
@@ -101,12 +105,15 @@ class FusedTarget:
             inv_metric = inv_metric[None]
             momentum_factor = momentum_factor[None]
         out = np.empty(position.shape[0])
+        t0 = time.perf_counter()
         res = nuts_transition(
             rng, np.ascontiguousarray(position, dtype=np.float64), float(step_size),
             inv_metric, momentum_factor, diag, int(max_tree_depth),
             float(divergence_threshold), self.buffer, self.r0, self.r1, self.kind, self.par,
             self.S, self.b, self.c, *self.prior, out,
         )  # fmt: skip
+        if self.clock is not None:
+            self.clock[0] += time.perf_counter() - t0
         return (out, *res)
 
 
@@ -146,10 +153,15 @@ class BrightReplica:
         self._X_all: np.ndarray | None = None
         self._y_all: np.ndarray | None = None
         self._xi_all: np.ndarray | None = None
+        # update_z's scratch: (bright rows' values and moves, the proposals' four arrays)
+        self._scratch: tuple[np.ndarray, np.ndarray] | None = None
         # the _Rows objects they were built from (held, so that an identity check is valid)
         self._buffers_of: tuple[_Rows, ...] = ()
         # (the bound, its arrays and the prior's terms) of fused_targets
         self._fused_bound: tuple | None = None
+        #: wall seconds spent in the compiled θ-kernel transitions of fused_targets
+        #: (the call included): the θ-kernel's own compute on the replica
+        self.kernel_clock = np.zeros(1)
 
     @property
     def fusable(self) -> bool:
@@ -276,27 +288,29 @@ class BrightReplica:
         numpy.ndarray
             Likelihood queries of each chain (its bright rows and its dark proposals).
         """
-        if self._compiled is None or any(r is None for r in self._rows):
+        if self._compiled is None or self._rows[0] is None:  # apply fills every chain
             raise RuntimeError("update_z needs a compiled model and the replica filled")
         jit, kind, par = self._compiled
         self._rebuild()
         buf_all, b_seg, b_idx = self._buffer_all, self._starts, self._ids_all
-        D = self._rows[0].X.shape[1]
         thetas = np.ascontiguousarray(thetas, dtype=np.float64)
         ids, seg, pos = proposed
         buf, X, y, xi = rows
         M, n_prop = b_idx.size, ids.size
         log_q = math.log(q)
-        b_vals = np.empty(M)
-        gone = np.empty(M, dtype=np.bool_)
-        cand = np.empty(n_prop, dtype=np.int64)
+        # scratch of the first half, reused from call to call (nothing of it is kept)
+        if self._scratch is None or self._scratch[0].size < M or self._scratch[1].size < n_prop:
+            self._scratch = (np.empty((2, 2 * M + 64)), np.empty((4, 2 * n_prop + 64)))
+        b_sc, c_sc = self._scratch
+        b_vals = b_sc[0, :M]
+        gone = b_sc[1, :M].view(np.bool_)[:M]  # (any M bytes of the row do)
+        cand_u, vals = c_sc[0, :n_prop], c_sc[1, :n_prop]
+        cand, cand_at = c_sc[2, :n_prop].view(np.int64), c_sc[3, :n_prop].view(np.int64)
         cand_seg = np.empty(self.chains + 1, dtype=np.int64)
-        cand_at = np.empty(n_prop, dtype=np.int64)
-        cand_u = np.empty(n_prop)
-        vals = np.empty(n_prop)
+        queries = np.empty(self.chains, dtype=np.int64)
         nan = jit.replica_z_propose(
-            buf_all, b_idx, b_seg, D, thetas, keys, log_q, ids, seg, pos, buf, kind, par,
-            b_vals, gone, cand, cand_seg, cand_at, cand_u, vals,
+            buf_all, b_idx, b_seg, self._rows[0].X.shape[1], thetas, keys, log_q, ids, seg,
+            pos, buf, kind, par, b_vals, gone, cand, cand_seg, cand_at, cand_u, vals, queries,
         )  # fmt: skip
         n = int(cand_seg[-1])
         cand, cand_at, vals = cand[:n], cand_at[:n], vals[:n]
@@ -305,7 +319,6 @@ class BrightReplica:
             check_bounds_held(vals, cand_seg, thetas, lambda j: int(cand[j]), self.model)
         # log(1 - u) of the proposals in numpy, as brighten has always been given it
         log_u = np.log1p(-cand_u[:n])
-        queries = np.diff(b_seg) + np.diff(cand_seg)
         new_buf = np.empty((M + n, buf_all.shape[1]))
         new_ids = np.empty(M + n, dtype=np.int64)
         new_src = np.empty(M + n, dtype=np.int64)
@@ -522,7 +535,18 @@ class BrightReplica:
         starts = self._starts
         return [
             FusedTarget(
-                buffer, int(starts[i]), int(starts[i + 1]), kind, par, S, b, c, prior_kind, k, const
+                buffer,
+                int(starts[i]),
+                int(starts[i + 1]),
+                kind,
+                par,
+                S,
+                b,
+                c,
+                prior_kind,
+                k,
+                const,
+                self.kernel_clock,
             )  # fmt: skip
             for i in range(self.chains)
         ]

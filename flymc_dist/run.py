@@ -312,7 +312,8 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
     (``channel_refused``: see :mod:`flymc_dist.transport.channel`). The driver's samplers
     also give ``z_update`` (FlyMC's z-update in replica mode: its round, or its update on
     the replica with the wait for read-ahead rows) and ``theta_kernel``, the rest of the
-    step: the θ-kernel on the replica.
+    step: the θ-kernel on the replica; ``theta_compute``, of that the compiled θ-kernel
+    transitions alone (each chain's call, where the kernel runs whole on the replica).
     """
     n = max(int(iterations), 1)
     hosts = []
@@ -334,6 +335,9 @@ def timing_report(a: dict[str, Any], b: dict[str, Any], iterations: int) -> dict
     if "z" in a and "z" in b:  # replica mode: the z-updates, and the θ-kernel's the rest
         out["z_update"] = (b["z"] - a["z"]) / n
         out["theta_kernel"] = step - out["z_update"]
+    if a.get("theta") is not None and b.get("theta") is not None:
+        # the compiled θ-kernel transitions alone (replica mode, a fused kernel)
+        out["theta_compute"] = (b["theta"] - a["theta"]) / n
     return out
 
 

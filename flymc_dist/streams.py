@@ -116,6 +116,25 @@ def stream_key(seed: int, generation: int, chain: int, step: int, purpose: int) 
     return int(_key(np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), generation, chain, step, purpose))
 
 
+@numba.njit(**_JIT)
+def _chain_keys(seed: np.uint64, generation: int, step: int, purpose: int, out: np.ndarray) -> None:
+    for c in range(out.size):
+        out[c] = _key(seed, generation, c, step, purpose)
+
+
+def stream_keys(seed: int, generation: int, chains: int, step: int, purpose: int) -> np.ndarray:
+    """:func:`stream_key` of chains ``0 .. chains - 1`` (the other fields fixed), as a
+    uint64 array, in one compiled call."""
+    for name, v in (("generation", generation), ("chains", chains), ("step", step)):
+        if v < 0:
+            raise ValueError(f"stream_keys: {name} must be >= 0, got {v}")
+    out = np.empty(int(chains), dtype=np.uint64)
+    _chain_keys(
+        np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), int(generation), int(step), int(purpose), out
+    )
+    return out
+
+
 @numba.njit(inline="always", **_JIT)
 def _uniform(key: np.uint64, n: int, word2: int, word3: int) -> float:
     m = np.uint64(_M32)

@@ -19,9 +19,12 @@ Figures per run (post-warm-up iterations):
 * **CPU ms/it**: the driver process's CPU milliseconds per iteration
   (``time.process_time`` between its first and last kept iterations: the sampler's thread
   and the Dask client's together);
-* **θ ms/it**: the θ-kernel's own wall time per iteration inside the run (the step less
+* **θ ms/it**: the θ-kernel's wall time per iteration inside the run (the step less
   its z-update: ``info["timing"]["theta_kernel"]``), **z ms/it** the z-update's (with any
   wait for its rows), and **ms/θ**, the ratio of ms/it to θ ms/it;
+* **θc ms/it**: of θ ms/it, the compiled θ-kernel transitions alone (every chain's call,
+  ``info["timing"]["theta_compute"]``: the kernel's own compute on the replica), and
+  **ms/θc**, the ratio of ms/it to it (the floor is 1);
 * **req/host**: requests the driver sent each host while sampling, per 100 iterations;
 * **R-hat** (largest rank-normalised split-R̂) and **min ESS** (smallest bulk ESS over
   parameters, all chains pooled).
@@ -168,6 +171,7 @@ def _one(
     cpu = (marks[-1] - marks[warmup]) / max(draws - 1, 1)
     wall = info["sampling_seconds"] / draws
     theta = timing.get("theta_kernel")
+    compute = timing.get("theta_compute")
     sent = info.get("host_messages") or {}
     x = res.samples.reshape(chains, draws, -1)
     return {
@@ -180,6 +184,8 @@ def _one(
         "theta_ms_per_it": None if theta is None else 1e3 * theta,
         "z_ms_per_it": None if timing.get("z_update") is None else 1e3 * timing["z_update"],
         "per_theta": None if not theta else wall / theta,
+        "theta_compute_ms_per_it": None if compute is None else 1e3 * compute,
+        "per_theta_compute": None if not compute else wall / compute,
         "requests_per_100_it_per_host": (
             100.0 * max(sent.values()) / (warmup + draws) if sent else None
         ),
@@ -276,7 +282,8 @@ def format_scaleout(d: dict[str, Any]) -> str:
         f"{d['kernel']}, {d['chains']} chains, {d['num_warmup']} + {d['num_samples']} "
         f"iterations; load average {f(d.get('load'), '.1f')} on {d.get('cpus')} CPUs",
         f"{'W':>3}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}{'θ ms/it':>9}{'z ms/it':>8}"
-        f"{'ms/θ':>6}{'req/100it':>10}{'bright':>8}{'R-hat':>7}{'minESS':>8}",
+        f"{'ms/θ':>6}{'θc ms/it':>9}{'ms/θc':>6}{'req/100it':>10}{'bright':>8}{'R-hat':>7}"
+        f"{'minESS':>8}",
     ]
     for r in d["runs"]:
         lines.append(
@@ -284,6 +291,8 @@ def format_scaleout(d: dict[str, Any]) -> str:
             f"{r['ms_per_it']:>8.3f}{r['cpu_ms_per_it']:>10.3f}"
             f"{f(r['theta_ms_per_it'], '.3f'):>9}{f(r['z_ms_per_it'], '.3f'):>8}"
             f"{f(r['per_theta'], '.2f'):>6}"
+            f"{f(r.get('theta_compute_ms_per_it'), '.3f'):>9}"
+            f"{f(r.get('per_theta_compute'), '.2f'):>6}"
             f"{f(r['requests_per_100_it_per_host'], '.1f'):>10}{r['n_bright']:>8.1f}"
             f"{r['rhat']:>7.3f}{r['min_ess']:>8.0f}"
         )
