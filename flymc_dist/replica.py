@@ -153,6 +153,8 @@ class BrightReplica:
         self._X_all: np.ndarray | None = None
         self._y_all: np.ndarray | None = None
         self._xi_all: np.ndarray | None = None
+        # whether every chain's rows are views of _ids_all, _X_all, ... (after update_z)
+        self._views_of_all = False
         # update_z's scratch: (bright rows' values and moves, the proposals' four arrays)
         self._scratch: tuple[np.ndarray, np.ndarray] | None = None
         # the _Rows objects they were built from (held, so that an identity check is valid)
@@ -179,6 +181,11 @@ class BrightReplica:
 
     def nbytes(self) -> int:
         """Memory held by the replica's rows."""
+        if self._views_of_all:  # every chain's rows are views of the arrays of all: O(1)
+            return int(
+                self._X_all.nbytes + self._y_all.nbytes + self._xi_all.nbytes
+                + self._ids_all.nbytes
+            )  # fmt: skip
         return int(
             sum(
                 r.X.nbytes + r.y.nbytes + r.xi.nbytes + r.ids.nbytes
@@ -189,6 +196,7 @@ class BrightReplica:
 
     def apply(self, replies: list[ReplicaReply]) -> None:
         """Apply one round's replies (one per shard, in global shard order)."""
+        self._views_of_all = False
         # the compiled kernel's rows of every chain's new rows, one call per reply (the row
         # constants are a function of each row's target and tight point alone)
         new_bufs = [
@@ -358,6 +366,7 @@ class BrightReplica:
         self._buffer_all, self._starts = buf, starts
         self._ids_all, self._X_all, self._y_all, self._xi_all = ids, X, y, xi
         self._buffers_of = tuple(rows)
+        self._views_of_all = True
 
     def _rebuild(self) -> None:
         """The compiled kernel's buffer, when a chain's rows have changed (an iteration

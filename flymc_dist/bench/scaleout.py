@@ -238,6 +238,9 @@ def run_scaleout(
     dict
         ``runs`` (one dict per run: the figures of the module notes) and the settings.
     """
+    workers, delays_ms, read_ahead = list(workers or ()), list(delays_ms or ()), read_ahead or ()
+    if not workers:
+        raise ValueError("bench scaleout needs at least one worker count")
     workdir = workdir or os.path.join(tempfile.gettempdir(), "flymc-bench-scaleout")
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, f"logistic-{rows}x{features}-seed{seed}.zarr")
