@@ -277,6 +277,14 @@ class BrightReplica:
         update (:func:`~flymc_dist.shard.batched.batched_z_update`) with the same
         operations on the same values, so the same bright sets, bit for bit.
 
+        Two compiled calls (:func:`~flymc_dist._compiled.replica_z_propose`, then
+        :func:`~flymc_dist._compiled.replica_z_apply`) and a handful of numpy operations,
+        whatever the number of chains. The bright rows' ``log L~`` at ``thetas`` are
+        evaluated here again, not taken from the θ-step: the compiled NUTS transition sums
+        with ``fastmath`` reassociation (:mod:`flymc_dist._compiled_nuts`), so its values
+        may differ in the last bit from the shards' update, whose draws these must be; with
+        MAP-tuned bounds they are a few rows per chain, a negligible part of the update.
+
         Parameters
         ----------
         thetas
