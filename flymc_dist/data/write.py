@@ -1056,7 +1056,8 @@ def from_pieces(
     ``convert(start, stop, payload)``, which yields them as ``(X, y)`` blocks in order
     (``payload``: whatever the piece needs, a Dask collection or future is computed
     first), validated as :func:`from_blocks` does and written; a worker holds a few blocks
-    of a piece at a time, not the piece. Without a client the pieces are converted here, one at a time, in order.
+    of a piece at a time, not the piece. Without a client the pieces are converted here,
+    one at a time, in order.
     With a Dask ``client`` each piece is converted and written by a worker into the
     temporary store (pieces must then start at multiples of ``chunk_rows``: no two write
     one chunk), at most two pieces per worker in flight; on the first failure no more
