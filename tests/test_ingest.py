@@ -448,3 +448,20 @@ def test_parquet_on_s3_into_s3_by_the_workers_or_nothing(tmp_path, s3, client) -
         )
     fs.invalidate_cache()
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("ingest")) == ["d.zarr", "src"]
+
+
+@pytest.mark.cluster
+def test_bench_ingest_is_wired(tmp_path, capsys) -> None:
+    """`flymc bench ingest` on a tiny problem: the three runs, their stores identical, the
+    table and the JSON."""
+    from flymc_dist.cli import main
+
+    out_json = tmp_path / "f.json"
+    args = ["bench", "ingest", "--rows", "3000", "--features", "3", "--files", "2"]
+    code = main([*args, "--workdir", str(tmp_path), "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "parquet_cluster" in out and "stores identical: True" in out
+    d = json.loads(out_json.read_text())
+    assert d["identical"] is True
+    assert set(d["runs"]) == {"from_blocks", "parquet", "parquet_cluster"}
