@@ -464,4 +464,4 @@ def test_bench_ingest_is_wired(tmp_path, capsys) -> None:
     assert "parquet_cluster" in out and "stores identical: True" in out
     d = json.loads(out_json.read_text())
     assert d["identical"] is True
-    assert set(d["runs"]) == {"from_blocks", "parquet", "parquet_cluster"}
+    assert set(d["runs"]) == {"npy", "parquet", "parquet_cluster"}

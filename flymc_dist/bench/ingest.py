@@ -1,6 +1,6 @@
 """``flymc bench ingest``: writing a store from Parquet files, in one process and on a Dask
-cluster, against the single-process path from arrays (:func:`flymc_dist.data.from_blocks`
-over a memory-mapped ``.npy``).
+cluster, against the single-process path from an array file (``fd.ingest`` of a ``.npy``:
+row ranges read and written by :func:`flymc_dist.data.from_blocks`).
 
 Synthetic rows (``features`` standard normal columns and a 0/1 target) are written once
 to ``files`` Parquet files (pyarrow's default row groups unless ``row_group_rows`` is
@@ -30,39 +30,42 @@ __all__ = ["format_ingest", "run_ingest"]
 #: the measured writes, each run as ``python -c`` with arguments (source, destination,
 #: workers); it prints a JSON line: seconds, this process's and the workers' peak MiB
 _RUNS = {
-    "from_blocks": """
-import json, resource, sys, time
-import numpy as np
-from flymc_dist.data import from_blocks
-src, out = sys.argv[1], sys.argv[2]
-A = np.load(src, mmap_mode="r")
-step = 65536
-t = time.perf_counter()
-from_blocks(((A[s:s + step, :-1], A[s:s + step, -1].astype(np.int64))
-                for s in range(0, A.shape[0], step)), out, A.shape[0], A.shape[1] - 1,
-            task="binary")
-sec = time.perf_counter() - t
-print(json.dumps({"seconds": sec,
-                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-""",
-    "parquet": """
-import json, resource, sys, time
+    "npy": """
+import json, sys, time
 import flymc_dist as fd
 src, out = sys.argv[1], sys.argv[2]
+def peak():
+    # this process's own high-water mark (ru_maxrss carries the parent's across exec)
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM")) / 1024
+t = time.perf_counter()
+fd.ingest(src, out, task="binary")
+sec = time.perf_counter() - t
+print(json.dumps({"seconds": sec, "peak_mib": peak()}))
+""",
+    "parquet": """
+import json, sys, time
+import flymc_dist as fd
+src, out = sys.argv[1], sys.argv[2]
+def peak():
+    # this process's own high-water mark (ru_maxrss carries the parent's across exec)
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM")) / 1024
+
 t = time.perf_counter()
 fd.from_parquet(src, out, target="y", task="binary")
 sec = time.perf_counter() - t
-print(json.dumps({"seconds": sec,
-                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"seconds": sec, "peak_mib": peak()}))
 """,
     "parquet_cluster": """
-import json, resource, sys, time
+import json, sys, time
 from distributed import Client, LocalCluster
 import flymc_dist as fd
 src, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def peak():
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # this process's own high-water mark (ru_maxrss carries the parent's across exec)
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM")) / 1024
 if __name__ == "__main__":
     with LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=":0") as c, \\
             Client(c) as client:
@@ -136,8 +139,8 @@ def run_ingest(
     seed: int = 0,
     workdir: str | None = None,
 ) -> dict[str, Any]:
-    """Time Parquet ingest in one process and on ``workers`` workers against
-    :func:`~flymc_dist.data.from_blocks` of the same rows.
+    """Time Parquet ingest in one process and on ``workers`` workers against the
+    single-process ``.npy`` ingest of the same rows.
 
     Parameters
     ----------
@@ -157,8 +160,8 @@ def run_ingest(
     Returns
     -------
     dict
-        Per run: ``seconds``, ``peak_mib`` (and ``worker_peak_mib``); the ratios to
-        ``from_blocks``; whether every store equals the first.
+        Per run: ``seconds``, ``peak_mib`` (and ``worker_peak_mib``); the ratios to the
+        ``npy`` run; whether every store equals the first.
     """
     out: dict[str, Any] = {
         "rows": rows,
@@ -173,7 +176,7 @@ def run_ingest(
         stores = []
         for name, code in _RUNS.items():
             dest = os.path.join(tmp, f"{name}.zarr")
-            src = npy if name == "from_blocks" else pq_dir
+            src = npy if name == "npy" else pq_dir
             done = subprocess.run(
                 [sys.executable, "-c", code, src, dest, str(workers)],
                 capture_output=True,
@@ -185,7 +188,7 @@ def run_ingest(
             out["runs"][name] = json.loads(done.stdout.strip().splitlines()[-1])
             stores.append(dest)
         out["identical"] = all(_same_store(stores[0], s) for s in stores[1:])
-    base = out["runs"]["from_blocks"]["seconds"]
+    base = out["runs"]["npy"]["seconds"]
     out["ratio"] = {k: v["seconds"] / base for k, v in out["runs"].items()}
     return out
 
@@ -196,12 +199,12 @@ def format_ingest(d: dict[str, Any]) -> str:
         f"ingest of {d['rows']:,} rows x {d['features']} features (+ target) from "
         f"{d['files']} Parquet files, row groups of "
         f"{d['row_group_rows'] or 'pyarrow default'} rows",
-        f"{'run':<18}{'seconds':>10}{'x from_blocks':>15}{'peak MiB':>10}{'worker MiB':>12}",
+        f"{'run':<18}{'seconds':>10}{'x npy':>8}{'peak MiB':>10}{'worker MiB':>12}",
     ]
     for name, r in d["runs"].items():
         wk = r.get("worker_peak_mib")
         lines.append(
-            f"{name:<18}{r['seconds']:>10.2f}{d['ratio'][name]:>15.2f}{r['peak_mib']:>10.0f}"
+            f"{name:<18}{r['seconds']:>10.2f}{d['ratio'][name]:>8.2f}{r['peak_mib']:>10.0f}"
             f"{'' if wk is None else f'{wk:.0f}':>12}"
         )
     lines.append(f"stores identical: {d['identical']}")

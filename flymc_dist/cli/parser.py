@@ -606,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser(
         "ingest",
         add_help=False,
-        help="Parquet ingest in one process and on a cluster against from_blocks",
+        help="Parquet ingest in one process and on a cluster against .npy ingest",
     )
     b.set_defaults(func=None)
     return parser

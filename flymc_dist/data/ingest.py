@@ -54,6 +54,8 @@ _BLOCK_BYTES = 4 * DEFAULT_CHUNK_BYTES
 #: Bytes of text pyarrow's streaming CSV reader parses at a time.
 _CSV_BLOCK_BYTES = 16 * 2**20
 _PARQUET_EXT = (".parquet", ".pq", ".parq")
+#: Bytes of a Parquet column chunk read at a time.
+_PARQUET_BUFFER = 2**16
 
 
 # --------------------------------------------------------------------------- tables
@@ -364,7 +366,10 @@ class _ParquetTable:
             g_hi = int(np.searchsorted(g_starts, hi, side="left"))
             at = int(g_starts[g_lo])  # file row of the next batch's first row
             with self._open(self.files[i]) as fh:
-                batches = pq.ParquetFile(fh).iter_batches(
+                # column chunks read through a small buffer, not whole: a process holds
+                # a few batches, not a row group (1 Mi rows by pyarrow's default)
+                pf = pq.ParquetFile(fh, buffer_size=_PARQUET_BUFFER, pre_buffer=False)
+                batches = pf.iter_batches(
                     batch_size=step, row_groups=list(range(g_lo, g_hi)), columns=list(columns)
                 )
                 for batch in batches:
