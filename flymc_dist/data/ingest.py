@@ -50,7 +50,7 @@ __all__ = [
 
 #: Bytes of the float64 rows of one block read, converted and written at a time (and of
 #: one piece a worker writes): a few zarr chunks.
-_BLOCK_BYTES = 4 * DEFAULT_CHUNK_BYTES
+_BLOCK_BYTES = DEFAULT_CHUNK_BYTES
 #: Bytes of text pyarrow's streaming CSV reader parses at a time.
 _CSV_BLOCK_BYTES = 16 * 2**20
 _PARQUET_EXT = (".parquet", ".pq", ".parq")
