@@ -7,7 +7,7 @@ writes its own whole chunks). Kept out of :mod:`flymc_dist.data`, which imports 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,9 +54,11 @@ def _part_xy(part: Any, design: Design, offset: int) -> np.ndarray:
 class _SplitXY:
     """``(X, y)`` of a block ``[X | y]`` (the Dask path's pieces)."""
 
-    def __call__(self, start: int, stop: int, payload: Any) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(
+        self, start: int, stop: int, payload: Any
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         block = np.asarray(payload)
-        return block[:, :-1], block[:, -1]
+        yield block[:, :-1], block[:, -1]
 
 
 def from_dask(

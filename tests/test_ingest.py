@@ -5,6 +5,7 @@ arrays, in one process and on a cluster's workers. Every path writes the store
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import flymc_dist as fd
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
+ingest_module = importlib.import_module("flymc_dist.data.ingest")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -248,6 +250,31 @@ def test_parquet_directory_is_the_from_numpy_store(tmp_path, parallel, request) 
 
 
 @pytest.mark.parametrize("parallel", [False, True])
+def test_parquet_pieces_across_row_groups_are_the_from_numpy_store(
+    tmp_path, parallel, request, monkeypatch
+) -> None:
+    """Blocks of 100 rows (the block size cut down) against row groups of 70 and chunks of
+    96: pieces start at row groups rounded up to chunks, batches are sliced across group
+    and file boundaries, and the store is still from_numpy's, byte for byte."""
+    monkeypatch.setattr(ingest_module, "_BLOCK_BYTES", 100 * 8 * 5)
+    X, y = _data(1000)
+    names = ["a", "b", "c", "d"]
+    src = _write_parquet_dir(X, y, tmp_path / "src", names, group=70)
+    table = ingest_module._ParquetTable(str(src), None)
+    starts = table.piece_starts(96)
+    assert starts[0] == 0 and len(starts) > 3 and all(s % 96 == 0 for s in starts)
+    assert all(b - a >= 100 for a, b in zip(starts[:-1], starts[1:], strict=True))
+    blocks = list(table.read_blocks(250, 777, ["a", "label"]))
+    assert [off for off, _ in blocks][0] == 250
+    got_a = np.concatenate([np.asarray(c["a"]) for _, c in blocks])
+    np.testing.assert_array_equal(got_a, X[250:777, 0])
+    client = request.getfixturevalue("client") if parallel else None
+    got = fd.from_parquet(src, tmp_path / "got.zarr", target="label", chunk_rows=96, client=client)
+    ref = fd.from_numpy(X, y, tmp_path / "ref.zarr", chunk_rows=96, feature_names=names)
+    assert_same_store(got, ref)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
 def test_a_bad_value_in_the_middle_of_parquet_names_file_row_column(
     tmp_path, parallel, request
 ) -> None:
@@ -421,3 +448,20 @@ def test_parquet_on_s3_into_s3_by_the_workers_or_nothing(tmp_path, s3, client) -
         )
     fs.invalidate_cache()
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("ingest")) == ["d.zarr", "src"]
+
+
+@pytest.mark.cluster
+def test_bench_ingest_is_wired(tmp_path, capsys) -> None:
+    """`flymc bench ingest` on a tiny problem: the three runs, their stores identical, the
+    table and the JSON."""
+    from flymc_dist.cli import main
+
+    out_json = tmp_path / "f.json"
+    args = ["bench", "ingest", "--rows", "3000", "--features", "3", "--files", "2"]
+    code = main([*args, "--workdir", str(tmp_path), "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "parquet_cluster" in out and "stores identical: True" in out
+    d = json.loads(out_json.read_text())
+    assert d["identical"] is True
+    assert set(d["runs"]) == {"npy", "parquet", "parquet_cluster"}

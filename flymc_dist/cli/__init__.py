@@ -9,7 +9,7 @@ Subcommands::
                                      sample; draws + stats go to a resumable zarr trace
     flymc summary TRACE              the posterior table and efficiency of a trace
     flymc predict TRACE NEW OUT      the posterior predictive at new rows, into zarr
-    flymc bench overhead|sublinear|mixing|scale|table1|scaleout|jointdpm|risk|sv   benchmarks
+    flymc bench overhead|sublinear|mixing|scale|table1|scaleout|jointdpm|risk|sv|ingest   benchmarks
 
 Bad input (a missing file, NaN in the data, an unknown model or option, …) ends with
 exit status 2 and one line ``flymc: error: <reason>`` on stderr, and writes nothing.

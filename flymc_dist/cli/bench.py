@@ -124,7 +124,17 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
 
 #: ``flymc bench NAME``: the module ``flymc_dist.bench.NAME`` with ``run_NAME`` (its options
 #: become the command's) and ``format_NAME``
-BENCH_MODULES = ("sublinear", "mixing", "scale", "table1", "scaleout", "jointdpm", "risk", "sv")
+BENCH_MODULES = (
+    "sublinear",
+    "mixing",
+    "scale",
+    "table1",
+    "scaleout",
+    "jointdpm",
+    "risk",
+    "sv",
+    "ingest",
+)
 
 
 def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:

@@ -603,4 +603,10 @@ def build_parser() -> argparse.ArgumentParser:
         "MNIST 7 vs 9 against time, exact MH against austerity",
     )
     b.set_defaults(func=None)
+    b = bsub.add_parser(
+        "ingest",
+        add_help=False,
+        help="Parquet ingest in one process and on a cluster against .npy ingest",
+    )
+    b.set_defaults(func=None)
     return parser

@@ -50,10 +50,12 @@ __all__ = [
 
 #: Bytes of the float64 rows of one block read, converted and written at a time (and of
 #: one piece a worker writes): a few zarr chunks.
-_BLOCK_BYTES = 4 * DEFAULT_CHUNK_BYTES
+_BLOCK_BYTES = DEFAULT_CHUNK_BYTES
 #: Bytes of text pyarrow's streaming CSV reader parses at a time.
 _CSV_BLOCK_BYTES = 16 * 2**20
 _PARQUET_EXT = (".parquet", ".pq", ".parq")
+#: Bytes of a Parquet column chunk read at a time.
+_PARQUET_BUFFER = 2**16
 
 
 # --------------------------------------------------------------------------- tables
@@ -259,12 +261,23 @@ class _NpyTable:
             block = block.reshape(stop - start, d)
         return {c: block[:, int(c)] for c in columns}
 
+    def read_blocks(
+        self, start: int, stop: int, columns: Sequence[str]
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Rows ``start:stop`` in blocks: ``(first row, columns)``."""
+        step = block_rows(self.shape[1])
+        for s in range(start, stop, step):
+            yield s, self.read(s, min(s + step, stop), columns)
+
     def blocks(
         self, columns: Sequence[str], categorical: Sequence[str] = ()
     ) -> Iterator[tuple[int, dict[str, Any]]]:
-        step = block_rows(self.shape[1])
-        for s in range(0, self.shape[0], step):
-            yield s, self.read(s, min(s + step, self.shape[0]), columns)
+        return self.read_blocks(0, self.shape[0], columns)
+
+    def piece_starts(self, chunk_rows: int) -> list[int]:
+        """Where the pieces written in parallel start (multiples of ``chunk_rows``)."""
+        per = max(chunk_rows, (block_rows(self.shape[1]) // chunk_rows) * chunk_rows)
+        return list(range(0, self.shape[0], per))
 
 
 class _ParquetTable:
@@ -332,13 +345,16 @@ class _ParquetTable:
         i = int(np.searchsorted(self.starts, row, side="right")) - 1
         return f"{self.files[i]!r} row {row - int(self.starts[i])}"
 
-    def read(self, start: int, stop: int, columns: Sequence[str]) -> dict[str, Any]:
-        import pyarrow as pa
+    def read_blocks(
+        self, start: int, stop: int, columns: Sequence[str]
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Rows ``start:stop`` in blocks: ``(first row, columns)``. Only the row groups
+        that hold these rows are decoded, a batch at a time, and no row group twice."""
         import pyarrow.parquet as pq
 
-        tables = []
+        step = block_rows(len(self.columns))
         first = int(np.searchsorted(self.starts, start, side="right")) - 1
-        for i in range(first, len(self.files)):
+        for i in range(max(first, 0), len(self.files)):
             f0 = int(self.starts[i])
             if f0 >= stop:
                 break
@@ -348,22 +364,41 @@ class _ParquetTable:
             g_starts = np.concatenate([[0], np.cumsum(self.groups[i])])
             g_lo = int(np.searchsorted(g_starts, lo, side="right")) - 1
             g_hi = int(np.searchsorted(g_starts, hi, side="left"))
+            at = int(g_starts[g_lo])  # file row of the next batch's first row
             with self._open(self.files[i]) as fh:
-                t = pq.ParquetFile(fh).read_row_groups(
-                    list(range(g_lo, g_hi)), columns=list(columns)
+                # column chunks read through a small buffer, not whole: a process holds
+                # a few batches, not a row group (1 Mi rows by pyarrow's default)
+                pf = pq.ParquetFile(fh, buffer_size=_PARQUET_BUFFER, pre_buffer=False)
+                batches = pf.iter_batches(
+                    batch_size=step, row_groups=list(range(g_lo, g_hi)), columns=list(columns)
                 )
-            off = int(g_starts[g_lo])
-            tables.append(t.slice(lo - off, hi - lo))
-        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        return {c: table.column(c) for c in columns}
+                for batch in batches:
+                    b0, at = at, at + batch.num_rows
+                    if at <= lo:
+                        continue
+                    s0, s1 = max(lo, b0), min(hi, at)
+                    part = batch.slice(s0 - b0, s1 - s0)
+                    yield f0 + s0, {c: part.column(c) for c in columns}
+                    if at >= hi:
+                        break
 
     def blocks(
         self, columns: Sequence[str], categorical: Sequence[str] = ()
     ) -> Iterator[tuple[int, dict[str, Any]]]:
-        step = block_rows(len(self.columns))
-        n = int(self.n_rows or 0)
-        for s in range(0, n, step):
-            yield s, self.read(s, min(s + step, n), columns)
+        return self.read_blocks(0, int(self.n_rows or 0), columns)
+
+    def piece_starts(self, chunk_rows: int) -> list[int]:
+        """Where the pieces written in parallel start: at each row group, rounded up to a
+        multiple of ``chunk_rows`` (so a piece decodes at most a chunk of rows it does not
+        write), groups smaller than a block of rows merged with the next."""
+        starts = [0]
+        least = block_rows(len(self.columns))
+        for f0, sizes in zip(self.starts[:-1], self.groups, strict=True):
+            for g0 in np.concatenate([[0], np.cumsum(sizes)[:-1]]) + int(f0):
+                s = -(-int(g0) // chunk_rows) * chunk_rows
+                if s - starts[-1] >= least and s < int(self.n_rows or 0):
+                    starts.append(s)
+        return starts
 
 
 def _url_of(src: str, root: str, found: str) -> str:
@@ -391,8 +426,17 @@ class _Convert:
         self.table, self.design, self.columns = table, design, list(columns)
         self.task, self.n_classes = task, n_classes
 
-    def __call__(self, start: int, stop: int, payload: Any) -> tuple[np.ndarray, np.ndarray]:
-        cols = payload if payload is not None else self.table.read(start, stop, self.columns)
+    def __call__(
+        self, start: int, stop: int, payload: Any
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        if payload is not None:
+            yield self.block(start, payload)
+        else:
+            for off, cols in self.table.read_blocks(start, stop, self.columns):
+                yield self.block(off, cols)
+
+    def block(self, start: int, cols: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(X, y)`` of the rows from ``start`` given as columns, labels checked."""
         where = self.table.where
         X, y = self.design.X(cols, where, start), self.design.y(cols, where, start)
         if self.task != "real":
@@ -505,11 +549,11 @@ def _ingest_table(
     attrs = {"design": design.to_attrs()} if design.transformed else None
     used = [*features, tgt]
     convert = _Convert(table, design, used, task, n_classes)
-    if table.random_access:
-        per = max(chunk_rows, (block_rows(len(used)) // chunk_rows) * chunk_rows)
-        pieces: Any = ((s, min(s + per, n_rows), None) for s in range(0, n_rows, per))
+    if client is not None and table.random_access:
+        starts = [*table.piece_starts(chunk_rows), n_rows]
+        pieces: Any = ((starts[i], starts[i + 1], None) for i in range(len(starts) - 1))
     else:
-        client = None  # a text file is read in order, here
+        client = None  # a text file is read in order, here; so is any table without a client
         pieces = ((off, off + _n_of(cols), cols) for off, cols in table.blocks(used, cats))
     return from_pieces(
         pieces,

@@ -986,30 +986,56 @@ def _write_piece(
     start: int,
     stop: int,
     payload: Any,
-    convert: Callable[[int, int, Any], tuple[np.ndarray, np.ndarray]],
-    check: tuple[int, int, str, str, int | None],
+    convert: Callable[[int, int, Any], Iterable[tuple[np.ndarray, np.ndarray]]],
+    check: tuple[int, int, str, str, int | None, int],
 ) -> int:
-    """On a worker: convert rows ``start:stop`` (``convert(start, stop, payload)``),
-    validate them and write them into the temporary store ``tmp``; the rows written."""
-    n_rows, n_features, dtype, task, n_classes = check
+    """On a worker: convert rows ``start:stop`` (``convert(start, stop, payload)`` yields
+    them in blocks), validate each block and write them into the temporary store ``tmp``,
+    whole chunks at a time (``start`` begins a chunk; ``stop`` ends one or the data set);
+    the rows written."""
+    n_rows, n_features, dtype, task, n_classes, chunk_rows = check
     x_dtype = np.dtype(dtype)
-    X, y = convert(start, stop, payload)
-    X, y = check_block(X, y, start, n_rows, n_features, x_dtype, task, n_classes)
-    if X.shape[0] != stop - start:
-        raise ValueError(f"rows {start}-{stop - 1}: {X.shape[0]} rows converted")
+    y_dtype = np.float64 if task == "real" else np.int64
     kw: dict[str, Any] = {}
     if storage_options and is_url(tmp):
         kw["storage_options"] = storage_options
     group = zarr.open_group(store=tmp, mode="r+", zarr_format=3, **kw)
-    _write_block(group["X"], start, np.ascontiguousarray(X, dtype=x_dtype))
-    y_dtype = np.float64 if task == "real" else np.int64
-    _write_block(group["y"], start, np.ascontiguousarray(y, dtype=y_dtype))
+    per = max(1, _WORK_BLOCK_BYTES // (x_dtype.itemsize * max(n_features, 1) * chunk_rows))
+    cap = per * chunk_rows  # rows written per zarr call: whole chunks
+    held: list[tuple[np.ndarray, np.ndarray]] = []
+    n_held = 0
+    at = start  # the first row not yet written
+
+    def write(n: int) -> None:
+        nonlocal held, n_held, at
+        X = np.concatenate([b[0] for b in held]) if len(held) > 1 else held[0][0]
+        y = np.concatenate([b[1] for b in held]) if len(held) > 1 else held[0][1]
+        _write_block(group["X"], at, np.ascontiguousarray(X[:n], dtype=x_dtype))
+        _write_block(group["y"], at, np.ascontiguousarray(y[:n], dtype=y_dtype))
+        held = [(X[n:], y[n:])] if n < X.shape[0] else []
+        n_held -= n
+        at += n
+
+    row = start
+    for X, y in convert(start, stop, payload):
+        X, y = check_block(X, y, row, n_rows, n_features, x_dtype, task, n_classes)
+        row += X.shape[0]
+        if row > stop:
+            raise ValueError(f"rows {start}-{stop - 1}: more rows converted")
+        held.append((X, y))
+        n_held += X.shape[0]
+        if n_held >= cap:
+            write(n_held // chunk_rows * chunk_rows)
+    if row != stop:
+        raise ValueError(f"rows {start}-{stop - 1}: {row - start} rows converted")
+    if n_held:
+        write(n_held)
     return stop - start
 
 
 def from_pieces(
     pieces: Iterable[tuple[int, int, Any]],
-    convert: Callable[[int, int, Any], tuple[np.ndarray, np.ndarray]],
+    convert: Callable[[int, int, Any], Iterable[tuple[np.ndarray, np.ndarray]]],
     path: str | os.PathLike[str],
     n_rows: int,
     n_features: int,
@@ -1027,9 +1053,11 @@ def from_pieces(
     """Write a data set from row pieces converted where they are read.
 
     Each piece ``(start, stop, payload)`` is turned into rows by
-    ``convert(start, stop, payload) -> (X, y)`` (``payload``: whatever the piece needs, a
-    Dask collection or future is computed first), validated as :func:`from_blocks` does
-    and written. Without a client the pieces are converted here, one at a time, in order.
+    ``convert(start, stop, payload)``, which yields them as ``(X, y)`` blocks in order
+    (``payload``: whatever the piece needs, a Dask collection or future is computed
+    first), validated as :func:`from_blocks` does and written; a worker holds a few blocks
+    of a piece at a time, not the piece. Without a client the pieces are converted here,
+    one at a time, in order.
     With a Dask ``client`` each piece is converted and written by a worker into the
     temporary store (pieces must then start at multiples of ``chunk_rows``: no two write
     one chunk), at most two pieces per worker in flight; on the first failure no more
@@ -1042,7 +1070,8 @@ def from_pieces(
     pieces : iterable of (int, int, object)
         Row ranges covering ``0..n_rows`` in order, with their payloads.
     convert : callable
-        ``convert(start, stop, payload) -> (X, y)``; picklable when ``client`` is given.
+        ``convert(start, stop, payload)``, an iterable of ``(X, y)`` blocks; picklable when
+        ``client`` is given.
     path : str or os.PathLike
         Destination (local path or fsspec URL).
     n_rows, n_features : int
@@ -1064,7 +1093,7 @@ def from_pieces(
             for start, stop, payload in pieces:
                 if hasattr(payload, "compute"):
                     payload = payload.compute()
-                yield convert(start, stop, payload)
+                yield from convert(start, stop, payload)
 
         return from_blocks(
             blocks(),
@@ -1083,7 +1112,7 @@ def from_pieces(
     names = _check_feature_names(feature_names, n_features)
     path = _norm_path(path)
     _check_destination(path, overwrite, storage_options)
-    check = (int(n_rows), int(n_features), x_dtype.name, task, n_classes)
+    check = (int(n_rows), int(n_features), x_dtype.name, task, n_classes, int(chunk_rows))
     n_workers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))
     window = _PIECES_PER_WORKER * n_workers
     with _StoreWriter(
