@@ -92,8 +92,8 @@ def test_hamiltonian_stats_in_result_and_trace(tmp_path: Path, algorithm: Any, k
         res.stats["no_such_stat"]
 
 
-def test_rwmh_has_no_hamiltonian_stats() -> None:
-    res = _run(kernel="rwmh")
+def test_rwmh_has_no_hamiltonian_stats(small_run) -> None:
+    res = small_run("regular", "rwmh")
     assert EVERY <= set(res.stats) and not HAMILTONIAN & set(res.stats)
     assert res.sampler_checks() is None
     assert "NUTS/HMC" not in str(res.summary())
@@ -180,7 +180,7 @@ def test_e_bfmi() -> None:
 
 
 # ------------------------------------------------------------------------------- names
-def test_dataframe_columns_name_the_parameters(tmp_path: Path) -> None:
+def test_dataframe_columns_name_the_parameters(tmp_path: Path, small_run) -> None:
     pd = pytest.importorskip("pandas")
     X, y = _data()
     df = pd.DataFrame(X, columns=["bias", "age", "dose"])
@@ -199,7 +199,7 @@ def test_dataframe_columns_name_the_parameters(tmp_path: Path) -> None:
     ds = fd.from_numpy(df, y, tmp_path / "e.zarr", feature_names=["a", "b", "c"])
     assert ds.feature_names == ["a", "b", "c"]
     # a plain array has none: theta[i]
-    assert "theta[0]" in str(_run(kernel="rwmh").summary())
+    assert "theta[0]" in str(small_run("regular", "rwmh").summary())
 
 
 def test_softmax_names_are_class_and_feature(tmp_path: Path) -> None:

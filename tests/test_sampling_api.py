@@ -107,18 +107,19 @@ def test_different_seeds_different_draws(algorithm):
     "algorithm,kernel",
     [("regular", "rwmh"), ("flymc", "rwmh"), ("flymc", "mala"), ("flymc", "slice")],
 )
-def test_stats_keys_and_shapes(algorithm, kernel):
-    res = _run(algorithm=algorithm, kernel=kernel, chains=3, num_warmup=5, num_samples=12)
-    assert res.samples.shape == (3, 12, 2)
-    assert res.warmup_samples.shape == (3, 5, 2)
+def test_stats_keys_and_shapes(algorithm, kernel, small_run):
+    """The session's small run (2 chains, 60 warm-up + 40 draws of 3 weights, 60 rows)."""
+    res = small_run(algorithm, kernel)
+    assert res.samples.shape == (2, 40, 3)
+    assert res.warmup_samples.shape == (2, 60, 3)
     for k in STAT_KEYS:
         assert k in res.stats, k
-        assert res.stats[k].shape == (3, 12), k
-        assert res.warmup_stats[k].shape == (3, 5), k
+        assert res.stats[k].shape == (2, 40), k
+        assert res.warmup_stats[k].shape == (2, 60), k
     assert res.stats["accepted"].dtype == bool
     assert np.all(np.isfinite(res.stats["lp"]))
     assert np.all(res.stats["likelihood_queries"] >= 0)
-    assert np.all((res.stats["n_bright"] >= 0) & (res.stats["n_bright"] <= 40))
+    assert np.all((res.stats["n_bright"] >= 0) & (res.stats["n_bright"] <= 60))
 
 
 def _read_ahead_trips(res) -> None:
@@ -155,8 +156,8 @@ def test_mala_two_round_trips_slice_at_least_one():
         assert np.all(_all_stats(no_ahead, "round_trips") == 1)
 
 
-def test_rejected_steps_keep_position_and_accepted_flags_agree():
-    res = _run(num_samples=60)
+def test_rejected_steps_keep_position_and_accepted_flags_agree(small_run):
+    res = small_run("flymc", "rwmh")
     moved = np.any(np.diff(res.samples, axis=1) != 0, axis=2)
     assert np.array_equal(moved, res.stats["accepted"][:, 1:])
 
