@@ -49,7 +49,6 @@ def sample(
     checkpoint_every: int = 100,
     trace_storage_options: dict[str, Any] | None = None,
     progress: bool | None = None,
-    **deprecated: Any,
 ) -> Result:
     """Draw from the posterior of ``model`` given ``data``.
 
@@ -104,10 +103,6 @@ def sample(
         one protocol; ``{}``: none). Never written to the trace.
     progress
         Show set-up passes and a sampling bar (default: when the output is a terminal).
-    **deprecated
-        The keyword style of earlier releases (``bounds=``, ``q_db=``, ``n_shards=``,
-        ``kernel_options=``, …) still works for this release, with a
-        ``DeprecationWarning`` naming its replacement.
 
     Returns
     -------
@@ -119,7 +114,7 @@ def sample(
     """
     given = dict(locals())
     run_args = {k: given[k] for k in RUN_DEFAULTS}
-    call = make_call(model, data, algorithm, kernel, run_args, dict(deprecated))
+    call = make_call(model, data, algorithm, kernel, run_args)
     if call.trace is None:
         return _sample(call)
     call.trace_storage_options = trace_options(data, call.trace, call.trace_storage_options)

@@ -1,13 +1,12 @@
 """What :func:`flymc_dist.sample` was asked: every argument checked once, before anything
 starts, into one :class:`Call` (the algorithm and kernel as objects, the placement, the
-run's own settings); and the keyword style of earlier releases mapped onto it."""
+run's own settings)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,14 +116,10 @@ def default_kernel(kernel: Any, algorithm: str) -> str:
     return str(kernel).strip().lower()
 
 
-def make_call(
-    model: Any, data: Any, algorithm: Any, kernel: Any, run: dict[str, Any], legacy: dict[str, Any]
-) -> Call:
+def make_call(model: Any, data: Any, algorithm: Any, kernel: Any, run: dict[str, Any]) -> Call:
     """Check every argument of :func:`flymc_dist.sample` and gather them into a
-    :class:`Call`; ``legacy`` holds keywords of the earlier style (``bounds=``,
-    ``q_db=``, ``n_shards=``, ``kernel_options=``…), mapped with a ``DeprecationWarning``
-    naming the replacement."""
-    algorithm, kernel, placement = _from_legacy(algorithm, kernel, run.get("placement"), legacy)
+    :class:`Call`."""
+    placement = run.get("placement")
     alg = algorithm_of(algorithm)
     if placement is None:
         placement = Placement()
@@ -188,62 +183,6 @@ def _kernel(kernel: Any, alg: Any) -> tuple[Kernel, dict[str, Any]]:
         # not of the posterior (see WindowAdaptation)
         kern.metric_from = "differences" if isinstance(alg, FlyMC) else "draws"
     return kern, recorded
-
-
-# ------------------------------------------------------------------ the earlier keyword style
-
-
-def _from_legacy(
-    algorithm: Any, kernel: Any, placement: Any, legacy: dict[str, Any]
-) -> tuple[Any, Any, Any]:
-    """Fold the earlier style's keywords into the algorithm, kernel and placement objects."""
-    if not legacy:
-        return algorithm, kernel, placement
-    groups: dict[str, dict[str, Any]] = {"flymc": {}, "austerity": {}, "placement": {}}
-    homes = {
-        **{f.name: "flymc" for f in dataclasses.fields(FlyMC)},
-        **{f.name: "austerity" for f in dataclasses.fields(Austerity)},
-        **{f.name: "placement" for f in dataclasses.fields(Placement)},
-    }
-    kernel_options = legacy.pop("kernel_options", None)
-    unknown = sorted(set(legacy) - set(homes))
-    if unknown:
-        valid = sorted([*homes, "kernel_options", *RUN_DEFAULTS])
-        raise TypeError(f"unknown option(s) {unknown}; valid options are {valid}")
-    for key, value in legacy.items():
-        groups[homes[key]][key] = value
-    said = []
-    name = algorithm if isinstance(algorithm, str) else getattr(algorithm, "name", None)
-    for group, cls in (("flymc", FlyMC), ("austerity", Austerity)):
-        given = groups[group]
-        if not given:
-            continue
-        said.append(f"algorithm=fd.{cls.__name__}({', '.join(f'{k}=…' for k in given)})")
-        if not isinstance(algorithm, str):
-            raise TypeError(f"give {sorted(given)} in the algorithm object, not as keywords")
-        made = cls(**given)  # checked even where the algorithm does not use them
-        if name == cls.name:
-            algorithm = made
-    if groups["placement"]:
-        said.append(f"placement=fd.Placement({', '.join(f'{k}=…' for k in groups['placement'])})")
-        if placement is not None:
-            raise TypeError(f"give {sorted(groups['placement'])} in fd.Placement(…), not both")
-        placement = Placement(**groups["placement"])
-    if kernel_options is not None:
-        if not isinstance(kernel_options, dict):
-            raise ValueError(f"kernel_options must be a dict, not {type(kernel_options).__name__}")
-        if kernel is not None and not isinstance(kernel, str):
-            raise TypeError("give the kernel's options to the kernel object, not kernel_options")
-        kname = default_kernel(kernel, name if isinstance(name, str) else "flymc")
-        kernel = get_kernel(kname, **kernel_options)
-        cls_name = type(kernel).__name__
-        said.append(f"kernel=fd.{cls_name}({', '.join(f'{k}=…' for k in kernel_options)})")
-    warnings.warn(
-        "fd.sample's option keywords are deprecated and will be removed: pass " + ", ".join(said),
-        DeprecationWarning,
-        stacklevel=4,
-    )
-    return algorithm, kernel, placement
 
 
 # ------------------------------------------------------------------ the checks

@@ -113,6 +113,39 @@ class LocalClusters:
             self._clusters.popitem()[1].close()
 
 
+#: the shared small runs' data (:func:`synthetic.logistic_rows`) and sizes
+SMALL_ROWS, SMALL_RUN = 60, dict(num_warmup=60, num_samples=40, chains=2, seed=5)
+
+
+@pytest.fixture(scope="session")
+def small_run():
+    """``small_run(algorithm, kernel)``: one small in-process run of logistic regression
+    on the shared synthetic data (``logistic_rows(SMALL_ROWS)``, :data:`SMALL_RUN`'s
+    sizes), made on first use and shared by every test of the session (of the xdist
+    worker) that reads one aspect of it (its stats, names, summary). Read it, never
+    change it: a test that needs other settings makes its own run."""
+    from synthetic import logistic_rows
+
+    import flymc_dist as fd
+
+    runs: dict[tuple[str, str], object] = {}
+
+    def get(algorithm: str, kernel: str) -> fd.Result:
+        if (algorithm, kernel) not in runs:
+            runs[algorithm, kernel] = fd.sample(
+                fd.LogisticRegression(),
+                logistic_rows(SMALL_ROWS),
+                algorithm,
+                kernel,
+                client="synchronous",
+                progress=False,
+                **SMALL_RUN,
+            )
+        return runs[algorithm, kernel]
+
+    return get
+
+
 @pytest.fixture(scope="session")
 def local_clusters():
     """The session's shared LocalClusters (:class:`LocalClusters`), closed at its end."""

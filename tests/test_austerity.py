@@ -4,6 +4,7 @@ the bounds as control variates (the default) and without (bit for bit the plain 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import pathlib
@@ -225,19 +226,16 @@ def test_tiny_eps_reproduces_exact_mh(eps, cv):
     res = fd.sample(
         MODEL,
         (X, y),
-        algorithm="austerity",
+        fd.Austerity(eps=eps, batch_size=150, control_variates=cv),
+        fd.RWMH(step_size=1.0),
         client="synchronous",
         num_warmup=0,
         num_samples=S,
         chains=C,
         seed=seed,
-        eps=eps,
-        batch_size=150,
-        n_shards=3,
+        placement=fd.Placement(n_shards=3),
         init=init,
         precondition=cov,
-        kernel_options={"step_size": 1.0},
-        control_variates=cv,
     )
     assert res.info["control_variates"] is cv
     L = np.linalg.cholesky(cov)
@@ -332,7 +330,7 @@ def exact_10k():
         "num_warmup": 200,
         "chains": 16,
         "seed": 10,
-        "n_shards": 2,
+        "placement": fd.Placement(n_shards=2),
         "progress": False,
     }
     # the exact reference is cheap per draw: run it longer so its MC error is small; RWMH,
@@ -366,20 +364,14 @@ def test_posterior_mean_close_to_exact_mcmc(exact_10k):
     aust = fd.sample(
         MODEL,
         (X, y),
-        algorithm="austerity",
-        eps=0.01,
-        batch_size=2000,
+        fd.Austerity(eps=0.01, batch_size=2000, control_variates=False),
         num_samples=550,
-        control_variates=False,
         **common,
     )
     loose = fd.sample(
         MODEL,
         (X, y),
-        algorithm="austerity",
-        eps=0.3,
-        batch_size=2000,
-        control_variates=False,
+        fd.Austerity(eps=0.3, batch_size=2000, control_variates=False),
         **{**common, "num_warmup": 100, "num_samples": 200},
     )
     sd_err = _close_to_exact(exact, aust)
@@ -525,18 +517,16 @@ def test_control_variates_eps0_is_exact_mh(name):
     step = 2.38 / math.sqrt(P)
     S, C, seed = 60, 2, 31
     kw = {
-        "algorithm": "austerity",
+        "algorithm": fd.Austerity(eps=0.0, batch_size=250),
+        "kernel": fd.RWMH(step_size=step),
         "client": "synchronous",
         "num_warmup": 0,
         "num_samples": S,
         "chains": C,
         "seed": seed,
-        "eps": 0.0,
-        "batch_size": 250,
-        "n_shards": 3,
+        "placement": fd.Placement(n_shards=3),
         "init": mode,
         "precondition": cov,
-        "kernel_options": {"step_size": step},
     }
     res = fd.sample(model, (X, y), **kw)
     assert res.info["control_variates"] is True and res.info["bounds"] == "map"
@@ -580,17 +570,22 @@ def test_control_variates_sublinear_with_posterior_scaled_proposals():
     ns = [1_000, 10_000, 100_000]
     cv_used, plain_used, scale = [], [], []
     kw = {
-        "algorithm": "austerity",
         "client": "synchronous",
         "seed": 24,
-        "n_shards": 4,
+        "placement": fd.Placement(n_shards=4),
         "progress": False,
     }
     for n in ns:
         X, y, _ = _data(n, seed=23)
-        cv = fd.sample(MODEL, (X, y), chains=4, num_warmup=200, num_samples=300, **kw)
+        cv = fd.sample(MODEL, (X, y), "austerity", chains=4, num_warmup=200, num_samples=300, **kw)
         plain = fd.sample(
-            MODEL, (X, y), chains=2, num_warmup=100, num_samples=50, control_variates=False, **kw
+            MODEL,
+            (X, y),
+            fd.Austerity(control_variates=False),
+            chains=2,
+            num_warmup=100,
+            num_samples=50,
+            **kw,
         )
         cv_used.append(cv.stats["data_used"].mean())
         plain_used.append(plain.stats["data_used"].mean())
@@ -737,15 +732,13 @@ def test_sample_api_labels_and_stats():
     res = fd.sample(
         MODEL,
         (X, y),
-        algorithm="austerity",
+        fd.Austerity(eps=0.05, batch_size=300),
         client="synchronous",
         num_warmup=30,
         num_samples=40,
         chains=3,
         seed=17,
-        eps=0.05,
-        batch_size=300,
-        n_shards=3,
+        placement=fd.Placement(n_shards=3),
     )
     assert res.approximate and res.info["approximate"] is True
     assert res.info["algorithm"] == "austerity"
@@ -800,17 +793,15 @@ def test_sample_api_labels_and_stats():
 def test_sample_api_reproducible():
     X, y, _ = _data(1000, seed=18)
     kw = {
-        "algorithm": "austerity",
+        "algorithm": fd.Austerity(eps=0.1, batch_size=100),
         "client": "synchronous",
         "num_warmup": 10,
         "num_samples": 20,
         "chains": 2,
         "seed": 3,
-        "eps": 0.1,
-        "batch_size": 100,
     }
-    a = fd.sample(MODEL, (X, y), n_shards=2, **kw)
-    b = fd.sample(MODEL, (X, y), n_shards=2, **kw)
+    a = fd.sample(MODEL, (X, y), placement=fd.Placement(n_shards=2), **kw)
+    b = fd.sample(MODEL, (X, y), placement=fd.Placement(n_shards=2), **kw)
     np.testing.assert_array_equal(a.samples, b.samples)
     np.testing.assert_array_equal(a.stats["data_used"], b.stats["data_used"])
 
@@ -831,17 +822,21 @@ def test_sample_api_reproducible():
     ],
 )
 def test_sample_api_rejects_bad_options(opts, match):
+    """A bad option of fd.Austerity is refused when the object is made; a kernel it does
+    not run, or a resume without a trace, by fd.sample."""
     X, y, _ = _data(200, seed=19)
+    fields = {f.name for f in dataclasses.fields(fd.Austerity)}
     with pytest.raises(ValueError, match=match):
+        aus_opts = {k: v for k, v in opts.items() if k in fields}
         fd.sample(
             MODEL,
             (X, y),
-            algorithm="austerity",
+            fd.Austerity(**aus_opts),
             client="synchronous",
             num_warmup=0,
             num_samples=2,
             chains=1,
-            **opts,
+            **{k: v for k, v in opts.items() if k not in fields},
         )
 
 
@@ -852,13 +847,12 @@ def test_trace_written(tmp_path):
     res = fd.sample(
         MODEL,
         (X, y),
-        algorithm="austerity",
+        fd.Austerity(batch_size=100),
         client="synchronous",
         num_warmup=5,
         num_samples=7,
         chains=2,
         seed=1,
-        batch_size=100,
         trace=str(tmp_path / "t"),
         checkpoint_every=3,
     )
@@ -877,14 +871,13 @@ def test_softmax_works():
     res = fd.sample(
         model,
         (X, y),
-        algorithm="austerity",
+        fd.Austerity(batch_size=200),
         client="synchronous",
         num_warmup=10,
         num_samples=10,
         chains=2,
         seed=2,
-        batch_size=200,
-        n_shards=2,
+        placement=fd.Placement(n_shards=2),
     )
     assert res.samples.shape == (2, 10, 3, 3) and res.approximate
 
@@ -900,14 +893,12 @@ def test_same_draws_on_dask_cluster(tmp_path, local_clusters):
     path = str(tmp_path / "d.zarr")
     fd.from_numpy(X, y, path, chunk_rows=200)
     kw = {
-        "algorithm": "austerity",
+        "algorithm": fd.Austerity(eps=0.05, batch_size=150),
         "num_warmup": 10,
         "num_samples": 15,
         "chains": 2,
         "seed": 4,
-        "eps": 0.05,
-        "batch_size": 150,
-        "n_shards": 3,
+        "placement": fd.Placement(n_shards=3),
     }
     local = fd.sample(MODEL, path, client="synchronous", **kw)
     with Client(local_clusters.get(2), direct_to_workers=True) as client:

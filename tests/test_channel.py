@@ -147,7 +147,7 @@ def test_sample_rejects_bad_channel_before_writing(tmp_path):
             num_samples=5,
             chains=1,
             progress=False,
-            channel="udp",
+            placement=fd.Placement(channel="udp"),
             trace=str(trace),
         )
     assert not trace.exists()

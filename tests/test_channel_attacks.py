@@ -33,18 +33,16 @@ def store(tmp_path_factory):
     return path
 
 
-def _run(path: str, client, **kw):
+def _run(path: str, client, channel: str = "auto", **kw):
     opts = dict(
-        algorithm="flymc",
-        bounds="map",
+        # a round every iteration (the shards updating z), for the attacks to ride on
+        algorithm=fd.FlyMC(bounds="map", read_ahead=0),
         kernel="rwmh",
         num_warmup=100,
         num_samples=200,
         chains=2,
         seed=3,
-        n_shards=3,
-        # a round every iteration (the shards updating z), for the attacks to ride on
-        read_ahead=0,
+        placement=fd.Placement(n_shards=3, channel=channel),
         progress=False,
     )
     opts.update(kw)

@@ -76,17 +76,20 @@ def local_client(local_clusters):
     client.close()
 
 
+#: the rounds on the direct socket only (no fallback to Dask's RPC)
+_SOCKET = fd.Placement(n_shards=3, channel="socket")
+
+
 def _run(store_path: str, client, **kw):
     model = fd.LogisticRegression(prior="normal", prior_scale=2.0)
     opts = dict(
-        algorithm="flymc",
-        bounds="map",
+        algorithm=fd.FlyMC(bounds="map"),
         kernel="rwmh",
         num_warmup=200,
         num_samples=300,
         chains=2,
         seed=3,
-        n_shards=3,
+        placement=fd.Placement(n_shards=3),
         progress=False,
     )
     opts.update(kw)
@@ -113,7 +116,7 @@ def test_deterministic_across_placements(store, local_client, local_clusters):
         np.testing.assert_array_equal(sync.stats[k], two.stats[k])
     # rounds on the direct socket (the default here: plain tcp://) or on Dask's actor RPC
     assert two.info["channel"] == "socket"
-    rpc = _run(path, local_client, channel="dask")
+    rpc = _run(path, local_client, placement=fd.Placement(n_shards=3, channel="dask"))
     assert rpc.info["channel"] == "dask"
     np.testing.assert_array_equal(sync.samples, rpc.samples)
     for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):
@@ -139,7 +142,7 @@ def test_unreachable_channel_falls_back_to_dask(store, local_client, monkeypatch
     sync = _run(path, "synchronous", num_warmup=20, num_samples=30)
     np.testing.assert_array_equal(res.samples, sync.samples)
     with pytest.raises(Exception, match="cannot reach the round channel"):
-        _run(path, local_client, num_warmup=5, num_samples=5, channel="socket")
+        _run(path, local_client, num_warmup=5, num_samples=5, placement=_SOCKET)
 
 
 def test_host_that_cannot_listen_falls_back_to_dask(store, local_client, monkeypatch):
@@ -152,7 +155,7 @@ def test_host_that_cannot_listen_falls_back_to_dask(store, local_client, monkeyp
     res = _run(store[0], local_client, num_warmup=10, num_samples=10)
     assert res.info["channel"] == "dask"
     with pytest.raises(Exception, match="cannot reach the round channel"):
-        _run(store[0], local_client, num_warmup=5, num_samples=5, channel="socket")
+        _run(store[0], local_client, num_warmup=5, num_samples=5, placement=_SOCKET)
 
 
 def test_tls_cluster_keeps_rounds_on_dask(store):
@@ -183,7 +186,13 @@ def test_tls_cluster_keeps_rounds_on_dask(store):
 
 
 def test_one_round_trip_per_rwmh_iteration(store, local_client):
-    res = _run(store[0], local_client, num_warmup=20, num_samples=30, read_ahead=0)
+    res = _run(
+        store[0],
+        local_client,
+        algorithm=fd.FlyMC(bounds="map", read_ahead=0),
+        num_warmup=20,
+        num_samples=30,
+    )
     assert np.all(res.stats["round_trips"] == 1)
     assert np.all(res.warmup_stats["round_trips"] == 1)
 
@@ -263,7 +272,9 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
         before = client.run(count)
         assert all(v[0] == 0 and v[1] == 0 for v in before.values()), before
         for _ in range(3):
-            res = _run(store[0], client, num_warmup=10, num_samples=10, n_shards=2)
+            res = _run(
+                store[0], client, num_warmup=10, num_samples=10, placement=fd.Placement(n_shards=2)
+            )
             assert res.info["channel"] == "socket"
             held = client.run(count)  # at once
             assert all(v[3] == 0 for v in held.values()), held
@@ -275,7 +286,8 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
         # a driver that disappears mid-run (SIGKILL): its hosts go with its client
         code = (
             "import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "
-            "client=sys.argv[2], n_shards=2, num_warmup=10, num_samples=10**7, chains=2, "
+            "client=sys.argv[2], placement=fd.Placement(n_shards=2), num_warmup=10, "
+            "num_samples=10**7, chains=2, "
             "progress=False)"
         )
         driver = subprocess.Popen(
@@ -455,11 +467,11 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
 
     path, X, y = store
     trace = str(tmp_path / "trace.zarr")
-    extra = {
-        "rwmh": {"bright_replica": False},
-        "nuts": {"bright_replica": True},
-        "nuts-exact-rows": {"bright_replica": True},
-        "rwmh-out-of-core": {"out_of_core": True},
+    fly, place = {
+        "rwmh": ({"bright_replica": False}, {}),
+        "nuts": ({"bright_replica": True}, {}),
+        "nuts-exact-rows": ({"bright_replica": True}, {}),
+        "rwmh-out-of-core": ({}, {"out_of_core": True}),
     }[kernel]
     ooc = kernel.endswith("out-of-core")
     exact = kernel.endswith("exact-rows")
@@ -471,14 +483,14 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
         res = _run(
             path,
             client,
+            algorithm=fd.FlyMC(bounds="map", **fly),
             kernel=kernel,
             num_warmup=300,
             num_samples=2000,
             chains=4,
             trace=trace,
             checkpoint_every=50,
-            timeout=10,
-            **extra,
+            placement=fd.Placement(n_shards=3, timeout=10, **place),
         )
         th.join(timeout=5)
     assert "worker" in killed, killed
@@ -525,15 +537,13 @@ def test_worker_killed_mid_austerity_run(store, process_cluster, tmp_path):
         res = _run(
             path,
             client,
-            algorithm="austerity",
-            eps=0.05,
-            batch_size=150,
+            algorithm=fd.Austerity(eps=0.05, batch_size=150),
             num_warmup=30,
             num_samples=300,
             chains=2,
             trace=trace,
             checkpoint_every=5,
-            timeout=10,
+            placement=fd.Placement(n_shards=3, timeout=10),
         )
         th.join(timeout=5)
     assert "worker" in killed, killed
@@ -575,7 +585,13 @@ def test_resume_recovery_resume_never_reuse_a_z_stream(
 
         return step
 
-    kw = dict(num_warmup=100, num_samples=600, trace=trace, checkpoint_every=20, timeout=10)
+    kw = dict(
+        num_warmup=100,
+        num_samples=600,
+        trace=trace,
+        checkpoint_every=20,
+        placement=fd.Placement(n_shards=3, timeout=10),
+    )
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         monkeypatch.setattr(Driver, "step", stop_after(150))
         with pytest.raises(KeyboardInterrupt):
@@ -609,7 +625,12 @@ def test_replica_mode_deterministic_across_placements(
     if kernel.endswith("exact-rows"):
         force_exact_rows(1, EXACT_X2)
     kernel = kernel.removesuffix("-exact-rows")
-    kw = dict(kernel=kernel, bright_replica=True, num_warmup=50, num_samples=100)
+    kw = dict(
+        algorithm=fd.FlyMC(bounds="map", bright_replica=True),
+        kernel=kernel,
+        num_warmup=50,
+        num_samples=100,
+    )
     sync = _run(path, "synchronous", **kw)
     two = _run(path, local_client, **kw)
     with Client(local_clusters.get(1), direct_to_workers=True) as cl1:
@@ -689,7 +710,7 @@ def test_a_script_without_a_main_guard_is_told_what_to_do(store, tmp_path):
     what to do (no "Nanny failed to start" tracebacks). Guarded, the same call runs."""
     call = (
         f"fd.sample(fd.LogisticRegression(), {store[0]!r}, num_warmup=5, num_samples=5, "
-        "chains=1, n_workers=1, progress=False)\nprint('sampled')\n"
+        "chains=1, placement=fd.Placement(n_workers=1), progress=False)\nprint('sampled')\n"
     )
     scripts = {
         "bare": "import flymc_dist as fd\n" + call,
@@ -734,7 +755,14 @@ def test_a_set_up_pass_may_outlast_the_timeout(store, monkeypatch):
         LocalCluster(n_workers=2, processes=False, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
-        res = _run(store[0], client, timeout=0.5, num_warmup=20, num_samples=20, map_maxiter=2)
+        res = _run(
+            store[0],
+            client,
+            placement=fd.Placement(n_shards=3, timeout=0.5),
+            num_warmup=20,
+            num_samples=20,
+            map_maxiter=2,
+        )
     assert res.info["recoveries"] == [] and res.samples.shape == (2, 20, 2)
 
 

@@ -60,8 +60,10 @@ DEPLOY_FILES = {
     ],
 }
 
-#: the run every recipe makes, and its in-process twin (``flymc run``'s defaults: NUTS)
-RUN = dict(num_warmup=40, num_samples=60, chains=2, seed=5, n_shards=4)
+#: the run every recipe makes, and its in-process twin (``flymc run``'s defaults: NUTS),
+#: on N_SHARDS shards
+RUN = dict(num_warmup=40, num_samples=60, chains=2, seed=5)
+N_SHARDS = 4
 #: the same as command-line options of ``flymc run`` and of the deploy scripts
 CLI = ["--warmup", "40", "--samples", "60", "--chains", "2", "--seed", "5", "--n-shards", "4"]
 
@@ -82,7 +84,12 @@ def store(rows, tmp_path_factory):
 def reference(store):
     """The draws in process (no cluster, no network)."""
     return fd.sample(
-        fd.LogisticRegression(), store, client="synchronous", progress=False, **RUN
+        fd.LogisticRegression(),
+        store,
+        client="synchronous",
+        placement=fd.Placement(n_shards=N_SHARDS),
+        progress=False,
+        **RUN,
     ).samples
 
 
@@ -586,14 +593,15 @@ def test_operator_pod_commands_start_a_cluster(store, reference, tmp_path):
             "    c.wait_for_workers(2, timeout=180)\n"
             "    workers = sorted(c.scheduler_info()['workers'])\n"
             "    res = fd.sample(fd.LogisticRegression(), sys.argv[2], client=c, "
-            "progress=False, **json.loads(sys.argv[3]))\n"
+            "placement=fd.Placement(n_shards=int(sys.argv[5])), progress=False, "
+            "**json.loads(sys.argv[3]))\n"
             "np.save(sys.argv[4], res.samples)\n"
             "print(res.info['channel'], workers)\n"
         )
         out = tmp_path / "draws.npy"
         done = lay.run(
             "drv",
-            [sys.executable, "-c", code, address, store, json.dumps(RUN), str(out)],
+            [sys.executable, "-c", code, address, store, json.dumps(RUN), str(out), str(N_SHARDS)],
             timeout=600,
         )
         assert done.returncode == 0, done.stderr[-3000:] + lay.all_logs()

@@ -97,7 +97,7 @@ def _sample(data, **kw):
         num_samples=60,
         chains=2,
         seed=4,
-        n_shards=2,
+        placement=fd.Placement(n_shards=2),
         client="synchronous",
         progress=False,
     )
@@ -112,7 +112,7 @@ def test_a_run_evaluates_its_exact_rows_at_every_step():
     # bright in every chain at every iteration, whatever θ
     assert res.stats["n_bright"].min() >= 38
     assert res.warmup_stats["n_bright"].min() >= 38
-    off = _sample((X, y), exact_rows=None)
+    off = _sample((X, y), algorithm=fd.FlyMC(exact_rows=None))
     assert off.info["exact_rows"] is None
     assert off.stats["n_bright"].min() < 38
     regular = _sample((X, y), algorithm="regular", num_warmup=10, num_samples=5)
@@ -131,7 +131,7 @@ def test_dense_data_get_no_exact_rows_and_the_same_draws():
     rng = np.random.default_rng(2)
     X = np.c_[np.ones(3000), rng.normal(size=(3000, 2))]
     y = (rng.random(3000) < 0.4).astype(np.int64)
-    auto, off = _sample((X, y)), _sample((X, y), exact_rows=None)
+    auto, off = _sample((X, y)), _sample((X, y), algorithm=fd.FlyMC(exact_rows=None))
     assert auto.info["exact_rows"] == 0
     np.testing.assert_array_equal(auto.samples, off.samples)
 
@@ -139,7 +139,8 @@ def test_dense_data_get_no_exact_rows_and_the_same_draws():
 def test_out_of_core_shards_pick_the_same_exact_rows(tmp_path):
     X, y = _narrow_data(3000, (12, 25))
     ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=256)
-    res = _sample(ds, out_of_core=True, num_warmup=20, num_samples=20)
+    ooc = fd.Placement(n_shards=2, out_of_core=True)
+    res = _sample(ds, placement=ooc, num_warmup=20, num_samples=20)
     assert res.info["out_of_core"] == [True, True]
     assert res.info["exact_rows"] == 38
     assert res.stats["n_bright"].min() >= 38
@@ -149,7 +150,7 @@ def test_out_of_core_shards_pick_the_same_exact_rows(tmp_path):
 def test_exact_rows_option_is_checked(bad):
     X, y = _narrow_data(3000, (12,))
     with pytest.raises(ValueError, match="exact_rows must be 'auto' or None"):
-        _sample((X, y), exact_rows=bad)
+        _sample((X, y), algorithm=fd.FlyMC(exact_rows=bad))
 
 
 # ---------------------------------------------------------------- the MAP search's start

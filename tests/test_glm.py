@@ -202,22 +202,22 @@ ALPHA = 0.01 / (4 * len(RUNS))
 
 
 def _run(X, y, model_kwargs, algorithm, bounds, kernel, seed):
-    opts = {"q_db": 0.5, "resample_fraction": 1.0} if algorithm == "flymc" else {}
-    if bounds is not None:
-        opts["bounds"] = bounds
+    if algorithm == "flymc":
+        alg = fd.FlyMC(q_db=0.5, resample_fraction=1.0, bounds=bounds)
+    else:
+        alg = fd.Regular()
     return fd.sample(
         fd.GLM(**model_kwargs),
         (X, y),
-        algorithm=algorithm,
+        algorithm=alg,
         kernel=kernel,
         num_warmup=300,
         num_samples=1200,
         chains=4,
         seed=seed,
         client="synchronous",
-        n_shards=2,
+        placement=fd.Placement(n_shards=2),
         progress=False,
-        **opts,
     )
 
 
@@ -314,7 +314,7 @@ def test_custom_family_exact_against_quadrature():
         chains=4,
         seed=4390,
         client="synchronous",
-        n_shards=2,
+        placement=fd.Placement(n_shards=2),
         progress=False,
     )
     verdict = check_against(res.samples, ref.mean, ref.cov, alpha=ALPHA)
@@ -428,7 +428,7 @@ def _flymc(model, data, kernel="rwmh"):
         num_samples=30,
         chains=2,
         client="synchronous",
-        n_shards=2,
+        placement=fd.Placement(n_shards=2),
         progress=False,
     )
 

@@ -653,9 +653,9 @@ def test_metric_from_option(name: str) -> None:
     for algorithm, expected in runs.items():
         for options, chosen in (({}, expected), ({"metric_from": "draws"}, "draws")):
             res = fd.sample(
-                fd.LogisticRegression(), (X, y), algorithm=algorithm, kernel=name,
-                num_warmup=5, num_samples=2, chains=1, client="synchronous",
-                progress=False, kernel_options=options,
+                fd.LogisticRegression(), (X, y), algorithm=algorithm,
+                kernel=get_kernel(name, **options), num_warmup=5, num_samples=2, chains=1,
+                client="synchronous", progress=False,
             )  # fmt: skip
             assert f"metric_from={chosen!r}" in res.info["kernel_repr"]
 
@@ -920,14 +920,13 @@ def test_runs_through_the_driver(algorithm: str, name: str) -> None:
     result = fd.sample(
         fd.LogisticRegression(),
         (X, y),
-        algorithm=algorithm,
+        algorithm=fd.FlyMC(bright_replica=False) if algorithm == "flymc" else fd.Regular(),
         kernel=name,
         num_warmup=60,
         num_samples=40,
         chains=2,
         client="synchronous",
         seed=2,
-        bright_replica=False,
     )
     assert np.isfinite(result.samples).all()
     assert result.stats["round_trips"].min() >= 2  # the current gradient, then leapfrogs

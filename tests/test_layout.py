@@ -27,19 +27,23 @@ def _data(n: int = 3000, d: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndar
     return X, y
 
 
-def _run(data, kernel: str, z_update: str, client, **options) -> fd.Result:
+def _run(
+    data, kernel: str, z_update: str, client, bounds: str = "map", n_shards: int | None = None
+) -> fd.Result:
+    """FlyMC with ``z_update`` and ``bounds`` on ``n_shards`` shards (None: the default
+    layout, one shard per worker)."""
     return fd.sample(
         fd.LogisticRegression(),
         data,
-        kernel=kernel,
-        z_update=z_update,
+        fd.FlyMC(z_update=z_update, bounds=bounds),
+        kernel,
         num_warmup=60,
         num_samples=40,
         chains=2,
         seed=5,
         client=client,
+        placement=fd.Placement(n_shards=n_shards),
         progress=False,
-        **options,
     )
 
 

@@ -56,8 +56,8 @@ def test_a_killed_driver_leaves_no_row_file_thread_or_descriptor(tmp_path):
     fd.from_numpy(X, y, path, chunk_rows=500)
     code = (
         "import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "
-        "client=sys.argv[2], n_shards=2, num_warmup=10, num_samples=10**7, chains=2, "
-        "out_of_core=True, progress=False)"
+        "client=sys.argv[2], placement=fd.Placement(n_shards=2, out_of_core=True), "
+        "num_warmup=10, num_samples=10**7, chains=2, progress=False)"
     )
     with (
         LocalCluster(

@@ -33,15 +33,14 @@ def _data(slope: float, n: int = 3000, seed: int = 5) -> tuple[np.ndarray, np.nd
 
 def _run(data, **kw):
     args = dict(
-        algorithm="flymc",
-        bounds="map",
+        algorithm=fd.FlyMC(bounds="map"),
         kernel="nuts",
         num_warmup=0,
         num_samples=1,
         chains=2,
         seed=3,
         client="synchronous",
-        n_shards=2,
+        placement=fd.Placement(n_shards=2),
         progress=False,
     )
     args.update(kw)
@@ -72,8 +71,8 @@ def test_narrowing_is_the_bound_against_the_posterior_precision(slope, low, high
     assert res.info["conditional_narrowing"] == pytest.approx(kappa, rel=1e-8)
     assert res.info["gibbs_ess_per_draw"] == pytest.approx(1.0 / (2.0 * kappa - 1.0), rel=1e-8)
     assert low <= kappa < high
-    for other in (dict(algorithm="regular"), dict(bounds="untuned")):
-        res = _run((X, y), **other)
+    for other in (fd.Regular(), fd.FlyMC(bounds="untuned")):
+        res = _run((X, y), algorithm=other)
         assert res.info["conditional_narrowing"] is None
         assert res.info["gibbs_ess_per_draw"] is None
 
@@ -96,8 +95,7 @@ def test_the_slowest_direction_mixes_at_about_the_gibbs_rate():
         num_warmup=300,
         num_samples=3000,
         chains=4,
-        z_update="explicit",
-        resample_fraction=1.0,
+        algorithm=fd.FlyMC(z_update="explicit", resample_fraction=1.0),
     )
     rate = fly.info["gibbs_ess_per_draw"]
     bound_prec, post_prec = _precisions(X, fly.info["map"])

@@ -1,6 +1,6 @@
 """The typed options of ``fd.sample`` (#31): the algorithm, placement and kernel objects,
-their checks, the command-line flags generated from them, and the deprecated keyword
-style, which must give the same draws."""
+their checks, the command-line flags generated from them; the keyword style before 0.1.0
+is a TypeError."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import dataclasses
 import inspect
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -56,7 +55,7 @@ def test_every_option_of_the_api_has_a_flag():
     names += ["algorithm", "kernel"]
     missing = [n for n in names if f"{flag_of(n)} " not in text and f"{flag_of(n)}," not in text]
     assert missing == []
-    params = set(inspect.signature(fd.sample).parameters) - {"deprecated"}
+    params = set(inspect.signature(fd.sample).parameters)
     assert params <= set(RUN_DEFAULTS) | {"model", "data", "algorithm", "kernel"}
     assert set(API_ONLY) <= params
     for name, p in inspect.signature(fd.sample).parameters.items():  # one set of defaults
@@ -95,72 +94,29 @@ def test_a_bad_option_is_refused_when_its_object_is_made(make, match):
         make()
 
 
-def test_the_deprecated_keywords_warn_naming_the_replacement_and_give_the_same_draws():
-    """The keyword style of earlier releases maps onto the objects: one DeprecationWarning
-    naming them, and bit for bit the draws of the new style."""
+@pytest.mark.parametrize(
+    "old",
+    [
+        {"n_shards": 2},
+        {"q_db": 0.05},
+        {"bright_replica": False},
+        {"eps": 0.05},
+        {"kernel_options": {"target_accept": 0.9}},
+    ],
+    ids=lambda old: next(iter(old)),
+)
+def test_an_earlier_releases_keyword_is_a_plain_type_error_naming_it(old):
+    """The keyword style before 0.1.0 (``q_db=``, ``n_shards=``, ``kernel_options=`` as
+    keywords of fd.sample) is gone: Python's own TypeError, naming the keyword, before
+    anything runs."""
     X, y = _data()
-    common = dict(
-        num_warmup=30, num_samples=30, chains=2, seed=3, client="synchronous", progress=False
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        new = fd.sample(
-            fd.LogisticRegression(),
-            (X, y),
-            fd.FlyMC(q_db=0.05, bright_replica=False),
-            fd.NUTS(target_accept=0.9, max_tree_depth=6),
-            placement=fd.Placement(n_shards=2),
-            **common,
-        )
-    with pytest.warns(DeprecationWarning) as caught:
-        old = fd.sample(
-            fd.LogisticRegression(),
-            (X, y),
-            "flymc",
-            "nuts",
-            q_db=0.05,
-            bright_replica=False,
-            kernel_options={"target_accept": 0.9, "max_tree_depth": 6},
-            n_shards=2,
-            **common,
-        )
-    message = str(caught[0].message)
-    assert "fd.FlyMC(q_db=…, bright_replica=…)" in message
-    assert "fd.Placement(n_shards=…)" in message
-    assert "fd.NUTS(target_accept=…, max_tree_depth=…)" in message
-    assert caught[0].filename == __file__  # points at the caller
-    np.testing.assert_array_equal(new.samples, old.samples)
-    # and a wrong one is still caught: other draws
-    other = fd.sample(
-        fd.LogisticRegression(),
-        (X, y),
-        fd.FlyMC(q_db=0.06, bright_replica=False),
-        fd.NUTS(target_accept=0.9, max_tree_depth=6),
-        **common,
-    )
-    assert not np.array_equal(new.samples, other.samples)
+    (name,) = old
+    with pytest.raises(TypeError, match=rf"unexpected keyword argument '{name}'"):
+        fd.sample(fd.LogisticRegression(), (X, y), client="synchronous", **old)
 
 
-def test_options_given_twice_are_refused():
+def test_a_wrong_kernel_is_refused():
     X, y = _data()
-    with pytest.raises(TypeError, match="in the algorithm object"):
-        fd.sample(fd.LogisticRegression(), (X, y), fd.FlyMC(), q_db=0.1, client="synchronous")
-    with pytest.raises(TypeError, match="fd.Placement"):
-        fd.sample(
-            fd.LogisticRegression(),
-            (X, y),
-            placement=fd.Placement(),
-            n_shards=2,
-            client="synchronous",
-        )
-    with pytest.raises(TypeError, match="kernel object"):
-        fd.sample(
-            fd.LogisticRegression(),
-            (X, y),
-            kernel=fd.NUTS(),
-            kernel_options={"target_accept": 0.9},
-            client="synchronous",
-        )
     with pytest.raises(TypeError, match="kernel must be a kernel object"):
         fd.sample(fd.LogisticRegression(), (X, y), kernel=3, client="synchronous")
 
@@ -173,8 +129,8 @@ def test_metric_from_defaults_to_the_algorithms_and_the_given_object_is_not_chan
     kernel = fd.NUTS()
     run = dict(RUN_DEFAULTS)
     X, y = _data(200)
-    fly = make_call(fd.LogisticRegression(), (X, y), "flymc", kernel, dict(run), {})
-    reg = make_call(fd.LogisticRegression(), (X, y), "regular", kernel, dict(run), {})
+    fly = make_call(fd.LogisticRegression(), (X, y), "flymc", kernel, dict(run))
+    reg = make_call(fd.LogisticRegression(), (X, y), "regular", kernel, dict(run))
     assert (fly.kernel.metric_from, reg.kernel.metric_from) == ("differences", "draws")
     assert kernel.metric_from is None and fly.kernel_options == {}
 

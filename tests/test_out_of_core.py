@@ -38,16 +38,16 @@ def store(tmp_path_factory):
     return fd.from_numpy(X, y, path, chunk_rows=64), X, y
 
 
-def _run(data, client="synchronous", **kw):
+def _run(data, client="synchronous", out_of_core=True, memory_budget=None, **kw):
+    """3 shards, out of core (``out_of_core``, ``memory_budget``: fd.Placement's)."""
     opts = dict(
         kernel="rwmh",
         num_warmup=100,
         num_samples=150,
         chains=2,
         seed=8,
-        n_shards=3,
+        placement=fd.Placement(n_shards=3, out_of_core=out_of_core, memory_budget=memory_budget),
         progress=False,
-        out_of_core=True,
     )
     opts.update(kw)
     return fd.sample(fd.LogisticRegression(prior_scale=3.0), data, client=client, **opts)
@@ -292,10 +292,10 @@ def test_out_of_core_draws_are_the_in_memory_draws(tmp_path, model, kernel, boun
         m = fd.RobustRegression()
         y = X @ np.array([0.5, 1.0, -1.0, 0.2]) + rng.standard_t(4, size=n)
     ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=256)
-    kw = dict(kernel=kernel, bounds=bounds, num_warmup=100, num_samples=100, chains=2)
-    kw.update(seed=3, n_shards=2, progress=False, q_db=0.05)
-    inmem = fd.sample(m, ds, out_of_core=False, **kw)
-    ooc = fd.sample(m, ds, out_of_core=True, **kw)
+    kw = dict(kernel=kernel, num_warmup=100, num_samples=100, chains=2)
+    kw.update(seed=3, progress=False, algorithm=fd.FlyMC(bounds=bounds, q_db=0.05))
+    inmem = fd.sample(m, ds, placement=fd.Placement(n_shards=2, out_of_core=False), **kw)
+    ooc = fd.sample(m, ds, placement=fd.Placement(n_shards=2, out_of_core=True), **kw)
     assert ooc.info["out_of_core"] == [True, True] and inmem.info["out_of_core"] == [False] * 2
     assert ooc.info["rows_read"] > 0 and inmem.info["lost_rows"] == 0
     # a bright row not resident is read back in production, but under test it is a fault:
@@ -422,8 +422,8 @@ def test_austerity_out_of_core_takes_the_same_decisions(store, control_variates)
     same values, so the same decisions and draws as in memory: bit for bit from a given
     start; with control variates too (the full passes sum by the same blocks, and the
     tight points are computed row by row)."""
-    kw = dict(algorithm="austerity", control_variates=control_variates)
-    kw.update(batch_size=40, num_warmup=10, num_samples=30)
+    kw = dict(algorithm=fd.Austerity(control_variates=control_variates, batch_size=40))
+    kw.update(num_warmup=10, num_samples=30)
     if not control_variates:  # no MAP (whose full passes sum in another order out of core)
         kw.update(init=np.array([0.3, -1.2, 0.8]), precondition=np.diag([0.01, 0.02, 0.02]))
     ooc = _run(store[0], **kw)
@@ -662,7 +662,7 @@ def test_set_up_makes_four_full_passes(tmp_path, out_of_core):
     model = fd.LogisticRegression()
     res = fd.sample(
         model, ds, kernel="rwmh", num_warmup=2, num_samples=2, chains=2, seed=0,
-        client="synchronous", progress=False, out_of_core=out_of_core,
+        client="synchronous", progress=False, placement=fd.Placement(out_of_core=out_of_core),
     )  # fmt: skip
     assert res.info["out_of_core"] == [out_of_core]
     assert res.info["setup_passes"] == 4

@@ -59,7 +59,7 @@ def test_the_read_ahead_fits_the_budget(store):
 
 
 def test_the_draws_do_not_depend_on_the_read_ahead(store):
-    def run(**kw):
+    def run(memory_budget=None):
         return fd.sample(
             fd.LogisticRegression(),
             fd.open_dataset(store),
@@ -71,8 +71,7 @@ def test_the_draws_do_not_depend_on_the_read_ahead(store):
             chains=2,
             seed=5,
             progress=False,
-            out_of_core=True,
-            **kw,
+            placement=fd.Placement(out_of_core=True, memory_budget=memory_budget),
         )
 
     per_update = 8 * (4 * 5 + 3 + 5) * 2 * 0.2 * 3000  # K = 3 row constants (logistic)

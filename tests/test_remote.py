@@ -118,14 +118,13 @@ def client(s3):
 def _interrupted_then_resumed(monkeypatch, data, trace: str, client, stop_at: int = 110, **kw):
     """A run stopped by Ctrl-C at step ``stop_at``, then resumed from its trace."""
     opts = dict(
-        algorithm="flymc",
-        bounds="map",
+        algorithm=fd.FlyMC(bounds="map"),
         kernel="rwmh",
         num_warmup=60,
         num_samples=120,
         chains=2,
         seed=4,
-        n_shards=2,
+        placement=fd.Placement(n_shards=2),
         client=client,
         progress=False,
         trace=trace,
@@ -209,7 +208,7 @@ def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
     local, remote = data
     opts = s3["options"]
     url = f"s3://bucket/run-{out_of_core}/t.zarr"  # the data set's options are reused
-    kw = dict(out_of_core=out_of_core)
+    kw = dict(placement=fd.Placement(n_shards=2, out_of_core=out_of_core))
     res = _interrupted_then_resumed(monkeypatch, remote, url, client, **kw)
     ref = _interrupted_then_resumed(monkeypatch, local, str(tmp_path / "t.zarr"), client, **kw)
     assert res.info["out_of_core"] == [out_of_core] * 2 == ref.info["out_of_core"]

@@ -192,8 +192,8 @@ def test_one_round_trip_per_iteration_in_replica_mode(kernel):
             num_samples=30,
             chains=2,
             client="synchronous",
-            n_shards=3,
-            bright_replica=replica,
+            placement=fd.Placement(n_shards=3),
+            algorithm=fd.FlyMC(bright_replica=replica),
             progress=False,
         )
 
@@ -218,7 +218,8 @@ def test_auto_mode_follows_kernel_and_budget():
     # depend on the layout
     assert fd.sample(m, (X, y), kernel="rwmh", **kw).info["bright_replica"] is True
     assert (
-        fd.sample(m, (X, y), kernel="slice", replica_budget=0, **kw).info["bright_replica"] is False
+        fd.sample(m, (X, y), fd.FlyMC(replica_budget=0), "slice", **kw).info["bright_replica"]
+        is False
     )
     assert (
         fd.sample(m, (X, y), algorithm="regular", kernel="slice", **kw).info["bright_replica"]
@@ -239,7 +240,7 @@ def test_replica_options_are_validated(bad):
     X, y = _data("logistic")
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):
-        fd.sample(fd.LogisticRegression(), (X, y), client="synchronous", **bad)
+        fd.sample(fd.LogisticRegression(), (X, y), fd.FlyMC(**bad), client="synchronous")
 
 
 def test_replica_round_is_idempotent_in_seq():

@@ -19,8 +19,7 @@ def _data(n: int = 400, seed: int = 5) -> tuple[np.ndarray, np.ndarray]:
 
 def _sample(trace: str, **kw):
     opts = dict(
-        algorithm="flymc",
-        bounds="map",
+        algorithm=fd.FlyMC(bounds="map"),
         kernel="rwmh",
         num_warmup=100,
         num_samples=300,
@@ -135,8 +134,8 @@ def test_resume_refuses_what_differs(tmp_path):
         (dict(seed=2), "seed 1"),
         (dict(algorithm="regular"), "algorithm 'flymc'"),
         (dict(kernel="mala"), "kernel 'nuts'"),  # the default, resolved
-        (dict(bounds="untuned"), "bounds 'map'"),
-        (dict(q_db=0.5), r"q_db 'auto' \(this run: 0.5\)"),
+        (dict(algorithm=fd.FlyMC(bounds="untuned")), "bounds 'map'"),
+        (dict(algorithm=fd.FlyMC(q_db=0.5)), r"q_db 'auto' \(this run: 0.5\)"),
         (dict(precondition="identity"), "precondition"),
     ]
     for change, match in cases:

@@ -124,6 +124,6 @@ def test_an_out_of_core_run_refuses_a_changed_row_file(store, monkeypatch):
             chains=2,
             seed=1,
             progress=False,
-            out_of_core=True,
+            placement=fd.Placement(out_of_core=True),
         )
     assert any(f.path in str(err.value) for f in files)

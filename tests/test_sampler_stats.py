@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,19 +41,18 @@ def _run(data=None, model=None, **kw):
 
 
 @pytest.mark.parametrize(
-    "algorithm,kernel,options",
+    "algorithm,kernel",
     [
-        ("regular", "nuts", {}),
-        ("flymc", "nuts", {}),  # the replica: every transition one compiled call
-        ("flymc", "nuts", {"bright_replica": False}),  # the shards evaluate every point
-        ("regular", "hmc", {}),
+        (fd.Regular(), "nuts"),
+        (fd.FlyMC(), "nuts"),  # the replica: every transition one compiled call
+        (fd.FlyMC(bright_replica=False), "nuts"),  # the shards evaluate every point
+        (fd.Regular(), "hmc"),
     ],
+    ids=["regular-nuts", "flymc-nuts", "flymc-nuts-shards", "regular-hmc"],
 )
-def test_hamiltonian_stats_in_result_and_trace(
-    tmp_path: Path, algorithm: str, kernel: str, options: dict
-) -> None:
+def test_hamiltonian_stats_in_result_and_trace(tmp_path: Path, algorithm: Any, kernel: str) -> None:
     trace = tmp_path / "t.zarr"
-    res = _run(algorithm=algorithm, kernel=kernel, trace=str(trace), **options)
+    res = _run(algorithm=algorithm, kernel=kernel, trace=str(trace))
     want = EVERY | HAMILTONIAN | ({"tree_depth"} if kernel == "nuts" else set())
     assert want <= set(res.stats) and want <= set(res.warmup_stats)
     assert ("tree_depth" in res.stats) == (kernel == "nuts")
@@ -92,8 +92,8 @@ def test_hamiltonian_stats_in_result_and_trace(
         res.stats["no_such_stat"]
 
 
-def test_rwmh_has_no_hamiltonian_stats() -> None:
-    res = _run(kernel="rwmh")
+def test_rwmh_has_no_hamiltonian_stats(small_run) -> None:
+    res = small_run("regular", "rwmh")
     assert EVERY <= set(res.stats) and not HAMILTONIAN & set(res.stats)
     assert res.sampler_checks() is None
     assert "NUTS/HMC" not in str(res.summary())
@@ -102,10 +102,7 @@ def test_rwmh_has_no_hamiltonian_stats() -> None:
 def test_divergences_are_counted_and_warned() -> None:
     """A step size far too large for the posterior, not adapted: most trajectories
     diverge; the summary counts them and says what to try."""
-    res = _run(
-        num_warmup=0,
-        kernel_options={"step_size": 30.0, "find_step_size": False},
-    )
+    res = _run(num_warmup=0, kernel=fd.NUTS(step_size=30.0, find_step_size=False))
     checks = res.sampler_checks()
     assert checks["divergences"] == int(res.stats["diverging"].sum()) > 40
     assert checks["iterations"] == 80
@@ -141,10 +138,7 @@ def test_flymc_divergences_come_with_bright_rows() -> None:
 
 def test_max_tree_depth_hits_are_counted_and_warned() -> None:
     """A tiny step size and max_tree_depth 2: no trajectory turns back in 3 steps."""
-    res = _run(
-        num_warmup=0,
-        kernel_options={"step_size": 1e-3, "find_step_size": False, "max_tree_depth": 2},
-    )
+    res = _run(num_warmup=0, kernel=fd.NUTS(step_size=1e-3, find_step_size=False, max_tree_depth=2))
     assert res.info["max_tree_depth"] == 2
     checks = res.sampler_checks()
     assert checks["max_tree_depth_hits"] == 80 == int((res.stats["tree_depth"] == 2).sum())
@@ -186,7 +180,7 @@ def test_e_bfmi() -> None:
 
 
 # ------------------------------------------------------------------------------- names
-def test_dataframe_columns_name_the_parameters(tmp_path: Path) -> None:
+def test_dataframe_columns_name_the_parameters(tmp_path: Path, small_run) -> None:
     pd = pytest.importorskip("pandas")
     X, y = _data()
     df = pd.DataFrame(X, columns=["bias", "age", "dose"])
@@ -205,7 +199,7 @@ def test_dataframe_columns_name_the_parameters(tmp_path: Path) -> None:
     ds = fd.from_numpy(df, y, tmp_path / "e.zarr", feature_names=["a", "b", "c"])
     assert ds.feature_names == ["a", "b", "c"]
     # a plain array has none: theta[i]
-    assert "theta[0]" in str(_run(kernel="rwmh").summary())
+    assert "theta[0]" in str(small_run("regular", "rwmh").summary())
 
 
 def test_softmax_names_are_class_and_feature(tmp_path: Path) -> None:

@@ -48,20 +48,24 @@ def _logistic_data(n: int = 40, seed: int = 11) -> tuple[np.ndarray, np.ndarray]
 
 def _run(data=None, model=None, **kw):
     args = dict(
-        algorithm="flymc",
-        bounds="map",
+        algorithm=fd.FlyMC(bounds="map", z_update="implicit"),
         kernel="rwmh",
-        z_update="implicit",
         num_warmup=20,
         num_samples=30,
         chains=3,
         seed=7,
         client="synchronous",
-        n_shards=2,
+        placement=fd.Placement(n_shards=2),
         progress=False,
     )
     args.update(kw)
     return fd.sample(model or fd.LogisticRegression(), data or _logistic_data(), **args)
+
+
+def _alg(name: str, **flymc):
+    """The algorithm called ``name``: FlyMC with the options ``flymc``, or regular MCMC
+    (which has none)."""
+    return fd.FlyMC(**flymc) if name == "flymc" else fd.Regular()
 
 
 def _all_stats(res, key: str) -> np.ndarray:
@@ -81,8 +85,8 @@ def _all_stats(res, key: str) -> np.ndarray:
     ],
 )
 def test_same_seed_identical_draws(algorithm, kernel, z_update):
-    a = _run(algorithm=algorithm, kernel=kernel, z_update=z_update, seed=3)
-    b = _run(algorithm=algorithm, kernel=kernel, z_update=z_update, seed=3)
+    a = _run(algorithm=_alg(algorithm, z_update=z_update), kernel=kernel, seed=3)
+    b = _run(algorithm=_alg(algorithm, z_update=z_update), kernel=kernel, seed=3)
     assert np.array_equal(a.samples, b.samples)
     assert np.array_equal(a.warmup_samples, b.warmup_samples)
     for k in a.stats:
@@ -103,18 +107,19 @@ def test_different_seeds_different_draws(algorithm):
     "algorithm,kernel",
     [("regular", "rwmh"), ("flymc", "rwmh"), ("flymc", "mala"), ("flymc", "slice")],
 )
-def test_stats_keys_and_shapes(algorithm, kernel):
-    res = _run(algorithm=algorithm, kernel=kernel, chains=3, num_warmup=5, num_samples=12)
-    assert res.samples.shape == (3, 12, 2)
-    assert res.warmup_samples.shape == (3, 5, 2)
+def test_stats_keys_and_shapes(algorithm, kernel, small_run):
+    """The session's small run (2 chains, 60 warm-up + 40 draws of 3 weights, 60 rows)."""
+    res = small_run(algorithm, kernel)
+    assert res.samples.shape == (2, 40, 3)
+    assert res.warmup_samples.shape == (2, 60, 3)
     for k in STAT_KEYS:
         assert k in res.stats, k
-        assert res.stats[k].shape == (3, 12), k
-        assert res.warmup_stats[k].shape == (3, 5), k
+        assert res.stats[k].shape == (2, 40), k
+        assert res.warmup_stats[k].shape == (2, 60), k
     assert res.stats["accepted"].dtype == bool
     assert np.all(np.isfinite(res.stats["lp"]))
     assert np.all(res.stats["likelihood_queries"] >= 0)
-    assert np.all((res.stats["n_bright"] >= 0) & (res.stats["n_bright"] <= 40))
+    assert np.all((res.stats["n_bright"] >= 0) & (res.stats["n_bright"] <= 60))
 
 
 def _read_ahead_trips(res) -> None:
@@ -130,10 +135,10 @@ def test_rwmh_one_round_trip_per_iteration():
     update, ``read_ahead=0``); one per READ_AHEAD iterations where the driver does."""
     for algorithm in ("regular", "flymc"):
         for z in ("implicit", "explicit"):
-            res = _run(algorithm=algorithm, z_update=z)
+            res = _run(algorithm=_alg(algorithm, z_update=z))
             if algorithm == "flymc" and z == "implicit":
                 _read_ahead_trips(res)
-                res = _run(algorithm=algorithm, z_update=z, read_ahead=0)
+                res = _run(algorithm=_alg(algorithm, z_update=z, read_ahead=0))
             assert np.all(_all_stats(res, "round_trips") == 1), (algorithm, z)
 
 
@@ -141,17 +146,18 @@ def test_mala_two_round_trips_slice_at_least_one():
     """With the shards evaluating every point; on the driver's replica of the bright
     rows (the default for these kernels) every iteration is one round trip, or one per
     READ_AHEAD iterations with the driver's own z-update (the default)."""
-    res = _run(kernel="mala", bright_replica=False)
+    res = _run(kernel="mala", algorithm=fd.FlyMC(bright_replica=False))
     assert np.all(_all_stats(res, "round_trips") == 2)
-    res = _run(kernel="slice", bright_replica=False)
+    res = _run(kernel="slice", algorithm=fd.FlyMC(bright_replica=False))
     assert np.all(_all_stats(res, "round_trips") >= 1)
     for kernel in ("mala", "slice"):
         _read_ahead_trips(_run(kernel=kernel))
-        assert np.all(_all_stats(_run(kernel=kernel, read_ahead=0), "round_trips") == 1)
+        no_ahead = _run(kernel=kernel, algorithm=fd.FlyMC(read_ahead=0))
+        assert np.all(_all_stats(no_ahead, "round_trips") == 1)
 
 
-def test_rejected_steps_keep_position_and_accepted_flags_agree():
-    res = _run(num_samples=60)
+def test_rejected_steps_keep_position_and_accepted_flags_agree(small_run):
+    res = small_run("flymc", "rwmh")
     moved = np.any(np.diff(res.samples, axis=1) != 0, axis=2)
     assert np.array_equal(moved, res.stats["accepted"][:, 1:])
 
@@ -207,9 +213,7 @@ def test_flymc_explicit_queries_exact(kernel, fraction, replica):
     res = _run(
         (X, y),
         kernel=kernel,
-        z_update="explicit",
-        resample_fraction=fraction,
-        bright_replica=replica,
+        algorithm=fd.FlyMC(z_update="explicit", resample_fraction=fraction, bright_replica=replica),
     )
     assert res.info["bright_replica"] is replica
     q = _all_stats(res, "likelihood_queries")
@@ -235,7 +239,9 @@ def test_flymc_implicit_q1_queries_exact(kernel, bounds):
     X, y = _logistic_data(n=23)
     N = X.shape[0]
     res = _run(
-        (X, y), kernel=kernel, bounds=bounds, z_update="implicit", q_db=1.0, bright_replica=False
+        (X, y),
+        kernel=kernel,
+        algorithm=fd.FlyMC(bounds=bounds, z_update="implicit", q_db=1.0, bright_replica=False),
     )
     q = _all_stats(res, "likelihood_queries")
     m = _all_stats(res, "n_bright")
@@ -337,14 +343,12 @@ def test_query_counters_match_actual_evaluations(
     count_compiled(model)
     res = _run(
         model=model,
-        algorithm=algorithm,
+        algorithm=_alg(
+            algorithm, z_update=z_update, bounds="untuned", q_db=0.2, bright_replica=replica
+        ),
         kernel=kernel,
-        z_update=z_update,
-        bounds="untuned",
-        q_db=0.2,
         init=[0.2, 0.9],
         precondition="identity",
-        bright_replica=replica,
     )
     assert res.info["bright_replica"] is (replica and algorithm == "flymc")
     assert res.info["map"] is None
@@ -362,7 +366,7 @@ def test_query_counters_include_the_map_search(algorithm, count_compiled):
     are set-up queries too: the counters still match every evaluation made."""
     model = CountingLogistic()
     count_compiled(model)
-    res = _run(model=model, algorithm=algorithm, kernel="mala", q_db=0.2)
+    res = _run(model=model, algorithm=_alg(algorithm, q_db=0.2), kernel="mala")
     assert res.info["map"] is not None and res.info["map_info"]["evaluations"] > 0
     counted = (
         res.info["setup_queries"]
@@ -379,24 +383,25 @@ def test_query_counters_include_the_map_search(algorithm, count_compiled):
         ({"algorithm": "gibbs"}, ValueError, "algorithm"),
         ({"algorithm": "FlyMC "}, ValueError, "algorithm"),
         ({"kernel": "hmc2"}, ValueError, "kernel"),
-        ({"bounds": "tight"}, ValueError, "bounds"),
-        ({"z_update": "gibbs"}, ValueError, "z_update"),
-        ({"q_db": 0.0}, ValueError, "q_db"),
-        ({"q_db": -0.1}, ValueError, "q_db"),
-        ({"q_db": 1.5}, ValueError, "q_db"),
-        ({"resample_fraction": 0.0}, ValueError, "resample_fraction"),
-        ({"resample_fraction": 2.0}, ValueError, "resample_fraction"),
+        (lambda: {"algorithm": fd.FlyMC(bounds="tight")}, ValueError, "bounds"),
+        (lambda: {"algorithm": fd.FlyMC(z_update="gibbs")}, ValueError, "z_update"),
+        (lambda: {"algorithm": fd.FlyMC(q_db=0.0)}, ValueError, "q_db"),
+        (lambda: {"algorithm": fd.FlyMC(q_db=-0.1)}, ValueError, "q_db"),
+        (lambda: {"algorithm": fd.FlyMC(q_db=1.5)}, ValueError, "q_db"),
+        (lambda: {"algorithm": fd.FlyMC(resample_fraction=0.0)}, ValueError, "resample_fraction"),
+        (lambda: {"algorithm": fd.FlyMC(resample_fraction=2.0)}, ValueError, "resample_fraction"),
         ({"step_size": 0.1}, TypeError, "step_size"),
         ({"qdb": 0.1}, TypeError, "qdb"),
         ({"num_samples": 0}, ValueError, "num_samples"),
         ({"chains": 0}, ValueError, "chains"),
         ({"num_warmup": -1}, ValueError, "num_warmup"),
-        ({"kernel_options": {"no_such_option": 1}}, TypeError, "no_such_option"),
+        (lambda: {"kernel": fd.RWMH(no_such_option=1)}, TypeError, "no_such_option"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs, exc, match):
+    """A bad option is refused when its object is made, a bad keyword by the call."""
     with pytest.raises(exc, match=match):
-        _run(**kwargs)
+        _run(**(kwargs() if callable(kwargs) else kwargs))
 
 
 _X, _Y = _logistic_data()
@@ -410,9 +415,13 @@ _X, _Y = _logistic_data()
         ({"seed": None}, ValueError, r"seed must be an integer >= 0, not None"),
         ({"seed": 1.5}, ValueError, "seed"),
         ({"seed": True}, ValueError, "seed"),
-        ({"timeout": 0}, ValueError, r"timeout must be a number of seconds > 0, not 0"),
-        ({"timeout": "10"}, ValueError, "timeout"),
-        ({"timeout": float("inf")}, ValueError, "timeout"),
+        (
+            lambda: {"placement": fd.Placement(timeout=0)},
+            ValueError,
+            r"timeout must be a number of seconds > 0, not 0",
+        ),
+        (lambda: {"placement": fd.Placement(timeout="10")}, ValueError, "timeout"),
+        (lambda: {"placement": fd.Placement(timeout=float("inf"))}, ValueError, "timeout"),
         (
             {"data": _X},
             TypeError,
@@ -424,15 +433,31 @@ _X, _Y = _logistic_data()
         ({"data": (_X[:, :0], _Y)}, ValueError, "at least one column"),
         ({"data": (_X.astype(str), _Y)}, ValueError, "X must hold real numbers.*dtype <U"),
         ({"data": (_X, _Y.astype(str))}, ValueError, "y must hold real numbers"),
-        ({"resample_fraction": "x"}, ValueError, r"resample_fraction must be a number in \(0, 1\]"),
-        ({"resample_fraction": True}, ValueError, "resample_fraction"),
-        ({"q_db": True}, ValueError, r"q_db must be 'auto' or a number in \(0, 1\], not True"),
-        ({"q_db": "0.5"}, ValueError, "q_db"),
+        (
+            lambda: {"algorithm": fd.FlyMC(resample_fraction="x")},
+            ValueError,
+            r"resample_fraction must be a number in \(0, 1\]",
+        ),
+        (lambda: {"algorithm": fd.FlyMC(resample_fraction=True)}, ValueError, "resample_fraction"),
+        (
+            lambda: {"algorithm": fd.FlyMC(q_db=True)},
+            ValueError,
+            r"q_db must be 'auto' or a number in \(0, 1\], not True",
+        ),
+        (lambda: {"algorithm": fd.FlyMC(q_db="0.5")}, ValueError, "q_db"),
         ({"checkpoint_every": 0}, ValueError, "checkpoint_every must be an integer >= 1"),
-        ({"n_workers": 0}, ValueError, "n_workers must be None or an integer >= 1"),
-        ({"n_shards": 0}, ValueError, "n_shards"),
-        ({"n_shards": True}, ValueError, "n_shards"),
-        ({"n_shards": 2, "rows_per_shard": 10}, ValueError, "not both"),
+        (
+            lambda: {"placement": fd.Placement(n_workers=0)},
+            ValueError,
+            "n_workers must be None or an integer >= 1",
+        ),
+        (lambda: {"placement": fd.Placement(n_shards=0)}, ValueError, "n_shards"),
+        (lambda: {"placement": fd.Placement(n_shards=True)}, ValueError, "n_shards"),
+        (
+            lambda: {"placement": fd.Placement(n_shards=2, rows_per_shard=10)},
+            ValueError,
+            "not both",
+        ),
         ({"map_maxiter": -1}, ValueError, "map_maxiter"),
         ({"num_samples": True}, ValueError, "num_samples"),
         ({"init": "zero"}, ValueError, "init must be 'map' or an array"),
@@ -441,7 +466,6 @@ _X, _Y = _logistic_data()
             ValueError,
             "precondition must be 'laplace' or 'bound' or 'identity'",
         ),
-        ({"kernel_options": 3}, ValueError, "kernel_options must be a dict"),
         ({"resume": True}, ValueError, "resume=True needs trace="),
         ({"resume": "yes", "trace": "t.zarr"}, ValueError, "resume must be True or False"),
         ({"progress": "yes"}, ValueError, "progress"),
@@ -469,16 +493,16 @@ def test_every_argument_is_checked_before_anything_starts(
         client=None,
         progress=False,
     )
-    args.update(kwargs)
-    data = args.pop("data", (_X, _Y))
     with pytest.raises(exc, match=match) as info:
+        args.update(kwargs() if callable(kwargs) else kwargs)
+        data = args.pop("data", (_X, _Y))
         fd.sample(fd.LogisticRegression(), data, **args)
     assert "\n" not in str(info.value)
     assert os.listdir(tmp_path) == []
 
 
 def test_q_db_one_is_allowed():
-    res = _run(q_db=1.0, num_warmup=2, num_samples=3)
+    res = _run(algorithm=fd.FlyMC(q_db=1.0), num_warmup=2, num_samples=3)
     assert res.samples.shape == (3, 3, 2)
 
 
@@ -488,7 +512,13 @@ def test_q_db_auto_has_no_floor_in_proportion_to_n():
     few rows bright, q·N is a few proposals (the old floor q >= 1e-5 made it 4, and 40
     at N = 4e6)."""
     n = 400_000
-    res = _run(_logistic_data(n), num_warmup=0, num_samples=2, chains=2, n_shards=1)
+    res = _run(
+        _logistic_data(n),
+        num_warmup=0,
+        num_samples=2,
+        chains=2,
+        placement=fd.Placement(n_shards=1),
+    )
     q = res.info["q_db"]
     assert 1.0 / n <= q < 1e-5
     bright = float(res.stats["n_bright"].mean())
@@ -554,7 +584,7 @@ def test_timing_breakdown_adds_up():
     """``info["timing"]``: per post-warm-up iteration, step = round trip + driver, and the
     host served one round per RWMH iteration (the shards updating z: ``read_ahead=0``),
     each taking at most the round trip's time."""
-    res = _run(num_warmup=10, num_samples=40, read_ahead=0)
+    res = _run(num_warmup=10, num_samples=40, algorithm=fd.FlyMC(read_ahead=0))
     t = res.info["timing"]
     assert t["iterations"] == 40
     assert t["step"] > 0 and t["round_trip"] > 0 and t["driver"] > 0
@@ -605,14 +635,13 @@ def test_precondition_bound_is_theta_given_every_datum_dark():
 
     X, y = _logistic_data(200)
     laplace = _run((X, y), kernel="nuts", num_warmup=0, num_samples=1)
-    for kernel in ("nuts", "hmc"):
+    for kernel in (fd.NUTS(adapt_metric=False), fd.HMC(adapt_metric=False)):
         res = _run(
             (X, y),
             kernel=kernel,
             num_warmup=60,
             num_samples=2,
             precondition="bound",
-            kernel_options={"adapt_metric": False},
         )
         a, _ = jaakkola_jordan_coefficients(X @ res.info["map"])
         precision = (X.T * (-2.0 * a)) @ X + fd.LogisticRegression().prior_precision(2)
@@ -640,11 +669,12 @@ def test_q_db_auto_is_four_proposals_per_bright_row_for_hamiltonian_kernels():
         assert res.info["q_db"] == pytest.approx(4.0 * rwmh.info["q_db"], rel=1e-12)
 
 
-def test_an_unknown_option_is_refused_with_the_valid_ones():
-    """An option that is not one (a typo, or one removed) is refused before anything runs,
-    with the list of valid ones."""
-    for name in ("hot_rowz", "speculate"):
-        with pytest.raises(TypeError, match=f"unknown option.*'{name}'.*valid options are"):
+def test_an_unknown_option_is_refused_naming_it():
+    """An option that is not one (a typo, one removed, or an option of the algorithm,
+    kernel or placement objects given as a keyword) is refused before anything runs:
+    Python's TypeError naming it."""
+    for name in ("hot_rowz", "speculate", "q_db", "n_shards"):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
             _run(**{name: 0.01})
 
 
@@ -677,7 +707,7 @@ def _separable(n: int = 200, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
         ("regular", {"kernel": "nuts"}),
         ("austerity", {"kernel": "rwmh"}),
         # no MAP needed by the settings: the search runs all the same to check
-        ("flymc", {"bounds": "untuned", "init": [0.0, 0.0], "precondition": "identity"}),
+        (fd.FlyMC(bounds="untuned"), {"init": [0.0, 0.0], "precondition": "identity"}),
     ],
 )
 def test_flat_prior_on_separable_data_is_refused(algorithm, kw):

@@ -89,10 +89,9 @@ def test_an_out_of_core_run_keeps_the_rows_it_read(tmp_path, monkeypatch):
         num_samples=100,
         chains=2,
         seed=8,
-        n_shards=2,
+        placement=fd.Placement(n_shards=2, out_of_core=True),
         client="synchronous",
         progress=False,
-        out_of_core=True,
     )
     model = fd.LogisticRegression(prior_scale=3.0)
     quiet = fd.sample(model, ds, **kw)

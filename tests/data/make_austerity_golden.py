@@ -33,7 +33,7 @@ import numpy as np
 import flymc_dist as fd
 from flymc_dist.bench.sublinear import logistic_data
 
-#: the runs: name -> (data size, seed of the data, sample() keywords)
+#: the runs: name -> (data size, seed of the data, sample() keywords, fd.Austerity options)
 RUNS = {
     # fixed init and preconditioner: the draws depend on the decisions only
     "fixed": (
@@ -44,13 +44,11 @@ RUNS = {
             "num_samples": 40,
             "chains": 2,
             "seed": 7,
-            "eps": 0.05,
-            "tails": "two",
-            "batch_size": 100,
-            "n_shards": 3,
+            "placement": fd.Placement(n_shards=3),
             "init": np.array([0.32, 1.16, 0.38]),
             "precondition": np.diag([0.06, 0.07, 0.07]) ** 2,
         },
+        {"eps": 0.05, "tails": "two", "batch_size": 100},
     ),
     # the defaults of the recording: MAP start, Laplace preconditioner, eps 0.01
     # two-sided (the default became the paper's one-sided test later), batch 500
@@ -62,20 +60,20 @@ RUNS = {
             "num_samples": 40,
             "chains": 2,
             "seed": 8,
-            "n_shards": 2,
-            "tails": "two",
+            "placement": fd.Placement(n_shards=2),
         },
+        {"tails": "two"},
     ),
 }
 KEYS = ("accepted", "data_used", "test_rounds", "round_trips")
 
 
 def run(name: str, **extra: object) -> dict[str, np.ndarray]:
-    n, dseed, kw = RUNS[name]
+    """The arrays of run ``name``, with ``extra`` fd.Austerity options."""
+    n, dseed, kw, aus = RUNS[name]
     X, y, _ = logistic_data(n, 3, dseed)
-    res = fd.sample(
-        fd.LogisticRegression(), (X, y), algorithm="austerity", client="synchronous", **kw, **extra
-    )
+    algorithm = fd.Austerity(**{**aus, **extra})
+    res = fd.sample(fd.LogisticRegression(), (X, y), algorithm, client="synchronous", **kw)
     out = {f"{name}_samples": res.samples, f"{name}_warmup_samples": res.warmup_samples}
     for k in KEYS:
         out[f"{name}_{k}"] = res.stats[k]
