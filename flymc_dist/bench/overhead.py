@@ -97,7 +97,7 @@ def _time_pings(transport: Any, n: int, how: str, payload: bytes = b"") -> dict[
         if how == "socket":
             transport.echo(payload)
         else:
-            _ok, bad = transport._fanout(calls)
+            _ok, bad = transport.fanout_calls(calls)
             if bad:
                 raise RuntimeError(f"a bare round trip failed: {bad!r}")
         times[i] = time.perf_counter() - t

@@ -13,39 +13,14 @@ together nor on how the rows are cut into shards.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from flymc_dist.brightness import brighten
+from flymc_dist.shard.state import Shard, typed_lists
 from flymc_dist.streams import uniforms_at_many
 from flymc_dist.terms import check_bounds_held
-
-if TYPE_CHECKING:
-    from flymc_dist.shard.shard import Shard
-
-
-def _typed_lists(shards: list[Shard], owner: Any = None) -> Any:
-    """The shards' row buffers (``rows.XC``) as a numba typed list (the kernels' form).
-
-    Building one costs more than a round's update, so it is kept on ``owner`` (its
-    ``_typed``) and rebuilt only when the shards or their buffers change (an out-of-core
-    shard's grows now and then). The kept tuple holds the shards, so the ids in its key
-    stay theirs — all but the owner itself, which outlives its own attribute: holding it
-    there would be a reference cycle, keeping a finished run's rows in a worker's memory
-    until the garbage collector ran. Without an owner it is built afresh.
-    """
-    key = tuple((id(sh), id(sh.rows.XC)) for sh in shards)
-    if owner is not None and owner._typed is not None and owner._typed[0] == key:
-        return owner._typed[2]
-    lists = (
-        key,
-        [sh for sh in shards if sh is not owner],
-        shards[0]._jit.typed_list([sh.rows.XC for sh in shards]),
-    )
-    if owner is not None:
-        owner._typed = lists
-    return lists[2]
 
 
 def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndarray:
@@ -64,7 +39,8 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     into (``rows.proposals``; mostly read ahead already), so its update is this same one.
 
     ``owner`` keeps the typed list of the shards' buffers between calls
-    (:func:`_typed_lists`; default: the shard, when the pairs are all on one).
+    (:func:`~flymc_dist.shard.state.typed_lists`; default: the shard, when the pairs are
+    all on one).
 
     Returns
     -------
@@ -75,7 +51,7 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     if P == 0:
         return np.zeros(0, dtype=np.int64)
     first = pairs[0][0]
-    jit = first._jit
+    jit = first.jit
     shards: list[Shard] = []
     where: dict[int, int] = {}
     for sh, _ in pairs:
@@ -87,7 +63,7 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     q = first.q_db
     chains = [sh.chains[c] for sh, c in pairs]
     brights = [ch.bright for ch in chains]
-    streams = [sh._streams(c) for sh, c in pairs]
+    streams = [sh.streams(c) for sh, c in pairs]
     keys_z = np.array([st.decide for st in streams], dtype=np.uint64)
     # global row of each pair's local row 0
     offsets = np.array([sh.spec.start for sh, _ in pairs], dtype=np.int64)
@@ -113,9 +89,9 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     if ooc:
         XCs: Any = tuple(bufs)  # built afresh each time: no typed list
     else:
-        XCs = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
+        XCs = typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
     vals = np.empty(cand.size)
-    kind, par = first._kernel
+    kind, par = first.kernel
     jit.eval_rows(
         XCs, first.n_features, at, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
     )
@@ -158,7 +134,7 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
         b.idx, b.vals, b.members = new_idx[lo:hi], new_vals[lo:hi], new_members[lo:hi]
         chains[i].step += 1
     for sh in shards:
-        sh._after_z()
+        sh.after_z()
     return counts
 
 
@@ -167,10 +143,10 @@ def _proposals(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """Every pair's proposed shard-local rows — its chain's Bernoulli(q) process on its
     shard's rows at the chain's step, drawn ahead between rounds where it could be
-    (:meth:`Shard._drawn`) — with their segments (pair after pair), where each sits in
+    (:meth:`Shard.drawn`) — with their segments (pair after pair), where each sits in
     its shard's buffer (empty when every shard is in memory: at its own row), and each
     shard's buffer (in memory its rows; out of core the rows read for its proposals)."""
-    drawn = [sh._drawn()[0] for sh in shards]
+    drawn = [sh.drawn()[0] for sh in shards]
     held = [sh.rows.proposals(key, rows) for sh, (key, rows, _) in zip(shards, drawn, strict=True)]
     bufs = [buf for buf, _ in held]
     ooc = any(pos is not None for _, pos in held)
