@@ -40,7 +40,7 @@ from flymc_dist.kernels.base import (
     params_to_json,
 )
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.options import READ_AHEAD, REPLICA_BUDGET
+from flymc_dist.options import FlyMC, Regular, RunSettings
 from flymc_dist.progress import SetupProgress, map_search_rows
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round, Transport
 from flymc_dist.reduce import tree_total, tree_total_arrays
@@ -108,39 +108,32 @@ class Driver:
     n_features
         D, the number of data columns.
     algorithm
-        ``"flymc"`` or ``"regular"``.
-    bounds
-        ``"map"`` or ``"untuned"`` (FlyMC only).
+        :class:`~flymc_dist.options.FlyMC` or :class:`~flymc_dist.options.Regular`, with
+        its options (documented there). With FlyMC's ``bright_replica`` True the driver
+        keeps a replica of every chain's bright rows and runs the θ-kernel on it
+        (:mod:`flymc_dist.replica`); False: the shards evaluate every point the kernel
+        asks for; ``"auto"``: the replica when the expected bright rows at the starting
+        point (all chains) fit ``replica_budget`` bytes — for every kernel (the replica
+        sums in global row order, the shards by fixed blocks along a fixed tree: either
+        way the draws do not depend on the layout). In replica mode with a compiled
+        model and the implicit z-update the driver updates z on its replica, fetching
+        the rows the next ``read_ahead`` iterations propose in one request per host
+        (:mod:`flymc_dist.ahead`); 0: a round to the shards every iteration. The draws
+        are the same either way.
     chains, seed
         Number of chains; the seed of every random stream.
-    init
-        ``"map"`` (default: start near the MAP, jittered by the Laplace covariance) or an
-        array of shape ``(P,)`` or ``(chains, P)``.
-    precondition
-        The kernel's preconditioner: ``"laplace"`` (the Gaussian at the MAP, default),
-        ``"bound"`` (FlyMC: the Gaussian of θ given that every datum is dark, from the
-        collapsed bound and the prior: :func:`~flymc_dist.tune.bound_precision`),
-        ``"identity"``, or a (P, P) covariance. The starting points are jittered by the
-        Laplace covariance whenever the MAP is known.
-    map_maxiter
-        Iteration limit of the MAP search (its accuracy affects speed, never exactness).
-    bright_replica
-        FlyMC only. True: keep a replica of every chain's bright rows here and run the
-        θ-kernel on it, one round trip per iteration whatever the kernel
-        (:mod:`flymc_dist.replica`); False: the shards evaluate every point the kernel
-        asks for; ``"auto"`` (default): the replica when the expected bright rows at the
-        starting point (all chains) fit ``replica_budget`` bytes — for every kernel (the
-        replica sums in global row order, the shards by fixed blocks along a fixed tree:
-        either way the draws do not depend on the layout).
-    replica_budget
-        Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
-    read_ahead
-        Replica mode with a compiled model and the implicit z-update: the driver updates z
-        on its replica, fetching the rows the next ``read_ahead`` iterations propose in
-        one request per host (:mod:`flymc_dist.ahead`); 0: a round to the shards every
-        iteration. The draws are the same either way.
-    z_update
-        FlyMC's z-update, ``"implicit"`` or ``"explicit"`` (the shards' setting).
+    n_rows
+        N, the rows of the data set.
+    settings
+        The start: ``init`` (``"map"``: near the MAP, jittered by the Laplace
+        covariance; or an array of shape ``(P,)`` or ``(chains, P)``), ``precondition``
+        (the kernel's preconditioner: ``"laplace"``, the Gaussian at the MAP;
+        ``"bound"``, FlyMC's Gaussian of θ given that every datum is dark, from the
+        collapsed bound and the prior: :func:`~flymc_dist.tune.bound_precision`;
+        ``"identity"``; or a (P, P) covariance; the starting points are jittered by the
+        Laplace covariance whenever the MAP is known) and ``map_maxiter`` (iteration
+        limit of the MAP search: its accuracy affects speed, never exactness). None:
+        the defaults of :class:`~flymc_dist.options.RunSettings`.
     progress
         Shows each set-up pass while it runs (default: none shown).
     """
@@ -156,28 +149,23 @@ class Driver:
         kernel: Kernel,
         *,
         n_features: int,
-        algorithm: str = "flymc",
-        bounds: str = "map",
-        chains: int = 4,
-        seed: int = 0,
-        init: str | np.ndarray = "map",
-        precondition: str | np.ndarray = "laplace",
-        map_maxiter: int = 100,
-        q_db: float | str = "auto",
-        n_rows: int = 0,
-        bright_replica: bool | str = "auto",
-        replica_budget: float = REPLICA_BUDGET,
-        read_ahead: int = READ_AHEAD,
-        z_update: str = "implicit",
-        exact_rows: str | None = "auto",
+        algorithm: FlyMC | Regular,
+        chains: int,
+        seed: int,
+        n_rows: int,
+        settings: RunSettings | None = None,
         progress: SetupProgress | None = None,
     ) -> None:
+        settings = RunSettings() if settings is None else settings
+        # FlyMC's options are read as its defaults when the algorithm is another
+        fly = algorithm if isinstance(algorithm, FlyMC) else FlyMC()
+        init, precondition = settings.init, settings.precondition
         self.model = model
         self.transport = transport
         self.kernel = kernel
         self.stat_names = {**STAT_NAMES, **kernel.sample_stats}
-        self.algorithm = algorithm
-        self.bounds = bounds
+        self.algorithm = algorithm.name
+        self.bounds = fly.bounds
         self.chains = int(chains)
         self.seed = int(seed)
         self.n_features = int(n_features)
@@ -185,10 +173,10 @@ class Driver:
         self.P = model.n_params(n_features)
         self.init = init
         self.precondition = precondition
-        if isinstance(precondition, str) and precondition == "bound" and algorithm != "flymc":
+        if isinstance(precondition, str) and precondition == "bound" and fly is not algorithm:
             raise ValueError("precondition='bound' needs FlyMC's bounds (algorithm='flymc')")
-        self.map_maxiter = int(map_maxiter)
-        self.q_db = q_db
+        self.map_maxiter = int(settings.map_maxiter)
+        self.q_db = fly.q_db
         self.n_rows = int(n_rows)
         self.bound: BoundStats | None = None
         # (bound, whether its A is exactly symmetric): see BoundStats.value_and_grad
@@ -202,13 +190,13 @@ class Driver:
         self.commits = np.full(self.chains, -1, dtype=np.int64)
         self.rngs = [stream(self.seed, ROLE_KERNEL, c) for c in range(self.chains)]
         self.seq = 0
-        self.bright_replica = bright_replica
-        self.replica_budget = float(replica_budget)
-        self.read_ahead = int(read_ahead)
-        self.z_update = z_update
+        self.bright_replica = fly.bright_replica
+        self.replica_budget = float(fly.replica_budget)
+        self.read_ahead = int(fly.read_ahead)
+        self.z_update = fly.z_update
         #: replica mode, z updated here (:mod:`flymc_dist.ahead`), set up by :meth:`setup`
         self.ahead: ReadAhead | None = None
-        self.exact_rows = exact_rows
+        self.exact_rows = fly.exact_rows
         self.progress = progress if progress is not None else SetupProgress(False)
         #: rows each shard evaluates at every step (``exact_rows``), per shard
         self.exact_counts: list[int] = []

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from flymc_dist.kernels.base import Adapter, Kernel, params_to_json
+from flymc_dist.options import RunSettings
 from flymc_dist.progress import Progress
 from flymc_dist.protocol import Transport
 from flymc_dist.result import Result, param_coords, param_dims
@@ -84,7 +85,7 @@ def run(
     info: dict[str, Any],
     num_warmup: int,
     num_samples: int,
-    options: dict[str, Any],
+    settings: RunSettings,
     *,
     label: str = "sampling",
 ) -> Result:
@@ -101,9 +102,9 @@ def run(
     num_warmup, num_samples
         Iterations of warm-up (kernel parameters adapt, draws are kept apart) and of
         sampling.
-    options
-        ``trace`` (path or URL), ``trace_storage_options``, ``resume``,
-        ``overwrite_trace``, ``checkpoint_every`` (100) and ``progress``, as for
+    settings
+        Its ``trace`` (path or URL), ``trace_storage_options``, ``resume``,
+        ``overwrite_trace``, ``checkpoint_every`` and ``progress``, as for
         :func:`flymc_dist.sample`.
     label
         The progress line's label.
@@ -116,10 +117,10 @@ def run(
     names = sampler.stat_names
     trace = None
     start = 0
-    trace_path = options.get("trace")
-    checkpoint_every = int(options.get("checkpoint_every", 100))
-    if trace_path is not None and options.get("resume"):
-        trace = Trace.open(trace_path, storage_options=options.get("trace_storage_options"))
+    trace_path = settings.trace
+    checkpoint_every = int(settings.checkpoint_every)
+    if trace_path is not None and settings.resume:
+        trace = Trace.open(trace_path, storage_options=settings.trace_storage_options)
         if trace.checkpoint is None:
             raise ValueError(f"trace {trace_path} has no checkpoint to resume from")
         start = int(trace.checkpoint["iteration"]) + 1
@@ -143,8 +144,8 @@ def run(
             param_shape=shape,
             stats={k: np.dtype(v) for k, v in names.items()},
             attrs={k: v for k, v in info.items() if k != "map"},
-            overwrite=bool(options.get("overwrite_trace", False)),
-            storage_options=options.get("trace_storage_options"),
+            overwrite=bool(settings.overwrite_trace),
+            storage_options=settings.trace_storage_options,
             dims=param_dims(shape),
             coords=param_coords(shape, info.get("feature_names")),
         )
@@ -162,9 +163,7 @@ def run(
         for k in names:
             wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
             stats[k][:, : prev.shape[1]] = trace.stats[k]
-    progress = Progress(
-        total, options.get("progress"), initial=start, label=label, num_warmup=num_warmup
-    )
+    progress = Progress(total, settings.progress, initial=start, label=label, num_warmup=num_warmup)
     buf: list[tuple[bool, np.ndarray, dict]] = []
     snap = sampler.timing() if num_warmup <= start else None
     t0 = time.perf_counter()

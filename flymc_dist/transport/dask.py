@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from flymc_dist.options import Placement
 from flymc_dist.protocol import (
     Ahead,
     Proposals,
@@ -249,10 +250,11 @@ def open_transport(
     specs: list[ShardSpec] | Callable[[int], list[ShardSpec]],
     config: ShardConfig,
     mem: dict | None,
-    options: dict[str, Any],
+    placement: Placement,
 ) -> Any:
     """The transport for ``client`` (see :func:`flymc_dist.sample`); ``specs`` may be
-    the layout for a number of workers (the default layout: one shard per worker)."""
+    the layout for a number of workers (the default layout: one shard per worker);
+    ``placement`` says how Dask is used (see :class:`DaskTransport`)."""
     if isinstance(client, str) and client == "synchronous":
         return InProcessTransport(specs(1) if callable(specs) else specs, config, mem)
     if mem is not None:
@@ -260,14 +262,7 @@ def open_transport(
             "in-memory (X, y) data runs only with client='synchronous'; write it "
             "to a store with fd.from_numpy to use a cluster"
         )
-    return DaskTransport(
-        client,
-        specs,
-        config,
-        n_workers=options.get("n_workers"),
-        timeout=float(options.get("timeout", 60.0)),
-        channel=options.get("channel", "auto"),
-    )
+    return DaskTransport(client, specs, config, placement)
 
 
 def _channel_host(worker: str) -> str:
@@ -286,17 +281,17 @@ class DaskTransport:
         See :func:`client_from`.
     specs, config
         The shards and their configuration.
-    n_workers
-        Workers of an embedded LocalCluster (default: the machine's cores, at most 8).
-    timeout
-        Seconds a single round trip may take before its host is declared lost.
-    channel
-        How the per-iteration rounds travel. ``"socket"``: a direct TCP connection to
-        each host (:mod:`flymc_dist.transport.channel`), set up through Dask; ``"dask"``: Dask's
-        actor RPC. ``"auto"`` (default): the socket. Only on a cluster reached over plain
+    placement
+        Its ``n_workers`` (of an embedded LocalCluster; None: the machine's cores, at
+        most 8), ``timeout`` (seconds a single round trip may take before its host is
+        declared lost) and ``channel``: how the per-iteration rounds travel.
+        ``"socket"``: a direct TCP connection to each host
+        (:mod:`flymc_dist.transport.channel`), set up through Dask; ``"dask"``: Dask's
+        actor RPC; ``"auto"``: the socket. Only on a cluster reached over plain
         ``tcp://``: with TLS the rounds stay on Dask's authenticated, encrypted
         connections whatever ``channel`` says (logged when it says ``"socket"``).
-        Set-up, recovery and every other call always go through Dask.
+        Set-up, recovery and every other call always go through Dask. None: the
+        defaults of :class:`~flymc_dist.options.Placement`.
     """
 
     name = "dask"
@@ -306,12 +301,11 @@ class DaskTransport:
         client: Any,
         specs: list[ShardSpec] | Callable[[int], list[ShardSpec]],
         config: ShardConfig,
-        *,
-        n_workers: int | None = None,
-        timeout: float = 60.0,
-        channel: str = "auto",
+        placement: Placement | None = None,
     ) -> None:
-        self._channel_mode = check_channel(channel)
+        placement = Placement() if placement is None else placement
+        n_workers, timeout = placement.n_workers, placement.timeout
+        self._channel_mode = check_channel(placement.channel)
         import dask
 
         # a short connect timeout (a dead worker must not stall a call for ~30 s), for this
