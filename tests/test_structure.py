@@ -17,6 +17,8 @@ import ast
 import textwrap
 from pathlib import Path
 
+from test_imports import package_modules
+
 import flymc_dist
 
 PACKAGE = Path(flymc_dist.__file__).resolve().parent
@@ -40,16 +42,6 @@ PENDING: dict[str, str] = {
     "flymc_dist._compiled_nuts: _JIT": "flymc_dist._compiled is being reworked (hot path)",
     "flymc_dist._compiled_nuts: _bright_and_slope": "flymc_dist._compiled is being reworked",
 }
-
-
-def _modules(root: Path, name: str) -> dict[str, Path]:
-    out = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join([name, *parts])] = path
-    return out
 
 
 def _private(name: str) -> bool:
@@ -121,7 +113,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _sources(root: Path, name: str) -> dict[str, str]:
-    return {m: p.read_text() for m, p in _modules(root, name).items()}
+    return {m: p.read_text() for m, p in package_modules(root, name).items()}
 
 
 def test_no_import_cycle_in_shard() -> None:

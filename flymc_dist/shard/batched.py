@@ -52,14 +52,7 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
         return np.zeros(0, dtype=np.int64)
     first = pairs[0][0]
     jit = first.jit
-    shards: list[Shard] = []
-    where: dict[int, int] = {}
-    for sh, _ in pairs:
-        if id(sh) not in where:
-            if sh.q_db != first.q_db:
-                raise ValueError("a batched z-update needs one q_db for all its shards")
-            where[id(sh)] = len(shards)
-            shards.append(sh)
+    shards, where = _shards_of(pairs)
     q = first.q_db
     chains = [sh.chains[c] for sh, c in pairs]
     brights = [ch.bright for ch in chains]
@@ -86,42 +79,12 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     log_u = np.log1p(-uniforms_at_many(keys_z, cand, cand_seg, offsets))
     counts = cand_seg[1:] - cand_seg[:-1]
     ooc = [s_i for s_i, sh in enumerate(shards) if sh.out_of_core]
-    if ooc:
-        XCs: Any = tuple(bufs)  # built afresh each time: no typed list
-    else:
-        XCs = typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
-    vals = np.empty(cand.size)
-    kind, par = first.kernel
-    jit.eval_rows(
-        XCs, first.n_features, at, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
-    )
-    check_bounds_held(
-        vals,
-        cand_seg,
-        thetas,
-        lambda j: int(cand[j] + offsets[np.searchsorted(cand_seg, j, side="right") - 1]),
-        first.model,
-    )
+    typed_owner = owner if owner is not None or len(shards) > 1 else first
+    XCs = tuple(bufs) if ooc else typed_lists(shards, typed_owner)  # ooc: built afresh
+    vals = _candidate_values(shards, XCs, (cand, at, cand_seg), pair_shard, thetas, offsets)
     acc = brighten(log_u, vals, q)
-    new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
-    new_vals = np.empty(new_idx.size)
-    new_members = np.empty(new_idx.size, dtype=np.int64)
-    new_seg = np.empty(P + 1, dtype=np.int64)
-    jit.apply(
-        b_idx,
-        b_vals,
-        b_seg,
-        members,
-        u_dark,
-        math.log(q),
-        cand,
-        cand_seg,
-        vals,
-        acc,
-        new_idx,
-        new_vals,
-        new_members,
-        new_seg,
+    new_idx, new_vals, new_members, new_seg = _apply(
+        jit, (b_idx, b_vals, b_seg, members), u_dark, q, (cand, cand_seg, vals, acc)
     )
     if ooc:  # out of core: the rows that turned bright become resident, from the buffer
         cand_shard = None if len(shards) == 1 else np.repeat(pair_shard, counts)
@@ -136,6 +99,83 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     for sh in shards:
         sh.after_z()
     return counts
+
+
+def _shards_of(pairs: list[tuple[Shard, int]]) -> tuple[list[Shard], dict[int, int]]:
+    """The distinct shards of ``pairs``, in order of first appearance, and where each
+    is among them (by ``id``); refused unless they share one ``q_db``."""
+    shards: list[Shard] = []
+    where: dict[int, int] = {}
+    for sh, _ in pairs:
+        if id(sh) not in where:
+            if sh.q_db != pairs[0][0].q_db:
+                raise ValueError("a batched z-update needs one q_db for all its shards")
+            where[id(sh)] = len(shards)
+            shards.append(sh)
+    return shards, where
+
+
+def _apply(
+    jit: Any,
+    bright: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    u_dark: np.ndarray,
+    q: float,
+    decided: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every pair's new bright set, in one compiled pass: the bright rows (``bright``:
+    rows, values, segments and sorted members) less those that went dark (each row's
+    uniform ``u_dark`` against ``q / L~``), plus the candidates accepted (``decided``:
+    rows, segments, values and whether each turned bright). Returns the new rows,
+    values, sorted members and segments."""
+    b_idx, b_vals, b_seg, members = bright
+    cand, cand_seg, vals, acc = decided
+    new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
+    new_vals = np.empty(new_idx.size)
+    new_members = np.empty(new_idx.size, dtype=np.int64)
+    new_seg = np.empty(b_seg.size, dtype=np.int64)
+    jit.apply(
+        b_idx, b_vals, b_seg, members, u_dark, math.log(q), cand, cand_seg, vals, acc,
+        new_idx, new_vals, new_members, new_seg,
+    )  # fmt: skip
+    return new_idx, new_vals, new_members, new_seg
+
+
+def _candidate_values(
+    shards: list[Shard],
+    XCs: Any,
+    candidates: tuple[np.ndarray, np.ndarray, np.ndarray],
+    pair_shard: np.ndarray,
+    thetas: np.ndarray,
+    offsets: np.ndarray,
+) -> np.ndarray:
+    """``log L~`` of every pair's candidates (``(cand, at, cand_seg)``: their
+    shard-local rows, where each sits in its shard's buffer of ``XCs``, and each pair's
+    segment) at the pair's θ, in one compiled pass, under the bound guard
+    (:func:`~flymc_dist.terms.check_bounds_held`)."""
+    first = shards[0]
+    cand, at, cand_seg = candidates
+    vals = np.empty(cand.size)
+    kind, par = first.kernel
+    first.jit.eval_rows(
+        XCs,
+        first.n_features,
+        at,
+        cand_seg,
+        pair_shard,
+        thetas,
+        kind,
+        par,
+        vals,
+        np.empty(pair_shard.size),
+    )
+    check_bounds_held(
+        vals,
+        cand_seg,
+        thetas,
+        lambda j: int(cand[j] + offsets[np.searchsorted(cand_seg, j, side="right") - 1]),
+        first.model,
+    )
+    return vals
 
 
 def _proposals(

@@ -142,18 +142,9 @@ def _bright_sums(
     sums = np.empty(n_seg)
     if n_seg:
         kind, par = shards[0].kernel
-        jit.eval_rows(
-            XCs,
-            shards[0].n_features,
-            np.concatenate(row_parts),
-            np.array(seg_bounds, dtype=np.int64),
-            np.array(seg_shard, dtype=np.int64),
-            (thetas := np.concatenate(theta_parts)),
-            kind,
-            par,
-            vals,
-            sums,
-        )
+        rows, thetas = np.concatenate(row_parts), np.concatenate(theta_parts)
+        seg, seg_of = np.array(seg_bounds, dtype=np.int64), np.array(seg_shard, dtype=np.int64)
+        jit.eval_rows(XCs, shards[0].n_features, rows, seg, seg_of, thetas, kind, par, vals, sums)
         bounds = np.array(seg_bounds, dtype=np.int64)
 
         def row_of(j: int) -> int:
