@@ -148,9 +148,9 @@ sample.__doc__ = (sample.__doc__ or "").replace("__OPTIONS__", _options_doc())
 
 def _sample(call: Call) -> Result:
     """Run a checked call."""
-    options = call.options
-    data, alg, kern = call.data, call.algorithm, call.kernel
-    specs, mem, n_rows, n_features, task, n_classes, path = shard_layout(data, options)
+    data, alg, kern, placement = call.data, call.algorithm, call.kernel, call.placement
+    settings = call.settings
+    specs, mem, n_rows, n_features, task, n_classes, path = shard_layout(data, placement)
     check_task(call.model, task, n_classes)
     if mem is not None and call.placement.out_of_core is True:
         raise ValueError(
@@ -174,7 +174,9 @@ def _sample(call: Call) -> Result:
             kernel=kern,
             seed=call.seed,
             client=call.client,
-            options=options,
+            austerity=alg,
+            placement=placement,
+            settings=settings,
             feature_names=names,
             progress=shown,
             **sizes,
@@ -194,30 +196,21 @@ def _sample(call: Call) -> Result:
     )
     layout = specs
     if call.placement.n_shards is None and call.placement.rows_per_shard is None:
-        layout = lambda n_workers: shard_layout(data, options, n_workers)[0]  # noqa: E731
+        layout = lambda n_workers: shard_layout(data, placement, n_workers)[0]  # noqa: E731
     with shown.phase("load", n_rows) as load:
         load.note = load_note(call.client, mem)
-        transport = open_transport(call.client, layout, config, mem, options)
+        transport = open_transport(call.client, layout, config, mem, placement)
     try:
         driver = Driver(
             call.model,
             transport,
             kern,
             n_features=n_features,
-            algorithm=alg.name,
-            bounds=fly.bounds,
+            algorithm=alg,
             chains=call.chains,
             seed=call.seed,
-            init=call.init,
-            precondition=call.precondition,
-            map_maxiter=call.map_maxiter,
-            q_db=fly.q_db,
             n_rows=n_rows,
-            bright_replica=fly.bright_replica,
-            replica_budget=fly.replica_budget,
-            read_ahead=fly.read_ahead,
-            z_update=fly.z_update,
-            exact_rows=fly.exact_rows,
+            settings=settings,
             progress=shown,
         )
         flymc = isinstance(alg, FlyMC)
@@ -238,8 +231,8 @@ def _sample(call: Call) -> Result:
             **sizes,
         )
         if call.trace is not None:  # what a resumed run must match
-            info.update(data_id=data_id(data), options=shaping_options(options))
-        return run(driver, info, call.num_warmup, call.num_samples, options)
+            info.update(data_id=data_id(data), options=shaping_options(call))
+        return run(driver, info, call.num_warmup, call.num_samples, settings)
     finally:
         transport.close()
 

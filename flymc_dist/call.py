@@ -21,6 +21,7 @@ from flymc_dist.options import (
     FlyMC,
     Placement,
     Regular,
+    RunSettings,
     algorithm_of,
     boolean,
     integer,
@@ -29,7 +30,7 @@ from flymc_dist.options import (
 __all__ = ["RUN_DEFAULTS", "Call", "check_task", "default_kernel", "make_call"]
 
 #: the settings of the run itself (keyword arguments of :func:`flymc_dist.sample`) and
-#: their defaults
+#: their defaults (of those its parts read: :class:`~flymc_dist.options.RunSettings`)
 RUN_DEFAULTS: dict[str, Any] = {
     "num_warmup": 500,
     "num_samples": 1000,
@@ -37,15 +38,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "client": None,
     "placement": None,
-    "init": "map",
-    "precondition": "laplace",
-    "map_maxiter": 100,
-    "trace": None,
-    "resume": False,
-    "overwrite_trace": False,
-    "checkpoint_every": 100,
-    "trace_storage_options": None,
-    "progress": None,
+    **{f.name: f.default for f in dataclasses.fields(RunSettings)},
 }
 
 
@@ -93,17 +86,12 @@ class Call:
         return self.algorithm if isinstance(self.algorithm, FlyMC) else FlyMC()
 
     @property
-    def options(self) -> dict[str, Any]:
-        """Every option by name, as the run's parts read them."""
-        out = {
-            k: getattr(self, k)
-            for k in RUN_DEFAULTS
-            if k not in ("num_warmup", "num_samples", "chains", "seed", "client", "placement")
-        }
-        for group in (self.algorithm, self.placement):
-            out.update({f.name: getattr(group, f.name) for f in dataclasses.fields(group)})
-        out["kernel_options"] = self.kernel_options
-        return out
+    def settings(self) -> RunSettings:
+        """The run's own settings, as its parts read them (the algorithm and the
+        placement are read from their objects)."""
+        return RunSettings(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings)}
+        )
 
 
 def default_kernel(kernel: Any, algorithm: str) -> str:

@@ -20,7 +20,7 @@ from flymc_dist.data.ingest import (
     resolve_target,
     task_of,
 )
-from flymc_dist.data.store import Dataset, _check_dtype
+from flymc_dist.data.store import Dataset, check_dtype
 from flymc_dist.data.write import check_chunk_rows, from_pieces
 
 __all__ = ["from_dask", "from_zarr"]
@@ -153,7 +153,7 @@ def from_dask(
         raise ValueError("the data set is empty (N = 0 rows)")
     design = Design.build(columns, tgt, stats, cats, standardize)
     task, n_classes = task_of(task, n_classes, stats)
-    x_dtype = _check_dtype(dtype)
+    x_dtype = check_dtype(dtype)
     d = design.n_features
     chunk_rows = check_chunk_rows(chunk_rows, n_rows, d, x_dtype.itemsize)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from flymc_dist.kernels.base import (
     params_to_json,
 )
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.options import READ_AHEAD, REPLICA_BUDGET
+from flymc_dist.options import FlyMC, Regular, RunSettings
 from flymc_dist.progress import SetupProgress, map_search_rows
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round, Transport
 from flymc_dist.reduce import tree_total, tree_total_arrays
@@ -93,6 +93,14 @@ MAP_THIN = 16
 MAP_THIN_ROWS = 2**18
 
 
+class StepTally(NamedTuple):
+    """What an iteration reports of its z, per chain: the bright rows (at its z-update)
+    and the likelihood queries it made."""
+
+    n_bright: np.ndarray
+    queries: np.ndarray
+
+
 class Driver:
     """Runs ``chains`` chains of one algorithm through a transport (:func:`~flymc_dist.run.run`
     drives it: :meth:`setup`, then :meth:`step` per iteration).
@@ -108,39 +116,32 @@ class Driver:
     n_features
         D, the number of data columns.
     algorithm
-        ``"flymc"`` or ``"regular"``.
-    bounds
-        ``"map"`` or ``"untuned"`` (FlyMC only).
+        :class:`~flymc_dist.options.FlyMC` or :class:`~flymc_dist.options.Regular`, with
+        its options (documented there). With FlyMC's ``bright_replica`` True the driver
+        keeps a replica of every chain's bright rows and runs the θ-kernel on it
+        (:mod:`flymc_dist.replica`); False: the shards evaluate every point the kernel
+        asks for; ``"auto"``: the replica when the expected bright rows at the starting
+        point (all chains) fit ``replica_budget`` bytes — for every kernel (the replica
+        sums in global row order, the shards by fixed blocks along a fixed tree: either
+        way the draws do not depend on the layout). In replica mode with a compiled
+        model and the implicit z-update the driver updates z on its replica, fetching
+        the rows the next ``read_ahead`` iterations propose in one request per host
+        (:mod:`flymc_dist.ahead`); 0: a round to the shards every iteration. The draws
+        are the same either way.
     chains, seed
         Number of chains; the seed of every random stream.
-    init
-        ``"map"`` (default: start near the MAP, jittered by the Laplace covariance) or an
-        array of shape ``(P,)`` or ``(chains, P)``.
-    precondition
-        The kernel's preconditioner: ``"laplace"`` (the Gaussian at the MAP, default),
-        ``"bound"`` (FlyMC: the Gaussian of θ given that every datum is dark, from the
-        collapsed bound and the prior: :func:`~flymc_dist.tune.bound_precision`),
-        ``"identity"``, or a (P, P) covariance. The starting points are jittered by the
-        Laplace covariance whenever the MAP is known.
-    map_maxiter
-        Iteration limit of the MAP search (its accuracy affects speed, never exactness).
-    bright_replica
-        FlyMC only. True: keep a replica of every chain's bright rows here and run the
-        θ-kernel on it, one round trip per iteration whatever the kernel
-        (:mod:`flymc_dist.replica`); False: the shards evaluate every point the kernel
-        asks for; ``"auto"`` (default): the replica when the expected bright rows at the
-        starting point (all chains) fit ``replica_budget`` bytes — for every kernel (the
-        replica sums in global row order, the shards by fixed blocks along a fixed tree:
-        either way the draws do not depend on the layout).
-    replica_budget
-        Memory the replica may take in ``"auto"`` mode (bytes; default 256 MiB).
-    read_ahead
-        Replica mode with a compiled model and the implicit z-update: the driver updates z
-        on its replica, fetching the rows the next ``read_ahead`` iterations propose in
-        one request per host (:mod:`flymc_dist.ahead`); 0: a round to the shards every
-        iteration. The draws are the same either way.
-    z_update
-        FlyMC's z-update, ``"implicit"`` or ``"explicit"`` (the shards' setting).
+    n_rows
+        N, the rows of the data set.
+    settings
+        The start: ``init`` (``"map"``: near the MAP, jittered by the Laplace
+        covariance; or an array of shape ``(P,)`` or ``(chains, P)``), ``precondition``
+        (the kernel's preconditioner: ``"laplace"``, the Gaussian at the MAP;
+        ``"bound"``, FlyMC's Gaussian of θ given that every datum is dark, from the
+        collapsed bound and the prior: :func:`~flymc_dist.tune.bound_precision`;
+        ``"identity"``; or a (P, P) covariance; the starting points are jittered by the
+        Laplace covariance whenever the MAP is known) and ``map_maxiter`` (iteration
+        limit of the MAP search: its accuracy affects speed, never exactness). None:
+        the defaults of :class:`~flymc_dist.options.RunSettings`.
     progress
         Shows each set-up pass while it runs (default: none shown).
     """
@@ -156,28 +157,23 @@ class Driver:
         kernel: Kernel,
         *,
         n_features: int,
-        algorithm: str = "flymc",
-        bounds: str = "map",
-        chains: int = 4,
-        seed: int = 0,
-        init: str | np.ndarray = "map",
-        precondition: str | np.ndarray = "laplace",
-        map_maxiter: int = 100,
-        q_db: float | str = "auto",
-        n_rows: int = 0,
-        bright_replica: bool | str = "auto",
-        replica_budget: float = REPLICA_BUDGET,
-        read_ahead: int = READ_AHEAD,
-        z_update: str = "implicit",
-        exact_rows: str | None = "auto",
+        algorithm: FlyMC | Regular,
+        chains: int,
+        seed: int,
+        n_rows: int,
+        settings: RunSettings | None = None,
         progress: SetupProgress | None = None,
     ) -> None:
+        settings = RunSettings() if settings is None else settings
+        # FlyMC's options are read as its defaults when the algorithm is another
+        fly = algorithm if isinstance(algorithm, FlyMC) else FlyMC()
+        init, precondition = settings.init, settings.precondition
         self.model = model
         self.transport = transport
         self.kernel = kernel
         self.stat_names = {**STAT_NAMES, **kernel.sample_stats}
-        self.algorithm = algorithm
-        self.bounds = bounds
+        self.algorithm = algorithm.name
+        self.bounds = fly.bounds
         self.chains = int(chains)
         self.seed = int(seed)
         self.n_features = int(n_features)
@@ -185,10 +181,10 @@ class Driver:
         self.P = model.n_params(n_features)
         self.init = init
         self.precondition = precondition
-        if isinstance(precondition, str) and precondition == "bound" and algorithm != "flymc":
+        if isinstance(precondition, str) and precondition == "bound" and fly is not algorithm:
             raise ValueError("precondition='bound' needs FlyMC's bounds (algorithm='flymc')")
-        self.map_maxiter = int(map_maxiter)
-        self.q_db = q_db
+        self.map_maxiter = int(settings.map_maxiter)
+        self.q_db = fly.q_db
         self.n_rows = int(n_rows)
         self.bound: BoundStats | None = None
         # (bound, whether its A is exactly symmetric): see BoundStats.value_and_grad
@@ -202,13 +198,13 @@ class Driver:
         self.commits = np.full(self.chains, -1, dtype=np.int64)
         self.rngs = [stream(self.seed, ROLE_KERNEL, c) for c in range(self.chains)]
         self.seq = 0
-        self.bright_replica = bright_replica
-        self.replica_budget = float(replica_budget)
-        self.read_ahead = int(read_ahead)
-        self.z_update = z_update
+        self.bright_replica = fly.bright_replica
+        self.replica_budget = float(fly.replica_budget)
+        self.read_ahead = int(fly.read_ahead)
+        self.z_update = fly.z_update
         #: replica mode, z updated here (:mod:`flymc_dist.ahead`), set up by :meth:`setup`
         self.ahead: ReadAhead | None = None
-        self.exact_rows = exact_rows
+        self.exact_rows = fly.exact_rows
         self.progress = progress if progress is not None else SetupProgress(False)
         #: rows each shard evaluates at every step (``exact_rows``), per shard
         self.exact_counts: list[int] = []
@@ -218,7 +214,9 @@ class Driver:
         #: the replica of the bright rows (replica mode), set up by :meth:`setup`
         self.replica: BrightReplica | None = None
         self._replica_current: list[tuple[float, np.ndarray | None] | None] = []
-        self._trips = 0  # round trips made by :meth:`_round`
+        #: the iteration's strategy (:meth:`_choose_step`), chosen once per run: a
+        #: function of the driver (not a bound method: no reference cycle)
+        self._step_impl = Driver._step_interleaved
         self._messages_setup: dict[str, int] = {}
         self.setup_queries = 0
         self.setup_seconds = 0.0
@@ -314,6 +312,7 @@ class Driver:
                 self.transport, self.replica, self.seed, self.q_db, self.read_ahead
             )
             self.ahead.take_shards_z(self.positions)
+        self._choose_step()
         # the requests each host had been sent when sampling began (a Dask transport's)
         self._messages_setup = dict(getattr(self.transport, "messages", {}))
         self.setup_seconds = time.perf_counter() - t0
@@ -465,37 +464,33 @@ class Driver:
         """
         commits = self.commits if first else np.full(self.chains, -1, dtype=np.int64)
         self.seq += 1
-        self._trips += 1
         t_rt = time.perf_counter()
         msg = Round(self.seq, commits, first and self.algorithm == "flymc", requests)
         replies = self.transport.round(msg, positions)
         self.round_seconds += time.perf_counter() - t_rt
         return self._aggregate(replies)
 
-    def _replica_update(self, positions: np.ndarray) -> Reply:
-        """The iteration's one round trip in replica mode: z at every chain's position on
-        the shards, the change applied to the replica. Returns what :meth:`step` reads of
-        a round: the bright rows and the queries (to which the evaluations on the
-        replica add) per chain; no sums (zero)."""
+    def _replica_update(self, positions: np.ndarray) -> StepTally:
+        """The iteration's z-update in replica mode: here, on the replica, from the
+        proposals read ahead (:mod:`flymc_dist.ahead`), or on the shards in one round
+        trip, the change applied to the replica. Returns the bright rows and the queries
+        (to which the evaluations on the replica add) per chain."""
         t_z = time.perf_counter()
         try:
             return self._update_z_replica(positions)
         finally:
             self.z_seconds += time.perf_counter() - t_z
 
-    def _update_z_replica(self, positions: np.ndarray) -> Reply:
+    def _update_z_replica(self, positions: np.ndarray) -> StepTally:
         """:meth:`_replica_update` (untimed)."""
         C = self.chains
         if self.ahead is not None:  # z updated here, its proposals read ahead
-            requests, waited = self.ahead.requests, self.ahead.wait_seconds
+            waited = self.ahead.wait_seconds
             queries = self.ahead.update(positions)
-            self._trips += self.ahead.requests - requests
             self.round_seconds += self.ahead.wait_seconds - waited
             self._replica_current = [None] * C
-            zeros = np.zeros(C)
-            return Reply(zeros, zeros[:, None], self.replica.n_bright(), queries)
+            return StepTally(self.replica.n_bright(), queries)
         self.seq += 1
-        self._trips += 1
         t_rt = time.perf_counter()
         replies: list[ReplicaReply] = self.transport.round(
             ReplicaRound(self.seq, positions), positions
@@ -506,8 +501,7 @@ class Driver:
         for r in replies:  # in global shard order
             queries += r.queries
         self._replica_current = [None] * C
-        zeros = np.zeros(C)
-        return Reply(zeros, zeros[:, None], self.replica.n_bright(), queries)
+        return StepTally(self.replica.n_bright(), queries)
 
     def _replica_current_sums(
         self,
@@ -567,14 +561,14 @@ class Driver:
             out[c] = EvalResponse(float(val[i] + known[0]), grad_current, logp, grad)
         return out
 
-    def _step_interleaved(self) -> tuple[list[KernelInfo], list[float], Reply]:
+    def _step_interleaved(self) -> tuple[list[KernelInfo], list[float], StepTally]:
         """Every chain's kernel generator, their pending requests sharing round trips.
 
         Returns
         -------
-        infos, log_joint, first_agg
-            Each chain's info and log target at its new position, and the first round
-            trip's summed replies (``queries`` summed over all round trips). Sets
+        infos, log_joint, tally
+            Each chain's info and log target at its new position, and its bright rows
+            (at the first round trip) and queries (over all of them). Sets
             :attr:`positions`.
         """
         C = self.chains
@@ -622,9 +616,9 @@ class Driver:
             for c, info in enumerate(infos)
         ]
         self.positions = new_positions
-        return infos, log_joint, first_agg
+        return infos, log_joint, StepTally(first_agg.n_bright, first_agg.queries)
 
-    def _step_chains(self) -> tuple[list[KernelInfo], np.ndarray, Reply]:
+    def _step_chains(self) -> tuple[list[KernelInfo], np.ndarray, StepTally]:
         """Every chain at once through the kernel's ``step_chains`` (one round trip).
 
         The same arithmetic as :meth:`_respond_all` on the same arrays, without a
@@ -635,9 +629,9 @@ class Driver:
         gen = self.kernel.step_chains(self.rngs, self.positions, self.params)
         proposals = next(gen)
         if self.replica is not None:
-            agg = self._replica_update(self.positions)
+            tally = self._replica_update(self.positions)
             resp = self._replica_respond(
-                [EvalRequest(proposals[c : c + 1]) for c in range(C)], agg.queries
+                [EvalRequest(proposals[c : c + 1]) for c in range(C)], tally.queries
             )
             logp_current = np.array([resp[c].logp_current for c in range(C)])
             logp = np.array([resp[c].logp[0] for c in range(C)])
@@ -650,6 +644,7 @@ class Driver:
             val, _ = self._base(np.concatenate([self.positions, proposals]), False)
             logp_current = val[:C] + agg.current
             logp = val[C:] + agg.points[:, 0]
+            tally = StepTally(agg.n_bright, agg.queries)
         try:
             gen.send((logp_current, logp))
         except StopIteration as stop:
@@ -658,13 +653,16 @@ class Driver:
             raise RuntimeError(f"{self.kernel!r}.step_chains yielded more than once")
         moved = np.array([info.index >= 0 for info in infos])
         self.positions = new_positions
-        return infos, np.where(moved, logp, logp_current), agg
+        return infos, np.where(moved, logp, logp_current), tally
 
-    def _step_fused(self) -> tuple[list[KernelInfo], list[float], Reply]:
+    def _step_fused(self) -> tuple[list[KernelInfo], list[float], StepTally]:
         """Replica mode, a kernel whose steps run whole on a compiled target
-        (:meth:`~flymc_dist.kernels.base.Kernel.fused_step`): the iteration's one round
-        trip, then each chain's step in one compiled call on its conditional. Returns as
-        :meth:`_step_interleaved`."""
+        (:meth:`~flymc_dist.kernels.base.Kernel.fused_step`): the iteration's z-update,
+        then each chain's step in one compiled call on its conditional; a step whose
+        parameters do not fuse (NUTS's step-size heuristic, early in warm-up) runs as
+        :meth:`_step_interleaved`. Returns as :meth:`_step_interleaved`."""
+        if not all(self.kernel.fuses(p) for p in self.params):
+            return self._step_interleaved()
         agg = self._replica_update(self.positions)
         targets = self.replica.fused_targets(self.bound)
         new_positions = self.positions.copy()
@@ -681,24 +679,36 @@ class Driver:
         self.positions = new_positions
         return infos, log_joint, agg
 
+    def _messages_sent(self) -> int:
+        """Rounds sent and read-ahead requests posted so far (see :meth:`step`)."""
+        return self.seq + (0 if self.ahead is None else self.ahead.requests)
+
+    def _choose_step(self) -> None:
+        """The iteration's strategy, chosen once per run (again only when the replica is
+        handed back to the shards): the kernel's all-chains step when it has one, the
+        fused compiled step on the replica where the model has a compiled form, else
+        every chain's generator, their requests sharing round trips."""
+        if self.kernel.step_chains is not None:
+            self._step_impl = Driver._step_chains
+        elif self.replica is not None and self.replica.fusable:
+            self._step_impl = Driver._step_fused
+        else:
+            self._step_impl = Driver._step_interleaved
+
     def step(self, adapters: list[Any] | None = None) -> dict[str, np.ndarray]:
-        """One iteration of every chain. Returns this iteration's stats, shape (C,)."""
+        """One iteration of every chain. Returns this iteration's stats, shape (C,).
+
+        Its round trips are counted here, and only here: the rounds it sent (each has
+        its sequence number, :attr:`seq`) and the read-ahead requests it posted
+        (:attr:`ReadAhead.requests <flymc_dist.ahead.ReadAhead.requests>`); what fault
+        recovery sends besides is the transport's (``recoveries``)."""
         t_step = time.perf_counter()
         C = self.chains
         recoveries = self.transport.recoveries
         n_recoveries = len(recoveries)
-        trips = self._trips
-        if self.kernel.step_chains is not None:
-            infos, log_joint, agg = self._step_chains()
-        elif (
-            self.replica is not None
-            and self.replica.fusable
-            and all(self.kernel.fuses(p) for p in self.params)
-        ):
-            infos, log_joint, agg = self._step_fused()
-        else:
-            infos, log_joint, agg = self._step_interleaved()
-        round_trips = self._trips - trips
+        sent = self._messages_sent()
+        infos, log_joint, tally = self._step_impl(self)
+        round_trips = self._messages_sent() - sent
         if adapters is not None:
             self.params = [a.update(info) for a, info in zip(adapters, infos, strict=True)]
         self.commits = np.array([info.index for info in infos], dtype=np.int64)
@@ -708,8 +718,8 @@ class Driver:
         return {
             "accepted": np.array([info.accepted for info in infos], dtype=bool),
             "acceptance_rate": np.array([info.accept_prob for info in infos], dtype=float),
-            "n_bright": np.asarray(agg.n_bright, dtype=np.int64),  # of the first round trip
-            "likelihood_queries": np.asarray(agg.queries, dtype=np.int64),
+            "n_bright": np.asarray(tally.n_bright, dtype=np.int64),  # at the z-update
+            "likelihood_queries": np.asarray(tally.queries, dtype=np.int64),
             "round_trips": np.array([round_trips] * C, dtype=np.int64),
             "lp": np.asarray(log_joint, dtype=float),
             "recoveries": np.array([len(recoveries) - n_recoveries] * C, dtype=np.int64),
@@ -734,6 +744,7 @@ class Driver:
         self.ahead.hand_back(self.positions)
         self.ahead = None
         self.replica = None
+        self._choose_step()
         self.commits = np.full(self.chains, -1, dtype=np.int64)
 
     def checkpoint(self, iteration: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from flymc_dist.data import Dataset, open_dataset
+from flymc_dist.options import Placement
 from flymc_dist.protocol import ShardSpec
 from flymc_dist.reduce import block_rows
 
@@ -20,7 +21,7 @@ __all__ = ["shard_layout"]
 
 
 def shard_layout(
-    data: Any, options: dict[str, Any], n_workers: int = 1
+    data: Any, placement: Placement, n_workers: int = 1
 ) -> tuple[list[ShardSpec], dict | None, int, int, str, int | None, str]:
     """The shards of ``data``: their specs, and the rows themselves for an ``(X, y)`` pair.
 
@@ -28,8 +29,8 @@ def shard_layout(
     ----------
     data
         A :class:`~flymc_dist.data.Dataset`, a store path, or an in-memory ``(X, y)``.
-    options
-        ``n_shards`` or ``rows_per_shard`` (default: ``n_workers`` shards).
+    placement
+        Its ``n_shards`` or ``rows_per_shard`` (neither: ``n_workers`` shards).
     n_workers
         The workers the shards will be placed on (the default's number of shards).
 
@@ -41,8 +42,7 @@ def shard_layout(
         ``"multiclass"`` or ``"real"``), the number of classes (or None) and where the
         data live (``"<in memory>"`` for an ``(X, y)`` pair).
     """
-    n_shards = options.get("n_shards")
-    rows_per_shard = options.get("rows_per_shard")
+    n_shards, rows_per_shard = placement.n_shards, placement.rows_per_shard
     if n_shards is None and rows_per_shard is None:
         n_shards = max(1, int(n_workers))
     if isinstance(data, tuple):

@@ -32,6 +32,7 @@ __all__ = [
     "JointDPM",
     "Placement",
     "Regular",
+    "RunSettings",
     "algorithm_of",
     "describe",
 ]
@@ -266,6 +267,28 @@ class Austerity(_Options):
         "(whose collapsed sum is exact) instead of the log-likelihood differences",
         boolean,
     )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The run's own settings that its parts read (the start, the trace, the progress
+    line): :func:`flymc_dist.sample`'s keywords beside the algorithm, kernel and
+    placement objects, checked there (:func:`flymc_dist.call.make_call`). Each default
+    is written here once (``flymc_dist.call.RUN_DEFAULTS`` is made from these fields)."""
+
+    init: Any = _option("map", "the chains' start: 'map' (around the MAP estimate) or θ")
+    precondition: Any = _option(
+        "laplace", "the kernels' starting metric: 'laplace', 'bound', 'identity' or an array"
+    )
+    map_maxiter: int = _option(100, "iterations of the MAP search (0: none)")
+    trace: Any = _option(None, "the zarr trace the draws are written to as the run goes")
+    resume: bool = _option(False, "continue the trace's run from its last checkpoint")
+    overwrite_trace: bool = _option(False, "replace an existing trace at ``trace``")
+    checkpoint_every: int = _option(100, "iterations between the trace's checkpoints")
+    trace_storage_options: dict[str, Any] | None = _option(
+        None, "fsspec options of a trace at a URL"
+    )
+    progress: bool | None = _option(None, "show a progress line (None: when interactive)")
 
 
 def positive_pair(name: str, v: Any) -> tuple[float, float]:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from flymc_dist.kernels.base import Adapter, Kernel, params_to_json
+from flymc_dist.options import RunSettings
 from flymc_dist.progress import Progress
 from flymc_dist.protocol import Transport
 from flymc_dist.result import Result, param_coords, param_dims
@@ -84,7 +85,7 @@ def run(
     info: dict[str, Any],
     num_warmup: int,
     num_samples: int,
-    options: dict[str, Any],
+    settings: RunSettings,
     *,
     label: str = "sampling",
 ) -> Result:
@@ -101,9 +102,9 @@ def run(
     num_warmup, num_samples
         Iterations of warm-up (kernel parameters adapt, draws are kept apart) and of
         sampling.
-    options
-        ``trace`` (path or URL), ``trace_storage_options``, ``resume``,
-        ``overwrite_trace``, ``checkpoint_every`` (100) and ``progress``, as for
+    settings
+        Its ``trace`` (path or URL), ``trace_storage_options``, ``resume``,
+        ``overwrite_trace``, ``checkpoint_every`` and ``progress``, as for
         :func:`flymc_dist.sample`.
     label
         The progress line's label.
@@ -112,23 +113,11 @@ def run(
     -------
     Result
     """
-    C, P, shape = sampler.chains, sampler.P, sampler.param_shape
+    C, shape = sampler.chains, sampler.param_shape
     names = sampler.stat_names
-    trace = None
-    start = 0
-    trace_path = options.get("trace")
-    checkpoint_every = int(options.get("checkpoint_every", 100))
-    if trace_path is not None and options.get("resume"):
-        trace = Trace.open(trace_path, storage_options=options.get("trace_storage_options"))
-        if trace.checkpoint is None:
-            raise ValueError(f"trace {trace_path} has no checkpoint to resume from")
-        start = int(trace.checkpoint["iteration"]) + 1
-    if trace is not None and set(trace.stat_dtypes) != set(names):
-        raise ValueError(
-            f"trace {trace_path} was written by an earlier version (it records the "
-            f"statistics {sorted(trace.stat_dtypes)}, this version {sorted(names)}): it "
-            "cannot be resumed; start a new trace"
-        )
+    checkpoint_every = int(settings.checkpoint_every)
+    trace = _resumed(settings, names)
+    start = 0 if trace is None else int(trace.checkpoint["iteration"]) + 1
     # what the summary's warnings need (the kernel's targets, as it runs with them)
     for key in ("target_accept", "max_tree_depth"):
         value = getattr(sampler.kernel, key, None)
@@ -136,35 +125,14 @@ def run(
             info[key] = value
     sampler.setup()
     info.update(sampler.setup_info())
-    if trace_path is not None and trace is None:
-        trace = Trace.create(
-            trace_path,
-            chains=C,
-            param_shape=shape,
-            stats={k: np.dtype(v) for k, v in names.items()},
-            attrs={k: v for k, v in info.items() if k != "map"},
-            overwrite=bool(options.get("overwrite_trace", False)),
-            storage_options=options.get("trace_storage_options"),
-            dims=param_dims(shape),
-            coords=param_coords(shape, info.get("feature_names")),
-        )
+    if settings.trace is not None and trace is None:
+        trace = _new_trace(settings, sampler, info)
     if start:
         sampler.restore(trace.checkpoint)
     total = num_warmup + num_samples
-    samples = np.empty((C, num_samples, P))
-    wsamples = np.empty((C, num_warmup, P))
-    stats = {k: np.zeros((C, num_samples), dtype=v) for k, v in names.items()}
-    wstats = {k: np.zeros((C, num_warmup), dtype=v) for k, v in names.items()}
-    if start:  # what earlier segments drew, as the trace keeps it
-        prev_w, prev = trace.warmup_samples, trace.samples
-        wsamples[:, : prev_w.shape[1]] = prev_w.reshape(C, -1, P)
-        samples[:, : prev.shape[1]] = prev.reshape(C, -1, P)
-        for k in names:
-            wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
-            stats[k][:, : prev.shape[1]] = trace.stats[k]
-    progress = Progress(
-        total, options.get("progress"), initial=start, label=label, num_warmup=num_warmup
-    )
+    draws = _Draws(sampler, num_warmup, num_samples, trace if start else None)
+    samples, wsamples, stats, wstats = draws.samples, draws.wsamples, draws.stats, draws.wstats
+    progress = Progress(total, settings.progress, initial=start, label=label, num_warmup=num_warmup)
     buf: list[tuple[bool, np.ndarray, dict]] = []
     snap = sampler.timing() if num_warmup <= start else None
     t0 = time.perf_counter()
@@ -196,14 +164,7 @@ def run(
                 sampler.params = [a.final() for a in adapters]
                 adapters = None
             pos = sampler.positions.copy()
-            if warm:
-                wsamples[:, i] = pos
-                for k in names:
-                    wstats[k][:, i] = st[k]
-            else:
-                samples[:, i - num_warmup] = pos
-                for k in names:
-                    stats[k][:, i - num_warmup] = st[k]
+            draws.put(i, pos, st)
             if i == num_warmup - 1:
                 snap = sampler.timing()
                 t_warm_end = time.perf_counter()
@@ -245,6 +206,73 @@ def run(
         wstats,
         info,
     )
+
+
+def _resumed(settings: RunSettings, names: dict[str, str]) -> Trace | None:
+    """The trace a resumed run continues (None: not a resume), refused unless it has a
+    checkpoint and records the statistics ``names``."""
+    if settings.trace is None or not settings.resume:
+        return None
+    path = settings.trace
+    trace = Trace.open(path, storage_options=settings.trace_storage_options)
+    if trace.checkpoint is None:
+        raise ValueError(f"trace {path} has no checkpoint to resume from")
+    if set(trace.stat_dtypes) != set(names):
+        raise ValueError(
+            f"trace {path} was written by an earlier version (it records the "
+            f"statistics {sorted(trace.stat_dtypes)}, this version {sorted(names)}): it "
+            "cannot be resumed; start a new trace"
+        )
+    return trace
+
+
+def _new_trace(settings: RunSettings, sampler: Sampler, info: dict[str, Any]) -> Trace:
+    """A new trace at ``settings.trace`` for the draws of ``sampler``; its attributes
+    are ``info`` (less the MAP)."""
+    shape = sampler.param_shape
+    return Trace.create(
+        settings.trace,
+        chains=sampler.chains,
+        param_shape=shape,
+        stats={k: np.dtype(v) for k, v in sampler.stat_names.items()},
+        attrs={k: v for k, v in info.items() if k != "map"},
+        overwrite=bool(settings.overwrite_trace),
+        storage_options=settings.trace_storage_options,
+        dims=param_dims(shape),
+        coords=param_coords(shape, info.get("feature_names")),
+    )
+
+
+class _Draws:
+    """A run's draws and statistics, kept apart during warm-up: ``(C, iterations, P)``
+    and ``(C, iterations)`` arrays, those of earlier segments read from ``trace`` (a
+    resumed run's)."""
+
+    def __init__(
+        self, sampler: Sampler, num_warmup: int, num_samples: int, trace: Trace | None
+    ) -> None:
+        C, P, names = sampler.chains, sampler.P, sampler.stat_names
+        self.num_warmup = num_warmup
+        self.samples = np.empty((C, num_samples, P))
+        self.wsamples = np.empty((C, num_warmup, P))
+        self.stats = {k: np.zeros((C, num_samples), dtype=v) for k, v in names.items()}
+        self.wstats = {k: np.zeros((C, num_warmup), dtype=v) for k, v in names.items()}
+        if trace is not None:  # what earlier segments drew, as the trace keeps it
+            prev_w, prev = trace.warmup_samples, trace.samples
+            self.wsamples[:, : prev_w.shape[1]] = prev_w.reshape(C, -1, P)
+            self.samples[:, : prev.shape[1]] = prev.reshape(C, -1, P)
+            for k in names:
+                self.wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
+                self.stats[k][:, : prev.shape[1]] = trace.stats[k]
+
+    def put(self, i: int, pos: np.ndarray, st: dict[str, np.ndarray]) -> None:
+        """Keep iteration ``i``'s positions and statistics."""
+        warm = i < self.num_warmup
+        samples, stats = (self.wsamples, self.wstats) if warm else (self.samples, self.stats)
+        j = i if warm else i - self.num_warmup
+        samples[:, j] = pos
+        for k in stats:
+            stats[k][:, j] = st[k]
 
 
 def describe_run(

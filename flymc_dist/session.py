@@ -17,30 +17,29 @@ from flymc_dist._unreachable import unreachable
 from flymc_dist.call import Call, default_kernel
 from flymc_dist.data import Dataset, open_dataset
 from flymc_dist.layout import shard_layout
-from flymc_dist.options import REPLICA_BUDGET, FlyMC
+from flymc_dist.options import FlyMC
 from flymc_dist.trace import Trace, TraceLock
 
 __all__ = ["data_id", "kept_trace", "shaping_options", "trace_options", "traced"]
 
 
-#: options that shape a run's draws, with their defaults: a resumed run must match them
-_SHAPING = {
-    "q_db": "auto",
-    "kernel_options": {},
-    "init": "map",
-    "precondition": "laplace",
-    "map_maxiter": 100,
-    "bright_replica": "auto",
-    "replica_budget": REPLICA_BUDGET,
-    "out_of_core": "auto",
-    "memory_budget": None,
-    "exact_rows": "auto",
-}
-
-
-def shaping_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The options of :data:`_SHAPING` (a run's :attr:`Call.options`), defaults filled in."""
-    return {k: options.get(k, default) for k, default in _SHAPING.items()}
+def shaping_options(call: Call) -> dict[str, Any]:
+    """The settings that shape a run's draws, by name (a resumed run must match them),
+    read from the call's typed objects (FlyMC's are its defaults for another
+    algorithm)."""
+    fly, placement = call.flymc, call.placement
+    return {
+        "q_db": fly.q_db,
+        "kernel_options": call.kernel_options,
+        "init": call.init,
+        "precondition": call.precondition,
+        "map_maxiter": call.map_maxiter,
+        "bright_replica": fly.bright_replica,
+        "replica_budget": fly.replica_budget,
+        "out_of_core": placement.out_of_core,
+        "memory_budget": placement.memory_budget,
+        "exact_rows": fly.exact_rows,
+    }
 
 
 def trace_options(data: Any, trace: Any, given: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -94,13 +93,12 @@ def _check_resume(call: Call) -> None:
     """Refuse, in one line naming what differs, to resume a trace written by another run:
     the model, the data set (its identity, not only its shape), the algorithm and every
     setting that shapes the draws."""
-    options = call.options
     path = call.trace
     trace = Trace.open(path, read_only=True, storage_options=call.trace_storage_options)
     if trace.checkpoint is None:
         raise ValueError(f"trace {os.fspath(path)!s} has no checkpoint to resume from")
     trace.verify()  # a chunk of its draws missing: TraceDamagedError, naming it
-    specs, _mem, n_rows, n_features, _t, _k, data_path = shard_layout(call.data, options)
+    specs, _mem, n_rows, n_features, _t, _k, data_path = shard_layout(call.data, call.placement)
     algorithm = call.algorithm.name
     want: dict[str, Any] = {
         "data_id": data_id(call.data),
@@ -113,7 +111,7 @@ def _check_resume(call: Call) -> None:
         "seed": call.seed,
         "num_warmup": call.num_warmup,
         "num_samples": call.num_samples,
-        "options": shaping_options(options),
+        "options": shaping_options(call),
     }
     if isinstance(call.algorithm, FlyMC):
         want.update(bounds=call.algorithm.bounds, z_update=call.algorithm.z_update)

@@ -228,7 +228,7 @@ def _url_options(
     return {"storage_options": dict(storage_options)}
 
 
-def _probe(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> str:
+def probe(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> str:
     """Classify ``path``: ``"missing"`` (free to use), ``"trace"`` or ``"other"``."""
     if not is_url(path):
         local = local_path(path)
@@ -558,7 +558,7 @@ class Trace:
             raise TypeError(f"overwrite must be a bool, got {overwrite!r}")
         url_kw = _url_options(path, storage_options)
 
-        state = _probe(path, storage_options)
+        state = probe(path, storage_options)
         if state == "other":
             raise FileExistsError(
                 f"{os.fspath(path)!s} exists and is not a flymc trace; refusing to "
@@ -660,7 +660,7 @@ class Trace:
             If ``path`` is not a flymc trace, or is a corrupt one (missing arrays, arrays
             shorter than recorded, inconsistent shapes).
         """
-        state = _probe(path, storage_options)
+        state = probe(path, storage_options)
         if state == "missing":
             raise FileNotFoundError(f"no trace at {os.fspath(path)!s}")
         if state == "other":

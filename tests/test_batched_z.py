@@ -24,6 +24,7 @@ from flymc_dist._numerics import log_expm1
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.reduce import tree_nodes, tree_total
 from flymc_dist.shard import Shard
+from flymc_dist.shard.round import round_shards, update_z
 
 
 def _crit(m: int, level: float = 0.001) -> float:
@@ -218,7 +219,7 @@ def _log_lt(model, X: np.ndarray, y: np.ndarray, xi: np.ndarray, theta: np.ndarr
 
 def _batched_stationarity_z(shard: Shard, X, y, sweeps: int) -> tuple[np.ndarray, np.ndarray]:
     """Z-scores (chains, rows) of each z_n's bright frequency under repeated
-    ``_update_z_batched`` against p_n = sigmoid(log L~_n(theta_c)), with the exact variance of
+    the batched ``update_z`` against p_n = sigmoid(log L~_n(theta_c)), with the exact variance of
     the time average of a two-state chain (P01 = min(q, L~), P10 = min(1, q / L~)).
 
     Returns the z-scores and the mask of entries used (p_n not ~0)."""
@@ -227,9 +228,9 @@ def _batched_stationarity_z(shard: Shard, X, y, sweeps: int) -> tuple[np.ndarray
     freq = np.zeros((C, shard.n))
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(20):  # set_positions drew z exactly; a short burn-in regardless
-            shard._update_z_batched()
+            update_z([shard])[0]
         for _ in range(sweeps):
-            shard._update_z_batched()
+            update_z([shard])[0]
             freq += _masks(shard)
     freq /= sweeps
     lt = np.exp(np.array([_log_lt(model, X, y, shard.rows.xi, ch.theta) for ch in shard.chains]))
@@ -334,7 +335,7 @@ def test_batched_z_update_keeps_cache_consistent(model_name):
     total = 0
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(60):
-            total += int(shard._update_z_batched().sum())
+            total += int(update_z([shard])[0].sum())
             _assert_cache_consistent(shard, X, y)
     assert total > 0
 
@@ -346,7 +347,7 @@ def test_batched_z_queries_count_dark_proposals():
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(20):
             dark_before = (~_masks(shard)).sum(axis=1)
-            assert np.array_equal(shard._update_z_batched(), dark_before)
+            assert np.array_equal(update_z([shard])[0], dark_before)
 
 
 # ---------------------------------------------------------- log L~ in one formula, per model
@@ -446,7 +447,7 @@ def test_a_dropped_shard_is_freed_at_once(replica: bool) -> None:
     import weakref
 
     from flymc_dist.protocol import ReplicaRound, Request, Round
-    from flymc_dist.shard import ShardHost
+    from flymc_dist.transport.host import ShardHost
 
     rng = np.random.default_rng(0)
     n = 3000
@@ -471,9 +472,8 @@ def test_a_dropped_shard_is_freed_at_once(replica: bool) -> None:
         else:
             host.round(Round(1, np.full(2, -1), True, [Request(thetas[:1], False, False)] * 2))
         for sh in shards:  # a shard alone (it then keeps its own typed lists)
-            sh.round(
-                ReplicaRound(2, thetas) if replica else Round(2, np.full(2, -1), True, [None] * 2)
-            )
+            msg = ReplicaRound(2, thetas) if replica else Round(2, np.full(2, -1), True, [None] * 2)
+            round_shards([sh], msg)
         return weakref.ref(host), weakref.ref(shards[0])
 
     enabled = gc.isenabled()

@@ -176,7 +176,7 @@ def test_a_released_host_stops_its_channel():
     import weakref
 
     from flymc_dist.protocol import ShardConfig, ShardSpec
-    from flymc_dist.shard import ShardHost
+    from flymc_dist.transport.host import ShardHost
 
     rng = np.random.default_rng(0)
     X = np.column_stack([np.ones(30), rng.normal(size=30)])

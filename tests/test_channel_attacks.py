@@ -95,7 +95,7 @@ def _attack(client: channel_mod.ChannelClient, transport, captured: dict, marker
         negative = good[: at + 2] + (-2).to_bytes(8, "little", signed=True) + good[at + 10 :]
         wrong_c = pack_round(ReplicaRound(10**6, np.zeros((3, 2))))
         for bad in (nan, negative, wrong_c):
-            _, errors = transport._fanout({w: ("round_packed", (bad,), {})})
+            _, errors = transport.fanout_calls({w: ("round_packed", (bad,), {})})
             transport.round_trips -= 1
             got.append(errors[w])
     return out

@@ -231,7 +231,8 @@ def _worker_resources() -> dict[str, int]:
 
         import psutil
 
-        from flymc_dist.shard import Shard, ShardHost
+        from flymc_dist.shard import Shard
+        from flymc_dist.transport.host import ShardHost
 
         gc.collect()
         hosts = sum(isinstance(o, ShardHost) for o in gc.get_objects())

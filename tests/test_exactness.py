@@ -46,7 +46,7 @@ import flymc_dist.brightness as brightness_module
 import flymc_dist.replica as replica_module
 import flymc_dist.shard.batched as batched_module
 import flymc_dist.shard.rows as rows_module
-import flymc_dist.shard.shard as shard_module
+import flymc_dist.shard.state as shard_module
 from flymc_dist.diagnostics import ess_mean
 from flymc_dist.terms import BoundViolation
 

@@ -24,7 +24,7 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     # numba costs ~0.5 s to import (plus compilation on first use); only shards and the
     # replica compute with it, so `import flymc_dist` and the CLI do not pay for it.
     ("flymc_dist.replica", "flymc_dist._compiled"): "numba, heavy: only where it computes",
-    ("flymc_dist.shard.shard", "flymc_dist._compiled"): "numba, heavy: only where it computes",
+    ("flymc_dist.shard.state", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.replica", "flymc_dist._compiled_nuts"): "numba, heavy: only where it computes",
 }
 
@@ -239,8 +239,8 @@ def test_the_shard_and_austerity_do_not_import_each_other() -> None:
         m.startswith("flymc_dist.shard")
         for m in reachable(graph, lazy, "flymc_dist.austerity.shard")
     )
-    # the walk sees what is there: the Dask transport reaches the shard host
-    assert "flymc_dist.shard.host" in reachable(graph, lazy, "flymc_dist.transport.dask")
+    # the walk sees what is there: the Dask transport reaches the shards (through its host)
+    assert "flymc_dist.shard.state" in reachable(graph, lazy, "flymc_dist.transport.dask")
 
 
 # ------------------------------------------------------------------- the checker can fail

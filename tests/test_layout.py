@@ -182,7 +182,7 @@ def test_untuned_bounds_identical_for_every_partition():
 def test_layout_dependence_is_visible_without_row_keys(monkeypatch):
     """Negative control: key the z streams by shard (the first design: every shard its own
     step counter and row numbers from its own start) and the draws change with the layout."""
-    import flymc_dist.shard.shard as shard_mod
+    import flymc_dist.shard.state as shard_mod
 
     real = shard_mod.RowStreams
 

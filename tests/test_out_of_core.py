@@ -21,6 +21,7 @@ from flymc_dist.data import make_logistic
 from flymc_dist.driver import Driver
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.shard import Shard
+from flymc_dist.shard.round import update_z
 from flymc_dist.shard.rowfile import RowFile
 
 
@@ -112,7 +113,7 @@ def test_a_shard_holds_only_its_bright_rows(store):
     sizes, went_dark = [], 0
     for _ in range(30):
         before = sh.rows.ids
-        sh._update_z_all()
+        update_z([sh])[0]
         bright = np.unique(np.concatenate([ch.bright.idx for ch in sh.chains]))
         assert np.isin(bright, sh.rows.ids).all()  # the bright rows are resident
         sh.settle()
@@ -156,7 +157,7 @@ def test_placement_reads_no_rows_before_the_driver_sets_q(store):
     read = sh.state()["rows_read"]
     assert read > 0  # the proposals ahead, at the driver's q
     with np.errstate(over="ignore", divide="ignore"):
-        sh._update_z_all()
+        update_z([sh])[0]
     assert sh.state()["rows_read"] == read  # the first z-update had them all
     sh.close()
 
@@ -186,13 +187,13 @@ def test_the_z_update_reads_nothing_once_settled(store):
     for _ in range(12):
         sh.settle()
         before = sh.rows.rows_read
-        sh._update_z_all()
+        update_z([sh])[0]
         during.append(sh.rows.rows_read - before)
     assert sh.rows.rows_read > 0 and during == [0] * 12
     sh.rows.read_ahead = lambda wanted, later: None  # the control: nothing read ahead
     sh.settle()
     before = sh.rows.rows_read
-    sh._update_z_all()
+    update_z([sh])[0]
     assert sh.rows.rows_read > before
     sh.close()
 
@@ -207,7 +208,7 @@ def test_a_bright_row_lost_from_the_resident_rows_is_read_back(store, caplog, mo
     for sh in (ooc, mem):
         for _ in range(3):
             sh.settle()
-            sh._update_z_all()
+            update_z([sh])[0]
     ooc.settle()
 
     def lose_one() -> int:
@@ -220,8 +221,8 @@ def test_a_bright_row_lost_from_the_resident_rows_is_read_back(store, caplog, mo
 
     row = lose_one()
     with caplog.at_level("WARNING", logger="flymc_dist"):
-        ooc._update_z_all()  # read back after the z-update
-    mem._update_z_all()
+        update_z([ooc])[0]  # read back after the z-update
+    update_z([mem])[0]
     assert ooc.state()["lost_rows"] == 1 and f"first [{row}]" in caplog.text
     for a, b in zip(bright_values(ooc), bright_values(mem), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -243,28 +244,28 @@ def test_a_bright_row_lost_from_the_resident_rows_is_read_back(store, caplog, mo
 
 @pytest.mark.parametrize("out_of_core", [False, True])
 def test_kept_proposals_are_the_fresh_draw(store, out_of_core):
-    """The proposals a shard keeps between rounds (``Shard._drawn``) are what drawing
+    """The proposals a shard keeps between rounds (``Shard.drawn``) are what drawing
     them afresh gives, whatever changed since they were drawn: the chains' steps, q,
     the generation."""
     ds, _, _ = store
     sh = _ooc_shard(ds, out_of_core=out_of_core)
 
     def same_as_fresh() -> None:
-        kept = sh._drawn((0, 1, 2))
+        kept = sh.drawn((0, 1, 2))
         sh._draws.clear()
-        for (_, rows, seg), (_, fresh, fresh_seg) in zip(kept, sh._drawn((0, 1, 2)), strict=True):
+        for (_, rows, seg), (_, fresh, fresh_seg) in zip(kept, sh.drawn((0, 1, 2)), strict=True):
             np.testing.assert_array_equal(rows, fresh)
             np.testing.assert_array_equal(seg, fresh_seg)
 
     sh.settle()
     same_as_fresh()
-    sh._update_z_all()  # the steps move on
+    update_z([sh])[0]  # the steps move on
     same_as_fresh()
-    before = sh._drawn((0, 1, 2))[0][1]
+    before = sh.drawn((0, 1, 2))[0][1]
     sh.set_q(0.2)  # q changes
-    assert sh._drawn()[0][1].size > 2 * before.size  # at four times the q
+    assert sh.drawn()[0][1].size > 2 * before.size  # at four times the q
     same_as_fresh()
-    sh._drawn((0, 1, 2))
+    sh.drawn((0, 1, 2))
     sh.set_positions(np.tile([0.6, -1.6, 1.1], (3, 1)), generation=1)  # a new generation
     same_as_fresh()
     sh.close()
@@ -331,7 +332,7 @@ def test_brightness_state_is_o_bright_on_ten_million_rows(tmp_path):
     tracemalloc.start()
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(50):
-            sh._update_z_all()
+            update_z([sh])[0]
             sh.settle()  # as after a round's reply
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -600,9 +601,9 @@ def test_out_of_core_z_update_leaves_the_conditional_invariant(tmp_path, monkeyp
     freq = np.zeros((2, n))
     with np.errstate(over="ignore", divide="ignore"):
         for _ in range(20):
-            shard._update_z_all()
+            update_z([shard])[0]
         for _ in range(sweeps):
-            shard._update_z_all()
+            update_z([shard])[0]
             for c, ch in enumerate(shard.chains):
                 freq[c, ch.bright.idx] += 1
     freq /= sweeps

@@ -10,7 +10,8 @@ import pytest
 import flymc_dist as fd
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.shard import Shard
-from flymc_dist.shard.shard import ROWS_AHEAD
+from flymc_dist.shard.round import update_z
+from flymc_dist.shard.state import ROWS_AHEAD
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def _shard(path: str, budget: int | None) -> Shard:
     sh = Shard(ShardSpec(0, path, 0, 3000), config, None, budget)
     sh.set_tight_points(np.zeros(5))
     sh.set_positions(np.full((4, 5), 0.1))
-    sh._update_z_all()
+    update_z([sh])[0]
     sh.settle()
     return sh
 
@@ -85,7 +86,7 @@ def test_what_cannot_fit_is_refused_up_front(store, tmp_path, monkeypatch):
     the row file is written."""
     import os
 
-    monkeypatch.setattr("flymc_dist.shard.shard.local_directory", lambda: str(tmp_path))
+    monkeypatch.setattr("flymc_dist.shard.state.local_directory", lambda: str(tmp_path))
     with pytest.raises(ValueError, match=r"q_db=0\.2 proposes about 2,400 rows .* budget") as e:
         _shard(store, 100_000)
     assert "\n" not in str(e.value) and os.listdir(tmp_path) == []

@@ -68,14 +68,12 @@ def _driver(
     bounds: str = "map",
     kernel: str = "slice",
     read_ahead: int = 0,
-    **options,
 ) -> tuple[Driver, InProcessTransport]:
     """A replica-mode driver; by default with a round to the shards every iteration
     (``read_ahead=0``: the shards update z, which these tests compare the replica with)."""
     X, y = _data(model_name)
     model = MODELS[model_name]()
-    opts = {"n_shards": 3, **options}
-    specs, mem, n_rows, n_features, *_ = shard_layout((X, y), opts)
+    specs, mem, n_rows, n_features, *_ = shard_layout((X, y), fd.Placement(n_shards=3))
     kern = get_kernel(kernel)
     config = ShardConfig(
         model=model,
@@ -93,13 +91,10 @@ def _driver(
         transport,
         kern,
         n_features=n_features,
-        bounds=bounds,
+        algorithm=fd.FlyMC(bounds=bounds, q_db=0.05, bright_replica=True, read_ahead=read_ahead),
         chains=3,
         seed=5,
-        q_db=0.05,
         n_rows=n_rows,
-        bright_replica=True,
-        read_ahead=read_ahead,
     )
     return driver, transport
 

@@ -170,16 +170,17 @@ def _driver(kernel: str, budget: float = 2**30):
 
     X, y = _data(1500)
     model = fd.LogisticRegression()
-    specs, mem, n_rows, n_features, *_ = shard_layout((X, y), {"n_shards": 3})
+    specs, mem, n_rows, n_features, *_ = shard_layout((X, y), fd.Placement(n_shards=3))
     kern = get_kernel(kernel)
     config = ShardConfig(
         model=model, algorithm="flymc", chains=3, seed=5, n_rows=n_rows,
         track_grad=kern.needs_grad,
     )  # fmt: skip
     transport = InProcessTransport(specs, config, mem)
+    algorithm = fd.FlyMC(bounds="untuned", q_db=0.05, replica_budget=budget)
     driver = Driver(
-        model, transport, kern, n_features=n_features, bounds="untuned", chains=3, seed=5,
-        q_db=0.05, n_rows=n_rows, bright_replica="auto", replica_budget=budget,
+        model, transport, kern, n_features=n_features, algorithm=algorithm, chains=3,
+        seed=5, n_rows=n_rows,
     )  # fmt: skip
     driver.setup()
     return driver, transport

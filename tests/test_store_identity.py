@@ -61,7 +61,7 @@ def test_a_shard_opened_after_a_rewrite_refuses_it(tmp_path):
     by its spec's store_id, in memory and out of core."""
     X, y = _data()
     ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=64)
-    specs = shard_layout(ds, {"n_shards": 2})[0]
+    specs = shard_layout(ds, fd.Placement(n_shards=2))[0]
     assert {s.store_id for s in specs} == {ds.store_id}
     config = ShardConfig(
         model=fd.LogisticRegression(), algorithm="flymc", chains=1, seed=0, n_rows=900

@@ -131,7 +131,7 @@ from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.options import Austerity
+from flymc_dist.options import Austerity, Placement, RunSettings
 from flymc_dist.progress import SetupProgress, load_note, map_search_rows
 from flymc_dist.protocol import ShardConfig, ShardSpec, Transport, operation_name
 from flymc_dist.result import Result
@@ -598,11 +598,14 @@ class AusteritySampler:
         D and N.
     chains, seed
         Number of chains; the seed of every random stream.
-    eps, tails, min_batches, batch_size, control_variates
-        The sequential test's tolerance, its sidedness, the rounds before its first test
-        and the rows per round; whether it runs on the gap to MAP-tuned bounds.
-    init, precondition, map_maxiter, progress
-        As for :class:`~flymc_dist.driver.Driver`.
+    austerity
+        The sequential test: its tolerance, its sidedness, the rounds before its first
+        test and the rows per round; whether it runs on the gap to MAP-tuned bounds.
+    settings
+        The start (``init``, ``precondition``, ``map_maxiter``), as for
+        :class:`~flymc_dist.driver.Driver`.
+    progress
+        Shows each set-up pass while it runs (default: nothing shown).
     """
 
     stat_names = AUSTERITY_STATS
@@ -618,14 +621,8 @@ class AusteritySampler:
         n_rows: int,
         chains: int,
         seed: int,
-        eps: float,
-        batch_size: int,
-        control_variates: bool,
-        tails: str = Austerity.tails,
-        min_batches: int = Austerity.min_batches,
-        init: str | np.ndarray = "map",
-        precondition: str | np.ndarray = "laplace",
-        map_maxiter: int = 100,
+        austerity: Austerity,
+        settings: RunSettings,
         progress: SetupProgress | None = None,
     ) -> None:
         self.model = model
@@ -636,14 +633,14 @@ class AusteritySampler:
         self.n_rows = int(n_rows)
         self.chains = int(chains)
         self.seed = int(seed)
-        self.eps = eps
-        self.tails = tails
-        self.min_batches = min_batches
-        self.batch_size = batch_size
-        self.control_variates = control_variates
-        self.init = init
-        self.precondition = precondition
-        self.map_maxiter = int(map_maxiter)
+        self.eps = austerity.eps
+        self.tails = austerity.tails
+        self.min_batches = austerity.min_batches
+        self.batch_size = austerity.batch_size
+        self.control_variates = austerity.control_variates
+        self.init = settings.init
+        self.precondition = settings.precondition
+        self.map_maxiter = int(settings.map_maxiter)
         self.progress = progress if progress is not None else SetupProgress(False)
         self.P = model.n_params(n_features)
         self.param_shape = model.param_shape(n_features)
@@ -777,7 +774,9 @@ def sample_austerity(
     chains: int,
     seed: int,
     client: Any,
-    options: dict[str, Any],
+    austerity: Austerity,
+    placement: Placement,
+    settings: RunSettings,
     feature_names: list[str] | None = None,
     progress: SetupProgress | None = None,
 ) -> Result:
@@ -797,19 +796,19 @@ def sample_austerity(
         step size adapts during warm-up towards ``target_accept`` from the decisions).
     num_warmup, num_samples, chains, seed, client
         As for :func:`flymc_dist.sample`.
-    options
-        ``eps`` (test tolerance; 0 gives exact MH), ``tails`` (``"one"``, the paper's,
-        or ``"two"``), ``min_batches`` (rounds before the first test), ``batch_size`` (rows
-        per round per decision, default 500), ``control_variates`` (default True: the
-        test runs on the gap to FlyMC's MAP-tuned bounds, see the module docstring;
-        False: plain austerity, as before the option existed), ``init``, ``precondition``,
-        ``map_maxiter``, ``n_shards``/``rows_per_shard``, ``trace`` (zarr path, written
-        as the run goes; ``resume`` is not supported), ``overwrite_trace``,
-        ``progress``, ``n_workers``, ``timeout``.
+    austerity
+        The test: ``eps`` (its tolerance; 0 gives exact MH), ``tails``, ``min_batches``,
+        ``batch_size`` and ``control_variates`` (the test runs on the gap to FlyMC's
+        MAP-tuned bounds, see the module docstring; False: plain austerity).
+    placement
+        Where the shards run and how they hold their rows.
+    settings
+        ``init``, ``precondition``, ``map_maxiter``, ``trace`` (zarr path, written as
+        the run goes; ``resume`` is not supported), ``overwrite_trace``, ``progress``.
     feature_names
         The data's column names (for ``info``, the summary and ArviZ), or None.
     progress
-        Shows each set-up pass while it runs (default: as ``options["progress"]`` says).
+        Shows each set-up pass while it runs (default: as ``settings.progress`` says).
 
     Returns
     -------
@@ -824,16 +823,16 @@ def sample_austerity(
         ``control_variates`` were checked when their :class:`~flymc_dist.options.Austerity`
         was made.)
     """
-    eps, batch_size = options["eps"], options["batch_size"]
-    tails, min_batches = options["tails"], options["min_batches"]
-    control_variates = options["control_variates"]
+    eps, batch_size = austerity.eps, austerity.batch_size
+    tails, min_batches = austerity.tails, austerity.min_batches
+    control_variates = austerity.control_variates
     if not isinstance(kernel, RandomWalkMH):
         raise ValueError(
             f"austerity MH supports kernel='rwmh' only, not "
             f"{getattr(kernel, 'name', kernel)!r}: MALA's proposal needs the "
             f"full-data gradient and slice sampling has no MH decision to test"
         )
-    if options.get("resume"):
+    if settings.resume:
         raise ValueError("austerity runs cannot be resumed (no checkpoint is written)")
     config = ShardConfig(
         model=model,
@@ -841,13 +840,13 @@ def sample_austerity(
         chains=chains,
         seed=seed,
         n_rows=n_rows,
-        out_of_core=options.get("out_of_core", "auto"),
-        memory_budget=options.get("memory_budget"),
+        out_of_core=placement.out_of_core,
+        memory_budget=placement.memory_budget,
     )
-    shown = progress if progress is not None else SetupProgress(options.get("progress"))
+    shown = progress if progress is not None else SetupProgress(settings.progress)
     with shown.phase("load", n_rows) as load:
         load.note = load_note(client, mem)
-        transport = open_transport(client, specs, config, mem, options)
+        transport = open_transport(client, specs, config, mem, placement)
     try:
         sampler = AusteritySampler(
             model,
@@ -858,14 +857,8 @@ def sample_austerity(
             n_rows=n_rows,
             chains=chains,
             seed=seed,
-            eps=eps,
-            tails=tails,
-            min_batches=min_batches,
-            batch_size=batch_size,
-            control_variates=control_variates,
-            init=options.get("init", "map"),
-            precondition=options.get("precondition", "laplace"),
-            map_maxiter=int(options.get("map_maxiter", 100)),
+            austerity=austerity,
+            settings=settings,
             progress=shown,
         )
         info = describe_run(
@@ -894,7 +887,7 @@ def sample_austerity(
             resample_fraction=None,
         )
         info["lp"] = "not computed (NaN): austerity never evaluates the full likelihood"
-        return run(sampler, info, num_warmup, num_samples, options, label="austerity")
+        return run(sampler, info, num_warmup, num_samples, settings, label="austerity")
     finally:
         transport.close()
 
@@ -965,10 +958,10 @@ def run_decisions(
     thetas = thetas.reshape(S, -1)
     proposals = proposals.reshape(S, -1)
     eps_list = [float(eps)] if np.ndim(eps) == 0 else [float(e) for e in eps]
-    options: dict[str, Any] = {} if n_shards is None else {"n_shards": n_shards}
-    specs, mem, N, D, _, _, _ = shard_layout(data, options)
+    placement = Placement(n_shards=n_shards)
+    specs, mem, N, D, _, _, _ = shard_layout(data, placement)
     config = ShardConfig(model=model, algorithm="austerity", chains=1, seed=seed, n_rows=N)
-    transport = open_transport(client, specs, config, mem, options)
+    transport = open_transport(client, specs, config, mem, placement)
     out: dict[str, Any] = {"n_rows": N, "theta_hat": None, "by_eps": []}
     try:
         bound = None

@@ -55,19 +55,17 @@ def numpyro_model(model: Any) -> Any:
             "the NumPyro reference covers LogisticRegression and RobustRegression, "
             f"not {type(model).__name__}"
         )
-    prior = model._prior
-    if prior.kind not in ("normal", "laplace"):
-        raise ValueError(
-            f"the NumPyro reference needs a normal or Laplace prior, not {prior.kind!r}"
-        )
+    prior, prior_scale = model.prior, model.prior_scale
+    if prior not in ("normal", "laplace"):
+        raise ValueError(f"the NumPyro reference needs a normal or Laplace prior, not {prior!r}")
     jax, numpyro, dist = import_numpyro()
     jnp = jax.numpy
     robust = isinstance(model, RobustRegression)
     nu, noise = (model.nu, model.scale) if robust else (None, None)
-    base = dist.Normal if prior.kind == "normal" else dist.Laplace
+    base = dist.Normal if prior == "normal" else dist.Laplace
 
     def f(X: Any, y: Any) -> None:
-        theta = numpyro.sample("theta", base(0.0, prior.scale).expand([X.shape[1]]).to_event(1))
+        theta = numpyro.sample("theta", base(0.0, prior_scale).expand([X.shape[1]]).to_event(1))
         mean = jnp.dot(X, theta)
         if robust:
             numpyro.sample("y", dist.StudentT(nu, mean, noise), obs=y)

@@ -46,6 +46,7 @@ import numpy as np
 
 import flymc_dist as fd
 from flymc_dist.data import make_logistic
+from flymc_dist.options import Placement
 from flymc_dist.protocol import Request, Round, ShardConfig, ShardSpec, pack_round
 from flymc_dist.transport.dask import DaskTransport, local_client
 
@@ -97,7 +98,7 @@ def _time_pings(transport: Any, n: int, how: str, payload: bytes = b"") -> dict[
         if how == "socket":
             transport.echo(payload)
         else:
-            _ok, bad = transport._fanout(calls)
+            _ok, bad = transport.fanout_calls(calls)
             if bad:
                 raise RuntimeError(f"a bare round trip failed: {bad!r}")
         times[i] = time.perf_counter() - t
@@ -261,7 +262,7 @@ def run_overhead(
             P = model.n_params(features)
             payload = _round_payload(chains, P)
             out["setup"]["payload_bytes"] = len(payload)
-            transport = DaskTransport(client, specs, config, channel="socket")
+            transport = DaskTransport(client, specs, config, Placement(channel="socket"))
             try:
                 _time_pings(transport, 50, "actor")  # warm the connections
                 _time_pings(transport, 50, "socket", payload)
@@ -312,7 +313,7 @@ def run_overhead(
                 "kernel": fd.RWMH(step_size=float(np.mean([p["step_size"] for p in kp]))),
             }
             out["regular"] = _sampler_figures(run(fd.Regular(), regular_iterations, 0, **reg_opts))
-            transport = DaskTransport(client, specs, config, channel="socket")
+            transport = DaskTransport(client, specs, config, Placement(channel="socket"))
             try:
                 _time_pings(transport, 20, "actor")
                 _time_pings(transport, 20, "socket", payload)

@@ -36,9 +36,9 @@ import traceback
 from collections.abc import Iterator, Sequence
 from types import FrameType
 
-from flymc_dist.cli.bench import BENCH_MODULES, _cmd_bench_module
-from flymc_dist.cli.commands import _resume_hint
-from flymc_dist.cli.common import CLIError, _error
+from flymc_dist.cli.bench import BENCH_MODULES, cmd_bench_module
+from flymc_dist.cli.commands import resume_hint
+from flymc_dist.cli.common import CLIError, usage_error
 from flymc_dist.cli.parser import build_parser
 
 __all__ = ["CLIError", "build_parser", "main"]
@@ -84,7 +84,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def _dispatch(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCH_MODULES:
-        return _cmd_bench_module(argv[1], argv[2:])
+        return cmd_bench_module(argv[1], argv[2:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -115,12 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = stop.code
         return code if isinstance(code, int) else (0 if code is None else EXIT_USAGE)
     except CLIError as err:
-        _error(str(err))
+        usage_error(str(err))
         return EXIT_USAGE
     except KeyboardInterrupt as err:
         terminated = isinstance(err, Terminated)
-        _error("terminated (SIGTERM)" if terminated else "interrupted")
-        _resume_hint(err)
+        usage_error("terminated (SIGTERM)" if terminated else "interrupted")
+        resume_hint(err)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPT
     except BrokenPipeError:
         # stdout's reader went away (`flymc summary t.zarr | head -2`): stop quietly
@@ -131,14 +131,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         if os.environ.get("FLYMC_DEBUG"):
             traceback.print_exc()
-        _error(str(err) or type(err).__name__)
-        _resume_hint(err)
+        usage_error(str(err) or type(err).__name__)
+        resume_hint(err)
         return EXIT_USAGE
     except Exception as err:  # noqa: BLE001 - the last line of defence of a CLI
         if os.environ.get("FLYMC_DEBUG"):
             traceback.print_exc()
-            _error(f"{type(err).__name__}: {err}")
+            usage_error(f"{type(err).__name__}: {err}")
         else:
-            _error(f"{type(err).__name__}: {err} (set FLYMC_DEBUG=1 for the traceback)")
-        _resume_hint(err)
+            usage_error(f"{type(err).__name__}: {err} (set FLYMC_DEBUG=1 for the traceback)")
+        resume_hint(err)
         return EXIT_FAILURE

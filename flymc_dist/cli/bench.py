@@ -12,12 +12,12 @@ from typing import Any
 
 from flymc_dist.bench.common import write_json
 from flymc_dist.bench.overhead import format_overhead, run_overhead
-from flymc_dist.cli.common import CLIError, _Parser, _say
+from flymc_dist.cli.common import CLIError, Parser, say
 
 # --------------------------------------------------------------------------- bench
 
 
-def _cmd_bench_overhead(args: argparse.Namespace) -> int:
+def cmd_bench_overhead(args: argparse.Namespace) -> int:
     d = run_overhead(
         rows=args.rows,
         features=args.features,
@@ -29,7 +29,7 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         pings=args.pings,
     )
-    _say(format_overhead(d))
+    say(format_overhead(d))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(d, fh, indent=2, default=float)
@@ -66,9 +66,9 @@ def _param_docs(func: Callable[..., Any]) -> dict[str, str]:
     return out
 
 
-def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> _Parser:
+def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> Parser:
     """A parser with one ``--option`` per keyword parameter of ``func`` (by its default)."""
-    parser = _Parser(prog=prog, description=description)
+    parser = Parser(prog=prog, description=description)
     docs = _param_docs(func)
     for name, par in inspect.signature(func).parameters.items():
         if par.kind in (par.VAR_POSITIONAL, par.VAR_KEYWORD):
@@ -137,7 +137,7 @@ BENCH_MODULES = (
 )
 
 
-def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
+def cmd_bench_module(name: str, argv: Sequence[str]) -> int:
     try:
         mod = importlib.import_module(f"flymc_dist.bench.{name}")
     except ImportError as err:
@@ -165,7 +165,7 @@ def _cmd_bench_module(name: str, argv: Sequence[str]) -> int:
         d = run(**args)
     except ImportError as err:  # an optional extra the options asked for
         raise CLIError(str(err)) from None
-    _say(fmt(d))
+    say(fmt(d))
     if json_path:
         write_json(json_path, d)
     return 0

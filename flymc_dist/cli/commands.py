@@ -21,18 +21,18 @@ from flymc_dist.api import kept_trace
 from flymc_dist.call import default_kernel
 from flymc_dist.cli.common import (
     CLIError,
-    _fmt,
-    _percent,
-    _progress,
-    _say,
-    _storage_options,
-    _url_options,
+    fmt,
+    percent,
+    progress_from,
+    say,
+    storage_options_from,
+    url_options,
 )
 from flymc_dist.cli.flags import flag_of, kernel_from_args, options_from_args
 from flymc_dist.data import Dataset, ingest, open_dataset
 from flymc_dist.models import make_model
 from flymc_dist.result import Result, efficiency, narrowing_line, param_labels
-from flymc_dist.trace import Trace, _probe
+from flymc_dist.trace import Trace, probe
 
 # --------------------------------------------------------------------------- make-data, ingest
 
@@ -45,7 +45,7 @@ def _describe(ds: Any) -> str:
     )
 
 
-def _cmd_make_data(args: argparse.Namespace) -> int:
+def cmd_make_data(args: argparse.Namespace) -> int:
     like = args.like
     rows, features = args.rows, args.features
     if like == "opv":
@@ -66,7 +66,7 @@ def _cmd_make_data(args: argparse.Namespace) -> int:
         "chunk_rows": args.chunk_rows,
         "dtype": args.dtype,
         "overwrite": args.overwrite,
-        "storage_options": _storage_options(args, args.out),
+        "storage_options": storage_options_from(args, args.out),
     }
     t = time.perf_counter()
     if like == "logistic":
@@ -77,11 +77,11 @@ def _cmd_make_data(args: argparse.Namespace) -> int:
         ds = data.make_robust(args.out, rows, features, **common, **noise)
     else:
         ds = data.make_opv_like(args.out, rows, features, **common, **noise)
-    _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
+    say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
     return 0
 
 
-def _cmd_ingest(args: argparse.Namespace) -> int:
+def cmd_ingest(args: argparse.Namespace) -> int:
     target: int | str | None = args.target
     if target is not None and args.src.lower().endswith(".npy"):
         try:
@@ -91,7 +91,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
                 f"--target for a .npy file must be a column index, got {args.target!r}"
             ) from None
     t = time.perf_counter()
-    opts = _storage_options(args, args.out, args.src)
+    opts = storage_options_from(args, args.out, args.src)
     client = None
     if args.scheduler is not None:
         if "://" not in args.scheduler:
@@ -121,7 +121,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     finally:
         if client is not None:
             client.close()
-    _say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
+    say(f"wrote {_describe(ds)} ({time.perf_counter() - t:.1f} s)")
     return 0
 
 
@@ -131,18 +131,18 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 def _efficiency_lines(eff: dict[str, float], r_hat_max: float, chains: int) -> list[str]:
     secs = eff.get("seconds_per_iteration", float("nan"))
     lines = [
-        f"ESS bulk min / mean      {_fmt(eff['ess_min'], '.0f')} / {_fmt(eff['ess_mean'], '.0f')}",
-        f"R̂ max                    {_fmt(r_hat_max, '.3f')}",
-        f"acceptance               {_fmt(eff['acceptance'], '.3f')}",
-        f"bright fraction          {_percent(eff['bright_fraction'])}",
+        f"ESS bulk min / mean      {fmt(eff['ess_min'], '.0f')} / {fmt(eff['ess_mean'], '.0f')}",
+        f"R̂ max                    {fmt(r_hat_max, '.3f')}",
+        f"acceptance               {fmt(eff['acceptance'], '.3f')}",
+        f"bright fraction          {percent(eff['bright_fraction'])}",
         f"likelihood queries       {eff['queries_per_iteration'] * chains:,.0f} per iteration "
         f"(all {chains} chains)",
-        f"round trips              {_fmt(eff['round_trips_per_iteration'], '.2f')} per iteration",
+        f"round trips              {fmt(eff['round_trips_per_iteration'], '.2f')} per iteration",
     ]
     if math.isfinite(secs):
         lines.append(f"seconds per iteration    {secs:.4g}")
-        lines.append(f"ESS per second           {_fmt(eff['ess_per_second'])}")
-    lines.append(f"ESS per million queries  {_fmt(1e6 * eff['ess_per_query'])}")
+        lines.append(f"ESS per second           {fmt(eff['ess_per_second'])}")
+    lines.append(f"ESS per million queries  {fmt(1e6 * eff['ess_per_query'])}")
     return lines
 
 
@@ -216,7 +216,7 @@ def _client(args: argparse.Namespace) -> Any:
     return None
 
 
-def _resume_hint(err: BaseException) -> None:
+def resume_hint(err: BaseException) -> None:
     """After a failed run that kept its trace: one line saying how to continue it."""
     kept = kept_trace(err)
     if kept is not None:
@@ -228,15 +228,15 @@ def _resume_hint(err: BaseException) -> None:
         sys.stderr.flush()
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    so = _storage_options(args, args.store, args.trace)
-    ds = fd.open_dataset(args.store, storage_options=_url_options(args.store, so))
+def cmd_run(args: argparse.Namespace) -> int:
+    so = storage_options_from(args, args.store, args.trace)
+    ds = fd.open_dataset(args.store, storage_options=url_options(args.store, so))
     model = _build_model(args, ds)
     client = _client(args)
-    trace_so = _url_options(args.trace, so)
+    trace_so = url_options(args.trace, so)
     if is_url(args.trace):
         trace_path = args.trace
-        existed = _probe(trace_path, trace_so) != "missing"
+        existed = probe(trace_path, trace_so) != "missing"
     else:
         trace_path = os.path.abspath(os.path.expanduser(local_path(args.trace)))
         existed = os.path.exists(trace_path) and (
@@ -287,7 +287,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         overwrite_trace=args.overwrite,
         checkpoint_every=args.checkpoint_every,
         trace_storage_options=trace_so,
-        progress=_progress(args),
+        progress=progress_from(args),
     )
     seconds = time.perf_counter() - t
     C, S = res.samples.shape[:2]
@@ -297,21 +297,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "austerity": "austerity MH (APPROXIMATE)",
     }[args.algorithm]
     kernel = default_kernel(args.kernel, args.algorithm)
-    _say(
+    say(
         f"{label}, {kernel}, {model!r}: {C} chains × {S} draws "
         f"(+{args.warmup} warm-up) in {seconds:.1f} s → {args.trace}"
     )
-    _say(str(res.summary()))  # rows named by the data set's columns, NUTS/HMC warnings
-    _say("")
+    say(str(res.summary()))  # rows named by the data set's columns, NUTS/HMC warnings
+    say("")
     r_hat = diagnostics.rhat(res.samples.reshape(C, S, -1))
     eff = res.efficiency()
     if args.resume:  # the time of this session only covers the resumed part
         eff["seconds_per_iteration"] = float("nan")
     for line in _efficiency_lines(eff, float(np.nanmax(r_hat)), C):
-        _say(line)
+        say(line)
     line = narrowing_line(res.info, eff["ess_min_per_draw"])
     if line is not None:
-        _say(line)
+        say(line)
     return 0
 
 
@@ -322,9 +322,9 @@ def _trace_efficiency(trace: Any, stats: dict[str, np.ndarray]) -> dict[str, flo
     return efficiency(trace.samples, stats, trace.attrs.get("n_rows"), secs)
 
 
-def _cmd_summary(args: argparse.Namespace) -> int:
-    so = _storage_options(args)  # for the trace and for its data set (for the names)
-    trace = Trace.open(args.trace, read_only=True, storage_options=_url_options(args.trace, so))
+def cmd_summary(args: argparse.Namespace) -> int:
+    so = storage_options_from(args)  # for the trace and for its data set (for the names)
+    trace = Trace.open(args.trace, read_only=True, storage_options=url_options(args.trace, so))
     attrs = trace.attrs
     data_path = attrs.get("data")
     if so and not is_url(args.trace) and not is_url(data_path):
@@ -341,14 +341,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         f"kernel {attrs.get('kernel', '?')}, model {attrs.get('model', {}).get('name', '?')}"
         f", {C} chains × {S} draws (+{trace.n_warmup_draws} warm-up)"
     )
-    _say(head)
+    say(head)
     if total and done < total:
-        _say(
+        say(
             f"incomplete: {done} of {total} iterations recorded (continue with flymc run … "
             f"--resume)"
         )
     if attrs.get("algorithm") == "austerity":
-        _say("APPROXIMATE (austerity MH): draws do not target the exact posterior.")
+        say("APPROXIMATE (austerity MH): draws do not target the exact posterior.")
     if S < 4:
         raise CLIError(
             f"{args.trace!r} holds {S} post-warm-up draws per chain; a summary needs at least 4"
@@ -361,31 +361,31 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     ):
         with contextlib.suppress(Exception):
             names = open_dataset(
-                data_path, storage_options=_url_options(data_path, so)
+                data_path, storage_options=url_options(data_path, so)
             ).feature_names
     table = diagnostics.summary(trace.samples, names=param_labels(trace.param_shape, names))
-    _say(diagnostics.format_summary(table, max_rows=args.max_rows))
+    say(diagnostics.format_summary(table, max_rows=args.max_rows))
     stats = trace.stats
     for line in diagnostics.hamiltonian_lines(
         diagnostics.hamiltonian_checks(stats, attrs.get("max_tree_depth"), attrs.get("algorithm"))
     ):
-        _say(line)
-    _say("")
+        say(line)
+    say("")
     eff = _trace_efficiency(trace, stats)
     for line in _efficiency_lines(eff, float(np.nanmax(table["r_hat"])), C):
-        _say(line)
+        say(line)
     line = narrowing_line(attrs, eff["ess_min_per_draw"])  # kept with the trace's set-up
     if line is not None:
-        _say(line)
+        say(line)
     return 0
 
 
 # --------------------------------------------------------------------------- predict
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
-    so = _storage_options(args)
-    trace = Trace.open(args.trace, read_only=True, storage_options=_url_options(args.trace, so))
+def cmd_predict(args: argparse.Namespace) -> int:
+    so = storage_options_from(args)
+    trace = Trace.open(args.trace, read_only=True, storage_options=url_options(args.trace, so))
     info = dict(trace.attrs)
     samples = trace.samples
     if samples.shape[1] == 0:
@@ -410,7 +410,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             group.create_array(key, data=np.asarray(value))
         n = len(frame)
     else:
-        ds: Dataset = open_dataset(new, storage_options=_url_options(new, so))
+        ds: Dataset = open_dataset(new, storage_options=url_options(new, so))
         client = None
         if args.scheduler is not None:
             from distributed import Client
@@ -422,5 +422,5 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             if client is not None:
                 client.close()
         n = ds.n_rows
-    _say(f"wrote predictions for {n:,} rows to {args.out} ({time.perf_counter() - t:.1f} s)")
+    say(f"wrote predictions for {n:,} rows to {args.out} ({time.perf_counter() - t:.1f} s)")
     return 0

@@ -14,7 +14,7 @@ class CLIError(Exception):
     """Bad input or usage: reported as one line on stderr, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors become :class:`CLIError` (one line, no usage dump)."""
 
     def error(self, message: str) -> NoReturn:
@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 # --------------------------------------------------------------------------- small helpers
 
 
-def _say(text: str = "") -> None:
+def say(text: str = "") -> None:
     print(text, flush=True)
 
 
@@ -32,12 +32,12 @@ def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
-def _error(text: str) -> None:
+def usage_error(text: str) -> None:
     sys.stderr.write(f"flymc: error: {_one_line(text)}\n")
     sys.stderr.flush()
 
 
-def _storage_options(args: argparse.Namespace, *paths: str) -> dict[str, Any] | None:
+def storage_options_from(args: argparse.Namespace, *paths: str) -> dict[str, Any] | None:
     """The ``--storage-option`` pairs as a dict (None if none); they need a URL among ``paths``
     (when any are given)."""
     pairs = getattr(args, "storage_option", None) or []
@@ -55,21 +55,21 @@ def _storage_options(args: argparse.Namespace, *paths: str) -> dict[str, Any] | 
     return out
 
 
-def _url_options(path: str, options: dict[str, Any] | None) -> dict[str, Any] | None:
+def url_options(path: str, options: dict[str, Any] | None) -> dict[str, Any] | None:
     """``options`` for a URL ``path``, None for a local one."""
     return options if is_url(path) else None
 
 
-def _progress(args: argparse.Namespace) -> bool | None:
+def progress_from(args: argparse.Namespace) -> bool | None:
     """``False`` with ``--no-progress``; else None (on for a terminal, off under ``CI``)."""
     return False if getattr(args, "no_progress", False) else None
 
 
-def _fmt(x: float, spec: str = ".3g") -> str:
+def fmt(x: float, spec: str = ".3g") -> str:
     return format(x, spec) if x is not None and math.isfinite(x) else "n/a"
 
 
-def _percent(x: float) -> str:
+def percent(x: float) -> str:
     if not math.isfinite(x):
         return "n/a"
     return f"{100 * x:.3g}%"

@@ -14,19 +14,19 @@ import numpy as np
 
 import flymc_dist as fd
 from flymc_dist import diagnostics
-from flymc_dist.cli.common import CLIError, _fmt, _percent, _progress, _say
+from flymc_dist.cli.common import CLIError, fmt, percent, progress_from, say
 from flymc_dist.data import make_logistic
 from flymc_dist.kernels import get_kernel
 from flymc_dist.result import narrowing_line
 from flymc_dist.transport.dask import local_client
 
-_DEMO_ROWS = 200_000
-_DEMO_FEATURES = 10
-_DEMO_SAMPLES = 1500
+DEMO_ROWS = 200_000
+DEMO_FEATURES = 10
+DEMO_SAMPLES = 1500
 #: regular MCMC's draws: each NUTS iteration of it is tens of full passes over the data
-_DEMO_REGULAR_SAMPLES = 60
+DEMO_REGULAR_SAMPLES = 60
 #: the demo's θ-kernel: NUTS on the driver's replica of the bright rows
-_DEMO_KERNEL = "nuts"
+DEMO_KERNEL = "nuts"
 
 
 # --------------------------------------------------------------------------- demo
@@ -60,37 +60,37 @@ def _agreement(a: Any, b: Any, names: list[str] | None = None) -> str:
     )
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     t_all = time.perf_counter()
     samples = args.samples
     warmup = args.warmup if args.warmup is not None else max(samples // 4, 20)
-    reg_samples = args.regular_samples or _DEMO_REGULAR_SAMPLES
+    reg_samples = args.regular_samples or DEMO_REGULAR_SAMPLES
     if samples < 4 or reg_samples < 4:
         raise CLIError("--samples and --regular-samples must be at least 4 (for the ESS)")
     n, d, chains = args.rows, args.features, args.chains
-    _say("flymc demo — Firefly Monte Carlo against regular MCMC, synthetic logistic regression")
+    say("flymc demo — Firefly Monte Carlo against regular MCMC, synthetic logistic regression")
     tmp = tempfile.mkdtemp(prefix="flymc-demo-")
     client = cluster = None
     try:
         t = time.perf_counter()
         ds = make_logistic(os.path.join(tmp, "demo.zarr"), n, d, seed=args.seed)
-        _say(
+        say(
             f"  data      {n:,} rows × {d} features (incl. bias) → temporary zarr store, "
             f"{ds.n_chunks} chunks ({time.perf_counter() - t:.1f} s)"
         )
         if args.synchronous:
             client = "synchronous"
-            _say("  cluster   none: every shard in this process (--synchronous)")
+            say("  cluster   none: every shard in this process (--synchronous)")
         else:
             workers = args.workers or max(1, min(os.cpu_count() or 1, 8))
             t = time.perf_counter()
             client, cluster = local_client(workers)
             client.wait_for_workers(workers, timeout=120)
-            _say(
+            say(
                 f"  cluster   embedded LocalCluster, {workers} workers × 1 thread, one shard "
                 f"per worker ({time.perf_counter() - t:.1f} s to start)"
             )
-        _say(
+        say(
             f"  sampling  {args.kernel.upper()}, {chains} chains, Laplace-preconditioned, "
             f"started near the MAP: FlyMC {warmup} warm-up + {samples} draws; regular MCMC "
             f"{reg_samples} draws with FlyMC's tuned step size (each of its evaluations is a "
@@ -101,7 +101,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             "chains": chains,
             "seed": args.seed,
             "client": client,
-            "progress": _progress(args),
+            "progress": progress_from(args),
         }
         t = time.perf_counter()
         fly = fd.sample(
@@ -138,13 +138,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     names = ds.feature_names
     table = diagnostics.summary(fly.samples, names=names)
-    _say("")
-    _say("FlyMC (MAP-tuned bounds) posterior:")
-    _say(diagnostics.format_summary(table, max_rows=4).replace("... ", "… "))
+    say("")
+    say("FlyMC (MAP-tuned bounds) posterior:")
+    say(diagnostics.format_summary(table, max_rows=4).replace("... ", "… "))
     ef, er = fly.efficiency(), reg.efficiency()
     rh_f = float(np.nanmax(table["r_hat"]))
     rh_r = float(np.nanmax(diagnostics.rhat(reg.samples)))
-    _say("")
+    say("")
     rows = [
         ("", "FlyMC", "regular"),
         (
@@ -154,7 +154,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         ),
         ("R̂ max", f"{rh_f:.3f}", f"{rh_r:.3f}"),
         ("acceptance", f"{ef['acceptance']:.3f}", f"{er['acceptance']:.3f}"),
-        ("bright fraction", _percent(ef["bright_fraction"]), _percent(er["bright_fraction"])),
+        ("bright fraction", percent(ef["bright_fraction"]), percent(er["bright_fraction"])),
         (
             "likelihood queries / iteration",
             f"{ef['queries_per_iteration'] * chains:,.0f}",
@@ -165,8 +165,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             f"{ef['seconds_per_iteration']:.4f}",
             f"{er['seconds_per_iteration']:.4f}",
         ),
-        ("ESS / second", _fmt(ef["ess_per_second"]), _fmt(er["ess_per_second"])),
-        ("ESS / million queries", _fmt(1e6 * ef["ess_per_query"]), _fmt(1e6 * er["ess_per_query"])),
+        ("ESS / second", fmt(ef["ess_per_second"]), fmt(er["ess_per_second"])),
+        ("ESS / million queries", fmt(1e6 * ef["ess_per_query"]), fmt(1e6 * er["ess_per_query"])),
         (
             "set-up (MAP, bounds), s",
             f"{fly.info['setup_seconds']:.1f}",
@@ -174,24 +174,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         ),
     ]
     for line in _demo_table(rows):
-        _say(line)
-    _say(
+        say(line)
+    say(
         "  (queries and seconds per iteration: all chains together; regular MCMC ran fewer "
         "draws, so its ESS and R̂ are rougher)"
     )
     per_it = er["seconds_per_iteration"] / ef["seconds_per_iteration"]
     per_q = ef["ess_per_query"] / er["ess_per_query"]
     per_s = ef["ess_per_second"] / er["ess_per_second"]
-    _say("")
-    _say(
-        f"speedup of FlyMC: {per_it:.1f}× per iteration, {_fmt(per_q)}× in ESS per likelihood "
-        f"query, {_fmt(per_s)}× in ESS per second"
+    say("")
+    say(
+        f"speedup of FlyMC: {per_it:.1f}× per iteration, {fmt(per_q)}× in ESS per likelihood "
+        f"query, {fmt(per_s)}× in ESS per second"
     )
     line = narrowing_line(fly.info, ef["ess_min_per_draw"])
     if line is not None:
-        _say(line)
-    _say(_agreement(fly, reg, names))
-    _say(
+        say(line)
+    say(_agreement(fly, reg, names))
+    say(
         f"done in {time.perf_counter() - t_all:.0f} s (FlyMC {t_fly:.0f} s, regular "
         f"{t_reg:.0f} s including set-up)"
     )

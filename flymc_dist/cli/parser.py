@@ -9,22 +9,22 @@ from collections.abc import Callable
 from typing import Any
 
 from flymc_dist import __version__
-from flymc_dist.cli.bench import _cmd_bench_overhead
+from flymc_dist.cli.bench import cmd_bench_overhead
 from flymc_dist.cli.commands import (
-    _cmd_ingest,
-    _cmd_make_data,
-    _cmd_predict,
-    _cmd_run,
-    _cmd_summary,
+    cmd_ingest,
+    cmd_make_data,
+    cmd_predict,
+    cmd_run,
+    cmd_summary,
 )
-from flymc_dist.cli.common import _Parser
+from flymc_dist.cli.common import Parser
 from flymc_dist.cli.demo import (
-    _DEMO_FEATURES,
-    _DEMO_KERNEL,
-    _DEMO_REGULAR_SAMPLES,
-    _DEMO_ROWS,
-    _DEMO_SAMPLES,
-    _cmd_demo,
+    DEMO_FEATURES,
+    DEMO_KERNEL,
+    DEMO_REGULAR_SAMPLES,
+    DEMO_ROWS,
+    DEMO_SAMPLES,
+    cmd_demo,
 )
 from flymc_dist.cli.flags import add_kernel_flags, add_option_flags
 from flymc_dist.kernels import KERNELS
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     argparse.ArgumentParser
         Its errors raise :class:`CLIError` instead of exiting.
     """
-    parser = _Parser(
+    parser = Parser(
         prog="flymc",
         description="Exact Bayesian inference for tall data on "
         "Dask: Firefly Monte Carlo, regular MCMC and (approximate) austerity MH.",
@@ -115,26 +115,26 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- demo
     p = sub.add_parser(
         "demo",
-        help=f"FlyMC vs regular MCMC on {_DEMO_ROWS:,} synthetic logistic rows",
-        description=f"Generate a synthetic logistic data set ({_DEMO_ROWS:,} rows by default) "
+        help=f"FlyMC vs regular MCMC on {DEMO_ROWS:,} synthetic logistic rows",
+        description=f"Generate a synthetic logistic data set ({DEMO_ROWS:,} rows by default) "
         "in a temporary zarr store, sample it with MAP-tuned FlyMC and with regular MCMC "
-        f"({_DEMO_KERNEL.upper()} by default, 4 chains) on an embedded LocalCluster, and "
+        f"({DEMO_KERNEL.upper()} by default, 4 chains) on an embedded LocalCluster, and "
         "compare.",
     )
     p.add_argument(
-        "--rows", type=_positive_int, default=_DEMO_ROWS, help=f"rows N (default {_DEMO_ROWS:,})"
+        "--rows", type=_positive_int, default=DEMO_ROWS, help=f"rows N (default {DEMO_ROWS:,})"
     )
     p.add_argument(
         "--features",
         type=_positive_int,
-        default=_DEMO_FEATURES,
-        help=f"features D including the bias column (default {_DEMO_FEATURES})",
+        default=DEMO_FEATURES,
+        help=f"features D including the bias column (default {DEMO_FEATURES})",
     )
     p.add_argument(
         "--samples",
         type=_positive_int,
-        default=_DEMO_SAMPLES,
-        help=f"FlyMC draws per chain after warm-up (default {_DEMO_SAMPLES})",
+        default=DEMO_SAMPLES,
+        help=f"FlyMC draws per chain after warm-up (default {DEMO_SAMPLES})",
     )
     p.add_argument(
         "--warmup",
@@ -146,15 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--regular-samples",
         type=_positive_int,
         default=None,
-        help=f"regular MCMC draws per chain (default {_DEMO_REGULAR_SAMPLES}; "
+        help=f"regular MCMC draws per chain (default {DEMO_REGULAR_SAMPLES}; "
         "each evaluation is a full pass over the data)",
     )
     p.add_argument("--chains", type=_positive_int, default=4, help="chains (default 4)")
     p.add_argument(
         "--kernel",
         choices=_KERNELS,
-        default=_DEMO_KERNEL,
-        help=f"θ-kernel of both samplers (default {_DEMO_KERNEL})",
+        default=DEMO_KERNEL,
+        help=f"θ-kernel of both samplers (default {DEMO_KERNEL})",
     )
     p.add_argument(
         "--workers",
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-progress", action="store_true", help="no progress (set-up passes, sampling bar)"
     )
-    p.set_defaults(func=_cmd_demo)
+    p.set_defaults(func=cmd_demo)
 
     # ---- make-data
     p = sub.add_parser(
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help=_STORAGE_HELP,
     )
-    p.set_defaults(func=_cmd_make_data)
+    p.set_defaults(func=cmd_make_data)
 
     # ---- ingest
     p = sub.add_parser(
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help=_STORAGE_HELP,
     )
-    p.set_defaults(func=_cmd_ingest)
+    p.set_defaults(func=cmd_ingest)
 
     # ---- predict
     p = sub.add_parser(
@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help=_STORAGE_HELP,
     )
-    p.set_defaults(func=_cmd_predict)
+    p.set_defaults(func=cmd_predict)
 
     # ---- run
     p = sub.add_parser(
@@ -487,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help=_STORAGE_HELP + "; used for STORE and --trace when they are URLs",
     )
-    p.set_defaults(func=_cmd_run)
+    p.set_defaults(func=cmd_run)
 
     # ---- summary
     p = sub.add_parser(
@@ -507,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help=_STORAGE_HELP,
     )
-    p.set_defaults(func=_cmd_summary)
+    p.set_defaults(func=cmd_summary)
 
     # ---- bench
     p = sub.add_parser(
@@ -557,8 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (default 0)")
     b.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
-    b.set_defaults(func=_cmd_bench_overhead)
-    # the options of these come from run_NAME's signature (see _cmd_bench_module)
+    b.set_defaults(func=cmd_bench_overhead)
+    # the options of these come from run_NAME's signature (see cmd_bench_module)
     b = bsub.add_parser(
         "sublinear",
         add_help=False,

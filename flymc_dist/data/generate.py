@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.data.store import Dataset, _check_dtype
+from flymc_dist.data.store import Dataset, check_dtype
 from flymc_dist.data.write import from_blocks
 
 __all__ = ["make_logistic", "make_opv_like", "make_robust", "make_softmax"]
@@ -123,7 +123,7 @@ def make_logistic(
         Task ``"binary"``; attrs ``true_theta`` (list of D floats), ``generator``, ``seed``.
     """
     n, d, seed = _check_gen_args(n_rows, n_features, seed)
-    x_dtype = _check_dtype(dtype)
+    x_dtype = check_dtype(dtype)
     theta = _weights(_param_rng(seed, "logistic"), d, norm=1.5, bias_sd=0.5)
 
     def blocks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -192,7 +192,7 @@ def make_softmax(
         Task ``"multiclass"``; attrs ``true_theta`` (K lists of D floats).
     """
     n, d, seed = _check_gen_args(n_rows, n_features, seed)
-    x_dtype = _check_dtype(dtype)
+    x_dtype = check_dtype(dtype)
     if isinstance(n_classes, bool) or not isinstance(n_classes, int | np.integer):
         raise ValueError(f"n_classes must be an integer, got {n_classes!r}")
     if n_classes < 2:
@@ -243,7 +243,7 @@ def _robust(
     dtype: str | np.dtype = "float64",
 ) -> Dataset:
     n, d, seed = _check_gen_args(n_rows, n_features, seed)
-    x_dtype = _check_dtype(dtype)
+    x_dtype = check_dtype(dtype)
     if not (np.isfinite(nu) and nu > 0):
         raise ValueError(f"nu must be a positive finite number, got {nu!r}")
     if not (np.isfinite(noise_scale) and noise_scale > 0):

@@ -30,7 +30,7 @@ import numpy as np
 
 from flymc_dist._paths import is_url
 from flymc_dist.data.design import ColumnStats, Design
-from flymc_dist.data.store import DEFAULT_CHUNK_BYTES, Dataset, _check_dtype
+from flymc_dist.data.store import DEFAULT_CHUNK_BYTES, Dataset, check_dtype
 from flymc_dist.data.write import (
     check_chunk_rows,
     from_numpy,
@@ -542,7 +542,7 @@ def _ingest_table(
         else Design(tuple(features), tgt)
     )
     task, n_classes = task_of(task, n_classes, stats)
-    x_dtype = _check_dtype(dtype)
+    x_dtype = check_dtype(dtype)
     d = design.n_features
     chunk_rows = check_chunk_rows(chunk_rows, n_rows, d, x_dtype.itemsize)
     names = design.feature_names if table.named else None
@@ -690,7 +690,7 @@ def ingest(
         is written.
     """
     src = os.fspath(src)
-    _check_dtype(dtype)  # before reading a large file
+    check_dtype(dtype)  # before reading a large file
     ext = Path(src.rstrip("/")).suffix.lower()
     if is_url(src) or ext in _PARQUET_EXT or os.path.isdir(src):
         if header is not None:

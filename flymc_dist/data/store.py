@@ -56,7 +56,7 @@ __all__ = [
 #: Value of the ``"format"`` attribute that marks a complete flymc_dist store.
 FORMAT = "flymc_dist/1"
 #: Attribute that replaces ``"format"`` on an object store while its data set is replaced.
-_REPLACING = "flymc_replacing"
+REPLACING = "flymc_replacing"
 #: Target size of one chunk of ``X`` when ``chunk_rows`` is not given (8 MiB).
 DEFAULT_CHUNK_BYTES = 8 * 2**20
 #: A data set behind a URL checks its identity at most this often (seconds): a request
@@ -69,7 +69,7 @@ _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 # --------------------------------------------------------------------------- helpers
 
 
-def _norm_path(path: str | os.PathLike[str]) -> str:
+def norm_path(path: str | os.PathLike[str]) -> str:
     """Absolute local path (workers may have another cwd) or the URL unchanged."""
     p = os.fspath(path)
     if not isinstance(p, str):
@@ -79,7 +79,7 @@ def _norm_path(path: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.path.expanduser(local_path(p)))
 
 
-def _check_dtype(dtype: Any) -> np.dtype:
+def check_dtype(dtype: Any) -> np.dtype:
     """The storage dtype of ``X``: float64 (the default) or float32."""
     dt: np.dtype | None = None
     if dtype is not None and not isinstance(dtype, bool):
@@ -218,7 +218,7 @@ class Dataset:
         storage_options: dict[str, Any] | None = None,
         store_id: str | None = None,
     ) -> None:
-        self.path = _norm_path(path)
+        self.path = norm_path(path)
         self.storage_options = dict(storage_options) if storage_options else None
         self._arrays: tuple[Any, Any] | None = None
         self._stamp: Any = None  # local: the root zarr.json's inode, taken on first read
@@ -230,7 +230,7 @@ class Dataset:
         self.store_id: str = str(attrs.get("store_id"))
         if store_id is not None and self.store_id != store_id:
             raise _replaced(self.path, store_id, self.store_id)
-        if attrs.get(_REPLACING) == FORMAT:
+        if attrs.get(REPLACING) == FORMAT:
             raise ValueError(
                 f"{self.path!r} is being replaced by a new data set (or its replacement was "
                 "interrupted: write it again with overwrite=True)"
@@ -388,7 +388,7 @@ class Dataset:
                 raise
 
             return f"an unreadable zarr.json ({type(e).__name__}: {e})"
-        if attrs.get(_REPLACING) == FORMAT:
+        if attrs.get(REPLACING) == FORMAT:
             return "a data set being replaced"
         return attrs.get("store_id")
 

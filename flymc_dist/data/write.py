@@ -39,12 +39,12 @@ import zarr
 
 from flymc_dist._paths import is_url
 from flymc_dist.data.store import (
-    _REPLACING,
     FORMAT,
+    REPLACING,
     Dataset,
-    _check_dtype,
-    _norm_path,
+    check_dtype,
     default_chunk_rows,
+    norm_path,
 )
 
 __all__ = [
@@ -306,7 +306,7 @@ def _url_kind(fs: Any, root: str) -> str:
     except ValueError:
         return "foreign"
     attrs = meta.get("attributes") if isinstance(meta, dict) else None
-    if isinstance(attrs, dict) and FORMAT in (attrs.get("format"), attrs.get(_REPLACING)):
+    if isinstance(attrs, dict) and FORMAT in (attrs.get("format"), attrs.get(REPLACING)):
         return "dataset"
     return "zarr"
 
@@ -414,7 +414,7 @@ class _StoreWriter:
         self.extra_attrs = dict(extra_attrs or {})
         self.storage_options = storage_options
         self.y_dtype = np.float64 if task == "real" else np.int64
-        self.x_dtype = _check_dtype(dtype)  # storage dtype of X (blocks arrive validated)
+        self.x_dtype = check_dtype(dtype)  # storage dtype of X (blocks arrive validated)
         self._written = 0  # rows handed to the writer thread
         per = max(
             1, _WORK_BLOCK_BYTES // (self.x_dtype.itemsize * self.n_features * self.chunk_rows)
@@ -662,7 +662,7 @@ class _StoreWriter:
             if kind == "dataset":
                 meta = json.loads(fs.cat_file(f"{root}/zarr.json"))
                 attrs = meta.setdefault("attributes", {})
-                attrs[_REPLACING] = attrs.pop("format", FORMAT)
+                attrs[REPLACING] = attrs.pop("format", FORMAT)
                 fs.pipe_file(f"{root}/zarr.json", json.dumps(meta).encode())
                 stale = [f for f in fs.find(root) if f != f"{root}/zarr.json"]
                 if stale:
@@ -801,7 +801,7 @@ def from_numpy(
         raise ValueError("X has no columns (D = 0)")
     _check_numeric(X, "X")
     _check_numeric(y, "y")
-    x_dtype = _check_dtype(dtype)
+    x_dtype = check_dtype(dtype)
     chunk_rows = check_chunk_rows(chunk_rows, n, d, x_dtype.itemsize)
     names = _check_feature_names(feature_names, d)
     _check_X_finite(X)
@@ -810,7 +810,7 @@ def from_numpy(
     _check_y_finite(y)
     task, n_classes = resolve_task(task, n_classes, y)
     _check_labels(y, task, n_classes)
-    path = _norm_path(path)
+    path = norm_path(path)
     _check_destination(path, overwrite, storage_options)
 
     with _StoreWriter(
@@ -893,7 +893,7 @@ def from_blocks(
         raise ValueError(f"the data set is empty (n_rows = {n_rows})")
     if n_features <= 0:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
-    x_dtype = _check_dtype(dtype)
+    x_dtype = check_dtype(dtype)
     chunk_rows = check_chunk_rows(chunk_rows, n_rows, n_features, x_dtype.itemsize)
     task, n_classes = resolve_task(task, n_classes, None)
     names = _check_feature_names(feature_names, n_features)
@@ -911,7 +911,7 @@ def from_blocks(
     clash = reserved & set(extra)
     if clash:
         raise ValueError(f"attrs may not set reserved keys {sorted(clash)}")
-    path = _norm_path(path)
+    path = norm_path(path)
     _check_destination(path, overwrite, storage_options)
 
     with _StoreWriter(
@@ -1085,7 +1085,7 @@ def from_pieces(
     -------
     Dataset
     """
-    x_dtype = _check_dtype(dtype)
+    x_dtype = check_dtype(dtype)
     task, n_classes = resolve_task(task, n_classes, None)
     if client is None:
 
@@ -1110,7 +1110,7 @@ def from_pieces(
             dtype=x_dtype,
         )
     names = _check_feature_names(feature_names, n_features)
-    path = _norm_path(path)
+    path = norm_path(path)
     _check_destination(path, overwrite, storage_options)
     check = (int(n_rows), int(n_features), x_dtype.name, task, n_classes, int(chunk_rows))
     n_workers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))

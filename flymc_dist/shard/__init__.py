@@ -1,17 +1,19 @@
-"""The worker side: a shard's rows, z and rounds.
+"""The worker side: a shard is state; a round is functions over a group of shards.
 
-- :mod:`~flymc_dist.shard.shard`: one :class:`Shard`: its rows, z, streams and full
-  passes, in memory or out of core;
+- :mod:`~flymc_dist.shard.state`: one :class:`Shard`: its rows, z, streams, set-up
+  calls, full passes and the add-on samplers' interface, in memory or out of core
+  (imports nothing of the round);
 - :mod:`~flymc_dist.shard.round`: the round (commit, z-update, sums), written once over
-  the shards of a host;
+  a group of shards (every shard of a host, or one);
 - :mod:`~flymc_dist.shard.batched`: the compiled z-update of many (shard, chain) pairs;
 - :mod:`~flymc_dist.shard.rows`: a shard's rows behind one interface, in memory or
   in a local row file;
-- :mod:`~flymc_dist.shard.rowfile`: an out-of-core shard's row file, read by position;
-- :mod:`~flymc_dist.shard.host`: :class:`ShardHost`, the shards of one place.
+- :mod:`~flymc_dist.shard.rowfile`: an out-of-core shard's row file, read by position.
+
+The shards of one place, and the socket their rounds arrive on, are the transport's
+(:class:`~flymc_dist.transport.host.ShardHost`): nothing here imports it.
 """
 
-from flymc_dist.shard.host import ShardHost
-from flymc_dist.shard.shard import Shard
+from flymc_dist.shard.state import Shard
 
-__all__ = ["Shard", "ShardHost"]
+__all__ = ["Shard"]

@@ -13,39 +13,14 @@ together nor on how the rows are cut into shards.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from flymc_dist.brightness import brighten
+from flymc_dist.shard.state import Shard, typed_lists
 from flymc_dist.streams import uniforms_at_many
 from flymc_dist.terms import check_bounds_held
-
-if TYPE_CHECKING:
-    from flymc_dist.shard.shard import Shard
-
-
-def _typed_lists(shards: list[Shard], owner: Any = None) -> Any:
-    """The shards' row buffers (``rows.XC``) as a numba typed list (the kernels' form).
-
-    Building one costs more than a round's update, so it is kept on ``owner`` (its
-    ``_typed``) and rebuilt only when the shards or their buffers change (an out-of-core
-    shard's grows now and then). The kept tuple holds the shards, so the ids in its key
-    stay theirs — all but the owner itself, which outlives its own attribute: holding it
-    there would be a reference cycle, keeping a finished run's rows in a worker's memory
-    until the garbage collector ran. Without an owner it is built afresh.
-    """
-    key = tuple((id(sh), id(sh.rows.XC)) for sh in shards)
-    if owner is not None and owner._typed is not None and owner._typed[0] == key:
-        return owner._typed[2]
-    lists = (
-        key,
-        [sh for sh in shards if sh is not owner],
-        shards[0]._jit.typed_list([sh.rows.XC for sh in shards]),
-    )
-    if owner is not None:
-        owner._typed = lists
-    return lists[2]
 
 
 def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.ndarray:
@@ -64,7 +39,8 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     into (``rows.proposals``; mostly read ahead already), so its update is this same one.
 
     ``owner`` keeps the typed list of the shards' buffers between calls
-    (:func:`_typed_lists`; default: the shard, when the pairs are all on one).
+    (:func:`~flymc_dist.shard.state.typed_lists`; default: the shard, when the pairs are
+    all on one).
 
     Returns
     -------
@@ -75,19 +51,12 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     if P == 0:
         return np.zeros(0, dtype=np.int64)
     first = pairs[0][0]
-    jit = first._jit
-    shards: list[Shard] = []
-    where: dict[int, int] = {}
-    for sh, _ in pairs:
-        if id(sh) not in where:
-            if sh.q_db != first.q_db:
-                raise ValueError("a batched z-update needs one q_db for all its shards")
-            where[id(sh)] = len(shards)
-            shards.append(sh)
+    jit = first.jit
+    shards, where = _shards_of(pairs)
     q = first.q_db
     chains = [sh.chains[c] for sh, c in pairs]
     brights = [ch.bright for ch in chains]
-    streams = [sh._streams(c) for sh, c in pairs]
+    streams = [sh.streams(c) for sh, c in pairs]
     keys_z = np.array([st.decide for st in streams], dtype=np.uint64)
     # global row of each pair's local row 0
     offsets = np.array([sh.spec.start for sh, _ in pairs], dtype=np.int64)
@@ -110,42 +79,12 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
     log_u = np.log1p(-uniforms_at_many(keys_z, cand, cand_seg, offsets))
     counts = cand_seg[1:] - cand_seg[:-1]
     ooc = [s_i for s_i, sh in enumerate(shards) if sh.out_of_core]
-    if ooc:
-        XCs: Any = tuple(bufs)  # built afresh each time: no typed list
-    else:
-        XCs = _typed_lists(shards, owner if owner is not None or len(shards) > 1 else first)
-    vals = np.empty(cand.size)
-    kind, par = first._kernel
-    jit.eval_rows(
-        XCs, first.n_features, at, cand_seg, pair_shard, thetas, kind, par, vals, np.empty(P)
-    )
-    check_bounds_held(
-        vals,
-        cand_seg,
-        thetas,
-        lambda j: int(cand[j] + offsets[np.searchsorted(cand_seg, j, side="right") - 1]),
-        first.model,
-    )
+    typed_owner = owner if owner is not None or len(shards) > 1 else first
+    XCs = tuple(bufs) if ooc else typed_lists(shards, typed_owner)  # ooc: built afresh
+    vals = _candidate_values(shards, XCs, (cand, at, cand_seg), pair_shard, thetas, offsets)
     acc = brighten(log_u, vals, q)
-    new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
-    new_vals = np.empty(new_idx.size)
-    new_members = np.empty(new_idx.size, dtype=np.int64)
-    new_seg = np.empty(P + 1, dtype=np.int64)
-    jit.apply(
-        b_idx,
-        b_vals,
-        b_seg,
-        members,
-        u_dark,
-        math.log(q),
-        cand,
-        cand_seg,
-        vals,
-        acc,
-        new_idx,
-        new_vals,
-        new_members,
-        new_seg,
+    new_idx, new_vals, new_members, new_seg = _apply(
+        jit, (b_idx, b_vals, b_seg, members), u_dark, q, (cand, cand_seg, vals, acc)
     )
     if ooc:  # out of core: the rows that turned bright become resident, from the buffer
         cand_shard = None if len(shards) == 1 else np.repeat(pair_shard, counts)
@@ -158,8 +97,85 @@ def batched_z_update(pairs: list[tuple[Shard, int]], owner: Any = None) -> np.nd
         b.idx, b.vals, b.members = new_idx[lo:hi], new_vals[lo:hi], new_members[lo:hi]
         chains[i].step += 1
     for sh in shards:
-        sh._after_z()
+        sh.after_z()
     return counts
+
+
+def _shards_of(pairs: list[tuple[Shard, int]]) -> tuple[list[Shard], dict[int, int]]:
+    """The distinct shards of ``pairs``, in order of first appearance, and where each
+    is among them (by ``id``); refused unless they share one ``q_db``."""
+    shards: list[Shard] = []
+    where: dict[int, int] = {}
+    for sh, _ in pairs:
+        if id(sh) not in where:
+            if sh.q_db != pairs[0][0].q_db:
+                raise ValueError("a batched z-update needs one q_db for all its shards")
+            where[id(sh)] = len(shards)
+            shards.append(sh)
+    return shards, where
+
+
+def _apply(
+    jit: Any,
+    bright: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    u_dark: np.ndarray,
+    q: float,
+    decided: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every pair's new bright set, in one compiled pass: the bright rows (``bright``:
+    rows, values, segments and sorted members) less those that went dark (each row's
+    uniform ``u_dark`` against ``q / L~``), plus the candidates accepted (``decided``:
+    rows, segments, values and whether each turned bright). Returns the new rows,
+    values, sorted members and segments."""
+    b_idx, b_vals, b_seg, members = bright
+    cand, cand_seg, vals, acc = decided
+    new_idx = np.empty(b_idx.size + cand.size, dtype=np.int64)
+    new_vals = np.empty(new_idx.size)
+    new_members = np.empty(new_idx.size, dtype=np.int64)
+    new_seg = np.empty(b_seg.size, dtype=np.int64)
+    jit.apply(
+        b_idx, b_vals, b_seg, members, u_dark, math.log(q), cand, cand_seg, vals, acc,
+        new_idx, new_vals, new_members, new_seg,
+    )  # fmt: skip
+    return new_idx, new_vals, new_members, new_seg
+
+
+def _candidate_values(
+    shards: list[Shard],
+    XCs: Any,
+    candidates: tuple[np.ndarray, np.ndarray, np.ndarray],
+    pair_shard: np.ndarray,
+    thetas: np.ndarray,
+    offsets: np.ndarray,
+) -> np.ndarray:
+    """``log L~`` of every pair's candidates (``(cand, at, cand_seg)``: their
+    shard-local rows, where each sits in its shard's buffer of ``XCs``, and each pair's
+    segment) at the pair's θ, in one compiled pass, under the bound guard
+    (:func:`~flymc_dist.terms.check_bounds_held`)."""
+    first = shards[0]
+    cand, at, cand_seg = candidates
+    vals = np.empty(cand.size)
+    kind, par = first.kernel
+    first.jit.eval_rows(
+        XCs,
+        first.n_features,
+        at,
+        cand_seg,
+        pair_shard,
+        thetas,
+        kind,
+        par,
+        vals,
+        np.empty(pair_shard.size),
+    )
+    check_bounds_held(
+        vals,
+        cand_seg,
+        thetas,
+        lambda j: int(cand[j] + offsets[np.searchsorted(cand_seg, j, side="right") - 1]),
+        first.model,
+    )
+    return vals
 
 
 def _proposals(
@@ -167,10 +183,10 @@ def _proposals(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """Every pair's proposed shard-local rows — its chain's Bernoulli(q) process on its
     shard's rows at the chain's step, drawn ahead between rounds where it could be
-    (:meth:`Shard._drawn`) — with their segments (pair after pair), where each sits in
+    (:meth:`Shard.drawn`) — with their segments (pair after pair), where each sits in
     its shard's buffer (empty when every shard is in memory: at its own row), and each
     shard's buffer (in memory its rows; out of core the rows read for its proposals)."""
-    drawn = [sh._drawn()[0] for sh in shards]
+    drawn = [sh.drawn()[0] for sh in shards]
     held = [sh.rows.proposals(key, rows) for sh, (key, rows, _) in zip(shards, drawn, strict=True)]
     bufs = [buf for buf, _ in held]
     ooc = any(pos is not None for _, pos in held)

@@ -23,16 +23,14 @@ reply (fault recovery replays a round without re-applying it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round
-from flymc_dist.shard.batched import _typed_lists, batched_z_update
+from flymc_dist.shard.batched import batched_z_update
+from flymc_dist.shard.state import Shard, typed_lists
 from flymc_dist.terms import check_bounds_held
-
-if TYPE_CHECKING:
-    from flymc_dist.shard.shard import Shard
 
 
 def round_shards(
@@ -40,7 +38,7 @@ def round_shards(
 ) -> list[Reply | ReplicaReply]:
     """One round on every one of ``shards`` (see the module notes): their replies, in
     order. ``owner`` keeps the typed lists of the shards' buffers between rounds (a
-    :class:`~flymc_dist.shard.host.ShardHost`; default: built afresh or on the shard)."""
+    :class:`~flymc_dist.transport.host.ShardHost`; default: built afresh or on the shard)."""
     replica = isinstance(msg, ReplicaRound)
     if any(sh.replica != replica for sh in shards):
         raise ValueError(
@@ -48,7 +46,7 @@ def round_shards(
             f"{'not ' if replica else ''}in replica mode (Shard.set_replica)"
         )
     seq = msg.seq
-    todo = [sh for sh in shards if seq is None or sh._seq != seq]
+    todo = [sh for sh in shards if seq is None or sh.round_seq != seq]
     C = msg.thetas.shape[0] if replica else len(msg.requests)
     queries = {id(sh): np.zeros(C, dtype=np.int64) for sh in todo}
     # one errstate for the whole round (the compiled log L~ relies on it; entering one per
@@ -58,19 +56,12 @@ def round_shards(
             sh.settle()
         for sh in todo:  # 1. each chain to its θ
             if replica:
-                queries[id(sh)] += sh._move_to(msg.thetas)
+                queries[id(sh)] += sh.move_to(msg.thetas)
             else:
-                sh._commit_all(msg.commits)
+                sh.commit_all(msg.commits)
         live = [sh for sh in todo if replica or (sh.flymc and msg.update_z)]
-        batched = [sh for sh in live if sh.batched_z]  # 2. z at θ
-        if batched:
-            pairs = [(sh, c) for sh in batched for c in range(C)]
-            q = batched_z_update(pairs, owner=owner if len(batched) > 1 else None)
-            for i, sh in enumerate(batched):
-                queries[id(sh)] += q[i * C : (i + 1) * C]
-        for sh in live:
-            if sh not in batched:  # shard by shard
-                queries[id(sh)] += sh._update_z_all()
+        for sh, q in zip(live, update_z(live, owner), strict=True):  # 2. z at θ
+            queries[id(sh)] += q
         # 3. the answer
         requests = [] if replica else msg.requests
         compiled = [sh for sh in todo if not replica and _compiled_sums(sh, requests)]
@@ -78,12 +69,33 @@ def round_shards(
         for sh in todo:
             q_s = queries[id(sh)]
             if replica:
-                replies[id(sh)] = sh._bright_change(q_s)
+                replies[id(sh)] = sh.bright_change(q_s)
             elif id(sh) not in replies:
-                replies[id(sh)] = sh._sums(requests, q_s)
+                replies[id(sh)] = sh.round_sums(requests, q_s)
             sh.total_queries += int(replies[id(sh)].queries.sum())
-            sh._seq, sh._reply = seq, replies[id(sh)]
-    return [sh._reply for sh in shards]
+            sh.round_seq, sh.round_reply = seq, replies[id(sh)]
+    return [sh.round_reply for sh in shards]
+
+
+def update_z(shards: list[Shard], owner: Any = None) -> list[np.ndarray]:
+    """Every chain's z-update on each of ``shards`` at its current θ (step 2 of a round):
+    one compiled implicit update of every (shard, chain) pair where the model has a
+    compiled ``log L~`` and no gradients are kept (:func:`batched_z_update`), shard by
+    shard otherwise (:meth:`~flymc_dist.shard.state.Shard.update_z_each`). ``owner`` as
+    in :func:`round_shards`. Returns each shard's likelihood queries, per chain."""
+    out = {id(sh): np.zeros(len(sh.chains), dtype=np.int64) for sh in shards}
+    batched = [sh for sh in shards if sh.batched_z]
+    if batched:
+        pairs = [(sh, c) for sh in batched for c in range(len(sh.chains))]
+        q = batched_z_update(pairs, owner=owner if len(batched) > 1 else None)
+        at = 0
+        for sh in batched:
+            out[id(sh)] += q[at : at + len(sh.chains)]
+            at += len(sh.chains)
+    for sh in shards:
+        if not sh.batched_z:
+            out[id(sh)] += sh.update_z_each()
+    return [out[id(sh)] for sh in shards]
 
 
 def _compiled_sums(sh: Shard, requests: list[Request | None]) -> bool:
@@ -91,7 +103,7 @@ def _compiled_sums(sh: Shard, requests: list[Request | None]) -> bool:
     and no gradient asked for."""
     return (
         sh.flymc
-        and sh._kernel is not None
+        and sh.kernel is not None
         and all(r is None or (not r.grad and not r.current_grad) for r in requests)
     )
 
@@ -107,8 +119,8 @@ def _bright_sums(
     current θ, for every (shard, chain) pair in one compiled pass each. Returns each
     shard's reply, by ``id``; keeps each chain's values at its points for the commit."""
     C = len(requests)
-    jit = shards[0]._jit
-    XCs = _typed_lists(shards, owner if len(shards) > 1 else shards[0])
+    jit = shards[0].jit
+    XCs = typed_lists(shards, owner if len(shards) > 1 else shards[0])
     pairs = [(sh, c) for sh in shards for c in range(C)]
     ks = [0 if r is None else r.points.shape[0] for r in requests]
     kmax = max(ks, default=0)
@@ -129,19 +141,10 @@ def _bright_sums(
     vals = np.empty(seg_bounds[-1])
     sums = np.empty(n_seg)
     if n_seg:
-        kind, par = shards[0]._kernel
-        jit.eval_rows(
-            XCs,
-            shards[0].n_features,
-            np.concatenate(row_parts),
-            np.array(seg_bounds, dtype=np.int64),
-            np.array(seg_shard, dtype=np.int64),
-            (thetas := np.concatenate(theta_parts)),
-            kind,
-            par,
-            vals,
-            sums,
-        )
+        kind, par = shards[0].kernel
+        rows, thetas = np.concatenate(row_parts), np.concatenate(theta_parts)
+        seg, seg_of = np.array(seg_bounds, dtype=np.int64), np.array(seg_shard, dtype=np.int64)
+        jit.eval_rows(XCs, shards[0].n_features, rows, seg, seg_of, thetas, kind, par, vals, sums)
         bounds = np.array(seg_bounds, dtype=np.int64)
 
         def row_of(j: int) -> int:

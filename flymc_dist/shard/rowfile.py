@@ -225,8 +225,8 @@ class RowFile:
     def __init__(self, path: str, n: int, n_features: int, x_dtype: Any, y_dtype: Any) -> None:
         self.path = path
         self.n, self.n_features = int(n), int(n_features)
-        self._rec = record_dtype(x_dtype, y_dtype, self.n_features)
-        self.record = int(self._rec.itemsize)
+        self.rec_dtype = record_dtype(x_dtype, y_dtype, self.n_features)
+        self.record = int(self.rec_dtype.itemsize)
         self._fd = os.open(path, os.O_RDONLY)
         self._pool: _Reader | None = None
         self.bytes_read = 0
@@ -302,7 +302,7 @@ class RowFile:
         Safe to call from a thread: the read itself holds no lock of Python's.
         """
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        buf = np.empty(rows.size, dtype=self._rec)
+        buf = np.empty(rows.size, dtype=self.rec_dtype)
         if rows.size and (rows[0] < 0 or rows[-1] >= self.n):
             raise IndexError(f"rows outside the shard's {self.n}")
         got = _pread_rows(self._fd, rows, self.record, buf)

@@ -1,7 +1,7 @@
 """A shard's rows behind one interface: in memory (:class:`MemoryRows`) or in a local
 row file, out of core (:class:`FileRows`).
 
-:class:`~flymc_dist.shard.shard.Shard` reads its rows only through these methods, so the
+:class:`~flymc_dist.shard.state.Shard` reads its rows only through these methods, so the
 z-updates, evaluations and full passes are written once:
 
 - ``XC``, ``y``, ``xi``: the *resident* rows — features then the ``K`` row constants of the
@@ -369,7 +369,7 @@ class FileRows:
         self._slot = np.empty(0, dtype=np.int64)  # their slots in the arena
         self._free = np.empty(0, dtype=np.int64)  # free slots
         self.XC = np.empty((0, self.n_features + self._K))
-        self.y = np.empty(0, dtype=self.file._rec["y"])
+        self.y = np.empty(0, dtype=self.file.rec_dtype["y"])
         self.xi: np.ndarray | None = None
         #: the next z-updates' proposals, read and prepared ahead (:meth:`read_ahead`):
         #: sorted rows, their buffer, targets and tight points
@@ -581,7 +581,7 @@ class FileRows:
     def lacks(self, bright: list[np.ndarray]) -> bool:
         """Whether some chain has bright (``bright``: each chain's bright rows, sorted) a
         row that is not resident: never, unless the resident rows lost track of one
-        (:meth:`~flymc_dist.shard.shard.Shard._reread_lost` then reads it back). One
+        (:meth:`~flymc_dist.shard.state.Shard._reread_lost` then reads it back). One
         merge per chain (measured: 7 µs for 4 chains of 120 bright rows)."""
         return any(_not_in(self.ids, b) for b in bright)
 

@@ -6,10 +6,11 @@
   workers, round trips with deadlines and fault recovery (:class:`DaskTransport`,
   :func:`open_transport`);
 - :mod:`flymc_dist.transport.channel`: the direct socket channel the per-iteration rounds
-  travel on (its server side runs in the shard hosts).
+  travel on (its server side runs in the shard hosts);
+- :mod:`flymc_dist.transport.host`: :class:`ShardHost`, the shards of one place (in this
+  process, or one Dask actor per worker) and the channel server their rounds arrive on.
 
-This ``__init__`` imports none of them, on purpose: the shard imports
-:mod:`~flymc_dist.transport.channel` (the channel's server side), and the two transports
-import the shard, so re-exporting them here would make an import cycle
-(shard -> transport -> inprocess -> shard). Import from the modules themselves.
+This ``__init__`` imports none of them, on purpose: importing the package for one of them
+(the channel, say) should not load the others (Dask, the shards). Import from the
+modules themselves.
 """

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from flymc_dist.options import Placement
 from flymc_dist.protocol import (
     Ahead,
     Proposals,
@@ -47,8 +48,8 @@ from flymc_dist.protocol import (
     unpack_proposals,
     unpack_reply,
 )
-from flymc_dist.shard import ShardHost
 from flymc_dist.transport.channel import AHEAD, ECHO, ROUND, ChannelClient, check_channel
+from flymc_dist.transport.host import ShardHost
 from flymc_dist.transport.inprocess import InProcessTransport
 
 log = logging.getLogger("flymc_dist")
@@ -249,10 +250,11 @@ def open_transport(
     specs: list[ShardSpec] | Callable[[int], list[ShardSpec]],
     config: ShardConfig,
     mem: dict | None,
-    options: dict[str, Any],
+    placement: Placement,
 ) -> Any:
     """The transport for ``client`` (see :func:`flymc_dist.sample`); ``specs`` may be
-    the layout for a number of workers (the default layout: one shard per worker)."""
+    the layout for a number of workers (the default layout: one shard per worker);
+    ``placement`` says how Dask is used (see :class:`DaskTransport`)."""
     if isinstance(client, str) and client == "synchronous":
         return InProcessTransport(specs(1) if callable(specs) else specs, config, mem)
     if mem is not None:
@@ -260,14 +262,7 @@ def open_transport(
             "in-memory (X, y) data runs only with client='synchronous'; write it "
             "to a store with fd.from_numpy to use a cluster"
         )
-    return DaskTransport(
-        client,
-        specs,
-        config,
-        n_workers=options.get("n_workers"),
-        timeout=float(options.get("timeout", 60.0)),
-        channel=options.get("channel", "auto"),
-    )
+    return DaskTransport(client, specs, config, placement)
 
 
 def _channel_host(worker: str) -> str:
@@ -286,17 +281,17 @@ class DaskTransport:
         See :func:`client_from`.
     specs, config
         The shards and their configuration.
-    n_workers
-        Workers of an embedded LocalCluster (default: the machine's cores, at most 8).
-    timeout
-        Seconds a single round trip may take before its host is declared lost.
-    channel
-        How the per-iteration rounds travel. ``"socket"``: a direct TCP connection to
-        each host (:mod:`flymc_dist.transport.channel`), set up through Dask; ``"dask"``: Dask's
-        actor RPC. ``"auto"`` (default): the socket. Only on a cluster reached over plain
+    placement
+        Its ``n_workers`` (of an embedded LocalCluster; None: the machine's cores, at
+        most 8), ``timeout`` (seconds a single round trip may take before its host is
+        declared lost) and ``channel``: how the per-iteration rounds travel.
+        ``"socket"``: a direct TCP connection to each host
+        (:mod:`flymc_dist.transport.channel`), set up through Dask; ``"dask"``: Dask's
+        actor RPC; ``"auto"``: the socket. Only on a cluster reached over plain
         ``tcp://``: with TLS the rounds stay on Dask's authenticated, encrypted
         connections whatever ``channel`` says (logged when it says ``"socket"``).
-        Set-up, recovery and every other call always go through Dask.
+        Set-up, recovery and every other call always go through Dask. None: the
+        defaults of :class:`~flymc_dist.options.Placement`.
     """
 
     name = "dask"
@@ -306,12 +301,11 @@ class DaskTransport:
         client: Any,
         specs: list[ShardSpec] | Callable[[int], list[ShardSpec]],
         config: ShardConfig,
-        *,
-        n_workers: int | None = None,
-        timeout: float = 60.0,
-        channel: str = "auto",
+        placement: Placement | None = None,
     ) -> None:
-        self._channel_mode = check_channel(channel)
+        placement = Placement() if placement is None else placement
+        n_workers, timeout = placement.n_workers, placement.timeout
+        self._channel_mode = check_channel(placement.channel)
         import dask
 
         # a short connect timeout (a dead worker must not stall a call for ~30 s), for this
@@ -425,7 +419,7 @@ class DaskTransport:
     def _open_channel(self, worker: str) -> None:
         """Connect the round channel to the host on ``worker``."""
         secret = self._chan.secret  # the run's key: through Dask, never on the channel
-        ok, bad = self._fanout({worker: ("open_channel", (_channel_host(worker), secret), {})})
+        ok, bad = self.fanout_calls({worker: ("open_channel", (_channel_host(worker), secret), {})})
         self.round_trips -= 1  # set-up, not a protocol round trip
         try:
             if bad:  # e.g. the worker's contact address is not one it can listen on
@@ -473,7 +467,7 @@ class DaskTransport:
             return result["result"]
         raise result["exception"]
 
-    def _fanout(
+    def fanout_calls(
         self, calls: dict[str, tuple[str, tuple, dict]]
     ) -> tuple[dict[str, Any], dict[str, BaseException]]:
         """Run ``{worker: (function, args, kwargs)}`` concurrently; results and failures.
@@ -540,7 +534,9 @@ class DaskTransport:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``Shard.<method>`` on every shard, in shard order (no recovery: set-up calls)."""
-        ok, bad = self._fanout({w: ("call", (method, args, kwargs), {}) for w in self.placement})
+        ok, bad = self.fanout_calls(
+            {w: ("call", (method, args, kwargs), {}) for w in self.placement}
+        )
         if bad:
             lost = self._lost(bad)
             raise ShardLost(f"workers {lost} were lost during {method!r}")
@@ -555,7 +551,7 @@ class DaskTransport:
             w: ("call_each", (method, {s.shard_id: args[s.shard_id] for s in specs}), {})
             for w, specs in self.placement.items()
         }
-        ok, bad = self._fanout(calls)
+        ok, bad = self.fanout_calls(calls)
         if bad:
             raise ShardLost(f"workers {self._lost(bad)} were lost during {method!r}")
         return self._per_shard(ok)
@@ -567,7 +563,7 @@ class DaskTransport:
             mine = {s.shard_id: per_shard[s.shard_id] for s in specs if s.shard_id in per_shard}
             if mine:
                 calls[w] = ("call_each", (method, mine), {})
-        ok, bad = self._fanout(calls)
+        ok, bad = self.fanout_calls(calls)
         if bad:
             lost = self._lost(bad)
             raise ShardLost(f"workers {lost} were lost during {method!r}", lost)
@@ -589,7 +585,9 @@ class DaskTransport:
                 ok, bad = self._chan.fanout(ROUND, blob, list(self.placement), self.timeout)
                 self.round_trips += 1
             else:
-                ok, bad = self._fanout({w: ("round_packed", (blob,), {}) for w in self.placement})
+                ok, bad = self.fanout_calls(
+                    {w: ("round_packed", (blob,), {}) for w in self.placement}
+                )
             if not bad:
                 return self._per_shard({w: unpack_reply(r) for w, r in ok.items()})
             self._recover(self._lost(bad), positions)
@@ -676,20 +674,20 @@ class DaskTransport:
             if target not in self.placement:
                 self._start_host(target, [spec])
             else:
-                ok, bad = self._fanout({target: ("add_shards", ([spec],), {})})
+                ok, bad = self.fanout_calls({target: ("add_shards", ([spec],), {})})
                 if bad:
                     raise ShardLost(f"recovery failed on {target}: {bad[target]!r}")
                 self.placement[target].append(spec)
             placed.setdefault(target, []).append(spec.shard_id)
         for method, args, kwargs in self._replay:
-            _, bad = self._fanout(
+            _, bad = self.fanout_calls(
                 {w: ("call", (method, args, kwargs, ids), {}) for w, ids in placed.items()}
             )
             if bad:
                 raise ShardLost(f"recovery failed replaying {method!r}: {bad!r}")
         queries = 0
         if positions is not None:
-            ok, bad = self._fanout(
+            ok, bad = self.fanout_calls(
                 {
                     w: (
                         "call_each",
@@ -721,7 +719,7 @@ class DaskTransport:
     def timing(self) -> list[dict[str, float]]:
         """:meth:`ShardHost.timing` of every host, in worker order (hosts that fail to
         answer are left out: timing is for reports, never worth a recovery)."""
-        ok, _bad = self._fanout({w: ("timing", (), {}) for w in self.placement})
+        ok, _bad = self.fanout_calls({w: ("timing", (), {}) for w in self.placement})
         self.round_trips -= 1  # not a protocol round trip
         return [ok[w] for w in sorted(ok)]
 
@@ -732,7 +730,7 @@ class DaskTransport:
             self._count(list(self.placement))
             _ok, bad = self._chan.fanout(ECHO, payload, list(self.placement), self.timeout)
         else:
-            _ok, bad = self._fanout({w: ("echo", (payload,), {}) for w in self.placement})
+            _ok, bad = self.fanout_calls({w: ("echo", (payload,), {}) for w in self.placement})
             self.round_trips -= 1
         if bad:
             raise ShardLost(f"a bare round trip failed: {bad!r}")
@@ -743,7 +741,7 @@ class DaskTransport:
             self._chan.close()
         try:  # stop the hosts' servers and drop their rows now (a live cluster keeps
             # its workers, and a next run may start on them at once)
-            self._fanout({w: ("release", (), {}) for w in self.placement})
+            self.fanout_calls({w: ("release", (), {}) for w in self.placement})
         except Exception:  # noqa: BLE001 - best effort on shutdown
             log.debug("releasing the shard hosts failed", exc_info=True)
         for f in self._futures.values():

@@ -21,7 +21,7 @@ from flymc_dist.protocol import (
     ShardConfig,
     ShardSpec,
 )
-from flymc_dist.shard import ShardHost
+from flymc_dist.transport.host import ShardHost
 
 
 class InProcessTransport:

@@ -1,15 +1,16 @@
-"""One shard: a contiguous row range of the data, with everything that lives beside it.
+"""A shard's state: a contiguous row range of the data, with everything that lives
+beside it.
 
 A :class:`Shard` owns its rows, its per-datum tight points, the bright/dark
-structure of every chain, one random stream per chain and its query counters.
-It is a plain Python class: in ``client="synchronous"`` mode the driver calls it
-in-process; on a cluster a :class:`~flymc_dist.shard.host.ShardHost` holding several
-shards runs as a Dask actor on a worker. One code path, two transports.
+structure of every chain, one random stream per chain and its query counters; and its
+set-up calls, full passes and the add-on samplers' interface. It is a plain Python
+class: in ``client="synchronous"`` mode the driver calls it in-process; on a cluster a
+:class:`~flymc_dist.transport.host.ShardHost` holding several shards runs as a Dask
+actor on a worker. One code path, two transports.
 
-The per-iteration protocol is :meth:`Shard.round` (see the driver): in one call
-a shard commits each chain's previous decision, updates z at the committed θ
-(first round trip of an iteration only), and evaluates the points the chains'
-kernels asked for, returning only sums.
+This module never imports the round: a round is functions over a group of shards
+(:func:`~flymc_dist.shard.round.round_shards`, and the compiled z-update
+:func:`~flymc_dist.shard.batched.batched_z_update`), using the public steps here.
 """
 
 from __future__ import annotations
@@ -33,17 +34,13 @@ from flymc_dist.data import open_dataset
 from flymc_dist.protocol import (
     Proposals,
     ReplicaReply,
-    ReplicaRound,
     Reply,
     Request,
-    Round,
     ShardConfig,
     ShardSpec,
     resolve_operation,
 )
 from flymc_dist.reduce import BlockFold, BlockSums, block_rows, fold_blocks, tree_nodes
-from flymc_dist.shard.batched import _typed_lists, batched_z_update
-from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import local_directory
 from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
 from flymc_dist.streams import Z_PROPOSE, RowStreams, bernoulli_rows_many, stream_key
@@ -183,13 +180,15 @@ class Shard:
     def _use_compiled(self, K: int) -> None:
         """Find the model's compiled log L~ (when it has ``K`` row constants)."""
         #: ``(kind, params)`` of the model's compiled log L~ (the hot path), or None
-        self._kernel: tuple[int, np.ndarray] | None = None
+        self.kernel: tuple[int, np.ndarray] | None = None
+        #: the compiled kernels' module (:mod:`flymc_dist._compiled`), when ``kernel`` is set
+        self.jit: Any = None
         compiled = self.model.compiled_bright() if K else None
         if compiled is not None:
             from flymc_dist import _compiled  # numba: imported where shards compute
 
-            self._jit = _compiled
-            self._kernel = (_compiled.KINDS[compiled[0]], np.asarray(compiled[1], float))
+            self.jit = _compiled
+            self.kernel = (_compiled.KINDS[compiled[0]], np.asarray(compiled[1], float))
 
     def _init_common(self) -> None:
         config = self.config
@@ -205,14 +204,17 @@ class Shard:
         self.total_queries = 0
         #: bright rows found not resident out of core, and read back (:meth:`_reread_lost`)
         self.lost_rows = 0
-        self._seq: Any = None
-        self._reply: Reply | ReplicaReply | None = None
+        #: the ``seq`` of the last round run here and its reply (a replayed round answers
+        #: with it: see :func:`~flymc_dist.shard.round.round_shards`)
+        self.round_seq: Any = None
+        self.round_reply: Reply | ReplicaReply | None = None
         #: columns and thresholds of the exact rows' rule (see set_exact_rows), or None
         self._exact: tuple[np.ndarray, np.ndarray] | None = None
-        self._typed: tuple | None = None  # see _typed_lists
+        #: the shard's buffer as a typed list, when it computes alone (see :func:`typed_lists`)
+        self.typed_cache: tuple | None = None
         self._extensions: dict[str, Any] = {}  # see extension()
         self._unsettled = False  # work left for settle()
-        #: the chains' proposals drawn so far, by what they were drawn for (see _drawn)
+        #: the chains' proposals drawn so far, by what they were drawn for (see drawn)
         self._draws: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ set-up
@@ -311,7 +313,7 @@ class Shard:
 
         In replica mode a round carries one point per chain, the chain's current θ: the
         shard puts the chain there, updates its z at θ, and replies with the change of
-        the chain's bright set since its last reply (:meth:`_bright_change`); the
+        the chain's bright set since its last reply (:meth:`bright_change`); the
         driver evaluates the θ-kernel on its replica. No gradients are kept here then.
         """
         self.replica = bool(on)
@@ -459,12 +461,12 @@ class Shard:
                 ch.cur_sum = s[:, 0]
                 ch.cur_grad = g[:, 0] if g is not None else None
                 queries += self.n
-        self._seq, self._reply = None, None
+        self.round_seq, self.round_reply = None, None
         self._sent = [None] * len(self.chains)  # the next replica reply sends whole sets
         self.total_queries += queries
         return queries
 
-    def _streams(self, c: int, init: bool = False, ahead: int = 0) -> RowStreams:
+    def streams(self, c: int, init: bool = False, ahead: int = 0) -> RowStreams:
         """Chain ``c``'s row-keyed streams at its current step, or ``ahead`` steps later
         (``init``: the exact draw of z at placement), for this shard's rows."""
         return RowStreams(
@@ -488,9 +490,9 @@ class Shard:
         B, first, _ = self._blocking()
         for ch in self.chains:
             ch.bright = BrightSet(self.n, m.n_outputs, self.track_grad)
-        streams = [self._streams(c, init=True) for c in range(len(self.chains))]
+        streams = [self.streams(c, init=True) for c in range(len(self.chains))]
         thetas = np.array([ch.theta for ch in self.chains])
-        compiled = self._kernel is not None and not self.track_grad
+        compiled = self.kernel is not None and not self.track_grad
         with np.errstate(over="ignore", divide="ignore"):
             for lo, hi in self.rows.sweep(B if stats is not None else None):
                 rows = np.arange(lo, hi, dtype=np.int64)
@@ -500,8 +502,8 @@ class Shard:
                         stats.append((first + a // B, self._bound_block(X, y, xi)))
                 if compiled:  # every chain's log L~ in one read of the rows
                     vals = np.empty((len(self.chains), rows.size))
-                    kind, par = self._kernel
-                    self._jit.eval_rows_at(
+                    kind, par = self.kernel
+                    self.jit.eval_rows_at(
                         self.rows.XC, self.n_features, self.rows.locate(rows), thetas, kind,
                         par, vals,
                     )  # fmt: skip
@@ -518,7 +520,7 @@ class Shard:
         self._unsettled = True
         return len(self.chains) * self.n
 
-    def _drawn(self, aheads: tuple[int, ...] = (0,)) -> list[tuple[tuple, np.ndarray, np.ndarray]]:
+    def drawn(self, aheads: tuple[int, ...] = (0,)) -> list[tuple[tuple, np.ndarray, np.ndarray]]:
         """The shard-local rows every chain's z-update ``ahead`` steps after its next one
         proposes (implicit; the explicit update: selects), its Bernoulli process at that
         step — known now, whatever θ and z become: for each of ``aheads``, ``(key, rows,
@@ -537,7 +539,7 @@ class Shard:
             key = (*head, tuple([s + ahead for s in now]))
             got = self._draws.get(key)
             if got is None:
-                streams = [self._streams(c, ahead=ahead) for c in range(len(now))]
+                streams = [self.streams(c, ahead=ahead) for c in range(len(now))]
                 keys = [st.propose if implicit else st.select for st in streams]
                 lo = np.full(len(now), self.spec.start, dtype=np.int64)
                 rows, seg = bernoulli_rows_many(
@@ -555,9 +557,10 @@ class Shard:
 
     def settle(self) -> None:
         """The work a z-update leaves for after the round's reply (a host runs it once
-        the reply has gone: :meth:`~flymc_dist.shard.host.ShardHost.settle`; else the
+        the reply has gone: :meth:`~flymc_dist.transport.host.ShardHost.settle`; else the
         next round starts with it): draw the rows each chain's next z-update will
-        propose (:meth:`_drawn`, for :func:`batched_z_update`); out of core also drop the
+        propose (:meth:`drawn`, for
+        :func:`~flymc_dist.shard.batched.batched_z_update`); out of core also drop the
         rows no chain has bright any more, read and prepare the proposed rows of the
         next z-updates (:data:`ROWS_AHEAD` of them:
         :meth:`~flymc_dist.shard.rows.FileRows.read_ahead`), and have the page cache
@@ -572,10 +575,10 @@ class Shard:
                 # the batched z-update's next few (a few hundred rows each); else the next
                 # only (the explicit update's rows are a fraction of the shard's)
                 ahead = self.read_ahead_depth() if self.batched_z else 1
-                drawn = self._drawn(tuple(range(ahead + 1)))
+                drawn = self.drawn(tuple(range(ahead + 1)))
                 self.rows.read_ahead([(key, rows) for key, rows, _ in drawn[:-1]], drawn[-1][1])
             else:
-                self._drawn()
+                self.drawn()
         self._unsettled = False  # not before: after an error the next round tries again
 
     def read_ahead_depth(self) -> int:
@@ -594,7 +597,7 @@ class Shard:
         fit = int((self.memory_budget // 2) // max(per_update, 1.0))
         return max(1, min(ROWS_AHEAD, fit))
 
-    def _after_z(self) -> None:
+    def after_z(self) -> None:
         """After a z-update: the rows hold at least the rows bright in some chain
         (:meth:`settle` drops the others, after the reply)."""
         if self.out_of_core:
@@ -633,7 +636,7 @@ class Shard:
         self, thetas: np.ndarray, rows: np.ndarray, grad: bool
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """``log L~`` of ``rows`` at each of ``thetas`` (k, P): (k, m), (k, m, E) or None, X."""
-        if not grad and self._kernel is not None:
+        if not grad and self.kernel is not None:
             return self._bright_eval_many([(thetas, rows)], False)[0]
         m = self.model
         X, y, xi = self._gather(rows)
@@ -679,7 +682,7 @@ class Shard:
         model's per-datum work then runs once over all segments together, which is what
         makes a round over C chains cost little more than a round over one.
         """
-        if not grad and self._kernel is not None:
+        if not grad and self.kernel is not None:
             return [(v, None, None) for v, _ in self._compiled_eval(segments)]
         if len(segments) <= 1 or not self.replica:  # the shards' sums: block by block
             return [self._bright_eval(t, r, grad) for t, r in segments]
@@ -701,8 +704,8 @@ class Shard:
         segment's sum."""
         vals = np.empty(rows.size)
         sums = np.empty(seg.size - 1)
-        kind, par = self._kernel
-        self._jit.eval_rows(
+        kind, par = self.kernel
+        self.jit.eval_rows(
             self._lists(),
             self.n_features,
             self.rows.locate(rows),
@@ -791,19 +794,20 @@ class Shard:
             ch.cur_sum = ch.last_vals[:, j]
             ch.cur_grad = ch.last_dvals[:, j] if ch.last_dvals is not None else None
 
-    def _update_z_all(self) -> np.ndarray:
-        """Update every chain's z at its current θ; one batched evaluation for all chains.
+    def update_z_each(self) -> np.ndarray:
+        """Update every chain's z at its current θ, shard by shard: explicit updates, kept
+        gradients, models without a compiled ``log L~`` (the compiled implicit update is
+        :func:`~flymc_dist.shard.batched.batched_z_update`; either through
+        :func:`~flymc_dist.shard.round.update_z`). One evaluation for all chains.
 
         Each chain draws from its own stream in the same order as a chain-by-chain
         update would, so the result does not depend on the batching.
         """
         track = self.track_grad
         implicit = self.config.z_update == "implicit"
-        if self.batched_z:
-            return self._update_z_batched()
         q = self.q_db
         props = []
-        streams = [self._streams(c) for c in range(len(self.chains))]
+        streams = [self.streams(c) for c in range(len(self.chains))]
         for st, ch in zip(streams, self.chains, strict=True):
             if implicit:
                 props.append(implicit_propose(st, ch.bright, q))
@@ -832,28 +836,24 @@ class Shard:
                 explicit_accept(streams[c], ch.bright, rows, vals, dvals)
             queries[c] = rows.size
             ch.step += 1
-        self._after_z()
+        self.after_z()
         return queries
 
     @property
     def batched_z(self) -> bool:
-        """Whether the z-update runs all chains at once (:meth:`_update_z_batched`): implicit
+        """Whether the z-update runs compiled, all chains at once
+        (:func:`~flymc_dist.shard.batched.batched_z_update`): implicit
         updates, no gradients, and a model with a compiled ``log L~``."""
         return (
             self.flymc
             and self.config.z_update == "implicit"
             and not self.track_grad
-            and self._kernel is not None
+            and self.kernel is not None
         )
-
-    def _update_z_batched(self) -> np.ndarray:
-        """The implicit z-update of every chain at once: see :func:`batched_z_update`.
-        Returns the likelihood queries of each chain."""
-        return batched_z_update([(self, c) for c in range(len(self.chains))])
 
     def _lists(self) -> Any:
         """This shard's buffer as a one-element typed list (the kernels' form)."""
-        return _typed_lists([self], self)
+        return typed_lists([self], self)
 
     def _flymc_points(
         self,
@@ -874,7 +874,7 @@ class Shard:
         ]
         grad = any(requests[c].grad for c in want)
         segments = [(requests[c].points, self.chains[c].bright.idx) for c in want]
-        if not grad and self._kernel is not None:  # compiled
+        if not grad and self.kernel is not None:  # compiled
             results = {
                 c: (v, None, None)
                 for c, (v, _) in zip(want, self._compiled_eval(segments), strict=True)
@@ -1009,13 +1009,9 @@ class Shard:
             current[:, c] = ch.cur_sum
             n_bright[c] = self.n
 
-    def round(self, msg: Round | ReplicaRound) -> Reply | ReplicaReply:
-        """One round trip for all chains: :func:`~flymc_dist.shard.round.round_shards` on
-        this shard alone (the one implementation of a round, whatever the host holds)."""
-        return round_shards([self], msg)[0]
-
-    def _commit_all(self, commits: np.ndarray) -> None:
-        """Step 1 of a round: every chain to its committed θ (see :meth:`round`)."""
+    def commit_all(self, commits: np.ndarray) -> None:
+        """Step 1 of a round: every chain to its committed θ (see
+        :func:`~flymc_dist.shard.round.round_shards`)."""
         for c, ch in enumerate(self.chains):
             # A chain whose position was set explicitly (start, recovery) has no batch of
             # its own yet: the driver set it at the committed θ, so there is nothing to commit.
@@ -1023,7 +1019,7 @@ class Shard:
             if j >= 0 and ch.last_points is not None:
                 self._commit(ch, j)
 
-    def _move_to(self, thetas: np.ndarray) -> np.ndarray:
+    def move_to(self, thetas: np.ndarray) -> np.ndarray:
         """Step 1 of a replica-mode round: each chain to its new θ (``thetas[c]``); the
         implicit update's bright→dark moves then need ``log L~`` of its bright rows there.
         Returns the queries, per chain."""
@@ -1040,7 +1036,7 @@ class Shard:
                 queries[c] += v.shape[1]
         return queries
 
-    def _bright_change(self, queries: np.ndarray) -> ReplicaReply:
+    def bright_change(self, queries: np.ndarray) -> ReplicaReply:
         """Step 3 of a replica-mode round: each chain's bright rows that went dark and
         those that became bright (with their features, target and tight point) since its
         last reply, or its whole set (``full``) after a redraw of z."""
@@ -1081,7 +1077,7 @@ class Shard:
         driver that updates z itself (:mod:`flymc_dist.ahead`) takes the shards' exact
         draw of z (at placement, resume, recovery)."""
         self._sent = [None] * len(self.chains)
-        return self._bright_change(np.zeros(len(self.chains), dtype=np.int64))
+        return self.bright_change(np.zeros(len(self.chains), dtype=np.int64))
 
     def set_bright(
         self, thetas: np.ndarray, bright: list[np.ndarray], step: int, generation: int
@@ -1112,7 +1108,7 @@ class Shard:
         if self.out_of_core:
             self.rows.keep([ch.bright.members for ch in self.chains])
         self._sent = [ch.bright.members for ch in self.chains]
-        self._seq, self._reply = None, None
+        self.round_seq, self.round_reply = None, None
         self._unsettled = True
         self.total_queries += queries
         return queries
@@ -1143,7 +1139,7 @@ class Shard:
             raise ValueError("proposals need the tight points set (set_tight_points)")
         return Proposals(ids, seg, rows, X, y, xi)
 
-    def _sums(self, requests: list[Request | None], queries: np.ndarray) -> Reply:
+    def round_sums(self, requests: list[Request | None], queries: np.ndarray) -> Reply:
         """Step 3 of a round: the sums (and gradients where asked) at every chain's
         current θ and requested points, over its bright rows (FlyMC) or all rows, taken
         per block and folded along the fixed block tree (:meth:`tree_reply`)."""
@@ -1234,6 +1230,31 @@ class Shard:
     def close(self) -> None:
         """Release the rows now (out of core: remove the row file)."""
         self.rows.close()
+
+
+def typed_lists(shards: list[Shard], owner: Any = None) -> Any:
+    """The shards' row buffers (``rows.XC``) as a numba typed list (the kernels' form).
+
+    Building one costs more than a round's update, so it is kept on ``owner`` (its
+    ``typed_cache``: a :class:`Shard` or a shard host) and rebuilt only when the shards
+    or their buffers change (an out-of-core shard's grows now and then). The kept tuple
+    holds the shards, so the ids in its key stay theirs — all but the owner itself, which
+    outlives its own attribute: holding it there would be a reference cycle, keeping a
+    finished run's rows in a worker's memory until the garbage collector ran. Without an
+    owner it is built afresh.
+    """
+    key = tuple((id(sh), id(sh.rows.XC)) for sh in shards)
+    cache = None if owner is None else owner.typed_cache
+    if cache is not None and cache[0] == key:
+        return cache[2]
+    lists = (
+        key,
+        [sh for sh in shards if sh is not owner],
+        shards[0].jit.typed_list([sh.rows.XC for sh in shards]),
+    )
+    if owner is not None:
+        owner.typed_cache = lists
+    return lists[2]
 
 
 def _column_energy(X: np.ndarray) -> np.ndarray:

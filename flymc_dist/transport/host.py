@@ -28,7 +28,7 @@ from flymc_dist.protocol import (
 )
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import worker_memory_limit
-from flymc_dist.shard.shard import Shard
+from flymc_dist.shard.state import Shard
 from flymc_dist.transport.channel import AHEAD, ECHO, ROUND, ChannelServer
 
 log = logging.getLogger("flymc_dist")
@@ -67,7 +67,8 @@ class ShardHost:
         self._locks: dict[int, threading.Lock] = {}
         #: wall and CPU seconds spent in rounds
         self._channel: Any = None  # a ChannelServer once open_channel is called
-        self._typed: tuple | None = None  # the shards' typed lists: see _typed_lists
+        #: the shards' buffers as one typed list (:func:`~flymc_dist.shard.state.typed_lists`)
+        self.typed_cache: tuple | None = None
         self._busy = {
             "rounds": 0,
             "round_wall": 0.0,
@@ -222,7 +223,7 @@ class ShardHost:
         for shard in shards.values():
             shard.close()
         self._locks.clear()
-        self._typed = None
+        self.typed_cache = None
 
     def ping(self) -> int:
         """Liveness check: the number of shards held."""
