@@ -71,8 +71,7 @@ def test_the_draws_do_not_depend_on_the_read_ahead(store):
             chains=2,
             seed=5,
             progress=False,
-            out_of_core=True,
-            **kw,
+            placement=fd.Placement(out_of_core=True, **kw),
         )
 
     per_update = 8 * (4 * 5 + 3 + 5) * 2 * 0.2 * 3000  # K = 3 row constants (logistic)
@@ -95,3 +94,107 @@ def test_what_cannot_fit_is_refused_up_front(store, tmp_path, monkeypatch):
         sh.set_q(0.9)
     assert sh.q_db == 0.2
     sh.close()
+
+
+def _reset_peak_rss() -> None:
+    """Start this process's peak RSS (VmHWM) afresh (Linux)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set size since the last reset, in bytes (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _row_files(dask_worker=None) -> int:
+    """On a worker: the row files in its local directory."""
+    import glob
+    import os
+
+    return len(glob.glob(os.path.join(str(dask_worker.local_directory), "flymc-rows-*")))
+
+
+def _warm() -> None:
+    """On a worker: what every run imports, so that no run's peak counts it."""
+    import flymc_dist.shard  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def tall(tmp_path_factory):
+    """Issue 41's data: 10⁶ × 10 float32 (a bias column), logistic."""
+    rng = np.random.default_rng(41)
+    X = rng.normal(size=(10**6, 10)).astype(np.float32)
+    X[:, 0] = 1.0
+    w = rng.normal(scale=0.5, size=10)
+    y = (rng.random(10**6) < 1 / (1 + np.exp(-(X @ w)))).astype(np.int64)
+    path = str(tmp_path_factory.mktemp("tall") / "d.zarr")
+    fd.from_numpy(X, y, path, dtype="float32")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_the_issue_run_fits_400_mb_workers(tall):
+    """Issue 41, item 1, as reported: 10⁶ × 10 float32, 4 chains, out of core on two
+    workers limited to 400 MB each, at q 0.05 and 0.2: no worker is restarted (it was:
+    both passed 95 % and the run ended with ShardLost), each stays under its limit, the
+    draws are finite, and out of core takes no more memory than in memory. Then a q
+    whose proposals cannot fit is refused as the shards open, in one line naming q_db,
+    before any row file is written."""
+    import os
+
+    from distributed import Client, LocalCluster
+
+    limit = 400 * 10**6
+
+    def run(client, q: float, out_of_core: bool) -> fd.Result:
+        return fd.sample(
+            fd.LogisticRegression(),
+            tall,
+            fd.FlyMC(q_db=q),
+            "nuts",
+            placement=fd.Placement(n_shards=2, out_of_core=out_of_core),
+            client=client,
+            num_warmup=20,
+            num_samples=50,
+            chains=4,
+            seed=0,
+            progress=False,
+        )
+
+    peaks = {}
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=limit,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
+        client.run(_warm)
+        pids = client.run(os.getpid)
+        # in memory first: what it leaves behind counts against the runs out of core
+        for q, ooc in ((0.05, False), (0.05, True), (0.2, True)):
+            client.run(_reset_peak_rss)
+            res = run(client, q, ooc)
+            peaks[q, ooc] = sorted(client.run(_peak_rss).values())
+            assert client.run(os.getpid) == pids, f"a worker was restarted (q {q}, {ooc})"
+            assert res.info["out_of_core"] == [ooc, ooc]
+            assert res.samples.shape == (4, 50, 10) and np.all(np.isfinite(res.samples))
+        with pytest.raises(ValueError, match=r"q_db=0\.9 proposes .* budget") as e:
+            run(client, 0.9, True)
+        assert "\n" not in str(e.value)
+        assert sum(client.run(_row_files).values()) == 0
+        assert client.run(os.getpid) == pids
+    print({(q, "out of core" if o else "in memory"): v for (q, o), v in peaks.items()})
+    for (q, ooc), peak in peaks.items():
+        assert peak[-1] < limit, (q, ooc, peak)
+        if ooc:
+            assert peak[-1] <= peaks[0.05, False][-1], (q, peak, peaks[0.05, False])
