@@ -46,14 +46,23 @@ def _wait_for(pred, timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def _driver_code(timeout: float = 60.0) -> str:
+def _driver_code(timeout: float = 60.0, algorithm: str = "fd.FlyMC()") -> str:
     """A driver script: an out-of-core run on two shards of the cluster at ``argv[2]``,
     of the store ``argv[1]``, that goes on until it is killed."""
     return (
         "import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "
-        "client=sys.argv[2], placement=fd.Placement(n_shards=2, out_of_core=True, "
-        f"timeout={timeout}), num_warmup=10, num_samples=10**7, chains=2, progress=False)"
+        f"{algorithm}, client=sys.argv[2], placement=fd.Placement(n_shards=2, "
+        f"out_of_core=True, timeout={timeout}), num_warmup=10, num_samples=10**7, "
+        "chains=2, progress=False)"
     )
+
+
+def _rounds(dask_worker=None) -> int:
+    """On a worker: the rounds its shard hosts have served (sampling has begun)."""
+    from flymc_dist.shard.host import ShardHost
+
+    hosts = [a for a in list(dask_worker.state.actors.values()) if isinstance(a, ShardHost)]
+    return sum(h.timing()["rounds"] for h in hosts)
 
 
 def _store(tmp_path) -> str:
@@ -138,8 +147,10 @@ def test_a_lost_shard_leaves_no_row_file_thread_or_descriptor(tmp_path, fault):
         Client(cluster) as client,
     ):
         pids = client.run(os.getpid)
+        # rounds to the shards every iteration (no replica), each given up after 3 s
+        code = _driver_code(timeout=3.0, algorithm="fd.FlyMC(bright_replica=False)")
         driver = subprocess.Popen(
-            [sys.executable, "-c", _driver_code(timeout=3.0), path, cluster.scheduler_address],
+            [sys.executable, "-c", code, path, cluster.scheduler_address],
             stderr=subprocess.PIPE,
         )
         try:
@@ -151,7 +162,8 @@ def test_a_lost_shard_leaves_no_row_file_thread_or_descriptor(tmp_path, fault):
                 180,
                 "the driver's out-of-core shards",
             )
-            time.sleep(1.0)  # mid-run
+            # sampling (set-up's full passes wait for a worker however long it takes)
+            _wait_for(lambda: all(r > 20 for r in client.run(_rounds).values()), 180, "sampling")
             lost, live = sorted(pids)
             if fault == "stalled":
                 os.kill(pids[lost], signal.SIGSTOP)
