@@ -491,6 +491,8 @@ class Shard:
         streams = [self._streams(c, init=True) for c in range(len(self.chains))]
         thetas = np.array([ch.theta for ch in self.chains])
         compiled = self._kernel is not None and not self.track_grad
+        if compiled and self.out_of_core:
+            return self._place_z_read(streams, thetas, stats)
         with np.errstate(over="ignore", divide="ignore"):
             for lo, hi in self.rows.sweep(B if stats is not None else None):
                 rows = np.arange(lo, hi, dtype=np.int64)
@@ -516,6 +518,37 @@ class Shard:
         # the rows (measured: 2.4 GB per worker at 10⁸ × 57 out of core, read at random
         # and dropped at once by set_q)
         self._unsettled = True
+        return len(self.chains) * self.n
+
+    def _place_z_read(
+        self, streams: list[RowStreams], thetas: np.ndarray, stats: BlockFold | None
+    ) -> int:
+        """:meth:`_place_z` out of core, compiled: each block of the row file evaluated
+        as read (:meth:`~flymc_dist.shard.rows.FileRows.sweep_read`), and only the rows
+        that turn bright in some chain taken in: the same values, so the same draws and
+        sums, without the block held in the resident rows as well."""
+        B, first, _ = self._blocking()
+        kind, par = self._kernel
+        D = self.n_features
+        with np.errstate(over="ignore", divide="ignore"):
+            for lo, hi, X, XC, y, xi in self.rows.sweep_read(B if stats is not None else None):
+                if stats is not None:  # blocks of B rows, as bound_stats sums them
+                    for a in range(lo, hi, B):
+                        s = slice(a - lo, min(a + B, hi) - lo)
+                        xs = None if xi is None else xi[s]
+                        stats.append((first + a // B, self._bound_block(X[s], y[s], xs)))
+                rows = np.arange(lo, hi, dtype=np.int64)
+                vals = np.empty((len(self.chains), rows.size))
+                self._jit.eval_rows_at(XC, D, rows - lo, thetas, kind, par, vals)
+                self._check_held(vals, thetas, rows)
+                bright = []
+                for c, (st, ch) in enumerate(zip(streams, self.chains, strict=True)):
+                    explicit_accept(st, ch.bright, rows, vals[c], None)
+                    m = ch.bright.members
+                    bright.append(m[np.searchsorted(m, lo) : np.searchsorted(m, hi)])
+                self.rows.take_in(np.unique(np.concatenate(bright)), lo, XC, y, xi)
+                del X, XC, y, xi, vals
+        self._unsettled = True  # as in _place_z: the first z-update's rows read by settle
         return len(self.chains) * self.n
 
     def _drawn(self, aheads: tuple[int, ...] = (0,)) -> list[tuple[tuple, np.ndarray, np.ndarray]]:
