@@ -205,3 +205,29 @@ def test_the_issue_run_fits_400_mb_workers(tall):
         assert peak[-1] < limit, (q, ooc, peak)
         if ooc:
             assert peak[-1] <= peaks[0.05, False][-1], (q, peak, peaks[0.05, False])
+
+
+def test_a_q_that_cannot_fit_is_refused_before_any_row_file(store, monkeypatch):
+    """fd.sample with a q_db whose proposals exceed the shards' memory budget: refused in
+    one line naming q_db as the shards open, before a row file is written (the q reaches
+    the shards with their configuration, not only at set_q after the row files)."""
+    from flymc_dist.shard import rows
+
+    created = []
+    create = rows.RowFile.create
+    monkeypatch.setattr(
+        rows.RowFile, "create", lambda *a, **k: created.append(a) or create(*a, **k)
+    )
+    with pytest.raises(ValueError, match=r"q_db=0\.9 proposes about .* budget") as e:
+        fd.sample(
+            fd.LogisticRegression(),
+            fd.open_dataset(store),
+            fd.FlyMC(q_db=0.9),
+            "rwmh",
+            placement=fd.Placement(n_shards=2, out_of_core=True, memory_budget=10**6),
+            client="synchronous",
+            num_warmup=5,
+            num_samples=5,
+            progress=False,
+        )
+    assert "\n" not in str(e.value) and created == []
