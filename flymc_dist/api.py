@@ -190,6 +190,9 @@ def _sample(call: Call) -> Result:
         n_rows=n_rows,
         z_update=fly.z_update,
         resample_fraction=fly.resample_fraction,
+        # a q given as a number: an out-of-core shard whose proposals cannot fit its
+        # budget is refused as it opens, before its row file is written (else at set_q)
+        **({} if isinstance(fly.q_db, str) else {"q_db": float(fly.q_db)}),
         track_grad=kern.needs_grad,
         out_of_core=call.placement.out_of_core,
         memory_budget=call.placement.memory_budget,

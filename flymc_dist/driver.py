@@ -308,9 +308,10 @@ class Driver:
             and self.z_update == "implicit"
             and self.read_ahead > 0
         ):
-            self.ahead = ReadAhead(
-                self.transport, self.replica, self.seed, self.q_db, self.read_ahead
-            )
+            # no more steps per request than every shard can hold (out of core: half its
+            # memory budget; Shard.ahead_steps)
+            depth = min(self.transport.call("ahead_steps", self.read_ahead))
+            self.ahead = ReadAhead(self.transport, self.replica, self.seed, self.q_db, depth)
             self.ahead.take_shards_z(self.positions)
         self._choose_step()
         # the requests each host had been sent when sampling began (a Dask transport's)

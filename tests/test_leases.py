@@ -46,28 +46,50 @@ def _wait_for(pred, timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def test_a_killed_driver_leaves_no_row_file_thread_or_descriptor(tmp_path):
-    from distributed import Client, LocalCluster
+def _driver_code(timeout: float = 60.0, algorithm: str = "fd.FlyMC()") -> str:
+    """A driver script: an out-of-core run on two shards of the cluster at ``argv[2]``,
+    of the store ``argv[1]``, that goes on until it is killed."""
+    return (
+        "import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "
+        f"{algorithm}, client=sys.argv[2], placement=fd.Placement(n_shards=2, "
+        f"out_of_core=True, timeout={timeout}), num_warmup=10, num_samples=10**7, "
+        "chains=2, progress=False)"
+    )
 
+
+def _rounds(dask_worker=None) -> int:
+    """On a worker: the rounds its shard hosts have served (sampling has begun)."""
+    from flymc_dist.transport.host import ShardHost
+
+    hosts = [a for a in list(dask_worker.state.actors.values()) if isinstance(a, ShardHost)]
+    return sum(h.timing()["rounds"] for h in hosts)
+
+
+def _store(tmp_path) -> str:
     rng = np.random.default_rng(2)
     X = np.c_[np.ones(4000), rng.normal(size=(4000, 3))]
     y = (rng.random(4000) < 0.5).astype(np.int64)
     path = str(tmp_path / "d.zarr")
     fd.from_numpy(X, y, path, chunk_rows=500)
-    code = (
-        "import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "
-        "client=sys.argv[2], placement=fd.Placement(n_shards=2, out_of_core=True), "
-        "num_warmup=10, num_samples=10**7, chains=2, progress=False)"
-    )
+    return path
+
+
+EMPTY = {"files": 0, "fds": 0, "read_threads": 0, "channel_threads": 0}
+
+
+def test_a_killed_driver_leaves_no_row_file_thread_or_descriptor(tmp_path):
+    from distributed import Client, LocalCluster
+
+    path = _store(tmp_path)
+    code = _driver_code()
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as client,
     ):
-        empty = {"files": 0, "fds": 0, "read_threads": 0, "channel_threads": 0}
         before = client.run(_held)
-        assert all(v == empty for v in before.values()), before
+        assert all(v == EMPTY for v in before.values()), before
         driver = subprocess.Popen(
             [sys.executable, "-c", code, path, cluster.scheduler_address],
             stderr=subprocess.DEVNULL,
@@ -86,7 +108,91 @@ def test_a_killed_driver_leaves_no_row_file_thread_or_descriptor(tmp_path):
             driver.kill()  # SIGKILL: nothing of the driver runs after it
             driver.wait()
         _wait_for(
-            lambda: all(v == empty for v in client.run(_held).values()),
+            lambda: all(v == EMPTY for v in client.run(_held).values()),
             60,
             f"the killed driver's resources to go (held: {client.run(_held)})",
         )
+
+
+def _row_file(dask_worker=None) -> str:
+    """On a worker: the path of its one row file."""
+    import glob
+
+    (path,) = glob.glob(os.path.join(str(dask_worker.local_directory), "flymc-rows-*"))
+    return path
+
+
+def _truncate(path: str) -> None:
+    """On a worker: cut ``path`` to half its size (a disk that lost its tail)."""
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+@pytest.mark.parametrize("fault", ["stalled", "truncated"])
+def test_a_lost_shard_leaves_no_row_file_thread_or_descriptor(tmp_path, fault):
+    """A shard lost mid-run and recreated on the other worker — its worker stalled by
+    SIGSTOP past the run's timeout, or its row file truncated — leaves nothing where it
+    was: once the stalled worker runs again (SIGCONT), or at once for the truncated file,
+    that worker holds no row file, reading thread, descriptor or channel thread of the
+    run, while the run goes on on the other worker; and once the driver is killed, no
+    worker holds anything."""
+    import signal
+
+    from distributed import Client, LocalCluster
+
+    path = _store(tmp_path)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        pids = client.run(os.getpid)
+        # rounds to the shards every iteration (no replica), each given up after 3 s
+        code = _driver_code(timeout=3.0, algorithm="fd.FlyMC(bright_replica=False)")
+        driver = subprocess.Popen(
+            [sys.executable, "-c", code, path, cluster.scheduler_address],
+            stderr=subprocess.PIPE,
+        )
+        try:
+            _wait_for(
+                lambda: all(
+                    v["files"] == 1 and v["read_threads"] == 1 and v["channel_threads"] > 0
+                    for v in client.run(_held).values()
+                ),
+                180,
+                "the driver's out-of-core shards",
+            )
+            # sampling (set-up's full passes wait for a worker however long it takes)
+            _wait_for(lambda: all(r > 20 for r in client.run(_rounds).values()), 180, "sampling")
+            lost, live = sorted(pids)
+            if fault == "stalled":
+                os.kill(pids[lost], signal.SIGSTOP)
+            else:
+                client.run(_truncate, client.run(_row_file, workers=[lost])[lost], workers=[lost])
+            try:
+                # the driver gives the lost shard up and recreates it on the live worker
+                _wait_for(
+                    lambda: client.run(_held, workers=[live])[live]["files"] == 2,
+                    120,
+                    "the lost shard recreated on the live worker",
+                )
+                time.sleep(2.0 * 3.0)  # the stalled worker's actor is dropped meanwhile
+            finally:
+                if fault == "stalled":
+                    os.kill(pids[lost], signal.SIGCONT)
+            _wait_for(
+                lambda: client.run(_held, workers=[lost])[lost] == EMPTY,
+                60,
+                f"the lost shard's resources to go (held: {client.run(_held, workers=[lost])})",
+            )
+            assert driver.poll() is None, driver.stderr.read().decode()[-2000:]  # goes on
+            assert client.run(_held, workers=[live])[live]["files"] == 2
+        finally:
+            driver.kill()
+            driver.wait()
+        _wait_for(
+            lambda: all(v == EMPTY for v in client.run(_held).values()),
+            60,
+            f"the killed driver's resources to go (held: {client.run(_held)})",
+        )
+        assert client.run(os.getpid) == pids

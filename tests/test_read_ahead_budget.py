@@ -95,3 +95,167 @@ def test_what_cannot_fit_is_refused_up_front(store, tmp_path, monkeypatch):
         sh.set_q(0.9)
     assert sh.q_db == 0.2
     sh.close()
+
+
+def _reset_peak_rss() -> None:
+    """Start this process's peak RSS (VmHWM) afresh (Linux)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set size since the last reset, in bytes (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _row_files(dask_worker=None) -> int:
+    """On a worker: the row files in its local directory."""
+    import glob
+    import os
+
+    return len(glob.glob(os.path.join(str(dask_worker.local_directory), "flymc-rows-*")))
+
+
+def _warm() -> None:
+    """On a worker: what every run imports, so that no run's peak counts it."""
+    import flymc_dist.shard  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def tall(tmp_path_factory):
+    """Issue 41's data: 10⁶ × 10 float32 (a bias column), logistic."""
+    rng = np.random.default_rng(41)
+    X = rng.normal(size=(10**6, 10)).astype(np.float32)
+    X[:, 0] = 1.0
+    w = rng.normal(scale=0.5, size=10)
+    y = (rng.random(10**6) < 1 / (1 + np.exp(-(X @ w)))).astype(np.int64)
+    path = str(tmp_path_factory.mktemp("tall") / "d.zarr")
+    fd.from_numpy(X, y, path, dtype="float32")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+@pytest.mark.xfail(
+    reason="not reached (2026-11-28): a worker's floor after importing flymc_dist (200 MB) "
+    "and loading its compiled functions is ~330-350 MB of the 380 MB at which Dask restarts "
+    "it; out of core at q 0.05 both workers are still restarted (now after set-up, in "
+    "'state'), and in memory too, while loading",
+    strict=False,
+)
+def test_the_issue_run_fits_400_mb_workers(tall):
+    """Issue 41, item 1, as reported: 10⁶ × 10 float32, 4 chains, out of core on two
+    workers limited to 400 MB each, at q 0.05 and 0.2: no worker is restarted (it was:
+    both passed 95 % and the run ended with ShardLost), each stays under its limit, the
+    draws are finite, and out of core takes no more memory than in memory. Then a q
+    whose proposals cannot fit is refused as the shards open, in one line naming q_db,
+    before any row file is written."""
+    import os
+
+    from distributed import Client, LocalCluster
+
+    limit = 400 * 10**6
+
+    def run(client, q: float, out_of_core: bool) -> fd.Result:
+        return fd.sample(
+            fd.LogisticRegression(),
+            tall,
+            fd.FlyMC(q_db=q),
+            "nuts",
+            placement=fd.Placement(n_shards=2, out_of_core=out_of_core),
+            client=client,
+            num_warmup=20,
+            num_samples=50,
+            chains=4,
+            seed=0,
+            progress=False,
+        )
+
+    peaks = {}
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=limit,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster, direct_to_workers=True) as client,
+    ):
+        client.run(_warm)
+        pids = client.run(os.getpid)
+        # in memory first: what it leaves behind counts against the runs out of core
+        for q, ooc in ((0.05, False), (0.05, True), (0.2, True)):
+            client.run(_reset_peak_rss)
+            res = run(client, q, ooc)
+            peaks[q, ooc] = sorted(client.run(_peak_rss).values())
+            assert client.run(os.getpid) == pids, f"a worker was restarted (q {q}, {ooc})"
+            assert res.info["out_of_core"] == [ooc, ooc]
+            assert res.samples.shape == (4, 50, 10) and np.all(np.isfinite(res.samples))
+        with pytest.raises(ValueError, match=r"q_db=0\.9 proposes .* budget") as e:
+            run(client, 0.9, True)
+        assert "\n" not in str(e.value)
+        assert sum(client.run(_row_files).values()) == 0
+        assert client.run(os.getpid) == pids
+    print({(q, "out of core" if o else "in memory"): v for (q, o), v in peaks.items()})
+    for (q, ooc), peak in peaks.items():
+        assert peak[-1] < limit, (q, ooc, peak)
+        if ooc:
+            assert peak[-1] <= peaks[0.05, False][-1], (q, peak, peaks[0.05, False])
+
+
+def test_a_q_that_cannot_fit_is_refused_before_any_row_file(store, monkeypatch):
+    """fd.sample with a q_db whose proposals exceed the shards' memory budget: refused in
+    one line naming q_db as the shards open, before a row file is written (the q reaches
+    the shards with their configuration, not only at set_q after the row files)."""
+    from flymc_dist.shard import rows
+
+    created = []
+    create = rows.RowFile.create
+    monkeypatch.setattr(
+        rows.RowFile, "create", lambda *a, **k: created.append(a) or create(*a, **k)
+    )
+    with pytest.raises(ValueError, match=r"q_db=0\.9 proposes about .* budget") as e:
+        fd.sample(
+            fd.LogisticRegression(),
+            fd.open_dataset(store),
+            fd.FlyMC(q_db=0.9),
+            "rwmh",
+            placement=fd.Placement(n_shards=2, out_of_core=True, memory_budget=10**6),
+            client="synchronous",
+            num_warmup=5,
+            num_samples=5,
+            progress=False,
+        )
+    assert "\n" not in str(e.value) and created == []
+
+
+def test_the_replica_read_ahead_fits_the_budget(store):
+    """Replica mode, out of core: the driver asks each host for no more steps of proposals
+    than fit in half its shards' budget (it asked for read_ahead = 16 whatever the
+    budget), and the draws do not change."""
+
+    def run(budget):
+        return fd.sample(
+            fd.LogisticRegression(),
+            fd.open_dataset(store),
+            fd.FlyMC(q_db=0.2, bright_replica=True),
+            "rwmh",
+            placement=fd.Placement(n_shards=2, out_of_core=True, memory_budget=budget),
+            client="synchronous",
+            num_warmup=20,
+            num_samples=30,
+            chains=2,
+            seed=3,
+            progress=False,
+        )
+
+    per_step = 8 * (4 * 5 + 3 + 5) * 2 * 0.2 * 1500  # 2 chains, 1,500 rows a shard
+    free, tight = run(None), run(int(2 * 3.5 * per_step))
+    assert free.info["bright_replica"] and tight.info["bright_replica"]
+    assert free.info["read_ahead"] == 16 and tight.info["read_ahead"] == 3
+    np.testing.assert_array_equal(free.samples, tight.samples)

@@ -493,6 +493,8 @@ class Shard:
         streams = [self.streams(c, init=True) for c in range(len(self.chains))]
         thetas = np.array([ch.theta for ch in self.chains])
         compiled = self.kernel is not None and not self.track_grad
+        if compiled and self.out_of_core:
+            return self._place_z_read(streams, thetas, stats)
         with np.errstate(over="ignore", divide="ignore"):
             for lo, hi in self.rows.sweep(B if stats is not None else None):
                 rows = np.arange(lo, hi, dtype=np.int64)
@@ -518,6 +520,37 @@ class Shard:
         # the rows (measured: 2.4 GB per worker at 10⁸ × 57 out of core, read at random
         # and dropped at once by set_q)
         self._unsettled = True
+        return len(self.chains) * self.n
+
+    def _place_z_read(
+        self, streams: list[RowStreams], thetas: np.ndarray, stats: BlockFold | None
+    ) -> int:
+        """:meth:`_place_z` out of core, compiled: each block of the row file evaluated
+        as read (:meth:`~flymc_dist.shard.rows.FileRows.sweep_read`), and only the rows
+        that turn bright in some chain taken in: the same values, so the same draws and
+        sums, without the block held in the resident rows as well."""
+        B, first, _ = self._blocking()
+        kind, par = self.kernel
+        D = self.n_features
+        with np.errstate(over="ignore", divide="ignore"):
+            for lo, hi, X, XC, y, xi in self.rows.sweep_read(B if stats is not None else None):
+                if stats is not None:  # blocks of B rows, as bound_stats sums them
+                    for a in range(lo, hi, B):
+                        s = slice(a - lo, min(a + B, hi) - lo)
+                        xs = None if xi is None else xi[s]
+                        stats.append((first + a // B, self._bound_block(X[s], y[s], xs)))
+                rows = np.arange(lo, hi, dtype=np.int64)
+                vals = np.empty((len(self.chains), rows.size))
+                self.jit.eval_rows_at(XC, D, rows - lo, thetas, kind, par, vals)
+                self._check_held(vals, thetas, rows)
+                bright = []
+                for c, (st, ch) in enumerate(zip(streams, self.chains, strict=True)):
+                    explicit_accept(st, ch.bright, rows, vals[c], None)
+                    m = ch.bright.members
+                    bright.append(m[np.searchsorted(m, lo) : np.searchsorted(m, hi)])
+                self.rows.take_in(np.unique(np.concatenate(bright)), lo, XC, y, xi)
+                del X, XC, y, xi, vals
+        self._unsettled = True  # as in _place_z: the first z-update's rows read by settle
         return len(self.chains) * self.n
 
     def drawn(self, aheads: tuple[int, ...] = (0,)) -> list[tuple[tuple, np.ndarray, np.ndarray]]:
@@ -596,6 +629,23 @@ class Shard:
         per_update = _proposal_bytes(self.n, self.n_features, self._K, self.config, self.q_db)
         fit = int((self.memory_budget // 2) // max(per_update, 1.0))
         return max(1, min(ROWS_AHEAD, fit))
+
+    def ahead_steps(self, want: int) -> int:
+        """How many steps of proposals one :meth:`proposals` request may ask of this
+        shard (the driver's read-ahead in replica mode, :class:`~flymc_dist.ahead.ReadAhead`):
+        ``want``, and out of core no more than fit in half the shard's memory budget (as
+        :meth:`read_ahead_depth` counts them), at least one.
+
+        A request of ``count`` steps reads and sends about ``count · q · n`` rows per
+        chain: at 5·10⁵ rows × 10 features a shard, q = 0.05, 4 chains and the default 16
+        steps, nearly every row of the shard, several times over (measured: 1.47 GB in one
+        process holding two such shards, where in memory they take 120 MB)."""
+        want = max(1, int(want))
+        if not self.out_of_core or self.memory_budget is None:
+            return want
+        per_step = _proposal_bytes(self.n, self.n_features, self._K, self.config, self.q_db)
+        fit = int((self.memory_budget // 2) // max(per_step, 1.0))
+        return max(1, min(want, fit))
 
     def after_z(self) -> None:
         """After a z-update: the rows hold at least the rows bright in some chain

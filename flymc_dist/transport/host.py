@@ -4,6 +4,7 @@ worker, serving rounds on Dask's RPC or on a socket of its own
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -35,6 +36,10 @@ log = logging.getLogger("flymc_dist")
 
 #: seconds between a host's checks that its run still holds it (see :class:`ShardHost`)
 LEASE_CHECK = 1.0
+#: on a worker, allocations of at least this many bytes are mapped on their own by glibc's
+#: malloc, so that freeing one gives its memory back at once (see :func:`_map_large`)
+MMAP_THRESHOLD = 256 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 class ShardHost:
@@ -243,6 +248,7 @@ def _hold_lease(host: ShardHost) -> None:
         worker = get_worker()
     except (ImportError, ValueError):  # not on a worker
         return
+    _map_large()
     threading.Thread(
         target=_watch_lease,
         args=(weakref.ref(host), worker, host._released),
@@ -270,3 +276,23 @@ def _watch_lease(ref: weakref.ref, worker: Any, released: threading.Event) -> No
             host.release()
             return
         del host
+
+
+def _map_large() -> None:
+    """On a worker with glibc: have malloc map every allocation of :data:`MMAP_THRESHOLD`
+    bytes or more on its own (``mallopt(M_MMAP_THRESHOLD)``), elsewhere nothing.
+
+    By default glibc raises that threshold each time a mapped block is freed, up to 32 MB,
+    so the blocks a shard allocates and frees by the megabyte (a full pass's rows, a
+    read-ahead's proposals) come to be carved from the heap, and freeing them gives the
+    worker's memory back to nobody: measured on a shard of 6·10⁵ rows × 10 features out
+    of core, a set-up's peak of 515 MB with the default, 398 MB with the threshold held,
+    on a 200 MB floor. Its RSS is what a worker's memory limit counts (Dask restarts a
+    worker past 95 % of it)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.gnu_get_libc_version  # noqa: B018 - glibc only (its mallopt takes this)
+    except (OSError, AttributeError):
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
