@@ -29,6 +29,11 @@ import numpy as np
 from flymc_dist.protocol import Ahead, Proposals, Transport
 from flymc_dist.replica import BrightReplica
 from flymc_dist.streams import Z_DECIDE, stream_keys
+from flymc_dist.transport.dask import ShardLost
+
+#: read-ahead requests in a row that may lose a host (its shards recreated each time)
+#: before a run gives up, as a round does
+RECOVERIES = 5
 
 __all__ = ["ReadAhead"]
 
@@ -136,19 +141,29 @@ class ReadAhead:
         block = self._block
         if block is not None and block.first <= step < block.first + self.depth:
             return block.step(step, C)
-        first = step - step % self.depth
-        if self._pending is None or self._pending[0] != first:
-            self._drain()
-            self._post(first)
-        _, handle = self._pending
-        self._pending = None
-        t0 = time.perf_counter()
-        parts = self.transport.take_ahead(handle)
-        self.wait_seconds += time.perf_counter() - t0
-        if parts is None:  # hosts were lost and their shards recreated: redraw every z
+        for _attempt in range(RECOVERIES):
+            first = self.step - self.step % self.depth
+            if self._pending is None or self._pending[0] != first:
+                self._drain()
+                self._post(first)
+            _, handle = self._pending
+            self._pending = None
+            t0 = time.perf_counter()
+            parts = self.transport.take_ahead(handle)
+            self.wait_seconds += time.perf_counter() - t0
+            if parts is not None:
+                break
+            # hosts were lost and their shards recreated: redraw every z, from step 0
             self.transport.call("set_positions", positions, self.transport.generation)
             self.take_shards_z(positions)
-            return self._proposals(positions)
+        else:
+            raise ShardLost(
+                f"giving up: {RECOVERIES} read-ahead requests in a row lost a host (each "
+                "time its shards were recreated and lost again: see the workers' logs, "
+                "e.g. their memory limits)",
+                [],
+            )
+        step = self.step
         self._block = _Block(first, parts, self.depth * C, self.replica)
         self._post(first + self.depth)
         return self._block.step(step, C)

@@ -2,14 +2,15 @@
 
 Subcommands::
 
-    flymc demo                       FlyMC vs regular MCMC on ~1M synthetic rows
+    flymc demo                       FlyMC vs regular MCMC (NUTS) on 200,000 synthetic rows
     flymc make-data OUT --like …     write a synthetic data set (zarr)
     flymc ingest SRC OUT             .npy / .npz / .csv / Parquet → a validated zarr data set
     flymc run STORE --model … --trace OUT.zarr
                                      sample; draws + stats go to a resumable zarr trace
     flymc summary TRACE              the posterior table and efficiency of a trace
     flymc predict TRACE NEW OUT      the posterior predictive at new rows, into zarr
-    flymc bench overhead|sublinear|mixing|scale|table1|scaleout|jointdpm|risk|sv|ingest   benchmarks
+    flymc bench NAME                 benchmarks: overhead, sublinear, mixing, scale, table1,
+                                     scaleout, jointdpm, risk, sv, ingest, loo
 
 Bad input (a missing file, NaN in the data, an unknown model or option, …) ends with
 exit status 2 and one line ``flymc: error: <reason>`` on stderr, and writes nothing.

@@ -134,6 +134,7 @@ BENCH_MODULES = (
     "risk",
     "sv",
     "ingest",
+    "loo",
 )
 
 

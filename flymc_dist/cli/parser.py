@@ -609,4 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Parquet ingest in one process and on a cluster against .npy ingest",
     )
     b.set_defaults(func=None)
+    b = bsub.add_parser(
+        "loo",
+        add_help=False,
+        help="LOO by subsampling against full PSIS-LOO on every row, over many seeds",
+    )
+    b.set_defaults(func=None)
     return parser
