@@ -232,3 +232,21 @@ def test_cli_predict_from_a_trace(tmp_path, capsys) -> None:
     samples = Trace.open(str(tmp_path / "t.zarr"), read_only=True).samples.reshape(-1, 2)
     got = zarr.open_group(str(tmp_path / "p.zarr"), mode="r")["probability"][:]
     np.testing.assert_allclose(got, expit(X @ samples.T).mean(axis=1), rtol=1e-12)
+
+
+def test_bench_loo_is_wired(tmp_path, capsys) -> None:
+    """`flymc bench loo` on a tiny problem: the full sum, every seed's row, the count, the
+    JSON."""
+    import json
+
+    from flymc_dist.cli import main
+
+    out_json = tmp_path / "f.json"
+    args = ["bench", "loo", "--rows", "2000", "--seeds", "3", "--warmup", "60"]
+    code = main([*args, "--samples", "60", "--chains", "2", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "full PSIS-LOO" in out and "of 3 seeds" in out
+    d = json.loads(out_json.read_text())
+    assert len(d["estimates"]) == 3 and 0 <= d["within"] <= 3
+    assert np.isfinite(d["full"]["elpd_loo"]) and d["full"]["elpd_loo"] < 0
