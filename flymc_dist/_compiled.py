@@ -522,30 +522,26 @@ def replica_z_apply(
     cand: np.ndarray,
     cand_seg: np.ndarray,
     cand_at: np.ndarray,
-    log_u: np.ndarray,
-    cand_vals: np.ndarray,
-    log_q: float,
+    acc: np.ndarray,
     rows_buf: np.ndarray,
     new_buf: np.ndarray,
     new_ids: np.ndarray,
     new_src: np.ndarray,
     new_starts: np.ndarray,
 ) -> int:
-    """The second half (:func:`replica_z_propose`): accept each dark proposal when
-    ``log u < log L~ − log q`` (:func:`flymc_dist.brightness.brighten`, ``log_u`` its
-    ``log(1-u)``), and write every chain's new bright rows, sorted by global id, chain
-    after chain: their ids, their buffer rows (copied from ``buf`` or ``rows_buf``) and
-    where each came from (``new_src``: ``j`` for row ``j`` of ``buf``, ``len(buf) + a``
-    for row ``a`` of ``rows_buf``), the chains' segments in ``new_starts``.
+    """The second half (:func:`replica_z_propose`): with ``acc``, which dark proposals
+    are accepted (the caller's :func:`flymc_dist.brightness.brighten`), write every
+    chain's new bright rows, sorted by global id, chain after chain: their ids, their
+    buffer rows (copied from ``buf`` or ``rows_buf``) and where each came from
+    (``new_src``: ``j`` for row ``j`` of ``buf``, ``len(buf) + a`` for row ``a`` of
+    ``rows_buf``), the chains' segments in ``new_starts``.
 
     Returns the number of rows written, or -1 when no chain's bright set changed (then
     nothing is written)."""
     changed = False
     for j in range(gone.size):
         changed = changed or gone[j]
-    acc = np.empty(cand.size, dtype=np.bool_)
-    for j in range(cand.size):
-        acc[j] = log_u[j] < cand_vals[j] - log_q
+    for j in range(acc.size):
         changed = changed or acc[j]
     if not changed:
         return -1

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from flymc_dist._numerics import in_sorted
+from flymc_dist.brightness import brighten
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply
 from flymc_dist.terms import bright_terms, bright_terms_many, check_bounds_held
@@ -333,15 +334,16 @@ class BrightReplica:
         if nan:  # the guard over the bright rows' values, then the proposals'
             check_bounds_held(b_vals, b_seg, thetas, lambda j: int(b_idx[j]), self.model)
             check_bounds_held(vals, cand_seg, thetas, lambda j: int(cand[j]), self.model)
-        # log(1 - u) of the proposals in numpy, as brighten has always been given it
-        log_u = np.log1p(-cand_u[:n])
+        # which proposals turn bright: brighten (looked up here, so that a test can flip
+        # it), given log(1 - u) in numpy as it always has been
+        acc = brighten(np.log1p(-cand_u[:n]), vals, q)
         new_buf = np.empty((M + n, buf_all.shape[1]))
         new_ids = np.empty(M + n, dtype=np.int64)
         new_src = np.empty(M + n, dtype=np.int64)
         new_starts = np.empty(self.chains + 1, dtype=np.int64)
         m = jit.replica_z_apply(
-            buf_all, b_idx, b_seg, gone, cand, cand_seg, cand_at, log_u, vals, log_q, buf,
-            new_buf, new_ids, new_src, new_starts,
+            buf_all, b_idx, b_seg, gone, cand, cand_seg, cand_at, acc, buf, new_buf, new_ids,
+            new_src, new_starts,
         )  # fmt: skip
         if m >= 0:  # some chain's bright set changed
             src = new_src[:m]

@@ -273,7 +273,8 @@ def count_compiled(monkeypatch):
     shards' (one datum at one θ per row; at placement every row at every chain's θ) and
     the driver replica's (every row of the
     chain's buffer at each point, also in the compiled NUTS transition, which counts its
-    evaluations itself, and the rows of the z-update it runs itself with read-ahead);
+    evaluations itself, and the bright rows and dark proposals of the z-update it runs
+    itself with read-ahead);
     in-process runs only."""
     from flymc_dist import _compiled, _compiled_nuts
 
@@ -283,6 +284,7 @@ def count_compiled(monkeypatch):
         real_replica = _compiled.replica_eval
         real_nuts = _compiled_nuts.nuts_transition
         real_segments = _compiled.eval_segments
+        real_propose = _compiled.replica_z_propose
 
         def counting(XC, D, rows, *args):
             model.evaluated += int(rows.size)
@@ -300,6 +302,12 @@ def count_compiled(monkeypatch):
             model.evaluated += int(rows.size)
             return real_segments(XC, D, rows, *args)
 
+        def counting_propose(buf, ids, starts, *args):  # the replica's own z-update
+            out = real_propose(buf, ids, starts, *args)
+            cand_seg = args[13]  # every chain's bright rows, then the proposals evaluated
+            model.evaluated += int(starts[-1] - starts[0] + cand_seg[-1])
+            return out
+
         def counting_nuts(*args):
             out = real_nuts(*args)
             r0, r1 = args[9], args[10]
@@ -311,6 +319,7 @@ def count_compiled(monkeypatch):
         monkeypatch.setattr(_compiled, "replica_eval", counting_replica)
         monkeypatch.setattr(_compiled_nuts, "nuts_transition", counting_nuts)
         monkeypatch.setattr(_compiled, "eval_segments", counting_segments)
+        monkeypatch.setattr(_compiled, "replica_z_propose", counting_propose)
 
     return install
 
