@@ -26,10 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.protocol import Ahead, Proposals, Transport
+from flymc_dist.protocol import Ahead, Proposals, ShardLost, Transport
 from flymc_dist.replica import BrightReplica
 from flymc_dist.streams import Z_DECIDE, stream_keys
-from flymc_dist.transport.dask import ShardLost
 
 #: read-ahead requests in a row that may lose a host (its shards recreated each time)
 #: before a run gives up, as a round does

@@ -140,6 +140,18 @@ _F64 = struct.Struct("<d")
 _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _DICT = (bytes([c]) for c in b"NFTifsblm")
 
 
+class ShardLost(RuntimeError):
+    """A host (worker) stopped answering; ``workers`` are the lost ones, when known."""
+
+    def __init__(self, message: str, workers: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.workers = list(workers or [])
+
+
+class SchedulerLost(ShardLost):
+    """The Dask scheduler is gone: no shard can be recreated, the run cannot go on."""
+
+
 class WireError(ValueError):
     """A message that does not decode: bad layout, length, dtype, shape or value. Nothing
     of it has been applied."""

@@ -133,12 +133,12 @@ from flymc_dist.layout import shard_layout
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.options import Austerity, Placement, RunSettings
 from flymc_dist.progress import SetupProgress, load_note, map_search_rows
-from flymc_dist.protocol import ShardConfig, ShardSpec, Transport, operation_name
+from flymc_dist.protocol import ShardConfig, ShardLost, ShardSpec, Transport, operation_name
 from flymc_dist.result import Result
 from flymc_dist.rng import ROLE_AUSTERITY, stream
 from flymc_dist.run import describe_run, run, storage_info
 from flymc_dist.streams import A_ROWS, permuted_rows, stream_key
-from flymc_dist.transport.dask import ShardLost, open_transport
+from flymc_dist.transport.dask import open_transport
 from flymc_dist.tune import (
     find_map,
     flat_prior_to_check,

@@ -27,45 +27,33 @@ from flymc_dist.rng import stream
 
 __all__ = ["format_ingest", "run_ingest"]
 
-#: the measured writes, each run as ``python -c`` with arguments (source, destination,
-#: workers); it prints a JSON line: seconds, this process's and the workers' peak MiB
-_RUNS = {
-    "npy": """
+#: what every measured run starts with: its arguments (source, destination, workers) and
+#: ``peak()``, its own high-water mark in MiB (``ru_maxrss`` carries the parent's across
+#: exec)
+_PRELUDE = """
 import json, sys, time
-import flymc_dist as fd
-src, out = sys.argv[1], sys.argv[2]
-def peak():
-    # this process's own high-water mark (ru_maxrss carries the parent's across exec)
-    with open("/proc/self/status") as fh:
-        return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM")) / 1024
-t = time.perf_counter()
-fd.ingest(src, out, task="binary")
-sec = time.perf_counter() - t
-print(json.dumps({"seconds": sec, "peak_mib": peak()}))
-""",
-    "parquet": """
-import json, sys, time
-import flymc_dist as fd
-src, out = sys.argv[1], sys.argv[2]
-def peak():
-    # this process's own high-water mark (ru_maxrss carries the parent's across exec)
-    with open("/proc/self/status") as fh:
-        return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM")) / 1024
-
-t = time.perf_counter()
-fd.from_parquet(src, out, target="y", task="binary")
-sec = time.perf_counter() - t
-print(json.dumps({"seconds": sec, "peak_mib": peak()}))
-""",
-    "parquet_cluster": """
-import json, sys, time
-from distributed import Client, LocalCluster
 import flymc_dist as fd
 src, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def peak():
-    # this process's own high-water mark (ru_maxrss carries the parent's across exec)
     with open("/proc/self/status") as fh:
         return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM")) / 1024
+"""
+
+#: the measured writes, each run as ``python -c`` (after :data:`_PRELUDE`); each prints a
+#: JSON line: seconds, this process's and the workers' peak MiB
+_RUNS = {
+    "npy": """
+t = time.perf_counter()
+fd.ingest(src, out, task="binary")
+print(json.dumps({"seconds": time.perf_counter() - t, "peak_mib": peak()}))
+""",
+    "parquet": """
+t = time.perf_counter()
+fd.from_parquet(src, out, target="y", task="binary")
+print(json.dumps({"seconds": time.perf_counter() - t, "peak_mib": peak()}))
+""",
+    "parquet_cluster": """
+from distributed import Client, LocalCluster
 if __name__ == "__main__":
     with LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=":0") as c, \\
             Client(c) as client:
@@ -178,7 +166,7 @@ def run_ingest(
             dest = os.path.join(tmp, f"{name}.zarr")
             src = npy if name == "npy" else pq_dir
             done = subprocess.run(
-                [sys.executable, "-c", code, src, dest, str(workers)],
+                [sys.executable, "-c", _PRELUDE + code, src, dest, str(workers)],
                 capture_output=True,
                 text=True,
                 check=False,

@@ -96,6 +96,28 @@ _STORAGE_HELP = (
 # --------------------------------------------------------------------------- the parser
 
 
+#: the benchmarks whose options come from their run_NAME's signature, and their one line
+BENCH_HELP = (
+    ("sublinear", "austerity MH: data used per decision against N, bias against eps"),
+    ("mixing", "min-ESS per second of the whole run, FlyMC vs regular (NUTS)"),
+    ("scale", "FlyMC's cost per iteration, peak RSS and ESS against N (out of core)"),
+    ("table1", "the FlyMC paper's Table 1, all three rows, converged (R-hat <= 1.01)"),
+    (
+        "jointdpm",
+        "JointDPM (the sublinear-MH paper's Fig. 6): held-out accuracy against time, "
+        "exact MH against austerity",
+    ),
+    ("sv", "stochastic volatility: the sublinear-MH paper's Fig. 9, bias, a tall panel"),
+    (
+        "risk",
+        "the sublinear-MH paper's Fig. 4: risk of the predictive mean on held-out "
+        "MNIST 7 vs 9 against time, exact MH against austerity",
+    ),
+    ("ingest", "Parquet ingest in one process and on a cluster against .npy ingest"),
+    ("loo", "LOO by subsampling against full PSIS-LOO on every row, over many seeds"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``flymc`` argument parser (all subcommands).
 
@@ -559,60 +581,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="FILE", default=None, help="also write the figures as JSON")
     b.set_defaults(func=cmd_bench_overhead)
     # the options of these come from run_NAME's signature (see cmd_bench_module)
-    b = bsub.add_parser(
-        "sublinear",
-        add_help=False,
-        help="austerity MH: data used per decision against N, bias against eps",
-    )
-    b.set_defaults(func=None)
-    b = bsub.add_parser(
-        "mixing",
-        add_help=False,
-        help="min-ESS per second of the whole run, FlyMC vs regular (NUTS)",
-    )
-    b.set_defaults(func=None)
-    b = bsub.add_parser(
-        "scale",
-        add_help=False,
-        help="FlyMC's cost per iteration, peak RSS and ESS against N (out of core)",
-    )
-    b.set_defaults(func=None)
-    b = bsub.add_parser(
-        "table1",
-        add_help=False,
-        help="the FlyMC paper's Table 1, all three rows, converged (R-hat <= 1.01)",
-    )
-    b.set_defaults(func=None)
-    b = bsub.add_parser(
-        "jointdpm",
-        add_help=False,
-        help="JointDPM (the sublinear-MH paper's Fig. 6): held-out accuracy against time, "
-        "exact MH against austerity",
-    )
-    b.set_defaults(func=None)
-    b = bsub.add_parser(
-        "sv",
-        add_help=False,
-        help="stochastic volatility: the sublinear-MH paper's Fig. 9, bias, a tall panel",
-    )
-    b.set_defaults(func=None)
-    b = bsub.add_parser(
-        "risk",
-        add_help=False,
-        help="the sublinear-MH paper's Fig. 4: risk of the predictive mean on held-out "
-        "MNIST 7 vs 9 against time, exact MH against austerity",
-    )
-    b.set_defaults(func=None)
-    b = bsub.add_parser(
-        "ingest",
-        add_help=False,
-        help="Parquet ingest in one process and on a cluster against .npy ingest",
-    )
-    b.set_defaults(func=None)
-    b = bsub.add_parser(
-        "loo",
-        add_help=False,
-        help="LOO by subsampling against full PSIS-LOO on every row, over many seeds",
-    )
-    b.set_defaults(func=None)
+    for name, helptext in BENCH_HELP:
+        bsub.add_parser(name, add_help=False, help=helptext).set_defaults(func=None)
     return parser

@@ -41,7 +41,9 @@ from flymc_dist.protocol import (
     ReplicaRound,
     Reply,
     Round,
+    SchedulerLost,
     ShardConfig,
+    ShardLost,
     ShardSpec,
     pack_ahead,
     pack_round,
@@ -53,18 +55,6 @@ from flymc_dist.transport.host import ShardHost
 from flymc_dist.transport.inprocess import InProcessTransport
 
 log = logging.getLogger("flymc_dist")
-
-
-class ShardLost(RuntimeError):
-    """A host (worker) stopped answering; ``workers`` are the lost ones, when known."""
-
-    def __init__(self, message: str, workers: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.workers = list(workers or [])
-
-
-class SchedulerLost(ShardLost):
-    """The Dask scheduler is gone: no shard can be recreated, the run cannot go on."""
 
 
 def _scheduler_workers(client: Any) -> dict[str, dict]:
