@@ -604,15 +604,8 @@ class FileRows:
         """Every row resident in turn: the row file's blocks (of a multiple of ``unit``
         rows, if given), each read (one ahead) into the arena before it is yielded; the
         caller keeps what it needs with :meth:`keep` after each."""
-        self._ahead = self._proposed = None
-        self._ahead_for, self._staged = {}, {}
-        self.passes += 1
-        block = max(1, BLOCK_BYTES // ((self.n_features + self._K + 2) * 8))
-        if unit:
-            block = max(unit, block // unit * unit)
-        for lo, hi, X, y in self.file.blocks(block):
+        for lo, hi, _, XC, y, xi in self.sweep_read(unit):
             rows = np.arange(lo, hi, dtype=np.int64)
-            XC, xi = self._prepared(X, y)
             new = ~in_sorted(rows, self.ids)
             self._insert(rows[new], XC[new], y[new], None if xi is None else xi[new])
             yield lo, hi
