@@ -85,11 +85,12 @@ def _with_packages(found: set[str], module: str, known: set[str]) -> set[str]:
 
 
 def module_imports(
-    path: Path, module: str, known: set[str]
+    path: Path, module: str, known: set[str], type_checking: bool = False
 ) -> tuple[set[str], list[tuple[str, int]]]:
     """``(module-level imports, function-level imports as (module, line))`` of one file,
     restricted to the package's modules ``known``. Imports under ``if TYPE_CHECKING:``
-    never run and are left out; class bodies run at import time and count as module-level.
+    never run and are left out (counted as module-level with ``type_checking``: the
+    structure's stricter rule); class bodies run at import time and count as module-level.
     An import of a sub-package's module counts as one of the sub-package as well
     (:func:`_with_packages`).
     """
@@ -100,7 +101,7 @@ def module_imports(
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
                 for sub in child.orelse:
                     visit(ast.Module(body=[sub], type_ignores=[]), in_function)
                 continue
@@ -121,13 +122,16 @@ def module_imports(
     return top, lazy
 
 
-def import_graph(root: Path, name: str) -> tuple[dict[str, set[str]], dict[str, list]]:
-    """The module-level import graph of a package and its function-level imports."""
+def import_graph(
+    root: Path, name: str, type_checking: bool = False
+) -> tuple[dict[str, set[str]], dict[str, list]]:
+    """The module-level import graph of a package and its function-level imports
+    (``type_checking``: see :func:`module_imports`)."""
     mods = package_modules(root, name)
     known = set(mods)
     graph, lazy = {}, {}
     for mod, path in mods.items():
-        graph[mod], lazy[mod] = module_imports(path, mod, known)
+        graph[mod], lazy[mod] = module_imports(path, mod, known, type_checking)
     return graph, lazy
 
 

@@ -17,7 +17,7 @@ import ast
 import textwrap
 from pathlib import Path
 
-from test_imports import package_modules
+from test_imports import find_cycle, import_graph, package_modules
 
 import flymc_dist
 
@@ -49,104 +49,57 @@ def _private(name: str) -> bool:
 
 
 # ------------------------------------------------------------------------- import cycles
-def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
-    """``module -> modules of ``modules`` it imports`` (any import: module level, in a
-    function or under ``TYPE_CHECKING``), from the sources ``modules`` (name -> text)."""
-    known = set(modules)
-    graph: dict[str, set[str]] = {}
-    for mod, text in modules.items():
-        is_pkg = False
-        edges: set[str] = set()
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.Import):
-                edges |= {a.name for a in node.names if a.name in known}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    pkg = mod.split(".")[: len(mod.split(".")) - node.level + int(is_pkg)]
-                    base = ".".join(pkg + ([base] if base else []))
-                for a in node.names:
-                    sub = f"{base}.{a.name}"
-                    if sub in known:
-                        edges.add(sub)
-                    elif base in known:
-                        edges.add(base)
-        graph[mod] = edges - {mod}
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in graph:
-                continue
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
-def _sources(root: Path, name: str) -> dict[str, str]:
-    return {m: p.read_text() for m, p in package_modules(root, name).items()}
+def every_import(root: Path, name: str, within: str) -> dict[str, set[str]]:
+    """``module -> modules under ``within`` it imports``, for the modules under ``within``
+    of the package at ``root``: any import (module level, in a function or under
+    ``TYPE_CHECKING``), read by :func:`test_imports.import_graph`."""
+    graph, lazy = import_graph(root, name, type_checking=True)
+    mods = {m for m in graph if m.startswith(within)}
+    return {m: (graph[m] | {t for t, _ in lazy[m]}) & mods for m in mods}
 
 
 def test_no_import_cycle_in_shard() -> None:
     """The worker side imports without a circle: state, then the round over it."""
-    mods = {
-        m: t for m, t in _sources(PACKAGE, "flymc_dist").items() if m.startswith("flymc_dist.shard")
-    }
-    assert cycles(import_graph(mods)) == []
+    graph = every_import(PACKAGE, "flymc_dist", "flymc_dist.shard")
+    assert len(graph) > 3
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_shard_does_not_import_transport() -> None:
     """The shards know nothing of the transport (the host is given its channel)."""
-    mods = _sources(PACKAGE, "flymc_dist")
-    graph = import_graph(mods)
+    graph, lazy = import_graph(PACKAGE, "flymc_dist", type_checking=True)
     bad = {
-        m: sorted(t for t in targets if t.startswith("flymc_dist.transport"))
-        for m, targets in graph.items()
+        m: sorted(
+            t for t in graph[m] | {t for t, _ in lazy[m]} if t.startswith("flymc_dist.transport")
+        )
+        for m in graph
         if m.startswith("flymc_dist.shard")
     }
     assert {m: t for m, t in bad.items() if t} == {}
 
 
-def test_cycle_checker_sees_a_planted_cycle() -> None:
-    mods = {
-        "p.a": "from p.b import f\n",
-        "p.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.c import g\n",
-        "p.c": "import p.a\n",
-        "p.d": "from p import a\n",
+def test_cycle_checker_sees_a_planted_cycle(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    files = {
+        "__init__.py": "",
+        "a.py": "from p.b import f\n",
+        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.c import g\n",
+        "c.py": "def g():\n    import p.a\n",
+        "d.py": "from p import a\n",
     }
-    assert cycles(import_graph(mods)) == [["p.a", "p.b", "p.c"]]
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    cycle = find_cycle(every_import(root, "p", "p."))
+    assert cycle is not None and set(cycle) == {"p.a", "p.b", "p.c"}
 
 
 # ------------------------------------------------------------------------ private names
+def _sources(root: Path, name: str) -> dict[str, str]:
+    return {m: p.read_text() for m, p in package_modules(root, name).items()}
+
+
 def _defined(tree: ast.AST) -> set[str]:
     """The private names a module defines: functions, classes, assignments (names, and
     attributes of ``self``/``cls`` stored to: ``self._x = …``) and arguments."""
