@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 import pytest
+from rss import peak_rss, reset_peak_rss
 from scipy.optimize import minimize
 from scipy.special import expit
 
@@ -509,22 +510,6 @@ def test_deterministic_across_placements(store, local_clusters):
         np.testing.assert_array_equal(sync.stats[k], two.stats[k])
 
 
-def _reset_peak_rss() -> None:
-    """Start this process's peak RSS (VmHWM) afresh (Linux): a worker forked from a large
-    parent would otherwise report the parent's peak."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _peak_rss() -> int:
-    """This process's peak resident set size since the last reset, in bytes (Linux)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 @pytest.mark.slow
 @pytest.mark.cluster
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
@@ -548,7 +533,7 @@ def test_workers_with_less_memory_than_their_shards(tmp_path):
         Client(cluster, direct_to_workers=True) as client,
     ):
         pids = client.run(os.getpid)
-        client.run(_reset_peak_rss)
+        client.run(reset_peak_rss)
         res = fd.sample(
             fd.LogisticRegression(),
             ds,
@@ -559,7 +544,7 @@ def test_workers_with_less_memory_than_their_shards(tmp_path):
             seed=1,
             progress=False,
         )  # defaults: one shard per worker, Dask's memory thresholds as they are
-        peak = client.run(_peak_rss)
+        peak = client.run(peak_rss)
         assert client.run(os.getpid) == pids  # no worker was restarted
     # each shard: 5.5M rows of 5 features (+ 3 row constants, target, tight point) in float64
     shard_bytes = 5_500_000 * (5 + 3 + 2) * 8

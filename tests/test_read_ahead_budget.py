@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from rss import peak_rss, reset_peak_rss
 
 import flymc_dist as fd
 from flymc_dist.protocol import ShardConfig, ShardSpec
@@ -97,21 +98,6 @@ def test_what_cannot_fit_is_refused_up_front(store, tmp_path, monkeypatch):
     sh.close()
 
 
-def _reset_peak_rss() -> None:
-    """Start this process's peak RSS (VmHWM) afresh (Linux)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _peak_rss() -> int:
-    """This process's peak resident set size since the last reset, in bytes (Linux)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def _row_files(dask_worker=None) -> int:
     """On a worker: the row files in its local directory."""
     import glob
@@ -190,9 +176,9 @@ def test_the_issue_run_fits_400_mb_workers(tall):
         pids = client.run(os.getpid)
         # in memory first: what it leaves behind counts against the runs out of core
         for q, ooc in ((0.05, False), (0.05, True), (0.2, True)):
-            client.run(_reset_peak_rss)
+            client.run(reset_peak_rss)
             res = run(client, q, ooc)
-            peaks[q, ooc] = sorted(client.run(_peak_rss).values())
+            peaks[q, ooc] = sorted(client.run(peak_rss).values())
             assert client.run(os.getpid) == pids, f"a worker was restarted (q {q}, {ooc})"
             assert res.info["out_of_core"] == [ooc, ooc]
             assert res.samples.shape == (4, 50, 10) and np.all(np.isfinite(res.samples))
