@@ -57,6 +57,19 @@ def _driver_code(timeout: float = 60.0, algorithm: str = "fd.FlyMC()") -> str:
     )
 
 
+def _wait_for_shards(client) -> None:
+    """Until every worker holds one out-of-core shard of the driver (its row file, its
+    reading thread and the run's channel)."""
+    _wait_for(
+        lambda: all(
+            v["files"] == 1 and v["read_threads"] == 1 and v["channel_threads"] > 0
+            for v in client.run(_held).values()
+        ),
+        180,
+        "the driver's out-of-core shards",
+    )
+
+
 def _rounds(dask_worker=None) -> int:
     """On a worker: the rounds its shard hosts have served (sampling has begun)."""
     from flymc_dist.transport.host import ShardHost
@@ -95,14 +108,7 @@ def test_a_killed_driver_leaves_no_row_file_thread_or_descriptor(tmp_path):
             stderr=subprocess.DEVNULL,
         )
         try:
-            _wait_for(
-                lambda: all(
-                    v["files"] == 1 and v["read_threads"] == 1 and v["channel_threads"] > 0
-                    for v in client.run(_held).values()
-                ),
-                180,
-                "the driver's out-of-core shards",
-            )
+            _wait_for_shards(client)
             time.sleep(2.0)  # mid-run
         finally:
             driver.kill()  # SIGKILL: nothing of the driver runs after it
@@ -154,14 +160,7 @@ def test_a_lost_shard_leaves_no_row_file_thread_or_descriptor(tmp_path, fault):
             stderr=subprocess.PIPE,
         )
         try:
-            _wait_for(
-                lambda: all(
-                    v["files"] == 1 and v["read_threads"] == 1 and v["channel_threads"] > 0
-                    for v in client.run(_held).values()
-                ),
-                180,
-                "the driver's out-of-core shards",
-            )
+            _wait_for_shards(client)
             # sampling (set-up's full passes wait for a worker however long it takes)
             _wait_for(lambda: all(r > 20 for r in client.run(_rounds).values()), 180, "sampling")
             lost, live = sorted(pids)
