@@ -122,20 +122,32 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
     return parser
 
 
+#: the benchmarks whose options come from their run_NAME's signature, and their one line
+BENCH_HELP = (
+    ("scaleout", "FlyMC's cost per iteration against the number of workers and added latency"),
+    ("sublinear", "austerity MH: data used per decision against N, bias against eps"),
+    ("mixing", "min-ESS per second of the whole run, FlyMC vs regular (NUTS)"),
+    ("scale", "FlyMC's cost per iteration, peak RSS and ESS against N (out of core)"),
+    ("table1", "the FlyMC paper's Table 1, all three rows, converged (R-hat <= 1.01)"),
+    (
+        "jointdpm",
+        "JointDPM (the sublinear-MH paper's Fig. 6): held-out accuracy against time, "
+        "exact MH against austerity",
+    ),
+    ("sv", "stochastic volatility: the sublinear-MH paper's Fig. 9, bias, a tall panel"),
+    (
+        "risk",
+        "the sublinear-MH paper's Fig. 4: risk of the predictive mean on held-out "
+        "MNIST 7 vs 9 against time, exact MH against austerity",
+    ),
+    ("ingest", "Parquet ingest in one process and on a cluster against .npy ingest"),
+    ("loo", "LOO by subsampling against full PSIS-LOO on every row, over many seeds"),
+)
+
+
 #: ``flymc bench NAME``: the module ``flymc_dist.bench.NAME`` with ``run_NAME`` (its options
 #: become the command's) and ``format_NAME``
-BENCH_MODULES = (
-    "sublinear",
-    "mixing",
-    "scale",
-    "table1",
-    "scaleout",
-    "jointdpm",
-    "risk",
-    "sv",
-    "ingest",
-    "loo",
-)
+BENCH_MODULES = tuple(name for name, _ in BENCH_HELP)
 
 
 def cmd_bench_module(name: str, argv: Sequence[str]) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flymc_dist import __version__
-from flymc_dist.cli.bench import cmd_bench_overhead
+from flymc_dist.cli.bench import BENCH_HELP, cmd_bench_overhead
 from flymc_dist.cli.commands import (
     cmd_ingest,
     cmd_make_data,
@@ -94,28 +94,6 @@ _STORAGE_HELP = (
 
 
 # --------------------------------------------------------------------------- the parser
-
-
-#: the benchmarks whose options come from their run_NAME's signature, and their one line
-BENCH_HELP = (
-    ("sublinear", "austerity MH: data used per decision against N, bias against eps"),
-    ("mixing", "min-ESS per second of the whole run, FlyMC vs regular (NUTS)"),
-    ("scale", "FlyMC's cost per iteration, peak RSS and ESS against N (out of core)"),
-    ("table1", "the FlyMC paper's Table 1, all three rows, converged (R-hat <= 1.01)"),
-    (
-        "jointdpm",
-        "JointDPM (the sublinear-MH paper's Fig. 6): held-out accuracy against time, "
-        "exact MH against austerity",
-    ),
-    ("sv", "stochastic volatility: the sublinear-MH paper's Fig. 9, bias, a tall panel"),
-    (
-        "risk",
-        "the sublinear-MH paper's Fig. 4: risk of the predictive mean on held-out "
-        "MNIST 7 vs 9 against time, exact MH against austerity",
-    ),
-    ("ingest", "Parquet ingest in one process and on a cluster against .npy ingest"),
-    ("loo", "LOO by subsampling against full PSIS-LOO on every row, over many seeds"),
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -534,7 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- bench
     p = sub.add_parser(
         "bench",
-        help="benchmarks (overhead, sublinear, mixing, scale, table1, scaleout, jointdpm, sv)",
+        help="benchmarks (" + ", ".join(["overhead", *(name for name, _ in BENCH_HELP)]) + ")",
         description="Benchmarks: 'overhead' (FlyMC per iteration against a bare "
         "round trip and regular MCMC), 'sublinear' (austerity MH's data use "
         "against N; see 'flymc bench sublinear --help'), 'mixing' "
@@ -544,9 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
         "'flymc bench scale --help'), 'table1' (the FlyMC paper's Table 1, all three "
         "rows, each run to R-hat <= 1.01; see 'flymc bench table1 --help'), "
         "'scaleout' (FlyMC's cost per iteration against the number of workers and added "
-        "latency; see 'flymc bench scaleout --help'), 'jointdpm' (the sublinear-MH "
-        "paper's Fig. 6) and 'sv' (stochastic volatility over a panel; see "
-        "'flymc bench sv --help').",
+        "latency; see 'flymc bench scaleout --help'), and the others listed below (each "
+        "'flymc bench NAME --help' gives its options).",
     )
     bsub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     b = bsub.add_parser("overhead", help="FlyMC vs bare round trip vs regular, per iteration")
