@@ -33,8 +33,29 @@ from flymc_dist.streams import Z_DECIDE, stream_keys
 #: read-ahead requests in a row that may lose a host (its shards recreated each time)
 #: before a run gives up, as a round does
 RECOVERIES = 5
+#: the most one read-ahead request may cost a host, in bytes, counted as its shards'
+#: :meth:`~flymc_dist.shard.Shard.proposal_bytes` per step (the rows read and prepared,
+#: with their copies) times the steps: what the host builds and sends and the driver
+#: holds at once. The reply itself is about a third of that, well inside the round
+#: channel's frames (:data:`~flymc_dist.transport.channel.MAX_FRAME`, 64 MiB).
+REPLY_BYTES = 32 * 2**20
 
-__all__ = ["ReadAhead"]
+__all__ = ["REPLY_BYTES", "ReadAhead", "fitting_depth"]
+
+
+def fitting_depth(want: int, step_bytes: list[float], hosts: list[list[int]]) -> int:
+    """Steps of proposals per read-ahead request: ``want``, and no more than keep every
+    host's reply within :data:`REPLY_BYTES` (``step_bytes``: each shard's bytes per step;
+    ``hosts``: each host's shards, as positions in that list). 0 when one step of some
+    host is already over: then the shards update z themselves, a round per iteration.
+
+    At the default ``q_db`` steps are small (400k × 20 on two hosts, 4 chains, q ≈ 5·10⁻⁵:
+    ~27 kB a step, the default 16 steps). At 10⁶ × 10 on two hosts with ``q_db=0.05``
+    one step counts ~38 MB a host: none (16 steps made replies of 79-126 MB, more than
+    the channel's frames, and the driver would evaluate 10⁵ proposed rows an iteration
+    that the shards evaluate in parallel)."""
+    per_host = max(sum(step_bytes[i] for i in shards) for shards in hosts)
+    return int(min(want, REPLY_BYTES // max(per_host, 1.0)))
 
 
 class _Block:
@@ -83,20 +104,35 @@ class ReadAhead:
         The run's seed (the z streams' key).
     q
         The dark→bright proposal probability.
-    depth
-        Steps of proposals per request (:data:`~flymc_dist.options.READ_AHEAD`).
+    want
+        Steps of proposals per request at most (:data:`~flymc_dist.options.READ_AHEAD`,
+        and out of core what each shard's memory budget holds).
+    step_bytes
+        Each shard's bytes of proposals per step
+        (:meth:`~flymc_dist.shard.Shard.proposal_bytes`): the steps per request are as
+        many as :func:`fitting_depth` allows, taken anew whenever the shards are placed
+        again.
     """
 
     def __init__(
-        self, transport: Transport, replica: BrightReplica, seed: int, q: float, depth: int
+        self,
+        transport: Transport,
+        replica: BrightReplica,
+        seed: int,
+        q: float,
+        want: int,
+        step_bytes: list[float],
     ) -> None:
-        if int(depth) < 1:
-            raise ValueError(f"read_ahead must be >= 1 here, got {depth}")
+        if int(want) < 1:
+            raise ValueError(f"read_ahead must be >= 1 here, got {want}")
         self.transport = transport
         self.replica = replica
         self.seed = int(seed)
         self.q = float(q)
-        self.depth = int(depth)
+        self.want = int(want)
+        self.step_bytes = list(step_bytes)
+        #: steps of proposals per request (:meth:`take_shards_z` sets it)
+        self.depth = 1
         self.generation = 0
         #: the next z-update's step (in the streams of :attr:`generation`)
         self.step = 0
@@ -109,13 +145,16 @@ class ReadAhead:
     def take_shards_z(self, positions: np.ndarray) -> None:
         """Start from the shards' current draw of z (at placement or after a redraw):
         the replica takes every chain's bright set, the steps restart at 0 of the
-        transport's generation, and the first steps' proposals are asked for.
+        transport's generation, the steps per request fit the hosts as they are now
+        (the draws do not depend on them), and the first steps' proposals are asked for.
         ``positions`` are unused here (the shards drew z there)."""
         self._drain()
         self.replica.apply(self.transport.call("bright_rows"))
         self.generation = int(self.transport.generation)
         self.step = 0
         self._block = None
+        # a recovery may have put several shards on one host: its replies grow with them
+        self.depth = max(1, fitting_depth(self.want, self.step_bytes, self.transport.hosts))
         self._post(0)  # the first steps' rows travel while the driver finishes its set-up
 
     def _drain(self) -> None:

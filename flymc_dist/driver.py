@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from flymc_dist.ahead import ReadAhead
+from flymc_dist.ahead import ReadAhead, fitting_depth
 from flymc_dist.kernels.base import (
     EvalRequest,
     EvalResponse,
@@ -126,8 +126,9 @@ class Driver:
         way the draws do not depend on the layout). In replica mode with a compiled
         model and the implicit z-update the driver updates z on its replica, fetching
         the rows the next ``read_ahead`` iterations propose in one request per host
-        (:mod:`flymc_dist.ahead`); 0: a round to the shards every iteration. The draws
-        are the same either way.
+        (:mod:`flymc_dist.ahead`; fewer where a host's reply would pass
+        :data:`~flymc_dist.ahead.REPLY_BYTES`, none where one iteration's would); 0: a
+        round to the shards every iteration. The draws are the same either way.
     chains, seed
         Number of chains; the seed of every random stream.
     n_rows
@@ -309,10 +310,14 @@ class Driver:
             and self.read_ahead > 0
         ):
             # no more steps per request than every shard can hold (out of core: half its
-            # memory budget; Shard.ahead_steps)
-            depth = min(self.transport.call("ahead_steps", self.read_ahead))
-            self.ahead = ReadAhead(self.transport, self.replica, self.seed, self.q_db, depth)
-            self.ahead.take_shards_z(self.positions)
+            # memory budget; Shard.ahead_steps), nor than keep a host's reply small
+            want = min(self.transport.call("ahead_steps", self.read_ahead))
+            step_bytes = self.transport.call("proposal_bytes")
+            if fitting_depth(want, step_bytes, self.transport.hosts) >= 1:
+                self.ahead = ReadAhead(
+                    self.transport, self.replica, self.seed, self.q_db, want, step_bytes
+                )
+                self.ahead.take_shards_z(self.positions)
         self._choose_step()
         # the requests each host had been sent when sampling began (a Dask transport's)
         self._messages_setup = dict(getattr(self.transport, "messages", {}))

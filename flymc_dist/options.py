@@ -220,8 +220,8 @@ class FlyMC(_Options):
     read_ahead: int = _option(
         READ_AHEAD,
         "replica mode: the driver updates z itself, fetching the rows the next read_ahead "
-        "iterations will propose in one request per host (0: a round to the shards every "
-        "iteration)",
+        "iterations will propose in one request per host (fewer where a host's request would "
+        "cost it over 32 MiB; 0: a round to the shards every iteration)",
         integer(0),
     )
 

@@ -616,6 +616,11 @@ class Transport(Protocol):
     def n_workers(self) -> int:
         """Places the shards live in."""
 
+    @property
+    def hosts(self) -> list[list[int]]:
+        """The shards each place holds, as positions in :attr:`specs` (a read-ahead
+        request's reply carries every shard of its host)."""
+
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``Shard.<method>(*args, **kwargs)`` on every shard, in shard order."""
 

@@ -9,16 +9,18 @@ never correctness. (``q_db="auto"`` stays with the driver: it needs the shards' 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import scipy.linalg
-import scipy.optimize
 
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import Transport
 from flymc_dist.reduce import tree_total
 from flymc_dist.rng import ROLE_INIT, stream
+
+if TYPE_CHECKING:
+    from scipy.optimize import OptimizeResult
 
 __all__ = [
     "MapEstimate",
@@ -147,6 +149,10 @@ def find_map(
         x0 = untuned_bound_mode(model, transport, n_params)
         passes += 1
 
+    # imported here, not with the package: scipy.optimize adds ~20 MB to every process
+    # that imports flymc_dist, Dask workers included (tests/test_imports.py)
+    import scipy.optimize
+
     def search(start: np.ndarray) -> Any:
         return scipy.optimize.minimize(
             lambda t: evaluate(t)[0],
@@ -209,13 +215,15 @@ def _check_finite_derivatives(g: np.ndarray, h: np.ndarray) -> None:
 NEWTON_NATS = 1.0
 
 
-def _newton(evaluate: Any, x0: np.ndarray, maxiter: int) -> scipy.optimize.OptimizeResult | None:
+def _newton(evaluate: Any, x0: np.ndarray, maxiter: int) -> OptimizeResult | None:
     """Newton's method from ``x0``, close to the minimum (a subsample's optimum): each
     step one evaluation; once half the Newton decrement ``gᵀH⁻¹g`` is below
     :data:`NEWTON_NATS` the last step is taken without evaluating (``extrapolated``):
     from a subsample's optimum, two full passes. None (the caller then runs the
     trust-region search) where a Hessian is not positive definite or a step does not
     decrease the objective."""
+    from scipy.optimize import OptimizeResult  # noqa: F811 (see find_map)
+
     x = np.asarray(x0, float)
     f, g, h = evaluate(x)
     for it in range(1, int(maxiter) + 1):
@@ -224,7 +232,7 @@ def _newton(evaluate: Any, x0: np.ndarray, maxiter: int) -> scipy.optimize.Optim
         except np.linalg.LinAlgError:
             return None
         if 0.5 * float(g @ step) < NEWTON_NATS:
-            return scipy.optimize.OptimizeResult(
+            return OptimizeResult(
                 x=x - step,
                 success=True,
                 nit=it,
@@ -237,7 +245,7 @@ def _newton(evaluate: Any, x0: np.ndarray, maxiter: int) -> scipy.optimize.Optim
         if not f_new <= f:
             return None
         x, f = x_new, f_new
-    return scipy.optimize.OptimizeResult(
+    return OptimizeResult(
         x=x, success=False, nit=int(maxiter), nfev=int(maxiter) + 1, message="maxiter reached"
     )
 

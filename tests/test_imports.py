@@ -8,6 +8,8 @@ on small planted examples, so that a checker that cannot fail is caught too.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -230,6 +232,28 @@ def test_the_driver_side_imports_no_worker_module(module: str) -> None:
     mods = package_modules(PACKAGE, "flymc_dist")
     dask = sorted(m for m in reached if imports_outside(mods[m]) & {"distributed", "dask"})
     assert not dask, f"{module} imports Dask through {dask}"
+
+
+#: heavy libraries the package imports where used, not with it: every Dask worker imports
+#: flymc_dist, and their ~45 MB (scipy.stats with scipy.optimize) counted against a worker's
+#: memory limit while only the driver's set-up and the SV sampler's φ draw use them
+NOT_AT_IMPORT = ("scipy.stats", "scipy.optimize")
+
+
+def test_importing_the_package_loads_no_heavy_library_it_only_uses_in_places() -> None:
+    code = (
+        "import sys, flymc_dist, flymc_dist.shard.state, flymc_dist.transport.host;"
+        f"print(sorted(m for m in {NOT_AT_IMPORT!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=PACKAGE.parent,
+    )
+    assert out.stdout.strip() == "[]", f"import flymc_dist loads {out.stdout.strip()}"
 
 
 def test_the_shard_and_austerity_do_not_import_each_other() -> None:

@@ -15,6 +15,7 @@ import pytest
 from scipy.special import expit
 
 import flymc_dist as fd
+from flymc_dist.ahead import REPLY_BYTES, fitting_depth
 from flymc_dist.bench.delay import delayed_channels
 from flymc_dist.options import READ_AHEAD
 
@@ -125,6 +126,45 @@ def test_draws_identical_on_1_2_4_workers(ds, local_clusters):
             _same(ref, res)
             if workers == 2:
                 _same(plain, _run(ds, client, bright_replica=False))
+
+
+def test_the_steps_per_request_fit_every_host():
+    """A read-ahead request asks for as many steps as keep every host's cost within
+    REPLY_BYTES, summing the shards a host holds (as after a recovery put two on one);
+    none where one step is over (the shards then update z, a round per iteration)."""
+    step = REPLY_BYTES // 10  # a whole byte count: 10 steps fit, 11 do not
+    assert fitting_depth(16, [step, step], [[0], [1]]) == 10
+    assert fitting_depth(8, [step, step], [[0], [1]]) == 8
+    assert fitting_depth(16, [step, step], [[0, 1]]) == 5
+    assert fitting_depth(16, [step, 2 * REPLY_BYTES], [[0], [1]]) == 0
+
+
+@pytest.mark.cluster
+def test_large_proposals_are_read_ahead_in_fewer_steps_or_by_rounds(
+    ds, local_clusters, monkeypatch
+):
+    """On 2 workers at q 0.05 (48 kB of proposals a step and shard, counted with their
+    copies: 8 (4·3 + 3 + 5) bytes × 3 chains × 0.05 × 2,000 rows), the steps per request
+    follow REPLY_BYTES — 2 steps under 100 kB, rounds under 40 kB — and the draws are
+    the default's. A reply longer than the channel's frames is an error naming its
+    size, at once: before, the driver took the host for lost, recreated its shards and
+    asked again, five times (a 10⁶ × 10 run at q 0.05 on two workers, its 79-126 MB
+    replies against 64 MiB frames, ended so with no worker lost)."""
+    from distributed import Client
+
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
+        ref = _run(ds, client, q_db=0.05)
+        assert ref.info["read_ahead"] == READ_AHEAD
+        for cap, depth in ((100_000, 2), (40_000, 0)):
+            monkeypatch.setattr("flymc_dist.ahead.REPLY_BYTES", cap)
+            res = _run(ds, client, q_db=0.05)
+            assert res.info["read_ahead"] == depth
+            _same(ref, res)
+        monkeypatch.setattr("flymc_dist.ahead.REPLY_BYTES", REPLY_BYTES)
+        monkeypatch.setattr("flymc_dist.transport.channel.MAX_FRAME", 100_000)
+        with pytest.raises(ValueError, match=r"replied with [\d,]+ bytes, more than") as e:
+            _run(ds, client, q_db=0.05)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.cluster

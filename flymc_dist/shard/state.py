@@ -630,6 +630,12 @@ class Shard:
         fit = int((self.memory_budget // 2) // max(per_update, 1.0))
         return max(1, min(ROWS_AHEAD, fit))
 
+    def proposal_bytes(self) -> float:
+        """About the bytes one step's proposals of every chain take, read and prepared
+        (what a read-ahead request's reply carries per step, with room for its copies:
+        :meth:`read_ahead_depth` counts the same)."""
+        return _proposal_bytes(self.n, self.n_features, self._K, self.config, self.q_db)
+
     def ahead_steps(self, want: int) -> int:
         """How many steps of proposals one :meth:`proposals` request may ask of this
         shard (the driver's read-ahead in replica mode, :class:`~flymc_dist.ahead.ReadAhead`):

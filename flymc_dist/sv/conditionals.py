@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy.special import betaln, gammaln
-from scipy.stats import truncnorm
 
 from flymc_dist.austerity.sampler import stop_rule
 
@@ -116,6 +115,10 @@ def sample_phi(
     ``wrong=True`` draws ``N(C/S, σ²/S)`` truncated to [0, 1], leaving out the Beta
     prior: only the negative control of the tests.
     """
+    # imported here, not with the package: scipy.stats adds ~25 MB to every process
+    # that imports flymc_dist, Dask workers included (tests/test_imports.py)
+    from scipy.stats import truncnorm
+
     if pr.phi_a < 1 or pr.phi_b < 1:
         raise ValueError("the exact φ draw needs a log-concave Beta prior (phi_a, phi_b >= 1)")
     S, C = float(stats[0]), float(stats[1])

@@ -429,9 +429,11 @@ class ChannelClient:
 
         Returns ``(replies, failures)``. A connection that fails, closes, does not answer
         within ``timeout`` seconds, or answers with a reply that is not authentic and in
-        order is dropped and reported as a :class:`ChannelError`; an exception raised by
-        the host's handler is reported as a new one of its type (:func:`decode_error`;
-        the connection stays usable).
+        order is dropped and reported as a :class:`ChannelError`; a reply longer than
+        :data:`MAX_FRAME` is dropped unread and reported as a ``ValueError`` (the host
+        is not lost: it answered what it was asked); an exception raised by the host's
+        handler is reported as a new one of its type (:func:`decode_error`; the
+        connection stays usable).
         """
         pending, bad = self.post(code, payload, keys)
         ok, late = self.collect(pending, timeout)
@@ -478,7 +480,14 @@ class ChannelClient:
                 header = _recv_exact(sock, HEADER.size)
                 status, seq, n = HEADER.unpack(header)
                 if n > MAX_FRAME:
-                    raise ChannelError(f"a reply of {n} bytes")
+                    # the host is alive and the reply is what was asked: not a lost host
+                    # (recreating its shards would only ask again), an error of the run
+                    self.drop(k)
+                    bad[k] = ValueError(
+                        f"{k} replied with {n:,} bytes, more than the round channel's "
+                        f"frames of at most {MAX_FRAME:,}"
+                    )
+                    continue
                 body = _recv_exact(sock, n + MAC_BYTES)
                 body, mac = body[:n], body[n:]
                 sock.settimeout(None)

@@ -369,6 +369,12 @@ class DaskTransport:
         """Workers holding shards."""
         return len(self.placement)
 
+    @property
+    def hosts(self) -> list[list[int]]:
+        """The shards each worker holds, as positions in :attr:`specs`."""
+        at = {s.shard_id: i for i, s in enumerate(self.specs)}
+        return [[at[s.shard_id] for s in specs] for specs in self.placement.values()]
+
     def _start_host(self, worker: str, specs: list[ShardSpec]) -> None:
         """Open a shard host holding ``specs`` on ``worker``, and wait until it is up."""
         self._host_ready(*self._submit_host(worker, specs))

@@ -47,6 +47,11 @@ class InProcessTransport:
         """Places the shards live in."""
         return 1
 
+    @property
+    def hosts(self) -> list[list[int]]:
+        """Every shard, in this one place."""
+        return [list(range(len(self.specs)))]
+
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``Shard.<method>`` on every shard, in shard order."""
         self.round_trips += 1
