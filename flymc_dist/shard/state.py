@@ -617,7 +617,8 @@ class Shard:
     def read_ahead_depth(self) -> int:
         """Out of core, how many z-updates' proposals :meth:`settle` reads ahead: at
         most :data:`ROWS_AHEAD`, and as many as fit in half the shard's memory budget
-        (none: :data:`ROWS_AHEAD`), at least one.
+        (no budget: :data:`ROWS_AHEAD`); none when one does not fit there (each z-update
+        then reads its proposals as it runs, holding one z-update's rows, not two).
 
         A z-update proposes about ``q · n`` rows per chain; each read ahead is held as it
         was read, then prepared (features and row constants in float64, target, tight
@@ -628,7 +629,7 @@ class Shard:
             return ROWS_AHEAD
         per_update = _proposal_bytes(self.n, self.n_features, self._K, self.config, self.q_db)
         fit = int((self.memory_budget // 2) // max(per_update, 1.0))
-        return max(1, min(ROWS_AHEAD, fit))
+        return min(ROWS_AHEAD, fit)
 
     def proposal_bytes(self) -> float:
         """About the bytes one step's proposals of every chain take, read and prepared
