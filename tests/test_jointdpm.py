@@ -17,8 +17,8 @@ import flymc_dist as fd
 from flymc_dist.diagnostics import mcse_mean
 from flymc_dist.jointdpm.data import four_blobs
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
-from flymc_dist.jointdpm.sampler import NEW, ChainState, JointDPMSampler
-from flymc_dist.jointdpm.shard import MemberArray, logit_loglik
+from flymc_dist.jointdpm.sampler import NEW, ChainState, JointDPMSampler, RankDraw, shard_bounds
+from flymc_dist.jointdpm.shard import MemberIndex, logit_loglik
 from flymc_dist.jointdpm.transport import open_dpm_transport
 
 
@@ -65,31 +65,42 @@ def test_student_t_predictive_after_1000_updates_equals_scipy():
     assert np.max(np.abs(c.log_predictive(q) - wrong.logpdf(q))) > 1e-3
 
 
-def test_member_array_insert_remove_draw():
-    """O(1) insert/remove keep the set; draws without replacement cover it exactly once
-    and are uniform (chi-square over first draws)."""
-    pos = np.zeros(50, dtype=np.int64)
-    a = MemberArray()
-    for r in range(50):
-        a.insert(r, pos)
-    for r in range(0, 50, 3):
-        a.remove(r, pos)
-    members = {r for r in range(50) if r % 3}
-    assert set(a.rows[: a.count].tolist()) == members
-    assert all(a.rows[pos[r]] == r for r in members)
+def test_member_index_insert_remove_select():
+    """The order-statistic index follows random moves: a cluster's r-th member in row
+    order is the r-th of np.flatnonzero(z == k), for every rank; counts agree; a rank
+    past the end is refused."""
     rng = np.random.default_rng(1)
-    a.restart()
-    got = np.concatenate([a.draw(rng, 7, pos) for _ in range(a.count // 7)])
-    got = np.concatenate([got, a.draw(rng, a.count - got.size, pos)])
-    assert sorted(got.tolist()) == sorted(members)
+    z = rng.integers(0, 3, 300)
+    index = MemberIndex(z)
+    for _ in range(2000):
+        r, k = int(rng.integers(300)), int(rng.integers(0, 5))
+        old = int(z[r])
+        if old != k:
+            z[r] = k
+            index.move(r, old, k)
+    assert index.labels() == sorted(set(z.tolist()))
+    for k in range(5):
+        members = np.flatnonzero(z == k)
+        assert index.count(k) == members.size
+        np.testing.assert_array_equal(index.members(k), members)
+        ranks = rng.permutation(members.size)
+        np.testing.assert_array_equal(index.select(k, ranks), members[ranks])
+    with pytest.raises(ValueError, match="ranks must lie"):
+        index.select(0, np.array([index.count(0)]))
+
+
+def test_rank_draws_without_replacement_are_uniform():
+    """RankDraw covers 0 .. N − 1 exactly once over a decision, refuses more, and its
+    first draws are uniform (chi-square); negative control: a biased draw is seen."""
+    rng = np.random.default_rng(2)
+    d = RankDraw(53)
+    got = np.concatenate([d.draw(rng, 7) for _ in range(7)] + [d.draw(rng, 4)])
+    assert sorted(got.tolist()) == list(range(53))
     with pytest.raises(ValueError, match="cannot draw"):
-        a.draw(rng, 1, pos)
-    first = []
-    for _ in range(3300):
-        a.restart()
-        first.append(int(a.draw(rng, 1, pos)[0]))
-    counts = np.array([first.count(r) for r in sorted(members)])
-    assert stats.chisquare(counts).pvalue > 1e-3
+        d.draw(rng, 1)
+    second = np.array([RankDraw(30).draw(rng, 2)[1] for _ in range(3000)])
+    assert stats.chisquare(np.bincount(second, minlength=30)).pvalue > 1e-3
+    assert stats.chisquare(np.bincount(second // 2, minlength=30)).pvalue < 1e-6
 
 
 # ------------------------------------------------------------------ a small problem
@@ -99,8 +110,9 @@ PAIRS = [(0, 1), (0, 7), (2, 3), (5, 6)]
 
 
 def _sampler(alg, X=X8, y=Y8, n_shards=2, chains=1, seed=0, cls=JointDPMSampler, **kw):
-    bounds = np.linspace(0, len(X), n_shards + 1).round().astype(np.int64)
-    tr = open_dpm_transport("synchronous", X, y, bounds, [0], chains, seed)
+    bounds = shard_bounds(len(X), n_shards)
+    cols = list(range(X.shape[1])) if alg.density_columns is None else list(alg.density_columns)
+    tr = open_dpm_transport("synchronous", X, y, bounds, cols, chains, seed)
     s = cls(alg, tr, bounds, X.shape[1], chains=chains, seed=seed, **kw)
     s.setup()
     return s
@@ -289,7 +301,7 @@ def test_options_and_bad_input():
 
 
 # ------------------------------------------------------------------ placement
-def _run(client, **kw):
+def _run(client, n_shards=3, **kw):
     X, y = four_blobs(900, 5)
     Xt, yt = four_blobs(200, 6)
     alg = fd.JointDPM(init_clusters=3, step_z=40, eps=0.3)
@@ -300,31 +312,67 @@ def _run(client, **kw):
         chains=2,
         seed=11,
         client=client,
-        n_shards=3,
+        n_shards=n_shards,
         test=(Xt, yt),
         pairs=[(0, 1), (2, 500)],
         **kw,
     )
 
 
-def test_identical_draws_in_process_and_on_two_workers():
-    """The same seed and layout give the same draws in process and on a 2-worker Dask
-    LocalCluster (shards as actors): α, K, sizes, co-clustering, data used, accuracy."""
-    from flymc_dist.transport.dask import local_client
-
-    a = _run("synchronous")
-    client, cluster = local_client(2)
+def _final_state(client, n_shards, steps=10):
+    """Every chain's α, weights, NIW statistics and labels after ``steps`` iterations."""
+    X, y = four_blobs(900, 5)
+    bounds = shard_bounds(len(X), n_shards)
+    tr = open_dpm_transport(client, X, y, bounds, [0, 1], 2, 11)
     try:
-        b = _run(client)
+        s = JointDPMSampler(
+            fd.JointDPM(init_clusters=2, step_z=40, eps=0.3), tr, bounds, 2, chains=2, seed=11
+        )
+        s.setup()
+        for _ in range(steps):
+            s.step()
+        out = []
+        for c, st in enumerate(s.states):
+            z = np.concatenate(tr.call_all("z_of", c))
+            stats_ = {k: (v.n, v.m.tobytes(), v.L.tobytes()) for k, v in st.stats.items()}
+            w = {k: v.tobytes() for k, v in st.w.items()}
+            out.append((st.alpha, w, stats_, z.tobytes()))
+        return bounds.size - 1, out
     finally:
-        client.close()
-        cluster.close()
-    assert b.info["transport"] == "dask"
+        tr.close()
+
+
+def test_identical_draws_for_every_layout_and_on_two_workers(local_clusters):
+    """The same seed gives bit-identical draws (α, every cluster's weights and NIW
+    statistics, every row's label) with 1, 2 or 3 shards in process and with 2 or 3 shards
+    on a 2-worker Dask LocalCluster (shards as actors); and sample_jointdpm's traced
+    quantities (α, K, sizes, co-clustering, data used, accuracy) too."""
+    from distributed import Client
+
+    ref = {}
+    for ns in (1, 2, 3):
+        got, ref[ns] = _final_state("synchronous", ns)
+        assert got == ns
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
+        dask = {ns: _final_state(client, ns)[1] for ns in (2, 3)}
+        b = _run(client, n_shards=2)
+    a = _run("synchronous", n_shards=1)
+    c = _run("synchronous", n_shards=3)
+    for name, other in (("2", ref[2]), ("3", ref[3]), ("dask 2", dask[2]), ("dask 3", dask[3])):
+        assert other == ref[1], name
+    # the comparison is not vacuous: a cluster was made (label 2 of init_clusters=2)
+    assert any(max(w) >= 2 for _, w, _, _ in ref[1])
+    for _, _, stats_, z in ref[1]:
+        assert sorted(np.unique(np.frombuffer(z, np.int64)).tolist()) == sorted(stats_)
+    assert b.info["transport"] == "dask" and b.info["n_shards"] == 2
+    assert a.info["n_shards"] == 1 and c.info["n_shards"] == 3
     for key in ("alpha", "K", "sizes", "cocluster", "data_used", "accepted", "accuracy"):
         np.testing.assert_array_equal(a.draws[key], b.draws[key], err_msg=key)
+        np.testing.assert_array_equal(a.draws[key], c.draws[key], err_msg=key)
+    assert a.draws["accepted"].sum() > 0
     assert a.draws["data_used"].sum() < a.draws["cluster_rows"].sum()  # austerity stopped early
-    c = _run("synchronous", predict_every=1)
-    np.testing.assert_array_equal(a.draws["alpha"], c.draws["alpha"])
+    d = _run("synchronous", predict_every=1)
+    np.testing.assert_array_equal(a.draws["alpha"], d.draws["alpha"])
 
 
 # ------------------------------------------------------------------ known truth

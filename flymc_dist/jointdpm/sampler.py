@@ -20,23 +20,26 @@ One iteration of a chain (the paper's Fig. 7 program):
    the rows are fetched from their shards in one round trip, the moves sent back in one.
 3. Every cluster's ``w_k`` by a random-walk MH step whose decision is the sequential test
    of :func:`flymc_dist.austerity.sampler.stop_rule` over the cluster's members only:
-   minibatches of ``batch_size`` members drawn without replacement (how many from each
-   shard by a multivariate hypergeometric draw over the shards' unseen member counts,
-   which members by the shard, uniformly from its member array), the population size
-   ``N_k``; ``eps = 0`` uses all ``N_k`` members (in one round: the test could not stop
-   earlier) and is exact MH. All clusters' tests share the round trips.
+   minibatches of ``batch_size`` members drawn without replacement, as global ranks in
+   row order drawn on the driver (:class:`RankDraw`, O(1) per member), each rank sent to
+   the shard holding it (the shards' member counts in shard order) which finds its
+   member by an order-statistic index (:class:`~flymc_dist.jointdpm.shard.MemberIndex`,
+   O(log n)); the population size ``N_k``. ``eps = 0`` uses all ``N_k`` members in row
+   order (in one round: the test could not stop earlier) and is exact MH. All clusters'
+   tests share the round trips. A decision's cost is O(b log n) per minibatch of ``b``
+   members (``n`` rows per shard) plus O(shards): sublinear in ``N_k``.
 
-The NIW statistics live on the driver, per cluster, summed over the shards in shard
-order at the start and then moved point by point with the labels; the labels live on the
-shards beside the rows, with a member array per chain and cluster.
+The NIW statistics live on the driver, per cluster, summed at the start along the fixed
+block tree of :mod:`flymc_dist.reduce` and then moved point by point with the labels; the
+labels live on the shards beside the rows, with a member index per chain.
 
 Randomness: a chain's driver stream ``stream(seed, ROLE_JOINTDPM, 0, chain)`` (α, the
-rows to update, the Gibbs draws, the auxiliary weights, the proposals, the uniforms,
-the per-shard counts), a shard's member draws ``stream(seed, ROLE_JOINTDPM, 1, shard,
-chain)``, the initial labels row-keyed. A given layout (number of shards) therefore gives
-identical draws in process and on any cluster; a different layout changes which members
-the ``w_k`` tests draw (and so, for ``eps > 0``, the draws), and the initial statistics'
-last bits.
+rows to update, the Gibbs draws, the auxiliary weights, the proposals, the uniforms, the
+members' ranks) and the initial labels, row-keyed. Nothing random happens on a shard and
+every value a decision sums is taken in the decision's own order (its drawn ranks, or
+row order), whatever shard it came from; the shards cut at block boundaries
+(:func:`shard_bounds`). So the draws (α, K, labels, weights) are bit-identical for every
+number of shards, in process and on any cluster.
 """
 
 from __future__ import annotations
@@ -55,9 +58,17 @@ from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
 from flymc_dist.jointdpm.shard import ROLE_JOINTDPM, SUB_DRIVER, logit_loglik
 from flymc_dist.jointdpm.transport import DPMTransport, open_dpm_transport
 from flymc_dist.options import JointDPM
+from flymc_dist.reduce import block_rows, tree_total_arrays
 from flymc_dist.rng import stream
 
-__all__ = ["ChainState", "DPMResult", "JointDPMSampler", "sample_jointdpm"]
+__all__ = [
+    "ChainState",
+    "DPMResult",
+    "JointDPMSampler",
+    "RankDraw",
+    "sample_jointdpm",
+    "shard_bounds",
+]
 
 #: the label of "a new cluster" in the Gibbs step's list of choices
 NEW = -1
@@ -77,6 +88,40 @@ class ChainState:
     next_label: int
     rng: np.random.Generator
     tracked: dict[int, int] = field(default_factory=dict)
+
+
+class RankDraw:
+    """Ranks ``0 .. N − 1`` drawn uniformly without replacement, a few at a time: a
+    Fisher–Yates shuffle of ``range(N)`` kept sparse (only the displaced entries are
+    stored), so ``m`` draws cost O(m) whatever ``N``.
+
+    Parameters
+    ----------
+    N
+        The population size.
+    """
+
+    __slots__ = ("N", "moved", "taken")
+
+    def __init__(self, N: int) -> None:
+        self.N = int(N)
+        self.taken = 0
+        self.moved: dict[int, int] = {}
+
+    def draw(self, rng: np.random.Generator, m: int) -> np.ndarray:
+        """The next ``m`` ranks (one ``rng.integers`` call)."""
+        t = self.taken
+        if t + m > self.N:
+            raise ValueError(f"cannot draw {m} of {self.N - t} ranks left")
+        picks = rng.integers(np.arange(t, t + m), self.N) if m else np.empty(0, np.int64)
+        out = np.empty(m, dtype=np.int64)
+        moved = self.moved
+        for i, r in enumerate(picks.tolist()):
+            here = t + i
+            out[i] = moved.get(r, r)
+            moved[r] = moved.pop(here, here)
+        self.taken = t + m
+        return out
 
 
 class JointDPMSampler:
@@ -117,6 +162,17 @@ class JointDPMSampler:
         self.bounds = np.asarray(bounds, dtype=np.int64)
         self.n_shards = self.bounds.size - 1
         self.N = int(self.bounds[-1])
+        self.block = block_rows(self.N)
+        self.n_blocks = -(-self.N // self.block)
+        if (
+            self.bounds[0] != 0
+            or np.any(np.diff(self.bounds) <= 0)
+            or np.any(self.bounds[1:-1] % self.block)
+        ):
+            raise ValueError(
+                f"bounds must rise from 0 and cut at multiples of {self.block} rows "
+                f"(flymc_dist.reduce.block_rows), not {self.bounds.tolist()}"
+            )
         self.n_features = int(n_features)
         cols = options.density_columns
         self.density_columns = list(range(n_features)) if cols is None else list(cols)
@@ -143,24 +199,24 @@ class JointDPMSampler:
     # ---------------------------------------------------------------- set-up
     def setup(self) -> None:
         """Initial labels (row-keyed, ``init_clusters`` of them), their NIW statistics
-        summed in shard order, weights and ``α`` from their priors."""
+        summed by the fixed block tree (:mod:`flymc_dist.reduce`: the same sums in every
+        layout), weights and ``α`` from their priors."""
         a, b = self.options.alpha_prior
         self.states = []
+        L, D = self.options.init_clusters, self.D
         for c in range(self.chains):
             rng = stream(self.seed, ROLE_JOINTDPM, SUB_DRIVER, c)
-            replies = self.transport.call_all("init_labels", c, self.options.init_clusters)
-            sums: dict[int, list] = {}
+            replies = self.transport.call_all("init_labels", c, L, self.block, self.n_blocks)
+            total = tree_total_arrays([(nodes, sums) for _, nodes, sums in replies])
             counts: dict[int, np.ndarray] = {}
-            for j, rep in enumerate(replies):  # shard order
-                for k, (n, sx, sxx) in rep.items():
-                    if k not in sums:
-                        sums[k] = [0, np.zeros(self.D), np.zeros((self.D, self.D))]
-                        counts[k] = np.zeros(self.n_shards, dtype=np.int64)
-                    sums[k][0] += n
-                    sums[k][1] = sums[k][1] + sx
-                    sums[k][2] = sums[k][2] + sxx
-                    counts[k][j] = n
-            stats = {k: ClusterStats.from_sums(self.prior, *sums[k]) for k in sorted(sums)}
+            stats: dict[int, ClusterStats] = {}
+            for k in range(L):
+                n = int(round(total[k, 0]))
+                if n == 0:
+                    continue
+                sx, sxx = total[k, 1 : 1 + D], total[k, 1 + D :].reshape(D, D)
+                stats[k] = ClusterStats.from_sums(self.prior, n, sx, sxx)
+                counts[k] = np.array([rep[0].get(k, 0) for rep in replies], dtype=np.int64)
             w = {k: self.options.w_prior * rng.standard_normal(self.P) for k in sorted(stats)}
             alpha = float(rng.gamma(a, 1.0 / b))
             st = ChainState(alpha, stats, w, counts, max(stats) + 1, rng)
@@ -337,8 +393,9 @@ class JointDPMSampler:
         Nk = np.array([st.stats[k].n for k in labels], dtype=np.int64)
         lp_diff = -0.5 * (np.sum(W * W, axis=1) - np.sum(Wp * Wp, axis=1)) / o.w_prior**2
         mu0 = (log_u + lp_diff) / Nk  # log p(w) − log p(w′) + log u, per member
-        total = np.stack([st.counts[k] for k in labels]).astype(np.int64)
-        unseen = total.copy()
+        # a global rank r of cluster k is the member of rank r − ends[j − 1] on shard j
+        ends = {k: np.cumsum(st.counts[k]) for k in labels}
+        draws = [RankDraw(int(N)) for N in Nk]
         n = np.zeros(S, dtype=np.int64)
         mean = np.zeros(S)
         m2 = np.zeros(S)
@@ -349,35 +406,50 @@ class JointDPMSampler:
         trips = 0
         while not done.all():
             per_shard: dict[int, list] = {}
-            slots: dict[int, list[int]] = {}
+            slots: dict[int, list[tuple[int, np.ndarray | None]]] = {}
             for s in np.flatnonzero(~done).tolist():
-                # eps = 0 never stops early: all members in one round, the same decision
-                m = int(Nk[s] - n[s] if eps == 0 else min(o.batch_size, Nk[s] - n[s]))
-                if self.n_shards == 1:
-                    cnt = np.array([m], dtype=np.int64)
-                else:
-                    cnt = rng.multivariate_hypergeometric(unseen[s], m).astype(np.int64)
-                for j in np.flatnonzero(cnt).tolist():
-                    first = bool(unseen[s, j] == total[s, j])  # this decision's first draw here
-                    per_shard.setdefault(j, []).append(
-                        (labels[s], first, int(cnt[j]), W[s], Wp[s], self.record_rows)
-                    )
-                    slots.setdefault(j, []).append(s)
-                unseen[s] -= cnt
+                k = labels[s]
+                if eps == 0:  # never stops early: every member in one round, in row order
+                    for j in np.flatnonzero(st.counts[k]).tolist():
+                        per_shard.setdefault(j, []).append((k, None, W[s], Wp[s], self.record_rows))
+                        slots.setdefault(j, []).append((s, None))
+                    rounds[s] += 1
+                    continue
+                g = draws[s].draw(rng, int(min(o.batch_size, Nk[s] - n[s])))
+                sh = np.searchsorted(ends[k], g, side="right")
+                for j in np.unique(sh).tolist():
+                    at = np.flatnonzero(sh == j)
+                    local = g[at] - (ends[k][j - 1] if j else 0)
+                    per_shard.setdefault(j, []).append((k, local, W[s], Wp[s], self.record_rows))
+                    slots.setdefault(j, []).append((s, at))
                 rounds[s] += 1
             replies = self.transport.call_some(
                 "batch", {j: (c, reqs) for j, reqs in per_shard.items()}
             )
             trips += 1
-            for j in sorted(replies):  # shard order: placement-independent sums
-                for s, (nb, mb, m2b, rows) in zip(slots[j], replies[j], strict=True):
-                    tot = n[s] + nb
-                    delta = mb - mean[s]
-                    mean[s] += delta * nb / tot
-                    m2[s] += m2b + delta * delta * n[s] * nb / tot
-                    n[s] = tot
+            # each decision's values in its own order (drawn ranks, or row order), whatever
+            # shards they came from: placement- and layout-independent sums
+            got: dict[int, list] = {}
+            for j in sorted(replies):
+                for (s, at), (diff, rows) in zip(slots[j], replies[j], strict=True):
+                    got.setdefault(s, []).append((at, diff))
                     if rows is not None:
                         used_rows[labels[s]].append(rows)
+            for s, parts in got.items():
+                if parts[0][0] is None:
+                    vals = np.concatenate([d for _, d in parts])
+                else:
+                    vals = np.empty(sum(d.size for _, d in parts))
+                    for at, d in parts:
+                        vals[at] = d
+                nb = vals.size
+                mb = float(vals.mean())
+                m2b = float(np.sum((vals - mb) ** 2))
+                tot = n[s] + nb
+                delta = mb - mean[s]
+                mean[s] += delta * nb / tot
+                m2[s] += m2b + delta * delta * n[s] * nb / tot
+                n[s] = tot
             for s in np.flatnonzero(~done).tolist():
                 stop, acc, _ = stop_rule(
                     n[s : s + 1],
@@ -460,8 +532,14 @@ class DPMResult:
         return out
 
 
-def _split(n_rows: int, n_shards: int) -> np.ndarray:
-    return np.linspace(0, n_rows, n_shards + 1).round().astype(np.int64)
+def shard_bounds(n_rows: int, n_shards: int) -> np.ndarray:
+    """The shards' row ranges ``bounds[j] .. bounds[j + 1]``: whole blocks of
+    :func:`flymc_dist.reduce.block_rows` rows spread as evenly as possible, at most one
+    shard per block (so fewer than ``n_shards`` on a data set of fewer blocks)."""
+    B = block_rows(n_rows)
+    n_blocks = -(-n_rows // B)
+    edges = np.linspace(0, n_blocks, min(n_shards, n_blocks) + 1).astype(np.int64) * B
+    return np.minimum(edges, n_rows)
 
 
 def sample_jointdpm(
@@ -495,8 +573,8 @@ def sample_jointdpm(
         ``"synchronous"`` (every shard in this process), a ``distributed.Client``, or None
         (an embedded LocalCluster).
     n_shards
-        Row ranges the data is cut into (default 2, whatever the client). The draws
-        depend on it (see :mod:`flymc_dist.jointdpm.sampler`), not on the placement.
+        Row ranges the data is cut into (default 2, whatever the client; whole blocks,
+        :func:`shard_bounds`). The draws depend on neither it nor the placement.
     test
         Held-out ``(X, y)``: the chain-averaged prediction's accuracy is traced.
     pairs
@@ -541,7 +619,7 @@ def sample_jointdpm(
         n_shards = 2
     if isinstance(n_shards, bool) or not isinstance(n_shards, int) or not 1 <= n_shards <= len(X):
         raise ValueError(f"n_shards must be an integer in [1, rows], not {n_shards!r}")
-    bounds = _split(X.shape[0], n_shards)
+    bounds = shard_bounds(X.shape[0], n_shards)
     cols = list(range(X.shape[1])) if alg.density_columns is None else list(alg.density_columns)
     if max(cols) >= X.shape[1]:
         raise ValueError(f"density_columns {alg.density_columns} name a column beyond {X.shape[1]}")
@@ -602,7 +680,7 @@ def sample_jointdpm(
             "options": {f: getattr(alg, f) for f in alg.__dataclass_fields__},
             "n_rows": int(X.shape[0]),
             "n_features": int(X.shape[1]),
-            "n_shards": int(n_shards),
+            "n_shards": int(bounds.size - 1),
             "transport": transport.name,
             "chains": chains,
             "seed": seed,
