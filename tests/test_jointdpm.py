@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -319,8 +322,10 @@ def _run(client, n_shards=3, **kw):
     )
 
 
-def _final_state(client, n_shards, steps=10):
-    """Every chain's α, weights, NIW statistics and labels after ``steps`` iterations."""
+def _final_state(client, n_shards, steps=10, kill_at=None):
+    """Every chain's α, weights, NIW statistics and labels after ``steps`` iterations
+    (and the recoveries); ``kill_at``: SIGKILL the worker of shard 1 as that iteration
+    starts."""
     X, y = four_blobs(900, 5)
     bounds = shard_bounds(len(X), n_shards)
     tr = open_dpm_transport(client, X, y, bounds, [0, 1], 2, 11)
@@ -329,7 +334,11 @@ def _final_state(client, n_shards, steps=10):
             fd.JointDPM(init_clusters=2, step_z=40, eps=0.3), tr, bounds, 2, chains=2, seed=11
         )
         s.setup()
-        for _ in range(steps):
+        pids = client.run(os.getpid) if kill_at is not None else {}
+        for it in range(steps):
+            if it == kill_at:
+                victim = tr.where[1]
+                threading.Thread(target=os.kill, args=(pids[victim], signal.SIGKILL)).start()
             s.step()
         out = []
         for c, st in enumerate(s.states):
@@ -337,6 +346,8 @@ def _final_state(client, n_shards, steps=10):
             stats_ = {k: (v.n, v.m.tobytes(), v.L.tobytes()) for k, v in st.stats.items()}
             w = {k: v.tobytes() for k, v in st.w.items()}
             out.append((st.alpha, w, stats_, z.tobytes()))
+        if kill_at is not None:
+            return out, tr.recoveries, victim
         return bounds.size - 1, out
     finally:
         tr.close()
@@ -373,6 +384,27 @@ def test_identical_draws_for_every_layout_and_on_two_workers(local_clusters):
     assert a.draws["data_used"].sum() < a.draws["cluster_rows"].sum()  # austerity stopped early
     d = _run("synchronous", predict_every=1)
     np.testing.assert_array_equal(a.draws["alpha"], d.draws["alpha"])
+
+
+@pytest.mark.cluster
+def test_worker_killed_mid_run_completes_with_the_same_draws():
+    """SIGKILL the worker of one shard of three on a 2-worker LocalCluster mid-run: the
+    lost shards are recreated on a live worker from their rows with the labels the driver
+    knows (row-keyed initial ones and every move since), the run completes, and its
+    state — α, weights, NIW statistics, every label — is bit-identical to the run in
+    process that lost nothing (so it is the same valid chain)."""
+    from flymc_dist.transport.dask import local_client
+
+    _, ref = _final_state("synchronous", 3, steps=20)
+    client, cluster = local_client(2)
+    try:
+        got, recoveries, victim = _final_state(client, 3, steps=20, kill_at=8)
+    finally:
+        client.close()
+        cluster.close()
+    assert len(recoveries) >= 1, recoveries
+    assert recoveries[0]["lost_workers"] == [victim] and 1 in recoveries[0]["shards"]
+    assert got == ref
 
 
 # ------------------------------------------------------------------ known truth

@@ -55,7 +55,7 @@ from scipy.special import gammaln
 from flymc_dist.austerity.sampler import stop_rule
 from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
-from flymc_dist.jointdpm.shard import ROLE_JOINTDPM, SUB_DRIVER, logit_loglik
+from flymc_dist.jointdpm.shard import ROLE_JOINTDPM, SUB_DRIVER, initial_labels, logit_loglik
 from flymc_dist.jointdpm.transport import DPMTransport, open_dpm_transport
 from flymc_dist.options import JointDPM
 from flymc_dist.reduce import block_rows, tree_total_arrays
@@ -193,6 +193,10 @@ class JointDPMSampler:
         )
         self.record_rows = bool(record_rows)
         self.states: list[ChainState] = []
+        #: per chain, the label of every row the z-updates have moved (the others hold
+        #: their row-keyed initial label): what a recreated shard is given back
+        self.known: list[dict[int, int]] = [{} for _ in range(self.chains)]
+        transport.on_recreate = self.restore_calls
         #: the rows each w decision of the last step used, per chain (record_rows)
         self.last_rows: list[dict[int, np.ndarray]] = []
 
@@ -224,6 +228,20 @@ class JointDPMSampler:
                 _, _, _, z = self._fetch(c, self.tracked_rows)
                 st.tracked = {int(r): int(k) for r, k in zip(self.tracked_rows, z, strict=True)}
             self.states.append(st)
+
+    def restore_calls(self, shard: int) -> list[tuple[str, tuple]]:
+        """The calls that give a recreated shard every chain's labels: the row-keyed
+        initial ones, overwritten by those the z-updates gave (:attr:`known`) — the
+        shard's exact state, so the chains go on as if it had never been lost."""
+        a, b = int(self.bounds[shard]), int(self.bounds[shard + 1])
+        out = []
+        for c in range(self.chains):
+            z = initial_labels(self.seed, c, a, b - a, self.options.init_clusters)
+            for r, k in self.known[c].items():
+                if a <= r < b:
+                    z[r - a] = k
+            out.append(("restore", (c, z)))
+        return out
 
     def _shard_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.bounds, rows, side="right") - 1
@@ -341,6 +359,7 @@ class JointDPMSampler:
             st.stats[new].add(xd)
             st.counts[new][j] += 1
             current[r] = new
+            self.known[c][r] = new
             new_labels[i] = new
             moved += new != old
             if r in st.tracked:
@@ -687,6 +706,7 @@ def sample_jointdpm(
             "num_warmup": num_warmup,
             "num_samples": num_samples,
             "round_trips": transport.round_trips,
+            "recoveries": transport.recoveries,
             "seconds": time.perf_counter() - t_start,
             "pairs": pairs_a,
         }

@@ -20,7 +20,14 @@ import numpy as np
 from flymc_dist.reduce import fold_blocks
 from flymc_dist.streams import stream_key, uniforms_range
 
-__all__ = ["ROLE_JOINTDPM", "SELECT_BLOCK", "DPMShard", "MemberIndex", "logit_loglik"]
+__all__ = [
+    "ROLE_JOINTDPM",
+    "SELECT_BLOCK",
+    "DPMShard",
+    "MemberIndex",
+    "initial_labels",
+    "logit_loglik",
+]
 
 #: the spawn-key role of JointDPM's random streams (:func:`flymc_dist.rng.stream`):
 #: sub-role 0 is a chain's driver stream
@@ -38,6 +45,14 @@ def logit_loglik(F: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     ``w`` may be ``(P,)`` or ``(K, P)`` (then ``(K, n)``)."""
     eta = np.asarray(w, float) @ np.asarray(F, float).T
     return -np.logaddexp(0.0, -(2.0 * np.asarray(y, float) - 1.0) * eta)
+
+
+def initial_labels(seed: int, chain: int, start: int, n: int, n_clusters: int) -> np.ndarray:
+    """The initial labels of rows ``start .. start + n − 1`` in ``0 .. n_clusters − 1``,
+    each from its own row-keyed uniform (the same whatever the layout)."""
+    key = stream_key(seed, 0, chain, ROLE_JOINTDPM, INIT_PURPOSE)
+    u = uniforms_range(key, start, n)
+    return np.minimum((u * n_clusters).astype(np.int64), n_clusters - 1)
 
 
 class MemberIndex:
@@ -173,13 +188,6 @@ class DPMShard:
         #: likelihood evaluations (one row at one w) made for the ``w_k`` decisions
         self.queries = 0
 
-    def initial_labels(self, chain: int, n_clusters: int) -> np.ndarray:
-        """Every row's initial label in ``0 .. n_clusters − 1``, from its own row-keyed
-        uniform (the same labels whatever the layout)."""
-        key = stream_key(self.seed, 0, chain, ROLE_JOINTDPM, INIT_PURPOSE)
-        u = uniforms_range(key, self.start, self.n)
-        return np.minimum((u * n_clusters).astype(np.int64), n_clusters - 1)
-
     def init_labels(
         self, chain: int, n_clusters: int, block: int, n_blocks: int
     ) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
@@ -189,7 +197,7 @@ class DPMShard:
         ``(n_clusters, 1 + D + D²)`` — sums the same in every layout."""
         if self.start % block:
             raise ValueError(f"shard {self.shard_id} starts at row {self.start}, not a block")
-        self.restore(chain, self.initial_labels(chain, n_clusters))
+        self.restore(chain, initial_labels(self.seed, chain, self.start, self.n, n_clusters))
         D = self.Xd.shape[1]
         feats = np.hstack(
             [
