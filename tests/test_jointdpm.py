@@ -407,6 +407,95 @@ def test_worker_killed_mid_run_completes_with_the_same_draws():
     assert got == ref
 
 
+# ------------------------------------------------------------------ trace and resume
+def _traced(trace, **kw):
+    X, y = four_blobs(600, 5)
+    Xt, yt = four_blobs(100, 6)
+    opts = dict(
+        num_warmup=5,
+        num_samples=16,
+        chains=2,
+        seed=11,
+        client="synchronous",
+        n_shards=2,
+        test=(Xt, yt),
+        pairs=[(0, 1), (2, 500)],
+        trace=trace,
+        checkpoint_every=4,
+    )
+    opts.update(kw)
+    return fd.sample_jointdpm((X, y), fd.JointDPM(init_clusters=2, step_z=30, eps=0.3), **opts)
+
+
+@pytest.mark.parametrize("stop_at", [6, 15])  # during warm-up, and during sampling
+def test_interrupted_run_resumes_identically(tmp_path, monkeypatch, stop_at):
+    """A run interrupted at iteration ``stop_at`` resumes from its trace's checkpoint (on
+    3 shards, where it ran on 2) and gives the draws of the run never interrupted, bit
+    for bit: α, K, sizes, co-clustering, data used, accuracy and the final predictive;
+    the trace holds the label-free quantities by name; a resume of another run (another
+    seed) is refused, as is a new run over the trace."""
+    from flymc_dist.trace import Trace
+
+    full = _traced(str(tmp_path / "full.zarr"))
+    path = str(tmp_path / "t.zarr")
+    calls = {"n": 0}
+    real_step = JointDPMSampler.step
+
+    def flaky_step(self):
+        calls["n"] += 1
+        if calls["n"] == stop_at:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(JointDPMSampler, "step", flaky_step)
+    with pytest.raises(KeyboardInterrupt):
+        _traced(path)
+    monkeypatch.setattr(JointDPMSampler, "step", real_step)
+    ck = Trace.open(path).checkpoint
+    assert stop_at - 4 <= ck["iteration"] < stop_at
+    with pytest.raises(ValueError, match="another run"):
+        _traced(path, resume=True, seed=12)
+    with pytest.raises(FileExistsError):
+        _traced(path)
+    res = _traced(path, resume=True, n_shards=3)
+    assert res.info["n_shards"] == 3
+    for key in full.draws:
+        if key != "seconds":
+            np.testing.assert_array_equal(res.draws[key], full.draws[key], err_msg=key)
+    tr, ref = Trace.open(path), Trace.open(str(tmp_path / "full.zarr"))
+    assert tr.n_draws == 16 and tr.checkpoint["iteration"] == 21
+    np.testing.assert_array_equal(tr.samples, ref.samples)
+    np.testing.assert_array_equal(tr.samples[:, :, 1], full.draws["K"])
+    np.testing.assert_array_equal(tr.stats["accuracy"], full.draws["accuracy"])
+    assert full.draws["K"].max() > full.draws["K"].min()  # the chains moved
+    with pytest.raises(FileNotFoundError):
+        _traced(str(tmp_path / "missing.zarr"), resume=True)
+
+
+def test_resume_before_any_checkpoint_is_refused(tmp_path, monkeypatch):
+    """Interrupted before its first checkpoint, a trace has nothing to resume from."""
+    path = str(tmp_path / "t.zarr")
+    monkeypatch.setattr(
+        JointDPMSampler, "step", lambda self: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    with pytest.raises(KeyboardInterrupt):
+        _traced(path)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="no checkpoint"):
+        _traced(path, resume=True)
+
+
+def test_trace_reads_with_xarray(tmp_path):
+    """The trace opens with xarray alone: the quantities by name along ``quantity``."""
+    xr = pytest.importorskip("xarray")
+    path = str(tmp_path / "x.zarr")
+    res = _traced(path, num_samples=4, num_warmup=0)
+    post = xr.open_zarr(path, group="posterior", consolidated=False)
+    names = list(post["quantity"].values)
+    assert names[:3] == ["alpha", "K", "size_0"] and names[-1] == "together_1"
+    np.testing.assert_array_equal(post["theta"].sel(quantity="alpha").values, res.draws["alpha"])
+
+
 # ------------------------------------------------------------------ known truth
 def _partitions(items):
     if not items:

@@ -44,7 +44,10 @@ number of shards, in process and on any cluster.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +62,8 @@ from flymc_dist.jointdpm.shard import ROLE_JOINTDPM, SUB_DRIVER, initial_labels,
 from flymc_dist.jointdpm.transport import DPMTransport, open_dpm_transport
 from flymc_dist.options import JointDPM
 from flymc_dist.reduce import block_rows, tree_total_arrays
-from flymc_dist.rng import stream
+from flymc_dist.rng import rng_state_from_json, rng_state_to_json, stream
+from flymc_dist.trace import Trace, TraceLock
 
 __all__ = [
     "ChainState",
@@ -242,6 +246,77 @@ class JointDPMSampler:
                     z[r - a] = k
             out.append(("restore", (c, z)))
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every chain's state as JSON-like values (a trace's checkpoint): α, each
+        cluster's NIW statistics (``n, k, v, m, L`` as they stand, so that a resumed chain
+        computes with the very same numbers), weights, the next label, the driver
+        stream, the tracked rows' labels and every label the z-updates gave."""
+        out = []
+        for c, st in enumerate(self.states):
+            labels = sorted(st.stats)
+            known = self.known[c]
+            out.append(
+                {
+                    "alpha": st.alpha,
+                    "labels": np.array(labels, dtype=np.int64),
+                    "n": np.array([st.stats[k].n for k in labels], dtype=np.int64),
+                    "k": np.array([st.stats[k].k for k in labels]),
+                    "v": np.array([st.stats[k].v for k in labels]),
+                    "m": np.stack([st.stats[k].m for k in labels]),
+                    "L": np.stack([st.stats[k].L for k in labels]),
+                    "w": np.stack([st.w[k] for k in labels]),
+                    "next_label": st.next_label,
+                    "rng": rng_state_to_json(st.rng.bit_generator.state),
+                    "tracked": np.array(
+                        [st.tracked[int(r)] for r in self.tracked_rows], dtype=np.int64
+                    ),
+                    "known_rows": np.fromiter(known.keys(), np.int64, len(known)),
+                    "known_labels": np.fromiter(known.values(), np.int64, len(known)),
+                }
+            )
+        return {"chains": out}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s ``state`` (instead of :meth:`setup`): the
+        chains as they were, every shard given back its labels (:meth:`restore_calls`),
+        the member counts read from the shards."""
+        chains = state["chains"]
+        if len(chains) != self.chains:
+            raise ValueError(f"the state holds {len(chains)} chains, not {self.chains}")
+        self.states = []
+        for c, ch in enumerate(chains):
+            self.known[c] = dict(
+                zip(
+                    np.asarray(ch["known_rows"]).tolist(),
+                    np.asarray(ch["known_labels"]).tolist(),
+                    strict=True,
+                )
+            )
+            stats: dict[int, ClusterStats] = {}
+            w: dict[int, np.ndarray] = {}
+            for i, k in enumerate(np.asarray(ch["labels"]).tolist()):
+                cs = ClusterStats(self.prior)
+                cs.n, cs.k, cs.v = int(ch["n"][i]), float(ch["k"][i]), float(ch["v"][i])
+                cs.m = np.array(ch["m"][i], dtype=float)
+                cs.L = np.array(ch["L"][i], dtype=float)
+                stats[k], w[k] = cs, np.array(ch["w"][i], dtype=float)
+            rng = np.random.default_rng()
+            rng.bit_generator.state = rng_state_from_json(ch["rng"])
+            tracked = dict(
+                zip(self.tracked_rows.tolist(), np.asarray(ch["tracked"]).tolist(), strict=True)
+            )
+            st = ChainState(float(ch["alpha"]), stats, w, {}, int(ch["next_label"]), rng, tracked)
+            self.states.append(st)
+        for j in range(self.n_shards):
+            calls = self.restore_calls(j)
+            for method, args in calls:
+                self.transport.call_some(method, {j: args})
+        for c, st in enumerate(self.states):
+            per = self.transport.call_all("counts", c)
+            st.counts = {k: np.array([p.get(k, 0) for p in per], dtype=np.int64) for k in st.stats}
+            if any(int(st.counts[k].sum()) != st.stats[k].n for k in st.stats):
+                raise ValueError("the state's cluster sizes disagree with its labels")
 
     def _shard_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.bounds, rows, side="right") - 1
@@ -561,6 +636,36 @@ def shard_bounds(n_rows: int, n_shards: int) -> np.ndarray:
     return np.minimum(edges, n_rows)
 
 
+#: the per-iteration statistics of a run (the trace's ``sample_stats``), with their dtypes
+STATS = {
+    "seconds": np.float64,
+    "data_used": np.int64,
+    "cluster_rows": np.int64,
+    "accepted": np.int64,
+    "moved": np.int64,
+    "accuracy": np.float64,
+}
+
+
+def trace_quantities(n_pairs: int) -> list[str]:
+    """The names along a JointDPM trace's ``quantity`` axis: ``alpha``, ``K``, the
+    :data:`MAX_SIZES` largest cluster sizes, then each traced pair's co-clustering."""
+    return (
+        ["alpha", "K"]
+        + [f"size_{i}" for i in range(MAX_SIZES)]
+        + [f"together_{p}" for p in range(n_pairs)]
+    )
+
+
+def _fingerprint(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for x in arrays:
+        x = np.ascontiguousarray(x)
+        h.update(str((x.dtype.str, x.shape)).encode())
+        h.update(x.tobytes())
+    return h.hexdigest()
+
+
 def sample_jointdpm(
     data: Any,
     algorithm: JointDPM | None = None,
@@ -574,6 +679,10 @@ def sample_jointdpm(
     test: tuple[np.ndarray, np.ndarray] | None = None,
     pairs: np.ndarray | None = None,
     predict_every: int = 1,
+    trace: str | None = None,
+    resume: bool = False,
+    overwrite_trace: bool = False,
+    checkpoint_every: int = 100,
 ) -> DPMResult:
     """Run JointDPM's chains over a binary data set.
 
@@ -600,6 +709,20 @@ def sample_jointdpm(
         ``(P, 2)`` row pairs whose co-clustering is traced.
     predict_every
         Iterations between predictions on the test rows.
+    trace
+        A zarr directory (:class:`~flymc_dist.trace.Trace`) keeping the kept draws' label-
+        free quantities (posterior ``theta`` along the :func:`trace_quantities` axis, the
+        :data:`STATS` as ``sample_stats``) and, every ``checkpoint_every`` iterations and
+        at the end, the checkpoint (:meth:`JointDPMSampler.state_dict`, the running
+        predictions, the iteration).
+    resume
+        Continue the interrupted run in ``trace`` to its ``num_warmup + num_samples``
+        iterations (the same data, settings, seed and chains; any ``n_shards`` or client):
+        the draws are those of the run never interrupted.
+    overwrite_trace
+        Replace an existing ``trace``.
+    checkpoint_every
+        Iterations between checkpoints.
 
     Returns
     -------
@@ -613,9 +736,12 @@ def sample_jointdpm(
         ("num_samples", num_samples, 1),
         ("chains", chains, 1),
         ("predict_every", predict_every, 1),
+        ("checkpoint_every", checkpoint_every, 1),
     ):
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, not {v!r}")
+    if resume and trace is None:
+        raise ValueError("resume=True needs a trace")
     if isinstance(data, tuple):
         X, y = (np.asarray(a, float) for a in data)
     else:
@@ -642,74 +768,181 @@ def sample_jointdpm(
     cols = list(range(X.shape[1])) if alg.density_columns is None else list(alg.density_columns)
     if max(cols) >= X.shape[1]:
         raise ValueError(f"density_columns {alg.density_columns} name a column beyond {X.shape[1]}")
-    transport = open_dpm_transport(client, X, y, bounds, cols, chains, seed)
+    held = None
+    if test is not None:
+        held = tuple(np.asarray(a, float) for a in test)
+    config = {
+        "algorithm": "jointdpm",
+        "options": {f: getattr(alg, f) for f in alg.__dataclass_fields__},
+        "seed": int(seed),
+        "chains": int(chains),
+        "num_warmup": int(num_warmup),
+        "num_samples": int(num_samples),
+        "predict_every": int(predict_every),
+        "data": _fingerprint(X, y),
+        "test": None if held is None else _fingerprint(*held),
+        "pairs": pairs_a.tolist(),
+    }
+    config = json.loads(json.dumps(config))  # as a trace reads it back (tuples as lists)
+    lock = None
+    if trace is not None:
+        trace = os.path.abspath(trace)
+        if resume:
+            Trace.open(trace, read_only=True)  # none there: FileNotFoundError
+        lock = TraceLock(trace).acquire()
     try:
-        tracked = np.unique(pairs_a.ravel())
-        sampler = JointDPMSampler(
-            alg, transport, bounds, X.shape[1], chains=chains, seed=seed, tracked_rows=tracked
-        )
-        sampler.setup()
-        if test is not None:
-            Xt, yt = (np.asarray(a, float) for a in test)
-            Xtd = Xt[:, cols]
-            Ft = np.hstack([Xt, np.ones((Xt.shape[0], 1))])
-            running = np.zeros((chains, Xt.shape[0]))
-            n_pred = np.zeros(chains)
-        total = num_warmup + num_samples
-        keys = ("alpha", "K", "seconds", "data_used", "cluster_rows", "accepted", "moved")
-        rec = {k: np.zeros((chains, num_samples)) for k in keys}
-        rec["sizes"] = np.zeros((chains, num_samples, MAX_SIZES), dtype=np.int64)
-        rec["cocluster"] = np.zeros((chains, num_samples, pairs_a.shape[0]), dtype=bool)
-        if test is not None:
-            rec["accuracy"] = np.full((chains, num_samples), np.nan)
-        clock = np.zeros(chains)
-        t_start = time.perf_counter()
-        for it in range(total):
-            infos = sampler.step()
-            for c, inf in enumerate(infos):
-                clock[c] += inf["seconds"]
-                t = it - num_warmup
-                st = sampler.states[c]
-                if test is not None and (it + 1) % predict_every == 0 and t >= 0:
-                    t0 = time.perf_counter()
-                    running[c] += sampler.predict(c, Xtd, Ft)
-                    n_pred[c] += 1
-                    clock[c] += time.perf_counter() - t0
-                if t < 0:
-                    continue
-                sz = sampler.sizes(c)[:MAX_SIZES]
-                rec["alpha"][c, t] = st.alpha
-                rec["K"][c, t] = len(st.stats)
-                rec["sizes"][c, t, : sz.size] = sz
-                rec["seconds"][c, t] = clock[c]
-                for key in ("data_used", "cluster_rows", "accepted", "moved"):
-                    rec[key][c, t] = inf[key]
-                if pairs_a.size:
-                    rec["cocluster"][c, t] = [
-                        st.tracked[int(a)] == st.tracked[int(b)] for a, b in pairs_a
-                    ]
-                if test is not None and n_pred[c]:
-                    avg = running[c] / n_pred[c]
-                    rec["accuracy"][c, t] = float(np.mean((avg > 0.5) == (yt > 0.5)))
-        if test is not None:
-            rec["predictive"] = running / np.maximum(n_pred, 1)[:, None]
-        info = {
-            "algorithm": "jointdpm",
-            "approximate": alg.eps > 0,
-            "options": {f: getattr(alg, f) for f in alg.__dataclass_fields__},
-            "n_rows": int(X.shape[0]),
-            "n_features": int(X.shape[1]),
-            "n_shards": int(bounds.size - 1),
-            "transport": transport.name,
-            "chains": chains,
-            "seed": seed,
-            "num_warmup": num_warmup,
-            "num_samples": num_samples,
-            "round_trips": transport.round_trips,
-            "recoveries": transport.recoveries,
-            "seconds": time.perf_counter() - t_start,
-            "pairs": pairs_a,
-        }
-        return DPMResult(rec, info)
+        tr = _open_trace(trace, resume, overwrite_trace, config, chains, pairs_a.shape[0])
+        transport = open_dpm_transport(client, X, y, bounds, cols, chains, seed)
+        try:
+            tracked = np.unique(pairs_a.ravel())
+            sampler = JointDPMSampler(
+                alg, transport, bounds, X.shape[1], chains=chains, seed=seed, tracked_rows=tracked
+            )
+            rec, running, n_pred, t_start = _iterate(
+                sampler, config, held, cols, pairs_a, tr, checkpoint_every
+            )
+            if held is not None:
+                rec["predictive"] = running / np.maximum(n_pred, 1)[:, None]
+            info = {
+                "algorithm": "jointdpm",
+                "approximate": alg.eps > 0,
+                "options": {f: getattr(alg, f) for f in alg.__dataclass_fields__},
+                "n_rows": int(X.shape[0]),
+                "n_features": int(X.shape[1]),
+                "n_shards": int(bounds.size - 1),
+                "transport": transport.name,
+                "chains": chains,
+                "seed": seed,
+                "num_warmup": num_warmup,
+                "num_samples": num_samples,
+                "round_trips": transport.round_trips,
+                "recoveries": transport.recoveries,
+                "seconds": time.perf_counter() - t_start,
+                "pairs": pairs_a,
+                "trace": trace,
+            }
+            return DPMResult(rec, info)
+        finally:
+            transport.close()
     finally:
-        transport.close()
+        if lock is not None:
+            lock.release()
+
+
+def _open_trace(
+    path: str | None, resume: bool, overwrite: bool, config: dict, chains: int, n_pairs: int
+) -> Trace | None:
+    """The run's trace: opened (a resume, checked against ``config``) or created."""
+    if path is None:
+        return None
+    if resume:
+        tr = Trace.open(path)
+        if tr.attrs.get("config") != config:
+            diff = sorted(k for k in config if (tr.attrs.get("config") or {}).get(k) != config[k])
+            raise ValueError(f"trace {path!r} was written by another run (differs in {diff})")
+        if tr.checkpoint is None:
+            raise ValueError(f"trace {path!r} holds no checkpoint to resume from")
+        return tr
+    return Trace.create(
+        path,
+        chains=chains,
+        param_shape=(2 + MAX_SIZES + n_pairs,),
+        stats=STATS,
+        attrs={"config": config},
+        overwrite=overwrite,
+        dims=("quantity",),
+        coords={"quantity": trace_quantities(n_pairs)},
+    )
+
+
+def _iterate(
+    sampler: JointDPMSampler,
+    config: dict,
+    held: tuple[np.ndarray, np.ndarray] | None,
+    cols: list[int],
+    pairs: np.ndarray,
+    tr: Trace | None,
+    checkpoint_every: int,
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, float]:
+    """Run (or, from ``tr``'s checkpoint, continue) the chains to the end; the kept
+    draws, the running predictions and their count, and the start time."""
+    C, num_warmup, num_samples = config["chains"], config["num_warmup"], config["num_samples"]
+    predict_every = config["predict_every"]
+    T = 0 if held is None else held[0].shape[0]
+    if held is not None:
+        Xtd = held[0][:, cols]
+        Ft = np.hstack([held[0], np.ones((T, 1))])
+    theta = np.zeros((C, num_samples, 2 + MAX_SIZES + pairs.shape[0]))
+    stats = {k: np.zeros((C, num_samples), dtype=d) for k, d in STATS.items()}
+    stats["accuracy"][:] = np.nan
+    t_start = time.perf_counter()
+    ck = None if tr is None else tr.checkpoint
+    if ck is not None:
+        state = ck
+        sampler.load_state(state["sampler"])
+        it0 = int(state["iteration"])
+        running = np.array(state["running"], dtype=float).reshape(C, T)
+        n_pred = np.array(state["n_pred"], dtype=float)
+        clock = np.array(state["clock"], dtype=float)
+        kept = tr.n_draws
+        theta[:, :kept] = tr.samples
+        for k, v in tr.stats.items():
+            stats[k][:, :kept] = v
+    else:
+        sampler.setup()
+        it0, kept = 0, 0
+        running, n_pred, clock = np.zeros((C, T)), np.zeros(C), np.zeros(C)
+    written = kept
+    total = num_warmup + num_samples
+    for it in range(it0, total):
+        infos = sampler.step()
+        t = it - num_warmup
+        for c, inf in enumerate(infos):
+            clock[c] += inf["seconds"]
+            st = sampler.states[c]
+            if held is not None and (it + 1) % predict_every == 0 and t >= 0:
+                t0 = time.perf_counter()
+                running[c] += sampler.predict(c, Xtd, Ft)
+                n_pred[c] += 1
+                clock[c] += time.perf_counter() - t0
+            if t < 0:
+                continue
+            sz = sampler.sizes(c)[:MAX_SIZES]
+            row = theta[c, t]
+            row[0], row[1] = st.alpha, len(st.stats)
+            row[2 : 2 + sz.size] = sz
+            row[2 + MAX_SIZES :] = [st.tracked[int(a)] == st.tracked[int(b)] for a, b in pairs]
+            stats["seconds"][c, t] = clock[c]
+            for key in ("data_used", "cluster_rows", "accepted", "moved"):
+                stats[key][c, t] = inf[key]
+            if held is not None and n_pred[c]:
+                avg = running[c] / n_pred[c]
+                stats["accuracy"][c, t] = float(np.mean((avg > 0.5) == (held[1] > 0.5)))
+        if tr is not None and ((it + 1) % checkpoint_every == 0 or it + 1 == total):
+            done = max(0, t + 1)
+            if done > written:
+                tr.append(
+                    theta[:, written:done],
+                    {k: v[:, written:done] for k, v in stats.items()},
+                    warmup=False,
+                )
+                written = done
+            tr.set_checkpoint(
+                {
+                    "iteration": it + 1,
+                    "sampler": sampler.state_dict(),
+                    "running": running,
+                    "n_pred": n_pred,
+                    "clock": clock,
+                }
+            )
+    rec = {
+        "alpha": theta[:, :, 0].copy(),
+        "K": theta[:, :, 1].copy(),
+        "sizes": theta[:, :, 2 : 2 + MAX_SIZES].astype(np.int64),
+        "cocluster": theta[:, :, 2 + MAX_SIZES :].astype(bool),
+    }
+    for k, v in stats.items():
+        if k != "accuracy" or held is not None:
+            rec[k] = v
+    return rec, running, n_pred, t_start
