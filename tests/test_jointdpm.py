@@ -1,6 +1,8 @@
 """JointDPM: the collapsed NIW pieces against scipy, the Gibbs conditional against
-brute force, eps = 0 decisions against exact MH over a cluster's members, draws identical
-in process and on 2 Dask workers, and (slow) the posterior over partitions of 8 rows
+brute force, the order-statistic member index and the driver's rank draws, eps = 0
+decisions against exact MH over a cluster's members, draws bit-identical for 1, 2, 3
+shards in process and on 2 Dask workers, a worker SIGKILLed mid-run, trace and resume
+(identical to the uninterrupted run), and (slow) the posterior over partitions of 8 rows
 against exhaustive enumeration, with a negative control that must fail."""
 
 from __future__ import annotations
