@@ -42,8 +42,14 @@ SELECT_BLOCK = 64
 
 def logit_loglik(F: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``log σ(±wᵀf)`` of rows ``F`` (with their bias column) and labels ``y`` in {0, 1};
-    ``w`` may be ``(P,)`` or ``(K, P)`` (then ``(K, n)``)."""
-    eta = np.asarray(w, float) @ np.asarray(F, float).T
+    ``w`` may be ``(P,)`` or ``(K, P)`` (then ``(K, n)``). Each ``wᵀf`` is summed column
+    by column, never by a BLAS product whose rounding may depend on how many rows it is
+    given: a row's value is the same bits in whatever batch (and so on whatever shard)."""
+    W = np.asarray(w, float)
+    F = np.asarray(F, float)
+    eta = W[..., :1] * F[:, 0]
+    for p in range(1, F.shape[1]):
+        eta = eta + W[..., p : p + 1] * F[:, p]
     return -np.logaddexp(0.0, -(2.0 * np.asarray(y, float) - 1.0) * eta)
 
 
