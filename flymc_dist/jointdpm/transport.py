@@ -36,8 +36,10 @@ def _is_lost_host(err: BaseException) -> bool:
     return isinstance(err, OSError | TimeoutError) or type(err).__name__ in (
         "CommClosedError",
         "StreamClosedError",
+        "RPCClosed",
         "FutureCancelledError",
         "CancelledError",
+        "KilledWorker",
     )
 
 
