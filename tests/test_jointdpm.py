@@ -1,12 +1,17 @@
 """JointDPM: the collapsed NIW pieces against scipy, the Gibbs conditional against
-brute force, eps = 0 decisions against exact MH over a cluster's members, draws identical
-in process and on 2 Dask workers, and (slow) the posterior over partitions of 8 rows
+brute force, the order-statistic member index and the driver's rank draws, eps = 0
+decisions against exact MH over a cluster's members, draws bit-identical for 1, 2, 3
+shards in process and on 2 Dask workers, a worker SIGKILLed mid-run, trace and resume
+(identical to the uninterrupted run), and (slow) the posterior over partitions of 8 rows
 against exhaustive enumeration, with a negative control that must fail."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -17,8 +22,8 @@ import flymc_dist as fd
 from flymc_dist.diagnostics import mcse_mean
 from flymc_dist.jointdpm.data import four_blobs
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
-from flymc_dist.jointdpm.sampler import NEW, ChainState, JointDPMSampler
-from flymc_dist.jointdpm.shard import MemberArray, logit_loglik
+from flymc_dist.jointdpm.sampler import NEW, ChainState, JointDPMSampler, RankDraw, shard_bounds
+from flymc_dist.jointdpm.shard import MemberIndex, logit_loglik
 from flymc_dist.jointdpm.transport import open_dpm_transport
 
 
@@ -65,31 +70,42 @@ def test_student_t_predictive_after_1000_updates_equals_scipy():
     assert np.max(np.abs(c.log_predictive(q) - wrong.logpdf(q))) > 1e-3
 
 
-def test_member_array_insert_remove_draw():
-    """O(1) insert/remove keep the set; draws without replacement cover it exactly once
-    and are uniform (chi-square over first draws)."""
-    pos = np.zeros(50, dtype=np.int64)
-    a = MemberArray()
-    for r in range(50):
-        a.insert(r, pos)
-    for r in range(0, 50, 3):
-        a.remove(r, pos)
-    members = {r for r in range(50) if r % 3}
-    assert set(a.rows[: a.count].tolist()) == members
-    assert all(a.rows[pos[r]] == r for r in members)
+def test_member_index_insert_remove_select():
+    """The order-statistic index follows random moves: a cluster's r-th member in row
+    order is the r-th of np.flatnonzero(z == k), for every rank; counts agree; a rank
+    past the end is refused."""
     rng = np.random.default_rng(1)
-    a.restart()
-    got = np.concatenate([a.draw(rng, 7, pos) for _ in range(a.count // 7)])
-    got = np.concatenate([got, a.draw(rng, a.count - got.size, pos)])
-    assert sorted(got.tolist()) == sorted(members)
+    z = rng.integers(0, 3, 300)
+    index = MemberIndex(z)
+    for _ in range(2000):
+        r, k = int(rng.integers(300)), int(rng.integers(0, 5))
+        old = int(z[r])
+        if old != k:
+            z[r] = k
+            index.move(r, old, k)
+    assert index.labels() == sorted(set(z.tolist()))
+    for k in range(5):
+        members = np.flatnonzero(z == k)
+        assert index.count(k) == members.size
+        np.testing.assert_array_equal(index.members(k), members)
+        ranks = rng.permutation(members.size)
+        np.testing.assert_array_equal(index.select(k, ranks), members[ranks])
+    with pytest.raises(ValueError, match="ranks must lie"):
+        index.select(0, np.array([index.count(0)]))
+
+
+def test_rank_draws_without_replacement_are_uniform():
+    """RankDraw covers 0 .. N − 1 exactly once over a decision, refuses more, and its
+    first draws are uniform (chi-square); negative control: a biased draw is seen."""
+    rng = np.random.default_rng(2)
+    d = RankDraw(53)
+    got = np.concatenate([d.draw(rng, 7) for _ in range(7)] + [d.draw(rng, 4)])
+    assert sorted(got.tolist()) == list(range(53))
     with pytest.raises(ValueError, match="cannot draw"):
-        a.draw(rng, 1, pos)
-    first = []
-    for _ in range(3300):
-        a.restart()
-        first.append(int(a.draw(rng, 1, pos)[0]))
-    counts = np.array([first.count(r) for r in sorted(members)])
-    assert stats.chisquare(counts).pvalue > 1e-3
+        d.draw(rng, 1)
+    second = np.array([RankDraw(30).draw(rng, 2)[1] for _ in range(3000)])
+    assert stats.chisquare(np.bincount(second, minlength=30)).pvalue > 1e-3
+    assert stats.chisquare(np.bincount(second // 2, minlength=30)).pvalue < 1e-6
 
 
 # ------------------------------------------------------------------ a small problem
@@ -99,8 +115,9 @@ PAIRS = [(0, 1), (0, 7), (2, 3), (5, 6)]
 
 
 def _sampler(alg, X=X8, y=Y8, n_shards=2, chains=1, seed=0, cls=JointDPMSampler, **kw):
-    bounds = np.linspace(0, len(X), n_shards + 1).round().astype(np.int64)
-    tr = open_dpm_transport("synchronous", X, y, bounds, [0], chains, seed)
+    bounds = shard_bounds(len(X), n_shards)
+    cols = list(range(X.shape[1])) if alg.density_columns is None else list(alg.density_columns)
+    tr = open_dpm_transport("synchronous", X, y, bounds, cols, chains, seed)
     s = cls(alg, tr, bounds, X.shape[1], chains=chains, seed=seed, **kw)
     s.setup()
     return s
@@ -289,7 +306,7 @@ def test_options_and_bad_input():
 
 
 # ------------------------------------------------------------------ placement
-def _run(client, **kw):
+def _run(client, n_shards=3, **kw):
     X, y = four_blobs(900, 5)
     Xt, yt = four_blobs(200, 6)
     alg = fd.JointDPM(init_clusters=3, step_z=40, eps=0.3)
@@ -300,31 +317,185 @@ def _run(client, **kw):
         chains=2,
         seed=11,
         client=client,
-        n_shards=3,
+        n_shards=n_shards,
         test=(Xt, yt),
         pairs=[(0, 1), (2, 500)],
         **kw,
     )
 
 
-def test_identical_draws_in_process_and_on_two_workers():
-    """The same seed and layout give the same draws in process and on a 2-worker Dask
-    LocalCluster (shards as actors): α, K, sizes, co-clustering, data used, accuracy."""
+def _final_state(client, n_shards, steps=10, kill_at=None):
+    """Every chain's α, weights, NIW statistics and labels after ``steps`` iterations
+    (and the recoveries); ``kill_at``: SIGKILL the worker of shard 1 as that iteration
+    starts."""
+    X, y = four_blobs(900, 5)
+    bounds = shard_bounds(len(X), n_shards)
+    tr = open_dpm_transport(client, X, y, bounds, [0, 1], 2, 11)
+    try:
+        s = JointDPMSampler(
+            fd.JointDPM(init_clusters=2, step_z=40, eps=0.3), tr, bounds, 2, chains=2, seed=11
+        )
+        s.setup()
+        pids = client.run(os.getpid) if kill_at is not None else {}
+        for it in range(steps):
+            if it == kill_at:
+                victim = tr.where[1]
+                threading.Thread(target=os.kill, args=(pids[victim], signal.SIGKILL)).start()
+            s.step()
+        out = []
+        for c, st in enumerate(s.states):
+            z = np.concatenate(tr.call_all("z_of", c))
+            stats_ = {k: (v.n, v.m.tobytes(), v.L.tobytes()) for k, v in st.stats.items()}
+            w = {k: v.tobytes() for k, v in st.w.items()}
+            out.append((st.alpha, w, stats_, z.tobytes()))
+        if kill_at is not None:
+            return out, tr.recoveries, victim
+        return bounds.size - 1, out
+    finally:
+        tr.close()
+
+
+def test_identical_draws_for_every_layout_and_on_two_workers(local_clusters):
+    """The same seed gives bit-identical draws (α, every cluster's weights and NIW
+    statistics, every row's label) with 1, 2 or 3 shards in process and with 2 or 3 shards
+    on a 2-worker Dask LocalCluster (shards as actors); and sample_jointdpm's traced
+    quantities (α, K, sizes, co-clustering, data used, accuracy) too."""
+    from distributed import Client
+
+    ref = {}
+    for ns in (1, 2, 3):
+        got, ref[ns] = _final_state("synchronous", ns)
+        assert got == ns
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
+        dask = {ns: _final_state(client, ns)[1] for ns in (2, 3)}
+        b = _run(client, n_shards=2)
+    a = _run("synchronous", n_shards=1)
+    c = _run("synchronous", n_shards=3)
+    for name, other in (("2", ref[2]), ("3", ref[3]), ("dask 2", dask[2]), ("dask 3", dask[3])):
+        assert other == ref[1], name
+    # the comparison is not vacuous: a cluster was made (label 2 of init_clusters=2)
+    assert any(max(w) >= 2 for _, w, _, _ in ref[1])
+    for _, _, stats_, z in ref[1]:
+        assert sorted(np.unique(np.frombuffer(z, np.int64)).tolist()) == sorted(stats_)
+    assert b.info["transport"] == "dask" and b.info["n_shards"] == 2
+    assert a.info["n_shards"] == 1 and c.info["n_shards"] == 3
+    for key in ("alpha", "K", "sizes", "cocluster", "data_used", "accepted", "accuracy"):
+        np.testing.assert_array_equal(a.draws[key], b.draws[key], err_msg=key)
+        np.testing.assert_array_equal(a.draws[key], c.draws[key], err_msg=key)
+    assert a.draws["accepted"].sum() > 0
+    assert a.draws["data_used"].sum() < a.draws["cluster_rows"].sum()  # austerity stopped early
+    d = _run("synchronous", predict_every=1)
+    np.testing.assert_array_equal(a.draws["alpha"], d.draws["alpha"])
+
+
+@pytest.mark.cluster
+def test_worker_killed_mid_run_completes_with_the_same_draws():
+    """SIGKILL the worker of one shard of three on a 2-worker LocalCluster mid-run: the
+    lost shards are recreated on a live worker from their rows with the labels the driver
+    knows (row-keyed initial ones and every move since), the run completes, and its
+    state — α, weights, NIW statistics, every label — is bit-identical to the run in
+    process that lost nothing (so it is the same valid chain)."""
     from flymc_dist.transport.dask import local_client
 
-    a = _run("synchronous")
+    _, ref = _final_state("synchronous", 3, steps=20)
     client, cluster = local_client(2)
     try:
-        b = _run(client)
+        got, recoveries, victim = _final_state(client, 3, steps=20, kill_at=8)
     finally:
         client.close()
         cluster.close()
-    assert b.info["transport"] == "dask"
-    for key in ("alpha", "K", "sizes", "cocluster", "data_used", "accepted", "accuracy"):
-        np.testing.assert_array_equal(a.draws[key], b.draws[key], err_msg=key)
-    assert a.draws["data_used"].sum() < a.draws["cluster_rows"].sum()  # austerity stopped early
-    c = _run("synchronous", predict_every=1)
-    np.testing.assert_array_equal(a.draws["alpha"], c.draws["alpha"])
+    assert len(recoveries) >= 1, recoveries
+    assert recoveries[0]["lost_workers"] == [victim] and 1 in recoveries[0]["shards"]
+    assert got == ref
+
+
+# ------------------------------------------------------------------ trace and resume
+def _traced(trace, **kw):
+    X, y = four_blobs(600, 5)
+    Xt, yt = four_blobs(100, 6)
+    opts = dict(
+        num_warmup=5,
+        num_samples=16,
+        chains=2,
+        seed=11,
+        client="synchronous",
+        n_shards=2,
+        test=(Xt, yt),
+        pairs=[(0, 1), (2, 500)],
+        trace=trace,
+        checkpoint_every=4,
+    )
+    opts.update(kw)
+    return fd.sample_jointdpm((X, y), fd.JointDPM(init_clusters=2, step_z=30, eps=0.3), **opts)
+
+
+@pytest.mark.parametrize("stop_at", [6, 15])  # during warm-up, and during sampling
+def test_interrupted_run_resumes_identically(tmp_path, monkeypatch, stop_at):
+    """A run interrupted at iteration ``stop_at`` resumes from its trace's checkpoint (on
+    3 shards, where it ran on 2) and gives the draws of the run never interrupted, bit
+    for bit: α, K, sizes, co-clustering, data used, accuracy and the final predictive;
+    the trace holds the label-free quantities by name; a resume of another run (another
+    seed) is refused, as is a new run over the trace."""
+    from flymc_dist.trace import Trace
+
+    full = _traced(str(tmp_path / "full.zarr"))
+    path = str(tmp_path / "t.zarr")
+    calls = {"n": 0}
+    real_step = JointDPMSampler.step
+
+    def flaky_step(self):
+        calls["n"] += 1
+        if calls["n"] == stop_at:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(JointDPMSampler, "step", flaky_step)
+    with pytest.raises(KeyboardInterrupt):
+        _traced(path)
+    monkeypatch.setattr(JointDPMSampler, "step", real_step)
+    ck = Trace.open(path).checkpoint
+    assert stop_at - 4 <= ck["iteration"] < stop_at
+    with pytest.raises(ValueError, match="another run"):
+        _traced(path, resume=True, seed=12)
+    with pytest.raises(FileExistsError):
+        _traced(path)
+    res = _traced(path, resume=True, n_shards=3)
+    assert res.info["n_shards"] == 3
+    for key in full.draws:
+        if key != "seconds":
+            np.testing.assert_array_equal(res.draws[key], full.draws[key], err_msg=key)
+    tr, ref = Trace.open(path), Trace.open(str(tmp_path / "full.zarr"))
+    assert tr.n_draws == 16 and tr.checkpoint["iteration"] == 21
+    np.testing.assert_array_equal(tr.samples, ref.samples)
+    np.testing.assert_array_equal(tr.samples[:, :, 1], full.draws["K"])
+    np.testing.assert_array_equal(tr.stats["accuracy"], full.draws["accuracy"])
+    assert full.draws["K"].max() > full.draws["K"].min()  # the chains moved
+    with pytest.raises(FileNotFoundError):
+        _traced(str(tmp_path / "missing.zarr"), resume=True)
+
+
+def test_resume_before_any_checkpoint_is_refused(tmp_path, monkeypatch):
+    """Interrupted before its first checkpoint, a trace has nothing to resume from."""
+    path = str(tmp_path / "t.zarr")
+    monkeypatch.setattr(
+        JointDPMSampler, "step", lambda self: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    with pytest.raises(KeyboardInterrupt):
+        _traced(path)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="no checkpoint"):
+        _traced(path, resume=True)
+
+
+def test_trace_reads_with_xarray(tmp_path):
+    """The trace opens with xarray alone: the quantities by name along ``quantity``."""
+    xr = pytest.importorskip("xarray")
+    path = str(tmp_path / "x.zarr")
+    res = _traced(path, num_samples=4, num_warmup=0)
+    post = xr.open_zarr(path, group="posterior", consolidated=False)
+    names = list(post["quantity"].values)
+    assert names[:3] == ["alpha", "K", "size_0"] and names[-1] == "together_1"
+    np.testing.assert_array_equal(post["theta"].sel(quantity="alpha").values, res.draws["alpha"])
 
 
 # ------------------------------------------------------------------ known truth

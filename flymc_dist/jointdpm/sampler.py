@@ -20,28 +20,34 @@ One iteration of a chain (the paper's Fig. 7 program):
    the rows are fetched from their shards in one round trip, the moves sent back in one.
 3. Every cluster's ``w_k`` by a random-walk MH step whose decision is the sequential test
    of :func:`flymc_dist.austerity.sampler.stop_rule` over the cluster's members only:
-   minibatches of ``batch_size`` members drawn without replacement (how many from each
-   shard by a multivariate hypergeometric draw over the shards' unseen member counts,
-   which members by the shard, uniformly from its member array), the population size
-   ``N_k``; ``eps = 0`` uses all ``N_k`` members (in one round: the test could not stop
-   earlier) and is exact MH. All clusters' tests share the round trips.
+   minibatches of ``batch_size`` members drawn without replacement, as global ranks in
+   row order drawn on the driver (:class:`RankDraw`, O(1) per member), each rank sent to
+   the shard holding it (the shards' member counts in shard order) which finds its
+   member by an order-statistic index (:class:`~flymc_dist.jointdpm.shard.MemberIndex`,
+   O(log n)); the population size ``N_k``. ``eps = 0`` uses all ``N_k`` members in row
+   order (in one round: the test could not stop earlier) and is exact MH. All clusters'
+   tests share the round trips. A decision's cost is O(b log n) per minibatch of ``b``
+   members (``n`` rows per shard) plus O(shards): sublinear in ``N_k``.
 
-The NIW statistics live on the driver, per cluster, summed over the shards in shard
-order at the start and then moved point by point with the labels; the labels live on the
-shards beside the rows, with a member array per chain and cluster.
+The NIW statistics live on the driver, per cluster, summed at the start along the fixed
+block tree of :mod:`flymc_dist.reduce` and then moved point by point with the labels; the
+labels live on the shards beside the rows, with a member index per chain.
 
 Randomness: a chain's driver stream ``stream(seed, ROLE_JOINTDPM, 0, chain)`` (α, the
-rows to update, the Gibbs draws, the auxiliary weights, the proposals, the uniforms,
-the per-shard counts), a shard's member draws ``stream(seed, ROLE_JOINTDPM, 1, shard,
-chain)``, the initial labels row-keyed. A given layout (number of shards) therefore gives
-identical draws in process and on any cluster; a different layout changes which members
-the ``w_k`` tests draw (and so, for ``eps > 0``, the draws), and the initial statistics'
-last bits.
+rows to update, the Gibbs draws, the auxiliary weights, the proposals, the uniforms, the
+members' ranks) and the initial labels, row-keyed. Nothing random happens on a shard and
+every value a decision sums is taken in the decision's own order (its drawn ranks, or
+row order), whatever shard it came from; the shards cut at block boundaries
+(:func:`shard_bounds`). So the draws (α, K, labels, weights) are bit-identical for every
+number of shards, in process and on any cluster.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,12 +58,21 @@ from scipy.special import gammaln
 from flymc_dist.austerity.sampler import stop_rule
 from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
-from flymc_dist.jointdpm.shard import ROLE_JOINTDPM, SUB_DRIVER, logit_loglik
+from flymc_dist.jointdpm.shard import ROLE_JOINTDPM, SUB_DRIVER, initial_labels, logit_loglik
 from flymc_dist.jointdpm.transport import DPMTransport, open_dpm_transport
 from flymc_dist.options import JointDPM
-from flymc_dist.rng import stream
+from flymc_dist.reduce import block_rows, tree_total_arrays
+from flymc_dist.rng import rng_state_from_json, rng_state_to_json, stream
+from flymc_dist.trace import Trace, TraceLock
 
-__all__ = ["ChainState", "DPMResult", "JointDPMSampler", "sample_jointdpm"]
+__all__ = [
+    "ChainState",
+    "DPMResult",
+    "JointDPMSampler",
+    "RankDraw",
+    "sample_jointdpm",
+    "shard_bounds",
+]
 
 #: the label of "a new cluster" in the Gibbs step's list of choices
 NEW = -1
@@ -77,6 +92,40 @@ class ChainState:
     next_label: int
     rng: np.random.Generator
     tracked: dict[int, int] = field(default_factory=dict)
+
+
+class RankDraw:
+    """Ranks ``0 .. N − 1`` drawn uniformly without replacement, a few at a time: a
+    Fisher–Yates shuffle of ``range(N)`` kept sparse (only the displaced entries are
+    stored), so ``m`` draws cost O(m) whatever ``N``.
+
+    Parameters
+    ----------
+    N
+        The population size.
+    """
+
+    __slots__ = ("N", "moved", "taken")
+
+    def __init__(self, N: int) -> None:
+        self.N = int(N)
+        self.taken = 0
+        self.moved: dict[int, int] = {}
+
+    def draw(self, rng: np.random.Generator, m: int) -> np.ndarray:
+        """The next ``m`` ranks (one ``rng.integers`` call)."""
+        t = self.taken
+        if t + m > self.N:
+            raise ValueError(f"cannot draw {m} of {self.N - t} ranks left")
+        picks = rng.integers(np.arange(t, t + m), self.N) if m else np.empty(0, np.int64)
+        out = np.empty(m, dtype=np.int64)
+        moved = self.moved
+        for i, r in enumerate(picks.tolist()):
+            here = t + i
+            out[i] = moved.get(r, r)
+            moved[r] = moved.pop(here, here)
+        self.taken = t + m
+        return out
 
 
 class JointDPMSampler:
@@ -117,6 +166,17 @@ class JointDPMSampler:
         self.bounds = np.asarray(bounds, dtype=np.int64)
         self.n_shards = self.bounds.size - 1
         self.N = int(self.bounds[-1])
+        self.block = block_rows(self.N)
+        self.n_blocks = -(-self.N // self.block)
+        if (
+            self.bounds[0] != 0
+            or np.any(np.diff(self.bounds) <= 0)
+            or np.any(self.bounds[1:-1] % self.block)
+        ):
+            raise ValueError(
+                f"bounds must rise from 0 and cut at multiples of {self.block} rows "
+                f"(flymc_dist.reduce.block_rows), not {self.bounds.tolist()}"
+            )
         self.n_features = int(n_features)
         cols = options.density_columns
         self.density_columns = list(range(n_features)) if cols is None else list(cols)
@@ -137,30 +197,34 @@ class JointDPMSampler:
         )
         self.record_rows = bool(record_rows)
         self.states: list[ChainState] = []
+        #: per chain, the label of every row the z-updates have moved (the others hold
+        #: their row-keyed initial label): what a recreated shard is given back
+        self.known: list[dict[int, int]] = [{} for _ in range(self.chains)]
+        transport.on_recreate = self.restore_calls
         #: the rows each w decision of the last step used, per chain (record_rows)
         self.last_rows: list[dict[int, np.ndarray]] = []
 
     # ---------------------------------------------------------------- set-up
     def setup(self) -> None:
         """Initial labels (row-keyed, ``init_clusters`` of them), their NIW statistics
-        summed in shard order, weights and ``α`` from their priors."""
+        summed by the fixed block tree (:mod:`flymc_dist.reduce`: the same sums in every
+        layout), weights and ``α`` from their priors."""
         a, b = self.options.alpha_prior
         self.states = []
+        L, D = self.options.init_clusters, self.D
         for c in range(self.chains):
             rng = stream(self.seed, ROLE_JOINTDPM, SUB_DRIVER, c)
-            replies = self.transport.call_all("init_labels", c, self.options.init_clusters)
-            sums: dict[int, list] = {}
+            replies = self.transport.call_all("init_labels", c, L, self.block, self.n_blocks)
+            total = tree_total_arrays([(nodes, sums) for _, nodes, sums in replies])
             counts: dict[int, np.ndarray] = {}
-            for j, rep in enumerate(replies):  # shard order
-                for k, (n, sx, sxx) in rep.items():
-                    if k not in sums:
-                        sums[k] = [0, np.zeros(self.D), np.zeros((self.D, self.D))]
-                        counts[k] = np.zeros(self.n_shards, dtype=np.int64)
-                    sums[k][0] += n
-                    sums[k][1] = sums[k][1] + sx
-                    sums[k][2] = sums[k][2] + sxx
-                    counts[k][j] = n
-            stats = {k: ClusterStats.from_sums(self.prior, *sums[k]) for k in sorted(sums)}
+            stats: dict[int, ClusterStats] = {}
+            for k in range(L):
+                n = int(round(total[k, 0]))
+                if n == 0:
+                    continue
+                sx, sxx = total[k, 1 : 1 + D], total[k, 1 + D :].reshape(D, D)
+                stats[k] = ClusterStats.from_sums(self.prior, n, sx, sxx)
+                counts[k] = np.array([rep[0].get(k, 0) for rep in replies], dtype=np.int64)
             w = {k: self.options.w_prior * rng.standard_normal(self.P) for k in sorted(stats)}
             alpha = float(rng.gamma(a, 1.0 / b))
             st = ChainState(alpha, stats, w, counts, max(stats) + 1, rng)
@@ -168,6 +232,91 @@ class JointDPMSampler:
                 _, _, _, z = self._fetch(c, self.tracked_rows)
                 st.tracked = {int(r): int(k) for r, k in zip(self.tracked_rows, z, strict=True)}
             self.states.append(st)
+
+    def restore_calls(self, shard: int) -> list[tuple[str, tuple]]:
+        """The calls that give a recreated shard every chain's labels: the row-keyed
+        initial ones, overwritten by those the z-updates gave (:attr:`known`) — the
+        shard's exact state, so the chains go on as if it had never been lost."""
+        a, b = int(self.bounds[shard]), int(self.bounds[shard + 1])
+        out = []
+        for c in range(self.chains):
+            z = initial_labels(self.seed, c, a, b - a, self.options.init_clusters)
+            for r, k in self.known[c].items():
+                if a <= r < b:
+                    z[r - a] = k
+            out.append(("restore", (c, z)))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every chain's state as JSON-like values (a trace's checkpoint): α, each
+        cluster's NIW statistics (``n, k, v, m, L`` as they stand, so that a resumed chain
+        computes with the very same numbers), weights, the next label, the driver
+        stream, the tracked rows' labels and every label the z-updates gave."""
+        out = []
+        for c, st in enumerate(self.states):
+            labels = sorted(st.stats)
+            known = self.known[c]
+            out.append(
+                {
+                    "alpha": st.alpha,
+                    "labels": np.array(labels, dtype=np.int64),
+                    "n": np.array([st.stats[k].n for k in labels], dtype=np.int64),
+                    "k": np.array([st.stats[k].k for k in labels]),
+                    "v": np.array([st.stats[k].v for k in labels]),
+                    "m": np.stack([st.stats[k].m for k in labels]),
+                    "L": np.stack([st.stats[k].L for k in labels]),
+                    "w": np.stack([st.w[k] for k in labels]),
+                    "next_label": st.next_label,
+                    "rng": rng_state_to_json(st.rng.bit_generator.state),
+                    "tracked": np.array(
+                        [st.tracked[int(r)] for r in self.tracked_rows], dtype=np.int64
+                    ),
+                    "known_rows": np.fromiter(known.keys(), np.int64, len(known)),
+                    "known_labels": np.fromiter(known.values(), np.int64, len(known)),
+                }
+            )
+        return {"chains": out}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s ``state`` (instead of :meth:`setup`): the
+        chains as they were, every shard given back its labels (:meth:`restore_calls`),
+        the member counts read from the shards."""
+        chains = state["chains"]
+        if len(chains) != self.chains:
+            raise ValueError(f"the state holds {len(chains)} chains, not {self.chains}")
+        self.states = []
+        for c, ch in enumerate(chains):
+            self.known[c] = dict(
+                zip(
+                    np.asarray(ch["known_rows"]).tolist(),
+                    np.asarray(ch["known_labels"]).tolist(),
+                    strict=True,
+                )
+            )
+            stats: dict[int, ClusterStats] = {}
+            w: dict[int, np.ndarray] = {}
+            for i, k in enumerate(np.asarray(ch["labels"]).tolist()):
+                cs = ClusterStats(self.prior)
+                cs.n, cs.k, cs.v = int(ch["n"][i]), float(ch["k"][i]), float(ch["v"][i])
+                cs.m = np.array(ch["m"][i], dtype=float)
+                cs.L = np.array(ch["L"][i], dtype=float)
+                stats[k], w[k] = cs, np.array(ch["w"][i], dtype=float)
+            rng = np.random.default_rng()
+            rng.bit_generator.state = rng_state_from_json(ch["rng"])
+            tracked = dict(
+                zip(self.tracked_rows.tolist(), np.asarray(ch["tracked"]).tolist(), strict=True)
+            )
+            st = ChainState(float(ch["alpha"]), stats, w, {}, int(ch["next_label"]), rng, tracked)
+            self.states.append(st)
+        for j in range(self.n_shards):
+            calls = self.restore_calls(j)
+            for method, args in calls:
+                self.transport.call_some(method, {j: args})
+        for c, st in enumerate(self.states):
+            per = self.transport.call_all("counts", c)
+            st.counts = {k: np.array([p.get(k, 0) for p in per], dtype=np.int64) for k in st.stats}
+            if any(int(st.counts[k].sum()) != st.stats[k].n for k in st.stats):
+                raise ValueError("the state's cluster sizes disagree with its labels")
 
     def _shard_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.bounds, rows, side="right") - 1
@@ -285,6 +434,7 @@ class JointDPMSampler:
             st.stats[new].add(xd)
             st.counts[new][j] += 1
             current[r] = new
+            self.known[c][r] = new
             new_labels[i] = new
             moved += new != old
             if r in st.tracked:
@@ -337,8 +487,9 @@ class JointDPMSampler:
         Nk = np.array([st.stats[k].n for k in labels], dtype=np.int64)
         lp_diff = -0.5 * (np.sum(W * W, axis=1) - np.sum(Wp * Wp, axis=1)) / o.w_prior**2
         mu0 = (log_u + lp_diff) / Nk  # log p(w) − log p(w′) + log u, per member
-        total = np.stack([st.counts[k] for k in labels]).astype(np.int64)
-        unseen = total.copy()
+        # a global rank r of cluster k is the member of rank r − ends[j − 1] on shard j
+        ends = {k: np.cumsum(st.counts[k]) for k in labels}
+        draws = [RankDraw(int(N)) for N in Nk]
         n = np.zeros(S, dtype=np.int64)
         mean = np.zeros(S)
         m2 = np.zeros(S)
@@ -349,35 +500,50 @@ class JointDPMSampler:
         trips = 0
         while not done.all():
             per_shard: dict[int, list] = {}
-            slots: dict[int, list[int]] = {}
+            slots: dict[int, list[tuple[int, np.ndarray | None]]] = {}
             for s in np.flatnonzero(~done).tolist():
-                # eps = 0 never stops early: all members in one round, the same decision
-                m = int(Nk[s] - n[s] if eps == 0 else min(o.batch_size, Nk[s] - n[s]))
-                if self.n_shards == 1:
-                    cnt = np.array([m], dtype=np.int64)
-                else:
-                    cnt = rng.multivariate_hypergeometric(unseen[s], m).astype(np.int64)
-                for j in np.flatnonzero(cnt).tolist():
-                    first = bool(unseen[s, j] == total[s, j])  # this decision's first draw here
-                    per_shard.setdefault(j, []).append(
-                        (labels[s], first, int(cnt[j]), W[s], Wp[s], self.record_rows)
-                    )
-                    slots.setdefault(j, []).append(s)
-                unseen[s] -= cnt
+                k = labels[s]
+                if eps == 0:  # never stops early: every member in one round, in row order
+                    for j in np.flatnonzero(st.counts[k]).tolist():
+                        per_shard.setdefault(j, []).append((k, None, W[s], Wp[s], self.record_rows))
+                        slots.setdefault(j, []).append((s, None))
+                    rounds[s] += 1
+                    continue
+                g = draws[s].draw(rng, int(min(o.batch_size, Nk[s] - n[s])))
+                sh = np.searchsorted(ends[k], g, side="right")
+                for j in np.unique(sh).tolist():
+                    at = np.flatnonzero(sh == j)
+                    local = g[at] - (ends[k][j - 1] if j else 0)
+                    per_shard.setdefault(j, []).append((k, local, W[s], Wp[s], self.record_rows))
+                    slots.setdefault(j, []).append((s, at))
                 rounds[s] += 1
             replies = self.transport.call_some(
                 "batch", {j: (c, reqs) for j, reqs in per_shard.items()}
             )
             trips += 1
-            for j in sorted(replies):  # shard order: placement-independent sums
-                for s, (nb, mb, m2b, rows) in zip(slots[j], replies[j], strict=True):
-                    tot = n[s] + nb
-                    delta = mb - mean[s]
-                    mean[s] += delta * nb / tot
-                    m2[s] += m2b + delta * delta * n[s] * nb / tot
-                    n[s] = tot
+            # each decision's values in its own order (drawn ranks, or row order), whatever
+            # shards they came from: placement- and layout-independent sums
+            got: dict[int, list] = {}
+            for j in sorted(replies):
+                for (s, at), (diff, rows) in zip(slots[j], replies[j], strict=True):
+                    got.setdefault(s, []).append((at, diff))
                     if rows is not None:
                         used_rows[labels[s]].append(rows)
+            for s, parts in got.items():
+                if parts[0][0] is None:
+                    vals = np.concatenate([d for _, d in parts])
+                else:
+                    vals = np.empty(sum(d.size for _, d in parts))
+                    for at, d in parts:
+                        vals[at] = d
+                nb = vals.size
+                mb = float(vals.mean())
+                m2b = float(np.sum((vals - mb) ** 2))
+                tot = n[s] + nb
+                delta = mb - mean[s]
+                mean[s] += delta * nb / tot
+                m2[s] += m2b + delta * delta * n[s] * nb / tot
+                n[s] = tot
             for s in np.flatnonzero(~done).tolist():
                 stop, acc, _ = stop_rule(
                     n[s : s + 1],
@@ -460,8 +626,44 @@ class DPMResult:
         return out
 
 
-def _split(n_rows: int, n_shards: int) -> np.ndarray:
-    return np.linspace(0, n_rows, n_shards + 1).round().astype(np.int64)
+def shard_bounds(n_rows: int, n_shards: int) -> np.ndarray:
+    """The shards' row ranges ``bounds[j] .. bounds[j + 1]``: whole blocks of
+    :func:`flymc_dist.reduce.block_rows` rows spread as evenly as possible, at most one
+    shard per block (so fewer than ``n_shards`` on a data set of fewer blocks)."""
+    B = block_rows(n_rows)
+    n_blocks = -(-n_rows // B)
+    edges = np.linspace(0, n_blocks, min(n_shards, n_blocks) + 1).astype(np.int64) * B
+    return np.minimum(edges, n_rows)
+
+
+#: the per-iteration statistics of a run (the trace's ``sample_stats``), with their dtypes
+STATS = {
+    "seconds": np.float64,
+    "data_used": np.int64,
+    "cluster_rows": np.int64,
+    "accepted": np.int64,
+    "moved": np.int64,
+    "accuracy": np.float64,
+}
+
+
+def trace_quantities(n_pairs: int) -> list[str]:
+    """The names along a JointDPM trace's ``quantity`` axis: ``alpha``, ``K``, the
+    :data:`MAX_SIZES` largest cluster sizes, then each traced pair's co-clustering."""
+    return (
+        ["alpha", "K"]
+        + [f"size_{i}" for i in range(MAX_SIZES)]
+        + [f"together_{p}" for p in range(n_pairs)]
+    )
+
+
+def _fingerprint(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for x in arrays:
+        x = np.ascontiguousarray(x)
+        h.update(str((x.dtype.str, x.shape)).encode())
+        h.update(x.tobytes())
+    return h.hexdigest()
 
 
 def sample_jointdpm(
@@ -477,6 +679,10 @@ def sample_jointdpm(
     test: tuple[np.ndarray, np.ndarray] | None = None,
     pairs: np.ndarray | None = None,
     predict_every: int = 1,
+    trace: str | None = None,
+    resume: bool = False,
+    overwrite_trace: bool = False,
+    checkpoint_every: int = 100,
 ) -> DPMResult:
     """Run JointDPM's chains over a binary data set.
 
@@ -495,14 +701,28 @@ def sample_jointdpm(
         ``"synchronous"`` (every shard in this process), a ``distributed.Client``, or None
         (an embedded LocalCluster).
     n_shards
-        Row ranges the data is cut into (default 2, whatever the client). The draws
-        depend on it (see :mod:`flymc_dist.jointdpm.sampler`), not on the placement.
+        Row ranges the data is cut into (default 2, whatever the client; whole blocks,
+        :func:`shard_bounds`). The draws depend on neither it nor the placement.
     test
         Held-out ``(X, y)``: the chain-averaged prediction's accuracy is traced.
     pairs
         ``(P, 2)`` row pairs whose co-clustering is traced.
     predict_every
         Iterations between predictions on the test rows.
+    trace
+        A zarr directory (:class:`~flymc_dist.trace.Trace`) keeping the kept draws' label-
+        free quantities (posterior ``theta`` along the :func:`trace_quantities` axis, the
+        :data:`STATS` as ``sample_stats``) and, every ``checkpoint_every`` iterations and
+        at the end, the checkpoint (:meth:`JointDPMSampler.state_dict`, the running
+        predictions, the iteration).
+    resume
+        Continue the interrupted run in ``trace`` to its ``num_warmup + num_samples``
+        iterations (the same data, settings, seed and chains; any ``n_shards`` or client):
+        the draws are those of the run never interrupted.
+    overwrite_trace
+        Replace an existing ``trace``.
+    checkpoint_every
+        Iterations between checkpoints.
 
     Returns
     -------
@@ -516,9 +736,12 @@ def sample_jointdpm(
         ("num_samples", num_samples, 1),
         ("chains", chains, 1),
         ("predict_every", predict_every, 1),
+        ("checkpoint_every", checkpoint_every, 1),
     ):
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, not {v!r}")
+    if resume and trace is None:
+        raise ValueError("resume=True needs a trace")
     if isinstance(data, tuple):
         X, y = (np.asarray(a, float) for a in data)
     else:
@@ -541,77 +764,185 @@ def sample_jointdpm(
         n_shards = 2
     if isinstance(n_shards, bool) or not isinstance(n_shards, int) or not 1 <= n_shards <= len(X):
         raise ValueError(f"n_shards must be an integer in [1, rows], not {n_shards!r}")
-    bounds = _split(X.shape[0], n_shards)
+    bounds = shard_bounds(X.shape[0], n_shards)
     cols = list(range(X.shape[1])) if alg.density_columns is None else list(alg.density_columns)
     if max(cols) >= X.shape[1]:
         raise ValueError(f"density_columns {alg.density_columns} name a column beyond {X.shape[1]}")
-    transport = open_dpm_transport(client, X, y, bounds, cols, chains, seed)
+    held = None
+    if test is not None:
+        held = tuple(np.asarray(a, float) for a in test)
+    config = {
+        "algorithm": "jointdpm",
+        "options": {f: getattr(alg, f) for f in alg.__dataclass_fields__},
+        "seed": int(seed),
+        "chains": int(chains),
+        "num_warmup": int(num_warmup),
+        "num_samples": int(num_samples),
+        "predict_every": int(predict_every),
+        "data": _fingerprint(X, y),
+        "test": None if held is None else _fingerprint(*held),
+        "pairs": pairs_a.tolist(),
+    }
+    config = json.loads(json.dumps(config))  # as a trace reads it back (tuples as lists)
+    lock = None
+    if trace is not None:
+        trace = os.path.abspath(trace)
+        if resume:
+            Trace.open(trace, read_only=True)  # none there: FileNotFoundError
+        lock = TraceLock(trace).acquire()
     try:
-        tracked = np.unique(pairs_a.ravel())
-        sampler = JointDPMSampler(
-            alg, transport, bounds, X.shape[1], chains=chains, seed=seed, tracked_rows=tracked
-        )
-        sampler.setup()
-        if test is not None:
-            Xt, yt = (np.asarray(a, float) for a in test)
-            Xtd = Xt[:, cols]
-            Ft = np.hstack([Xt, np.ones((Xt.shape[0], 1))])
-            running = np.zeros((chains, Xt.shape[0]))
-            n_pred = np.zeros(chains)
-        total = num_warmup + num_samples
-        keys = ("alpha", "K", "seconds", "data_used", "cluster_rows", "accepted", "moved")
-        rec = {k: np.zeros((chains, num_samples)) for k in keys}
-        rec["sizes"] = np.zeros((chains, num_samples, MAX_SIZES), dtype=np.int64)
-        rec["cocluster"] = np.zeros((chains, num_samples, pairs_a.shape[0]), dtype=bool)
-        if test is not None:
-            rec["accuracy"] = np.full((chains, num_samples), np.nan)
-        clock = np.zeros(chains)
-        t_start = time.perf_counter()
-        for it in range(total):
-            infos = sampler.step()
-            for c, inf in enumerate(infos):
-                clock[c] += inf["seconds"]
-                t = it - num_warmup
-                st = sampler.states[c]
-                if test is not None and (it + 1) % predict_every == 0 and t >= 0:
-                    t0 = time.perf_counter()
-                    running[c] += sampler.predict(c, Xtd, Ft)
-                    n_pred[c] += 1
-                    clock[c] += time.perf_counter() - t0
-                if t < 0:
-                    continue
-                sz = sampler.sizes(c)[:MAX_SIZES]
-                rec["alpha"][c, t] = st.alpha
-                rec["K"][c, t] = len(st.stats)
-                rec["sizes"][c, t, : sz.size] = sz
-                rec["seconds"][c, t] = clock[c]
-                for key in ("data_used", "cluster_rows", "accepted", "moved"):
-                    rec[key][c, t] = inf[key]
-                if pairs_a.size:
-                    rec["cocluster"][c, t] = [
-                        st.tracked[int(a)] == st.tracked[int(b)] for a, b in pairs_a
-                    ]
-                if test is not None and n_pred[c]:
-                    avg = running[c] / n_pred[c]
-                    rec["accuracy"][c, t] = float(np.mean((avg > 0.5) == (yt > 0.5)))
-        if test is not None:
-            rec["predictive"] = running / np.maximum(n_pred, 1)[:, None]
-        info = {
-            "algorithm": "jointdpm",
-            "approximate": alg.eps > 0,
-            "options": {f: getattr(alg, f) for f in alg.__dataclass_fields__},
-            "n_rows": int(X.shape[0]),
-            "n_features": int(X.shape[1]),
-            "n_shards": int(n_shards),
-            "transport": transport.name,
-            "chains": chains,
-            "seed": seed,
-            "num_warmup": num_warmup,
-            "num_samples": num_samples,
-            "round_trips": transport.round_trips,
-            "seconds": time.perf_counter() - t_start,
-            "pairs": pairs_a,
-        }
-        return DPMResult(rec, info)
+        tr = _open_trace(trace, resume, overwrite_trace, config, chains, pairs_a.shape[0])
+        transport = open_dpm_transport(client, X, y, bounds, cols, chains, seed)
+        try:
+            tracked = np.unique(pairs_a.ravel())
+            sampler = JointDPMSampler(
+                alg, transport, bounds, X.shape[1], chains=chains, seed=seed, tracked_rows=tracked
+            )
+            rec, running, n_pred, t_start = _iterate(
+                sampler, config, held, cols, pairs_a, tr, checkpoint_every
+            )
+            if held is not None:
+                rec["predictive"] = running / np.maximum(n_pred, 1)[:, None]
+            info = {
+                "algorithm": "jointdpm",
+                "approximate": alg.eps > 0,
+                "options": {f: getattr(alg, f) for f in alg.__dataclass_fields__},
+                "n_rows": int(X.shape[0]),
+                "n_features": int(X.shape[1]),
+                "n_shards": int(bounds.size - 1),
+                "transport": transport.name,
+                "chains": chains,
+                "seed": seed,
+                "num_warmup": num_warmup,
+                "num_samples": num_samples,
+                "round_trips": transport.round_trips,
+                "recoveries": transport.recoveries,
+                "seconds": time.perf_counter() - t_start,
+                "pairs": pairs_a,
+                "trace": trace,
+            }
+            return DPMResult(rec, info)
+        finally:
+            transport.close()
     finally:
-        transport.close()
+        if lock is not None:
+            lock.release()
+
+
+def _open_trace(
+    path: str | None, resume: bool, overwrite: bool, config: dict, chains: int, n_pairs: int
+) -> Trace | None:
+    """The run's trace: opened (a resume, checked against ``config``) or created."""
+    if path is None:
+        return None
+    if resume:
+        tr = Trace.open(path)
+        if tr.attrs.get("config") != config:
+            diff = sorted(k for k in config if (tr.attrs.get("config") or {}).get(k) != config[k])
+            raise ValueError(f"trace {path!r} was written by another run (differs in {diff})")
+        if tr.checkpoint is None:
+            raise ValueError(f"trace {path!r} holds no checkpoint to resume from")
+        return tr
+    return Trace.create(
+        path,
+        chains=chains,
+        param_shape=(2 + MAX_SIZES + n_pairs,),
+        stats=STATS,
+        attrs={"config": config},
+        overwrite=overwrite,
+        dims=("quantity",),
+        coords={"quantity": trace_quantities(n_pairs)},
+    )
+
+
+def _iterate(
+    sampler: JointDPMSampler,
+    config: dict,
+    held: tuple[np.ndarray, np.ndarray] | None,
+    cols: list[int],
+    pairs: np.ndarray,
+    tr: Trace | None,
+    checkpoint_every: int,
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, float]:
+    """Run (or, from ``tr``'s checkpoint, continue) the chains to the end; the kept
+    draws, the running predictions and their count, and the start time."""
+    C, num_warmup, num_samples = config["chains"], config["num_warmup"], config["num_samples"]
+    predict_every = config["predict_every"]
+    T = 0 if held is None else held[0].shape[0]
+    if held is not None:
+        Xtd = held[0][:, cols]
+        Ft = np.hstack([held[0], np.ones((T, 1))])
+    theta = np.zeros((C, num_samples, 2 + MAX_SIZES + pairs.shape[0]))
+    stats = {k: np.zeros((C, num_samples), dtype=d) for k, d in STATS.items()}
+    stats["accuracy"][:] = np.nan
+    t_start = time.perf_counter()
+    ck = None if tr is None else tr.checkpoint
+    if ck is not None:
+        state = ck
+        sampler.load_state(state["sampler"])
+        it0 = int(state["iteration"])
+        running = np.array(state["running"], dtype=float).reshape(C, T)
+        n_pred = np.array(state["n_pred"], dtype=float)
+        clock = np.array(state["clock"], dtype=float)
+        kept = tr.n_draws
+        theta[:, :kept] = tr.samples
+        for k, v in tr.stats.items():
+            stats[k][:, :kept] = v
+    else:
+        sampler.setup()
+        it0, kept = 0, 0
+        running, n_pred, clock = np.zeros((C, T)), np.zeros(C), np.zeros(C)
+    written = kept
+    total = num_warmup + num_samples
+    for it in range(it0, total):
+        infos = sampler.step()
+        t = it - num_warmup
+        for c, inf in enumerate(infos):
+            clock[c] += inf["seconds"]
+            st = sampler.states[c]
+            if held is not None and (it + 1) % predict_every == 0 and t >= 0:
+                t0 = time.perf_counter()
+                running[c] += sampler.predict(c, Xtd, Ft)
+                n_pred[c] += 1
+                clock[c] += time.perf_counter() - t0
+            if t < 0:
+                continue
+            sz = sampler.sizes(c)[:MAX_SIZES]
+            row = theta[c, t]
+            row[0], row[1] = st.alpha, len(st.stats)
+            row[2 : 2 + sz.size] = sz
+            row[2 + MAX_SIZES :] = [st.tracked[int(a)] == st.tracked[int(b)] for a, b in pairs]
+            stats["seconds"][c, t] = clock[c]
+            for key in ("data_used", "cluster_rows", "accepted", "moved"):
+                stats[key][c, t] = inf[key]
+            if held is not None and n_pred[c]:
+                avg = running[c] / n_pred[c]
+                stats["accuracy"][c, t] = float(np.mean((avg > 0.5) == (held[1] > 0.5)))
+        if tr is not None and ((it + 1) % checkpoint_every == 0 or it + 1 == total):
+            done = max(0, t + 1)
+            if done > written:
+                tr.append(
+                    theta[:, written:done],
+                    {k: v[:, written:done] for k, v in stats.items()},
+                    warmup=False,
+                )
+                written = done
+            tr.set_checkpoint(
+                {
+                    "iteration": it + 1,
+                    "sampler": sampler.state_dict(),
+                    "running": running,
+                    "n_pred": n_pred,
+                    "clock": clock,
+                }
+            )
+    rec = {
+        "alpha": theta[:, :, 0].copy(),
+        "K": theta[:, :, 1].copy(),
+        "sizes": theta[:, :, 2 : 2 + MAX_SIZES].astype(np.int64),
+        "cocluster": theta[:, :, 2 + MAX_SIZES :].astype(bool),
+    }
+    for k, v in stats.items():
+        if k != "accuracy" or held is not None:
+            rec[k] = v
+    return rec, running, n_pred, t_start

@@ -1,6 +1,11 @@
 """One JointDPM shard: its rows, every chain's cluster label of each of them, and per
-chain and cluster a member array (O(1) insert and remove, uniform draws without
-replacement for the austerity test of that cluster's weights).
+chain and cluster an order-statistic index of the cluster's members here (O(log n)
+insert, remove and "the r-th member in row order").
+
+Nothing here is random and nothing depends on the shard's history: a shard's state is a
+function of its rows and their labels, so a lost shard is rebuilt exactly from the
+labels (:meth:`DPMShard.restore`), and the members a ``w_k`` test reads are named by
+their rank in row order, drawn on the driver — the same rows whatever the layout.
 
 A plain class: called in-process (``client="synchronous"``) or as a Dask actor, the same
 code either way (:mod:`flymc_dist.jointdpm.transport`).
@@ -12,87 +17,152 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist.rng import stream
+from flymc_dist.reduce import fold_blocks
 from flymc_dist.streams import stream_key, uniforms_range
 
-__all__ = ["ROLE_JOINTDPM", "DPMShard", "MemberArray", "logit_loglik"]
+__all__ = [
+    "ROLE_JOINTDPM",
+    "SELECT_BLOCK",
+    "DPMShard",
+    "MemberIndex",
+    "initial_labels",
+    "logit_loglik",
+]
 
 #: the spawn-key role of JointDPM's random streams (:func:`flymc_dist.rng.stream`):
-#: sub-role 0 is a chain's driver stream, 1 a shard's member draws
+#: sub-role 0 is a chain's driver stream
 ROLE_JOINTDPM = 42
 SUB_DRIVER = 0
-SUB_MEMBERS = 1
 #: the row-keyed stream of the initial labels (:func:`flymc_dist.streams.stream_key`
 #: purpose; the z-update's purposes are 1–4)
 INIT_PURPOSE = 15
+#: rows per block of a :class:`MemberIndex` (a select scans one block)
+SELECT_BLOCK = 64
 
 
 def logit_loglik(F: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``log σ(±wᵀf)`` of rows ``F`` (with their bias column) and labels ``y`` in {0, 1};
-    ``w`` may be ``(P,)`` or ``(K, P)`` (then ``(K, n)``)."""
-    eta = np.asarray(w, float) @ np.asarray(F, float).T
+    ``w`` may be ``(P,)`` or ``(K, P)`` (then ``(K, n)``). Each ``wᵀf`` is summed column
+    by column, never by a BLAS product whose rounding may depend on how many rows it is
+    given: a row's value is the same bits in whatever batch (and so on whatever shard)."""
+    W = np.asarray(w, float)
+    F = np.asarray(F, float)
+    eta = W[..., :1] * F[:, 0]
+    for p in range(1, F.shape[1]):
+        eta = eta + W[..., p : p + 1] * F[:, p]
     return -np.logaddexp(0.0, -(2.0 * np.asarray(y, float) - 1.0) * eta)
 
 
-class MemberArray:
-    """The rows of one cluster on one shard: an array with O(1) insert and remove (the
-    last member fills a removed one's place) and uniform draws without replacement (a
-    partial Fisher–Yates shuffle of the array itself, restarted by :meth:`restart`; a
-    draw of every member left takes them as they stand)."""
+def initial_labels(seed: int, chain: int, start: int, n: int, n_clusters: int) -> np.ndarray:
+    """The initial labels of rows ``start .. start + n − 1`` in ``0 .. n_clusters − 1``,
+    each from its own row-keyed uniform (the same whatever the layout)."""
+    key = stream_key(seed, 0, chain, ROLE_JOINTDPM, INIT_PURPOSE)
+    u = uniforms_range(key, start, n)
+    return np.minimum((u * n_clusters).astype(np.int64), n_clusters - 1)
 
-    __slots__ = ("count", "rows", "taken")
 
-    def __init__(self) -> None:
-        self.rows = np.empty(8, dtype=np.int64)
-        self.count = 0
-        self.taken = 0
+class MemberIndex:
+    """Where one chain's clusters have their members on one shard, in row order.
 
-    def insert(self, row: int, pos: np.ndarray) -> None:
-        """Add local ``row``; ``pos[row]`` becomes its place."""
-        if self.count == self.rows.size:
-            self.rows = np.concatenate([self.rows, np.empty_like(self.rows)])
-        self.rows[self.count] = row
-        pos[row] = self.count
-        self.count += 1
+    The rows are cut into blocks of :data:`SELECT_BLOCK`; per cluster, its member count
+    in each block and a Fenwick tree over those counts. Insert and remove are O(log n);
+    the ``r``-th member in row order is a descent of the tree (O(log n)) and a scan of
+    one block (O(:data:`SELECT_BLOCK`)); every member in order costs the blocks that
+    hold some.
 
-    def remove(self, row: int, pos: np.ndarray) -> None:
-        """Remove local ``row`` (its place is ``pos[row]``)."""
-        i = int(pos[row])
-        last = self.rows[self.count - 1]
-        self.rows[i] = last
-        pos[last] = i
-        self.count -= 1
+    Parameters
+    ----------
+    z
+        The chain's labels of the shard's rows (kept, not copied: the index reads them).
+    """
 
-    def restart(self) -> None:
-        """A new decision: every member unseen again."""
-        self.taken = 0
+    def __init__(self, z: np.ndarray) -> None:
+        self.z = z
+        self.n_blocks = -(-z.size // SELECT_BLOCK)
+        self.blocks: dict[int, np.ndarray] = {}
+        self.trees: dict[int, np.ndarray] = {}
+        self.totals: dict[int, int] = {}
+        self._top = 1 << max(0, self.n_blocks.bit_length() - 1)
+        for k in np.unique(z).tolist():
+            if k < 0:
+                continue
+            cnt = np.bincount(np.flatnonzero(z == k) // SELECT_BLOCK, minlength=self.n_blocks)
+            self._set(int(k), cnt.astype(np.int64))
 
-    def draw(self, rng: np.random.Generator, m: int, pos: np.ndarray) -> np.ndarray:
-        """``m`` members not yet drawn since :meth:`restart`, uniformly without replacement."""
-        if self.taken + m > self.count:
-            raise ValueError(f"cannot draw {m} of {self.count - self.taken} unseen members")
-        t = self.taken
-        if t + m == self.count:  # every member left: their order does not matter
-            self.taken = self.count
-            return self.rows[t : self.count].copy()
-        picks = rng.integers(np.arange(t, t + m), self.count) if m else np.empty(0, np.int64)
-        rows = self.rows
-        for j, r in enumerate(picks):
-            a, b = rows[t + j], rows[r]
-            rows[t + j], rows[r] = b, a
-            pos[b], pos[a] = t + j, r
-        self.taken = t + m
-        return rows[t : t + m].copy()
+    def _set(self, k: int, counts: np.ndarray) -> None:
+        i = np.arange(1, self.n_blocks + 1)
+        prefix = np.concatenate([[0], np.cumsum(counts)])
+        self.blocks[k] = counts
+        self.trees[k] = np.concatenate([[0], prefix[i] - prefix[i - (i & -i)]])
+        self.totals[k] = int(prefix[-1])
+
+    def count(self, k: int) -> int:
+        """Members of cluster ``k`` here."""
+        return self.totals.get(k, 0)
+
+    def labels(self) -> list[int]:
+        """The clusters with members here, sorted."""
+        return sorted(self.totals)
+
+    def _add(self, k: int, row: int, delta: int) -> None:
+        if k not in self.blocks:
+            self._set(k, np.zeros(self.n_blocks, dtype=np.int64))
+        b = row // SELECT_BLOCK
+        self.blocks[k][b] += delta
+        self.totals[k] += delta
+        tree, i = self.trees[k], b + 1
+        while i <= self.n_blocks:
+            tree[i] += delta
+            i += i & -i
+        if self.totals[k] == 0:
+            del self.blocks[k], self.trees[k], self.totals[k]
+
+    def move(self, row: int, old: int, new: int) -> None:
+        """Row ``row`` (whose label in ``z`` is already ``new``) leaves ``old`` for ``new``."""
+        self._add(old, row, -1)
+        self._add(new, row, +1)
+
+    def select(self, k: int, ranks: np.ndarray) -> np.ndarray:
+        """The rows of cluster ``k``'s members of 0-based ``ranks`` in row order."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if ranks.size and (ranks.min() < 0 or ranks.max() >= self.count(k)):
+            raise ValueError(f"ranks must lie in [0, {self.count(k)}) for cluster {k}")
+        tree = self.trees.get(k)
+        pos = np.zeros(ranks.size, dtype=np.int64)
+        left = ranks + 1
+        step = self._top
+        while step and ranks.size:
+            nxt = pos + step
+            ok = nxt <= self.n_blocks
+            ok[ok] = tree[nxt[ok]] < left[ok]
+            left[ok] -= tree[nxt[ok]]
+            pos[ok] = nxt[ok]
+            step >>= 1
+        out = np.empty(ranks.size, dtype=np.int64)
+        for i, (b, r) in enumerate(zip(pos.tolist(), left.tolist(), strict=True)):
+            lo = b * SELECT_BLOCK
+            out[i] = lo + np.flatnonzero(self.z[lo : lo + SELECT_BLOCK] == k)[r - 1]
+        return out
+
+    def members(self, k: int) -> np.ndarray:
+        """Every member of cluster ``k`` here, in row order."""
+        if k not in self.blocks:
+            return np.empty(0, dtype=np.int64)
+        parts = []
+        for b in np.flatnonzero(self.blocks[k]).tolist():
+            lo = b * SELECT_BLOCK
+            parts.append(lo + np.flatnonzero(self.z[lo : lo + SELECT_BLOCK] == k))
+        return np.concatenate(parts)
 
 
 class DPMShard:
     """One contiguous row range ``[start, start + n)``: the rows (density columns and the
-    logistic features with their bias), and per chain the labels and member arrays.
+    logistic features with their bias), and per chain the labels and member index.
 
     Parameters
     ----------
     shard_id, start
-        The shard's id (its member-draw stream) and first global row.
+        The shard's id and first global row.
     X, y
         The rows and their 0/1 labels.
     density_columns
@@ -120,29 +190,45 @@ class DPMShard:
         self.y = np.asarray(y, float)
         self.seed = int(seed)
         self.z = np.full((chains, self.n), -1, dtype=np.int64)
-        self.pos = np.zeros((chains, self.n), dtype=np.int64)
-        self.members: list[dict[int, MemberArray]] = [{} for _ in range(chains)]
-        self.rngs = [
-            stream(seed, ROLE_JOINTDPM, SUB_MEMBERS, self.shard_id, c) for c in range(chains)
-        ]
-        #: likelihood evaluations (one row at one w) made for austerity decisions
+        self.index = [MemberIndex(self.z[c]) for c in range(chains)]
+        #: likelihood evaluations (one row at one w) made for the ``w_k`` decisions
         self.queries = 0
 
-    def init_labels(self, chain: int, n_clusters: int) -> dict[int, tuple[int, Any, Any]]:
-        """Give every row a label in ``0 .. n_clusters − 1`` from its own row-keyed uniform
-        (the same labels whatever the layout); return each label's ``(n, Σx, Σxxᵀ)``."""
-        key = stream_key(self.seed, 0, chain, ROLE_JOINTDPM, INIT_PURPOSE)
-        u = uniforms_range(key, self.start, self.n)
-        z = np.minimum((u * n_clusters).astype(np.int64), n_clusters - 1)
+    def init_labels(
+        self, chain: int, n_clusters: int, block: int, n_blocks: int
+    ) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
+        """Give every row its initial label; return each label's member count here, and
+        the fixed block tree's nodes (:func:`flymc_dist.reduce.fold_blocks`, blocks of
+        ``block`` rows of the ``n_blocks``) of ``[n, Σx, vec Σxxᵀ]`` per label
+        ``(n_clusters, 1 + D + D²)`` — sums the same in every layout."""
+        if self.start % block:
+            raise ValueError(f"shard {self.shard_id} starts at row {self.start}, not a block")
+        self.restore(chain, initial_labels(self.seed, chain, self.start, self.n, n_clusters))
+        D = self.Xd.shape[1]
+        feats = np.hstack(
+            [
+                np.ones((self.n, 1)),
+                self.Xd,
+                (self.Xd[:, :, None] * self.Xd[:, None, :]).reshape(-1, D * D),
+            ]
+        )
+        first = self.start // block
+        vals = np.zeros((-(-self.n // block), n_clusters, feats.shape[1]))
+        z = self.z[chain]
+        for b in range(vals.shape[0]):
+            fb, zb = feats[b * block : (b + 1) * block], z[b * block : (b + 1) * block]
+            for k in range(n_clusters):
+                vals[b, k] = (fb * (zb == k)[:, None]).sum(axis=0)
+        nodes, sums = fold_blocks(vals, first, n_blocks)
+        return self.counts(chain), nodes, sums
+
+    def restore(self, chain: int, z: np.ndarray) -> None:
+        """Set chain ``chain``'s labels of every row to ``z`` (its index rebuilt)."""
+        z = np.asarray(z, dtype=np.int64)
+        if z.shape != (self.n,):
+            raise ValueError(f"z must hold the shard's {self.n} labels, not {z.shape}")
         self.z[chain] = z
-        self.members[chain] = {}
-        for r in range(self.n):
-            self.members[chain].setdefault(int(z[r]), MemberArray()).insert(r, self.pos[chain])
-        out = {}
-        for k in sorted(self.members[chain]):
-            xs = self.Xd[z == k]
-            out[k] = (int(xs.shape[0]), xs.sum(axis=0), xs.T @ xs)
-        return out
+        self.index[chain] = MemberIndex(self.z[chain])
 
     def rows(self, chain: int, local: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The density columns, logistic features (with bias) and labels of ``local`` rows,
@@ -151,42 +237,38 @@ class DPMShard:
         return self.Xd[local], self.F[local], self.y[local], self.z[chain, local].copy()
 
     def move(self, chain: int, local: np.ndarray, labels: np.ndarray) -> None:
-        """Give ``local`` rows their new ``labels``, in order (member arrays follow)."""
-        z, pos, members = self.z[chain], self.pos[chain], self.members[chain]
+        """Give ``local`` rows their new ``labels``, in order (the index follows); a row
+        already holding its label is left alone, so a repeated call changes nothing."""
+        z, index = self.z[chain], self.index[chain]
         for r, k in zip(np.asarray(local).tolist(), np.asarray(labels).tolist(), strict=True):
             old = int(z[r])
             if old == k:
                 continue
-            arr = members[old]
-            arr.remove(r, pos)
-            if arr.count == 0:
-                del members[old]
-            members.setdefault(k, MemberArray()).insert(r, pos)
             z[r] = k
+            index.move(r, old, k)
 
     def counts(self, chain: int) -> dict[int, int]:
         """Each label's member count here."""
-        return {k: a.count for k, a in sorted(self.members[chain].items())}
+        index = self.index[chain]
+        return {k: index.count(k) for k in index.labels()}
 
-    def batch(self, chain: int, requests: list[tuple]) -> list[tuple[int, float, float, Any]]:
-        """For each request ``(label, new_decision, m, w, w_prop, record)``: draw ``m`` of
-        the cluster's unseen members here and return ``(m, mean, M2, rows)`` of their
-        ``l_i = log L_i(w_prop) − log L_i(w)`` (``rows``: their global indices when
-        ``record``, else None)."""
+    def batch(self, chain: int, requests: list[tuple]) -> list[tuple[np.ndarray, Any]]:
+        """For each request ``(label, ranks, w, w_prop, record)``: the cluster's members of
+        0-based ``ranks`` here in row order (None: every member, in row order), and their
+        ``l_i = log L_i(w_prop) − log L_i(w)`` in the same order; returns ``(l, rows)``
+        per request (``rows``: their global indices when ``record``, else None)."""
         out = []
-        pos = self.pos[chain]
-        for label, new, m, w, w_prop, record in requests:
-            arr = self.members[chain][int(label)]
-            if new:
-                arr.restart()
-            rows = arr.draw(self.rngs[chain], int(m), pos)
-            F, y = self.F[rows], self.y[rows]
-            ll = logit_loglik(F, y, np.stack([np.asarray(w_prop, float), np.asarray(w, float)]))
-            diff = ll[0] - ll[1]
-            self.queries += 2 * int(m)
-            mean = float(diff.mean()) if m else 0.0
-            m2 = float(np.sum((diff - mean) ** 2)) if m else 0.0
-            out.append((int(m), mean, m2, rows + self.start if record else None))
+        index = self.index[chain]
+        for label, ranks, w, w_prop, record in requests:
+            k = int(label)
+            rows = index.members(k) if ranks is None else index.select(k, ranks)
+            ll = logit_loglik(
+                self.F[rows],
+                self.y[rows],
+                np.stack([np.asarray(w_prop, float), np.asarray(w, float)]),
+            )
+            self.queries += 2 * rows.size
+            out.append((ll[0] - ll[1], rows + self.start if record else None))
         return out
 
     def z_of(self, chain: int) -> np.ndarray:
