@@ -114,10 +114,47 @@ def run(
     Result
     """
     C, shape = sampler.chains, sampler.param_shape
-    names = sampler.stat_names
-    checkpoint_every = int(settings.checkpoint_every)
-    trace = _resumed(settings, names)
+    trace = _resumed(settings, sampler.stat_names)
     start = 0 if trace is None else int(trace.checkpoint["iteration"]) + 1
+    trace = _set_up(sampler, info, settings, trace, start)
+    total = num_warmup + num_samples
+    draws = _Draws(sampler, num_warmup, num_samples, trace if start else None)
+    progress = Progress(total, settings.progress, initial=start, label=label, num_warmup=num_warmup)
+    warm_done = num_warmup <= start
+    snap = sampler.timing() if warm_done else None
+    clock = _Clock(warm_done, dict(trace.checkpoint.get("seconds", {})) if start else {})
+    try:
+        snap = _iterate(
+            sampler, draws, trace, (progress, clock), range(start, total), num_warmup,
+            int(settings.checkpoint_every), snap,
+        )  # fmt: skip
+    finally:
+        progress.close()
+    clock.report(info)
+    if snap is not None:
+        info["timing"] = timing_report(
+            snap, sampler.timing(), num_samples - max(start - num_warmup, 0)
+        )
+    info["total_round_trips"] = int(sampler.transport.round_trips)
+    info.update(sampler.run_info(draws.stats))
+    info["recoveries"] = list(sampler.transport.recoveries)
+    info["kernel_params"] = [params_to_json(p) for p in sampler.params]
+    info["kernel_repr"] = repr(sampler.kernel)  # with the options it ran with
+    return Result(
+        draws.samples.reshape((C, num_samples) + shape),
+        draws.stats,
+        draws.wsamples.reshape((C, num_warmup) + shape),
+        draws.wstats,
+        info,
+    )
+
+
+def _set_up(
+    sampler: Sampler, info: dict[str, Any], settings: RunSettings, trace: Trace | None, start: int
+) -> Trace | None:
+    """Set ``sampler`` up and complete ``info`` with what it learnt; a new trace made
+    (``settings.trace``, not a resume) or the resumed one's checkpoint restored.
+    Returns the run's trace (None: none)."""
     # what the summary's warnings need (the kernel's targets, as it runs with them)
     for key in ("target_accept", "max_tree_depth"):
         value = getattr(sampler.kernel, key, None)
@@ -129,35 +166,69 @@ def run(
         trace = _new_trace(settings, sampler, info)
     if start:
         sampler.restore(trace.checkpoint)
-    total = num_warmup + num_samples
-    draws = _Draws(sampler, num_warmup, num_samples, trace if start else None)
-    samples, wsamples, stats, wstats = draws.samples, draws.wsamples, draws.stats, draws.wstats
-    progress = Progress(total, settings.progress, initial=start, label=label, num_warmup=num_warmup)
-    buf: list[tuple[bool, np.ndarray, dict]] = []
-    snap = sampler.timing() if num_warmup <= start else None
-    t0 = time.perf_counter()
-    t_warm_end = t0 if num_warmup <= start else None
-    # wall seconds of warm-up and of sampling, over every segment of a resumed run (kept
-    # in the trace's checkpoint, so that `flymc summary` can report seconds per iteration)
-    before = dict((trace.checkpoint or {}).get("seconds", {})) if start else {}
+    return trace
 
-    def seconds_so_far() -> dict[str, float]:
+
+class _Clock:
+    """Wall seconds of warm-up and of sampling, over every segment of a resumed run
+    (``before``: the earlier segments', kept in the trace's checkpoint so that
+    ``flymc summary`` can report seconds per iteration)."""
+
+    def __init__(self, warm_done: bool, before: dict[str, float]) -> None:
+        self.t0 = time.perf_counter()
+        self.warm_end = self.t0 if warm_done else None
+        self.before = before
+
+    def end_warmup(self) -> None:
+        """Warm-up ends now."""
+        self.warm_end = time.perf_counter()
+
+    def so_far(self) -> dict[str, float]:
+        """Seconds of warm-up and of sampling up to now, earlier segments included."""
         now = time.perf_counter()
-        end_w = t_warm_end if t_warm_end is not None else now
+        end_w = self.warm_end if self.warm_end is not None else now
         return {
-            "warmup": float(before.get("warmup", 0.0)) + end_w - t0,
-            "sampling": float(before.get("sampling", 0.0))
-            + (now - t_warm_end if t_warm_end is not None else 0.0),
+            "warmup": float(self.before.get("warmup", 0.0)) + end_w - self.t0,
+            "sampling": float(self.before.get("sampling", 0.0))
+            + (now - self.warm_end if self.warm_end is not None else 0.0),
         }
 
+    def report(self, info: dict[str, Any]) -> None:
+        """``info``'s ``sampling_seconds`` and ``warmup_seconds`` (this segment's)."""
+        t_end = time.perf_counter()
+        info["sampling_seconds"] = t_end - (self.warm_end if self.warm_end is not None else self.t0)
+        info["warmup_seconds"] = (self.warm_end - self.t0) if self.warm_end is not None else 0.0
+
+
+def _iterate(
+    sampler: Sampler,
+    draws: _Draws,
+    trace: Trace | None,
+    meters: tuple[Progress, _Clock],
+    iterations: range,
+    num_warmup: int,
+    checkpoint_every: int,
+    snap: dict[str, float] | None,
+) -> dict[str, float] | None:
+    """Run ``iterations`` (of ``num_warmup`` warm-up and then sampling), keeping each
+    draw in ``draws`` and, every ``checkpoint_every`` and at the ends of warm-up and of
+    the run, in ``trace`` with a checkpoint. Returns the sampler's timing at the end of
+    warm-up (``snap``, taken there if it ends here). A run that fails says on its
+    exception how many iterations its trace keeps (``flymc_checkpointed``)."""
+    progress, clock = meters
+    shape, names = sampler.param_shape, sampler.stat_names
+    total = iterations.stop
     # warm-up adapts the kernel parameters (outside the kernel); at its end the adapted
     # parameters are fixed, so warm-up cannot leak into sampling
     adapters = None
-    if start < num_warmup:
-        adapters = [sampler.kernel.adapter(p, num_warmup - start) for p in sampler.params]
-    saved = start  # iterations the trace's last checkpoint keeps
+    if iterations.start < num_warmup:
+        adapters = [
+            sampler.kernel.adapter(p, num_warmup - iterations.start) for p in sampler.params
+        ]
+    buf: list[tuple[bool, np.ndarray, dict]] = []
+    saved = iterations.start  # iterations the trace's last checkpoint keeps
     try:
-        for i in range(start, total):
+        for i in iterations:
             warm = i < num_warmup
             st = sampler.step(adapters if warm else None)
             if warm and i == num_warmup - 1:
@@ -167,7 +238,7 @@ def run(
             draws.put(i, pos, st)
             if i == num_warmup - 1:
                 snap = sampler.timing()
-                t_warm_end = time.perf_counter()
+                clock.end_warmup()
             progress.update(st)
             if trace is not None:
                 buf.append((warm, pos, st))
@@ -175,7 +246,7 @@ def run(
                     _flush(trace, buf, shape, names)
                     checkpoint = sampler.checkpoint(i)
                     if checkpoint is not None:
-                        trace.set_checkpoint({**checkpoint, "seconds": seconds_so_far()})
+                        trace.set_checkpoint({**checkpoint, "seconds": clock.so_far()})
                         saved = i + 1
                     buf = []
     except BaseException as err:
@@ -185,27 +256,7 @@ def run(
             with contextlib.suppress(AttributeError, TypeError):
                 err.flymc_checkpointed = saved  # type: ignore[attr-defined]
         raise
-    finally:
-        progress.close()
-    t_end = time.perf_counter()
-    info["sampling_seconds"] = t_end - (t_warm_end if t_warm_end is not None else t0)
-    info["warmup_seconds"] = (t_warm_end - t0) if t_warm_end is not None else 0.0
-    if snap is not None:
-        info["timing"] = timing_report(
-            snap, sampler.timing(), num_samples - max(start - num_warmup, 0)
-        )
-    info["total_round_trips"] = int(sampler.transport.round_trips)
-    info.update(sampler.run_info(stats))
-    info["recoveries"] = list(sampler.transport.recoveries)
-    info["kernel_params"] = [params_to_json(p) for p in sampler.params]
-    info["kernel_repr"] = repr(sampler.kernel)  # with the options it ran with
-    return Result(
-        samples.reshape((C, num_samples) + shape),
-        stats,
-        wsamples.reshape((C, num_warmup) + shape),
-        wstats,
-        info,
-    )
+    return snap
 
 
 def _resumed(settings: RunSettings, names: dict[str, str]) -> Trace | None:

@@ -149,8 +149,8 @@ def test_the_issue_run_fits_400_mb_workers(tall):
             "nuts",
             placement=fd.Placement(n_shards=2, out_of_core=out_of_core),
             client=client,
-            num_warmup=10,
-            num_samples=20,
+            num_warmup=5,
+            num_samples=10,
             chains=4,
             seed=0,
             progress=False,
@@ -176,7 +176,7 @@ def test_the_issue_run_fits_400_mb_workers(tall):
             peaks[q, ooc] = sorted(client.run(peak_rss).values())
             assert client.run(os.getpid) == pids, f"a worker was restarted (q {q}, {ooc})"
             assert res.info["out_of_core"] == [ooc, ooc]
-            assert res.samples.shape == (4, 20, 10) and np.all(np.isfinite(res.samples))
+            assert res.samples.shape == (4, 10, 10) and np.all(np.isfinite(res.samples))
         with pytest.raises(ValueError, match=r"q_db=0\.9 proposes .* budget") as e:
             run(client, 0.9, True)
         assert "\n" not in str(e.value)
