@@ -11,8 +11,9 @@ from flymc_dist.streams import Z_DECIDE, stream_key, stream_keys
 
 def _run(**kw: object) -> dict:
     base = {
-        "workers": 2, "delay_ms": 0.0, "read_ahead": 16, "channel": "socket",
-        "ms_per_it": 1.2, "cpu_ms_per_it": 1.0, "theta_ms_per_it": 0.8, "z_ms_per_it": 0.3,
+        "workers": 2, "mode": "replica", "delay_ms": 0.0, "read_ahead": 16,
+        "channel": "socket", "ms_per_it": 1.2, "cpu_ms_per_it": 1.0, "round_trips_per_it": 0.07,
+        "cpu_ms_per_round": None, "theta_ms_per_it": 0.8, "z_ms_per_it": 0.3,
         "per_theta": 1.5, "theta_compute_ms_per_it": 0.6, "per_theta_compute": 2.0,
         "requests_per_100_it_per_host": 6.5, "n_bright": 2.8, "rhat": 1.004, "min_ess": 1677.0,
     }  # fmt: skip
@@ -32,8 +33,23 @@ def test_table_shows_the_theta_kernels_compute_and_the_ratio_to_it() -> None:
     first = text.splitlines()[2].split()
     assert "0.600" in first and "2.00" in first
     # a run without the compiled kernel's figure shows a dash there
-    assert text.splitlines()[3].split()[8:10] == ["-", "-"]
+    assert text.splitlines()[3].split()[10:12] == ["-", "-"]
     assert "W=16 delay 0.0 ms read_ahead 16: 1.25x" in text
+
+
+def test_table_compares_the_shard_evaluated_runs_per_round_among_themselves() -> None:
+    shards = {"mode": "shards", "read_ahead": 0, "round_trips_per_it": 8.0}
+    d = {
+        "rows": 400_000, "features": 20, "kernel": "nuts", "chains": 4, "num_warmup": 200,
+        "num_samples": 1000, "load": 3.2, "cpus": 2,
+        "runs": [_run(), _run(workers=16, ms_per_it=1.5),
+                 _run(**shards, cpu_ms_per_it=4.0, cpu_ms_per_round=0.5),
+                 _run(**shards, workers=16, cpu_ms_per_it=12.0, cpu_ms_per_round=1.5)],
+    }  # fmt: skip
+    text = format_scaleout(d)
+    assert text.splitlines()[4].split()[1:2] == ["shards"] and "0.500" in text.splitlines()[4]
+    assert "replica: against its first run" in text and "shards: against its first run" in text
+    assert "W=16 delay 0.0 ms read_ahead 0: 1.00x, 3.00x, 3.00x" in text
 
 
 def test_no_worker_count_is_refused() -> None:

@@ -11,7 +11,10 @@ process, one shard per worker. Each W of ``workers`` runs without added latency;
 ``delays_ms`` above 0 runs at the first W with that delay added to every reply of every
 host (a :class:`~flymc_dist.bench.delay.DelayProxy` in front of each host's round
 channel). Each ``read_ahead`` (the FlyMC option; 0: a round to the hosts every
-iteration) runs every configuration, side by side.
+iteration) runs every configuration, side by side; with ``shard_evaluated`` every
+configuration also runs with ``bright_replica=False`` (mode ``shards``: the hosts
+evaluate every point the kernel asks for, a round to every host per evaluation, where
+the driver's cost per round is what grows with W).
 
 Figures per run (post-warm-up iterations):
 
@@ -26,6 +29,8 @@ Figures per run (post-warm-up iterations):
   ``info["timing"]["theta_compute"]``: the kernel's own compute on the replica), and
   **ms/θc**, the ratio of ms/it to it (the floor is 1);
 * **req/host**: requests the driver sent each host while sampling, per 100 iterations;
+* **CPU ms/rd** (mode ``shards``): the driver's CPU milliseconds per round trip to the
+  hosts (CPU ms/it over the round trips per iteration), the cost of a fan-out;
 * **R-hat** (largest rank-normalised split-R̂) and **min ESS** (smallest bulk ESS over
   parameters, all chains pooled).
 
@@ -144,7 +149,7 @@ def _cpu_per_step() -> Iterator[list[float]]:
 
 def _one(
     ds: Any, sched_file: str, workers: int, kernel: str, chains: int, warmup: int,
-    draws: int, seed: int, read_ahead: int, delay_ms: float,
+    draws: int, seed: int, read_ahead: int, delay_ms: float, replica: bool,
 ) -> dict[str, Any]:  # fmt: skip
     from distributed import Client
 
@@ -155,7 +160,7 @@ def _one(
             res = fd.sample(
                 fd.LogisticRegression(),
                 ds,
-                fd.FlyMC(read_ahead=read_ahead),
+                fd.FlyMC(read_ahead=read_ahead, bright_replica="auto" if replica else False),
                 kernel,
                 num_warmup=warmup,
                 num_samples=draws,
@@ -174,13 +179,17 @@ def _one(
     compute = timing.get("theta_compute")
     sent = info.get("host_messages") or {}
     x = res.samples.reshape(chains, draws, -1)
+    trips = float(np.sum(res.stats["round_trips"][0])) / draws
     return {
         "workers": int(info["n_workers"]),
+        "mode": "replica" if replica else "shards",
         "delay_ms": float(delay_ms),
         "read_ahead": int(info.get("read_ahead", 0)),
         "channel": info.get("channel"),
         "ms_per_it": 1e3 * wall,
         "cpu_ms_per_it": 1e3 * cpu,
+        "round_trips_per_it": trips,
+        "cpu_ms_per_round": 1e3 * cpu / trips if trips and not replica else None,
         "theta_ms_per_it": None if theta is None else 1e3 * theta,
         "z_ms_per_it": None if timing.get("z_update") is None else 1e3 * timing["z_update"],
         "per_theta": None if not theta else wall / theta,
@@ -205,6 +214,7 @@ def run_scaleout(
     workers: Sequence[int] = (2, 16),
     delays_ms: Sequence[float] = (1.0,),
     read_ahead: Sequence[int] = (fd.FlyMC().read_ahead,),
+    shard_evaluated: bool = False,
     seed: int = 0,
     workdir: str | None = None,
 ) -> dict[str, Any]:
@@ -228,6 +238,8 @@ def run_scaleout(
     read_ahead
         The FlyMC option's values to run every configuration with (0: a round to the
         hosts every iteration).
+    shard_evaluated
+        Also run every configuration with ``bright_replica=False``.
     seed
         The store's and the runs' seed.
     workdir
@@ -254,13 +266,17 @@ def run_scaleout(
     runs = []
     for w, d in plan:
         with user_cluster(w, workdir) as sched_file:
-            for depth in read_ahead:
-                run = _one(
-                    ds, sched_file, w, kernel, chains, num_warmup, num_samples, seed, depth, d
-                )
-                if run["workers"] != w:
-                    raise RuntimeError(f"the run held shards on {run['workers']} of {w} workers")
-                runs.append(run)
+            for replica in (True, False) if shard_evaluated else (True,):
+                for depth in read_ahead if replica else read_ahead[:1]:
+                    run = _one(
+                        ds, sched_file, w, kernel, chains, num_warmup, num_samples, seed, depth,
+                        d, replica,
+                    )  # fmt: skip
+                    if run["workers"] != w:
+                        raise RuntimeError(
+                            f"the run held shards on {run['workers']} of {w} workers"
+                        )
+                    runs.append(run)
     return {
         "rows": rows,
         "features": features,
@@ -284,14 +300,15 @@ def format_scaleout(d: dict[str, Any]) -> str:
         f"flymc bench scaleout: {d['rows']:,} x {d['features']} logistic, FlyMC defaults, "
         f"{d['kernel']}, {d['chains']} chains, {d['num_warmup']} + {d['num_samples']} "
         f"iterations; load average {f(d.get('load'), '.1f')} on {d.get('cpus')} CPUs",
-        f"{'W':>3}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}{'θ ms/it':>9}{'z ms/it':>8}"
-        f"{'ms/θ':>6}{'θc ms/it':>9}{'ms/θc':>6}{'req/100it':>10}{'bright':>8}{'R-hat':>7}"
-        f"{'minESS':>8}",
+        f"{'W':>3}{'mode':>8}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}"
+        f"{'CPU ms/rd':>10}{'θ ms/it':>9}{'z ms/it':>8}{'ms/θ':>6}{'θc ms/it':>9}{'ms/θc':>6}"
+        f"{'req/100it':>10}{'bright':>8}{'R-hat':>7}{'minESS':>8}",
     ]
     for r in d["runs"]:
         lines.append(
-            f"{r['workers']:>3}{r['delay_ms']:>5.1f}ms{r['read_ahead']:>6}"
+            f"{r['workers']:>3}{r['mode']:>8}{r['delay_ms']:>5.1f}ms{r['read_ahead']:>6}"
             f"{r['ms_per_it']:>8.3f}{r['cpu_ms_per_it']:>10.3f}"
+            f"{f(r['cpu_ms_per_round'], '.3f'):>10}"
             f"{f(r['theta_ms_per_it'], '.3f'):>9}{f(r['z_ms_per_it'], '.3f'):>8}"
             f"{f(r['per_theta'], '.2f'):>6}"
             f"{f(r.get('theta_compute_ms_per_it'), '.3f'):>9}"
@@ -299,13 +316,21 @@ def format_scaleout(d: dict[str, Any]) -> str:
             f"{f(r['requests_per_100_it_per_host'], '.1f'):>10}{r['n_bright']:>8.1f}"
             f"{r['rhat']:>7.3f}{r['min_ess']:>8.0f}"
         )
-    if len(d["runs"]) > 1:
-        a = d["runs"][0]
-        lines.append("against the first run (ms/it, CPU ms/it):")
-        for r in d["runs"][1:]:
+    for mode in ("replica", "shards"):
+        runs = [r for r in d["runs"] if r["mode"] == mode]
+        if len(runs) < 2:
+            continue
+        a = runs[0]
+        lines.append(f"{mode}: against its first run (ms/it, CPU ms/it, CPU ms/round):")
+        for r in runs[1:]:
+            per_round = (
+                f"{r['cpu_ms_per_round'] / a['cpu_ms_per_round']:.2f}x"
+                if r["cpu_ms_per_round"] and a["cpu_ms_per_round"]
+                else "-"
+            )
             lines.append(
                 f"  W={r['workers']} delay {r['delay_ms']:.1f} ms read_ahead {r['read_ahead']}: "
                 f"{r['ms_per_it'] / a['ms_per_it']:.2f}x, "
-                f"{r['cpu_ms_per_it'] / a['cpu_ms_per_it']:.2f}x"
+                f"{r['cpu_ms_per_it'] / a['cpu_ms_per_it']:.2f}x, {per_round}"
             )
     return "\n".join(lines)
