@@ -129,6 +129,8 @@ WIRE_DTYPES: tuple[np.dtype, ...] = tuple(
     for t in ("<f8", "<f4", "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "<u2", "|u1", "|b1")
 )
 _DTYPE_CODE = {dt: i for i, dt in enumerate(WIRE_DTYPES)}
+#: whether each wire dtype is this machine's own (little-endian: all of them)
+_NATIVE = [dt == dt.newbyteorder("=") for dt in WIRE_DTYPES]
 #: the most dimensions an array may have, and the deepest nesting of a message's meta
 MAX_NDIM = 4
 MAX_DEPTH = 8
@@ -137,7 +139,12 @@ _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 #: meta value tags: None, False, True, int, float, str, bytes, list, dict
-_NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _DICT = (bytes([c]) for c in b"NFTifsblm")
+_NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _DICT = b"NFTifsblm"
+#: each tag as the one byte written
+_TAG = [bytes([c]) for c in range(256)]
+#: an array's dtype code and dimensions, and its shape by number of dimensions
+_SPEC = struct.Struct("<BB")
+_SHAPE = [struct.Struct(f"<{d}q") for d in range(MAX_NDIM + 1)]
 
 
 class ShardLost(RuntimeError):
@@ -161,22 +168,22 @@ def _put(out: list[bytes], v: Any, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise WireError(f"meta nested deeper than {MAX_DEPTH}")
     if v is None:
-        out.append(_NONE)
+        out.append(_TAG[_NONE])
     elif isinstance(v, bool | np.bool_):
-        out.append(_TRUE if v else _FALSE)
+        out.append(_TAG[_TRUE if v else _FALSE])
     elif isinstance(v, int | np.integer):
-        out += [_INT, _I64.pack(int(v))]
+        out += [_TAG[_INT], _I64.pack(int(v))]
     elif isinstance(v, float | np.floating):
-        out += [_FLOAT, _F64.pack(float(v))]
+        out += [_TAG[_FLOAT], _F64.pack(float(v))]
     elif isinstance(v, str | bytes):
         b = v.encode() if isinstance(v, str) else v
-        out += [_STR if isinstance(v, str) else _BYTES, _U32.pack(len(b)), b]
+        out += [_TAG[_STR if isinstance(v, str) else _BYTES], _U32.pack(len(b)), b]
     elif isinstance(v, list | tuple):
-        out += [_LIST, _U32.pack(len(v))]
+        out += [_TAG[_LIST], _U32.pack(len(v))]
         for x in v:
             _put(out, x, depth + 1)
     elif isinstance(v, dict):
-        out += [_DICT, _U32.pack(len(v))]
+        out += [_TAG[_DICT], _U32.pack(len(v))]
         for k, x in v.items():
             _put(out, k, depth + 1)
             _put(out, x, depth + 1)
@@ -189,31 +196,39 @@ class _Reader:
 
     def __init__(self, blob: bytes | memoryview) -> None:
         self.blob = memoryview(blob).cast("B")
+        self.size = len(self.blob)
         self.off = 0
 
+    def skip(self, n: int) -> int:
+        """Step over ``n`` bytes; returns where they start."""
+        at = self.off
+        if n < 0 or at + n > self.size:
+            raise WireError(f"message truncated: {n} bytes wanted at {at} of {self.size}")
+        self.off = at + n
+        return at
+
     def take(self, n: int) -> memoryview:
-        if n < 0 or self.off + n > len(self.blob):
-            raise WireError(
-                f"message truncated: {n} bytes wanted at {self.off} of {len(self.blob)}"
-            )
-        self.off += n
-        return self.blob[self.off - n : self.off]
+        at = self.skip(n)
+        return self.blob[at : at + n]
+
+    def unpack(self, fmt: struct.Struct) -> tuple:
+        return fmt.unpack_from(self.blob, self.skip(fmt.size))
 
     def u32(self) -> int:
-        return _U32.unpack(self.take(4))[0]
+        return self.unpack(_U32)[0]
 
     def value(self, depth: int = 0) -> Any:
         if depth > MAX_DEPTH:
             raise WireError(f"meta nested deeper than {MAX_DEPTH}")
-        tag = bytes(self.take(1))
+        tag = self.blob[self.skip(1)]
         if tag == _NONE:
             return None
-        if tag in (_FALSE, _TRUE):
+        if tag == _FALSE or tag == _TRUE:
             return tag == _TRUE
         if tag == _INT:
-            return _I64.unpack(self.take(8))[0]
+            return self.unpack(_I64)[0]
         if tag == _FLOAT:
-            return _F64.unpack(self.take(8))[0]
+            return self.unpack(_F64)[0]
         if tag == _STR:
             try:
                 return str(self.take(self.u32()), "utf-8")
@@ -223,12 +238,12 @@ class _Reader:
             return bytes(self.take(self.u32()))
         if tag == _LIST:
             n = self.u32()
-            if n > len(self.blob) - self.off:  # each item takes a byte at least
+            if n > self.size - self.off:  # each item takes a byte at least
                 raise WireError(f"meta list of {n} items longer than the message")
-            return tuple(self.value(depth + 1) for _ in range(n))
+            return tuple([self.value(depth + 1) for _ in range(n)])
         if tag == _DICT:
             n = self.u32()
-            if 2 * n > len(self.blob) - self.off:
+            if 2 * n > self.size - self.off:
                 raise WireError(f"meta dict of {n} items longer than the message")
             out = {}
             for _ in range(n):
@@ -237,7 +252,7 @@ class _Reader:
                     raise WireError(f"meta dict key of type {type(k).__name__}")
                 out[k] = self.value(depth + 1)
             return out
-        raise WireError(f"unknown meta tag {tag!r}")
+        raise WireError(f"unknown meta tag {bytes([tag])!r}")
 
 
 def pack_arrays(meta: Any, arrays: list[np.ndarray]) -> bytes:
@@ -283,30 +298,31 @@ def unpack_arrays(blob: bytes) -> tuple[Any, list[np.ndarray]]:
     if r.off != end:
         raise WireError(f"meta of {r.off - end + n_head} bytes, its header says {n_head}")
     n_arrays = r.u32()
-    if 2 * n_arrays > len(r.blob) - r.off:
-        raise WireError(f"{n_arrays} arrays announced in a message of {len(r.blob)} bytes")
+    if 2 * n_arrays > r.size - r.off:
+        raise WireError(f"{n_arrays} arrays announced in a message of {r.size} bytes")
     specs = []
     for _ in range(n_arrays):
-        code, ndim = struct.unpack("<BB", r.take(2))
+        code, ndim = r.unpack(_SPEC)
         if code >= len(WIRE_DTYPES) or ndim > MAX_NDIM:
             raise WireError(f"array of dtype code {code} and {ndim} dimensions refused")
-        shape = struct.unpack(f"<{ndim}q", r.take(8 * ndim))
+        shape = r.unpack(_SHAPE[ndim])
         if any(d < 0 for d in shape):
             raise WireError(f"array of negative shape {shape} refused")
-        specs.append((WIRE_DTYPES[code], shape))
-    r.take(-r.off % 8)
+        specs.append((code, shape))
+    r.skip(-r.off % 8)
     out = []
-    for dtype, shape in specs:
+    for code, shape in specs:
+        dtype = WIRE_DTYPES[code]
         count = math.prod(shape)
         nbytes = count * dtype.itemsize
-        if nbytes > len(r.blob) - r.off:
+        if nbytes > r.size - r.off:
             raise WireError(f"array of shape {shape} longer than the message")
-        a = np.frombuffer(r.take(nbytes), dtype, count).reshape(shape)
+        a = np.frombuffer(r.blob, dtype, count, r.skip(nbytes)).reshape(shape)
         if dtype.kind == "b" and count and a.view(np.uint8).max() > 1:
             raise WireError("a boolean array holds bytes other than 0 and 1")
-        out.append(a.astype(dtype.newbyteorder("="), copy=False))
-    if r.off != len(r.blob):
-        raise WireError(f"{len(r.blob) - r.off} bytes after the last array")
+        out.append(a if _NATIVE[code] else a.astype(dtype.newbyteorder("="), copy=False))
+    if r.off != r.size:
+        raise WireError(f"{r.size - r.off} bytes after the last array")
     return meta, out
 
 
