@@ -25,7 +25,11 @@ Problems:
   months, airports), Laplace(0, 10) prior, float32 store — three of its hours (2, 3 and
   4 am) are carried by 241-931 flights each: FlyMC's exact rows;
 * ``logistic``: synthetic logistic regression, ``rows`` × ``features`` (the bias
-  included), Normal(0, 1) prior.
+  included), Normal(0, 1) prior;
+* ``probit`` and ``negative_binomial``: the GLM families (``fd.GLM("binomial",
+  link="probit")``; ``fd.GLM("negative_binomial", dispersion=2)``) on synthetic data of
+  that family (:func:`~flymc_dist.data.make_glm`), ``rows`` × ``features``, Normal(0, 1)
+  prior.
 """
 
 from __future__ import annotations
@@ -43,13 +47,14 @@ import numpy as np
 import flymc_dist as fd
 from flymc_dist.bench.common import reusable_store
 from flymc_dist.bench.numpyro_nuts import import_numpyro, run_numpyro
-from flymc_dist.data import make_logistic
+from flymc_dist.data import make_glm, make_logistic
+from flymc_dist.data.generate import GLM_GENERATORS
 from flymc_dist.data.real import flights_to_zarr, mnist_7_vs_9, qm9_gap
 from flymc_dist.kernels import get_kernel
 from flymc_dist.result import narrowing_line
 from flymc_dist.transport.dask import local_client
 
-PROBLEMS = ("qm9", "mnist", "flights", "logistic")
+PROBLEMS = ("qm9", "mnist", "flights", "logistic", "probit", "negative_binomial")
 #: shape of the ``flights`` problem's store (what a reused store must have)
 _FLIGHTS_ROWS, _FLIGHTS_FEATURES = 3_000_000, 57
 #: the rows of the table, in order
@@ -73,6 +78,17 @@ def _problem(problem: str, rows: int, features: int, seed: int, workdir: str) ->
         ds = reusable_store(path, rows, features, generator="make_logistic", seed=seed)
         if ds is None:
             ds = make_logistic(path, n_rows=rows, n_features=features, seed=seed)
+        return model, ds
+    elif problem in GLM_GENERATORS:
+        model = (
+            fd.GLM("binomial", link="probit", prior="normal", prior_scale=1.0)
+            if problem == "probit"
+            else fd.GLM("negative_binomial", dispersion=2.0, prior="normal", prior_scale=1.0)
+        )
+        path = os.path.join(workdir, f"{problem}_{rows}x{features}_seed{seed}.zarr")
+        ds = reusable_store(path, rows, features, generator="make_glm", seed=seed)
+        if ds is None:
+            ds = make_glm(path, rows, features, family=problem, seed=seed, overwrite=True)
         return model, ds
     elif problem == "flights":
         model = fd.RobustRegression(nu=4.0, scale=15.0, prior="laplace", prior_scale=10.0)
@@ -157,7 +173,8 @@ def run_mixing(
     Parameters
     ----------
     problem
-        ``"qm9"``, ``"mnist"``, ``"flights"`` or ``"logistic"`` (see the module
+        ``"qm9"``, ``"mnist"``, ``"flights"``, ``"logistic"``, ``"probit"`` or
+        ``"negative_binomial"`` (see the module
         docstring).
     kernel
         The θ-kernel of both samplers (``"nuts"`` by default).

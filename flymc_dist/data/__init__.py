@@ -12,7 +12,8 @@ It knows nothing of models or Dask. Its modules:
   zarr arrays: :mod:`flymc_dist.dask_data`);
 - :mod:`flymc_dist.data.design`: categorical and standardized columns (:class:`Design`);
 - :mod:`flymc_dist.data.generate`: synthetic generators that write chunk by chunk
-  (:func:`make_logistic`, :func:`make_softmax`, :func:`make_robust`, :func:`make_opv_like`);
+  (:func:`make_logistic`, :func:`make_softmax`, :func:`make_robust`, :func:`make_glm`,
+  :func:`make_opv_like`);
 - :mod:`flymc_dist.data.real`: the shipped real data sets (MNIST, QM9, flights), converted
   into stores.
 
@@ -20,7 +21,13 @@ The names below are re-exported here: ``flymc_dist.data.open_dataset`` and the l
 public paths.
 """
 
-from flymc_dist.data.generate import make_logistic, make_opv_like, make_robust, make_softmax
+from flymc_dist.data.generate import (
+    make_glm,
+    make_logistic,
+    make_opv_like,
+    make_robust,
+    make_softmax,
+)
 from flymc_dist.data.ingest import from_parquet, ingest
 from flymc_dist.data.store import (
     DEFAULT_CHUNK_BYTES,
@@ -47,6 +54,7 @@ __all__ = [
     "open_dataset",
     "ingest",
     "from_parquet",
+    "make_glm",
     "make_logistic",
     "make_softmax",
     "make_robust",

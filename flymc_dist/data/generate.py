@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtr
 
 from flymc_dist.data.store import Dataset, check_dtype
 from flymc_dist.data.write import from_blocks
@@ -27,7 +29,7 @@ _GEN_BLOCK_ROWS = 2**15
 # depends only on (seed, n_rows, n_features, ...) and not on chunk_rows; at most one block
 # plus one chunk of rows is in memory at a time.
 
-_KIND = {"logistic": 1, "softmax": 2, "robust": 3, "opv": 4}
+_KIND = {"logistic": 1, "softmax": 2, "robust": 3, "opv": 4, "probit": 5, "negative_binomial": 6}
 
 
 def _check_gen_args(n_rows: Any, n_features: Any, seed: Any) -> tuple[int, int, int]:
@@ -352,6 +354,91 @@ def make_robust(
         correlated=False,
         storage_options=storage_options,
         dtype=dtype,
+    )
+
+
+#: the GLM families :func:`make_glm` draws, with the true weights' (length, bias sd)
+GLM_GENERATORS = {"probit": (1.0, 0.3), "negative_binomial": (0.5, 0.5)}
+
+
+def make_glm(
+    path: str | os.PathLike[str],
+    n_rows: int,
+    n_features: int,
+    family: str = "probit",
+    seed: int = 0,
+    chunk_rows: int | None = None,
+    overwrite: bool = False,
+    *,
+    dispersion: float = 2.0,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Synthetic data of a GLM family (the models of ``fd.GLM``), written chunk by chunk.
+
+    ``x = (1, z)``, ``z ~ N(0, I_{D-1})``. ``"probit"``: ``y ~ Bernoulli(Φ(θᵀx))``, the
+    non-bias weights a random direction of length 1, bias ``~ N(0, 0.3²)``;
+    ``"negative_binomial"``: counts with mean ``μ = exp(θᵀx)`` and variance
+    ``μ + μ²/r`` (``r = dispersion``; a gamma-Poisson draw), weights of length 0.5,
+    bias ``~ N(0, 0.5²)``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination.
+    n_rows, n_features : int
+        N >= 1 and D >= 1 (including the bias column 0).
+    family : {"probit", "negative_binomial"}, default "probit"
+        What ``y`` is drawn from.
+    seed : int, default 0
+        Output depends only on the arguments other than ``chunk_rows``/``overwrite``.
+    chunk_rows : int, optional
+        Rows per chunk.
+    overwrite : bool, default False
+        Replace an existing store.
+    dispersion : float, default 2.0
+        ``r`` of the negative binomial (unused for probit).
+    storage_options : dict, optional
+        fsspec options for a URL ``path``.
+
+    Returns
+    -------
+    Dataset
+        Task ``"binary"`` (probit) or ``"count"``; attrs ``generator`` (``make_glm``),
+        ``family``, ``seed``, ``true_theta`` and for counts ``dispersion``.
+    """
+    if family not in GLM_GENERATORS:
+        raise ValueError(f"family must be one of {sorted(GLM_GENERATORS)}, not {family!r}")
+    r = float(dispersion)
+    if not math.isfinite(r) or r <= 0:
+        raise ValueError(f"dispersion must be a positive number, not {dispersion!r}")
+    n, d, seed = _check_gen_args(n_rows, n_features, seed)
+    norm, bias_sd = GLM_GENERATORS[family]
+    theta = _weights(_param_rng(seed, family), d, norm=norm, bias_sd=bias_sd)
+
+    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for m, rng in _block_rngs(seed, family, n):
+            X = _features(rng, m, d, None)
+            eta = X @ theta
+            if family == "probit":
+                y = (rng.random(m) < ndtr(eta)).astype(np.int64)
+            else:
+                y = rng.poisson(rng.gamma(r, np.exp(eta) / r)).astype(np.int64)
+            yield X, y
+
+    attrs: dict[str, Any] = {"generator": "make_glm", "family": family, "seed": seed}
+    if family == "negative_binomial":
+        attrs["dispersion"] = r
+    return from_blocks(
+        blocks(),
+        path,
+        n,
+        d,
+        task="binary" if family == "probit" else "count",
+        chunk_rows=chunk_rows,
+        overwrite=overwrite,
+        feature_names=_gen_names(d),
+        storage_options=storage_options,
+        attrs={**attrs, "true_theta": theta},
     )
 
 
