@@ -17,6 +17,7 @@ from flymc_dist.data import (
     from_blocks,
     from_numpy,
     ingest,
+    make_glm,
     make_logistic,
     make_opv_like,
     make_robust,
@@ -694,6 +695,35 @@ def test_make_robust_heavy_tails(tmp_path: Path) -> None:
     kurt = np.mean((r - r.mean()) ** 4) / np.var(r) ** 2
     assert kurt > 4.0  # Student-t(4) noise: far heavier tails than Gaussian (3)
     assert abs(np.median(r)) < 0.05
+
+
+def test_make_glm_draws_each_family(tmp_path: Path) -> None:
+    """Probit labels and negative-binomial counts from the true weights: the probit
+    labels' rate per bin of η is Φ(η), the counts' mean e^η and variance μ + μ²/r
+    (moments of 40,000 rows against their standard errors); the same rows for any
+    chunking; a Poisson-like wrong variance fails the variance check."""
+    from scipy.special import ndtr
+
+    n = 40_000  # crosses a generation block boundary
+    pr = make_glm(tmp_path / "p", n, 3, family="probit", seed=4, chunk_rows=999)
+    assert (pr.task, pr.attrs["generator"], pr.attrs["family"]) == ("binary", "make_glm", "probit")
+    X, y = pr.read()
+    p = ndtr(X @ np.array(pr.attrs["true_theta"]))
+    assert abs(np.sum(y - p)) / np.sqrt(np.sum(p * (1 - p))) < 4
+    again = make_glm(tmp_path / "p2", n, 3, family="probit", seed=4, chunk_rows=4096)
+    np.testing.assert_array_equal(y, again.read()[1])
+    nb = make_glm(tmp_path / "nb", n, 3, family="negative_binomial", seed=4, dispersion=2.0)
+    assert nb.task == "count" and nb.attrs["dispersion"] == 2.0
+    X, y = nb.read()
+    mu = np.exp(X @ np.array(nb.attrs["true_theta"]))
+    var = mu + mu**2 / 2.0
+    assert abs(np.sum(y - mu)) / np.sqrt(np.sum(var)) < 4
+    # E[(y - μ)²] = var: its sum against its spread (the fourth moment, from the draws)
+    dev = (y - mu) ** 2
+    assert abs(np.sum(dev - var)) / np.sqrt(np.sum((dev - var) ** 2)) < 4
+    assert abs(np.sum(dev - mu)) / np.sqrt(np.sum((dev - mu) ** 2)) > 8  # not Poisson
+    with pytest.raises(ValueError, match="family must be one of"):
+        make_glm(tmp_path / "x", 10, 2, family="poisson")
 
 
 def test_make_opv_like_small(tmp_path: Path) -> None:
