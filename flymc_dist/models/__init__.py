@@ -10,7 +10,9 @@ from flymc_dist.models.glm import (
     CustomFamily,
     Family,
     GaussianFamily,
+    LogisticFamily,
     NegativeBinomialFamily,
+    StudentTFamily,
 )
 from flymc_dist.models.logistic import LogisticRegression
 from flymc_dist.models.priors import VALID_PRIORS, Prior
@@ -25,7 +27,9 @@ __all__ = [
     "CustomFamily",
     "Family",
     "GaussianFamily",
+    "LogisticFamily",
     "NegativeBinomialFamily",
+    "StudentTFamily",
     "VALID_PRIORS",
     "BoundStats",
     "LogisticRegression",

@@ -33,7 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from scipy.special import erfc, gammaln, ndtri
+from numpy.typing import ArrayLike
+from scipy.special import erfc, expit, gammaln, ndtri
 
 from flymc_dist._numerics import BOUND_EPS, weighted_gram
 from flymc_dist.models.base import BoundStats, Model
@@ -46,8 +47,10 @@ __all__ = [
     "CustomFamily",
     "Family",
     "GaussianFamily",
+    "LogisticFamily",
     "NegativeBinomialFamily",
-    "bound_coefficients",
+    "StudentTFamily",
+    "jaakkola_jordan_coefficients",
     "log_ndtr",
 ]
 
@@ -65,6 +68,15 @@ _NDTR_TAIL = -37.0
 CHECK_WIDEN = 0.5
 #: points per row in a custom family's check
 CHECK_POINTS = 65
+#: the logistic family's untuned tight point ``|s|``
+XI_UNTUNED = 1.5
+#: the Student-t family's degrees of freedom and scale (Maclaurin & Adams 2014: ν = 4)
+STUDENT_T_NU = 4.0
+STUDENT_T_SCALE = 1.0
+#: below this ``|ξ|``, the Jaakkola–Jordan coefficients use their series
+_SMALL_XI = 1e-3
+#: Student-t tight points are clipped to ``_XI_MAX * min(1, √ν σ)``
+_XI_MAX = 1e100
 
 
 def _real(name: str, value: object, positive: bool = True) -> float:
@@ -132,6 +144,44 @@ def _mills(x: np.ndarray, log_cdf: np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * x * x - 0.5 * _LOG_2PI - log_cdf)
 
 
+def jaakkola_jordan_coefficients(xi: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Coefficients ``(a, c)`` of the bound ``β = a s² + s/2 + c`` on ``log σ(s)``, tight
+    at ``|s| = |ξ|``.
+
+    ``c`` already includes the safety margin ``−BOUND_EPS (1 + |ξ|)``. Stable for
+    ``ξ = 0`` (``a = −1/8``, ``c = −log 2``) and any ``|ξ|`` (no overflow for
+    ``|ξ| ≥ 710``).
+
+    Parameters
+    ----------
+    xi
+        Tight points, any shape.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``a`` and ``c``, each shaped like ``xi``.
+    """
+    ax = np.abs(np.asarray(xi, dtype=np.float64))
+    small = ax < _SMALL_XI
+    x2 = np.where(small, ax, 0.0) ** 2 if small.any() else None
+    # −a ξ² = |ξ| tanh(|ξ|/2) / 4, computed without squaring |ξ|.
+    m = 0.25 * ax * np.tanh(0.5 * ax)
+    safe = np.where(small, 1.0, ax)
+    a = m / safe
+    a /= -safe
+    if x2 is not None:
+        # tanh(x)/x = 1 − x²/3 + 2x⁴/15 − ..., with x = ξ/2.
+        series = 1.0 - x2 / 12.0 + (x2 * x2) / 120.0
+        a = np.where(small, -0.125 * series, a)
+        m = np.where(small, 0.125 * x2 * series, m)
+    # ξ/2 − log(1 + e^ξ) = −log(e^{ξ/2} + e^{−ξ/2}) = −|ξ|/2 − log1p(e^{−|ξ|}).
+    c = m - 0.5 * ax
+    c -= np.log1p(np.exp(-ax))
+    c -= BOUND_EPS * (1.0 + ax)
+    return a, c
+
+
 # ----- families ----------------------------------------------------------------------
 class Family(ABC):
     """One datum's log-likelihood as a function of its linear predictor, with a
@@ -180,8 +230,76 @@ class Family(ABC):
     def untuned_xi(self, y: np.ndarray) -> np.ndarray:
         """Tight points without a parameter estimate: an ``η`` that fits ``y``."""
 
-    def compiled(self) -> np.ndarray | None:
-        """``par`` of the compiled ``log L̃`` (``par[0]`` the family id), or None."""
+    def tuned_xi(self, eta_hat: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Tight points from ``η̂``, the linear predictors at a parameter estimate
+        (default: ``η̂`` itself)."""
+        return np.array(eta_hat, dtype=np.float64, copy=True)
+
+    def exact_xi(self, y: np.ndarray) -> np.ndarray | None:
+        """Tight points far from every plausible fit (see
+        :meth:`flymc_dist.models.base.Model.exact_xi`), or None (the default)."""
+        return None
+
+    # ----- the bound, derived from f, f' and the curvature ------------------------
+    def bound_coefficients(self, y: np.ndarray, xi: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(q₂, q₁, q₀)`` of the bound on ``core`` tight at ``xi``:
+        ``β_core = q₂ η² + q₁ η + q₀ ≤ core(η)``, with ``q₂ = −c/2``,
+        ``q₁ = f'(ξ) + c ξ`` and ``q₀ = f(ξ) − f'(ξ) ξ − c ξ²/2 − ε``, the margin
+        ``ε = BOUND_EPS (1 + |f(ξ)| + |f'(ξ) ξ| + c ξ²/2)``.
+
+        A family with a tighter, ξ-dependent curvature (a bound in closed form) gives
+        its own coefficients here, in whatever form its :meth:`bound`,
+        :meth:`collapse` and :meth:`row_constants` read.
+
+        Parameters
+        ----------
+        y, xi
+            Targets and tight points, shape (n,).
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            Each (n,).
+        """
+        y = np.asarray(y, dtype=np.float64)
+        xi = np.asarray(xi, dtype=np.float64)
+        f0, g0 = self.core(xi, y)
+        c = self.curvature(y)
+        gx = g0 * xi
+        cx2 = 0.5 * c * xi * xi
+        q0 = f0 - gx - cx2
+        q0 -= BOUND_EPS * (1.0 + np.abs(f0) + np.abs(gx) + cx2)
+        return -0.5 * c, g0 + c * xi, q0
+
+    def bound(
+        self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(β_core, dβ/dη)`` at ``eta`` (B, n) from :meth:`bound_coefficients`:
+        ``q₂ η² + q₁ η + q₀`` and ``2 q₂ η + q₁``."""
+        q2, q1, q0 = coef
+        with np.errstate(over="ignore", invalid="ignore"):
+            beta = q2 * eta * eta + q1 * eta + q0
+        return beta, 2.0 * q2 * eta + q1
+
+    def collapse(self, X: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]) -> BoundStats:
+        """``Σ_n β_core`` over rows ``X`` (n, D) as a quadratic in θ:
+        ``A = Σ q₂ x xᵀ``, ``b = Σ q₁ x``, ``c = Σ q₀``."""
+        q2, q1, q0 = coef
+        return BoundStats(
+            weighted_gram(X, q2), np.asarray(q1 @ X, dtype=np.float64), float(q0.sum())
+        )
+
+    def row_constants(self, y: np.ndarray, coef: tuple[np.ndarray, ...]) -> np.ndarray:
+        """The ``(n, 3)`` row constants :meth:`compiled`'s kind reads: ``y``, ``q₁`` and
+        ``q₀`` for kind ``"glm"`` (the curvature follows from ``y``)."""
+        _, q1, q0 = coef
+        return np.column_stack([np.asarray(y, dtype=np.float64), q1, q0])
+
+    def compiled(self) -> tuple[str, np.ndarray] | None:
+        """``(kind, par)`` of the compiled ``log L̃`` (:mod:`flymc_dist._compiled`):
+        ``("glm", (family id, its parameters))`` for a family of :func:`_glm_core`, its
+        own kind for a family with a closed-form bound; None (the default): shards
+        evaluate :meth:`core` and :meth:`bound`."""
         return None
 
     @abstractmethod
@@ -254,10 +372,10 @@ class BinomialFamily(Family):
         p = (np.asarray(y, dtype=np.float64) + 0.5) / (self.trials + 1.0)
         return np.log(p / (1.0 - p)) if self.link == "logit" else ndtri(p)
 
-    def compiled(self) -> np.ndarray:
-        """``(BINOMIAL_LOGIT or BINOMIAL_PROBIT, m)``."""
+    def compiled(self) -> tuple[str, np.ndarray]:
+        """``("glm", (BINOMIAL_LOGIT or BINOMIAL_PROBIT, m))``."""
         fid = BINOMIAL_LOGIT if self.link == "logit" else BINOMIAL_PROBIT
-        return np.array([fid, float(self.trials)])
+        return "glm", np.array([fid, float(self.trials)])
 
     def to_dict(self) -> dict:
         """``{"family": "binomial", "link": ..., "trials": m}``."""
@@ -318,9 +436,9 @@ class NegativeBinomialFamily(Family):
         """``log(y + ½)``."""
         return np.log(np.asarray(y, dtype=np.float64) + 0.5)
 
-    def compiled(self) -> np.ndarray:
-        """``(NEGATIVE_BINOMIAL, r, log r)``."""
-        return np.array([NEGATIVE_BINOMIAL, self.dispersion, self._log_r])
+    def compiled(self) -> tuple[str, np.ndarray]:
+        """``("glm", (NEGATIVE_BINOMIAL, r, log r))``."""
+        return "glm", np.array([NEGATIVE_BINOMIAL, self.dispersion, self._log_r])
 
     def to_dict(self) -> dict:
         """``{"family": "negative_binomial", "link": "log", "dispersion": r}``."""
@@ -371,9 +489,9 @@ class GaussianFamily(Family):
         """``y``."""
         return np.asarray(y, dtype=np.float64).copy()
 
-    def compiled(self) -> np.ndarray:
-        """``(GAUSSIAN, 1/σ²)``."""
-        return np.array([GAUSSIAN, self._prec])
+    def compiled(self) -> tuple[str, np.ndarray]:
+        """``("glm", (GAUSSIAN, 1/σ²))``."""
+        return "glm", np.array([GAUSSIAN, self._prec])
 
     def to_dict(self) -> dict:
         """``{"family": "gaussian", "link": "identity", "scale": σ}``."""
@@ -487,6 +605,287 @@ class CustomFamily(Family):
         return {"family": f"custom:{self.name}", "link": self.link, "curvature": self.c}
 
 
+class LogisticFamily(Family):
+    """Binary data with a logit link and the Jaakkola–Jordan bound: a tighter,
+    ξ-dependent curvature ``c(ξ) = tanh(ξ/2) / (2ξ) ≤ 1/4``.
+
+    With ``t = 2y − 1`` and ``s = tη``, ``f = log σ(s)`` and
+
+        β(s) = a s² + s/2 + c,   a = −tanh(ξ/2) / (4ξ),
+        c = −a ξ² + ξ/2 − log(1 + e^ξ) − ε,
+
+    a global lower bound on ``f`` tight at ``s = ±ξ`` (``log σ(s) − s/2`` is convex in
+    ``s²``, and β is its tangent there). In the family's terms ``q₂ = a``,
+    ``q₁ = t/2`` and ``q₀ = c`` (:func:`jaakkola_jordan_coefficients`), in closed form.
+    Tight points are ``ξ = |η̂|`` (``a`` and ``c`` are even in ``ξ``).
+
+    Parameters
+    ----------
+    xi_untuned
+        Tight point ``|s|`` used for untuned bounds.
+    link
+        ``"logit"`` (the only one).
+    """
+
+    name = "logistic"
+    link = "logit"
+
+    def __init__(self, xi_untuned: float = XI_UNTUNED, link: str = "logit") -> None:
+        if link != "logit":
+            raise ValueError(f"logistic link must be 'logit', got {link!r}")
+        self.xi_untuned = _real("xi_untuned", xi_untuned, positive=False)
+
+    @property
+    def task(self) -> str:
+        """``"binary"``."""
+        return "binary"
+
+    def validate_targets(self, y: np.ndarray) -> None:
+        """0/1 labels (or booleans)."""
+        y = np.asarray(y)
+        if y.ndim != 1:
+            raise ValueError(f"y must be one-dimensional, got shape {y.shape}")
+        if y.dtype == bool:
+            return
+        if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
+            raise ValueError(f"y must hold 0/1 labels, got dtype {y.dtype}")
+        _first_bad(y, (y != 0) & (y != 1), "a 0/1 label")
+
+    def core(self, eta: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``log σ(s)`` and ``t σ(−s)``, ``s = tη``, from one ``e^{−|s|}``."""
+        t = 2.0 * np.asarray(y, dtype=np.float64) - 1.0
+        s = eta * t
+        # l = min(s, 0) − log1p(e); σ(−s) = (1 if s < 0 else e) / (1 + e), e = exp(−|s|)
+        e = np.abs(s)
+        np.negative(e, out=e)
+        np.exp(e, out=e)
+        g = np.where(s < 0.0, 1.0, e)
+        g /= 1.0 + e
+        g *= t
+        np.log1p(e, out=e)
+        np.minimum(s, 0.0, out=s)
+        s -= e
+        return s, g
+
+    def core_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``−σ(η) σ(−η)``."""
+        e = np.asarray(eta, dtype=np.float64)
+        h = expit(e)
+        h *= expit(-e)
+        np.negative(h, out=h)
+        return h
+
+    def curvature(self, y: np.ndarray) -> np.ndarray:
+        """``1/4``, the fixed bound (the bound used is the tighter ``c(ξ)``)."""
+        return np.full(np.shape(y), 0.25)
+
+    def untuned_xi(self, y: np.ndarray) -> np.ndarray:
+        """``ξ_n = xi_untuned``."""
+        return np.full(np.shape(y)[0], self.xi_untuned)
+
+    def tuned_xi(self, eta_hat: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``ξ_n = |η̂_n|``."""
+        return np.abs(np.asarray(eta_hat, dtype=np.float64))
+
+    def exact_xi(self, y: np.ndarray) -> np.ndarray:
+        """``ξ_n = 10⁴``: ``β(s) ≈ −2500 + s/2 − s²/40000``, more than 1,000 nats
+        below ``log σ(s)`` for ``|s| ≤ 1,000``."""
+        return np.full(np.shape(y)[0], 1e4)
+
+    def bound_coefficients(self, y: np.ndarray, xi: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(a, t/2, c)`` (:func:`jaakkola_jordan_coefficients`)."""
+        a, c = jaakkola_jordan_coefficients(xi)
+        return a, 0.5 * (2.0 * np.asarray(y, dtype=np.float64) - 1.0), c
+
+    def row_constants(self, y: np.ndarray, coef: tuple[np.ndarray, ...]) -> np.ndarray:
+        """Columns ``t``, ``a`` and ``c`` (kind ``"logistic"``)."""
+        a, _, c = coef
+        return np.column_stack([2.0 * np.asarray(y, dtype=np.float64) - 1.0, a, c])
+
+    def compiled(self) -> tuple[str, np.ndarray]:
+        """``("logistic", no parameters)``."""
+        return "logistic", np.zeros(0)
+
+    def to_dict(self) -> dict:
+        """``{"family": "logistic", "link": "logit", "xi_untuned": ...}``."""
+        return {"family": self.name, "link": self.link, "xi_untuned": self.xi_untuned}
+
+
+class StudentTFamily(Family):
+    """Real data with Student-t noise around ``η`` (identity link), ``ν`` degrees of
+    freedom and scale ``σ``, with the tangent bound in ``r²``: a tighter, ξ-dependent
+    curvature ``c(ξ) = (ν + 1) / (νσ² + ξ²) ≤ (ν + 1) / (νσ²)``.
+
+    With residual ``r = y − η``, ``h = (ν + 1)/2`` and ``g(u) = −h log1p(u / (νσ²))``
+    (convex in ``u = r²``),
+
+        f = K₀ + g(r²),   K₀ = log Γ(h) − log Γ(ν/2) − log(νπσ²)/2,
+        β = K₀ + g(ξ²) + g'(ξ²)(r² − ξ²) − ε = a r² + c,   a = g'(ξ²) = −h / (νσ² + ξ²),
+
+    a lower bound tight at ``r = ±ξ``. Tight points are absolute residuals,
+    ``ξ = |y − η̂|`` (untuned: 0). The bound is kept in its residual form ``a r² + c``
+    (its coefficients in ``η`` are ``q₂ = a``, ``q₁ = −2ay``, ``q₀ = ay² + c``):
+    fewer roundings near the fit, where ``r`` is small and ``y`` is not.
+
+    Parameters
+    ----------
+    nu
+        Degrees of freedom ``ν > 0``.
+    scale
+        Noise scale ``σ > 0``.
+    link
+        ``"identity"`` (the only one).
+    """
+
+    name = "student_t"
+    link = "identity"
+    #: the Student-t log-density is not concave in the residual: a group of rows far
+    #: from the fit (a weight only they inform) can hold a second mode
+    log_concave = False
+
+    def __init__(
+        self, nu: float = STUDENT_T_NU, scale: float = STUDENT_T_SCALE, link: str = "identity"
+    ) -> None:
+        if link != "identity":
+            raise ValueError(f"student_t link must be 'identity', got {link!r}")
+        self.nu = _real("nu", nu)
+        self.scale = _real("scale", scale)
+        nus2 = self.nu * (self.scale * self.scale)  # may overflow to inf: checked next
+        if not (math.isfinite(nus2) and nus2 > 1e-300):
+            raise ValueError(
+                f"nu * scale**2 = {nus2!r} is out of the floating-point range; rescale y"
+            )
+        self._h = 0.5 * (self.nu + 1.0)
+        self._nus2 = nus2
+        self._inv_nus2 = 1.0 / nus2
+        self._log_inv_nus2 = -math.log(nus2)
+        self._xi_max = _XI_MAX * min(1.0, math.sqrt(nus2))
+        self._const = float(
+            gammaln(self._h) - gammaln(0.5 * self.nu) - 0.5 * math.log(math.pi * nus2)
+        )
+
+    def validate_targets(self, y: np.ndarray) -> None:
+        """Finite real numbers (not booleans)."""
+        y = np.asarray(y)
+        if y.ndim != 1:
+            raise ValueError(f"y must be one-dimensional, got shape {y.shape}")
+        if y.dtype == bool or not (
+            np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)
+        ):
+            raise ValueError(f"y must hold real numbers, got dtype {y.dtype}")
+        _first_bad(y, ~np.isfinite(y), "finite")
+
+    def _log1p_q(self, r: np.ndarray) -> np.ndarray:
+        """``log1p(r² / (νσ²))`` without overflow for huge ``|r|``."""
+        with np.errstate(over="ignore"):
+            q = r * r
+            q *= self._inv_nus2
+        out = np.log1p(q)
+        big = np.isinf(q)
+        if big.any():
+            rb = np.abs(r[big])
+            out[big] = 2.0 * np.log(rb) + self._log_inv_nus2
+        return out
+
+    def core(self, eta: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``K₀ − h log1p(r²/(νσ²))`` (the whole log density: ``base`` is 0) and
+        ``2 h r / (νσ² + r²)``."""
+        r = y - eta
+        out = self._log1p_q(r)
+        out *= -self._h
+        out += self._const
+        with np.errstate(over="ignore"):
+            den = r * r
+        den += self._nus2
+        g = r / den
+        g *= 2.0 * self._h
+        return out, g
+
+    def core_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``−2 h (νσ² − r²) / (νσ² + r²)²``."""
+        r = y - eta
+        with np.errstate(over="ignore"):
+            den = r * r
+        den += self._nus2
+        p = self._nus2 / den  # νσ² / D, in (0, 1]
+        h = 2.0 * p - 1.0
+        h /= den
+        h *= -2.0 * self._h
+        return h
+
+    def curvature(self, y: np.ndarray) -> np.ndarray:
+        """``(ν + 1) / (νσ²)``, the fixed bound (the bound used is the tighter ``c(ξ)``)."""
+        return np.full(np.shape(y), 2.0 * self._h * self._inv_nus2)
+
+    def untuned_xi(self, y: np.ndarray) -> np.ndarray:
+        """``ξ_n = 0`` (the tangent at zero residual)."""
+        return np.zeros(np.shape(y)[0])
+
+    def tuned_xi(self, eta_hat: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``ξ_n = |y_n − η̂_n|``."""
+        return np.abs(np.asarray(y, dtype=np.float64) - np.asarray(eta_hat, dtype=np.float64))
+
+    def exact_xi(self, y: np.ndarray) -> np.ndarray:
+        """``ξ_n = 10⁸ √ν σ``: a tangent at ``r² = 10¹⁶ νσ²``, below the log-density by
+        about ``h (35.8 − log(1 + u))`` nats at ``u = r² / (νσ²)``: for ν = 4, more than
+        50 while ``u ≤ 10⁶`` (residuals up to 2,000 scales)."""
+        return np.full(np.shape(y)[0], 1e8 * math.sqrt(self._nus2))
+
+    def bound_coefficients(self, y: np.ndarray, xi: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(a, c)`` with ``β = a r² + c``; ``c`` includes the margin
+        ``ε = BOUND_EPS (1 + |K₀| + |g(ξ²)| + |a ξ²|)``. Tight points are clipped to
+        ``10¹⁰⁰ min(1, √ν σ)`` (any tight point gives a valid bound; this keeps
+        ``ξ²/(νσ²)`` finite)."""
+        ax = np.minimum(np.abs(np.asarray(xi, dtype=np.float64)), self._xi_max)
+        s0 = ax * ax
+        den = s0 + self._nus2
+        a = -self._h / den
+        m = s0 / den  # −a ξ² / h, in [0, 1)
+        m *= self._h
+        f0 = np.log1p(s0 * self._inv_nus2)
+        f0 *= -self._h
+        c = f0 + m
+        c += self._const
+        c -= BOUND_EPS * (1.0 + abs(self._const) + m - f0)
+        return a, c
+
+    def bound(
+        self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``a r² + c`` and ``−2 a r``."""
+        a, c = coef
+        r = y - eta
+        with np.errstate(over="ignore"):
+            beta = r * r
+        beta *= a
+        beta += c
+        r *= a
+        r *= -2.0
+        return beta, r
+
+    def collapse(self, X: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]) -> BoundStats:
+        """``A = Σ a x xᵀ``, ``b = −2 Σ a y x``, ``c = Σ a y² + Σ c``."""
+        a, c = coef
+        ay = a * y
+        b = -2.0 * (ay @ X)
+        return BoundStats(
+            weighted_gram(X, a), np.asarray(b, dtype=np.float64), float(ay @ y + c.sum())
+        )
+
+    def row_constants(self, y: np.ndarray, coef: tuple[np.ndarray, ...]) -> np.ndarray:
+        """Columns ``y``, ``a`` and ``c`` (kind ``"robust"``)."""
+        a, c = coef
+        return np.column_stack([np.asarray(y, dtype=np.float64), a, c])
+
+    def compiled(self) -> tuple[str, np.ndarray]:
+        """``("robust", (h, K₀, 1/(νσ²), log 1/(νσ²)))``."""
+        return "robust", np.array([self._h, self._const, self._inv_nus2, self._log_inv_nus2])
+
+    def to_dict(self) -> dict:
+        """``{"family": "student_t", "link": "identity", "nu": ν, "scale": σ}``."""
+        return {"family": self.name, "link": self.link, "nu": self.nu, "scale": self.scale}
+
+
 def _poisson(**_: object) -> Family:
     raise ValueError(
         "family 'poisson' with a log link has no quadratic lower bound: its curvature "
@@ -500,38 +899,10 @@ FAMILIES: dict[str, Callable[..., Family]] = {
     "binomial": BinomialFamily,
     "negative_binomial": NegativeBinomialFamily,
     "gaussian": GaussianFamily,
+    "logistic": LogisticFamily,
+    "student_t": StudentTFamily,
     "poisson": _poisson,
 }
-
-
-def bound_coefficients(
-    family: Family, y: np.ndarray, xi: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(q₂, q₁, q₀)`` of the bound on ``core`` tight at ``xi``:
-    ``β_core = q₂ η² + q₁ η + q₀ ≤ core(η)``. ``q₀`` includes the margin
-    ``−BOUND_EPS (1 + |f(ξ)| + |f'(ξ) ξ| + c ξ²/2)``.
-
-    Parameters
-    ----------
-    family
-        The family.
-    y, xi
-        Targets and tight points, shape (n,).
-
-    Returns
-    -------
-    tuple of numpy.ndarray
-        Each (n,).
-    """
-    y = np.asarray(y, dtype=np.float64)
-    xi = np.asarray(xi, dtype=np.float64)
-    f0, g0 = family.core(xi, y)
-    c = family.curvature(y)
-    gx = g0 * xi
-    cx2 = 0.5 * c * xi * xi
-    q0 = f0 - gx - cx2
-    q0 -= BOUND_EPS * (1.0 + np.abs(f0) + np.abs(gx) + cx2)
-    return -0.5 * c, g0 + c * xi, q0
 
 
 def _family(family: str | Family, link: str | None, params: dict[str, Any]) -> Family:
@@ -631,11 +1002,15 @@ class GLM(PriorMixin, Model):
         return xi
 
     def tuned_xi(self, eta_hat: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``ξ_n = η̂_n``: (n, 1) -> (n,)."""
-        xi = np.asarray(eta_hat, dtype=np.float64)[:, 0].copy()
+        """The family's tight points at ``η̂`` (by default ``ξ_n = η̂_n``): (n, 1) -> (n,)."""
+        xi = self.family.tuned_xi(np.asarray(eta_hat, dtype=np.float64)[:, 0], y)
         if self.family.checked:
             self.check_bound(y, xi)
         return xi
+
+    def exact_xi(self, y: np.ndarray) -> np.ndarray | None:
+        """The family's far tight points, or None."""
+        return self.family.exact_xi(y)
 
     def check_bound(self, y: np.ndarray, xi: np.ndarray) -> None:
         """Check ``B_ξ(η) ≤ f(η)`` for every row on :data:`CHECK_POINTS` values of ``η``
@@ -656,10 +1031,10 @@ class GLM(PriorMixin, Model):
         grid = np.linspace(lo - w, hi + w, CHECK_POINTS)
         for s in range(0, y.size, 4096):
             yb, xb = y[s : s + 4096], xi[s : s + 4096]
-            q2, q1, q0 = bound_coefficients(self.family, yb, xb)
+            coef = tuple(q[:, None] for q in self.family.bound_coefficients(yb, xb))
             eta = np.concatenate([grid[None, :].repeat(yb.size, 0), xb[:, None]], axis=1)
             f = self.family.core(eta, yb[:, None])[0]
-            beta = (q2[:, None] * eta + q1[:, None]) * eta + q0[:, None]
+            beta = self.family.bound(eta, yb[:, None], coef)[0]
             tol = 1e-9 * (1.0 + np.abs(f) + np.abs(beta))
             bad = ~(beta - f <= tol)  # NaN is a violation too
             if bad.any():
@@ -671,40 +1046,33 @@ class GLM(PriorMixin, Model):
                     f"declares is too small (or f' is not the derivative of f)"
                 )
 
-    def _coefficients(self, y: np.ndarray, xi: np.ndarray) -> tuple[np.ndarray, ...]:
-        return bound_coefficients(self.family, y, xi)
-
     def logbound(self, eta: np.ndarray, y: np.ndarray, xi: np.ndarray) -> np.ndarray:
-        """``β = q₂ η² + q₁ η + q₀ + base(y)``: (B, n, 1) -> (B, n)."""
+        """``β = β_core + base(y)``, the family's bound tight at ``xi``: (B, n, 1) -> (B, n)."""
         return self.logbound_grad(eta, y, xi)[0]
 
     def logbound_grad(
         self, eta: np.ndarray, y: np.ndarray, xi: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(β, dβ/dη = 2 q₂ η + q₁)``."""
+        """``(β, dβ/dη)``: shapes (B, n) and (B, n, 1)."""
         yv = np.asarray(y, dtype=np.float64)
-        q2, q1, q0 = self._coefficients(yv, xi)
-        e = np.asarray(eta, dtype=np.float64)[..., 0]
-        with np.errstate(over="ignore", invalid="ignore"):
-            beta = q2 * e * e + q1 * e + q0
+        coef = self.family.bound_coefficients(yv, xi)
+        beta, g = self.family.bound(np.asarray(eta, dtype=np.float64)[..., 0], yv, coef)
         beta += self.family.base(yv)
-        return beta, (2.0 * q2 * e + q1)[..., None]
+        return beta, g[..., None]
 
     def row_constants(self, y: np.ndarray, xi: np.ndarray) -> np.ndarray | None:
-        """Columns ``y``, ``q₁`` and ``q₀`` (the curvature follows from ``y``), or None
-        for a family without a compiled form."""
+        """The family's row constants for its compiled kind, or None (no compiled form)."""
         if self.family.compiled() is None:
             return None
-        _, q1, q0 = self._coefficients(y, xi)
-        return np.column_stack([np.asarray(y, dtype=np.float64), q1, q0])
+        yv = np.asarray(y, dtype=np.float64)
+        return self.family.row_constants(yv, self.family.bound_coefficients(yv, xi))
 
     def compiled_bright(self) -> tuple[str, np.ndarray] | None:
-        """``("glm", family parameters)``, or None (a custom family)."""
-        par = self.family.compiled()
-        return None if par is None else ("glm", par)
+        """The family's ``(kind, parameters)``, or None (e.g. a custom family)."""
+        return self.family.compiled()
 
     def suffstats(self, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> BoundStats:
-        """``A = Σ q₂ x xᵀ``, ``b = Σ q₁ x``, ``c = Σ (q₀ + base(y))``."""
+        """The family's collapsed bound (:meth:`Family.collapse`), plus ``Σ base(y)``."""
         X = np.asarray(X)
         if X.ndim != 2 or np.shape(y) != (X.shape[0],) or np.shape(xi) != (X.shape[0],):
             raise ValueError(
@@ -712,9 +1080,8 @@ class GLM(PriorMixin, Model):
                 f"{np.shape(y)}, {np.shape(xi)}"
             )
         yv = np.asarray(y, dtype=np.float64)
-        q2, q1, q0 = self._coefficients(yv, xi)
-        const = float(q0.sum() + self.family.base(yv).sum())
-        return BoundStats(weighted_gram(X, q2), np.asarray(q1 @ X, dtype=np.float64), const)
+        st = self.family.collapse(X, yv, self.family.bound_coefficients(yv, xi))
+        return BoundStats(st.A, st.b, float(st.c + self.family.base(yv).sum()))
 
     # ----- serialisation ------------------------------------------------------
     def to_dict(self) -> dict:
