@@ -19,9 +19,15 @@ in ``ℓ − β``, so the compiled ``log L̃`` and the bound work with ``core`` 
 Built in: binomial with ``m`` trials (logit link, ``c = m/4``; probit link, ``c = m``),
 negative binomial with log link and fixed dispersion ``r`` (``c = (y + r)/4``),
 Gaussian with fixed noise sd ``σ`` (``c = 1/σ²``: the bound is the likelihood, so no
-row is ever bright). Poisson with a log link has no such bound (``f'' = −e^η`` is
-unbounded below) and is refused. :class:`CustomFamily` takes a user's ``f``, ``f'``
-and curvature, and checks the bound numerically when tight points are set.
+row is ever bright); and two families with a tighter, ξ-dependent curvature whose bound
+they give in closed form (:meth:`Family.bound_coefficients` and what reads it):
+:class:`LogisticFamily` (Jaakkola–Jordan, ``c(ξ) = tanh(ξ/2)/(2ξ) ≤ 1/4``; the model
+:class:`~flymc_dist.models.logistic.LogisticRegression`) and :class:`StudentTFamily`
+(the tangent in ``r²``, ``c(ξ) = (ν + 1)/(νσ² + ξ²)``; the model
+:class:`~flymc_dist.models.robust.RobustRegression`). Poisson with a log link has no
+such bound (``f'' = −e^η`` is unbounded below) and is refused. :class:`CustomFamily`
+takes a user's ``f``, ``f'`` and curvature, and checks the bound numerically when tight
+points are set.
 """
 
 from __future__ import annotations
@@ -928,8 +934,9 @@ class GLM(PriorMixin, Model):
     Parameters
     ----------
     family
-        ``"binomial"``, ``"negative_binomial"``, ``"gaussian"`` (``"poisson"`` is refused,
-        saying why), or a :class:`Family` object (e.g. a :class:`CustomFamily`).
+        ``"binomial"``, ``"negative_binomial"``, ``"gaussian"``, ``"logistic"``,
+        ``"student_t"`` (``"poisson"`` is refused, saying why), or a :class:`Family`
+        object (e.g. a :class:`CustomFamily`).
     link
         The family's link (default: ``"logit"`` for binomial, ``"log"``, ``"identity"``).
     prior
@@ -938,7 +945,8 @@ class GLM(PriorMixin, Model):
         Prior sd (normal) or scale ``b`` (Laplace); > 0.
     **family_params
         The family's parameters: ``trials`` (binomial), ``dispersion``
-        (negative binomial), ``scale`` (Gaussian).
+        (negative binomial), ``scale`` (Gaussian), ``xi_untuned`` (logistic), ``nu`` and
+        ``scale`` (Student-t).
     """
 
     name = "glm"

@@ -37,7 +37,12 @@ class LogisticRegression(GLM):
 
     def to_dict(self) -> dict:
         """``{"name": "logistic", "prior": ..., "prior_scale": ..., "xi_untuned": ...}``."""
-        return {"name": self.name, **self._prior.to_dict(), "xi_untuned": self.xi_untuned}
+        return {
+            "name": self.name,
+            "prior": self.prior,
+            "prior_scale": self.prior_scale,
+            "xi_untuned": self.xi_untuned,
+        }
 
     def __repr__(self) -> str:
         return (

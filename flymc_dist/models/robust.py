@@ -48,7 +48,13 @@ class RobustRegression(GLM):
 
     def to_dict(self) -> dict:
         """``{"name": "robust", "nu": ..., "scale": ..., "prior": ..., "prior_scale": ...}``."""
-        return {"name": self.name, "nu": self.nu, "scale": self.scale, **self._prior.to_dict()}
+        return {
+            "name": self.name,
+            "nu": self.nu,
+            "scale": self.scale,
+            "prior": self.prior,
+            "prior_scale": self.prior_scale,
+        }
 
     def __repr__(self) -> str:
         return (
