@@ -12,6 +12,7 @@ from flymc_dist.models.glm import (
     GaussianFamily,
     LogisticFamily,
     NegativeBinomialFamily,
+    SoftmaxFamily,
     StudentTFamily,
 )
 from flymc_dist.models.logistic import LogisticRegression
@@ -29,6 +30,7 @@ __all__ = [
     "GaussianFamily",
     "LogisticFamily",
     "NegativeBinomialFamily",
+    "SoftmaxFamily",
     "StudentTFamily",
     "VALID_PRIORS",
     "BoundStats",

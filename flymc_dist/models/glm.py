@@ -42,7 +42,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import erfc, expit, gammaln, ndtri
 
-from flymc_dist._numerics import BOUND_EPS, weighted_gram
+from flymc_dist._numerics import BOUND_EPS, logsumexp, weighted_gram
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.models.priors import Prior, PriorMixin
 
@@ -55,6 +55,7 @@ __all__ = [
     "GaussianFamily",
     "LogisticFamily",
     "NegativeBinomialFamily",
+    "SoftmaxFamily",
     "StudentTFamily",
     "jaakkola_jordan_coefficients",
     "log_ndtr",
@@ -206,6 +207,9 @@ class Family(ABC):
     log_concave: bool = True
     #: the bound is checked numerically wherever tight points are set (user families)
     checked: bool = False
+    #: linear predictors per row (``K`` for a multiclass family: ``η``, ``f'`` and the
+    #: tight points then carry a trailing axis of length K)
+    n_outputs: int = 1
 
     @property
     def task(self) -> str:
@@ -892,6 +896,169 @@ class StudentTFamily(Family):
         return {"family": self.name, "link": self.link, "nu": self.nu, "scale": self.scale}
 
 
+def _relative_to_label(a: np.ndarray, yi: np.ndarray) -> np.ndarray:
+    """``a - a[..., n, y_n]`` for ``a`` of shape (..., n, K)."""
+    ar = np.arange(yi.shape[0])
+    return a - a[..., ar, yi][..., None]
+
+
+class SoftmaxFamily(Family):
+    """``K`` classes, ``y ∈ {0, …, K−1}``, with ``K`` linear predictors per row
+    (``η = θx``, ``θ`` of shape (K, D)) and Böhning's bound: the fixed curvature *matrix*
+    ``A_K = (I − 11ᵀ/K)/2``, which dominates the Hessian of ``lse`` everywhere.
+
+    ``f = η_y − lse(η)``; with ``g = softmax(ψ)`` and ``d = η − ψ``,
+    ``lse(η) ≤ lse(ψ) + dᵀg + dᵀA_K d/2``, so ``β = η_y − lse(ψ) − dᵀg − dᵀA_K d/2 − ε``
+    is a lower bound on ``f``, tight at ``η = ψ`` (and along ``η = ψ + c1``): the
+    curvature bound of a scalar family with ``c`` a matrix. Tight points are ``K``
+    logits per row (MAP-tuned ``ψ_n = η̂_n``).
+
+    Numerics: ``f`` and ``β`` are both invariant under ``η → η + c1``, so they are
+    computed from the differences ``u = η − η_y`` and ``w = ψ − ψ_y``
+    (``e = d − d_y = u − w``): ``f = −lse(u)``,
+    ``β = −lse(w) − gᵀe − Σ_k (e_k − mean(e))²/4 − ε``. This keeps ``δ = f − β ≥ 0``
+    after rounding even for huge logits along the flat direction, where a naive
+    evaluation loses ``~1e-16 |η|``.
+
+    Parameters
+    ----------
+    n_classes
+        ``K ≥ 2``.
+    link
+        ``"softmax"`` (the only one).
+    """
+
+    name = "softmax"
+    link = "softmax"
+
+    def __init__(self, n_classes: int, link: str = "softmax") -> None:
+        if link != "softmax":
+            raise ValueError(f"softmax link must be 'softmax', got {link!r}")
+        if isinstance(n_classes, bool) or not isinstance(n_classes, numbers.Integral):
+            raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
+        if n_classes < 2:
+            raise ValueError(f"n_classes must be >= 2, got {n_classes!r}")
+        self.n_outputs = self.n_classes = int(n_classes)
+        K = self.n_classes
+        self._A_K = 0.5 * (np.eye(K) - np.full((K, K), 1.0 / K))
+
+    @property
+    def task(self) -> str:
+        """``"multiclass"``."""
+        return "multiclass"
+
+    def validate_targets(self, y: np.ndarray) -> None:
+        """Class labels in ``0..K−1``."""
+        y = np.asarray(y)
+        if y.ndim != 1:
+            raise ValueError(f"y must be one-dimensional, got shape {y.shape}")
+        if y.dtype == bool:
+            return
+        K = self.n_classes
+        what = f"a class label in 0..{K - 1} (n_classes = {K})"
+        if np.issubdtype(y.dtype, np.integer):
+            _first_bad(y, (y < 0) | (y >= K), what)
+        elif np.issubdtype(y.dtype, np.floating):
+            ok = np.isfinite(y)
+            ok[ok] = (y[ok] == np.floor(y[ok])) & (y[ok] >= 0) & (y[ok] < K)
+            _first_bad(y, ~ok, what)
+        else:
+            raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
+
+    @staticmethod
+    def _labels(y: np.ndarray) -> np.ndarray:
+        return np.asarray(y).astype(np.intp, copy=False)
+
+    def core(self, eta: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``η_y − lse(η)`` and ``e_y − softmax(η)``: eta (..., n, K) -> (..., n), (..., n, K)."""
+        yi = self._labels(y)
+        u = _relative_to_label(eta, yi)
+        lse = logsumexp(u, keepdims=True)
+        g = u - lse
+        np.exp(g, out=g)
+        np.negative(g, out=g)
+        g[..., np.arange(yi.shape[0]), yi] += 1.0
+        return -lse[..., 0], g
+
+    def core_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``−(diag(p) − ppᵀ)``, ``p = softmax(η)``: (n, K) -> (n, K, K)."""
+        p = eta - logsumexp(eta, keepdims=True)
+        np.exp(p, out=p)
+        H = p[..., :, None] * p[..., None, :]
+        idx = np.arange(self.n_classes)
+        H[..., idx, idx] -= p
+        return H
+
+    def curvature(self, y: np.ndarray) -> np.ndarray:
+        """``A_K`` for every row: (n, K, K)."""
+        return np.broadcast_to(self._A_K, np.shape(y) + self._A_K.shape)
+
+    def untuned_xi(self, y: np.ndarray) -> np.ndarray:
+        """``ψ_n = 0``: (n, K)."""
+        return np.zeros((np.shape(y)[0], self.n_classes))
+
+    def exact_xi(self, y: np.ndarray) -> np.ndarray:
+        """``ψ_n = −1000 e_{y_n}`` (the label's logit 1,000 below the others'): the bound
+        is about ``1000² (K − 1) / (4K) ≥ 125,000`` nats below the log-likelihood where the
+        logits differ by much less than 1,000."""
+        yi = self._labels(y)
+        psi = np.zeros((yi.shape[0], self.n_classes))
+        psi[np.arange(yi.shape[0]), yi] = -1000.0
+        return psi
+
+    def bound_coefficients(self, y: np.ndarray, xi: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(ψ, w = ψ − ψ_y, lse(w), g = softmax(ψ), ε)`` with ``ε = BOUND_EPS (1 + lse(w))``."""
+        yi = self._labels(y)
+        psi = np.asarray(xi, dtype=np.float64)
+        w = _relative_to_label(psi, yi)
+        lse_w = logsumexp(w)
+        g = w - lse_w[:, None]
+        np.exp(g, out=g)
+        return psi, w, lse_w, g, BOUND_EPS * (1.0 + lse_w)
+
+    def bound(
+        self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``β`` and ``dβ/dη = e_y − g − A_K (η − ψ)``: (..., n, K) -> (..., n), (..., n, K)."""
+        yi = self._labels(y)
+        _, w, lse_w, g, eps = coef
+        e = _relative_to_label(eta, yi)
+        e -= w
+        beta = np.einsum("...nk,nk->...n", e, g)
+        e -= e.mean(axis=-1, keepdims=True)
+        beta += 0.25 * np.einsum("...nk,...nk->...n", e, e)
+        beta += lse_w + eps
+        np.negative(beta, out=beta)
+        # A_K (η − ψ) = (e − mean(e)) / 2
+        e *= -0.5
+        e -= g
+        e[..., np.arange(yi.shape[0]), yi] += 1.0
+        return beta, e
+
+    def collapse(self, X: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]) -> BoundStats:
+        """In the row-major flattened ``θ`` (K, D): ``β_n = −ηᵀA_Kη/2 + v_nᵀη + c_n`` with
+        ``v_n = e_{y_n} − g_n + A_K ψ_n`` and
+        ``c_n = −lse(ψ_n) + ψ_nᵀg_n − ψ_nᵀA_Kψ_n/2 − ε_n``; so
+        ``A = −kron(A_K, Σ x xᵀ)/2``, ``b = vec(VᵀX)``, ``c = Σ c_n``."""
+        yi = self._labels(y)
+        psi, w, lse_w, g, eps = coef
+        n = X.shape[0]
+        pc = psi - psi.mean(axis=1, keepdims=True)  # (I − 11ᵀ/K) ψ = 2 A_K ψ
+        # −lse(ψ) + ψᵀg = Σ_k g_k log g_k, with log g = w − lse(w)
+        lg = w - lse_w[:, None]
+        c = np.einsum("nk,nk->", g, lg) - 0.25 * np.einsum("nk,nk->", pc, pc) - eps.sum()
+        V = 0.5 * pc
+        V -= g
+        V[np.arange(n), yi] += 1.0
+        b = (V.T @ X).ravel()
+        A = -0.5 * np.kron(self._A_K, weighted_gram(X))
+        return BoundStats(A, np.asarray(b, dtype=np.float64), float(c))
+
+    def to_dict(self) -> dict:
+        """``{"family": "softmax", "link": "softmax", "n_classes": K}``."""
+        return {"family": self.name, "link": self.link, "n_classes": self.n_classes}
+
+
 def _poisson(**_: object) -> Family:
     raise ValueError(
         "family 'poisson' with a log link has no quadratic lower bound: its curvature "
@@ -907,6 +1074,7 @@ FAMILIES: dict[str, Callable[..., Family]] = {
     "gaussian": GaussianFamily,
     "logistic": LogisticFamily,
     "student_t": StudentTFamily,
+    "softmax": SoftmaxFamily,
     "poisson": _poisson,
 }
 
@@ -970,13 +1138,23 @@ class GLM(PriorMixin, Model):
 
     @property
     def n_outputs(self) -> int:
-        """E = 1."""
-        return 1
+        """E, the family's linear predictors per row (1, or K classes)."""
+        return self.family.n_outputs
 
     @property
     def xi_shape(self) -> tuple[int, ...]:
-        """One tight point (a linear predictor) per datum: ``()``."""
-        return ()
+        """One tight point per datum (``()``), or K of them (``(K,)``)."""
+        E = self.family.n_outputs
+        return () if E == 1 else (E,)
+
+    def _eta(self, eta: np.ndarray) -> np.ndarray:
+        """``η`` as the family takes it: (..., n) for one output, (..., n, K) for K."""
+        e = np.asarray(eta, dtype=np.float64)
+        return e[..., 0] if self.family.n_outputs == 1 else e
+
+    def _per_output(self, d: np.ndarray) -> np.ndarray:
+        """A family's derivative in ``η`` with the outputs' axis: (..., n, E)."""
+        return d[..., None] if self.family.n_outputs == 1 else d
 
     def validate_targets(self, y: np.ndarray) -> None:
         """The family's check of ``y``."""
@@ -984,34 +1162,33 @@ class GLM(PriorMixin, Model):
 
     # ----- likelihood ---------------------------------------------------------
     def loglik(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``f(η; y)``: (B, n, 1) -> (B, n)."""
+        """``f(η; y)``: (B, n, E) -> (B, n)."""
         yv = np.asarray(y, dtype=np.float64)
-        return self.family.core(np.asarray(eta, dtype=np.float64)[..., 0], yv)[0] + (
-            self.family.base(yv)
-        )
+        return self.family.core(self._eta(eta), yv)[0] + self.family.base(yv)
 
     def loglik_grad(self, eta: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(f, f')``: shapes (B, n) and (B, n, 1)."""
+        """``(f, f')``: shapes (B, n) and (B, n, E)."""
         yv = np.asarray(y, dtype=np.float64)
-        f, g = self.family.core(np.asarray(eta, dtype=np.float64)[..., 0], yv)
-        return f + self.family.base(yv), g[..., None]
+        f, g = self.family.core(self._eta(eta), yv)
+        return f + self.family.base(yv), self._per_output(g)
 
     def loglik_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``f''``: (n, 1) -> (n, 1, 1)."""
-        e = np.asarray(eta, dtype=np.float64)[:, 0]
-        return self.family.core_hess(e, np.asarray(y, dtype=np.float64))[:, None, None]
+        """``f''``: (n, E) -> (n, E, E)."""
+        h = self.family.core_hess(self._eta(eta), np.asarray(y, dtype=np.float64))
+        return h[:, None, None] if self.family.n_outputs == 1 else h
 
     # ----- bound --------------------------------------------------------------
     def untuned_xi(self, y: np.ndarray) -> np.ndarray:
-        """The family's untuned tight points: shape (n,)."""
+        """The family's untuned tight points: shape (n,) + xi_shape."""
         xi = self.family.untuned_xi(y)
         if self.family.checked:
             self.check_bound(y, xi)
         return xi
 
     def tuned_xi(self, eta_hat: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """The family's tight points at ``η̂`` (by default ``ξ_n = η̂_n``): (n, 1) -> (n,)."""
-        xi = self.family.tuned_xi(np.asarray(eta_hat, dtype=np.float64)[:, 0], y)
+        """The family's tight points at ``η̂`` (by default ``ξ_n = η̂_n``): (n, E) ->
+        (n,) + xi_shape."""
+        xi = self.family.tuned_xi(self._eta(eta_hat), y)
         if self.family.checked:
             self.check_bound(y, xi)
         return xi
@@ -1061,12 +1238,12 @@ class GLM(PriorMixin, Model):
     def logbound_grad(
         self, eta: np.ndarray, y: np.ndarray, xi: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(β, dβ/dη)``: shapes (B, n) and (B, n, 1)."""
+        """``(β, dβ/dη)``: shapes (B, n) and (B, n, E)."""
         yv = np.asarray(y, dtype=np.float64)
         coef = self.family.bound_coefficients(yv, xi)
-        beta, g = self.family.bound(np.asarray(eta, dtype=np.float64)[..., 0], yv, coef)
+        beta, g = self.family.bound(self._eta(eta), yv, coef)
         beta += self.family.base(yv)
-        return beta, g[..., None]
+        return beta, self._per_output(g)
 
     def row_constants(self, y: np.ndarray, xi: np.ndarray) -> np.ndarray | None:
         """The family's row constants for its compiled kind, or None (no compiled form)."""
@@ -1082,9 +1259,11 @@ class GLM(PriorMixin, Model):
     def suffstats(self, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> BoundStats:
         """The family's collapsed bound (:meth:`Family.collapse`), plus ``Σ base(y)``."""
         X = np.asarray(X)
-        if X.ndim != 2 or np.shape(y) != (X.shape[0],) or np.shape(xi) != (X.shape[0],):
+        n = X.shape[0] if X.ndim == 2 else -1
+        if X.ndim != 2 or np.shape(y) != (n,) or np.shape(xi) != (n, *self.xi_shape):
+            want = "(n,)" if self.n_outputs == 1 else f"(n, {self.n_outputs})"
             raise ValueError(
-                f"suffstats needs X (n, D), y (n,), xi (n,); got {X.shape}, "
+                f"suffstats needs X (n, D), y (n,), xi {want}; got {X.shape}, "
                 f"{np.shape(y)}, {np.shape(xi)}"
             )
         yv = np.asarray(y, dtype=np.float64)
