@@ -1129,12 +1129,16 @@ class GLM(PriorMixin, Model):
     ) -> None:
         self.family = _family(family, link, family_params)
         self._prior = Prior(prior, prior_scale)
-        self.log_concave = self.family.log_concave
 
     @property
     def task(self) -> str:  # type: ignore[override]
         """The family's task."""
         return self.family.task
+
+    @property
+    def log_concave(self) -> bool:  # type: ignore[override]
+        """Whether the family's ``f`` is concave in ``η``."""
+        return self.family.log_concave
 
     @property
     def n_outputs(self) -> int:
