@@ -24,7 +24,9 @@ they give in closed form (:meth:`Family.bound_coefficients` and what reads it):
 :class:`LogisticFamily` (Jaakkola–Jordan, ``c(ξ) = tanh(ξ/2)/(2ξ) ≤ 1/4``; the model
 :class:`~flymc_dist.models.logistic.LogisticRegression`) and :class:`StudentTFamily`
 (the tangent in ``r²``, ``c(ξ) = (ν + 1)/(νσ² + ξ²)``; the model
-:class:`~flymc_dist.models.robust.RobustRegression`). Poisson with a log link has no
+:class:`~flymc_dist.models.robust.RobustRegression`); and :class:`SoftmaxFamily`, K
+linear predictors per row with Böhning's fixed curvature *matrix* (the model
+:class:`~flymc_dist.models.softmax.SoftmaxRegression`). Poisson with a log link has no
 such bound (``f'' = −e^η`` is unbounded below) and is refused. :class:`CustomFamily`
 takes a user's ``f``, ``f'`` and curvature, and checks the bound numerically when tight
 points are set.
