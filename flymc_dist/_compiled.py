@@ -26,14 +26,14 @@ every process. Measured with numba's own counters: a second process has no cache
 for such a kernel (every call signature compiles again, about a second each), so every
 worker would pay that compilation at each start, and again after each recovery. With
 the switch every kernel here is compiled once and cached on disk. The GLM families
-(:mod:`flymc_dist.models.glm`) whose bound follows from a fixed curvature share one kind,
+(:mod:`flymc_dist.models.families`) whose bound follows from a fixed curvature share one kind,
 ``"glm"``: each is a branch of :func:`_glm_core` (its ``f``, ``f'`` and curvature bound),
 chosen by ``par[0]``, and the bound is derived from them in one place. A family with its
 own closed-form bound (a tighter, ξ-dependent curvature: the logistic family's
 Jaakkola–Jordan bound, the Student-t family's tangent in ``r²``) has its own kind id in
 :data:`KINDS` and branch in :func:`_bright_and_slope` (the operations of its numpy
 ``core`` and ``bound``; :func:`_log_bright` takes its value), named by its
-:meth:`~flymc_dist.models.glm.Family.compiled`; its ``row_constants`` are the
+:meth:`~flymc_dist.models.families.Family.compiled`; its ``row_constants`` are the
 ``(c0, c1, c2)`` that branch reads.
 """
 
@@ -70,7 +70,7 @@ def _log_expm1(delta: float) -> float:
 
 @numba.njit(inline="always", **_JIT)
 def _softplus(x: float) -> float:
-    """``log(1 + e^x)``, as :mod:`flymc_dist.models.glm`."""
+    """``log(1 + e^x)``, as :mod:`flymc_dist.models.families`."""
     return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
 
 
@@ -82,7 +82,7 @@ def _sigmoid(x: float) -> float:
 
 @numba.njit(inline="always", **_JIT)
 def _log_ndtr(x: float) -> float:
-    """``log Φ(x)``, as :func:`flymc_dist.models.glm.log_ndtr`."""
+    """``log Φ(x)``, as :func:`flymc_dist.models.families.log_ndtr`."""
     if x > 0.0:
         return math.log1p(-0.5 * math.erfc(x / math.sqrt(2.0)))
     if x >= -37.0:
@@ -99,7 +99,7 @@ def _log_ndtr(x: float) -> float:
 @numba.njit(inline="always", **_JIT)
 def _glm_core(par: np.ndarray, eta: float, y: float) -> tuple[float, float, float]:
     """A GLM family's ``core(η; y)``, its derivative and its curvature bound ``c(y)``
-    (:mod:`flymc_dist.models.glm`, formula for formula)."""
+    (:mod:`flymc_dist.models.families`, formula for formula)."""
     fam = par[0]
     if fam == 0.0:  # binomial, logit link; par = (0, m)
         m = par[1]

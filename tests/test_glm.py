@@ -1,4 +1,4 @@
-"""GLM families with bounds from a curvature bound (:mod:`flymc_dist.models.glm`).
+"""GLM families with bounds from a curvature bound (:mod:`flymc_dist.models.families`).
 
 Deterministic checks of every family's bound (B ≤ f at random (η, y) including
 extremes, tight at ξ, collapsed sum == explicit sum, compiled log L̃ == numpy's), then

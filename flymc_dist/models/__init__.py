@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.models.glm import (
+from flymc_dist.models.families import (
     FAMILIES,
-    GLM,
     BinomialFamily,
     CustomFamily,
     Family,
@@ -15,6 +14,7 @@ from flymc_dist.models.glm import (
     SoftmaxFamily,
     StudentTFamily,
 )
+from flymc_dist.models.glm import GLM
 from flymc_dist.models.logistic import LogisticRegression
 from flymc_dist.models.priors import VALID_PRIORS, Prior
 from flymc_dist.models.robust import RobustRegression

@@ -1,10 +1,11 @@
-"""Logistic regression: the GLM of :class:`~flymc_dist.models.glm.LogisticFamily`
+"""Logistic regression: the GLM of :class:`~flymc_dist.models.families.LogisticFamily`
 (Bernoulli, logit link, the Jaakkola–Jordan bound; DESIGN.md §2), under the name
 users know."""
 
 from __future__ import annotations
 
-from flymc_dist.models.glm import GLM, XI_UNTUNED, LogisticFamily
+from flymc_dist.models.families import XI_UNTUNED, LogisticFamily
+from flymc_dist.models.glm import GLM
 
 __all__ = ["LogisticRegression"]
 

@@ -1,10 +1,11 @@
 """Robust (Student-t) linear regression: the GLM of
-:class:`~flymc_dist.models.glm.StudentTFamily` (the tangent bound in ``r²``; DESIGN.md
+:class:`~flymc_dist.models.families.StudentTFamily` (the tangent bound in ``r²``; DESIGN.md
 §2), under the name users know."""
 
 from __future__ import annotations
 
-from flymc_dist.models.glm import GLM, STUDENT_T_NU, STUDENT_T_SCALE, StudentTFamily
+from flymc_dist.models.families import STUDENT_T_NU, STUDENT_T_SCALE, StudentTFamily
+from flymc_dist.models.glm import GLM
 
 __all__ = ["RobustRegression"]
 

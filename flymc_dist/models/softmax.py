@@ -1,9 +1,10 @@
-"""Softmax regression: the GLM of :class:`~flymc_dist.models.glm.SoftmaxFamily` (K
+"""Softmax regression: the GLM of :class:`~flymc_dist.models.families.SoftmaxFamily` (K
 linear predictors per row, Böhning's bound; DESIGN.md §2), under the name users know."""
 
 from __future__ import annotations
 
-from flymc_dist.models.glm import GLM, SoftmaxFamily
+from flymc_dist.models.families import SoftmaxFamily
+from flymc_dist.models.glm import GLM
 
 __all__ = ["SoftmaxRegression"]
 
