@@ -45,7 +45,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import erfc, expit, gammaln, ndtri
 
-from flymc_dist._numerics import BOUND_EPS, logsumexp, weighted_gram
+from flymc_dist._numerics import BOUND_EPS, log_sigmoid, logsumexp, weighted_gram
 from flymc_dist.models.base import BoundStats
 
 __all__ = [
@@ -221,13 +221,17 @@ class Family(ABC):
     def core(self, eta: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(f − base(y), f')`` at ``eta`` (broadcasting with ``y``)."""
 
+    def value(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """:meth:`core`'s value alone (a family may compute it more cheaply)."""
+        return self.core(eta, y)[0]
+
     @abstractmethod
     def core_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``f''`` at ``eta`` (MAP search)."""
 
-    def base(self, y: np.ndarray) -> np.ndarray:
-        """The part of ``f`` that depends on ``y`` alone (default 0)."""
-        return np.zeros(np.shape(y))
+    def base(self, y: np.ndarray) -> np.ndarray | None:
+        """The part of ``f`` that depends on ``y`` alone, or None (the default: none)."""
+        return None
 
     @abstractmethod
     def curvature(self, y: np.ndarray) -> np.ndarray:
@@ -279,14 +283,14 @@ class Family(ABC):
         return -0.5 * c, g0 + c * xi, q0
 
     def bound(
-        self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...], grad: bool = True
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """``(β_core, dβ/dη)`` at ``eta`` (B, n) from :meth:`bound_coefficients`:
-        ``q₂ η² + q₁ η + q₀`` and ``2 q₂ η + q₁``."""
+        ``q₂ η² + q₁ η + q₀`` and ``2 q₂ η + q₁`` (None without ``grad``)."""
         q2, q1, q0 = coef
         with np.errstate(over="ignore", invalid="ignore"):
             beta = q2 * eta * eta + q1 * eta + q0
-        return beta, 2.0 * q2 * eta + q1
+        return beta, (2.0 * q2 * eta + q1) if grad else None
 
     def collapse(self, X: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]) -> BoundStats:
         """``Σ_n β_core`` over rows ``X`` (n, D) as a quadratic in θ:
@@ -590,6 +594,11 @@ class CustomFamily(Family):
         y = np.asarray(y, dtype=np.float64)
         return f(eta, y), df(eta, y)
 
+    def value(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """The user's ``f`` alone."""
+        f, _ = self._compiled_ufuncs()
+        return f(np.asarray(eta, dtype=np.float64), np.asarray(y, dtype=np.float64))
+
     def core_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
         """A central difference of ``f'`` (MAP search only: speed, never exactness)."""
         f, df = self._compiled_ufuncs()
@@ -673,6 +682,10 @@ class LogisticFamily(Family):
         np.minimum(s, 0.0, out=s)
         s -= e
         return s, g
+
+    def value(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``log σ(tη)`` alone."""
+        return log_sigmoid(eta * (2.0 * np.asarray(y, dtype=np.float64) - 1.0))
 
     def core_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``−σ(η) σ(−η)``."""
@@ -808,6 +821,13 @@ class StudentTFamily(Family):
         g *= 2.0 * self._h
         return out, g
 
+    def value(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``K₀ − h log1p(r²/(νσ²))`` alone."""
+        out = self._log1p_q(y - eta)
+        out *= -self._h
+        out += self._const
+        return out
+
     def core_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``−2 h (νσ² − r²) / (νσ² + r²)²``."""
         r = y - eta
@@ -857,8 +877,8 @@ class StudentTFamily(Family):
         return a, c
 
     def bound(
-        self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...], grad: bool = True
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """``a r² + c`` and ``−2 a r``."""
         a, c = coef
         r = y - eta
@@ -866,6 +886,8 @@ class StudentTFamily(Family):
             beta = r * r
         beta *= a
         beta += c
+        if not grad:
+            return beta, None
         r *= a
         r *= -2.0
         return beta, r
@@ -977,6 +999,12 @@ class SoftmaxFamily(Family):
         g[..., np.arange(yi.shape[0]), yi] += 1.0
         return -lse[..., 0], g
 
+    def value(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``η_y − lse(η) = −lse(u)`` alone."""
+        out = logsumexp(_relative_to_label(eta, self._labels(y)))
+        np.negative(out, out=out)
+        return out
+
     def core_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``−(diag(p) − ppᵀ)``, ``p = softmax(η)``: (n, K) -> (n, K, K)."""
         p = eta - logsumexp(eta, keepdims=True)
@@ -1014,8 +1042,8 @@ class SoftmaxFamily(Family):
         return psi, w, lse_w, g, BOUND_EPS * (1.0 + lse_w)
 
     def bound(
-        self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...], grad: bool = True
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """``β`` and ``dβ/dη = e_y − g − A_K (η − ψ)``: (..., n, K) -> (..., n), (..., n, K)."""
         yi = self._labels(y)
         _, w, lse_w, g, eps = coef
@@ -1026,6 +1054,8 @@ class SoftmaxFamily(Family):
         beta += 0.25 * np.einsum("...nk,...nk->...n", e, e)
         beta += lse_w + eps
         np.negative(beta, out=beta)
+        if not grad:
+            return beta, None
         # A_K (η − ψ) = (e − mean(e)) / 2
         e *= -0.5
         e -= g

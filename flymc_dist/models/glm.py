@@ -83,6 +83,13 @@ class GLM(PriorMixin, Model):
         e = np.asarray(eta, dtype=np.float64)
         return e[..., 0] if self.family.n_outputs == 1 else e
 
+    def _plus_base(self, v: np.ndarray, yv: np.ndarray) -> np.ndarray:
+        """``v`` (a fresh array from the family) plus the family's ``base(y)``, if any."""
+        base = self.family.base(yv)
+        if base is not None:
+            v += base
+        return v
+
     def _per_output(self, d: np.ndarray) -> np.ndarray:
         """A family's derivative in ``η`` with the outputs' axis: (..., n, E)."""
         return d[..., None] if self.family.n_outputs == 1 else d
@@ -95,13 +102,13 @@ class GLM(PriorMixin, Model):
     def loglik(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``f(η; y)``: (B, n, E) -> (B, n)."""
         yv = np.asarray(y, dtype=np.float64)
-        return self.family.core(self._eta(eta), yv)[0] + self.family.base(yv)
+        return self._plus_base(self.family.value(self._eta(eta), yv), yv)
 
     def loglik_grad(self, eta: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(f, f')``: shapes (B, n) and (B, n, E)."""
         yv = np.asarray(y, dtype=np.float64)
         f, g = self.family.core(self._eta(eta), yv)
-        return f + self.family.base(yv), self._per_output(g)
+        return self._plus_base(f, yv), self._per_output(g)
 
     def loglik_hess(self, eta: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``f''``: (n, E) -> (n, E, E)."""
@@ -149,8 +156,8 @@ class GLM(PriorMixin, Model):
             yb, xb = y[s : s + 4096], xi[s : s + 4096]
             coef = tuple(q[:, None] for q in self.family.bound_coefficients(yb, xb))
             eta = np.concatenate([grid[None, :].repeat(yb.size, 0), xb[:, None]], axis=1)
-            f = self.family.core(eta, yb[:, None])[0]
-            beta = self.family.bound(eta, yb[:, None], coef)[0]
+            f = self.family.value(eta, yb[:, None])
+            beta = self.family.bound(eta, yb[:, None], coef, grad=False)[0]
             tol = 1e-9 * (1.0 + np.abs(f) + np.abs(beta))
             bad = ~(beta - f <= tol)  # NaN is a violation too
             if bad.any():
@@ -163,8 +170,11 @@ class GLM(PriorMixin, Model):
                 )
 
     def logbound(self, eta: np.ndarray, y: np.ndarray, xi: np.ndarray) -> np.ndarray:
-        """``β = β_core + base(y)``, the family's bound tight at ``xi``: (B, n, 1) -> (B, n)."""
-        return self.logbound_grad(eta, y, xi)[0]
+        """``β = β_core + base(y)``, the family's bound tight at ``xi``: (B, n, E) -> (B, n)."""
+        yv = np.asarray(y, dtype=np.float64)
+        coef = self.family.bound_coefficients(yv, xi)
+        beta = self.family.bound(self._eta(eta), yv, coef, grad=False)[0]
+        return self._plus_base(beta, yv)
 
     def logbound_grad(
         self, eta: np.ndarray, y: np.ndarray, xi: np.ndarray
@@ -173,8 +183,7 @@ class GLM(PriorMixin, Model):
         yv = np.asarray(y, dtype=np.float64)
         coef = self.family.bound_coefficients(yv, xi)
         beta, g = self.family.bound(self._eta(eta), yv, coef)
-        beta += self.family.base(yv)
-        return beta, self._per_output(g)
+        return self._plus_base(beta, yv), self._per_output(g)
 
     def row_constants(self, y: np.ndarray, xi: np.ndarray) -> np.ndarray | None:
         """The family's row constants for its compiled kind, or None (no compiled form)."""
@@ -199,7 +208,8 @@ class GLM(PriorMixin, Model):
             )
         yv = np.asarray(y, dtype=np.float64)
         st = self.family.collapse(X, yv, self.family.bound_coefficients(yv, xi))
-        return BoundStats(st.A, st.b, float(st.c + self.family.base(yv).sum()))
+        base = self.family.base(yv)
+        return st if base is None else BoundStats(st.A, st.b, float(st.c + base.sum()))
 
     # ----- serialisation ------------------------------------------------------
     def to_dict(self) -> dict:
