@@ -192,8 +192,14 @@ class Family(ABC):
     curvature bound: what :class:`~flymc_dist.models.glm.GLM` derives a model from.
 
     Subclasses give :meth:`core` (``f`` without its ``y``-only constant, and ``f'``),
-    :meth:`base` (that constant), :meth:`curvature` (``c(y)`` with
-    ``f'' ≥ −c(y)`` everywhere), :meth:`validate_targets` and :meth:`untuned_xi`.
+    :meth:`core_hess`, :meth:`curvature` (``c(y)`` with ``f'' ≥ −c(y)`` everywhere),
+    :meth:`validate_targets`, :meth:`untuned_xi` and :meth:`to_dict`; optionally
+    :meth:`base` (that constant), :meth:`value` (``f`` alone, cheaper), :meth:`tuned_xi`,
+    :meth:`exact_xi` and :meth:`compiled`. The bound follows from these
+    (:meth:`bound_coefficients`, :meth:`bound`, :meth:`collapse`,
+    :meth:`row_constants`); a family with a tighter, ξ-dependent curvature in closed
+    form (Jaakkola–Jordan, the Student-t tangent in ``r²``) or a curvature matrix
+    (Böhning's, ``n_outputs = K``) overrides those instead.
     """
 
     #: family name, e.g. ``"binomial"``
@@ -210,7 +216,7 @@ class Family(ABC):
 
     @property
     def task(self) -> str:
-        """The data task it fits: ``"binary"``, ``"count"`` or ``"real"``."""
+        """The data task it fits: ``"binary"``, ``"count"``, ``"real"`` or ``"multiclass"``."""
         return "real"
 
     @abstractmethod
