@@ -25,14 +25,16 @@ numba compiles a kernel that receives a jitted function (or closes over one) afr
 every process. Measured with numba's own counters: a second process has no cache hit
 for such a kernel (every call signature compiles again, about a second each), so every
 worker would pay that compilation at each start, and again after each recovery. With
-the switch every kernel here is compiled once and cached on disk. A model joins by a
-kind id in :data:`KINDS`, a branch in :func:`_bright_and_slope` (the operations of its
-numpy ``loglik`` and ``logbound``; :func:`_log_bright` takes its value), and its
-:meth:`~flymc_dist.models.base.Model.compiled_bright` naming the kind; its
-``row_constants`` are the ``(c0, c1, c2)`` that branch reads. The GLM families
-(:mod:`flymc_dist.models.glm`) share one kind, ``"glm"``: each family is a branch of
-:func:`_glm_core` (its ``f``, ``f'`` and curvature bound), chosen by ``par[0]``, and the
-bound is derived from them in one place.
+the switch every kernel here is compiled once and cached on disk. The GLM families
+(:mod:`flymc_dist.models.families`) whose bound follows from a fixed curvature share one kind,
+``"glm"``: each is a branch of :func:`_glm_core` (its ``f``, ``f'`` and curvature bound),
+chosen by ``par[0]``, and the bound is derived from them in one place. A family with its
+own closed-form bound (a tighter, ξ-dependent curvature: the logistic family's
+Jaakkola–Jordan bound, the Student-t family's tangent in ``r²``) has its own kind id in
+:data:`KINDS` and branch in :func:`_bright_and_slope` (the operations of its numpy
+``core`` and ``bound``; :func:`_log_bright` takes its value), named by its
+:meth:`~flymc_dist.models.families.Family.compiled`; its ``row_constants`` are the
+``(c0, c1, c2)`` that branch reads.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from numba.typed import List
 
 from flymc_dist.streams import uniform_at
 
-#: model kinds of :meth:`Model.compiled_bright`
+#: compiled kinds of :meth:`Model.compiled_bright` (the families' :meth:`Family.compiled`)
 LOGISTIC = 0
 ROBUST = 1
 GLM = 2
@@ -68,7 +70,7 @@ def _log_expm1(delta: float) -> float:
 
 @numba.njit(inline="always", **_JIT)
 def _softplus(x: float) -> float:
-    """``log(1 + e^x)``, as :mod:`flymc_dist.models.glm`."""
+    """``log(1 + e^x)``, as :mod:`flymc_dist.models.families`."""
     return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
 
 
@@ -80,7 +82,7 @@ def _sigmoid(x: float) -> float:
 
 @numba.njit(inline="always", **_JIT)
 def _log_ndtr(x: float) -> float:
-    """``log Φ(x)``, as :func:`flymc_dist.models.glm.log_ndtr`."""
+    """``log Φ(x)``, as :func:`flymc_dist.models.families.log_ndtr`."""
     if x > 0.0:
         return math.log1p(-0.5 * math.erfc(x / math.sqrt(2.0)))
     if x >= -37.0:
@@ -97,7 +99,7 @@ def _log_ndtr(x: float) -> float:
 @numba.njit(inline="always", **_JIT)
 def _glm_core(par: np.ndarray, eta: float, y: float) -> tuple[float, float, float]:
     """A GLM family's ``core(η; y)``, its derivative and its curvature bound ``c(y)``
-    (:mod:`flymc_dist.models.glm`, formula for formula)."""
+    (:mod:`flymc_dist.models.families`, formula for formula)."""
     fam = par[0]
     if fam == 0.0:  # binomial, logit link; par = (0, m)
         m = par[1]

@@ -1,4 +1,4 @@
-"""GLM families with bounds from a curvature bound (:mod:`flymc_dist.models.glm`).
+"""GLM families with bounds from a curvature bound (:mod:`flymc_dist.models.families`).
 
 Deterministic checks of every family's bound (B ≤ f at random (η, y) including
 extremes, tight at ξ, collapsed sum == explicit sum, compiled log L̃ == numpy's), then
@@ -486,3 +486,118 @@ def test_the_readme_family_runs(tmp_path, monkeypatch):
     res = ns["res"]
     assert res.samples.shape == (4, 50, 2)
     assert np.all(np.abs(res.samples.mean(axis=(0, 1)) - [1.0, -2.0]) < 0.5)
+
+
+# ---------------------------------------------------------------------------------------
+# the existing models as families
+# ---------------------------------------------------------------------------------------
+def test_existing_models_are_glm_instances():
+    """The names users know are GLMs of the logistic and Student-t families; their
+    descriptions, kinds and family descriptions round-trip."""
+    for m, family, kind in [
+        (fd.LogisticRegression(prior="laplace", xi_untuned=0.5), "logistic", "logistic"),
+        (fd.RobustRegression(nu=3.0, scale=0.5, prior="normal"), "student_t", "robust"),
+        (fd.SoftmaxRegression(3, prior_scale=2.0), "softmax", None),
+    ]:
+        assert isinstance(m, fd.GLM) and m.family.name == family
+        assert (m.compiled_bright() or (None,))[0] == kind
+        assert model_from_dict(m.to_dict()) == m
+        g = fd.GLM(family, prior=m.prior, prior_scale=m.prior_scale, **_params(m.family))
+        assert model_from_dict(g.to_dict()) == g and g != m
+        assert g.family.to_dict() == m.family.to_dict()
+    with pytest.raises(ValueError, match="xi_untuned must be finite"):
+        fd.LogisticRegression(xi_untuned=float("inf"))
+    with pytest.raises(ValueError, match="student_t link must be 'identity'"):
+        fd.GLM("student_t", link="log")
+
+
+def _params(family) -> dict:
+    return {k: v for k, v in family.to_dict().items() if k not in ("family", "link")}
+
+
+def _closed_form_vs_curvature(m, y, xi, eta_hat):
+    """The family's closed-form coefficients in η (``q₂ η² + q₁ η + q₀``) against the
+    generic derivation from ``f``, ``f'`` at the tight point ``η̂`` with the curvature
+    ``c(ξ) = −2 q₂``: the same quadratic."""
+    X = np.ones((y.size, 1))
+    st = [m.suffstats(X[i : i + 1], y[i : i + 1], xi[i : i + 1]) for i in range(y.size)]
+    q2 = np.array([s.A[0, 0] for s in st])
+    q1 = np.array([s.b[0] for s in st])
+    q0 = np.array([s.c for s in st])
+    f, g = m.loglik_grad(eta_hat[None, :, None], y)
+    f, g = f[0], g[0, :, 0]
+    c = -2.0 * q2
+    np.testing.assert_allclose(q1, g + c * eta_hat, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(q0, f - g * eta_hat - 0.5 * c * eta_hat**2, rtol=1e-9, atol=1e-9)
+    return c
+
+
+def test_logistic_family_is_a_tighter_curvature_bound():
+    """Jaakkola–Jordan as a curvature bound: tangent at ``η̂`` with ``c(ξ) = tanh(ξ/2)/(2ξ)``,
+    at most the fixed curvature 1/4 (equal at ξ = 0)."""
+    m = fd.LogisticRegression()
+    g = np.random.default_rng(11)
+    y = g.integers(0, 2, 200).astype(float)
+    eta_hat = g.normal(size=200) * g.choice([0.0, 0.1, 1.0, 10.0], 200)
+    c = _closed_form_vs_curvature(m, y, m.tuned_xi(eta_hat[:, None], y), eta_hat)
+    ax = np.abs(eta_hat)
+    ref = np.where(ax > 1e-3, np.tanh(ax / 2) / (2 * np.where(ax > 0, ax, 1)), 0.25)
+    np.testing.assert_allclose(c, ref, rtol=1e-6)
+    assert np.all(c <= m.family.curvature(y) * (1 + 1e-12))
+
+
+def test_student_t_family_is_a_tighter_curvature_bound():
+    """The Student-t tangent in ``r²`` as a curvature bound: tangent at ``η̂`` with
+    ``c(ξ) = (ν + 1)/(νσ² + ξ²)``, at most the fixed ``(ν + 1)/(νσ²)``."""
+    m = fd.RobustRegression(nu=3.0, scale=0.7)
+    g = np.random.default_rng(12)
+    y = 3.0 * g.normal(size=200)
+    eta_hat = y + g.normal(size=200) * g.choice([0.0, 0.1, 1.0, 10.0], 200)
+    xi = m.tuned_xi(eta_hat[:, None], y)
+    c = _closed_form_vs_curvature(m, y, xi, eta_hat)
+    np.testing.assert_allclose(c, 4.0 / (3.0 * 0.49 + xi**2), rtol=1e-12)
+    assert np.all(c <= m.family.curvature(y) * (1 + 1e-12))
+
+
+@pytest.mark.parametrize(
+    "named, family",
+    [
+        (fd.LogisticRegression(prior_scale=2.0), fd.GLM("logistic", prior_scale=2.0)),
+        (
+            fd.RobustRegression(nu=4.0, scale=0.5),
+            fd.GLM("student_t", nu=4.0, scale=0.5, prior="laplace"),
+        ),
+        (fd.SoftmaxRegression(3), fd.GLM("softmax", n_classes=3)),
+    ],
+    ids=["logistic", "robust", "softmax"],
+)
+def test_named_model_and_glm_family_draw_the_same(named, family):
+    """``fd.GLM(<family>)`` is the named model: the same draws, bit for bit (FlyMC with
+    MAP-tuned bounds, on the driver's compiled replica where the family has a compiled
+    form, and regular MCMC)."""
+    g = np.random.default_rng(13)
+    X = np.column_stack([np.ones(200), g.normal(size=200)])
+    e = 0.3 + 0.8 * X[:, 1]
+    y = {
+        "logistic": g.random(200) < special.expit(e),
+        "robust": e + g.standard_t(4, 200),
+        "softmax": g.integers(0, 3, 200),
+    }[named.name].astype(float)
+    for alg in (fd.FlyMC(), fd.Regular()):
+        a, b = (
+            fd.sample(
+                m,
+                (X, y),
+                algorithm=alg,
+                kernel="mala",
+                num_warmup=20,
+                num_samples=20,
+                chains=2,
+                seed=3,
+                client="synchronous",
+                progress=False,
+            )
+            for m in (named, family)
+        )
+        assert np.array_equal(a.samples, b.samples)
+        assert np.array_equal(a.stats["log_joint"], b.stats["log_joint"])

@@ -24,7 +24,7 @@ from flymc_dist.models import (
     make_model,
     model_from_dict,
 )
-from flymc_dist.models.logistic import jaakkola_jordan_coefficients
+from flymc_dist.models.families import jaakkola_jordan_coefficients
 
 MODEL_CASES = {
     "logistic": lambda: LogisticRegression(),

@@ -640,7 +640,7 @@ def test_precondition_bound_is_theta_given_every_datum_dark():
     tight at the MAP plus the prior's, computed here from the data — and kept through
     warm-up with ``adapt_metric=False``; the starting points are the Laplace-jittered
     ones of the default. Regular MCMC has no bounds: refused before anything runs."""
-    from flymc_dist.models.logistic import jaakkola_jordan_coefficients
+    from flymc_dist.models.families import jaakkola_jordan_coefficients
 
     X, y = _logistic_data(200)
     laplace = _run((X, y), kernel="nuts", num_warmup=0, num_samples=1)

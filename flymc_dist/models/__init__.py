@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from flymc_dist.models.base import BoundStats, Model
-from flymc_dist.models.glm import (
+from flymc_dist.models.families import (
     FAMILIES,
-    GLM,
     BinomialFamily,
     CustomFamily,
     Family,
     GaussianFamily,
+    LogisticFamily,
     NegativeBinomialFamily,
+    SoftmaxFamily,
+    StudentTFamily,
 )
+from flymc_dist.models.glm import GLM
 from flymc_dist.models.logistic import LogisticRegression
 from flymc_dist.models.priors import VALID_PRIORS, Prior
 from flymc_dist.models.robust import RobustRegression
@@ -25,7 +28,10 @@ __all__ = [
     "CustomFamily",
     "Family",
     "GaussianFamily",
+    "LogisticFamily",
     "NegativeBinomialFamily",
+    "SoftmaxFamily",
+    "StudentTFamily",
     "VALID_PRIORS",
     "BoundStats",
     "LogisticRegression",
