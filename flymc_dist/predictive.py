@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import expit, logsumexp
+from scipy.special import logsumexp
 
 __all__ = ["compare", "log_likelihood", "loo", "predict", "psis"]
 
@@ -310,28 +310,27 @@ def predict(
     Returns
     -------
     dict
-        Binary: ``"probability"`` (of class 1, ``(n,)``); multiclass: ``"probability"``
-        ``(n, K)``; regression: ``"mean"`` (the mean of the location over the draws),
-        ``"lower"``, ``"upper"`` (the interval of predictive draws of y).
+        Binary: ``"probability"`` (of class 1, ``(n,)``: the family's inverse link,
+        ``σ(η)`` or probit's ``Φ(η)``); multiclass: ``"probability"`` ``(n, K)``; counts
+        and real targets: ``"mean"`` (``E[y | x]`` over the draws: the location, or a
+        count family's ``e^η`` / ``m p``), ``"lower"``, ``"upper"`` (the interval of
+        predictive draws of y, one per posterior draw).
     """
     if not 0.0 < float(interval) < 1.0:
         raise ValueError(f"interval must be in (0, 1), got {interval!r}")
     theta = _flat(samples)
     eta = _eta(model, theta, np.asarray(X, dtype=np.float64))  # (B, n, E)
+    family = model.family
     task = model.task
-    if task == "binary":
-        p = expit(eta[..., 0])
-        out = {"probability": p.mean(axis=0)}
-    elif task == "multiclass":
-        p = np.exp(eta - logsumexp(eta, axis=-1, keepdims=True))
+    if task in ("binary", "multiclass"):
+        p = family.mean(eta if task == "multiclass" else eta[..., 0])
         out = {"probability": p.mean(axis=0)}
     else:
         loc = eta[..., 0]
-        rng = np.random.default_rng(seed)
-        p = loc + float(model.scale) * rng.standard_t(float(model.nu), size=loc.shape)
+        p = family.draw(loc, np.random.default_rng(seed))
         lo = (1.0 - float(interval)) / 2.0
         out = {
-            "mean": loc.mean(axis=0),
+            "mean": family.mean(loc).mean(axis=0),
             "lower": np.quantile(p, lo, axis=0),
             "upper": np.quantile(p, 1.0 - lo, axis=0),
         }

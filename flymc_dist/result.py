@@ -168,8 +168,11 @@ class Result:
         warmup_samples: np.ndarray,
         warmup_stats: dict[str, np.ndarray],
         info: dict[str, Any],
+        *,
+        model: Any = None,
     ) -> None:
         self.samples = samples
+        self._model = model
         self.stats = Stats(stats)
         self.warmup_samples = warmup_samples
         self.warmup_stats = Stats(warmup_stats)
@@ -290,7 +293,11 @@ class Result:
 
     # -- answers out: predictions, log-likelihoods, LOO
     def model(self) -> Any:
-        """The run's model, rebuilt from :attr:`info` (``info["model"]``)."""
+        """The run's model: the one it sampled when it ran in this process (a user's
+        family cannot be rebuilt from a description), else rebuilt from :attr:`info`
+        (``info["model"]``)."""
+        if self._model is not None:
+            return self._model
         return model_from_dict(dict(self.info["model"]))
 
     def dataset(self) -> Any:

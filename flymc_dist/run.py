@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from flymc_dist.kernels.base import Adapter, Kernel, params_to_json
+from flymc_dist.models.base import Model
 from flymc_dist.options import RunSettings
 from flymc_dist.progress import Progress
 from flymc_dist.protocol import Transport
@@ -46,6 +47,8 @@ class Sampler(Protocol):
         Reaches the shards (round trips and recoveries are reported from it).
     stat_names
         The per-iteration statistics :meth:`step` returns, name -> dtype.
+    model
+        The model sampled (the result keeps it: :meth:`~flymc_dist.result.Result.model`).
     """
 
     chains: int
@@ -56,6 +59,7 @@ class Sampler(Protocol):
     positions: np.ndarray
     transport: Transport
     stat_names: dict[str, str]
+    model: Model
 
     def setup(self) -> None:
         """Everything before the first iteration (MAP, bounds, starting points, …)."""
@@ -146,6 +150,7 @@ def run(
         draws.wsamples.reshape((C, num_warmup) + shape),
         draws.wstats,
         info,
+        model=sampler.model,
     )
 
 

@@ -250,3 +250,59 @@ def test_bench_loo_is_wired(tmp_path, capsys) -> None:
     d = json.loads(out_json.read_text())
     assert len(d["estimates"]) == 3 and 0 <= d["within"] <= 3
     assert np.isfinite(d["full"]["elpd_loo"]) and d["full"]["elpd_loo"] < 0
+
+
+def _glm_run(model, X, y, tmp_path):
+    ds = fd.from_numpy(X, y, tmp_path / "g.zarr", task=model.task)
+    return fd.sample(
+        model, ds, fd.Regular(), "rwmh", num_warmup=150, num_samples=150, chains=2, seed=0,
+        client="synchronous", progress=False,
+    )  # fmt: skip
+
+
+def test_predict_follows_the_family(tmp_path) -> None:
+    """Probit's probability is Φ(η), not σ(η); a negative binomial's mean is e^η and its
+    interval holds about 90 % of fresh counts drawn from the same process; a user's
+    family, which gives only its log-likelihood, is refused in one line."""
+    from scipy.special import ndtr
+
+    rng = np.random.default_rng(7)
+    X = np.c_[np.ones(2000), rng.normal(size=(2000, 1))]
+    eta = X @ np.array([0.2, 0.6])
+    y = (rng.random(2000) < ndtr(eta)).astype(np.int64)
+    res = _glm_run(fd.GLM("binomial", link="probit"), X, y, tmp_path / "p")
+    theta = res.samples.reshape(-1, 2)
+    got = res.predict(X[:5])["probability"]
+    np.testing.assert_allclose(got, ndtr(X[:5] @ theta.T).mean(axis=1), rtol=1e-12)
+    assert not np.allclose(got, expit(X[:5] @ theta.T).mean(axis=1), rtol=1e-3)
+
+    mu = np.exp(X @ np.array([0.5, 0.4]))
+    counts = rng.poisson(rng.gamma(2.0, mu / 2.0))
+    res = _glm_run(fd.GLM("negative_binomial", dispersion=2.0), X, counts, tmp_path / "n")
+    theta = res.samples.reshape(-1, 2)
+    out = res.predict(X, interval=0.9)
+    np.testing.assert_allclose(out["mean"], np.exp(X @ theta.T).mean(axis=1), rtol=1e-12)
+    fresh = rng.poisson(rng.gamma(2.0, mu / 2.0))
+    inside = np.mean((fresh >= out["lower"]) & (fresh <= out["upper"]))
+    assert inside > 0.88, inside  # counts are discrete: at least 90 % inside, in theory
+    # negative control: a Poisson interval at the same means (no overdispersion) misses
+    fit = np.exp(X @ theta.T)
+    lo, hi = np.quantile(np.random.default_rng(0).poisson(fit), [0.05, 0.95], axis=1)
+    assert np.mean((fresh >= lo) & (fresh <= hi)) < inside - 0.03  # 0.915 against 0.97
+
+    import numba
+
+    @numba.njit
+    def f(eta, y):
+        return -0.5 * (y - eta) ** 2
+
+    @numba.njit
+    def df(eta, y):
+        return y - eta
+
+    own = fd.CustomFamily(f, df, curvature=1.0, name="mine", log_concave=True)
+    yr = X @ np.array([0.1, 1.0]) + rng.normal(size=2000)
+    res = _glm_run(fd.GLM(own), X, yr, tmp_path / "c")
+    with pytest.raises(ValueError, match="'mine' family gives no predictive") as e:
+        res.predict(X[:3])
+    assert "\n" not in str(e.value)

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.special import erfc, expit, gammaln, ndtri
+from scipy.special import erfc, expit, gammaln, ndtr, ndtri
 
 from flymc_dist._numerics import BOUND_EPS, log_sigmoid, logsumexp, weighted_gram
 from flymc_dist.models.base import BoundStats
@@ -319,6 +319,22 @@ class Family(ABC):
         evaluate :meth:`core` and :meth:`bound`."""
         return None
 
+    # ----- the predictive, for res.predict ------------------------------------------
+    def mean(self, eta: np.ndarray) -> np.ndarray:
+        """``E[y | η]`` (the inverse link; for a multiclass family each class's
+        probability, over the trailing axis): what ``predict`` averages over the
+        draws. A family without one (a user's) refuses."""
+        raise ValueError(
+            f"the {self.name!r} family gives no predictive distribution (only its "
+            "log-likelihood): predict needs a family with a mean and draws of y"
+        )
+
+    def draw(self, eta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One draw of ``y`` given each ``η`` (``predict``'s intervals for counts and
+        real targets)."""
+        self.mean(eta)  # the same refusal
+        raise NotImplementedError
+
     @abstractmethod
     def to_dict(self) -> dict:
         """``{"family": ..., "link": ..., <parameters>}``."""
@@ -394,6 +410,15 @@ class BinomialFamily(Family):
         fid = BINOMIAL_LOGIT if self.link == "logit" else BINOMIAL_PROBIT
         return "glm", np.array([fid, float(self.trials)])
 
+    def mean(self, eta: np.ndarray) -> np.ndarray:
+        """``m p`` with ``p = σ(η)`` or ``Φ(η)`` (for one trial, the probability of 1)."""
+        p = expit(eta) if self.link == "logit" else ndtr(eta)
+        return p if self.trials == 1 else self.trials * p
+
+    def draw(self, eta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Binomial(m, p) successes."""
+        return rng.binomial(self.trials, self.mean(eta) / self.trials).astype(np.float64)
+
     def to_dict(self) -> dict:
         """``{"family": "binomial", "link": ..., "trials": m}``."""
         return {"family": self.name, "link": self.link, "trials": self.trials}
@@ -457,6 +482,15 @@ class NegativeBinomialFamily(Family):
         """``("glm", (NEGATIVE_BINOMIAL, r, log r))``."""
         return "glm", np.array([NEGATIVE_BINOMIAL, self.dispersion, self._log_r])
 
+    def mean(self, eta: np.ndarray) -> np.ndarray:
+        """``μ = e^η``."""
+        return np.exp(eta)
+
+    def draw(self, eta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """A count of mean ``μ`` and variance ``μ + μ²/r`` (gamma-Poisson)."""
+        r = self.dispersion
+        return rng.poisson(rng.gamma(r, self.mean(eta) / r)).astype(np.float64)
+
     def to_dict(self) -> dict:
         """``{"family": "negative_binomial", "link": "log", "dispersion": r}``."""
         return {"family": self.name, "link": self.link, "dispersion": self.dispersion}
@@ -509,6 +543,14 @@ class GaussianFamily(Family):
     def compiled(self) -> tuple[str, np.ndarray]:
         """``("glm", (GAUSSIAN, 1/σ²))``."""
         return "glm", np.array([GAUSSIAN, self._prec])
+
+    def mean(self, eta: np.ndarray) -> np.ndarray:
+        """``η``."""
+        return np.asarray(eta, dtype=np.float64)
+
+    def draw(self, eta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``η + σ ε``, ``ε ~ N(0, 1)``."""
+        return eta + self.scale * rng.standard_normal(np.shape(eta))
 
     def to_dict(self) -> dict:
         """``{"family": "gaussian", "link": "identity", "scale": σ}``."""
@@ -732,6 +774,14 @@ class LogisticFamily(Family):
         """``("logistic", no parameters)``."""
         return "logistic", np.zeros(0)
 
+    def mean(self, eta: np.ndarray) -> np.ndarray:
+        """``σ(η)``, the probability of 1."""
+        return expit(eta)
+
+    def draw(self, eta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Bernoulli(σ(η)) labels."""
+        return (rng.random(np.shape(eta)) < self.mean(eta)).astype(np.float64)
+
     def to_dict(self) -> dict:
         """``{"family": "logistic", "link": "logit", "xi_untuned": ...}``."""
         return {"family": self.name, "link": self.link, "xi_untuned": self.xi_untuned}
@@ -916,6 +966,14 @@ class StudentTFamily(Family):
         """``("robust", (h, K₀, 1/(νσ²), log 1/(νσ²)))``."""
         return "robust", np.array([self._h, self._const, self._inv_nus2, self._log_inv_nus2])
 
+    def mean(self, eta: np.ndarray) -> np.ndarray:
+        """``η`` (the location; the mean where ``ν > 1``)."""
+        return np.asarray(eta, dtype=np.float64)
+
+    def draw(self, eta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``η + scale · t_ν``."""
+        return eta + self.scale * rng.standard_t(self.nu, size=np.shape(eta))
+
     def to_dict(self) -> dict:
         """``{"family": "student_t", "link": "identity", "nu": ν, "scale": σ}``."""
         return {"family": self.name, "link": self.link, "nu": self.nu, "scale": self.scale}
@@ -1086,6 +1144,16 @@ class SoftmaxFamily(Family):
         b = (V.T @ X).ravel()
         A = -0.5 * np.kron(self._A_K, weighted_gram(X))
         return BoundStats(A, np.asarray(b, dtype=np.float64), float(c))
+
+    def mean(self, eta: np.ndarray) -> np.ndarray:
+        """Each class's probability, ``softmax(η)`` over the trailing axis."""
+        return np.exp(eta - logsumexp(eta, axis=-1, keepdims=True))
+
+    def draw(self, eta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """A class label per row, from its probabilities."""
+        cum = np.cumsum(self.mean(eta), axis=-1)
+        u = rng.random(np.shape(eta)[:-1] + (1,))
+        return np.minimum((u > cum).sum(axis=-1), self.n_classes - 1).astype(np.float64)
 
     def to_dict(self) -> dict:
         """``{"family": "softmax", "link": "softmax", "n_classes": K}``."""
