@@ -306,3 +306,5 @@ def test_predict_follows_the_family(tmp_path) -> None:
     with pytest.raises(ValueError, match="'mine' family gives no predictive") as e:
         res.predict(X[:3])
     assert "\n" not in str(e.value)
+    assert res.log_likelihood([0, 5]).shape == (2, 150, 2)  # its log-likelihood works
+    assert np.isfinite(res.loo(n_subsample=200)["elpd_loo"])
