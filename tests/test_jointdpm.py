@@ -307,6 +307,7 @@ def _run(client, **kw):
     )
 
 
+@pytest.mark.slow
 def test_identical_draws_in_process_and_on_two_workers():
     """The same seed and layout give the same draws in process and on a 2-worker Dask
     LocalCluster (shards as actors): α, K, sizes, co-clustering, data used, accuracy."""
