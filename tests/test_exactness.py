@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 
@@ -483,6 +485,31 @@ def test_subset_covers_every_pair_of_the_grid():
         *(axis_pairs(*case) for case in SUBSET)
     )
     assert not missing, f"the subset misses {sorted(missing, key=str)}"
+
+
+def test_full_grid_option_selects_every_run():
+    """Collected by pytest, the file holds the subset's runs by default and every run of
+    the grid with ``--full-grid`` (the option CI passes)."""
+
+    def collected(*options: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", __file__, "--collect-only", "-q", "-n", "0"]
+            + ["-p", "no:cacheprovider", *options],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [line for line in done.stdout.splitlines() if "::" in line]
+
+    def runs(items: list[str]) -> int:
+        tests = ("test_targets_exact_posterior", "test_out_of_core_exact", "test_exact_rows_exact")
+        return sum(item.split("::")[1].split("[")[0] in tests for item in items)
+
+    subset, full = collected(), collected("--full-grid")
+    assert runs(subset) == len(SUBSET) + len(EXACT_SUBSET)
+    assert runs(full) == N_RUNS + len(EXACT_COMBOS) * len(MODEL_CLASSES)
+    assert len(full) - len(subset) == runs(full) - runs(subset)  # only runs are left out
 
 
 @pytest.mark.parametrize("name, combo", _cases(CASES))
