@@ -58,8 +58,6 @@ import flymc_dist.shard.state as shard_module
 from flymc_dist.diagnostics import ess_mean
 from flymc_dist.terms import BoundViolation
 
-pytestmark = pytest.mark.slow
-
 CHAINS = 4
 NUM_WARMUP = 400
 NUM_SAMPLES = 1600
@@ -488,6 +486,7 @@ def test_subset_covers_every_pair_of_the_grid():
     assert not missing, f"the subset misses {sorted(missing, key=str)}"
 
 
+@pytest.mark.slow
 def test_full_grid_option_selects_every_run():
     """Collected by pytest, the file holds the subset's runs by default and every run of
     the grid with ``--full-grid`` (the option CI passes)."""
@@ -513,6 +512,7 @@ def test_full_grid_option_selects_every_run():
     assert len(full) - len(subset) == runs(full) - runs(subset)  # only runs are left out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, combo", _cases(CASES))
 def test_targets_exact_posterior(name, combo, run_alpha):
     ref = reference(name)
@@ -524,6 +524,7 @@ def test_targets_exact_posterior(name, combo, run_alpha):
     assert result.passed, f"{name} {_combo_id(combo)}: {result}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, combo", _cases(OOC_CASES))
 def test_out_of_core_exact(name, combo, run_alpha):
     """Out-of-core shards (rows in local row files, the z-updates reading the rows they
@@ -544,6 +545,7 @@ def _flipped_brighten(log_u, vals, q):
     return log_u > vals - math.log(q)  # wrong sign
 
 
+@pytest.mark.slow
 @CONTROL_GROUP
 @pytest.mark.parametrize("name", ["logistic", "robust"])
 def test_negative_control_flipped_z_sign_fails(monkeypatch, name, run_alpha):
@@ -584,6 +586,7 @@ def _constants_left_out(original):
     return prepared
 
 
+@pytest.mark.slow
 @CONTROL_GROUP
 @pytest.mark.parametrize("name", ["logistic"])
 def test_negative_control_out_of_core_rows_without_constants_fail(monkeypatch, name, run_alpha):
@@ -621,6 +624,7 @@ WRONG_TARGETS = [
 ]
 
 
+@pytest.mark.slow
 @CONTROL_GROUP
 @pytest.mark.parametrize(
     "name,perturbation", WRONG_TARGETS, ids=[f"{n}-{next(iter(p))}" for n, p in WRONG_TARGETS]
@@ -681,6 +685,7 @@ EXACT_SUBSET = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, combo",
     [
