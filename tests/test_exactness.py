@@ -446,7 +446,15 @@ def _combo_id(combo: tuple) -> str:
 # --------------------------------------------------------------------------------------------
 # the references themselves
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", list(MODEL_CLASSES))
+#: the problems as parameters, softmax's slow: its 3-D quadrature reference costs seconds,
+#: which the runs on it share in a full session, but not the edit-test loop
+PROBLEM_PARAMS = [
+    pytest.param(name, marks=[pytest.mark.slow] if name == "softmax" else [])
+    for name in MODEL_CLASSES
+]
+
+
+@pytest.mark.parametrize("name", PROBLEM_PARAMS)
 def test_reference_is_converged_and_non_gaussian(name):
     """The grid holds the mass, a coarser grid agrees, and the posterior is not Gaussian."""
     prob = problem(name)
@@ -459,7 +467,7 @@ def test_reference_is_converged_and_non_gaussian(name):
         assert np.max(np.abs(ref.skewness)) > 0.2  # visibly skewed
 
 
-@pytest.mark.parametrize("name", list(MODEL_CLASSES))
+@pytest.mark.parametrize("name", PROBLEM_PARAMS)
 def test_reference_log_density_matches_package_model(name):
     """Cross-check of the two independent implementations (up to a θ-free constant)."""
     prob = problem(name)
