@@ -162,10 +162,26 @@ def local_clusters():
 PROCESS_GROUP = "processes"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--full-grid``: run every configuration of the exactness grid (CI does)."""
+    parser.addoption(
+        "--full-grid",
+        action="store_true",
+        help="run every configuration of the exactness grid (tests/test_exactness.py), "
+        "not only its covering subset (the tests marked full_grid are deselected without it)",
+    )
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the tests marked ``cluster`` (or using :func:`local_clusters`) in
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests marked ``full_grid`` unless pytest runs with ``--full-grid``; put
+    the tests marked ``cluster`` (or using :func:`local_clusters`) in
     :data:`PROCESS_GROUP`, before pytest-xdist reads the groups."""
+    if not config.getoption("full_grid"):
+        left_out = [item for item in items if item.get_closest_marker("full_grid") is not None]
+        if left_out:
+            items[:] = [item for item in items if item.get_closest_marker("full_grid") is None]
+            config.hook.pytest_deselected(items=left_out)
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue

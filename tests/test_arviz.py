@@ -166,6 +166,7 @@ def test_plot_trace_draws(result: fd.Result) -> None:
 
 
 # ------------------------------------------------------------------- the trace in xarray
+@pytest.mark.slow
 def test_a_trace_opens_in_xarray_without_this_package(store: fd.Dataset, tmp_path: Path) -> None:
     """A run's trace, read in a process that cannot import flymc_dist: xarray gives
     named dims and coordinates, and the draws and statistics the run returned."""

@@ -304,6 +304,7 @@ def _moves(X, y, k, seed):
     return thetas, props, -rng.standard_exponential(k)
 
 
+@pytest.mark.slow
 def test_decision_error_shrinks_with_eps():
     """Share of decisions that differ from exact MH on the same (θ, θ′, u): falls with eps
     (common random numbers across eps)."""

@@ -83,6 +83,7 @@ def test_numpyro_reference_refuses_what_it_does_not_cover() -> None:
         numpyro_model(fd.LogisticRegression(prior="flat"))
 
 
+@pytest.mark.slow
 def test_bench_mixing_numpyro_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`flymc bench mixing --numpyro`: NumPyro's row, the FlyMC / NumPyro ratios and the
     JSON figures (queries: leapfrog steps × rows)."""

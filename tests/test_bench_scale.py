@@ -51,6 +51,7 @@ def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "scale" in out
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_bench_scale_out_of_core(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The whole command on two tiny stores, shards forced out of core: every figure is

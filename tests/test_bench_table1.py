@@ -189,6 +189,7 @@ def test_decomposition_of_the_speedup_per_query() -> None:
     assert _decomposition(entry) is None
 
 
+@pytest.mark.slow
 def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``flymc bench table1 --quick``: every row, kernel and algorithm is in the JSON, each
     cell a figure or an explicit "not converged within N draws"; the protocol and the

@@ -101,6 +101,7 @@ def _attack(client: channel_mod.ChannelClient, transport, captured: dict, marker
     return out
 
 
+@pytest.mark.slow
 def test_attacks_change_no_draw_and_are_counted(store, local_clusters, tmp_path, monkeypatch):
     from distributed import Client
 

@@ -224,6 +224,7 @@ def test_ingest_bad_input_writes_nothing(
         assert_nothing_written(out)
 
 
+@pytest.mark.slow
 def test_error_in_a_real_process_is_one_line(tmp_path: Path) -> None:
     """The installed entry point: status 2, one line on stderr, no traceback."""
     proc = run_subprocess(["ingest", tmp_path / "nope.csv", tmp_path / "out.zarr"])
@@ -473,6 +474,7 @@ def test_two_runs_on_one_trace_one_writer(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".t.zarr")] == []
 
 
+@pytest.mark.slow
 def test_a_trace_being_written_refuses_resume_and_overwrite(
     store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -632,6 +634,7 @@ def test_run_bad_input_writes_nothing(
         assert_nothing_written(trace)
 
 
+@pytest.mark.slow
 def test_summary_into_a_closed_pipe_is_quiet(
     store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -863,6 +866,7 @@ def cluster_client(local_clusters) -> object:
     client.close()
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_run_on_a_scheduler(
     store: Path, tmp_path: Path, cluster_client: object, capsys: pytest.CaptureFixture[str]

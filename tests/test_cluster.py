@@ -158,6 +158,7 @@ def test_host_that_cannot_listen_falls_back_to_dask(store, local_client, monkeyp
         _run(store[0], local_client, num_warmup=5, num_samples=5, placement=_SOCKET)
 
 
+@pytest.mark.slow
 def test_tls_cluster_keeps_rounds_on_dask(store):
     """On a TLS cluster (temporary self-signed credentials) the rounds stay on Dask's
     encrypted, authenticated RPC with channel="auto"; the draws are the same."""
@@ -244,6 +245,7 @@ def _worker_resources() -> dict[str, int]:
     return count
 
 
+@pytest.mark.slow
 def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, monkeypatch):
     """Runs on one long-lived cluster leave each worker's shard hosts, flymc threads and
     listening ports at their count before the first run, and a driver killed mid-run
@@ -453,6 +455,7 @@ def _kill_a_worker_once(pids: dict, trace: str, draws: int) -> tuple[threading.T
     return th, killed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["rwmh", "nuts", "nuts-exact-rows", "rwmh-out-of-core"])
 def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_exact_rows):
     """SIGKILL a worker mid-run: the run completes, the lost shards are recreated on the
@@ -524,6 +527,7 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
     assert Trace.open(trace).n_draws == 2000
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_austerity_run(store, process_cluster, tmp_path):
     """Austerity: SIGKILL a worker mid-run; its shards are reopened on the live worker,
     the decision in progress starts over, and the run completes with all its draws."""
@@ -558,6 +562,7 @@ def test_worker_killed_mid_austerity_run(store, process_cluster, tmp_path):
     assert np.all(np.abs(res.samples.reshape(-1, 2).mean(axis=0) - mean) < 0.5 * sd)
 
 
+@pytest.mark.slow
 def test_resume_recovery_resume_never_reuse_a_z_stream(
     store, process_cluster, tmp_path, monkeypatch
 ):
@@ -648,6 +653,7 @@ def test_replica_mode_deterministic_across_placements(
         assert trips.max() == 1 and trips.sum(axis=1).max() <= trips.shape[1] // READ_AHEAD + 1
 
 
+@pytest.mark.slow
 def test_scheduler_killed_mid_run_says_so_and_keeps_the_trace(
     store, process_cluster, tmp_path, capsys
 ):
@@ -705,6 +711,7 @@ def test_scheduler_killed_mid_run_says_so_and_keeps_the_trace(
     assert kept.checkpoint is not None and kept.n_draws >= 100
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_is_told_what_to_do(store, tmp_path):
     """fd.sample(client=None) at a script's unguarded top level: worker processes would
     import the script again and run it; refused before any starts, in one line saying
@@ -738,6 +745,7 @@ def test_a_script_without_a_main_guard_is_told_what_to_do(store, tmp_path):
     assert "sampled" in out["guarded"].stdout
 
 
+@pytest.mark.slow
 def test_a_set_up_pass_may_outlast_the_timeout(store, monkeypatch):
     """A full pass (here a slow MAP pass) longer than ``timeout`` does not declare its
     worker lost while the scheduler still has it: only protocol rounds are timed out."""

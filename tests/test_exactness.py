@@ -24,14 +24,22 @@ for every value of these knobs, so the test loses nothing.
 The 112 runs, and the 6 with exact rows, are independent and deterministic: each test
 makes its own (a fixed seed of its own, in-process shards), and pytest-xdist spreads the
 tests over the cores. The negative controls reuse the runs of :data:`CONTROL_COMBO` and
-:data:`OOC_CONTROL_COMBO`, made once per process: their tests share an xdist group. The
-file takes ~300 CPU-seconds.
+:data:`OOC_CONTROL_COMBO`, made once per process: their tests share an xdist group.
+
+By default a covering subset runs (:data:`SUBSET`, 27 of the 112 runs and 3 of the 6 with
+exact rows, every negative control): every model, kernel and value of every axis, and
+every pair of values of two axes that the grid holds. ``pytest --full-grid`` (CI) runs
+every run. The family-wise false-alarm rate is :data:`FAMILY_ALPHA` over the runs of the
+grid that runs (:func:`run_alpha`). In CI's durations (idle, 2 cores) the full file took
+564 s, the subset's tests 147 s.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 
@@ -49,8 +57,6 @@ import flymc_dist.shard.rows as rows_module
 import flymc_dist.shard.state as shard_module
 from flymc_dist.diagnostics import ess_mean
 from flymc_dist.terms import BoundViolation
-
-pytestmark = pytest.mark.slow
 
 CHAINS = 4
 NUM_WARMUP = 400
@@ -127,10 +133,46 @@ CASES = [
     for combo in COMBINATIONS
     if not (name == "softmax" and combo[4] == "shards")
 ]
-N_RUNS = len(CASES) + len(OOC_MODELS) * len(OOC_COMBINATIONS)
-#: family-wise false-alarm rate of the whole file; each run gets alpha = FAMILY_ALPHA / N_RUNS
+OOC_CASES = [(name, combo) for combo in OOC_COMBINATIONS for name in OOC_MODELS]
+N_RUNS = len(CASES) + len(OOC_CASES)
+#: the runs of the default (covering) subset, in-memory and out-of-core: each negative
+#: control's run, and then the fewest (weighted by their run times) that hold every pair of
+#: values of two axes (model, algorithm, bounds, kernel, z-update, mode) the full grid
+#: holds (:func:`axis_pairs`; ``test_subset_covers_every_pair_of_the_grid`` checks it)
+SUBSET = {
+    # the negative controls' runs
+    ("logistic", ("flymc", "map", "rwmh", "implicit", None)),
+    ("robust", ("flymc", "map", "rwmh", "implicit", None)),
+    ("softmax", ("flymc", "map", "rwmh", "implicit", None)),
+    ("logistic", ("flymc", "map", "rwmh", "implicit", "ooc")),
+    # in memory
+    ("logistic", ("flymc", "untuned", "hmc", "implicit", None)),
+    ("logistic", ("flymc", "map", "rwmh", "implicit", "replica")),
+    ("logistic", ("flymc", "untuned", "slice", "implicit", "shards")),
+    ("logistic", ("flymc", "map", "mala", "explicit", "shards")),
+    ("robust", ("regular", None, "hmc", None, None)),
+    ("robust", ("flymc", "untuned", "mala", "explicit", None)),
+    ("robust", ("flymc", "untuned", "nuts", "implicit", None)),
+    ("robust", ("flymc", "map", "rwmh", "explicit", None)),
+    ("robust", ("flymc", "map", "rwmh", "implicit", "replica")),
+    ("robust", ("flymc", "map", "slice", "explicit", "shards")),
+    ("robust", ("flymc", "map", "hmc", "explicit", "shards")),
+    ("robust", ("flymc", "map", "nuts", "explicit", "shards")),
+    ("softmax", ("regular", None, "mala", None, None)),
+    ("softmax", ("regular", None, "slice", None, None)),
+    ("softmax", ("regular", None, "nuts", None, None)),
+    ("softmax", ("flymc", "untuned", "hmc", "explicit", None)),
+    ("softmax", ("flymc", "map", "rwmh", "implicit", "replica")),
+    # out of core
+    ("logistic", ("regular", None, "rwmh", None, "ooc")),
+    ("logistic", ("flymc", "untuned", "rwmh", "implicit", "ooc")),
+    ("logistic", ("flymc", "map", "nuts", "explicit", "ooc")),
+    ("robust", ("flymc", "map", "mala", "implicit", "ooc")),
+    ("robust", ("flymc", "map", "slice", "implicit", "ooc")),
+    ("robust", ("flymc", "map", "hmc", "implicit", "ooc")),
+}
+#: family-wise false-alarm rate of the runs checked in one session (see :func:`run_alpha`)
 FAMILY_ALPHA = 0.01
-RUN_ALPHA = FAMILY_ALPHA / N_RUNS
 #: z bound for the second moments (sd, correlation), whose standard errors are rougher
 SECOND_MOMENT_Z = 5.0
 #: below this ESS a run cannot vouch for anything: the battery fails it
@@ -179,7 +221,7 @@ def _ess(x: np.ndarray) -> np.ndarray:
 
 
 def check_against(
-    samples: np.ndarray, ref_mean: np.ndarray, ref_cov: np.ndarray, alpha: float = RUN_ALPHA
+    samples: np.ndarray, ref_mean: np.ndarray, ref_cov: np.ndarray, *, alpha: float
 ) -> BatteryResult:
     """Compare MCMC draws with a reference posterior's mean, sd and correlations.
 
@@ -198,8 +240,9 @@ def check_against(
       ``MCSE = sd / sqrt(ESS)``, ESS the multi-chain split-chain ESS of the mean
       (:func:`flymc_dist.diagnostics.ess_mean`, i.e. with the between-chain variance, so
       chains stuck in different places shrink it). Requires ``|z| < Φ⁻¹(1 − α/(2P))``
-      (Bonferroni over the P means): 4.08 for P = 2 and 4.18 for P = 3 at the default
-      α = 0.01 / 112 (a 1 % family-wise false-alarm rate over the file's 112 runs).
+      (Bonferroni over the P means): 4.08 for P = 2 and 4.18 for P = 3 at
+      α = 0.01 / 112 (a 1 % family-wise false-alarm rate over the full grid's 112 runs),
+      3.74 and 3.84 at α = 0.01 / 27 (the default subset's 27 runs; :func:`run_alpha`).
     * **Standard deviation**: with ``d = x − mean``, the sample variance is the mean of
       ``d²``, so ``SE(var) = sd(d²) / sqrt(ESS(d²))`` and ``SE(sd) = SE(var) / (2 sd)``.
       For Gaussian draws this is the familiar relative error ``1 / sqrt(2·ESS)``; the
@@ -359,17 +402,41 @@ def cached_run(name: str, combo: tuple, exact: bool = False) -> fd.Result:
 CONTROL_GROUP = pytest.mark.xdist_group("exactness-control")
 
 
+#: the mark of the runs left out of the default subset (tests/conftest.py deselects them
+#: unless pytest runs with ``--full-grid``)
+FULL_GRID = pytest.mark.full_grid
+
+
 def _cases(pairs: list[tuple[str, tuple]]) -> list:
-    """``(name, combo)`` parameters, those of a control run in :data:`CONTROL_GROUP`."""
+    """``(name, combo)`` parameters, those of a control run in :data:`CONTROL_GROUP`, those
+    outside :data:`SUBSET` marked :data:`FULL_GRID`."""
     return [
         pytest.param(
             name,
             combo,
             id=f"{name}-{_combo_id(combo)}",
-            marks=[CONTROL_GROUP] if combo in (CONTROL_COMBO, OOC_CONTROL_COMBO) else [],
+            marks=([CONTROL_GROUP] if combo in (CONTROL_COMBO, OOC_CONTROL_COMBO) else [])
+            + ([] if (name, combo) in SUBSET else [FULL_GRID]),
         )
         for name, combo in pairs
     ]
+
+
+@pytest.fixture
+def run_alpha(request: pytest.FixtureRequest) -> float:
+    """The false-alarm probability of one run's battery: :data:`FAMILY_ALPHA` over the
+    runs of the grid this session checks (the full grid's :data:`N_RUNS` with
+    ``--full-grid``, else :data:`SUBSET`'s)."""
+    n_runs = N_RUNS if request.config.getoption("full_grid") else len(SUBSET)
+    return FAMILY_ALPHA / n_runs
+
+
+def axis_pairs(name: str, combo: tuple) -> set[tuple[tuple[str, object], ...]]:
+    """The pairs of (axis, value) of two different axes that the run of ``combo`` on
+    problem ``name`` holds (axes: model, algorithm, bounds, kernel, z-update, mode)."""
+    axes = ("model", "algorithm", "bounds", "kernel", "z_update", "mode")
+    values = list(zip(axes, (name, *combo), strict=True))
+    return {(a, b) for i, a in enumerate(values) for b in values[i + 1 :]}
 
 
 def _combo_id(combo: tuple) -> str:
@@ -379,7 +446,15 @@ def _combo_id(combo: tuple) -> str:
 # --------------------------------------------------------------------------------------------
 # the references themselves
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", list(MODEL_CLASSES))
+#: the problems as parameters, softmax's slow: its 3-D quadrature reference costs seconds,
+#: which the runs on it share in a full session, but not the edit-test loop
+PROBLEM_PARAMS = [
+    pytest.param(name, marks=[pytest.mark.slow] if name == "softmax" else [])
+    for name in MODEL_CLASSES
+]
+
+
+@pytest.mark.parametrize("name", PROBLEM_PARAMS)
 def test_reference_is_converged_and_non_gaussian(name):
     """The grid holds the mass, a coarser grid agrees, and the posterior is not Gaussian."""
     prob = problem(name)
@@ -392,7 +467,7 @@ def test_reference_is_converged_and_non_gaussian(name):
         assert np.max(np.abs(ref.skewness)) > 0.2  # visibly skewed
 
 
-@pytest.mark.parametrize("name", list(MODEL_CLASSES))
+@pytest.mark.parametrize("name", PROBLEM_PARAMS)
 def test_reference_log_density_matches_package_model(name):
     """Cross-check of the two independent implementations (up to a θ-free constant)."""
     prob = problem(name)
@@ -407,27 +482,65 @@ def test_reference_log_density_matches_package_model(name):
 # --------------------------------------------------------------------------------------------
 # every combination against the reference
 # --------------------------------------------------------------------------------------------
+def test_subset_covers_every_pair_of_the_grid():
+    """The default subset holds every negative control's run and every pair of values of
+    two axes that the full grid holds (so every model, kernel and value of every axis)."""
+    grid = CASES + OOC_CASES
+    assert SUBSET <= set(grid)
+    assert {(n, CONTROL_COMBO) for n in MODEL_CLASSES} | {("logistic", OOC_CONTROL_COMBO)} <= SUBSET
+    missing = set().union(*(axis_pairs(*case) for case in grid)) - set().union(
+        *(axis_pairs(*case) for case in SUBSET)
+    )
+    assert not missing, f"the subset misses {sorted(missing, key=str)}"
+
+
+@pytest.mark.slow
+def test_full_grid_option_selects_every_run():
+    """Collected by pytest, the file holds the subset's runs by default and every run of
+    the grid with ``--full-grid`` (the option CI passes)."""
+
+    def collected(*options: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", __file__, "--collect-only", "-q", "-n", "0"]
+            + ["-p", "no:cacheprovider", *options],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [line for line in done.stdout.splitlines() if "::" in line]
+
+    def runs(items: list[str]) -> int:
+        tests = ("test_targets_exact_posterior", "test_out_of_core_exact", "test_exact_rows_exact")
+        return sum(item.split("::")[1].split("[")[0] in tests for item in items)
+
+    subset, full = collected(), collected("--full-grid")
+    assert runs(subset) == len(SUBSET) + len(EXACT_SUBSET)
+    assert runs(full) == N_RUNS + len(EXACT_COMBOS) * len(MODEL_CLASSES)
+    assert len(full) - len(subset) == runs(full) - runs(subset)  # only runs are left out
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name, combo", _cases(CASES))
-def test_targets_exact_posterior(name, combo):
+def test_targets_exact_posterior(name, combo, run_alpha):
     ref = reference(name)
     res = cached_run(name, combo)
     assert res.samples.shape[:2] == (CHAINS, draws(combo)[1])
     assert np.all(np.isfinite(res.samples))
-    result = check_against(res.samples, ref.mean, ref.cov)
+    result = check_against(res.samples, ref.mean, ref.cov, alpha=run_alpha)
     print(f"{name} {_combo_id(combo)}: worst |z| {result.worst:.2f}; {result}")
     assert result.passed, f"{name} {_combo_id(combo)}: {result}"
 
 
-@pytest.mark.parametrize(
-    "name, combo", _cases([(name, combo) for combo in OOC_COMBINATIONS for name in OOC_MODELS])
-)
-def test_out_of_core_exact(name, combo):
+@pytest.mark.slow
+@pytest.mark.parametrize("name, combo", _cases(OOC_CASES))
+def test_out_of_core_exact(name, combo, run_alpha):
     """Out-of-core shards (rows in local row files, the z-updates reading the rows they
     propose) target the exact posterior too."""
     ref = reference(name)
     res = cached_run(name, combo)
     assert res.samples.shape[:2] == (CHAINS, draws(combo)[1])
-    result = check_against(res.samples, ref.mean, ref.cov)
+    result = check_against(res.samples, ref.mean, ref.cov, alpha=run_alpha)
     print(f"{name} {_combo_id(combo)}: worst |z| {result.worst:.2f}; {result}")
     assert result.passed, f"{name} {_combo_id(combo)}: {result}"
 
@@ -440,9 +553,10 @@ def _flipped_brighten(log_u, vals, q):
     return log_u > vals - math.log(q)  # wrong sign
 
 
+@pytest.mark.slow
 @CONTROL_GROUP
 @pytest.mark.parametrize("name", ["logistic", "robust"])
-def test_negative_control_flipped_z_sign_fails(monkeypatch, name):
+def test_negative_control_flipped_z_sign_fails(monkeypatch, name, run_alpha):
     """FlyMC with Algorithm 2's typo must fail the battery by a wide margin."""
     good = cached_run(name, CONTROL_COMBO)
     # every implicit z-update (per chain in flymc_dist.brightness, all chains at once in
@@ -457,7 +571,7 @@ def test_negative_control_flipped_z_sign_fails(monkeypatch, name):
     # the patch took effect: the chains are far too bright
     assert bad.stats["n_bright"].mean() > 3 * good.stats["n_bright"].mean()
     ref = reference(name)
-    result = check_against(bad.samples, ref.mean, ref.cov)
+    result = check_against(bad.samples, ref.mean, ref.cov, alpha=run_alpha)
     print(
         f"flipped sign, {name}: worst |z| {result.worst:.1f}; bright "
         f"{bad.stats['n_bright'].mean():.1f} vs {good.stats['n_bright'].mean():.1f}; {result}"
@@ -480,9 +594,10 @@ def _constants_left_out(original):
     return prepared
 
 
+@pytest.mark.slow
 @CONTROL_GROUP
 @pytest.mark.parametrize("name", ["logistic"])
-def test_negative_control_out_of_core_rows_without_constants_fail(monkeypatch, name):
+def test_negative_control_out_of_core_rows_without_constants_fail(monkeypatch, name, run_alpha):
     """Out of core, evaluating the rows read by position without their row constants
     must fail."""
     good = cached_run(name, OOC_CONTROL_COMBO)
@@ -496,7 +611,7 @@ def test_negative_control_out_of_core_rows_without_constants_fail(monkeypatch, n
         assert "exceeds the likelihood at row" in str(e)
         return
     ref = reference(name)
-    result = check_against(bad.samples, ref.mean, ref.cov)
+    result = check_against(bad.samples, ref.mean, ref.cov, alpha=run_alpha)
     print(
         f"rows without constants, {name}: worst |z| {result.worst:.1f}; bright "
         f"{bad.stats['n_bright'].mean():.2f} vs {good.stats['n_bright'].mean():.2f}; {result}"
@@ -517,17 +632,18 @@ WRONG_TARGETS = [
 ]
 
 
+@pytest.mark.slow
 @CONTROL_GROUP
 @pytest.mark.parametrize(
     "name,perturbation", WRONG_TARGETS, ids=[f"{n}-{next(iter(p))}" for n, p in WRONG_TARGETS]
 )
-def test_negative_control_wrong_target_fails(name, perturbation):
+def test_negative_control_wrong_target_fails(name, perturbation, run_alpha):
     """The correct sampler's draws must fail against a slightly different posterior."""
     res = cached_run(name, CONTROL_COMBO)
-    right = check_against(res.samples, reference(name).mean, reference(name).cov)
+    right = check_against(res.samples, reference(name).mean, reference(name).cov, alpha=run_alpha)
     assert right.passed, str(right)
     wrong = reference(name, **perturbation)
-    result = check_against(res.samples, wrong.mean, wrong.cov)
+    result = check_against(res.samples, wrong.mean, wrong.cov, alpha=run_alpha)
     print(f"wrong target {name} {perturbation}: worst |z| {result.worst:.1f}; {result}")
     assert not result.passed
     assert result.worst > 2 * result.crit_mean, str(result)
@@ -561,18 +677,37 @@ def _exact_run(name: str, combo: tuple, force_exact_rows) -> tuple[fd.Result, in
 
 def exact_run(name: str, combo: tuple) -> fd.Result:
     """:func:`_exact_run` with the patch of the conftest fixture ``force_exact_rows``
-    (:func:`exact_rows.force_exact_rows`) made here and undone afterwards: it runs in a
-    pool worker too, where no fixture is."""
+    (:func:`exact_rows.force_exact_rows`) made here and undone afterwards: its run is
+    cached for the process (:func:`cached_run`), beyond one test's fixtures."""
     column, threshold, _ = _exact_rule(name)
     with pytest.MonkeyPatch.context() as mp:
         exact_rows.force_exact_rows(mp, column, threshold)
         return _sample(name, combo, (problem(name).X, problem(name).y), dict(FLYMC_OPTIONS))
 
 
+#: the runs with exact rows of the default subset: every model and both combinations
+EXACT_SUBSET = {
+    ("logistic", EXACT_COMBOS[0]),
+    ("robust", EXACT_COMBOS[1]),
+    ("softmax", EXACT_COMBOS[1]),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("combo", EXACT_COMBOS, ids=[_combo_id(c) for c in EXACT_COMBOS])
-@pytest.mark.parametrize("name", ["logistic", "robust", "softmax"])
-def test_exact_rows_exact(name, combo):
+@pytest.mark.parametrize(
+    "name, combo",
+    [
+        pytest.param(
+            name,
+            combo,
+            id=f"{name}-{_combo_id(combo)}",
+            marks=[] if (name, combo) in EXACT_SUBSET else [FULL_GRID],
+        )
+        for combo in EXACT_COMBOS
+        for name in MODEL_CLASSES
+    ],
+)
+def test_exact_rows_exact(name, combo, run_alpha):
     """``exact_rows``: half the rows at the model's loose tight points are bright in every
     chain at every iteration (each θ-step evaluates their log-likelihood), the other half
     are FlyMC's as usual; the posterior stays the exact one."""
@@ -580,7 +715,7 @@ def test_exact_rows_exact(name, combo):
     assert res.info["exact_rows"] == n_exact > 0
     assert res.stats["n_bright"].min() >= n_exact  # never dark
     assert res.stats["n_bright"].max() < problem(name).X.shape[0]  # FlyMC rows remain
-    result = check_against(res.samples, reference(name).mean, reference(name).cov)
+    result = check_against(res.samples, reference(name).mean, reference(name).cov, alpha=run_alpha)
     print(f"exact rows, {name} {_combo_id(combo)}: worst |z| {result.worst:.2f}; {result}")
     assert result.passed, f"{name} {_combo_id(combo)}: {result}"
 
@@ -594,7 +729,9 @@ def _bound_without_exact_rows(self, X, y, xi):
 
 
 @pytest.mark.slow
-def test_negative_control_exact_rows_without_their_bound_fails(monkeypatch, force_exact_rows):
+def test_negative_control_exact_rows_without_their_bound_fails(
+    monkeypatch, force_exact_rows, run_alpha
+):
     """Dropping the exact rows' bound from the collapsed sum must fail the battery by a
     wide margin. (Logistic: its loose bound ``≈ −2500 + s/2`` depends on θ; robust
     regression's is flat to 1e-16 there, so the same mistake would cost it nothing.)"""
@@ -602,7 +739,7 @@ def test_negative_control_exact_rows_without_their_bound_fails(monkeypatch, forc
     bad, n_exact = _exact_run("logistic", EXACT_COMBOS[0], force_exact_rows)
     assert bad.info["exact_rows"] == n_exact > 0
     ref = reference("logistic")
-    result = check_against(bad.samples, ref.mean, ref.cov)
+    result = check_against(bad.samples, ref.mean, ref.cov, alpha=run_alpha)
     print(f"exact rows without their bound: worst |z| {result.worst:.1f}; {result}")
     assert not result.passed
     assert result.worst > 2 * result.crit_mean, str(result)

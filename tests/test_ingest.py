@@ -409,6 +409,7 @@ def s3():
         server.stop()
 
 
+@pytest.mark.slow
 def test_parquet_on_s3_into_s3_by_the_workers_or_nothing(tmp_path, s3, client) -> None:
     import s3fs
 
@@ -450,6 +451,7 @@ def test_parquet_on_s3_into_s3_by_the_workers_or_nothing(tmp_path, s3, client) -
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("ingest")) == ["d.zarr", "src"]
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_bench_ingest_is_wired(tmp_path, capsys) -> None:
     """`flymc bench ingest` on a tiny problem: the three runs, their stores identical, the

@@ -355,6 +355,7 @@ def _final_state(client, n_shards, steps=10, kill_at=None):
         tr.close()
 
 
+@pytest.mark.slow
 def test_identical_draws_for_every_layout_and_on_two_workers(local_clusters):
     """The same seed gives bit-identical draws (α, every cluster's weights and NIW
     statistics, every row's label) with 1, 2 or 3 shards in process and with 2 or 3 shards
@@ -388,6 +389,7 @@ def test_identical_draws_for_every_layout_and_on_two_workers(local_clusters):
     np.testing.assert_array_equal(a.draws["alpha"], d.draws["alpha"])
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_worker_killed_mid_run_completes_with_the_same_draws():
     """SIGKILL the worker of one shard of three on a 2-worker LocalCluster mid-run: the

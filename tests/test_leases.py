@@ -133,6 +133,7 @@ def _truncate(path: str) -> None:
     os.truncate(path, os.path.getsize(path) // 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["stalled", "truncated"])
 def test_a_lost_shard_leaves_no_row_file_thread_or_descriptor(tmp_path, fault):
     """A shard lost mid-run and recreated on the other worker — its worker stalled by

@@ -143,6 +143,7 @@ def test_every_kernel_option_is_an_attribute_of_its_kernel():
         assert k.changed() == {}
 
 
+@pytest.mark.slow
 def test_the_cli_builds_the_objects_from_its_flags(tmp_path):
     """``flymc run`` with generated flags: a FlyMC, a placement and a NUTS option reach the
     run (recorded in the trace), and a flag of another algorithm or kernel is refused."""

@@ -92,6 +92,7 @@ def test_row_file_refuses_a_full_disk_before_writing(store, tmp_path, monkeypatc
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_shard_holds_only_its_bright_rows(store):
     """Out of core a shard holds no rows array: after every z-update the rows bright in
     some chain are resident, once it has settled exactly those; its bright sets are
@@ -272,6 +273,7 @@ def test_kept_proposals_are_the_fresh_draw(store, out_of_core):
     sh.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model,kernel,bounds",
     [
@@ -469,6 +471,7 @@ def test_info_reports_each_shard(store):
     assert auto.info["out_of_core"] == [True] * 3 and auto.info["memory_budget"] == [5000] * 3
 
 
+@pytest.mark.slow
 def test_resume_matches_an_uninterrupted_run(store, tmp_path, monkeypatch):
     """Interrupted at step 120 and resumed: the draws kept before the interruption are
     the uninterrupted run's; the run completes with its shards still out of core."""

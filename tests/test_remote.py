@@ -197,6 +197,7 @@ def test_workers_see_only_the_bogus_environment(s3, client):
         assert got == {"AWS_ENDPOINT_URL": s3["bogus"], "AWS_ACCESS_KEY_ID": "bogus"}
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 @pytest.mark.parametrize("out_of_core", [False, True], ids=["in-memory", "out-of-core"])
 def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
@@ -270,6 +271,7 @@ def test_trace_storage_options_are_checked_before_anything_starts(kw, match):
 # ------------------------------------------------------------------ the command line
 
 
+@pytest.mark.slow
 def test_cli_ingest_run_resume_and_summary_on_s3(s3, tmp_path, capsys):
     opts = s3["options"]
     so = [
@@ -537,6 +539,7 @@ def _small_run(ds, url: str, **kw):
     )
 
 
+@pytest.mark.slow
 def test_s3_trace_has_one_writer_at_a_time(s3, data):
     """A live process holds the lock of an S3 trace: a second run (with overwrite) is
     refused in one line naming it, the trace is untouched; once that process is gone
@@ -587,6 +590,7 @@ def test_s3_trace_lock_is_a_lease(s3):
     _s3fs(s3).rm_file(key)
 
 
+@pytest.mark.slow
 def test_failed_run_on_an_s3_trace_keeps_it_and_says_how_to_resume(s3, data, capsys, monkeypatch):
     """As on local disk: a run failing after a checkpoint keeps its S3 trace, the command
     line prints the --resume hint, and --resume finishes it; a run failing before any
@@ -664,6 +668,7 @@ def fragile(s3):
         state["server"].stop()
 
 
+@pytest.mark.slow
 def test_an_unreachable_data_set_is_not_called_damaged_and_reads_are_retried(fragile, monkeypatch):
     """The endpoint down: a read fails after a bounded number of attempts saying the store
     cannot be reached (not "damaged", not "replaced"); an endpoint back within them is
@@ -690,6 +695,7 @@ def test_an_unreachable_data_set_is_not_called_damaged_and_reads_are_retried(fra
     np.testing.assert_array_equal(ds.read(0, 50)[0], X[:50])
 
 
+@pytest.mark.slow
 def test_an_s3_trace_unreachable_mid_run_is_kept_with_the_resume_hint(fragile, monkeypatch, capsys):
     """The endpoint of an S3 trace goes down mid-run: the command line says the store
     cannot be reached (one line, no traceback, not "damaged") and how to resume; once it

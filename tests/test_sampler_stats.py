@@ -113,6 +113,7 @@ def test_divergences_are_counted_and_warned() -> None:
     assert "target_accept" in warning[0] and "reparameterise" in warning[0]
 
 
+@pytest.mark.slow
 def test_flymc_divergences_come_with_bright_rows() -> None:
     """FlyMC's θ given z is zero where a bright row's bound is tight: NUTS diverges near
     those walls, only in iterations with bright rows (regular NUTS on the same posterior

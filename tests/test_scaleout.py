@@ -96,6 +96,7 @@ def test_a_bad_read_ahead_is_refused():
         fd.FlyMC(read_ahead=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_draws_identical_on_1_2_4_workers(ds, local_clusters):
     """The default (replica mode, z on the driver) in process and on 1, 2 and 4 workers

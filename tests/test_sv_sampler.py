@@ -37,6 +37,7 @@ def _same(a, b) -> None:
     np.testing.assert_array_equal(a.stats["series_read"], b.stats["series_read"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("update", ["exact", "subsampled"])
 def test_layout_and_cluster_do_not_change_the_draws(panel, client, update) -> None:
     model = StochasticVolatility(update=update, particles=8, batch_size=10, trace_series=(0, 50))
