@@ -553,7 +553,9 @@ def test_workers_with_less_memory_than_their_shards(tmp_path):
     shard_bytes = 5_500_000 * (5 + 3 + 2) * 8
     assert shard_bytes > limit
     assert res.info["out_of_core"] == [True, True]
-    assert res.info["memory_budget"] == [limit // 2] * 2
+    # each shard's budget: half the limit at most, and no more than the room its worker had
+    # left under Dask's pause line (0.8 of the limit) once it had imported the package
+    assert all(100 * 10**6 < b <= min(limit // 2, 0.8 * limit) for b in res.info["memory_budget"])
     assert res.samples.shape == (2, 100, 5) and np.all(np.isfinite(res.samples))
     assert all(p < limit for p in peak.values()), peak
 

@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import dask
 import numba
 import numpy as np
 from distributed import get_worker
@@ -195,15 +196,24 @@ def local_directory() -> str:
     return str(worker.local_directory)
 
 
-def worker_memory_limit() -> int | None:
-    """The memory limit of the Dask worker this runs on (bytes), or None (no worker, or
-    no limit)."""
+def worker_memory_limit() -> tuple[int, int] | None:
+    """The memory limit of the Dask worker this runs on and the room left under it
+    (bytes), or None (no worker, or no limit).
+
+    The room is what the worker may still take before Dask pauses it (its
+    ``distributed.worker.memory.pause`` fraction of the limit; 0.95, where Dask
+    restarts it, when pausing is off) less the process's memory now: what is free for
+    shards opened here, after the worker's own imports and what it holds already."""
     try:
         worker: Any = get_worker()
     except ValueError:  # not on a worker
         return None
     limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
-    return int(limit) if limit else None
+    if not limit:
+        return None
+    pause = dask.config.get("distributed.worker.memory.pause") or 0.95
+    used = worker.monitor.get_process_memory()
+    return int(limit), max(int(float(pause) * int(limit)) - int(used), 0)
 
 
 class RowFile:

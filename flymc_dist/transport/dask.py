@@ -326,6 +326,7 @@ class DaskTransport:
         self.placement: dict[str, list[ShardSpec]] = {}
         self._replay: list[tuple[str, tuple, dict]] = []
         self._chan: ChannelClient | None = None
+        started: list[tuple[str, list[ShardSpec], str, Any]] = []
         try:
             workers = sorted(_scheduler_workers(self.client))
             if not workers:
@@ -343,6 +344,11 @@ class DaskTransport:
             for host in started:
                 self._host_ready(*host)
         except BaseException:
+            # hosts still loading when another failed are released too (their shards'
+            # row files go with them), not left to the garbage collector
+            for _, _, key, fut in started:
+                if key not in self._keys.values():
+                    fut.cancel()
             self.close()
             raise
 

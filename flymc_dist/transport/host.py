@@ -89,13 +89,20 @@ class ShardHost:
         """Open more shards here (placement, or recovery of a lost worker's shards).
 
         Each new shard's memory budget (``out_of_core="auto"``) is ``config.memory_budget``
-        or else its share of half the worker's memory limit among the shards held here.
+        or else its share of half the worker's memory limit among the shards held here,
+        and no more than its share of the room the worker has left now
+        (:func:`~flymc_dist.shard.rowfile.worker_memory_limit`: a worker's own imports
+        take ~150 MB of it before any shard).
         """
         budget = self.config.memory_budget
         if budget is None:
-            limit = worker_memory_limit()
-            if limit is not None:
-                budget = limit // (2 * max(len(self.shards) + len(specs), 1))
+            memory = worker_memory_limit()
+            if memory is not None:
+                limit, room = memory
+                budget = min(
+                    limit // (2 * max(len(self.shards) + len(specs), 1)),
+                    room // max(len(specs), 1),
+                )
         for spec in specs:
             shard = Shard(spec, self.config, None if data is None else data[spec.shard_id], budget)
             self._locks[spec.shard_id] = threading.Lock()
