@@ -196,7 +196,7 @@ def local_directory() -> str:
     return str(worker.local_directory)
 
 
-def worker_memory_limit() -> tuple[int, int] | None:
+def worker_memory() -> tuple[int, int] | None:
     """The memory limit of the Dask worker this runs on and the room left under it
     (bytes), or None (no worker, or no limit).
 

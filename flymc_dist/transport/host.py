@@ -28,7 +28,7 @@ from flymc_dist.protocol import (
     unpack_round,
 )
 from flymc_dist.shard.round import round_shards
-from flymc_dist.shard.rowfile import worker_memory_limit
+from flymc_dist.shard.rowfile import worker_memory
 from flymc_dist.shard.state import Shard
 from flymc_dist.transport.channel import AHEAD, ECHO, ROUND, ChannelServer
 
@@ -91,12 +91,12 @@ class ShardHost:
         Each new shard's memory budget (``out_of_core="auto"``) is ``config.memory_budget``
         or else its share of half the worker's memory limit among the shards held here,
         and no more than its share of the room the worker has left now
-        (:func:`~flymc_dist.shard.rowfile.worker_memory_limit`: a worker's own imports
+        (:func:`~flymc_dist.shard.rowfile.worker_memory`: a worker's own imports
         take ~150 MB of it before any shard).
         """
         budget = self.config.memory_budget
         if budget is None:
-            memory = worker_memory_limit()
+            memory = worker_memory()
             if memory is not None:
                 limit, room = memory
                 budget = min(
