@@ -627,7 +627,7 @@ class Shard:
         z-update, 160 MB for four: more than a 400 MB worker can spare."""
         if self.memory_budget is None:
             return ROWS_AHEAD
-        per_update = _proposal_bytes(self.n, self.n_features, self._K, self.config, self.q_db)
+        per_update = self.proposal_bytes()
         fit = int((self.memory_budget // 2) // max(per_update, 1.0))
         return min(ROWS_AHEAD, fit)
 
@@ -650,7 +650,7 @@ class Shard:
         want = max(1, int(want))
         if not self.out_of_core or self.memory_budget is None:
             return want
-        per_step = _proposal_bytes(self.n, self.n_features, self._K, self.config, self.q_db)
+        per_step = self.proposal_bytes()
         fit = int((self.memory_budget // 2) // max(per_step, 1.0))
         return max(1, min(want, fit))
 
