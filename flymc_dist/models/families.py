@@ -83,6 +83,13 @@ _SMALL_XI = 1e-3
 _XI_MAX = 1e100
 
 
+def _check_link(family: str, link: str, allowed: tuple[str, ...]) -> None:
+    """Refuse a ``link`` the family does not have, naming the ones it does."""
+    if link not in allowed:
+        names = " or ".join(repr(a) for a in allowed)
+        raise ValueError(f"{family} link must be {names}, got {link!r}")
+
+
 def _real(name: str, value: object, positive: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
@@ -358,8 +365,7 @@ class BinomialFamily(Family):
     def __init__(self, trials: int = 1, link: str = "logit") -> None:
         if isinstance(trials, bool) or not isinstance(trials, numbers.Integral) or trials < 1:
             raise ValueError(f"trials must be an integer >= 1, got {trials!r}")
-        if link not in ("logit", "probit"):
-            raise ValueError(f"binomial link must be 'logit' or 'probit', got {link!r}")
+        _check_link("binomial", link, ("logit", "probit"))
         self.trials = int(trials)
         self.link = link
 
@@ -439,8 +445,7 @@ class NegativeBinomialFamily(Family):
     link = "log"
 
     def __init__(self, dispersion: float = 1.0, link: str = "log") -> None:
-        if link != "log":
-            raise ValueError(f"negative_binomial link must be 'log', got {link!r}")
+        _check_link("negative_binomial", link, ("log",))
         self.dispersion = _real("dispersion", dispersion)
         self._log_r = math.log(self.dispersion)
 
@@ -510,8 +515,7 @@ class GaussianFamily(Family):
     link = "identity"
 
     def __init__(self, scale: float = 1.0, link: str = "identity") -> None:
-        if link != "identity":
-            raise ValueError(f"gaussian link must be 'identity', got {link!r}")
+        _check_link("gaussian", link, ("identity",))
         self.scale = _real("scale", scale)
         self._prec = 1.0 / (self.scale * self.scale)
 
@@ -695,8 +699,7 @@ class LogisticFamily(Family):
     link = "logit"
 
     def __init__(self, xi_untuned: float = XI_UNTUNED, link: str = "logit") -> None:
-        if link != "logit":
-            raise ValueError(f"logistic link must be 'logit', got {link!r}")
+        _check_link("logistic", link, ("logit",))
         self.xi_untuned = _real("xi_untuned", xi_untuned, positive=False)
 
     @property
@@ -822,8 +825,7 @@ class StudentTFamily(Family):
     def __init__(
         self, nu: float = STUDENT_T_NU, scale: float = STUDENT_T_SCALE, link: str = "identity"
     ) -> None:
-        if link != "identity":
-            raise ValueError(f"student_t link must be 'identity', got {link!r}")
+        _check_link("student_t", link, ("identity",))
         self.nu = _real("nu", nu)
         self.scale = _real("scale", scale)
         nus2 = self.nu * (self.scale * self.scale)  # may overflow to inf: checked next
@@ -1015,8 +1017,7 @@ class SoftmaxFamily(Family):
     link = "softmax"
 
     def __init__(self, n_classes: int, link: str = "softmax") -> None:
-        if link != "softmax":
-            raise ValueError(f"softmax link must be 'softmax', got {link!r}")
+        _check_link("softmax", link, ("softmax",))
         if isinstance(n_classes, bool) or not isinstance(n_classes, numbers.Integral):
             raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
         if n_classes < 2:
