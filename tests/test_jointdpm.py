@@ -632,3 +632,24 @@ def test_bench_jointdpm_is_wired(tmp_path, capsys):
     assert code == 0
     assert "final acc" in out and "eps>0 reaches" in out
     assert out_json.exists() and plot.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_bench_jointdpm_tall_reads_a_few_members_per_decision(tmp_path, capsys):
+    """`flymc bench jointdpm --parts tall` on 2 workers: one run per size; austerity reads
+    far fewer members per weight decision than the clusters hold at the larger size."""
+    import json
+
+    from flymc_dist.cli import main
+
+    code = main(
+        ["bench", "jointdpm", "--parts", "tall", "--tall-rows", "2000", "20000"]
+        + ["--tall-iterations", "4", "--step-z", "10", "--init-clusters", "2"]
+        + ["--json", str(tmp_path / "t.json")]
+    )
+    assert code == 0 and "log-log slope" in capsys.readouterr().out
+    runs = json.loads((tmp_path / "t.json").read_text())["tall"]["runs"]
+    assert [r["rows"] for r in runs] == [2000, 20000]
+    big = runs[1]
+    assert big["rows_per_decision"] < big["mean_cluster_size"] / 5, big

@@ -14,6 +14,7 @@ sizes), and R̂ / bulk ESS of K and α.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ from flymc_dist.jointdpm.sampler import sample_jointdpm
 from flymc_dist.options import JointDPM
 
 __all__ = ["format_jointdpm", "run_jointdpm"]
+
+PARTS = ("fig6", "tall")
 
 
 def _time_to(acc: np.ndarray, seconds: np.ndarray, target: float) -> float:
@@ -36,6 +39,7 @@ def _time_to(acc: np.ndarray, seconds: np.ndarray, target: float) -> float:
 
 
 def run_jointdpm(
+    parts: Sequence[str] = ("fig6",),
     rows: int = 10000,
     test_rows: int = 1000,
     iterations: int = 300,
@@ -49,11 +53,17 @@ def run_jointdpm(
     seed: int = 0,
     client: Any = "synchronous",
     plot: str | None = "jointdpm.png",
+    tall_rows: Sequence[int] = (10_000, 100_000, 1_000_000),
+    tall_iterations: int = 30,
+    workers: int = 2,
 ) -> dict[str, Any]:
-    """Exact MH and austerity on JointDPM's weights, side by side.
+    """Exact MH and austerity on JointDPM's weights, side by side; and austerity's cost
+    on tall data.
 
     Parameters
     ----------
+    parts
+        Any of ``fig6``, ``tall``.
     rows, test_rows
         Training and held-out points of the four-blob data.
     iterations, warmup
@@ -74,12 +84,104 @@ def run_jointdpm(
         Seed; where the shards run ('synchronous', 'local', an address).
     plot
         A PNG of accuracy against time (None: none; skipped without matplotlib).
+    tall_rows
+        Data sizes of the tall part.
+    tall_iterations
+        Iterations (after ``warmup``) per tall run, one chain each.
+    workers
+        Dask workers of the tall part's LocalCluster (one shard each).
 
     Returns
     -------
     dict
-        ``runs`` (per eps: curves, times, data use, clusters, diagnostics), ``speedup``.
+        ``fig6`` (``runs`` per eps: curves, times, data use, clusters, diagnostics;
+        ``speedup``) and ``tall`` (per size: rows read per decision, mean N_k, seconds per
+        iteration; the slope), for the parts run.
     """
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise ValueError(f"parts must be some of {', '.join(PARTS)}, not {list(parts)}")
+    out: dict[str, Any] = {}
+    if "fig6" in parts:
+        fig6 = (rows, test_rows, iterations, warmup, chains, eps, step_z, init_clusters)
+        out["fig6"] = _fig6(*fig6, n_shards, tolerance, seed, client, plot)
+    if "tall" in parts:
+        tall = (tall_rows, tall_iterations, warmup, eps, step_z, init_clusters)
+        out["tall"] = _tall(*tall, workers, seed)
+    return out
+
+
+def _tall(
+    sizes: Sequence[int],
+    iterations: int,
+    warmup: int,
+    eps: float,
+    step_z: int,
+    init_clusters: int,
+    workers: int,
+    seed: int,
+) -> dict[str, Any]:
+    """One austerity run per data size on a LocalCluster of ``workers`` workers."""
+    from flymc_dist.transport.dask import local_client
+
+    alg = JointDPM(eps=eps, step_z=step_z, init_clusters=init_clusters)
+    runs = []
+    client, cluster = local_client(workers)
+    try:
+        for n in sizes:
+            X, y = four_blobs(int(n), seed)
+            t0 = time.perf_counter()
+            res = sample_jointdpm(
+                (X, y),
+                alg,
+                num_warmup=warmup,
+                num_samples=iterations,
+                chains=1,
+                seed=seed,
+                client=client,
+                n_shards=workers,
+            )
+            wall = time.perf_counter() - t0
+            d = res.draws
+            K = d["K"][0].astype(float)
+            per_decision = d["data_used"][0] / K
+            n_k = d["cluster_rows"][0] / K
+            sec = np.diff(d["seconds"][0], prepend=0.0)
+            runs.append(
+                {
+                    "rows": int(n),
+                    "rows_per_decision": float(per_decision.mean()),
+                    "mean_cluster_size": float(n_k.mean()),
+                    "K_mean": float(K.mean()),
+                    "seconds_per_iteration": float(np.median(sec)),
+                    "wall_seconds": wall,
+                }
+            )
+    finally:
+        client.close()
+        cluster.close()
+    x = np.log([r["mean_cluster_size"] for r in runs])
+    z = np.log([r["rows_per_decision"] for r in runs])
+    slope = float(np.polyfit(x, z, 1)[0]) if len(runs) > 1 else float("nan")
+    return {"eps": eps, "workers": workers, "iterations": iterations, "runs": runs, "slope": slope}
+
+
+def _fig6(
+    rows: int,
+    test_rows: int,
+    iterations: int,
+    warmup: int,
+    chains: int,
+    eps: float,
+    step_z: int,
+    init_clusters: int,
+    n_shards: int,
+    tolerance: float,
+    seed: int,
+    client: Any,
+    plot: str | None,
+) -> dict[str, Any]:
+    """Exact MH and austerity, side by side, on the paper's Fig. 6 data."""
     X, y = four_blobs(rows, seed)
     Xt, yt = four_blobs(test_rows, seed + 1000)
     runs = {}
@@ -160,6 +262,27 @@ def run_jointdpm(
 
 def format_jointdpm(d: dict[str, Any]) -> str:
     """The benchmark's figures as text."""
+    lines = []
+    if "fig6" in d:
+        lines.append(_format_fig6(d["fig6"]))
+    if "tall" in d:
+        t = d["tall"]
+        lines += [
+            f"JointDPM tall: eps={t['eps']:g} (one-sided), {t['workers']} workers, one chain, "
+            f"{t['iterations']} iterations",
+            f"{'rows':>10} {'K mean':>7} {'mean N_k':>10} {'read/decision':>13} {'s/iter':>8}",
+        ]
+        for r in t["runs"]:
+            lines.append(
+                f"{r['rows']:>10,} {r['K_mean']:>7.2f} {r['mean_cluster_size']:>10.0f} "
+                f"{r['rows_per_decision']:>13.1f} {r['seconds_per_iteration']:>8.4f}"
+            )
+        lines.append(f"log-log slope of rows read per decision in N_k: {t['slope']:.3f}")
+    return "\n".join(lines)
+
+
+def _format_fig6(d: dict[str, Any]) -> str:
+    """Fig. 6's figures as text."""
     lines = [
         f"JointDPM on four blobs: {d['rows']:,} rows, {d['test_rows']:,} held out; "
         f"{d['chains']} chains x {d['iterations']} iterations, step_z={d['step_z']}",
