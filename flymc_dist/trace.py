@@ -81,7 +81,10 @@ bool/integer/float dtype (read back as arrays of the same dtype and shape).
 Integers beyond ±2**53 (e.g. the 128-bit words of a numpy bit-generator state)
 and non-finite floats are stored as tagged strings, so they survive any JSON
 reader exactly; ``rng.bit_generator.state`` of every numpy bit generator
-round-trips and restores the stream exactly.
+round-trips and restores the stream exactly. A checkpoint's arrays of more than
+:data:`_INLINE_ITEMS` items (a JointDPM run's moved labels, say) are not JSON: each is
+a zarr array of the ``checkpoint`` group, written before the record that names it; the
+arrays of the checkpoint before are deleted once the new record is written.
 """
 
 from __future__ import annotations
@@ -132,6 +135,11 @@ _LAYOUT = {
 _RESERVED_ATTR = "flymc_trace"
 _TAG = "__flymc_type__"
 _MAX_EXACT_INT = 2**53
+#: a checkpoint's arrays of more items than this are stored as zarr arrays in the
+#: trace's ``checkpoint`` group (written before the record that names them), not as JSON
+_INLINE_ITEMS = 4096
+#: the trace's group of the checkpoints' large arrays
+_CHECKPOINT_GROUP = "checkpoint"
 _STAT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEFAULT_CHUNK_DRAWS = 256
 #: every array of a trace is written with all its chunks, those equal to the fill value
@@ -146,8 +154,10 @@ _URL_WRITERS = 16
 # --------------------------------------------------------------------------------------------
 
 
-def _encode(value: Any, where: str) -> Any:
-    """Encode ``value`` into plain JSON types, tagging what JSON cannot hold exactly."""
+def _encode(value: Any, where: str, spill: Any = None) -> Any:
+    """Encode ``value`` into plain JSON types, tagging what JSON cannot hold exactly; an
+    array of more than :data:`_INLINE_ITEMS` items goes to ``spill(array)`` (when given),
+    which stores it and returns where."""
     if value is None or isinstance(value, (bool, np.bool_, str)):
         return bool(value) if isinstance(value, np.bool_) else value
     if isinstance(value, (int, np.integer)):
@@ -163,6 +173,8 @@ def _encode(value: Any, where: str) -> Any:
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
             raise TypeError(f"{where}: cannot store an array of dtype {value.dtype}")
+        if spill is not None and value.size > _INLINE_ITEMS:
+            return {_TAG: "stored", "array": spill(value)}
         return {
             _TAG: "ndarray",
             "dtype": value.dtype.str,
@@ -170,7 +182,7 @@ def _encode(value: Any, where: str) -> Any:
             "data": [_encode(item, where) for item in value.ravel().tolist()],
         }
     if isinstance(value, (list, tuple)):
-        return [_encode(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [_encode(item, f"{where}[{i}]", spill) for i, item in enumerate(value)]
     if isinstance(value, Mapping):
         if _TAG in value:
             raise ValueError(f"{where}: the key {_TAG!r} is reserved")
@@ -178,17 +190,19 @@ def _encode(value: Any, where: str) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(f"{where}: dict keys must be str, got {key!r}")
-            out[key] = _encode(item, f"{where}[{key!r}]")
+            out[key] = _encode(item, f"{where}[{key!r}]", spill)
         return out
     raise TypeError(f"{where}: cannot store a value of type {type(value).__name__} as JSON")
 
 
-def _decode(value: Any) -> Any:
-    """Invert :func:`_encode`."""
+def _decode(value: Any, load: Any = None) -> Any:
+    """Invert :func:`_encode` (``load(where)`` reads an array ``spill`` stored)."""
     if isinstance(value, list):
-        return [_decode(item) for item in value]
+        return [_decode(item, load) for item in value]
     if isinstance(value, dict):
         tag = value.get(_TAG)
+        if tag == "stored" and load is not None:
+            return load(value["array"])
         if tag == "int":
             return int(value["value"])
         if tag == "float":
@@ -196,13 +210,20 @@ def _decode(value: Any) -> Any:
         if tag == "ndarray":
             data = [_decode(item) for item in value["data"]]
             return np.array(data, dtype=np.dtype(value["dtype"])).reshape(value["shape"])
-        return {key: _decode(item) for key, item in value.items()}
+        return {key: _decode(item, load) for key, item in value.items()}
     return value
 
 
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
+
+
+def _checkpoint_chunks(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Chunks of a checkpoint's stored array: whole trailing axes, at most about 4M items
+    per chunk."""
+    row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    return (max(1, min(shape[0], (1 << 22) // max(row, 1))), *shape[1:])
 
 
 def _record_of(group: zarr.Group) -> dict[str, Any] | None:
@@ -906,15 +927,42 @@ class Trace:
         self._require_writable()
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
-        encoded = _encode(dict(state), "state")
+        large: list[np.ndarray] = []
+
+        def spill(array: np.ndarray) -> str:
+            large.append(array)
+            return f"{_CHECKPOINT_GROUP}/{generation}_{len(large) - 1}"
+
+        generation = secrets.token_hex(4)
+        encoded = _encode(dict(state), "state", spill)  # validates before anything is written
         counts = {"n_draws": self._n[False], "n_warmup_draws": self._n[True]}
         record = {
             **self._record,
             "committed": dict(counts),
             "checkpoint": {**counts, "state": encoded},
         }
-        self._retry(lambda: self._write_record(record))
+
+        def write() -> None:
+            for i, array in enumerate(large):
+                name = f"{_CHECKPOINT_GROUP}/{generation}_{i}"
+                stored = self._group.create_array(
+                    name,
+                    shape=array.shape,
+                    dtype=array.dtype,
+                    chunks=_checkpoint_chunks(array.shape),
+                    overwrite=True,
+                    config=_EVERY_CHUNK,
+                )
+                stored[...] = array
+            self._write_record(record)
+
+        self._retry(write)
         self._record = record
+        # the arrays of earlier checkpoints (and of one interrupted before its record)
+        if _CHECKPOINT_GROUP in self._group:
+            for name in list(self._group[_CHECKPOINT_GROUP].array_keys()):
+                if not name.startswith(f"{generation}_"):
+                    self._retry(lambda n=name: self._group.__delitem__(f"{_CHECKPOINT_GROUP}/{n}"))
 
     # ----------------------------------------------------------------------------- reading
 
@@ -989,7 +1037,18 @@ class Trace:
     def checkpoint(self) -> dict[str, Any] | None:
         """The state of the last :meth:`set_checkpoint` (decoded), or None."""
         checkpoint = self._record["checkpoint"]
-        return None if checkpoint is None else _decode(checkpoint["state"])
+        if checkpoint is None:
+            return None
+
+        def load(where: str) -> np.ndarray:
+            if not where.startswith(f"{_CHECKPOINT_GROUP}/") or where not in self._group:
+                raise TraceDamagedError(
+                    f"trace {self._path!s} is damaged: its checkpoint's array {where!r} is "
+                    "missing from the store (a partial copy?)"
+                )
+            return np.asarray(self._group[where][...])
+
+        return _decode(checkpoint["state"], load)
 
     def __repr__(self) -> str:
         return (

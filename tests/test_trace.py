@@ -506,6 +506,34 @@ def test_set_checkpoint_records_the_draws_it_refers_to(tmp_path: Path) -> None:
     assert record["checkpoint"]["n_draws"] == 8
 
 
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_checkpoints_large_arrays_are_zarr_arrays_not_json(tmp_path: Path, where: str) -> None:
+    """An array of a checkpoint beyond the inline size is stored as a zarr array (the
+    record stays small), read back exactly, replaced by the next checkpoint's (no array
+    of an earlier checkpoint is left), and one missing from the store is refused."""
+    path = tmp_path / "t" if where == "local" else f"memory://flymc-ck/{tmp_path.name}"
+    rng = np.random.default_rng(18)
+    trace = _new(path)
+    trace.append(*_batch(rng, 3, 4, (4,)), warmup=False)
+    big = rng.integers(0, 9, (3, 10_000), dtype=np.int64)
+    trace.set_checkpoint({"chains": [{"labels": big, "small": np.arange(3)}], "iteration": 4})
+    record = zarr.open_group(path, mode="r").attrs["flymc_trace"]
+    assert len(json.dumps(record)) < 4_000
+    got = Trace.open(path, read_only=True).checkpoint
+    np.testing.assert_array_equal(got["chains"][0]["labels"], big)
+    assert got["chains"][0]["labels"].dtype == np.int64
+    np.testing.assert_array_equal(got["chains"][0]["small"], np.arange(3))
+    trace.set_checkpoint({"chains": [{"labels": big[::-1].copy()}], "iteration": 5})
+    group = zarr.open_group(path, mode="r+")
+    assert len(list(group["checkpoint"].array_keys())) == 1
+    np.testing.assert_array_equal(Trace.open(path).checkpoint["chains"][0]["labels"], big[::-1])
+    del group[f"checkpoint/{next(iter(group['checkpoint'].array_keys()))}"]
+    with pytest.raises(TraceDamagedError, match="checkpoint's array"):
+        Trace.open(path).checkpoint  # noqa: B018
+    trace.set_checkpoint({"iteration": 6})
+    assert not list(zarr.open_group(path, mode="r")["checkpoint"].array_keys())
+
+
 def test_truncated_arrays_are_reported_as_corrupt(tmp_path: Path) -> None:
     rng = np.random.default_rng(16)
     trace = _new(tmp_path / "t")
