@@ -162,10 +162,12 @@ class DPMTransport:
 
 
 def _submit(client: Any, args: tuple, worker: str) -> Any:
-    """A :class:`DPMShard` actor made from ``args`` on ``worker`` (its future)."""
-    return client.submit(
-        DPMShard, *args, actor=True, workers=[worker], allow_other_workers=False, pure=False
-    )
+    """A :class:`DPMShard` actor made from ``args`` on ``worker`` (its future); the rows
+    are scattered to ``worker`` first, not sent inside the task."""
+    j, start, X, y, *rest = args
+    Xf, yf = client.scatter([X, y], workers=[worker], hash=False)
+    where = {"workers": [worker], "allow_other_workers": False}
+    return client.submit(DPMShard, j, start, Xf, yf, *rest, actor=True, pure=False, **where)
 
 
 def open_dpm_transport(
