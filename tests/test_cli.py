@@ -937,6 +937,7 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
     assert all(h["rounds"] == 0 for h in t["hosts"])
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_demo_on_an_embedded_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     """What a newcomer runs, in small: its own 2-worker LocalCluster, closed afterwards."""

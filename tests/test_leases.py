@@ -103,6 +103,7 @@ def cluster():
         yield c
 
 
+@pytest.mark.slow
 def test_a_killed_driver_leaves_no_row_file_thread_or_descriptor(tmp_path, cluster):
     from distributed import Client
 

@@ -438,7 +438,13 @@ def _late_failure(X: np.ndarray, y: np.ndarray, failure: BaseException | None):
         yield Xb, y[s : s + step]
 
 
-@pytest.mark.parametrize("failure", [None, KeyboardInterrupt()], ids=["nan", "ctrl-c"])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(None, id="nan", marks=pytest.mark.slow),
+        pytest.param(KeyboardInterrupt(), id="ctrl-c"),
+    ],
+)
 def test_s3_failed_overwrite_keeps_the_old_data_set(s3, failure):
     """A NaN in a late block, or Ctrl-C, during an overwrite: the old data set is intact
     and nothing is left beside it."""
@@ -464,6 +470,7 @@ def test_s3_failed_overwrite_keeps_the_old_data_set(s3, failure):
     assert sorted(_s3fs(s3).find("bucket/ow")) == before
 
 
+@pytest.mark.slow
 def test_s3_overwrite_replaces_a_data_set_whole(s3):
     """A successful overwrite: the new rows, a new identity, none of the old chunks."""
     opts, url = s3["options"], "s3://bucket/ow/swap.zarr"
@@ -479,6 +486,7 @@ def test_s3_overwrite_replaces_a_data_set_whole(s3):
     assert sorted(k.rsplit("/c/", 1)[-1] for k in keys if "/X/c/" in k) == ["0/0", "1/0"]
 
 
+@pytest.mark.slow
 def test_s3_overwrite_interrupted_while_copying_names_the_new_store(s3, monkeypatch):
     """The connection lost while the new store is copied into place: readers refuse the
     half-swapped store (never read a mix), the error names the complete new store, and writing again
@@ -632,6 +640,7 @@ def test_failed_run_on_an_s3_trace_keeps_it_and_says_how_to_resume(s3, data, cap
     assert not _s3fs(s3).exists("bucket/fail/early.zarr")
 
 
+@pytest.mark.slow
 def test_s3_reads_after_a_rewrite_fail_naming_both_ids(s3, monkeypatch):
     """A data set on S3 replaced while open: the next identity check (here: every read)
     fails naming both store_ids, as on local disk."""
