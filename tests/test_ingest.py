@@ -169,6 +169,7 @@ def test_csv_categorical_and_standardized(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.full_scale
 def test_peak_memory_of_a_csv_ingest_does_not_grow_with_the_file(tmp_path) -> None:
     """A 20 MB and an 80 MB CSV, read, converted and written in 4 MiB blocks: the peak RSS
     of a fresh process grows by a small fraction of the 60 MB between them (the old reader

@@ -315,6 +315,7 @@ def test_out_of_core_draws_are_the_in_memory_draws(tmp_path, model, kernel, boun
 
 
 @pytest.mark.slow
+@pytest.mark.full_scale
 def test_brightness_state_is_o_bright_on_ten_million_rows(tmp_path):
     """4 chains on a 10⁷-row out-of-core shard: the bright sets and resident rows take
     O(bright) bytes (an N-byte mask per chain would be 40 MB), measured with
@@ -517,6 +518,7 @@ def test_deterministic_across_placements(store, local_clusters):
 
 
 @pytest.mark.slow
+@pytest.mark.full_scale
 @pytest.mark.cluster
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
 def test_workers_with_less_memory_than_their_shards(tmp_path):
