@@ -182,8 +182,7 @@ def _ci_only(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect the tests marked ``full_grid`` or ``full_scale`` unless pytest runs with
-    ``--full-grid``; put
-    the tests marked ``cluster`` (or using :func:`local_clusters`) in
+    ``--full-grid``; put the tests marked ``cluster`` (or using :func:`local_clusters`) in
     :data:`PROCESS_GROUP`, before pytest-xdist reads the groups."""
     if not config.getoption("full_grid"):
         left_out = [item for item in items if _ci_only(item)]
