@@ -441,6 +441,7 @@ def _in_thread(name: str, args: list, codes: dict[str, int]) -> threading.Thread
     return th
 
 
+@pytest.mark.slow
 def test_two_runs_on_one_trace_one_writer(
     store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

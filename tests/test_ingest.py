@@ -256,7 +256,9 @@ def test_parquet_directory_is_the_from_numpy_store(tmp_path, parallel, request) 
     assert_same_store(got, ref)
 
 
-@pytest.mark.parametrize("parallel", PARALLEL)
+@pytest.mark.parametrize(  # on the workers: in the full suite only (the pieces are the same)
+    "parallel", [False, pytest.param(True, marks=[pytest.mark.cluster, pytest.mark.slow])]
+)
 def test_parquet_pieces_across_row_groups_are_the_from_numpy_store(
     tmp_path, parallel, request, monkeypatch
 ) -> None:

@@ -187,6 +187,7 @@ def test_shard_spec_carries_options_picklably_and_hides_them():
 # ------------------------------------------------------------------ a cluster run on S3
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_workers_see_only_the_bogus_environment(s3, client):
     env = client.run(
@@ -233,6 +234,7 @@ def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
     assert SECRET not in fs.cat(f"{url[len('s3://') :]}/zarr.json").decode()
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_workers_without_the_options_fail_in_one_line(s3, data, client):
     """Shard specs without the options (as before they carried them): the workers cannot
