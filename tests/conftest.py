@@ -163,24 +163,31 @@ PROCESS_GROUP = "processes"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """``--full-grid``: run every configuration of the exactness grid (CI does)."""
+    """``--full-grid``: run every configuration of the exactness grid, and the tests at
+    full scale (CI does)."""
     parser.addoption(
         "--full-grid",
         action="store_true",
         help="run every configuration of the exactness grid (tests/test_exactness.py), "
-        "not only its covering subset (the tests marked full_grid are deselected without it)",
+        "not only its covering subset, and the memory bounds at full scale (the tests marked "
+        "full_grid or full_scale are deselected without it)",
     )
+
+
+def _ci_only(item: pytest.Item) -> bool:
+    """Whether ``item`` runs only with ``--full-grid`` (marked full_grid or full_scale)."""
+    return any(item.get_closest_marker(m) is not None for m in ("full_grid", "full_scale"))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests marked ``full_grid`` unless pytest runs with ``--full-grid``; put
-    the tests marked ``cluster`` (or using :func:`local_clusters`) in
+    """Deselect the tests marked ``full_grid`` or ``full_scale`` unless pytest runs with
+    ``--full-grid``; put the tests marked ``cluster`` (or using :func:`local_clusters`) in
     :data:`PROCESS_GROUP`, before pytest-xdist reads the groups."""
     if not config.getoption("full_grid"):
-        left_out = [item for item in items if item.get_closest_marker("full_grid") is not None]
+        left_out = [item for item in items if _ci_only(item)]
         if left_out:
-            items[:] = [item for item in items if item.get_closest_marker("full_grid") is None]
+            items[:] = [item for item in items if not _ci_only(item)]
             config.hook.pytest_deselected(items=left_out)
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:

@@ -149,6 +149,7 @@ def test_attacks_change_no_draw_and_are_counted(store, local_clusters, tmp_path,
     assert [h["channel_refused"] for h in res.info["timing"]["hosts"]] == [4, 4]
 
 
+@pytest.mark.slow
 def test_a_tls_cluster_never_uses_the_plain_socket(store, caplog):
     """On a TLS cluster the rounds go through Dask's (encrypted, authenticated) comms,
     even with channel="socket": nothing listens in clear for the key to be sniffed."""

@@ -441,6 +441,7 @@ def _in_thread(name: str, args: list, codes: dict[str, int]) -> threading.Thread
     return th
 
 
+@pytest.mark.slow
 def test_two_runs_on_one_trace_one_writer(
     store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -937,6 +938,7 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
     assert all(h["rounds"] == 0 for h in t["hosts"])
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_demo_on_an_embedded_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     """What a newcomer runs, in small: its own 2-worker LocalCluster, closed afterwards."""

@@ -416,6 +416,7 @@ def process_cluster(process_cluster_of_module):
     return process_cluster_of_module.ready()
 
 
+@pytest.mark.slow
 def test_real_cluster_by_address(store, process_cluster):
     path = store[0]
     res = _run(path, process_cluster["address"], num_warmup=50, num_samples=100)

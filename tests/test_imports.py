@@ -8,6 +8,7 @@ on small planted examples, so that a checker that cannot fail is caught too.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 import textwrap
@@ -137,6 +138,13 @@ def import_graph(
     return graph, lazy
 
 
+@functools.cache
+def package_graph() -> tuple[dict[str, set[str]], dict[str, list]]:
+    """:func:`import_graph` of flymc_dist, parsed once for the module's tests (each parse
+    reads every file of the package: seconds); read it, never change it."""
+    return import_graph(PACKAGE, "flymc_dist")
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of ``graph`` (its nodes in order, the first repeated at the end), or None."""
     WHITE, GREY, BLACK = 0, 1, 2
@@ -177,7 +185,7 @@ def unlisted_lazy(lazy: dict[str, list], allowed: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------ the package
 def test_no_import_cycles_in_the_package() -> None:
-    graph, _ = import_graph(PACKAGE, "flymc_dist")
+    graph, _ = package_graph()
     assert len(graph) > 30 and "flymc_dist.api" in graph  # it saw the package
     assert "flymc_dist.austerity.sampler" in graph["flymc_dist.api"]  # and its imports
     cycle = find_cycle(graph)
@@ -185,7 +193,7 @@ def test_no_import_cycles_in_the_package() -> None:
 
 
 def test_function_level_imports_only_where_listed() -> None:
-    _, lazy = import_graph(PACKAGE, "flymc_dist")
+    _, lazy = package_graph()
     bad = unlisted_lazy(lazy, ALLOWED_LAZY)
     assert not bad, "function-level imports of the package's own modules:\n" + "\n".join(bad)
     present = {(mod, target) for mod, found in lazy.items() for target, _ in found}
@@ -224,7 +232,7 @@ def test_the_driver_side_imports_no_worker_module(module: str) -> None:
     """The driver's chains, its replica and the runner reach no shard, transport or
     austerity module, and nothing that imports Dask (``flymc_dist/__init__`` aside, which
     imports everything)."""
-    graph, lazy = import_graph(PACKAGE, "flymc_dist")
+    graph, lazy = package_graph()
     reached = reachable(graph, lazy, module) - {"flymc_dist"}
     assert "flymc_dist.models" in reached  # it saw the imports
     worker = sorted(m for m in reached if m.startswith(WORKER_SIDE))
@@ -259,7 +267,7 @@ def test_importing_the_package_loads_no_heavy_library_it_only_uses_in_places() -
 def test_the_shard_and_austerity_do_not_import_each_other() -> None:
     """Austerity marks its own shard operations (protocol.shard_operation): the FlyMC shard
     names none of them, and austerity's shard side needs nothing of the shard's."""
-    graph, lazy = import_graph(PACKAGE, "flymc_dist")
+    graph, lazy = package_graph()
     assert not any(
         m.startswith("flymc_dist.austerity") for m in reachable(graph, lazy, "flymc_dist.shard")
     )

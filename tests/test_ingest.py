@@ -78,6 +78,12 @@ def _write_parquet_dir(X, y, where: Path, names, splits=(0, 300, 700), group=128
     return where
 
 
+#: ``parallel``: without a client, then with the session's 2-worker cluster (the client
+#: fixture, taken by the test: marked cluster so that it runs in the process group, on the
+#: xdist worker that holds the shared clusters, not on another that would start its own)
+PARALLEL = [False, pytest.param(True, marks=pytest.mark.cluster)]
+
+
 @pytest.fixture(scope="module")
 def client(local_clusters):
     from distributed import Client
@@ -163,6 +169,7 @@ def test_csv_categorical_and_standardized(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.full_scale
 def test_peak_memory_of_a_csv_ingest_does_not_grow_with_the_file(tmp_path) -> None:
     """A 20 MB and an 80 MB CSV, read, converted and written in 4 MiB blocks: the peak RSS
     of a fresh process grows by a small fraction of the 60 MB between them (the old reader
@@ -230,7 +237,7 @@ def test_npy_by_row_ranges_is_the_from_numpy_store(tmp_path) -> None:
 # --------------------------------------------------------------------------- Parquet
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("parallel", PARALLEL)
 def test_parquet_directory_is_the_from_numpy_store(tmp_path, parallel, request) -> None:
     X, y = _data(1000)
     names = ["a", "b", "c", "d"]
@@ -249,7 +256,9 @@ def test_parquet_directory_is_the_from_numpy_store(tmp_path, parallel, request) 
     assert_same_store(got, ref)
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize(  # on the workers: in the full suite only (the pieces are the same)
+    "parallel", [False, pytest.param(True, marks=[pytest.mark.cluster, pytest.mark.slow])]
+)
 def test_parquet_pieces_across_row_groups_are_the_from_numpy_store(
     tmp_path, parallel, request, monkeypatch
 ) -> None:
@@ -274,7 +283,7 @@ def test_parquet_pieces_across_row_groups_are_the_from_numpy_store(
     assert_same_store(got, ref)
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("parallel", PARALLEL)
 def test_a_bad_value_in_the_middle_of_parquet_names_file_row_column(
     tmp_path, parallel, request
 ) -> None:
@@ -309,7 +318,7 @@ def test_parquet_string_column_needs_categorical(tmp_path) -> None:
 # --------------------------------------------------------------------------- Dask, zarr
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("parallel", PARALLEL)
 def test_dask_array_and_dataframe_are_the_from_numpy_store(tmp_path, parallel, request) -> None:
     import dask.array as da
     import dask.dataframe as dd

@@ -88,7 +88,9 @@ _KERNELS = ["nuts", "hmc", "mala", "rwmh", "slice"]
 
 
 @pytest.mark.parametrize("z_update", ["implicit", "explicit"])
-@pytest.mark.parametrize("kernel", _KERNELS)
+@pytest.mark.parametrize(  # NUTS, the longest here, in the full suite only
+    "kernel", [pytest.param(k, marks=pytest.mark.slow) if k == "nuts" else k for k in _KERNELS]
+)
 def test_shard_evaluated_flymc_identical_for_every_partition(kernel, z_update):
     """FlyMC with the shards evaluating every point (``bright_replica=False``): the bright
     sums are taken per block and added along the fixed tree, whatever the layout."""
@@ -111,7 +113,7 @@ def test_regular_identical_for_every_partition(kernel):
     _across_layouts(_data(n=640), fd.Regular(), kernel)
 
 
-@pytest.mark.parametrize("control_variates", [False, True])
+@pytest.mark.parametrize("control_variates", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_austerity_identical_for_every_partition(control_variates):
     """Austerity: each decision's rows from a keyed permutation of all N rows, the round's
     statistics summed in draw order. The decisions stop early (a real minibatch test)."""

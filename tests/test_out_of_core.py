@@ -285,7 +285,10 @@ def test_kept_proposals_are_the_fresh_draw(store, out_of_core):
 )
 def test_out_of_core_draws_are_the_in_memory_draws(tmp_path, model, kernel, bounds):
     """Forced out of core, with the implicit z-update, the draws and every statistic are
-    the in-memory run's, bit for bit: the z-update is the same, on the same rows."""
+    the in-memory run's, bit for bit: the z-update is the same, on the same rows. In
+    process (the shards' code is the workers'; out of core on workers is
+    test_deterministic_across_placements', and two clusters started here cost 25 s of CPU
+    a case)."""
     rng = np.random.default_rng(12)
     n = 3000
     X = np.c_[np.ones(n), rng.normal(size=(n, 3))]
@@ -296,7 +299,7 @@ def test_out_of_core_draws_are_the_in_memory_draws(tmp_path, model, kernel, boun
         m = fd.RobustRegression()
         y = X @ np.array([0.5, 1.0, -1.0, 0.2]) + rng.standard_t(4, size=n)
     ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=256)
-    kw = dict(kernel=kernel, num_warmup=100, num_samples=100, chains=2)
+    kw = dict(kernel=kernel, num_warmup=100, num_samples=100, chains=2, client="synchronous")
     kw.update(seed=3, progress=False, algorithm=fd.FlyMC(bounds=bounds, q_db=0.05))
     inmem = fd.sample(m, ds, placement=fd.Placement(n_shards=2, out_of_core=False), **kw)
     ooc = fd.sample(m, ds, placement=fd.Placement(n_shards=2, out_of_core=True), **kw)
@@ -312,6 +315,7 @@ def test_out_of_core_draws_are_the_in_memory_draws(tmp_path, model, kernel, boun
 
 
 @pytest.mark.slow
+@pytest.mark.full_scale
 def test_brightness_state_is_o_bright_on_ten_million_rows(tmp_path):
     """4 chains on a 10⁷-row out-of-core shard: the bright sets and resident rows take
     O(bright) bytes (an N-byte mask per chain would be 40 MB), measured with
@@ -514,6 +518,7 @@ def test_deterministic_across_placements(store, local_clusters):
 
 
 @pytest.mark.slow
+@pytest.mark.full_scale
 @pytest.mark.cluster
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
 def test_workers_with_less_memory_than_their_shards(tmp_path):

@@ -127,6 +127,7 @@ def tall(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.full_scale
 @pytest.mark.cluster
 def test_the_issue_run_fits_400_mb_workers(tall):
     """Issue 41, item 1, as reported: 10⁶ × 10 float32, 4 chains, out of core on two

@@ -187,6 +187,7 @@ def test_shard_spec_carries_options_picklably_and_hides_them():
 # ------------------------------------------------------------------ a cluster run on S3
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_workers_see_only_the_bogus_environment(s3, client):
     env = client.run(
@@ -204,14 +205,19 @@ def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
     s3, data, client, tmp_path, monkeypatch, out_of_core
 ):
     """Data and trace on S3, shards on two worker processes, interrupted and resumed: the
-    draws equal those of the same rows on local disk (same seed, chunks, shards). Out of
+    draws equal those of the same rows on local disk in process (same seed, chunks,
+    shards). Out of
     core, the shards read the rows from S3 a chunk at a time, also after the resume."""
     local, remote = data
     opts = s3["options"]
     url = f"s3://bucket/run-{out_of_core}/t.zarr"  # the data set's options are reused
     kw = dict(placement=fd.Placement(n_shards=2, out_of_core=out_of_core))
     res = _interrupted_then_resumed(monkeypatch, remote, url, client, **kw)
-    ref = _interrupted_then_resumed(monkeypatch, local, str(tmp_path / "t.zarr"), client, **kw)
+    # the same rows on local disk, in process (the same draws on workers as in process is
+    # test_cluster's; a second cluster run here cost ~10 s)
+    ref = _interrupted_then_resumed(
+        monkeypatch, local, str(tmp_path / "t.zarr"), "synchronous", **kw
+    )
     assert res.info["out_of_core"] == [out_of_core] * 2 == ref.info["out_of_core"]
     assert res.info["transport"] == "dask" and res.info["n_workers"] == 2
     assert res.samples.shape == (2, 120, 3)
@@ -228,6 +234,7 @@ def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
     assert SECRET not in fs.cat(f"{url[len('s3://') :]}/zarr.json").decode()
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_workers_without_the_options_fail_in_one_line(s3, data, client):
     """Shard specs without the options (as before they carried them): the workers cannot
@@ -433,7 +440,13 @@ def _late_failure(X: np.ndarray, y: np.ndarray, failure: BaseException | None):
         yield Xb, y[s : s + step]
 
 
-@pytest.mark.parametrize("failure", [None, KeyboardInterrupt()], ids=["nan", "ctrl-c"])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(None, id="nan", marks=pytest.mark.slow),
+        pytest.param(KeyboardInterrupt(), id="ctrl-c"),
+    ],
+)
 def test_s3_failed_overwrite_keeps_the_old_data_set(s3, failure):
     """A NaN in a late block, or Ctrl-C, during an overwrite: the old data set is intact
     and nothing is left beside it."""
@@ -459,6 +472,7 @@ def test_s3_failed_overwrite_keeps_the_old_data_set(s3, failure):
     assert sorted(_s3fs(s3).find("bucket/ow")) == before
 
 
+@pytest.mark.slow
 def test_s3_overwrite_replaces_a_data_set_whole(s3):
     """A successful overwrite: the new rows, a new identity, none of the old chunks."""
     opts, url = s3["options"], "s3://bucket/ow/swap.zarr"
@@ -474,6 +488,7 @@ def test_s3_overwrite_replaces_a_data_set_whole(s3):
     assert sorted(k.rsplit("/c/", 1)[-1] for k in keys if "/X/c/" in k) == ["0/0", "1/0"]
 
 
+@pytest.mark.slow
 def test_s3_overwrite_interrupted_while_copying_names_the_new_store(s3, monkeypatch):
     """The connection lost while the new store is copied into place: readers refuse the
     half-swapped store (never read a mix), the error names the complete new store, and writing again
@@ -627,6 +642,7 @@ def test_failed_run_on_an_s3_trace_keeps_it_and_says_how_to_resume(s3, data, cap
     assert not _s3fs(s3).exists("bucket/fail/early.zarr")
 
 
+@pytest.mark.slow
 def test_s3_reads_after_a_rewrite_fail_naming_both_ids(s3, monkeypatch):
     """A data set on S3 replaced while open: the next identity check (here: every read)
     fails naming both store_ids, as on local disk."""

@@ -34,7 +34,8 @@ def _sample(trace: str, **kw):
     return fd.sample(fd.LogisticRegression(prior_scale=3.0), _data(), **opts)
 
 
-@pytest.mark.parametrize("stop_at", [60, 250])  # during warm-up, and during sampling
+# during warm-up, and during sampling (the longer run slow)
+@pytest.mark.parametrize("stop_at", [60, pytest.param(250, marks=pytest.mark.slow)])
 def test_interrupted_run_resumes_from_trace(tmp_path, monkeypatch, stop_at):
     trace = str(tmp_path / "t.zarr")
     calls = {"n": 0}

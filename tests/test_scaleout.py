@@ -268,6 +268,7 @@ def test_replica_over_budget_hands_z_back_to_the_shards(kernel, caplog):
         move.step()
 
 
+@pytest.mark.slow
 def test_out_of_core_shards_serve_the_read_ahead(ds):
     """Out of core (the proposed rows read from the row file by position): the driver's
     z-update gives the draws of the shards' own out-of-core update."""

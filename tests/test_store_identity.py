@@ -74,6 +74,7 @@ def test_a_shard_opened_after_a_rewrite_refuses_it(tmp_path):
             Shard(specs[1], cfg)
 
 
+@pytest.mark.slow
 def test_an_out_of_core_run_keeps_the_rows_it_read(tmp_path, monkeypatch):
     """Another process rewrites the store 60 iterations into an out-of-core run: the run
     read its rows once, into its row files, at set-up (checking the store's identity),

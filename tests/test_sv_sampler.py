@@ -22,11 +22,12 @@ def panel(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client():
-    from flymc_dist.transport.dask import local_client
+def client(local_clusters):
+    """A client of the session's shared 2-worker LocalCluster (its tests then run in the
+    process group, beside the other cluster tests, not starting a cluster of their own)."""
+    from distributed import Client
 
-    client, cluster = local_client(2)
-    with cluster, client:
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
         yield client
 
 
