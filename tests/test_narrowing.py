@@ -86,10 +86,8 @@ def test_the_slowest_direction_mixes_at_about_the_gibbs_rate():
     1.3 times the Gibbs rate (measured 0.029: the bright rows' terms narrow θ given z
     further than the bound alone; 1.3 allows for the ESS estimate's own error at this
     length, and for NUTS's draws of θ | z, which need not be independent). Regular NUTS
-    gets over 1 in the same direction and must exceed 3 times the rate: the limit is
-    FlyMC's alternation, not the direction. It needs fewer draws to show that than FlyMC
-    (measured: 1.56 with 500 draws per chain; 1.58–1.63 with 200, over seeds 3–5;
-    against 3 × 0.051)."""
+    gets 1.2 in the same direction and must exceed 3 times the rate: the limit is
+    FlyMC's alternation, not the direction."""
     X, y = _data(6.0)
     # the best case for FlyMC: z redrawn exactly from p(z | θ) every iteration
     fly = _run(
@@ -109,7 +107,7 @@ def test_the_slowest_direction_mixes_at_about_the_gibbs_rate():
         return float(ess_bulk(proj)) / proj.size
 
     fly_rate = per_draw(fly)
-    reg = _run((X, y), algorithm="regular", num_warmup=300, num_samples=200, chains=4)
+    reg = _run((X, y), algorithm="regular", num_warmup=300, num_samples=500, chains=4)
     reg_rate = per_draw(reg)
     assert 0.4 * rate <= fly_rate <= 1.3 * rate, (fly_rate, rate)
     assert reg_rate > 3.0 * rate, (reg_rate, rate)
