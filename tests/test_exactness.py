@@ -499,22 +499,31 @@ def test_full_grid_option_selects_every_run():
     """Collected by pytest, the file holds the subset's runs by default and every run of
     the grid with ``--full-grid`` (the option CI passes)."""
 
-    def collected(*options: str) -> list[str]:
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", __file__, "--collect-only", "-q", "-n", "0"]
-            + ["-p", "no:cacheprovider", *options],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return [line for line in done.stdout.splitlines() if "::" in line]
+    # both collections in one process, which imports the package once (each import costs
+    # seconds): pytest.main twice, the second output after a separator line
+    separator = "=== --full-grid ==="
+    script = (
+        "import sys, pytest\n"
+        "args = [sys.argv[1], '--collect-only', '-q', '-n', '0', '-p', 'no:cacheprovider']\n"
+        "code = pytest.main(args)\n"
+        f"print({separator!r}, flush=True)\n"
+        "sys.exit(code or pytest.main([*args, '--full-grid']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, __file__], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, _, second = done.stdout.partition(separator)
+    assert second, done.stdout + done.stderr
+
+    def collected(output: str) -> list[str]:
+        return [line for line in output.splitlines() if "::" in line]
 
     def runs(items: list[str]) -> int:
         tests = ("test_targets_exact_posterior", "test_out_of_core_exact", "test_exact_rows_exact")
         return sum(item.split("::")[1].split("[")[0] in tests for item in items)
 
-    subset, full = collected(), collected("--full-grid")
+    subset, full = collected(first), collected(second)
     assert runs(subset) == len(SUBSET) + len(EXACT_SUBSET)
     assert runs(full) == N_RUNS + len(EXACT_COMBOS) * len(MODEL_CLASSES)
     assert len(full) - len(subset) == runs(full) - runs(subset)  # only runs are left out

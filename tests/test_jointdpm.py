@@ -574,14 +574,20 @@ def _chain_estimates(cls, chains=4, iters=2500, burn=200, seed=0):
     return K, co
 
 
+def _floored_mcse(ind: np.ndarray) -> float:
+    """An indicator's MCSE, at least 1e-3: also where it never changed (MCSE NaN)."""
+    m = float(mcse_mean(ind))
+    return m if m > 1e-3 else 1e-3
+
+
 def _z_scores(K, co, pk, pco):
     out = []
     for k in range(1, 5):
         ind = (K == k).astype(float)
-        out.append((ind.mean() - pk[k - 1]) / max(float(mcse_mean(ind)), 1e-3))
+        out.append((ind.mean() - pk[k - 1]) / _floored_mcse(ind))
     for p in range(co.shape[-1]):
         ind = co[..., p].astype(float)
-        out.append((ind.mean() - pco[p]) / max(float(mcse_mean(ind)), 1e-3))
+        out.append((ind.mean() - pco[p]) / _floored_mcse(ind))
     return np.array(out)
 
 
@@ -590,14 +596,16 @@ def test_partition_posterior_matches_enumeration():
     """N = 8, D = 1: every one of the Bell(8) = 4,140 partitions enumerated, so P(K) and
     the co-clustering of four row pairs are exact; four eps = 0 chains agree within
     their MCSE (|z| < 3.5 over 8 quantities). Negative control: the same chains without
-    the n_k⁻ⁱ count in the Gibbs conditional fail the same test."""
+    the n_k⁻ⁱ count in the Gibbs conditional fail the same test by far (|z| > 6), already
+    at a fifth of the length (measured at 500 draws, seeds 1–4: K = 1 never visited, and
+    |z| ≥ 20 for P(K = 2) and every co-clustering; a bias's z-score grows as √length)."""
     n_parts, pk, pco = _exact_posterior(X8, Y8, NIWPrior.paper(1))
     assert n_parts == 4140
     assert 0.05 < pk[0] < 0.9 and pk[1] > 0.05 and pk[2] > 0.02  # an informative posterior
     K, co = _chain_estimates(JointDPMSampler)
     z = _z_scores(K, co, pk, pco)
     assert np.all(np.abs(z) < 3.5), (z, pk[:4], pco)
-    K2, co2 = _chain_estimates(_NoCounts, seed=1)
+    K2, co2 = _chain_estimates(_NoCounts, iters=500, seed=1)
     z2 = _z_scores(K2, co2, pk, pco)
     assert np.max(np.abs(z2)) > 6, z2
 
