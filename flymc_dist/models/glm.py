@@ -68,6 +68,11 @@ class GLM(PriorMixin, Model):
         return self.family.log_concave
 
     @property
+    def bound_tight(self) -> bool:  # type: ignore[override]
+        """Whether the family's bound equals ``f`` at its tight points."""
+        return self.family.tight
+
+    @property
     def n_outputs(self) -> int:
         """E, the family's linear predictors per row (1, or K classes)."""
         return self.family.n_outputs
