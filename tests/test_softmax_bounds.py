@@ -83,9 +83,7 @@ def test_bound_is_the_sum_of_jaakkola_jordan_terms(K):
     a, c = jaakkola_jordan_coefficients(psi[rows, y][:, None] - psi)
     terms = a * s * s + 0.5 * s + c
     terms[..., rows, y] = 0.0
-    np.testing.assert_allclose(
-        model.logbound(eta, y, psi), terms.sum(-1), rtol=1e-12, atol=1e-9
-    )
+    np.testing.assert_allclose(model.logbound(eta, y, psi), terms.sum(-1), rtol=1e-12, atol=1e-9)
 
 
 @pytest.mark.parametrize("K", [2, 3, 10])
