@@ -26,7 +26,8 @@ they give in closed form (:meth:`Family.bound_coefficients` and what reads it):
 :class:`~flymc_dist.models.logistic.LogisticRegression`) and :class:`StudentTFamily`
 (the tangent in ``r²``, ``c(ξ) = (ν + 1)/(νσ² + ξ²)``; the model
 :class:`~flymc_dist.models.robust.RobustRegression`); and :class:`SoftmaxFamily`, K
-linear predictors per row with Böhning's fixed curvature *matrix* (the model
+linear predictors per row with Böhning's fixed curvature *matrix* or the one-vs-each
+bound, a Jaakkola–Jordan curvature per class against the label (the model
 :class:`~flymc_dist.models.softmax.SoftmaxRegression`). Poisson with a log link has no
 such bound (``f'' = −e^η`` is unbounded below) and is refused. :class:`CustomFamily`
 takes a user's ``f``, ``f'`` and curvature, and checks the bound numerically when tight

@@ -30,7 +30,7 @@ class GLM(PriorMixin, Model):
     ----------
     family
         ``"binomial"``, ``"negative_binomial"``, ``"gaussian"``, ``"logistic"``,
-        ``"student_t"`` (``"poisson"`` is refused, saying why), or a :class:`Family`
+        ``"student_t"``, ``"softmax"`` (``"poisson"`` is refused, saying why), or a :class:`Family`
         object (e.g. a :class:`CustomFamily`).
     link
         The family's link (default: ``"logit"`` for binomial, ``"log"``, ``"identity"``).
@@ -41,7 +41,7 @@ class GLM(PriorMixin, Model):
     **family_params
         The family's parameters: ``trials`` (binomial), ``dispersion``
         (negative binomial), ``scale`` (Gaussian), ``xi_untuned`` (logistic), ``nu`` and
-        ``scale`` (Student-t).
+        ``scale`` (Student-t), ``n_classes`` and ``bound`` (softmax).
     """
 
     name = "glm"
