@@ -254,7 +254,7 @@ class Driver:
             self.transport.call(
                 "set_tight_points", None if theta_hat is None else np.asarray(theta_hat, float)
             )
-            if bounds_at_map:
+            if bounds_at_map and self.model.bound_tight:
                 # with every bound tight at the MAP, a row is bright there with probability
                 # 1 if it is an exact row (its bound lies far below) and 0 otherwise: the
                 # replica's decision needs no pass for the expected bright rows there
@@ -333,7 +333,7 @@ class Driver:
             return False
         if self.bright_replica == "auto":
             expected = self._expected_bright
-            if expected is None:  # untuned bounds: at the first chain's start
+            if expected is None:  # untuned or not tight at the MAP: there (or a start)
                 start = self.theta_map if self.theta_map is not None else self.positions[0]
                 with self.progress.phase("expected bright rows (replica)", self.n_rows):
                     expected = float(tree_total(self.transport.call("expected_bright", start)))

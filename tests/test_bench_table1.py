@@ -149,13 +149,18 @@ def test_rejects_bad_options() -> None:
         run_table1(quick=True, kernels=("hmc",))
     with pytest.raises(ValueError, match="budget_minutes"):
         run_table1(quick=True, budget_minutes=0)
+    with pytest.raises(ValueError, match="softmax_bound must be one of"):
+        run_table1(quick=True, softmax_bound="bouchard")
+    with pytest.raises(ValueError, match="flymc_precondition must be"):
+        run_table1(quick=True, flymc_precondition="identity")
 
 
 def test_cli_help_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     """The command's options come from ``run_table1``; bad input is a usage error."""
     assert main(["bench", "table1", "--help"]) == 0
     out, _ = capsys.readouterr()
-    for flag in ("--quick", "--budget-minutes", "--chains", "--datasets", "--kernels", "--json"):
+    flags = ("--quick", "--budget-minutes", "--chains", "--datasets", "--kernels", "--json")
+    for flag in (*flags, "--softmax-bound", "--flymc-precondition"):
         assert flag in out, flag
     assert main(["bench", "--help"]) == 0
     assert "table1" in capsys.readouterr()[0]

@@ -322,6 +322,61 @@ def test_run_other_models(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert Trace.open(trace, read_only=True).samples.shape == (2, 10, *shape)
 
 
+#: every family name ``--model`` takes, the task ``ingest --task <name>`` records for it,
+#: and its targets (from η = x·(0.5, −1, 0.8))
+FAMILY_DATA = {
+    "logistic": "binary",
+    "probit": "binary",
+    "binomial": "binary",
+    "negative_binomial": "count",
+    "gaussian": "real",
+    "student_t": "real",
+    "softmax": "multiclass",
+}
+
+
+def _family_targets(task: str, eta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    if task == "binary":
+        return (rng.random(eta.size) < 1.0 / (1.0 + np.exp(-eta))).astype(np.int64)
+    if task == "count":
+        return rng.poisson(np.exp(eta)).astype(np.int64)
+    if task == "multiclass":
+        return np.digitize(eta, [-0.5, 0.5]).astype(np.int64)
+    return eta + rng.standard_normal(eta.size)
+
+
+@pytest.mark.parametrize("name", list(FAMILY_DATA))
+def test_family_names_through_ingest_and_run(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ingest --task <family>`` records the family's task (counts as counts, not as
+    class labels) and ``run --model <family>`` samples it (softmax with the one-vs-each
+    bound)."""
+    rng = np.random.default_rng(7)
+    X = np.column_stack([np.ones(300), rng.standard_normal((300, 2))])
+    y = _family_targets(FAMILY_DATA[name], X @ np.array([0.5, -1.0, 0.8]), rng)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    data, trace = tmp_path / "d.zarr", tmp_path / "t.zarr"
+    code, _, err = run_cli(["ingest", tmp_path / "d.npz", data, "--task", name], capsys)
+    assert code == 0, err
+    assert open_dataset(data).task == FAMILY_DATA[name]
+    extra = ["--bound", "one_vs_each"] if name == "softmax" else []
+    args = ["run", data, "--model", name, *extra, "--synchronous", "--no-progress"]
+    args += ["--warmup", 10, "--samples", 10, "--chains", 2, "--trace", trace]
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    tr = Trace.open(trace, read_only=True)
+    assert tr.samples.shape == (2, 10, *((3, 3) if name == "softmax" else (3,)))
+    if name == "softmax":
+        assert tr.attrs["model"]["bound"] == "one_vs_each"
+    else:
+        other = tmp_path / "t2.zarr"
+        args = ["run", data, "--model", name, "--bound", "one_vs_each", "--synchronous"]
+        code, _, err = run_cli([*args, "--trace", other], capsys)
+        assert_usage_error(code, err, "--bound applies only to --model softmax")
+        assert_nothing_written(other)
+
+
 def test_resume_after_interrupt_continues_exactly(
     store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,7 +29,7 @@ from flymc_dist.cli.common import (
     url_options,
 )
 from flymc_dist.cli.flags import flag_of, kernel_from_args, options_from_args
-from flymc_dist.data import Dataset, ingest, open_dataset
+from flymc_dist.data import TASKS, Dataset, ingest, open_dataset
 from flymc_dist.models import make_model
 from flymc_dist.result import Result, efficiency, narrowing_line, param_labels
 from flymc_dist.trace import Trace, probe
@@ -108,7 +108,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             target=target,
             categorical=args.categorical,
             standardize=args.standardize,
-            task=args.task,
+            task=args.task if args.task in (None, *TASKS) else task_of_model(args.task),
             n_classes=args.classes,
             chunk_rows=args.chunk_rows,
             dtype=args.dtype,
@@ -161,8 +161,44 @@ def _algorithm(args: argparse.Namespace) -> Any:
     return made
 
 
+#: ``--model``'s names: the three models' and the GLM families' (``student_t`` is the
+#: Student-t family's name for ``robust``)
+MODEL_NAMES = (
+    "logistic",
+    "softmax",
+    "robust",
+    "student_t",
+    "probit",
+    "binomial",
+    "negative_binomial",
+    "gaussian",
+)
+
+
+def _model_of(name: str, kwargs: dict[str, Any]) -> Any:
+    """The model ``--model name`` means, built with ``kwargs``."""
+    if name == "student_t":
+        name = "robust"
+    if name in ("logistic", "softmax", "robust"):
+        return make_model(name, **kwargs)
+    if name == "probit":
+        kwargs = {**kwargs, "link": "probit"}
+    return make_model("glm", family="binomial" if name == "probit" else name, **kwargs)
+
+
+def task_of_model(name: str) -> str:
+    """The data task of ``--model name`` with its default parameters (``ingest --task``
+    takes a model name for it): e.g. ``"count"`` for ``negative_binomial``, ``"binary"``
+    for ``binomial`` (one trial; ``--task count`` for more)."""
+    return _model_of(name, {"n_classes": 2} if name == "softmax" else {}).task
+
+
 def _build_model(args: argparse.Namespace, ds: Any) -> Any:
     kwargs: dict[str, Any] = {}
+    if args.bound is not None:
+        if args.model != "softmax":
+            raise CLIError("--bound applies only to --model softmax")
+        kwargs["bound"] = args.bound
     if args.model == "softmax":
         k = args.classes if args.classes is not None else ds.n_classes
         if k is None:
@@ -170,14 +206,14 @@ def _build_model(args: argparse.Namespace, ds: Any) -> Any:
         kwargs["n_classes"] = int(k)
     elif args.classes is not None:
         raise CLIError("--classes applies only to --model softmax")
-    if args.model == "robust":
+    if args.model in ("robust", "student_t"):
         if args.nu is not None:
             kwargs["nu"] = args.nu
     elif args.nu is not None:
-        raise CLIError("--nu applies only to --model robust")
+        raise CLIError("--nu applies only to --model robust (student_t)")
     if args.scale is not None:
-        if args.model not in ("robust", "gaussian"):
-            raise CLIError("--scale applies only to --model robust or gaussian")
+        if args.model not in ("robust", "student_t", "gaussian"):
+            raise CLIError("--scale applies only to --model robust (student_t) or gaussian")
         kwargs["scale"] = args.scale
     for flag, value, models in (
         ("--trials", args.trials, ("binomial", "probit")),
@@ -192,12 +228,7 @@ def _build_model(args: argparse.Namespace, ds: Any) -> Any:
         kwargs["prior"] = args.prior
     if args.prior_scale is not None:
         kwargs["prior_scale"] = args.prior_scale
-    if args.model in ("logistic", "softmax", "robust"):
-        return make_model(args.model, **kwargs)
-    if args.model == "probit":
-        kwargs["link"] = "probit"
-    family = "binomial" if args.model == "probit" else args.model
-    return make_model("glm", family=family, **kwargs)
+    return _model_of(args.model, kwargs)
 
 
 def _client(args: argparse.Namespace) -> Any:

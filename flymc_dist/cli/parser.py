@@ -11,6 +11,7 @@ from typing import Any
 from flymc_dist import __version__
 from flymc_dist.cli.bench import BENCH_HELP, cmd_bench_overhead
 from flymc_dist.cli.commands import (
+    MODEL_NAMES,
     cmd_ingest,
     cmd_make_data,
     cmd_predict,
@@ -27,7 +28,9 @@ from flymc_dist.cli.demo import (
     cmd_demo,
 )
 from flymc_dist.cli.flags import add_kernel_flags, add_option_flags
+from flymc_dist.data import TASKS
 from flymc_dist.kernels import KERNELS
+from flymc_dist.models.families import SOFTMAX_BOUNDS
 from flymc_dist.options import Austerity, FlyMC, Placement
 
 #: the θ-kernels
@@ -256,10 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--task",
-        choices=("binary", "multiclass", "count", "real"),
+        choices=(*TASKS, *MODEL_NAMES),
         default=None,
-        help="the task (default: inferred from the target; counts, for --model binomial or "
-        "negative_binomial, are inferred as multiclass labels unless --task count)",
+        help="the task, or the --model the data are for (its task: e.g. negative_binomial "
+        "is count, binomial binary); default: inferred from the target, where counts "
+        "are inferred as multiclass labels",
     )
     p.add_argument(
         "--classes", type=_positive_int, default=None, help="number of classes (multiclass)"
@@ -345,17 +349,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--model",
         required=True,
-        choices=(
-            "logistic",
-            "softmax",
-            "robust",
-            "probit",
-            "binomial",
-            "negative_binomial",
-            "gaussian",
-        ),
-        help="the likelihood; probit, binomial, negative_binomial and gaussian are GLM "
-        "families (fd.GLM)",
+        choices=MODEL_NAMES,
+        help="the likelihood; student_t is robust's family name; probit, binomial, "
+        "negative_binomial and gaussian are GLM families (fd.GLM)",
+    )
+    g.add_argument(
+        "--bound",
+        choices=SOFTMAX_BOUNDS,
+        default=None,
+        help="softmax: FlyMC's bound, Böhning's fixed curvature (the default) or "
+        "one_vs_each, whose curvature falls with each row's margins",
     )
     g.add_argument(
         "--classes",

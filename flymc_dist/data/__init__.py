@@ -39,10 +39,11 @@ from flymc_dist.data.store import (
     default_chunk_rows,
     open_dataset,
 )
-from flymc_dist.data.write import from_blocks, from_numpy
+from flymc_dist.data.write import TASKS, from_blocks, from_numpy
 
 __all__ = [
     "FORMAT",
+    "TASKS",
     "DEFAULT_CHUNK_BYTES",
     "DataIntegrityError",
     "Dataset",

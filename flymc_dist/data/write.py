@@ -48,6 +48,7 @@ from flymc_dist.data.store import (
 )
 
 __all__ = [
+    "TASKS",
     "check_block",
     "check_chunk_rows",
     "from_blocks",
@@ -59,7 +60,8 @@ __all__ = [
 #: Rows per block for validation passes and multi-chunk writes of in-memory arrays.
 _WORK_BLOCK_BYTES = 32 * 2**20
 
-_TASKS = ("binary", "multiclass", "count", "real")
+#: the data tasks a store records
+TASKS = ("binary", "multiclass", "count", "real")
 
 
 # --------------------------------------------------------------------------- validation
@@ -207,8 +209,8 @@ def resolve_task(
         task, inferred_k = _infer_task(y_sample)
         if n_classes is None:
             n_classes = inferred_k
-    if task not in _TASKS:
-        raise ValueError(f"task must be one of {_TASKS} or None, got {task!r}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS} or None, got {task!r}")
     if n_classes is not None:
         if isinstance(n_classes, bool) or not isinstance(n_classes, int | np.integer):
             raise ValueError(f"n_classes must be an integer or None, got {n_classes!r}")

@@ -82,6 +82,9 @@ class Model(ABC):
     #: prior) has one mode and the MAP search may start anywhere; False: the search
     #: starts at the mode of the untuned bound (:func:`flymc_dist.tune.find_map`)
     log_concave: bool = True
+    #: a bound tuned at an estimate equals the likelihood there (less its margin), so no
+    #: row is bright at that estimate (False: e.g. softmax's one-vs-each bound keeps a gap)
+    bound_tight: bool = True
 
     # ----- shapes -------------------------------------------------------------
     @property

@@ -26,7 +26,8 @@ they give in closed form (:meth:`Family.bound_coefficients` and what reads it):
 :class:`~flymc_dist.models.logistic.LogisticRegression`) and :class:`StudentTFamily`
 (the tangent in ``r²``, ``c(ξ) = (ν + 1)/(νσ² + ξ²)``; the model
 :class:`~flymc_dist.models.robust.RobustRegression`); and :class:`SoftmaxFamily`, K
-linear predictors per row with Böhning's fixed curvature *matrix* (the model
+linear predictors per row with Böhning's fixed curvature *matrix* or the one-vs-each
+bound, a Jaakkola–Jordan curvature per class against the label (the model
 :class:`~flymc_dist.models.softmax.SoftmaxRegression`). Poisson with a log link has no
 such bound (``f'' = −e^η`` is unbounded below) and is refused. :class:`CustomFamily`
 takes a user's ``f``, ``f'`` and curvature, and checks the bound numerically when tight
@@ -50,6 +51,7 @@ from flymc_dist.models.base import BoundStats
 
 __all__ = [
     "FAMILIES",
+    "SOFTMAX_BOUNDS",
     "BinomialFamily",
     "CustomFamily",
     "Family",
@@ -81,6 +83,8 @@ STUDENT_T_SCALE = 1.0
 _SMALL_XI = 1e-3
 #: Student-t tight points are clipped to ``_XI_MAX * min(1, √ν σ)``
 _XI_MAX = 1e100
+#: the softmax family's bounds (:class:`SoftmaxFamily`), its default first
+SOFTMAX_BOUNDS = ("bohning", "one_vs_each")
 
 
 def _check_link(family: str, link: str, allowed: tuple[str, ...]) -> None:
@@ -220,6 +224,10 @@ class Family(ABC):
     #: linear predictors per row (``K`` for a multiclass family: ``η``, ``f'`` and the
     #: tight points then carry a trailing axis of length K)
     n_outputs: int = 1
+    #: the bound equals ``f`` (less its margin) at its tight points, so no row is bright
+    #: at the estimate the tight points were set from (False: a bound that keeps a gap
+    #: there, e.g. softmax's one-vs-each)
+    tight: bool = True
 
     @property
     def task(self) -> str:
@@ -989,8 +997,10 @@ def _relative_to_label(a: np.ndarray, yi: np.ndarray) -> np.ndarray:
 
 class SoftmaxFamily(Family):
     """``K`` classes, ``y ∈ {0, …, K−1}``, with ``K`` linear predictors per row
-    (``η = θx``, ``θ`` of shape (K, D)) and Böhning's bound: the fixed curvature *matrix*
-    ``A_K = (I − 11ᵀ/K)/2``, which dominates the Hessian of ``lse`` everywhere.
+    (``η = θx``, ``θ`` of shape (K, D)) and one of two bounds (``bound``): Böhning's
+    (``"bohning"``, the default), with the fixed curvature *matrix*
+    ``A_K = (I − 11ᵀ/K)/2``, which dominates the Hessian of ``lse`` everywhere; or the
+    one-vs-each bound (``"one_vs_each"``), whose curvature adapts to each row's margins.
 
     ``f = η_y − lse(η)``; with ``g = softmax(ψ)`` and ``d = η − ψ``,
     ``lse(η) ≤ lse(ψ) + dᵀg + dᵀA_K d/2``, so ``β = η_y − lse(ψ) − dᵀg − dᵀA_K d/2 − ε``
@@ -1005,19 +1015,44 @@ class SoftmaxFamily(Family):
     after rounding even for huge logits along the flat direction, where a naive
     evaluation loses ``~1e-16 |η|``.
 
+    One-vs-each (Titsias 2016; Bouchard 2007's bound with its free offset at ``η_y``,
+    less its ``log 2``): with ``u_k = η_k − η_y``,
+    ``f = −log(1 + Σ_{k≠y} e^{u_k}) ≥ Σ_{k≠y} log σ(−u_k)`` (since
+    ``Π(1 + a_k) ≥ 1 + Σ a_k`` for ``a_k ≥ 0``), and each ``log σ(s_k)``, ``s_k = −u_k``,
+    is bounded by Jaakkola–Jordan tight at ``|s_k| = ξ_k``:
+    ``β = Σ_{k≠y} (a_k u_k² − u_k/2 + c_k)`` (:func:`jaakkola_jordan_coefficients`,
+    ``a_k = −tanh(ξ_k/2)/(4ξ_k)``). Its curvature in ``u_k`` is
+    ``tanh(ξ_k/2)/(2ξ_k) ≤ 1/4``, about ``1/(2|margin|)`` for a class far below the
+    label's, where Böhning's stays ``1/2``; it is invariant under ``η → η + c1`` (no
+    curvature along the likelihood's flat direction), and not tight at its tight
+    points: the gap there, ``Σ_{k≠y} softplus(u_k) − log(1 + Σ_{k≠y} e^{u_k})``, is
+    ``≈ Σ_{j<k} e^{u_j + u_k}`` for a confidently classified row, and at most
+    ``(K − 1) log 2 − log K`` (all logits equal). Tight points are the same ``K``
+    logits ``ψ_n`` as Böhning's (MAP-tuned ``ψ_n = η̂_n``), read as
+    ``ξ_nk = |ψ_nk − ψ_ny|``.
+
     Parameters
     ----------
     n_classes
         ``K ≥ 2``.
     link
         ``"softmax"`` (the only one).
+    bound
+        ``"bohning"`` (default) or ``"one_vs_each"``.
     """
 
     name = "softmax"
     link = "softmax"
 
-    def __init__(self, n_classes: int, link: str = "softmax") -> None:
+    def __init__(
+        self, n_classes: int, link: str = "softmax", bound: str = SOFTMAX_BOUNDS[0]
+    ) -> None:
         _check_link("softmax", link, ("softmax",))
+        if bound not in SOFTMAX_BOUNDS:
+            names = " or ".join(map(repr, SOFTMAX_BOUNDS))
+            raise ValueError(f"softmax bound must be {names}, got {bound!r}")
+        self.bound_name = bound
+        self.tight = bound == "bohning"
         if isinstance(n_classes, bool) or not isinstance(n_classes, numbers.Integral):
             raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
         if n_classes < 2:
@@ -1097,8 +1132,19 @@ class SoftmaxFamily(Family):
         return psi
 
     def bound_coefficients(self, y: np.ndarray, xi: np.ndarray) -> tuple[np.ndarray, ...]:
-        """``(ψ, w = ψ − ψ_y, lse(w), g = softmax(ψ), ε)`` with ``ε = BOUND_EPS (1 + lse(w))``."""
+        """Böhning: ``(ψ, w = ψ − ψ_y, lse(w), g = softmax(ψ), ε)`` with
+        ``ε = BOUND_EPS (1 + lse(w))``. One-vs-each: ``(a, c)``, each (n, K), the
+        Jaakkola–Jordan coefficients at ``ξ_k = |ψ_k − ψ_y|`` (margins included), zero in
+        the label's column."""
         yi = self._labels(y)
+        if self.bound_name == "one_vs_each":
+            a, c = jaakkola_jordan_coefficients(
+                _relative_to_label(np.asarray(xi, dtype=np.float64), yi)
+            )
+            rows = np.arange(yi.shape[0])
+            a[rows, yi] = 0.0
+            c[rows, yi] = 0.0
+            return a, c
         psi = np.asarray(xi, dtype=np.float64)
         w = _relative_to_label(psi, yi)
         lse_w = logsumexp(w)
@@ -1109,8 +1155,13 @@ class SoftmaxFamily(Family):
     def bound(
         self, eta: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...], grad: bool = True
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """``β`` and ``dβ/dη = e_y − g − A_K (η − ψ)``: (..., n, K) -> (..., n), (..., n, K)."""
+        """``β`` and ``dβ/dη``: (..., n, K) -> (..., n), (..., n, K). Böhning:
+        ``dβ/dη = e_y − g − A_K (η − ψ)``. One-vs-each: ``β = Σ_k (a_k u_k² − u_k/2 + c_k)``
+        over ``k ≠ y`` (``a_y = c_y = 0``, ``u_y = 0``), ``dβ/dη_k = 2a_k u_k − ½`` for
+        ``k ≠ y`` and minus their sum for ``y``."""
         yi = self._labels(y)
+        if self.bound_name == "one_vs_each":
+            return self._one_vs_each(eta, yi, coef, grad)
         _, w, lse_w, g, eps = coef
         e = _relative_to_label(eta, yi)
         e -= w
@@ -1127,12 +1178,53 @@ class SoftmaxFamily(Family):
         e[..., np.arange(yi.shape[0]), yi] += 1.0
         return beta, e
 
+    def _one_vs_each(
+        self, eta: np.ndarray, yi: np.ndarray, coef: tuple[np.ndarray, ...], grad: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The one-vs-each bound and its η-derivative (see :meth:`bound`)."""
+        a, c = coef
+        u = _relative_to_label(eta, yi)
+        g = a * u  # a_k u_k
+        beta = np.einsum("...nk,...nk->...n", g, u)
+        beta -= 0.5 * u.sum(axis=-1)  # u_y = 0
+        beta += c.sum(axis=-1)
+        if not grad:
+            return beta, None
+        g *= 2.0
+        g -= 0.5
+        rows = np.arange(yi.shape[0])
+        g[..., rows, yi] = 0.0
+        g[..., rows, yi] = -g.sum(axis=-1)
+        return beta, g
+
     def collapse(self, X: np.ndarray, y: np.ndarray, coef: tuple[np.ndarray, ...]) -> BoundStats:
-        """In the row-major flattened ``θ`` (K, D): ``β_n = −ηᵀA_Kη/2 + v_nᵀη + c_n`` with
-        ``v_n = e_{y_n} − g_n + A_K ψ_n`` and
+        """In the row-major flattened ``θ`` (K, D). Böhning: ``β_n = −ηᵀA_Kη/2 + v_nᵀη +
+        c_n`` with ``v_n = e_{y_n} − g_n + A_K ψ_n`` and
         ``c_n = −lse(ψ_n) + ψ_nᵀg_n − ψ_nᵀA_Kψ_n/2 − ε_n``; so
-        ``A = −kron(A_K, Σ x xᵀ)/2``, ``b = vec(VᵀX)``, ``c = Σ c_n``."""
+        ``A = −kron(A_K, Σ x xᵀ)/2``, ``b = vec(VᵀX)``, ``c = Σ c_n``. One-vs-each:
+        ``β_n = ηᵀM_nη + v_nᵀη + Σ_k c_nk`` with ``M_n = Σ_{k≠y} a_k (e_y − e_k)(e_y −
+        e_k)ᵀ`` and ``v_n = Σ_{k≠y} (e_y − e_k)/2``; block ``(j, k)`` of ``A`` is
+        ``Σ_n M_njk x_n x_nᵀ`` (K(K+1)/2 weighted Gram matrices: a per-row curvature)."""
         yi = self._labels(y)
+        if self.bound_name == "one_vs_each":
+            a, cc = coef
+            n, K, D = X.shape[0], self.n_classes, X.shape[1]
+            rows = np.arange(n)
+            M = np.zeros((n, K, K))
+            idx = np.arange(K)
+            M[:, idx, idx] = a
+            M[rows, yi, :] -= a
+            M[rows, :, yi] -= a
+            M[rows, yi, yi] = a.sum(axis=1)
+            A = np.empty((K * D, K * D))
+            for j in range(K):
+                for k in range(j, K):
+                    blk = weighted_gram(X, M[:, j, k])
+                    A[j * D : (j + 1) * D, k * D : (k + 1) * D] = blk
+                    A[k * D : (k + 1) * D, j * D : (j + 1) * D] = blk
+            V = np.full((n, K), -0.5)
+            V[rows, yi] = 0.5 * (K - 1)
+            return BoundStats(A, np.asarray((V.T @ X).ravel(), dtype=np.float64), float(cc.sum()))
         psi, w, lse_w, g, eps = coef
         n = X.shape[0]
         pc = psi - psi.mean(axis=1, keepdims=True)  # (I − 11ᵀ/K) ψ = 2 A_K ψ
@@ -1157,8 +1249,13 @@ class SoftmaxFamily(Family):
         return np.minimum((u > cum).sum(axis=-1), self.n_classes - 1).astype(np.float64)
 
     def to_dict(self) -> dict:
-        """``{"family": "softmax", "link": "softmax", "n_classes": K}``."""
-        return {"family": self.name, "link": self.link, "n_classes": self.n_classes}
+        """``{"family": "softmax", "link": "softmax", "n_classes": K, "bound": ...}``."""
+        return {
+            "family": self.name,
+            "link": self.link,
+            "n_classes": self.n_classes,
+            "bound": self.bound_name,
+        }
 
 
 def _poisson(**_: object) -> Family:

@@ -30,7 +30,7 @@ class GLM(PriorMixin, Model):
     ----------
     family
         ``"binomial"``, ``"negative_binomial"``, ``"gaussian"``, ``"logistic"``,
-        ``"student_t"`` (``"poisson"`` is refused, saying why), or a :class:`Family`
+        ``"student_t"``, ``"softmax"`` (``"poisson"`` is refused, saying why), or a :class:`Family`
         object (e.g. a :class:`CustomFamily`).
     link
         The family's link (default: ``"logit"`` for binomial, ``"log"``, ``"identity"``).
@@ -41,7 +41,7 @@ class GLM(PriorMixin, Model):
     **family_params
         The family's parameters: ``trials`` (binomial), ``dispersion``
         (negative binomial), ``scale`` (Gaussian), ``xi_untuned`` (logistic), ``nu`` and
-        ``scale`` (Student-t).
+        ``scale`` (Student-t), ``n_classes`` and ``bound`` (softmax).
     """
 
     name = "glm"
@@ -66,6 +66,11 @@ class GLM(PriorMixin, Model):
     def log_concave(self) -> bool:  # type: ignore[override]
         """Whether the family's ``f`` is concave in ``η``."""
         return self.family.log_concave
+
+    @property
+    def bound_tight(self) -> bool:  # type: ignore[override]
+        """Whether the family's bound equals ``f`` at its tight points."""
+        return self.family.tight
 
     @property
     def n_outputs(self) -> int:
