@@ -22,6 +22,7 @@ import numpy as np
 from flymc_dist.jointdpm.data import four_blobs
 from flymc_dist.jointdpm.sampler import sample_jointdpm
 from flymc_dist.options import JointDPM
+from flymc_dist.transport.dask import local_client
 
 __all__ = ["format_jointdpm", "run_jointdpm"]
 
@@ -122,8 +123,6 @@ def _tall(
     seed: int,
 ) -> dict[str, Any]:
     """One austerity run per data size on a LocalCluster of ``workers`` workers."""
-    from flymc_dist.transport.dask import local_client
-
     alg = JointDPM(eps=eps, step_z=step_z, init_clusters=init_clusters)
     runs = []
     client, cluster = local_client(workers)
