@@ -194,70 +194,37 @@ def fold_blocks(values: np.ndarray, first: int, n_blocks: int) -> tuple[np.ndarr
 
 
 def merge_nodes(table: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Combine block-tree nodes whose children are all present, vectorised: the nodes of
-    several parts (shards, or relays' partial sums) stacked, rows ``(level, index,
-    n_blocks)`` of ``table`` with their values ``sums[j]`` (any trailing shape).
+    """Combine block-tree nodes whose children are all present (:func:`_merge`): the
+    nodes of several parts (shards, or relays' partial sums) stacked, rows ``(level,
+    index, n_blocks)`` of ``table`` with their values ``sums[j]`` (any trailing shape,
+    every node's values side by side in one row: one numpy addition per node merged).
 
     Every node made is its left child's value plus its right one's (or its left child's
-    alone where the right one lies past the last block), as :func:`_merge` makes it: the
-    same sums, taken in the same order, whoever merges them and in whatever grouping, so
-    merging partial sums first (on a relay) and the rest later gives the same bits.
+    alone where the right one lies past the last block), so merging partial sums first
+    (on a relay) and the rest later gives the same bits as merging every shard's nodes
+    at once, in whatever grouping.
 
     Returns
     -------
     table, sums
-        The nodes left (every node whose sibling is missing, and the highest ones), in
-        the layout they came in, sorted by level and index.
+        The nodes left (every node whose sibling is missing, and the highest ones),
+        sorted by level and index.
     """
-    table = np.asarray(table, dtype=np.int64).reshape(-1, 3)
-    sums = np.asarray(sums)
-    if table.shape[0] != sums.shape[0] or not table.shape[0]:
+    rows = np.asarray(table, dtype=np.int64).reshape(-1, 3).tolist()
+    if len(rows) != len(sums) or not rows:
         raise ValueError("merge_nodes needs one value per node, and a node at least")
-    n_blocks = int(table[0, 2])
-    if (table[:, 2] != n_blocks).any():
-        raise ValueError("the parts disagree on the number of blocks")
-    level_of, index_of = table[:, 0], table[:, 1]
-    kept_t: list[np.ndarray] = []
-    kept_v: list[np.ndarray] = []
-    idx = np.empty(0, dtype=np.int64)
-    vals = sums[:0]
-    level = 0
-    top = int(level_of.max())
-    while True:
-        here = level_of == level
-        if here.any():
-            idx = np.concatenate([idx, index_of[here]])
-            vals = np.concatenate([vals, sums[here]])
-        width = -(-n_blocks // (1 << level))  # nodes at this level
-        order = np.argsort(idx, kind="stable")
-        idx, vals = idx[order], vals[order]
-        if idx.size > 1 and (np.diff(idx) == 0).any():
-            raise ValueError(f"a block tree node at level {level} given twice")
-        if width <= 1 or (not idx.size and level >= top):
-            break
-        even = idx % 2 == 0
-        pair = np.zeros(idx.size, dtype=bool)
-        pair[:-1] = even[:-1] & (idx[1:] == idx[:-1] + 1)
-        alone = even & (idx + 1 >= width)  # a left child alone: its parent is the same sum
-        right = np.zeros(idx.size, dtype=bool)
-        right[1:] = pair[:-1]
-        stay = ~(pair | alone | right)
-        if stay.any():
-            kept_t.append(np.stack([np.full(stay.sum(), level), idx[stay]], axis=1))
-            kept_v.append(vals[stay])
-        up = pair | alone
-        parents = vals[up].copy()
-        lefts = np.flatnonzero(pair)
-        parents[np.searchsorted(np.flatnonzero(up), lefts)] = vals[lefts] + vals[lefts + 1]
-        idx, vals = idx[up] // 2, parents
-        level += 1
-    kept_t.append(np.stack([np.full(idx.size, level), idx], axis=1))
-    kept_v.append(vals)
-    nodes = np.concatenate(kept_t).astype(np.int64)
-    out = np.concatenate(kept_v)
-    order = np.lexsort((nodes[:, 1], nodes[:, 0]))
-    table = np.concatenate([nodes, np.full((nodes.shape[0], 1), n_blocks)], axis=1)[order]
-    return table, out[order]
+    n_blocks = rows[0][2]
+    nodes: dict[tuple[int, int], Any] = {}
+    for j, (level, index, n) in enumerate(rows):
+        if n != n_blocks:
+            raise ValueError("the parts disagree on the number of blocks")
+        if (level, index) in nodes:
+            raise ValueError(f"block tree node {(level, index)} given twice")
+        nodes[(level, index)] = sums[j]
+    merged = _merge(nodes, n_blocks)
+    keys = sorted(merged)
+    out = np.array([(lv, i, n_blocks) for lv, i in keys], dtype=np.int64).reshape(-1, 3)
+    return out, np.stack([merged[k] for k in keys])
 
 
 def tree_total_arrays(parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
