@@ -9,15 +9,28 @@ round. (A host killed below a relay: test_cluster.py's ``test_worker_killed_mid_
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 from scipy.special import expit
 
 import flymc_dist as fd
-from flymc_dist.protocol import Reply, partial_sum
+from flymc_dist.driver import Driver
+from flymc_dist.protocol import (
+    Reply,
+    Request,
+    Round,
+    ShardConfig,
+    ShardSpec,
+    pack_round,
+    partial_sum,
+    unpack_reply,
+)
 from flymc_dist.reduce import BlockSums, fold_blocks, merge_nodes, tree_total, tree_total_arrays
+from flymc_dist.transport.channel import ROUND, ROUND_TREE, ChannelClient, ChannelError, HostsLost
 from flymc_dist.transport.dask import relay_tree
+from flymc_dist.transport.host import ShardHost
 
 STATS = ("n_bright", "likelihood_queries", "lp", "accepted")
 
@@ -93,6 +106,109 @@ def test_relay_tree_reaches_every_host_once_in_contiguous_subtrees(hosts, fanout
     assert sorted(seen) == names  # every host once
     if fanout > 1:
         assert depth <= math.ceil(math.log(hosts, fanout)) + 1
+
+
+def _hosts(client: ChannelClient, n: int = 3, rows: int = 64) -> list[ShardHost]:
+    """``n`` in-process shard hosts of one shard each, set up for shard-evaluated rounds
+    and connected to ``client`` as ``w0``, ``w1``, …"""
+    rng = np.random.default_rng(0)
+    N = n * rows
+    X = np.column_stack([np.ones(N), rng.normal(size=N)])
+    y = (rng.random(N) < expit(X[:, 1])).astype(np.int64)
+    config = ShardConfig(
+        model=fd.LogisticRegression(),
+        algorithm="flymc",
+        chains=2,
+        seed=0,
+        n_rows=N,
+        track_grad=True,
+    )
+    hosts = []
+    for i in range(n):
+        part = slice(i * rows, (i + 1) * rows)
+        h = ShardHost([ShardSpec(i, "", i * rows, (i + 1) * rows)], config, {i: (X[part], y[part])})
+        h.call("set_tight_points", (None,))
+        h.call("set_positions", (np.zeros((2, 2)), 0))
+        client.connect(f"w{i}", h.open_channel("127.0.0.1", client.secret), client.secret)
+        hosts.append(h)
+    return hosts
+
+
+def _rounds(seed: int = 1) -> list[Round]:
+    rng = np.random.default_rng(seed)
+    return [
+        Round(
+            s,
+            np.array([0, -1]) if s > 1 else np.full(2, -1),
+            True,
+            [Request(rng.normal(size=(2, 2)), True, True)] * 2,
+        )
+        for s in range(1, 5)
+    ]
+
+
+def test_a_relayed_round_is_the_flat_one_bit_for_bit_and_a_lost_child_is_named():
+    """In process, on real sockets: hosts w0 → (w1, w2) answer four rounds (z updated,
+    gradients asked) relayed, with the sums of the same rounds sent to every host of an
+    identical set; then w2 stops: the driver hears from w0 that w2 is lost."""
+    flat_client, tree_client = ChannelClient(), ChannelClient()
+    flat, tree = _hosts(flat_client), _hosts(tree_client)
+    try:
+        tree[0].set_children(
+            [("w1", tree[1]._channel.address), ("w2", tree[2]._channel.address)], 5.0
+        )
+        for msg in _rounds():
+            ok, bad = flat_client.fanout(ROUND, pack_round(msg), ["w0", "w1", "w2"], 60.0)
+            assert not bad
+            want = Driver._aggregate([r for k in sorted(ok) for r in unpack_reply(ok[k]).values()])
+            ok, bad = tree_client.fanout(ROUND_TREE, pack_round(msg), ["w0"], 60.0)
+            assert not bad
+            got = Driver._aggregate(list(unpack_reply(ok["w0"]).values()))
+            for a, b in zip(want, got, strict=True):
+                assert (a is None and b is None) or np.array_equal(a, b)
+        tree[2].close_channel()
+        _, bad = tree_client.fanout(
+            ROUND_TREE, pack_round(_rounds(2)[0]._replace(seq=9)), ["w0"], 5.0
+        )
+        assert isinstance(bad["w0"], HostsLost) and bad["w0"].workers == ["w2"]
+    finally:
+        for h in flat + tree:
+            h.release()
+        flat_client.close()
+        tree_client.close()
+
+
+def test_a_parent_authenticates_as_any_client_and_only_one_at_a_time():
+    """A host's parent connects with the run's key under its own role: without the key it
+    is refused; a second parent while one is connected is refused; the parent's release
+    frees the place (its children do not outlive it)."""
+    client = ChannelClient()
+    hosts = _hosts(client, 2)
+    try:
+        hosts[0].set_children([("w1", hosts[1]._channel.address)], 60.0)
+        ok, bad = client.fanout(ROUND_TREE, pack_round(_rounds()[0]), ["w0"], 60.0)
+        assert ok and not bad
+        server = hosts[1]._channel
+        other = ChannelClient()
+        with pytest.raises(ChannelError):
+            other.connect("w1", server.address, b"x" * 32, timeout=2.0, role="parent")
+        with pytest.raises(ChannelError):
+            other.connect("w1", server.address, client.secret, timeout=2.0, role="parent")
+        assert server.refused["handshake"] == 1 and server.refused["second parent"] == 1
+        hosts[0].release()
+        deadline = time.monotonic() + 5
+        while True:  # the old parent's connection closes with it
+            try:
+                other.connect("w1", server.address, client.secret, timeout=2.0, role="parent")
+                break
+            except ChannelError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        other.close()
+    finally:
+        for h in hosts:
+            h.release()
+        client.close()
 
 
 def _data(n: int = 3000, seed: int = 8) -> tuple[np.ndarray, np.ndarray]:
