@@ -699,7 +699,9 @@ class Transport(Protocol):
         """``Shard.<method>(*args)`` on the listed shards only (one round trip)."""
 
     def round(self, msg: Round | ReplicaRound, positions: np.ndarray) -> list[Reply | ReplicaReply]:
-        """One protocol round on every shard (``positions``: where recovery redraws z)."""
+        """One protocol round on every shard (``positions``: where recovery redraws z).
+        A :class:`Round`'s replies may be partial sums of several shards' (a relay tree's,
+        :func:`partial_sum`), in shard order."""
 
     def post_ahead(self, msg: Ahead) -> Any:
         """Send a read-ahead request to every host without waiting: a handle for

@@ -625,7 +625,10 @@ class DaskTransport:
         """One protocol round on every shard, recovering lost workers' shards.
 
         ``positions`` are the chains' current (post-commit) positions, used to redraw
-        the z of recreated shards exactly.
+        the z of recreated shards exactly. On the socket channel a :class:`Round` goes
+        down the relay tree (:attr:`fanout` > 0, :meth:`ShardHost.round_tree`): the
+        replies are then one partial sum per top host
+        (:func:`~flymc_dist.protocol.partial_sum`), which the driver sums like shards'.
         """
         blob = pack_round(msg)
         for _attempt in range(5):
