@@ -42,8 +42,17 @@ from flymc_dist.kernels.base import (
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.options import FlyMC, Regular, RunSettings
 from flymc_dist.progress import SetupProgress, map_search_rows
-from flymc_dist.protocol import ReplicaReply, ReplicaRound, Reply, Request, Round, Transport
-from flymc_dist.reduce import tree_total, tree_total_arrays
+from flymc_dist.protocol import (
+    SUM_FIELDS,
+    ReplicaReply,
+    ReplicaRound,
+    Reply,
+    Request,
+    Round,
+    Transport,
+    partial_sum,
+)
+from flymc_dist.reduce import tree_total
 from flymc_dist.replica import BrightReplica
 from flymc_dist.rng import (
     ROLE_KERNEL,
@@ -80,12 +89,6 @@ STAT_NAMES: dict[str, str] = {
     "recoveries": "int64",
 }
 
-
-#: the fields of a :class:`Reply` summed along the block tree, and those counted
-_SUM_FIELDS = tuple(
-    Reply._fields.index(f) for f in ("current", "points", "current_grad", "points_grad")
-)
-_COUNT_FIELDS = tuple(Reply._fields.index(f) for f in ("n_bright", "queries"))
 
 #: the MAP search starts on 1/MAP_THIN of the rows (see :func:`~flymc_dist.tune.find_map`)
 #: when there are at least MAP_THIN_ROWS of them: below, a full pass costs little anyway
@@ -429,30 +432,19 @@ class Driver:
 
     @staticmethod
     def _aggregate(replies: list[Reply]) -> Reply:
-        """Sum shard replies field by field: the sums along the fixed block tree the
-        shards' nodes belong to (:func:`~flymc_dist.reduce.tree_total_arrays`), so the
-        same bits whatever the layout; the counts shard by shard. A field absent (None)
-        from the first reply is absent from the sum."""
-        first = replies[0]
-        sums = [i for i in _SUM_FIELDS if first[i] is not None]
-        n = first.tree.shape[0]
-        widths = [first[i][0].size for i in sums]
-        packed = [
-            (r.tree, np.concatenate([r[i].reshape(r.tree.shape[0], -1) for i in sums], axis=1))
-            for r in replies
-        ]
-        total = tree_total_arrays(packed) if len(replies) > 1 or n > 1 else packed[0][1][0]
-        out: list[np.ndarray | None] = [None] * len(first)
-        off = 0
-        for i, w in zip(sums, widths, strict=True):
-            out[i] = total[off : off + w].reshape(first[i].shape[1:])
-            off += w
-        for i in _COUNT_FIELDS:
-            acc = np.array(first[i], copy=True)
-            for r in replies[1:]:
-                acc += r[i]
-            out[i] = acc
-        return Reply._make(out)
+        """Sum shard replies (or relays' partial sums of them) field by field: the sums
+        along the fixed block tree the shards' nodes belong to
+        (:func:`~flymc_dist.protocol.partial_sum`), so the same bits whatever the layout
+        and the relay tree; the counts shard by shard. A field absent (None) from the
+        first reply is absent from the sum."""
+        total = partial_sum(replies)
+        n_blocks = int(total.tree[0, 2])
+        root = max(0, (n_blocks - 1).bit_length())
+        if total.tree.shape[0] != 1 or tuple(total.tree[0, :2]) != (root, 0):
+            raise ValueError(f"the shards' blocks do not cover the {n_blocks} blocks once")
+        return Reply._make(
+            [None if v is None else v[0] if i in SUM_FIELDS else v for i, v in enumerate(total)]
+        )._replace(tree=None)
 
     # ------------------------------------------------------------- iteration
     def _round(self, first: bool, requests: list[Request | None], positions: np.ndarray) -> Reply:

@@ -395,6 +395,13 @@ class Placement(_Options):
         "'dask' (Dask's actor RPC), 'auto' (socket unless the cluster uses TLS)",
         one_of(*CHANNELS),
     )
+    fanout: int = _option(
+        4,
+        "the most hosts the driver, and each host, sends a shard-evaluated round to on "
+        "the socket channel: rounds travel down a tree of hosts, so the driver's cost per "
+        "round grows as log W, not W; 0: the driver sends to every host",
+        integer(0),
+    )
     n_workers: int | None = _option(
         None,
         "workers of the embedded LocalCluster (default: the machine's cores, at most 8)",

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from flymc_dist.models.base import Model
+from flymc_dist.reduce import merge_nodes
 
 
 def shard_operation(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -473,6 +474,57 @@ class Reply(NamedTuple):
     tree: np.ndarray | None = None
 
 
+#: the fields of a :class:`Reply` summed along the block tree, and those counted
+SUM_FIELDS = tuple(
+    Reply._fields.index(f) for f in ("current", "points", "current_grad", "points_grad")
+)
+COUNT_FIELDS = tuple(Reply._fields.index(f) for f in ("n_bright", "queries"))
+
+
+def partial_sum(replies: list[Reply]) -> Reply:
+    """Several shards' replies to one round (or partial sums of them) as one partial sum:
+    the nodes of the fixed block tree they hold, merged wherever a node's children are
+    all there (:func:`~flymc_dist.reduce.merge_nodes`), and the counts added.
+
+    Every node is the same sum whoever merges it, so a relay's partial sum of its
+    subtree's shards, merged again by the driver, gives the bits the driver gets from
+    every shard's own reply: the layout and the relay tree change no draw. The sums
+    travel packed side by side per node (one numpy addition per tree level), and the
+    result keeps a reply's leading node axis (``tree`` its nodes).
+    """
+    first = replies[0]
+    sums = [i for i in SUM_FIELDS if first[i] is not None]
+    if any(r.tree is None or any(r[i] is None for i in sums) for r in replies):
+        raise WireError("replies to one round must all carry the block tree and sums")
+    shapes = [first[i].shape[1:] for i in sums]
+    try:
+        packed = np.concatenate(
+            [
+                np.concatenate(
+                    [r[i].reshape(r.tree.shape[0], math.prod(r[i].shape[1:])) for i in sums],
+                    axis=1,
+                )
+                for r in replies
+            ]
+        )
+        table, merged = merge_nodes(np.concatenate([r.tree for r in replies]), packed)
+    except ValueError as e:
+        raise WireError(f"replies that do not fit one round: {e}") from None
+    out: list[np.ndarray | None] = [None] * len(first)
+    off = 0
+    for i, shape in zip(sums, shapes, strict=True):
+        width = math.prod(shape)
+        out[i] = merged[:, off : off + width].reshape(merged.shape[0], *shape)
+        off += width
+    for i in COUNT_FIELDS:
+        acc = np.array(first[i], copy=True)
+        for r in replies[1:]:
+            acc += r[i]
+        out[i] = acc
+    out[Reply._fields.index("tree")] = table
+    return Reply._make(out)
+
+
 class ReplicaReply(NamedTuple):
     """One shard's reply to a round in replica mode
     (:meth:`flymc_dist.shard.Shard.set_replica`): the change of every chain's bright set
@@ -647,7 +699,9 @@ class Transport(Protocol):
         """``Shard.<method>(*args)`` on the listed shards only (one round trip)."""
 
     def round(self, msg: Round | ReplicaRound, positions: np.ndarray) -> list[Reply | ReplicaReply]:
-        """One protocol round on every shard (``positions``: where recovery redraws z)."""
+        """One protocol round on every shard (``positions``: where recovery redraws z).
+        A :class:`Round`'s replies may be partial sums of several shards' (a relay tree's,
+        :func:`partial_sum`), in shard order."""
 
     def post_ahead(self, msg: Ahead) -> Any:
         """Send a read-ahead request to every host without waiting: a handle for

@@ -193,16 +193,48 @@ def fold_blocks(values: np.ndarray, first: int, n_blocks: int) -> tuple[np.ndarr
     return table, np.stack(out)
 
 
+def merge_nodes(table: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Combine block-tree nodes whose children are all present (:func:`_merge`): the
+    nodes of several parts (shards, or relays' partial sums) stacked, rows ``(level,
+    index, n_blocks)`` of ``table`` with their values ``sums[j]`` (any trailing shape,
+    every node's values side by side in one row: one numpy addition per node merged).
+
+    Every node made is its left child's value plus its right one's (or its left child's
+    alone where the right one lies past the last block), so merging partial sums first
+    (on a relay) and the rest later gives the same bits as merging every shard's nodes
+    at once, in whatever grouping.
+
+    Returns
+    -------
+    table, sums
+        The nodes left (every node whose sibling is missing, and the highest ones),
+        sorted by level and index.
+    """
+    rows = np.asarray(table, dtype=np.int64).reshape(-1, 3).tolist()
+    if len(rows) != len(sums) or not rows:
+        raise ValueError("merge_nodes needs one value per node, and a node at least")
+    n_blocks = rows[0][2]
+    nodes: dict[tuple[int, int], Any] = {}
+    for j, (level, index, n) in enumerate(rows):
+        if n != n_blocks:
+            raise ValueError("the parts disagree on the number of blocks")
+        if (level, index) in nodes:
+            raise ValueError(f"block tree node {(level, index)} given twice")
+        nodes[(level, index)] = sums[j]
+    merged = _merge(nodes, n_blocks)
+    keys = sorted(merged)
+    out = np.array([(lv, i, n_blocks) for lv, i in keys], dtype=np.int64).reshape(-1, 3)
+    return out, np.stack([merged[k] for k in keys])
+
+
 def tree_total_arrays(parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """The root of the tree from every shard's :func:`fold_blocks` ``(nodes, sums)``."""
-    sums = []
-    for nodes, vals in parts:
-        n_blocks = int(nodes[0, 2])
-        sums.append(
-            BlockSums(
-                n_blocks, [(int(r[0]), int(r[1]), v) for r, v in zip(nodes, vals, strict=True)]
-            )
-        )
-    if len(sums) == 1 and len(sums[0].nodes) == 1:
-        return np.array(sums[0].nodes[0][2], copy=True)
-    return tree_total(sums)
+    """The root of the tree from every part's ``(nodes, sums)`` (shards'
+    :func:`fold_blocks`, or relays' :func:`merge_nodes`): all blocks covered once."""
+    table, sums = merge_nodes(
+        np.concatenate([t for t, _ in parts]), np.concatenate([v for _, v in parts])
+    )
+    n_blocks = int(table[0, 2])
+    root = max(0, (n_blocks - 1).bit_length())
+    if table.shape[0] != 1 or table[0, 0] != root or table[0, 1] != 0:
+        raise ValueError(f"the shards' blocks do not cover the {n_blocks} blocks once")
+    return np.array(sums[0], copy=True)

@@ -457,11 +457,15 @@ def _kill_a_worker_once(pids: dict, trace: str, draws: int) -> tuple[threading.T
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["rwmh", "nuts", "nuts-exact-rows", "rwmh-out-of-core"])
+@pytest.mark.parametrize(
+    "kernel", ["rwmh", "rwmh-relayed", "nuts", "nuts-exact-rows", "rwmh-out-of-core"]
+)
 def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_exact_rows):
     """SIGKILL a worker mid-run: the run completes, the lost shards are recreated on the
     live worker with z redrawn exactly, and the posterior is still right. RWMH with the
-    shards' own sums (``bright_replica=False``); NUTS on the driver's replica of the bright rows
+    shards' own sums (``bright_replica=False``), the driver sending to every host, and
+    relayed (``fanout=1``: the driver sends rounds to the first host only, which forwards
+    them to the killed one and names it lost); NUTS on the driver's replica of the bright rows
     (the recreated shards send their whole bright sets, which replace their rows); RWMH
     with out-of-core shards (recreated out of core, their z drawn in a streamed pass);
     NUTS with exact rows (the recreated shards replay their rule before
@@ -473,7 +477,8 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
     path, X, y = store
     trace = str(tmp_path / "trace.zarr")
     fly, place = {
-        "rwmh": ({"bright_replica": False}, {}),
+        "rwmh": ({"bright_replica": False}, {"fanout": 0}),
+        "rwmh-relayed": ({"bright_replica": False}, {"fanout": 1}),
         "nuts": ({"bright_replica": True}, {}),
         "nuts-exact-rows": ({"bright_replica": True}, {}),
         "rwmh-out-of-core": ({}, {"out_of_core": True}),
@@ -482,7 +487,9 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
     exact = kernel.endswith("exact-rows")
     if exact:
         force_exact_rows(1, EXACT_X2)
-    kernel = kernel.removesuffix("-out-of-core").removesuffix("-exact-rows")
+    relayed = kernel.endswith("-relayed")
+    for suffix in ("-out-of-core", "-exact-rows", "-relayed"):
+        kernel = kernel.removesuffix(suffix)
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 100)
         res = _run(
@@ -507,6 +514,8 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
         assert res.info["out_of_core"] == [True] * 3
     elif kernel == "rwmh":
         assert not res.info["bright_replica"]
+        if relayed:  # the killed host was below the relay: not the one sent rounds
+            assert killed["worker"] != sorted(res.info["host_messages"])[0]
     else:
         # z on the driver, its proposals read ahead (a recovery asks again at once)
         assert res.info["bright_replica"] and res.stats["round_trips"].max() <= 2

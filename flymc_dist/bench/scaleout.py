@@ -13,8 +13,9 @@ host (a :class:`~flymc_dist.bench.delay.DelayProxy` in front of each host's roun
 channel). Each ``read_ahead`` (the FlyMC option; 0: a round to the hosts every
 iteration) runs every configuration, side by side; with ``shard_evaluated`` every
 configuration also runs with ``bright_replica=False`` (mode ``shards``: the hosts
-evaluate every point the kernel asks for, a round to every host per evaluation, where
-the driver's cost per round is what grows with W).
+evaluate every point the kernel asks for, a round to every host per evaluation, sent
+down a tree of hosts of ``fanout`` children each, :class:`~flymc_dist.options.Placement`'s
+option: 0 to compare with the driver sending to every host).
 
 Figures per run (post-warm-up iterations):
 
@@ -149,7 +150,7 @@ def _cpu_per_step() -> Iterator[list[float]]:
 
 def _one(
     ds: Any, sched_file: str, workers: int, kernel: str, chains: int, warmup: int,
-    draws: int, seed: int, read_ahead: int, delay_ms: float, replica: bool,
+    draws: int, seed: int, read_ahead: int, delay_ms: float, replica: bool, fanout: int,
 ) -> dict[str, Any]:  # fmt: skip
     from distributed import Client
 
@@ -168,7 +169,7 @@ def _one(
                 seed=seed,
                 client=client,
                 # a loaded machine may take long to load the shards or to answer
-                placement=fd.Placement(timeout=600.0),
+                placement=fd.Placement(timeout=600.0, fanout=fanout),
                 progress=False,
             )
     info = res.info
@@ -215,6 +216,7 @@ def run_scaleout(
     delays_ms: Sequence[float] = (1.0,),
     read_ahead: Sequence[int] = (fd.FlyMC().read_ahead,),
     shard_evaluated: bool = False,
+    fanout: int = fd.Placement().fanout,
     seed: int = 0,
     workdir: str | None = None,
 ) -> dict[str, Any]:
@@ -240,6 +242,9 @@ def run_scaleout(
         hosts every iteration).
     shard_evaluated
         Also run every configuration with ``bright_replica=False``.
+    fanout
+        The hosts the driver, and each host, sends a round to (0: the driver to every
+        host; see :class:`~flymc_dist.options.Placement`).
     seed
         The store's and the runs' seed.
     workdir
@@ -270,7 +275,7 @@ def run_scaleout(
                 for depth in read_ahead if replica else read_ahead[:1]:
                     run = _one(
                         ds, sched_file, w, kernel, chains, num_warmup, num_samples, seed, depth,
-                        d, replica,
+                        d, replica, fanout,
                     )  # fmt: skip
                     if run["workers"] != w:
                         raise RuntimeError(
@@ -284,6 +289,7 @@ def run_scaleout(
         "chains": chains,
         "num_warmup": num_warmup,
         "num_samples": num_samples,
+        "fanout": fanout,
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpus": os.cpu_count(),
         "runs": runs,
@@ -299,7 +305,8 @@ def format_scaleout(d: dict[str, Any]) -> str:
     lines = [
         f"flymc bench scaleout: {d['rows']:,} x {d['features']} logistic, FlyMC defaults, "
         f"{d['kernel']}, {d['chains']} chains, {d['num_warmup']} + {d['num_samples']} "
-        f"iterations; load average {f(d.get('load'), '.1f')} on {d.get('cpus')} CPUs",
+        f"iterations, fanout {f(d.get('fanout'), 'd')}; load average {f(d.get('load'), '.1f')} "
+        f"on {d.get('cpus')} CPUs",
         f"{'W':>3}{'mode':>8}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}"
         f"{'CPU ms/rd':>10}{'θ ms/it':>9}{'z ms/it':>8}{'ms/θ':>6}{'θc ms/it':>9}{'ms/θc':>6}"
         f"{'req/100it':>10}{'bright':>8}{'R-hat':>7}{'minESS':>8}",

@@ -30,7 +30,14 @@ Trust: the channel is never weaker than the Dask comms that set it up.
 
 A frame is a 17-byte header — a one-byte code, an unsigned 64-bit sequence number and
 an unsigned 64-bit length, network order — that many bytes, and a 32-byte MAC. Requests
-carry a method code; replies carry :data:`OK` (the method's ``bytes``) or :data:`ERROR`.
+carry a method code; replies carry :data:`OK` (the method's ``bytes``), :data:`ERROR` or
+:data:`LOST` (a relay's subtree lost hosts).
+
+Relaying (:data:`ROUND_TREE`): a host may also hold one connection from its parent in a
+tree of hosts, which forwards the driver's rounds to it. The parent authenticates with the
+same run's key (handed to every host through Dask), under a handshake and session keys of
+its own role (:data:`ROLES`), so a relayed frame is authenticated, numbered and refused
+like any other, and neither role's frames are valid on the other's connection.
 
 Limits: at most :data:`MAX_PENDING` connections may be in their handshake (more are
 closed at once, so idle connections cannot pile up threads), each for at most 10 s; a
@@ -74,9 +81,15 @@ MAX_FRAME = 64 * 2**20
 ROUND = 1
 ECHO = 2
 AHEAD = 3  # a read-ahead request (replica mode: the driver updates z)
+ROUND_TREE = 4  # a round relayed down the tree of hosts (see ShardHost.round_tree)
 #: reply codes
 OK = 0
 ERROR = 1
+LOST = 2  # a relay lost hosts of its subtree: their worker addresses, one a line
+
+#: who may connect to a host, by the tag its handshake is keyed with: the driver, and
+#: the host's parent in the relay tree (one connection each at a time)
+ROLES = {"driver": b"", "parent": b"relay"}
 
 #: ``handler(code, payload) -> reply``
 Handler = Callable[[int, bytes], bytes]
@@ -108,6 +121,15 @@ def check_channel(value: Any) -> str:
 
 class ChannelError(OSError):
     """A channel connection failed, closed or timed out: its host is treated as lost."""
+
+
+class HostsLost(ChannelError):
+    """Hosts below a relay were lost (``workers``: their keys): raised by a relay's
+    handler, it travels to the driver as a :data:`LOST` reply naming them."""
+
+    def __init__(self, workers: list[str]) -> None:
+        super().__init__(f"hosts lost below a relay: {workers}")
+        self.workers = list(workers)
 
 
 def encode_error(e: BaseException) -> bytes:
@@ -153,11 +175,15 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.digest(key, b"".join(parts), "sha256")
 
 
-def _session(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> tuple[bytes, bytes]:
-    """The connection's handshake proof (the client's) and its session key."""
+def _session(
+    secret: bytes, server_nonce: bytes, client_nonce: bytes, role: str = "driver"
+) -> tuple[bytes, bytes]:
+    """The connection's handshake proof (the client's) and its session key, for a client
+    of ``role`` (see :data:`ROLES`: each role's proofs and keys are its own)."""
+    tag = ROLES[role]
     return (
-        _mac(secret, b"hello", server_nonce, client_nonce),
-        _mac(secret, b"session", server_nonce, client_nonce),
+        _mac(secret, b"hello" + tag, server_nonce, client_nonce),
+        _mac(secret, b"session" + tag, server_nonce, client_nonce),
     )
 
 
@@ -215,7 +241,8 @@ class ChannelServer:
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
         self._pending = 0  # connections in their handshake
-        self._driver: socket.socket | None = None  # the one authenticated connection
+        #: the authenticated connections, one per role (:data:`ROLES`)
+        self._peers: dict[str, socket.socket] = {}
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._accept, name="flymc-channel-accept", daemon=True
@@ -257,23 +284,27 @@ class ChannelServer:
             "flymc channel: refused %s from %s (%s); nothing applied", why.reason, peer, why
         )
 
-    def _handshake(self, conn: socket.socket) -> bytes:
-        """Authenticate the driver; its session key. :class:`Refused` if it has not the
-        run's key, or another driver is connected."""
+    def _handshake(self, conn: socket.socket) -> tuple[str, bytes]:
+        """Authenticate the driver, or the host's parent in the relay tree; its role and
+        session key. :class:`Refused` if it has not the run's key, or another client of
+        its role is connected."""
         server_nonce = secrets.token_bytes(NONCE_BYTES)
         conn.sendall(GREETING + server_nonce)
         answer = _recv_exact(conn, NONCE_BYTES + MAC_BYTES)
         client_nonce, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
-        expected, session = _session(self._secret, server_nonce, client_nonce)
-        if not hmac.compare_digest(proof, expected):
+        for role in ROLES:
+            expected, session = _session(self._secret, server_nonce, client_nonce, role)
+            if hmac.compare_digest(proof, expected):
+                break
+        else:
             raise Refused("handshake", "a connection without the run's key")
         with self._lock:
-            if self._driver is not None:
-                raise Refused("second driver", "a driver is connected already")
-            self._driver = conn
+            if role in self._peers:
+                raise Refused(f"second {role}", f"a {role} is connected already")
+            self._peers[role] = conn
             self._pending -= 1
-        conn.sendall(_mac(self._secret, b"welcome", server_nonce, client_nonce))
-        return session
+        conn.sendall(_mac(self._secret, b"welcome" + ROLES[role], server_nonce, client_nonce))
+        return role, session
 
     def _read_request(self, conn: socket.socket, session: bytes, seq: int) -> tuple[int, bytes]:
         """The next request, authenticated: :class:`Refused` if it is larger than
@@ -291,10 +322,11 @@ class ChannelServer:
         return code, payload
 
     def _serve(self, conn: socket.socket) -> None:
+        role = None
         try:
             _nodelay(conn)
             conn.settimeout(10.0)  # for the handshake only
-            session = self._handshake(conn)
+            role, session = self._handshake(conn)
             conn.settimeout(None)
             seq = 1
             while True:
@@ -305,6 +337,8 @@ class ChannelServer:
                 try:
                     reply = handler(code, payload)
                     status = OK
+                except HostsLost as e:  # a relay's subtree: named to the driver
+                    status, reply = LOST, "\n".join(e.workers).encode("utf-8")
                 except BaseException as e:  # noqa: BLE001 - sent back to the driver
                     status, reply = ERROR, encode_error(e)
                 del handler
@@ -319,8 +353,8 @@ class ChannelServer:
         finally:
             with self._lock:
                 self._conns.discard(conn)
-                if self._driver is conn:  # authenticated (no longer pending) in one step
-                    self._driver = None
+                if role is not None and self._peers.get(role) is conn:
+                    del self._peers[role]  # authenticated (no longer pending) in one step
                 else:
                     self._pending -= 1
             conn.close()
@@ -381,10 +415,17 @@ class ChannelClient:
         self.secret = secrets.token_bytes(KEY_BYTES)
 
     def connect(
-        self, key: str, address: tuple[str, int], secret: bytes, timeout: float = 10.0
+        self,
+        key: str,
+        address: tuple[str, int],
+        secret: bytes,
+        timeout: float = 10.0,
+        role: str = "driver",
     ) -> None:
         """Connect to a host's :class:`ChannelServer` and authenticate with ``secret``
-        (the run's key; :class:`ChannelError` if the host does not prove it holds it)."""
+        (the run's key; :class:`ChannelError` if the host does not prove it holds it),
+        as the driver or as the host's parent in the relay tree (``role``, see
+        :data:`ROLES`)."""
         self.drop(key)
         sock = socket.create_connection(tuple(address), timeout=timeout)
         try:
@@ -394,7 +435,7 @@ class ChannelClient:
                 raise ChannelError(f"{address} is not a flymc round channel")
             server_nonce = hello[len(GREETING) :]
             client_nonce = secrets.token_bytes(NONCE_BYTES)
-            proof, session = _session(secret, server_nonce, client_nonce)
+            proof, session = _session(secret, server_nonce, client_nonce, role)
             sock.sendall(client_nonce + proof)
             try:
                 welcome = _recv_exact(sock, MAC_BYTES)
@@ -404,7 +445,7 @@ class ChannelClient:
                     "key, or another driver is connected)"
                 ) from None
             if not hmac.compare_digest(
-                welcome, _mac(secret, b"welcome", server_nonce, client_nonce)
+                welcome, _mac(secret, b"welcome" + ROLES[role], server_nonce, client_nonce)
             ):
                 raise ChannelError(f"the round channel at {address} does not hold the run's key")
             sock.settimeout(None)
@@ -502,6 +543,8 @@ class ChannelClient:
             conn.seq += 1
             if status == OK:
                 ok[k] = body
+            elif status == LOST:
+                bad[k] = HostsLost(body.decode("utf-8", "replace").split("\n"))
             else:
                 bad[k] = decode_error(body)
         return ok, bad

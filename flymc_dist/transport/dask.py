@@ -50,7 +50,15 @@ from flymc_dist.protocol import (
     unpack_proposals,
     unpack_reply,
 )
-from flymc_dist.transport.channel import AHEAD, ECHO, ROUND, ChannelClient, check_channel
+from flymc_dist.transport.channel import (
+    AHEAD,
+    ECHO,
+    ROUND,
+    ROUND_TREE,
+    ChannelClient,
+    HostsLost,
+    check_channel,
+)
 from flymc_dist.transport.host import ShardHost
 from flymc_dist.transport.inprocess import InProcessTransport
 
@@ -255,6 +263,35 @@ def open_transport(
     return DaskTransport(client, specs, config, placement)
 
 
+#: each level of the relay tree waits this fraction of its parent's timeout for its
+#: children, so that a relay names a lost child before its own parent gives it up
+RELAY_PATIENCE = 0.9
+
+
+def relay_tree(hosts: list[str], fanout: int) -> tuple[list[str], dict[str, list[str]]]:
+    """The tree shard-evaluated rounds travel down: ``hosts`` (in shard order) cut into at
+    most ``fanout`` contiguous groups, the first host of each the relay of the rest, cut
+    the same way below it. Every subtree holds consecutive shards (a relay's partial sum
+    then merges most of the block tree), and its depth is about log_fanout W.
+
+    Returns
+    -------
+    top, children
+        The hosts the driver sends a round to, and each host's children (in order).
+    """
+    children: dict[str, list[str]] = {}
+
+    def split(group: list[str]) -> list[str]:
+        heads = []
+        for part in np.array_split(np.arange(len(group)), min(fanout, len(group))):
+            head = group[part[0]]
+            children[head] = split([group[i] for i in part[1:]]) if len(part) > 1 else []
+            heads.append(head)
+        return heads
+
+    return (split(list(hosts)) if hosts else []), children
+
+
 def _channel_host(worker: str) -> str:
     """The interface a worker's round channel listens on: the host of its address."""
     from distributed.comm.addressing import get_address_host
@@ -295,6 +332,12 @@ class DaskTransport:
     ) -> None:
         placement = Placement() if placement is None else placement
         n_workers, timeout = placement.n_workers, placement.timeout
+        #: the relay tree's fanout (0: none), its top hosts and each host's children and
+        #: channel address as last handed over (None: to be built, see :meth:`_relay_top`)
+        self.fanout = placement.fanout
+        self._top: list[str] | None = None
+        self._children_sent: dict[str, list[tuple[str, tuple[str, int]]]] = {}
+        self._addresses: dict[str, tuple[str, int]] = {}
         self._channel_mode = check_channel(placement.channel)
         import dask
 
@@ -427,6 +470,8 @@ class DaskTransport:
             if bad:  # e.g. the worker's contact address is not one it can listen on
                 raise OSError(f"the host could not open it: {bad[worker]!r}")
             self._chan.connect(worker, ok[worker], secret, timeout=min(self.timeout, 10.0))
+            self._addresses[worker] = tuple(ok[worker])
+            self._top = None  # a new host: the relay tree is built again
         except OSError as e:
             if self._channel_mode == "socket":
                 raise ShardLost(f"cannot reach the round channel of {worker}: {e!r}") from e
@@ -519,7 +564,9 @@ class DaskTransport:
         """Which failures are lost hosts (connection, timeout); re-raise real errors."""
         lost = []
         for w, e in bad.items():
-            if isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ShardLost)) or type(
+            if isinstance(e, HostsLost):  # below a relay: the hosts it names
+                lost += [x for x in e.workers if x in self.placement and x not in lost]
+            elif isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ShardLost)) or type(
                 e
             ).__name__ in ("CommClosedError", "StreamClosedError"):
                 lost.append(w)
@@ -578,11 +625,22 @@ class DaskTransport:
         """One protocol round on every shard, recovering lost workers' shards.
 
         ``positions`` are the chains' current (post-commit) positions, used to redraw
-        the z of recreated shards exactly.
+        the z of recreated shards exactly. On the socket channel a :class:`Round` goes
+        down the relay tree (:attr:`fanout` > 0, :meth:`ShardHost.round_tree`): the
+        replies are then one partial sum per top host
+        (:func:`~flymc_dist.protocol.partial_sum`), which the driver sums like shards'.
         """
         blob = pack_round(msg)
         for _attempt in range(5):
-            if self._chan is not None:
+            if self._chan is not None and self.fanout and isinstance(msg, Round):
+                top, bad = self._relay_top()
+                if not bad:
+                    self._count(top)
+                    ok, bad = self._chan.fanout(ROUND_TREE, blob, top, self.timeout)
+                    self.round_trips += 1
+                if not bad:  # one partial sum of its subtree's shards from each top host
+                    return [r for w in top for r in unpack_reply(ok[w]).values()]
+            elif self._chan is not None:
                 self._count(list(self.placement))
                 ok, bad = self._chan.fanout(ROUND, blob, list(self.placement), self.timeout)
                 self.round_trips += 1
@@ -594,6 +652,35 @@ class DaskTransport:
                 return self._per_shard({w: unpack_reply(r) for w, r in ok.items()})
             self._recover(self._lost(bad), positions)
         raise ShardLost("giving up after 5 recoveries in one round")
+
+    def _relay_top(self) -> tuple[list[str], dict[str, BaseException]]:
+        """The top of the relay tree (:func:`relay_tree`) over the hosts now, built again
+        after a change of hosts: every host whose children changed is told through Dask
+        (:meth:`ShardHost.set_children`) with the seconds it waits for them. Returns the
+        top and the hosts that failed to be told (then the tree is not built)."""
+        if self._top is not None:
+            return self._top, {}
+        hosts = sorted(self.placement, key=lambda w: min(s.shard_id for s in self.placement[w]))
+        top, children = relay_tree(hosts, self.fanout)
+        depth = dict.fromkeys(top, 1)
+        for w in hosts:  # parents come before their children in shard order
+            for c in children.get(w, []):
+                depth[c] = depth[w] + 1
+        calls = {}
+        for w in hosts:
+            mine = [(c, self._addresses[c]) for c in children.get(w, [])]
+            if mine != self._children_sent.get(w, []):
+                timeout = self.timeout * RELAY_PATIENCE ** depth[w]
+                calls[w] = ("set_children", (mine, timeout), {})
+        if calls:
+            ok, bad = self.fanout_calls(calls)
+            self.round_trips -= 1  # set-up, not a protocol round trip
+            for w in ok:
+                self._children_sent[w] = calls[w][1][0]
+            if bad:
+                return top, bad
+        self._top = top
+        return top, {}
 
     def _count(self, workers: list[str]) -> None:
         """One more request sent to each of ``workers`` (:attr:`messages`)."""
@@ -659,8 +746,11 @@ class DaskTransport:
         for w in lost:
             self._futures.pop(w, None)
             self._keys.pop(w, None)
+            self._children_sent.pop(w, None)
+            self._addresses.pop(w, None)
             if self._chan is not None:
                 self._chan.drop(w)
+        self._top = None  # the relay tree is built again over the hosts left
         self.generation += 1
         live = [w for w in sorted(_scheduler_workers(self.client)) if w not in lost]
         deadline = time.time() + 30

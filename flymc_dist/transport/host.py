@@ -21,21 +21,35 @@ from flymc_dist.protocol import (
     Round,
     ShardConfig,
     ShardSpec,
+    WireError,
     check_round,
     pack_proposals,
     pack_reply,
+    partial_sum,
     unpack_ahead,
+    unpack_reply,
     unpack_round,
 )
 from flymc_dist.shard.round import round_shards
 from flymc_dist.shard.rowfile import worker_memory
 from flymc_dist.shard.state import Shard
-from flymc_dist.transport.channel import AHEAD, ECHO, ROUND, ChannelServer
+from flymc_dist.transport.channel import (
+    AHEAD,
+    ECHO,
+    ROUND,
+    ROUND_TREE,
+    ChannelClient,
+    ChannelError,
+    ChannelServer,
+    HostsLost,
+)
 
 log = logging.getLogger("flymc_dist")
 
 #: seconds between a host's checks that its run still holds it (see :class:`ShardHost`)
 LEASE_CHECK = 1.0
+#: seconds a relay keeps trying to connect to a child another parent has just let go
+RELAY_CONNECT = 5.0
 #: on a worker, allocations of at least this many bytes are mapped on their own by glibc's
 #: malloc, so that freeing one gives its memory back at once (see :func:`_map_large`)
 MMAP_THRESHOLD = 256 * 1024
@@ -72,6 +86,12 @@ class ShardHost:
         self._locks: dict[int, threading.Lock] = {}
         #: wall and CPU seconds spent in rounds
         self._channel: Any = None  # a ChannelServer once open_channel is called
+        self._secret: bytes | None = None  # the run's key (open_channel), for the relay
+        #: the relay tree below this host (:meth:`set_children`): its children's keys and
+        #: addresses, the seconds it waits for them, and its connections to them
+        self._children: dict[str, tuple[str, int]] = {}
+        self._child_timeout = 0.0
+        self._relay: ChannelClient | None = None
         #: the shards' buffers as one typed list (:func:`~flymc_dist.shard.state.typed_lists`)
         self.typed_cache: tuple | None = None
         self._busy = {
@@ -185,11 +205,94 @@ class ShardHost:
         message is validated — its layout, finite values, the shards' chains and
         parameters — before any shard sees it.
         """
-        msg = unpack_round(blob)
+        return pack_reply(self._checked_round(unpack_round(blob)))
+
+    def _checked_round(self, msg: Round | ReplicaRound) -> dict[int, Reply | ReplicaReply]:
+        """:meth:`round`, once the message fits the shards here (:func:`check_round`)."""
         if self.shards:
             first = next(iter(self.shards.values()))
             check_round(msg, self.config.chains, first.n_params)
-        return pack_reply(self.round(msg))
+        return self.round(msg)
+
+    # ----------------------------------------------------------- the relay tree
+    def set_children(self, children: list[tuple[str, tuple[str, int]]], timeout: float) -> None:
+        """Make this host a relay of shard-evaluated rounds (:meth:`round_tree`) to
+        ``children`` (their worker keys and round channel addresses, in shard order),
+        each given ``timeout`` seconds to answer; connections to hosts no longer among
+        them are closed at once (another relay may take them over). Handed over through
+        Dask, like the run's key the relay connects with (:meth:`open_channel`'s)."""
+        new = {str(k): (str(a[0]), int(a[1])) for k, a in children}
+        relay = self._relay
+        if relay is not None:
+            for k in list(self._children):
+                if new.get(k) != self._children[k]:
+                    relay.drop(k)
+        self._children, self._child_timeout = new, float(timeout)
+
+    def _connect_child(self, key: str) -> None:
+        """Connect to child ``key`` as its parent, retrying while it still holds the
+        connection of a parent that let it go (:data:`RELAY_CONNECT` seconds at most)."""
+        if self._relay is None:
+            self._relay = ChannelClient()
+        deadline = time.monotonic() + RELAY_CONNECT
+        while True:
+            try:
+                self._relay.connect(
+                    key,
+                    self._children[key],
+                    self._secret,
+                    timeout=min(self._child_timeout, 10.0),
+                    role="parent",
+                )
+                return
+            except ChannelError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def round_tree(self, blob: bytes) -> bytes:
+        """A shard-evaluated round relayed down the tree of hosts: sent on to this host's
+        children (:meth:`set_children`) first, run on the shards here meanwhile, and
+        answered with one partial sum of the whole subtree
+        (:func:`~flymc_dist.protocol.partial_sum`: the block tree's nodes merged where
+        complete, the same bits as the driver's own sum of every shard's reply).
+
+        A child that cannot be reached, closes or does not answer in time is named to
+        the driver as lost (:class:`~flymc_dist.transport.channel.HostsLost`), with every
+        host its own subtree lost; the driver recovers their shards and replays the
+        round, which the shards that ran it answer from their cache.
+        """
+        msg = unpack_round(blob)
+        if not isinstance(msg, Round):
+            raise WireError("only a shard-evaluated round travels down the relay tree")
+        lost: list[str] = []
+        for key in self._children:
+            if self._relay is None or key not in self._relay:
+                try:
+                    self._connect_child(key)
+                except OSError:
+                    lost.append(key)
+        relay = self._relay
+        keys = [k for k in self._children if k not in lost]
+        sent, bad = relay.post(ROUND_TREE, blob, keys) if keys else ([], {})
+        try:
+            mine = list(self._checked_round(msg).values())
+        finally:  # the children's replies are read whatever happened here
+            ok, late = relay.collect(sent, self._child_timeout) if sent else ({}, {})
+        errors = {**bad, **late}
+        for key, e in errors.items():
+            if isinstance(e, HostsLost):
+                lost += e.workers
+            elif isinstance(e, OSError):
+                lost.append(key)
+            else:
+                raise e
+        if lost:
+            raise HostsLost(lost)
+        parts: list[Any] = mine + [r for k in keys for r in unpack_reply(ok[k]).values()]
+        if not parts:
+            raise ValueError("a relayed round reached no shard")
+        return pack_reply({min(self.shards, default=0): partial_sum(parts)})
 
     # ------------------------------------------------------------ the channel
     def open_channel(self, host: str, secret: bytes) -> tuple[str, int]:
@@ -199,6 +302,7 @@ class ShardHost:
         Returns the address to connect to.
         """
         self.close_channel()
+        self._secret = secret
         self._channel = ChannelServer(self._serve_channel, host, secret, self._after_channel)
         # the server holds this host weakly: once Dask drops the actor (its run released
         # it, or the run's client went away), the server stops and its port is freed
@@ -208,6 +312,8 @@ class ShardHost:
     def _serve_channel(self, code: int, payload: bytes) -> bytes:
         if code == ROUND:
             return self.round_packed(payload)
+        if code == ROUND_TREE:
+            return self.round_tree(payload)
         if code == AHEAD:
             return self.proposals_packed(payload)
         if code == ECHO:
@@ -215,11 +321,16 @@ class ShardHost:
         raise ValueError(f"unknown channel request code {code}")
 
     def _after_channel(self, code: int) -> None:
-        if code == ROUND:
+        if code in (ROUND, ROUND_TREE):
             self.settle()
 
     def close_channel(self) -> None:
-        """Stop serving rounds on the socket (if open)."""
+        """Stop serving rounds on the socket (if open), and relaying them: the connections
+        to this host's children close with it."""
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
+        self._children = {}
         if self._channel is not None:
             self._channel.close()
             self._channel = None
