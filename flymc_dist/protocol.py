@@ -489,7 +489,7 @@ def partial_sum(replies: list[Reply]) -> Reply:
     Every node is the same sum whoever merges it, so a relay's partial sum of its
     subtree's shards, merged again by the driver, gives the bits the driver gets from
     every shard's own reply: the layout and the relay tree change no draw. The sums
-    travel packed side by side per node (one numpy addition per tree level), and the
+    travel packed side by side per node (one numpy addition per node merged), and the
     result keeps a reply's leading node axis (``tree`` its nodes).
     """
     first = replies[0]
