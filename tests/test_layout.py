@@ -128,11 +128,21 @@ def test_layout_dependence_of_sums_is_visible(monkeypatch):
     """Negative control: add the shards' nodes shard by shard (the first design's sums)
     and regular NUTS's draws change with the layout in the last bits."""
     import flymc_dist.driver as driver_mod
+    from flymc_dist.protocol import COUNT_FIELDS, SUM_FIELDS, Reply
 
-    def by_shard(parts):
-        return sum(vals.sum(axis=0) for _, vals in parts)
+    def by_shard(replies):
+        first = replies[0]
+        out = list(first)
+        for i in SUM_FIELDS:
+            if first[i] is not None:
+                out[i] = sum(r[i].sum(axis=0) for r in replies)[None]
+        for i in COUNT_FIELDS:
+            out[i] = sum(r[i] for r in replies)
+        n_blocks = int(first.tree[0, 2])
+        out[Reply._fields.index("tree")] = np.array([[(n_blocks - 1).bit_length(), 0, n_blocks]])
+        return Reply._make(out)
 
-    monkeypatch.setattr(driver_mod, "tree_total_arrays", by_shard)
+    monkeypatch.setattr(driver_mod, "partial_sum", by_shard)
     data = _data(n=640)
     a = _sample(data, fd.Regular(), "nuts", "synchronous", 1)
     b = _sample(data, fd.Regular(), "nuts", "synchronous", 3)
