@@ -52,7 +52,7 @@ from flymc_dist.protocol import (
     Transport,
     partial_sum,
 )
-from flymc_dist.reduce import tree_total
+from flymc_dist.reduce import check_root, tree_total
 from flymc_dist.replica import BrightReplica
 from flymc_dist.rng import (
     ROLE_KERNEL,
@@ -438,10 +438,7 @@ class Driver:
         and the relay tree; the counts shard by shard. A field absent (None) from the
         first reply is absent from the sum."""
         total = partial_sum(replies)
-        n_blocks = int(total.tree[0, 2])
-        root = max(0, (n_blocks - 1).bit_length())
-        if total.tree.shape[0] != 1 or tuple(total.tree[0, :2]) != (root, 0):
-            raise ValueError(f"the shards' blocks do not cover the {n_blocks} blocks once")
+        check_root(total.tree)
         return Reply._make(
             [None if v is None else v[0] if i in SUM_FIELDS else v for i, v in enumerate(total)]
         )._replace(tree=None)

@@ -227,14 +227,20 @@ def merge_nodes(table: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.nda
     return out, np.stack([merged[k] for k in keys])
 
 
+def check_root(table: np.ndarray) -> None:
+    """Raise ValueError unless ``table`` (merged nodes, :func:`merge_nodes`) is the tree's
+    root alone: every block covered once."""
+    n_blocks = int(table[0, 2])
+    root = max(0, (n_blocks - 1).bit_length())
+    if table.shape[0] != 1 or table[0, 0] != root or table[0, 1] != 0:
+        raise ValueError(f"the shards' blocks do not cover the {n_blocks} blocks once")
+
+
 def tree_total_arrays(parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """The root of the tree from every part's ``(nodes, sums)`` (shards'
     :func:`fold_blocks`, or relays' :func:`merge_nodes`): all blocks covered once."""
     table, sums = merge_nodes(
         np.concatenate([t for t, _ in parts]), np.concatenate([v for _, v in parts])
     )
-    n_blocks = int(table[0, 2])
-    root = max(0, (n_blocks - 1).bit_length())
-    if table.shape[0] != 1 or table[0, 0] != root or table[0, 1] != 0:
-        raise ValueError(f"the shards' blocks do not cover the {n_blocks} blocks once")
+    check_root(table)
     return np.array(sums[0], copy=True)
