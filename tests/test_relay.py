@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 from scipy.special import expit
+from synthetic import logistic_rows
 
 import flymc_dist as fd
 from flymc_dist.driver import Driver
@@ -211,16 +212,9 @@ def test_a_parent_authenticates_as_any_client_and_only_one_at_a_time():
         client.close()
 
 
-def _data(n: int = 3000, seed: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    X = np.c_[np.ones(n), rng.normal(size=(n, 2))]
-    y = (rng.random(n) < expit(X @ np.array([0.3, -1.0, 0.7]))).astype(np.int64)
-    return X, y
-
-
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    X, y = _data()
+    X, y = logistic_rows(3000, seed=8)
     return fd.from_numpy(X, y, str(tmp_path_factory.mktemp("relay") / "d.zarr"), chunk_rows=250)
 
 
