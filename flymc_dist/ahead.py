@@ -39,23 +39,29 @@ RECOVERIES = 5
 #: holds at once. The reply itself is about a third of that, well inside the round
 #: channel's frames (:data:`~flymc_dist.transport.channel.MAX_FRAME`, 64 MiB).
 REPLY_BYTES = 32 * 2**20
+#: the most the driver holds of one request's replies (every host's), in the same bytes:
+#: with many hosts the steps per request grow with them (``read_ahead · H``), and this
+#: keeps the driver's block bounded where each host's reply is small
+BLOCK_BYTES = 4 * REPLY_BYTES
 
-__all__ = ["REPLY_BYTES", "ReadAhead", "fitting_depth"]
+__all__ = ["BLOCK_BYTES", "REPLY_BYTES", "ReadAhead", "fitting_depth"]
 
 
 def fitting_depth(want: int, step_bytes: list[float], hosts: list[list[int]]) -> int:
     """Steps of proposals per read-ahead request: ``want``, and no more than keep every
-    host's reply within :data:`REPLY_BYTES` (``step_bytes``: each shard's bytes per step;
-    ``hosts``: each host's shards, as positions in that list). 0 when one step of some
-    host is already over: then the shards update z themselves, a round per iteration.
+    host's reply within :data:`REPLY_BYTES` and all of them within :data:`BLOCK_BYTES`
+    (``step_bytes``: each shard's bytes per step; ``hosts``: each host's shards, as
+    positions in that list). 0 when one step is already over: then the shards update z
+    themselves, a round per iteration.
 
     At the default ``q_db`` steps are small (400k × 20 on two hosts, 4 chains, q ≈ 5·10⁻⁵:
-    ~27 kB a step, the default 16 steps). At 10⁶ × 10 on two hosts with ``q_db=0.05``
+    ~27 kB a step, the default 16 steps: 8 per host). At 10⁶ × 10 on two hosts with ``q_db=0.05``
     one step counts ~38 MB a host: none (16 steps made replies of 79-126 MB, more than
     the channel's frames, and the driver would evaluate 10⁵ proposed rows an iteration
     that the shards evaluate in parallel)."""
     per_host = max(sum(step_bytes[i] for i in shards) for shards in hosts)
-    return int(min(want, REPLY_BYTES // max(per_host, 1.0)))
+    total = sum(step_bytes)
+    return int(min(want, REPLY_BYTES // max(per_host, 1.0), BLOCK_BYTES // max(total, 1.0)))
 
 
 class _Block:
@@ -105,8 +111,8 @@ class ReadAhead:
     q
         The dark→bright proposal probability.
     want
-        Steps of proposals per request at most (:data:`~flymc_dist.options.READ_AHEAD`,
-        and out of core what each shard's memory budget holds).
+        Steps of proposals per request at most (the ``read_ahead`` option times the
+        hosts, and out of core what each shard's memory budget holds).
     step_bytes
         Each shard's bytes of proposals per step
         (:meth:`~flymc_dist.shard.Shard.proposal_bytes`): the steps per request are as

@@ -128,9 +128,11 @@ class Driver:
         sums in global row order, the shards by fixed blocks along a fixed tree: either
         way the draws do not depend on the layout). In replica mode with a compiled
         model and the implicit z-update the driver updates z on its replica, fetching
-        the rows the next ``read_ahead`` iterations propose in one request per host
+        the rows the next ``read_ahead · H`` iterations propose in one request to the H
+        hosts, about one message per ``read_ahead`` iterations whatever H
         (:mod:`flymc_dist.ahead`; fewer where a host's reply would pass
-        :data:`~flymc_dist.ahead.REPLY_BYTES`, none where one iteration's would); 0: a
+        :data:`~flymc_dist.ahead.REPLY_BYTES` or all of them
+        :data:`~flymc_dist.ahead.BLOCK_BYTES`, none where one iteration's would); 0: a
         round to the shards every iteration. The draws are the same either way.
     chains, seed
         Number of chains; the seed of every random stream.
@@ -314,7 +316,10 @@ class Driver:
         ):
             # no more steps per request than every shard can hold (out of core: half its
             # memory budget; Shard.ahead_steps), nor than keep a host's reply small
-            want = min(self.transport.call("ahead_steps", self.read_ahead))
+            # read_ahead iterations per host: the driver's messages per iteration do not
+            # grow with the hosts
+            per_request = self.read_ahead * len(self.transport.hosts)
+            want = min(self.transport.call("ahead_steps", per_request))
             step_bytes = self.transport.call("proposal_bytes")
             if fitting_depth(want, step_bytes, self.transport.hosts) >= 1:
                 self.ahead = ReadAhead(

@@ -39,9 +39,11 @@ __all__ = [
 
 #: the replica's default memory budget in ``bright_replica="auto"`` mode (bytes)
 REPLICA_BUDGET = 256 * 2**20
-#: replica mode: iterations of dark→bright proposals whose rows the driver fetches from
-#: the shard hosts in one request per host (see :mod:`flymc_dist.ahead`)
-READ_AHEAD = 16
+#: replica mode: iterations of dark→bright proposals the driver fetches per shard host:
+#: one request to the H hosts carries ``READ_AHEAD · H`` iterations' rows, so the driver
+#: sends about one message per ``READ_AHEAD`` iterations whatever H (see
+#: :mod:`flymc_dist.ahead`)
+READ_AHEAD = 8
 #: how rounds travel to the shard hosts
 CHANNELS = ("auto", "socket", "dask")
 
@@ -219,9 +221,10 @@ class FlyMC(_Options):
     )
     read_ahead: int = _option(
         READ_AHEAD,
-        "replica mode: the driver updates z itself, fetching the rows the next read_ahead "
-        "iterations will propose in one request per host (fewer where a host's request would "
-        "cost it over 32 MiB; 0: a round to the shards every iteration)",
+        "replica mode: the driver updates z itself, fetching the rows the next read_ahead × H "
+        "iterations will propose in one request to the H shard hosts, about one message per "
+        "read_ahead iterations whatever H (fewer iterations where a host's reply would pass "
+        "32 MiB or all of them 128 MiB; 0: a round to the shards every iteration)",
         integer(0),
     )
 

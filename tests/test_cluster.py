@@ -632,8 +632,8 @@ def test_replica_mode_deterministic_across_placements(
     store, local_client, local_clusters, kernel, force_exact_rows
 ):
     """Replica mode (the θ-kernel on the driver's copy of the bright rows): the same
-    draws in-process, on 1 and on 2 workers, one request per READ_AHEAD iterations (also
-    with exact rows)."""
+    draws in-process, on 1 and on 2 workers, one request per READ_AHEAD · W iterations
+    (also with exact rows)."""
     from distributed import Client
 
     path = store[0]
@@ -660,7 +660,9 @@ def test_replica_mode_deterministic_across_placements(
         for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):
             np.testing.assert_array_equal(sync.stats[k], other.stats[k])
         trips = other.stats["round_trips"]  # the driver's own z-update: one request a block
-        assert trips.max() == 1 and trips.sum(axis=1).max() <= trips.shape[1] // READ_AHEAD + 1
+        depth = other.info["read_ahead"]  # read_ahead iterations per host
+        assert depth == READ_AHEAD * other.info["n_workers"]
+        assert trips.max() == 1 and trips.sum(axis=1).max() <= trips.shape[1] // depth + 1
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pytest
 from rss import peak_rss, reset_peak_rss
 
 import flymc_dist as fd
+from flymc_dist.options import READ_AHEAD
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.shard import Shard
 from flymc_dist.shard.round import update_z
@@ -231,8 +232,8 @@ def test_a_q_that_cannot_fit_is_refused_before_any_row_file(store, monkeypatch):
 
 def test_the_replica_read_ahead_fits_the_budget(store):
     """Replica mode, out of core: the driver asks each host for no more steps of proposals
-    than fit in half its shards' budget (it asked for read_ahead = 16 whatever the
-    budget), and the draws do not change."""
+    than fit in half its shards' budget (it asked for READ_AHEAD, one host's, whatever
+    the budget), and the draws do not change."""
 
     def run(budget):
         return fd.sample(
@@ -252,5 +253,5 @@ def test_the_replica_read_ahead_fits_the_budget(store):
     per_step = 8 * (4 * 5 + 3 + 5) * 2 * 0.2 * 1500  # 2 chains, 1,500 rows a shard
     free, tight = run(None), run(int(2 * 3.5 * per_step))
     assert free.info["bright_replica"] and tight.info["bright_replica"]
-    assert free.info["read_ahead"] == 16 and tight.info["read_ahead"] == 3
+    assert free.info["read_ahead"] == READ_AHEAD and tight.info["read_ahead"] == 3
     np.testing.assert_array_equal(free.samples, tight.samples)

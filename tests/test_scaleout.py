@@ -15,7 +15,7 @@ import pytest
 from scipy.special import expit
 
 import flymc_dist as fd
-from flymc_dist.ahead import REPLY_BYTES, fitting_depth
+from flymc_dist.ahead import BLOCK_BYTES, REPLY_BYTES, fitting_depth
 from flymc_dist.bench.delay import delayed_channels
 from flymc_dist.options import READ_AHEAD
 
@@ -123,7 +123,9 @@ def test_draws_identical_on_1_2_4_workers(ds, local_clusters):
     for workers in (1, 2, 4):
         with Client(local_clusters.get(workers), direct_to_workers=True) as client:
             res = _run(ds, client)
-            assert res.info["n_shards"] == workers and res.info["read_ahead"] == READ_AHEAD
+            # read_ahead iterations per host in each request
+            assert res.info["n_shards"] == workers
+            assert res.info["read_ahead"] == READ_AHEAD * workers
             _same(ref, res)
             if workers == 2:
                 _same(plain, _run(ds, client, bright_replica=False))
@@ -131,13 +133,18 @@ def test_draws_identical_on_1_2_4_workers(ds, local_clusters):
 
 def test_the_steps_per_request_fit_every_host():
     """A read-ahead request asks for as many steps as keep every host's cost within
-    REPLY_BYTES, summing the shards a host holds (as after a recovery put two on one);
-    none where one step is over (the shards then update z, a round per iteration)."""
+    REPLY_BYTES, summing the shards a host holds (as after a recovery put two on one),
+    and all of them within BLOCK_BYTES; none where one step is over (the shards then
+    update z, a round per iteration)."""
     step = REPLY_BYTES // 10  # a whole byte count: 10 steps fit, 11 do not
     assert fitting_depth(16, [step, step], [[0], [1]]) == 10
     assert fitting_depth(8, [step, step], [[0], [1]]) == 8
     assert fitting_depth(16, [step, step], [[0, 1]]) == 5
     assert fitting_depth(16, [step, 2 * REPLY_BYTES], [[0], [1]]) == 0
+    # many hosts, each reply small: the driver's whole block stays within BLOCK_BYTES
+    small = BLOCK_BYTES // 400  # 16 hosts' steps: 25 fit in BLOCK_BYTES, 26 do not
+    assert fitting_depth(128, [small] * 16, [[i] for i in range(16)]) == 25
+    assert fitting_depth(128, [small] * 16, [[i] for i in range(16)]) < REPLY_BYTES // small
 
 
 @pytest.mark.cluster
@@ -155,7 +162,7 @@ def test_large_proposals_are_read_ahead_in_fewer_steps_or_by_rounds(
 
     with Client(local_clusters.get(2), direct_to_workers=True) as client:
         ref = _run(ds, client, q_db=0.05)
-        assert ref.info["read_ahead"] == READ_AHEAD
+        assert ref.info["read_ahead"] == 2 * READ_AHEAD  # read_ahead iterations per host
         for cap, depth in ((100_000, 2), (40_000, 0)):
             monkeypatch.setattr("flymc_dist.ahead.REPLY_BYTES", cap)
             res = _run(ds, client, q_db=0.05)
@@ -180,7 +187,8 @@ def test_hot_path_sends_each_host_one_request_per_read_ahead(ds, local_clusters)
     assert res.info["channel"] == "socket"
     sent = res.info["host_messages"]
     assert len(sent) == 2
-    bound = math.ceil(1000 / READ_AHEAD)
+    assert res.info["read_ahead"] == 2 * READ_AHEAD  # read_ahead iterations per host
+    bound = math.ceil(1000 / res.info["read_ahead"])
     assert all(bound <= n <= bound + 4 for n in sent.values()), sent
     trips = res.stats["round_trips"][0].sum() + res.warmup_stats["round_trips"][0].sum()
     assert trips == bound

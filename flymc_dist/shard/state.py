@@ -644,7 +644,7 @@ class Shard:
         :meth:`read_ahead_depth` counts them), at least one.
 
         A request of ``count`` steps reads and sends about ``count · q · n`` rows per
-        chain: at 5·10⁵ rows × 10 features a shard, q = 0.05, 4 chains and the default 16
+        chain: at 5·10⁵ rows × 10 features a shard, q = 0.05, 4 chains and 16
         steps, nearly every row of the shard, several times over (measured: 1.47 GB in one
         process holding two such shards, where in memory they take 120 MB)."""
         want = max(1, int(want))
