@@ -58,7 +58,9 @@ class FusedTarget:
     in the replica's order.
     """
 
-    __slots__ = ("buffer", "r0", "r1", "kind", "par", "S", "b", "c", "prior", "clock")
+    __slots__ = (
+        "buffer", "r0", "r1", "kind", "par", "S", "b", "c", "prior", "clock", "generators"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -74,12 +76,16 @@ class FusedTarget:
         prior_k: float,
         prior_const: float,
         clock: np.ndarray | None = None,
+        generators: dict[int, tuple[np.random.Generator, np.ndarray]] | None = None,
     ) -> None:
         self.buffer, self.r0, self.r1, self.kind, self.par = buffer, r0, r1, kind, par
         self.S, self.b, self.c = S, b, c
         self.prior = (prior_kind, prior_k, prior_const)
         #: where the wall seconds of the compiled transitions add up (``clock[0]``)
         self.clock = clock
+        #: the chains' generators' addresses, taken once (:meth:`nuts`), by ``id``: each
+        #: held with its Generator, so that an ``id`` is not reused while it is here
+        self.generators = {} if generators is None else generators
 
     @property
     def n_rows(self) -> int:
@@ -99,8 +105,13 @@ class FusedTarget:
         """One NUTS transition on this target (:func:`flymc_dist._compiled_nuts.nuts_transition`):
         ``(new position, moved, log target, energy, acceptance statistic, leapfrog steps,
         evaluations, tree depth, divergent)``."""
-        from flymc_dist._compiled_nuts import nuts_transition
+        from flymc_dist._compiled_nuts import generator_pointers, nuts_transition
 
+        held = self.generators.get(id(rng))
+        if held is None or held[0] is not rng:
+            if len(self.generators) > 64:  # generators of finished runs: let them go
+                self.generators.clear()
+            held = self.generators[id(rng)] = (rng, generator_pointers(rng))
         diag = inv_metric.ndim == 1
         if diag:
             inv_metric = inv_metric[None]
@@ -108,7 +119,7 @@ class FusedTarget:
         out = np.empty(position.shape[0])
         t0 = time.perf_counter()
         res = nuts_transition(
-            rng, np.ascontiguousarray(position, dtype=np.float64), float(step_size),
+            held[1], np.ascontiguousarray(position, dtype=np.float64), float(step_size),
             inv_metric, momentum_factor, diag, int(max_tree_depth),
             float(divergence_threshold), self.buffer, self.r0, self.r1, self.kind, self.par,
             self.S, self.b, self.c, *self.prior, out,
@@ -165,6 +176,8 @@ class BrightReplica:
         #: wall seconds spent in the compiled θ-kernel transitions of fused_targets
         #: (the call included): the θ-kernel's own compute on the replica
         self.kernel_clock = np.zeros(1)
+        # the chains' generators' addresses for the compiled transitions (FusedTarget)
+        self._generators: dict[int, tuple[np.random.Generator, np.ndarray]] = {}
 
     @property
     def fusable(self) -> bool:
@@ -566,6 +579,7 @@ class BrightReplica:
                 k,
                 const,
                 self.kernel_clock,
+                self._generators,
             )  # fmt: skip
             for i in range(self.chains)
         ]
