@@ -224,8 +224,8 @@ def _run(data, client, fanout: int = 4, kernel: str = "nuts"):
         data,
         fd.FlyMC(bright_replica=False),
         kernel,
-        num_warmup=25,
-        num_samples=35,
+        num_warmup=10,
+        num_samples=15,
         chains=3,
         seed=5,
         client=client,
@@ -234,8 +234,26 @@ def _run(data, client, fanout: int = 4, kernel: str = "nuts"):
     )
 
 
+@pytest.fixture(scope="module")
+def in_process(ds):
+    """The in-process run every cluster run is compared with."""
+    return _run(ds, "synchronous")
+
+
+#: workers and the fanouts run on them; 2 workers (a chain of hosts and the default)
+#: stay in the quick set, 1 and 4 workers (fanout 0, 1, 2 on 4) run with the slow tests
+LAYOUTS = [
+    pytest.param(1, (0, fd.Placement().fanout), id="1-worker", marks=pytest.mark.slow),
+    pytest.param(2, (1, fd.Placement().fanout), id="2-workers"),
+    pytest.param(4, (0, 1, 2), id="4-workers", marks=pytest.mark.slow),
+]
+
+
 @pytest.mark.cluster
-def test_draws_identical_with_and_without_the_tree_on_1_2_4_workers(ds, local_clusters):
+@pytest.mark.parametrize(("workers", "fanouts"), LAYOUTS)
+def test_draws_identical_with_and_without_the_tree(
+    ds, in_process, local_clusters, workers, fanouts
+):
     """Shard-evaluated NUTS (gradients in every round) in process and on 1, 2 and 4
     workers, the driver sending to every host (fanout 0) or down trees of fanout 1 (a
     chain of hosts), 2 and the default (on W <= 4 a tree of depth one: each host's
@@ -244,26 +262,24 @@ def test_draws_identical_with_and_without_the_tree_on_1_2_4_workers(ds, local_cl
     round."""
     from distributed import Client
 
-    ref = _run(ds, "synchronous")
-    default = fd.Placement().fanout
-    for workers, fanouts in ((1, (0, default)), (2, (1, default)), (4, (0, 1, 2))):
-        with Client(local_clusters.get(workers), direct_to_workers=True) as client:
-            for fanout in fanouts:
-                res = _run(ds, client, fanout)
-                assert res.info["n_workers"] == workers and res.info["channel"] == "socket"
-                assert np.array_equal(res.samples, ref.samples), (workers, fanout)
-                assert np.array_equal(res.warmup_samples, ref.warmup_samples)
-                for k in STATS:
-                    assert np.array_equal(res.stats[k], ref.stats[k]), (workers, fanout, k)
-                if fanout and workers > fanout:
-                    rounds = int(res.stats["round_trips"][0].sum())
-                    rounds += int(res.warmup_stats["round_trips"][0].sum())
-                    sent = res.info["host_messages"]
-                    top, _ = relay_tree(sorted(sent), fanout)
-                    assert rounds > 100
-                    # the top hosts: one message per round; every host: a few calls
-                    # besides (the tree's set-up, the run's closing reports), not rounds
-                    others = {w: n for w, n in sent.items() if w not in top}
-                    assert all(rounds <= sent[w] <= rounds + 4 for w in top), (rounds, sent)
-                    assert all(n <= 4 for n in others.values()), (rounds, sent)
-                    assert sum(sent.values()) <= fanout * rounds + 4 * workers
+    ref = in_process
+    with Client(local_clusters.get(workers), direct_to_workers=True) as client:
+        for fanout in fanouts:
+            res = _run(ds, client, fanout)
+            assert res.info["n_workers"] == workers and res.info["channel"] == "socket"
+            assert np.array_equal(res.samples, ref.samples), (workers, fanout)
+            assert np.array_equal(res.warmup_samples, ref.warmup_samples)
+            for k in STATS:
+                assert np.array_equal(res.stats[k], ref.stats[k]), (workers, fanout, k)
+            if fanout and workers > fanout:
+                rounds = int(res.stats["round_trips"][0].sum())
+                rounds += int(res.warmup_stats["round_trips"][0].sum())
+                sent = res.info["host_messages"]
+                top, _ = relay_tree(sorted(sent), fanout)
+                assert rounds > 100
+                # the top hosts: one message per round; every host: a few calls
+                # besides (the tree's set-up, the run's closing reports), not rounds
+                others = {w: n for w, n in sent.items() if w not in top}
+                assert all(rounds <= sent[w] <= rounds + 4 for w in top), (rounds, sent)
+                assert all(n <= 4 for n in others.values()), (rounds, sent)
+                assert sum(sent.values()) <= fanout * rounds + 4 * workers
