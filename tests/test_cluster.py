@@ -97,10 +97,11 @@ def _run(store_path: str, client, **kw):
 
 
 def test_deterministic_across_placements(store, local_client, local_clusters):
-    """Same seed ⇒ bit-identical draws in-process, on 1 worker and on 2 workers."""
-    path = store[0]
-    sync = _run(path, "synchronous")
-    two = _run(path, local_client)
+    """Same seed ⇒ bit-identical draws in-process, on 1 worker and on 2 workers (100
+    iterations: identity needs no more)."""
+    path, kw = store[0], dict(num_warmup=40, num_samples=60)
+    sync = _run(path, "synchronous", **kw)
+    two = _run(path, local_client, **kw)
     assert two.info["n_workers"] == 2
     one_worker = local_client.scheduler_info()["workers"]
     first = sorted(one_worker)[0]
@@ -108,7 +109,7 @@ def test_deterministic_across_placements(store, local_client, local_clusters):
     from distributed import Client
 
     with Client(local_clusters.get(1), direct_to_workers=True) as cl1:
-        one = _run(path, cl1)
+        one = _run(path, cl1, **kw)
     assert one.info["n_workers"] == 1 and first
     np.testing.assert_array_equal(sync.samples, two.samples)
     np.testing.assert_array_equal(sync.samples, one.samples)
@@ -116,12 +117,12 @@ def test_deterministic_across_placements(store, local_client, local_clusters):
         np.testing.assert_array_equal(sync.stats[k], two.stats[k])
     # rounds on the direct socket (the default here: plain tcp://) or on Dask's actor RPC
     assert two.info["channel"] == "socket"
-    rpc = _run(path, local_client, placement=fd.Placement(n_shards=3, channel="dask"))
+    rpc = _run(path, local_client, placement=fd.Placement(n_shards=3, channel="dask"), **kw)
     assert rpc.info["channel"] == "dask"
     np.testing.assert_array_equal(sync.samples, rpc.samples)
     for k in ("n_bright", "likelihood_queries", "accepted", "log_joint"):
         np.testing.assert_array_equal(sync.stats[k], rpc.stats[k])
-    other = _run(path, local_client, seed=4)
+    other = _run(path, local_client, seed=4, **kw)
     assert not np.array_equal(other.samples, two.samples)
 
 
