@@ -31,14 +31,14 @@ def _run(
     data, kernel: str, z_update: str, client, bounds: str = "map", n_shards: int | None = None
 ) -> fd.Result:
     """FlyMC with ``z_update`` and ``bounds`` on ``n_shards`` shards (None: the default
-    layout, one shard per worker)."""
+    layout, one shard per worker); short: the point is the bits, not the posterior."""
     return fd.sample(
         fd.LogisticRegression(),
         data,
         fd.FlyMC(z_update=z_update, bounds=bounds),
         kernel,
-        num_warmup=60,
-        num_samples=40,
+        num_warmup=30,
+        num_samples=20,
         chains=2,
         seed=5,
         client=client,
