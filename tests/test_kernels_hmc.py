@@ -816,8 +816,15 @@ def _battery(kernel, case: str, seed: int = 1) -> dict[str, np.ndarray]:  # noqa
     return info
 
 
-@pytest.mark.parametrize("metric", ["dense", "diag"])
-@pytest.mark.parametrize("name", ["nuts", "hmc"])
+@pytest.mark.parametrize(  # each kernel with one metric in the quick set, the other slow
+    ("name", "metric"),
+    [
+        ("nuts", "dense"),
+        pytest.param("nuts", "diag", marks=pytest.mark.slow),
+        pytest.param("hmc", "dense", marks=pytest.mark.slow),
+        ("hmc", "diag"),
+    ],
+)
 def test_battery_gauss2d(name: str, metric: str) -> None:
     _battery(get_kernel(name, metric=metric), "gauss2d")
 
@@ -881,7 +888,9 @@ def _fixed_battery(name: str) -> None:
     check_moments(draws, target.mean, target.cov)
 
 
-@pytest.mark.parametrize("name", ["nuts", "hmc"])
+@pytest.mark.parametrize(  # NUTS's (the longer) with the slow tests
+    "name", [pytest.param("nuts", marks=pytest.mark.slow), "hmc"]
+)
 def test_negative_control_energy_without_kinetic_term_fails(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
