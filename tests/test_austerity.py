@@ -82,7 +82,7 @@ def test_stop_rule_against_its_definition():
     once unless eps = 0), all rows used (exact, whatever eps)."""
     rng = np.random.default_rng(0)
     N = 400
-    k = 3000
+    k = 1000
     n = rng.integers(1, N + 1, k)
     n[:50] = N
     mean = rng.normal(0, 0.05, k)
@@ -214,7 +214,7 @@ def test_austerity_options_tails_and_min_batches():
 
 
 @pytest.mark.parametrize("cv", [True, False])
-@pytest.mark.parametrize("eps", [0.0, 1e-7])
+@pytest.mark.parametrize("eps", [0.0, pytest.param(1e-7, marks=pytest.mark.slow)])
 def test_tiny_eps_reproduces_exact_mh(eps, cv):
     """Given the same proposals and uniforms, eps = 0 (and a tiny eps) takes exactly the
     exact-MH decisions, with and without control variates; the draw order is the
@@ -511,7 +511,9 @@ def _exact_mh_chain(logpost, start, step, L, g, S):
     return acc, out
 
 
-@pytest.mark.parametrize("name", ["logistic", "robust", "softmax"])
+@pytest.mark.parametrize(  # softmax's (the longest) with the slow tests
+    "name", ["logistic", "robust", pytest.param("softmax", marks=pytest.mark.slow)]
+)
 def test_control_variates_eps0_is_exact_mh(name):
     """eps = 0 with control variates (bounds tight at the MAP): every decision is the exact
     MH decision computed here from an independent full-data log posterior
