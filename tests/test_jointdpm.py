@@ -223,6 +223,7 @@ def test_austerity_decisions_use_the_paper_rule():
     assert np.mean(used < total / 4) > 0.5
 
 
+@pytest.mark.slow
 def test_decision_error_shrinks_with_eps():
     """On one state of the four-blob chain, the same weight moves (w, w′, u) decided at
     eps = 0.3, 0.1, 0.01 against the exact decision (eps = 0): the share that differ
