@@ -22,6 +22,8 @@ from flymc_dist.cli import main
 NS = [3000, 12000]
 FEATURES = 5
 LIMIT = 10**9  # each worker's memory limit
+#: the run's iterations: the figures, not the posterior, are the point
+WARMUP, DRAWS = 20, 40
 
 
 def _cli(args: list, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -68,9 +70,9 @@ def test_bench_scale_out_of_core(tmp_path: Path, capsys: pytest.CaptureFixture[s
             "--features",
             FEATURES,
             "--num-warmup",
-            60,
+            WARMUP,
             "--num-samples",
-            120,
+            DRAWS,
             "--out-of-core",
             "true",
             "--chunk-rows",
@@ -94,7 +96,7 @@ def test_bench_scale_out_of_core(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert [r["n_rows"] for r in rows] == NS
     for r in rows:
         assert r["out_of_core"] == [True, True]
-        assert r["draws"] == 120 and r["warmup"] == 60
+        assert r["draws"] == DRAWS and r["warmup"] == WARMUP
         assert r["seconds_per_iteration"] > 0 and r["setup_seconds"] > 0
         assert 0 < r["load_seconds"] < r["wall_seconds"]
         # set-up streams whole passes over the row files (MAP search, bounds)
@@ -104,7 +106,7 @@ def test_bench_scale_out_of_core(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert r["rows_per_second"] > 0 and r["mb_per_second_per_worker"] > 0
         assert r["rows_read_per_iteration"] > 0  # the z-updates' proposals
         assert 0 < r["bright_fraction"] < 0.05 and r["queries_per_iteration"] > 0
-        assert r["ess_min"] > 0 and r["ess_min_per_iteration"] == r["ess_min"] / 120
+        assert r["ess_min"] > 0 and r["ess_min_per_iteration"] == r["ess_min"] / DRAWS
         assert math.isfinite(r["r_hat_max"]) and r["converged"] == (r["r_hat_max"] <= 1.01)
         assert r["workers_restarted"] is False
         assert r["ess_min_per_second"] == pytest.approx(r["ess_min"] / r["sampling_seconds"])
