@@ -88,8 +88,9 @@ _KERNELS = ["nuts", "hmc", "mala", "rwmh", "slice"]
 
 
 @pytest.mark.parametrize("z_update", ["implicit", "explicit"])
-@pytest.mark.parametrize(  # NUTS, the longest here, in the full suite only
-    "kernel", [pytest.param(k, marks=pytest.mark.slow) if k == "nuts" else k for k in _KERNELS]
+@pytest.mark.parametrize(  # NUTS and HMC, the longest here, in the full suite only
+    "kernel",
+    [pytest.param(k, marks=pytest.mark.slow) if k in ("nuts", "hmc") else k for k in _KERNELS],
 )
 def test_shard_evaluated_flymc_identical_for_every_partition(kernel, z_update):
     """FlyMC with the shards evaluating every point (``bright_replica=False``): the bright
@@ -107,7 +108,9 @@ def test_replica_flymc_identical_for_every_partition(kernel):
     assert ref.info["bright_replica"]
 
 
-@pytest.mark.parametrize("kernel", _KERNELS)
+@pytest.mark.parametrize(  # HMC (NUTS's gradients stay quick) with the slow tests
+    "kernel", [pytest.param(k, marks=pytest.mark.slow) if k == "hmc" else k for k in _KERNELS]
+)
 def test_regular_identical_for_every_partition(kernel):
     """Regular MCMC: full-data sums (and gradients) per block along the fixed tree."""
     _across_layouts(_data(n=640), fd.Regular(), kernel)
@@ -209,7 +212,9 @@ def test_layout_dependence_is_visible_without_row_keys(monkeypatch):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("kernel", ["nuts", "rwmh"])
+@pytest.mark.parametrize(  # NUTS on workers stays quick in test_cluster.py's replica test
+    "kernel", [pytest.param("nuts", marks=pytest.mark.slow), "rwmh"]
+)
 def test_draws_identical_in_process_and_on_workers(tmp_path, kernel, local_clusters):
     """A store: in-process with 1 and 5 shards, on a 1- and a 2-worker LocalCluster with
     the default layout (one shard per worker) and with 5 shards — the same draws."""
@@ -233,7 +238,8 @@ def test_draws_identical_in_process_and_on_workers(tmp_path, kernel, local_clust
     "algorithm, kernel",
     [
         (fd.Regular(), "nuts"),
-        (fd.FlyMC(bright_replica=False), "nuts"),
+        # quick on workers in test_relay.py's 2-worker test
+        pytest.param(fd.FlyMC(bright_replica=False), "nuts", marks=pytest.mark.slow),
         (fd.Austerity(eps=0.05, batch_size=100), None),
     ],
     ids=["regular", "flymc-shard-evaluated", "austerity"],
