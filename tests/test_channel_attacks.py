@@ -38,8 +38,9 @@ def _run(path: str, client, channel: str = "auto", **kw):
         # a round every iteration (the shards updating z), for the attacks to ride on
         algorithm=fd.FlyMC(bounds="map", read_ahead=0),
         kernel="rwmh",
-        num_warmup=100,
-        num_samples=200,
+        # 100 rounds: the attacks come at rounds 50-60, 40 rounds follow
+        num_warmup=40,
+        num_samples=60,
         chains=2,
         seed=3,
         placement=fd.Placement(n_shards=3, channel=channel),

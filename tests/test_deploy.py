@@ -61,11 +61,11 @@ DEPLOY_FILES = {
 }
 
 #: the run every recipe makes, and its in-process twin (``flymc run``'s defaults: NUTS),
-#: on N_SHARDS shards
-RUN = dict(num_warmup=40, num_samples=60, chains=2, seed=5)
+#: on N_SHARDS shards; short: the same draws, not the posterior, are the point
+RUN = dict(num_warmup=20, num_samples=30, chains=2, seed=5)
 N_SHARDS = 4
 #: the same as command-line options of ``flymc run`` and of the deploy scripts
-CLI = ["--warmup", "40", "--samples", "60", "--chains", "2", "--seed", "5", "--n-shards", "4"]
+CLI = ["--warmup", "20", "--samples", "30", "--chains", "2", "--seed", "5", "--n-shards", "4"]
 
 
 @pytest.fixture(scope="module")

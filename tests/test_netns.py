@@ -39,7 +39,7 @@ WORKER_PORT = 40001
 NFT_TABLE = "flymc_test"
 
 #: the run compared with the in-process one (small: the point is the network, not the chain)
-RUN = dict(num_warmup=40, num_samples=60, chains=2, seed=5, progress=False)
+RUN = dict(num_warmup=20, num_samples=30, chains=2, seed=5, progress=False)
 
 #: the driver, run in its own namespace: samples by scheduler address and saves what it got
 DRIVER = """

@@ -115,13 +115,14 @@ def client(s3):
     cluster.close()
 
 
-def _interrupted_then_resumed(monkeypatch, data, trace: str, client, stop_at: int = 110, **kw):
-    """A run stopped by Ctrl-C at step ``stop_at``, then resumed from its trace."""
+def _interrupted_then_resumed(monkeypatch, data, trace: str, client, stop_at: int = 55, **kw):
+    """A run stopped by Ctrl-C at step ``stop_at`` (past its second checkpoint, in the kept
+    draws), then resumed from its trace."""
     opts = dict(
         algorithm=fd.FlyMC(bounds="map"),
         kernel="rwmh",
-        num_warmup=60,
-        num_samples=120,
+        num_warmup=30,
+        num_samples=60,
         chains=2,
         seed=4,
         placement=fd.Placement(n_shards=2),
@@ -220,13 +221,13 @@ def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
     )
     assert res.info["out_of_core"] == [out_of_core] * 2 == ref.info["out_of_core"]
     assert res.info["transport"] == "dask" and res.info["n_workers"] == 2
-    assert res.samples.shape == (2, 120, 3)
+    assert res.samples.shape == (2, 60, 3)
     np.testing.assert_array_equal(res.samples, ref.samples)
     np.testing.assert_array_equal(res.warmup_samples, ref.warmup_samples)
     for k in res.stats:
         np.testing.assert_array_equal(res.stats[k], ref.stats[k])
     tr = Trace.open(url, read_only=True, storage_options=opts)
-    assert (tr.n_warmup_draws, tr.n_draws) == (60, 120)
+    assert (tr.n_warmup_draws, tr.n_draws) == (30, 60)
     np.testing.assert_array_equal(tr.samples, res.samples)
     assert tr.attrs["data"] == "s3://bucket/d.zarr"
     # the credentials never reach the trace
