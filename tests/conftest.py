@@ -162,26 +162,32 @@ def local_clusters():
 PROCESS_GROUP = "processes"
 
 
+#: the markers of the tests that run only with ``--full-grid``
+CI_ONLY_MARKERS = ("full_grid", "full_scale", "full_e2e")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """``--full-grid``: run every configuration of the exactness grid, and the tests at
-    full scale (CI does)."""
+    """``--full-grid``: run every configuration of the exactness grid, the tests at full
+    scale and the end-to-end runs another test covers (CI does)."""
     parser.addoption(
         "--full-grid",
         action="store_true",
         help="run every configuration of the exactness grid (tests/test_exactness.py), "
-        "not only its covering subset, and the memory bounds at full scale (the tests marked "
-        "full_grid or full_scale are deselected without it)",
+        "not only its covering subset, the memory bounds at full scale and the benchmarks' "
+        "and recipes' end-to-end runs whose path other tests cover (the tests marked "
+        + ", ".join(CI_ONLY_MARKERS)
+        + " are deselected without it)",
     )
 
 
 def _ci_only(item: pytest.Item) -> bool:
-    """Whether ``item`` runs only with ``--full-grid`` (marked full_grid or full_scale)."""
-    return any(item.get_closest_marker(m) is not None for m in ("full_grid", "full_scale"))
+    """Whether ``item`` runs only with ``--full-grid`` (a marker of :data:`CI_ONLY_MARKERS`)."""
+    return any(item.get_closest_marker(m) is not None for m in CI_ONLY_MARKERS)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests marked ``full_grid`` or ``full_scale`` unless pytest runs with
+    """Deselect the tests marked with :data:`CI_ONLY_MARKERS` unless pytest runs with
     ``--full-grid``; put the tests marked ``cluster`` (or using :func:`local_clusters`) in
     :data:`PROCESS_GROUP`, before pytest-xdist reads the groups."""
     if not config.getoption("full_grid"):

@@ -83,6 +83,9 @@ def test_numpyro_reference_refuses_what_it_does_not_cover() -> None:
         numpyro_model(fd.LogisticRegression(prior="flat"))
 
 
+#: CI only (NumPyro's compiles are most of its time): the NumPyro model is the package's
+#: posterior in the tests above, and `bench mixing`'s FlyMC side runs in test_cli.py
+@pytest.mark.full_e2e
 @pytest.mark.slow
 def test_bench_mixing_numpyro_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`flymc bench mixing --numpyro`: NumPyro's row, the FlyMC / NumPyro ratios and the

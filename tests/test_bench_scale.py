@@ -53,6 +53,10 @@ def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "scale" in out
 
 
+#: CI only: out-of-core shards on memory-limited workers run end to end in
+#: test_out_of_core.py's test_workers_with_less_memory_than_their_shards; the table's
+#: figures, slope and layouts in the tests below
+@pytest.mark.full_e2e
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_bench_scale_out_of_core(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -265,6 +265,9 @@ def _load(name: str):
     return module
 
 
+#: CI only: deploy/_sampling.py runs end to end in the Kubernetes recipe's --local test,
+#: jobqueue.py's options and sampling in test_jobqueue_job_script_runs
+@pytest.mark.full_e2e
 @pytest.mark.slow
 def test_jobqueue_script_runs_locally(store, reference, tmp_path):
     """``jobqueue.py --local 2``: its own two workers, the in-process draws, the summary."""

@@ -460,6 +460,9 @@ def test_parquet_on_s3_into_s3_by_the_workers_or_nothing(tmp_path, s3, client) -
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("ingest")) == ["d.zarr", "src"]
 
 
+#: CI only: its three paths (npy, Parquet, Parquet on a cluster) are each checked against
+#: the from_numpy store by the tests above
+@pytest.mark.full_e2e
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_bench_ingest_is_wired(tmp_path, capsys) -> None:
