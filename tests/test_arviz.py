@@ -224,6 +224,7 @@ np.savez({str(out)!r}, samples=theta.values, feature=np.array(post["feature"].va
     assert str(got["algorithm"]) == "flymc"
 
 
+@pytest.mark.slow  # a reader racing a writer, many times over
 def test_a_trace_being_appended_to_opens_in_xarray(tmp_path: Path) -> None:
     """A writer appends while a reader opens the trace with xarray again and again.
 

@@ -269,7 +269,9 @@ def test_batched_z_test_data_cover_both_regimes():
         assert np.sum(lt > Q) >= 5
 
 
-@pytest.mark.parametrize("theta_hat", [THETA_HAT, None], ids=["tuned", "untuned"])
+@pytest.mark.parametrize(  # untuned bounds (most rows bright) with the slow tests
+    "theta_hat", [THETA_HAT, pytest.param(None, marks=pytest.mark.slow)], ids=["tuned", "untuned"]
+)
 def test_batched_z_update_leaves_conditional_invariant(theta_hat):
     """Three chains at three fixed θ, updated together: every z_n keeps sigmoid(log L~_n)."""
     shard, X, y = _batched_shard(theta_hat)

@@ -565,6 +565,7 @@ def test_workers_with_less_memory_than_their_shards(tmp_path):
     assert all(p < limit for p in peak.values()), peak
 
 
+@pytest.mark.slow  # statistical, with its negative control (quick z-update tests: test_batched_z)
 @pytest.mark.parametrize("case", ["gaps", "flipped"])
 def test_out_of_core_z_update_leaves_the_conditional_invariant(tmp_path, monkeypatch, case):
     """Out of core, the compiled z-update (proposals read ahead from the row file) keeps

@@ -682,8 +682,30 @@ def reference() -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
+def shared_clients(local_clusters: Any) -> Iterator[Callable[[int], Any]]:
+    """``client_for(n)``: a client of the session's shared n-worker LocalCluster (started
+    once for every test that needs one), for the cluster configurations that leave their
+    workers as they found them."""
+    from distributed import Client
+
+    clients: dict[int, Any] = {}
+
+    def client_for(n_workers: int) -> Any:
+        if n_workers not in clients:
+            clients[n_workers] = Client(local_clusters.get(n_workers), direct_to_workers=True)
+            clients[n_workers].wait_for_workers(n_workers, timeout=120)
+        return clients[n_workers]
+
+    try:
+        yield client_for
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+@pytest.fixture(scope="module")
 def cluster_pool() -> Iterator[ClusterPool]:
-    """One LocalCluster shared by the cluster configurations."""
+    """A LocalCluster of this module's own, for the configuration that kills a worker."""
     pool = ClusterPool()
     try:
         yield pool
@@ -692,7 +714,12 @@ def cluster_pool() -> Iterator[ClusterPool]:
 
 
 def _param(cfg: Config) -> Any:
-    return pytest.param(cfg, id=cfg.name, marks=[pytest.mark.cluster] if cfg.workers else [])
+    """``cfg`` as a test case: on a cluster, in :data:`~conftest.PROCESS_GROUP`; the run
+    that kills a worker (a cluster of its own) with the slow tests, as every fault run."""
+    marks = [pytest.mark.cluster] if cfg.workers else []
+    if cfg.mode == "recovered":
+        marks.append(pytest.mark.slow)
+    return pytest.param(cfg, id=cfg.name, marks=marks)
 
 
 @pytest.mark.parametrize("cfg", [_param(c) for c in CONFIGS])
@@ -713,8 +740,12 @@ def test_reference_draws(
             f"{cfg.name}: make_data({cfg.model!r}) no longer gives the recorded data "
             f"set (numpy's random streams changed?): the comparison is meaningless"
         )
-    pool = request.getfixturevalue("cluster_pool") if cfg.workers else None
-    got = run_config(cfg, tmp_path, pool.client_for if pool else None)
+    client_for = None
+    if cfg.mode == "recovered":  # it kills a worker: not on the session's shared clusters
+        client_for = request.getfixturevalue("cluster_pool").client_for
+    elif cfg.workers:
+        client_for = request.getfixturevalue("shared_clients")
+    got = run_config(cfg, tmp_path, client_for)
     problems = []
     for key in ("samples",) + STAT_KEYS:
         name = f"{cfg.name}__{key}"
