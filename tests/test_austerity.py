@@ -613,6 +613,7 @@ def test_control_variates_sublinear_with_posterior_scaled_proposals():
 
 
 # ------------------------------------------------------------ minibatches across shards
+@pytest.mark.slow  # statistical (600 decisions), with its negative control
 def test_shard_selection_unbiased():
     """Every row equally likely in every round of a decision, whatever the shard sizes;
     no row twice in a decision; the chains' rows independent. Negative control: rows
@@ -976,6 +977,7 @@ def test_bench_sublinear_smoke():
         bench.run_sublinear(ns=(1000, 2000), plain=False, control_variates=False)
 
 
+@pytest.mark.slow  # the bench's quick smoke: test_bench_sublinear_smoke
 def test_bench_sublinear_paper_settings():
     """`run_sublinear(paper=True)`: the paper's Fig. 5 settings (one-sided eps = 0.01,
     minibatch 100, no test before 3 of them): no decision reads fewer than 300 rows or
