@@ -699,7 +699,9 @@ def shared_clients(local_clusters: Any) -> Iterator[Callable[[int], Any]]:
     try:
         yield client_for
     finally:
-        for client in clients.values():
+        # the last made first: each client, made the default, restores on closing the Dask
+        # settings it found (closed in another order, the first one's would stay set)
+        for client in reversed(list(clients.values())):
             client.close()
 
 
