@@ -769,7 +769,7 @@ def test_a_set_up_pass_may_outlast_the_timeout(store, monkeypatch):
     real = Shard.loglik_sum
 
     def slow(self, *args, **kwargs):
-        time.sleep(1.5)
+        time.sleep(1.0)  # twice the timeout
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Shard, "loglik_sum", slow)  # workers in this process: it applies
