@@ -395,25 +395,49 @@ def uniforms_at_many(
 
 # ------------------------------------------------------- a keyed permutation of rows
 @numba.njit(**_JIT)
-def _permuted(key: np.uint64, n_total: int, bits: int, start: int, out: np.ndarray) -> None:
+def _feistel(key: np.uint64, bits: int, xs: np.ndarray, n: int) -> None:
+    """The Feistel network of :func:`permuted_rows` applied once to each of ``xs[:n]``, in
+    place: round by round over all the values, whose rounds are independent of each other
+    (a value's Philox chain is serial; several in flight overlap on the CPU)."""
     m = np.uint64(_M32)
     k0, k1 = key & m, key >> np.uint64(32)
     one = np.uint64(1)
+    u = bits // 2  # the left part's bits; the right part has bits - u
+    v = bits - u
+    left = np.empty(n, dtype=np.uint64)
+    right = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        left[i] = xs[i] >> np.uint64(v)
+        right[i] = xs[i] & ((one << np.uint64(v)) - one)
+    for r in range(FEISTEL_ROUNDS):
+        mask = (one << np.uint64(u)) - one
+        for i in range(n):
+            # (L, R) of u and v bits -> (R, L xor F(R)) of v and u bits: a bijection
+            f = _philox(right[i] & m, right[i] >> np.uint64(32), r, A_ROWS, k0, k1)[0]
+            left[i], right[i] = right[i], left[i] ^ (np.uint64(f) & mask)
+        u, v = v, u
+    for i in range(n):
+        xs[i] = (left[i] << np.uint64(v)) | right[i]
+
+
+@numba.njit(**_JIT)
+def _permuted(key: np.uint64, n_total: int, bits: int, start: int, out: np.ndarray) -> None:
+    xs = np.empty(out.size, dtype=np.uint64)
+    at = np.empty(out.size, dtype=np.int64)  # the position in ``out`` of each of ``xs``
     for i in range(out.size):
-        x = np.uint64(start + i)
-        while True:  # cycle-walk: apply the permutation of [0, 2**bits) until inside [0, N)
-            u = bits // 2  # the left part's bits; the right part has bits - u
-            v = bits - u
-            left, right = x >> np.uint64(v), x & ((one << np.uint64(v)) - one)
-            for r in range(FEISTEL_ROUNDS):
-                f = _philox(right & m, right >> np.uint64(32), r, A_ROWS, k0, k1)[0]
-                # (L, R) of u and v bits -> (R, L xor F(R)) of v and u bits: a bijection
-                left, right = right, left ^ (np.uint64(f) & ((one << np.uint64(u)) - one))
-                u, v = v, u
-            x = (left << np.uint64(v)) | right
-            if x < np.uint64(n_total):
-                break
-        out[i] = np.int64(x)
+        xs[i] = np.uint64(start + i)
+        at[i] = i
+    pending = out.size
+    while pending > 0:  # cycle-walk: apply the permutation of [0, 2**bits) until inside [0, N)
+        _feistel(key, bits, xs, pending)
+        kept = 0
+        for j in range(pending):
+            if xs[j] < np.uint64(n_total):
+                out[at[j]] = np.int64(xs[j])
+            else:
+                xs[kept], at[kept] = xs[j], at[j]
+                kept += 1
+        pending = kept
 
 
 def permuted_rows(key: int, n_total: int, start: int, count: int) -> np.ndarray:
