@@ -19,6 +19,13 @@ Each iteration of each chain:
      on ``(logit φ, log σ²)`` whose accept/reject is the sequential test of austerity with
      a *series* as the unit (each series' transition log-likelihood is one datum; the
      series are read from the shards in batches); ``eps = 0`` is exact MH over all series.
+     With ``control_variates=True`` (the default) the test runs on the residuals of a
+     second-order Taylor expansion of each series' transition log-likelihood in
+     ``(φ, log σ²)`` around the chain's point after the sweep, whose sum over all series
+     comes from the sweep's summed statistics
+     (:class:`~flymc_dist.sv.conditionals.TaylorControlVariate`): the series read per
+     decision stop growing with the number of series. Still approximate; given the states
+     the exact update is the better choice for this model.
 
 Randomness: a sweep's by (seed, chain, iteration, global series); the driver's by
 ``stream(seed, ROLE_SV, chain, iteration)``. Nothing depends on the layout or the
@@ -46,6 +53,7 @@ from flymc_dist.sv.conditionals import (
     mh_decision,
     sample_phi,
     sample_sigma2,
+    taylor_sums,
 )
 from flymc_dist.sv.data import SeriesDataset, open_series
 from flymc_dist.sv.shard import SeriesShard
@@ -88,6 +96,10 @@ class StochasticVolatility:
         ``(shape, scale)`` of the inverse-gamma prior of σ².
     trace_series
         Global indices of the series whose states are traced.
+    control_variates
+        ``"subsampled"`` only: run the sequential test on the residuals of a Taylor
+        expansion around the chain's point after each sweep (its sum over all series from
+        the sweep's summed statistics); False: on the plain differences, as the paper.
     scale_move
         After each sweep, an exact MH move scaling every state and σ by one factor
         ``c`` (a group move: ``log α = Δ_obs + 2 log c + log p(c²σ²) − log p(σ²)``,
@@ -104,6 +116,7 @@ class StochasticVolatility:
     phi_prior: tuple[float, float] = (5.0, 1.0)
     sigma2_prior: tuple[float, float] = (5.0, 0.05)
     trace_series: tuple[int, ...] = (0, 1, 2)
+    control_variates: bool = True
     scale_move: bool = True
 
     def __post_init__(self) -> None:
@@ -149,6 +162,7 @@ class StochasticVolatility:
             "phi_prior": list(map(float, self.phi_prior)),
             "sigma2_prior": list(map(float, self.sigma2_prior)),
             "trace_series": [int(i) for i in self.trace_series],
+            "control_variates": bool(self.control_variates),
             "scale_move": bool(self.scale_move),
         }
 
@@ -261,6 +275,7 @@ def sample_sv(
     resume: bool = False,
     overwrite_trace: bool = False,
     checkpoint_every: int = 100,
+    init: tuple[float, float] | None = None,
 ) -> SVResult:
     """Draw from the posterior of the stochastic-volatility panel model.
 
@@ -287,6 +302,9 @@ def sample_sv(
         Continue the run in ``trace`` (same data, model, seed and chains).
     overwrite_trace
         Replace an existing ``trace``.
+    init
+        ``(φ, σ)`` every chain starts from (None: a draw from the prior per chain); the
+        states start at zero. Ignored on ``resume``.
 
     Returns
     -------
@@ -304,6 +322,10 @@ def sample_sv(
     ):
         if int(v) < lo:
             raise ValueError(f"{name} must be >= {lo}, got {v}")
+    if init is not None:
+        if len(init) != 2 or not (0.0 < float(init[0]) < 1.0 and float(init[1]) > 0):
+            raise ValueError(f"init must be (phi in (0, 1), sigma > 0), got {init}")
+        init = (float(init[0]), float(init[1]))
     traced = tuple(int(i) for i in model.trace_series if 0 <= int(i) < ds.n_series)
     if len(traced) != len(model.trace_series):
         raise ValueError(f"trace_series must be series indices in [0, {ds.n_series})")
@@ -313,6 +335,7 @@ def sample_sv(
         "seed": int(seed),
         "chains": int(chains),
         "data": [ds.path, ds.n_series, ds.length],
+        "init": None if init is None else list(init),
     }
     if resume and trace is None:
         raise ValueError("resume=True needs a trace")
@@ -357,6 +380,7 @@ def sample_sv(
             trace,
             resume,
             checkpoint_every,
+            init,
         )
     finally:
         tp.close()
@@ -376,6 +400,7 @@ def _run(
     trace,
     resume,
     checkpoint_every,
+    init,
 ) -> SVResult:
     ranges = ds.shard_ranges(len(tp.shards) if isinstance(tp, _InProcess) else len(tp.actors))
     starts = np.array([a for a, _ in ranges])
@@ -397,8 +422,11 @@ def _run(
     else:
         theta = np.empty((C, 2))
         for c in range(C):
-            r = stream(seed, ROLE_SV, _SUB_INIT, c)
-            theta[c] = (r.beta(pr.phi_a, pr.phi_b), pr.s2_b / r.gamma(pr.s2_a))
+            if init is None:
+                r = stream(seed, ROLE_SV, _SUB_INIT, c)
+                theta[c] = (r.beta(pr.phi_a, pr.phi_b), pr.s2_b / r.gamma(pr.s2_a))
+            else:
+                theta[c] = (init[0], init[1] ** 2)
         log_step = np.full(C, math.log(model.step))
         log_cstep = np.full(C, math.log(0.05))
         it0 = 0
@@ -461,6 +489,9 @@ def _run(
         for c in range(C):
             rng = stream(seed, ROLE_SV, _SUB_STEP, c, it)
             phi, s2 = theta[c]
+            cv = None
+            if model.update == "subsampled" and model.control_variates:
+                cv = taylor_sums(sums[c], (phi, s2))  # after the scale move: sums[c] agree
             if model.update == "exact":
                 s2 = sample_sigma2(rng, sums[c], phi, pr)
                 phi = sample_phi(rng, sums[c], s2, pr)
@@ -488,6 +519,7 @@ def _run(
                             mu0,
                             eps=model.eps,
                             batch_size=model.batch_size,
+                            control=cv,
                         )
                         n_read[c] += d.series_read
                         ok = d.accept
