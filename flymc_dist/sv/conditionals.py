@@ -57,6 +57,7 @@ __all__ = [
     "TaylorControlVariate",
     "log_prior",
     "mh_decision",
+    "mh_step",
     "phi_conditional_logpdf",
     "sample_phi",
     "sample_sigma2",
@@ -334,3 +335,68 @@ def mh_decision(
         )
         if bool(stop[0]):
             return MHDecision(bool(acc[0]), n, rounds)
+
+
+class MHStep(NamedTuple):
+    """One subsampled MH step: the new ``(φ, σ²)``, accepted, series read."""
+
+    point: tuple[float, float]
+    accept: bool
+    series_read: int
+
+
+def _log_target_prior(phi: float, s2: float, pr: Priors) -> float:
+    """The prior on ``(logit φ, log σ²)`` (with the Jacobian)."""
+    return log_prior(phi, s2, pr) + math.log(phi) + math.log1p(-phi) + math.log(s2)
+
+
+def mh_step(
+    rng: np.random.Generator,
+    cur: tuple[float, float],
+    step: float,
+    fetch: Callable[[np.ndarray], np.ndarray],
+    n_series: int,
+    pr: Priors,
+    *,
+    eps: float,
+    batch_size: int,
+    control: TaylorControlVariate | None = None,
+) -> MHStep:
+    """One subsampled MH step on ``(φ, σ²)``: a Gaussian random walk of sd ``step`` on
+    ``(logit φ, log σ²)`` accepted by :func:`mh_decision` (approximate for ``eps > 0``).
+
+    Draws from ``rng``, in order: two standard normals (the move), one uniform, then the
+    decision's series.
+
+    Parameters
+    ----------
+    cur
+        The current ``(φ, σ²)``.
+    fetch, n_series, eps, batch_size, control
+        As :func:`mh_decision`.
+    pr
+        The priors.
+    """
+    phi, s2 = cur
+    eta = np.array([math.log(phi / (1 - phi)), math.log(s2)])
+    prop = eta + step * rng.standard_normal(2)
+    phi_p = 1.0 / (1.0 + math.exp(-prop[0]))
+    s2_p = math.exp(prop[1])
+    log_u = math.log(rng.random())
+    if not (0.0 < phi_p < 1.0 and s2_p > 0):  # a move rounded onto the boundary
+        return MHStep((phi, s2), False, 0)
+    mu0 = (log_u + _log_target_prior(phi, s2, pr) - _log_target_prior(phi_p, s2_p, pr)) / n_series
+    d = mh_decision(
+        rng,
+        fetch,
+        n_series,
+        (phi, s2),
+        (phi_p, s2_p),
+        mu0,
+        eps=eps,
+        batch_size=batch_size,
+        control=control,
+    )
+    if d.accept:
+        return MHStep((phi_p, s2_p), True, d.series_read)
+    return MHStep((phi, s2), False, d.series_read)

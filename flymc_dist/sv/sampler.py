@@ -49,8 +49,7 @@ from flymc_dist.diagnostics import summary as draws_summary
 from flymc_dist.rng import stream
 from flymc_dist.sv.conditionals import (
     Priors,
-    log_prior,
-    mh_decision,
+    mh_step,
     sample_phi,
     sample_sigma2,
     taylor_sums,
@@ -253,11 +252,6 @@ def _open(
     c, cluster, owned = client_from(client, n_workers)
     k = n_shards if n_shards is not None else len(c.scheduler_info()["workers"])
     return _DaskActors(c, kwargs_of(int(k)), (c, cluster) if owned else None)
-
-
-def _log_target_prior(phi: float, s2: float, pr: Priors) -> float:
-    """The prior on ``(logit φ, log σ²)`` (with the Jacobian)."""
-    return log_prior(phi, s2, pr) + math.log(phi) + math.log1p(-phi) + math.log(s2)
 
 
 def sample_sv(
@@ -498,36 +492,22 @@ def _run(
                 n_read[c] = ds.n_series
             else:
                 for _ in range(model.mh_steps):
-                    eta = np.array([math.log(phi / (1 - phi)), math.log(s2)])
-                    prop = eta + math.exp(log_step[c]) * rng.standard_normal(2)
-                    phi_p = 1.0 / (1.0 + math.exp(-prop[0]))
-                    s2_p = math.exp(prop[1])
-                    log_u = math.log(rng.random())
-                    ok = 0.0 < phi_p < 1.0 and s2_p > 0
-                    if ok:
-                        mu0 = (
-                            log_u
-                            + _log_target_prior(phi, s2, pr)
-                            - _log_target_prior(phi_p, s2_p, pr)
-                        ) / ds.n_series
-                        d = mh_decision(
-                            rng,
-                            fetch_for(c),
-                            ds.n_series,
-                            (phi, s2),
-                            (phi_p, s2_p),
-                            mu0,
-                            eps=model.eps,
-                            batch_size=model.batch_size,
-                            control=cv,
-                        )
-                        n_read[c] += d.series_read
-                        ok = d.accept
-                    if ok:
-                        phi, s2 = phi_p, s2_p
-                        n_acc[c] += 1
+                    step = mh_step(
+                        rng,
+                        (phi, s2),
+                        math.exp(log_step[c]),
+                        fetch_for(c),
+                        ds.n_series,
+                        pr,
+                        eps=model.eps,
+                        batch_size=model.batch_size,
+                        control=cv,
+                    )
+                    phi, s2 = step.point
+                    n_read[c] += step.series_read
+                    n_acc[c] += step.accept
                     if k < n_warm:  # Robbins–Monro toward TARGET_ACCEPT, warm-up only
-                        log_step[c] += (float(ok) - TARGET_ACCEPT) / math.sqrt(k + 1)
+                        log_step[c] += (float(step.accept) - TARGET_ACCEPT) / math.sqrt(k + 1)
             theta[c] = (phi, s2)
         w2 = time.perf_counter()
         if k >= n_warm:
