@@ -173,7 +173,9 @@ class SVResult:
     ``phi``, ``sigma``: ``(chains, draws)``; ``states``: ``(chains, draws, k, T)`` of the
     traced series; ``stats``: per-iteration ``series_read`` (series a (φ, σ) update read:
     every series for the exact update), ``accepted`` (subsampled MH steps accepted),
-    ``sweep_seconds`` and ``update_seconds`` (wall time per iteration, all chains).
+    ``sweep_seconds`` and ``update_seconds`` (wall time per iteration, all chains),
+    ``sweep_cpu_seconds`` (the sweep's CPU seconds on its busiest shard: its critical path
+    on free cores) and ``sweep_cpu_total`` (summed over shards).
     """
 
     phi: np.ndarray
@@ -433,6 +435,7 @@ def _run(
     read = np.zeros((C, num_samples), np.int64)
     accepted = np.zeros((C, num_samples), np.int64)
     sweep_s, update_s = np.zeros(num_samples), np.zeros(num_samples)
+    cpu_max, cpu_tot = np.zeros(num_samples), np.zeros(num_samples)
     kept_from = 0  # first draw not yet written to the trace
     pending = np.ones(C)  # accepted scale moves the shards have not applied yet
 
@@ -517,6 +520,8 @@ def _run(
                 states[:, j] = tr
             read[:, j], accepted[:, j] = n_read, n_acc
             sweep_s[j], update_s[j] = w1 - w0, w2 - w1
+            cpu = [r[2] for r in replies]
+            cpu_max[j], cpu_tot[j] = max(cpu), sum(cpu)
             if trace is not None and ((j + 1) % checkpoint_every == 0 or j + 1 == num_samples):
                 sl = slice(kept_from, j + 1)
                 _checkpoint(
@@ -545,6 +550,8 @@ def _run(
             "accepted": accepted,
             "sweep_seconds": sweep_s,
             "update_seconds": update_s,
+            "sweep_cpu_seconds": cpu_max,
+            "sweep_cpu_total": cpu_tot,
         },
         model.approximate,
         {
