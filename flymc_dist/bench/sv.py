@@ -244,8 +244,9 @@ def run_sv(
                 row["series_read_per_decision"] = per_decision
                 row["accept_rate"] = float(res.stats["accepted"].mean() / model.mh_steps)
                 draws = np.stack([res.phi, res.sigma])
-                row["rhat"] = [float(rhat(d)) for d in draws]
-                row["min_ess"] = float(min(ess_bulk(d) for d in draws))
+                enough = draws.shape[2] >= 4  # the diagnostics' least draws per chain
+                row["rhat"] = [float(rhat(d)) if enough else float("nan") for d in draws]
+                row["min_ess"] = float(min(ess_bulk(d) for d in draws)) if enough else np.nan
             row["speedup_2w"] = row["sweep_s_1w"] / row["sweep_s_2w"]
             row["cpu_speedup_2w"] = row["sweep_cpu_1w"] / row["sweep_cpu_2w"]
             rows.append(row)
