@@ -86,6 +86,8 @@ def test_bad_input(panel) -> None:
         sample_sv(StochasticVolatility(trace_series=(500,)), panel, client="synchronous")
     with pytest.raises(ValueError, match="num_samples"):
         sample_sv(StochasticVolatility(), panel, client="synchronous", num_samples=0)
+    with pytest.raises(ValueError, match="init"):
+        sample_sv(StochasticVolatility(), panel, client="synchronous", init=(1.0, 0.1))
     with pytest.raises(TypeError, match="StochasticVolatility"):
         sample_sv(object(), panel, client="synchronous")
 
