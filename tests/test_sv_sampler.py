@@ -86,6 +86,8 @@ def test_bad_input(panel) -> None:
         sample_sv(StochasticVolatility(trace_series=(500,)), panel, client="synchronous")
     with pytest.raises(ValueError, match="num_samples"):
         sample_sv(StochasticVolatility(), panel, client="synchronous", num_samples=0)
+    with pytest.raises(ValueError, match="init"):
+        sample_sv(StochasticVolatility(), panel, client="synchronous", init=(1.0, 0.1))
     with pytest.raises(TypeError, match="StochasticVolatility"):
         sample_sv(object(), panel, client="synchronous")
 
@@ -119,3 +121,21 @@ def test_bench_sv_cli(tmp_path, capsys) -> None:
     out = capsys.readouterr()[0]
     assert "subsampled − exact" in out and "(approximate)" in out
     assert (tmp_path / "sv.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_sv_tall_cli(tmp_path, capsys) -> None:
+    """The tall part end to end on a tiny panel: 1 and 2 workers, with and without
+    control variates; with them a decision reads one batch (counts)."""
+    import json
+
+    from flymc_dist.cli import main
+
+    argv = ["bench", "sv", "--parts", "tall", "--tall-series", "512", "--tall-warmup", "1"]
+    argv += ["--tall-iterations", "2", "--batch-size", "16", "--workdir", str(tmp_path)]
+    assert main([*argv, "--json", str(tmp_path / "sv.json")]) == 0
+    out = capsys.readouterr()[0]
+    assert "tall panel" in out and "control variates" in out
+    (row,) = json.loads((tmp_path / "sv.json").read_text())["tall"]
+    assert row["series_read_per_decision"] < row["plain_series_read_per_decision"]
+    assert row["sweep_cpu_1w"] > 0 and row["sweep_cpu_2w"] > 0

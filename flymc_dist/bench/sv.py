@@ -13,9 +13,17 @@ Parts (``parts``):
 - ``informative``: ``informative_series`` × ``informative_length``, σ = 0.3, φ = 0.95:
   subsampled MH's bias on φ and σ against exact Gibbs, in units of their MCSE, with its
   ``eps`` and series read per decision.
-- ``tall``: T = 5 panels of ``tall_series`` series: series read per subsampled decision
-  against the number of series (log-log slope), the particle-Gibbs sweep's seconds per
-  iteration, and 2 workers against 1.
+- ``tall``: panels of ``tall_series`` series × ``tall_length`` (φ = 0.95, σ = 0.1),
+  ``tall_particles`` particles (small: the states are series × T × particles per chain):
+  subsampled MH with Taylor control variates (and, with ``tall_plain``, without them on
+  the same panel), its series read per decision against the number of series (log-log
+  slope) with R̂ and the least ESS of (φ, σ) beside; the particle-Gibbs sweep's seconds
+  per iteration on 1 and 2 workers, side by side, in wall time and in CPU seconds of the
+  busiest shard (its critical path on free cores: on a loaded machine the wall-time ratio
+  is the other jobs' noise). The chains start at the true (φ, σ)
+  and the random walk's step at a posterior scale for the states' conditional,
+  ``2/√(series·T)`` (then adapted in warm-up): a decision's cost is measured where the
+  chain lives, not on its way there.
 
 All timings come from one run on whatever else the machine is doing: compare ratios.
 """
@@ -31,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from flymc_dist.austerity.sampler import loglog_slope
-from flymc_dist.diagnostics import ess_bulk, mcse_mean
+from flymc_dist.diagnostics import ess_bulk, mcse_mean, rhat
 from flymc_dist.sv import StochasticVolatility, sample_sv, series_from_numpy, simulate_sv
 from flymc_dist.sv.reference import panel_loglik
 from flymc_dist.transport.dask import local_client
@@ -80,8 +88,13 @@ def run_sv(
     pf_particles: int = 2000,
     informative_series: int = 200,
     informative_length: int = 50,
-    tall_series: Sequence[int] = (10_000, 100_000),
+    tall_series: Sequence[int] = (100_000, 1_000_000),
+    tall_length: int = 5,
+    tall_particles: int = 8,
+    tall_chains: int = 2,
+    tall_warmup: int = 10,
     tall_iterations: int = 20,
+    tall_plain: bool = True,
     seed: int = 0,
     workdir: str | None = None,
 ) -> dict[str, Any]:
@@ -104,9 +117,14 @@ def run_sv(
     informative_series, informative_length
         The informative panel's size.
     tall_series
-        Panel sizes of the tall part (T = 5).
-    tall_iterations
-        Iterations timed per tall run (one chain).
+        Panel sizes of the tall part.
+    tall_length, tall_particles, tall_chains
+        Its series length, particles per series and chains.
+    tall_warmup, tall_iterations
+        Warm-up and kept iterations per tall run.
+    tall_plain
+        Also run the tall panels without control variates (2 workers, 2 + 3 iterations:
+        only their series read per decision is reported).
     seed
         Seed of data and samplers.
     workdir
@@ -179,44 +197,75 @@ def run_sv(
     if "tall" in parts:
         rows = []
         for n in tall_series:
-            x, _ = simulate_sv(int(n), 5, 0.95, 0.1, seed=seed + 2)
-            ds = series_from_numpy(x, os.path.join(work, f"tall-{n}.zarr"), overwrite=True)
-            model = StochasticVolatility(
+            x, _ = simulate_sv(int(n), tall_length, 0.95, 0.1, seed=seed + 2)
+            # ≥ 64 chunks (a power of two series each): shards of whole chunks split the
+            # panel evenly over 1 or 2 workers (the default chunk is ~4 MB: 2 at 10⁵ × 5)
+            chunk = 1 << max(8, int(np.log2(int(n) / 64)))
+            ds = series_from_numpy(
+                x, os.path.join(work, f"tall-{n}.zarr"), chunk=chunk, overwrite=True
+            )
+            del x
+            base = dict(
                 update="subsampled",
                 eps=eps,
                 batch_size=batch_size,
-                particles=particles,
+                particles=tall_particles,
                 trace_series=(),
+                step=2.0 / float(np.sqrt(int(n) * tall_length)),
+            )
+            kw = dict(
+                chains=tall_chains,
+                seed=seed,
+                num_warmup=tall_warmup,
+                num_samples=tall_iterations,
+                init=(0.95, 0.1),
             )
             row: dict[str, Any] = {"n_series": int(n)}
-            for workers in (1, 2):
+            runs = [(w, True) for w in (1, 2)] + ([(2, False)] if tall_plain else [])
+            for workers, cv in runs:
+                model = StochasticVolatility(control_variates=cv, **base)
                 client, cluster = local_client(workers)
                 with cluster, client:
                     t = time.perf_counter()
-                    res = sample_sv(
-                        model,
-                        ds,
-                        client=client,
-                        chains=1,
-                        seed=seed,
-                        num_warmup=tall_iterations // 2,
-                        num_samples=tall_iterations,
-                    )
+                    # without control variates a decision reads far more series: a few
+                    # iterations are enough to count them
+                    few = {} if cv else dict(num_warmup=2, num_samples=3)
+                    res = sample_sv(model, ds, client=client, **{**kw, **few})
                     wall = time.perf_counter() - t
+                decisions = res.stats["series_read"].size * model.mh_steps
+                per_decision = float(res.stats["series_read"].sum() / decisions)
+                if not cv:
+                    row["plain_series_read_per_decision"] = per_decision
+                    continue
                 row[f"sweep_s_{workers}w"] = float(np.median(res.stats["sweep_seconds"]))
+                row[f"sweep_cpu_{workers}w"] = float(np.median(res.stats["sweep_cpu_seconds"]))
                 row[f"update_s_{workers}w"] = float(np.median(res.stats["update_seconds"]))
                 row[f"wall_{workers}w"] = wall
-                row["series_read_per_decision"] = float(res.stats["series_read"].mean())
+                row["series_read_per_decision"] = per_decision
+                row["accept_rate"] = float(res.stats["accepted"].mean() / model.mh_steps)
+                draws = np.stack([res.phi, res.sigma])
+                enough = draws.shape[2] >= 4  # the diagnostics' least draws per chain
+                row["rhat"] = [float(rhat(d)) if enough else float("nan") for d in draws]
+                row["min_ess"] = float(min(ess_bulk(d) for d in draws)) if enough else np.nan
             row["speedup_2w"] = row["sweep_s_1w"] / row["sweep_s_2w"]
+            row["cpu_speedup_2w"] = row["sweep_cpu_1w"] / row["sweep_cpu_2w"]
             rows.append(row)
         out["tall"] = rows
+        out["tall_config"] = {
+            "length": tall_length,
+            "particles": tall_particles,
+            "chains": tall_chains,
+            "warmup": tall_warmup,
+            "iterations": tall_iterations,
+        }
         if len(rows) > 1:
-            out["tall_read_slope"] = loglog_slope(
-                [r["n_series"] for r in rows], [r["series_read_per_decision"] for r in rows]
-            )
-            out["tall_sweep_slope"] = loglog_slope(
-                [r["n_series"] for r in rows], [r["sweep_s_1w"] for r in rows]
-            )
+            ns = [r["n_series"] for r in rows]
+            out["tall_read_slope"] = loglog_slope(ns, [r["series_read_per_decision"] for r in rows])
+            if tall_plain:
+                out["tall_plain_read_slope"] = loglog_slope(
+                    ns, [r["plain_series_read_per_decision"] for r in rows]
+                )
+            out["tall_sweep_slope"] = loglog_slope(ns, [r["sweep_s_1w"] for r in rows])
     return out
 
 
@@ -259,17 +308,28 @@ def format_sv(d: dict[str, Any]) -> str:
             f"σ {b['sigma']['difference']:+.4f} (z {b['sigma']['z']:+.1f})"
         )
     if "tall" in d:
+        c = d["tall_config"]
         lines.append(
-            "tall panel (T=5, one chain): series  read/decision  sweep s/it 1w  2w  speedup"
+            f"tall panel (T={c['length']}, {c['particles']} particles, {c['chains']} chains, "
+            f"{c['iterations']} iterations, control variates): series  read/decision "
+            "(plain)  R-hat φ σ  min ESS  accept  sweep s/it 1w  2w  speedup  "
+            "(busiest shard's CPU s 1w  2w  ratio)"
         )
         for r in d["tall"]:
+            plain = r.get("plain_series_read_per_decision")
             lines.append(
-                f"  {r['n_series']:>9}  {r['series_read_per_decision']:>10.0f}  "
-                f"{r['sweep_s_1w']:.3f}  {r['sweep_s_2w']:.3f}  {r['speedup_2w']:.2f}×"
+                f"  {r['n_series']:>9}  {r['series_read_per_decision']:>8.1f} "
+                f"({'-' if plain is None else f'{plain:.0f}'})  "
+                f"{r['rhat'][0]:.2f} {r['rhat'][1]:.2f}  {r['min_ess']:.0f}  "
+                f"{r['accept_rate']:.2f}  {r['sweep_s_1w']:.3f}  {r['sweep_s_2w']:.3f}  "
+                f"{r['speedup_2w']:.2f}×  ({r['sweep_cpu_1w']:.3f}  {r['sweep_cpu_2w']:.3f}  "
+                f"{r['cpu_speedup_2w']:.2f}×)"
             )
         if "tall_read_slope" in d:
+            plain = d.get("tall_plain_read_slope")
             lines.append(
-                f"  log-log slope: series read {d['tall_read_slope']:.2f}, "
-                f"sweep {d['tall_sweep_slope']:.2f}"
+                f"  log-log slope: series read {d['tall_read_slope']:.2f}"
+                + ("" if plain is None else f" (plain {plain:.2f})")
+                + f", sweep {d['tall_sweep_slope']:.2f}"
             )
     return "\n".join(lines)

@@ -19,6 +19,13 @@ Each iteration of each chain:
      on ``(logit φ, log σ²)`` whose accept/reject is the sequential test of austerity with
      a *series* as the unit (each series' transition log-likelihood is one datum; the
      series are read from the shards in batches); ``eps = 0`` is exact MH over all series.
+     With ``control_variates=True`` (the default) the test runs on the residuals of a
+     second-order Taylor expansion of each series' transition log-likelihood in
+     ``(φ, log σ²)`` around the chain's point after the sweep, whose sum over all series
+     comes from the sweep's summed statistics
+     (:class:`~flymc_dist.sv.conditionals.TaylorControlVariate`): the series read per
+     decision stop growing with the number of series. Still approximate; given the states
+     the exact update is the better choice for this model.
 
 Randomness: a sweep's by (seed, chain, iteration, global series); the driver's by
 ``stream(seed, ROLE_SV, chain, iteration)``. Nothing depends on the layout or the
@@ -42,10 +49,10 @@ from flymc_dist.diagnostics import summary as draws_summary
 from flymc_dist.rng import stream
 from flymc_dist.sv.conditionals import (
     Priors,
-    log_prior,
-    mh_decision,
+    mh_step,
     sample_phi,
     sample_sigma2,
+    taylor_sums,
 )
 from flymc_dist.sv.data import SeriesDataset, open_series
 from flymc_dist.sv.shard import SeriesShard
@@ -88,6 +95,10 @@ class StochasticVolatility:
         ``(shape, scale)`` of the inverse-gamma prior of σ².
     trace_series
         Global indices of the series whose states are traced.
+    control_variates
+        ``"subsampled"`` only: run the sequential test on the residuals of a Taylor
+        expansion around the chain's point after each sweep (its sum over all series from
+        the sweep's summed statistics); False: on the plain differences, as the paper.
     scale_move
         After each sweep, an exact MH move scaling every state and σ by one factor
         ``c`` (a group move: ``log α = Δ_obs + 2 log c + log p(c²σ²) − log p(σ²)``,
@@ -104,6 +115,7 @@ class StochasticVolatility:
     phi_prior: tuple[float, float] = (5.0, 1.0)
     sigma2_prior: tuple[float, float] = (5.0, 0.05)
     trace_series: tuple[int, ...] = (0, 1, 2)
+    control_variates: bool = True
     scale_move: bool = True
 
     def __post_init__(self) -> None:
@@ -149,6 +161,7 @@ class StochasticVolatility:
             "phi_prior": list(map(float, self.phi_prior)),
             "sigma2_prior": list(map(float, self.sigma2_prior)),
             "trace_series": [int(i) for i in self.trace_series],
+            "control_variates": bool(self.control_variates),
             "scale_move": bool(self.scale_move),
         }
 
@@ -160,7 +173,9 @@ class SVResult:
     ``phi``, ``sigma``: ``(chains, draws)``; ``states``: ``(chains, draws, k, T)`` of the
     traced series; ``stats``: per-iteration ``series_read`` (series a (φ, σ) update read:
     every series for the exact update), ``accepted`` (subsampled MH steps accepted),
-    ``sweep_seconds`` and ``update_seconds`` (wall time per iteration, all chains).
+    ``sweep_seconds`` and ``update_seconds`` (wall time per iteration, all chains),
+    ``sweep_cpu_seconds`` (the sweep's CPU seconds on its busiest shard: its critical path
+    on free cores) and ``sweep_cpu_total`` (summed over shards).
     """
 
     phi: np.ndarray
@@ -241,11 +256,6 @@ def _open(
     return _DaskActors(c, kwargs_of(int(k)), (c, cluster) if owned else None)
 
 
-def _log_target_prior(phi: float, s2: float, pr: Priors) -> float:
-    """The prior on ``(logit φ, log σ²)`` (with the Jacobian)."""
-    return log_prior(phi, s2, pr) + math.log(phi) + math.log1p(-phi) + math.log(s2)
-
-
 def sample_sv(
     model: StochasticVolatility,
     data: SeriesDataset | str,
@@ -261,6 +271,7 @@ def sample_sv(
     resume: bool = False,
     overwrite_trace: bool = False,
     checkpoint_every: int = 100,
+    init: tuple[float, float] | None = None,
 ) -> SVResult:
     """Draw from the posterior of the stochastic-volatility panel model.
 
@@ -287,6 +298,9 @@ def sample_sv(
         Continue the run in ``trace`` (same data, model, seed and chains).
     overwrite_trace
         Replace an existing ``trace``.
+    init
+        ``(φ, σ)`` every chain starts from (None: a draw from the prior per chain); the
+        states start at zero. Ignored on ``resume``.
 
     Returns
     -------
@@ -304,6 +318,10 @@ def sample_sv(
     ):
         if int(v) < lo:
             raise ValueError(f"{name} must be >= {lo}, got {v}")
+    if init is not None:
+        if len(init) != 2 or not (0.0 < float(init[0]) < 1.0 and float(init[1]) > 0):
+            raise ValueError(f"init must be (phi in (0, 1), sigma > 0), got {init}")
+        init = (float(init[0]), float(init[1]))
     traced = tuple(int(i) for i in model.trace_series if 0 <= int(i) < ds.n_series)
     if len(traced) != len(model.trace_series):
         raise ValueError(f"trace_series must be series indices in [0, {ds.n_series})")
@@ -313,6 +331,7 @@ def sample_sv(
         "seed": int(seed),
         "chains": int(chains),
         "data": [ds.path, ds.n_series, ds.length],
+        "init": None if init is None else list(init),
     }
     if resume and trace is None:
         raise ValueError("resume=True needs a trace")
@@ -357,6 +376,7 @@ def sample_sv(
             trace,
             resume,
             checkpoint_every,
+            init,
         )
     finally:
         tp.close()
@@ -376,6 +396,7 @@ def _run(
     trace,
     resume,
     checkpoint_every,
+    init,
 ) -> SVResult:
     ranges = ds.shard_ranges(len(tp.shards) if isinstance(tp, _InProcess) else len(tp.actors))
     starts = np.array([a for a, _ in ranges])
@@ -397,8 +418,11 @@ def _run(
     else:
         theta = np.empty((C, 2))
         for c in range(C):
-            r = stream(seed, ROLE_SV, _SUB_INIT, c)
-            theta[c] = (r.beta(pr.phi_a, pr.phi_b), pr.s2_b / r.gamma(pr.s2_a))
+            if init is None:
+                r = stream(seed, ROLE_SV, _SUB_INIT, c)
+                theta[c] = (r.beta(pr.phi_a, pr.phi_b), pr.s2_b / r.gamma(pr.s2_a))
+            else:
+                theta[c] = (init[0], init[1] ** 2)
         log_step = np.full(C, math.log(model.step))
         log_cstep = np.full(C, math.log(0.05))
         it0 = 0
@@ -411,6 +435,7 @@ def _run(
     read = np.zeros((C, num_samples), np.int64)
     accepted = np.zeros((C, num_samples), np.int64)
     sweep_s, update_s = np.zeros(num_samples), np.zeros(num_samples)
+    cpu_max, cpu_tot = np.zeros(num_samples), np.zeros(num_samples)
     kept_from = 0  # first draw not yet written to the trace
     pending = np.ones(C)  # accepted scale moves the shards have not applied yet
 
@@ -461,41 +486,31 @@ def _run(
         for c in range(C):
             rng = stream(seed, ROLE_SV, _SUB_STEP, c, it)
             phi, s2 = theta[c]
+            cv = None
+            if model.update == "subsampled" and model.control_variates:
+                cv = taylor_sums(sums[c], (phi, s2))  # after the scale move: sums[c] agree
             if model.update == "exact":
                 s2 = sample_sigma2(rng, sums[c], phi, pr)
                 phi = sample_phi(rng, sums[c], s2, pr)
                 n_read[c] = ds.n_series
             else:
                 for _ in range(model.mh_steps):
-                    eta = np.array([math.log(phi / (1 - phi)), math.log(s2)])
-                    prop = eta + math.exp(log_step[c]) * rng.standard_normal(2)
-                    phi_p = 1.0 / (1.0 + math.exp(-prop[0]))
-                    s2_p = math.exp(prop[1])
-                    log_u = math.log(rng.random())
-                    ok = 0.0 < phi_p < 1.0 and s2_p > 0
-                    if ok:
-                        mu0 = (
-                            log_u
-                            + _log_target_prior(phi, s2, pr)
-                            - _log_target_prior(phi_p, s2_p, pr)
-                        ) / ds.n_series
-                        d = mh_decision(
-                            rng,
-                            fetch_for(c),
-                            ds.n_series,
-                            (phi, s2),
-                            (phi_p, s2_p),
-                            mu0,
-                            eps=model.eps,
-                            batch_size=model.batch_size,
-                        )
-                        n_read[c] += d.series_read
-                        ok = d.accept
-                    if ok:
-                        phi, s2 = phi_p, s2_p
-                        n_acc[c] += 1
+                    step = mh_step(
+                        rng,
+                        (phi, s2),
+                        math.exp(log_step[c]),
+                        fetch_for(c),
+                        ds.n_series,
+                        pr,
+                        eps=model.eps,
+                        batch_size=model.batch_size,
+                        control=cv,
+                    )
+                    phi, s2 = step.point
+                    n_read[c] += step.series_read
+                    n_acc[c] += step.accept
                     if k < n_warm:  # Robbins–Monro toward TARGET_ACCEPT, warm-up only
-                        log_step[c] += (float(ok) - TARGET_ACCEPT) / math.sqrt(k + 1)
+                        log_step[c] += (float(step.accept) - TARGET_ACCEPT) / math.sqrt(k + 1)
             theta[c] = (phi, s2)
         w2 = time.perf_counter()
         if k >= n_warm:
@@ -505,6 +520,8 @@ def _run(
                 states[:, j] = tr
             read[:, j], accepted[:, j] = n_read, n_acc
             sweep_s[j], update_s[j] = w1 - w0, w2 - w1
+            cpu = [r[2] for r in replies]
+            cpu_max[j], cpu_tot[j] = max(cpu), sum(cpu)
             if trace is not None and ((j + 1) % checkpoint_every == 0 or j + 1 == num_samples):
                 sl = slice(kept_from, j + 1)
                 _checkpoint(
@@ -533,6 +550,8 @@ def _run(
             "accepted": accepted,
             "sweep_seconds": sweep_s,
             "update_seconds": update_s,
+            "sweep_cpu_seconds": cpu_max,
+            "sweep_cpu_total": cpu_tot,
         },
         model.approximate,
         {

@@ -4,6 +4,8 @@ process (``client="synchronous"``) or run as a Dask actor, one per shard."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import zarr
 
@@ -58,7 +60,7 @@ class SeriesShard:
         sigmas: np.ndarray,
         pending: np.ndarray,
         trial: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, float]:
         """One CSMC-AS sweep of every series for every chain.
 
         Parameters
@@ -73,11 +75,14 @@ class SeriesShard:
 
         Returns
         -------
-        sums, states
+        sums, states, cpu
             Per chain and global block, the summed ``(S, C, Q, n, Δ)`` with
             ``Δ = Σ_t log N(x_t; 0, e^{c h_t}) − log N(x_t; 0, e^{h_t})`` at the new
-            states: ``(chains, blocks, 5)``; the traced series' new states ``(chains, k, T)``.
+            states: ``(chains, blocks, 5)``; the traced series' new states ``(chains, k, T)``;
+            the CPU seconds of this call's thread (what the sweep costs whatever else the
+            machine runs).
         """
+        cpu0 = time.thread_time()
         n = self.stop - self.start
         nb = -(-n // self.block)
         sums = np.empty((self.chains, nb, 5))
@@ -104,7 +109,7 @@ class SeriesShard:
                 blk = slice(b * self.block, (b + 1) * self.block)
                 sums[c, b, :4] = self.stats[c, blk].sum(axis=0)
                 sums[c, b, 4] = d[blk].sum()
-        return sums, self.h[:, self.traced].copy()
+        return sums, self.h[:, self.traced].copy(), time.thread_time() - cpu0
 
     def fetch(self, chain: int, series: np.ndarray) -> np.ndarray:
         """The last sweep's statistics of global series ``series`` for ``chain`` (before
