@@ -4,12 +4,13 @@ row ranges read and written by :func:`flymc_dist.data.from_blocks`).
 
 Synthetic rows (``features`` standard normal columns and a 0/1 target) are written once
 to ``files`` Parquet files (written 262,144 rows at a time, each a row group, unless
-``row_group_rows`` is smaller) and to a ``.npy`` file, in a temporary directory. Each measured write runs in a
-process of its own (``python -c``), so its peak resident memory is its own; the cluster
-run starts a LocalCluster of ``workers`` single-threaded workers first, has them import
-the package, and times the ingest alone, reporting the workers' peak memory too. Every
-store written is checked against the first, byte for byte (the same rows, the same
-chunks).
+``row_group_rows`` is smaller) and to a ``.npy`` file, in a temporary directory. Each
+measured write runs in a process of its own (``python -c``), so its peak resident memory
+is its own; the cluster run starts a LocalCluster of ``workers`` single-threaded workers
+first, has them import the package, and times the ingest alone, reporting each worker's
+peak memory too. Every store written is checked against the first, byte for byte (the
+same rows, the same chunks). CPU seconds are reported beside the wall time: on a machine
+shared with other work they are the figure its load does not inflate.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def format_ingest(d: dict[str, Any]) -> str:
     lines = [
         f"ingest of {d['rows']:,} rows x {d['features']} features (+ target) from "
         f"{d['files']} Parquet files, row groups of "
-        f"{d['row_group_rows'] or 'pyarrow default'} rows",
+        f"{d['row_group_rows'] or 262_144:,} rows",
         f"{'run':<18}{'seconds':>10}{'x npy':>8}{'CPU s':>8}{'x npy':>8}{'peak MiB':>10}"
         f"  workers' peak MiB",
     ]
