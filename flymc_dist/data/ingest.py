@@ -8,7 +8,8 @@
 
 Nothing is held whole: ``.csv`` is streamed in blocks (pyarrow's streaming reader),
 ``.npy`` and Parquet are read by row ranges, Dask collections by blocks; the peak memory
-is a few blocks of ~32 MiB whatever the number of rows. A first pass reads what the
+is a few blocks of ~8 MiB whatever the number of rows (and, for Parquet, what pyarrow
+holds of each column: about a data page and a dictionary page). A first pass reads what the
 design needs of every row (the target's range when ``task`` is inferred, the levels of
 the ``categorical`` columns, the moments of the columns to ``standardize``); the second
 converts, validates and writes, block by block. With a Dask ``client`` (Parquet, ``.npy``,
