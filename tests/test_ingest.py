@@ -254,6 +254,11 @@ def test_parquet_directory_is_the_from_numpy_store(tmp_path, parallel, request) 
     got = fd.ingest(tmp_path / "one.parquet", tmp_path / "one.zarr", client=client)
     ref = fd.from_numpy(X, y, tmp_path / "ref1.zarr", feature_names=names)
     assert_same_store(got, ref)
+    # float32 storage: the values rounded once, as from_numpy rounds them
+    kw = {"chunk_rows": 96, "dtype": "float32"}
+    got = fd.from_parquet(src, tmp_path / "got32.zarr", target="label", client=client, **kw)
+    ref = fd.from_numpy(X, y, tmp_path / "ref32.zarr", feature_names=names, **kw)
+    assert_same_store(got, ref)
 
 
 @pytest.mark.parametrize(  # on the workers: in the full suite only (the pieces are the same)

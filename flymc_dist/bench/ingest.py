@@ -3,13 +3,14 @@ cluster, against the single-process path from an array file (``fd.ingest`` of a 
 row ranges read and written by :func:`flymc_dist.data.from_blocks`).
 
 Synthetic rows (``features`` standard normal columns and a 0/1 target) are written once
-to ``files`` Parquet files (pyarrow's default row groups unless ``row_group_rows`` is
-given) and to a ``.npy`` file, in a temporary directory. Each measured write runs in a
-process of its own (``python -c``), so its peak resident memory is its own; the cluster
-run starts a LocalCluster of ``workers`` single-threaded workers first, has them import
-the package, and times the ingest alone, reporting the workers' peak memory too. Every
-store written is checked against the first, byte for byte (the same rows, the same
-chunks).
+to ``files`` Parquet files (written 262,144 rows at a time, each a row group, unless
+``row_group_rows`` is smaller) and to a ``.npy`` file, in a temporary directory. Each
+measured write runs in a process of its own (``python -c``), so its peak resident memory
+is its own; the cluster run starts a LocalCluster of ``workers`` single-threaded workers
+first, has them import the package, and times the ingest alone, reporting each worker's
+peak memory too. Every store written is checked against the first, byte for byte (the
+same rows, the same chunks). CPU seconds are reported beside the wall time: on a machine
+shared with other work they are the figure its load does not inflate.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ __all__ = ["format_ingest", "run_ingest"]
 
 #: what every measured run starts with: its arguments (source, destination, workers) and
 #: ``peak()``, its own high-water mark in MiB (``ru_maxrss`` carries the parent's across
-#: exec)
+#: exec), and ``cpu()``, the CPU seconds of all its threads
 _PRELUDE = """
 import json, sys, time
 import flymc_dist as fd
@@ -37,20 +38,25 @@ src, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def peak():
     with open("/proc/self/status") as fh:
         return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM")) / 1024
+def cpu():
+    return time.process_time()
 """
 
 #: the measured writes, each run as ``python -c`` (after :data:`_PRELUDE`); each prints a
-#: JSON line: seconds, this process's and the workers' peak MiB
+#: JSON line: seconds, CPU seconds (of the workers too), this process's and each worker's
+#: peak MiB
 _RUNS = {
     "npy": """
-t = time.perf_counter()
+t, c = time.perf_counter(), cpu()
 fd.ingest(src, out, task="binary")
-print(json.dumps({"seconds": time.perf_counter() - t, "peak_mib": peak()}))
+sec, c = time.perf_counter() - t, cpu() - c
+print(json.dumps({"seconds": sec, "cpu_seconds": c, "peak_mib": peak()}))
 """,
     "parquet": """
-t = time.perf_counter()
+t, c = time.perf_counter(), cpu()
 fd.from_parquet(src, out, target="y", task="binary")
-print(json.dumps({"seconds": time.perf_counter() - t, "peak_mib": peak()}))
+sec, c = time.perf_counter() - t, cpu() - c
+print(json.dumps({"seconds": sec, "cpu_seconds": c, "peak_mib": peak()}))
 """,
     "parquet_cluster": """
 from distributed import Client, LocalCluster
@@ -60,11 +66,14 @@ if __name__ == "__main__":
         # the workers import what they will run first (a cluster that serves many runs
         # has done so); the ingest alone is timed
         client.run(lambda: [__import__(m) for m in ("flymc_dist", "pyarrow.parquet", "zarr")])
-        t = time.perf_counter()
+        w0 = client.run(cpu)
+        t, c = time.perf_counter(), cpu()
         fd.from_parquet(src, out, target="y", task="binary", client=client)
-        sec = time.perf_counter() - t
-        w = list(client.run(peak).values())
-    print(json.dumps({"seconds": sec, "peak_mib": peak(), "worker_peak_mib": max(w)}))
+        sec, c = time.perf_counter() - t, cpu() - c
+        w1, w = client.run(cpu), list(client.run(peak).values())
+        c += sum(w1[k] - w0[k] for k in w1)
+    print(json.dumps({"seconds": sec, "cpu_seconds": c, "peak_mib": peak(),
+                      "worker_peak_mib": w}))
 """,
 }
 
@@ -137,7 +146,7 @@ def run_ingest(
     files
         Parquet files the rows are split into.
     row_group_rows
-        Rows per Parquet row group (default: pyarrow's).
+        Rows per Parquet row group, at most 262,144 (default: 262,144).
     workers
         Workers of the LocalCluster run.
     seed
@@ -148,8 +157,10 @@ def run_ingest(
     Returns
     -------
     dict
-        Per run: ``seconds``, ``peak_mib`` (and ``worker_peak_mib``); the ratios to the
-        ``npy`` run; whether every store equals the first.
+        Per run: ``seconds``, ``cpu_seconds`` (of every process of the run: on a
+        machine shared with other work, the figure its load does not inflate),
+        ``peak_mib`` (and ``worker_peak_mib``, one per worker); the ratios of both times
+        to the ``npy`` run's; whether every store equals the first.
     """
     out: dict[str, Any] = {
         "rows": rows,
@@ -178,6 +189,8 @@ def run_ingest(
         out["identical"] = all(_same_store(stores[0], s) for s in stores[1:])
     base = out["runs"]["npy"]["seconds"]
     out["ratio"] = {k: v["seconds"] / base for k, v in out["runs"].items()}
+    cpu = out["runs"]["npy"]["cpu_seconds"]
+    out["cpu_ratio"] = {k: v["cpu_seconds"] / cpu for k, v in out["runs"].items()}
     return out
 
 
@@ -186,14 +199,15 @@ def format_ingest(d: dict[str, Any]) -> str:
     lines = [
         f"ingest of {d['rows']:,} rows x {d['features']} features (+ target) from "
         f"{d['files']} Parquet files, row groups of "
-        f"{d['row_group_rows'] or 'pyarrow default'} rows",
-        f"{'run':<18}{'seconds':>10}{'x npy':>8}{'peak MiB':>10}{'worker MiB':>12}",
+        f"{d['row_group_rows'] or 262_144:,} rows",
+        f"{'run':<18}{'seconds':>10}{'x npy':>8}{'CPU s':>8}{'x npy':>8}{'peak MiB':>10}"
+        f"  workers' peak MiB",
     ]
     for name, r in d["runs"].items():
-        wk = r.get("worker_peak_mib")
+        wk = " ".join(f"{w:.0f}" for w in r.get("worker_peak_mib", []))
         lines.append(
-            f"{name:<18}{r['seconds']:>10.2f}{d['ratio'][name]:>8.2f}{r['peak_mib']:>10.0f}"
-            f"{'' if wk is None else f'{wk:.0f}':>12}"
+            f"{name:<18}{r['seconds']:>10.2f}{d['ratio'][name]:>8.2f}{r['cpu_seconds']:>8.1f}"
+            f"{d['cpu_ratio'][name]:>8.2f}{r['peak_mib']:>10.0f}  {wk}"
         )
     lines.append(f"stores identical: {d['identical']}")
     return "\n".join(lines)

@@ -183,6 +183,32 @@ def _finite(v: np.ndarray, column: str, what: str, where: Any, offset: int) -> n
     return v
 
 
+#: rows of X assembled at a time by :func:`_rows_of` (a tile of ~1 MB at 57 features)
+_TILE_ROWS = 2048
+
+
+def _rows_of(parts: list[np.ndarray], n: int) -> np.ndarray:
+    """C-order float64 ``X`` (n, Σk) of column groups ``parts`` (each (k, n)), side by side.
+
+    A tile of rows at a time: the tile's columns copied as rows of a small (features,
+    tile) buffer, which stays in cache, then transposed into ``X``. Measured at 18,396 rows
+    of 56 columns: ~4 ms a block, against ~11-38 ms for a (features, rows) copy of the
+    block and one transposing copy (two block-sized allocations, the transpose striding
+    through memory), and ~8 ms for writing ``X`` a column at a time.
+    """
+    d = sum(p.shape[0] for p in parts)
+    X = np.empty((n, d), dtype=np.float64)
+    tile = np.empty((d, min(_TILE_ROWS, n)), dtype=np.float64)
+    for r in range(0, n, _TILE_ROWS):
+        e = min(r + _TILE_ROWS, n)
+        j = 0
+        for p in parts:
+            tile[j : j + p.shape[0], : e - r] = p[:, r:e]
+            j += p.shape[0]
+        X[r:e] = tile[:, : e - r].T
+    return X
+
+
 def _where(where: Any, row: int) -> str:
     """``"file.parquet row 12"``: ``where`` is a callable from a row of the block's source
     to such a phrase, or a name."""
@@ -327,10 +353,7 @@ class Design:
                     "categorical=[...] to one-hot encode it"
                 )
             parts.append(_finite(v, c, "value", where, offset)[None, :])
-        # columns side by side as rows of a (features, rows) array (contiguous copies),
-        # then one transposing copy: ~3x faster than writing C-order X a column at a time
-        XT = np.concatenate(parts, axis=0) if parts else np.empty((0, n or 0))
-        X = np.ascontiguousarray(XT.T, dtype=np.float64)
+        X = _rows_of(parts, n or 0)
         if self.center is not None:
             X -= np.asarray(self.center)
             X /= np.asarray(self.scale)

@@ -8,7 +8,8 @@
 
 Nothing is held whole: ``.csv`` is streamed in blocks (pyarrow's streaming reader),
 ``.npy`` and Parquet are read by row ranges, Dask collections by blocks; the peak memory
-is a few blocks of ~32 MiB whatever the number of rows. A first pass reads what the
+is a few blocks of ~8 MiB whatever the number of rows (and, for Parquet, what pyarrow
+holds of each column: about a data page and a dictionary page). A first pass reads what the
 design needs of every row (the target's range when ``task`` is inferred, the levels of
 the ``categorical`` columns, the moments of the columns to ``standardize``); the second
 converts, validates and writes, block by block. With a Dask ``client`` (Parquet, ``.npy``,
@@ -54,8 +55,11 @@ _BLOCK_BYTES = DEFAULT_CHUNK_BYTES
 #: Bytes of text pyarrow's streaming CSV reader parses at a time.
 _CSV_BLOCK_BYTES = 16 * 2**20
 _PARQUET_EXT = (".parquet", ".pq", ".parq")
-#: Bytes of a Parquet column chunk read at a time.
-_PARQUET_BUFFER = 2**16
+#: How a Parquet file is opened for streaming: column chunks read through a 64 KiB buffer
+#: without pre-buffering, so a process holds about a data page (and a dictionary page) per
+#: column, not a row group (measured at 56 columns: ~140 MB of pyarrow's pool whether a
+#: row group holds 2.5·10⁵ or 10⁶ rows; pre-buffered, it holds the whole row group).
+_PARQUET_OPEN = {"buffer_size": 2**16, "pre_buffer": False}
 
 
 # --------------------------------------------------------------------------- tables
@@ -368,9 +372,14 @@ class _ParquetTable:
             with self._open(self.files[i]) as fh:
                 # column chunks read through a small buffer, not whole: a process holds
                 # a few batches, not a row group (1 Mi rows by pyarrow's default)
-                pf = pq.ParquetFile(fh, buffer_size=_PARQUET_BUFFER, pre_buffer=False)
+                pf = pq.ParquetFile(fh, **_PARQUET_OPEN)
+                # decoded in this thread: pyarrow's pool threads would each keep memory
+                # (~30 MB more at 56 columns) and compete with the other workers for cores
                 batches = pf.iter_batches(
-                    batch_size=step, row_groups=list(range(g_lo, g_hi)), columns=list(columns)
+                    batch_size=step,
+                    row_groups=list(range(g_lo, g_hi)),
+                    columns=list(columns),
+                    use_threads=False,
                 )
                 for batch in batches:
                     b0, at = at, at + batch.num_rows

@@ -992,46 +992,63 @@ def _write_piece(
     check: tuple[int, int, str, str, int | None, int],
 ) -> int:
     """On a worker: convert rows ``start:stop`` (``convert(start, stop, payload)`` yields
-    them in blocks), validate each block and write them into the temporary store ``tmp``,
-    whole chunks at a time (``start`` begins a chunk; ``stop`` ends one or the data set);
-    the rows written."""
+    them in blocks), validate each block and write them into the temporary store ``tmp``
+    a whole chunk at a time (``start`` begins a chunk; ``stop`` ends one or the data set);
+    the rows written.
+
+    A worker holds one block being converted, one chunk being filled and the chunk zarr
+    is compressing, whatever the piece's size: a chunk is written as soon as it is whole
+    (the workers, not the chunks of one worker, compress in parallel), from the block
+    itself when the block holds it whole, else from one reused chunk buffer.
+    """
     n_rows, n_features, dtype, task, n_classes, chunk_rows = check
     x_dtype = np.dtype(dtype)
-    y_dtype = np.float64 if task == "real" else np.int64
+    y_dtype = np.dtype(np.float64 if task == "real" else np.int64)
     kw: dict[str, Any] = {}
     if storage_options and is_url(tmp):
         kw["storage_options"] = storage_options
     group = zarr.open_group(store=tmp, mode="r+", zarr_format=3, **kw)
-    per = max(1, _WORK_BLOCK_BYTES // (x_dtype.itemsize * max(n_features, 1) * chunk_rows))
-    cap = per * chunk_rows  # rows written per zarr call: whole chunks
-    held: list[tuple[np.ndarray, np.ndarray]] = []
-    n_held = 0
+    X_arr, y_arr = group["X"], group["y"]
+    buf_X: np.ndarray | None = None  # the chunk being filled (allocated when needed)
+    buf_y: np.ndarray | None = None
+    held = 0  # rows of buf_X filled
     at = start  # the first row not yet written
-
-    def write(n: int) -> None:
-        nonlocal held, n_held, at
-        X = np.concatenate([b[0] for b in held]) if len(held) > 1 else held[0][0]
-        y = np.concatenate([b[1] for b in held]) if len(held) > 1 else held[0][1]
-        _write_block(group["X"], at, np.ascontiguousarray(X[:n], dtype=x_dtype))
-        _write_block(group["y"], at, np.ascontiguousarray(y[:n], dtype=y_dtype))
-        held = [(X[n:], y[n:])] if n < X.shape[0] else []
-        n_held -= n
-        at += n
 
     row = start
     for X, y in convert(start, stop, payload):
         X, y = check_block(X, y, row, n_rows, n_features, x_dtype, task, n_classes)
-        row += X.shape[0]
+        m = X.shape[0]
+        row += m
         if row > stop:
             raise ValueError(f"rows {start}-{stop - 1}: more rows converted")
-        held.append((X, y))
-        n_held += X.shape[0]
-        if n_held >= cap:
-            write(n_held // chunk_rows * chunk_rows)
+        i = 0
+        while i < m:
+            if held == 0 and m - i >= chunk_rows:
+                e = i + chunk_rows
+                _write_block(X_arr, at, np.ascontiguousarray(X[i:e], dtype=x_dtype))
+                _write_block(y_arr, at, np.ascontiguousarray(y[i:e], dtype=y_dtype))
+                at += chunk_rows
+                i = e
+                continue
+            if buf_X is None or buf_y is None:
+                buf_X = np.empty((chunk_rows, n_features), dtype=x_dtype)
+                buf_y = np.empty(chunk_rows, dtype=y_dtype)
+            take = min(chunk_rows - held, m - i)
+            buf_X[held : held + take] = X[i : i + take]
+            buf_y[held : held + take] = y[i : i + take]
+            held += take
+            i += take
+            if held == chunk_rows:
+                _write_block(X_arr, at, buf_X)
+                _write_block(y_arr, at, buf_y)
+                at += held
+                held = 0
+        del X, y  # the block is not held while the next one is converted
     if row != stop:
         raise ValueError(f"rows {start}-{stop - 1}: {row - start} rows converted")
-    if n_held:
-        write(n_held)
+    if held:
+        _write_block(X_arr, at, buf_X[:held])  # type: ignore[index]
+        _write_block(y_arr, at, buf_y[:held])  # type: ignore[index]
     return stop - start
 
 
