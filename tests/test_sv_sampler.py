@@ -93,6 +93,8 @@ def test_bad_input(panel) -> None:
 
 
 def test_bench_sv_cli(tmp_path, capsys) -> None:
+    import json
+
     from flymc_dist.cli import main
 
     argv = [
@@ -119,8 +121,11 @@ def test_bench_sv_cli(tmp_path, capsys) -> None:
     ]
     assert main(argv) == 0
     out = capsys.readouterr()[0]
-    assert "subsampled − exact" in out and "(approximate)" in out
-    assert (tmp_path / "sv.json").exists()
+    assert "subsampled − exact" in out and "(approximate)" in out and "R-hat" in out
+    gibbs = json.loads((tmp_path / "sv.json").read_text())["informative"]["gibbs"]
+    # Fig. 9's histograms: 20 bins, holding every draw inside their range
+    phi = np.asarray(gibbs["phi"]["histogram"])
+    assert phi.shape == (20,) and phi.sum() <= 2 * 8
 
 
 @pytest.mark.slow

@@ -8,8 +8,9 @@ Parts (``parts``):
   simulated panel over φ ∈ [0, 0.999] (σ = 0.1) and over σ ∈ [0.03, 0.1] (φ = 0.95), by
   a particle filter with common random numbers: its range in nats says how far the data
   move the posterior from the prior. Then exact Gibbs, exact MH (``eps = 0``) and
-  subsampled MH (``eps``): posterior means against the truth and the prior, quantiles
-  (the histogram), lag-1 autocorrelation, ESS per second.
+  subsampled MH (``eps``): posterior means against the truth and the prior, R̂,
+  quantiles and a histogram with the truth marked (Fig. 9's panels), lag-1
+  autocorrelation, ESS per second.
 - ``informative``: ``informative_series`` × ``informative_length``, σ = 0.3, φ = 0.95:
   subsampled MH's bias on φ and σ against exact Gibbs, in units of their MCSE, with its
   ``eps`` and series read per decision.
@@ -52,6 +53,14 @@ def _acf1(x: np.ndarray) -> float:
     return float(np.mean(np.sum(x[:, 1:] * x[:, :-1], axis=1) / np.sum(x * x, axis=1)))
 
 
+#: the histograms' bins (Fig. 9's panels): φ over its prior's support, σ over where the
+#: paper's and the informative panel's posteriors live
+HIST_EDGES = {"phi": np.linspace(0.5, 1.0, 21), "sigma": np.linspace(0.0, 0.5, 21)}
+
+#: a histogram's bar heights, lowest to highest
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
 def _describe(res: Any, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"seconds": seconds, "approximate": bool(res.approximate)}
     for name in ("phi", "sigma"):
@@ -61,7 +70,9 @@ def _describe(res: Any, seconds: float) -> dict[str, Any]:
             "mean": float(d.mean()),
             "sd": float(d.std()),
             "mcse": float(mcse_mean(d)),
+            "rhat": float(rhat(d)),
             "quantiles": np.quantile(d, [0.05, 0.25, 0.5, 0.75, 0.95]).tolist(),
+            "histogram": np.histogram(d, HIST_EDGES[name])[0].tolist(),
             "acf1": _acf1(d),
             "ess": ess,
             "ess_per_s": ess / seconds,
@@ -269,6 +280,18 @@ def run_sv(
     return out
 
 
+def _histogram(counts: Sequence[int], name: str, truth: float) -> str:
+    """A histogram as one line of bars over :data:`HIST_EDGES` between its range's ends,
+    with ``|`` just before the bin that holds the truth."""
+    edges = HIST_EDGES[name]
+    top = max(max(counts), 1)
+    bars = [_BARS[int(np.ceil(c / top * (len(_BARS) - 1)))] for c in counts]
+    at = int(np.searchsorted(edges, truth, side="right")) - 1
+    if 0 <= at < len(bars):
+        bars.insert(at, "|")
+    return f"[{edges[0]:g} {''.join(bars)} {edges[-1]:g}]"
+
+
 def format_sv(d: dict[str, Any]) -> str:
     """The figures as text."""
     lines = [
@@ -276,15 +299,18 @@ def format_sv(d: dict[str, Any]) -> str:
         f"{d['particles']} particles)"
     ]
 
-    def row(name: str, r: dict[str, Any]) -> str:
+    def row(name: str, r: dict[str, Any], truth: tuple[float, float]) -> str:
         f = r["phi"]
         s = r["sigma"]
         tag = " (approximate)" if r["approximate"] else ""
         return (
-            f"  {name:<11} φ {f['mean']:.4f}±{f['sd']:.4f} (mcse {f['mcse']:.4f}, ess/s "
-            f"{f['ess_per_s']:.2f}, acf1 {f['acf1']:.2f})  σ {s['mean']:.4f}±{s['sd']:.4f} "
-            f"(mcse {s['mcse']:.4f}, ess/s {s['ess_per_s']:.2f}, acf1 {s['acf1']:.2f})  "
-            f"series/it {r['series_read_per_iteration']:.0f}{tag}"
+            f"  {name:<11} φ {f['mean']:.4f}±{f['sd']:.4f} (mcse {f['mcse']:.4f}, R-hat "
+            f"{f['rhat']:.3f}, ess/s {f['ess_per_s']:.2f}, acf1 {f['acf1']:.2f})  "
+            f"σ {s['mean']:.4f}±{s['sd']:.4f} (mcse {s['mcse']:.4f}, R-hat {s['rhat']:.3f}, "
+            f"ess/s {s['ess_per_s']:.2f}, acf1 {s['acf1']:.2f})  "
+            f"series/it {r['series_read_per_iteration']:.0f}{tag}\n"
+            f"  {'':<11} φ {_histogram(f['histogram'], 'phi', truth[0])}  "
+            f"σ {_histogram(s['histogram'], 'sigma', truth[1])}"
         )
 
     if "paper" in d:
@@ -296,12 +322,12 @@ def format_sv(d: dict[str, Any]) -> str:
             f"(filter noise sd {p['pf_noise_sd']:.2f})"
         )
         for k in ("gibbs", "exact_mh", "subsampled"):
-            lines.append(row(k, p[k]))
+            lines.append(row(k, p[k], (0.95, 0.1)))
     if "informative" in d:
         q = d["informative"]
         lines.append(f"informative {q['n_series']} × {q['length']} (φ=0.95, σ=0.3):")
-        lines.append(row("gibbs", q["gibbs"]))
-        lines.append(row("subsampled", q["subsampled"]))
+        lines.append(row("gibbs", q["gibbs"], (0.95, 0.3)))
+        lines.append(row("subsampled", q["subsampled"], (0.95, 0.3)))
         b = q["bias"]
         lines.append(
             f"  subsampled − exact: φ {b['phi']['difference']:+.4f} (z {b['phi']['z']:+.1f}), "
