@@ -26,7 +26,7 @@ makes its own (a fixed seed of its own, in-process shards), and pytest-xdist spr
 tests over the cores. The negative controls reuse the runs of :data:`CONTROL_COMBO` and
 :data:`OOC_CONTROL_COMBO`, made once per process: their tests share an xdist group.
 
-By default a covering subset runs (:data:`SUBSET`, 17 of the 112 runs and 3 of the 6 with
+By default a covering subset runs (:data:`SUBSET`, 16 of the 112 runs and 3 of the 6 with
 exact rows, every negative control): every model, kernel and value of every axis that the
 grid holds. ``pytest --full-grid`` (CI) runs every run. The family-wise false-alarm rate
 is :data:`FAMILY_ALPHA` over the runs of the grid that runs (:func:`run_alpha`). In the
@@ -230,7 +230,7 @@ def check_against(
       chains stuck in different places shrink it). Requires ``|z| < Φ⁻¹(1 − α/(2P))``
       (Bonferroni over the P means): 4.08 for P = 2 and 4.18 for P = 3 at
       α = 0.01 / 112 (a 1 % family-wise false-alarm rate over the full grid's 112 runs),
-      3.62 and 3.72 at α = 0.01 / 17 (the default subset's 17 runs; :func:`run_alpha`).
+      3.60 and 3.71 at α = 0.01 / 16 (the default subset's 16 runs; :func:`run_alpha`).
     * **Standard deviation**: with ``d = x − mean``, the sample variance is the mean of
       ``d²``, so ``SE(var) = sd(d²) / sqrt(ESS(d²))`` and ``SE(sd) = SE(var) / (2 sd)``.
       For Gaussian draws this is the familiar relative error ``1 / sqrt(2·ESS)``; the
