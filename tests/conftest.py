@@ -167,16 +167,16 @@ CI_ONLY_MARKERS = ("full_grid", "full_scale", "full_e2e")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """``--full-grid``: run every configuration of the exactness grid, the tests at full
-    scale and the end-to-end runs another test covers (CI does)."""
+    """``--full-grid``: run every configuration of the statistical grids, the tests at full
+    scale and the end-to-end runs another test covers (CI does; tests/test_tiers.py checks
+    that the default run covers what it leaves out)."""
     parser.addoption(
         "--full-grid",
         action="store_true",
-        help="run every configuration of the exactness grid (tests/test_exactness.py), "
-        "not only its covering subset, the memory bounds at full scale and the benchmarks' "
-        "and recipes' end-to-end runs whose path other tests cover (the tests marked "
-        + ", ".join(CI_ONLY_MARKERS)
-        + " are deselected without it)",
+        help="run every configuration of the statistical grids (the exactness grid of "
+        "tests/test_exactness.py and others), not only their covering subsets, the memory "
+        "bounds at full scale and the end-to-end runs whose path other tests cover (the "
+        "tests marked " + ", ".join(CI_ONLY_MARKERS) + " are deselected without it)",
     )
 
 
@@ -187,14 +187,20 @@ def _ci_only(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests marked with :data:`CI_ONLY_MARKERS` unless pytest runs with
-    ``--full-grid``; put the tests marked ``cluster`` (or using :func:`local_clusters`) in
+    """Record what a default run keeps and leaves out (:data:`tiers.RECORDS`); deselect
+    the tests marked with :data:`CI_ONLY_MARKERS` unless pytest runs with ``--full-grid``;
+    put the tests marked ``cluster`` (or using :func:`local_clusters`) in
     :data:`PROCESS_GROUP`, before pytest-xdist reads the groups."""
-    if not config.getoption("full_grid"):
-        left_out = [item for item in items if _ci_only(item)]
-        if left_out:
-            items[:] = [item for item in items if not _ci_only(item)]
-            config.hook.pytest_deselected(items=left_out)
+    from tiers import RECORDS, record_of
+
+    left_out = [item for item in items if _ci_only(item)]
+    config.stash[RECORDS] = (
+        [record_of(item) for item in items if not _ci_only(item)],
+        [record_of(item) for item in left_out],
+    )
+    if left_out and not config.getoption("full_grid"):
+        items[:] = [item for item in items if not _ci_only(item)]
+        config.hook.pytest_deselected(items=left_out)
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue

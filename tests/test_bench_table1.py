@@ -194,6 +194,9 @@ def test_decomposition_of_the_speedup_per_query() -> None:
     assert _decomposition(entry) is None
 
 
+#: CI only: the table's cells, speed-ups, forecasts, decomposition and budget are checked
+#: by the tests around it, its samplers against the exact posterior in test_exactness.py
+@pytest.mark.full_e2e
 @pytest.mark.slow
 def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``flymc bench table1 --quick``: every row, kernel and algorithm is in the JSON, each

@@ -457,9 +457,20 @@ def _kill_a_worker_once(pids: dict, trace: str, draws: int) -> tuple[threading.T
     return th, killed
 
 
+#: the variants of a worker killed mid-run in the default run: each kernel, the relay, exact
+#: rows and out-of-core shards once; "rwmh" (the relayed run's path without the relay)
+#: and "nuts" (the exact-rows run's without its rows) in CI only (``--full-grid``;
+#: tests/test_tiers.py checks the cover)
+KILL_DEFAULT = ("rwmh-relayed", "nuts-exact-rows", "rwmh-out-of-core")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kernel", ["rwmh", "rwmh-relayed", "nuts", "nuts-exact-rows", "rwmh-out-of-core"]
+    "kernel",
+    [
+        pytest.param(k, marks=[] if k in KILL_DEFAULT else [pytest.mark.full_grid])
+        for k in ["rwmh", "rwmh-relayed", "nuts", "nuts-exact-rows", "rwmh-out-of-core"]
+    ],
 )
 def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_exact_rows):
     """SIGKILL a worker mid-run: the run completes, the lost shards are recreated on the

@@ -229,9 +229,30 @@ def _run(X, y, model_kwargs, algorithm, bounds, kernel, seed):
     )
 
 
+#: the (family, run) pairs of the default run: every family and every run once (CI runs
+#: all 12; tests/test_tiers.py checks the cover)
+DEFAULT_CASES = {
+    ("probit", RUNS[0]),
+    ("logit5", RUNS[1]),
+    ("negbin", RUNS[2]),
+    ("gaussian", RUNS[0]),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("run", RUNS, ids=lambda r: "-".join(str(v) for v in r))
-@pytest.mark.parametrize("name", ["probit", "logit5", "negbin", "gaussian"])
+@pytest.mark.parametrize(
+    "name, run",
+    [
+        pytest.param(
+            name,
+            run,
+            id="-".join(str(v) for v in (name, *run)),
+            marks=[] if (name, run) in DEFAULT_CASES else [pytest.mark.full_grid],
+        )
+        for run in RUNS
+        for name in ["probit", "logit5", "negbin", "gaussian"]
+    ],
+)
 def test_family_exact_against_quadrature(name, run):
     X, y, model, _ = _problem(name)
     ref = _family_reference(name)
@@ -353,9 +374,23 @@ CLI_CASES = {
 }
 
 
+#: the families through this test by default: negative_binomial (in the quick set) and
+#: gaussian; probit and binomial in CI only (``--full-grid``), since the resume and the ArviZ output
+#: do not depend on the family, and test_cli's test_family_names_through_ingest_and_run
+#: runs every family through the command line (tests/test_tiers.py)
+CLI_DEFAULT = ("negative_binomial", "gaussian")
+
+
 @pytest.mark.parametrize(
     "name",
-    [n if n == "negative_binomial" else pytest.param(n, marks=pytest.mark.slow) for n in CLI_CASES],
+    [
+        n
+        if n == "negative_binomial"
+        else pytest.param(
+            n, marks=[pytest.mark.slow] + ([] if n in CLI_DEFAULT else [pytest.mark.full_e2e])
+        )
+        for n in CLI_CASES
+    ],
 )
 def test_family_through_cli_arviz_and_resume(name, tmp_path, capsys, monkeypatch):
     from flymc_dist.cli import main

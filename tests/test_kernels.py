@@ -301,8 +301,27 @@ BATTERY_TARGETS = [
 ]
 
 
-@pytest.mark.parametrize("target_name", BATTERY_TARGETS)
-@pytest.mark.parametrize("kernel_name", sorted(KERNELS))
+#: the gradient kernels, whose non-Gaussian cases here run in CI only (``--full-grid``):
+#: test_kernels_hmc.py's battery runs them on a banana and a ridge by default
+GRADIENT_KERNELS = ("hmc", "nuts")
+
+
+@pytest.mark.parametrize(
+    ("kernel_name", "target_name"),
+    [
+        pytest.param(
+            kernel,
+            target,
+            id=f"{kernel}-{target}",
+            marks=[]
+            if target == "gauss2d"
+            else [pytest.mark.slow]
+            + ([pytest.mark.full_grid] if kernel in GRADIENT_KERNELS else []),
+        )
+        for kernel in sorted(KERNELS)
+        for target in sorted(TARGETS)
+    ],
+)
 def test_battery(kernel_name: str, target_name: str) -> None:
     make, tril = TARGETS[target_name]
     battery(get_kernel(kernel_name), make(), scale_tril=tril, seed=1)

@@ -829,10 +829,28 @@ def test_battery_gauss2d(name: str, metric: str) -> None:
     _battery(get_kernel(name, metric=metric), "gauss2d")
 
 
+#: the (kernel, metric, case) runs of the default: each kernel, metric and case once (CI
+#: runs all 8; tests/test_tiers.py checks the cover)
+NON_GAUSSIAN_DEFAULT = {("hmc", "diag", "banana"), ("nuts", "dense", "ridge")}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["banana", "ridge"])
-@pytest.mark.parametrize("metric", ["dense", "diag"])
-@pytest.mark.parametrize("name", ["nuts", "hmc"])
+@pytest.mark.parametrize(
+    ("name", "metric", "case"),
+    [
+        pytest.param(
+            *run,
+            id="-".join(run),
+            marks=[] if run in NON_GAUSSIAN_DEFAULT else [pytest.mark.full_grid],
+        )
+        for run in (
+            (name, metric, case)
+            for name in ("nuts", "hmc")
+            for metric in ("dense", "diag")
+            for case in ("banana", "ridge")
+        )
+    ],
+)
 def test_battery_non_gaussian(name: str, metric: str, case: str) -> None:
     _battery(get_kernel(name, metric=metric), case)
 

@@ -207,6 +207,10 @@ def _dropped(layout: Layout, w: str) -> int:
     raise RuntimeError(f"no counter in {NFT_TABLE} of {w}: {out}")
 
 
+#: CI only (its connection attempts wait out the connect timeout): the fallback to Dask's
+#: RPC runs by default in test_cluster.py's test_unreachable_channel_falls_back_to_dask, the
+#: rounds across this network in test_rounds_cross_the_bridge_on_the_socket_channel
+@pytest.mark.full_e2e
 @pytest.mark.slow
 def test_firewalled_round_channels_fall_back_to_dask(layout, store, in_process, tmp_path):
     """Each worker's firewall drops every new connection but to Dask's port: the driver's

@@ -201,7 +201,16 @@ def test_workers_see_only_the_bogus_environment(s3, client):
 
 @pytest.mark.slow
 @pytest.mark.cluster
-@pytest.mark.parametrize("out_of_core", [False, True], ids=["in-memory", "out-of-core"])
+@pytest.mark.parametrize(
+    "out_of_core",
+    [
+        # in CI only (--full-grid): test_deploy's test_kubernetes_script_runs_on_s3 runs
+        # in-memory shards from S3 on two workers, its trace on S3, with the in-process
+        # draws; the resume from an S3 trace runs here out of core (tests/test_tiers.py)
+        pytest.param(False, id="in-memory", marks=pytest.mark.full_e2e),
+        pytest.param(True, id="out-of-core"),
+    ],
+)
 def test_s3_run_with_s3_trace_resumes_and_matches_local_disk(
     s3, data, client, tmp_path, monkeypatch, out_of_core
 ):

@@ -220,6 +220,11 @@ SUBSAMPLED = dict(
 )
 
 
+#: the tests reading :func:`informative` (its exact run costs as much as each test's own):
+#: on one xdist worker, so that it is made once
+INFORMATIVE_GROUP = pytest.mark.xdist_group("sv-control-informative")
+
+
 @pytest.fixture(scope="module")
 def informative(tmp_path_factory):
     from flymc_dist.sv import StochasticVolatility, sample_sv, series_from_numpy
@@ -240,6 +245,7 @@ def _zz(a, b) -> np.ndarray:
 
 
 @pytest.mark.slow
+@INFORMATIVE_GROUP
 def test_sampler_with_control_variates_matches_exact_gibbs(informative) -> None:
     from flymc_dist.sv import StochasticVolatility, sample_sv
 
@@ -253,6 +259,7 @@ def test_sampler_with_control_variates_matches_exact_gibbs(informative) -> None:
 
 
 @pytest.mark.slow
+@INFORMATIVE_GROUP
 def test_sampler_with_a_wrong_taylor_centre_fails(informative, monkeypatch) -> None:
     """Negative control: the summed expansion taken three conditional sds of φ away from
     the centre the series' terms use."""

@@ -128,6 +128,10 @@ def test_bench_sv_cli(tmp_path, capsys) -> None:
     assert phi.shape == (20,) and phi.sum() <= 2 * 8
 
 
+#: CI only: `bench sv` runs end to end in test_bench_sv_cli, the draws on workers in
+#: test_layout_and_cluster_do_not_change_the_draws, and a decision's reads with control
+#: variates in test_sv_control.py's test_control_variates_read_far_fewer_series
+@pytest.mark.full_e2e
 @pytest.mark.slow
 def test_bench_sv_tall_cli(tmp_path, capsys) -> None:
     """The tall part end to end on a tiny panel: 1 and 2 workers, with and without
