@@ -64,6 +64,14 @@ _WORK_BLOCK_BYTES = 32 * 2**20
 #: the fill value (which no valid chunk does: see :class:`_StoreWriter`).
 _EVERY_CHUNK = {"write_empty_chunks": True}
 
+#: How the chunks of a data set are compressed (X and y alike, by every writer): zstd's
+#: fast level -1, which stores Huffman-free literals. Measured on 8 MiB chunks against
+#: zarr's default (level 3): ~4x faster on full-precision floats (standardised or measured
+#: columns: random mantissas, which no level compresses), 1.3-2x on integer-valued,
+#: one-hot or float32-born columns, whose chunks it leaves 10-25% larger; decoding is
+#: faster too. Writing was half of an ingest's CPU.
+_COMPRESSION = {"name": "zstd", "configuration": {"level": -1, "checksum": False}}
+
 #: the data tasks a store records
 TASKS = ("binary", "multiclass", "count", "real")
 
@@ -497,6 +505,7 @@ class _StoreWriter:
                 fill_value=np.nan,
                 dimension_names=("row", "feature"),
                 config=_EVERY_CHUNK,
+                compressors=_COMPRESSION,
             )
             self._y = self._group.create_array(
                 "y",
@@ -506,6 +515,7 @@ class _StoreWriter:
                 fill_value=np.nan if self.task == "real" else -1,
                 dimension_names=("row",),
                 config=_EVERY_CHUNK,
+                compressors=_COMPRESSION,
             )
             self._thread = threading.Thread(
                 target=self._worker, name="flymc-data-writer", daemon=True
