@@ -1176,7 +1176,7 @@ def from_pieces(
         storage_options=storage_options,
         dtype=x_dtype,
     ) as w:
-        futures: list[Any] = []  # in flight, oldest first
+        futures: list[Any] = []  # in flight, in row order
         todo = iter(pieces)
         expected = 0
 
@@ -1209,21 +1209,35 @@ def from_pieces(
             )
             return True
 
+        from distributed import wait
+
         written = 0
+        failed = False
         try:
             for _ in range(window):
                 if not submit():
                     break
-            while futures:
-                written += futures[0].result()
-                futures.pop(0)
-                submit()
+            # a piece is started as soon as any finishes (a worker does not wait for the
+            # oldest piece, another worker's, to end); the first failure starts no more
+            while futures and not failed:
+                done = wait(futures, return_when="FIRST_COMPLETED").done
+                for f in [f for f in futures if f in done]:
+                    if f.status != "finished":
+                        failed = True
+                        break
+                    written += f.result()
+                    futures.remove(f)
+                    submit()
         except BaseException:
             # no piece may write into the temporary store once it is removed: those in
             # flight (at most the window) are waited for, not cancelled (a running task
             # cannot be stopped)
             client.gather(futures, errors="skip")
             raise
+        if failed:
+            client.gather(futures, errors="skip")
+            # the error of the first failed piece in row order, whichever ended first
+            next(f for f in futures if f.status != "finished").result()
         if written != n_rows or expected != n_rows:
             raise ValueError(f"pieces contain {written} rows, expected n_rows = {n_rows}")
         w._written = n_rows
