@@ -340,6 +340,29 @@ def test_from_blocks_validates_each_block(tmp_path: Path) -> None:
     assert ds.attrs["note"] == 2.0 and ds.task == "binary"
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_check_block_takes_its_shortcut_only_for_valid_blocks(dtype: str) -> None:
+    """A block's X is passed by its min and max when they show every value valid; at each
+    bound (the magnitude limit, float32's max) it still passes, and just beyond it, or
+    with a NaN or an infinity anywhere, the first bad value (in row order) is named."""
+    check_block = data_write.check_block
+    n_rows, x_dtype = 1000, np.dtype(dtype)
+    bound = magnitude_limit(n_rows) if dtype == "float64" else float(np.finfo(np.float32).max)
+    args = (n_rows, 3, x_dtype, "real", None)
+    X = np.random.default_rng(2).normal(size=(40, 3))
+    X[5, 0], X[9, 2] = bound, -bound
+    Xb, _ = check_block(X, np.zeros(40), 100, *args)
+    assert Xb is X
+    above = np.nextafter(bound, np.inf) if dtype == "float64" else 4e38
+    cases = [(np.nan, "non-finite"), (np.inf, "non-finite"), (-np.inf, "non-finite")]
+    cases.append((-above, "too large"))
+    for value, what in cases:
+        bad = X.copy()
+        bad[31, 1], bad[17, 2] = value, value
+        with pytest.raises(ValueError, match=f"{what}.*first at row 117, column 2"):
+            check_block(bad, np.zeros(40), 100, *args)
+
+
 def test_from_blocks_caller_may_reuse_its_buffer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

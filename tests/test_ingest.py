@@ -310,6 +310,24 @@ def test_a_bad_value_in_the_middle_of_parquet_names_file_row_column(
     _nothing_at(out)
 
 
+@pytest.mark.cluster
+def test_bad_values_in_two_pieces_name_the_first(tmp_path, client, monkeypatch) -> None:
+    """Pieces on two workers, each with a bad value: whichever piece fails first, the
+    error names the first bad value in row order (the file's row and column), and nothing
+    is written."""
+    monkeypatch.setattr(ingest_module, "_BLOCK_BYTES", 100 * 8 * 5)  # pieces of >= 100 rows
+    X, y = _data(1000)
+    X[950, 1] = np.inf  # the last piece: the smaller, it may well fail first
+    X[310, 3] = np.nan  # part-01 holds rows 300..699: its row 10
+    src = _write_parquet_dir(X, y, tmp_path / "src", ["a", "b", "c", "d"], group=64)
+    assert len(ingest_module._ParquetTable(str(src), None).piece_starts(64)) > 4
+    out = tmp_path / "out.zarr"
+    for _ in range(3):
+        with pytest.raises(ValueError, match=r"part-01\.parquet' row 10, column 'd'"):
+            fd.from_parquet(src, out, target="label", chunk_rows=64, client=client, task="binary")
+        _nothing_at(out)
+
+
 def test_parquet_string_column_needs_categorical(tmp_path) -> None:
     t = pa.table({"a": [1.0, 2.0, 3.0], "c": ["x", "y", "x"], "label": [0, 1, 0]})
     pq.write_table(t, tmp_path / "s.parquet")
@@ -318,6 +336,44 @@ def test_parquet_string_column_needs_categorical(tmp_path) -> None:
     ds = fd.from_parquet(tmp_path / "s.parquet", tmp_path / "o.zarr", categorical=["c"])
     assert ds.feature_names == ["a", "c[y]"]
     np.testing.assert_array_equal(ds.read()[0], [[1, 0], [2, 1], [3, 0]])
+
+
+def test_arrow_numeric_columns_are_their_values_without_pandas(tmp_path) -> None:
+    """Integer and floating Parquet columns are read from their values buffers: every
+    width, a slice (an offset into the buffer), chunked arrays of 0, 1 and 3 chunks, nulls
+    as NaN; the same values and dtype as pyarrow's ``to_numpy``. A fresh process that
+    ingests Parquet does not import pandas (pyarrow's ``to_numpy`` does: ~1 s in a fresh
+    worker); the negative control calls ``to_numpy`` and must see it imported."""
+    from flymc_dist.data.design import column_values
+
+    rng = np.random.default_rng(11)
+    values = rng.normal(size=50) * 100
+    for t in (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint64(),
+              pa.float16(), pa.float32(), pa.float64()):  # fmt: skip
+        arr = pa.array(values.astype(t.to_pandas_dtype()))
+        for col in (arr, arr.slice(7, 30), arr.slice(50), pa.chunked_array([arr.slice(3, 9)]),
+                    pa.chunked_array([arr.slice(0, 4), arr.slice(20, 0), arr.slice(31, 9)]),
+                    pa.chunked_array([], t)):  # fmt: skip
+            got, want = column_values(col), np.asarray(col.to_numpy())
+            assert got.dtype == want.dtype and got.shape == want.shape, (t, len(col))
+            np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(column_values(pa.array([1, None, 3])), [1.0, np.nan, 3.0])
+    X, y = _data(300)
+    pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1], "label": y}), tmp_path / "s.parquet")
+    run = (
+        "import sys, pyarrow.parquet as pq, flymc_dist as fd\n"
+        "fd.from_parquet(sys.argv[1], sys.argv[2], task='binary', chunk_rows=64)\n"
+        "seen = ['pandas' in sys.modules]\n"
+        "pq.read_table(sys.argv[1]).column('a').to_numpy()\n"
+        "print(seen + ['pandas' in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", run, str(tmp_path / "s.parquet"), str(tmp_path / "s.zarr")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[False,", "True]"]
+    np.testing.assert_array_equal(fd.open_dataset(tmp_path / "s.zarr").read()[0], X[:, :2])
 
 
 # --------------------------------------------------------------------------- Dask, zarr

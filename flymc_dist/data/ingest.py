@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from flymc_dist._paths import is_url
+from flymc_dist._paths import is_url, local_path
 from flymc_dist.data.design import ColumnStats, Design
 from flymc_dist.data.store import DEFAULT_CHUNK_BYTES, Dataset, check_dtype
 from flymc_dist.data.write import (
@@ -341,6 +341,12 @@ class _ParquetTable:
         self.n_rows: int | None = int(self.starts[-1])
 
     def _open(self, f: str) -> Any:
+        """File ``f``, opened for reading: a local one by pyarrow itself (its reads release
+        the GIL and cross no Python), a URL through fsspec."""
+        if not is_url(f):
+            import pyarrow as pa
+
+            return pa.OSFile(str(local_path(f)), "rb")
         import fsspec
 
         return fsspec.open(f, "rb", **self.storage_options).open()

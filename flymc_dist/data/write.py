@@ -60,6 +60,18 @@ __all__ = [
 #: Rows per block for validation passes and multi-chunk writes of in-memory arrays.
 _WORK_BLOCK_BYTES = 32 * 2**20
 
+#: How the arrays of a data set are written: every chunk stored, even one that holds only
+#: the fill value (which no valid chunk does: see :class:`_StoreWriter`).
+_EVERY_CHUNK = {"write_empty_chunks": True}
+
+#: How the chunks of a data set are compressed (X and y alike, by every writer): zstd's
+#: fast level -1, which stores Huffman-free literals. Measured on 8 MiB chunks against
+#: zarr's default (level 3): ~4x faster on full-precision floats (standardised or measured
+#: columns: random mantissas, which no level compresses), 1.3-2x on integer-valued,
+#: one-hot or float32-born columns, whose chunks it leaves 10-25% larger; decoding is
+#: faster too. Writing was half of an ingest's CPU.
+_COMPRESSION = {"name": "zstd", "configuration": {"level": -1, "checksum": False}}
+
 #: the data tasks a store records
 TASKS = ("binary", "multiclass", "count", "real")
 
@@ -168,6 +180,19 @@ def _check_X_magnitude(X: np.ndarray, n_rows: int, offset: int = 0) -> None:
                 f"every column over the {n_rows:,} rows, which overflow float64 beyond |x| = "
                 f"{limit:.3g}: rescale (standardise) the column"
             )
+
+
+def _plainly_valid_X(X: np.ndarray, dtype: np.dtype, n_rows: int) -> bool:
+    """Whether the smallest and largest values of a float ``X`` show every value valid:
+    finite (a NaN makes both NaN), within :func:`magnitude_limit` and, stored as a
+    narrower ``dtype``, within its range. Two passes without allocating, against the
+    three checks' several; False does not mean invalid, only that they must look."""
+    if not np.issubdtype(X.dtype, np.floating) or X.size == 0:
+        return False
+    bound = magnitude_limit(n_rows)
+    if X.dtype.itemsize > dtype.itemsize:
+        bound = min(bound, float(np.finfo(dtype).max))
+    return bool(-bound <= X.min() and X.max() <= bound)
 
 
 def _check_y_finite(y: np.ndarray, offset: int = 0) -> None:
@@ -472,7 +497,6 @@ class _StoreWriter:
             # Every chunk is stored, and the fill values are impossible data (NaN in X and
             # real y, -1 for labels): a chunk absent from the store is always a loss, never
             # a chunk zarr skipped for holding only the fill value (see Dataset).
-            every_chunk = {"write_empty_chunks": True}
             self._X = self._group.create_array(
                 "X",
                 shape=(self.n_rows, self.n_features),
@@ -480,7 +504,8 @@ class _StoreWriter:
                 dtype=self.x_dtype.name,
                 fill_value=np.nan,
                 dimension_names=("row", "feature"),
-                config=every_chunk,
+                config=_EVERY_CHUNK,
+                compressors=_COMPRESSION,
             )
             self._y = self._group.create_array(
                 "y",
@@ -489,7 +514,8 @@ class _StoreWriter:
                 dtype=np.dtype(self.y_dtype).name,
                 fill_value=np.nan if self.task == "real" else -1,
                 dimension_names=("row",),
-                config=every_chunk,
+                config=_EVERY_CHUNK,
+                compressors=_COMPRESSION,
             )
             self._thread = threading.Thread(
                 target=self._worker, name="flymc-data-writer", daemon=True
@@ -970,9 +996,10 @@ def check_block(
         raise ValueError(f"blocks contain more than n_rows = {n_rows} rows")
     _check_numeric(Xb, "X")
     _check_numeric(yb, "y")
-    _check_X_finite(Xb, offset)
-    _check_X_fits(Xb, x_dtype, offset)
-    _check_X_magnitude(Xb, n_rows, offset)
+    if not _plainly_valid_X(Xb, x_dtype, n_rows):  # else: find and name the first bad value
+        _check_X_finite(Xb, offset)
+        _check_X_fits(Xb, x_dtype, offset)
+        _check_X_magnitude(Xb, n_rows, offset)
     _check_y_finite(yb, offset)
     _check_labels(yb, task, n_classes, offset)
     return Xb, yb
@@ -1008,7 +1035,9 @@ def _write_piece(
     if storage_options and is_url(tmp):
         kw["storage_options"] = storage_options
     group = zarr.open_group(store=tmp, mode="r+", zarr_format=3, **kw)
-    X_arr, y_arr = group["X"], group["y"]
+    # every chunk stored, as the writer that created the arrays has it (the setting is
+    # not in the store's metadata): nor does zarr compare each chunk with the fill value
+    X_arr, y_arr = (group[a].with_config(_EVERY_CHUNK) for a in ("X", "y"))
     buf_X: np.ndarray | None = None  # the chunk being filled (allocated when needed)
     buf_y: np.ndarray | None = None
     held = 0  # rows of buf_X filled
@@ -1147,7 +1176,7 @@ def from_pieces(
         storage_options=storage_options,
         dtype=x_dtype,
     ) as w:
-        futures: list[Any] = []  # in flight, oldest first
+        futures: list[Any] = []  # in flight, in row order
         todo = iter(pieces)
         expected = 0
 
@@ -1180,21 +1209,35 @@ def from_pieces(
             )
             return True
 
+        from distributed import wait
+
         written = 0
+        failed = False
         try:
             for _ in range(window):
                 if not submit():
                     break
-            while futures:
-                written += futures[0].result()
-                futures.pop(0)
-                submit()
+            # a piece is started as soon as any finishes (a worker does not wait for the
+            # oldest piece, another worker's, to end); the first failure starts no more
+            while futures and not failed:
+                done = wait(futures, return_when="FIRST_COMPLETED").done
+                for f in [f for f in futures if f in done]:
+                    if f.status != "finished":
+                        failed = True
+                        break
+                    written += f.result()
+                    futures.remove(f)
+                    submit()
         except BaseException:
             # no piece may write into the temporary store once it is removed: those in
             # flight (at most the window) are waited for, not cancelled (a running task
             # cannot be stopped)
             client.gather(futures, errors="skip")
             raise
+        if failed:
+            client.gather(futures, errors="skip")
+            # the error of the first failed piece in row order, whichever ended first
+            next(f for f in futures if f.status != "finished").result()
         if written != n_rows or expected != n_rows:
             raise ValueError(f"pieces contain {written} rows, expected n_rows = {n_rows}")
         w._written = n_rows
