@@ -27,7 +27,6 @@ from flymc_dist._numerics import in_sorted
 from flymc_dist.brightness import brighten
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply
-from flymc_dist.shard.rows import read_only
 from flymc_dist.terms import bright_terms, bright_terms_many, check_bounds_held
 
 
@@ -138,7 +137,11 @@ class FusedTarget:
 
 def _frozen(a: np.ndarray) -> np.ndarray:
     """``a`` if it is read-only, else a read-only view of it."""
-    return read_only(a) if a.flags.writeable else a
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 class BrightReplica:
