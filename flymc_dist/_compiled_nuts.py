@@ -330,7 +330,7 @@ def nuts_transition(
     moved = False
     rho = momentum
     log_weight = 0.0
-    depth = 0
+    depth = np.int64(0)  # not the literal 0: numba would compile _build for it too
     stats = np.zeros(4)  # leapfrog steps, Σ acceptance statistic, divergent, evaluations
     stats[3] = 1.0  # at theta0
     while depth < max_depth:
@@ -357,7 +357,8 @@ def nuts_transition(
         depth += 1
         if not ok:
             break
-    out[:] = sample[0]
+    for d in range(P):  # not out[:] = …: its shape check compiles numba's string formatting
+        out[d] = sample[0][d]
     return (
         moved,
         sample[4],

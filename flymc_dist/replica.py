@@ -118,15 +118,30 @@ class FusedTarget:
             momentum_factor = momentum_factor[None]
         out = np.empty(position.shape[0])
         t0 = time.perf_counter()
+        position = np.ascontiguousarray(position, dtype=np.float64)
+        if not position.flags.writeable:
+            position = position.copy()
+        # the metric read-only (as the kernels' parameters hold it), the position writable,
+        # whatever the caller holds: each array flag is part of numba's signature, and
+        # another flag would compile the transition again
         res = nuts_transition(
-            held[1], np.ascontiguousarray(position, dtype=np.float64), float(step_size),
-            inv_metric, momentum_factor, diag, int(max_tree_depth),
+            held[1], position, float(step_size),
+            _frozen(inv_metric), _frozen(momentum_factor), diag, int(max_tree_depth),
             float(divergence_threshold), self.buffer, self.r0, self.r1, self.kind, self.par,
             self.S, self.b, self.c, *self.prior, out,
         )  # fmt: skip
         if self.clock is not None:
             self.clock[0] += time.perf_counter() - t0
         return (out, *res)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """``a`` if it is read-only, else a read-only view of it."""
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 class BrightReplica:

@@ -15,10 +15,14 @@ fixture, saying why.
 """
 
 import functools
+import importlib.util
 import os
 import platform
+import subprocess
 import sys
+import time
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +212,70 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item, "fixturenames", ()
         ):
             item.add_marker(pytest.mark.xdist_group(PROCESS_GROUP))
+
+
+#: the source files of the package's cached numba kernels (tests/precompile.py compiles them)
+KERNEL_FILES = (
+    "streams.py",
+    "_compiled.py",
+    "_compiled_nuts.py",
+    "shard/rows.py",
+    "shard/rowfile.py",
+)
+#: the report header's line on numba's cache (set by :func:`pytest_configure`)
+PRECOMPILED = pytest.StashKey[str]()
+
+
+def _stale_kernels(package: Path) -> bool:
+    """Whether some kernel file of ``package`` has no numba cache in its ``__pycache__``
+    written since the file last changed (its kernels would then be compiled again)."""
+    for name in KERNEL_FILES:
+        source = package / name
+        index = list((source.parent / "__pycache__").glob(f"{source.stem}.*.nbi"))
+        if not index or max(p.stat().st_mtime for p in index) < source.stat().st_mtime:
+            return True
+    return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On pytest-xdist's controller, before its workers start, where the kernels' cache is
+    missing or older than their files (a clean clone, an edited kernel): compile them
+    once, in the two parts of ``tests/precompile.py`` side by side, so that the workers
+    and their Dask workers load them instead of each compiling them (measured: the tests'
+    processes compiled each kernel up to four times on a clean clone)."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    spec = importlib.util.find_spec("flymc_dist")
+    if spec is None or spec.origin is None:
+        return
+    package = Path(spec.origin).parent
+    if not _stale_kernels(package):
+        return
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(package.parent), env.get("PYTHONPATH", "")])
+    script = Path(__file__).with_name("precompile.py")
+    t0 = time.perf_counter()
+    parts = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(part)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for part in (0, 1)
+    ]
+    failed = [
+        f"part {i} failed ({(err.strip().splitlines() or ['no message'])[-1]})"
+        for i, (proc, err) in enumerate((proc, proc.communicate()[1]) for proc in parts)
+        if proc.returncode != 0
+    ]
+    config.stash[PRECOMPILED] = (
+        f"numba kernels compiled ahead in {time.perf_counter() - t0:.0f} s (tests/precompile.py)"
+        + ("; " + "; ".join(failed) if failed else "")
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The line :func:`pytest_configure` left on compiling the kernels ahead, if it did."""
+    return config.stash.get(PRECOMPILED, None)
