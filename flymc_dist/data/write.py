@@ -1177,6 +1177,9 @@ def from_pieces(
         dtype=x_dtype,
     ) as w:
         futures: list[Any] = []  # in flight, in row order
+        # each piece's future as it ends, whichever ends first (put by the future's own
+        # callback, so this module needs no Dask import)
+        ended: queue.SimpleQueue[Any] = queue.SimpleQueue()
         todo = iter(pieces)
         expected = 0
 
@@ -1194,22 +1197,20 @@ def from_pieces(
             expected = stop
             if hasattr(payload, "__dask_graph__"):
                 payload = client.compute(payload)
-            futures.append(
-                client.submit(
-                    _write_piece,
-                    w._tmp,
-                    storage_options,
-                    start,
-                    stop,
-                    payload,
-                    convert,
-                    check,
-                    pure=False,
-                )
+            future = client.submit(
+                _write_piece,
+                w._tmp,
+                storage_options,
+                start,
+                stop,
+                payload,
+                convert,
+                check,
+                pure=False,
             )
+            future.add_done_callback(ended.put)
+            futures.append(future)
             return True
-
-        from distributed import wait
 
         written = 0
         failed = False
@@ -1220,14 +1221,13 @@ def from_pieces(
             # a piece is started as soon as any finishes (a worker does not wait for the
             # oldest piece, another worker's, to end); the first failure starts no more
             while futures and not failed:
-                done = wait(futures, return_when="FIRST_COMPLETED").done
-                for f in [f for f in futures if f in done]:
-                    if f.status != "finished":
-                        failed = True
-                        break
-                    written += f.result()
-                    futures.remove(f)
-                    submit()
+                f = ended.get()
+                if f.status != "finished":
+                    failed = True
+                    break
+                written += f.result()
+                futures.remove(f)
+                submit()
         except BaseException:
             # no piece may write into the temporary store once it is removed: those in
             # flight (at most the window) are waited for, not cancelled (a running task
