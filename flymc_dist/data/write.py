@@ -192,7 +192,19 @@ def _plainly_valid_X(X: np.ndarray, dtype: np.dtype, n_rows: int) -> bool:
     bound = magnitude_limit(n_rows)
     if X.dtype.itemsize > dtype.itemsize:
         bound = min(bound, float(np.finfo(dtype).max))
-    return bool(-bound <= X.min() and X.max() <= bound)
+    # as Python floats: the bound may be beyond a narrow X's own range (float16, float32)
+    return -bound <= float(X.min()) and float(X.max()) <= bound
+
+
+def _check_X(X: np.ndarray, dtype: np.dtype, n_rows: int, offset: int = 0) -> None:
+    """Raise naming the first value of ``X`` (rows from ``offset``) that is not finite,
+    overflows the storage ``dtype`` or is beyond :func:`magnitude_limit`; an ``X`` whose
+    smallest and largest values show it valid (:func:`_plainly_valid_X`) passes at once."""
+    if _plainly_valid_X(X, dtype, n_rows):
+        return
+    _check_X_finite(X, offset)
+    _check_X_fits(X, dtype, offset)
+    _check_X_magnitude(X, n_rows, offset)
 
 
 def _check_y_finite(y: np.ndarray, offset: int = 0) -> None:
@@ -832,9 +844,7 @@ def from_numpy(
     x_dtype = check_dtype(dtype)
     chunk_rows = check_chunk_rows(chunk_rows, n, d, x_dtype.itemsize)
     names = _check_feature_names(feature_names, d)
-    _check_X_finite(X)
-    _check_X_fits(X, x_dtype)
-    _check_X_magnitude(X, n)
+    _check_X(X, x_dtype, n)
     _check_y_finite(y)
     task, n_classes = resolve_task(task, n_classes, y)
     _check_labels(y, task, n_classes)
@@ -996,10 +1006,7 @@ def check_block(
         raise ValueError(f"blocks contain more than n_rows = {n_rows} rows")
     _check_numeric(Xb, "X")
     _check_numeric(yb, "y")
-    if not _plainly_valid_X(Xb, x_dtype, n_rows):  # else: find and name the first bad value
-        _check_X_finite(Xb, offset)
-        _check_X_fits(Xb, x_dtype, offset)
-        _check_X_magnitude(Xb, n_rows, offset)
+    _check_X(Xb, x_dtype, n_rows, offset)
     _check_y_finite(yb, offset)
     _check_labels(yb, task, n_classes, offset)
     return Xb, yb
