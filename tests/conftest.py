@@ -197,13 +197,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     :data:`PROCESS_GROUP`, before pytest-xdist reads the groups."""
     from tiers import RECORDS, record_of
 
-    left_out = [item for item in items if _ci_only(item)]
-    config.stash[RECORDS] = (
-        [record_of(item) for item in items if not _ci_only(item)],
-        [record_of(item) for item in left_out],
-    )
+    kept: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    for item in items:
+        (left_out if _ci_only(item) else kept).append(item)
+    config.stash[RECORDS] = ([record_of(i) for i in kept], [record_of(i) for i in left_out])
     if left_out and not config.getoption("full_grid"):
-        items[:] = [item for item in items if not _ci_only(item)]
+        items[:] = kept
         config.hook.pytest_deselected(items=left_out)
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
