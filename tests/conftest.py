@@ -18,11 +18,15 @@ import functools
 import importlib.util
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -222,8 +226,14 @@ KERNEL_FILES = (
     "shard/rows.py",
     "shard/rowfile.py",
 )
-#: the report header's line on numba's cache (set by :func:`pytest_configure`)
-PRECOMPILED = pytest.StashKey[str]()
+#: the report header's and summary's lines on compiling the kernels ahead
+PRECOMPILED = pytest.StashKey[list[str]]()
+#: the folder where the parts say they are done (a file each), and its key in
+#: pytest-xdist's ``workerinput``
+PRECOMPILE_FOLDER = pytest.StashKey[Path]()
+PRECOMPILE_DIR = "flymc_precompile_dir"
+#: how long an xdist worker waits for the compiling ahead before it runs its tests anyway
+PRECOMPILE_WAIT = 600.0
 
 
 def _stale_kernels(package: Path) -> bool:
@@ -237,16 +247,30 @@ def _stale_kernels(package: Path) -> bool:
     return False
 
 
+def _await_part(proc: subprocess.Popen, part: int, folder: Path, lines: list[str]) -> None:
+    """Wait for part ``part`` of tests/precompile.py (``proc``), then say how it went in
+    ``lines`` and leave ``folder/<part>`` for the workers waiting on it."""
+    t0 = time.perf_counter()
+    err = proc.communicate()[1]
+    if proc.returncode == 0:
+        lines.append(f"part {part} took {time.perf_counter() - t0:.0f} s")
+    else:
+        lines.append(f"part {part} failed ({(err.strip().splitlines() or ['no message'])[-1]})")
+    (folder / str(part)).touch()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """On pytest-xdist's controller, before its workers start, where the kernels' cache is
-    missing or older than their files (a clean clone, an edited kernel): compile them
-    once, in the two parts of ``tests/precompile.py`` side by side, so that the workers
-    and their Dask workers load them instead of each compiling them (measured: the tests'
-    processes compiled each kernel up to four times on a clean clone)."""
+    """On pytest-xdist's controller, where the kernels' cache is missing or older than
+    their files (a clean clone, an edited kernel): start compiling them once, in the two
+    parts of ``tests/precompile.py`` side by side, so that the workers and their Dask
+    workers load them instead of each compiling them (measured: the tests' processes
+    compiled each kernel up to four times on a clean clone). The workers start and collect
+    the tests meanwhile, and wait for both parts before their first test
+    (:func:`pytest_runtestloop`)."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
     spec = importlib.util.find_spec("flymc_dist")
-    if spec is None or spec.origin is None:
+    if config.option.collectonly or spec is None or spec.origin is None:
         return
     package = Path(spec.origin).parent
     if not _stale_kernels(package):
@@ -254,28 +278,55 @@ def pytest_configure(config: pytest.Config) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(package.parent), env.get("PYTHONPATH", "")])
     script = Path(__file__).with_name("precompile.py")
-    t0 = time.perf_counter()
-    parts = [
-        subprocess.Popen(
+    folder = Path(tempfile.mkdtemp(prefix="flymc-precompile-"))
+    config.add_cleanup(functools.partial(shutil.rmtree, folder, ignore_errors=True))
+    lines: list[str] = []
+    config.stash[PRECOMPILED] = lines
+    config.stash[PRECOMPILE_FOLDER] = folder
+    for part in (0, 1):
+        proc = subprocess.Popen(
             [sys.executable, str(script), str(part)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for part in (0, 1)
-    ]
-    failed = [
-        f"part {i} failed ({(err.strip().splitlines() or ['no message'])[-1]})"
-        for i, (proc, err) in enumerate((proc, proc.communicate()[1]) for proc in parts)
-        if proc.returncode != 0
-    ]
-    config.stash[PRECOMPILED] = (
-        f"numba kernels compiled ahead in {time.perf_counter() - t0:.0f} s (tests/precompile.py)"
-        + ("; " + "; ".join(failed) if failed else "")
-    )
+        threading.Thread(target=_await_part, args=(proc, part, folder, lines), daemon=True).start()
+
+
+def pytest_configure_node(node: Any) -> None:
+    """Tell each pytest-xdist worker where the parts started by :func:`pytest_configure`
+    say they are done."""
+    folder = node.config.stash.get(PRECOMPILE_FOLDER, None)
+    if folder is not None:
+        node.workerinput[PRECOMPILE_DIR] = str(folder)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """On a pytest-xdist worker, after collecting: wait until both parts of the compiling
+    ahead are done (at most :data:`PRECOMPILE_WAIT` s), so that no test compiles what they
+    compile."""
+    folder = getattr(session.config, "workerinput", {}).get(PRECOMPILE_DIR)
+    if folder is None:
+        return
+    deadline = time.monotonic() + PRECOMPILE_WAIT
+    while time.monotonic() < deadline and not all(
+        (Path(folder) / str(part)).exists() for part in (0, 1)
+    ):
+        time.sleep(0.05)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    """The line :func:`pytest_configure` left on compiling the kernels ahead, if it did."""
-    return config.stash.get(PRECOMPILED, None)
+    """Say that the kernels are being compiled ahead, where :func:`pytest_configure`
+    started it."""
+    if PRECOMPILED not in config.stash:
+        return None
+    return "numba kernels: compiling ahead (tests/precompile.py) while the workers start"
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """How long the compiling ahead took (each part, from its start), if it ran."""
+    lines = config.stash.get(PRECOMPILED, None)
+    if lines:
+        terminalreporter.write_line("numba kernels compiled ahead: " + "; ".join(sorted(lines)))

@@ -21,8 +21,19 @@ import flymc_dist as fd
 from flymc_dist import diagnostics
 from flymc_dist.trace import Trace
 
-az = pytest.importorskip("arviz")
-xr = pytest.importorskip("xarray")
+
+@pytest.fixture(scope="module", autouse=True)
+def az() -> object:
+    """ArviZ, imported when the module's first test runs rather than when the tests are
+    collected (it takes seconds), or the module skipped."""
+    return pytest.importorskip("arviz")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def xr() -> object:
+    """xarray (as :func:`az`)."""
+    return pytest.importorskip("xarray")
+
 
 #: the package's ESS, R̂ and MCSE and ArviZ's follow the same definitions and conventions
 #: (diagnostics module docstring); on the same draws they agree to rounding
@@ -56,7 +67,7 @@ def result(store: fd.Dataset) -> fd.Result:
     )
 
 
-def test_to_arviz_dims_coords_stats_attrs(result: fd.Result) -> None:
+def test_to_arviz_dims_coords_stats_attrs(result: fd.Result, az: object) -> None:
     idata = result.to_arviz()
     assert set(idata.groups()) == {"posterior", "sample_stats"}
     theta = idata.posterior["theta"]
@@ -115,7 +126,7 @@ def test_to_arviz_softmax_has_class_and_feature(tmp_path: Path) -> None:
     np.testing.assert_array_equal(theta.values, res.samples)
 
 
-def test_arviz_diagnostics_agree_with_the_package(result: fd.Result) -> None:
+def test_arviz_diagnostics_agree_with_the_package(result: fd.Result, az: object) -> None:
     """az.summary, az.ess and az.rhat on the InferenceData, against this package's
     figures on the same draws: equal to a relative 1e-9, and the same row labels."""
     idata = result.to_arviz()
@@ -146,7 +157,7 @@ def test_arviz_diagnostics_agree_with_the_package(result: fd.Result) -> None:
 
 # arviz 0.23 calls a matplotlib helper the way matplotlib 3.11 deprecates (arviz's own)
 @pytest.mark.filterwarnings("ignore:Passing a dict or None as alias_mapping:DeprecationWarning")
-def test_plot_trace_draws(result: fd.Result) -> None:
+def test_plot_trace_draws(result: fd.Result, az: object) -> None:
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -225,7 +236,7 @@ np.savez({str(out)!r}, samples=theta.values, feature=np.array(post["feature"].va
 
 
 @pytest.mark.slow  # a reader racing a writer, many times over
-def test_a_trace_being_appended_to_opens_in_xarray(tmp_path: Path) -> None:
+def test_a_trace_being_appended_to_opens_in_xarray(tmp_path: Path, xr: object) -> None:
     """A writer appends while a reader opens the trace with xarray again and again.
 
     The posterior opens every time: its one array grows alone. Every draw up to the
@@ -307,7 +318,7 @@ def test_a_trace_being_appended_to_opens_in_xarray(tmp_path: Path) -> None:
     print(f"{reads} reads of the draws, {stats_reads} of the statistics, {conflicts} retried")
 
 
-def test_az_from_zarr_refuses_zarr_3(tmp_path: Path) -> None:
+def test_az_from_zarr_refuses_zarr_3(tmp_path: Path, az: object) -> None:
     """Why a trace is not laid out for ``az.from_zarr``: the ArviZ installed refuses
     every zarr 3 store. If this starts failing, ArviZ reads zarr 3: revisit the layout."""
     import zarr

@@ -11,11 +11,16 @@ import numpy as np
 import pytest
 
 import flymc_dist as fd
+from flymc_dist.bench.numpyro_nuts import numpyro_model
 from flymc_dist.cli import main
 
-pytest.importorskip("numpyro", reason="the numpyro extra (part of the test extra)")
 
-from flymc_dist.bench.numpyro_nuts import numpyro_model  # noqa: E402
+@pytest.fixture(scope="module", autouse=True)
+def numpyro() -> object:
+    """NumPyro (with JAX), imported when the module's first test runs rather than when
+    the tests are collected (it takes a second or more), or the module skipped."""
+    return pytest.importorskip("numpyro", reason="the numpyro extra (part of the test extra)")
+
 
 MODELS = [
     fd.LogisticRegression(prior="normal", prior_scale=1.0),

@@ -80,6 +80,7 @@ def _peak(src: Path, out: Path, mode: str, control: bool) -> int:
     return int(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow  # six fresh processes, each ingesting 4·10⁵ rows
 @pytest.mark.cluster
 def test_parquet_ingest_peak_does_not_grow_with_the_row_group(tmp_path) -> None:
     one = _write(tmp_path / "one.parquet", 1)

@@ -89,6 +89,10 @@ def _scheduler_workers(client: Any) -> dict[str, dict]:
 #: worker's event loop (heartbeats, other clients) never blocks for a whole pass.
 INLINE = ("round_packed", "echo", "ping")
 
+#: seconds between the scheduler's answers on which workers it still has, while calls to
+#: workers are pending (:meth:`DaskTransport.fanout_calls`)
+LIVENESS_POLL = 1.0
+
 #: set-up calls that change a shard's state; replayed, in order, on recreated shards so
 #: that they rejoin with the same tight points (hence the same collapsed bound) and q
 #: (and exact rows: their rule before the tight points it changes)
@@ -453,7 +457,7 @@ class DaskTransport:
                 fut.result(timeout=self.timeout)
                 break
             except TimeoutError:
-                if not self.client.sync(self._still_there, worker):
+                if worker not in self.client.sync(self._present):
                     raise ShardLost(f"worker {worker} left while its shards were loading") from None
         self._futures[worker] = fut
         self._keys[worker] = key
@@ -522,43 +526,71 @@ class DaskTransport:
         A FlyMC protocol call (a round, an echo) taking longer than ``timeout`` fails: its
         host is lost. Any other call — set-up, recovery, regular MCMC's rounds — may be a
         full pass over the shards (minutes, out of core at scale): it fails only once
-        its worker has also left the scheduler (or the connection breaks).
+        its worker has also left the scheduler (or the connection breaks). While calls are
+        pending the scheduler is asked every :data:`LIVENESS_POLL` seconds which workers
+        it still has, so that a call to a worker that died fails then, not after
+        ``timeout``.
         """
 
-        async def one(w: str, f: str, a: tuple, k: dict) -> Any:
-            task = asyncio.ensure_future(self._execute(w, f, a, k))
-            while True:
-                try:
-                    return await asyncio.wait_for(asyncio.shield(task), self.timeout)
-                except TimeoutError:
-                    if f not in self._inline and await self._still_there(w):
+        async def run() -> dict[str, Any]:
+            loop = asyncio.get_running_loop()
+            tasks = {
+                w: asyncio.ensure_future(self._execute(w, f, a, k))
+                for w, (f, a, k) in calls.items()
+            }
+            failed: dict[str, BaseException] = {}
+            deadline = loop.time() + self.timeout
+            pending = set(tasks.values())
+            while pending:
+                inline = [
+                    t for w, t in tasks.items() if t in pending and calls[w][0] in self._inline
+                ]
+                wait = LIVENESS_POLL if not inline else min(LIVENESS_POLL, deadline - loop.time())
+                _done, pending = await asyncio.wait(pending, timeout=max(wait, 0.0))
+                if not pending:
+                    break
+                present = await self._present()
+                late = loop.time() >= deadline
+                for w, t in tasks.items():
+                    if t not in pending:
                         continue
-                    task.cancel()
-                    raise
-
-        async def run() -> list[Any]:
-            return await asyncio.gather(
-                *(one(w, *c) for w, c in calls.items()), return_exceptions=True
-            )
+                    if w not in present:
+                        failed[w] = ShardLost(f"{w} left the scheduler during {calls[w][0]!r}")
+                    elif late and calls[w][0] in self._inline:
+                        failed[w] = TimeoutError(f"no answer from {w} within {self.timeout} s")
+                    else:
+                        continue
+                    t.cancel()
+                    pending.discard(t)
+            out: dict[str, Any] = {}
+            for w, t in tasks.items():
+                if w in failed:
+                    out[w] = failed[w]
+                elif t.cancelled():
+                    out[w] = asyncio.CancelledError()
+                else:
+                    out[w] = t.exception() or t.result()
+            return out
 
         self._count(list(calls))
         out = self.client.sync(run)
         self.round_trips += 1
         ok, bad = {}, {}
-        for w, r in zip(calls, out, strict=True):
+        for w, r in out.items():
             if isinstance(r, BaseException):
                 bad[w] = r
             else:
                 ok[w] = r
         return ok, bad
 
-    async def _still_there(self, worker: str) -> bool:
-        """Whether the scheduler still counts ``worker`` among its workers."""
+    async def _present(self) -> set[str]:
+        """The workers the scheduler still counts (none if it does not answer within
+        10 s: every pending call's worker is then treated as gone)."""
         try:
             ident = await asyncio.wait_for(self.client.scheduler.identity(n_workers=-1), 10)
-        except Exception:  # noqa: BLE001 - no answer: treat the worker as gone
-            return False
-        return worker in ident.get("workers", {})
+        except Exception:  # noqa: BLE001 - no answer: treat the workers as gone
+            return set()
+        return set(ident.get("workers", {}))
 
     def _lost(self, bad: dict[str, BaseException]) -> list[str]:
         """Which failures are lost hosts (connection, timeout); re-raise real errors."""
