@@ -1,7 +1,13 @@
 """On an informative panel (σ = 0.3, φ = 0.95, far from the prior's σ ≈ 0.1) the exact
 particle-Gibbs sampler agrees with particle-marginal MH — a different method sharing only
 the model — on the posterior means and sds of φ and σ, within their MCSEs; a particle
-Gibbs with wrong ancestor-sampling weights (the negative control) does not."""
+Gibbs with wrong ancestor-sampling weights (the negative control) does not.
+
+The reference chains (tens of CPU seconds) are stored in ``tests/data/sv_pmmh_reference.npz``
+by ``tests/data/make_sv_pmmh_reference.py``; their first draws are re-run here and must be
+equal bit for bit, so the file is what today's PMMH gives."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,20 +24,31 @@ pytestmark = pytest.mark.slow
 N, T = 6, 50
 #: four comparisons (mean and sd of φ and σ): Bonferroni at a 1% family-wise level
 Z = norm.ppf(1 - 0.01 / 8)
+#: the stored PMMH reference: chains of seeds 1 and 2 with these settings
+REFERENCE = Path(__file__).parent / "data" / "sv_pmmh_reference.npz"
+PMMH = dict(n_iter=4000, particles=300, warmup=500)
 
 
-#: the tests reading :func:`reference` (tens of CPU seconds): on one xdist worker, so that
-#: it is computed once
-REFERENCE_GROUP = pytest.mark.xdist_group("sv-pmmh-reference")
+def _panel() -> np.ndarray:
+    return simulate_sv(N, T, 0.95, 0.3, seed=11)[0]
 
 
 @pytest.fixture(scope="module")
 def reference():
-    x, _ = simulate_sv(N, T, 0.95, 0.3, seed=11)
-    draws = [pmmh(x, Priors(), n_iter=4000, particles=300, seed=s, warmup=500) for s in (1, 2)]
-    phi = np.stack([d[0] for d in draws])
-    sigma = np.stack([d[1] for d in draws])
-    return x, phi, sigma
+    """The panel and the stored PMMH draws of φ and σ, ``(2, 4000)`` each."""
+    with np.load(REFERENCE) as f:
+        return _panel(), f["phi"], f["sigma"]
+
+
+def test_the_stored_reference_is_what_pmmh_gives(reference, recorded_cpu) -> None:
+    """The first 200 draws of the stored chain of seed 1, run again, are equal bit for
+    bit (PMMH's draws do not depend on how many follow); a chain of another seed is not."""
+    x, phi, sigma = reference
+    assert phi.shape == sigma.shape == (2, PMMH["n_iter"])
+    again = pmmh(x, Priors(), seed=1, **{**PMMH, "n_iter": 200})
+    np.testing.assert_array_equal(again[0], phi[0, :200])
+    np.testing.assert_array_equal(again[1], sigma[0, :200])
+    assert not np.array_equal(phi[0], phi[1])
 
 
 def _z(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -40,7 +57,6 @@ def _z(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.array([zm, zs])
 
 
-@REFERENCE_GROUP
 def test_particle_gibbs_matches_pmmh(reference, tmp_path) -> None:
     x, phi, sigma = reference
     ds = series_from_numpy(x, tmp_path / "p.zarr")
@@ -84,7 +100,6 @@ def _wrong_gibbs(x: np.ndarray, iters: int, chains: int) -> tuple[np.ndarray, np
     return phis, sigmas
 
 
-@REFERENCE_GROUP
 def test_wrong_ancestor_weights_disagree(reference) -> None:
     """The negative control, shorter than the sampler's run: it fails by far already
     (measured: |z| up to 58 at 300 draws per chain, 126 at 1,500; Z is 3.0)."""
