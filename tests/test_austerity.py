@@ -363,6 +363,7 @@ def _close_to_exact(exact: R.Moments, aust: fd.Result) -> np.ndarray:
 
 
 @pytest.mark.slow
+@pytest.mark.full_grid  # plain austerity; the default's is covered (tests/test_tiers.py)
 @EXACT_10K_GROUP
 def test_posterior_mean_close_to_exact_posterior(exact_10k):
     """Plain austerity, eps = 0.01 on 10^4 rows: posterior mean within 0.1 posterior sd of

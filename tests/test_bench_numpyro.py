@@ -14,6 +14,9 @@ import flymc_dist as fd
 from flymc_dist.bench.numpyro_nuts import numpyro_model
 from flymc_dist.cli import main
 
+#: NumPyro and JAX take seconds to import and to trace each model
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module", autouse=True)
 def numpyro() -> object:

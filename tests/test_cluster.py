@@ -96,6 +96,7 @@ def _run(store_path: str, client, **kw):
     return fd.sample(model, fd.open_dataset(store_path), client=client, **opts)
 
 
+@pytest.mark.slow
 def test_deterministic_across_placements(store, local_client, local_clusters):
     """Same seed ⇒ bit-identical draws in-process, on 1 worker and on 2 workers (100
     iterations: identity needs no more)."""

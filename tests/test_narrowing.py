@@ -78,6 +78,7 @@ def test_narrowing_is_the_bound_against_the_posterior_precision(slope, low, high
 
 
 @pytest.mark.slow
+@pytest.mark.full_grid  # the forecast's check by a long run (tests/test_tiers.py)
 def test_the_slowest_direction_mixes_at_about_the_gibbs_rate():
     """On well-separated data (κ ≈ 10, Gibbs rate 0.051), FlyMC's NUTS draws projected on
     the slowest direction — ``w = B v``, v the top generalised eigenvector and B the

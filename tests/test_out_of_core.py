@@ -134,6 +134,7 @@ def test_a_shard_holds_only_its_bright_rows(store):
     assert not os.path.exists(path)
 
 
+@pytest.mark.slow
 def test_placement_reads_no_rows_before_the_driver_sets_q(store):
     """Placing the chains (the set-up's last full pass) reads no rows by position: their
     first z-update's proposals are read once the driver has set q (``set_q``), at that
@@ -200,6 +201,7 @@ def test_the_z_update_reads_nothing_once_settled(store):
     sh.close()
 
 
+@pytest.mark.slow
 def test_a_bright_row_lost_from_the_resident_rows_is_read_back(store, caplog, monkeypatch):
     """Should the resident rows ever lose a bright row (a CI run once found one missing;
     the cause was not found), the next z-update or settle reads it back from the row

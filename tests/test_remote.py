@@ -292,6 +292,7 @@ def test_trace_storage_options_are_checked_before_anything_starts(kw, match):
 
 
 @pytest.mark.slow
+@pytest.mark.full_e2e  # the S3 paths of the command line (tests/test_tiers.py)
 def test_cli_ingest_run_resume_and_summary_on_s3(s3, tmp_path, capsys):
     opts = s3["options"]
     so = [

@@ -191,6 +191,7 @@ def _z(d: dict, mp: float, ms: float) -> np.ndarray:
 STEP = 0.04
 
 
+@pytest.mark.slow
 def test_control_variates_match_the_exact_conditional_and_a_wrong_centre_fails(states) -> None:
     mp, ms, sp, ss = _exact_moments(states)
     right = _chains(states, STEP, 1500, control="right", seed=7)
@@ -202,6 +203,7 @@ def test_control_variates_match_the_exact_conditional_and_a_wrong_centre_fails(s
     assert np.any(np.abs(zw) > 3 * Z), zw
 
 
+@pytest.mark.slow
 def test_control_variates_read_far_fewer_series(states) -> None:
     with_cv = _chains(states, STEP, 50, control="right", seed=8)["reads"]
     plain = _chains(states, STEP, 50, control="none", seed=8)["reads"]

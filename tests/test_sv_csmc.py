@@ -55,7 +55,7 @@ def _z_scores(draws: np.ndarray) -> np.ndarray:
     return np.concatenate([zm, zs])
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_csmc_matches_rts(seed: int) -> None:
     z = _z_scores(_run(AS_RIGHT, seed))
     # 2T tests per seed: Bonferroni at a 1% family-wise level

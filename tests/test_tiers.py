@@ -34,6 +34,8 @@ from tiers import RECORDS
 
 TESTS = Path(__file__).parent
 
+#: the one-vs-each bound's exactness test (its two instances)
+OVE_TEST = "tests/test_softmax_bounds.py::test_one_vs_each_flymc_targets_the_exact_posterior"
 #: the tests (a test, or one instance of a parametrised test) left out of the default run
 #: whose path another default test covers: left out → the covering default test
 COVERED_ELSEWHERE = {
@@ -61,6 +63,23 @@ COVERED_ELSEWHERE = {
     ),
     "tests/test_netns.py::test_firewalled_round_channels_fall_back_to_dask": (
         "tests/test_cluster.py::test_unreachable_channel_falls_back_to_dask"
+    ),
+    # statistical runs whose path a default statistical test checks: plain austerity's
+    # bias (its draws are also compared bit for bit with recorded ones by default); the
+    # narrowing forecast's long-run check (the forecast's formula by default); the
+    # one-vs-each bound with MALA and implicit updates (the bound with NUTS by default,
+    # MALA and implicit updates in the exactness grid)
+    "tests/test_austerity.py::test_posterior_mean_close_to_exact_posterior": (
+        "tests/test_austerity.py::test_control_variates_close_to_exact_posterior_and_error_shrinks_with_eps"
+    ),
+    "tests/test_narrowing.py::test_the_slowest_direction_mixes_at_about_the_gibbs_rate": (
+        "tests/test_narrowing.py::test_narrowing_is_the_bound_against_the_posterior_precision"
+    ),
+    OVE_TEST + "[mala-implicit]": OVE_TEST + "[nuts-explicit]",
+    # the S3 paths of the command line: ingest, run, resume and summary on S3 through the
+    # API (its run and resume, as the command line's) and on local disk through the CLI
+    "tests/test_remote.py::test_cli_ingest_run_resume_and_summary_on_s3": (
+        "tests/test_remote.py::test_s3_run_with_s3_trace_resumes_and_matches_local_disk"
     ),
     # every family through the command line: test_cli's ingest and run of every family;
     # the resume and ArviZ output, family-independent, with the families that stay
