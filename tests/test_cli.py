@@ -956,6 +956,7 @@ def test_run_on_a_scheduler(
     assert "x1" in out
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_bench_overhead_tiny(cluster_client: object) -> None:
     from flymc_dist.bench.overhead import format_overhead, run_overhead

@@ -66,6 +66,7 @@ def test_an_overflow_in_the_map_search_names_the_parameter(tmp_path: Path, algor
 # --------------------------------------------------------------------------- SIGTERM
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_the_trace_releases_the_lock_and_prints_the_resume_hint(
     tmp_path: Path,
 ) -> None:

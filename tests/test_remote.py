@@ -401,6 +401,7 @@ def _xy_s3(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return X, (rng.random(n) < 0.5).astype(np.int64)
 
 
+@pytest.mark.slow
 def test_s3_overwrite_refuses_a_trace(s3):
     """``overwrite`` over a finished trace is refused (as on disk); the trace is kept."""
     opts, url = s3["options"], "s3://bucket/ow/trace.zarr"
@@ -590,6 +591,7 @@ def test_s3_trace_has_one_writer_at_a_time(s3, data):
     assert not _s3fs(s3).exists("bucket/lock/.t.zarr.flymc-lock")  # released
 
 
+@pytest.mark.slow
 def test_s3_trace_lock_is_a_lease(s3):
     """A lock from another machine is honoured while its lease runs and taken over once it
     ran out; a held lock is renewed; one taken over behind its holder's back is lost, and

@@ -88,6 +88,7 @@ def test_existing_trace_is_not_overwritten(tmp_path):
     assert Trace.open(trace).n_draws == 20 and res.samples.shape[1] == 20
 
 
+@pytest.mark.slow
 def test_resume_refuses_what_differs(tmp_path):
     """A resume must match the trace's data set (its identity, not only its shape), model,
     algorithm and every setting that shapes the draws; one line names what differs."""
