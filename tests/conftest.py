@@ -14,6 +14,7 @@ Where it cannot be, the bit-for-bit tests skip through the :func:`recorded_cpu`
 fixture, saying why.
 """
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -256,7 +257,8 @@ def _await_part(proc: subprocess.Popen, part: int, folder: Path, lines: list[str
         lines.append(f"part {part} took {time.perf_counter() - t0:.0f} s")
     else:
         lines.append(f"part {part} failed ({(err.strip().splitlines() or ['no message'])[-1]})")
-    (folder / str(part)).touch()
+    with contextlib.suppress(OSError):  # the session may have ended (and removed it)
+        (folder / str(part)).touch()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -291,6 +293,7 @@ def pytest_configure(config: pytest.Config) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
+        config.add_cleanup(proc.kill)  # a session ended early stops it (no-op once done)
         threading.Thread(target=_await_part, args=(proc, part, folder, lines), daemon=True).start()
 
 

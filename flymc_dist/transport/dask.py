@@ -542,10 +542,9 @@ class DaskTransport:
             deadline = loop.time() + self.timeout
             pending = set(tasks.values())
             while pending:
-                inline = [
-                    t for w, t in tasks.items() if t in pending and calls[w][0] in self._inline
-                ]
-                wait = LIVENESS_POLL if not inline else min(LIVENESS_POLL, deadline - loop.time())
+                wait = LIVENESS_POLL
+                if any(calls[w][0] in self._inline for w, t in tasks.items() if t in pending):
+                    wait = min(wait, deadline - loop.time())
                 _done, pending = await asyncio.wait(pending, timeout=max(wait, 0.0))
                 if not pending:
                     break
@@ -569,7 +568,7 @@ class DaskTransport:
                 elif t.cancelled():
                     out[w] = asyncio.CancelledError()
                 else:
-                    out[w] = t.exception() or t.result()
+                    out[w] = t.exception() if t.exception() is not None else t.result()
             return out
 
         self._count(list(calls))
