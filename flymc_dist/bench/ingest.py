@@ -141,8 +141,10 @@ def run_ingest(
 
     Parameters
     ----------
-    rows, features
-        Size of the synthetic data (``features`` columns plus the target).
+    rows
+        Rows of the synthetic data.
+    features
+        Feature columns of the synthetic data (the target is one more).
     files
         Parquet files the rows are split into.
     row_group_rows

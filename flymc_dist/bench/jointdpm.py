@@ -65,10 +65,14 @@ def run_jointdpm(
     ----------
     parts
         Any of ``fig6``, ``tall``.
-    rows, test_rows
-        Training and held-out points of the four-blob data.
-    iterations, warmup
-        Iterations kept (each: α, step_z labels, every cluster's weights) and dropped.
+    rows
+        Training points of the four-blob data.
+    test_rows
+        Held-out points of the four-blob data.
+    iterations
+        Iterations kept (each: α, step_z labels, every cluster's weights).
+    warmup
+        Iterations run first and dropped.
     chains
         Chains per run.
     eps
@@ -81,8 +85,10 @@ def run_jointdpm(
         Row ranges.
     tolerance
         Accuracy below the exact run's final accuracy that counts as reaching it.
-    seed, client
-        Seed; where the shards run ('synchronous', 'local', an address).
+    seed
+        Seed of the data and of the runs.
+    client
+        Where the shards run ('synchronous', 'local', an address).
     plot
         A PNG of accuracy against time (None: none; skipped without matplotlib).
     tall_rows

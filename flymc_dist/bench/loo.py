@@ -45,14 +45,20 @@ def run_loo(
 
     Parameters
     ----------
-    rows, features
-        Size of the synthetic data (``features`` includes the intercept).
+    rows
+        Rows of the synthetic data.
+    features
+        Columns of the synthetic data, the intercept included.
     seeds
         Subsampling seeds of ``Result.loo``.
     n_subsample
         Rows of each subsample.
-    chains, warmup, samples
-        The FlyMC-NUTS run.
+    chains
+        Chains of the FlyMC-NUTS run.
+    warmup
+        Warm-up draws per chain of the FlyMC-NUTS run.
+    samples
+        Kept draws per chain of the FlyMC-NUTS run.
     seed
         Seed of the data and of the run.
     client

@@ -180,15 +180,21 @@ def run_mixing(
         The θ-kernel of both samplers (``"nuts"`` by default).
     chains
         Chains of each run.
-    num_warmup, num_samples
-        FlyMC's warm-up and kept draws per chain.
-    regular_warmup, regular_samples
-        Regular MCMC's (each of its gradients is a full pass over the data). With
-        ``regular_warmup=0`` it starts, like every run, at the MAP jittered by the Laplace
+    num_warmup
+        FlyMC's warm-up draws per chain.
+    num_samples
+        FlyMC's kept draws per chain.
+    regular_warmup
+        Regular MCMC's warm-up draws per chain (each of its gradients is a full pass over
+        the data). With 0 it starts, like every run, at the MAP jittered by the Laplace
         covariance (near a posterior draw), with that covariance as its metric and FlyMC's
         adapted step size: the cheap way to time it on data too large for its warm-up.
-    rows, features
-        Size of the ``logistic`` problem (features include the bias).
+    regular_samples
+        Regular MCMC's kept draws per chain.
+    rows
+        Rows of the ``logistic`` problem.
+    features
+        Columns of the ``logistic`` problem, the bias included.
     workers
         Worker processes of the LocalCluster when ``client`` is None.
     client
