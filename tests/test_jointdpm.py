@@ -432,9 +432,8 @@ def _traced(trace, **kw):
     return fd.sample_jointdpm((X, y), fd.JointDPM(init_clusters=2, step_z=30, eps=0.3), **opts)
 
 
-@pytest.mark.parametrize(
-    "stop_at", [6, pytest.param(15, marks=pytest.mark.slow)]
-)  # during warm-up, and during sampling
+# during warm-up, and during sampling
+@pytest.mark.parametrize("stop_at", [6, pytest.param(15, marks=pytest.mark.slow)])
 def test_interrupted_run_resumes_identically(tmp_path, monkeypatch, stop_at):
     """A run interrupted at iteration ``stop_at`` resumes from its trace's checkpoint (on
     3 shards, where it ran on 2) and gives the draws of the run never interrupted, bit

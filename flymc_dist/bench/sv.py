@@ -53,6 +53,10 @@ def _acf1(x: np.ndarray) -> float:
     return float(np.mean(np.sum(x[:, 1:] * x[:, :-1], axis=1) / np.sum(x * x, axis=1)))
 
 
+#: (φ, σ) of the simulated panels: the paper's (also the tall panels') and the informative one
+PAPER_TRUTH = (0.95, 0.1)
+INFORMATIVE_TRUTH = (0.95, 0.3)
+
 #: the histograms' bins (Fig. 9's panels): φ over its prior's support, σ over where the
 #: paper's and the informative panel's posteriors live
 HIST_EDGES = {"phi": np.linspace(0.5, 1.0, 21), "sigma": np.linspace(0.0, 0.5, 21)}
@@ -146,15 +150,16 @@ def run_sv(
     out: dict[str, Any] = {"eps": eps, "batch_size": batch_size, "particles": particles}
     run = dict(chains=chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed)
     if "paper" in parts:
-        x, _ = simulate_sv(200, 5, 0.95, 0.1, seed=seed)
+        x, _ = simulate_sv(200, 5, *PAPER_TRUTH, seed=seed)
         ds = series_from_numpy(x, os.path.join(work, "paper.zarr"), overwrite=True)
         phis = np.linspace(0.0, 0.999, 12)
         sigmas = np.linspace(0.03, 0.1, 8)
-        ll_phi = [panel_loglik(x, p, 0.1, particles=pf_particles, seed=seed) for p in phis]
-        ll_sig = [panel_loglik(x, 0.95, s, particles=pf_particles, seed=seed) for s in sigmas]
+        phi0, sigma0 = PAPER_TRUTH
+        ll_phi = [panel_loglik(x, p, sigma0, particles=pf_particles, seed=seed) for p in phis]
+        ll_sig = [panel_loglik(x, phi0, s, particles=pf_particles, seed=seed) for s in sigmas]
         # the filter's own noise at one point, for scale
         noise = np.std(
-            [panel_loglik(x, 0.95, 0.1, particles=pf_particles, seed=s) for s in range(5)]
+            [panel_loglik(x, phi0, sigma0, particles=pf_particles, seed=s) for s in range(5)]
         )
         p: dict[str, Any] = {
             "loglik_phi_grid": phis.tolist(),
@@ -181,7 +186,9 @@ def run_sv(
         )
         out["paper"] = p
     if "informative" in parts:
-        x, _ = simulate_sv(informative_series, informative_length, 0.95, 0.3, seed=seed + 1)
+        x, _ = simulate_sv(
+            informative_series, informative_length, *INFORMATIVE_TRUTH, seed=seed + 1
+        )
         ds = series_from_numpy(x, os.path.join(work, "informative.zarr"), overwrite=True)
         base = dict(particles=particles, batch_size=batch_size)
         g = _timed(StochasticVolatility(**base), ds, client="synchronous", **run)
@@ -208,7 +215,7 @@ def run_sv(
     if "tall" in parts:
         rows = []
         for n in tall_series:
-            x, _ = simulate_sv(int(n), tall_length, 0.95, 0.1, seed=seed + 2)
+            x, _ = simulate_sv(int(n), tall_length, *PAPER_TRUTH, seed=seed + 2)
             # ≥ 64 chunks (a power of two series each): shards of whole chunks split the
             # panel evenly over 1 or 2 workers (the default chunk is ~4 MB: 2 at 10⁵ × 5)
             chunk = 1 << max(8, int(np.log2(int(n) / 64)))
@@ -229,7 +236,7 @@ def run_sv(
                 seed=seed,
                 num_warmup=tall_warmup,
                 num_samples=tall_iterations,
-                init=(0.95, 0.1),
+                init=PAPER_TRUTH,
             )
             row: dict[str, Any] = {"n_series": int(n)}
             runs = [(w, True) for w in (1, 2)] + ([(2, False)] if tall_plain else [])
@@ -315,19 +322,25 @@ def format_sv(d: dict[str, Any]) -> str:
 
     if "paper" in d:
         p = d["paper"]
-        lines.append("paper 200 × 5 (φ=0.95, σ=0.1; prior means φ 0.833, σ≈0.11):")
+        lines.append(
+            f"paper 200 × 5 (φ={PAPER_TRUTH[0]:g}, σ={PAPER_TRUTH[1]:g}; prior means φ 0.833, "
+            "σ≈0.11):"
+        )
         lines.append(
             f"  marginal log-lik range over φ∈[0,0.999]: {p['loglik_range_phi']:.2f} nats; "
             f"over σ∈[0.03,0.1]: {p['loglik_range_sigma']:.2f} nats "
             f"(filter noise sd {p['pf_noise_sd']:.2f})"
         )
         for k in ("gibbs", "exact_mh", "subsampled"):
-            lines.append(row(k, p[k], (0.95, 0.1)))
+            lines.append(row(k, p[k], PAPER_TRUTH))
     if "informative" in d:
         q = d["informative"]
-        lines.append(f"informative {q['n_series']} × {q['length']} (φ=0.95, σ=0.3):")
-        lines.append(row("gibbs", q["gibbs"], (0.95, 0.3)))
-        lines.append(row("subsampled", q["subsampled"], (0.95, 0.3)))
+        lines.append(
+            f"informative {q['n_series']} × {q['length']} "
+            f"(φ={INFORMATIVE_TRUTH[0]:g}, σ={INFORMATIVE_TRUTH[1]:g}):"
+        )
+        lines.append(row("gibbs", q["gibbs"], INFORMATIVE_TRUTH))
+        lines.append(row("subsampled", q["subsampled"], INFORMATIVE_TRUTH))
         b = q["bias"]
         lines.append(
             f"  subsampled − exact: φ {b['phi']['difference']:+.4f} (z {b['phi']['z']:+.1f}), "
