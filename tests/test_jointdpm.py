@@ -162,7 +162,7 @@ def test_z_conditional_equals_brute_force():
                 stats_[k] = ClusterStats.from_sums(prior, len(idx), xs.sum(0), xs.T @ xs)
         w_aux = w[z[i]] if z[i] not in stats_ else rng.normal(size=2)
         st = ChainState(alpha, stats_, {k: w[k] for k in stats_}, {}, 10, rng)
-        labels, lw = s.z_log_weights(st, X8[i], F[i], float(Y8[i]), w_aux)
+        labels, lw = s.z_log_weights(s.gibbs_table(st), X8[i], F[i], float(Y8[i]), w_aux)
         got = np.exp(lw - logsumexp(lw))
         brute = []
         for k in labels:
@@ -556,9 +556,9 @@ def _exact_posterior(X, y, prior, a=1.0, b=1.0, nodes=60):
 class _NoCounts(JointDPMSampler):
     """Negative control: the Gibbs conditional without the n_k⁻ⁱ count."""
 
-    def z_log_weights(self, st, xd, f, y, w_aux):
-        labels, lw = super().z_log_weights(st, xd, f, y, w_aux)
-        return labels, lw - np.log([st.stats[k].n for k in labels[:-1]] + [st.alpha])
+    def z_log_weights(self, table, xd, f, y, w_aux):
+        labels, lw = super().z_log_weights(table, xd, f, y, w_aux)
+        return labels, lw - np.log(table.n)
 
 
 def _chain_estimates(cls, chains=4, iters=2500, burn=200, seed=0):

@@ -49,6 +49,7 @@ import json
 import math
 import os
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,7 @@ from flymc_dist.trace import Trace, TraceLock
 __all__ = [
     "ChainState",
     "DPMResult",
+    "GibbsTable",
     "JointDPMSampler",
     "RankDraw",
     "sample_jointdpm",
@@ -92,6 +94,71 @@ class ChainState:
     next_label: int
     rng: np.random.Generator
     tracked: dict[int, int] = field(default_factory=dict)
+
+
+class GibbsTable:
+    """One chain's clusters stacked in sorted label order for the Gibbs step, with a last
+    row for a new cluster: each cluster's Student-t predictive ``(m, A, const, ν)``
+    (:meth:`~flymc_dist.jointdpm.niw.ClusterStats.predictive_terms`), weights and size
+    ``n_k`` (the last row: the prior's predictive, the auxiliary weights and ``α``). The
+    step moves one row at a time, so it changes one or two rows of the table, not all.
+
+    Parameters
+    ----------
+    st
+        The chain state.
+    prior_terms
+        An empty cluster's predictive terms.
+    P
+        Weights per cluster.
+    """
+
+    __slots__ = ("A", "M", "W", "const", "labels", "n", "nu", "stale")
+
+    def __init__(self, st: ChainState, prior_terms: tuple, P: int) -> None:
+        self.labels = sorted(st.stats)
+        terms = [st.stats[k].predictive_terms() for k in self.labels] + [prior_terms]
+        self.M = np.stack([t[0] for t in terms])
+        self.A = np.stack([t[1] for t in terms])
+        self.const = np.array([t[2] for t in terms])
+        self.nu = np.array([t[3] for t in terms])
+        self.W = np.stack([st.w[k] for k in self.labels] + [np.zeros(P)])
+        self.n = np.array([float(st.stats[k].n) for k in self.labels] + [st.alpha])
+        #: clusters whose statistics changed since their row was last written
+        self.stale: dict[int, ClusterStats] = {}
+
+    def refresh(self, label: int, stats: ClusterStats) -> None:
+        """Cluster ``label``'s statistics changed to ``stats`` (its row is rewritten when
+        next read: a row left and rejoining its cluster costs one predictive, not two)."""
+        self.stale[label] = stats
+
+    def current(self) -> GibbsTable:
+        """The table with every changed cluster's row rewritten."""
+        for label, stats in self.stale.items():
+            i = bisect_left(self.labels, label)
+            self.M[i], self.A[i], self.const[i], self.nu[i] = stats.predictive_terms()
+            self.n[i] = stats.n
+        self.stale.clear()
+        return self
+
+    def drop(self, label: int) -> None:
+        """Cluster ``label`` emptied."""
+        self.stale.pop(label, None)
+        i = bisect_left(self.labels, label)
+        del self.labels[i]
+        self.M, self.A, self.const, self.nu, self.W, self.n = (
+            np.delete(a, i, axis=0) for a in (self.M, self.A, self.const, self.nu, self.W, self.n)
+        )
+
+    def append(self, label: int, w: np.ndarray) -> None:
+        """A new cluster ``label`` (above every label) with weights ``w``, empty; its
+        statistics come by :meth:`refresh`."""
+        self.labels.append(label)
+        self.M, self.A, self.const, self.nu, self.W, self.n = (
+            np.insert(a, -1, a[-1], axis=0)
+            for a in (self.M, self.A, self.const, self.nu, self.W, self.n)
+        )
+        self.W[-2] = w
 
 
 class RankDraw:
@@ -381,25 +448,24 @@ class JointDPMSampler:
         if log_target(prop) - log_target(cur) > -rng.standard_exponential():
             st.alpha = math.exp(prop)
 
+    def gibbs_table(self, st: ChainState) -> GibbsTable:
+        """Chain state ``st``'s clusters as the Gibbs step reads them (:class:`GibbsTable`)."""
+        return GibbsTable(st, self.prior_stats.predictive_terms(), self.P)
+
     def z_log_weights(
-        self, st: ChainState, xd: np.ndarray, f: np.ndarray, y: float, w_aux: np.ndarray
+        self, table: GibbsTable, xd: np.ndarray, f: np.ndarray, y: float, w_aux: np.ndarray
     ) -> tuple[list[int], np.ndarray]:
         """The Gibbs step's choices for a row that has left its cluster, and their log
-        weights: ``log n_k⁻ⁱ + log t_k(x) + log σ_k(y)`` for each cluster (sorted labels),
-        ``log α + log t_0(x) + log σ_aux(y)`` for a new one (:data:`NEW`, last)."""
-        labels = sorted(st.stats)
-        W = np.stack([st.w[k] for k in labels] + [w_aux])
-        ll = logit_loglik(f[None], np.array([y]), W)[:, 0]
-        terms = [st.stats[k].predictive_terms() for k in labels]
-        terms.append(self.prior_stats.predictive_terms())
-        M = np.stack([t[0] for t in terms])
-        A = np.stack([t[1] for t in terms])
-        const = np.array([t[2] for t in terms])
-        nu = np.array([t[3] for t in terms])
-        y_ = np.einsum("kij,kj->ki", A, xd - M)
-        log_t = const - 0.5 * (nu + self.D) * np.log1p(np.sum(y_ * y_, axis=1) / nu)
-        log_n = np.log([st.stats[k].n for k in labels] + [st.alpha])
-        return [*labels, NEW], log_n + log_t + ll
+        weights: ``log n_k⁻ⁱ + log t_k(x) + log σ_k(y)`` for each cluster of ``table``
+        (sorted labels), ``log α + log t_0(x) + log σ_aux(y)`` for a new one (:data:`NEW`,
+        last)."""
+        table = table.current()
+        table.W[-1] = w_aux
+        ll = logit_loglik(f[None], np.array([y]), table.W)[:, 0]
+        y_ = np.einsum("kij,kj->ki", table.A, xd - table.M)
+        nu = table.nu
+        log_t = table.const - 0.5 * (nu + self.D) * np.log1p(np.sum(y_ * y_, axis=1) / nu)
+        return [*table.labels, NEW], np.log(table.n) + log_t + ll
 
     def _update_z(self, c: int, st: ChainState) -> int:
         """Collapsed Gibbs on ``step_z`` random rows; returns how many changed cluster."""
@@ -410,6 +476,7 @@ class JointDPMSampler:
         sh = self._shard_of(rows)
         new_labels = np.empty(rows.size, dtype=np.int64)
         moved = 0
+        table = self.gibbs_table(st)
         for i, r in enumerate(rows.tolist()):
             old = current.get(r, int(Z[i]))
             xd, f, y, j = Xd[i], F[i], float(Y[i]), int(sh[i])
@@ -420,7 +487,10 @@ class JointDPMSampler:
             if s_old.n == 0:  # algorithm 8: the emptied cluster's weights are the auxiliary
                 w_aux = st.w.pop(old)
                 del st.stats[old], st.counts[old]
-            labels, lw = self.z_log_weights(st, xd, f, y, w_aux)
+                table.drop(old)
+            else:
+                table.refresh(old, s_old)
+            labels, lw = self.z_log_weights(table, xd, f, y, w_aux)
             p = np.exp(lw - lw.max())
             cdf = np.cumsum(p)
             pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
@@ -431,7 +501,9 @@ class JointDPMSampler:
                 st.stats[new] = ClusterStats(self.prior)
                 st.w[new] = w_aux
                 st.counts[new] = np.zeros(self.n_shards, dtype=np.int64)
+                table.append(new, w_aux)
             st.stats[new].add(xd)
+            table.refresh(new, st.stats[new])
             st.counts[new][j] += 1
             current[r] = new
             self.known[c][r] = new
