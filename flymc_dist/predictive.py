@@ -25,25 +25,47 @@ __all__ = ["compare", "log_likelihood", "loo", "predict", "psis"]
 # --------------------------------------------------------------------------- PSIS
 
 
-def _gpd_fit(x: np.ndarray) -> tuple[float, float]:
-    """Generalized Pareto shape and scale of exceedances ``x`` (sorted ascending) by
-    Zhang & Stephens (2009)'s empirical Bayes estimate, with the weakly informative prior
-    on the shape of Vehtari et al. (2024) (towards 0.5, worth 10 observations)."""
-    n = x.size
+#: elements of the largest temporary array a batch of Pareto fits makes
+_GPD_BATCH_ELEMENTS = 1 << 22
+
+
+def _gpd_fit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Generalized Pareto shape and scale of each row of exceedances ``x`` (``(B, M)``,
+    each row sorted ascending) by Zhang & Stephens (2009)'s empirical Bayes estimate, with
+    the weakly informative prior on the shape of Vehtari et al. (2024) (towards 0.5, worth
+    10 observations)."""
+    n = x.shape[1]
     m = 30 + int(np.sqrt(n))
     b = 1.0 - np.sqrt(m / (np.arange(1, m + 1, dtype=float) - 0.5))
-    b /= 3.0 * x[int(n / 4 + 0.5) - 1]
-    b += 1.0 / x[-1]
-    k = np.log1p(-b[:, None] * x).mean(axis=1)
+    b = b / (3.0 * x[:, int(n / 4 + 0.5) - 1 : int(n / 4 + 0.5)])  # (B, m)
+    b += 1.0 / x[:, -1:]
+    k = np.log1p(-b[:, :, None] * x[:, None, :]).mean(axis=2)
     profile = n * (np.log(-(b / k)) - k - 1.0)
-    w = 1.0 / np.exp(profile - profile[:, None]).sum(axis=1)
-    keep = w >= 10 * np.finfo(float).eps
-    b, w = b[keep], w[keep] / w[keep].sum()
-    b_post = float(np.sum(b * w))
-    k_post = float(np.log1p(-b_post * x).mean())
+    w = 1.0 / np.exp(profile[:, None, :] - profile[:, :, None]).sum(axis=2)
+    w = np.where(w >= 10 * np.finfo(float).eps, w, 0.0)
+    w /= w.sum(axis=1, keepdims=True)
+    b_post = np.sum(b * w, axis=1)
+    k_post = np.log1p(-b_post[:, None] * x).mean(axis=1)
     sigma = -k_post / b_post
     k_post = (n * k_post + 10 * 0.5) / (n + 10)
     return k_post, sigma
+
+
+def _largest(rows: np.ndarray, K: int) -> np.ndarray:
+    """The last ``K`` of each row's stable ascending argsort (the ``K`` largest entries,
+    ties in index order), found by a partition: ``(B, K)`` indices."""
+    S = rows.shape[1]
+    part = np.argpartition(rows, S - K, axis=1)[:, S - K :]
+    vals = np.take_along_axis(rows, part, axis=1)
+    order = np.lexsort((part, vals), axis=1)
+    top = np.take_along_axis(part, order, axis=1)
+    # a row with its K-th largest value tied outside the K, or with NaN, where the
+    # partition's choice among the ties may not be the stable sort's: sorted in full
+    v = np.take_along_axis(vals, order[:, :1], axis=1)
+    ties = (rows == v).sum(axis=1) != (vals == v).sum(axis=1)
+    for i in np.flatnonzero(ties | np.isnan(v[:, 0]) | np.isnan(vals).any(axis=1)).tolist():
+        top[i] = np.argsort(rows[i], kind="stable")[-K:]
+    return top
 
 
 def psis(log_ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -69,20 +91,32 @@ def psis(log_ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     out = lr - lr.max(axis=0)
     ks = np.full(n, np.nan)
     if M >= 5 and S > M:
-        for i in range(n):
-            col = out[:, i]
-            order = np.argsort(col, kind="stable")
-            tail = order[-M:]
-            cutoff = col[order[-M - 1]]
-            x = np.exp(col[tail]) - np.exp(cutoff)
-            if not np.all(np.isfinite(x)) or x[int(M / 4 + 0.5) - 1] <= 0:
-                continue  # a tail of ties (repeated draws of a Metropolis chain): unsmoothed
-            k, sigma = _gpd_fit(x)
-            ks[i] = k
-            if np.isfinite(k) and sigma > 0:
-                p = (np.arange(1, M + 1) - 0.5) / M
-                q = sigma / k * np.expm1(-k * np.log1p(-p)) if k != 0 else -sigma * np.log1p(-p)
-                col[tail] = np.minimum(np.log(np.exp(cutoff) + q), 0.0)
+        p = (np.arange(1, M + 1) - 0.5) / M
+        per = max(1, _GPD_BATCH_ELEMENTS // ((30 + int(np.sqrt(M))) * M))
+        for lo in range(0, n, per):  # columns in batches: the fit's temporaries bounded
+            cols = out[:, lo : lo + per]
+            top = _largest(np.ascontiguousarray(cols.T), M + 1).T  # (M + 1, columns)
+            tail = top[1:]
+            cutoff = np.take_along_axis(cols, top[:1], axis=0)[0]
+            x = np.exp(np.take_along_axis(cols, tail, axis=0)) - np.exp(cutoff)
+            # a tail of ties (repeated draws of a Metropolis chain): unsmoothed
+            fit = np.flatnonzero(np.all(np.isfinite(x), axis=0) & (x[int(M / 4 + 0.5) - 1] > 0))
+            if not fit.size:
+                continue
+            k, sigma = _gpd_fit(x[:, fit].T)
+            ks[lo + fit] = k
+            smooth = np.isfinite(k) & (sigma > 0)
+            fit, k, sigma = fit[smooth], k[smooth, None], sigma[smooth, None]
+            k_safe = np.where(k == 0, 1.0, k)
+            q = np.where(
+                k == 0,
+                -sigma * np.log1p(-p),
+                sigma / k_safe * np.expm1(-k * np.log1p(-p)),
+            )  # (columns, M): the fitted tail's quantiles
+            smoothed = np.minimum(np.log(np.exp(cutoff[fit, None]) + q), 0.0)
+            part = cols[:, fit]
+            np.put_along_axis(part, tail[:, fit], smoothed.T, axis=0)
+            cols[:, fit] = part
     out -= logsumexp(out, axis=0)
     return out, ks
 
