@@ -108,7 +108,9 @@ from typing import Any
 import numpy as np
 import zarr
 from numpy.typing import ArrayLike, DTypeLike
-from zarr.storage import WrapperStore
+from zarr.abc.store import Store
+from zarr.core.sync_group import create_nodes
+from zarr.storage import MemoryStore, StorePath, WrapperStore
 
 from flymc_dist._paths import is_url, local_path
 from flymc_dist._unreachable import retry
@@ -131,6 +133,10 @@ _LAYOUT = {
     False: ("posterior/theta", "sample_stats"),
     True: ("warmup_posterior/theta", "warmup_sample_stats"),
 }
+#: the sub-groups of a trace's root group
+_TRACE_GROUPS = frozenset(
+    name for samples, stats in _LAYOUT.values() for name in (samples.split("/")[0], stats)
+)
 
 _RESERVED_ATTR = "flymc_trace"
 _TAG = "__flymc_type__"
@@ -251,25 +257,78 @@ def _url_options(
 
 def probe(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> str:
     """Classify ``path``: ``"missing"`` (free to use), ``"trace"`` or ``"other"``."""
-    if not is_url(path):
+    return _probe(path, storage_options)[0]
+
+
+def _probe(
+    path: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+    mode: str = "r",
+) -> tuple[str, zarr.Group | None]:
+    """:func:`probe`'s state of ``path`` and, for ``"trace"``, its root group opened with
+    ``mode`` (:meth:`Trace.open` reads it once).
+
+    A trace is a zarr 3 group, so its ``zarr.json`` is read alone first (zarr, given no
+    format, reads four metadata objects of both formats: on S3 eight requests). Without
+    it, whether a URL holds anything is asked (two requests on S3): nothing is
+    ``"missing"``. Otherwise a zarr 2 group is looked for as before, and a prefix without
+    a group that holds one of a trace's sub-groups (say, left by an interrupted removal) is
+    ``"other"``: :meth:`Trace.create` writes its nodes with no existence check, so it
+    must not write there.
+    """
+    url = is_url(path)
+    if not url:
         local = local_path(path)
         if not local.exists():
-            return "missing"
+            return "missing", None
         if local.is_dir() and not any(local.iterdir()):
-            return "missing"
+            return "missing", None
         if not local.is_dir():
-            return "other"
+            return "other", None
+    kw = _url_options(path, storage_options)
     try:
-        group = zarr.open_group(path, mode="r", **_url_options(path, storage_options))
-    except FileNotFoundError:  # includes zarr's GroupNotFoundError
-        return "missing" if is_url(path) else "other"
+        try:
+            group = zarr.open_group(path, mode=mode, zarr_format=3, **kw)
+        except FileNotFoundError:  # includes zarr's GroupNotFoundError
+            names = _url_children(path, storage_options) if url else None
+            if names is not None and not names:
+                return "missing", None
+            try:  # a zarr 2 group (the only group left)
+                group = zarr.open_group(path, mode=mode, zarr_format=2, **kw)
+            except FileNotFoundError:
+                if names is None or names & _TRACE_GROUPS:
+                    return "other", None
+                return "missing", None
     except (ValueError, OSError) as err:  # an array, or unreadable metadata
-        if is_url(path) and not isinstance(err, ValueError):  # e.g. access denied
+        if url and not isinstance(err, ValueError):  # e.g. access denied
             raise OSError(f"cannot read {path}: {type(err).__name__}: {err}") from err
-        return "other"
+        return "other", None
     except Exception as err:  # an fsspec client's own error: endpoint unreachable, ...
         raise OSError(f"cannot reach {os.fspath(path)!s}: {type(err).__name__}: {err}") from err
-    return "trace" if _record_of(group) is not None else "other"
+    return ("trace", group) if _record_of(group) is not None else ("other", None)
+
+
+def _url_children(
+    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None
+) -> set[str]:
+    """The names directly under the URL ``path``: whether it holds anything, then (if it
+    does) one listing. fsspec's cache of them is dropped, so that no later use of the same
+    file system instance (removing a failed run's trace, say) sees them stale."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(os.fspath(path), **dict(storage_options or {}))
+    root = root.rstrip("/")
+    fs.invalidate_cache(root)
+    try:
+        # exists first: on S3, listing an empty prefix lists its parent too (all of it)
+        if not fs.exists(root):
+            return set()
+        entries = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return set()
+    finally:
+        fs.invalidate_cache(root)
+    return {entry.rstrip("/").rpartition("/")[2] for entry in entries}
 
 
 def _validate_shape(param_shape: object) -> tuple[int, ...]:
@@ -337,10 +396,11 @@ def _validate_coords(
     return out
 
 
-def _coordinate(group: zarr.Group, dim: str, values: np.ndarray) -> None:
-    """A one-dimensional xarray coordinate array ``dim`` in ``group``."""
+def _coordinate(group: zarr.Group, dim: str, values: np.ndarray) -> zarr.Array:
+    """A one-dimensional xarray coordinate array ``dim`` in ``group`` (its values are
+    written by the caller)."""
     dtype = str if values.dtype.kind == "U" else values.dtype
-    array = group.create_array(
+    return group.create_array(
         dim,
         shape=values.shape,
         dtype=dtype,
@@ -348,7 +408,6 @@ def _coordinate(group: zarr.Group, dim: str, values: np.ndarray) -> None:
         fill_value=None,
         config=_EVERY_CHUNK,
     )
-    array[:] = values
 
 
 def _empty(
@@ -358,9 +417,9 @@ def _empty(
     dtype: DTypeLike,
     fill_value: Any,
     dims: tuple[str, ...],
-) -> None:
+) -> zarr.Array:
     """An array of no draws (``(chains, 0, ...)``) that grows along the draws."""
-    group.create_array(
+    return group.create_array(
         name,
         shape=(chunks[0], 0, *chunks[2:]),
         chunks=chunks,
@@ -369,6 +428,61 @@ def _empty(
         dimension_names=dims,
         config=_EVERY_CHUNK,
     )
+
+
+def _layout(
+    chains: int,
+    chunk: int,
+    shape: tuple[int, ...],
+    stat_dtypes: Mapping[str, np.dtype],
+    param_dims: tuple[str, ...],
+    labels: Mapping[str, np.ndarray],
+) -> tuple[dict[str, zarr.Group | zarr.Array], dict[str, np.ndarray]]:
+    """Every sub-group and array of a new trace, by key, made by zarr in memory (so their
+    metadata is what zarr writes for them, and making them sends no request); and the
+    values of its coordinate arrays, by key."""
+    root = zarr.create_group(store=MemoryStore(), zarr_format=3)
+    nodes: dict[str, zarr.Group | zarr.Array] = {}
+    coordinates: dict[str, np.ndarray] = {}
+    for warmup in (False, True):
+        samples_key, stats_key = _LAYOUT[warmup]
+        post_key, samples_name = samples_key.split("/")
+        # each group with its xarray coordinates: the chains and the labels of the
+        # parameter axes (the draws are 0 … n−1, xarray's default)
+        post = nodes[post_key] = root.create_group(post_key)
+        for dim, values in {"chain": np.arange(chains), **labels}.items():
+            nodes[f"{post_key}/{dim}"] = _coordinate(post, dim, values)
+            coordinates[f"{post_key}/{dim}"] = values
+        nodes[samples_key] = _empty(
+            post,
+            samples_name,
+            (chains, chunk, *shape),
+            np.float64,
+            np.nan,
+            ("chain", "draw", *param_dims),
+        )
+        stats_group = nodes[stats_key] = root.create_group(stats_key)
+        nodes[f"{stats_key}/chain"] = _coordinate(stats_group, "chain", np.arange(chains))
+        coordinates[f"{stats_key}/chain"] = np.arange(chains)
+        for name, dtype in stat_dtypes.items():
+            nodes[f"{stats_key}/{name}"] = _empty(
+                stats_group, name, (chains, chunk), dtype, 0, ("chain", "draw")
+            )
+    return nodes, coordinates
+
+
+def _write_node(
+    store: Store, key: str, like: zarr.Group | zarr.Array, values: np.ndarray | None
+) -> None:
+    """Write at ``key`` of ``store`` the metadata document of ``like`` (a node made in
+    memory by :func:`_layout`), with no existence or parent check (on an object store one
+    request), then, for a coordinate array, its ``values``."""
+    # zarr.core.sync_group.create_nodes is private: zarr's public create_hierarchy first
+    # reads every node to refuse one that exists (on S3 two requests each, more than the
+    # write), and no public function writes a node without such checks
+    for _, node in create_nodes(store=store, nodes={key: like.metadata}):
+        if values is not None:
+            node.with_config(_EVERY_CHUNK)[:] = values
 
 
 def _concurrently(path: str | os.PathLike[str], calls: list[tuple[Any, ...]]) -> list[Any]:
@@ -483,7 +597,7 @@ class Trace:
         self._layout = _LAYOUT
         counts = record["checkpoint"] if record["checkpoint"] is not None else record["committed"]
         self._n = {False: int(counts["n_draws"]), True: int(counts["n_warmup_draws"])}
-        self._arrays: dict[str, zarr.Array] = {}  # handles, filled by _check_arrays
+        self._arrays: dict[str, zarr.Array] = {}  # handles, filled by _keep
         #: draws array -> its phase (warm-up or not); its draws per chunk
         self._phase = {
             key: warmup for warmup in (False, True) for key, _, _ in self._array_specs(warmup)
@@ -491,8 +605,10 @@ class Trace:
         self._chunk_len: dict[str, int] = {}
         prefix = f"{group.path}/" if group.path else ""
         guard = _ChunkGuard(group.store, os.fspath(path), prefix, self._chunk_needed)
-        self._group = zarr.open_group(
-            store=guard, path=group.path, mode="r" if read_only else "r+", zarr_format=3
+        # the same group through the guard, from the metadata already read (no request);
+        # its store is read-only if ``group``'s is: :meth:`open` opens it so
+        self._group = zarr.Group(
+            zarr.AsyncGroup(metadata=group.metadata, store_path=StorePath(guard, group.path))
         )
 
     # ----------------------------------------------------------------------------- creation
@@ -601,10 +717,15 @@ class Trace:
             "checkpoint": None,
             "every_chunk": True,
         }
+        # every sub-group and array, made by zarr in memory: whatever zarr refuses in
+        # them is refused before anything is written
+        nodes, coordinates = _layout(n_chains, chunk, shape, stat_dtypes, param_dims, labels)
         created_dir = not is_url(path) and not local_path(path).exists()
         try:
             # The group (with its format marker) first, so that an interrupted create
             # leaves something recognisable as a trace that overwrite=True may replace.
+            # Over a trace, zarr first removes everything under it: none of its arrays
+            # (a statistic the new trace lacks, a checkpoint's) is left.
             group = zarr.create_group(
                 store=path,
                 overwrite=state == "trace",
@@ -612,40 +733,43 @@ class Trace:
                 zarr_format=3,
                 **url_kw,
             )
-            arrays: list[tuple[Any, ...]] = []  # (function, *args): made after the groups
-            for warmup in (False, True):
-                samples_key, stats_key = _LAYOUT[warmup]
-                post_key, samples_name = samples_key.split("/")
-                # each group with its xarray coordinates: the chains and the labels of the
-                # parameter axes (the draws are 0 … n−1, xarray's default)
-                post = group.create_group(post_key)
-                arrays.append((_coordinate, post, "chain", np.arange(n_chains)))
-                arrays += [(_coordinate, post, dim, values) for dim, values in labels.items()]
-                arrays.append(
-                    (
-                        _empty,
-                        post,
-                        samples_name,
-                        (n_chains, chunk, *shape),
-                        np.float64,
-                        np.nan,
-                        ("chain", "draw", *param_dims),
-                    )
-                )
-                stats_group = group.create_group(stats_key)
-                arrays.append((_coordinate, stats_group, "chain", np.arange(n_chains)))
-                arrays += [
-                    (_empty, stats_group, name, (n_chains, chunk), dtype, 0, ("chain", "draw"))
-                    for name, dtype in stat_dtypes.items()
-                ]
-            _concurrently(path, arrays)
+            trace = cls(group, record, path=path, read_only=False)
+            trace._write_layout(group, nodes, coordinates)
         except BaseException:
             if created_dir:
                 shutil.rmtree(local_path(path), ignore_errors=True)
             raise
-        trace = cls(group, record, path=path, read_only=False)
-        trace._check_arrays()
         return trace
+
+    def _write_layout(
+        self,
+        group: zarr.Group,
+        nodes: Mapping[str, zarr.Group | zarr.Array],
+        coordinates: Mapping[str, np.ndarray],
+    ) -> None:
+        """Write every sub-group and array of a new trace under its root ``group`` (the
+        coordinates with their values); keep the handles of the draws' arrays.
+
+        Each metadata document is one write, with no existence or parent check (on an
+        object store one request, where zarr's ``create_array`` sent about nine; they are
+        sent together, see :func:`_concurrently`). None can be there already: ``group``'s
+        path was empty, or held a trace that :func:`zarr.create_group` has just removed,
+        or (a URL) held none of a trace's groups (:func:`_probe`).
+        """
+        base = f"{group.path}/" if group.path else ""
+        _concurrently(
+            self._path,
+            [
+                (_write_node, group.store, base + key, node, coordinates.get(key))
+                for key, node in nodes.items()
+            ],
+        )
+        for warmup in (False, True):
+            for key, _, _ in self._array_specs(warmup):
+                array = zarr.AsyncArray(
+                    metadata=nodes[key].metadata, store_path=self._group.store_path / key
+                )
+                self._keep(key, zarr.Array(array))
 
     @classmethod
     def open(
@@ -681,16 +805,11 @@ class Trace:
             If ``path`` is not a flymc trace, or is a corrupt one (missing arrays, arrays
             shorter than recorded, inconsistent shapes).
         """
-        state = probe(path, storage_options)
+        state, group = _probe(path, storage_options, "r" if read_only else "r+")
         if state == "missing":
             raise FileNotFoundError(f"no trace at {os.fspath(path)!s}")
-        if state == "other":
-            raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
-        group = zarr.open_group(
-            path, mode="r" if read_only else "r+", **_url_options(path, storage_options)
-        )
-        record = _record_of(group)
-        if record is None:  # pragma: no cover - changed under our feet
+        record = None if group is None else _record_of(group)
+        if group is None or record is None:  # "other"
             raise ValueError(f"{os.fspath(path)!s} is not a flymc trace")
         if record.get("version") != TRACE_VERSION or not record.get("every_chunk"):
             omitted = "" if record.get("every_chunk") else ", chunks of zeros omitted"
@@ -741,8 +860,12 @@ class Trace:
                     f"corrupt trace {self._path!s}: {key!r} holds {shape[1]} draws but "
                     f"{n} {prefix}draws are recorded"
                 )
-            self._arrays[key] = array.with_config(_EVERY_CHUNK)
-            self._chunk_len[key] = int(array.chunks[1])
+            self._keep(key, array)
+
+    def _keep(self, key: str, array: zarr.Array) -> None:
+        """Keep the handle of the draws' array ``key`` (writing every chunk)."""
+        self._arrays[key] = array.with_config(_EVERY_CHUNK)
+        self._chunk_len[key] = int(array.chunks[1])
 
     def _chunk_needed(self, array: str, chunk: tuple[int, ...]) -> str | None:
         """Which recorded draws chunk ``chunk`` of ``array`` holds (None: it may be absent,

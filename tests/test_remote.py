@@ -8,6 +8,7 @@ port with bogus credentials, so nothing but the options reaches the server.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -619,6 +620,69 @@ def test_s3_trace_lock_is_a_lease(s3):
         lock.release()
     assert json.loads(_s3fs(s3).cat_file(key))["host"] == "elsewhere"  # not removed
     _s3fs(s3).rm_file(key)
+
+
+def _counted_requests(monkeypatch) -> collections.Counter:
+    """The requests every s3fs client of this process sends from now on, by operation."""
+    sent: collections.Counter = collections.Counter()
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):
+        sent[method] += 1
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    return sent
+
+
+def test_s3_trace_create_writes_each_object_once(s3, monkeypatch):
+    """Creating a trace on S3 writes each of its objects once, with a handful of requests
+    besides (zarr's create_array sent about nine per array, and the arrays were read back:
+    273 requests for a small run's trace, now 39); opening it reads its root once and each
+    draws' array once. overwrite leaves none of the old trace's objects; a prefix holding
+    a trace's sub-groups but no group is refused and left as it is, one holding other
+    objects is written beside them."""
+    opts, root = s3["options"], "bucket/requests"
+    kw = dict(
+        chains=2,
+        param_shape=(3,),
+        attrs={"seed": 1},
+        storage_options=opts,
+        dims=("feature",),
+        coords={"feature": ["a", "b", "c"]},
+    )
+    stats = {"accepted": np.bool_, "lp": np.float64, "n": np.int64}
+    sent = _counted_requests(monkeypatch)
+    trace = Trace.create(f"s3://{root}/t.zarr", stats=stats, **kw)
+    created = dict(sent)
+    objects = _s3fs(s3).find(f"{root}/t.zarr")
+    # the root, 4 groups, per phase 2 + 1 coordinates (with a chunk each), theta, 3 stats
+    assert len(objects) == 1 + 4 + 2 * (2 * 3 + 1 + 3)
+    assert created["put_object"] == len(objects)
+    assert sum(created.values()) - created["put_object"] <= 8, created
+    trace.append(
+        np.ones((2, 4, 3)), {k: np.ones((2, 4), v) for k, v in stats.items()}, warmup=False
+    )
+    sent.clear()
+    opened = Trace.open(f"s3://{root}/t.zarr", storage_options=opts)
+    assert opened.n_draws == 4 and "put_object" not in sent
+    assert sum(sent.values()) <= 2 * (1 + 2 * (1 + len(stats))), dict(sent)
+
+    Trace.create(f"s3://{root}/t.zarr", stats={"lp": np.float64}, overwrite=True, **kw)
+    assert not [o for o in _s3fs(s3).find(f"{root}/t.zarr") if "/accepted/" in o or "/n/" in o]
+    assert Trace.open(f"s3://{root}/t.zarr", storage_options=opts).stat_dtypes == {
+        "lp": np.dtype(np.float64)
+    }
+
+    fs = _s3fs(s3)
+    fs.pipe_file(f"{root}/orphan.zarr/sample_stats/lp/c/0/0", b"left by a removal")
+    with pytest.raises(FileExistsError, match="not a flymc trace"):
+        Trace.create(f"s3://{root}/orphan.zarr", stats=stats, overwrite=True, **kw)
+    assert _s3fs(s3).find(f"{root}/orphan.zarr") == [f"{root}/orphan.zarr/sample_stats/lp/c/0/0"]
+    fs.pipe_file(f"{root}/notes.zarr/README", b"keep me")
+    Trace.create(f"s3://{root}/notes.zarr", stats=stats, **kw)
+    assert _s3fs(s3).cat_file(f"{root}/notes.zarr/README") == b"keep me"
+    assert Trace.open(f"s3://{root}/notes.zarr", storage_options=opts).n_draws == 0
 
 
 @pytest.mark.slow

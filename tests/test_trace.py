@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import zarr
 
-from flymc_dist.trace import Trace, TraceDamagedError, TraceLock, TraceLockedError
+import flymc_dist.trace as trace_module
+from flymc_dist.trace import Trace, TraceDamagedError, TraceLock, TraceLockedError, probe
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -318,6 +319,36 @@ def test_never_deletes_what_is_not_a_trace(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         _new(tmp_path / "other_group", overwrite=True)
     assert zarr.open_group(tmp_path / "other_group", mode="r").attrs["foo"] == 1
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_create_failing_after_its_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A create failing while it writes the arrays removes the directory it made; on a URL
+    it leaves its group first written, with the format marker: a trace, which only
+    overwrite=True replaces (every node of it)."""
+    path = tmp_path / "t" if where == "local" else f"memory://flymc-failing/{tmp_path.name}"
+    real, calls = trace_module._write_node, {"n": 0}
+
+    def failing(*args: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OSError("no space left")
+        real(*args)
+
+    monkeypatch.setattr(trace_module, "_write_node", failing)
+    with pytest.raises(OSError, match="no space left"):
+        _new(path)
+    monkeypatch.setattr(trace_module, "_write_node", real)
+    if where == "local":
+        assert not (tmp_path / "t").exists()
+        return
+    assert probe(path) == "trace"
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        _new(path)
+    _new(path, overwrite=True).append(*_batch(np.random.default_rng(3), 3, 2, (4,)), warmup=True)
+    assert Trace.open(path).n_warmup_draws == 2
 
 
 def test_empty_directory_is_usable(tmp_path: Path) -> None:
