@@ -573,6 +573,9 @@ def test_bound_difference_matches_explicit_sums():
     )
 
 
+#: CI only: the sublinear data use in test_data_used_sublinear_in_n (a fixed move), the
+#: sampler with control variates in test_control_variates_close_to_exact_posterior_and_…
+@pytest.mark.full_e2e
 @pytest.mark.slow
 def test_control_variates_sublinear_with_posterior_scaled_proposals():
     """Rows per decision of the sampler as a user runs it (RWMH, default warm-up adaptation:

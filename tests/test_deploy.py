@@ -211,6 +211,9 @@ wait
 """
 
 
+#: CI only: a SLURM job's script run as SLURM would (a scheduler, workers, the sampler) in
+#: test_jobqueue_job_script_runs, and slurm.sh linted by test_shell_scripts_pass_shellcheck
+@pytest.mark.full_e2e
 @pytest.mark.slow
 def test_slurm_script_runs_a_job(store, reference, tmp_path):
     """``deploy/slurm.sh`` as SLURM would run it for a 3-task job: a scheduler, two

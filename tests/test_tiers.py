@@ -49,6 +49,9 @@ COVERED_ELSEWHERE = {
     "tests/test_deploy.py::test_jobqueue_script_runs_locally": (
         "tests/test_deploy.py::test_jobqueue_job_script_runs"
     ),
+    "tests/test_deploy.py::test_slurm_script_runs_a_job": (
+        "tests/test_deploy.py::test_jobqueue_job_script_runs"
+    ),
     "tests/test_ingest.py::test_bench_ingest_is_wired": (
         "tests/test_ingest.py::test_parquet_directory_is_the_from_numpy_store"
     ),
@@ -76,6 +79,11 @@ COVERED_ELSEWHERE = {
         "tests/test_narrowing.py::test_narrowing_is_the_bound_against_the_posterior_precision"
     ),
     OVE_TEST + "[mala-implicit]": OVE_TEST + "[nuts-explicit]",
+    # the sublinear data use of austerity with control variates as a user runs it (its
+    # sublinearity with a fixed move, and the sampler with control variates, by default)
+    "tests/test_austerity.py::test_control_variates_sublinear_with_posterior_scaled_proposals": (
+        "tests/test_austerity.py::test_data_used_sublinear_in_n"
+    ),
     # the S3 paths of the command line: ingest, run, resume and summary on S3 through the
     # API (its run and resume, as the command line's) and on local disk through the CLI
     "tests/test_remote.py::test_cli_ingest_run_resume_and_summary_on_s3": (
