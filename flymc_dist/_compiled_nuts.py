@@ -154,7 +154,7 @@ def _target(
     return prior + P * prior_const + quad + c + bright
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(**_JIT)
 def _product(M: np.ndarray, x: np.ndarray, diag: bool) -> np.ndarray:
     """``M x`` for a dense ``M``, or ``M[0] * x`` for a diagonal one stored as a row."""
     P = x.shape[0]
@@ -171,7 +171,7 @@ def _product(M: np.ndarray, x: np.ndarray, diag: bool) -> np.ndarray:
     return out
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(**_JIT)
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
     s = 0.0
     for i in range(a.shape[0]):
@@ -179,7 +179,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     return s
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(**_JIT)
 def _log_add_exp(a: float, b: float) -> float:
     """:func:`flymc_dist.kernels.hamiltonian.log_add_exp`, compiled."""
     if a < b:
@@ -218,7 +218,7 @@ def _leapfrog(state, eps, inv, diag, stats, XC, r0, r1, kind, par, S, b, c, pk, 
     return (x, p, v, g, logp, energy)
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(**_JIT)
 def _merged_rho(outer_a, inner_a, rho_a, inner_b, outer_b, rho_b, single):
     """Stan's three U-turn checks of two adjacent trajectories merged (the two across the
     junction skipped when both halves are single points): ``(ok, ρ)``."""
