@@ -70,7 +70,7 @@ def test_progress_shows_each_setup_pass_then_the_bar_and_leaves_the_draws(
     load = next(line for line in lines if line.startswith("load:"))
     # the store's float64 rows: 3 features and the target, 32 bytes each
     assert re.fullmatch(
-        r"load: 3\.00k rows in [\d.]+ s, [\d.]+k? rows/s, [\d.]+[kM]?B/s, from the store", load
+        r"load: 3\.00k rows in [\d.]+ s, [\d.]+[kMG]? rows/s, [\d.]+[kMG]?B/s, from the store", load
     )
     map_line = next(line for line in lines if line.startswith("MAP search:"))
     m = re.fullmatch(r"MAP search: (\S+) rows in .*, (\d+) full passes", map_line)
