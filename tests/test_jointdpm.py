@@ -22,7 +22,14 @@ import flymc_dist as fd
 from flymc_dist.diagnostics import mcse_mean
 from flymc_dist.jointdpm.data import four_blobs
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
-from flymc_dist.jointdpm.sampler import NEW, ChainState, JointDPMSampler, RankDraw, shard_bounds
+from flymc_dist.jointdpm.sampler import (
+    NEW,
+    ChainState,
+    JointDPMSampler,
+    MovedLabels,
+    RankDraw,
+    shard_bounds,
+)
 from flymc_dist.jointdpm.shard import MemberIndex, logit_loglik
 from flymc_dist.jointdpm.transport import open_dpm_transport
 
@@ -92,6 +99,32 @@ def test_member_index_insert_remove_select():
         np.testing.assert_array_equal(index.select(k, ranks), members[ranks])
     with pytest.raises(ValueError, match="ranks must lie"):
         index.select(0, np.array([index.count(0)]))
+
+
+def test_moved_labels_keep_each_rows_last_label(monkeypatch):
+    """The compact store of moved labels answers as a dict of the last label per row:
+    across flushes, from a checkpoint's arrays in any order, and by row range."""
+    monkeypatch.setattr(MovedLabels, "FLUSH", 7)  # many flushes, some moves pending
+    rng = np.random.default_rng(3)
+    moves = zip(rng.integers(0, 50, 400).tolist(), rng.integers(0, 9, 400).tolist(), strict=True)
+    store, want = MovedLabels(), {}
+    for i, (r, k) in enumerate(moves):
+        store.set(r, k)
+        want[r] = k
+        if i % 53 == 0:
+            rows, labels = store.arrays()
+            assert dict(zip(rows.tolist(), labels.tolist(), strict=True)) == want
+    rows, labels = store.arrays()
+    assert rows.tolist() == sorted(want) and labels.tolist() == [want[r] for r in sorted(want)]
+    assert len(store) == len(want)
+    sub_rows, sub_labels = store.within(10, 20)
+    assert sub_rows.tolist() == [r for r in sorted(want) if 10 <= r < 20]
+    assert sub_labels.tolist() == [want[r] for r in sub_rows.tolist()]
+    # a checkpoint's arrays, reversed: the same store
+    again = MovedLabels(rows[::-1], labels[::-1])
+    assert [a.tolist() for a in again.arrays()] == [rows.tolist(), labels.tolist()]
+    with pytest.raises(ValueError, match="as many rows as labels"):
+        MovedLabels(rows, labels[:-1])
 
 
 def test_rank_draws_without_replacement_are_uniform():

@@ -71,6 +71,7 @@ __all__ = [
     "DPMResult",
     "GibbsTable",
     "JointDPMSampler",
+    "MovedLabels",
     "RankDraw",
     "sample_jointdpm",
     "shard_bounds",
@@ -94,6 +95,68 @@ class ChainState:
     next_label: int
     rng: np.random.Generator
     tracked: dict[int, int] = field(default_factory=dict)
+
+
+class MovedLabels:
+    """One chain's labels given by the z-updates, the last per row, kept as two sorted
+    arrays (16 bytes a row moved; a dict of Python ints took 48): what a recreated shard
+    is given back and what a checkpoint keeps. The moves of the last iterations wait in
+    two lists and join the arrays every :data:`FLUSH` moves, or when read.
+
+    Parameters
+    ----------
+    rows, labels
+        Moves to start from (a checkpoint's), in any order; a row given twice keeps its
+        last label.
+    """
+
+    #: pending moves that join the sorted arrays
+    FLUSH = 1 << 16
+
+    __slots__ = ("_labels", "_new_labels", "_new_rows", "_rows")
+
+    def __init__(self, rows: np.ndarray | None = None, labels: np.ndarray | None = None) -> None:
+        self._rows = np.empty(0, dtype=np.int64)
+        self._labels = np.empty(0, dtype=np.int64)
+        self._new_rows: list[int] = [] if rows is None else np.asarray(rows).tolist()
+        self._new_labels: list[int] = [] if labels is None else np.asarray(labels).tolist()
+        if len(self._new_rows) != len(self._new_labels):
+            raise ValueError("moved labels: as many rows as labels are needed")
+        self._flush()
+
+    def set(self, row: int, label: int) -> None:
+        """Row ``row`` now has label ``label``."""
+        self._new_rows.append(row)
+        self._new_labels.append(label)
+        if len(self._new_rows) >= self.FLUSH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._new_rows:
+            return
+        rows = np.concatenate([self._rows, np.array(self._new_rows, dtype=np.int64)])
+        labels = np.concatenate([self._labels, np.array(self._new_labels, dtype=np.int64)])
+        self._new_rows, self._new_labels = [], []
+        order = np.argsort(rows, kind="stable")  # a row's moves in the order they came
+        rows, labels = rows[order], labels[order]
+        last = np.ones(rows.size, dtype=bool)
+        last[:-1] = rows[1:] != rows[:-1]
+        self._rows, self._labels = rows[last], labels[last]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, labels)``: every row moved (sorted) and its last label."""
+        self._flush()
+        return self._rows, self._labels
+
+    def within(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`arrays` of the rows in ``[start, stop)``."""
+        rows, labels = self.arrays()
+        a, b = np.searchsorted(rows, [start, stop])
+        return rows[a:b], labels[a:b]
+
+    def __len__(self) -> int:
+        self._flush()
+        return int(self._rows.size)
 
 
 class GibbsTable:
@@ -266,7 +329,7 @@ class JointDPMSampler:
         self.states: list[ChainState] = []
         #: per chain, the label of every row the z-updates have moved (the others hold
         #: their row-keyed initial label): what a recreated shard is given back
-        self.known: list[dict[int, int]] = [{} for _ in range(self.chains)]
+        self.known = [MovedLabels() for _ in range(self.chains)]
         transport.on_recreate = self.restore_calls
         #: the rows each w decision of the last step used, per chain (record_rows)
         self.last_rows: list[dict[int, np.ndarray]] = []
@@ -308,9 +371,8 @@ class JointDPMSampler:
         out = []
         for c in range(self.chains):
             z = initial_labels(self.seed, c, a, b - a, self.options.init_clusters)
-            for r, k in self.known[c].items():
-                if a <= r < b:
-                    z[r - a] = k
+            rows, labels = self.known[c].within(a, b)
+            z[rows - a] = labels
             out.append(("restore", (c, z)))
         return out
 
@@ -322,7 +384,7 @@ class JointDPMSampler:
         out = []
         for c, st in enumerate(self.states):
             labels = sorted(st.stats)
-            known = self.known[c]
+            known_rows, known_labels = self.known[c].arrays()
             out.append(
                 {
                     "alpha": st.alpha,
@@ -338,8 +400,8 @@ class JointDPMSampler:
                     "tracked": np.array(
                         [st.tracked[int(r)] for r in self.tracked_rows], dtype=np.int64
                     ),
-                    "known_rows": np.fromiter(known.keys(), np.int64, len(known)),
-                    "known_labels": np.fromiter(known.values(), np.int64, len(known)),
+                    "known_rows": known_rows.copy(),
+                    "known_labels": known_labels.copy(),
                 }
             )
         return {"chains": out}
@@ -353,13 +415,7 @@ class JointDPMSampler:
             raise ValueError(f"the state holds {len(chains)} chains, not {self.chains}")
         self.states = []
         for c, ch in enumerate(chains):
-            self.known[c] = dict(
-                zip(
-                    np.asarray(ch["known_rows"]).tolist(),
-                    np.asarray(ch["known_labels"]).tolist(),
-                    strict=True,
-                )
-            )
+            self.known[c] = MovedLabels(ch["known_rows"], ch["known_labels"])
             stats: dict[int, ClusterStats] = {}
             w: dict[int, np.ndarray] = {}
             for i, k in enumerate(np.asarray(ch["labels"]).tolist()):
@@ -506,7 +562,7 @@ class JointDPMSampler:
             table.refresh(new, st.stats[new])
             st.counts[new][j] += 1
             current[r] = new
-            self.known[c][r] = new
+            self.known[c].set(r, new)
             new_labels[i] = new
             moved += new != old
             if r in st.tracked:
