@@ -579,6 +579,21 @@ def replica_z_apply(
     return o
 
 
+@numba.njit(**_JIT)
+def gather_rows(a: np.ndarray, b: np.ndarray, src: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = a[src[i]]`` where ``src[i] < len(a)``, else ``b[src[i] − len(a)]``:
+    rows of ``a`` and ``b`` joined, without joining them (``a``, ``b``, ``out`` 2-D)."""
+    M = a.shape[0]
+    for i in range(src.size):
+        j = src[i]
+        if j < M:
+            for d in range(out.shape[1]):
+                out[i, d] = a[j, d]
+        else:
+            for d in range(out.shape[1]):
+                out[i, d] = b[j - M, d]
+
+
 def typed_list(arrays: list[np.ndarray]) -> List:
     """The arrays as a numba typed list (what the kernels take for per-shard buffers)."""
     out = List()

@@ -48,6 +48,11 @@ class _Rows:
         self.buf = buf
 
 
+def _two_d(a: np.ndarray) -> np.ndarray:
+    """``a`` as rows of one or more values (a view where it can be; empty arrays too)."""
+    return a.reshape(a.shape[0], math.prod(a.shape[1:]))
+
+
 class FusedTarget:
     """One chain's FlyMC conditional given z, compiled: the target of a kernel's
     :meth:`~flymc_dist.kernels.base.Kernel.fused_step` in replica mode.
@@ -375,14 +380,14 @@ class BrightReplica:
         )  # fmt: skip
         if m >= 0:  # some chain's bright set changed
             src = new_src[:m]
-            self._set_all(
-                new_ids[:m],
-                new_buf[:m],
-                np.concatenate([self._X_all, X])[src],
-                np.concatenate([self._y_all, y])[src],
-                np.concatenate([self._xi_all, xi])[src],
-                new_starts,
-            )
+            # each new row from the replica (src < M) or from the proposals' rows (a whole
+            # read-ahead block's, whose size grows with the hosts: not joined, not copied)
+            out = []
+            for a, b in ((self._X_all, X), (self._y_all, y), (self._xi_all, xi)):
+                arr = np.empty((m,) + a.shape[1:], dtype=np.result_type(a, b))
+                jit.gather_rows(_two_d(a), _two_d(b), src, _two_d(arr))
+                out.append(arr)
+            self._set_all(new_ids[:m], new_buf[:m], *out, new_starts)
         return queries
 
     def _set_all(
