@@ -43,7 +43,7 @@ REPLICA_BUDGET = 256 * 2**20
 #: one request to the H hosts carries ``READ_AHEAD · H`` iterations' rows, so the driver
 #: sends about one message per ``READ_AHEAD`` iterations whatever H (see
 #: :mod:`flymc_dist.ahead`)
-READ_AHEAD = 8
+READ_AHEAD = 32
 #: how rounds travel to the shard hosts
 CHANNELS = ("auto", "socket", "dask")
 

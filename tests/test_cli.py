@@ -976,7 +976,9 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
         assert key in d
     assert d["setup"]["workers"] == 2
     assert d["bare_round_trip"]["mean"] > 0
-    assert 0 < d["flymc"]["round_trips_per_iteration"] <= math.ceil(20 / READ_AHEAD) / 20
+    # the driver updates z itself: a request per READ_AHEAD · 2 iterations at most (20
+    # iterations may need none beyond the warm-up's), never a round per iteration
+    assert 0 <= d["flymc"]["round_trips_per_iteration"] <= math.ceil(20 / READ_AHEAD) / 20
     assert d["regular"]["queries_per_iteration"] == 4000
     assert d["socket_echo"]["mean"] > 0 and d["rpc_echo"]["mean"] > 0
     assert d["setup"]["payload_bytes"] > 100 and d["setup"]["channel"] == "socket"
