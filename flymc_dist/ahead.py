@@ -55,10 +55,10 @@ def fitting_depth(want: int, step_bytes: list[float], hosts: list[list[int]]) ->
     themselves, a round per iteration.
 
     At the default ``q_db`` steps are small (400k × 20 on two hosts, 4 chains, q ≈ 5·10⁻⁵:
-    ~27 kB a step, the default 16 steps: 8 per host). At 10⁶ × 10 on two hosts with ``q_db=0.05``
-    one step counts ~38 MB a host: none (16 steps made replies of 79-126 MB, more than
-    the channel's frames, and the driver would evaluate 10⁵ proposed rows an iteration
-    that the shards evaluate in parallel)."""
+    ~27 kB a step; the default 64 steps, 32 per host, ~1.7 MB). At 10⁶ × 10 on two hosts
+    with ``q_db=0.05`` one step counts ~38 MB a host: none (16 steps made replies of
+    79-126 MB, more than the channel's frames, and the driver would evaluate 10⁵ proposed
+    rows an iteration that the shards evaluate in parallel)."""
     per_host = max(sum(step_bytes[i] for i in shards) for shards in hosts)
     total = sum(step_bytes)
     return int(min(want, REPLY_BYTES // max(per_host, 1.0), BLOCK_BYTES // max(total, 1.0)))
