@@ -645,7 +645,7 @@ def test_partition_posterior_matches_enumeration():
     assert np.max(np.abs(z2)) > 6, z2
 
 
-def test_bench_jointdpm_is_wired(tmp_path, capsys):
+def test_bench_jointdpm_is_wired(tmp_path, capsys, monkeypatch):
     """`flymc bench jointdpm` on a tiny problem: both runs, the table, JSON and the plot."""
     from flymc_dist.cli import main
 
@@ -675,6 +675,12 @@ def test_bench_jointdpm_is_wired(tmp_path, capsys):
     assert code == 0
     assert "final acc" in out and "eps>0 reaches" in out
     assert out_json.exists() and plot.exists()
+    # --plot '' draws none (a text option's empty value is None)
+    monkeypatch.chdir(tmp_path)
+    plot.unlink()
+    args = ["bench", "jointdpm", "--rows", "300", "--test-rows", "60", "--iterations", "4"]
+    assert main([*args, "--step-z", "5", "--plot", ""]) == 0
+    assert "plot:" not in capsys.readouterr().out and not list(tmp_path.glob("*.png"))
 
 
 @pytest.mark.slow

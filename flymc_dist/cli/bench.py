@@ -112,6 +112,10 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
             parser.add_argument(flag, type=int, default=default, help=helptext)
         elif isinstance(default, float) or (default is None and "float" in ann):
             parser.add_argument(flag, type=float, default=default, help=helptext)
+        elif "None" in ann:  # a text or none: '' gives None
+            parser.add_argument(
+                flag, type=_text_or_none, default=default, help=helptext + "; '' for none"
+            )
         else:
             parser.add_argument(
                 flag,
@@ -120,6 +124,11 @@ def _signature_parser(func: Callable[..., Any], prog: str, description: str) -> 
                 help=helptext,
             )
     return parser
+
+
+def _text_or_none(value: str) -> str | None:
+    """A text option's value: None for the empty text."""
+    return value or None
 
 
 #: the benchmarks whose options come from their run_NAME's signature, and their one line
