@@ -88,10 +88,12 @@ the rows of its decision ``d`` from the permutation keyed by
 
 Statistics per iteration: ``accepted``; ``acceptance_rate`` (the decision as 0.0/1.0 —
 the MH probability is never computed); ``data_used`` and ``n_bright`` (rows in the
-decision); ``likelihood_queries`` (``2 × data_used``: ``ℓ_i`` at ``θ`` and at ``θ′``);
-``round_trips`` (test rounds of the iteration, shared by all chains, as for the
-other algorithms); ``test_rounds`` (rounds this chain took part in); ``lp``
-(NaN: the full-data log joint is never computed).
+decision); ``likelihood_queries`` (``ℓ_i`` at ``θ`` and at ``θ′`` of every row the shards
+computed: the decision's, and the rest of its last trip's minibatches, at most as many);
+``round_trips`` (trips to the shards of the iteration, shared by all chains, as for the
+other algorithms: a trip carries several minibatches of each undecided chain, doubling
+from trip to trip, see :meth:`SequentialTester._decide`); ``test_rounds`` (minibatches
+this chain's test took); ``lp`` (NaN: the full-data log joint is never computed).
 
 Cost and limits: the driver holds nothing per row (a decision's next rows are the next
 positions of its permutation). ``info["setup_queries"]`` counts the
@@ -257,6 +259,11 @@ def stop_rule(
     return stop, accept, p
 
 
+#: the most rows one round trip of a test asks the shards for, over all chains (its
+#: minibatches grow by doubling up to it): what the shards read and compute at once
+TRIP_ROWS = 2**16
+
+
 class Decisions(NamedTuple):
     """The outcome of one sequential test per slot (chain)."""
 
@@ -267,6 +274,7 @@ class Decisions(NamedTuple):
     mean: np.ndarray  # (S,) l̄ over the rows used (control variates: Δδ̄ + Σ_all Δβ / N)
     p_value: np.ndarray  # (S,) p-value at the stop (0 when exact)
     rows: list | None  # per slot, per round: global row indices (record_rows only)
+    evaluated: np.ndarray  # (S,) int64: rows the shards computed (data_used and unused)
 
 
 class SequentialTester:
@@ -397,10 +405,20 @@ class SequentialTester:
     def _decide(
         self, thetas: np.ndarray, proposals: np.ndarray, mu0: np.ndarray, key: int
     ) -> Decisions:
-        """:meth:`decide` as decision number ``key``."""
+        """:meth:`decide` as decision number ``key``.
+
+        A round trip asks for several minibatches of every undecided chain, the next ones
+        of its permutation: ``min_batches`` at first (the test cannot stop before), twice
+        as many each trip after (all that is left at ``eps = 0``, which never stops
+        early). The test then takes them one minibatch at a time, as if each had come
+        alone: the same sums and stops, so the same decisions, in a number of trips
+        logarithmic in the minibatches a decision takes. A chain that stops part-way leaves
+        the rest unused: ``data_used`` counts the rows the test took, ``evaluated``
+        (fewer than twice as many) all the rows the shards computed."""
         S = self.slots
         N, B = self.N, self.batch_size
         n = np.zeros(S, dtype=np.int64)
+        evaluated = np.zeros(S, dtype=np.int64)
         mean = np.zeros(S)
         m2 = np.zeros(S)
         rounds = np.zeros(S, dtype=np.int64)
@@ -415,10 +433,16 @@ class SequentialTester:
         cv = self.bound is not None
         # each chain's rows in the order of its own keyed permutation of all N rows
         order = [stream_key(self.seed, 0, c, key, A_ROWS) for c in range(S)]
+        batches = N if self.eps == 0 else self.min_batches  # minibatches per chain this trip
         while not done.all():
             active = np.flatnonzero(~done)
+            # no more than TRIP_ROWS rows in a trip (over the chains), one minibatch at least
+            batches = max(1, min(batches, TRIP_ROWS // (B * active.size)))
             drawn = {
-                int(c): permuted_rows(order[c], N, int(n[c]), min(B, N - int(n[c]))) for c in active
+                int(c): permuted_rows(
+                    order[c], N, int(evaluated[c]), min(batches * B, N - int(evaluated[c]))
+                )
+                for c in active
             }
             per_shard = self._route(drawn)
             calls = {
@@ -431,34 +455,43 @@ class SequentialTester:
                 e.rows_used = int(n.sum())
                 raise
             trips += 1
-            rounds[active] += 1
             diffs = {c: np.empty(r.size) for c, r in drawn.items()}
             for j, (sl, _, seg, at) in per_shard.items():
                 got = np.asarray(replies[int(self.shard_ids[j])], float)
                 for i, c in enumerate(sl):
                     diffs[int(c)][at[i]] = got[seg[i] : seg[i + 1]]
-            _merge(n, mean, m2, active, *_batch_stats([diffs[int(c)] for c in active]))
-            if rows_log is not None:
-                for c, r in drawn.items():
-                    rows_log[c].append(r)
-            if np.isnan(mean[active]).any():
-                raise FloatingPointError("a log-likelihood difference is NaN")
-            stop, acc, p = stop_rule(
-                n[active],
-                mean[active],
-                m2[active],
-                mu0[active],
-                N,
-                self.eps,
-                tails=self.tails,
-                rounds=rounds[active],
-                min_batches=self.min_batches,
-            )
-            fin = active[stop]
-            accept[fin] = acc[stop]
-            p_val[fin] = p[stop]
-            done[fin] = True
-        return Decisions(accept, n.copy(), rounds, trips, mean, p_val, rows_log)
+            for c, r in drawn.items():
+                evaluated[c] += r.size
+            # the minibatches one at a time, each chain until it stops
+            for k in range(batches):
+                live = np.array([c for c in active if not done[c] and k * B < diffs[c].size])
+                if not live.size:
+                    break
+                part = [diffs[int(c)][k * B : (k + 1) * B] for c in live]
+                rounds[live] += 1
+                _merge(n, mean, m2, live, *_batch_stats(part))
+                if rows_log is not None:
+                    for c in live:
+                        rows_log[c].append(drawn[int(c)][k * B : (k + 1) * B])
+                if np.isnan(mean[live]).any():
+                    raise FloatingPointError("a log-likelihood difference is NaN")
+                stop, acc, p = stop_rule(
+                    n[live],
+                    mean[live],
+                    m2[live],
+                    mu0[live],
+                    N,
+                    self.eps,
+                    tails=self.tails,
+                    rounds=rounds[live],
+                    min_batches=self.min_batches,
+                )
+                fin = live[stop]
+                accept[fin] = acc[stop]
+                p_val[fin] = p[stop]
+                done[fin] = True
+            batches *= 2
+        return Decisions(accept, n.copy(), rounds, trips, mean, p_val, rows_log, evaluated)
 
     def _route(
         self, drawn: dict[int, np.ndarray]
@@ -729,7 +762,7 @@ class AusteritySampler:
             "accepted": dec.accept,
             "acceptance_rate": dec.accept.astype(float),
             "n_bright": dec.data_used,
-            "likelihood_queries": 2 * dec.data_used,
+            "likelihood_queries": 2 * dec.evaluated,
             "round_trips": np.full(C, dec.round_trips, dtype=np.int64),
             "lp": np.full(C, np.nan),
             "data_used": dec.data_used,

@@ -22,6 +22,10 @@ streams, and each round's statistics are summed in draw order, so that the layou
 not change the draws; every decision uses other rows, so every draw changed.
 Since austerity's ``tails`` option (2026-11-28; default ``"one"``, the paper's) the runs
 state ``tails="two"``, the test they were recorded with: the file is unchanged.
+Re-recorded on 2026-11-29, the ``round_trips`` arrays only: a trip to the shards now
+carries several minibatches of each undecided chain (doubling from trip to trip), so
+fewer trips (898 → 302 in the fixed run's kept draws); every other array, the draws
+included, was checked unchanged bit for bit before they were replaced.
 """
 
 from __future__ import annotations
