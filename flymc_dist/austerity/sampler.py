@@ -464,15 +464,18 @@ class SequentialTester:
                 evaluated[c] += r.size
             # the minibatches one at a time, each chain until it stops
             for k in range(batches):
-                live = np.array([c for c in active if not done[c] and k * B < diffs[c].size])
+                live = np.array(
+                    [c for c in active.tolist() if not done[c] and k * B < diffs[c].size],
+                    dtype=np.int64,
+                )
                 if not live.size:
                     break
-                part = [diffs[int(c)][k * B : (k + 1) * B] for c in live]
+                part = [diffs[c][k * B : (k + 1) * B] for c in live.tolist()]
                 rounds[live] += 1
                 _merge(n, mean, m2, live, *_batch_stats(part))
                 if rows_log is not None:
-                    for c in live:
-                        rows_log[c].append(drawn[int(c)][k * B : (k + 1) * B])
+                    for c in live.tolist():
+                        rows_log[c].append(drawn[c][k * B : (k + 1) * B])
                 if np.isnan(mean[live]).any():
                     raise FloatingPointError("a log-likelihood difference is NaN")
                 stop, acc, p = stop_rule(
