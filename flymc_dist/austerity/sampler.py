@@ -121,6 +121,7 @@ takes no accept/reject decision to test.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -462,37 +463,35 @@ class SequentialTester:
                     diffs[int(c)][at[i]] = got[seg[i] : seg[i + 1]]
             for c, r in drawn.items():
                 evaluated[c] += r.size
-            # the minibatches one at a time, each chain until it stops
-            for k in range(batches):
-                live = np.array(
-                    [c for c in active.tolist() if not done[c] and k * B < diffs[c].size],
-                    dtype=np.int64,
-                )
-                if not live.size:
-                    break
-                part = [diffs[c][k * B : (k + 1) * B] for c in live.tolist()]
-                rounds[live] += 1
-                _merge(n, mean, m2, live, *_batch_stats(part))
-                if rows_log is not None:
-                    for c in live.tolist():
-                        rows_log[c].append(drawn[c][k * B : (k + 1) * B])
-                if np.isnan(mean[live]).any():
-                    raise FloatingPointError("a log-likelihood difference is NaN")
+            # each chain takes its minibatches one at a time, as if each had come alone,
+            # until its test stops: the running (n, mean, M2) after each, and the test at
+            # each of them in one call
+            for c in active.tolist():
+                d = diffs[c]
+                parts = [d[i : i + B] for i in range(0, d.size, B)]
+                pn, pmean, pm2 = _running(n[c], mean[c], m2[c], *_batch_stats(parts))
+                prounds = rounds[c] + np.arange(1, len(parts) + 1)
                 stop, acc, p = stop_rule(
-                    n[live],
-                    mean[live],
-                    m2[live],
-                    mu0[live],
+                    pn,
+                    pmean,
+                    pm2,
+                    np.full(len(parts), mu0[c]),
                     N,
                     self.eps,
                     tails=self.tails,
-                    rounds=rounds[live],
+                    rounds=prounds,
                     min_batches=self.min_batches,
                 )
-                fin = live[stop]
-                accept[fin] = acc[stop]
-                p_val[fin] = p[stop]
-                done[fin] = True
+                stops = np.flatnonzero(stop)
+                nans = np.flatnonzero(np.isnan(pmean))
+                if nans.size and (not stops.size or stops[0] >= nans[0]):
+                    raise FloatingPointError("a log-likelihood difference is NaN")
+                j = int(stops[0]) if stops.size else len(parts) - 1
+                n[c], mean[c], m2[c], rounds[c] = pn[j], pmean[j], pm2[j], prounds[j]
+                if rows_log is not None:
+                    rows_log[c].extend(drawn[c][i : i + B] for i in range(0, (j + 1) * B, B))
+                if stops.size:
+                    accept[c], p_val[c], done[c] = acc[j], p[j], True
             batches *= 2
         return Decisions(accept, n.copy(), rounds, trips, mean, p_val, rows_log, evaluated)
 
@@ -564,34 +563,32 @@ def _batch_stats(diffs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.nd
     return counts, mean, m2
 
 
-def _merge(
-    n: np.ndarray,
-    mean: np.ndarray,
-    m2: np.ndarray,
-    sl: np.ndarray,
-    nb: np.ndarray,
-    mean_b: np.ndarray,
-    m2_b: np.ndarray,
-) -> None:
-    """Chan et al.'s pairwise update of ``(n, mean, M2)`` at slots ``sl`` (each once), in place.
-
-    An infinite batch mean (an infinite ``l_i``) makes the slot's mean infinite (opposite
-    infinities give NaN, which the caller reports).
-    """
-    na = n[sl]
-    tot = na + nb
-    ma = mean[sl]
-    ok = np.isfinite(mean_b) & np.isfinite(ma) & (nb > 0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        delta = mean_b - ma
-        new_mean = np.where(ok, ma + delta * nb / tot, ma)
-        new_m2 = np.where(ok, m2[sl] + m2_b + delta * delta * na * nb / tot, m2[sl])
-    inf = (nb > 0) & ~np.isfinite(mean_b)
-    if inf.any():
-        new_mean = np.where(inf & np.isfinite(ma), mean_b, np.where(inf, ma + mean_b, new_mean))
-    mean[sl] = new_mean
-    m2[sl] = new_m2
-    n[sl] = tot
+def _running(
+    n: int, mean: float, m2: float, nb: np.ndarray, mean_b: np.ndarray, m2_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One slot's ``(n, mean, M2)`` after each of its batches ``(nb, mean_b, m2_b)`` in
+    turn, from ``(n, mean, m2)``: Chan et al.'s pairwise update, batch after batch. An
+    infinite batch mean (an infinite ``l_i``) makes the mean infinite (opposite
+    infinities give NaN, which the caller reports)."""
+    k = len(nb)
+    out_n = np.empty(k, dtype=np.int64)
+    out_mean = np.empty(k)
+    out_m2 = np.empty(k)
+    na, ma, m2a = int(n), float(mean), float(m2)
+    for i in range(k):
+        b, mb, m2bi = int(nb[i]), float(mean_b[i]), float(m2_b[i])
+        tot = na + b
+        if math.isfinite(mb) and math.isfinite(ma) and b > 0:
+            delta = mb - ma
+            new_mean = ma + delta * b / tot
+            new_m2 = m2a + m2bi + delta * delta * na * b / tot
+        else:
+            new_mean, new_m2 = ma, m2a
+        if b > 0 and not math.isfinite(mb):
+            new_mean = mb if math.isfinite(ma) else ma + mb
+        na, ma, m2a = tot, new_mean, new_m2
+        out_n[i], out_mean[i], out_m2[i] = na, ma, m2a
+    return out_n, out_mean, out_m2
 
 
 def _check_eps(eps: Any) -> float:
