@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 
 from flymc_dist.reduce import fold_blocks
@@ -59,6 +60,32 @@ def initial_labels(seed: int, chain: int, start: int, n: int, n_clusters: int) -
     key = stream_key(seed, 0, chain, ROLE_JOINTDPM, INIT_PURPOSE)
     u = uniforms_range(key, start, n)
     return np.minimum((u * n_clusters).astype(np.int64), n_clusters - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _select(
+    tree: np.ndarray, n_blocks: int, top: int, z: np.ndarray, k: int, ranks: np.ndarray,
+    out: np.ndarray,
+) -> None:  # fmt: skip
+    """:meth:`MemberIndex.select`: for each rank, the descent of cluster ``k``'s Fenwick
+    tree to the block holding its member, then that block's scan."""
+    for i in range(ranks.size):
+        pos, left, step = 0, ranks[i] + 1, top
+        while step:
+            nxt = pos + step
+            if nxt <= n_blocks and tree[nxt] < left:
+                left -= tree[nxt]
+                pos = nxt
+            step >>= 1
+        j, stop = pos * SELECT_BLOCK, min(pos * SELECT_BLOCK + SELECT_BLOCK, z.size)
+        out[i] = -1  # not found: the index disagrees with the labels (the caller raises)
+        while j < stop:
+            if z[j] == k:
+                left -= 1
+                if left == 0:
+                    out[i] = j
+                    break
+            j += 1
 
 
 class MemberIndex:
@@ -127,21 +154,11 @@ class MemberIndex:
         ranks = np.asarray(ranks, dtype=np.int64)
         if ranks.size and (ranks.min() < 0 or ranks.max() >= self.count(k)):
             raise ValueError(f"ranks must lie in [0, {self.count(k)}) for cluster {k}")
-        tree = self.trees.get(k)
-        pos = np.zeros(ranks.size, dtype=np.int64)
-        left = ranks + 1
-        step = self._top
-        while step and ranks.size:
-            nxt = pos + step
-            ok = nxt <= self.n_blocks
-            ok[ok] = tree[nxt[ok]] < left[ok]
-            left[ok] -= tree[nxt[ok]]
-            pos[ok] = nxt[ok]
-            step >>= 1
         out = np.empty(ranks.size, dtype=np.int64)
-        for i, (b, r) in enumerate(zip(pos.tolist(), left.tolist(), strict=True)):
-            lo = b * SELECT_BLOCK
-            out[i] = lo + np.flatnonzero(self.z[lo : lo + SELECT_BLOCK] == k)[r - 1]
+        if ranks.size:
+            _select(self.trees[k], self.n_blocks, self._top, self.z, k, ranks, out)
+            if out.min() < 0:
+                raise RuntimeError(f"cluster {k}'s member index disagrees with its labels")
         return out
 
     def members(self, k: int) -> np.ndarray:
