@@ -805,8 +805,8 @@ def test_sample_api_labels_and_stats():
     ):
         assert st[key].shape == (3, 40), key
     assert np.all(st["n_bright"] == st["data_used"])
-    # the queries count every row the shards computed: the rows the test took, and at
-    # most as many more of a trip's minibatches left unused once it stopped
+    # the queries count every row the shards computed: the rows the test took, and (with
+    # min_batches 1, as here) at most as many more of a trip's minibatches left unused
     q, used = st["likelihood_queries"], st["data_used"]
     assert np.all((q >= 2 * used) & (q <= 4 * used))
     assert np.all((st["data_used"] >= 300) & (st["data_used"] <= 3000))

@@ -89,7 +89,8 @@ the rows of its decision ``d`` from the permutation keyed by
 Statistics per iteration: ``accepted``; ``acceptance_rate`` (the decision as 0.0/1.0 —
 the MH probability is never computed); ``data_used`` and ``n_bright`` (rows in the
 decision); ``likelihood_queries`` (``ℓ_i`` at ``θ`` and at ``θ′`` of every row the shards
-computed: the decision's, and the rest of its last trip's minibatches, at most as many);
+computed: the decision's, and the rest of its last trip's minibatches — fewer than the
+decision's with ``min_batches = 1``, fewer than twice them in general);
 ``round_trips`` (trips to the shards of the iteration, shared by all chains, as for the
 other algorithms: a trip carries several minibatches of each undecided chain, doubling
 from trip to trip, see :meth:`SequentialTester._decide`); ``test_rounds`` (minibatches
@@ -414,8 +415,10 @@ class SequentialTester:
         early). The test then takes them one minibatch at a time, as if each had come
         alone: the same sums and stops, so the same decisions, in a number of trips
         logarithmic in the minibatches a decision takes. A chain that stops part-way leaves
-        the rest unused: ``data_used`` counts the rows the test took, ``evaluated``
-        (fewer than twice as many) all the rows the shards computed."""
+        the rest unused: ``data_used`` counts the rows the test took, ``evaluated`` all the
+        rows the shards computed — fewer than twice as many with ``min_batches = 1``, fewer
+        than three times in general (a stop at the first minibatch of the second trip,
+        which carried ``2 · min_batches``)."""
         S = self.slots
         N, B = self.N, self.batch_size
         n = np.zeros(S, dtype=np.int64)
