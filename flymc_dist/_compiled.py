@@ -53,7 +53,9 @@ ROBUST = 1
 GLM = 2
 KINDS = {"logistic": LOGISTIC, "robust": ROBUST, "glm": GLM}
 
-_JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
+#: the flags of every compiled kernel of the package's hot path (cached on disk, the GIL
+#: released, numpy's error model)
+JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
 _LOG_2PI = math.log(2.0 * math.pi)
 #: a bound above its likelihood by more than this, relative to their size, is broken (a
 #: wrong curvature), not rounding: its log L~ is NaN, which the callers' guard
@@ -61,26 +63,26 @@ _LOG_2PI = math.log(2.0 * math.pi)
 BOUND_TOLERANCE = 1e-9
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _log_expm1(delta: float) -> float:
     """``log(exp(delta) - 1)`` of ``max(delta, 0)``, as :func:`flymc_dist._numerics.log_expm1`."""
     d = max(delta, 0.0)
     return d + math.log(-math.expm1(-d))
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _softplus(x: float) -> float:
     """``log(1 + e^x)``, as :mod:`flymc_dist.models.families`."""
     return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _sigmoid(x: float) -> float:
     e = math.exp(-abs(x))
     return (1.0 if x >= 0.0 else e) / (1.0 + e)
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _log_ndtr(x: float) -> float:
     """``log Φ(x)``, as :func:`flymc_dist.models.families.log_ndtr`."""
     if x > 0.0:
@@ -96,7 +98,7 @@ def _log_ndtr(x: float) -> float:
     )
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _glm_core(par: np.ndarray, eta: float, y: float) -> tuple[float, float, float]:
     """A GLM family's ``core(η; y)``, its derivative and its curvature bound ``c(y)``
     (:mod:`flymc_dist.models.families`, formula for formula)."""
@@ -120,7 +122,7 @@ def _glm_core(par: np.ndarray, eta: float, y: float) -> tuple[float, float, floa
     return -0.5 * par[1] * r * r, par[1] * r, par[1]
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _bright_and_slope(
     kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float
 ) -> tuple[float, float]:
@@ -161,7 +163,7 @@ def _bright_and_slope(
     return d + math.log(p), (dl - db) / p
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2: float) -> float:
     """``log L~`` of one row at linear predictor ``eta`` with row constants
     ``(c0, c1, c2)`` (the models' ``row_constants``): :func:`_bright_and_slope`'s value,
@@ -170,7 +172,7 @@ def _log_bright(kind: int, par: np.ndarray, eta: float, c0: float, c1: float, c2
     return _bright_and_slope(kind, par, eta, c0, c1, c2)[0]
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def replica_eval(
     XC: np.ndarray,
     starts: np.ndarray,
@@ -206,7 +208,7 @@ def replica_eval(
         sums[i] = total
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def row_dots(X: np.ndarray, T: np.ndarray, out: np.ndarray) -> None:
     """``out[n, e] = sum_d X[n, d] * T[e, d]``, each summed over d in order.
 
@@ -223,7 +225,7 @@ def row_dots(X: np.ndarray, T: np.ndarray, out: np.ndarray) -> None:
             out[n, e] = total
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def touch_rows(XCs, rows: np.ndarray, seg: np.ndarray, seg_shard: np.ndarray) -> float:
     """Read one value per cache line of every row in ``rows`` (segment i's rows in the
     buffer ``XCs[seg_shard[i]]``).
@@ -247,7 +249,7 @@ def touch_rows(XCs, rows: np.ndarray, seg: np.ndarray, seg_shard: np.ndarray) ->
     return t
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def eval_rows(
     XCs,
     D: int,
@@ -280,7 +282,7 @@ def eval_rows(
     return t
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def eval_segments(
     XC: np.ndarray,
     D: int,
@@ -303,7 +305,7 @@ def eval_segments(
             out[j] = _log_bright(kind, par, eta, XC[r, D], XC[r, D + 1], XC[r, D + 2])
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def eval_rows_at(
     XC: np.ndarray,
     D: int,
@@ -326,7 +328,7 @@ def eval_rows_at(
             out[c, j] = _log_bright(kind, par, eta, XC[r, D], XC[r, D + 1], XC[r, D + 2])
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def segment_sums(vals: np.ndarray, seg: np.ndarray, out: np.ndarray) -> None:
     """``out[i] = sum(vals[seg[i]:seg[i+1]])``, in order."""
     for i in range(seg.size - 1):
@@ -336,7 +338,7 @@ def segment_sums(vals: np.ndarray, seg: np.ndarray, out: np.ndarray) -> None:
         out[i] = total
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def dark_rows(
     members: np.ndarray,
     m_seg: np.ndarray,
@@ -368,7 +370,7 @@ def dark_rows(
         cand_seg[p + 1] = m
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def apply(
     b_idx: np.ndarray,
     b_vals: np.ndarray,
@@ -439,7 +441,7 @@ def apply(
     new_seg[b_seg.size - 1] = o
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def replica_z_propose(
     buf: np.ndarray,
     ids: np.ndarray,
@@ -515,7 +517,7 @@ def replica_z_propose(
     return nan
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def replica_z_apply(
     buf: np.ndarray,
     ids: np.ndarray,
@@ -579,7 +581,7 @@ def replica_z_apply(
     return o
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def gather_rows(a: np.ndarray, b: np.ndarray, src: np.ndarray, out: np.ndarray) -> None:
     """``out[i] = a[src[i]]`` where ``src[i] < len(a)``, else ``b[src[i] − len(a)]``:
     rows of ``a`` and ``b`` joined, without joining them (``a``, ``b``, ``out`` 2-D)."""

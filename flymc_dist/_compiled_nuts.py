@@ -25,7 +25,7 @@ driver runs it); the generated code, and so the last bits, can differ between CP
 
 Why the target is written in here rather than passed as a function: see
 :mod:`flymc_dist._compiled` (a kernel receiving a jitted function is not cached across
-processes). The kernel side stays pure: :meth:`~flymc_dist.kernels.nuts.NUTS.fused_step`
+processes). The kernel side stays pure: :meth:`~flymc_dist.kernels.nuts.NUTS.fused_steps`
 only asks its target for a NUTS transition with its own settings.
 """
 
@@ -40,10 +40,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from flymc_dist._compiled import _JIT, _bright_and_slope
+from flymc_dist._compiled import JIT, _bright_and_slope
 
 #: the flags of the compiled transition: see the module docstring
-_FAST = {**_JIT, "fastmath": {"reassoc", "contract"}}
+_FAST = {**JIT, "fastmath": {"reassoc", "contract"}}
 
 #: prior kinds of :func:`nuts_transition`
 PRIOR_KINDS = {"flat": 0, "normal": 1, "laplace": 2}
@@ -154,7 +154,7 @@ def _target(
     return prior + P * prior_const + quad + c + bright
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def _product(M: np.ndarray, x: np.ndarray, diag: bool) -> np.ndarray:
     """``M x`` for a dense ``M``, or ``M[0] * x`` for a diagonal one stored as a row."""
     P = x.shape[0]
@@ -171,7 +171,7 @@ def _product(M: np.ndarray, x: np.ndarray, diag: bool) -> np.ndarray:
     return out
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
     s = 0.0
     for i in range(a.shape[0]):
@@ -179,7 +179,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     return s
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def _log_add_exp(a: float, b: float) -> float:
     """:func:`flymc_dist.kernels.hamiltonian.log_add_exp`, compiled."""
     if a < b:
@@ -218,7 +218,7 @@ def _leapfrog(state, eps, inv, diag, stats, XC, r0, r1, kind, par, S, b, c, pk, 
     return (x, p, v, g, logp, energy)
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def _merged_rho(outer_a, inner_a, rho_a, inner_b, outer_b, rho_b, single):
     """Stan's three U-turn checks of two adjacent trajectories merged (the two across the
     junction skipped when both halves are single points): ``(ok, ρ)``."""
@@ -369,3 +369,53 @@ def nuts_transition(
         depth,
         stats[2] > 0.0,
     )
+
+
+@numba.njit(**_FAST)
+def nuts_chains(
+    rng_at: np.ndarray,
+    thetas: np.ndarray,
+    eps: np.ndarray,
+    inv: np.ndarray,
+    factor: np.ndarray,
+    diag: bool,
+    max_depth: int,
+    threshold: float,
+    XC: np.ndarray,
+    starts: np.ndarray,
+    kind: int,
+    par: np.ndarray,
+    S: np.ndarray,
+    b: np.ndarray,
+    c: float,
+    prior_kind: int,
+    prior_inv: float,
+    prior_const: float,
+    out: np.ndarray,
+    floats: np.ndarray,
+    ints: np.ndarray,
+) -> None:
+    """One :func:`nuts_transition` of every chain, chain after chain, in one call: chain
+    ``i`` from ``thetas[i]`` with step size ``eps[i]``, metric ``inv[i]`` and ``factor[i]``,
+    its Generator at ``rng_at[i]``, on its rows ``XC[starts[i]:starts[i+1]]``; the
+    target's other terms are shared. The same calls as one per chain (the same random
+    numbers, the same arithmetic).
+
+    Writes each chain's new position into ``out[i]``, its ``(log_target, energy,
+    accept_prob)`` into ``floats[i]`` and its ``(moved, n_leapfrog, n_evals, tree_depth,
+    divergent)`` into ``ints[i]``.
+    """
+    for i in range(thetas.shape[0]):
+        res = nuts_transition(
+            rng_at[i], thetas[i], eps[i], inv[i], factor[i], diag, max_depth, threshold, XC,
+            starts[i], starts[i + 1], kind, par, S, b, c, prior_kind, prior_inv, prior_const,
+            out[i],
+        )  # fmt: skip
+        floats[i, 0] = res[1]
+        floats[i, 1] = res[2]
+        floats[i, 2] = res[3]
+        ints[i, 0] = res[0]
+        ints[i, 1] = res[4]
+        ints[i, 2] = res[5]
+        ints[i, 3] = res[6]
+        ints[i, 4] = res[7]

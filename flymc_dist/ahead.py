@@ -64,7 +64,7 @@ def fitting_depth(want: int, step_bytes: list[float], hosts: list[list[int]]) ->
     return int(min(want, REPLY_BYTES // max(per_host, 1.0), BLOCK_BYTES // max(total, 1.0)))
 
 
-class _Block:
+class Block:
     """The proposals of steps ``first .. first + depth - 1`` of every chain, merged over
     the shards: pair ``p = (step - first) * C + c`` at ``ids[seg[p]:seg[p+1]]`` (sorted),
     each at ``at`` in the rows' buffer."""
@@ -142,7 +142,7 @@ class ReadAhead:
         self.generation = 0
         #: the next z-update's step (in the streams of :attr:`generation`)
         self.step = 0
-        self._block: _Block | None = None
+        self._block: Block | None = None
         self._pending: tuple[int, Any] | None = None  # (first step, handle) in flight
         #: read-ahead requests sent (each to every host) and wall seconds spent waiting
         self.requests = 0
@@ -178,13 +178,14 @@ class ReadAhead:
         )
         self.requests += 1
 
-    def _proposals(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every chain's proposals at :attr:`step`: from the block held, or the block
-        that was read ahead for it (then the next one is asked for)."""
-        step, C = self.step, self.replica.chains
+    def block(self, positions: np.ndarray) -> Block:
+        """The block of proposals that holds :attr:`step`: the one held, or the one read
+        ahead for it (then the next one is asked for). ``positions`` are where the shards
+        redraw z if a host was lost."""
+        step = self.step
         block = self._block
         if block is not None and block.first <= step < block.first + self.depth:
-            return block.step(step, C)
+            return block
         for _attempt in range(RECOVERIES):
             first = self.step - self.step % self.depth
             if self._pending is None or self._pending[0] != first:
@@ -207,15 +208,14 @@ class ReadAhead:
                 "e.g. their memory limits)",
                 [],
             )
-        step = self.step
-        self._block = _Block(first, parts, self.depth * C, self.replica)
+        self._block = Block(first, parts, self.depth * self.replica.chains, self.replica)
         self._post(first + self.depth)
-        return self._block.step(step, C)
+        return self._block
 
     def update(self, positions: np.ndarray) -> np.ndarray:
         """Every chain's z-update at ``positions`` on the replica (the shards' draws).
         Returns each chain's likelihood queries."""
-        proposed = self._proposals(positions)
+        proposed = self.block(positions).step(self.step, self.replica.chains)
         keys = stream_keys(self.seed, self.generation, self.replica.chains, self.step, Z_DECIDE)
         queries = self.replica.update_z(positions, keys, self.q, proposed, self._block.rows)
         self.step += 1

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from flymc_dist.ahead import ReadAhead, fitting_depth
+from flymc_dist.kernels.adaptation import INFO_ATTRIBUTES
 from flymc_dist.kernels.base import (
     EvalRequest,
     EvalResponse,
@@ -39,6 +40,7 @@ from flymc_dist.kernels.base import (
     params_from_json,
     params_to_json,
 )
+from flymc_dist.kernels.nuts import NUTS
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.options import FlyMC, Regular, RunSettings
 from flymc_dist.progress import SetupProgress, map_search_rows
@@ -53,7 +55,7 @@ from flymc_dist.protocol import (
     partial_sum,
 )
 from flymc_dist.reduce import check_root, tree_total
-from flymc_dist.replica import BrightReplica
+from flymc_dist.replica import BrightReplica, nuts_inputs
 from flymc_dist.rng import (
     ROLE_KERNEL,
     rng_state_from_json,
@@ -61,6 +63,7 @@ from flymc_dist.rng import (
     stream,
 )
 from flymc_dist.run import storage_info
+from flymc_dist.streams import Z_DECIDE
 from flymc_dist.tune import (
     bound_precision,
     choose_exact_rows,
@@ -657,27 +660,19 @@ class Driver:
 
     def _step_fused(self) -> tuple[list[KernelInfo], list[float], StepTally]:
         """Replica mode, a kernel whose steps run whole on a compiled target
-        (:meth:`~flymc_dist.kernels.base.Kernel.fused_step`): the iteration's z-update,
-        then each chain's step in one compiled call on its conditional; a step whose
+        (:meth:`~flymc_dist.kernels.base.Kernel.fused_steps`): the iteration's z-update,
+        then every chain's step in one compiled call on its conditional; a step whose
         parameters do not fuse (NUTS's step-size heuristic, early in warm-up) runs as
         :meth:`_step_interleaved`. Returns as :meth:`_step_interleaved`."""
         if not all(self.kernel.fuses(p) for p in self.params):
             return self._step_interleaved()
         agg = self._replica_update(self.positions)
         targets = self.replica.fused_targets(self.bound)
-        new_positions = self.positions.copy()
-        infos: list[KernelInfo] = []
-        log_joint: list[float] = []
-        for c, target in enumerate(targets):
-            new, info, logp = self.kernel.fused_step(
-                self.rngs[c], self.positions[c], self.params[c], target
-            )
-            new_positions[c] = new
-            infos.append(info)
-            log_joint.append(logp)
-            agg.queries[c] += info.n_evals * target.n_rows
-        self.positions = new_positions
-        return infos, log_joint, agg
+        self.positions, infos, log_joint = self.kernel.fused_steps(
+            self.rngs, self.positions, self.params, targets
+        )
+        agg.queries[:] += np.array([info.n_evals for info in infos]) * targets.n_rows
+        return infos, log_joint.tolist(), agg
 
     def _messages_sent(self) -> int:
         """Rounds sent and read-ahead requests posted so far (see :meth:`step`)."""
@@ -725,6 +720,110 @@ class Driver:
             "recoveries": np.array([len(recoveries) - n_recoveries] * C, dtype=np.int64),
             **self.kernel.info_stats(infos),
         }
+
+    def steps(self, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``n`` iterations of every chain, after warm-up (no adaptation): the positions
+        ``(C, n, P)`` and :meth:`step`'s statistics ``(C, n)``, the same as ``n`` calls of
+        :meth:`step`.
+
+        In replica mode with NUTS, its proposals read ahead, the iterations of a
+        read-ahead block run in one compiled call
+        (:meth:`~flymc_dist.replica.BrightReplica.nuts_steps`); the rest, and an
+        iteration that call leaves to Python (a NaN for the guard to name), run
+        :meth:`step` by step."""
+        C = self.chains
+        positions = np.empty((C, n, self.P))
+        stats = {k: np.empty((C, n), dtype=v) for k, v in self.stat_names.items()}
+        i = 0
+        while i < n:
+            done = self._nuts_block(n - i, positions, stats, i)
+            if not done:
+                st = self.step()
+                positions[:, i] = self.positions
+                for k, v in stats.items():
+                    v[:, i] = st[k]
+                done = 1
+            i += done
+        return positions, stats
+
+    def _nuts_block(
+        self, n: int, positions: np.ndarray, stats: dict[str, np.ndarray], i0: int
+    ) -> int:
+        """:meth:`steps`' compiled iterations: up to ``n`` of them, to the end of the
+        read-ahead block, written at ``i0``. Returns how many ran (0: none could)."""
+        ahead, replica = self.ahead, self.replica
+        if not (
+            self._step_impl is Driver._step_fused
+            and ahead is not None
+            and isinstance(self.kernel, NUTS)
+            and all(self.kernel.fuses(p) for p in self.params)
+            and replica.loops()
+        ):
+            return 0
+        t_step = time.perf_counter()
+        C = self.chains
+        recoveries = self.transport.recoveries
+        n_recoveries = len(recoveries)
+        sent = self._messages_sent()
+        waited = ahead.wait_seconds
+        block = ahead.block(self.positions)
+        self.round_seconds += ahead.wait_seconds - waited
+        n = min(n, block.first + ahead.depth - ahead.step)
+        params = self.params
+        nuts = nuts_inputs(
+            replica.held,
+            self.rngs,
+            [p.step_size for p in params],
+            [p.inv_metric for p in params],
+            [p.momentum_factor for p in params],
+        )
+        thetas = np.array(self.positions, dtype=np.float64)  # updated in place
+        theta_clock = float(replica.kernel_clock[0])
+        done, over_budget, pos, floats, ints, _ = replica.nuts_steps(
+            n,
+            block,
+            (self.seed, ahead.generation, ahead.step, Z_DECIDE),
+            ahead.q,
+            thetas,
+            (*nuts, self.kernel.max_tree_depth, self.kernel.divergence_threshold),
+            self.bound,
+            replica.max_rows(self.replica_budget) if self.bright_replica == "auto" else -1,
+        )
+        ahead.step += done
+        if done:
+            self.positions = thetas
+            self.commits = np.where(ints[done - 1, :, 0] != 0, 0, -1).astype(np.int64)
+            self._replica_current = [None] * C
+            out = slice(i0, i0 + done)
+            positions[:, out] = pos.transpose(1, 0, 2)
+            info = {
+                "divergent": ints[:, :, 4].T,
+                "n_leapfrog": ints[:, :, 1].T,
+                "step_size": np.array([p.step_size for p in params])[:, None],
+                "energy": floats[:, :, 1].T,
+                "tree_depth": ints[:, :, 3].T,
+            }
+            values = {
+                "accepted": ints[:, :, 0].T,
+                "acceptance_rate": floats[:, :, 2].T,
+                "n_bright": ints[:, :, 5].T,
+                "likelihood_queries": ints[:, :, 6].T,
+                "round_trips": 0,
+                "lp": floats[:, :, 0].T,
+                "recoveries": 0,
+                **{k: info[INFO_ATTRIBUTES[k]] for k in self.kernel.sample_stats},
+            }
+            for k, v in stats.items():
+                v[:, out] = values[k]
+            # the block's request, and any recovery, in the first iteration (as step)
+            stats["round_trips"][:, i0] = self._messages_sent() - sent
+            stats["recoveries"][:, i0] = len(recoveries) - n_recoveries
+        wall = time.perf_counter() - t_step
+        self.z_seconds += wall - (float(replica.kernel_clock[0]) - theta_clock)
+        self.step_seconds += wall
+        if over_budget:
+            self._check_budget()
+        return done
 
     def _check_budget(self) -> None:
         """``bright_replica="auto"``: once the replica outgrows ``replica_budget``, hand z

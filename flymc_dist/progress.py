@@ -129,19 +129,36 @@ class Progress:
 
     def update(self, stats: dict[str, np.ndarray]) -> None:
         """Record one iteration (all chains)."""
+        accepted = stats["accepted"]
         self.count += 1
-        self.accepted += float(np.mean(stats["accepted"]))
+        self.accepted += np.count_nonzero(accepted) / accepted.size  # np.mean's value, sooner
         self.n_acc += 1
+        self._refresh(stats["n_bright"], 1)
+
+    def update_many(self, stats: dict[str, np.ndarray]) -> None:
+        """Record iterations, statistics ``(chains, n)``: as :meth:`update` on each in
+        turn, the bar refreshed once."""
+        accepted = stats["accepted"]
+        C, n = accepted.shape
+        for j in range(n):
+            self.accepted += np.count_nonzero(accepted[:, j]) / C
+        self.count += n
+        self.n_acc += n
+        self._refresh(stats["n_bright"][:, -1], n)
+
+    def _refresh(self, n_bright: np.ndarray, n: int) -> None:
+        """Redraw the bar after ``n`` more iterations (every ``interval`` seconds at most,
+        and at the end), with the last one's bright rows ``n_bright`` (per chain)."""
         if self._bar is None:
             return
-        if self.count == self.num_warmup:
+        if self.count - n < self.num_warmup <= self.count:  # warm-up ended
             self._bar.set_description_str(self.label, refresh=False)
         now = time.perf_counter()
         if now - self.last < self.interval and self.count < self.total:
             return
         self.last = now
         acc = self.accepted / max(self.n_acc, 1)
-        bright = int(np.mean(stats["n_bright"]))
+        bright = int(np.mean(n_bright))
         self._bar.set_postfix_str(f"accept {acc:.3f}, bright {bright:,}", refresh=False)
         self._bar.update(self.count - self._bar.n)
 

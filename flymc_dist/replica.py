@@ -29,6 +29,9 @@ from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply
 from flymc_dist.terms import bright_terms, bright_terms_many, check_bounds_held
 
+#: the dark→bright test that :meth:`BrightReplica.nuts_steps` has compiled in
+_COMPILED_BRIGHTEN = brighten
+
 
 class _Rows:
     """One chain's bright rows: global ids (sorted), features, targets, tight points, and
@@ -53,25 +56,69 @@ def _two_d(a: np.ndarray) -> np.ndarray:
     return a.reshape(a.shape[0], math.prod(a.shape[1:]))
 
 
-class FusedTarget:
-    """One chain's FlyMC conditional given z, compiled: the target of a kernel's
-    :meth:`~flymc_dist.kernels.base.Kernel.fused_step` in replica mode.
+def _kept(held: dict[str, Any], key: str, objects: list[Any], build: Any) -> Any:
+    """``build()``, kept in ``held`` under ``key`` while ``objects`` are the same objects
+    (held with it, so that an identity check is valid)."""
+    kept = held.get(key)
+    if (
+        kept is None
+        or len(kept[0]) != len(objects)
+        or any(a is not b for a, b in zip(kept[0], objects, strict=True))
+    ):
+        kept = held[key] = (list(objects), build())
+    return kept[1]
 
-    ``log p(θ) + θᵀAθ + bᵀθ + c + Σ_bright log L~_n(θ)``: the prior, the collapsed
-    bound (given as ``S = A + Aᵀ``, ``b``, ``c``), and the chain's rows
-    ``buffer[r0:r1]`` of the replica (features, then the model's row constants), summed
-    in the replica's order.
+
+def nuts_inputs(
+    held: dict[str, Any],
+    rngs: list[np.random.Generator],
+    step_sizes: list[float],
+    inv_metrics: list[np.ndarray],
+    momentum_factors: list[np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Every chain's NUTS inputs as the compiled transitions take them
+    (:func:`flymc_dist._compiled_nuts.nuts_chains`): the generators' addresses, the step
+    sizes, the inverse metrics and momentum factors stacked (``(C, P, P)``, or ``(C, 1,
+    P)`` when diagonal) and whether they are diagonal. The addresses and the stacks are
+    kept in ``held`` while the generators and the metrics are the same objects (the
+    kernels' parameters hold their metrics read-only)."""
+    from flymc_dist._compiled_nuts import generator_pointers  # numba: where it computes
+
+    pointers = _kept(held, "rngs", rngs, lambda: np.stack([generator_pointers(r) for r in rngs]))
+    diag = inv_metrics[0].ndim == 1
+    # the metrics read-only (as the kernels' parameters hold them), the positions
+    # writable: each array flag is part of numba's signature, and another flag would
+    # compile the transitions again
+    inv, factor = _kept(
+        held,
+        "metrics",
+        inv_metrics + momentum_factors,
+        lambda: tuple(
+            _frozen(np.stack([m[None] if diag else m for m in ms]).astype(np.float64))
+            for ms in (inv_metrics, momentum_factors)
+        ),
+    )
+    return pointers, np.asarray(step_sizes, dtype=np.float64), inv, factor, diag
+
+
+class FusedTargets:
+    """Every chain's FlyMC conditional given z, compiled: the targets of a kernel's
+    :meth:`~flymc_dist.kernels.base.Kernel.fused_steps` in replica mode.
+
+    Chain c's is ``log p(θ) + θᵀAθ + bᵀθ + c + Σ_bright log L~_n(θ)``: the prior, the
+    collapsed bound (given as ``S = A + Aᵀ``, ``b``, ``c``), and the chain's rows
+    ``buffer[starts[c]:starts[c+1]]`` of the replica (features, then the model's row
+    constants), summed in the replica's order.
     """
 
     __slots__ = (
-        "buffer", "r0", "r1", "kind", "par", "S", "b", "c", "prior", "clock", "generators"
+        "buffer", "starts", "kind", "par", "S", "b", "c", "prior", "clock", "held"
     )  # fmt: skip
 
     def __init__(
         self,
         buffer: np.ndarray,
-        r0: int,
-        r1: int,
+        starts: np.ndarray,
         kind: int,
         par: np.ndarray,
         S: np.ndarray,
@@ -81,63 +128,63 @@ class FusedTarget:
         prior_k: float,
         prior_const: float,
         clock: np.ndarray | None = None,
-        generators: dict[int, tuple[np.random.Generator, np.ndarray]] | None = None,
+        held: dict[str, Any] | None = None,
     ) -> None:
-        self.buffer, self.r0, self.r1, self.kind, self.par = buffer, r0, r1, kind, par
+        self.buffer, self.starts, self.kind, self.par = buffer, starts, kind, par
         self.S, self.b, self.c = S, b, c
         self.prior = (prior_kind, prior_k, prior_const)
         #: where the wall seconds of the compiled transitions add up (``clock[0]``)
         self.clock = clock
-        #: the chains' generators' addresses, taken once (:meth:`nuts`), by ``id``: each
-        #: held with its Generator, so that an ``id`` is not reused while it is here
-        self.generators = {} if generators is None else generators
+        #: what :meth:`nuts` builds once and keeps while its inputs are the same objects
+        #: (the chains' generators' addresses, the chains' metrics stacked), with the
+        #: objects it was built from, so that an identity check is valid
+        self.held = {} if held is None else held
 
     @property
-    def n_rows(self) -> int:
-        """The chain's bright rows: the likelihood queries of one evaluation."""
-        return self.r1 - self.r0
+    def n_rows(self) -> np.ndarray:
+        """Each chain's bright rows: the likelihood queries of one evaluation."""
+        return np.diff(self.starts)
 
     def nuts(
         self,
-        rng: np.random.Generator,
-        position: np.ndarray,
-        step_size: float,
-        inv_metric: np.ndarray,
-        momentum_factor: np.ndarray,
+        rngs: list[np.random.Generator],
+        positions: np.ndarray,
+        step_sizes: list[float],
+        inv_metrics: list[np.ndarray],
+        momentum_factors: list[np.ndarray],
         max_tree_depth: int,
         divergence_threshold: float,
-    ) -> tuple[np.ndarray, bool, float, float, float, int, int, int, bool]:
-        """One NUTS transition on this target (:func:`flymc_dist._compiled_nuts.nuts_transition`):
-        ``(new position, moved, log target, energy, acceptance statistic, leapfrog steps,
-        evaluations, tree depth, divergent)``."""
-        from flymc_dist._compiled_nuts import generator_pointers, nuts_transition
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One NUTS transition of every chain on its target, chain after chain, in one
+        compiled call (:func:`flymc_dist._compiled_nuts.nuts_chains`): chain c from
+        ``positions[c]`` with its own generator, step size and metric.
 
-        held = self.generators.get(id(rng))
-        if held is None or held[0] is not rng:
-            if len(self.generators) > 64:  # generators of finished runs: let them go
-                self.generators.clear()
-            held = self.generators[id(rng)] = (rng, generator_pointers(rng))
-        diag = inv_metric.ndim == 1
-        if diag:
-            inv_metric = inv_metric[None]
-            momentum_factor = momentum_factor[None]
-        out = np.empty(position.shape[0])
+        Returns
+        -------
+        positions, floats, ints
+            ``(C, P)`` new positions; ``(C, 3)`` log target, energy and acceptance
+            statistic; ``(C, 5)`` moved, leapfrog steps, evaluations, tree depth and
+            divergent.
+        """
+        from flymc_dist._compiled_nuts import nuts_chains
+
+        pointers, eps, inv, factor, diag = nuts_inputs(
+            self.held, rngs, step_sizes, inv_metrics, momentum_factors
+        )
+        C, P = positions.shape
+        out = np.empty((C, P))
+        floats = np.empty((C, 3))
+        ints = np.empty((C, 5), dtype=np.int64)
         t0 = time.perf_counter()
-        position = np.ascontiguousarray(position, dtype=np.float64)
-        if not position.flags.writeable:
-            position = position.copy()
-        # the metric read-only (as the kernels' parameters hold it), the position writable,
-        # whatever the caller holds: each array flag is part of numba's signature, and
-        # another flag would compile the transition again
-        res = nuts_transition(
-            held[1], position, float(step_size),
-            _frozen(inv_metric), _frozen(momentum_factor), diag, int(max_tree_depth),
-            float(divergence_threshold), self.buffer, self.r0, self.r1, self.kind, self.par,
-            self.S, self.b, self.c, *self.prior, out,
+        thetas = np.array(positions, dtype=np.float64)  # a writable, contiguous copy
+        nuts_chains(
+            pointers, thetas, eps, inv, factor, diag, int(max_tree_depth),
+            float(divergence_threshold), self.buffer, self.starts, self.kind, self.par, self.S,
+            self.b, self.c, *self.prior, out, floats, ints,
         )  # fmt: skip
         if self.clock is not None:
             self.clock[0] += time.perf_counter() - t0
-        return (out, *res)
+        return out, floats, ints
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -196,8 +243,8 @@ class BrightReplica:
         #: wall seconds spent in the compiled θ-kernel transitions of fused_targets
         #: (the call included): the θ-kernel's own compute on the replica
         self.kernel_clock = np.zeros(1)
-        # the chains' generators' addresses for the compiled transitions (FusedTarget)
-        self._generators: dict[int, tuple[np.random.Generator, np.ndarray]] = {}
+        #: what the compiled transitions keep from call to call (:func:`nuts_inputs`)
+        self.held: dict[str, Any] = {}
 
     @property
     def fusable(self) -> bool:
@@ -390,6 +437,107 @@ class BrightReplica:
             self._set_all(new_ids[:m], new_buf[:m], *out, new_starts)
         return queries
 
+    def loops(self) -> bool:
+        """Whether :meth:`nuts_steps` can run (the model compiled, the replica filled, and
+        the dark→bright test :func:`~flymc_dist.brightness.brighten` the one it has
+        compiled in: a test that replaces it here gets :meth:`update_z`, which calls it)."""
+        return (
+            self._compiled is not None
+            and self._rows[0] is not None
+            and (brighten is _COMPILED_BRIGHTEN)
+        )
+
+    def max_rows(self, budget: float) -> int:
+        """The most bright rows (over all chains) whose :meth:`nbytes` stay within
+        ``budget`` bytes."""
+        self._rebuild()
+        per_row = self._ids_all.itemsize + sum(
+            a.itemsize * math.prod(a.shape[1:]) for a in (self._X_all, self._y_all, self._xi_all)
+        )
+        return int(budget // per_row)
+
+    def nuts_steps(
+        self,
+        n_steps: int,
+        block: Any,
+        keys: tuple[int, int, int, int],
+        q: float,
+        thetas: np.ndarray,
+        nuts: tuple,
+        bound: BoundStats,
+        max_rows: int,
+    ) -> tuple[int, bool, np.ndarray, np.ndarray, np.ndarray, float]:
+        """Up to ``n_steps`` iterations of every chain in one compiled call
+        (:func:`flymc_dist._compiled_loop.replica_steps`): each chain's z-update here, as
+        :meth:`update_z` makes it, then its NUTS transition on
+        :meth:`fused_targets`' target, as its ``nuts`` makes it; the replica ends as
+        :meth:`update_z` would have left it after the last iteration done.
+
+        Parameters
+        ----------
+        n_steps
+            Iterations at most (the proposals ``block`` holds must cover them).
+        block
+            The read-ahead block (:class:`flymc_dist.ahead.Block`) and, in ``keys``, the
+            z streams of the first step: ``(seed, generation, step, purpose)``, the
+            step's first pair in the block being ``(step − block.first) · C``.
+        keys
+            See ``block``.
+        q
+            The dark→bright proposal probability.
+        thetas
+            ``(C, P)``: each chain's position (updated in place).
+        nuts
+            :func:`nuts_inputs`' five values, then the kernel's ``max_tree_depth`` and
+            ``divergence_threshold``.
+        bound
+            The collapsed bound.
+        max_rows
+            Return after an iteration that leaves more bright rows (< 0: never).
+
+        Returns
+        -------
+        done, over_budget, positions, floats, ints, z_seconds
+            Iterations done, whether the last left more than ``max_rows`` (fewer than
+            ``n_steps`` done and not over: the next one's values hold a NaN); per iteration
+            and chain its new position ``(n, C, P)``, its log target, energy and
+            acceptance statistic ``(n, C, 3)`` and its moved, leapfrog steps,
+            evaluations, tree depth, divergent, bright rows and likelihood queries
+            ``(n, C, 7)``; the seconds of the z-updates. The transitions' seconds go to
+            :attr:`kernel_clock`.
+        """
+        from flymc_dist._compiled_loop import OVER_BUDGET, replica_steps  # numba: here
+
+        jit, kind, par = self._compiled
+        self._rebuild()
+        target = self.fused_targets(bound)
+        seed, generation, step, purpose = keys
+        C, P = thetas.shape
+        M0 = self._ids_all.size
+        positions = np.empty((n_steps, C, P))
+        floats = np.empty((n_steps, C, 3))
+        ints = np.empty((n_steps, C, 7), dtype=np.int64)
+        clocks = np.zeros(2)
+        buf_rows, X, y, xi = block.rows
+        done, status, buf, ids, starts, origin = replica_steps(
+            n_steps, self._rows[0].X.shape[1], self._buffer_all, self._ids_all, self._starts,
+            np.arange(M0), block.ids, block.seg, block.at, buf_rows,
+            (step - block.first) * C, np.uint64(seed & 0xFFFFFFFFFFFFFFFF), generation, step,
+            purpose, math.log(q), kind, par, nuts[0], thetas, nuts[1], nuts[2], nuts[3],
+            nuts[4], int(nuts[5]), float(nuts[6]), target.S, target.b, target.c,
+            *target.prior, int(max_rows), positions, floats, ints, clocks,
+        )  # fmt: skip
+        self.kernel_clock[0] += clocks[1]
+        if done:  # the replica as the last iteration left it
+            out = []
+            for a, b in ((self._X_all, X), (self._y_all, y), (self._xi_all, xi)):
+                arr = np.empty((ids.size,) + a.shape[1:], dtype=np.result_type(a, b))
+                jit.gather_rows(_two_d(a), _two_d(b), origin, _two_d(arr))
+                out.append(arr)
+            self._set_all(ids, buf, *out, starts)
+        over = status == OVER_BUDGET
+        return done, over, positions[:done], floats[:done], ints[:done], float(clocks[0])
+
     def _set_all(
         self,
         ids: np.ndarray,
@@ -561,10 +709,10 @@ class BrightReplica:
                 out[c] = (np.zeros(0), np.zeros((0, P)) if grad[c] else None, 0)
         return out
 
-    def fused_targets(self, bound: BoundStats) -> list[FusedTarget]:
-        """Each chain's FlyMC conditional (its bright rows here, the collapsed ``bound``,
-        the prior) as a compiled target a kernel can run a whole step on
-        (:meth:`~flymc_dist.kernels.base.Kernel.fused_step`); only when :attr:`fusable`,
+    def fused_targets(self, bound: BoundStats) -> FusedTargets:
+        """Every chain's FlyMC conditional (its bright rows here, the collapsed ``bound``,
+        the prior) as compiled targets a kernel can run whole steps on
+        (:meth:`~flymc_dist.kernels.base.Kernel.fused_steps`); only when :attr:`fusable`,
         after the first :meth:`apply`."""
         if self._compiled is None or self._buffer_all is None:
             raise RuntimeError("no compiled targets: see BrightReplica.fusable")
@@ -583,23 +731,7 @@ class BrightReplica:
                 const,
             )
         _, S, b, c, prior_kind, k, const = self._fused_bound
-        buffer = self._buffer_all
-        starts = self._starts
-        return [
-            FusedTarget(
-                buffer,
-                int(starts[i]),
-                int(starts[i + 1]),
-                kind,
-                par,
-                S,
-                b,
-                c,
-                prior_kind,
-                k,
-                const,
-                self.kernel_clock,
-                self._generators,
-            )  # fmt: skip
-            for i in range(self.chains)
-        ]
+        return FusedTargets(
+            self._buffer_all, self._starts, kind, par, S, b, c, prior_kind, k, const,
+            self.kernel_clock, self.held,
+        )  # fmt: skip

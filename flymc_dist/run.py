@@ -232,28 +232,47 @@ def _iterate(
         ]
     buf: list[tuple[bool, np.ndarray, dict]] = []
     saved = iterations.start  # iterations the trace's last checkpoint keeps
+    # after warm-up, a sampler that has ``steps`` runs many iterations per call
+    steps = getattr(sampler, "steps", None)
     try:
-        for i in iterations:
+        i = iterations.start
+        while i < total:
             warm = i < num_warmup
-            st = sampler.step(adapters if warm else None)
-            if warm and i == num_warmup - 1:
-                sampler.params = [a.final() for a in adapters]
-                adapters = None
-            pos = sampler.positions.copy()
-            draws.put(i, pos, st)
-            if i == num_warmup - 1:
-                snap = sampler.timing()
-                clock.end_warmup()
-            progress.update(st)
-            if trace is not None:
-                buf.append((warm, pos, st))
-                if len(buf) >= checkpoint_every or i == total - 1 or i == num_warmup - 1:
-                    _flush(trace, buf, shape, names)
-                    checkpoint = sampler.checkpoint(i)
-                    if checkpoint is not None:
-                        trace.set_checkpoint({**checkpoint, "seconds": clock.so_far()})
-                        saved = i + 1
-                    buf = []
+            if not warm and steps is not None:
+                # as many iterations as the trace's next flush allows
+                n = total - i if trace is None else min(total - i, checkpoint_every - len(buf))
+                pos_n, st_n = steps(n)
+                draws.put_many(i, pos_n, st_n)
+                progress.update_many(st_n)
+                if trace is not None:
+                    buf.extend(
+                        (False, pos_n[:, j], {k: v[:, j] for k, v in st_n.items()})
+                        for j in range(n)
+                    )
+                i += n
+            else:
+                st = sampler.step(adapters if warm else None)
+                if warm and i == num_warmup - 1:
+                    sampler.params = [a.final() for a in adapters]
+                    adapters = None
+                pos = sampler.positions.copy()
+                draws.put(i, pos, st)
+                if i == num_warmup - 1:
+                    snap = sampler.timing()
+                    clock.end_warmup()
+                progress.update(st)
+                if trace is not None:
+                    buf.append((warm, pos, st))
+                i += 1
+            if trace is not None and (
+                len(buf) >= checkpoint_every or i == total or i == num_warmup
+            ):
+                _flush(trace, buf, shape, names)
+                checkpoint = sampler.checkpoint(i - 1)
+                if checkpoint is not None:
+                    trace.set_checkpoint({**checkpoint, "seconds": clock.so_far()})
+                    saved = i
+                buf = []
     except BaseException as err:
         # what the trace keeps, as this run wrote it: said even if the trace's store
         # cannot be reached to read it back (see flymc_dist.api)
@@ -320,6 +339,15 @@ class _Draws:
             for k in names:
                 self.wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
                 self.stats[k][:, : prev.shape[1]] = trace.stats[k]
+
+    def put_many(self, i: int, pos: np.ndarray, st: dict[str, np.ndarray]) -> None:
+        """Keep post-warm-up iterations ``i, i + 1, …``: positions ``(C, n, P)`` and
+        statistics ``(C, n)``."""
+        n = pos.shape[1]
+        out = slice(i - self.num_warmup, i - self.num_warmup + n)
+        self.samples[:, out] = pos
+        for k, v in self.stats.items():
+            v[:, out] = st[k]
 
     def put(self, i: int, pos: np.ndarray, st: dict[str, np.ndarray]) -> None:
         """Keep iteration ``i``'s positions and statistics."""

@@ -117,7 +117,9 @@ def stream_key(seed: int, generation: int, chain: int, step: int, purpose: int) 
 
 
 @numba.njit(**_JIT)
-def _chain_keys(seed: np.uint64, generation: int, step: int, purpose: int, out: np.ndarray) -> None:
+def chain_keys(seed: np.uint64, generation: int, step: int, purpose: int, out: np.ndarray) -> None:
+    """:func:`stream_keys`' values written into ``out`` (one per chain), for compiled
+    callers: ``seed`` already a uint64."""
     for c in range(out.size):
         out[c] = _key(seed, generation, c, step, purpose)
 
@@ -129,7 +131,7 @@ def stream_keys(seed: int, generation: int, chains: int, step: int, purpose: int
         if v < 0:
             raise ValueError(f"stream_keys: {name} must be >= 0, got {v}")
     out = np.empty(int(chains), dtype=np.uint64)
-    _chain_keys(
+    chain_keys(
         np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), int(generation), int(step), int(purpose), out
     )
     return out

@@ -249,6 +249,7 @@ KERNEL_FILES = (
     "streams.py",
     "_compiled.py",
     "_compiled_nuts.py",
+    "_compiled_loop.py",
     "shard/rows.py",
     "shard/rowfile.py",
 )

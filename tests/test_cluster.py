@@ -634,6 +634,9 @@ def test_resume_recovery_resume_never_reuse_a_z_stream(
         checkpoint_every=20,
         placement=fd.Placement(n_shards=3, timeout=10),
     )
+    # every iteration through Driver.step (after warm-up the replica's run a block per
+    # call of Driver.steps: test_compiled_loop shows the same draws)
+    monkeypatch.delattr(Driver, "steps")
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         monkeypatch.setattr(Driver, "step", stop_after(150))
         with pytest.raises(KeyboardInterrupt):

@@ -29,6 +29,7 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     ("flymc_dist.replica", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.shard.state", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.replica", "flymc_dist._compiled_nuts"): "numba, heavy: only where it computes",
+    ("flymc_dist.replica", "flymc_dist._compiled_loop"): "numba, heavy: only where it computes",
 }
 
 

@@ -272,17 +272,20 @@ def count_compiled(monkeypatch):
     """Make ``model.evaluated`` also count the rows the compiled kernels evaluate: the
     shards' (one datum at one θ per row; at placement every row at every chain's θ) and
     the driver replica's (every row of the
-    chain's buffer at each point, also in the compiled NUTS transition, which counts its
-    evaluations itself, and the bright rows and dark proposals of the z-update it runs
+    chain's buffer at each point, also in the compiled NUTS transitions, which count their
+    evaluations themselves, and the bright rows and dark proposals of the z-update it runs
     itself with read-ahead);
-    in-process runs only."""
+    in-process runs only. The replica's iterations run one at a time (a block's in one
+    compiled call cannot be counted from here; test_compiled_loop checks that its
+    statistics, the queries included, are these bit for bit)."""
     from flymc_dist import _compiled, _compiled_nuts
+    from flymc_dist.replica import BrightReplica
 
     def install(model: CountingLogistic) -> None:
         real = _compiled.eval_rows
         real_at = _compiled.eval_rows_at
         real_replica = _compiled.replica_eval
-        real_nuts = _compiled_nuts.nuts_transition
+        real_chains = _compiled_nuts.nuts_chains
         real_segments = _compiled.eval_segments
         real_propose = _compiled.replica_z_propose
 
@@ -308,16 +311,17 @@ def count_compiled(monkeypatch):
             model.evaluated += int(starts[-1] - starts[0] + cand_seg[-1])
             return out
 
-        def counting_nuts(*args):
-            out = real_nuts(*args)
-            r0, r1 = args[9], args[10]
-            model.evaluated += (r1 - r0) * out[5]  # rows × the evaluations it counted
+        def counting_chains(*args):  # every chain's transition, in one call
+            out = real_chains(*args)
+            starts, ints = args[9], args[-1]
+            model.evaluated += int((np.diff(starts) * ints[:, 2]).sum())
             return out
 
         monkeypatch.setattr(_compiled, "eval_rows", counting)
         monkeypatch.setattr(_compiled, "eval_rows_at", counting_at)
         monkeypatch.setattr(_compiled, "replica_eval", counting_replica)
-        monkeypatch.setattr(_compiled_nuts, "nuts_transition", counting_nuts)
+        monkeypatch.setattr(_compiled_nuts, "nuts_chains", counting_chains)
+        monkeypatch.setattr(BrightReplica, "loops", lambda self: False)
         monkeypatch.setattr(_compiled, "eval_segments", counting_segments)
         monkeypatch.setattr(_compiled, "replica_z_propose", counting_propose)
 

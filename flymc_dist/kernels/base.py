@@ -183,20 +183,27 @@ class Kernel:
 
     def fuses(self, params: Any) -> bool:
         """Whether the step with ``params`` can run whole on a fused target
-        (:meth:`fused_step`); False by default."""
+        (:meth:`fused_steps`); False by default."""
         return False
 
-    def fused_step(
-        self, rng: np.random.Generator, position: np.ndarray, params: Any, target: Any
-    ) -> tuple[np.ndarray, KernelInfo, float]:
-        """One transition run whole by ``target``, an evaluator that can run this kernel's
-        trajectory compiled (the driver's replica in FlyMC: ``target.nuts(...)``), with
-        the same random numbers in the same order as :meth:`step`.
+    def fused_steps(
+        self,
+        rngs: list[np.random.Generator],
+        positions: np.ndarray,
+        params: list[Any],
+        targets: Any,
+    ) -> tuple[np.ndarray, list[KernelInfo], np.ndarray]:
+        """One transition of every chain (chain c from ``positions[c]`` with ``rngs[c]``
+        and ``params[c]``) run whole by ``targets``, an evaluator that can run this
+        kernel's trajectories compiled (the driver's replica in FlyMC:
+        ``targets.nuts(...)``), each chain drawing the same random numbers in the same
+        order as :meth:`step`.
 
         Returns
         -------
         tuple
-            The new position, the step's info, and the log target at the new position.
+            The new positions ``(C, P)``, each chain's info, and the log target at each
+            new position ``(C,)``.
         """
         raise NotImplementedError
 

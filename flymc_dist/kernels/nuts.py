@@ -36,8 +36,8 @@ bright-row cache would have no derivatives to commit.
 of the tree (discarded subtrees included) of ``min(1, exp(H₀ − H))``: the quantity dual
 averaging targets.
 
-:meth:`NUTS.fused_step` is the same transition run whole by a target that can (FlyMC's
-replica of the bright rows: :class:`flymc_dist.replica.FusedTarget`, compiled in
+:meth:`NUTS.fused_steps` is the same transition run whole by a target that can (FlyMC's
+replica of the bright rows: :class:`flymc_dist.replica.FusedTargets`, compiled in
 :mod:`flymc_dist._compiled_nuts`): the same random numbers in the same order, the same
 tree, up to rounding — in one call instead of a generator round per leapfrog step.
 """
@@ -290,43 +290,48 @@ class NUTS(HamiltonianKernel):
         """A step fuses unless it runs the step-size heuristic (warm-up only)."""
         return not params.find_step_size
 
-    def fused_step(
+    def fused_steps(
         self,
-        rng: np.random.Generator,
-        position: np.ndarray,
-        params: HamiltonianParams,
-        target: Any,
-    ) -> tuple[np.ndarray, HamiltonianInfo, float]:
-        """:meth:`step` run whole by ``target.nuts`` (see :meth:`.Kernel.fused_step`): the
-        same transition up to rounding, from the same random numbers. Evaluations (and
-        requests, all local): the current position and one per leapfrog step (no final
-        request: nothing commits from a cache)."""
-        new, moved, logp, energy, accept_prob, n_leapfrog, n_evals, depth, divergent = target.nuts(
-            rng,
-            position,
-            params.step_size,
-            params.inv_metric,
-            params.momentum_factor,
+        rngs: list[np.random.Generator],
+        positions: np.ndarray,
+        params: list[HamiltonianParams],
+        targets: Any,
+    ) -> tuple[np.ndarray, list[HamiltonianInfo], np.ndarray]:
+        """:meth:`step` of every chain run whole by ``targets.nuts`` (see
+        :meth:`.Kernel.fused_steps`): the same transitions up to rounding, from the same
+        random numbers. Evaluations (and requests, all local): the current position and
+        one per leapfrog step (no final request: nothing commits from a cache)."""
+        new, floats, ints = targets.nuts(
+            rngs,
+            positions,
+            [p.step_size for p in params],
+            [p.inv_metric for p in params],
+            [p.momentum_factor for p in params],
             self.max_tree_depth,
             self.divergence_threshold,
         )
-        if not moved:
-            new = position
-        info = HamiltonianInfo(
-            accepted=bool(moved),
-            accept_prob=float(accept_prob),
-            index=0 if moved else -1,
-            n_evals=int(n_evals),
-            n_requests=int(n_evals),
-            position=new,
-            step_size=params.step_size,
-            step_size_found=False,
-            n_leapfrog=int(n_leapfrog),
-            tree_depth=int(depth),
-            divergent=bool(divergent),
-            energy=float(energy),
-        )
-        return new, info, float(logp)
+        infos = []
+        for c, p in enumerate(params):
+            moved, n_leapfrog, n_evals, depth, divergent = ints[c].tolist()
+            if not moved:
+                new[c] = positions[c]
+            infos.append(
+                HamiltonianInfo(
+                    accepted=bool(moved),
+                    accept_prob=float(floats[c, 2]),
+                    index=0 if moved else -1,
+                    n_evals=n_evals,
+                    n_requests=n_evals,
+                    position=new[c],
+                    step_size=p.step_size,
+                    step_size_found=False,
+                    n_leapfrog=n_leapfrog,
+                    tree_depth=depth,
+                    divergent=bool(divergent),
+                    energy=float(floats[c, 1]),
+                )
+            )
+        return new, infos, floats[:, 0]
 
     def step(
         self, rng: np.random.Generator, position: np.ndarray, params: HamiltonianParams

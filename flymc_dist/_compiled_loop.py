@@ -1,0 +1,203 @@
+"""FlyMC's sampling iterations in replica mode, many in one compiled call (numba).
+
+In replica mode with NUTS (the defaults) an iteration is every chain's implicit z-update
+on the driver's replica (its proposals read ahead, :mod:`flymc_dist.ahead`), then every
+chain's NUTS transition on its conditional (:mod:`flymc_dist._compiled_nuts`). Each is
+compiled; called once per iteration from Python, their calls, the arrays built around
+them and the statistics cost more than the transitions themselves on a chain with a
+few bright rows. :func:`replica_steps` runs the iterations of one read-ahead block in one
+call: the same compiled functions in the same order on the same values, so the same
+draws bit for bit (the dark→bright test is :func:`flymc_dist.brightness.brighten`'s, in
+its form here).
+
+It returns to Python before an iteration whose values hold a NaN (the caller's guard
+then names the row), and after one that left more bright rows than the caller allows
+(the replica's memory budget).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from flymc_dist._compiled import JIT, replica_z_apply, replica_z_propose
+from flymc_dist._compiled_nuts import nuts_transition
+from flymc_dist.streams import chain_keys
+
+#: what :func:`replica_steps` says of how its call ended
+DONE, NAN, OVER_BUDGET = 0, 1, 2
+
+
+@intrinsic
+def _monotonic(typingctx: object) -> tuple:
+    """Seconds on ``CLOCK_MONOTONIC`` (``time.perf_counter``'s clock on Linux), read by
+    ``clock_gettime`` from compiled code (linked by name: the function stays cacheable)."""
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202 - numba's signature
+        i64 = ir.IntType(64)
+        spec = ir.LiteralStructType([i64, i64])
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), spec.as_pointer()])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
+        ts = cgutils.alloca_once(builder, spec)
+        builder.call(fn, [ir.Constant(ir.IntType(32), 1), ts])  # CLOCK_MONOTONIC
+        sec = builder.sitofp(builder.load(cgutils.gep(builder, ts, 0, 0)), ir.DoubleType())
+        nsec = builder.sitofp(builder.load(cgutils.gep(builder, ts, 0, 1)), ir.DoubleType())
+        return builder.fadd(sec, builder.fmul(nsec, ir.Constant(ir.DoubleType(), 1e-9)))
+
+    return types.float64(), codegen
+
+
+@numba.njit(**JIT)
+def monotonic() -> float:
+    """:func:`_monotonic` (for tests: its seconds against ``time.perf_counter``'s)."""
+    return _monotonic()
+
+
+@numba.njit(**JIT)
+def replica_steps(
+    n_steps: int,
+    D: int,
+    buf: np.ndarray,
+    ids: np.ndarray,
+    starts: np.ndarray,
+    origin: np.ndarray,
+    b_ids: np.ndarray,
+    b_seg: np.ndarray,
+    b_at: np.ndarray,
+    rows_buf: np.ndarray,
+    pair0: int,
+    seed: np.uint64,
+    generation: int,
+    step0: int,
+    purpose: int,
+    log_q: float,
+    kind: int,
+    par: np.ndarray,
+    rng_at: np.ndarray,
+    thetas: np.ndarray,
+    eps: np.ndarray,
+    inv: np.ndarray,
+    factor: np.ndarray,
+    diag: bool,
+    max_depth: int,
+    threshold: float,
+    S: np.ndarray,
+    b: np.ndarray,
+    c: float,
+    prior_kind: int,
+    prior_inv: float,
+    prior_const: float,
+    max_rows: int,
+    positions: np.ndarray,
+    floats: np.ndarray,
+    ints: np.ndarray,
+    clocks: np.ndarray,
+) -> tuple:
+    """Up to ``n_steps`` FlyMC iterations of every chain on the replica, from step
+    ``step0`` of the z streams: each chain's implicit z-update
+    (:func:`~flymc_dist._compiled.replica_z_propose`, the dark→bright test ``log(1 − u)
+    < log L~ − log q``, :func:`~flymc_dist._compiled.replica_z_apply`), then each
+    chain's NUTS transition (:func:`~flymc_dist._compiled_nuts.nuts_transition`), chain
+    after chain.
+
+    The replica: chain c's bright rows ``buf[starts[c]:starts[c+1]]`` (features and
+    row constants), global ids ``ids``, and where each row's features, target and tight
+    point are (``origin``: the caller's own rows below ``M0 = len(origin)`` at the call,
+    the block's row ``k`` at ``M0 + k``). The block: the proposals of pair ``p = (step −
+    first) · C + c`` at ``b_ids[b_seg[p]:b_seg[p+1]]`` (sorted), each at ``b_at`` in
+    ``rows_buf``; this call's first step is pair ``pair0``'s. ``thetas`` (C, P) are the
+    chains' positions (updated here), the NUTS inputs are
+    :func:`~flymc_dist._compiled_nuts.nuts_chains`'.
+
+    Iteration i writes every chain's new position into ``positions[i]``, its ``(log
+    target, energy, acceptance statistic)`` into ``floats[i]`` and its ``(moved, leapfrog
+    steps, evaluations, tree depth, divergent, bright rows, likelihood queries)`` into
+    ``ints[i]``; ``clocks`` gains the seconds of the z-updates and of the transitions.
+
+    Returns
+    -------
+    done, status, buf, ids, starts, origin
+        Iterations done, how the call ended (:data:`DONE`; :data:`NAN`: iteration
+        ``done``'s z-update met a NaN and was not applied; :data:`OVER_BUDGET`:
+        iteration ``done − 1`` left more than ``max_rows`` bright rows, ``max_rows < 0``
+        never) and the replica after the last iteration done.
+    """
+    C = thetas.shape[0]
+    M0 = origin.size
+    keys = np.empty(C, dtype=np.uint64)
+    queries = np.empty(C, dtype=np.int64)
+    cand_seg = np.empty(C + 1, dtype=np.int64)
+    for i in range(n_steps):
+        t0 = _monotonic()
+        chain_keys(seed, generation, step0 + i, purpose, keys)
+        p = pair0 + i * C
+        a0, a1 = b_seg[p], b_seg[p + C]
+        p_seg = b_seg[p : p + C + 1] - a0
+        M, n_prop = ids.size, a1 - a0
+        b_vals = np.empty(M)
+        gone = np.empty(M, dtype=np.bool_)
+        cand = np.empty(n_prop, dtype=np.int64)
+        cand_at = np.empty(n_prop, dtype=np.int64)
+        cand_u = np.empty(n_prop)
+        vals = np.empty(n_prop)
+        nan = replica_z_propose(
+            buf, ids, starts, D, thetas, keys, log_q, b_ids[a0:a1], p_seg, b_at[a0:a1],
+            rows_buf, kind, par, b_vals, gone, cand, cand_seg, cand_at, cand_u, vals, queries,
+        )  # fmt: skip
+        if nan:
+            clocks[0] += _monotonic() - t0
+            return i, NAN, buf, ids, starts, origin
+        n = cand_seg[C]
+        acc = np.empty(n, dtype=np.bool_)
+        m = M
+        for j in range(n):  # brighten: log u < log L~ − log q, with log u = log(1 − u)
+            acc[j] = math.log1p(-cand_u[j]) < vals[j] - log_q
+            m += acc[j]
+        for j in range(M):
+            m -= gone[j]
+        new_buf = np.empty((M + n, buf.shape[1]))
+        new_ids = np.empty(M + n, dtype=np.int64)
+        new_src = np.empty(M + n, dtype=np.int64)
+        new_starts = np.empty(C + 1, dtype=np.int64)
+        w = replica_z_apply(
+            buf, ids, starts, gone, cand, cand_seg, cand_at, acc, rows_buf, new_buf, new_ids,
+            new_src, new_starts,
+        )  # fmt: skip
+        if w >= 0:  # some chain's bright set changed
+            buf = np.ascontiguousarray(new_buf[:m])
+            new_origin = np.empty(m, dtype=np.int64)
+            for k in range(m):
+                s = new_src[k]
+                new_origin[k] = origin[s] if s < M else M0 + (s - M)
+            ids, starts, origin = new_ids[:m].copy(), new_starts, new_origin
+        t1 = _monotonic()
+        clocks[0] += t1 - t0
+        for ch in range(C):
+            res = nuts_transition(
+                rng_at[ch], thetas[ch], eps[ch], inv[ch], factor[ch], diag, max_depth,
+                threshold, buf, starts[ch], starts[ch + 1], kind, par, S, b, c, prior_kind,
+                prior_inv, prior_const, positions[i, ch],
+            )  # fmt: skip
+            for d in range(thetas.shape[1]):  # not [:] = …: see nuts_transition
+                thetas[ch, d] = positions[i, ch, d]
+            floats[i, ch, 0] = res[1]
+            floats[i, ch, 1] = res[2]
+            floats[i, ch, 2] = res[3]
+            n_rows = starts[ch + 1] - starts[ch]
+            ints[i, ch, 0] = res[0]
+            ints[i, ch, 1] = res[4]
+            ints[i, ch, 2] = res[5]
+            ints[i, ch, 3] = res[6]
+            ints[i, ch, 4] = res[7]
+            ints[i, ch, 5] = n_rows
+            ints[i, ch, 6] = queries[ch] + res[5] * n_rows
+        clocks[1] += _monotonic() - t1
+        if 0 <= max_rows < ids.size:
+            return i + 1, OVER_BUDGET, buf, ids, starts, origin
+    return n_steps, DONE, buf, ids, starts, origin
