@@ -1154,12 +1154,22 @@ def test_bench_sublinear_smoke():
 def test_bench_sublinear_paper_settings():
     """`run_sublinear(paper=True)`: the paper's Fig. 5 settings (one-sided eps = 0.01,
     minibatch 100, no test before 3 of them): no decision reads fewer than 300 rows or
-    the whole data set, and the report says which settings ran."""
+    the whole data set, and the report says which settings ran; Korattikara et al.'s
+    expected rows are beside the measured ones, with their ratio."""
     from flymc_dist.bench.sublinear import format_sublinear, run_sublinear
 
-    r = run_sublinear(ns=(250, 400), paper=True, n_shards=2)
+    r = run_sublinear(ns=(250, 400, 1000), paper=True, n_shards=2)
     assert r["paper"] and r["approximate"]
     for row in r["rows"]:
         assert row["mean_data_used"] >= min(300, row["n_rows"])
+        # Korattikara et al.'s expected rows beside them: finite, positive, within the data
+        for key in ("predicted_data_used", "predicted_over_measured"):
+            assert math.isfinite(row[key]) and row[key] > 0, (key, row)
+        assert min(300, row["n_rows"]) <= row["predicted_data_used"] <= row["n_rows"]
+        assert row["predicted_over_measured"] == pytest.approx(
+            row["predicted_data_used"] / row["mean_data_used"]
+        )
+    assert r["rows"][0]["predicted_data_used"] == 250  # one minibatch short of a test
     text = format_sublinear(r)
     assert "one-sided" in text and "slope" in text
+    assert "predicted" in text and "not the run's" in text and "pred/meas" in text
