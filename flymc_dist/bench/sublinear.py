@@ -702,15 +702,20 @@ def _format_paper(result: dict[str, Any]) -> str:
         lines.append(f"predicted: {result['prediction']}")
     lines.append(
         f"{'N':>10} {'rows/decision':>14} {'median':>8} {'fraction':>9} {'accept':>7} "
-        f"{'secs':>7} {'predicted':>10} {'pred/meas':>9}"
+        f"{'secs':>7} {'predicted':>10} {'pred/meas':>9} {'se meas':>8} {'se pred':>8}"
     )
     for r in result["rows"]:
-        pred = r.get("predicted_data_used")
-        ratio = r.get("predicted_over_measured")
         lines.append(
             f"{r['n_rows']:>10,d} {r['mean_data_used']:>14.1f} {r['median_data_used']:>8.0f} "
             f"{r['fraction']:>9.4f} {r['acceptance']:>7.3f} {r['seconds']:>7.1f} "
-            f"{_f(pred, '.1f', 10)} {_f(ratio, '.3f', 9)}"
+            f"{_f(r.get('predicted_data_used'), '.1f', 10)} "
+            f"{_f(r.get('predicted_over_measured'), '.3f', 9)} "
+            f"{_f(r.get('mean_data_used_se'), '.1f', 8)} {_f(r.get('predicted_se'), '.1f', 8)}"
+        )
+    if "prediction" in result:
+        lines.append(
+            "(se meas: of the mean over the run's decisions, as if independent; se pred: "
+            "over the states)"
         )
     lines.append(f"log-log slope of rows per decision against N: {result['slope']:.3f}")
     return "\n".join(lines)
