@@ -213,6 +213,154 @@ def test_austerity_options_tails_and_min_batches():
         fd.Austerity(min_batches=0)
 
 
+# ------------------------------------------------ expected rows (Korattikara et al.)
+#: the paper's Fig. 5 test (Chen, Mansinghka & Ghahramani 2016): one-sided eps = 0.01,
+#: minibatches of 100, no test before 3 of them
+FIG5_TEST = {"batch_size": 100, "min_batches": 3, "eps": 0.01, "tails": "one"}
+
+
+def _simulated_rows(pop, mu0, R, rng, *, batch_size, min_batches, eps, tails, chunk=500):
+    """Rows the real test uses, ``R`` times: each a fresh shuffle of the population ``pop``
+    cut into nested minibatches, :func:`stop_rule` applied after every one (with the
+    sample sd, as the sampler does); the first stop's rows."""
+    N = pop.size
+    n = np.minimum(np.arange(1, -(-N // batch_size) + 1) * batch_size, N)
+    K = n.size
+    c = pop - pop.mean()  # centred: Σc² − n·c̄² without cancellation
+    out = []
+    for start in range(0, R, chunk):
+        r = min(chunk, R - start)
+        perm = rng.permuted(np.broadcast_to(c, (r, N)), axis=1)
+        mean = np.cumsum(perm, axis=1)[:, n - 1] / n
+        m2 = np.maximum(np.cumsum(perm**2, axis=1)[:, n - 1] - n * mean**2, 0.0)
+        stop, _, _ = aus.stop_rule(
+            np.broadcast_to(n, (r, K)),
+            mean + pop.mean(),
+            m2,
+            np.full((r, K), mu0),
+            N,
+            eps,
+            tails=tails,
+            rounds=np.broadcast_to(np.arange(1, K + 1), (r, K)),
+            min_batches=min_batches,
+        )
+        out.append(n[np.argmax(stop, axis=1)])  # the last stage (all N rows) always stops
+    return np.concatenate(out).astype(float)
+
+
+def test_expected_data_used_against_the_real_test():
+    """Korattikara et al.'s expected rows (:func:`expected_data_used`) against the mean
+    rows of the real sequential test, simulated by shuffling the population 2,000 times
+    per case, at the paper's Fig. 5 settings (N = 5,000: 50 minibatches of 100): a normal
+    population decided at the first test, after several stages and near the threshold,
+    and a skewed one (exponential, skewness 2) after a few and many stages.
+
+    Tolerance: 4 Monte Carlo se plus 3 % of the rows for the Gaussian approximation
+    (Gaussian nested means, the sample sd replaced by σ). With 20,000 shuffles per case
+    the gaps were at most 0.3 % for the normal population (within 1.3 se) and 2.2 % for
+    the exponential one (7.9 se: its sample mean is skewed and correlated with its sample
+    sd at n = 300, which the approximation ignores). Negative control: the prediction
+    with σ off by 20 % (more rows) must fail the same check where the test takes several
+    stages."""
+    rng = np.random.default_rng(20140)
+    N, R = 5000, 2000
+    pops = {"normal": rng.standard_normal(N), "exponential": rng.exponential(1.0, N)}
+    cases = [  # (population, θ = (μ − μ₀)/σ, what the case is)
+        ("normal", 0.3, "first"),
+        ("normal", 0.06, "several"),
+        ("normal", 0.01, "near"),
+        ("exponential", 0.06, "several"),
+        ("exponential", 0.02, "near"),
+    ]
+    seen = []
+    for name, theta, kind in cases:
+        pop = pops[name]
+        mu, sigma = float(pop.mean()), float(pop.std())
+        mu0 = mu - theta * sigma
+        rows = _simulated_rows(pop, mu0, R, rng, **FIG5_TEST)
+        sim, se = float(rows.mean()), float(rows.std(ddof=1) / math.sqrt(R))
+        tol = 4 * se + 0.03 * sim
+        pred = float(aus.expected_data_used(mu, sigma, mu0, N, **FIG5_TEST))
+        seen.append((name, theta, round(pred, 1), round(sim, 1), round(se, 2)))
+        assert abs(pred - sim) <= tol, (name, theta, pred, sim, se, tol)
+        # the case is what it says
+        if kind == "first":
+            assert np.mean(rows == 300) > 0.95, seen
+        elif kind == "several":
+            assert 3 < sim / 100 < 20, seen
+        else:
+            assert sim > 0.4 * N, seen  # (the FPC stops most before the last minibatch)
+        if name == "normal" and kind == "several":
+            # negative control: σ 20 % too large, at a case where the spread matters
+            wrong = float(aus.expected_data_used(mu, 1.2 * sigma, mu0, N, **FIG5_TEST))
+            assert abs(wrong - sim) > 2 * tol, (wrong, sim, tol)
+
+
+def test_expected_data_used_exact_cases():
+    """The recursion against closed forms. One test before the exact stage (N = 200, two
+    minibatches of 100): 100 + 100·P(the test does not stop), a normal probability; two
+    tests (N = 300): the second stage's survival is a bivariate normal rectangle with the
+    nested means' covariance (Cov = Var of the larger sample). And the edges: eps = 0 and
+    no test possible give N, σ = 0 the first test's rows, an infinite μ₀ no row; the sign
+    of μ − μ₀ does not matter; bad input is refused."""
+    eps = 0.05
+    for N in (200, 300):
+        mu, sigma = 0.0, 1.0
+        mu0 = np.array([-0.2, -0.05, 0.0, 0.1, 0.3])
+        got = aus.expected_data_used(mu, sigma, mu0, N, batch_size=100, eps=eps, tails="two")
+        n = np.arange(100, N, 100)
+        v = sigma**2 * (N - n) / (n * (N - 1))  # Var of the nested means
+        half = stats.t.isf(eps / 2, n - 1) * sigma * math.sqrt(N / (N - 1)) * np.sqrt(v)
+        cov = np.minimum.outer(v, v)  # Cov(l̄_i, l̄_j) = Var of the later (smaller) one
+        want = []
+        for m0 in mu0:
+            total = 100.0
+            for k in range(1, n.size + 1):  # P(no stop at stages 1..k): a box probability
+                mvn = stats.multivariate_normal(np.full(k, mu - m0), cov[:k, :k])
+                lo, hi = -half[:k], half[:k]
+                if k == 1:
+                    alive = stats.norm.cdf(hi[0], mu - m0, math.sqrt(v[0])) - stats.norm.cdf(
+                        lo[0], mu - m0, math.sqrt(v[0])
+                    )
+                else:
+                    alive = mvn.cdf(hi, lower_limit=lo)
+                total += 100.0 * alive
+            want.append(total)
+        np.testing.assert_allclose(got, want, rtol=2e-4)
+    N = 1000
+    kw = {"batch_size": 100, "min_batches": 2, "eps": 0.05}
+    assert aus.expected_data_used(0.1, 1.0, 0.0, N, **{**kw, "eps": 0.0}) == N
+    assert aus.expected_data_used(0.1, 1.0, 0.0, N, **{**kw, "min_batches": 10}) == N
+    assert aus.expected_data_used(0.1, 0.0, 0.0, N, **kw) == 200  # every sample sd zero
+    np.testing.assert_array_equal(
+        aus.expected_data_used(0.0, 1.0, [np.inf, -np.inf], N, **kw), [0.0, 0.0]
+    )
+    both = aus.expected_data_used(0.0, 1.0, [[0.02], [-0.02]], N, **kw)
+    assert both.shape == (2, 1) and both[0, 0] == pytest.approx(both[1, 0], rel=1e-12)
+    assert 200 < both[0, 0] < N
+    default = aus.expected_data_used(0.0, 1.0, 0.001, 10_000)  # Austerity's defaults
+    assert default == pytest.approx(
+        aus.expected_data_used(0.0, 1.0, 0.001, 10_000, batch_size=500, eps=0.01)
+    )
+    bad = [
+        ({"N": 0}, "N must be a positive integer"),
+        ({"N": 10.0}, "N must be a positive integer"),
+        ({"N": True}, "N must be a positive integer"),
+        ({"batch_size": 0}, "batch_size must be a positive integer"),
+        ({"min_batches": 0}, "min_batches must be an integer >= 1"),
+        ({"eps": 1.0}, "eps must be in"),
+        ({"tails": "left"}, "tails must be 'one' or 'two'"),
+        ({"sigma": -1.0}, "sigma must be finite and >= 0"),
+        ({"mu": np.nan}, "mu must be finite"),
+        ({"mu0": np.nan}, "mu0 must not be NaN"),
+        ({"mu": [0.0, 1.0], "mu0": [0.0, 1.0, 2.0]}, "must broadcast together"),
+    ]
+    for change, match in bad:
+        args = {"mu": 0.0, "sigma": 1.0, "mu0": 0.0, "N": 1000, **change}
+        with pytest.raises(ValueError, match=match):
+            aus.expected_data_used(**args)
+
+
 @pytest.mark.parametrize("cv", [True, False])
 @pytest.mark.parametrize("eps", [0.0, pytest.param(1e-7, marks=pytest.mark.slow)])
 def test_tiny_eps_reproduces_exact_mh(eps, cv):
@@ -1006,12 +1154,22 @@ def test_bench_sublinear_smoke():
 def test_bench_sublinear_paper_settings():
     """`run_sublinear(paper=True)`: the paper's Fig. 5 settings (one-sided eps = 0.01,
     minibatch 100, no test before 3 of them): no decision reads fewer than 300 rows or
-    the whole data set, and the report says which settings ran."""
+    the whole data set, and the report says which settings ran; Korattikara et al.'s
+    expected rows are beside the measured ones, with their ratio."""
     from flymc_dist.bench.sublinear import format_sublinear, run_sublinear
 
-    r = run_sublinear(ns=(250, 400), paper=True, n_shards=2)
+    r = run_sublinear(ns=(250, 400, 1000), paper=True, n_shards=2)
     assert r["paper"] and r["approximate"]
     for row in r["rows"]:
         assert row["mean_data_used"] >= min(300, row["n_rows"])
+        # Korattikara et al.'s expected rows beside them: finite, positive, within the data
+        for key in ("predicted_data_used", "predicted_over_measured"):
+            assert math.isfinite(row[key]) and row[key] > 0, (key, row)
+        assert min(300, row["n_rows"]) <= row["predicted_data_used"] <= row["n_rows"]
+        assert row["predicted_over_measured"] == pytest.approx(
+            row["predicted_data_used"] / row["mean_data_used"]
+        )
+    assert r["rows"][0]["predicted_data_used"] == 250  # one minibatch short of a test
     text = format_sublinear(r)
     assert "one-sided" in text and "slope" in text
+    assert "predicted" in text and "not the run's" in text and "pred/meas" in text

@@ -128,7 +128,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from scipy.special import stdtr
+from numpy.typing import ArrayLike
+from scipy.special import stdtr, stdtrit
 
 from flymc_dist.austerity.shard import shard_batch, shard_exact_diff
 from flymc_dist.kernels.base import KernelInfo
@@ -163,6 +164,7 @@ __all__ = [
     "SequentialTester",
     "bound_difference",
     "decision_data_used",
+    "expected_data_used",
     "loglog_slope",
     "run_decisions",
     "sample_austerity",
@@ -259,6 +261,179 @@ def stop_rule(
     stop = exact | zero_sd | (p < eps) | infinite
     accept = mean > mu0
     return stop, accept, p
+
+
+#: grid points per standard deviation of a stage's Gaussian step in the recursion of
+#: :func:`expected_data_used` (Simpson's rule): 4 is within 3·10⁻⁵ (relative) of 16 on
+#: the expected rows, at N = 10³–10⁵, minibatches of 1–100 rows and θ = 0–10
+_POINTS_PER_SD = 4
+#: the recursion stops once every decision's P(undecided) is below this (the rows left
+#: then add less than N times it)
+_UNDECIDED_TOL = 1e-12
+
+
+def expected_data_used(
+    mu: ArrayLike,
+    sigma: ArrayLike,
+    mu0: ArrayLike,
+    N: int,
+    *,
+    batch_size: int = Austerity.batch_size,
+    min_batches: int = Austerity.min_batches,
+    eps: float = Austerity.eps,
+    tails: str = Austerity.tails,
+) -> np.ndarray:
+    """Expected rows the sequential test uses for one decision (Korattikara et al. 2014).
+
+    The population is ``N`` values ``l_i`` with mean ``mu`` and population sd ``sigma``
+    (``σ² = Σ (l_i − μ)² / N``), the threshold ``mu0``; the test is :func:`stop_rule`'s:
+    minibatches of ``batch_size`` rows drawn without replacement, nested (stage ``j`` has
+    used ``n_j = min(j·m, N)`` rows), no test before ``min_batches`` of them nor on fewer
+    than two rows, stop when the p-value of ``t = (l̄_j − μ₀)/s_j`` is below ``eps``
+    (``s_j = sd/√n_j · √(1 − (n_j − 1)/(N − 1))``), all ``N`` rows: the exact decision.
+    This is Korattikara, Chen & Welling's (2014) analysis of the test's error and data use
+    (the expected rows, their Eq. 19), computed by a numerical recursion over the stages.
+
+    *Approximations* (theirs): the nested means ``l̄_j`` are jointly Gaussian with the
+    moments of sampling without replacement, and the sample sd is replaced by its
+    population value ``S = σ·√(N/(N − 1))`` (the sd with ``N − 1``, which the sample sd,
+    ``n − 1`` in its denominator, estimates without bias). The test then stops at stage
+    ``j`` iff ``|l̄_j − μ₀| > c_j · S/√n_j · √((N − n_j)/(N − 1))``, with ``c_j`` the
+    Student-t quantile ``t⁻¹_{n_j−1}(1 − eps)`` (``tails="one"``) or
+    ``t⁻¹_{n_j−1}(1 − eps/2)`` (``"two"``). A sample sd of zero (which stops
+    :func:`stop_rule` at once) is not modelled, except ``sigma = 0``: every sample sd is
+    zero and the first test decides.
+
+    *The chain.* With ``x_j = l̄_j − μ₀``, sampling without replacement gives
+    ``E x_j = μ − μ₀``, ``v_j = Var l̄_j = σ²(N − n_j)/(n_j(N − 1))`` and, for nested
+    samples, ``Cov(l̄_i, l̄_j) = v_j`` (``n_i ≤ n_j``: the later, smaller variance; the
+    ``n_j − n_i`` new rows are correlated ``−σ²/(N − 1)`` with each old one). Rescale to
+    ``w_j = x_j·u_j/σ`` with ``u_j = σ²/v_j = n_j(N − 1)/(N − n_j)``, i.e. ``w_j =
+    (N − 1)/(σ(N − n_j)) · Σ_{i ≤ n_j} (l_i − μ₀)``, a rescaled partial sum: then
+    ``Cov(w_i, w_j) = u_i u_j v_j/σ² = u_i`` for ``i ≤ j`` and ``E w_j = θ·u_j`` with
+    ``θ = (μ − μ₀)/σ``, so ``w`` is a Brownian motion with drift ``θ`` observed at the
+    times ``u_j``: a Gauss–Markov chain with independent steps
+    ``w_j − w_{j−1} ~ N(θ·Δu_j, Δu_j)``. The stop condition becomes ``|w_j| > b_j =
+    c_j·√(N/(N − 1))·√u_j``, free of ``σ``. The sub-density of the undecided,
+    ``g_j(w) dw = P(no stop through stage j, w_j ∈ dw)``, obeys
+
+        g_{j0}(w) = φ(w; θu_{j0}, u_{j0})·1{|w| ≤ b_{j0}}                (first test j0)
+        g_j(w)    = 1{|w| ≤ b_j} ∫ g_{j−1}(x) φ(w − x; θΔu_j, Δu_j) dx,
+
+    and ``E[rows] = Σ_j n_j P(stop at j) = n_{j0} + Σ_{j0 ≤ j < K} (n_{j+1} − n_j) ∫ g_j``
+    (``K``: the last stage, ``n_K = N``, which always decides). The drift enters only as
+    the likelihood ratio of a path (Girsanov: the stopping region does not depend on
+    ``θ``), ``g_j^θ(w) = g_j^0(w)·exp(θw − θ²u_j/2)``, so one driftless recursion serves
+    every decision of a call. It is computed on a grid of each stage's interval
+    ``[−b_j, b_j]`` by Simpson's rule, with ``_POINTS_PER_SD`` points per sd of the
+    neighbouring steps (``Δu``: within 3·10⁻⁵ of a grid four times finer), the step's
+    Gaussian cut at ±9 sd; the tilt is at most ``exp(b_j²/(2u_j)) ≈ exp(c_j²/2)`` on the
+    grid (15 at ``c = 2.33``), so it amplifies the grid's error little. Cost: about 72
+    Gaussian evaluations per grid point and stage (``G_j ≲ 8·c_j·√(N/(4m))`` points),
+    0.15 s at ``N = 10⁵`` with ``m = 100`` (1,000 stages), plus ``G_j`` per decision and
+    stage; it grows as ``(N/m)^1.5`` and ends early once every decision is decided with
+    probability ``1 − 10⁻¹²``.
+
+    Parameters
+    ----------
+    mu, sigma, mu0
+        Population mean and population sd (``ddof = 0``) of each decision's ``l_i``, and
+        its threshold ``μ₀`` (broadcast together: one expectation per decision).
+    N
+        Population size (rows).
+    batch_size, min_batches, eps, tails
+        The test's settings, as :class:`~flymc_dist.options.Austerity` takes them.
+
+    Returns
+    -------
+    numpy.ndarray
+        Expected rows used per decision (float, the broadcast shape; ``N`` where the
+        test never stops early, ``0`` where ``mu0`` is infinite: such a decision takes
+        no row).
+
+    Raises
+    ------
+    ValueError
+        ``N`` not a positive integer, bad test settings, a non-finite ``mu`` or
+        ``sigma``, a negative ``sigma`` or a NaN ``mu0``.
+    """
+    if isinstance(N, bool) or not isinstance(N, int | np.integer) or N < 1:
+        raise ValueError(f"N must be a positive integer, not {N!r}")
+    N = int(N)
+    m = _check_batch_size(batch_size)
+    if isinstance(min_batches, bool) or not isinstance(min_batches, int | np.integer):
+        raise ValueError(f"min_batches must be an integer >= 1, not {min_batches!r}")
+    if min_batches < 1:
+        raise ValueError(f"min_batches must be an integer >= 1, not {min_batches!r}")
+    eps = _check_eps(eps)
+    if tails not in ("one", "two"):
+        raise ValueError(f"tails must be 'one' or 'two', not {tails!r}")
+    try:
+        mu, sigma, mu0 = np.broadcast_arrays(
+            np.asarray(mu, float), np.asarray(sigma, float), np.asarray(mu0, float)
+        )
+    except ValueError as e:
+        raise ValueError(f"mu, sigma and mu0 must broadcast together: {e}") from None
+    if not np.all(np.isfinite(mu)):
+        raise ValueError("mu must be finite")
+    if not np.all(np.isfinite(sigma)) or np.any(sigma < 0):
+        raise ValueError("sigma must be finite and >= 0")
+    if np.any(np.isnan(mu0)):
+        raise ValueError("mu0 must not be NaN")
+    n = np.minimum(np.arange(1, -(-N // m) + 1, dtype=np.int64) * m, N)  # n_1 … n_K = N
+    tested = np.flatnonzero((np.arange(1, n.size + 1) >= min_batches) & (n >= 2) & (n < N))
+    out = np.full(mu.shape, float(N))
+    if eps == 0 or not tested.size:
+        out[np.isinf(mu0)] = 0.0
+        return out
+    j0 = int(tested[0])  # 0-based: the stages j0 … K−2 are tested, K−1 is exact
+    nt = n[j0:-1].astype(float)
+    u = nt * (N - 1) / (N - nt)
+    q = eps if tails == "one" else eps / 2
+    b = -stdtrit(nt - 1, q) * math.sqrt(N / (N - 1)) * np.sqrt(u)
+    steps = np.diff(n[j0:]).astype(float)  # rows added after each tested stage
+    finite = np.isfinite(mu0)
+    zero = finite & (sigma == 0)
+    live = finite & ~zero
+    theta = np.where(live, (mu - np.where(finite, mu0, 0.0)) / np.where(live, sigma, 1.0), 0.0)
+    th = theta[live]
+    alive = np.zeros((th.size, u.size))  # P(undecided after stage j0 + k), per decision
+    du = np.diff(u, prepend=0.0)  # the first: w_{j0}'s variance u_{j0}
+    # each stage's grid resolves the step into it and the step out of it
+    sd = np.sqrt(np.minimum(du, np.append(du[1:], np.inf)))
+    x = wts = g = None
+    for k in range(u.size):
+        half = max(1, math.ceil(b[k] * _POINTS_PER_SD / sd[k]))
+        w = np.linspace(-b[k], b[k], 2 * half + 1)
+        simpson = np.full(w.size, 2.0)
+        simpson[1::2] = 4.0
+        simpson[[0, -1]] = 1.0
+        simpson *= (w[1] - w[0]) / 3.0
+        if k == 0:
+            g = np.exp(-0.5 * w**2 / u[0]) / math.sqrt(2 * math.pi * u[0])
+        else:
+            # the step's Gaussian over the previous grid, within ±9 sd of each node (a
+            # band of source nodes per node: both grids are uniform)
+            step = math.sqrt(du[k])
+            width = min(x.size, math.ceil(18 * step / (x[1] - x[0])) + 2)
+            lo = np.clip(np.searchsorted(x, w - 9 * step), 0, x.size - width)
+            at = lo[:, None] + np.arange(width)[None, :]
+            z = (w[:, None] - x[at]) / step
+            kernel = np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi * du[k])
+            g = np.einsum("ik,ik->i", kernel, (wts * g)[at])
+        x, wts = w, simpson
+        with np.errstate(divide="ignore", over="ignore"):
+            logmass = np.log(wts * g)
+            # log of g^θ = g^0·exp(θw − θ²u/2), written w²/2u − (w − θu)²/2u (no inf − inf)
+            tilt = (w**2)[None, :] - (w[None, :] - th[:, None] * u[k]) ** 2
+            alive[:, k] = np.exp(logmass[None, :] + tilt / (2 * u[k])).sum(axis=1)
+        if k and not np.any(alive[:, k] > _UNDECIDED_TOL):
+            break  # every decision decided: P(undecided) only falls from here
+    rows = n[j0] + np.clip(alive, 0.0, 1.0) @ steps
+    out[live] = rows
+    out[zero] = float(n[j0])
+    out[~finite] = 0.0
+    return out
 
 
 #: the most rows one round trip of a test asks the shards for, over all chains (its

@@ -42,7 +42,7 @@ import numpy as np
 
 from flymc_dist import diagnostics
 from flymc_dist.api import sample
-from flymc_dist.austerity.sampler import loglog_slope, run_decisions
+from flymc_dist.austerity.sampler import expected_data_used, loglog_slope, run_decisions
 from flymc_dist.data import from_numpy
 from flymc_dist.kernels.rwmh import RandomWalkMH, tril_matvec
 from flymc_dist.models.logistic import LogisticRegression
@@ -54,6 +54,9 @@ __all__ = ["format", "format_sublinear", "logistic_data", "run_paper_fig5", "run
 
 #: sub-role of the benchmark's own random streams (data, u, moves)
 _BENCH = 7
+
+#: the chain's states at which :func:`run_paper_fig5` computes the expected rows
+PREDICTION_STATES = 100
 
 
 def logistic_data(
@@ -577,15 +580,30 @@ def run_paper_fig5(ns: Sequence[int], *, seed: int = 0, n_shards: int = 4) -> di
     of them, a random-walk proposal of sd 0.1 (identity preconditioner, no adaptation),
     300 iterations of one chain from the generating θ₀, in this process.
 
+    Beside the rows measured, Korattikara et al.'s expected rows (their Eq. 19,
+    :func:`~flymc_dist.austerity.sampler.expected_data_used`) at the chain's own states:
+    at ``PREDICTION_STATES`` evenly spaced draws ``θ_t`` of the run, a proposal ``θ′ =
+    θ_t + 0.1·ξ`` (``ξ`` standard normal) and a ``log u = −Exp(1)``, both drawn here from
+    a fixed-seed generator — the bench's own proposals at the chain's states, not the
+    run's (the run does not record its proposals) — every row's ``l_i = log p(y_i|θ′) −
+    log p(y_i|θ_t)`` over the whole data set, their mean and population sd, ``μ₀ =
+    (log u + log p(θ_t) − log p(θ′))/N`` as the sampler forms it, and the expectation
+    averaged over the states.
+
     Returns
     -------
     dict
         ``paper: True``, the settings, and per N the mean and median rows per decision,
-        their fraction of N, the acceptance rate and the seconds; ``slope`` of the mean
-        rows against N (log-log).
+        their fraction of N, the acceptance rate and the seconds (of the run alone);
+        ``predicted_data_used`` (the expected rows averaged over the states),
+        ``predicted_over_measured`` (its ratio to ``mean_data_used``), and the standard
+        errors of both means (``mean_data_used_se``: of the 300 decisions, as if
+        independent; ``predicted_se``: over the states); ``slope`` of the mean rows
+        against N (log-log); ``prediction``: how the prediction was made.
     """
     alg = Austerity(eps=0.01, tails="one", min_batches=3, batch_size=100, control_variates=False)
     model = LogisticRegression(prior="normal", prior_scale=math.sqrt(0.1))
+    step = 0.1
     rows = []
     for n in ns:
         X, y, theta0 = logistic_data(int(n), 3, seed)
@@ -594,7 +612,7 @@ def run_paper_fig5(ns: Sequence[int], *, seed: int = 0, n_shards: int = 4) -> di
             model,
             (X, y),
             alg,
-            RandomWalkMH(step_size=0.1),
+            RandomWalkMH(step_size=step),
             placement=Placement(n_shards=min(n_shards, int(n))),
             num_warmup=0,
             num_samples=300,
@@ -605,7 +623,9 @@ def run_paper_fig5(ns: Sequence[int], *, seed: int = 0, n_shards: int = 4) -> di
             precondition=np.eye(3),
             progress=False,
         )
+        secs = time.perf_counter() - t0
         used = res.stats["data_used"].ravel()
+        pred = _expected_rows_at_states(model, X, y, res.samples[0], alg, step, seed)
         rows.append(
             {
                 "n_rows": int(n),
@@ -613,7 +633,11 @@ def run_paper_fig5(ns: Sequence[int], *, seed: int = 0, n_shards: int = 4) -> di
                 "median_data_used": float(np.median(used)),
                 "fraction": float(used.mean() / n),
                 "acceptance": float(res.stats["accepted"].mean()),
-                "seconds": time.perf_counter() - t0,
+                "seconds": secs,
+                "predicted_data_used": float(pred.mean()),
+                "predicted_over_measured": float(pred.mean() / used.mean()),
+                "mean_data_used_se": float(used.std(ddof=1) / math.sqrt(used.size)),
+                "predicted_se": float(pred.std(ddof=1) / math.sqrt(pred.size)),
             }
         )
     return {
@@ -621,21 +645,77 @@ def run_paper_fig5(ns: Sequence[int], *, seed: int = 0, n_shards: int = 4) -> di
         "approximate": True,
         "settings": "eps=0.01 one-sided, batch 100, k0=3, proposal sd 0.1, 300 iterations, "
         "prior N(0, 0.1 I), D=2 + bias, plain austerity",
+        "prediction": f"Korattikara et al.'s expected rows (Eq. 19) at {PREDICTION_STATES} "
+        "evenly spaced states of the chain, for proposals and u drawn by the bench from "
+        "them (not the run's: it does not record its proposals)",
         "rows": rows,
         "slope": loglog_slope(ns, [r["mean_data_used"] for r in rows]),
     }
+
+
+def _expected_rows_at_states(
+    model: LogisticRegression,
+    X: np.ndarray,
+    y: np.ndarray,
+    draws: np.ndarray,
+    alg: Austerity,
+    step: float,
+    seed: int,
+) -> np.ndarray:
+    """Korattikara et al.'s expected rows of one decision at each of
+    ``PREDICTION_STATES`` evenly spaced ``draws`` (one chain's, ``(S, P)``), for a
+    random-walk proposal of sd ``step`` (identity preconditioner) and a ``u`` drawn here,
+    from a generator keyed by ``(seed, N)``: every row's log-likelihood difference, its
+    mean, population sd and the sampler's threshold ``μ₀``."""
+    N = X.shape[0]
+    at = np.unique(np.linspace(0, draws.shape[0] - 1, PREDICTION_STATES).round().astype(int))
+    thetas = np.asarray(draws, float)[at]
+    rng = stream(seed, ROLE_AUSTERITY, _BENCH, 4, N)
+    props = thetas + step * rng.standard_normal(thetas.shape)
+    log_u = -rng.standard_exponential(at.size)
+    mu, sigma = np.empty(at.size), np.empty(at.size)
+    for k in range(at.size):
+        pair = np.stack([thetas[k], props[k]])
+        ll = model.loglik(model.linear_predictor(pair, X), y)  # (2, N)
+        diff = ll[1] - ll[0]
+        mu[k], sigma[k] = diff.mean(), diff.std()
+    # the sampler's threshold (symmetric proposal: no q term)
+    mu0 = (log_u + model.log_prior(thetas) - model.log_prior(props)) / N
+    return expected_data_used(
+        mu,
+        sigma,
+        mu0,
+        N,
+        batch_size=alg.batch_size,
+        min_batches=alg.min_batches,
+        eps=alg.eps,
+        tails=alg.tails,
+    )
 
 
 def _format_paper(result: dict[str, Any]) -> str:
     lines = [
         "APPROXIMATE (austerity MH): sequential-test decisions, not exact MH.",
         f"The sublinear-MH paper's Fig. 5 settings: {result['settings']}",
-        f"{'N':>10} {'rows/decision':>14} {'median':>8} {'fraction':>9} {'accept':>7} {'secs':>7}",
     ]
+    if "prediction" in result:
+        lines.append(f"predicted: {result['prediction']}")
+    lines.append(
+        f"{'N':>10} {'rows/decision':>14} {'median':>8} {'fraction':>9} {'accept':>7} "
+        f"{'secs':>7} {'predicted':>10} {'pred/meas':>9} {'se meas':>8} {'se pred':>8}"
+    )
     for r in result["rows"]:
         lines.append(
             f"{r['n_rows']:>10,d} {r['mean_data_used']:>14.1f} {r['median_data_used']:>8.0f} "
-            f"{r['fraction']:>9.4f} {r['acceptance']:>7.3f} {r['seconds']:>7.1f}"
+            f"{r['fraction']:>9.4f} {r['acceptance']:>7.3f} {r['seconds']:>7.1f} "
+            f"{_f(r.get('predicted_data_used'), '.1f', 10)} "
+            f"{_f(r.get('predicted_over_measured'), '.3f', 9)} "
+            f"{_f(r.get('mean_data_used_se'), '.1f', 8)} {_f(r.get('predicted_se'), '.1f', 8)}"
+        )
+    if "prediction" in result:
+        lines.append(
+            "(se meas: of the mean over the run's decisions, as if independent; se pred: "
+            "over the states)"
         )
     lines.append(f"log-log slope of rows per decision against N: {result['slope']:.3f}")
     return "\n".join(lines)
