@@ -132,20 +132,35 @@ def user_cluster(workers: int, workdir: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _cpu_per_step() -> Iterator[list[float]]:
-    """The process's CPU seconds at each :meth:`Driver.step` call, while in the block."""
-    original = Driver.step
-    marks: list[float] = []
+def _cpu_per_step() -> Iterator[list[tuple[int, float]]]:
+    """The process's CPU seconds when each iteration of the run starts, ``(iteration,
+    seconds)``: at each :meth:`Driver.step` call, and at the start and the end of each
+    :meth:`Driver.steps` call (many iterations), while in the block."""
+    step, steps = Driver.step, Driver.steps
+    marks: list[tuple[int, float]] = []
+    done = [0]  # iterations started
 
-    def step(self: Driver, adapters: Any = None) -> dict[str, np.ndarray]:
-        marks.append(time.process_time())
-        return original(self, adapters)
+    def one(self: Driver, adapters: Any = None) -> dict[str, np.ndarray]:
+        marks.append((done[0], time.process_time()))
+        done[0] += 1
+        return step(self, adapters)
 
-    Driver.step = step  # type: ignore[method-assign]
+    def many(self: Driver, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        marks.append((done[0], time.process_time()))
+        Driver.step = step  # type: ignore[method-assign]  # its own steps: not marked
+        try:
+            out = steps(self, n)
+        finally:
+            Driver.step = one  # type: ignore[method-assign]
+        done[0] += n
+        marks.append((done[0], time.process_time()))
+        return out
+
+    Driver.step, Driver.steps = one, many  # type: ignore[method-assign]
     try:
         yield marks
     finally:
-        Driver.step = original  # type: ignore[method-assign]
+        Driver.step, Driver.steps = step, steps  # type: ignore[method-assign]
 
 
 def _one(
@@ -174,7 +189,11 @@ def _one(
             )
     info = res.info
     timing = info.get("timing", {})
-    cpu = (marks[-1] - marks[warmup]) / max(draws - 1, 1)
+    # from the first kept iteration's start to the last mark (the last one's start, or
+    # the end of the last block)
+    first = next(t for i, t in marks if i == warmup)
+    last_i, last_t = marks[-1]
+    cpu = (last_t - first) / max(last_i - warmup, 1)
     wall = info["sampling_seconds"] / draws
     theta = timing.get("theta_kernel")
     compute = timing.get("theta_compute")
