@@ -88,6 +88,25 @@ def _select(
             j += 1
 
 
+@numba.njit(cache=True, nogil=True)
+def _members(blocks: np.ndarray, z: np.ndarray, k: int, out: np.ndarray) -> int:
+    """Every row of label ``k`` in ``z``, in row order, into ``out`` (sized for their
+    number), scanning only the blocks of ``SELECT_BLOCK`` rows whose count ``blocks[b]``
+    is not zero. Returns the rows found (``out.size`` unless the counts disagree with
+    ``z``; never more)."""
+    w = 0
+    for b in range(blocks.size):
+        if blocks[b] == 0:
+            continue
+        for r in range(b * SELECT_BLOCK, min((b + 1) * SELECT_BLOCK, z.size)):
+            if z[r] == k:
+                if w == out.size:
+                    return w + 1
+                out[w] = r
+                w += 1
+    return w
+
+
 class MemberIndex:
     """Where one chain's clusters have their members on one shard, in row order.
 
@@ -165,11 +184,10 @@ class MemberIndex:
         """Every member of cluster ``k`` here, in row order."""
         if k not in self.blocks:
             return np.empty(0, dtype=np.int64)
-        parts = []
-        for b in np.flatnonzero(self.blocks[k]).tolist():
-            lo = b * SELECT_BLOCK
-            parts.append(lo + np.flatnonzero(self.z[lo : lo + SELECT_BLOCK] == k))
-        return np.concatenate(parts)
+        out = np.empty(self.totals[k], dtype=np.int64)
+        if _members(self.blocks[k], self.z, k, out) != out.size:
+            raise RuntimeError(f"cluster {k}'s member index disagrees with its labels")
+        return out
 
 
 class DPMShard:
