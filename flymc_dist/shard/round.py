@@ -37,8 +37,8 @@ def round_shards(
     shards: list[Shard], msg: Round | ReplicaRound, owner: Any = None
 ) -> list[Reply | ReplicaReply]:
     """One round on every one of ``shards`` (see the module notes): their replies, in
-    order. ``owner`` keeps the typed lists of the shards' buffers between rounds (a
-    :class:`~flymc_dist.transport.host.ShardHost`; default: built afresh or on the shard)."""
+    order. ``owner`` keeps the typed lists of the shards' buffers between rounds (their
+    :class:`~flymc_dist.shard.group.ShardGroup`; default: built afresh or on the shard)."""
     replica = isinstance(msg, ReplicaRound)
     if any(sh.replica != replica for sh in shards):
         raise ValueError(

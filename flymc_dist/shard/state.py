@@ -1293,12 +1293,12 @@ def typed_lists(shards: list[Shard], owner: Any = None) -> Any:
     """The shards' row buffers (``rows.XC``) as a numba typed list (the kernels' form).
 
     Building one costs more than a round's update, so it is kept on ``owner`` (its
-    ``typed_cache``: a :class:`Shard` or a shard host) and rebuilt only when the shards
-    or their buffers change (an out-of-core shard's grows now and then). The kept tuple
-    holds the shards, so the ids in its key stay theirs — all but the owner itself, which
-    outlives its own attribute: holding it there would be a reference cycle, keeping a
-    finished run's rows in a worker's memory until the garbage collector ran. Without an
-    owner it is built afresh.
+    ``typed_cache``: a :class:`Shard` or a :class:`~flymc_dist.shard.group.ShardGroup`)
+    and rebuilt only when the shards or their buffers change (an out-of-core shard's
+    grows now and then). The kept tuple holds the shards, so the ids in its key stay
+    theirs — all but the owner itself, which outlives its own attribute: holding it there
+    would be a reference cycle, keeping a finished run's rows in a worker's memory until
+    the garbage collector ran. Without an owner it is built afresh.
     """
     key = tuple((id(sh), id(sh.rows.XC)) for sh in shards)
     cache = None if owner is None else owner.typed_cache

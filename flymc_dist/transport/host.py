@@ -30,7 +30,7 @@ from flymc_dist.protocol import (
     unpack_reply,
     unpack_round,
 )
-from flymc_dist.shard.round import round_shards
+from flymc_dist.shard.group import ShardGroup
 from flymc_dist.shard.rowfile import worker_memory
 from flymc_dist.shard.state import Shard
 from flymc_dist.transport.channel import (
@@ -79,12 +79,8 @@ class ShardHost:
         data: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
         self.config = config
-        self.shards: dict[int, Shard] = {}
-        # On a worker, protocol calls run on the event loop (or the channel's thread)
-        # while set-up and recovery calls run on the actor's thread: one lock per shard
-        # keeps them from interleaving on the same shard.
-        self._locks: dict[int, threading.Lock] = {}
-        #: wall and CPU seconds spent in rounds
+        #: the shards held here, each behind its lock, and the rounds over them
+        self.group = ShardGroup()
         self._channel: Any = None  # a ChannelServer once open_channel is called
         self._secret: bytes | None = None  # the run's key (open_channel), for the relay
         #: the relay tree below this host (:meth:`set_children`): its children's keys and
@@ -92,13 +88,6 @@ class ShardHost:
         self._children: dict[str, tuple[str, int]] = {}
         self._child_timeout = 0.0
         self._relay: ChannelClient | None = None
-        #: the shards' buffers as one typed list (:func:`~flymc_dist.shard.state.typed_lists`)
-        self.typed_cache: tuple | None = None
-        self._busy = {
-            "rounds": 0,
-            "round_wall": 0.0,
-            "round_cpu": 0.0,
-        }
         self._released = threading.Event()
         self.add_shards(specs, data)
         _hold_lease(self)
@@ -124,18 +113,18 @@ class ShardHost:
                     room // max(len(specs), 1),
                 )
         for spec in specs:
-            shard = Shard(spec, self.config, None if data is None else data[spec.shard_id], budget)
-            self._locks[spec.shard_id] = threading.Lock()
-            self.shards = {**self.shards, spec.shard_id: shard}  # never mutated in place
-        return sorted(self.shards)
+            data_i = None if data is None else data[spec.shard_id]
+            self.group.add(Shard(spec, self.config, data_i, budget))
+        return self.group.ids()
+
+    @property
+    def shards(self) -> dict[int, Shard]:
+        """The shards held here, by id (:attr:`ShardGroup.shards`)."""
+        return self.group.shards
 
     def shard_ids(self) -> list[int]:
         """The ids of the shards held here."""
-        return sorted(self.shards)
-
-    def _on(self, i: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        with self._locks[i]:
-            return getattr(self.shards[i], method)(*args, **kwargs)
+        return self.group.ids()
 
     def call(
         self,
@@ -147,34 +136,19 @@ class ShardHost:
         """Call ``Shard.<method>(*args, **kwargs)`` on some or all shards here."""
         ids = self.shard_ids() if shard_ids is None else shard_ids
         kwargs = kwargs or {}
-        return {i: self._on(i, method, *args, **kwargs) for i in ids}
+        return {i: self.group.on(i, method, *args, **kwargs) for i in ids}
 
     def call_each(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
         """Call ``Shard.<method>(*per_shard[id])`` on each listed shard."""
-        return {i: self._on(i, method, *a) for i, a in per_shard.items()}
+        return {i: self.group.on(i, method, *a) for i, a in per_shard.items()}
 
     def round(self, msg: Round | ReplicaRound) -> dict[int, Reply | ReplicaReply]:
-        """One round on every shard here: :func:`~flymc_dist.shard.round.round_shards`
-        over all of them at once, under their locks."""
-        w, c = time.perf_counter(), time.thread_time()
-        ids = sorted(self.shards)
-        locks = [self._locks[i] for i in ids]
-        for lk in locks:
-            lk.acquire()
-        try:
-            replies = round_shards([self.shards[i] for i in ids], msg, self)
-        finally:
-            for lk in reversed(locks):
-                lk.release()
-        b = self._busy
-        b["rounds"] += 1
-        b["round_wall"] += time.perf_counter() - w
-        b["round_cpu"] += time.thread_time() - c
-        return dict(zip(ids, replies, strict=True))
+        """One round on every shard here (:meth:`ShardGroup.round`)."""
+        return self.group.round(msg)
 
     def proposals(self, first: int, count: int, generation: int) -> dict[int, Proposals]:
         """:meth:`Shard.proposals` of every shard here (a read-ahead request)."""
-        return {i: self._on(i, "proposals", first, count, generation) for i in sorted(self.shards)}
+        return self.group.proposals(first, count, generation)
 
     def proposals_packed(self, blob: bytes) -> bytes:
         """:meth:`proposals` with its request and reply packed into one buffer each."""
@@ -185,16 +159,14 @@ class ShardHost:
         """Each shard's work left by the last round (:meth:`Shard.settle`), run after its
         reply has gone: out of core, the reads of the next z-update's rows, while the
         driver moves θ."""
-        for i in sorted(self.shards):
-            with self._locks[i]:
-                self.shards[i].settle()
+        self.group.settle()
 
     def timing(self) -> dict[str, float]:
         """Rounds served here and the wall / CPU seconds they took; ``channel_refused``:
         the handshakes and frames the round channel refused (see
         :attr:`flymc_dist.transport.channel.ChannelServer.refused`)."""
         refused = 0 if self._channel is None else sum(self._channel.refused.values())
-        return {**self._busy, "channel_refused": refused}
+        return {**self.group.busy, "channel_refused": refused}
 
     def round_packed(self, blob: bytes) -> bytes:
         """:meth:`round` with its arguments and reply packed into one buffer each
@@ -342,11 +314,7 @@ class ShardHost:
         at 10⁷ × 20 on 2 workers: a peak of 2.7 GB per worker instead of 1.6)."""
         self._released.set()
         self.close_channel()
-        shards, self.shards = self.shards, {}  # never mutated in place (see add_shards)
-        for shard in shards.values():
-            shard.close()
-        self._locks.clear()
-        self.typed_cache = None
+        self.group.close()
 
     def ping(self) -> int:
         """Liveness check: the number of shards held."""
