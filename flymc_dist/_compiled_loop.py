@@ -11,13 +11,15 @@ draws bit for bit (the dark→bright test is :func:`flymc_dist.brightness.bright
 its form here).
 
 It returns to Python before an iteration whose values hold a NaN (the caller's guard
-then names the row), and after one that left more bright rows than the caller allows
-(the replica's memory budget).
+then names the row), after one that left more bright rows than the caller allows (the
+replica's memory budget), and after one that ends the caller's time (so that progress is
+shown and an interruption is taken within that time).
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import numba
 import numpy as np
@@ -34,10 +36,14 @@ from flymc_dist.streams import chain_keys
 DONE, NAN, OVER_BUDGET = 0, 1, 2
 
 
+#: the clock :func:`monotonic` reads: ``time.perf_counter``'s on Linux
+CLOCK_ID = time.CLOCK_MONOTONIC
+
+
 @intrinsic
-def _monotonic(typingctx: object) -> tuple:
-    """Seconds on ``CLOCK_MONOTONIC`` (``time.perf_counter``'s clock on Linux), read by
-    ``clock_gettime`` from compiled code (linked by name: the function stays cacheable)."""
+def _clock_gettime(typingctx: object, clock: types.Type) -> tuple:
+    """Seconds on the clock ``clock``, read by ``clock_gettime`` from compiled code
+    (linked by name: the function stays cacheable); 0 if the clock cannot be read."""
 
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202 - numba's signature
         i64 = ir.IntType(64)
@@ -45,18 +51,19 @@ def _monotonic(typingctx: object) -> tuple:
         fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), spec.as_pointer()])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
         ts = cgutils.alloca_once(builder, spec)
-        builder.call(fn, [ir.Constant(ir.IntType(32), 1), ts])  # CLOCK_MONOTONIC
+        builder.store(ir.Constant(spec, [ir.Constant(i64, 0), ir.Constant(i64, 0)]), ts)
+        builder.call(fn, [builder.trunc(args[0], ir.IntType(32)), ts])
         sec = builder.sitofp(builder.load(cgutils.gep(builder, ts, 0, 0)), ir.DoubleType())
         nsec = builder.sitofp(builder.load(cgutils.gep(builder, ts, 0, 1)), ir.DoubleType())
         return builder.fadd(sec, builder.fmul(nsec, ir.Constant(ir.DoubleType(), 1e-9)))
 
-    return types.float64(), codegen
+    return types.float64(clock), codegen
 
 
 @numba.njit(**JIT)
 def monotonic() -> float:
-    """:func:`_monotonic` (for tests: its seconds against ``time.perf_counter``'s)."""
-    return _monotonic()
+    """Seconds on :data:`CLOCK_ID`, from compiled code."""
+    return _clock_gettime(CLOCK_ID)
 
 
 @numba.njit(**JIT)
@@ -94,6 +101,7 @@ def replica_steps(
     prior_inv: float,
     prior_const: float,
     max_rows: int,
+    max_seconds: float,
     positions: np.ndarray,
     floats: np.ndarray,
     ints: np.ndarray,
@@ -119,6 +127,8 @@ def replica_steps(
     target, energy, acceptance statistic)`` into ``floats[i]`` and its ``(moved, leapfrog
     steps, evaluations, tree depth, divergent, bright rows, likelihood queries)`` into
     ``ints[i]``; ``clocks`` gains the seconds of the z-updates and of the transitions.
+    It returns after the first iteration that ends ``max_seconds`` or more after the
+    call began (its caller's progress and interruptions wait no longer).
 
     Returns
     -------
@@ -126,15 +136,17 @@ def replica_steps(
         Iterations done, how the call ended (:data:`DONE`; :data:`NAN`: iteration
         ``done``'s z-update met a NaN and was not applied; :data:`OVER_BUDGET`:
         iteration ``done − 1`` left more than ``max_rows`` bright rows, ``max_rows < 0``
-        never) and the replica after the last iteration done.
+        never; :data:`DONE` too when ``max_seconds`` ran out) and the replica after the
+        last iteration done.
     """
     C = thetas.shape[0]
     M0 = origin.size
+    began = monotonic()
     keys = np.empty(C, dtype=np.uint64)
     queries = np.empty(C, dtype=np.int64)
     cand_seg = np.empty(C + 1, dtype=np.int64)
     for i in range(n_steps):
-        t0 = _monotonic()
+        t0 = monotonic()
         chain_keys(seed, generation, step0 + i, purpose, keys)
         p = pair0 + i * C
         a0, a1 = b_seg[p], b_seg[p + C]
@@ -151,7 +163,7 @@ def replica_steps(
             rows_buf, kind, par, b_vals, gone, cand, cand_seg, cand_at, cand_u, vals, queries,
         )  # fmt: skip
         if nan:
-            clocks[0] += _monotonic() - t0
+            clocks[0] += monotonic() - t0
             return i, NAN, buf, ids, starts, origin
         n = cand_seg[C]
         acc = np.empty(n, dtype=np.bool_)
@@ -176,7 +188,7 @@ def replica_steps(
                 s = new_src[k]
                 new_origin[k] = origin[s] if s < M else M0 + (s - M)
             ids, starts, origin = new_ids[:m].copy(), new_starts, new_origin
-        t1 = _monotonic()
+        t1 = monotonic()
         clocks[0] += t1 - t0
         for ch in range(C):
             res = nuts_transition(
@@ -197,7 +209,10 @@ def replica_steps(
             ints[i, ch, 4] = res[7]
             ints[i, ch, 5] = n_rows
             ints[i, ch, 6] = queries[ch] + res[5] * n_rows
-        clocks[1] += _monotonic() - t1
+        t2 = monotonic()
+        clocks[1] += t2 - t1
         if 0 <= max_rows < ids.size:
             return i + 1, OVER_BUDGET, buf, ids, starts, origin
+        if t2 - began >= max_seconds:
+            return i + 1, DONE, buf, ids, starts, origin
     return n_steps, DONE, buf, ids, starts, origin

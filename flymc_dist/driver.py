@@ -721,10 +721,10 @@ class Driver:
             **self.kernel.info_stats(infos),
         }
 
-    def steps(self, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """``n`` iterations of every chain, after warm-up (no adaptation): the positions
-        ``(C, n, P)`` and :meth:`step`'s statistics ``(C, n)``, the same as ``n`` calls of
-        :meth:`step`.
+    def steps(self, n: int, seconds: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Up to ``n`` iterations of every chain, after warm-up (no adaptation), as many
+        as end within about ``seconds`` (at least one): the positions ``(C, k, P)`` and
+        :meth:`step`'s statistics ``(C, k)``, the same as ``k`` calls of :meth:`step`.
 
         In replica mode with NUTS, its proposals read ahead, the iterations of a
         read-ahead block run in one compiled call
@@ -732,11 +732,13 @@ class Driver:
         iteration that call leaves to Python (a NaN for the guard to name), run
         :meth:`step` by step."""
         C = self.chains
+        t0 = time.perf_counter()
         positions = np.empty((C, n, self.P))
         stats = {k: np.empty((C, n), dtype=v) for k, v in self.stat_names.items()}
         i = 0
-        while i < n:
-            done = self._nuts_block(n - i, positions, stats, i)
+        while i < n and (i == 0 or time.perf_counter() - t0 < seconds):
+            left = seconds - (time.perf_counter() - t0)
+            done = self._nuts_block(n - i, positions, stats, i, left)
             if not done:
                 st = self.step()
                 positions[:, i] = self.positions
@@ -744,13 +746,14 @@ class Driver:
                     v[:, i] = st[k]
                 done = 1
             i += done
-        return positions, stats
+        return positions[:, :i], {k: v[:, :i] for k, v in stats.items()}
 
     def _nuts_block(
-        self, n: int, positions: np.ndarray, stats: dict[str, np.ndarray], i0: int
+        self, n: int, positions: np.ndarray, stats: dict[str, np.ndarray], i0: int, seconds: float
     ) -> int:
         """:meth:`steps`' compiled iterations: up to ``n`` of them, to the end of the
-        read-ahead block, written at ``i0``. Returns how many ran (0: none could)."""
+        read-ahead block or the first to end ``seconds`` after the call began, written at
+        ``i0``. Returns how many ran (0: none could)."""
         ahead, replica = self.ahead, self.replica
         if not (
             self._step_impl is Driver._step_fused
@@ -788,6 +791,7 @@ class Driver:
             (*nuts, self.kernel.max_tree_depth, self.kernel.divergence_threshold),
             self.bound,
             replica.max_rows(self.replica_budget) if self.bright_replica == "auto" else -1,
+            seconds - (time.perf_counter() - t_step),
         )
         ahead.step += done
         if done:

@@ -466,6 +466,7 @@ class BrightReplica:
         nuts: tuple,
         bound: BoundStats,
         max_rows: int,
+        max_seconds: float,
     ) -> tuple[int, bool, np.ndarray, np.ndarray, np.ndarray, float]:
         """Up to ``n_steps`` iterations of every chain in one compiled call
         (:func:`flymc_dist._compiled_loop.replica_steps`): each chain's z-update here, as
@@ -494,6 +495,8 @@ class BrightReplica:
             The collapsed bound.
         max_rows
             Return after an iteration that leaves more bright rows (< 0: never).
+        max_seconds
+            Return after the first iteration that ends this long after the call began.
 
         Returns
         -------
@@ -525,7 +528,7 @@ class BrightReplica:
             (step - block.first) * C, np.uint64(seed & 0xFFFFFFFFFFFFFFFF), generation, step,
             purpose, math.log(q), kind, par, nuts[0], thetas, nuts[1], nuts[2], nuts[3],
             nuts[4], int(nuts[5]), float(nuts[6]), target.S, target.b, target.c,
-            *target.prior, int(max_rows), positions, floats, ints, clocks,
+            *target.prior, int(max_rows), float(max_seconds), positions, floats, ints, clocks,
         )  # fmt: skip
         self.kernel_clock[0] += clocks[1]
         if done:  # the replica as the last iteration left it

@@ -239,9 +239,11 @@ def _iterate(
         while i < total:
             warm = i < num_warmup
             if not warm and steps is not None:
-                # as many iterations as the trace's next flush allows
+                # as many iterations as the trace's next flush allows and end within the
+                # progress bar's interval (an interruption is taken between calls)
                 n = total - i if trace is None else min(total - i, checkpoint_every - len(buf))
-                pos_n, st_n = steps(n)
+                pos_n, st_n = steps(n, progress.interval)
+                n = pos_n.shape[1]
                 draws.put_many(i, pos_n, st_n)
                 progress.update_many(st_n)
                 if trace is not None:

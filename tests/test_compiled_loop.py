@@ -38,7 +38,7 @@ def _run(loop: bool, monkeypatch: pytest.MonkeyPatch, **kw: object) -> tuple[fd.
     with monkeypatch.context() as m:
         m.setattr(BrightReplica, "nuts_steps", counted)
         if not loop:
-            m.setattr(Driver, "_nuts_block", lambda self, n, positions, stats, i0: 0)
+            m.setattr(Driver, "_nuts_block", lambda self, n, positions, stats, i0, seconds: 0)
         options = dict(
             num_warmup=40, num_samples=150, chains=3, seed=5, client="synchronous",
             progress=False, placement=fd.Placement(n_shards=3),
@@ -61,13 +61,20 @@ def _same(a: fd.Result, b: fd.Result) -> None:
 def test_the_compiled_iterations_are_the_steps(monkeypatch):
     """Blocks of 7 iterations (one host in process; 40 of warm-up, 150 kept: neither a
     multiple of 7): the same draws and every statistic, round trips and bright rows
-    included; the loop ran, a call per block."""
+    included; the loop ran, a call per block; and a call per iteration when each call's
+    time runs out at once."""
     looped, calls = _run(True, monkeypatch)
     stepped, none = _run(False, monkeypatch)
     assert looped.info["bright_replica"] is True and looped.info["read_ahead"] == 7
     assert none == 0 and calls == 23  # steps 40, 41 (the block of 35–41), 21 blocks, 189
     _same(looped, stepped)
     assert looped.stats["round_trips"].sum(axis=1).tolist() == [22, 22, 22]
+    # out of time at once: every call returns after one iteration, the same draws
+    steps = Driver.steps
+    monkeypatch.setattr(Driver, "steps", lambda self, n, seconds: steps(self, n, 0.0))
+    one_by_one, calls = _run(True, monkeypatch)
+    assert calls == 150
+    _same(one_by_one, stepped)
 
 
 def test_with_a_trace_checkpoints_and_a_resume(monkeypatch, tmp_path):
@@ -151,11 +158,13 @@ def test_a_nan_is_left_to_the_guard():
     bound = model.suffstats(X, y, xi)
     args = ((1, 0, 0, 1), 0.1)
     nan = np.full((1, 4), np.nan)
-    done, over, pos, _, _, _ = replica.nuts_steps(2, block, *args, nan, (*nuts, 5, 1e3), bound, -1)
+    done, over, pos, _, _, _ = replica.nuts_steps(
+        2, block, *args, nan, (*nuts, 5, 1e3), bound, -1, 1e9
+    )
     assert (done, over, pos.shape[0]) == (0, False, 0)
     np.testing.assert_array_equal(replica.bright_ids()[0], ids)
     done, over, pos, _, ints, _ = replica.nuts_steps(
-        2, block, *args, theta.copy(), (*nuts, 5, 1e3), bound, -1
+        2, block, *args, theta.copy(), (*nuts, 5, 1e3), bound, -1, 1e9
     )
     assert (done, over, pos.shape) == (2, False, (2, 1, 4))
     assert np.isfinite(pos).all()

@@ -145,14 +145,14 @@ def _cpu_per_step() -> Iterator[list[tuple[int, float]]]:
         done[0] += 1
         return step(self, adapters)
 
-    def many(self: Driver, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def many(self: Driver, n: int, seconds: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         marks.append((done[0], time.process_time()))
         Driver.step = step  # type: ignore[method-assign]  # its own steps: not marked
         try:
-            out = steps(self, n)
+            out = steps(self, n, seconds)
         finally:
             Driver.step = one  # type: ignore[method-assign]
-        done[0] += n
+        done[0] += out[0].shape[1]
         marks.append((done[0], time.process_time()))
         return out
 
