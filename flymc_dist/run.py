@@ -33,6 +33,11 @@ __all__ = ["Sampler", "run"]
 class Sampler(Protocol):
     """What :func:`run` drives: one algorithm's chains.
 
+    A sampler may also have ``steps(n, seconds)``: after warm-up, up to ``n`` iterations
+    in one call, as many as end within about ``seconds`` (at least one), returning their
+    positions ``(chains, k, P)`` and :meth:`step`'s statistics ``(chains, k)`` — the same
+    as ``k`` calls of :meth:`step` (:meth:`flymc_dist.driver.Driver.steps`).
+
     Attributes
     ----------
     chains, P, param_shape
