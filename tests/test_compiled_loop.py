@@ -66,7 +66,8 @@ def test_the_compiled_iterations_are_the_steps(monkeypatch):
     looped, calls = _run(True, monkeypatch)
     stepped, none = _run(False, monkeypatch)
     assert looped.info["bright_replica"] is True and looped.info["read_ahead"] == 7
-    assert none == 0 and calls == 23  # steps 40, 41 (the block of 35–41), 21 blocks, 189
+    # steps 40, 41 (the block of 35–41), 21 blocks, 189 (more only if a call's time ran out)
+    assert none == 0 and 23 <= calls <= 30
     _same(looped, stepped)
     assert looped.stats["round_trips"].sum(axis=1).tolist() == [22, 22, 22]
     # out of time at once: every call returns after one iteration, the same draws
