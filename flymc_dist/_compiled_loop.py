@@ -29,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from flymc_dist._compiled import JIT, replica_z_apply, replica_z_propose
-from flymc_dist._compiled_nuts import nuts_transition
+from flymc_dist._compiled_nuts import nuts_chains
 from flymc_dist.streams import chain_keys
 
 #: what :func:`replica_steps` says of how its call ended
@@ -112,7 +112,7 @@ def replica_steps(
     (:func:`~flymc_dist._compiled.replica_z_propose`, the dark→bright test ``log(1 − u)
     < log L~ − log q``, :func:`~flymc_dist._compiled.replica_z_apply`), then each
     chain's NUTS transition (:func:`~flymc_dist._compiled_nuts.nuts_transition`), chain
-    after chain.
+    after chain (:func:`~flymc_dist._compiled_nuts.nuts_chains`).
 
     The replica: chain c's bright rows ``buf[starts[c]:starts[c+1]]`` (features and
     row constants), global ids ``ids``, and where each row's features, target and tight
@@ -126,7 +126,7 @@ def replica_steps(
     Iteration i writes every chain's new position into ``positions[i]``, its ``(log
     target, energy, acceptance statistic)`` into ``floats[i]`` and its ``(moved, leapfrog
     steps, evaluations, tree depth, divergent, bright rows, likelihood queries)`` into
-    ``ints[i]``; ``clocks`` gains the seconds of the z-updates and of the transitions.
+    ``ints[i]``; ``clocks[0]`` gains the seconds of the transitions.
     It returns after the first iteration that ends ``max_seconds`` or more after the
     call began (its caller's progress and interruptions wait no longer).
 
@@ -146,7 +146,6 @@ def replica_steps(
     queries = np.empty(C, dtype=np.int64)
     cand_seg = np.empty(C + 1, dtype=np.int64)
     for i in range(n_steps):
-        t0 = monotonic()
         chain_keys(seed, generation, step0 + i, purpose, keys)
         p = pair0 + i * C
         a0, a1 = b_seg[p], b_seg[p + C]
@@ -163,7 +162,6 @@ def replica_steps(
             rows_buf, kind, par, b_vals, gone, cand, cand_seg, cand_at, cand_u, vals, queries,
         )  # fmt: skip
         if nan:
-            clocks[0] += monotonic() - t0
             return i, NAN, buf, ids, starts, origin
         n = cand_seg[C]
         acc = np.empty(n, dtype=np.bool_)
@@ -173,44 +171,34 @@ def replica_steps(
             m += acc[j]
         for j in range(M):
             m -= gone[j]
-        new_buf = np.empty((M + n, buf.shape[1]))
-        new_ids = np.empty(M + n, dtype=np.int64)
-        new_src = np.empty(M + n, dtype=np.int64)
+        # the new bright rows, exactly m of them (written only if some set changed)
+        new_buf = np.empty((m, buf.shape[1]))
+        new_ids = np.empty(m, dtype=np.int64)
+        new_src = np.empty(m, dtype=np.int64)
         new_starts = np.empty(C + 1, dtype=np.int64)
         w = replica_z_apply(
             buf, ids, starts, gone, cand, cand_seg, cand_at, acc, rows_buf, new_buf, new_ids,
             new_src, new_starts,
         )  # fmt: skip
         if w >= 0:  # some chain's bright set changed
-            buf = np.ascontiguousarray(new_buf[:m])
             new_origin = np.empty(m, dtype=np.int64)
             for k in range(m):
                 s = new_src[k]
                 new_origin[k] = origin[s] if s < M else M0 + (s - M)
-            ids, starts, origin = new_ids[:m].copy(), new_starts, new_origin
+            buf, ids, starts, origin = new_buf, new_ids, new_starts, new_origin
         t1 = monotonic()
-        clocks[0] += t1 - t0
+        nuts_chains(
+            rng_at, thetas, eps, inv, factor, diag, max_depth, threshold, buf, starts, kind,
+            par, S, b, c, prior_kind, prior_inv, prior_const, positions[i], floats[i], ints[i],
+        )  # fmt: skip
+        t2 = monotonic()
+        clocks[0] += t2 - t1
         for ch in range(C):
-            res = nuts_transition(
-                rng_at[ch], thetas[ch], eps[ch], inv[ch], factor[ch], diag, max_depth,
-                threshold, buf, starts[ch], starts[ch + 1], kind, par, S, b, c, prior_kind,
-                prior_inv, prior_const, positions[i, ch],
-            )  # fmt: skip
             for d in range(thetas.shape[1]):  # not [:] = …: see nuts_transition
                 thetas[ch, d] = positions[i, ch, d]
-            floats[i, ch, 0] = res[1]
-            floats[i, ch, 1] = res[2]
-            floats[i, ch, 2] = res[3]
             n_rows = starts[ch + 1] - starts[ch]
-            ints[i, ch, 0] = res[0]
-            ints[i, ch, 1] = res[4]
-            ints[i, ch, 2] = res[5]
-            ints[i, ch, 3] = res[6]
-            ints[i, ch, 4] = res[7]
             ints[i, ch, 5] = n_rows
-            ints[i, ch, 6] = queries[ch] + res[5] * n_rows
-        t2 = monotonic()
-        clocks[1] += t2 - t1
+            ints[i, ch, 6] = queries[ch] + ints[i, ch, 2] * n_rows
         if 0 <= max_rows < ids.size:
             return i + 1, OVER_BUDGET, buf, ids, starts, origin
         if t2 - began >= max_seconds:

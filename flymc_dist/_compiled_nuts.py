@@ -403,7 +403,7 @@ def nuts_chains(
 
     Writes each chain's new position into ``out[i]``, its ``(log_target, energy,
     accept_prob)`` into ``floats[i]`` and its ``(moved, n_leapfrog, n_evals, tree_depth,
-    divergent)`` into ``ints[i]``.
+    divergent)`` into the first five columns of ``ints[i]``.
     """
     for i in range(thetas.shape[0]):
         res = nuts_transition(

@@ -782,7 +782,7 @@ class Driver:
         )
         thetas = np.array(self.positions, dtype=np.float64)  # updated in place
         theta_clock = float(replica.kernel_clock[0])
-        done, over_budget, pos, floats, ints, _ = replica.nuts_steps(
+        done, over_budget, pos, floats, ints = replica.nuts_steps(
             n,
             block,
             (self.seed, ahead.generation, ahead.step, Z_DECIDE),

@@ -426,15 +426,9 @@ class BrightReplica:
             new_src, new_starts,
         )  # fmt: skip
         if m >= 0:  # some chain's bright set changed
-            src = new_src[:m]
-            # each new row from the replica (src < M) or from the proposals' rows (a whole
-            # read-ahead block's, whose size grows with the hosts: not joined, not copied)
-            out = []
-            for a, b in ((self._X_all, X), (self._y_all, y), (self._xi_all, xi)):
-                arr = np.empty((m,) + a.shape[1:], dtype=np.result_type(a, b))
-                jit.gather_rows(_two_d(a), _two_d(b), src, _two_d(arr))
-                out.append(arr)
-            self._set_all(new_ids[:m], new_buf[:m], *out, new_starts)
+            self._set_all(
+                new_ids[:m], new_buf[:m], *self._gathered(new_src[:m], X, y, xi), new_starts
+            )
         return queries
 
     def loops(self) -> bool:
@@ -467,7 +461,7 @@ class BrightReplica:
         bound: BoundStats,
         max_rows: int,
         max_seconds: float,
-    ) -> tuple[int, bool, np.ndarray, np.ndarray, np.ndarray, float]:
+    ) -> tuple[int, bool, np.ndarray, np.ndarray, np.ndarray]:
         """Up to ``n_steps`` iterations of every chain in one compiled call
         (:func:`flymc_dist._compiled_loop.replica_steps`): each chain's z-update here, as
         :meth:`update_z` makes it, then its NUTS transition on
@@ -500,18 +494,17 @@ class BrightReplica:
 
         Returns
         -------
-        done, over_budget, positions, floats, ints, z_seconds
+        done, over_budget, positions, floats, ints
             Iterations done, whether the last left more than ``max_rows`` (fewer than
-            ``n_steps`` done and not over: the next one's values hold a NaN); per iteration
-            and chain its new position ``(n, C, P)``, its log target, energy and
-            acceptance statistic ``(n, C, 3)`` and its moved, leapfrog steps,
-            evaluations, tree depth, divergent, bright rows and likelihood queries
-            ``(n, C, 7)``; the seconds of the z-updates. The transitions' seconds go to
-            :attr:`kernel_clock`.
+            ``n_steps`` done and not over: the next one's values hold a NaN, or the time
+            ran out); per iteration and chain its new position ``(n, C, P)``, its log
+            target, energy and acceptance statistic ``(n, C, 3)`` and its moved, leapfrog
+            steps, evaluations, tree depth, divergent, bright rows and likelihood queries
+            ``(n, C, 7)``. The transitions' seconds go to :attr:`kernel_clock`.
         """
         from flymc_dist._compiled_loop import OVER_BUDGET, replica_steps  # numba: here
 
-        jit, kind, par = self._compiled
+        _, kind, par = self._compiled
         self._rebuild()
         target = self.fused_targets(bound)
         seed, generation, step, purpose = keys
@@ -520,7 +513,7 @@ class BrightReplica:
         positions = np.empty((n_steps, C, P))
         floats = np.empty((n_steps, C, 3))
         ints = np.empty((n_steps, C, 7), dtype=np.int64)
-        clocks = np.zeros(2)
+        clocks = np.zeros(1)
         buf_rows, X, y, xi = block.rows
         done, status, buf, ids, starts, origin = replica_steps(
             n_steps, self._rows[0].X.shape[1], self._buffer_all, self._ids_all, self._starts,
@@ -530,16 +523,24 @@ class BrightReplica:
             nuts[4], int(nuts[5]), float(nuts[6]), target.S, target.b, target.c,
             *target.prior, int(max_rows), float(max_seconds), positions, floats, ints, clocks,
         )  # fmt: skip
-        self.kernel_clock[0] += clocks[1]
+        self.kernel_clock[0] += clocks[0]
         if done:  # the replica as the last iteration left it
-            out = []
-            for a, b in ((self._X_all, X), (self._y_all, y), (self._xi_all, xi)):
-                arr = np.empty((ids.size,) + a.shape[1:], dtype=np.result_type(a, b))
-                jit.gather_rows(_two_d(a), _two_d(b), origin, _two_d(arr))
-                out.append(arr)
-            self._set_all(ids, buf, *out, starts)
-        over = status == OVER_BUDGET
-        return done, over, positions[:done], floats[:done], ints[:done], float(clocks[0])
+            self._set_all(ids, buf, *self._gathered(origin, X, y, xi), starts)
+        return done, status == OVER_BUDGET, positions[:done], floats[:done], ints[:done]
+
+    def _gathered(
+        self, src: np.ndarray, X: np.ndarray, y: np.ndarray, xi: np.ndarray
+    ) -> list[np.ndarray]:
+        """The features, targets and tight points of new bright rows, each from the
+        replica (``src < M``) or from the proposals' rows ``X, y, xi`` (a whole read-ahead
+        block's, whose size grows with the hosts: not joined, not copied)."""
+        jit = self._compiled[0]
+        out = []
+        for a, b in ((self._X_all, X), (self._y_all, y), (self._xi_all, xi)):
+            arr = np.empty((src.size,) + a.shape[1:], dtype=np.result_type(a, b))
+            jit.gather_rows(_two_d(a), _two_d(b), src, _two_d(arr))
+            out.append(arr)
+        return out
 
     def _set_all(
         self,

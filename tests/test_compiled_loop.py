@@ -159,12 +159,12 @@ def test_a_nan_is_left_to_the_guard():
     bound = model.suffstats(X, y, xi)
     args = ((1, 0, 0, 1), 0.1)
     nan = np.full((1, 4), np.nan)
-    done, over, pos, _, _, _ = replica.nuts_steps(
+    done, over, pos, _, _ = replica.nuts_steps(
         2, block, *args, nan, (*nuts, 5, 1e3), bound, -1, 1e9
     )
     assert (done, over, pos.shape[0]) == (0, False, 0)
     np.testing.assert_array_equal(replica.bright_ids()[0], ids)
-    done, over, pos, _, ints, _ = replica.nuts_steps(
+    done, over, pos, _, ints = replica.nuts_steps(
         2, block, *args, theta.copy(), (*nuts, 5, 1e3), bound, -1, 1e9
     )
     assert (done, over, pos.shape) == (2, False, (2, 1, 4))
