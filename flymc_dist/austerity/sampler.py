@@ -361,13 +361,10 @@ def expected_data_used(
         raise ValueError(f"N must be a positive integer, not {N!r}")
     N = int(N)
     m = _check_batch_size(batch_size)
-    if isinstance(min_batches, bool) or not isinstance(min_batches, int | np.integer):
-        raise ValueError(f"min_batches must be an integer >= 1, not {min_batches!r}")
-    if min_batches < 1:
-        raise ValueError(f"min_batches must be an integer >= 1, not {min_batches!r}")
     eps = _check_eps(eps)
-    if tails not in ("one", "two"):
-        raise ValueError(f"tails must be 'one' or 'two', not {tails!r}")
+    # validated as the options are (the same messages)
+    opts = Austerity(tails=tails, min_batches=min_batches)
+    tails, min_batches = opts.tails, opts.min_batches
     try:
         mu, sigma, mu0 = np.broadcast_arrays(
             np.asarray(mu, float), np.asarray(sigma, float), np.asarray(mu0, float)
