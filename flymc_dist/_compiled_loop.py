@@ -1,14 +1,14 @@
 """FlyMC's sampling iterations in replica mode, many in one compiled call (numba).
 
-In replica mode with NUTS (the defaults) an iteration is every chain's implicit z-update
-on the driver's replica (its proposals read ahead, :mod:`flymc_dist.ahead`), then every
-chain's NUTS transition on its conditional (:mod:`flymc_dist._compiled_nuts`). Each is
-compiled; called once per iteration from Python, their calls, the arrays built around
-them and the statistics cost more than the transitions themselves on a chain with a
-few bright rows. :func:`replica_steps` runs the iterations of one read-ahead block in one
-call: the same compiled functions in the same order on the same values, so the same
-draws bit for bit (the dark→bright test is :func:`flymc_dist.brightness.brighten`'s, in
-its form here).
+In replica mode with NUTS (the defaults) or random-walk MH an iteration is every chain's
+implicit z-update on the driver's replica (its proposals read ahead,
+:mod:`flymc_dist.ahead`), then every chain's θ-transition on its conditional
+(:mod:`flymc_dist._compiled_kernels`). Each is compiled; called once per iteration
+from Python, their calls, the arrays built around them and the statistics cost more than
+the transitions themselves on a chain with a few bright rows. :func:`replica_steps` runs
+the iterations of one read-ahead block in one call: the same compiled functions in the
+same order on the same values, so the same draws bit for bit (the dark→bright test is
+:func:`flymc_dist.brightness.brighten`'s, in its form here).
 
 It returns to Python before an iteration whose values hold a NaN (the caller's guard
 then names the row), after one that left more bright rows than the caller allows (the
@@ -29,11 +29,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from flymc_dist._compiled import JIT, replica_z_apply, replica_z_propose
-from flymc_dist._compiled_nuts import nuts_chains
+from flymc_dist._compiled_kernels import nuts_chains, rwmh_chains
 from flymc_dist.streams import chain_keys
 
 #: what :func:`replica_steps` says of how its call ended
 DONE, NAN, OVER_BUDGET = 0, 1, 2
+
+#: the θ-kernels :func:`replica_steps` runs
+KERNELS = {"nuts": 0, "rwmh": 1}
 
 
 #: the clock :func:`monotonic` reads: ``time.perf_counter``'s on Linux
@@ -86,6 +89,7 @@ def replica_steps(
     log_q: float,
     kind: int,
     par: np.ndarray,
+    kernel: int,
     rng_at: np.ndarray,
     thetas: np.ndarray,
     eps: np.ndarray,
@@ -111,8 +115,10 @@ def replica_steps(
     ``step0`` of the z streams: each chain's implicit z-update
     (:func:`~flymc_dist._compiled.replica_z_propose`, the dark→bright test ``log(1 − u)
     < log L~ − log q``, :func:`~flymc_dist._compiled.replica_z_apply`), then each
-    chain's NUTS transition (:func:`~flymc_dist._compiled_nuts.nuts_transition`), chain
-    after chain (:func:`~flymc_dist._compiled_nuts.nuts_chains`).
+    chain's θ-transition, chain after chain: NUTS's
+    (:func:`~flymc_dist._compiled_kernels.nuts_chains`) or, ``kernel`` being
+    ``KERNELS["rwmh"]``, random-walk MH's (:func:`~flymc_dist._compiled_kernels.rwmh_chains`,
+    ``factor`` its preconditioners; ``inv``, ``max_depth`` and ``threshold`` unused).
 
     The replica: chain c's bright rows ``buf[starts[c]:starts[c+1]]`` (features and
     row constants), global ids ``ids``, and where each row's features, target and tight
@@ -121,7 +127,7 @@ def replica_steps(
     first) · C + c`` at ``b_ids[b_seg[p]:b_seg[p+1]]`` (sorted), each at ``b_at`` in
     ``rows_buf``; this call's first step is pair ``pair0``'s. ``thetas`` (C, P) are the
     chains' positions (updated here), the NUTS inputs are
-    :func:`~flymc_dist._compiled_nuts.nuts_chains`'.
+    :func:`~flymc_dist._compiled_kernels.nuts_chains`'.
 
     Iteration i writes every chain's new position into ``positions[i]``, its ``(log
     target, energy, acceptance statistic)`` into ``floats[i]`` and its ``(moved, leapfrog
@@ -187,10 +193,17 @@ def replica_steps(
                 new_origin[k] = origin[s] if s < M else M0 + (s - M)
             buf, ids, starts, origin = new_buf, new_ids, new_starts, new_origin
         t1 = monotonic()
-        nuts_chains(
-            rng_at, thetas, eps, inv, factor, diag, max_depth, threshold, buf, starts, kind,
-            par, S, b, c, prior_kind, prior_inv, prior_const, positions[i], floats[i], ints[i],
-        )  # fmt: skip
+        if kernel == 0:
+            nuts_chains(
+                rng_at, thetas, eps, inv, factor, diag, max_depth, threshold, buf, starts,
+                kind, par, S, b, c, prior_kind, prior_inv, prior_const, positions[i],
+                floats[i], ints[i],
+            )  # fmt: skip
+        else:
+            rwmh_chains(
+                rng_at, thetas, eps, factor, diag, buf, starts, kind, par, S, b, c, prior_kind,
+                prior_inv, prior_const, positions[i], floats[i], ints[i],
+            )  # fmt: skip
         t2 = monotonic()
         clocks[0] += t2 - t1
         for ch in range(C):

@@ -41,6 +41,7 @@ from flymc_dist.kernels.base import (
     params_to_json,
 )
 from flymc_dist.kernels.nuts import NUTS
+from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.options import FlyMC, Regular, RunSettings
 from flymc_dist.progress import SetupProgress, map_search_rows
@@ -55,7 +56,7 @@ from flymc_dist.protocol import (
     partial_sum,
 )
 from flymc_dist.reduce import check_root, tree_total
-from flymc_dist.replica import BrightReplica, nuts_inputs
+from flymc_dist.replica import BrightReplica, nuts_inputs, rwmh_inputs
 from flymc_dist.rng import (
     ROLE_KERNEL,
     rng_state_from_json,
@@ -680,13 +681,17 @@ class Driver:
 
     def _choose_step(self) -> None:
         """The iteration's strategy, chosen once per run (again only when the replica is
-        handed back to the shards): the kernel's all-chains step when it has one, the
-        fused compiled step on the replica where the model has a compiled form, else
+        handed back to the shards): on a replica whose model has a compiled form, the
+        fused compiled step (:meth:`_step_fused`; a kernel with an all-chains step only
+        when its steps fuse); else the kernel's all-chains step when it has one, else
         every chain's generator, their requests sharing round trips."""
-        if self.kernel.step_chains is not None:
-            self._step_impl = Driver._step_chains
-        elif self.replica is not None and self.replica.fusable:
+        chains = self.kernel.step_chains is not None
+        if (self.replica is not None and self.replica.fusable) and (
+            not chains or self.kernel.fuses(self.params[0])
+        ):
             self._step_impl = Driver._step_fused
+        elif chains:
+            self._step_impl = Driver._step_chains
         else:
             self._step_impl = Driver._step_interleaved
 
@@ -726,9 +731,9 @@ class Driver:
         as end within about ``seconds`` (at least one): the positions ``(C, k, P)`` and
         :meth:`step`'s statistics ``(C, k)``, the same as ``k`` calls of :meth:`step`.
 
-        In replica mode with NUTS, its proposals read ahead, the iterations of a
-        read-ahead block run in one compiled call
-        (:meth:`~flymc_dist.replica.BrightReplica.nuts_steps`); the rest, and an
+        In replica mode with NUTS or random-walk MH, its proposals read ahead, the
+        iterations of a read-ahead block run in one compiled call
+        (:meth:`~flymc_dist.replica.BrightReplica.block_steps`); the rest, and an
         iteration that call leaves to Python (a NaN for the guard to name), run
         :meth:`step` by step."""
         C = self.chains
@@ -738,7 +743,7 @@ class Driver:
         i = 0
         while i < n and (i == 0 or time.perf_counter() - t0 < seconds):
             left = seconds - (time.perf_counter() - t0)
-            done = self._nuts_block(n - i, positions, stats, i, left)
+            done = self._block(n - i, positions, stats, i, left)
             if not done:
                 st = self.step()
                 positions[:, i] = self.positions
@@ -748,18 +753,18 @@ class Driver:
             i += done
         return positions[:, :i], {k: v[:, :i] for k, v in stats.items()}
 
-    def _nuts_block(
+    def _block(
         self, n: int, positions: np.ndarray, stats: dict[str, np.ndarray], i0: int, seconds: float
     ) -> int:
         """:meth:`steps`' compiled iterations: up to ``n`` of them, to the end of the
         read-ahead block or the first to end ``seconds`` after the call began, written at
         ``i0``. Returns how many ran (0: none could)."""
-        ahead, replica = self.ahead, self.replica
+        ahead, replica, kernel = self.ahead, self.replica, self.kernel
         if not (
             self._step_impl is Driver._step_fused
             and ahead is not None
-            and isinstance(self.kernel, NUTS)
-            and all(self.kernel.fuses(p) for p in self.params)
+            and isinstance(kernel, NUTS | RandomWalkMH)
+            and all(kernel.fuses(p) for p in self.params)
             and replica.loops()
         ):
             return 0
@@ -773,22 +778,31 @@ class Driver:
         self.round_seconds += ahead.wait_seconds - waited
         n = min(n, block.first + ahead.depth - ahead.step)
         params = self.params
-        nuts = nuts_inputs(
-            replica.held,
-            self.rngs,
-            [p.step_size for p in params],
-            [p.inv_metric for p in params],
-            [p.momentum_factor for p in params],
-        )
+        eps = [p.step_size for p in params]
+        if isinstance(kernel, NUTS):
+            name = "nuts"
+            inputs = nuts_inputs(
+                replica.held,
+                self.rngs,
+                eps,
+                [p.inv_metric for p in params],
+                [p.momentum_factor for p in params],
+            )
+            inputs += (kernel.max_tree_depth, kernel.divergence_threshold)
+        else:
+            name = "rwmh"
+            tril = [p.scale_tril for p in params]
+            inputs = (*rwmh_inputs(replica.held, self.rngs, eps, tril, self.P), 0, 0.0)
         thetas = np.array(self.positions, dtype=np.float64)  # updated in place
         theta_clock = float(replica.kernel_clock[0])
-        done, over_budget, pos, floats, ints = replica.nuts_steps(
+        done, over_budget, pos, floats, ints = replica.block_steps(
             n,
             block,
             (self.seed, ahead.generation, ahead.step, Z_DECIDE),
             ahead.q,
             thetas,
-            (*nuts, self.kernel.max_tree_depth, self.kernel.divergence_threshold),
+            name,
+            inputs,
             self.bound,
             replica.max_rows(self.replica_budget) if self.bright_replica == "auto" else -1,
             seconds - (time.perf_counter() - t_step),
@@ -815,7 +829,7 @@ class Driver:
                 "round_trips": 0,
                 "lp": floats[:, :, 0].T,
                 "recoveries": 0,
-                **{k: info[INFO_ATTRIBUTES[k]] for k in self.kernel.sample_stats},
+                **{k: info[INFO_ATTRIBUTES[k]] for k in kernel.sample_stats},
             }
             for k, v in stats.items():
                 v[:, out] = values[k]

@@ -29,7 +29,7 @@ from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.protocol import ReplicaReply
 from flymc_dist.terms import bright_terms, bright_terms_many, check_bounds_held
 
-#: the dark→bright test that :meth:`BrightReplica.nuts_steps` has compiled in
+#: the dark→bright test that :meth:`BrightReplica.block_steps` has compiled in
 _COMPILED_BRIGHTEN = brighten
 
 
@@ -77,12 +77,12 @@ def nuts_inputs(
     momentum_factors: list[np.ndarray],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
     """Every chain's NUTS inputs as the compiled transitions take them
-    (:func:`flymc_dist._compiled_nuts.nuts_chains`): the generators' addresses, the step
+    (:func:`flymc_dist._compiled_kernels.nuts_chains`): the generators' addresses, the step
     sizes, the inverse metrics and momentum factors stacked (``(C, P, P)``, or ``(C, 1,
     P)`` when diagonal) and whether they are diagonal. The addresses and the stacks are
     kept in ``held`` while the generators and the metrics are the same objects (the
     kernels' parameters hold their metrics read-only)."""
-    from flymc_dist._compiled_nuts import generator_pointers  # numba: where it computes
+    from flymc_dist._compiled_kernels import generator_pointers  # numba: where it computes
 
     pointers = _kept(held, "rngs", rngs, lambda: np.stack([generator_pointers(r) for r in rngs]))
     diag = inv_metrics[0].ndim == 1
@@ -99,6 +99,33 @@ def nuts_inputs(
         ),
     )
     return pointers, np.asarray(step_sizes, dtype=np.float64), inv, factor, diag
+
+
+def rwmh_inputs(
+    held: dict[str, Any],
+    rngs: list[np.random.Generator],
+    step_sizes: list[float],
+    scale_trils: list[np.ndarray | None],
+    dim: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Every chain's random-walk MH inputs as :func:`nuts_inputs` gives NUTS's (the
+    compiled transitions take both alike): the generators' addresses, the step sizes, the
+    preconditioners stacked twice (in the places of the metric and the momentum factor:
+    ``(C, P, P)``, or ``(C, 1, P)`` ones when every chain's is the identity) and whether
+    they are diagonal. Kept in ``held`` as :func:`nuts_inputs`' are."""
+    from flymc_dist._compiled_kernels import generator_pointers  # numba: where it computes
+
+    pointers = _kept(held, "rngs", rngs, lambda: np.stack([generator_pointers(r) for r in rngs]))
+    diag = all(t is None for t in scale_trils)
+
+    def stacked() -> np.ndarray:
+        if diag:
+            return _frozen(np.ones((len(scale_trils), 1, dim)))
+        eye = np.eye(dim)
+        return _frozen(np.stack([eye if t is None else t for t in scale_trils]).astype(float))
+
+    factor = _kept(held, "scale_trils", scale_trils, stacked)
+    return pointers, np.asarray(step_sizes, dtype=np.float64), factor, factor, diag
 
 
 class FusedTargets:
@@ -156,7 +183,7 @@ class FusedTargets:
         divergence_threshold: float,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One NUTS transition of every chain on its target, chain after chain, in one
-        compiled call (:func:`flymc_dist._compiled_nuts.nuts_chains`): chain c from
+        compiled call (:func:`flymc_dist._compiled_kernels.nuts_chains`): chain c from
         ``positions[c]`` with its own generator, step size and metric.
 
         Returns
@@ -166,7 +193,7 @@ class FusedTargets:
             statistic; ``(C, 5)`` moved, leapfrog steps, evaluations, tree depth and
             divergent.
         """
-        from flymc_dist._compiled_nuts import nuts_chains
+        from flymc_dist._compiled_kernels import nuts_chains
 
         pointers, eps, inv, factor, diag = nuts_inputs(
             self.held, rngs, step_sizes, inv_metrics, momentum_factors
@@ -181,6 +208,39 @@ class FusedTargets:
             pointers, thetas, eps, inv, factor, diag, int(max_tree_depth),
             float(divergence_threshold), self.buffer, self.starts, self.kind, self.par, self.S,
             self.b, self.c, *self.prior, out, floats, ints,
+        )  # fmt: skip
+        if self.clock is not None:
+            self.clock[0] += time.perf_counter() - t0
+        return out, floats, ints
+
+    def rwmh(
+        self,
+        rngs: list[np.random.Generator],
+        positions: np.ndarray,
+        step_sizes: list[float],
+        scale_trils: list[np.ndarray | None],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One random-walk MH transition of every chain on its target, chain after chain,
+        in one compiled call (:func:`flymc_dist._compiled_kernels.rwmh_chains`): chain c
+        from ``positions[c]`` with its own generator, step size and preconditioner.
+
+        Returns
+        -------
+        positions, floats, ints
+            As :meth:`nuts`'s (the energy NaN; no leapfrog steps, 2 evaluations).
+        """
+        from flymc_dist._compiled_kernels import rwmh_chains
+
+        C, P = positions.shape
+        pointers, eps, _, factor, diag = rwmh_inputs(self.held, rngs, step_sizes, scale_trils, P)
+        out = np.empty((C, P))
+        floats = np.empty((C, 3))
+        ints = np.empty((C, 5), dtype=np.int64)
+        t0 = time.perf_counter()
+        thetas = np.array(positions, dtype=np.float64)  # a writable, contiguous copy
+        rwmh_chains(
+            pointers, thetas, eps, factor, diag, self.buffer, self.starts, self.kind, self.par,
+            self.S, self.b, self.c, *self.prior, out, floats, ints,
         )  # fmt: skip
         if self.clock is not None:
             self.clock[0] += time.perf_counter() - t0
@@ -362,7 +422,7 @@ class BrightReplica:
         :func:`~flymc_dist._compiled.replica_z_apply`) and a handful of numpy operations,
         whatever the number of chains. The bright rows' ``log L~`` at ``thetas`` are
         evaluated here again, not taken from the θ-step: the compiled NUTS transition sums
-        with ``fastmath`` reassociation (:mod:`flymc_dist._compiled_nuts`), so its values
+        with ``fastmath`` reassociation (:mod:`flymc_dist._compiled_kernels`), so its values
         may differ in the last bit from the shards' update, whose draws these must be; with
         MAP-tuned bounds they are a few rows per chain, a negligible part of the update.
 
@@ -432,7 +492,7 @@ class BrightReplica:
         return queries
 
     def loops(self) -> bool:
-        """Whether :meth:`nuts_steps` can run (the model compiled, the replica filled, and
+        """Whether :meth:`block_steps` can run (the model compiled, the replica filled, and
         the dark→bright test :func:`~flymc_dist.brightness.brighten` the one it has
         compiled in: a test that replaces it here gets :meth:`update_z`, which calls it)."""
         return (
@@ -450,22 +510,24 @@ class BrightReplica:
         )
         return int(budget // per_row)
 
-    def nuts_steps(
+    def block_steps(
         self,
         n_steps: int,
         block: Any,
         keys: tuple[int, int, int, int],
         q: float,
         thetas: np.ndarray,
-        nuts: tuple,
+        kernel: str,
+        inputs: tuple,
         bound: BoundStats,
         max_rows: int,
         max_seconds: float,
     ) -> tuple[int, bool, np.ndarray, np.ndarray, np.ndarray]:
         """Up to ``n_steps`` iterations of every chain in one compiled call
         (:func:`flymc_dist._compiled_loop.replica_steps`): each chain's z-update here, as
-        :meth:`update_z` makes it, then its NUTS transition on
-        :meth:`fused_targets`' target, as its ``nuts`` makes it; the replica ends as
+        :meth:`update_z` makes it, then its θ-transition (``kernel``: ``"nuts"`` or
+        ``"rwmh"``) on :meth:`fused_targets`' target, as :meth:`FusedTargets.nuts` or
+        :meth:`FusedTargets.rwmh` makes it; the replica ends as
         :meth:`update_z` would have left it after the last iteration done.
 
         Parameters
@@ -482,9 +544,12 @@ class BrightReplica:
             The dark→bright proposal probability.
         thetas
             ``(C, P)``: each chain's position (updated in place).
-        nuts
+        kernel
+            ``"nuts"`` or ``"rwmh"``.
+        inputs
             :func:`nuts_inputs`' five values, then the kernel's ``max_tree_depth`` and
-            ``divergence_threshold``.
+            ``divergence_threshold`` (NUTS), or :func:`rwmh_inputs`' five values, then
+            two that are not read (RWMH).
         bound
             The collapsed bound.
         max_rows
@@ -502,7 +567,7 @@ class BrightReplica:
             steps, evaluations, tree depth, divergent, bright rows and likelihood queries
             ``(n, C, 7)``. The transitions' seconds go to :attr:`kernel_clock`.
         """
-        from flymc_dist._compiled_loop import OVER_BUDGET, replica_steps  # numba: here
+        from flymc_dist._compiled_loop import KERNELS, OVER_BUDGET, replica_steps  # numba
 
         _, kind, par = self._compiled
         self._rebuild()
@@ -519,8 +584,9 @@ class BrightReplica:
             n_steps, self._rows[0].X.shape[1], self._buffer_all, self._ids_all, self._starts,
             np.arange(M0), block.ids, block.seg, block.at, buf_rows,
             (step - block.first) * C, np.uint64(seed & 0xFFFFFFFFFFFFFFFF), generation, step,
-            purpose, math.log(q), kind, par, nuts[0], thetas, nuts[1], nuts[2], nuts[3],
-            nuts[4], int(nuts[5]), float(nuts[6]), target.S, target.b, target.c,
+            purpose, math.log(q), kind, par, KERNELS[kernel], inputs[0], thetas, inputs[1],
+            inputs[2], inputs[3], inputs[4], int(inputs[5]), float(inputs[6]), target.S,
+            target.b, target.c,
             *target.prior, int(max_rows), float(max_seconds), positions, floats, ints, clocks,
         )  # fmt: skip
         self.kernel_clock[0] += clocks[0]
@@ -722,7 +788,7 @@ class BrightReplica:
             raise RuntimeError("no compiled targets: see BrightReplica.fusable")
         _, kind, par = self._compiled
         if self._fused_bound is None or self._fused_bound[0] is not bound:
-            from flymc_dist._compiled_nuts import PRIOR_KINDS  # numba: where it computes
+            from flymc_dist._compiled_kernels import PRIOR_KINDS  # numba: where it computes
 
             prior_kind, k, const = self.model.prior_compiled_terms()
             self._fused_bound = (

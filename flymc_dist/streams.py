@@ -137,6 +137,38 @@ def stream_keys(seed: int, generation: int, chains: int, step: int, purpose: int
     return out
 
 
+@numba.njit(**_JIT)
+def _steps_keys(
+    seed: np.uint64, generation: int, chains: int, first: int, count: int, purpose: int
+) -> np.ndarray:
+    out = np.empty(count * chains, dtype=np.uint64)
+    for t in range(count):
+        for c in range(chains):
+            out[t * chains + c] = _key(seed, generation, c, first + t, purpose)
+    return out
+
+
+def steps_keys(
+    seed: int, generation: int, chains: int, first: int, count: int, purpose: int
+) -> np.ndarray:
+    """:func:`stream_keys` of steps ``first .. first + count - 1``, step after step
+    (``(count · chains,)`` uint64, chain ``c`` of step ``first + t`` at ``t · chains +
+    c``), in one compiled call."""
+    for name, v in (("generation", generation), ("chains", chains), ("first", first)):
+        if v < 0:
+            raise ValueError(f"steps_keys: {name} must be >= 0, got {v}")
+    if count < 0:
+        raise ValueError(f"steps_keys: count must be >= 0, got {count}")
+    return _steps_keys(
+        np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF),
+        int(generation),
+        int(chains),
+        int(first),
+        int(count),
+        int(purpose),
+    )
+
+
 @numba.njit(inline="always", **_JIT)
 def _uniform(key: np.uint64, n: int, word2: int, word3: int) -> float:
     m = np.uint64(_M32)

@@ -255,7 +255,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 KERNEL_FILES = (
     "streams.py",
     "_compiled.py",
-    "_compiled_nuts.py",
+    "_compiled_kernels.py",
     "_compiled_loop.py",
     "shard/rows.py",
     "shard/rowfile.py",

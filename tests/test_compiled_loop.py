@@ -25,27 +25,30 @@ def _data(n: int = 600, seed: int = 4) -> tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
-def _run(loop: bool, monkeypatch: pytest.MonkeyPatch, **kw: object) -> tuple[fd.Result, int]:
-    """A default FlyMC + NUTS run in this process; with ``loop`` False every iteration
-    goes through ``Driver.step``. Returns the result and the compiled calls made."""
+def _run(
+    loop: bool, monkeypatch: pytest.MonkeyPatch, kernel: str = "nuts", **kw: object
+) -> tuple[fd.Result, int]:
+    """A default FlyMC run with ``kernel`` in this process; with ``loop`` False every
+    iteration goes through ``Driver.step``. Returns the result and the compiled calls
+    made."""
     calls = [0]
-    original = BrightReplica.nuts_steps
+    original = BrightReplica.block_steps
 
     def counted(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
         calls[0] += 1
         return original(self, *a, **k)
 
     with monkeypatch.context() as m:
-        m.setattr(BrightReplica, "nuts_steps", counted)
+        m.setattr(BrightReplica, "block_steps", counted)
         if not loop:
-            m.setattr(Driver, "_nuts_block", lambda self, n, positions, stats, i0, seconds: 0)
+            m.setattr(Driver, "_block", lambda self, n, positions, stats, i0, seconds: 0)
         options = dict(
             num_warmup=40, num_samples=150, chains=3, seed=5, client="synchronous",
             progress=False, placement=fd.Placement(n_shards=3),
         )  # fmt: skip
         options.update(kw)
         algorithm = options.pop("algorithm", fd.FlyMC(read_ahead=7))
-        res = fd.sample(fd.LogisticRegression(), _data(), algorithm, "nuts", **options)
+        res = fd.sample(fd.LogisticRegression(), _data(), algorithm, kernel, **options)
     return res, calls[0]
 
 
@@ -58,13 +61,14 @@ def _same(a: fd.Result, b: fd.Result) -> None:
         np.testing.assert_array_equal(a.warmup_stats[k], b.warmup_stats[k], err_msg=k)
 
 
-def test_the_compiled_iterations_are_the_steps(monkeypatch):
+@pytest.mark.parametrize("kernel", ["nuts", "rwmh"])
+def test_the_compiled_iterations_are_the_steps(monkeypatch, kernel):
     """Blocks of 7 iterations (one host in process; 40 of warm-up, 150 kept: neither a
     multiple of 7): the same draws and every statistic, round trips and bright rows
     included; the loop ran, a call per block; and a call per iteration when each call's
-    time runs out at once."""
-    looped, calls = _run(True, monkeypatch)
-    stepped, none = _run(False, monkeypatch)
+    time runs out at once. NUTS and random-walk MH alike."""
+    looped, calls = _run(True, monkeypatch, kernel)
+    stepped, none = _run(False, monkeypatch, kernel)
     assert looped.info["bright_replica"] is True and looped.info["read_ahead"] == 7
     # steps 40, 41 (the block of 35–41), 21 blocks, 189 (more only if a call's time ran out)
     assert none == 0 and 23 <= calls <= 30
@@ -73,7 +77,7 @@ def test_the_compiled_iterations_are_the_steps(monkeypatch):
     # out of time at once: every call returns after one iteration, the same draws
     steps = Driver.steps
     monkeypatch.setattr(Driver, "steps", lambda self, n, seconds: steps(self, n, 0.0))
-    one_by_one, calls = _run(True, monkeypatch)
+    one_by_one, calls = _run(True, monkeypatch, kernel)
     assert calls == 150
     _same(one_by_one, stepped)
 
@@ -87,7 +91,7 @@ def test_with_a_trace_checkpoints_and_a_resume(monkeypatch, tmp_path):
     _same(looped, stepped)
     trace = tmp_path / "c.zarr"
     left = [6]
-    original = BrightReplica.nuts_steps
+    original = BrightReplica.block_steps
 
     def failing(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
         left[0] -= 1
@@ -96,7 +100,7 @@ def test_with_a_trace_checkpoints_and_a_resume(monkeypatch, tmp_path):
         return original(self, *a, **k)
 
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
-        m.setattr(BrightReplica, "nuts_steps", failing)
+        m.setattr(BrightReplica, "block_steps", failing)
         _run(True, monkeypatch, trace=str(trace), checkpoint_every=10)
     assert Trace.open(str(trace)).samples.shape[1] >= 10  # stopped during sampling
     shutil.copytree(trace, tmp_path / "d.zarr")
@@ -159,13 +163,13 @@ def test_a_nan_is_left_to_the_guard():
     bound = model.suffstats(X, y, xi)
     args = ((1, 0, 0, 1), 0.1)
     nan = np.full((1, 4), np.nan)
-    done, over, pos, _, _ = replica.nuts_steps(
-        2, block, *args, nan, (*nuts, 5, 1e3), bound, -1, 1e9
+    done, over, pos, _, _ = replica.block_steps(
+        2, block, *args, nan, "nuts", (*nuts, 5, 1e3), bound, -1, 1e9
     )
     assert (done, over, pos.shape[0]) == (0, False, 0)
     np.testing.assert_array_equal(replica.bright_ids()[0], ids)
-    done, over, pos, _, ints = replica.nuts_steps(
-        2, block, *args, theta.copy(), (*nuts, 5, 1e3), bound, -1, 1e9
+    done, over, pos, _, ints = replica.block_steps(
+        2, block, *args, theta.copy(), "nuts", (*nuts, 5, 1e3), bound, -1, 1e9
     )
     assert (done, over, pos.shape) == (2, False, (2, 1, 4))
     assert np.isfinite(pos).all()

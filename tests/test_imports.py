@@ -28,7 +28,7 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     # replica compute with it, so `import flymc_dist` and the CLI do not pay for it.
     ("flymc_dist.replica", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.shard.state", "flymc_dist._compiled"): "numba, heavy: only where it computes",
-    ("flymc_dist.replica", "flymc_dist._compiled_nuts"): "numba, heavy: only where it computes",
+    ("flymc_dist.replica", "flymc_dist._compiled_kernels"): "numba, heavy: only where it computes",
     ("flymc_dist.replica", "flymc_dist._compiled_loop"): "numba, heavy: only where it computes",
 }
 

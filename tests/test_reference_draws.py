@@ -278,6 +278,16 @@ CONFIGS: tuple[Config, ...] = (
         data="zarr",
         options=(("bright_replica", "auto"),),
     ),
+    # random-walk MH on the replica: its transition compiled too (2026-11-29)
+    Config(
+        "logistic-flymc-rwmh-implicit-map-replica",
+        "logistic",
+        "flymc",
+        "rwmh",
+        "implicit",
+        "map",
+        options=(("bright_replica", "auto"),),
+    ),
     Config(
         "logistic-flymc-hmc-implicit-untuned", "logistic", "flymc", "hmc", "implicit", "untuned"
     ),

@@ -521,3 +521,65 @@ def test_fused_nuts_is_the_generator_step(model_name, prior, metric):
         position = new_g
     assert moved >= 100, moved
     assert differ >= 100, differ
+
+
+@pytest.mark.parametrize("precondition", [True, False])
+@pytest.mark.parametrize(
+    "model_name,prior", [("logistic", "normal"), ("robust", "laplace"), ("logistic", "flat")]
+)
+def test_fused_rwmh_is_the_generator_step(model_name, prior, precondition):
+    """Random-walk MH's compiled transition on the replica (:meth:`RandomWalkMH.fused_steps`)
+    against its generator step evaluated on the same conditional, from the same random
+    stream, over 300 steps along a chain: the same random numbers drawn, the same
+    decisions, the same new position up to rounding (``L z`` in another order), the log
+    target and the acceptance probability to 1e-6 (the target's sums in another order,
+    with rows at their tight points among the bright ones: see the NUTS test above).
+    With and without a preconditioner. Negative control: the compiled step on a target
+    with another bound (its linear term moved) must give other acceptance probabilities."""
+    from flymc_dist.kernels.base import EvalRequest, run_step
+    from flymc_dist.kernels.rwmh import RandomWalkMH
+
+    replica, bound, evaluator, position, model = _fused_case(model_name, prior)
+    P = position.size
+    cov = np.linalg.inv(-2.0 * bound.A + np.eye(P))
+    kernel = RandomWalkMH()
+    params = kernel.init_params(P, np.linalg.cholesky(cov) if precondition else None)
+    params = params._replace(step_size=params.step_size * (1.0 if precondition else 0.1))
+    assert kernel.fuses(params)
+    target = replica.fused_targets(bound)
+    wrong = replica.fused_targets(bound._replace(b=bound.b + 0.5))
+    moved = differ = 0
+    for i in range(300):
+        rng_g, rng_f = np.random.default_rng(i), np.random.default_rng(i)
+        new_g, info_g = run_step(kernel.step(rng_g, position, params), evaluator(position))
+        (new_f,), (info_f,), (logp_f,) = kernel.fused_steps(
+            [rng_f], position[None], [params], target
+        )
+        assert rng_f.bit_generator.state == rng_g.bit_generator.state
+        np.testing.assert_allclose(new_f, new_g, rtol=1e-12, atol=1e-14)
+        assert (info_f.accepted, info_f.index) == (info_g.accepted, info_g.index)
+        assert info_f.n_evals == 2
+        np.testing.assert_allclose(info_f.accept_prob, info_g.accept_prob, rtol=1e-5, atol=0)
+        expected = evaluator(new_g)(EvalRequest(np.empty((0, P)), False, False), True).logp_current
+        np.testing.assert_allclose(logp_f, expected, rtol=1e-8, atol=1e-6)
+        _, (info_w,), _ = kernel.fused_steps(
+            [np.random.default_rng(i)], position[None], [params], wrong
+        )
+        differ += not np.isclose(info_w.accept_prob, info_g.accept_prob, rtol=1e-3, atol=0)
+        moved += info_g.accepted
+        position = new_g
+    assert 30 <= moved <= 270, moved
+    assert differ >= 100, differ
+
+
+def test_a_changed_rwmh_runs_as_written():
+    """A subclass of random-walk MH that changes its step does not fuse (its own step
+    runs, as the kernel protocol's negative controls need)."""
+    from flymc_dist.kernels.rwmh import RandomWalkMH
+
+    class Changed(RandomWalkMH):
+        def _log_ratio(self, logp_new: float, logp_current: float) -> float:
+            return 0.0
+
+    params = RandomWalkMH().init_params(3)
+    assert RandomWalkMH().fuses(params) and not Changed().fuses(params)

@@ -271,21 +271,21 @@ class CountingLogistic(fd.LogisticRegression):
 def count_compiled(monkeypatch):
     """Make ``model.evaluated`` also count the rows the compiled kernels evaluate: the
     shards' (one datum at one θ per row; at placement every row at every chain's θ) and
-    the driver replica's (every row of the
-    chain's buffer at each point, also in the compiled NUTS transitions, which count their
-    evaluations themselves, and the bright rows and dark proposals of the z-update it runs
-    itself with read-ahead);
+    the driver replica's (every row of the chain's buffer at each point, also in the
+    compiled NUTS and RWMH transitions, which count their evaluations themselves, and the
+    bright rows and dark proposals of the z-update it runs itself with read-ahead);
     in-process runs only. The replica's iterations run one at a time (a block's in one
     compiled call cannot be counted from here; test_compiled_loop checks that its
     statistics, the queries included, are these bit for bit)."""
-    from flymc_dist import _compiled, _compiled_nuts
+    from flymc_dist import _compiled, _compiled_kernels
     from flymc_dist.replica import BrightReplica
 
     def install(model: CountingLogistic) -> None:
         real = _compiled.eval_rows
         real_at = _compiled.eval_rows_at
         real_replica = _compiled.replica_eval
-        real_chains = _compiled_nuts.nuts_chains
+        real_chains = _compiled_kernels.nuts_chains
+        real_rwmh = _compiled_kernels.rwmh_chains
         real_segments = _compiled.eval_segments
         real_propose = _compiled.replica_z_propose
 
@@ -317,10 +317,17 @@ def count_compiled(monkeypatch):
             model.evaluated += int((np.diff(starts) * ints[:, 2]).sum())
             return out
 
+        def counting_rwmh(*args):  # random-walk MH's, the same way
+            out = real_rwmh(*args)
+            starts, ints = args[6], args[-1]
+            model.evaluated += int((np.diff(starts) * ints[:, 2]).sum())
+            return out
+
         monkeypatch.setattr(_compiled, "eval_rows", counting)
         monkeypatch.setattr(_compiled, "eval_rows_at", counting_at)
         monkeypatch.setattr(_compiled, "replica_eval", counting_replica)
-        monkeypatch.setattr(_compiled_nuts, "nuts_chains", counting_chains)
+        monkeypatch.setattr(_compiled_kernels, "nuts_chains", counting_chains)
+        monkeypatch.setattr(_compiled_kernels, "rwmh_chains", counting_rwmh)
         monkeypatch.setattr(BrightReplica, "loops", lambda self: False)
         monkeypatch.setattr(_compiled, "eval_segments", counting_segments)
         monkeypatch.setattr(_compiled, "replica_z_propose", counting_propose)

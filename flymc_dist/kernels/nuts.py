@@ -38,7 +38,7 @@ averaging targets.
 
 :meth:`NUTS.fused_steps` is the same transition run whole by a target that can (FlyMC's
 replica of the bright rows: :class:`flymc_dist.replica.FusedTargets`, compiled in
-:mod:`flymc_dist._compiled_nuts`): the same random numbers in the same order, the same
+:mod:`flymc_dist._compiled_kernels`): the same random numbers in the same order, the same
 tree, up to rounding — in one call instead of a generator round per leapfrog step.
 """
 

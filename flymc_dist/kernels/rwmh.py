@@ -468,6 +468,40 @@ class RandomWalkMH(Kernel):
         neg_log_u = rng.standard_exponential()
         return tril_matvec(params.scale_tril, noise), neg_log_u
 
+    def fuses(self, params: RWMHParams) -> bool:
+        """Every step fuses, unless a subclass changes the transition (its draws, its
+        proposal, its decision or its step): then it runs as that subclass writes it."""
+        cls = type(self)
+        return all(
+            getattr(cls, name) is getattr(RandomWalkMH, name)
+            for name in ("step", "step_chains", "propose", "_draw", "_decide", "_log_ratio")
+        )
+
+    def fused_steps(
+        self,
+        rngs: list[np.random.Generator],
+        positions: np.ndarray,
+        params: list[RWMHParams],
+        targets: Any,
+    ) -> tuple[np.ndarray, list[KernelInfo], np.ndarray]:
+        """:meth:`step` of every chain run whole by ``targets.rwmh`` (see
+        :meth:`.Kernel.fused_steps`): the same random numbers, proposals and decisions up
+        to rounding. Evaluations: the current position and the proposal."""
+        new, floats, ints = targets.rwmh(
+            rngs, positions, [p.step_size for p in params], [p.scale_tril for p in params]
+        )
+        infos = [
+            KernelInfo(
+                accepted=bool(moved),
+                accept_prob=float(prob),
+                index=0 if moved else -1,
+                n_evals=2,
+                n_requests=2,
+            )
+            for moved, prob in zip(ints[:, 0].tolist(), floats[:, 2].tolist(), strict=True)
+        ]
+        return new, infos, floats[:, 0]
+
     @staticmethod
     def _decide(log_ratio: float, neg_log_u: float) -> KernelInfo:
         """Accept iff ``log u < log_ratio`` (so never for NaN or -inf)."""

@@ -43,7 +43,7 @@ from flymc_dist.protocol import (
 from flymc_dist.reduce import BlockFold, BlockSums, block_rows, fold_blocks, tree_nodes
 from flymc_dist.shard.rowfile import local_directory
 from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
-from flymc_dist.streams import Z_PROPOSE, RowStreams, bernoulli_rows_many, stream_key
+from flymc_dist.streams import Z_PROPOSE, RowStreams, bernoulli_rows_many, steps_keys
 from flymc_dist.terms import bright_terms, bright_terms_many, check_bounds_held
 
 log = logging.getLogger("flymc_dist")
@@ -1180,14 +1180,7 @@ class Shard:
             raise ValueError("proposals are the implicit FlyMC z-update's")
         C = len(self.chains)
         seed = self.config.seed
-        keys = np.array(
-            [
-                stream_key(seed, generation, c, first + t, Z_PROPOSE)
-                for t in range(count)
-                for c in range(C)
-            ],
-            dtype=np.uint64,
-        )
+        keys = steps_keys(seed, generation, C, first, count, Z_PROPOSE)
         lo = np.full(keys.size, self.spec.start, dtype=np.int64)
         ids, seg = bernoulli_rows_many(keys, self.q_db, self.n_total, lo, lo + self.n)
         rows = np.unique(ids)

@@ -1,4 +1,5 @@
-"""A whole NUTS transition compiled (numba) on FlyMC's conditional over the replica.
+"""Whole θ-kernel transitions compiled (numba) on FlyMC's conditional over the replica:
+NUTS and random-walk Metropolis–Hastings.
 
 In replica mode (:mod:`flymc_dist.replica`) the θ-kernel runs on the driver, and with
 MAP-tuned bounds a chain has tens of bright rows: a leapfrog step is a few thousand
@@ -14,6 +15,9 @@ from the chain's own stream in the same order, on the target
 (prior, collapsed bound, the chain's bright rows in the replica's buffer, summed in
 the replica's order). Its results equal the generator's up to rounding (sums and
 mat-vecs in another order); a test steps both from the same stream.
+:func:`rwmh_transition` is :class:`~flymc_dist.kernels.rwmh.RandomWalkMH`'s step in the
+same way: the same normals and exponential from the chain's stream, the same proposal
+and decision, on the same target.
 
 The sums are compiled with ``fastmath={"reassoc", "contract"}`` (no other fast-math
 flag: infinities and NaN keep their meaning): the compiler may reorder them into several
@@ -419,3 +423,109 @@ def nuts_chains(
         ints[i, 2] = res[5]
         ints[i, 3] = res[6]
         ints[i, 4] = res[7]
+
+
+@numba.njit(**_FAST)
+def rwmh_transition(
+    rng_at: np.ndarray,
+    theta0: np.ndarray,
+    eps: float,
+    factor: np.ndarray,
+    diag: bool,
+    XC: np.ndarray,
+    r0: int,
+    r1: int,
+    kind: int,
+    par: np.ndarray,
+    S: np.ndarray,
+    b: np.ndarray,
+    c: float,
+    prior_kind: int,
+    prior_inv: float,
+    prior_const: float,
+    out: np.ndarray,
+) -> tuple[bool, float, float]:
+    """One random-walk MH transition from ``theta0``, as
+    :meth:`~flymc_dist.kernels.rwmh.RandomWalkMH.step` makes it: ``P`` standard normals
+    ``z`` and one standard exponential ``−log u`` from the Generator at ``rng_at``, the
+    proposal ``θ′ = θ + ε L z`` (``factor`` is ``L``, ``(P, P)``, or its diagonal ``(1,
+    P)`` with ``diag``), accepted iff ``log u < log p(θ′) − log p(θ)``, both on the target
+    of :func:`_target` (evaluated here, the current one too: z may have changed it). The
+    new position is written into ``out``.
+
+    Returns
+    -------
+    moved, log_target, accept_prob
+        Whether it moved, the log target at the new position and ``min(1, p(θ′)/p(θ))``.
+
+    Raises
+    ------
+    FloatingPointError
+        A NaN or +inf log target (at the current position or the proposal; −inf is a
+        point of zero density, never accepted).
+    """
+    rng = _generator_at(rng_at)
+    P = theta0.shape[0]
+    g = np.empty(P)
+    logp0 = _target(theta0, g, XC, r0, r1, kind, par, S, b, c, prior_kind, prior_inv, prior_const)
+    if not logp0 < math.inf:
+        raise FloatingPointError("log density at the current position is NaN or +inf")
+    x = _product(factor, rng.standard_normal(P), diag)
+    neg_log_u = rng.standard_exponential()
+    for d in range(P):
+        x[d] = x[d] * eps + theta0[d]
+    logp = _target(x, g, XC, r0, r1, kind, par, S, b, c, prior_kind, prior_inv, prior_const)
+    if math.isnan(logp) or logp == math.inf:
+        raise FloatingPointError("log density at the proposal is NaN or +inf")
+    log_ratio = logp - logp0
+    moved = log_ratio > -neg_log_u
+    if log_ratio >= 0.0:
+        accept_prob = 1.0
+    elif log_ratio < 0.0:
+        accept_prob = math.exp(log_ratio)
+    else:  # NaN: −inf − −inf
+        accept_prob = 0.0
+    src = x if moved else theta0
+    for d in range(P):
+        out[d] = src[d]
+    return moved, logp if moved else logp0, accept_prob
+
+
+@numba.njit(**_FAST)
+def rwmh_chains(
+    rng_at: np.ndarray,
+    thetas: np.ndarray,
+    eps: np.ndarray,
+    factor: np.ndarray,
+    diag: bool,
+    XC: np.ndarray,
+    starts: np.ndarray,
+    kind: int,
+    par: np.ndarray,
+    S: np.ndarray,
+    b: np.ndarray,
+    c: float,
+    prior_kind: int,
+    prior_inv: float,
+    prior_const: float,
+    out: np.ndarray,
+    floats: np.ndarray,
+    ints: np.ndarray,
+) -> None:
+    """One :func:`rwmh_transition` of every chain, chain after chain, written as
+    :func:`nuts_chains` writes its transitions: ``floats[i]`` the log target, NaN (no
+    energy) and the acceptance probability, ``ints[i]`` moved, 0 (no leapfrog step), 2
+    evaluations, 0 (no tree) and 0 (never divergent)."""
+    for i in range(thetas.shape[0]):
+        res = rwmh_transition(
+            rng_at[i], thetas[i], eps[i], factor[i], diag, XC, starts[i], starts[i + 1], kind,
+            par, S, b, c, prior_kind, prior_inv, prior_const, out[i],
+        )  # fmt: skip
+        floats[i, 0] = res[1]
+        floats[i, 1] = math.nan
+        floats[i, 2] = res[2]
+        ints[i, 0] = res[0]
+        ints[i, 1] = 0
+        ints[i, 2] = 2
+        ints[i, 3] = 0
+        ints[i, 4] = 0
