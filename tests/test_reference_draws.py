@@ -97,6 +97,12 @@ row the shards computed, the unused rest of a last trip included. Every other ar
 the file, the austerity draws included, was checked unchanged bit for bit before the
 three were replaced.
 
+Configuration added on 2026-11-29 (every other entry bit-identical): random-walk MH on
+the driver's replica (``bright_replica="auto"``), whose transition is now compiled
+(:func:`flymc_dist._compiled_kernels.rwmh_transition`), per iteration and a read-ahead
+block at a time; no entry pinned that path before (the others run with the shards
+evaluating).
+
 The data sets are made here by numpy from fixed seeds and also stored in the
 file; :func:`test_reference_draws` first checks that they are regenerated
 identically, so that a change of numpy's random streams is reported as such,
