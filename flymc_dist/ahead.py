@@ -178,6 +178,11 @@ class ReadAhead:
         )
         self.requests += 1
 
+    @property
+    def held(self) -> Block | None:
+        """The block of proposals held (None before the first), whatever steps it holds."""
+        return self._block
+
     def block(self, positions: np.ndarray) -> Block:
         """The block of proposals that holds :attr:`step`: the one held, or the one read
         ahead for it (then the next one is asked for). ``positions`` are where the shards

@@ -735,11 +735,16 @@ class Driver:
         iterations of a read-ahead block run in one compiled call
         (:meth:`~flymc_dist.replica.BrightReplica.block_steps`); the rest, and an
         iteration that call leaves to Python (a NaN for the guard to name), run
-        :meth:`step` by step."""
+        :meth:`step` by step. ``n = 0`` runs none and makes that call ready (the runner
+        asks at the end of warm-up: loading the compiled loop from numba's cache takes
+        ~20 ms, once per process)."""
         C = self.chains
         t0 = time.perf_counter()
         positions = np.empty((C, n, self.P))
         stats = {k: np.empty((C, n), dtype=v) for k, v in self.stat_names.items()}
+        if n == 0:  # none: the compiled loop made ready (numba loads it at its first call)
+            self._block(0, positions, stats, 0, seconds)
+            return positions, stats
         i = 0
         while i < n and (i == 0 or time.perf_counter() - t0 < seconds):
             left = seconds - (time.perf_counter() - t0)
@@ -758,7 +763,8 @@ class Driver:
     ) -> int:
         """:meth:`steps`' compiled iterations: up to ``n`` of them, to the end of the
         read-ahead block or the first to end ``seconds`` after the call began, written at
-        ``i0``. Returns how many ran (0: none could)."""
+        ``i0``. Returns how many ran (0: none could). ``n = 0`` calls the compiled loop
+        for none, on the block held (nothing asked of the hosts): numba loads it then."""
         ahead, replica, kernel = self.ahead, self.replica, self.kernel
         if not (
             self._step_impl is Driver._step_fused
@@ -774,9 +780,11 @@ class Driver:
         n_recoveries = len(recoveries)
         sent = self._messages_sent()
         waited = ahead.wait_seconds
-        block = ahead.block(self.positions)
+        block = ahead.block(self.positions) if n else ahead.held
+        if block is None:
+            return 0
         self.round_seconds += ahead.wait_seconds - waited
-        n = min(n, block.first + ahead.depth - ahead.step)
+        n = max(0, min(n, block.first + ahead.depth - ahead.step))
         params = self.params
         eps = [p.step_size for p in params]
         if isinstance(kernel, NUTS):

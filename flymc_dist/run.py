@@ -36,7 +36,8 @@ class Sampler(Protocol):
     A sampler may also have ``steps(n, seconds)``: after warm-up, up to ``n`` iterations
     in one call, as many as end within about ``seconds`` (at least one), returning their
     positions ``(chains, k, P)`` and :meth:`step`'s statistics ``(chains, k)`` — the same
-    as ``k`` calls of :meth:`step` (:meth:`flymc_dist.driver.Driver.steps`).
+    as ``k`` calls of :meth:`step` (:meth:`flymc_dist.driver.Driver.steps`); with ``n =
+    0`` none, the calls after made ready (:func:`run` asks at the end of warm-up).
 
     Attributes
     ----------
@@ -265,6 +266,8 @@ def _iterate(
                 pos = sampler.positions.copy()
                 draws.put(i, pos, st)
                 if i == num_warmup - 1:
+                    if steps is not None:
+                        steps(0, 0.0)  # sampling's calls made ready, in warm-up's time
                     snap = sampler.timing()
                     clock.end_warmup()
                 progress.update(st)

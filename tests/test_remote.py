@@ -143,6 +143,7 @@ def _interrupted_then_resumed(monkeypatch, data, trace: str, client, stop_at: in
         return real_step(self, adapters)
 
     monkeypatch.setattr(Driver, "step", flaky_step)
+    monkeypatch.delattr(Driver, "steps", raising=False)  # each iteration by step (see test_cli)
     with pytest.raises(KeyboardInterrupt):
         fd.sample(model, data, **opts)
     monkeypatch.setattr(Driver, "step", real_step)

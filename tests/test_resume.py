@@ -48,6 +48,7 @@ def test_interrupted_run_resumes_from_trace(tmp_path, monkeypatch, stop_at):
         return real_step(self, adapters)
 
     monkeypatch.setattr(Driver, "step", flaky_step)
+    monkeypatch.delattr(Driver, "steps", raising=False)  # each iteration by step (see test_cli)
     with pytest.raises(KeyboardInterrupt):
         _sample(trace)
     monkeypatch.setattr(Driver, "step", real_step)
@@ -198,6 +199,7 @@ def test_resume_refuses_a_trace_that_does_not_record_its_data_set(tmp_path, monk
         return real_step(self, adapters)
 
     monkeypatch.setattr(Driver, "step", flaky_step)
+    monkeypatch.delattr(Driver, "steps", raising=False)  # each iteration by step (see test_cli)
     with pytest.raises(KeyboardInterrupt):
         _sample(trace)
     monkeypatch.setattr(Driver, "step", real_step)
@@ -235,6 +237,7 @@ def test_cli_refuses_a_trace_missing_a_chunk(tmp_path, capsys, monkeypatch):
         return real_step(self, adapters)
 
     monkeypatch.setattr(Driver, "step", flaky_step)
+    monkeypatch.delattr(Driver, "steps", raising=False)  # each iteration by step (see test_cli)
     assert main(base) == 130
     monkeypatch.setattr(Driver, "step", real_step)
     chunk = os.path.join(trace, "sample_stats", "accepted", "c", "0", "0")
