@@ -596,6 +596,33 @@ def gather_rows(a: np.ndarray, b: np.ndarray, src: np.ndarray, out: np.ndarray) 
                 out[i, d] = b[j - M, d]
 
 
+@numba.njit(**JIT)
+def merge_pairs(
+    segs: np.ndarray,
+    ids: np.ndarray,
+    at: np.ndarray,
+    id_off: np.ndarray,
+    row_off: np.ndarray,
+    out_ids: np.ndarray,
+    out_at: np.ndarray,
+    out_seg: np.ndarray,
+) -> None:
+    """Several shards' proposals merged pair by pair: pair ``p``'s ids of shard ``h``
+    (``ids[id_off[h] + segs[h, p] : id_off[h] + segs[h, p + 1]]``, each at ``at`` in its
+    shard's rows) for ``h = 0, 1, …`` in turn, into ``out_ids`` and ``out_seg``, each
+    at ``at + row_off[h]`` (``out_at``) in the shards' rows joined."""
+    H, n1 = segs.shape
+    w = 0
+    out_seg[0] = 0
+    for p in range(n1 - 1):
+        for h in range(H):
+            for j in range(id_off[h] + segs[h, p], id_off[h] + segs[h, p + 1]):
+                out_ids[w] = ids[j]
+                out_at[w] = at[j] + row_off[h]
+                w += 1
+        out_seg[p + 1] = w
+
+
 def typed_list(arrays: list[np.ndarray]) -> List:
     """The arrays as a numba typed list (what the kernels take for per-shard buffers)."""
     out = List()

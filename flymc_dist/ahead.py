@@ -72,22 +72,43 @@ class Block:
     __slots__ = ("first", "ids", "seg", "at", "rows")
 
     def __init__(self, first: int, parts: list[Proposals], n_pairs: int, replica: BrightReplica):
+        from flymc_dist._compiled import merge_pairs  # numba: where it computes
+
         self.first = first
-        labels = np.concatenate(
-            [np.repeat(np.arange(n_pairs), np.diff(p.seg)) for p in parts]
-        ).astype(np.int64)
-        ids = np.concatenate([p.ids for p in parts]).astype(np.int64)
-        order = np.argsort(labels, kind="stable")  # each pair's rows, shard after shard
-        self.ids = ids[order]
-        self.seg = np.zeros(n_pairs + 1, dtype=np.int64)
-        np.cumsum(np.bincount(labels, minlength=n_pairs), out=self.seg[1:])
-        rows = np.concatenate([p.rows for p in parts]).astype(np.int64)
-        X = np.concatenate([p.X for p in parts])
-        y = np.concatenate([p.y for p in parts])
-        xi = np.concatenate([p.xi for p in parts])
-        sort = np.argsort(rows, kind="stable")  # already sorted when shards are in row order
-        rows, X, y, xi = rows[sort], X[sort], y[sort], xi[sort]
-        self.at = np.searchsorted(rows, self.ids)
+        held = [p.rows for p in parts if p.rows.size]
+        if all(a[-1] < b[0] for a, b in zip(held, held[1:], strict=False)):
+            # the shards' rows in order (so joined, sorted): each pair's ids shard after
+            # shard, where each shard said they are
+            self.ids = np.empty(sum(p.ids.size for p in parts), dtype=np.int64)
+            self.at = np.empty_like(self.ids)
+            self.seg = np.empty(n_pairs + 1, dtype=np.int64)
+            merge_pairs(
+                np.stack([p.seg for p in parts]).astype(np.int64, copy=False),
+                np.concatenate([p.ids for p in parts]).astype(np.int64, copy=False),
+                np.concatenate([p.at for p in parts]).astype(np.int64, copy=False),
+                np.cumsum([0] + [p.ids.size for p in parts], dtype=np.int64),
+                np.cumsum([0] + [p.rows.size for p in parts[:-1]], dtype=np.int64),
+                self.ids,
+                self.at,
+                self.seg,
+            )
+            X, y, xi = (np.concatenate([getattr(p, k) for p in parts]) for k in ("X", "y", "xi"))
+        else:
+            labels = np.concatenate(
+                [np.repeat(np.arange(n_pairs), np.diff(p.seg)) for p in parts]
+            ).astype(np.int64)
+            ids = np.concatenate([p.ids for p in parts]).astype(np.int64)
+            order = np.argsort(labels, kind="stable")  # each pair's rows, shard after shard
+            self.ids = ids[order]
+            self.seg = np.zeros(n_pairs + 1, dtype=np.int64)
+            np.cumsum(np.bincount(labels, minlength=n_pairs), out=self.seg[1:])
+            rows = np.concatenate([p.rows for p in parts]).astype(np.int64)
+            sort = np.argsort(rows, kind="stable")
+            rows = rows[sort]
+            X, y, xi = (
+                np.concatenate([getattr(p, k) for p in parts])[sort] for k in ("X", "y", "xi")
+            )
+            self.at = np.searchsorted(rows, self.ids)
         self.rows = (replica.row_buffer(X, y, xi), X, y, xi)
 
     def step(self, step: int, chains: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -30,6 +30,7 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     ("flymc_dist.shard.state", "flymc_dist._compiled"): "numba, heavy: only where it computes",
     ("flymc_dist.replica", "flymc_dist._compiled_kernels"): "numba, heavy: only where it computes",
     ("flymc_dist.replica", "flymc_dist._compiled_loop"): "numba, heavy: only where it computes",
+    ("flymc_dist.ahead", "flymc_dist._compiled"): "numba, heavy: only where it computes",
 }
 
 

@@ -299,3 +299,45 @@ def test_out_of_core_shards_serve_the_read_ahead(ds):
     ref, res = run(0), run(8)
     assert res.info["out_of_core"] == [True, True] and res.info["rows_read"] > 0
     _same(ref, res)
+
+
+def test_a_block_merges_the_shards_proposals_pair_by_pair():
+    """:class:`~flymc_dist.ahead.Block` from three shards' answers (one with no row): each
+    pair's ids shard after shard, at their rows in the joined rows — against the same
+    merge written plainly; and parts out of row order take the general path (a stable
+    sort by pair, rows by id) to the same rows for every id."""
+    from flymc_dist.ahead import Block
+    from flymc_dist.protocol import Proposals
+    from flymc_dist.replica import BrightReplica
+
+    rng = np.random.default_rng(3)
+    n_pairs, D = 12, 3
+    parts = []
+    for lo, hi, rate in ((0, 500, 2.0), (500, 900, 0.0), (900, 2000, 3.0)):
+        per_pair = [np.sort(rng.choice(np.arange(lo, hi), rng.poisson(rate), replace=False))
+                    for _ in range(n_pairs)]  # fmt: skip
+        ids = np.concatenate(per_pair).astype(np.int64)
+        seg = np.r_[0, np.cumsum([a.size for a in per_pair])].astype(np.int64)
+        rows, at = np.unique(ids, return_inverse=True)
+        X = rng.normal(size=(rows.size, D))
+        parts.append(Proposals(ids, seg, rows, at, X, (rows % 2).astype(float), 0.1 * X[:, 0]))
+    replica = BrightReplica(fd.LogisticRegression(), 3, [(0, 500), (500, 900), (900, 2000)])
+    block = Block(5, parts, n_pairs, replica)
+    X_all = np.concatenate([p.X for p in parts])
+    rows_all = np.concatenate([p.rows for p in parts])
+    for p in range(n_pairs):
+        want = np.concatenate([q.ids[q.seg[p] : q.seg[p + 1]] for q in parts])
+        got = block.ids[block.seg[p] : block.seg[p + 1]]
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(rows_all[block.at[block.seg[p] : block.seg[p + 1]]], want)
+    np.testing.assert_array_equal(block.rows[1], X_all)
+    assert block.first == 5 and block.seg[-1] == sum(q.ids.size for q in parts) > 0
+    # out of row order: the general path, every id at its own row
+    other = Block(5, parts[::-1], n_pairs, replica)
+    assert other.seg.tolist() == block.seg.tolist()
+    np.testing.assert_array_equal(np.sort(other.ids), np.sort(block.ids))
+    for b in (block, other):
+        X = b.rows[1]
+        for k, i in enumerate(b.ids):
+            q = next(q for q in parts if i in q.rows)
+            np.testing.assert_array_equal(X[b.at[k]], q.X[np.searchsorted(q.rows, i)])
