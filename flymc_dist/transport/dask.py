@@ -29,6 +29,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -373,6 +374,8 @@ class DaskTransport:
         self.placement: dict[str, list[ShardSpec]] = {}
         self._replay: list[tuple[str, tuple, dict]] = []
         self._chan: ChannelClient | None = None
+        #: the thread read-ahead requests are sent and answered on (socket channel)
+        self._ahead_thread: ThreadPoolExecutor | None = None
         started: list[tuple[str, list[ShardSpec], str, Any]] = []
         try:
             workers = sorted(_scheduler_workers(self.client))
@@ -727,9 +730,16 @@ class DaskTransport:
         workers = list(self.placement)
         self.round_trips += 1
         if self._chan is not None:
+            # sent and read on a thread of its own: the driver computes meanwhile (its
+            # compiled loop releases the GIL), and nothing else uses the channel until
+            # take_ahead has the answers (a connection carries one request at a time)
             self._count(workers)
-            sent, bad = self._chan.post(AHEAD, blob, workers)
-            return "socket", sent, bad
+            if self._ahead_thread is None:
+                self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="flymc-ahead")
+            chan, timeout = self._chan, self.timeout
+            return "socket", workers, self._ahead_thread.submit(
+                chan.fanout, AHEAD, blob, workers, timeout
+            )
 
         async def run() -> list[Any]:
             return await asyncio.gather(
@@ -747,8 +757,7 @@ class DaskTransport:
         recreated on live workers (:meth:`recover`): then None, and the driver redraws z."""
         how, workers, extra = handle
         if how == "socket":
-            ok, bad = self._chan.collect(workers, self.timeout)
-            bad = {**extra, **bad}
+            ok, bad = extra.result()  # the channel's own timeout bounds it
         else:
             try:
                 out = extra.result(self.timeout)
@@ -860,6 +869,9 @@ class DaskTransport:
 
     def close(self) -> None:
         """Release the actors; close the client and cluster if we started them."""
+        if self._ahead_thread is not None:
+            self._ahead_thread.shutdown(wait=True)
+            self._ahead_thread = None
         if self._chan is not None:
             self._chan.close()
         try:  # stop the hosts' servers and drop their rows now (a live cluster keeps
