@@ -36,7 +36,8 @@ from flymc_dist.streams import chain_keys
 DONE, NAN, OVER_BUDGET = 0, 1, 2
 
 #: the θ-kernels :func:`replica_steps` runs
-KERNELS = {"nuts": 0, "rwmh": 1}
+NUTS_KERNEL, RWMH_KERNEL = 0, 1
+KERNELS = {"nuts": NUTS_KERNEL, "rwmh": RWMH_KERNEL}
 
 
 #: the clock :func:`monotonic` reads: ``time.perf_counter``'s on Linux
@@ -193,7 +194,7 @@ def replica_steps(
                 new_origin[k] = origin[s] if s < M else M0 + (s - M)
             buf, ids, starts, origin = new_buf, new_ids, new_starts, new_origin
         t1 = monotonic()
-        if kernel == 0:
+        if kernel == NUTS_KERNEL:
             nuts_chains(
                 rng_at, thetas, eps, inv, factor, diag, max_depth, threshold, buf, starts,
                 kind, par, S, b, c, prior_kind, prior_inv, prior_const, positions[i],

@@ -723,9 +723,10 @@ class DaskTransport:
 
     def post_ahead(self, msg: Ahead) -> Any:
         """Send a read-ahead request to every host, without waiting for the answers: on
-        the round channel (each connection then carries this one request until
-        :meth:`take_ahead` reads its reply), else as an actor call run in the client's
-        event loop. Returns the handle :meth:`take_ahead` takes."""
+        the round channel, sent and its replies read and checked on a thread of its own
+        (each connection carries this one request until :meth:`take_ahead` has its
+        reply), else as an actor call run in the client's event loop. Returns the handle
+        :meth:`take_ahead` takes."""
         blob = pack_ahead(msg)
         workers = list(self.placement)
         self.round_trips += 1
@@ -737,8 +738,10 @@ class DaskTransport:
             if self._ahead_thread is None:
                 self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="flymc-ahead")
             chan, timeout = self._chan, self.timeout
-            return "socket", workers, self._ahead_thread.submit(
-                chan.fanout, AHEAD, blob, workers, timeout
+            return (
+                "socket",
+                workers,
+                self._ahead_thread.submit(chan.fanout, AHEAD, blob, workers, timeout),
             )
 
         async def run() -> list[Any]:
