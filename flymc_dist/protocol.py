@@ -258,7 +258,14 @@ class _Reader:
 
 def pack_arrays(meta: Any, arrays: list[np.ndarray]) -> bytes:
     """``meta`` (small plain data: None, bool, int, float, str, bytes, lists, tuples and
-    dicts of them) and ``arrays`` as one buffer; nothing in it is pickled.
+    dicts of them) and ``arrays`` as one buffer (:func:`pack_arrays_parts` joined);
+    nothing in it is pickled."""
+    return b"".join(pack_arrays_parts(meta, arrays))
+
+
+def pack_arrays_parts(meta: Any, arrays: list[np.ndarray]) -> list[bytes | memoryview]:
+    """:func:`pack_arrays`' buffer as its parts in order, the arrays' bytes not copied
+    (views of C-contiguous little-endian arrays): what a socket can send as they are.
 
     The layout: an 8-byte magic; the meta's length and its tagged encoding; the number
     of arrays and, for each, its dtype's code in :data:`WIRE_DTYPES`, its number of
@@ -280,10 +287,13 @@ def pack_arrays(meta: Any, arrays: list[np.ndarray]) -> bytes:
         specs.append(struct.pack(f"<BB{a.ndim}q", _DTYPE_CODE[dt], a.ndim, *a.shape))
     spec = b"".join(specs)
     n = 8 + 4 + len(head) + len(spec)
-    return b"".join(
-        [_MAGIC, _U32.pack(len(head)), head, spec, b"\0" * (-n % 8)]
-        + [a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes() for a in arrays]
-    )
+    return [_MAGIC, _U32.pack(len(head)), head, spec, b"\0" * (-n % 8)] + [_raw(a) for a in arrays]
+
+
+def _raw(a: np.ndarray) -> bytes | memoryview:
+    """The bytes of ``a`` (C-contiguous), little-endian, as a view where they already are."""
+    a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+    return memoryview(a).cast("B") if a.size else b""
 
 
 def unpack_arrays(blob: bytes) -> tuple[Any, list[np.ndarray]]:
@@ -646,12 +656,13 @@ def unpack_ahead(blob: bytes) -> Ahead:
     return Ahead(*(int(v) for v in meta[1:]))
 
 
-def pack_proposals(reply: dict[int, Proposals]) -> bytes:
-    """A host's :class:`Proposals` (shard id → its answer) as one buffer."""
+def pack_proposals(reply: dict[int, Proposals]) -> list[bytes | memoryview]:
+    """A host's :class:`Proposals` (shard id → its answer) as one buffer's parts
+    (:func:`pack_arrays_parts`: joined, the buffer :func:`unpack_proposals` reads)."""
     arrays: list[np.ndarray] = []
     for r in reply.values():
         arrays += list(r)
-    return pack_arrays(list(reply), arrays)
+    return pack_arrays_parts(list(reply), arrays)
 
 
 def unpack_proposals(blob: bytes) -> dict[int, Proposals]:

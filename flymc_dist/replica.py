@@ -198,20 +198,10 @@ class FusedTargets:
         pointers, eps, inv, factor, diag = nuts_inputs(
             self.held, rngs, step_sizes, inv_metrics, momentum_factors
         )
-        C, P = positions.shape
-        out = np.empty((C, P))
-        floats = np.empty((C, 3))
-        ints = np.empty((C, 5), dtype=np.int64)
-        t0 = time.perf_counter()
-        thetas = np.array(positions, dtype=np.float64)  # a writable, contiguous copy
-        nuts_chains(
-            pointers, thetas, eps, inv, factor, diag, int(max_tree_depth),
-            float(divergence_threshold), self.buffer, self.starts, self.kind, self.par, self.S,
-            self.b, self.c, *self.prior, out, floats, ints,
+        return self._transitions(
+            nuts_chains, pointers, positions, eps, inv, factor, diag, int(max_tree_depth),
+            float(divergence_threshold),
         )  # fmt: skip
-        if self.clock is not None:
-            self.clock[0] += time.perf_counter() - t0
-        return out, floats, ints
 
     def rwmh(
         self,
@@ -231,16 +221,25 @@ class FusedTargets:
         """
         from flymc_dist._compiled_kernels import rwmh_chains
 
-        C, P = positions.shape
+        P = positions.shape[1]
         pointers, eps, _, factor, diag = rwmh_inputs(self.held, rngs, step_sizes, scale_trils, P)
+        return self._transitions(rwmh_chains, pointers, positions, eps, factor, diag)
+
+    def _transitions(
+        self, chains: Any, pointers: np.ndarray, positions: np.ndarray, *settings: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``chains`` (a compiled transition of every chain: ``nuts_chains`` or
+        ``rwmh_chains``) from ``positions``, the kernel's ``settings`` between the
+        positions and the targets, timed on :attr:`clock`."""
+        C, P = positions.shape
         out = np.empty((C, P))
         floats = np.empty((C, 3))
         ints = np.empty((C, 5), dtype=np.int64)
         t0 = time.perf_counter()
         thetas = np.array(positions, dtype=np.float64)  # a writable, contiguous copy
-        rwmh_chains(
-            pointers, thetas, eps, factor, diag, self.buffer, self.starts, self.kind, self.par,
-            self.S, self.b, self.c, *self.prior, out, floats, ints,
+        chains(
+            pointers, thetas, *settings, self.buffer, self.starts, self.kind, self.par, self.S,
+            self.b, self.c, *self.prior, out, floats, ints,
         )  # fmt: skip
         if self.clock is not None:
             self.clock[0] += time.perf_counter() - t0

@@ -486,3 +486,59 @@ def test_resolve_operation_refuses_before_importing(tmp_path, monkeypatch):
     from flymc_dist.austerity.shard import shard_batch
 
     assert resolve_operation(operation_name(shard_batch)) is shard_batch
+
+
+def test_a_large_reply_goes_in_parts_and_arrives_whole():
+    """Frames longer than JOIN_BYTES are sent part by part with a MAC fed the same parts,
+    never joined: the bytes on the wire are the joined frame's (checked on a socket
+    pair against ``_frame``), the MAC is the one-shot MAC of the joined bytes, and a
+    handler's reply given as parts (an array's buffer among them) arrives whole and
+    authentic; a byte changed on the way is refused as a wrong MAC."""
+    from flymc_dist.transport.channel import JOIN_BYTES, _frame, _mac, _send_frame
+
+    big = np.arange(3 * JOIN_BYTES // 8, dtype=np.int64)
+    parts = [b"head", memoryview(big).cast("B"), b"", b"tail"]
+    joined = b"".join(bytes(p) for p in parts)
+    assert len(joined) > JOIN_BYTES
+    assert _mac(SECRET, b"A", joined[:9], joined) == _mac(SECRET, b"A", joined[:9] + joined)
+    a, b = socket.socketpair()
+    with a, b:
+        want = _frame(SECRET, b"A", ROUND, 7, joined)
+        sender = threading.Thread(target=_send_frame, args=(a, SECRET, b"A", ROUND, 7, parts))
+        sender.start()
+        got = bytearray()
+        while len(got) < len(want):
+            got += b.recv(1 << 20)
+        sender.join()
+    assert bytes(got) == want
+
+    class Parts(_Handler):
+        def __call__(self, code: int, payload: bytes):
+            return parts if payload == b"parts" else super().__call__(code, payload)
+
+    client = ChannelClient()
+    server = ChannelServer(Parts(), "127.0.0.1", client.secret)
+    try:
+        client.connect("w", server.address, client.secret)
+        ok, bad = client.fanout(ROUND, b"parts", ["w"], timeout=5)
+        assert not bad and bytes(ok["w"]) == joined
+        ok, bad = client.fanout(ECHO, joined, ["w"], timeout=5)
+        assert not bad and bytes(ok["w"]) == joined
+    finally:
+        client.close()
+        server.close()
+    # the same frame with one payload byte changed: refused by the MAC check
+    forged = bytearray(want)
+    forged[len(want) // 2] ^= 1
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(bytes(forged))
+        from flymc_dist.transport.channel import HEADER, MAC_BYTES, _recv_view
+
+        header = _recv_view(b, HEADER.size)
+        body = _recv_view(b, HEADER.unpack(header)[2] + MAC_BYTES)
+        assert _mac(SECRET, b"A", header, body[:-MAC_BYTES]) != bytes(body[-MAC_BYTES:])
+        assert (
+            _mac(SECRET, b"A", want[: HEADER.size], want[HEADER.size : -MAC_BYTES])
+            == (want[-MAC_BYTES:])
+        )

@@ -91,8 +91,15 @@ LOST = 2  # a relay lost hosts of its subtree: their worker addresses, one a lin
 #: the host's parent in the relay tree (one connection each at a time)
 ROLES = {"driver": b"", "parent": b"relay"}
 
+#: a reply: one buffer, or its parts in order (sent as they are, not joined first)
+Payload = bytes | list[bytes | memoryview]
+
 #: ``handler(code, payload) -> reply``
-Handler = Callable[[int, bytes], bytes]
+Handler = Callable[[int, bytes], Payload]
+
+#: frames up to this many bytes are joined and MAC'd in one piece (one-shot HMAC, one
+#: send); longer ones are sent and MAC'd part by part, never copied whole
+JOIN_BYTES = 1 << 16
 
 #: ``after(code)``: run once a request's reply has been sent
 After = Callable[[int], None]
@@ -159,6 +166,12 @@ def _nodelay(sock: socket.socket) -> None:
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     """``n`` bytes from a blocking socket; :class:`ChannelError` if it closes first."""
+    return bytes(_recv_view(sock, n))
+
+
+def _recv_view(sock: socket.socket, n: int) -> memoryview:
+    """:func:`_recv_exact`'s bytes as a read-only view of the buffer they were read into
+    (a large reply is not copied again)."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -167,12 +180,18 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
         if k == 0:
             raise ChannelError("connection closed")
         got += k
-    return bytes(buf)
+    return view.toreadonly()
 
 
-def _mac(key: bytes, *parts: bytes) -> bytes:
-    """HMAC-SHA256 of ``parts`` under ``key`` (one-shot: OpenSSL's fast path)."""
-    return hmac.digest(key, b"".join(parts), "sha256")
+def _mac(key: bytes, *parts: bytes | memoryview) -> bytes:
+    """HMAC-SHA256 of ``parts`` under ``key``: one-shot on the parts joined (OpenSSL's
+    fast path) up to :data:`JOIN_BYTES`, else fed part by part (nothing copied)."""
+    if sum(len(p) for p in parts) <= JOIN_BYTES:
+        return hmac.digest(key, b"".join(parts), "sha256")
+    h = hmac.new(key, digestmod="sha256")
+    for p in parts:
+        h.update(p)
+    return h.digest()
 
 
 def _session(
@@ -190,6 +209,30 @@ def _session(
 def _frame(session: bytes, direction: bytes, code: int, seq: int, payload: bytes) -> bytes:
     header = HEADER.pack(code, seq, len(payload))
     return header + payload + _mac(session, direction, header, payload)
+
+
+def _send_frame(
+    sock: socket.socket, session: bytes, direction: bytes, code: int, seq: int, payload: Payload
+) -> None:
+    """:func:`_frame` of ``payload`` (its parts joined) sent on ``sock``: a large one part
+    by part, its MAC fed the same parts (the frame's bytes are the same)."""
+    parts = [payload] if isinstance(payload, bytes) else payload
+    n = sum(len(p) for p in parts)
+    if n <= JOIN_BYTES:
+        sock.sendall(_frame(session, direction, code, seq, b"".join(parts)))
+        return
+    header = HEADER.pack(code, seq, n)
+    small: list[bytes] = []  # runs of small parts go out joined
+    for p in (header, *parts, _mac(session, direction, header, *parts)):
+        if len(p) < 4096:
+            small.append(bytes(p))
+            continue
+        if small:
+            sock.sendall(b"".join(small))
+            small = []
+        sock.sendall(p)
+    if small:
+        sock.sendall(b"".join(small))
 
 
 class Refused(Exception):
@@ -342,7 +385,7 @@ class ChannelServer:
                 except BaseException as e:  # noqa: BLE001 - sent back to the driver
                     status, reply = ERROR, encode_error(e)
                 del handler
-                conn.sendall(_frame(session, b"A", status, seq, reply))
+                _send_frame(conn, session, b"A", status, seq, reply)
                 seq += 1
                 if status == OK:
                     self._run_after(code)
@@ -465,7 +508,7 @@ class ChannelClient:
 
     def fanout(
         self, code: int, payload: bytes, keys: list[str], timeout: float
-    ) -> tuple[dict[str, bytes], dict[str, BaseException]]:
+    ) -> tuple[dict[str, memoryview], dict[str, BaseException]]:
         """Send ``payload`` to every host in ``keys``, then collect their replies.
 
         Returns ``(replies, failures)``. A connection that fails, closes, does not answer
@@ -503,10 +546,11 @@ class ChannelClient:
 
     def collect(
         self, keys: list[str], timeout: float
-    ) -> tuple[dict[str, bytes], dict[str, BaseException]]:
+    ) -> tuple[dict[str, memoryview], dict[str, BaseException]]:
         """The replies to the requests :meth:`post` sent to ``keys``, within ``timeout``
-        seconds (as :meth:`fanout`)."""
-        ok: dict[str, bytes] = {}
+        seconds (as :meth:`fanout`; each a read-only view of the buffer it was read
+        into)."""
+        ok: dict[str, memoryview] = {}
         bad: dict[str, BaseException] = {}
         deadline = time.monotonic() + timeout
         for k in keys:
@@ -529,8 +573,8 @@ class ChannelClient:
                         f"frames of at most {MAX_FRAME:,}"
                     )
                     continue
-                body = _recv_exact(sock, n + MAC_BYTES)
-                body, mac = body[:n], body[n:]
+                body = _recv_view(sock, n + MAC_BYTES)  # a view: not copied again
+                body, mac = body[:n], bytes(body[n:])
                 sock.settimeout(None)
                 if not hmac.compare_digest(mac, _mac(conn.session, b"A", header, body)):
                     raise ChannelError("a reply with a wrong MAC")
@@ -544,9 +588,9 @@ class ChannelClient:
             if status == OK:
                 ok[k] = body
             elif status == LOST:
-                bad[k] = HostsLost(body.decode("utf-8", "replace").split("\n"))
+                bad[k] = HostsLost(bytes(body).decode("utf-8", "replace").split("\n"))
             else:
-                bad[k] = decode_error(body)
+                bad[k] = decode_error(bytes(body))
         return ok, bad
 
     def close(self) -> None:

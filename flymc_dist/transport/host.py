@@ -152,6 +152,11 @@ class ShardHost:
 
     def proposals_packed(self, blob: bytes) -> bytes:
         """:meth:`proposals` with its request and reply packed into one buffer each."""
+        return b"".join(self._proposal_parts(blob))
+
+    def _proposal_parts(self, blob: bytes) -> list[bytes | memoryview]:
+        """:meth:`proposals_packed`'s reply as its parts (the round channel sends them as
+        they are: a reply of many rows is not copied into one buffer first)."""
         msg = unpack_ahead(blob)
         return pack_proposals(self.proposals(msg.first, msg.count, msg.generation))
 
@@ -281,13 +286,13 @@ class ShardHost:
         weakref.finalize(self, self._channel.close)
         return self._channel.address
 
-    def _serve_channel(self, code: int, payload: bytes) -> bytes:
+    def _serve_channel(self, code: int, payload: bytes) -> bytes | list[bytes | memoryview]:
         if code == ROUND:
             return self.round_packed(payload)
         if code == ROUND_TREE:
             return self.round_tree(payload)
         if code == AHEAD:
-            return self.proposals_packed(payload)
+            return self._proposal_parts(payload)
         if code == ECHO:
             return payload
         raise ValueError(f"unknown channel request code {code}")
