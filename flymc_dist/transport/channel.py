@@ -186,7 +186,7 @@ def _recv_view(sock: socket.socket, n: int) -> memoryview:
 def _mac(key: bytes, *parts: bytes | memoryview) -> bytes:
     """HMAC-SHA256 of ``parts`` under ``key``: one-shot on the parts joined (OpenSSL's
     fast path) up to :data:`JOIN_BYTES`, else fed part by part (nothing copied)."""
-    if sum(len(p) for p in parts) <= JOIN_BYTES:
+    if sum(memoryview(p).nbytes for p in parts) <= JOIN_BYTES:
         return hmac.digest(key, b"".join(parts), "sha256")
     h = hmac.new(key, digestmod="sha256")
     for p in parts:
@@ -217,14 +217,14 @@ def _send_frame(
     """:func:`_frame` of ``payload`` (its parts joined) sent on ``sock``: a large one part
     by part, its MAC fed the same parts (the frame's bytes are the same)."""
     parts = [payload] if isinstance(payload, bytes) else payload
-    n = sum(len(p) for p in parts)
+    n = sum(memoryview(p).nbytes for p in parts)
     if n <= JOIN_BYTES:
         sock.sendall(_frame(session, direction, code, seq, b"".join(parts)))
         return
     header = HEADER.pack(code, seq, n)
     small: list[bytes] = []  # runs of small parts go out joined
     for p in (header, *parts, _mac(session, direction, header, *parts)):
-        if len(p) < 4096:
+        if memoryview(p).nbytes < 4096:
             small.append(bytes(p))
             continue
         if small:
