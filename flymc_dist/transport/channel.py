@@ -98,7 +98,8 @@ Payload = bytes | list[bytes | memoryview]
 Handler = Callable[[int, bytes], Payload]
 
 #: frames up to this many bytes are joined and MAC'd in one piece (one-shot HMAC, one
-#: send); longer ones are sent and MAC'd part by part, never copied whole
+#: send, bytes); longer ones are sent and MAC'd part by part and read into one buffer
+#: (a view of it), never copied whole
 JOIN_BYTES = 1 << 16
 
 #: ``after(code)``: run once a request's reply has been sent
@@ -166,28 +167,37 @@ def _nodelay(sock: socket.socket) -> None:
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     """``n`` bytes from a blocking socket; :class:`ChannelError` if it closes first."""
-    return bytes(_recv_view(sock, n))
+    buf = bytearray(n)
+    _fill(sock, buf)
+    return bytes(buf)
 
 
 def _recv_view(sock: socket.socket, n: int) -> memoryview:
     """:func:`_recv_exact`'s bytes as a read-only view of the buffer they were read into
-    (a large reply is not copied again)."""
+    (a large reply is not copied again: its MAC is checked on it by :func:`_mac_parts`)."""
     buf = bytearray(n)
+    _fill(sock, buf)
+    return memoryview(buf).toreadonly()
+
+
+def _fill(sock: socket.socket, buf: bytearray) -> None:
     view = memoryview(buf)
-    got = 0
+    got, n = 0, len(buf)
     while got < n:
         k = sock.recv_into(view[got:])
         if k == 0:
             raise ChannelError("connection closed")
         got += k
-    return view.toreadonly()
 
 
 def _mac(key: bytes, *parts: bytes | memoryview) -> bytes:
-    """HMAC-SHA256 of ``parts`` under ``key``: one-shot on the parts joined (OpenSSL's
-    fast path) up to :data:`JOIN_BYTES`, else fed part by part (nothing copied)."""
-    if sum(memoryview(p).nbytes for p in parts) <= JOIN_BYTES:
-        return hmac.digest(key, b"".join(parts), "sha256")
+    """HMAC-SHA256 of ``parts`` under ``key`` (one-shot: OpenSSL's fast path)."""
+    return hmac.digest(key, b"".join(parts), "sha256")
+
+
+def _mac_parts(key: bytes, *parts: bytes | memoryview) -> bytes:
+    """:func:`_mac` fed part by part: for a frame longer than :data:`JOIN_BYTES`, whose
+    parts are not copied into one buffer (a short one costs more this way)."""
     h = hmac.new(key, digestmod="sha256")
     for p in parts:
         h.update(p)
@@ -216,14 +226,16 @@ def _send_frame(
 ) -> None:
     """:func:`_frame` of ``payload`` (its parts joined) sent on ``sock``: a large one part
     by part, its MAC fed the same parts (the frame's bytes are the same)."""
-    parts = [payload] if isinstance(payload, bytes) else payload
-    n = sum(memoryview(p).nbytes for p in parts)
+    if isinstance(payload, bytes):
+        sock.sendall(_frame(session, direction, code, seq, payload))
+        return
+    n = sum(memoryview(p).nbytes for p in payload)
     if n <= JOIN_BYTES:
-        sock.sendall(_frame(session, direction, code, seq, b"".join(parts)))
+        sock.sendall(_frame(session, direction, code, seq, b"".join(payload)))
         return
     header = HEADER.pack(code, seq, n)
     small: list[bytes] = []  # runs of small parts go out joined
-    for p in (header, *parts, _mac(session, direction, header, *parts)):
+    for p in (header, *payload, _mac_parts(session, direction, header, *payload)):
         if memoryview(p).nbytes < 4096:
             small.append(bytes(p))
             continue
@@ -508,7 +520,7 @@ class ChannelClient:
 
     def fanout(
         self, code: int, payload: bytes, keys: list[str], timeout: float
-    ) -> tuple[dict[str, memoryview], dict[str, BaseException]]:
+    ) -> tuple[dict[str, bytes | memoryview], dict[str, BaseException]]:
         """Send ``payload`` to every host in ``keys``, then collect their replies.
 
         Returns ``(replies, failures)``. A connection that fails, closes, does not answer
@@ -546,11 +558,11 @@ class ChannelClient:
 
     def collect(
         self, keys: list[str], timeout: float
-    ) -> tuple[dict[str, memoryview], dict[str, BaseException]]:
+    ) -> tuple[dict[str, bytes | memoryview], dict[str, BaseException]]:
         """The replies to the requests :meth:`post` sent to ``keys``, within ``timeout``
-        seconds (as :meth:`fanout`; each a read-only view of the buffer it was read
-        into)."""
-        ok: dict[str, memoryview] = {}
+        seconds (as :meth:`fanout`; one longer than :data:`JOIN_BYTES` is a read-only view
+        of the buffer it was read into)."""
+        ok: dict[str, bytes | memoryview] = {}
         bad: dict[str, BaseException] = {}
         deadline = time.monotonic() + timeout
         for k in keys:
@@ -573,10 +585,16 @@ class ChannelClient:
                         f"frames of at most {MAX_FRAME:,}"
                     )
                     continue
-                body = _recv_view(sock, n + MAC_BYTES)  # a view: not copied again
-                body, mac = body[:n], bytes(body[n:])
+                if n <= JOIN_BYTES:
+                    body = _recv_exact(sock, n + MAC_BYTES)
+                    body, mac = body[:n], body[n:]
+                    want = _mac(conn.session, b"A", header, body)
+                else:  # a view of the buffer read into: not copied again
+                    body = _recv_view(sock, n + MAC_BYTES)
+                    body, mac = body[:n], bytes(body[n:])
+                    want = _mac_parts(conn.session, b"A", header, body)
                 sock.settimeout(None)
-                if not hmac.compare_digest(mac, _mac(conn.session, b"A", header, body)):
+                if not hmac.compare_digest(mac, want):
                     raise ChannelError("a reply with a wrong MAC")
                 if seq != conn.seq:
                     raise ChannelError(f"reply numbered {seq}, expected {conn.seq}")
