@@ -85,6 +85,23 @@ def test_permuted_rows_by_definition(n_total):
     assert np.array_equal(np.sort(streams.permuted_rows(key, n, 0, n)), np.arange(n))
 
 
+def test_steps_keys_are_the_stream_keys():
+    """The read-ahead's keys of many steps in one call are ``stream_key``'s, step after
+    step and chain after chain (a large seed taken mod 2**64 as there); bad input refused."""
+    seed = 2**70 + 12345
+    keys = streams.steps_keys(seed, 3, 4, 100, 9, streams.Z_PROPOSE)
+    want = [
+        streams.stream_key(seed, 3, c, 100 + t, streams.Z_PROPOSE)
+        for t in range(9)
+        for c in range(4)
+    ]
+    assert keys.dtype == np.uint64 and keys.tolist() == want
+    assert streams.steps_keys(seed, 3, 4, 100, 0, streams.Z_PROPOSE).size == 0
+    for bad in ((-1, 4, 0, 1), (0, 4, -1, 1), (0, 4, 0, -1)):
+        with pytest.raises(ValueError, match="steps_keys"):
+            streams.steps_keys(1, *bad[:2], bad[2], bad[3], streams.Z_PROPOSE)
+
+
 def test_uniforms_keyed_by_row_only():
     """A row's uniform is the same whatever range or order asks for it; streams differ."""
     key = streams.stream_key(7, 0, 1, 5, streams.Z_DECIDE)
