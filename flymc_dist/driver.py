@@ -40,8 +40,6 @@ from flymc_dist.kernels.base import (
     params_from_json,
     params_to_json,
 )
-from flymc_dist.kernels.nuts import NUTS
-from flymc_dist.kernels.rwmh import RandomWalkMH
 from flymc_dist.models.base import BoundStats, Model
 from flymc_dist.options import FlyMC, Regular, RunSettings
 from flymc_dist.progress import SetupProgress, map_search_rows
@@ -56,7 +54,7 @@ from flymc_dist.protocol import (
     partial_sum,
 )
 from flymc_dist.reduce import check_root, tree_total
-from flymc_dist.replica import BrightReplica, nuts_inputs, rwmh_inputs
+from flymc_dist.replica import BrightReplica, kernel_inputs
 from flymc_dist.rng import (
     ROLE_KERNEL,
     rng_state_from_json,
@@ -769,7 +767,6 @@ class Driver:
         if not (
             self._step_impl is Driver._step_fused
             and ahead is not None
-            and isinstance(kernel, NUTS | RandomWalkMH)
             and all(kernel.fuses(p) for p in self.params)
             and replica.loops()
         ):
@@ -786,21 +783,8 @@ class Driver:
         self.round_seconds += ahead.wait_seconds - waited
         n = max(0, min(n, block.first + ahead.depth - ahead.step))
         params = self.params
-        eps = [p.step_size for p in params]
-        if isinstance(kernel, NUTS):
-            name = "nuts"
-            inputs = nuts_inputs(
-                replica.held,
-                self.rngs,
-                eps,
-                [p.inv_metric for p in params],
-                [p.momentum_factor for p in params],
-            )
-            inputs += (kernel.max_tree_depth, kernel.divergence_threshold)
-        else:
-            name = "rwmh"
-            tril = [p.scale_tril for p in params]
-            inputs = (*rwmh_inputs(replica.held, self.rngs, eps, tril, self.P), 0, 0.0)
+        name, settings = kernel.fused_settings(params)
+        inputs = kernel_inputs(replica.held, name, self.rngs, settings, self.P)
         thetas = np.array(self.positions, dtype=np.float64)  # updated in place
         theta_clock = float(replica.kernel_clock[0])
         done, over_budget, pos, floats, ints = replica.block_steps(

@@ -69,6 +69,35 @@ def _kept(held: dict[str, Any], key: str, objects: list[Any], build: Any) -> Any
     return kept[1]
 
 
+def _pointers(held: dict[str, Any], rngs: list[np.random.Generator]) -> np.ndarray:
+    """The generators' addresses the compiled transitions draw through
+    (:func:`flymc_dist._compiled_kernels.generator_pointers`), kept in ``held``."""
+    from flymc_dist._compiled_kernels import generator_pointers  # numba: where it computes
+
+    return _kept(held, "rngs", rngs, lambda: np.stack([generator_pointers(r) for r in rngs]))
+
+
+def kernel_inputs(
+    held: dict[str, Any], name: str, rngs: list[np.random.Generator], settings: tuple, dim: int
+) -> tuple:
+    """A compiled transition's inputs from a kernel's
+    :meth:`~flymc_dist.kernels.base.Kernel.fused_settings` (``name``, ``settings``), in
+    the one form both take: :func:`nuts_inputs`' five values, then the tree depth and the
+    divergence threshold (``"nuts"``), or :func:`rwmh_inputs`' five values, then two
+    that are not read (``"rwmh"``)."""
+    if name == "nuts":
+        step_sizes, inv_metrics, momentum_factors, depth, threshold = settings
+        return (
+            *nuts_inputs(held, rngs, step_sizes, inv_metrics, momentum_factors),
+            int(depth),
+            float(threshold),
+        )
+    if name == "rwmh":
+        step_sizes, scale_trils = settings
+        return (*rwmh_inputs(held, rngs, step_sizes, scale_trils, dim), 0, 0.0)
+    raise ValueError(f"no compiled transition {name!r}")
+
+
 def nuts_inputs(
     held: dict[str, Any],
     rngs: list[np.random.Generator],
@@ -82,9 +111,7 @@ def nuts_inputs(
     P)`` when diagonal) and whether they are diagonal. The addresses and the stacks are
     kept in ``held`` while the generators and the metrics are the same objects (the
     kernels' parameters hold their metrics read-only)."""
-    from flymc_dist._compiled_kernels import generator_pointers  # numba: where it computes
-
-    pointers = _kept(held, "rngs", rngs, lambda: np.stack([generator_pointers(r) for r in rngs]))
+    pointers = _pointers(held, rngs)
     diag = inv_metrics[0].ndim == 1
     # the metrics read-only (as the kernels' parameters hold them), the positions
     # writable: each array flag is part of numba's signature, and another flag would
@@ -113,9 +140,7 @@ def rwmh_inputs(
     preconditioners stacked twice (in the places of the metric and the momentum factor:
     ``(C, P, P)``, or ``(C, 1, P)`` ones when every chain's is the identity) and whether
     they are diagonal. Kept in ``held`` as :func:`nuts_inputs`' are."""
-    from flymc_dist._compiled_kernels import generator_pointers  # numba: where it computes
-
-    pointers = _kept(held, "rngs", rngs, lambda: np.stack([generator_pointers(r) for r in rngs]))
+    pointers = _pointers(held, rngs)
     diag = all(t is None for t in scale_trils)
 
     def stacked() -> np.ndarray:
@@ -195,13 +220,9 @@ class FusedTargets:
         """
         from flymc_dist._compiled_kernels import nuts_chains
 
-        pointers, eps, inv, factor, diag = nuts_inputs(
-            self.held, rngs, step_sizes, inv_metrics, momentum_factors
-        )
-        return self._transitions(
-            nuts_chains, pointers, positions, eps, inv, factor, diag, int(max_tree_depth),
-            float(divergence_threshold),
-        )  # fmt: skip
+        settings = (step_sizes, inv_metrics, momentum_factors, max_tree_depth, divergence_threshold)
+        inputs = kernel_inputs(self.held, "nuts", rngs, settings, positions.shape[1])
+        return self._transitions(nuts_chains, positions, *inputs)
 
     def rwmh(
         self,
@@ -221,16 +242,19 @@ class FusedTargets:
         """
         from flymc_dist._compiled_kernels import rwmh_chains
 
-        P = positions.shape[1]
-        pointers, eps, _, factor, diag = rwmh_inputs(self.held, rngs, step_sizes, scale_trils, P)
-        return self._transitions(rwmh_chains, pointers, positions, eps, factor, diag)
+        settings = (step_sizes, scale_trils)
+        pointers, eps, _, factor, diag, _, _ = kernel_inputs(
+            self.held, "rwmh", rngs, settings, positions.shape[1]
+        )
+        return self._transitions(rwmh_chains, positions, pointers, eps, factor, diag)
 
     def _transitions(
-        self, chains: Any, pointers: np.ndarray, positions: np.ndarray, *settings: Any
+        self, chains: Any, positions: np.ndarray, pointers: np.ndarray, *settings: Any
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``chains`` (a compiled transition of every chain: ``nuts_chains`` or
-        ``rwmh_chains``) from ``positions``, the kernel's ``settings`` between the
-        positions and the targets, timed on :attr:`clock`."""
+        ``rwmh_chains``) from ``positions``, the generators at ``pointers``, the
+        kernel's ``settings`` between the positions and the targets, timed on
+        :attr:`clock`."""
         C, P = positions.shape
         out = np.empty((C, P))
         floats = np.empty((C, 3))
@@ -546,9 +570,7 @@ class BrightReplica:
         kernel
             ``"nuts"`` or ``"rwmh"``.
         inputs
-            :func:`nuts_inputs`' five values, then the kernel's ``max_tree_depth`` and
-            ``divergence_threshold`` (NUTS), or :func:`rwmh_inputs`' five values, then
-            two that are not read (RWMH).
+            The transition's inputs (:func:`kernel_inputs`).
         bound
             The collapsed bound.
         max_rows

@@ -186,6 +186,13 @@ class Kernel:
         (:meth:`fused_steps`); False by default."""
         return False
 
+    def fused_settings(self, params: list[Any]) -> tuple[str, tuple]:
+        """Every chain's settings as a fused target's compiled transition takes them:
+        the transition's name (the target's method, e.g. ``"nuts"``) and its arguments
+        after the generators and positions. What :meth:`fused_steps` passes, and what a
+        loop of many steps on the same target takes (FlyMC's read-ahead blocks)."""
+        raise NotImplementedError
+
     def fused_steps(
         self,
         rngs: list[np.random.Generator],

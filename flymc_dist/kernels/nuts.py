@@ -290,6 +290,17 @@ class NUTS(HamiltonianKernel):
         """A step fuses unless it runs the step-size heuristic (warm-up only)."""
         return not params.find_step_size
 
+    def fused_settings(self, params: list[HamiltonianParams]) -> tuple[str, tuple]:
+        """``"nuts"``: the step sizes, inverse metrics and momentum factors, the tree depth
+        and the divergence threshold (see :meth:`.Kernel.fused_settings`)."""
+        return "nuts", (
+            [p.step_size for p in params],
+            [p.inv_metric for p in params],
+            [p.momentum_factor for p in params],
+            self.max_tree_depth,
+            self.divergence_threshold,
+        )
+
     def fused_steps(
         self,
         rngs: list[np.random.Generator],
@@ -301,15 +312,7 @@ class NUTS(HamiltonianKernel):
         :meth:`.Kernel.fused_steps`): the same transitions up to rounding, from the same
         random numbers. Evaluations (and requests, all local): the current position and
         one per leapfrog step (no final request: nothing commits from a cache)."""
-        new, floats, ints = targets.nuts(
-            rngs,
-            positions,
-            [p.step_size for p in params],
-            [p.inv_metric for p in params],
-            [p.momentum_factor for p in params],
-            self.max_tree_depth,
-            self.divergence_threshold,
-        )
+        new, floats, ints = targets.nuts(rngs, positions, *self.fused_settings(params)[1])
         infos = []
         for c, p in enumerate(params):
             moved, n_leapfrog, n_evals, depth, divergent = ints[c].tolist()

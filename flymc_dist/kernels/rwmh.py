@@ -477,6 +477,11 @@ class RandomWalkMH(Kernel):
             for name in ("step", "step_chains", "propose", "_draw", "_decide", "_log_ratio")
         )
 
+    def fused_settings(self, params: list[RWMHParams]) -> tuple[str, tuple]:
+        """``"rwmh"``: the step sizes and preconditioners (see
+        :meth:`.Kernel.fused_settings`)."""
+        return "rwmh", ([p.step_size for p in params], [p.scale_tril for p in params])
+
     def fused_steps(
         self,
         rngs: list[np.random.Generator],
@@ -487,9 +492,7 @@ class RandomWalkMH(Kernel):
         """:meth:`step` of every chain run whole by ``targets.rwmh`` (see
         :meth:`.Kernel.fused_steps`): the same random numbers, proposals and decisions up
         to rounding. Evaluations: the current position and the proposal."""
-        new, floats, ints = targets.rwmh(
-            rngs, positions, [p.step_size for p in params], [p.scale_tril for p in params]
-        )
+        new, floats, ints = targets.rwmh(rngs, positions, *self.fused_settings(params)[1])
         infos = [
             KernelInfo(
                 accepted=bool(moved),
