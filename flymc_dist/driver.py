@@ -940,6 +940,7 @@ class Driver:
             "read_ahead": self.ahead.depth if self.ahead is not None else 0,
             "host_messages": host_messages,
             "channel": self.transport.channel,
+            "local_channels": getattr(self.transport, "local_hosts", 0),
             "bytes_read": storage["bytes_read"],
             "rows_read": storage["rows_read"],
             "lost_rows": storage["lost_rows"],

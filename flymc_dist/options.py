@@ -45,7 +45,7 @@ REPLICA_BUDGET = 256 * 2**20
 #: :mod:`flymc_dist.ahead`)
 READ_AHEAD = 32
 #: how rounds travel to the shard hosts
-CHANNELS = ("auto", "socket", "dask")
+CHANNELS = ("auto", "socket", "tcp", "dask")
 
 
 def _option(default: Any, doc: str, check: Callable[[str, Any], Any] | None = None) -> Any:
@@ -394,8 +394,10 @@ class Placement(_Options):
     )
     channel: str = _option(
         "auto",
-        "how rounds travel: 'socket' (a direct socket to each worker's shard host), "
-        "'dask' (Dask's actor RPC), 'auto' (socket unless the cluster uses TLS)",
+        "how rounds travel: 'socket' (a direct socket to each worker's shard host: a "
+        "local one on the driver's machine, TCP elsewhere), 'tcp' (the same, TCP to "
+        "every host), 'dask' (Dask's actor RPC), 'auto' (socket unless the cluster uses "
+        "TLS)",
         one_of(*CHANNELS),
     )
     fanout: int = _option(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import flymc_dist as fd
+from flymc_dist.transport import channel as channel_mod
 from flymc_dist.transport.channel import (
     ECHO,
     KEY_BYTES,
@@ -126,10 +128,10 @@ def _wait(pred, timeout: float = 10.0) -> None:
 
 
 def test_check_channel():
-    for v in ("auto", "socket", "dask"):
+    for v in ("auto", "socket", "tcp", "dask"):
         assert check_channel(v) == v
-    for v in ("tcp", None, 1, "Socket"):
-        with pytest.raises(ValueError, match="channel must be 'auto', 'socket' or 'dask'"):
+    for v in ("udp", None, 1, "Socket"):
+        with pytest.raises(ValueError, match="channel must be 'auto', 'socket', 'tcp' or 'dask'"):
             check_channel(v)
 
 
@@ -138,7 +140,7 @@ def test_sample_rejects_bad_channel_before_writing(tmp_path):
     X = np.column_stack([np.ones(50), rng.normal(size=50)])
     y = (rng.random(50) < 0.5).astype(float)
     trace = tmp_path / "t.zarr"
-    with pytest.raises(ValueError, match="channel must be 'auto', 'socket' or 'dask'"):
+    with pytest.raises(ValueError, match="channel must be 'auto', 'socket', 'tcp' or 'dask'"):
         fd.sample(
             fd.LogisticRegression(),
             (X, y),
@@ -161,12 +163,27 @@ def _refused(address: tuple[str, int]) -> bool:
     return False
 
 
+def _local_reachable(name: str | None) -> bool:
+    """Whether the local socket ``name`` takes connections (False for None)."""
+    if name is None:
+        return False
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect("\0" + name)
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
 def test_close_wakes_the_accept_thread_and_frees_the_port():
     server = ChannelServer(_Handler(), "127.0.0.1", SECRET)
     assert not _refused(server.address)
     server.close()
-    assert not server._thread.is_alive()  # woken from accept(), not left blocked forever
-    assert _refused(server.address)
+    # woken from accept(), TCP's and the local socket's, not left blocked forever
+    assert not any(t.is_alive() for t in server._threads)
+    assert _refused(server.address) and not _local_reachable(server.local_name)
 
 
 def test_a_released_host_stops_its_channel():
@@ -186,17 +203,19 @@ def test_a_released_host_stops_its_channel():
     )
     host = ShardHost([ShardSpec(0, "", 0, 30)], config, {0: (X, y)})
     client = ChannelClient()
-    address = host.open_channel("127.0.0.1", client.secret)
-    client.connect("w", address, client.secret)
+    address, local_name = host.open_channel("127.0.0.1", client.secret)
+    client.connect("w", address, client.secret, local_name=local_name)
     ok, bad = client.fanout(ECHO, b"abc", ["w"], timeout=5)
     assert ok == {"w": b"abc"} and not bad
-    thread = host._channel._thread
+    threads = host._channel._threads
     alive = weakref.ref(host)
     del host
     gc.collect()
     assert alive() is None
-    thread.join(10)
-    assert not thread.is_alive() and _refused(address)
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert _refused(address) and not _local_reachable(local_name)
     _, bad = client.fanout(ECHO, b"abc", ["w"], timeout=5)
     assert isinstance(bad["w"], ChannelError)
     client.close()
@@ -542,3 +561,197 @@ def test_a_large_reply_goes_in_parts_and_arrives_whole():
             _mac(SECRET, b"A", want[: HEADER.size], want[HEADER.size : -MAC_BYTES])
             == (want[-MAC_BYTES:])
         )
+
+
+_needs_local = pytest.mark.skipif(
+    not channel_mod.LOCAL, reason="local sockets: Linux only (abstract Unix-domain sockets)"
+)
+
+
+class _Parts(_Handler):
+    """Answers b"parts" with a large reply given as parts, else as :class:`_Handler`."""
+
+    def __init__(self, parts: list) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def __call__(self, code: int, payload: bytes):
+        return self.parts if payload == b"parts" else super().__call__(code, payload)
+
+
+@_needs_local
+def test_a_local_socket_carries_frames_without_macs():
+    """A client on the server's machine connects by its local socket (the same
+    handshake, the run's key): small and large requests and replies, an error reply and
+    the sequence numbers work as on TCP, and the frames carry no MAC (a local frame is
+    the TCP frame without its last MAC_BYTES). A name nothing listens on, or none, gives
+    TCP; a name that is not a channel's is refused."""
+    from flymc_dist.transport.channel import JOIN_BYTES, MAC_BYTES, _frame
+
+    big = np.arange(3 * JOIN_BYTES // 8, dtype=np.int64)
+    parts = [b"head", memoryview(big).cast("B"), b"tail"]
+    joined = b"".join(bytes(p) for p in parts)
+    handler = _Parts(parts)
+    client = ChannelClient()
+    server = ChannelServer(handler, "127.0.0.1", client.secret)
+    try:
+        assert server.local_name.startswith(channel_mod.LOCAL_PREFIX)
+        client.connect("w", server.address, client.secret, local_name=server.local_name)
+        assert client.is_local("w") and client._conns["w"].sock.family == socket.AF_UNIX
+        rec = _Recorder(client, "w")
+        ok, bad = client.fanout(ROUND, b"abc", ["w"], timeout=5)
+        assert ok == {"w": b"cba"} and not bad
+        tcp_frame = _frame(client._conns["w"].session, b"Q", ROUND, 1, b"abc")
+        assert rec.sent[-1] == tcp_frame[:-MAC_BYTES]  # the same frame, no MAC
+        ok, bad = client.fanout(ROUND, b"parts", ["w"], timeout=5)
+        assert not bad and bytes(ok["w"]) == joined
+        ok, bad = client.fanout(ECHO, joined, ["w"], timeout=5)
+        assert not bad and bytes(ok["w"]) == joined
+        _, bad = client.fanout(ROUND, b"bad", ["w"], timeout=5)
+        assert isinstance(bad["w"], ValueError)
+        ok, _ = client.fanout(ECHO, b"after", ["w"], timeout=5)
+        assert ok == {"w": b"after"} and client._conns["w"].seq == 6
+        # TCP to the same server still works, MAC'd, for another role's client
+        other = ChannelClient()
+        other.connect("p", server.address, client.secret, role="parent")
+        assert not other.is_local("p")
+        ok, _ = other.fanout(ECHO, b"tcp", ["p"], timeout=5)
+        assert ok == {"p": b"tcp"}
+        other.close()
+        _wait(lambda: "parent" not in server._peers)
+        # nothing listening under that name: TCP; a name of no channel: refused
+        gone = ChannelClient()
+        gone.connect("w", server.address, client.secret, role="parent",
+                     local_name=channel_mod.LOCAL_PREFIX + "0" * 32)  # fmt: skip
+        assert not gone.is_local("w")
+        gone.close()
+        with pytest.raises(ValueError, match="local socket name"):
+            ChannelClient().connect("w", server.address, client.secret, local_name="@x")
+    finally:
+        client.close()
+        server.close()
+    assert not server.refused
+
+
+@_needs_local
+def test_a_local_socket_refuses_a_wrong_key_and_a_second_driver():
+    handler = _Handler()
+    client = ChannelClient()
+    server = ChannelServer(handler, "127.0.0.1", client.secret)
+    try:
+        with pytest.raises(ChannelError, match="refused the handshake"):
+            ChannelClient().connect(
+                "w", server.address, b"\1" * KEY_BYTES, local_name=server.local_name
+            )
+        _wait(lambda: server.refused["handshake"] == 1)
+        client.connect("w", server.address, client.secret, local_name=server.local_name)
+        with pytest.raises(ChannelError, match="refused the handshake"):
+            ChannelClient().connect(
+                "w", server.address, client.secret, local_name=server.local_name
+            )
+        _wait(lambda: server.refused["second driver"] == 1)
+        ok, _ = client.fanout(ECHO, b"still here", ["w"], timeout=5)
+        assert ok == {"w": b"still here"} and handler.calls == [(ECHO, b"still here")]
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_tcp_client_cannot_take_a_local_session():
+    """Whether a connection's frames go without MACs is the server's to say, by the
+    socket it accepted on: a TCP client that answers the handshake as a local one (the
+    run's key, the local domain) is refused, so no TCP connection is ever unMAC'd."""
+    from flymc_dist.transport.channel import GREETING, NONCE_BYTES, _session
+
+    handler = _Handler()
+    server = ChannelServer(handler, "127.0.0.1", SECRET)
+    try:
+        with socket.create_connection(server.address, timeout=5) as s:
+            hello = s.recv(len(GREETING) + NONCE_BYTES)
+            client_nonce = b"n" * NONCE_BYTES
+            proof, _ = _session(SECRET, hello[len(GREETING) :], client_nonce, local=True)
+            s.sendall(client_nonce + proof)
+            _closed(s)
+        _wait(lambda: server.refused["handshake"] == 1)
+        assert handler.calls == []
+    finally:
+        server.close()
+
+
+_OTHER_USER = """
+import os, socket, sys
+os.setgid(65534)
+os.setuid(65534)  # nobody
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(10)
+s.connect("\\0" + sys.argv[1])
+try:
+    got = s.recv(100)
+except ConnectionResetError:
+    got = b""
+print(len(got))
+"""
+
+
+@_needs_local
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run a process as another user")
+def test_a_local_socket_refuses_another_users_process():
+    """A process of another user (a real one: ``nobody``) reaches the local socket's name
+    but is refused before the handshake (no greeting), and counted; nothing runs."""
+    import subprocess
+    import sys
+
+    handler = _Handler()
+    server = ChannelServer(handler, "127.0.0.1", SECRET)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _OTHER_USER, server.local_name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "0"  # closed at once: not even the greeting
+        _wait(lambda: server.refused["local peer"] == 1)
+        assert handler.calls == []
+    finally:
+        server.close()
+
+
+_SERVER_AS_OTHER_USER = """
+import os, sys
+from flymc_dist.transport.channel import ChannelServer  # (nobody cannot read root's Python)
+os.setgid(65534)
+os.setuid(65534)  # nobody
+server = ChannelServer(lambda code, payload: payload, "127.0.0.1", bytes.fromhex(sys.argv[1]))
+print(server.address[0], server.address[1], server.local_name, flush=True)
+sys.stdin.read()  # until the test closes it
+server.close()
+"""
+
+
+@_needs_local
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run a process as another user")
+def test_a_driver_reaches_another_users_host_by_tcp():
+    """A host run by another user (``nobody``) on this machine: its local socket is not
+    used (its server would refuse this user), the driver connects by TCP, MAC'd."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER_AS_OTHER_USER, SECRET.hex()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        host, port, name = proc.stdout.readline().split()
+        client = ChannelClient()
+        client.connect("w", (host, int(port)), SECRET, local_name=name)
+        assert not client.is_local("w")
+        ok, bad = client.fanout(ECHO, b"by tcp", ["w"], timeout=5)
+        assert ok == {"w": b"by tcp"} and not bad
+        client.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(30)

@@ -132,7 +132,8 @@ def test_attacks_change_no_draw_and_are_counted(store, local_clusters, tmp_path,
     monkeypatch.setattr(dask_mod.DaskTransport, "__init__", keep)
     monkeypatch.setattr(channel_mod.ChannelClient, "fanout", attacked)
     with Client(local_clusters.get(2), direct_to_workers=True) as client:
-        res = _run(store, client, channel="socket")
+        # over TCP, the way a network attacker reaches a host (local sockets: test_channel)
+        res = _run(store, client, channel="tcp")
     assert res.info["channel"] == "socket" and rounds["n"] > 60
     assert len(results) == 2 and not marker.exists()
     for got in results.values():

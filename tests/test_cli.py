@@ -987,13 +987,18 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
     assert 0 <= d["flymc"]["round_trips_per_iteration"] <= math.ceil(20 / READ_AHEAD) / 20
     assert d["regular"]["queries_per_iteration"] == 4000
     assert d["socket_echo"]["mean"] > 0 and d["rpc_echo"]["mean"] > 0
+    assert d["tcp_echo"]["mean"] > 0
     assert d["setup"]["payload_bytes"] > 100 and d["setup"]["channel"] == "socket"
-    # FlyMC with its rounds on Dask's RPC: the same draws
+    # the workers are on this machine: every host reached by a local socket
+    assert d["setup"]["local_channels"] == d["setup"]["echo_hosts"] >= 1
+    # FlyMC with its rounds on TCP sockets and on Dask's RPC: the same draws
+    assert d["flymc_tcp"]["ess_mean"] == d["flymc"]["ess_mean"]
     assert d["flymc_dask_channel"]["ess_mean"] == d["flymc"]["ess_mean"]
     assert d["ratios"]["flymc_over_socket_echo"] > 0
+    assert d["ratios"]["flymc_tcp_over_tcp_echo"] > 0
     text = format_overhead(d)
     assert "FlyMC / bare actor round trip" in text and "4,000 rows" in text
-    assert "echo on the socket channel" in text
+    assert "echo on the socket channel" in text and "echo on TCP sockets" in text
     assert "Dask's RPC" in text
     assert "where FlyMC's time goes" in text
     t = d["flymc"]["timing"]

@@ -116,8 +116,12 @@ def test_deterministic_across_placements(store, local_client, local_clusters):
     np.testing.assert_array_equal(sync.samples, one.samples)
     for k in ("n_bright", "likelihood_queries", "accepted"):
         np.testing.assert_array_equal(sync.stats[k], two.stats[k])
-    # rounds on the direct socket (the default here: plain tcp://) or on Dask's actor RPC
-    assert two.info["channel"] == "socket"
+    # rounds on the direct socket (the default here: plain tcp://; local sockets, the
+    # workers being on this machine), on TCP sockets, or on Dask's actor RPC
+    assert two.info["channel"] == "socket" and two.info["local_channels"] == 2
+    tcp = _run(path, local_client, placement=fd.Placement(n_shards=3, channel="tcp"), **kw)
+    assert tcp.info["channel"] == "socket" and tcp.info["local_channels"] == 0
+    np.testing.assert_array_equal(sync.samples, tcp.samples)
     rpc = _run(path, local_client, placement=fd.Placement(n_shards=3, channel="dask"), **kw)
     assert rpc.info["channel"] == "dask"
     np.testing.assert_array_equal(sync.samples, rpc.samples)
@@ -133,7 +137,7 @@ def test_unreachable_channel_falls_back_to_dask(store, local_client, monkeypatch
     error."""
     from flymc_dist.transport import channel as channel_mod
 
-    def refuse(self, key, address, token, timeout=10.0):
+    def refuse(self, key, address, token, timeout=10.0, **kw):
         raise ConnectionRefusedError(f"refused by the test: {address}")
 
     monkeypatch.setattr(channel_mod.ChannelClient, "connect", refuse)
@@ -260,11 +264,13 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
     from flymc_dist.transport import channel as channel_mod
 
     used: list[tuple[str, int]] = []
+    local: list[str] = []
     connect = channel_mod.ChannelClient.connect
 
-    def recording(self, key, address, token, timeout=10.0):
+    def recording(self, key, address, token, timeout=10.0, local_name=None):
         used.append(tuple(address))
-        return connect(self, key, address, token, timeout)
+        local.append(local_name)
+        return connect(self, key, address, token, timeout, local_name=local_name)
 
     monkeypatch.setattr(channel_mod.ChannelClient, "connect", recording)
     count = _worker_resources()
@@ -284,10 +290,13 @@ def test_runs_and_a_killed_driver_leave_no_shard_host_behind(store, tmp_path, mo
             held = client.run(count)  # at once
             assert all(v[3] == 0 for v in held.values()), held
         _wait_for(lambda: client.run(count) == before, 30, "the hosts to be released")
-        assert len(used) == 6
+        assert len(used) == 6 and all(local)  # the workers are here: local sockets too
         for address in used:
             with pytest.raises(OSError):
                 socket.create_connection(address, timeout=5).close()
+        for name in local:  # the local sockets are gone with their hosts
+            with pytest.raises(OSError), socket.socket(socket.AF_UNIX) as s:
+                s.connect("\0" + name)
         # a driver that disappears mid-run (SIGKILL): its hosts go with its client
         code = (
             "import sys, flymc_dist as fd; fd.sample(fd.LogisticRegression(), sys.argv[1], "

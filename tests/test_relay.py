@@ -130,7 +130,7 @@ def _hosts(client: ChannelClient, n: int = 3, rows: int = 64) -> list[ShardHost]
         h = ShardHost([ShardSpec(i, "", i * rows, (i + 1) * rows)], config, {i: (X[part], y[part])})
         h.call("set_tight_points", (None,))
         h.call("set_positions", (np.zeros((2, 2)), 0))
-        client.connect(f"w{i}", h.open_channel("127.0.0.1", client.secret), client.secret)
+        client.connect(f"w{i}", h.open_channel("127.0.0.1", client.secret)[0], client.secret)
         hosts.append(h)
     return hosts
 

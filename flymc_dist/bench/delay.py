@@ -129,7 +129,8 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
 def delayed_channels(delay: Callable[[int], float] | float) -> Iterator[list[DelayProxy]]:
     """Within the block, every round channel the driver connects to a shard host goes
     through a :class:`DelayProxy` of its own: ``delay`` seconds (or ``delay(i)`` for the
-    i-th channel connected) added to the host's replies. Yields the proxies started."""
+    i-th channel connected) added to the host's replies, over TCP (a host's local socket,
+    which would bypass the proxy, is not used). Yields the proxies started."""
     original = ChannelClient.connect
     proxies: list[DelayProxy] = []
 
@@ -137,7 +138,7 @@ def delayed_channels(delay: Callable[[int], float] | float) -> Iterator[list[Del
         d = delay(len(proxies)) if callable(delay) else float(delay)
         proxy = DelayProxy(tuple(address), d)
         proxies.append(proxy)
-        original(self, key, proxy.address, token, **kw)
+        original(self, key, proxy.address, token, **{**kw, "local_name": None})
 
     ChannelClient.connect = connect  # type: ignore[method-assign]
     try:

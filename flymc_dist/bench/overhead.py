@@ -5,7 +5,9 @@ One run, one cluster, measurements side by side on the same workers and the same
 
 (a) MAP-tuned FlyMC with RWMH (``fd.sample(..., client=<the client>)``), its rounds on
     the direct socket channel (:mod:`flymc_dist.transport.channel`, the default on ``tcp://``
-    clusters), and again with its rounds on Dask's actor RPC (``channel="dask"``);
+    clusters: local sockets to these workers, all on this machine), again on TCP sockets
+    (``channel="tcp"``, as to workers on other machines) and again on Dask's actor RPC
+    (``channel="dask"``);
 (b) regular full-data MCMC with the same kernel;
 (c) the bare actor fan-out round trip: a no-op method
     (:meth:`ShardHost.shard_ids <flymc_dist.shard.ShardHost.shard_ids>`) called on the
@@ -13,13 +15,13 @@ One run, one cluster, measurements side by side on the same workers and the same
     serialised, run on the actor's thread) — what any sampler that calls its actors
     once per iteration pays. The goal's denominator.
 
-For the floors of the two ways rounds travel, two echoes of a FlyMC round's request are
-timed on the same actors too: on the socket channel, and on Dask's RPC as the Dask
-channel sends rounds (raw bytes, run on the worker's event loop).
+For the floors of the ways rounds travel, echoes of a FlyMC round's request are timed on
+the same actors too: on the socket channel (local sockets), on TCP sockets, and on Dask's
+RPC as the Dask channel sends rounds (raw bytes, run on the worker's event loop).
 
 (a) and (b) run with the samplers' default layout, one shard per worker (so one call
 per worker per iteration, like (c)). Their per-iteration time is that of the post-warm-up iterations
-(``res.info["sampling_seconds"] / num_samples``). The actor call and the socket echo
+(``res.info["sampling_seconds"] / num_samples``). The actor call and the socket echoes
 are timed in two batches, before (a) and after the last sampler, so a drift in the
 machine's load shows.
 
@@ -263,14 +265,20 @@ def run_overhead(
             payload = _round_payload(chains, P)
             out["setup"]["payload_bytes"] = len(payload)
             transport = DaskTransport(client, specs, config, Placement(channel="socket"))
+            tcp = DaskTransport(client, specs, config, Placement(channel="tcp"))
             try:
                 _time_pings(transport, 50, "actor")  # warm the connections
                 _time_pings(transport, 50, "socket", payload)
+                _time_pings(tcp, 50, "socket", payload)
                 _time_pings(transport, 20, "rpc", payload)
                 first = _time_pings(transport, pings // 2, "actor")
                 first_socket = _time_pings(transport, pings // 2, "socket", payload)
+                first_tcp = _time_pings(tcp, pings // 2, "socket", payload)
                 rpc_echo = _time_pings(transport, max(pings // 4, 2), "rpc", payload)
+                out["setup"]["local_channels"] = transport.local_hosts
+                out["setup"]["echo_hosts"] = transport.n_workers
             finally:
+                tcp.close()
                 transport.close()
 
             def run(
@@ -293,6 +301,10 @@ def run_overhead(
             fly = run(fd.FlyMC(bounds="map"), iterations, warmup)
             out["flymc"] = _sampler_figures(fly)
             out["setup"]["channel"] = fly.info["channel"]
+            # the same run with its rounds on TCP sockets (as to workers elsewhere)
+            out["flymc_tcp"] = _sampler_figures(
+                run(fd.FlyMC(bounds="map"), iterations, warmup, placement=Placement(channel="tcp"))
+            )
             # the same run with its rounds on Dask's actor RPC: same draws, other time
             out["flymc_dask_channel"] = _sampler_figures(
                 run(
@@ -314,12 +326,16 @@ def run_overhead(
             }
             out["regular"] = _sampler_figures(run(fd.Regular(), regular_iterations, 0, **reg_opts))
             transport = DaskTransport(client, specs, config, Placement(channel="socket"))
+            tcp = DaskTransport(client, specs, config, Placement(channel="tcp"))
             try:
                 _time_pings(transport, 20, "actor")
                 _time_pings(transport, 20, "socket", payload)
+                _time_pings(tcp, 20, "socket", payload)
                 second = _time_pings(transport, pings - pings // 2, "actor")
                 second_socket = _time_pings(transport, pings - pings // 2, "socket", payload)
+                second_tcp = _time_pings(tcp, pings - pings // 2, "socket", payload)
             finally:
+                tcp.close()
                 transport.close()
         finally:
             if own:
@@ -327,11 +343,16 @@ def run_overhead(
                 cluster.close()
     out["bare_round_trip"] = _merge(first, second)
     out["socket_echo"] = _merge(first_socket, second_socket)
+    out["tcp_echo"] = _merge(first_tcp, second_tcp)
     out["rpc_echo"] = rpc_echo
     f, r, bare = out["flymc"], out["regular"], out["bare_round_trip"]["mean"]
     ratios = {
         "flymc_over_bare": _ratio(f["seconds_per_iteration"], bare),
         "flymc_over_socket_echo": _ratio(f["seconds_per_iteration"], out["socket_echo"]["mean"]),
+        "flymc_over_tcp_echo": _ratio(f["seconds_per_iteration"], out["tcp_echo"]["mean"]),
+        "flymc_tcp_over_tcp_echo": _ratio(
+            out["flymc_tcp"]["seconds_per_iteration"], out["tcp_echo"]["mean"]
+        ),
         "flymc_dask_channel_over_bare": _ratio(
             out["flymc_dask_channel"]["seconds_per_iteration"], bare
         ),
@@ -432,11 +453,14 @@ def format_overhead(d: dict[str, Any]) -> str:
     floor(
         "    echo on the socket channel",
         d["socket_echo"],
-        f"a round's {s.get('payload_bytes', 0):,}-byte request, as FlyMC's rounds travel",
+        f"a round's {s.get('payload_bytes', 0):,}-byte request, as FlyMC's rounds travel "
+        f"({s.get('local_channels', 0)} of {s.get('echo_hosts', 0)} hosts by local sockets)",
     )
+    floor("    echo on TCP sockets", d["tcp_echo"], "the same, with channel='tcp'")
     floor("    echo on Dask's RPC", d["rpc_echo"], "the same, as rounds travel with channel='dask'")
     rows = [
         ("(a) FlyMC, MAP-tuned", "flymc"),
+        ("    FlyMC, rounds on TCP sockets", "flymc_tcp"),
         ("    FlyMC, rounds on Dask's RPC", "flymc_dask_channel"),
         ("(b) regular MCMC", "regular"),
     ]
@@ -468,6 +492,8 @@ def format_overhead(d: dict[str, Any]) -> str:
         f"(goal {g['flymc_over_bare']['goal']}: {verdict('flymc_over_bare')})",
         f"  FlyMC / socket echo           {_sig(ra['flymc_over_socket_echo']):>8s}×   "
         f"(what FlyMC adds to its own channel's floor: compute, not communication)",
+        f"  FlyMC / TCP echo              {_sig(ra['flymc_over_tcp_echo']):>8s}×   "
+        f"(on TCP sockets: FlyMC {_sig(ra['flymc_tcp_over_tcp_echo'])}× its echo)",
         f"  FlyMC on Dask's RPC: / bare actor round trip "
         f"{_sig(ra['flymc_dask_channel_over_bare'])}×, / its echo "
         f"{_sig(ra['flymc_dask_channel_over_rpc_echo'])}×",

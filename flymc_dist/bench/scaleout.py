@@ -7,7 +7,10 @@ One float64 logistic store of ``rows`` × ``features`` (the bias included; writt
 driver with its proposals read ahead) and the ``kernel``, on a cluster started for each
 run the way a user starts one: a ``dask scheduler`` and W ``dask worker`` processes (one
 thread each; the executables beside ``sys.executable``) on loopback, the driver in this
-process, one shard per worker. Each W of ``workers`` runs without added latency; each
+process, one shard per worker, the rounds on ``channel`` (default ``"tcp"``: TCP sockets,
+as to workers on other machines, which the bench stands for; ``"socket"``, the default of
+a run, would reach these workers by local sockets, which the delays below cannot be put
+in front of). Each W of ``workers`` runs without added latency; each
 ``delays_ms`` above 0 runs at the first W with that delay added to every reply of every
 host (a :class:`~flymc_dist.bench.delay.DelayProxy` in front of each host's round
 channel). Each ``read_ahead`` (the FlyMC option; 0: a round to the hosts every
@@ -57,6 +60,7 @@ from flymc_dist.bench.delay import delayed_channels
 from flymc_dist.data import make_logistic
 from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.driver import Driver
+from flymc_dist.transport.channel import check_channel
 
 __all__ = ["format_scaleout", "run_scaleout", "user_cluster"]
 
@@ -166,6 +170,7 @@ def _cpu_per_step() -> Iterator[list[tuple[int, float]]]:
 def _one(
     ds: Any, sched_file: str, workers: int, kernel: str, chains: int, warmup: int,
     draws: int, seed: int, read_ahead: int, delay_ms: float, replica: bool, fanout: int,
+    channel: str,
 ) -> dict[str, Any]:  # fmt: skip
     from distributed import Client
 
@@ -184,7 +189,7 @@ def _one(
                 seed=seed,
                 client=client,
                 # a loaded machine may take long to load the shards or to answer
-                placement=fd.Placement(timeout=600.0, fanout=fanout),
+                placement=fd.Placement(timeout=600.0, fanout=fanout, channel=channel),
                 progress=False,
             )
     info = res.info
@@ -236,6 +241,7 @@ def run_scaleout(
     read_ahead: Sequence[int] = (fd.FlyMC().read_ahead,),
     shard_evaluated: bool = False,
     fanout: int = fd.Placement().fanout,
+    channel: str = "tcp",
     seed: int = 0,
     workdir: str | None = None,
 ) -> dict[str, Any]:
@@ -264,6 +270,9 @@ def run_scaleout(
     fanout
         The hosts the driver, and each host, sends a round to (0: the driver to every
         host; see :class:`~flymc_dist.options.Placement`).
+    channel
+        How rounds travel (:class:`~flymc_dist.options.Placement`'s option): ``"tcp"``
+        as to hosts on other machines, which these processes stand for.
     seed
         The store's and the runs' seed.
     workdir
@@ -277,6 +286,7 @@ def run_scaleout(
     workers, delays_ms, read_ahead = list(workers or ()), list(delays_ms or ()), read_ahead or ()
     if not workers:
         raise ValueError("bench scaleout needs at least one worker count")
+    channel = check_channel(channel)
     workdir = workdir or os.path.join(tempfile.gettempdir(), "flymc-bench-scaleout")
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, f"logistic-{rows}x{features}-seed{seed}.zarr")
@@ -294,7 +304,7 @@ def run_scaleout(
                 for depth in read_ahead if replica else read_ahead[:1]:
                     run = _one(
                         ds, sched_file, w, kernel, chains, num_warmup, num_samples, seed, depth,
-                        d, replica, fanout,
+                        d, replica, fanout, channel,
                     )  # fmt: skip
                     if run["workers"] != w:
                         raise RuntimeError(
@@ -309,6 +319,7 @@ def run_scaleout(
         "num_warmup": num_warmup,
         "num_samples": num_samples,
         "fanout": fanout,
+        "channel": channel,
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpus": os.cpu_count(),
         "runs": runs,
@@ -324,8 +335,8 @@ def format_scaleout(d: dict[str, Any]) -> str:
     lines = [
         f"flymc bench scaleout: {d['rows']:,} x {d['features']} logistic, FlyMC defaults, "
         f"{d['kernel']}, {d['chains']} chains, {d['num_warmup']} + {d['num_samples']} "
-        f"iterations, fanout {f(d.get('fanout'), 'd')}; load average {f(d.get('load'), '.1f')} "
-        f"on {d.get('cpus')} CPUs",
+        f"iterations, fanout {f(d.get('fanout'), 'd')}, channel {d.get('channel')}; load "
+        f"average {f(d.get('load'), '.1f')} on {d.get('cpus')} CPUs",
         f"{'W':>3}{'mode':>8}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}"
         f"{'CPU ms/rd':>10}{'θ ms/it':>9}{'z ms/it':>8}{'ms/θ':>6}{'θc ms/it':>9}{'ms/θc':>6}"
         f"{'req/100it':>10}{'bright':>8}{'R-hat':>7}{'minESS':>8}",

@@ -317,11 +317,13 @@ class DaskTransport:
         Its ``n_workers`` (of an embedded LocalCluster; None: the machine's cores, at
         most 8), ``timeout`` (seconds a single round trip may take before its host is
         declared lost) and ``channel``: how the per-iteration rounds travel.
-        ``"socket"``: a direct TCP connection to each host
-        (:mod:`flymc_dist.transport.channel`), set up through Dask; ``"dask"``: Dask's
-        actor RPC; ``"auto"``: the socket. Only on a cluster reached over plain
-        ``tcp://``: with TLS the rounds stay on Dask's authenticated, encrypted
-        connections whatever ``channel`` says (logged when it says ``"socket"``).
+        ``"socket"``: a direct connection to each host
+        (:mod:`flymc_dist.transport.channel`), set up through Dask — a local socket to a
+        host on the driver's machine, TCP to the others; ``"tcp"``: the same, TCP to
+        every host (as if none were on this machine); ``"dask"``: Dask's actor RPC;
+        ``"auto"``: ``"socket"``. Only on a cluster reached over plain ``tcp://``: with
+        TLS the rounds stay on Dask's authenticated, encrypted connections whatever
+        ``channel`` says (logged when it says ``"socket"`` or ``"tcp"``).
         Set-up, recovery and every other call always go through Dask. None: the
         defaults of :class:`~flymc_dist.options.Placement`.
     """
@@ -412,10 +414,11 @@ class DaskTransport:
         addresses = [*workers, str(getattr(self.client.scheduler, "address", ""))]
         if all(a.startswith("tcp://") for a in addresses):
             return ChannelClient()
-        if self._channel_mode == "socket":
+        if self._channel_mode in ("socket", "tcp"):
             log.warning(
-                "channel='socket' on a cluster reached over %s: the rounds go through "
+                "channel=%r on a cluster reached over %s: the rounds go through "
                 "Dask's comms instead (the socket channel is plain TCP)",
+                self._channel_mode,
                 sorted({a.partition("://")[0] + "://" for a in addresses}),
             )
         return None
@@ -476,11 +479,18 @@ class DaskTransport:
         try:
             if bad:  # e.g. the worker's contact address is not one it can listen on
                 raise OSError(f"the host could not open it: {bad[worker]!r}")
-            self._chan.connect(worker, ok[worker], secret, timeout=min(self.timeout, 10.0))
-            self._addresses[worker] = tuple(ok[worker])
+            address, local_name = ok[worker]
+            self._chan.connect(
+                worker,
+                address,
+                secret,
+                timeout=min(self.timeout, 10.0),
+                local_name=None if self._channel_mode == "tcp" else local_name,
+            )
+            self._addresses[worker] = tuple(address)
             self._top = None  # a new host: the relay tree is built again
         except OSError as e:
-            if self._channel_mode == "socket":
+            if self._channel_mode in ("socket", "tcp"):
                 raise ShardLost(f"cannot reach the round channel of {worker}: {e!r}") from e
             log.warning(
                 "cannot reach the round channel of %s (%r): rounds go through Dask's RPC instead",
@@ -494,6 +504,12 @@ class DaskTransport:
     def channel(self) -> str:
         """How rounds travel: ``"socket"`` or ``"dask"``."""
         return "socket" if self._chan is not None else "dask"
+
+    @property
+    def local_hosts(self) -> int:
+        """Hosts the round channel reaches by a local socket (on the driver's machine)."""
+        chan = self._chan
+        return 0 if chan is None else sum(chan.is_local(w) for w in self.placement)
 
     # ------------------------------------------------------------- raw calls
     async def _execute(self, worker: str, function: str, args: tuple, kwargs: dict) -> Any:

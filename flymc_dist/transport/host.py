@@ -272,11 +272,12 @@ class ShardHost:
         return pack_reply({min(self.shards, default=0): partial_sum(parts)})
 
     # ------------------------------------------------------------ the channel
-    def open_channel(self, host: str, secret: bytes) -> tuple[str, int]:
+    def open_channel(self, host: str, secret: bytes) -> tuple[tuple[str, int], str | None]:
         """Serve rounds on a socket of ``host`` (see :mod:`flymc_dist.transport.channel`)
         to the driver holding the run's key ``secret`` (handed over through Dask).
 
-        Returns the address to connect to.
+        Returns the address to connect to, and the name of the local socket a driver on
+        this machine connects to instead (None: none here).
         """
         self.close_channel()
         self._secret = secret
@@ -284,7 +285,7 @@ class ShardHost:
         # the server holds this host weakly: once Dask drops the actor (its run released
         # it, or the run's client went away), the server stops and its port is freed
         weakref.finalize(self, self._channel.close)
-        return self._channel.address
+        return self._channel.address, self._channel.local_name
 
     def _serve_channel(self, code: int, payload: bytes) -> bytes | list[bytes | memoryview]:
         if code == ROUND:
