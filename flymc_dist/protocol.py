@@ -723,6 +723,10 @@ class Transport(Protocol):
         """The answers to :meth:`post_ahead`'s request, in shard order; None when hosts
         were lost on the way and their shards recreated (the driver then redraws z)."""
 
+    def drop_ahead(self, handle: Any) -> None:
+        """Wait for the answers to :meth:`post_ahead`'s request and drop them (hosts lost
+        on the way are left for the next call to meet)."""
+
     def timing(self) -> list[dict[str, float]]:
         """Each shard host's busy seconds (for reports)."""
 

@@ -774,21 +774,32 @@ class DaskTransport:
         """The answers to :meth:`post_ahead`'s request, in shard order. A host lost on the
         way (its connection fails, or no answer within ``timeout``) has its shards
         recreated on live workers (:meth:`recover`): then None, and the driver redraws z."""
-        how, workers, extra = handle
-        if how == "socket":
-            ok, bad = extra.result()  # the channel's own timeout bounds it
-        else:
-            try:
-                out = extra.result(self.timeout)
-            except TimeoutError:
-                out = [TimeoutError("no answer to a read-ahead request")] * len(workers)
-            ok, bad = {}, {}
-            for w, r in zip(workers, out, strict=True):
-                (bad if isinstance(r, BaseException) else ok)[w] = r
+        ok, bad = self._ahead_answers(handle)
         if bad:
+            if self._ahead_thread is not None:  # requests still in flight end first
+                self._ahead_thread.submit(lambda: None).result()
             self.recover(self._lost(bad))
             return None
         return self._per_shard({w: unpack_proposals(r) for w, r in ok.items()})
+
+    def drop_ahead(self, handle: Any) -> None:
+        """Wait for the answers to :meth:`post_ahead`'s request and drop them: hosts lost
+        on the way are not recovered here (the next call meets them)."""
+        self._ahead_answers(handle)
+
+    def _ahead_answers(self, handle: Any) -> tuple[dict[str, Any], dict[str, BaseException]]:
+        """The answers to :meth:`post_ahead`'s request, and the hosts that gave none."""
+        how, workers, extra = handle
+        if how == "socket":
+            return extra.result()  # the channel's own timeout bounds it
+        try:
+            out = extra.result(self.timeout)
+        except TimeoutError:
+            out = [TimeoutError("no answer to a read-ahead request")] * len(workers)
+        ok, bad = {}, {}
+        for w, r in zip(workers, out, strict=True):
+            (bad if isinstance(r, BaseException) else ok)[w] = r
+        return ok, bad
 
     def recover(self, lost: list[str]) -> None:
         """Recreate the shards of the ``lost`` workers on live ones, without positions.

@@ -90,6 +90,9 @@ class InProcessTransport:
         """The answers of :meth:`post_ahead` (nothing is ever lost in-process)."""
         return handle
 
+    def drop_ahead(self, handle: list[Proposals]) -> None:
+        """Nothing to wait for: :meth:`post_ahead` answered at once."""
+
     def timing(self) -> list[dict[str, float]]:
         """:meth:`ShardHost.timing` of every host (here: one)."""
         return [self.host.timing()]
