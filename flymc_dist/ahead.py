@@ -74,7 +74,8 @@ def fitting_depth(want: int, step_bytes: list[float], hosts: list[list[int]]) ->
 class Block:
     """The proposals of steps ``first .. first + depth - 1`` of every chain, merged over
     the shards: pair ``p = (step - first) * C + c`` at ``ids[seg[p]:seg[p+1]]`` (sorted),
-    each at ``at`` in the rows' buffer."""
+    each at ``at`` in the rows ``(buffer, y, xi)`` (the buffer in
+    :meth:`~flymc_dist.replica.BrightReplica.row_buffer`'s form)."""
 
     __slots__ = ("first", "ids", "seg", "at", "rows")
 
@@ -99,7 +100,8 @@ class Block:
                 self.at,
                 self.seg,
             )
-            X, y, xi = (np.concatenate([getattr(p, k) for p in parts]) for k in ("X", "y", "xi"))
+            X = [p.X for p in parts]  # copied once, into the buffer
+            y, xi = (np.concatenate([getattr(p, k) for p in parts]) for k in ("y", "xi"))
         else:
             labels = np.concatenate(
                 [np.repeat(np.arange(n_pairs), np.diff(p.seg)) for p in parts]
@@ -115,8 +117,9 @@ class Block:
             X, y, xi = (
                 np.concatenate([getattr(p, k) for p in parts])[sort] for k in ("X", "y", "xi")
             )
+            X = [X]
             self.at = np.searchsorted(rows, self.ids)
-        self.rows = (replica.row_buffer(X, y, xi), X, y, xi)
+        self.rows = (replica.row_buffer(X, y, xi), y, xi)
 
     def step(self, step: int, chains: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every chain's proposals at ``step``: ``(ids, seg, at)``."""

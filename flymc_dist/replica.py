@@ -364,7 +364,7 @@ class BrightReplica:
         # the compiled kernel's rows of every chain's new rows, one call per reply (the row
         # constants are a function of each row's target and tight point alone)
         new_bufs = [
-            self.row_buffer(r.new_X, r.new_y, r.new_xi)
+            self.row_buffer([r.new_X], r.new_y, r.new_xi)
             if self._compiled is not None and r.new_ids.size
             else None
             for r in replies
@@ -461,7 +461,8 @@ class BrightReplica:
             ``(ids, seg, at)``: chain c's proposed global rows ``ids[seg[c]:seg[c+1]]``
             (sorted) and where each sits in ``rows``.
         rows
-            ``(buffer, X, y, xi)`` of the proposed rows (:meth:`row_buffer`'s form first).
+            ``(buffer, y, xi)`` of the proposed rows (the buffer in :meth:`row_buffer`'s
+            form: their features, then their row constants).
 
         Returns
         -------
@@ -475,7 +476,7 @@ class BrightReplica:
         buf_all, b_seg, b_idx = self._buffer_all, self._starts, self._ids_all
         thetas = np.ascontiguousarray(thetas, dtype=np.float64)
         ids, seg, pos = proposed
-        buf, X, y, xi = rows
+        buf, y, xi = rows
         M, n_prop = b_idx.size, ids.size
         log_q = math.log(q)
         # scratch of the first half, reused from call to call (nothing of it is kept)
@@ -510,7 +511,7 @@ class BrightReplica:
         )  # fmt: skip
         if m >= 0:  # some chain's bright set changed
             self._set_all(
-                new_ids[:m], new_buf[:m], *self._gathered(new_src[:m], X, y, xi), new_starts
+                new_ids[:m], new_buf[:m], *self._gathered(new_src[:m], buf, y, xi), new_starts
             )
         return queries
 
@@ -600,7 +601,7 @@ class BrightReplica:
         floats = np.empty((n_steps, C, 3))
         ints = np.empty((n_steps, C, 7), dtype=np.int64)
         clocks = np.zeros(1)
-        buf_rows, X, y, xi = block.rows
+        buf_rows, y, xi = block.rows
         done, status, buf, ids, starts, origin = replica_steps(
             n_steps, self._rows[0].X.shape[1], self._buffer_all, self._ids_all, self._starts,
             np.arange(M0), block.ids, block.seg, block.at, buf_rows,
@@ -612,7 +613,7 @@ class BrightReplica:
         )  # fmt: skip
         self.kernel_clock[0] += clocks[0]
         if done:  # the replica as the last iteration left it
-            self._set_all(ids, buf, *self._gathered(origin, X, y, xi), starts)
+            self._set_all(ids, buf, *self._gathered(origin, buf_rows, y, xi), starts)
         return done, status == OVER_BUDGET, positions[:done], floats[:done], ints[:done]
 
     def _gathered(
@@ -620,7 +621,8 @@ class BrightReplica:
     ) -> list[np.ndarray]:
         """The features, targets and tight points of new bright rows, each from the
         replica (``src < M``) or from the proposals' rows ``X, y, xi`` (a whole read-ahead
-        block's, whose size grows with the hosts: not joined, not copied)."""
+        block's, whose size grows with the hosts: not joined, not copied; ``X`` may be
+        its :meth:`row_buffer`, whose first columns are the features)."""
         jit = self._compiled[0]
         out = []
         for a, b in ((self._X_all, X), (self._y_all, y), (self._xi_all, xi)):
@@ -673,16 +675,22 @@ class BrightReplica:
         """One chain's rows as the compiled kernel reads them: features, then the model's
         row constants (built once per set of rows; :meth:`apply` carries them over)."""
         if rows.buf is None:
-            rows.buf = self.row_buffer(rows.X, rows.y, rows.xi)
+            rows.buf = self.row_buffer([rows.X], rows.y, rows.xi)
         return rows.buf
 
-    def row_buffer(self, X: np.ndarray, y: np.ndarray, xi: np.ndarray) -> np.ndarray:
-        """Rows ``(X, y, xi)`` as the compiled kernel reads them: the features, then the
-        model's row constants (a function of each row's target and tight point alone)."""
-        D = X.shape[1]
+    def row_buffer(self, X: list[np.ndarray], y: np.ndarray, xi: np.ndarray) -> np.ndarray:
+        """Rows as the compiled kernel reads them: the features (``X``: parts of the rows,
+        in order, each copied once into the buffer), then the model's row constants (a
+        function of each row's target ``y`` and tight point ``xi`` alone)."""
+        D = X[0].shape[1]
         consts = self.model.row_constants(y, xi)
-        buf = np.empty((X.shape[0], D + consts.shape[1]))
-        buf[:, :D] = X
+        buf = np.empty((consts.shape[0], D + consts.shape[1]))
+        at = 0
+        for part in X:
+            buf[at : at + part.shape[0], :D] = part
+            at += part.shape[0]
+        if at != buf.shape[0]:
+            raise ValueError(f"{at} rows of features for {buf.shape[0]} targets")
         buf[:, D:] = consts
         return buf
 

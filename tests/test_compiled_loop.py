@@ -157,7 +157,7 @@ def test_a_nan_is_left_to_the_guard():
     block = type("Block", (), {})()  # the proposals of steps 0 and 1: rows 1 and 2, none
     block.first, block.ids = 0, np.array([1, 2], dtype=np.int64)
     block.seg, block.at = np.array([0, 2, 2], dtype=np.int64), np.array([1, 2], dtype=np.int64)
-    block.rows = (replica.row_buffer(X, y, xi), X, y, xi)
+    block.rows = (replica.row_buffer([X], y, xi), y, xi)
     params = hamiltonian_params(0.1, np.ones(4))
     nuts = nuts_inputs({}, [np.random.default_rng(0)], [0.1], [params.inv_metric],
                        [params.momentum_factor])  # fmt: skip

@@ -330,14 +330,17 @@ def test_a_block_merges_the_shards_proposals_pair_by_pair():
         got = block.ids[block.seg[p] : block.seg[p + 1]]
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(rows_all[block.at[block.seg[p] : block.seg[p + 1]]], want)
-    np.testing.assert_array_equal(block.rows[1], X_all)
+    np.testing.assert_array_equal(block.rows[0][:, :D], X_all)  # the features, then consts
+    np.testing.assert_array_equal(
+        block.rows[0][:, D:], replica.model.row_constants(block.rows[1], block.rows[2])
+    )
     assert block.first == 5 and block.seg[-1] == sum(q.ids.size for q in parts) > 0
     # out of row order: the general path, every id at its own row
     other = Block(5, parts[::-1], n_pairs, replica)
     assert other.seg.tolist() == block.seg.tolist()
     np.testing.assert_array_equal(np.sort(other.ids), np.sort(block.ids))
     for b in (block, other):
-        X = b.rows[1]
+        X = b.rows[0][:, :D]
         for k, i in enumerate(b.ids):
             q = next(q for q in parts if i in q.rows)
             np.testing.assert_array_equal(X[b.at[k]], q.X[np.searchsorted(q.rows, i)])
