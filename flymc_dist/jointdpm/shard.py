@@ -18,6 +18,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from flymc_dist._compiled import JIT
 from flymc_dist.reduce import fold_blocks
 from flymc_dist.streams import stream_key, uniforms_range
 
@@ -62,7 +63,7 @@ def initial_labels(seed: int, chain: int, start: int, n: int, n_clusters: int) -
     return np.minimum((u * n_clusters).astype(np.int64), n_clusters - 1)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _select(
     tree: np.ndarray, n_blocks: int, top: int, z: np.ndarray, k: int, ranks: np.ndarray,
     out: np.ndarray,
@@ -88,7 +89,7 @@ def _select(
             j += 1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _members(blocks: np.ndarray, z: np.ndarray, k: int, out: np.ndarray) -> int:
     """Every row of label ``k`` in ``z``, in row order, into ``out`` (sized for their
     number), scanning only the blocks of ``SELECT_BLOCK`` rows whose count ``blocks[b]``

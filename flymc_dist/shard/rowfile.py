@@ -37,6 +37,7 @@ import numpy as np
 from distributed import get_worker
 from numba import types
 
+from flymc_dist._compiled import JIT
 from flymc_dist.data import Dataset
 
 #: libc's ``pread(fd, buffer, count, offset)``, linked by name (so the compiled loop below
@@ -70,7 +71,7 @@ _ROW = np.uint64(0xC2B2AE3D27D4EB4F)
 _MUL = np.uint64(0xFF51AFD7ED558CCD)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _checksums(words: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """Each record's checksum into ``out``: ``words`` is ``(n, W)`` uint32, the records
     (their last word is the stored checksum, left out), ``rows`` their row numbers."""
@@ -88,7 +89,7 @@ def _checksums(words: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
         out[i] = np.uint32(h >> s32)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _first_bad(words: np.ndarray, rows: np.ndarray) -> int:
     """The index of the first record whose stored checksum is not its own, or -1."""
     sums = np.empty(words.shape[0], dtype=np.uint32)
@@ -144,7 +145,7 @@ def _write_all(fd: int, data: memoryview, path: str, at: int) -> None:
         done += k
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _run_end(rows: np.ndarray, i: int) -> int:
     """Where the run of consecutive rows that starts at ``rows[i]`` ends (exclusive)."""
     k = i + 1
@@ -153,7 +154,7 @@ def _run_end(rows: np.ndarray, i: int) -> int:
     return k
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _pread_rows(fd: int, rows: np.ndarray, record: int, out: np.ndarray) -> int:
     """Read the records of the sorted ``rows`` into ``out`` (a C-contiguous array of
     ``rows.size`` records), one ``pread`` per run of consecutive rows. Returns the number
@@ -174,7 +175,7 @@ def _pread_rows(fd: int, rows: np.ndarray, record: int, out: np.ndarray) -> int:
     return n
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _advise_rows(fd: int, rows: np.ndarray, record: int) -> None:
     """Ask the kernel to read the records of the sorted ``rows`` into the page cache, in
     the background (``POSIX_FADV_WILLNEED``): one call per run of consecutive rows, none

@@ -37,6 +37,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from flymc_dist._compiled import JIT
 from flymc_dist._numerics import in_sorted
 from flymc_dist.shard.rowfile import BLOCK_BYTES, RowFile
 
@@ -49,7 +50,7 @@ Prepare = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray | None, np.ndarray
 # an out-of-core round at 10^6 x 57), here one compiled call each.
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _find(ids: np.ndarray, slot: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
     """The slots of ``rows`` among the sorted resident ``ids`` (their slots ``slot``)
     into ``out``; returns the index of the first row not resident, or -1."""
@@ -63,7 +64,7 @@ def _find(ids: np.ndarray, slot: np.ndarray, rows: np.ndarray, out: np.ndarray) 
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _admit(
     ids: np.ndarray,
     slot: np.ndarray,
@@ -121,7 +122,7 @@ def _admit(
     return k
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _bright_in_any(ids: np.ndarray, members: np.ndarray, seg: np.ndarray, out: np.ndarray) -> int:
     """Whether each of ``ids`` is among some chain's sorted bright rows
     (``members[seg[c]:seg[c + 1]]``), into ``out``; returns how many are."""
@@ -140,7 +141,7 @@ def _bright_in_any(ids: np.ndarray, members: np.ndarray, seg: np.ndarray, out: n
     return kept
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _not_in(ids: np.ndarray, rows: np.ndarray) -> bool:
     """Whether any of the sorted ``rows`` is not among the sorted ``ids``: one merge."""
     i = 0
@@ -153,7 +154,7 @@ def _not_in(ids: np.ndarray, rows: np.ndarray) -> bool:
     return False
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _distinct_rows(rows: np.ndarray, out: np.ndarray, pos: np.ndarray) -> int:
     """The distinct ``rows`` (any order, repeats allowed), sorted, into ``out``, and
     where each of ``rows`` sits there into ``pos``; returns their number."""

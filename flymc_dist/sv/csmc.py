@@ -27,6 +27,7 @@ import math
 import numba
 import numpy as np
 
+from flymc_dist._compiled import JIT
 from flymc_dist.streams import stream_key, uniforms_range
 
 __all__ = [
@@ -49,7 +50,6 @@ AS_WRONG = 1
 #: the stream purpose of a sweep (streams' z-update purposes are 1–4)
 PURPOSE_CSMC = 5
 
-_JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
 _LOG2PI = math.log(2.0 * math.pi)
 
 
@@ -60,7 +60,7 @@ def uniforms_per_series(length: int, particles: int) -> int:
     return 2 * ((n_norm + 1) // 2) + (length - 1) * (particles - 1) + (length - 1) + 1
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _normal(u: np.ndarray, j: int) -> float:
     a = u[2 * (j // 2)]
     b = u[2 * (j // 2) + 1]
@@ -70,7 +70,7 @@ def _normal(u: np.ndarray, j: int) -> float:
     return rad * math.sin(2.0 * math.pi * b)
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _obs(x: float, h: float, obs: int, r: float) -> float:
     if obs == OBS_SV:
         return -0.5 * (_LOG2PI + h + x * x * math.exp(-h))
@@ -78,7 +78,7 @@ def _obs(x: float, h: float, obs: int, r: float) -> float:
     return -0.5 * (_LOG2PI + 2.0 * math.log(r) + d * d / (r * r))
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _pick(cdf: np.ndarray, u: float) -> int:
     """The first index whose cumulative weight exceeds ``u · total``."""
     target = u * cdf[cdf.size - 1]
@@ -92,7 +92,7 @@ def _pick(cdf: np.ndarray, u: float) -> int:
     return lo
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def _csmc_block(
     x: np.ndarray,
     href: np.ndarray,

@@ -10,6 +10,7 @@ import math
 import numba
 import numpy as np
 
+from flymc_dist._compiled import JIT
 from flymc_dist.sv.conditionals import Priors, log_prior
 
 __all__ = ["kalman_smoother", "panel_loglik", "pmmh"]
@@ -53,7 +54,7 @@ def kalman_smoother(
     return ms, vs
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**JIT)
 def _pf(x: np.ndarray, phi: float, sigma: float, particles: int, rng: np.random.Generator) -> float:
     S, T = x.shape
     P = particles
