@@ -344,3 +344,33 @@ def test_a_block_merges_the_shards_proposals_pair_by_pair():
         for k, i in enumerate(b.ids):
             q = next(q for q in parts if i in q.rows)
             np.testing.assert_array_equal(X[b.at[k]], q.X[np.searchsorted(q.rows, i)])
+
+
+@pytest.mark.parametrize("kernel", ["nuts", "rwmh"])
+def test_float32_rows_travel_as_float32_with_the_same_draws(kernel, tmp_path, monkeypatch):
+    """A float32 store's proposed rows reach the driver as float32 (exact, half the
+    bytes), a float64 store's as float64; the draws are the shards' own update's
+    (``read_ahead=0``) and those of a float64 store holding the same values, bit for
+    bit."""
+    from flymc_dist import ahead
+
+    X, y = _data(1500)
+    X = X.astype(np.float32).astype(np.float64)  # values a float32 store holds exactly
+    f32 = fd.from_numpy(X, y, str(tmp_path / "f32.zarr"), chunk_rows=250, dtype="float32")
+    f64 = fd.from_numpy(X, y, str(tmp_path / "f64.zarr"), chunk_rows=250)
+    seen: list = []
+    init = ahead.Block.__init__
+
+    def recording(self, first, parts, n_pairs, replica):
+        seen.extend(p.X.dtype for p in parts)
+        init(self, first, parts, n_pairs, replica)
+
+    monkeypatch.setattr(ahead.Block, "__init__", recording)
+    ref = _run(f32, "synchronous", kernel=kernel, read_ahead=0)
+    assert not seen  # no read-ahead: the shards update z
+    res = _run(f32, "synchronous", kernel=kernel)
+    assert seen and set(seen) == {np.dtype(np.float32)}
+    _same(ref, res)
+    seen.clear()
+    _same(ref, _run(f64, "synchronous", kernel=kernel))
+    assert seen and set(seen) == {np.dtype(np.float64)}

@@ -132,11 +132,15 @@ class Shard:
         #: chunks, or (arrays in memory, 0) :func:`~flymc_dist.reduce.block_rows` of N
         self.block_rows = 0
         prepare = weak_method(self._row_constants)  # no cycle shard -> rows -> shard
+        # the features' dtype as stored (float32 or float64; held as float64): what a
+        # read-ahead reply sends them as, exactly and in half the bytes from float32
+        self._stored = np.dtype(np.float64)
         if data is None:
             ds = open_dataset(
                 spec.path, storage_options=spec.storage_options, store_id=spec.store_id
             )
             self.block_rows = B = int(ds.chunk_rows)
+            self._stored = np.dtype(ds.dtype)
             n = spec.stop - spec.start
             nbytes = n * (ds.n_features + K + 2) * 8
             # the columns' energy (θ-free) is summed on the way in: no pass of its own
@@ -163,6 +167,8 @@ class Shard:
                 self._energy = tree_nodes(energy, -(-self.n_total // B))
         else:
             X, y = data
+            if np.asarray(X).dtype == np.float32:
+                self._stored = np.dtype(np.float32)
             X = np.asarray(X, dtype=np.float64)
             XC = np.empty((X.shape[0], X.shape[1] + K))
             XC[:, : X.shape[1]] = X
@@ -1174,8 +1180,9 @@ class Shard:
         """The rows of this shard each chain's implicit z-update proposes dark→bright at
         steps ``first .. first + count - 1`` of the streams of ``generation`` (its
         Bernoulli(q) process: known whatever θ and z are), with their data: what a driver
-        that updates z itself reads ahead (:class:`~flymc_dist.protocol.Proposals`). Out
-        of core the rows are read from the row file by position."""
+        that updates z itself reads ahead (:class:`~flymc_dist.protocol.Proposals`), the
+        features in the dtype they are stored in. Out of core the rows are read from the
+        row file by position."""
         if not self.flymc or self.config.z_update != "implicit":
             raise ValueError("proposals are the implicit FlyMC z-update's")
         C = len(self.chains)
@@ -1188,6 +1195,7 @@ class Shard:
         X, y, xi = self.rows_at(rows - self.spec.start)
         if xi is None:
             raise ValueError("proposals need the tight points set (set_tight_points)")
+        X = X.astype(self._stored, copy=False)  # float32 as stored: exact, half the bytes
         return Proposals(ids, seg, rows, at.astype(np.int64, copy=False), X, y, xi)
 
     def round_sums(self, requests: list[Request | None], queries: np.ndarray) -> Reply:
