@@ -112,6 +112,19 @@ def _time_pings(transport: Any, n: int, how: str, payload: bytes = b"") -> dict[
     }
 
 
+def _tcp_echo(
+    client: Any, specs: list[ShardSpec], config: ShardConfig, payload: bytes, warm: int, n: int
+) -> dict[str, float]:
+    """:func:`_time_pings` of the socket echo over TCP (``channel="tcp"``), on hosts of
+    their own (a host takes one driver at a time), closed before returning."""
+    transport = DaskTransport(client, specs, config, Placement(channel="tcp"))
+    try:
+        _time_pings(transport, warm, "socket", payload)
+        return _time_pings(transport, n, "socket", payload)
+    finally:
+        transport.close()
+
+
 def _merge(first: dict[str, float], second: dict[str, float]) -> dict[str, Any]:
     n1, n2 = first["n"], second["n"]
     return {
@@ -264,21 +277,18 @@ def run_overhead(
             P = model.n_params(features)
             payload = _round_payload(chains, P)
             out["setup"]["payload_bytes"] = len(payload)
+            first_tcp = _tcp_echo(client, specs, config, payload, 50, pings // 2)
             transport = DaskTransport(client, specs, config, Placement(channel="socket"))
-            tcp = DaskTransport(client, specs, config, Placement(channel="tcp"))
             try:
                 _time_pings(transport, 50, "actor")  # warm the connections
                 _time_pings(transport, 50, "socket", payload)
-                _time_pings(tcp, 50, "socket", payload)
                 _time_pings(transport, 20, "rpc", payload)
                 first = _time_pings(transport, pings // 2, "actor")
                 first_socket = _time_pings(transport, pings // 2, "socket", payload)
-                first_tcp = _time_pings(tcp, pings // 2, "socket", payload)
                 rpc_echo = _time_pings(transport, max(pings // 4, 2), "rpc", payload)
                 out["setup"]["local_channels"] = transport.local_hosts
                 out["setup"]["echo_hosts"] = transport.n_workers
             finally:
-                tcp.close()
                 transport.close()
 
             def run(
@@ -326,17 +336,14 @@ def run_overhead(
             }
             out["regular"] = _sampler_figures(run(fd.Regular(), regular_iterations, 0, **reg_opts))
             transport = DaskTransport(client, specs, config, Placement(channel="socket"))
-            tcp = DaskTransport(client, specs, config, Placement(channel="tcp"))
             try:
                 _time_pings(transport, 20, "actor")
                 _time_pings(transport, 20, "socket", payload)
-                _time_pings(tcp, 20, "socket", payload)
                 second = _time_pings(transport, pings - pings // 2, "actor")
                 second_socket = _time_pings(transport, pings - pings // 2, "socket", payload)
-                second_tcp = _time_pings(tcp, pings - pings // 2, "socket", payload)
             finally:
-                tcp.close()
                 transport.close()
+            second_tcp = _tcp_echo(client, specs, config, payload, 20, pings - pings // 2)
         finally:
             if own:
                 client.close()
