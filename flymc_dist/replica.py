@@ -685,12 +685,7 @@ class BrightReplica:
         D = X[0].shape[1]
         consts = self.model.row_constants(y, xi)
         buf = np.empty((consts.shape[0], D + consts.shape[1]))
-        at = 0
-        for part in X:
-            buf[at : at + part.shape[0], :D] = part
-            at += part.shape[0]
-        if at != buf.shape[0]:
-            raise ValueError(f"{at} rows of features for {buf.shape[0]} targets")
+        np.concatenate(X, out=buf[:, :D])  # (a ValueError unless the rows add up)
         buf[:, D:] = consts
         return buf
 
