@@ -21,7 +21,7 @@ import numpy as np
 
 from flymc_dist.jointdpm.shard import DPMShard
 from flymc_dist.protocol import ShardLost
-from flymc_dist.transport.dask import local_client
+from flymc_dist.transport.dask import live_workers, local_client
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +207,7 @@ def open_dpm_transport(
         client, cluster = local_client(n_workers)
         owned = (client, cluster)
     try:
-        workers = sorted(client.scheduler_info()["workers"])
-        if not workers:
-            raise RuntimeError("the Dask cluster has no workers")
+        workers = live_workers(client)
         where = {a[0]: workers[a[0] % len(workers)] for a in args}
         futures = {a[0]: _submit(client, a, where[a[0]]) for a in args}
         shards = {j: f.result() for j, f in futures.items()}

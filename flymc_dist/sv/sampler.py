@@ -56,7 +56,7 @@ from flymc_dist.sv.conditionals import (
 )
 from flymc_dist.sv.data import SeriesDataset, open_series
 from flymc_dist.sv.shard import SeriesShard
-from flymc_dist.transport.dask import client_from
+from flymc_dist.transport.dask import client_from, live_workers
 
 __all__ = ["ROLE_SV", "SVResult", "StochasticVolatility", "load_trace", "sample_sv"]
 
@@ -213,7 +213,7 @@ class _DaskActors:
         self, client: Any, kwargs: list[dict[str, Any]], owned: tuple[Any, Any] | None
     ) -> None:
         self.client, self.owned = client, owned
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = live_workers(client)
         futs = [
             # pure=False: a fresh actor each run, never one a run with the same options left
             client.submit(
@@ -252,7 +252,7 @@ def _open(
     if isinstance(client, str) and client == "synchronous":
         return _InProcess([SeriesShard(**kw) for kw in kwargs_of(n_shards or 1)])
     c, cluster, owned = client_from(client, n_workers)
-    k = n_shards if n_shards is not None else len(c.scheduler_info()["workers"])
+    k = n_shards if n_shards is not None else len(live_workers(c))
     return _DaskActors(c, kwargs_of(int(k)), (c, cluster) if owned else None)
 
 

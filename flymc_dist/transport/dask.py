@@ -84,6 +84,16 @@ def _scheduler_workers(client: Any) -> dict[str, dict]:
     return workers
 
 
+def live_workers(client: Any, timeout: float = 60.0) -> list[str]:
+    """The addresses of the scheduler's workers, sorted, waiting up to ``timeout`` seconds
+    for a first one where there is none yet (a cluster just started may list none)."""
+    workers = sorted(_scheduler_workers(client))
+    if not workers:
+        client.wait_for_workers(1, timeout=timeout)
+        workers = sorted(_scheduler_workers(client))
+    return workers
+
+
 #: calls run inline on the worker's event loop with raw ``bytes`` arguments: the per-iteration
 #: protocol (short: FlyMC's rounds touch the bright rows only) and the bench's bare round trips.
 #: Regular MCMC's rounds are full passes over the shard and stay on the actor thread, so a
@@ -380,10 +390,7 @@ class DaskTransport:
         self._ahead_thread: ThreadPoolExecutor | None = None
         started: list[tuple[str, list[ShardSpec], str, Any]] = []
         try:
-            workers = sorted(_scheduler_workers(self.client))
-            if not workers:
-                self.client.wait_for_workers(1, timeout=60)
-                workers = sorted(_scheduler_workers(self.client))
+            workers = live_workers(self.client)
             self._chan = self._channel_client(workers)
             if self._layout is not None:  # the default layout: one shard per worker
                 self.specs = sorted(self._layout(len(workers)), key=lambda s: s.shard_id)
