@@ -368,6 +368,13 @@ class JointDPM(_Options):
     init_clusters: int = _option(
         1, "clusters at the start (each row's label from its own random number)", integer(1)
     )
+    split_merge: int = _option(
+        0,
+        "split–merge proposals per iteration (0: the paper's program, the labels moved by "
+        "the Gibbs step alone); each reads every member of the one or two clusters it "
+        "concerns",
+        integer(0),
+    )
 
 
 @dataclass(frozen=True)

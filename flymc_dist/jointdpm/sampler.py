@@ -60,6 +60,14 @@ from flymc_dist.austerity.sampler import stop_rule
 from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
 from flymc_dist.jointdpm.shard import ROLE_JOINTDPM, SUB_DRIVER, initial_labels, logit_loglik
+from flymc_dist.jointdpm.splitmerge import (
+    LAPLACE_STEPS,
+    allocate,
+    gaussian_draw,
+    gaussian_logpdf,
+    laplace,
+    sums,
+)
 from flymc_dist.jointdpm.transport import DPMTransport, open_dpm_transport
 from flymc_dist.options import JointDPM
 from flymc_dist.reduce import block_rows, tree_total_arrays
@@ -469,8 +477,10 @@ class JointDPMSampler:
             t0 = time.perf_counter()
             self.update_alpha(st)
             moved = self._update_z(c, st)
+            split_merged = sum(self.split_merge(c, st) for _ in range(self.options.split_merge))
             info = self._update_weights(c, st)
             info["moved"] = moved
+            info["split_merged"] = split_merged
             info["seconds"] = time.perf_counter() - t0
             out.append(info)
         return out
@@ -573,6 +583,124 @@ class JointDPMSampler:
         }
         self.transport.call_some("move", calls)
         return moved
+
+    def _cluster_rows(
+        self, c: int, st: ChainState, labels: list[int]
+    ) -> list[tuple[np.ndarray, ...]]:
+        """Every member of each of clusters ``labels`` of chain ``c``, in row order:
+        ``(rows, Xd, F, y)`` per label, in one round trip."""
+        where = sorted({j for k in labels for j in np.flatnonzero(st.counts[k]).tolist()})
+        got = self.transport.call_some("clusters", {j: (c, labels) for j in where})
+        return [
+            tuple(np.concatenate([got[j][t][q] for j in where]) for q in range(4))
+            for t in range(len(labels))
+        ]
+
+    def split_merge(self, c: int, st: ChainState) -> bool:
+        """One split–merge proposal on chain ``c`` (:mod:`flymc_dist.jointdpm.splitmerge`);
+        returns whether it was accepted."""
+        rng, o = st.rng, self.options
+        if self.N < 2:
+            return False
+        i = int(rng.integers(self.N))
+        j = int(rng.integers(self.N - 1))
+        j += j >= i
+        _, _, _, z = self._fetch(c, np.array([i, j], dtype=np.int64))
+        ka, kb = int(z[0]), int(z[1])
+        split = ka == kb
+        if split:
+            ((rows, Xd, F, y),) = self._cluster_rows(c, st, [ka])
+        else:
+            a, b = self._cluster_rows(c, st, [ka, kb])
+            order = np.argsort(np.concatenate([a[0], b[0]]), kind="stable")
+            rows, Xd, F, y = (np.concatenate([a[q], b[q]])[order] for q in range(4))
+            in_a = order < a[0].size
+        ii, jj = (int(t) for t in np.searchsorted(rows, [i, j]))
+        rest = np.delete(np.arange(rows.size), [ii, jj])
+        rest = rest[rng.permutation(rest.size)]
+        side = np.empty(rest.size, dtype=np.int8)
+        if split:
+            u = rng.random(rest.size)
+            forced = np.full(rest.size, -1, dtype=np.int8)
+        else:
+            u = np.zeros(rest.size)
+            forced = np.where(in_a[rest], 0, 1).astype(np.int8)
+        p = self.prior
+        log_alloc = allocate(
+            np.ascontiguousarray(Xd[rest]), Xd[ii], Xd[jj], p.m0, p.k0, p.v0,
+            self.prior_stats.L, u, forced, side,
+        )  # fmt: skip
+        parts = {
+            "A": np.sort(np.concatenate([[ii], rest[side == 0]])),
+            "B": np.sort(np.concatenate([[jj], rest[side == 1]])),
+            "C": np.arange(rows.size),
+        }
+        fit, niw = {}, {}
+        for name, idx in parts.items():
+            Fi, yi, Xi = (np.ascontiguousarray(t[idx]) for t in (F, y, Xd))
+            fit[name] = laplace(Fi, yi, o.w_prior, LAPLACE_STEPS)
+            niw[name] = ClusterStats.from_sums(p, idx.size, *sums(Xi))
+        if split:
+            w = {"A": gaussian_draw(rng, *fit["A"]), "B": gaussian_draw(rng, *fit["B"])}
+            w["C"] = st.w[ka]
+        else:
+            w = {"A": st.w[ka], "B": st.w[kb], "C": gaussian_draw(rng, *fit["C"])}
+        sd2 = o.w_prior**2
+        term = {}
+        for name, idx in parts.items():
+            ww = w[name]
+            term[name] = (
+                gammaln(idx.size)
+                + niw[name].log_marginal()
+                + float(logit_loglik(F[idx], y[idx], ww).sum())
+                - 0.5 * self.P * math.log(2.0 * math.pi * sd2)
+                - 0.5 * float(ww @ ww) / sd2
+            )
+        # log of [p(split) q(merge | split)] / [p(merged) q(split | merged)]
+        log_r = (
+            math.log(st.alpha)
+            + term["A"]
+            + term["B"]
+            - term["C"]
+            + gaussian_logpdf(w["C"], *fit["C"])
+            - gaussian_logpdf(w["A"], *fit["A"])
+            - gaussian_logpdf(w["B"], *fit["B"])
+            - log_alloc
+        )
+        if (log_r if split else -log_r) <= -rng.standard_exponential():
+            return False
+        if split:
+            new = st.next_label
+            st.next_label += 1
+            moved = rows[parts["B"]]
+            per_shard = np.bincount(self._shard_of(moved), minlength=self.n_shards)
+            st.counts[new] = per_shard.astype(np.int64)
+            st.counts[ka] = st.counts[ka] - per_shard
+            st.stats[ka], st.stats[new] = niw["A"], niw["B"]
+            st.w[ka], st.w[new] = w["A"], w["B"]
+        else:
+            new = ka
+            moved = rows[~in_a]
+            st.counts[ka] = st.counts[ka] + st.counts.pop(kb)
+            del st.stats[kb], st.w[kb]
+            st.stats[ka], st.w[ka] = niw["C"], w["C"]
+        self._relabel(c, st, moved, new)
+        return True
+
+    def _relabel(self, c: int, st: ChainState, rows: np.ndarray, label: int) -> None:
+        """Give global ``rows`` of chain ``c`` the label ``label``, on their shards and in
+        the driver's records (:attr:`known`, the tracked rows)."""
+        sh = self._shard_of(rows)
+        calls = {
+            int(j): (c, rows[sh == j] - self.bounds[j], np.full(int(np.sum(sh == j)), label))
+            for j in np.unique(sh).tolist()
+        }
+        self.transport.call_some("move", calls)
+        known = self.known[c]
+        for r in rows.tolist():
+            known.set(r, label)
+            if r in st.tracked:
+                st.tracked[r] = label
 
     def _update_weights(self, c: int, st: ChainState) -> dict[str, Any]:
         """One MH step on every cluster's weights, each decided by the sequential test
@@ -771,6 +899,7 @@ STATS = {
     "cluster_rows": np.int64,
     "accepted": np.int64,
     "moved": np.int64,
+    "split_merged": np.int64,
     "accuracy": np.float64,
 }
 
@@ -1041,7 +1170,7 @@ def _iterate(
             row[2 : 2 + sz.size] = sz
             row[2 + MAX_SIZES :] = [st.tracked[int(a)] == st.tracked[int(b)] for a, b in pairs]
             stats["seconds"][c, t] = clock[c]
-            for key in ("data_used", "cluster_rows", "accepted", "moved"):
+            for key in ("data_used", "cluster_rows", "accepted", "moved", "split_merged"):
                 stats[key][c, t] = inf[key]
             if held is not None and n_pred[c]:
                 avg = running[c] / n_pred[c]

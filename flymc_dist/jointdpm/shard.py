@@ -307,6 +307,18 @@ class DPMShard:
             out.append((ll[0] - ll[1], rows + self.start if record else None))
         return out
 
+    def clusters(
+        self, chain: int, labels: list[int]
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """For each of ``labels``, its members here in row order: ``(rows, Xd, F, y)``
+        (``rows`` global)."""
+        index = self.index[chain]
+        out = []
+        for k in labels:
+            rows = index.members(int(k))
+            out.append((rows + self.start, self.Xd[rows], self.F[rows], self.y[rows]))
+        return out
+
     def z_of(self, chain: int) -> np.ndarray:
         """Every row's label (tests and checkpoints: a full copy)."""
         return self.z[chain].copy()
