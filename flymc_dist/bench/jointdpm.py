@@ -49,6 +49,7 @@ def run_jointdpm(
     eps: float = 0.3,
     step_z: int = 50,
     init_clusters: int = 10,
+    split_merge: int = 0,
     n_shards: int = 2,
     tolerance: float = 0.005,
     seed: int = 0,
@@ -81,6 +82,10 @@ def run_jointdpm(
         Labels Gibbs-sampled per iteration.
     init_clusters
         Clusters at the start.
+    split_merge
+        Split–merge proposals per iteration of the Fig. 6 runs (0: the paper's program;
+        each reads every member of the clusters concerned, so the tall part leaves them
+        out).
     n_shards
         Row ranges.
     tolerance
@@ -111,7 +116,7 @@ def run_jointdpm(
     out: dict[str, Any] = {}
     if "fig6" in parts:
         fig6 = (rows, test_rows, iterations, warmup, chains, eps, step_z, init_clusters)
-        out["fig6"] = _fig6(*fig6, n_shards, tolerance, seed, client, plot)
+        out["fig6"] = _fig6(*fig6, split_merge, n_shards, tolerance, seed, client, plot)
     if "tall" in parts:
         tall = (tall_rows, tall_iterations, warmup, eps, step_z, init_clusters)
         out["tall"] = _tall(*tall, workers, seed)
@@ -180,6 +185,7 @@ def _fig6(
     eps: float,
     step_z: int,
     init_clusters: int,
+    split_merge: int,
     n_shards: int,
     tolerance: float,
     seed: int,
@@ -191,7 +197,7 @@ def _fig6(
     Xt, yt = four_blobs(test_rows, seed + 1000)
     runs = {}
     for e in (0.0, eps):
-        alg = JointDPM(eps=e, step_z=step_z, init_clusters=init_clusters)
+        alg = JointDPM(eps=e, step_z=step_z, init_clusters=init_clusters, split_merge=split_merge)
         t0 = time.perf_counter()
         res = sample_jointdpm(
             (X, y),
@@ -218,6 +224,7 @@ def _fig6(
             "largest_sizes": d["sizes"][:, -1, :8].tolist(),
             "summary": res.summary(),
             "seconds_per_iteration": float(d["seconds"][:, -1].mean() / (iterations + warmup)),
+            "split_merged_per_iteration": float(d["split_merged"].mean()),
         }
     exact, approx = runs[0.0], runs[eps]
     target = exact["final_accuracy"] - tolerance
@@ -235,6 +242,7 @@ def _fig6(
         "iterations": iterations,
         "chains": chains,
         "step_z": step_z,
+        "split_merge": split_merge,
         "target_accuracy": target,
         "runs": [exact, approx],
         "speedup": exact["time_to_target"] / approx["time_to_target"],
@@ -296,7 +304,8 @@ def _format_fig6(d: dict[str, Any]) -> str:
     """Fig. 6's figures as text."""
     lines = [
         f"JointDPM on four blobs: {d['rows']:,} rows, {d['test_rows']:,} held out; "
-        f"{d['chains']} chains x {d['iterations']} iterations, step_z={d['step_z']}",
+        f"{d['chains']} chains x {d['iterations']} iterations, step_z={d['step_z']}, "
+        f"split_merge={d['split_merge']}",
         f"{'eps':>5} {'final acc':>9} {'t->target s':>11} {'chains':>6} {'s/iter':>8} "
         f"{'rows read/it':>12} {'of':>8} {'K mean':>7} {'Rhat K':>7} {'Rhat a':>7}",
     ]
@@ -318,7 +327,8 @@ def _format_fig6(d: dict[str, Any]) -> str:
     for r in d["runs"]:
         lines.append(
             f"  eps={r['eps']:g}: clusters at the end {r['K_last']}, largest sizes "
-            f"{r['largest_sizes'][0]}"
+            f"{r['largest_sizes'][0]}; split-merge moves accepted per iteration "
+            f"{r['split_merged_per_iteration']:.3f}"
         )
     if d["plot"]:
         lines.append(f"plot: {d['plot']}")

@@ -18,6 +18,9 @@ One iteration of a chain (the paper's Fig. 7 program):
    from the prior (Neal 2000, algorithm 8 with one auxiliary component); ``t`` is the
    Student-t predictive. It joins the chosen cluster (a rank-one update). No full pass:
    the rows are fetched from their shards in one round trip, the moves sent back in one.
+   With ``split_merge`` > 0, that many split–merge proposals follow
+   (:mod:`flymc_dist.jointdpm.splitmerge`: whole clusters split or merged by MH, reading
+   every member of the clusters concerned).
 3. Every cluster's ``w_k`` by a random-walk MH step whose decision is the sequential test
    of :func:`flymc_dist.austerity.sampler.stop_rule` over the cluster's members only:
    minibatches of ``batch_size`` members drawn without replacement, as global ranks in
@@ -600,22 +603,48 @@ class JointDPMSampler:
         """One split–merge proposal on chain ``c`` (:mod:`flymc_dist.jointdpm.splitmerge`);
         returns whether it was accepted."""
         rng, o = st.rng, self.options
-        if self.N < 2:
-            return False
-        i = int(rng.integers(self.N))
-        j = int(rng.integers(self.N - 1))
-        j += j >= i
-        _, _, _, z = self._fetch(c, np.array([i, j], dtype=np.int64))
-        ka, kb = int(z[0]), int(z[1])
-        split = ka == kb
+        labels = sorted(st.stats)
+        K = len(labels)
+        by_rows = bool(rng.random() < 0.5)
+        if by_rows:  # two distinct rows: a split if they share a cluster, else a merge
+            i = int(rng.integers(self.N))
+            j = int(rng.integers(self.N - 1))
+            j += j >= i
+            _, _, _, z = self._fetch(c, np.array([i, j], dtype=np.int64))
+            ka, kb = int(z[0]), int(z[1])
+            split = ka == kb
+        else:  # a split or a merge, then a cluster (two) and two members (one of each)
+            split = bool(rng.random() < 0.5)
+            if split:
+                ka = kb = labels[int(rng.integers(K))]
+                if st.stats[ka].n < 2:
+                    return False
+            else:
+                if K < 2:
+                    return False
+                a_ = int(rng.integers(K))
+                b_ = int(rng.integers(K - 1))
+                b_ += b_ >= a_
+                ka, kb = labels[a_], labels[b_]
         if split:
             ((rows, Xd, F, y),) = self._cluster_rows(c, st, [ka])
+            if by_rows:
+                ii, jj = (int(t) for t in np.searchsorted(rows, [i, j]))
+            else:  # an ordered pair of members, by rank in row order
+                ii = int(rng.integers(rows.size))
+                jj = int(rng.integers(rows.size - 1))
+                jj += jj >= ii
         else:
             a, b = self._cluster_rows(c, st, [ka, kb])
             order = np.argsort(np.concatenate([a[0], b[0]]), kind="stable")
             rows, Xd, F, y = (np.concatenate([a[q], b[q]])[order] for q in range(4))
             in_a = order < a[0].size
-        ii, jj = (int(t) for t in np.searchsorted(rows, [i, j]))
+            if by_rows:
+                ii, jj = (int(t) for t in np.searchsorted(rows, [i, j]))
+            else:  # a member of each, by rank in row order
+                at = np.argsort(order)  # where each of a's, then b's members went
+                ri, rj = int(rng.integers(a[0].size)), int(rng.integers(b[0].size))
+                ii, jj = int(at[ri]), int(at[a[0].size + rj])
         rest = np.delete(np.arange(rows.size), [ii, jj])
         rest = rest[rng.permutation(rest.size)]
         side = np.empty(rest.size, dtype=np.int8)
@@ -656,9 +685,19 @@ class JointDPMSampler:
                 - 0.5 * self.P * math.log(2.0 * math.pi * sd2)
                 - 0.5 * float(ww @ ww) / sd2
             )
+        # how the two directions choose. By rows: the same ordered pair either way. By
+        # clusters: a split picks one of the merged state's K_m clusters and an ordered
+        # pair of its n_C members; the merge that undoes it, the ordered pair (A, B) of
+        # the K_m + 1 clusters and a member of each
+        log_choose = 0.0
+        if not by_rows:
+            K_m = K if split else K - 1
+            n_a, n_b, n_c = parts["A"].size, parts["B"].size, rows.size
+            log_choose = math.log(n_c * (n_c - 1.0) / ((K_m + 1.0) * n_a * n_b))
         # log of [p(split) q(merge | split)] / [p(merged) q(split | merged)]
         log_r = (
-            math.log(st.alpha)
+            log_choose
+            + math.log(st.alpha)
             + term["A"]
             + term["B"]
             - term["C"]

@@ -5,14 +5,21 @@ single-row Gibbs step's one row at a time.
 The move (Dahl's sequentially allocated merge–split, with the non-conjugate weights
 proposed from Laplace approximations):
 
-1. Two distinct rows ``i, j`` drawn uniformly (ordered).
-2. If they share cluster ``C``, propose a split: ``A ∋ i``, ``B ∋ j``, the other members
-   of ``C`` allocated one at a time in a random order, each to ``A`` or ``B`` with
-   probability ``∝ n · t(x)`` (the side's current size and Student-t predictive of its
-   members so far, :func:`allocate`); weights ``w_A``, ``w_B`` drawn from the Laplace
-   approximations of each side's logistic posterior (:func:`laplace`). Else propose
-   merging their clusters ``A ∋ i`` and ``B ∋ j`` into ``C`` with weights ``w_C`` drawn
-   from ``C``'s Laplace approximation.
+1. Choose what to propose, one of two ways with probability ½ each. *By rows*: two
+   distinct rows ``i, j`` drawn uniformly (ordered): a split of their cluster if they
+   share one, else a merge of their two (good at splitting large clusters). *By
+   clusters*: a split or a merge with probability ½; a split picks one of the ``K``
+   clusters and an ordered pair ``i, j`` of its members, a merge an ordered pair of
+   clusters and a member of each (good at merging small clusters, which rows drawn
+   uniformly seldom hit). Each way is reversible on its own; the second's ratio carries
+   the choice's probabilities, ``n_C (n_C − 1) / ((K_m + 1) n_A n_B)`` for a split of
+   ``C`` into ``A, B`` (``K_m`` the clusters of the merged state).
+2. A split of ``C``: ``A ∋ i``, ``B ∋ j``, the other members of ``C`` allocated one at a
+   time in a random order, each to ``A`` or ``B`` with probability ``∝ n · t(x)`` (the
+   side's current size and Student-t predictive of its members so far,
+   :func:`allocate`); weights ``w_A``, ``w_B`` drawn from the Laplace approximations of
+   each side's logistic posterior (:func:`laplace`). A merge of ``A ∋ i`` and ``B ∋ j``
+   into ``C``: weights ``w_C`` drawn from ``C``'s Laplace approximation.
 3. Accept with the MH ratio of the joint ``p(z, w | α)`` (CRP, NIW marginals, logistic
    likelihoods, weight priors), times the reverse proposal's density over the forward
    one's: for a split, ``q(w_C | C) / (q_alloc(A, B) q(w_A | A) q(w_B | B))``, where
