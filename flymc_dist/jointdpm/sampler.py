@@ -900,7 +900,8 @@ class DPMResult:
     32)`` (largest first, zero-padded), ``cocluster`` ``(chains, draws, pairs)`` (whether
     each pair of ``pairs`` shares a cluster), ``seconds`` (cumulative wall time of each
     chain's iterations), ``data_used`` and ``cluster_rows`` (members the ``w_k`` tests
-    read, and the clusters' total size, per iteration), ``accepted``, ``moved``; with
+    read, and the clusters' total size, per iteration), ``accepted``, ``moved``,
+    ``split_merged`` (split–merge proposals accepted, per iteration); with
     test rows, ``accuracy`` (of the running chain-averaged prediction, per chain and
     draw) and ``predictive`` ``(chains, test rows)`` (the final chain averages).
     """
