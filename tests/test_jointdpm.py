@@ -127,7 +127,8 @@ def test_split_allocation_probabilities():
 
 def test_laplace_approximation_is_the_posterior_mode_and_curvature():
     """The split–merge's weight proposal: the mean is the logistic posterior's mode (as
-    found by scipy's BFGS) and the precision its Hessian there; the density is the
+    found by scipy's BFGS) and the precision its Hessian there, for a small cluster and
+    for one large enough to start on a subset of its rows; the density is the
     Gaussian's."""
     from scipy.optimize import minimize
 
@@ -148,6 +149,17 @@ def test_laplace_approximation_is_the_posterior_mode_and_curvature():
     w = rng.normal(size=3)
     ref = stats.multivariate_normal(mean, np.linalg.inv(H)).logpdf(w)
     assert gaussian_logpdf(w, mean, R) == pytest.approx(ref, rel=1e-10)
+    # a large cluster: the steps on a subset, two on every row, reach the mode too
+    F = np.column_stack([rng.normal(size=(20000, 2)), np.ones(20000)])
+    y = (rng.random(20000) < 1 / (1 + np.exp(-F @ [1.5, -1.0, 0.3]))).astype(float)
+    mean, R = laplace(F, y, sd, LAPLACE_STEPS)
+    p = 1 / (1 + np.exp(-F @ mean))
+    grad = F.T @ (y - p) - mean / sd**2
+    H = (F * (p * (1 - p))[:, None]).T @ F + np.eye(3) / sd**2
+    np.testing.assert_allclose(R @ R.T, H, rtol=1e-8)
+    # Newton's next step from the mean, in posterior sds: within 10⁻³ sd of the mode
+    step = np.linalg.solve(H, grad) / np.sqrt(np.diag(np.linalg.inv(H)))
+    assert np.max(np.abs(step)) < 1e-3, step
 
 
 def test_member_index_insert_remove_select():
@@ -172,6 +184,37 @@ def test_member_index_insert_remove_select():
         np.testing.assert_array_equal(index.select(k, ranks), members[ranks])
     with pytest.raises(ValueError, match="ranks must lie"):
         index.select(0, np.array([index.count(0)]))
+
+
+def test_bulk_moves_leave_the_index_row_by_row_moves_leave():
+    """A shard's move of many rows at once (a split or merge relabels whole clusters;
+    repeated rows keep their last label) leaves the labels and the index — block counts,
+    Fenwick trees, totals, emptied clusters dropped — exactly as moving them one by one."""
+    from flymc_dist.jointdpm.shard import BULK_MOVE, DPMShard
+
+    rng = np.random.default_rng(4)
+    n = 5000
+    X = rng.normal(size=(n, 2))
+    y = (rng.random(n) < 0.5).astype(float)
+    bulk, single = (DPMShard(0, 0, X, y, [0, 1], 1, 0) for _ in range(2))
+    for sh in (bulk, single):
+        sh.restore(0, np.arange(n) % 4)
+    for step in range(6):
+        rows = rng.integers(0, n, 3 * BULK_MOVE)
+        labels = rng.integers(0, 6, rows.size)
+        if step == 5:  # cluster 1 emptied into 7
+            rows = np.flatnonzero(bulk.z[0] == 1)
+            labels = np.full(rows.size, 7)
+        bulk.move(0, rows, labels)
+        for r, k in zip(rows, labels, strict=True):
+            single.move(0, np.array([r]), np.array([k]))
+        np.testing.assert_array_equal(bulk.z[0], single.z[0])
+        a, b = bulk.index[0], single.index[0]
+        assert a.totals == b.totals and sorted(a.blocks) == sorted(b.blocks)
+        for k in a.blocks:
+            np.testing.assert_array_equal(a.blocks[k], b.blocks[k])
+            np.testing.assert_array_equal(a.trees[k], b.trees[k])
+    assert 1 not in bulk.index[0].totals and bulk.index[0].count(7) > 0
 
 
 def test_moved_labels_keep_each_rows_last_label(monkeypatch):

@@ -54,7 +54,7 @@ import os
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.special import gammaln
@@ -108,6 +108,26 @@ class ChainState:
     tracked: dict[int, int] = field(default_factory=dict)
 
 
+class _Proposal(NamedTuple):
+    """What one split–merge proposal concerns: a split (of cluster ``ka`` = ``kb``) or a
+    merge (of ``ka`` and ``kb``), chosen by rows or by clusters among ``K``; the members
+    of the cluster(s) in row order (``rows``, ``Xd``, ``F``, ``y``; for a merge ``in_a``:
+    which are ``ka``'s) and the positions ``ii``, ``jj`` of the two anchors."""
+
+    split: bool
+    by_rows: bool
+    K: int
+    ka: int
+    kb: int
+    rows: np.ndarray
+    Xd: np.ndarray
+    F: np.ndarray
+    y: np.ndarray
+    in_a: np.ndarray | None
+    ii: int
+    jj: int
+
+
 class MovedLabels:
     """One chain's labels given by the z-updates, the last per row, kept as two sorted
     arrays (16 bytes a row moved; a dict of Python ints took 48): what a recreated shard
@@ -139,6 +159,13 @@ class MovedLabels:
         """Row ``row`` now has label ``label``."""
         self._new_rows.append(row)
         self._new_labels.append(label)
+        if len(self._new_rows) >= self.FLUSH:
+            self._flush()
+
+    def set_many(self, rows: np.ndarray, label: int) -> None:
+        """Rows ``rows`` now all have label ``label``."""
+        self._new_rows.extend(np.asarray(rows).tolist())
+        self._new_labels.extend([label] * len(rows))
         if len(self._new_rows) >= self.FLUSH:
             self._flush()
 
@@ -599,10 +626,12 @@ class JointDPMSampler:
             for t in range(len(labels))
         ]
 
-    def split_merge(self, c: int, st: ChainState) -> bool:
-        """One split–merge proposal on chain ``c`` (:mod:`flymc_dist.jointdpm.splitmerge`);
-        returns whether it was accepted."""
-        rng, o = st.rng, self.options
+    def _split_merge_pair(self, c: int, st: ChainState) -> _Proposal | None:
+        """What a split–merge proposal concerns (:mod:`flymc_dist.jointdpm.splitmerge`,
+        step 1): chosen by rows or by clusters, with the members of the one or two
+        clusters fetched; None where the choice cannot be made (one cluster to merge, a
+        one-member cluster to split)."""
+        rng = st.rng
         labels = sorted(st.stats)
         K = len(labels)
         by_rows = bool(rng.random() < 0.5)
@@ -618,14 +647,15 @@ class JointDPMSampler:
             if split:
                 ka = kb = labels[int(rng.integers(K))]
                 if st.stats[ka].n < 2:
-                    return False
+                    return None
             else:
                 if K < 2:
-                    return False
+                    return None
                 a_ = int(rng.integers(K))
                 b_ = int(rng.integers(K - 1))
                 b_ += b_ >= a_
                 ka, kb = labels[a_], labels[b_]
+        in_a = None
         if split:
             ((rows, Xd, F, y),) = self._cluster_rows(c, st, [ka])
             if by_rows:
@@ -645,43 +675,58 @@ class JointDPMSampler:
                 at = np.argsort(order)  # where each of a's, then b's members went
                 ri, rj = int(rng.integers(a[0].size)), int(rng.integers(b[0].size))
                 ii, jj = int(at[ri]), int(at[a[0].size + rj])
-        rest = np.delete(np.arange(rows.size), [ii, jj])
+        return _Proposal(split, by_rows, K, ka, kb, rows, Xd, F, y, in_a, ii, jj)
+
+    def split_merge(self, c: int, st: ChainState) -> bool:
+        """One split–merge proposal on chain ``c`` (:mod:`flymc_dist.jointdpm.splitmerge`);
+        returns whether it was accepted."""
+        rng, o = st.rng, self.options
+        pr = self._split_merge_pair(c, st)
+        if pr is None:
+            return False
+        rest = np.delete(np.arange(pr.rows.size), [pr.ii, pr.jj])
         rest = rest[rng.permutation(rest.size)]
         side = np.empty(rest.size, dtype=np.int8)
-        if split:
+        if pr.split:
             u = rng.random(rest.size)
             forced = np.full(rest.size, -1, dtype=np.int8)
         else:
             u = np.zeros(rest.size)
-            forced = np.where(in_a[rest], 0, 1).astype(np.int8)
+            forced = np.where(pr.in_a[rest], 0, 1).astype(np.int8)
         p = self.prior
         log_alloc = allocate(
-            np.ascontiguousarray(Xd[rest]), Xd[ii], Xd[jj], p.m0, p.k0, p.v0,
+            np.ascontiguousarray(pr.Xd[rest]), pr.Xd[pr.ii], pr.Xd[pr.jj], p.m0, p.k0, p.v0,
             self.prior_stats.L, u, forced, side,
         )  # fmt: skip
         parts = {
-            "A": np.sort(np.concatenate([[ii], rest[side == 0]])),
-            "B": np.sort(np.concatenate([[jj], rest[side == 1]])),
-            "C": np.arange(rows.size),
+            "A": np.sort(np.concatenate([[pr.ii], rest[side == 0]])),
+            "B": np.sort(np.concatenate([[pr.jj], rest[side == 1]])),
+            "C": np.arange(pr.rows.size),
+        }
+        # each part's rows (C's: all of them, as they are)
+        rows_of = {
+            name: (pr.F, pr.y, pr.Xd)
+            if name == "C"
+            else tuple(np.ascontiguousarray(t[idx]) for t in (pr.F, pr.y, pr.Xd))
+            for name, idx in parts.items()
         }
         fit, niw = {}, {}
-        for name, idx in parts.items():
-            Fi, yi, Xi = (np.ascontiguousarray(t[idx]) for t in (F, y, Xd))
+        for name, (Fi, yi, Xi) in rows_of.items():
             fit[name] = laplace(Fi, yi, o.w_prior, LAPLACE_STEPS)
-            niw[name] = ClusterStats.from_sums(p, idx.size, *sums(Xi))
-        if split:
+            niw[name] = ClusterStats.from_sums(p, yi.size, *sums(Xi))
+        if pr.split:
             w = {"A": gaussian_draw(rng, *fit["A"]), "B": gaussian_draw(rng, *fit["B"])}
-            w["C"] = st.w[ka]
+            w["C"] = st.w[pr.ka]
         else:
-            w = {"A": st.w[ka], "B": st.w[kb], "C": gaussian_draw(rng, *fit["C"])}
+            w = {"A": st.w[pr.ka], "B": st.w[pr.kb], "C": gaussian_draw(rng, *fit["C"])}
         sd2 = o.w_prior**2
         term = {}
-        for name, idx in parts.items():
+        for name, (Fi, yi, _) in rows_of.items():
             ww = w[name]
             term[name] = (
-                gammaln(idx.size)
+                gammaln(yi.size)
                 + niw[name].log_marginal()
-                + float(logit_loglik(F[idx], y[idx], ww).sum())
+                + float(logit_loglik(Fi, yi, ww).sum())
                 - 0.5 * self.P * math.log(2.0 * math.pi * sd2)
                 - 0.5 * float(ww @ ww) / sd2
             )
@@ -690,9 +735,9 @@ class JointDPMSampler:
         # pair of its n_C members; the merge that undoes it, the ordered pair (A, B) of
         # the K_m + 1 clusters and a member of each
         log_choose = 0.0
-        if not by_rows:
-            K_m = K if split else K - 1
-            n_a, n_b, n_c = parts["A"].size, parts["B"].size, rows.size
+        if not pr.by_rows:
+            K_m = pr.K if pr.split else pr.K - 1
+            n_a, n_b, n_c = parts["A"].size, parts["B"].size, pr.rows.size
             log_choose = math.log(n_c * (n_c - 1.0) / ((K_m + 1.0) * n_a * n_b))
         # log of [p(split) q(merge | split)] / [p(merged) q(split | merged)]
         log_r = (
@@ -706,23 +751,23 @@ class JointDPMSampler:
             - gaussian_logpdf(w["B"], *fit["B"])
             - log_alloc
         )
-        if (log_r if split else -log_r) <= -rng.standard_exponential():
+        if (log_r if pr.split else -log_r) <= -rng.standard_exponential():
             return False
-        if split:
+        if pr.split:
             new = st.next_label
             st.next_label += 1
-            moved = rows[parts["B"]]
+            moved = pr.rows[parts["B"]]
             per_shard = np.bincount(self._shard_of(moved), minlength=self.n_shards)
             st.counts[new] = per_shard.astype(np.int64)
-            st.counts[ka] = st.counts[ka] - per_shard
-            st.stats[ka], st.stats[new] = niw["A"], niw["B"]
-            st.w[ka], st.w[new] = w["A"], w["B"]
+            st.counts[pr.ka] = st.counts[pr.ka] - per_shard
+            st.stats[pr.ka], st.stats[new] = niw["A"], niw["B"]
+            st.w[pr.ka], st.w[new] = w["A"], w["B"]
         else:
-            new = ka
-            moved = rows[~in_a]
-            st.counts[ka] = st.counts[ka] + st.counts.pop(kb)
-            del st.stats[kb], st.w[kb]
-            st.stats[ka], st.w[ka] = niw["C"], w["C"]
+            new = pr.ka
+            moved = pr.rows[~pr.in_a]
+            st.counts[pr.ka] = st.counts[pr.ka] + st.counts.pop(pr.kb)
+            del st.stats[pr.kb], st.w[pr.kb]
+            st.stats[pr.ka], st.w[pr.ka] = niw["C"], w["C"]
         self._relabel(c, st, moved, new)
         return True
 
@@ -735,11 +780,9 @@ class JointDPMSampler:
             for j in np.unique(sh).tolist()
         }
         self.transport.call_some("move", calls)
-        known = self.known[c]
-        for r in rows.tolist():
-            known.set(r, label)
-            if r in st.tracked:
-                st.tracked[r] = label
+        self.known[c].set_many(rows, label)
+        for r in set(st.tracked).intersection(rows.tolist()):
+            st.tracked[r] = label
 
     def _update_weights(self, c: int, st: ChainState) -> dict[str, Any]:
         """One MH step on every cluster's weights, each decided by the sequential test

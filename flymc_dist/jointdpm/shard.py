@@ -40,6 +40,9 @@ SUB_DRIVER = 0
 INIT_PURPOSE = 15
 #: rows per block of a :class:`MemberIndex` (a select scans one block)
 SELECT_BLOCK = 64
+#: rows of one :meth:`DPMShard.move` above which the index is recounted per label
+#: (O(blocks) per label) rather than moved row by row (O(log n) per row)
+BULK_MOVE = 256
 
 
 def logit_loglik(F: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -169,6 +172,22 @@ class MemberIndex:
         self._add(old, row, -1)
         self._add(new, row, +1)
 
+    def move_many(self, rows: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
+        """Distinct ``rows`` (whose labels in ``z`` are already ``new``) leave ``old``
+        for ``new``: each label concerned recounted per block, its tree rebuilt — the
+        index :meth:`move` row by row would give."""
+        b = np.asarray(rows, dtype=np.int64) // SELECT_BLOCK
+        old, new = np.asarray(old), np.asarray(new)
+        for k in np.unique(np.concatenate([old, new])).tolist():
+            counts = self.blocks.get(k)
+            counts = np.zeros(self.n_blocks, np.int64) if counts is None else counts.copy()
+            counts -= np.bincount(b[old == k], minlength=self.n_blocks)
+            counts += np.bincount(b[new == k], minlength=self.n_blocks)
+            if counts.any():
+                self._set(k, counts)
+            elif k in self.blocks:
+                del self.blocks[k], self.trees[k], self.totals[k]
+
     def select(self, k: int, ranks: np.ndarray) -> np.ndarray:
         """The rows of cluster ``k``'s members of 0-based ``ranks`` in row order."""
         ranks = np.asarray(ranks, dtype=np.int64)
@@ -276,12 +295,26 @@ class DPMShard:
         """Give ``local`` rows their new ``labels``, in order (the index follows); a row
         already holding its label is left alone, so a repeated call changes nothing."""
         z, index = self.z[chain], self.index[chain]
-        for r, k in zip(np.asarray(local).tolist(), np.asarray(labels).tolist(), strict=True):
-            old = int(z[r])
-            if old == k:
-                continue
-            z[r] = k
-            index.move(r, old, k)
+        local = np.asarray(local, dtype=np.int64)
+        labels = np.asarray(labels, dtype=np.int64)
+        if local.size <= BULK_MOVE:
+            for r, k in zip(local.tolist(), labels.tolist(), strict=True):
+                old = int(z[r])
+                if old == k:
+                    continue
+                z[r] = k
+                index.move(r, old, k)
+            return
+        order = np.argsort(local, kind="stable")  # each row's last label wins
+        local, labels = local[order], labels[order]
+        last = np.ones(local.size, dtype=bool)
+        last[:-1] = local[1:] != local[:-1]
+        local, labels = local[last], labels[last]
+        old = z[local]
+        changed = old != labels
+        local, old, labels = local[changed], old[changed], labels[changed]
+        z[local] = labels
+        index.move_many(local, old, labels)
 
     def counts(self, chain: int) -> dict[int, int]:
         """Each label's member count here."""

@@ -47,7 +47,9 @@ import numpy as np
 from flymc_dist._compiled import JIT
 
 __all__ = [
+    "LAPLACE_REFINE",
     "LAPLACE_STEPS",
+    "LAPLACE_SUBSET",
     "allocate",
     "gaussian_draw",
     "gaussian_logpdf",
@@ -58,33 +60,49 @@ __all__ = [
 #: Newton steps from ``w = 0`` of each Laplace approximation (a fixed number: the
 #: approximation is a function of its rows alone)
 LAPLACE_STEPS = 8
+#: above twice this many rows, those steps run on a regular subset of about this many
+#: rows, then :data:`LAPLACE_REFINE` steps on all of them
+LAPLACE_SUBSET = 4096
+LAPLACE_REFINE = 2
 
 
 @numba.njit(inline="always", **JIT)
-def _log_t(
-    x: np.ndarray, m: np.ndarray, L: np.ndarray, k: float, v: float, tmp: np.ndarray
-) -> float:
-    """The Student-t log predictive of ``x`` under NIW posterior ``(k, v, m, L Lᵀ)``
+def _head(L: np.ndarray, k: float, v: float) -> float:
+    """The part of the Student-t log predictive under NIW posterior ``(k, v, ·, L Lᵀ)``
+    that does not depend on the point
     (:meth:`flymc_dist.jointdpm.niw.ClusterStats.log_predictive`)."""
-    D = x.size
+    D = L.shape[0]
     nu = v - D + 1.0
     c = (k + 1.0) / (k * nu)
-    maha = 0.0
     logdiag = 0.0
     for a in range(D):
-        s = x[a] - m[a]
-        for b in range(a):
-            s -= L[a, b] * tmp[b]
-        tmp[a] = s / L[a, a]
-        maha += tmp[a] * tmp[a]
         logdiag += math.log(L[a, a])
     return (
         math.lgamma(0.5 * (nu + D))
         - math.lgamma(0.5 * nu)
         - 0.5 * D * math.log(nu * math.pi)
         - 0.5 * (D * math.log(c) + 2.0 * logdiag)
-        - 0.5 * (nu + D) * math.log1p(maha / c / nu)
     )
+
+
+@numba.njit(inline="always", **JIT)
+def _log_t(
+    x: np.ndarray, m: np.ndarray, L: np.ndarray, k: float, v: float, head: float,
+    tmp: np.ndarray,
+) -> float:  # fmt: skip
+    """The Student-t log predictive of ``x`` under NIW posterior ``(k, v, m, L Lᵀ)``,
+    whose :func:`_head` is ``head``."""
+    D = x.size
+    nu = v - D + 1.0
+    c = (k + 1.0) / (k * nu)
+    maha = 0.0
+    for a in range(D):
+        s = x[a] - m[a]
+        for b in range(a):
+            s -= L[a, b] * tmp[b]
+        tmp[a] = s / L[a, a]
+        maha += tmp[a] * tmp[a]
+    return head - 0.5 * (nu + D) * math.log1p(maha / c / nu)
 
 
 @numba.njit(inline="always", **JIT)
@@ -161,12 +179,15 @@ def allocate(
         kv[s, 1] = v0
     _add(x_i, m[0], L[0], kv[0], tmp)
     _add(x_j, m[1], L[1], kv[1], tmp)
+    head = np.empty(2)  # each side's _head, recomputed when it takes a point
+    for s in range(2):
+        head[s] = _head(L[s], kv[s, 0], kv[s, 1])
     n0, n1 = 1.0, 1.0
     log_q = 0.0
     for r in range(X.shape[0]):
         x = X[r]
-        l0 = math.log(n0) + _log_t(x, m[0], L[0], kv[0, 0], kv[0, 1], tmp)
-        l1 = math.log(n1) + _log_t(x, m[1], L[1], kv[1, 0], kv[1, 1], tmp)
+        l0 = math.log(n0) + _log_t(x, m[0], L[0], kv[0, 0], kv[0, 1], head[0], tmp)
+        l1 = math.log(n1) + _log_t(x, m[1], L[1], kv[1, 0], kv[1, 1], head[1], tmp)
         # log P(side 0) and log P(side 1), stably
         hi = max(l0, l1)
         lz = hi + math.log(math.exp(l0 - hi) + math.exp(l1 - hi))
@@ -177,6 +198,7 @@ def allocate(
         side[r] = s
         log_q += lp0 if s == 0 else lp1
         _add(x, m[s], L[s], kv[s], tmp)
+        head[s] = _head(L[s], kv[s, 0], kv[s, 1])
         if s == 0:
             n0 += 1.0
         else:
@@ -215,12 +237,61 @@ def _cholesky(H: np.ndarray, R: np.ndarray) -> None:
             R[a, b] = 0.0
 
 
+@numba.njit(inline="always", **JIT)
+def _curvature(
+    F: np.ndarray, y: np.ndarray, prec: float, w: np.ndarray, stride: int, weight: float,
+    g: np.ndarray, H: np.ndarray,
+) -> None:  # fmt: skip
+    """The gradient ``g`` and negative Hessian ``H`` at ``w`` of the log posterior whose
+    likelihood is rows ``0, stride, 2·stride, …`` of ``F``, each counted ``weight`` times."""
+    n, P = F.shape
+    for a in range(P):
+        g[a] = -prec * w[a]
+        for b in range(P):
+            H[a, b] = prec if a == b else 0.0
+    for r in range(0, n, stride):
+        eta = 0.0
+        for a in range(P):
+            eta += F[r, a] * w[a]
+        p = 1.0 / (1.0 + math.exp(-eta))
+        c = weight * p * (1.0 - p)
+        e = weight * (y[r] - p)
+        for a in range(P):
+            g[a] += e * F[r, a]
+            for b in range(a + 1):
+                H[a, b] += c * F[r, a] * F[r, b]
+    for a in range(P):
+        for b in range(a + 1, P):
+            H[a, b] = H[b, a]
+
+
+@numba.njit(inline="always", **JIT)
+def _newton_step(w: np.ndarray, g: np.ndarray, R: np.ndarray, tmp: np.ndarray) -> None:
+    """``w += H⁻¹ g`` with ``H = R Rᵀ``: ``R t = g``, then ``Rᵀ d = t``."""
+    P = w.size
+    for a in range(P):
+        s = g[a]
+        for b in range(a):
+            s -= R[a, b] * tmp[b]
+        tmp[a] = s / R[a, a]
+    for a in range(P - 1, -1, -1):
+        s = tmp[a]
+        for b in range(a + 1, P):
+            s -= R[b, a] * tmp[b]
+        tmp[a] = s / R[a, a]
+    for a in range(P):
+        w[a] += tmp[a]
+
+
 @numba.njit(**JIT)
 def laplace(F: np.ndarray, y: np.ndarray, sd: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """The Laplace approximation of the logistic posterior ``N(0, sd²I) Π σ(±wᵀf)`` of
     rows ``F`` (with their bias) and labels ``y``: ``steps`` Newton steps from 0, then
-    the curvature there. Returns the mean and the lower Cholesky factor ``R`` of the
-    precision (``H = R Rᵀ``)."""
+    the curvature there. Above ``2·LAPLACE_SUBSET`` rows the ``steps`` run on every
+    ``n // LAPLACE_SUBSET``-th row (each counted that many times) and ``LAPLACE_REFINE``
+    steps on all rows finish (Newton converges in a few steps from there): a few passes
+    over the rows, not ``steps``. Returns the mean and the lower Cholesky factor ``R`` of
+    the precision (``H = R Rᵀ``)."""
     n, P = F.shape
     w = np.zeros(P)
     H = np.empty((P, P))
@@ -228,40 +299,20 @@ def laplace(F: np.ndarray, y: np.ndarray, sd: float, steps: int) -> tuple[np.nda
     g = np.empty(P)
     tmp = np.empty(P)
     prec = 1.0 / (sd * sd)
-    for it in range(steps + 1):
-        for a in range(P):
-            g[a] = -prec * w[a]
-            for b in range(P):
-                H[a, b] = prec if a == b else 0.0
-        for r in range(n):
-            eta = 0.0
-            for a in range(P):
-                eta += F[r, a] * w[a]
-            p = 1.0 / (1.0 + math.exp(-eta))
-            c = p * (1.0 - p)
-            for a in range(P):
-                g[a] += (y[r] - p) * F[r, a]
-                for b in range(a + 1):
-                    H[a, b] += c * F[r, a] * F[r, b]
-        for a in range(P):
-            for b in range(a + 1, P):
-                H[a, b] = H[b, a]
+    full = steps
+    if n > 2 * LAPLACE_SUBSET:
+        stride = n // LAPLACE_SUBSET
+        for _ in range(steps):
+            _curvature(F, y, prec, w, stride, float(stride), g, H)
+            _cholesky(H, R)
+            _newton_step(w, g, R, tmp)
+        full = LAPLACE_REFINE
+    for it in range(full + 1):
+        _curvature(F, y, prec, w, 1, 1.0, g, H)
         _cholesky(H, R)
-        if it == steps:
+        if it == full:
             break
-        # w += H⁻¹ g: R t = g, then Rᵀ d = t
-        for a in range(P):
-            s = g[a]
-            for b in range(a):
-                s -= R[a, b] * tmp[b]
-            tmp[a] = s / R[a, a]
-        for a in range(P - 1, -1, -1):
-            s = tmp[a]
-            for b in range(a + 1, P):
-                s -= R[b, a] * tmp[b]
-            tmp[a] = s / R[a, a]
-        for a in range(P):
-            w[a] += tmp[a]
+        _newton_step(w, g, R, tmp)
     return w, R
 
 
