@@ -1,5 +1,6 @@
 """JointDPM: the collapsed NIW pieces against scipy, the Gibbs conditional against
-brute force, the order-statistic member index and the driver's rank draws, eps = 0
+brute force, the order-statistic member index, the weight tests' keyed member orders
+and doubling trips against one minibatch at a time, eps = 0
 decisions against exact MH over a cluster's members, draws bit-identical for 1, 2, 3
 shards in process and on 2 Dask workers, a worker SIGKILLed mid-run, trace and resume
 (identical to the uninterrupted run), and (slow) the posterior over partitions of 8 rows
@@ -21,6 +22,7 @@ from scipy import integrate, stats
 from scipy.special import gammaln, logsumexp
 
 import flymc_dist as fd
+from flymc_dist.austerity.sampler import stop_rule
 from flymc_dist.diagnostics import mcse_mean
 from flymc_dist.jointdpm.data import four_blobs
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
@@ -29,12 +31,12 @@ from flymc_dist.jointdpm.sampler import (
     ChainState,
     JointDPMSampler,
     MovedLabels,
-    RankDraw,
     shard_bounds,
 )
-from flymc_dist.jointdpm.shard import MemberIndex, logit_loglik
+from flymc_dist.jointdpm.shard import RANK_PURPOSE, MemberIndex, logit_loglik
 from flymc_dist.jointdpm.splitmerge import LAPLACE_STEPS, allocate, gaussian_logpdf, laplace, sums
 from flymc_dist.jointdpm.transport import open_dpm_transport
+from flymc_dist.streams import permuted_rows, stream_key
 
 
 # ------------------------------------------------------------------ the NIW pieces
@@ -243,20 +245,6 @@ def test_moved_labels_keep_each_rows_last_label(monkeypatch):
         MovedLabels(rows, labels[:-1])
 
 
-def test_rank_draws_without_replacement_are_uniform():
-    """RankDraw covers 0 .. N − 1 exactly once over a decision, refuses more, and its
-    first draws are uniform (chi-square); negative control: a biased draw is seen."""
-    rng = np.random.default_rng(2)
-    d = RankDraw(53)
-    got = np.concatenate([d.draw(rng, 7) for _ in range(7)] + [d.draw(rng, 4)])
-    assert sorted(got.tolist()) == list(range(53))
-    with pytest.raises(ValueError, match="cannot draw"):
-        d.draw(rng, 1)
-    second = np.array([RankDraw(30).draw(rng, 2)[1] for _ in range(3000)])
-    assert stats.chisquare(np.bincount(second, minlength=30)).pvalue > 1e-3
-    assert stats.chisquare(np.bincount(second // 2, minlength=30)).pvalue < 1e-6
-
-
 # ------------------------------------------------------------------ a small problem
 X8 = np.array([-2.2, -1.9, -1.4, -0.3, 0.4, 1.6, 2.0, 2.5])[:, None]
 Y8 = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
@@ -372,6 +360,54 @@ def test_austerity_decisions_use_the_paper_rule():
     assert np.mean(used < total / 4) > 0.5
 
 
+def test_weight_tests_take_one_minibatch_at_a_time_in_their_keyed_order():
+    """eps > 0: each cluster's decision, made with several minibatches a round trip
+    (doubling), is the sequential test taken one minibatch at a time over the cluster's
+    members in the order of its keyed permutation — recomputed here from the data and
+    the labels alone: the same members used and the same accept/reject — in far fewer
+    round trips than minibatches."""
+    X, y = four_blobs(4000, 3)
+    alg = fd.JointDPM(init_clusters=3, step_z=30, eps=0.05, batch_size=10, min_batches=3)
+    s = _sampler(alg, X, y, n_shards=3)
+    for _ in range(3):
+        s.step()
+    st = s.states[0]
+    z = np.concatenate(s.transport.call_all("z_of", 0))
+    F = np.hstack([X, np.ones((len(X), 1))])
+    labels = sorted(st.stats)
+    rng = np.random.default_rng(2)
+    checked = minibatches = 0
+    for key in range(10, 16):
+        W = np.stack([st.w[k] for k in labels])
+        Wp = W + 0.02 * rng.standard_normal(W.shape)
+        log_u = -rng.standard_exponential(len(labels))
+        trips_before = s.transport.round_trips
+        d = s.decide_weights(0, labels, W, Wp, log_u, alg.eps, key)
+        trips = s.transport.round_trips - trips_before
+        for i, k in enumerate(labels):
+            members = np.flatnonzero(z == k)
+            N = members.size
+            order = members[permuted_rows(stream_key(s.seed, k, 0, key, RANK_PURPOSE), N, 0, N)]
+            vals = logit_loglik(F[order], y[order], Wp[i]) - logit_loglik(F[order], y[order], W[i])
+            lp = -0.5 * (W[i] @ W[i] - Wp[i] @ Wp[i])
+            mu0 = (log_u[i] + lp) / N
+            for b, n in enumerate(range(10, N + 10, 10)):
+                n = min(n, N)
+                m = vals[:n].mean()
+                stop, acc, _ = stop_rule(
+                    np.array([n]), np.array([m]), np.array([np.sum((vals[:n] - m) ** 2)]),
+                    np.array([mu0]), N, alg.eps, tails="one", rounds=np.array([b + 1]),
+                    min_batches=3,
+                )  # fmt: skip
+                if stop[0]:
+                    break
+            assert d["decision_n"][i] == n and d["decision_accept"][i] == acc[0], (k, key)
+            checked += 1
+            minibatches = max(minibatches, b + 1)
+        assert trips <= 1 + math.ceil(math.log2(minibatches / 3 + 1)), (trips, minibatches)
+    assert checked >= 12 and minibatches >= 8
+
+
 @pytest.mark.slow
 def test_decision_error_shrinks_with_eps():
     """On one state of the four-blob chain, the same weight moves (w, w′, u) decided at
@@ -391,12 +427,15 @@ def test_decision_error_shrinks_with_eps():
         (W + 0.05 * rng.standard_normal(W.shape), -rng.standard_exponential(len(labels)))
         for _ in range(reps)
     ]
-    exact = [s.decide_weights(0, labels, W, wp, lu, 0.0)["decision_accept"] for wp, lu in moves]
+    exact = [
+        s.decide_weights(0, labels, W, wp, lu, 0.0, key)["decision_accept"]
+        for key, (wp, lu) in enumerate(moves)
+    ]
     err, used = [], []
     for e in (0.3, 0.1, 0.01):
         wrong = rows = 0
-        for (wp, lu), ex in zip(moves, exact, strict=True):
-            d = s.decide_weights(0, labels, W, wp, lu, e)
+        for key, ((wp, lu), ex) in enumerate(zip(moves, exact, strict=True)):
+            d = s.decide_weights(0, labels, W, wp, lu, e, key)
             wrong += int(np.sum(d["decision_accept"] != ex))
             rows += d["data_used"]
         err.append(wrong / (reps * len(labels)))

@@ -23,14 +23,19 @@ One iteration of a chain (the paper's Fig. 7 program):
    every member of the clusters concerned).
 3. Every cluster's ``w_k`` by a random-walk MH step whose decision is the sequential test
    of :func:`flymc_dist.austerity.sampler.stop_rule` over the cluster's members only:
-   minibatches of ``batch_size`` members drawn without replacement, as global ranks in
-   row order drawn on the driver (:class:`RankDraw`, O(1) per member), each rank sent to
-   the shard holding it (the shards' member counts in shard order) which finds its
-   member by an order-statistic index (:class:`~flymc_dist.jointdpm.shard.MemberIndex`,
-   O(log n)); the population size ``N_k``. ``eps = 0`` uses all ``N_k`` members in row
-   order (in one round: the test could not stop earlier) and is exact MH. All clusters'
-   tests share the round trips. A decision's cost is O(b log n) per minibatch of ``b``
-   members (``n`` rows per shard) plus O(shards): sublinear in ``N_k``.
+   minibatches of ``batch_size`` members drawn without replacement — the next positions
+   of a keyed permutation of the cluster's ranks in row order
+   (:func:`flymc_dist.streams.permuted_rows`, O(1) per member, keyed by the chain, its
+   weight step and the cluster) — each rank sent to the shard holding it (the shards'
+   member counts in shard order) which finds its member by an order-statistic index
+   (:class:`~flymc_dist.jointdpm.shard.MemberIndex`, O(log n)); the population size
+   ``N_k``. A round trip carries ``min_batches`` minibatches of every undecided cluster,
+   then twice as many each trip (:meth:`JointDPMSampler.decide_weights`): round trips
+   logarithmic in the minibatches a decision takes, the decisions those of one minibatch
+   at a time. ``eps = 0`` uses all ``N_k`` members in row order (in one round: the test
+   could not stop earlier) and is exact MH. All clusters' tests share the round trips. A
+   decision's cost is O(b log n) per minibatch of ``b`` members (``n`` rows per shard)
+   plus O(shards): sublinear in ``N_k``.
 
 The NIW statistics live on the driver, per cluster, summed at the start along the fixed
 block tree of :mod:`flymc_dist.reduce` and then moved point by point with the labels; the
@@ -38,9 +43,10 @@ labels live on the shards beside the rows, with a member index per chain.
 
 Randomness: a chain's driver stream ``stream(seed, ROLE_JOINTDPM, 0, chain)`` (α, the
 rows to update, the Gibbs draws, the auxiliary weights, the proposals, the uniforms, the
-members' ranks) and the initial labels, row-keyed. Nothing random happens on a shard and
-every value a decision sums is taken in the decision's own order (its drawn ranks, or
-row order), whatever shard it came from; the shards cut at block boundaries
+split–merge choices), the initial labels, row-keyed, and each weight decision's member
+order, keyed. Nothing random happens on a shard and every value a decision sums is
+taken in the decision's own order (its keyed order, or row order), whatever shard it
+came from; the shards cut at block boundaries
 (:func:`shard_bounds`). So the draws (α, K, labels, weights) are bit-identical for every
 number of shards, in process and on any cluster.
 """
@@ -62,7 +68,13 @@ from scipy.special import gammaln
 from flymc_dist.austerity.sampler import stop_rule
 from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
-from flymc_dist.jointdpm.shard import ROLE_JOINTDPM, SUB_DRIVER, initial_labels, logit_loglik
+from flymc_dist.jointdpm.shard import (
+    RANK_PURPOSE,
+    ROLE_JOINTDPM,
+    SUB_DRIVER,
+    initial_labels,
+    logit_loglik,
+)
 from flymc_dist.jointdpm.splitmerge import (
     LAPLACE_STEPS,
     allocate,
@@ -75,6 +87,7 @@ from flymc_dist.jointdpm.transport import DPMTransport, open_dpm_transport
 from flymc_dist.options import JointDPM
 from flymc_dist.reduce import block_rows, tree_total_arrays
 from flymc_dist.rng import rng_state_from_json, rng_state_to_json, stream
+from flymc_dist.streams import permuted_rows, stream_key
 from flymc_dist.trace import Trace, TraceLock
 
 __all__ = [
@@ -83,13 +96,15 @@ __all__ = [
     "GibbsTable",
     "JointDPMSampler",
     "MovedLabels",
-    "RankDraw",
     "sample_jointdpm",
     "shard_bounds",
 ]
 
 #: the label of "a new cluster" in the Gibbs step's list of choices
 NEW = -1
+#: the most members one round trip of the weight tests asks the shards for, over all
+#: clusters (each cluster's minibatches grow by doubling up to it)
+TRIP_MEMBERS = 2**16
 #: sorted cluster sizes kept per draw (the largest ones)
 MAX_SIZES = 32
 
@@ -97,7 +112,8 @@ MAX_SIZES = 32
 @dataclass
 class ChainState:
     """One chain on the driver: ``α``, each cluster's NIW statistics, weights and member
-    count per shard, and the next free label."""
+    count per shard, the next free label, and the weight steps taken (the key of the
+    next one's member orders)."""
 
     alpha: float
     stats: dict[int, ClusterStats]
@@ -106,6 +122,7 @@ class ChainState:
     next_label: int
     rng: np.random.Generator
     tracked: dict[int, int] = field(default_factory=dict)
+    decisions: int = 0
 
 
 class _Proposal(NamedTuple):
@@ -262,40 +279,6 @@ class GibbsTable:
         self.W[-2] = w
 
 
-class RankDraw:
-    """Ranks ``0 .. N − 1`` drawn uniformly without replacement, a few at a time: a
-    Fisher–Yates shuffle of ``range(N)`` kept sparse (only the displaced entries are
-    stored), so ``m`` draws cost O(m) whatever ``N``.
-
-    Parameters
-    ----------
-    N
-        The population size.
-    """
-
-    __slots__ = ("N", "moved", "taken")
-
-    def __init__(self, N: int) -> None:
-        self.N = int(N)
-        self.taken = 0
-        self.moved: dict[int, int] = {}
-
-    def draw(self, rng: np.random.Generator, m: int) -> np.ndarray:
-        """The next ``m`` ranks (one ``rng.integers`` call)."""
-        t = self.taken
-        if t + m > self.N:
-            raise ValueError(f"cannot draw {m} of {self.N - t} ranks left")
-        picks = rng.integers(np.arange(t, t + m), self.N) if m else np.empty(0, np.int64)
-        out = np.empty(m, dtype=np.int64)
-        moved = self.moved
-        for i, r in enumerate(picks.tolist()):
-            here = t + i
-            out[i] = moved.get(r, r)
-            moved[r] = moved.pop(here, here)
-        self.taken = t + m
-        return out
-
-
 class JointDPMSampler:
     """The driver of JointDPM's chains over a :class:`DPMTransport`'s shards.
 
@@ -434,6 +417,7 @@ class JointDPMSampler:
                     "L": np.stack([st.stats[k].L for k in labels]),
                     "w": np.stack([st.w[k] for k in labels]),
                     "next_label": st.next_label,
+                    "decisions": st.decisions,
                     "rng": rng_state_to_json(st.rng.bit_generator.state),
                     "tracked": np.array(
                         [st.tracked[int(r)] for r in self.tracked_rows], dtype=np.int64
@@ -467,7 +451,16 @@ class JointDPMSampler:
             tracked = dict(
                 zip(self.tracked_rows.tolist(), np.asarray(ch["tracked"]).tolist(), strict=True)
             )
-            st = ChainState(float(ch["alpha"]), stats, w, {}, int(ch["next_label"]), rng, tracked)
+            st = ChainState(
+                float(ch["alpha"]),
+                stats,
+                w,
+                {},
+                int(ch["next_label"]),
+                rng,
+                tracked,
+                int(ch["decisions"]),
+            )
             self.states.append(st)
         for j in range(self.n_shards):
             calls = self.restore_calls(j)
@@ -793,7 +786,8 @@ class JointDPMSampler:
         W = np.stack([st.w[k] for k in labels])
         Wp = W + o.proposal_sd * rng.standard_normal(W.shape)
         log_u = -rng.standard_exponential(S)
-        info = self.decide_weights(c, labels, W, Wp, log_u, o.eps)
+        info = self.decide_weights(c, labels, W, Wp, log_u, o.eps, st.decisions)
+        st.decisions += 1
         for s, k in enumerate(labels):
             if info["decision_accept"][s]:
                 st.w[k] = Wp[s]
@@ -807,102 +801,100 @@ class JointDPMSampler:
         Wp: np.ndarray,
         log_u: np.ndarray,
         eps: float,
+        key: int,
     ) -> dict[str, Any]:
         """The MH decisions ``w_k → w′_k`` of clusters ``labels`` of chain ``c`` (with log
         uniforms ``log_u``) by the sequential test at ``eps``, concurrently (``labels``
-        distinct: a shard's member draws are per cluster); nothing moves.
+        distinct); nothing moves. ``key`` numbers the decisions (the chain's weight
+        steps): cluster ``k``'s members are read in the order of the keyed permutation
+        ``stream_key(seed, k, c, key, RANK_PURPOSE)`` of their ranks in row order.
+
+        A round trip asks for several minibatches of every undecided cluster, the next
+        ones of its order: ``min_batches`` at first (the test cannot stop before), twice
+        as many each trip after; the test then takes them one minibatch at a time, as if
+        each had come alone. So the decisions are those of one minibatch a trip, in a
+        number of trips logarithmic in the minibatches a decision takes; the members a
+        cluster's last trip brought beyond its stop are read but unused.
 
         Returns
         -------
         dict
-            ``decision_accept``, ``decision_n`` (members read), ``decision_N`` (cluster
-            sizes) and the totals ``decisions``, ``accepted``, ``data_used``,
+            ``decision_accept``, ``decision_n`` (members the test took),
+            ``decision_N`` (cluster sizes) and the totals ``decisions``, ``accepted``,
+            ``data_used``, ``data_evaluated`` (members the shards computed),
             ``cluster_rows``, ``round_trips`` (with this iteration's two label trips).
         """
         o, st = self.options, self.states[c]
-        rng = st.rng
         S = len(labels)
         Nk = np.array([st.stats[k].n for k in labels], dtype=np.int64)
         lp_diff = -0.5 * (np.sum(W * W, axis=1) - np.sum(Wp * Wp, axis=1)) / o.w_prior**2
         mu0 = (log_u + lp_diff) / Nk  # log p(w) − log p(w′) + log u, per member
         # a global rank r of cluster k is the member of rank r − ends[j − 1] on shard j
         ends = {k: np.cumsum(st.counts[k]) for k in labels}
-        draws = [RankDraw(int(N)) for N in Nk]
+        orders = [stream_key(self.seed, k, c, key, RANK_PURPOSE) for k in labels]
         n = np.zeros(S, dtype=np.int64)
+        evaluated = np.zeros(S, dtype=np.int64)
         mean = np.zeros(S)
         m2 = np.zeros(S)
         rounds = np.zeros(S, dtype=np.int64)
         accept = np.zeros(S, dtype=bool)
         done = np.zeros(S, dtype=bool)
         used_rows: dict[int, list] = {k: [] for k in labels}
+        B = o.batch_size
+        batches = o.min_batches
         trips = 0
         while not done.all():
             per_shard: dict[int, list] = {}
             slots: dict[int, list[tuple[int, np.ndarray | None]]] = {}
-            for s in np.flatnonzero(~done).tolist():
+            active = np.flatnonzero(~done).tolist()
+            batches = max(1, min(batches, TRIP_MEMBERS // (B * len(active))))
+            for s in active:
                 k = labels[s]
-                if eps == 0:  # never stops early: every member in one round, in row order
+                if eps == 0:  # never stops early: every member in one trip, in row order
                     for j in np.flatnonzero(st.counts[k]).tolist():
                         per_shard.setdefault(j, []).append((k, None, W[s], Wp[s], self.record_rows))
                         slots.setdefault(j, []).append((s, None))
-                    rounds[s] += 1
+                    evaluated[s] = Nk[s]
                     continue
-                g = draws[s].draw(rng, int(min(o.batch_size, Nk[s] - n[s])))
+                count = int(min(batches * B, Nk[s] - evaluated[s]))
+                g = permuted_rows(orders[s], int(Nk[s]), int(evaluated[s]), count)
+                evaluated[s] += count
                 sh = np.searchsorted(ends[k], g, side="right")
                 for j in np.unique(sh).tolist():
                     at = np.flatnonzero(sh == j)
                     local = g[at] - (ends[k][j - 1] if j else 0)
                     per_shard.setdefault(j, []).append((k, local, W[s], Wp[s], self.record_rows))
                     slots.setdefault(j, []).append((s, at))
-                rounds[s] += 1
             replies = self.transport.call_some(
                 "batch", {j: (c, reqs) for j, reqs in per_shard.items()}
             )
             trips += 1
-            # each decision's values in its own order (drawn ranks, or row order), whatever
-            # shards they came from: placement- and layout-independent sums
+            batches *= 2
+            # each decision's values in its own order (its keyed order, or row order),
+            # whatever shards they came from: placement- and layout-independent sums
             got: dict[int, list] = {}
+            fetched: dict[int, list] = {}
             for j in sorted(replies):
                 for (s, at), (diff, rows) in zip(slots[j], replies[j], strict=True):
                     got.setdefault(s, []).append((at, diff))
                     if rows is not None:
-                        used_rows[labels[s]].append(rows)
+                        fetched.setdefault(s, []).append((at, rows))
             for s, parts in got.items():
-                if parts[0][0] is None:
-                    vals = np.concatenate([d for _, d in parts])
-                else:
-                    vals = np.empty(sum(d.size for _, d in parts))
-                    for at, d in parts:
-                        vals[at] = d
-                nb = vals.size
-                mb = float(vals.mean())
-                m2b = float(np.sum((vals - mb) ** 2))
-                tot = n[s] + nb
-                delta = mb - mean[s]
-                mean[s] += delta * nb / tot
-                m2[s] += m2b + delta * delta * n[s] * nb / tot
-                n[s] = tot
-            for s in np.flatnonzero(~done).tolist():
-                stop, acc, _ = stop_rule(
-                    n[s : s + 1],
-                    mean[s : s + 1],
-                    m2[s : s + 1],
-                    mu0[s : s + 1],
-                    int(Nk[s]),
-                    eps,
-                    tails=o.tails,
-                    rounds=rounds[s : s + 1],
-                    min_batches=o.min_batches,
-                )
-                if stop[0]:
-                    done[s] = True
-                    accept[s] = bool(acc[0])
+                vals = _in_order(parts)
+                taken = self._test_minibatches(s, vals, n, mean, m2, rounds, mu0, Nk, eps)
+                if taken is not None:
+                    done[s], accept[s] = True, taken
+                if s in fetched:
+                    used_rows[labels[s]].append(_in_order(fetched[s]))
         if self.record_rows:
-            self.last_rows.append({k: np.concatenate(v) for k, v in used_rows.items()})
+            self.last_rows.append(
+                {k: np.concatenate(v)[: n[s]] for s, (k, v) in enumerate(used_rows.items())}
+            )
         return {
             "decisions": S,
             "accepted": int(accept.sum()),
             "data_used": int(n.sum()),
+            "data_evaluated": int(evaluated.sum()),
             "cluster_rows": int(Nk.sum()),
             "round_trips": trips + 2,
             "decision_labels": labels,
@@ -913,6 +905,49 @@ class JointDPMSampler:
             "decision_proposal": Wp,
             "decision_log_u": log_u,
         }
+
+    def _test_minibatches(
+        self,
+        s: int,
+        vals: np.ndarray,
+        n: np.ndarray,
+        mean: np.ndarray,
+        m2: np.ndarray,
+        rounds: np.ndarray,
+        mu0: np.ndarray,
+        Nk: np.ndarray,
+        eps: float,
+    ) -> bool | None:
+        """Decision ``s`` takes ``vals`` one minibatch at a time (all of them at ``eps =
+        0``), its running ``(n, mean, M2)`` and minibatch count updated in place, until
+        its test stops; returns the decision (accept?) if it stopped, else None."""
+        o = self.options
+        B = vals.size if eps == 0 else o.batch_size
+        for a in range(0, vals.size, B):
+            part = vals[a : a + B]
+            nb = part.size
+            mb = float(part.mean())
+            m2b = float(np.sum((part - mb) ** 2))
+            tot = n[s] + nb
+            delta = mb - mean[s]
+            mean[s] += delta * nb / tot
+            m2[s] += m2b + delta * delta * n[s] * nb / tot
+            n[s] = tot
+            rounds[s] += 1
+            stop, acc, _ = stop_rule(
+                n[s : s + 1],
+                mean[s : s + 1],
+                m2[s : s + 1],
+                mu0[s : s + 1],
+                int(Nk[s]),
+                eps,
+                tails=o.tails,
+                rounds=rounds[s : s + 1],
+                min_batches=o.min_batches,
+            )
+            if stop[0]:
+                return bool(acc[0])
+        return None
 
     # ---------------------------------------------------------------- what a draw shows
     def predict(self, c: int, Xd: np.ndarray, F: np.ndarray) -> np.ndarray:
@@ -963,6 +998,17 @@ class DPMResult:
                 "ess_bulk": float(ess_bulk(x)),
             }
         return out
+
+
+def _in_order(parts: list[tuple[np.ndarray | None, np.ndarray]]) -> np.ndarray:
+    """The values of one decision's pieces ``(positions, values)`` from several shards,
+    at their positions (None: the pieces are consecutive, in shard order)."""
+    if parts[0][0] is None:
+        return np.concatenate([v for _, v in parts])
+    out = np.empty(sum(v.size for _, v in parts), dtype=parts[0][1].dtype)
+    for at, v in parts:
+        out[at] = v
+    return out
 
 
 def shard_bounds(n_rows: int, n_shards: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from flymc_dist.reduce import fold_blocks
 from flymc_dist.streams import stream_key, uniforms_range
 
 __all__ = [
+    "RANK_PURPOSE",
     "ROLE_JOINTDPM",
     "SELECT_BLOCK",
     "DPMShard",
@@ -36,8 +37,11 @@ __all__ = [
 ROLE_JOINTDPM = 42
 SUB_DRIVER = 0
 #: the row-keyed stream of the initial labels (:func:`flymc_dist.streams.stream_key`
-#: purpose; the z-update's purposes are 1–4)
+#: purpose; the z-update's purposes are 1–4, austerity's 5)
 INIT_PURPOSE = 15
+#: the keyed order in which a weight decision reads its cluster's members (a
+#: :func:`flymc_dist.streams.permuted_rows` permutation of their ranks)
+RANK_PURPOSE = 16
 #: rows per block of a :class:`MemberIndex` (a select scans one block)
 SELECT_BLOCK = 64
 #: rows of one :meth:`DPMShard.move` above which the index is recounted per label
