@@ -11,6 +11,7 @@ the Laplace weight proposal against brute force and scipy."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import signal
@@ -846,7 +847,8 @@ def test_split_merge_keeps_the_partition_posterior(monkeypatch):
 
 
 def test_bench_jointdpm_is_wired(tmp_path, capsys, monkeypatch):
-    """`flymc bench jointdpm` on a tiny problem: both runs, the table, JSON and the plot."""
+    """`flymc bench jointdpm` on a tiny problem: both runs, the table, JSON and the plot;
+    ``--split-merge`` reaches the runs."""
     from flymc_dist.cli import main
 
     out_json = tmp_path / "f.json"
@@ -865,6 +867,8 @@ def test_bench_jointdpm_is_wired(tmp_path, capsys, monkeypatch):
             "10",
             "--init-clusters",
             "2",
+            "--split-merge",
+            "2",
             "--plot",
             str(plot),
             "--json",
@@ -873,8 +877,11 @@ def test_bench_jointdpm_is_wired(tmp_path, capsys, monkeypatch):
     )
     out = capsys.readouterr().out
     assert code == 0
-    assert "final acc" in out and "eps>0 reaches" in out
+    assert "final acc" in out and "eps>0 reaches" in out and "split_merge=2" in out
     assert out_json.exists() and plot.exists()
+    fig6 = json.loads(out_json.read_text())["fig6"]
+    assert fig6["split_merge"] == 2
+    assert sum(r["split_merged_per_iteration"] for r in fig6["runs"]) > 0
     # --plot '' draws none (a text option's empty value is None)
     monkeypatch.chdir(tmp_path)
     plot.unlink()
