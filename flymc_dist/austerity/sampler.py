@@ -161,12 +161,15 @@ __all__ = [
     "AUSTERITY_STATS",
     "AusteritySampler",
     "Decisions",
+    "TRIP_ROWS",
     "SequentialTester",
     "bound_difference",
     "decision_data_used",
     "expected_data_used",
     "loglog_slope",
+    "batch_stats",
     "run_decisions",
+    "running_stats",
     "sample_austerity",
     "stop_rule",
     "tight_bounds",
@@ -644,7 +647,7 @@ class SequentialTester:
             for c in active.tolist():
                 d = diffs[c]
                 parts = [d[i : i + B] for i in range(0, d.size, B)]
-                pn, pmean, pm2 = _running(n[c], mean[c], m2[c], *_batch_stats(parts))
+                pn, pmean, pm2 = running_stats(n[c], mean[c], m2[c], *batch_stats(parts))
                 prounds = rounds[c] + np.arange(1, len(parts) + 1)
                 stop, acc, p = stop_rule(
                     pn,
@@ -718,7 +721,7 @@ def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarra
         return np.sum((d @ bound.A) * (proposals + thetas), axis=-1) + d @ bound.b
 
 
-def _batch_stats(diffs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def batch_stats(diffs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(count, mean, M2)`` of each chain's new differences ``diffs[i]`` (in the order
     its decision drew them: the same sums whatever the layout). An infinite ``l_i``
     decides alone (the full mean is infinite too): the mean is then the sum of the
@@ -738,7 +741,7 @@ def _batch_stats(diffs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.nd
     return counts, mean, m2
 
 
-def _running(
+def running_stats(
     n: int, mean: float, m2: float, nb: np.ndarray, mean_b: np.ndarray, m2_b: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One slot's ``(n, mean, M2)`` after each of its batches ``(nb, mean_b, m2_b)`` in

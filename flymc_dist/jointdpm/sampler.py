@@ -65,7 +65,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.special import gammaln
 
-from flymc_dist.austerity.sampler import stop_rule
+from flymc_dist.austerity.sampler import TRIP_ROWS, batch_stats, running_stats, stop_rule
 from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
 from flymc_dist.jointdpm.shard import (
@@ -73,6 +73,7 @@ from flymc_dist.jointdpm.shard import (
     ROLE_JOINTDPM,
     SUB_DRIVER,
     initial_labels,
+    last_labels,
     logit_loglik,
 )
 from flymc_dist.jointdpm.splitmerge import (
@@ -102,9 +103,6 @@ __all__ = [
 
 #: the label of "a new cluster" in the Gibbs step's list of choices
 NEW = -1
-#: the most members one round trip of the weight tests asks the shards for, over all
-#: clusters (each cluster's minibatches grow by doubling up to it)
-TRIP_MEMBERS = 2**16
 #: sorted cluster sizes kept per draw (the largest ones)
 MAX_SIZES = 32
 
@@ -192,11 +190,7 @@ class MovedLabels:
         rows = np.concatenate([self._rows, np.array(self._new_rows, dtype=np.int64)])
         labels = np.concatenate([self._labels, np.array(self._new_labels, dtype=np.int64)])
         self._new_rows, self._new_labels = [], []
-        order = np.argsort(rows, kind="stable")  # a row's moves in the order they came
-        rows, labels = rows[order], labels[order]
-        last = np.ones(rows.size, dtype=bool)
-        last[:-1] = rows[1:] != rows[:-1]
-        self._rows, self._labels = rows[last], labels[last]
+        self._rows, self._labels = last_labels(rows, labels)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, labels)``: every row moved (sorted) and its last label."""
@@ -600,12 +594,18 @@ class JointDPMSampler:
             moved += new != old
             if r in st.tracked:
                 st.tracked[r] = new
+        self._send_moves(c, rows, new_labels)
+        return moved
+
+    def _send_moves(self, c: int, rows: np.ndarray, labels: np.ndarray) -> None:
+        """Global ``rows`` of chain ``c`` take ``labels`` (in order) on their shards, in
+        one round trip."""
+        sh = self._shard_of(rows)
         calls = {
-            int(j): (c, rows[sh == j] - self.bounds[j], new_labels[sh == j])
+            int(j): (c, rows[sh == j] - self.bounds[j], labels[sh == j])
             for j in np.unique(sh).tolist()
         }
         self.transport.call_some("move", calls)
-        return moved
 
     def _cluster_rows(
         self, c: int, st: ChainState, labels: list[int]
@@ -767,12 +767,7 @@ class JointDPMSampler:
     def _relabel(self, c: int, st: ChainState, rows: np.ndarray, label: int) -> None:
         """Give global ``rows`` of chain ``c`` the label ``label``, on their shards and in
         the driver's records (:attr:`known`, the tracked rows)."""
-        sh = self._shard_of(rows)
-        calls = {
-            int(j): (c, rows[sh == j] - self.bounds[j], np.full(int(np.sum(sh == j)), label))
-            for j in np.unique(sh).tolist()
-        }
-        self.transport.call_some("move", calls)
+        self._send_moves(c, rows, np.full(rows.size, label, dtype=np.int64))
         self.known[c].set_many(rows, label)
         for r in set(st.tracked).intersection(rows.tolist()):
             st.tracked[r] = label
@@ -847,7 +842,8 @@ class JointDPMSampler:
             per_shard: dict[int, list] = {}
             slots: dict[int, list[tuple[int, np.ndarray | None]]] = {}
             active = np.flatnonzero(~done).tolist()
-            batches = max(1, min(batches, TRIP_MEMBERS // (B * len(active))))
+            # no more than TRIP_ROWS members in a trip (over the clusters), a minibatch at least
+            batches = max(1, min(batches, TRIP_ROWS // (B * len(active))))
             for s in active:
                 k = labels[s]
                 if eps == 0:  # never stops early: every member in one trip, in row order
@@ -920,34 +916,28 @@ class JointDPMSampler:
     ) -> bool | None:
         """Decision ``s`` takes ``vals`` one minibatch at a time (all of them at ``eps =
         0``), its running ``(n, mean, M2)`` and minibatch count updated in place, until
-        its test stops; returns the decision (accept?) if it stopped, else None."""
+        its test stops: the statistics after each minibatch, then the test at each of
+        them in one call. Returns the decision (accept?) if it stopped, else None."""
         o = self.options
         B = vals.size if eps == 0 else o.batch_size
-        for a in range(0, vals.size, B):
-            part = vals[a : a + B]
-            nb = part.size
-            mb = float(part.mean())
-            m2b = float(np.sum((part - mb) ** 2))
-            tot = n[s] + nb
-            delta = mb - mean[s]
-            mean[s] += delta * nb / tot
-            m2[s] += m2b + delta * delta * n[s] * nb / tot
-            n[s] = tot
-            rounds[s] += 1
-            stop, acc, _ = stop_rule(
-                n[s : s + 1],
-                mean[s : s + 1],
-                m2[s : s + 1],
-                mu0[s : s + 1],
-                int(Nk[s]),
-                eps,
-                tails=o.tails,
-                rounds=rounds[s : s + 1],
-                min_batches=o.min_batches,
-            )
-            if stop[0]:
-                return bool(acc[0])
-        return None
+        parts = [vals[a : a + B] for a in range(0, vals.size, B)]
+        pn, pmean, pm2 = running_stats(n[s], mean[s], m2[s], *batch_stats(parts))
+        prounds = rounds[s] + np.arange(1, len(parts) + 1)
+        stop, acc, _ = stop_rule(
+            pn,
+            pmean,
+            pm2,
+            np.full(len(parts), mu0[s]),
+            int(Nk[s]),
+            eps,
+            tails=o.tails,
+            rounds=prounds,
+            min_batches=o.min_batches,
+        )
+        stops = np.flatnonzero(stop)
+        j = int(stops[0]) if stops.size else len(parts) - 1
+        n[s], mean[s], m2[s], rounds[s] = pn[j], pmean[j], pm2[j], prounds[j]
+        return bool(acc[j]) if stops.size else None
 
     # ---------------------------------------------------------------- what a draw shows
     def predict(self, c: int, Xd: np.ndarray, F: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ __all__ = [
     "DPMShard",
     "MemberIndex",
     "initial_labels",
+    "last_labels",
     "logit_loglik",
 ]
 
@@ -60,6 +61,16 @@ def logit_loglik(F: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     for p in range(1, F.shape[1]):
         eta = eta + W[..., p : p + 1] * F[:, p]
     return -np.logaddexp(0.0, -(2.0 * np.asarray(y, float) - 1.0) * eta)
+
+
+def last_labels(rows: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Moves ``rows[i]`` → ``labels[i]`` in the order given, as each row's last label:
+    the distinct rows, sorted, and their labels."""
+    order = np.argsort(rows, kind="stable")  # a row's moves in the order they came
+    rows, labels = rows[order], labels[order]
+    last = np.ones(rows.size, dtype=bool)
+    last[:-1] = rows[1:] != rows[:-1]
+    return rows[last], labels[last]
 
 
 def initial_labels(seed: int, chain: int, start: int, n: int, n_clusters: int) -> np.ndarray:
@@ -309,11 +320,7 @@ class DPMShard:
                 z[r] = k
                 index.move(r, old, k)
             return
-        order = np.argsort(local, kind="stable")  # each row's last label wins
-        local, labels = local[order], labels[order]
-        last = np.ones(local.size, dtype=bool)
-        last[:-1] = local[1:] != local[:-1]
-        local, labels = local[last], labels[last]
+        local, labels = last_labels(local, labels)
         old = z[local]
         changed = old != labels
         local, old, labels = local[changed], old[changed], labels[changed]
