@@ -673,6 +673,82 @@ def unpack_proposals(blob: bytes) -> dict[int, Proposals]:
     return {sid: Proposals._make(arrays[i * n : (i + 1) * n]) for i, sid in enumerate(sids)}
 
 
+def _plain_or_array(v: Any, arrays: list[np.ndarray]) -> tuple:
+    """An operation's argument or result as the meta carries it: ``("a", i)`` for an
+    array (the ``i``-th of ``arrays``, appended), ``("v", v)`` for a plain value."""
+    if isinstance(v, np.ndarray):
+        arrays.append(v)
+        return ("a", len(arrays) - 1)
+    return ("v", v)
+
+
+def _value_of(item: Any, arrays: list[np.ndarray], what: str) -> Any:
+    """Invert :func:`_plain_or_array` (:class:`WireError` if it does not fit)."""
+    if not (isinstance(item, tuple) and len(item) == 2 and item[0] in ("a", "v")):
+        raise WireError(f"{what} must be an array or a plain value, not {item!r}")
+    if item[0] == "v":
+        return item[1]
+    i = item[1]
+    if type(i) is not int or not 0 <= i < len(arrays):
+        raise WireError(f"{what} names array {i!r} of {len(arrays)}")
+    return arrays[i]
+
+
+def pack_operations(calls: dict[int, tuple]) -> bytes:
+    """Shard operations for some shards of a host (shard id → ``(name, *args)``, as
+    :meth:`flymc_dist.shard.Shard.operation` takes them) as one buffer: the names and
+    plain arguments in the meta, the array arguments as arrays. Nothing is pickled, so
+    an argument is an array or plain data (:func:`pack_arrays`' meta)."""
+    arrays: list[np.ndarray] = []
+    meta = []
+    for sid, (name, *args) in calls.items():
+        meta.append((int(sid), str(name), [_plain_or_array(a, arrays) for a in args]))
+    return pack_arrays(("operations", meta), arrays)
+
+
+def unpack_operations(blob: bytes) -> dict[int, tuple]:
+    """Invert :func:`pack_operations`, validating the layout (:class:`WireError`); the
+    array arguments are read-only views of ``blob``. Which operations may run is the
+    shard's to check (:func:`resolve_operation`), and their arguments the operation's."""
+    meta, arrays = unpack_arrays(blob)
+    if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] == "operations"):
+        raise WireError("not a shard operations message")
+    out: dict[int, tuple] = {}
+    if not isinstance(meta[1], tuple):
+        raise WireError("a shard operations message lists its calls")
+    for call in meta[1]:
+        if not (isinstance(call, tuple) and len(call) == 3 and isinstance(call[1], str)):
+            raise WireError("a shard operation is a shard id, a name and its arguments")
+        sid, name, args = call
+        if not isinstance(args, tuple):
+            raise WireError("a shard operation's arguments must be a list")
+        out[_int(sid, "shard id", 0)] = (name, *(_value_of(a, arrays, "an argument") for a in args))
+    return out
+
+
+def pack_results(results: dict[int, Any]) -> list[bytes | memoryview]:
+    """Shard operations' results (shard id → an array or plain data) as one buffer's
+    parts (:func:`unpack_results` reads them joined)."""
+    arrays: list[np.ndarray] = []
+    meta = [(int(sid), _plain_or_array(r, arrays)) for sid, r in results.items()]
+    return pack_arrays_parts(("results", meta), arrays)
+
+
+def unpack_results(blob: bytes) -> dict[int, Any]:
+    """Invert :func:`pack_results` (:class:`WireError` if it does not fit)."""
+    meta, arrays = unpack_arrays(blob)
+    if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] == "results"):
+        raise WireError("not a shard operations reply")
+    if not isinstance(meta[1], tuple):
+        raise WireError("a shard operations reply lists its results")
+    out: dict[int, Any] = {}
+    for item in meta[1]:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise WireError("a result is a shard id and its value")
+        out[_int(item[0], "shard id", 0)] = _value_of(item[1], arrays, "a result")
+    return out
+
+
 class Transport(Protocol):
     """How the driver reaches its shards: in-process
     (:class:`flymc_dist.transport.inprocess.InProcessTransport`) or Dask actors

@@ -1071,7 +1071,8 @@ def test_softmax_works():
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_same_draws_on_dask_cluster(tmp_path, local_clusters):
-    """The same seed gives identical draws in-process and on Dask actors (2 workers)."""
+    """The same seed gives identical draws in-process and on Dask actors (2 workers),
+    the test trips on the round channel or as Dask RPCs."""
     from distributed import Client
 
     X, y, _ = _data(1200, seed=22)
@@ -1087,11 +1088,15 @@ def test_same_draws_on_dask_cluster(tmp_path, local_clusters):
     }
     local = fd.sample(MODEL, path, client="synchronous", **kw)
     with Client(local_clusters.get(2), direct_to_workers=True) as client:
-        remote = fd.sample(MODEL, path, client=client, **kw)
-    assert remote.info["transport"] == "dask" and remote.info["n_workers"] == 2
-    np.testing.assert_array_equal(local.samples, remote.samples)
-    np.testing.assert_array_equal(local.stats["data_used"], remote.stats["data_used"])
-    np.testing.assert_array_equal(local.stats["round_trips"], remote.stats["round_trips"])
+        # the test trips on the round channel (the default), then as Dask RPCs
+        for channel in ("socket", "dask"):
+            place = fd.Placement(n_shards=3, channel=channel)
+            remote = fd.sample(MODEL, path, client=client, **{**kw, "placement": place})
+            assert remote.info["transport"] == "dask" and remote.info["n_workers"] == 2
+            assert remote.info["channel"] == channel
+            np.testing.assert_array_equal(local.samples, remote.samples)
+            np.testing.assert_array_equal(local.stats["data_used"], remote.stats["data_used"])
+            np.testing.assert_array_equal(local.stats["round_trips"], remote.stats["round_trips"])
 
 
 def test_bench_sublinear_smoke():

@@ -221,6 +221,77 @@ def test_a_released_host_stops_its_channel():
     client.close()
 
 
+def test_shard_operations_travel_as_arrays_and_refuse_the_rest(tmp_path):
+    """Austerity's test trips on a host's channel (OPERATIONS): the diffs are the bits
+    the shard computes in place; an operation that is not one, a shard not held, or a
+    message not in the layout is refused before anything runs, and the connection goes
+    on."""
+    from flymc_dist.austerity.shard import shard_batch
+    from flymc_dist.protocol import (
+        ShardConfig,
+        ShardSpec,
+        WireError,
+        operation_name,
+        pack_arrays,
+        pack_operations,
+        unpack_operations,
+        unpack_results,
+    )
+    from flymc_dist.transport.channel import OPERATIONS
+    from flymc_dist.transport.host import ShardHost
+
+    rng = np.random.default_rng(3)
+    X = np.column_stack([np.ones(40), rng.normal(size=(40, 2))])
+    y = (rng.random(40) < 0.5).astype(np.int64)
+    config = ShardConfig(
+        model=fd.LogisticRegression(), algorithm="austerity", chains=2, seed=0, n_rows=40
+    )
+    host = ShardHost(
+        [ShardSpec(0, "", 0, 20), ShardSpec(1, "", 20, 40)],
+        config,
+        {0: (X[:20], y[:20]), 1: (X[20:], y[20:])},
+    )
+    client = ChannelClient()
+    address, _ = host.open_channel("127.0.0.1", client.secret)
+    client.connect("w", address, client.secret)  # TCP: every frame MAC'd
+    try:
+        op = operation_name(shard_batch)
+        thetas, proposals = rng.normal(size=(2, 3)), rng.normal(size=(2, 3))
+        calls = {
+            i: (op, thetas, proposals, rng.permutation(20)[:7], np.array([0, 3, 7]), False)
+            for i in (0, 1)
+        }
+        back = unpack_operations(pack_operations(calls))
+        assert back.keys() == calls.keys() and back[0][0] == op and back[0][5] is False
+        ok, bad = client.fanout(OPERATIONS, pack_operations(calls), ["w"], timeout=10)
+        assert not bad
+        got = unpack_results(ok["w"])
+        for i, args in calls.items():
+            want = shard_batch(host.shards[i], *args[1:])
+            assert got[i].tobytes() == want.tobytes()
+        marker = tmp_path / "ran"
+        refused = {
+            "unknown shard operation": ({0: ("os:system", f"touch {marker}")}, ValueError),
+            "not held here": ({5: calls[0]}, ValueError),
+            "this shard's rows": (
+                {0: (*calls[0][:3], np.array([0, 25]), np.array([0, 1, 2]), False)},
+                ValueError,
+            ),
+        }
+        for name, (bad_calls, kind) in refused.items():
+            _, bad = client.fanout(OPERATIONS, pack_operations(bad_calls), ["w"], timeout=10)
+            assert isinstance(bad["w"], kind) and name in str(bad["w"]), bad["w"]
+        for blob in (pack_arrays(("operations", ((0, op, (("a", 9),)),)), []), b"junk"):
+            _, bad = client.fanout(OPERATIONS, blob, ["w"], timeout=10)
+            assert isinstance(bad["w"], WireError | ValueError)
+        assert not marker.exists()
+        ok, bad = client.fanout(ECHO, b"still here", ["w"], timeout=10)
+        assert ok == {"w": b"still here"} and not bad
+    finally:
+        client.close()
+        host.release()
+
+
 def test_connections_in_handshake_are_capped_and_frames_after_it():
     """Idle connections cannot pile up threads (at most MAX_PENDING in their handshake;
     more are closed at once), and an oversized request closes its connection unread."""

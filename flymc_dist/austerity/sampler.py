@@ -1098,6 +1098,7 @@ def sample_austerity(
             resample_fraction=None,
         )
         info["lp"] = "not computed (NaN): austerity never evaluates the full likelihood"
+        info["channel"] = transport.channel  # how the test trips travel
         return run(sampler, info, num_warmup, num_samples, settings, label="austerity")
     finally:
         transport.close()

@@ -66,6 +66,13 @@ def shard_batch(
     """
     rows = np.asarray(rows, dtype=np.int64)
     seg = np.asarray(seg, dtype=np.int64)
+    m = seg.size - 1
+    if rows.ndim != 1 or (rows.size and not 0 <= rows.min() <= rows.max() < shard.n):
+        raise ValueError(f"rows must be this shard's rows, 0 to {shard.n - 1}")
+    if m < 0 or seg[0] != 0 or seg[-1] != rows.size or (np.diff(seg) < 0).any():
+        raise ValueError("seg must rise from 0 to the number of rows")
+    if np.shape(thetas) != np.shape(proposals) or np.shape(thetas)[0] != m:
+        raise ValueError(f"thetas and proposals must be {m} chains' points each")
     model = shard.model
     E = model.n_outputs
     M = rows.size

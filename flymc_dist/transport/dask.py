@@ -47,13 +47,16 @@ from flymc_dist.protocol import (
     ShardLost,
     ShardSpec,
     pack_ahead,
+    pack_operations,
     pack_round,
     unpack_proposals,
     unpack_reply,
+    unpack_results,
 )
 from flymc_dist.transport.channel import (
     AHEAD,
     ECHO,
+    OPERATIONS,
     ROUND,
     ROUND_TREE,
     ChannelClient,
@@ -663,13 +666,21 @@ class DaskTransport:
         return self._per_shard(ok)
 
     def call_some(self, method: str, per_shard: dict[int, tuple]) -> dict[int, Any]:
-        """``Shard.<method>(*args)`` on the listed shards only, one RPC per worker involved."""
-        calls = {}
+        """``Shard.<method>(*args)`` on the listed shards only, one request per worker
+        involved: shard operations (``method == "operation"``: austerity's test trips)
+        on the round channel when it is open, as packed arrays
+        (:func:`~flymc_dist.protocol.pack_operations`), anything else as an RPC."""
+        mine: dict[str, dict[int, tuple]] = {}
         for w, specs in self.placement.items():
-            mine = {s.shard_id: per_shard[s.shard_id] for s in specs if s.shard_id in per_shard}
-            if mine:
-                calls[w] = ("call_each", (method, mine), {})
-        ok, bad = self.fanout_calls(calls)
+            got = {s.shard_id: per_shard[s.shard_id] for s in specs if s.shard_id in per_shard}
+            if got:
+                mine[w] = got
+        if method == "operation" and self._chan is not None:
+            ok, bad = self._operations(mine)
+        else:
+            ok, bad = self.fanout_calls(
+                {w: ("call_each", (method, c), {}) for w, c in mine.items()}
+            )
         if bad:
             lost = self._lost(bad)
             raise ShardLost(f"workers {lost} were lost during {method!r}", lost)
@@ -677,6 +688,23 @@ class DaskTransport:
         for r in ok.values():
             merged.update(r)
         return merged
+
+    def _operations(
+        self, calls: dict[str, dict[int, tuple]]
+    ) -> tuple[dict[str, dict[int, Any]], dict[str, BaseException]]:
+        """Shard operations (worker → shard id → ``(name, *args)``) on the round channel:
+        each worker's calls sent as one request, then every reply read (the hosts compute
+        concurrently). Results and failures by worker, as :meth:`fanout_calls`."""
+        pending: list[str] = []
+        bad: dict[str, BaseException] = {}
+        for w, c in calls.items():
+            sent, failed = self._chan.post(OPERATIONS, pack_operations(c), [w])
+            pending += sent
+            bad.update(failed)
+        self._count(list(calls))
+        self.round_trips += 1
+        got, late = self._chan.collect(pending, self.timeout)
+        return {w: unpack_results(r) for w, r in got.items()}, {**bad, **late}
 
     def round(self, msg: Round | ReplicaRound, positions: np.ndarray) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard, recovering lost workers' shards.
