@@ -225,6 +225,96 @@ def row_dots(X: np.ndarray, T: np.ndarray, out: np.ndarray) -> None:
             out[n, e] = total
 
 
+@numba.njit(inline="always", **JIT)
+def _run_sum(a: np.ndarray, lo: int, n: int) -> float:
+    """:func:`pairwise_sum` of a run of at most 128 values (numpy's leaf)."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    whole = n - n % 8
+    while i < whole:
+        k = lo + i
+        r0 += a[k]
+        r1 += a[k + 1]
+        r2 += a[k + 2]
+        r3 += a[k + 3]
+        r4 += a[k + 4]
+        r5 += a[k + 5]
+        r6 += a[k + 6]
+        r7 += a[k + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@numba.njit(**JIT)
+def pairwise_sum(a: np.ndarray, lo: int, n: int) -> float:
+    """``a[lo:lo + n].sum()`` in numpy's order, so the same bits: numpy adds a contiguous
+    run by pairwise summation — below 8 values one after another, up to 128 in eight
+    running sums combined as ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))`` and
+    then the rest one by one, beyond that the two halves (the first a multiple of 8
+    long) each so, then added. Written without recursion (numba's on-disk cache cannot
+    hold a recursive function): the halves on a stack, each sum added to its sibling's
+    once both are done."""
+    if n <= 128:
+        return _run_sum(a, lo, n)
+    # tasks (start, length, 0: to sum | 1: to add its two halves' sums) and the sums done
+    t_lo = np.empty(192, dtype=np.int64)
+    t_n = np.empty(192, dtype=np.int64)
+    t_add = np.empty(192, dtype=np.bool_)
+    sums = np.empty(64)
+    top, done = 0, 0
+    t_lo[0], t_n[0], t_add[0] = lo, n, False
+    while top >= 0:
+        at, m, add = t_lo[top], t_n[top], t_add[top]
+        top -= 1
+        if add:
+            done -= 1
+            sums[done - 1] = sums[done - 1] + sums[done]
+        elif m <= 128:
+            sums[done] = _run_sum(a, at, m)
+            done += 1
+        else:
+            half = m // 2
+            half -= half % 8
+            # popped last to first: the first half, then the second, then their sum
+            t_lo[top + 1], t_n[top + 1], t_add[top + 1] = at, m, True
+            t_lo[top + 2], t_n[top + 2], t_add[top + 2] = at + half, m - half, False
+            t_lo[top + 3], t_n[top + 3], t_add[top + 3] = at, half, False
+            top += 3
+    return sums[0]
+
+
+@numba.njit(**JIT)
+def pair_dots(
+    X: np.ndarray, seg: np.ndarray, thetas: np.ndarray, proposals: np.ndarray, out: np.ndarray
+) -> None:
+    """``out[0, r, e] = Σ_d X[r, d]·θ_j[e, d]`` and ``out[1, r, e]`` the same at θ′_j, for
+    chain ``j``'s rows ``r`` in ``seg[j]:seg[j + 1]`` (``thetas[j]``, ``proposals[j]``:
+    ``E × D`` values, output by output), each sum in numpy's pairwise order
+    (:func:`pairwise_sum`): the bits of ``(X[r, None, :] * θ_j.reshape(E, D)).sum(-1)``,
+    a row's value the same whichever rows it is computed with."""
+    D = X.shape[1]
+    E = out.shape[2]
+    tmp = np.empty(D)
+    for j in range(seg.size - 1):
+        for r in range(seg[j], seg[j + 1]):
+            for i in range(2):
+                pts = thetas[j] if i == 0 else proposals[j]
+                for e in range(E):
+                    for d in range(D):
+                        tmp[d] = X[r, d] * pts[e * D + d]
+                    out[i, r, e] = pairwise_sum(tmp, 0, D)
+
+
 @numba.njit(**JIT)
 def touch_rows(XCs, rows: np.ndarray, seg: np.ndarray, seg_shard: np.ndarray) -> float:
     """Read one value per cache line of every row in ``rows`` (segment i's rows in the

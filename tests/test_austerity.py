@@ -906,6 +906,58 @@ def test_shard_interface_for_add_on_samplers():
     assert shard.total_queries == 2 * 2 * 200  # eps = 0: every row of the shard, twice
 
 
+def test_compiled_dots_and_minibatch_sums_are_numpys_bits():
+    """The test trips' hot loops keep numpy's bits (the draws do not move): the shards'
+    compiled row products (``pair_dots``, numpy's pairwise order, past 128 features too)
+    against ``(X[r] * θ).sum(-1)``, for float32 and float64 rows and several outputs; the
+    driver's minibatch sums, taken as the rows of one array, against one minibatch at a
+    time (a shorter last one, infinite and NaN values among them). Negative control: a
+    plain left-to-right sum differs in the last bits for some row."""
+    from flymc_dist._compiled import pair_dots, pairwise_sum
+
+    rng = np.random.default_rng(5)
+    for n in (*range(0, 140), 255, 256, 1000, 4099):
+        a = rng.standard_normal(n) * rng.exponential(5.0, n)
+        assert np.float64(pairwise_sum(a, 0, n)).tobytes() == a.sum().tobytes()
+    plain_differs = False
+    for dtype in (np.float32, np.float64):
+        for D, E in ((1, 1), (3, 1), (21, 3), (51, 1), (129, 2), (300, 1)):
+            X = (rng.standard_normal((120, D)) * rng.exponential(3.0, (120, 1))).astype(dtype)
+            seg = np.array([0, 50, 50, 120])
+            th, pr = rng.normal(0, 5, (3, E * D)), rng.normal(0, 1, (3, E * D))
+            got = np.empty((2, 120, E))
+            pair_dots(X, seg, th, pr, got)
+            want = np.empty_like(got)
+            plain = np.empty_like(got)
+            for j in range(3):
+                a, b = seg[j], seg[j + 1]
+                for i, at in enumerate((th, pr)):
+                    pts = at[j].reshape(E, D)
+                    want[i, a:b] = (X[a:b, None, :] * pts[None]).sum(axis=2)
+                    for r in range(a, b):
+                        for e in range(E):
+                            plain[i, r, e] = sum(float(X[r, d]) * pts[e, d] for d in range(D))
+            assert got.tobytes() == want.tobytes(), (dtype, D, E)
+            plain_differs |= plain.tobytes() != want.tobytes()
+    assert plain_differs
+    d = rng.standard_normal(1037) * 3
+    d[[7, 500, 501]] = [np.inf, -np.inf, np.inf]
+    d[900] = np.nan
+    for size in (1, 10, 100, 1037, 5000):
+        counts, mean, m2 = aus.batch_stats(d, size)
+        for i, at in enumerate(range(0, d.size, size)):
+            part = d[at : at + size]
+            bad = ~np.isfinite(part)
+            with np.errstate(invalid="ignore"):  # inf - inf: NaN
+                total = float(np.sum(part[bad] if bad.any() else part))
+            want_mean = total if bad.any() else total / part.size
+            want_m2 = 0.0 if bad.any() else float(np.sum((part - want_mean) ** 2))
+            assert counts[i] == part.size
+            assert np.float64(mean[i]).tobytes() == np.float64(want_mean).tobytes()
+            assert np.float64(m2[i]).tobytes() == np.float64(want_m2).tobytes()
+        assert i == counts.size - 1
+
+
 # ------------------------------------------------------------------------ the API
 def test_sample_api_labels_and_stats():
     X, y, _ = _data(3000, seed=16)

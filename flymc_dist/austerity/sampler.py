@@ -646,14 +646,14 @@ class SequentialTester:
             # each of them in one call
             for c in active.tolist():
                 d = diffs[c]
-                parts = [d[i : i + B] for i in range(0, d.size, B)]
-                pn, pmean, pm2 = running_stats(n[c], mean[c], m2[c], *batch_stats(parts))
-                prounds = rounds[c] + np.arange(1, len(parts) + 1)
+                pn, pmean, pm2 = running_stats(n[c], mean[c], m2[c], *batch_stats(d, B))
+                k = pn.size  # minibatches this trip
+                prounds = rounds[c] + np.arange(1, k + 1)
                 stop, acc, p = stop_rule(
                     pn,
                     pmean,
                     pm2,
-                    np.full(len(parts), mu0[c]),
+                    np.full(k, mu0[c]),
                     N,
                     self.eps,
                     tails=self.tails,
@@ -664,7 +664,7 @@ class SequentialTester:
                 nans = np.flatnonzero(np.isnan(pmean))
                 if nans.size and (not stops.size or stops[0] >= nans[0]):
                     raise FloatingPointError("a log-likelihood difference is NaN")
-                j = int(stops[0]) if stops.size else len(parts) - 1
+                j = int(stops[0]) if stops.size else k - 1
                 n[c], mean[c], m2[c], rounds[c] = pn[j], pmean[j], pm2[j], prounds[j]
                 if rows_log is not None:
                     rows_log[c].extend(drawn[c][i : i + B] for i in range(0, (j + 1) * B, B))
@@ -721,23 +721,38 @@ def bound_difference(bound: BoundStats, thetas: np.ndarray, proposals: np.ndarra
         return np.sum((d @ bound.A) * (proposals + thetas), axis=-1) + d @ bound.b
 
 
-def batch_stats(diffs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(count, mean, M2)`` of each chain's new differences ``diffs[i]`` (in the order
-    its decision drew them: the same sums whatever the layout). An infinite ``l_i``
-    decides alone (the full mean is infinite too): the mean is then the sum of the
-    infinite ones and M2 zero; NaN stays NaN (the caller reports it)."""
-    counts = np.array([d.size for d in diffs], dtype=np.int64)
-    mean = np.zeros(len(diffs))
-    m2 = np.zeros(len(diffs))
-    for i, d in enumerate(diffs):
-        if not d.size:
-            continue
-        bad = ~np.isfinite(d)
-        if bad.any():
-            mean[i] = float(np.sum(d[bad]))
-            continue
-        mean[i] = float(np.sum(d)) / d.size
-        m2[i] = float(np.sum((d - mean[i]) ** 2))
+def batch_stats(diffs: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(count, mean, M2)`` of each minibatch of a chain's new differences ``diffs`` (in
+    the order its decision drew them: the same sums whatever the layout), the minibatches
+    its consecutive runs of ``size`` (the last one shorter if they do not divide). An
+    infinite ``l_i`` decides alone (the full mean is infinite too): a minibatch's mean
+    is then the sum of its infinite ones and M2 zero; NaN stays NaN (the caller reports
+    it). Whole minibatches are summed as the rows of one array: numpy adds each row as
+    it adds one minibatch alone, so the bits are those of one minibatch at a time."""
+    d = np.asarray(diffs, dtype=float)
+    k = -(-d.size // size)
+    whole = d.size // size
+    counts = np.full(k, size, dtype=np.int64)
+    mean = np.zeros(k)
+    m2 = np.zeros(k)
+    if k > whole:
+        counts[-1] = d.size - whole * size
+    with np.errstate(invalid="ignore", over="ignore"):  # ±inf and NaN: the caller's
+        if whole:
+            body = d[: whole * size].reshape(whole, size)
+            mean[:whole] = body.sum(axis=1) / size
+            m2[:whole] = ((body - mean[:whole, None]) ** 2).sum(axis=1)
+        # minibatches holding an infinite (or NaN) value, and a shorter last one, alone
+        redo = [i for i in range(whole) if not np.isfinite(mean[i])] + list(range(whole, k))
+        for i in redo:
+            part = d[i * size : (i + 1) * size]
+            bad = ~np.isfinite(part)
+            if bad.any():
+                mean[i] = float(np.sum(part[bad]))
+                m2[i] = 0.0
+                continue
+            mean[i] = float(np.sum(part)) / part.size
+            m2[i] = float(np.sum((part - mean[i]) ** 2))
     return counts, mean, m2
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flymc_dist._compiled import pair_dots
 from flymc_dist.protocol import shard_operation
 
 if TYPE_CHECKING:
@@ -80,13 +81,14 @@ def shard_batch(
     X, y, xi = shard.rows_at(rows)
     D = X.shape[1]
     eta = np.empty((2, M, E))  # at θ and at θ′, each contiguous whatever M
-    for j in range(seg.size - 1):
-        a, b = int(seg[j]), int(seg[j + 1])
-        if b > a:
-            for i, at in enumerate((thetas, proposals)):
-                # row by row: a BLAS product rounds a row by where it sits in the product
-                pts = np.asarray(at[j], float).reshape(E, D)
-                eta[i, a:b] = (X[a:b, None, :] * pts[None, :, :]).sum(axis=2)
+    # row by row (a BLAS product rounds a row by where it sits in the product), compiled
+    pair_dots(
+        X,
+        seg,
+        np.asarray(thetas, float).reshape(m, E * D),
+        np.asarray(proposals, float).reshape(m, E * D),
+        eta,
+    )
     ll = model.loglik(eta, y)
     diff = ll[1] - ll[0]
     if control_variates:

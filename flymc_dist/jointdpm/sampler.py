@@ -919,15 +919,15 @@ class JointDPMSampler:
         its test stops: the statistics after each minibatch, then the test at each of
         them in one call. Returns the decision (accept?) if it stopped, else None."""
         o = self.options
-        B = vals.size if eps == 0 else o.batch_size
-        parts = [vals[a : a + B] for a in range(0, vals.size, B)]
-        pn, pmean, pm2 = running_stats(n[s], mean[s], m2[s], *batch_stats(parts))
-        prounds = rounds[s] + np.arange(1, len(parts) + 1)
+        B = max(vals.size, 1) if eps == 0 else o.batch_size
+        pn, pmean, pm2 = running_stats(n[s], mean[s], m2[s], *batch_stats(vals, B))
+        k = pn.size  # minibatches
+        prounds = rounds[s] + np.arange(1, k + 1)
         stop, acc, _ = stop_rule(
             pn,
             pmean,
             pm2,
-            np.full(len(parts), mu0[s]),
+            np.full(k, mu0[s]),
             int(Nk[s]),
             eps,
             tails=o.tails,
@@ -935,7 +935,7 @@ class JointDPMSampler:
             min_batches=o.min_batches,
         )
         stops = np.flatnonzero(stop)
-        j = int(stops[0]) if stops.size else len(parts) - 1
+        j = int(stops[0]) if stops.size else k - 1
         n[s], mean[s], m2[s], rounds[s] = pn[j], pmean[j], pm2[j], prounds[j]
         return bool(acc[j]) if stops.size else None
 
