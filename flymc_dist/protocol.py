@@ -673,64 +673,79 @@ def unpack_proposals(blob: bytes) -> dict[int, Proposals]:
     return {sid: Proposals._make(arrays[i * n : (i + 1) * n]) for i, sid in enumerate(sids)}
 
 
-def _plain_or_array(v: Any, arrays: list[np.ndarray]) -> tuple:
-    """An operation's argument or result as the meta carries it: ``("a", i)`` for an
-    array (the ``i``-th of ``arrays``, appended), ``("v", v)`` for a plain value."""
+def _tree(v: Any, arrays: list[np.ndarray]) -> tuple:
+    """``v`` as the meta carries it, its arrays appended to ``arrays``: ``("a", i)`` for
+    an array (the ``i``-th), ``("t", *items)`` for a list or tuple, ``("d", k1, v1, …)``
+    for a dict (plain keys), ``("v", v)`` for a plain value (None, bool, int, float, str,
+    bytes)."""
     if isinstance(v, np.ndarray):
         arrays.append(v)
         return ("a", len(arrays) - 1)
+    if isinstance(v, list | tuple):
+        return ("t", *(_tree(x, arrays) for x in v))
+    if isinstance(v, dict):
+        return ("d", *(y for k, x in v.items() for y in (k, _tree(x, arrays))))
     return ("v", v)
 
 
-def _value_of(item: Any, arrays: list[np.ndarray], what: str) -> Any:
-    """Invert :func:`_plain_or_array` (:class:`WireError` if it does not fit)."""
-    if not (isinstance(item, tuple) and len(item) == 2 and item[0] in ("a", "v")):
-        raise WireError(f"{what} must be an array or a plain value, not {item!r}")
-    if item[0] == "v":
-        return item[1]
-    i = item[1]
-    if type(i) is not int or not 0 <= i < len(arrays):
-        raise WireError(f"{what} names array {i!r} of {len(arrays)}")
-    return arrays[i]
+def _untree(node: Any, arrays: list[np.ndarray]) -> Any:
+    """Invert :func:`_tree` (:class:`WireError` if ``node`` does not fit); lists come back
+    as tuples."""
+    if not (isinstance(node, tuple) and node and node[0] in ("a", "t", "d", "v")):
+        raise WireError(f"not an encoded value: {node!r:.80}")
+    tag = node[0]
+    if tag == "v":
+        if len(node) != 2 or isinstance(node[1], tuple | dict):
+            raise WireError("a plain value is one value")
+        return node[1]
+    if tag == "a":
+        if len(node) != 2 or type(node[1]) is not int or not 0 <= node[1] < len(arrays):
+            raise WireError(f"an array reference {node!r:.80} names none of {len(arrays)}")
+        return arrays[node[1]]
+    if tag == "t":
+        return tuple(_untree(x, arrays) for x in node[1:])
+    if len(node) % 2 != 1:
+        raise WireError("a dict is keys and values in pairs")
+    return {node[i]: _untree(node[i + 1], arrays) for i in range(1, len(node), 2)}
 
 
-def pack_operations(calls: dict[int, tuple]) -> bytes:
-    """Shard operations for some shards of a host (shard id → ``(name, *args)``, as
-    :meth:`flymc_dist.shard.Shard.operation` takes them) as one buffer: the names and
-    plain arguments in the meta, the array arguments as arrays. Nothing is pickled, so
-    an argument is an array or plain data (:func:`pack_arrays`' meta)."""
+def pack_calls(calls: dict[int, tuple[str, tuple]]) -> bytes:
+    """Method calls on some shards of a host (shard id → ``(method, args)``) as one
+    buffer: the names and the arguments' plain values in the meta, their arrays as
+    arrays (any nesting of lists, tuples and dicts of them: :func:`_tree`). Nothing is
+    pickled. Which methods may run is the host's to say."""
     arrays: list[np.ndarray] = []
-    meta = []
-    for sid, (name, *args) in calls.items():
-        meta.append((int(sid), str(name), [_plain_or_array(a, arrays) for a in args]))
-    return pack_arrays(("operations", meta), arrays)
+    meta = tuple(
+        (int(sid), str(method), _tree(tuple(args), arrays)) for sid, (method, args) in calls.items()
+    )
+    return pack_arrays(("calls", meta), arrays)
 
 
-def unpack_operations(blob: bytes) -> dict[int, tuple]:
-    """Invert :func:`pack_operations`, validating the layout (:class:`WireError`); the
-    array arguments are read-only views of ``blob``. Which operations may run is the
-    shard's to check (:func:`resolve_operation`), and their arguments the operation's."""
+def unpack_calls(blob: bytes) -> dict[int, tuple[str, tuple]]:
+    """Invert :func:`pack_calls`, validating the layout (:class:`WireError`); the arrays
+    are read-only views of ``blob``, lists come back as tuples."""
     meta, arrays = unpack_arrays(blob)
-    if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] == "operations"):
-        raise WireError("not a shard operations message")
-    out: dict[int, tuple] = {}
+    if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] == "calls"):
+        raise WireError("not a shard calls message")
     if not isinstance(meta[1], tuple):
-        raise WireError("a shard operations message lists its calls")
+        raise WireError("a shard calls message lists its calls")
+    out: dict[int, tuple[str, tuple]] = {}
     for call in meta[1]:
         if not (isinstance(call, tuple) and len(call) == 3 and isinstance(call[1], str)):
-            raise WireError("a shard operation is a shard id, a name and its arguments")
-        sid, name, args = call
+            raise WireError("a shard call is a shard id, a method and its arguments")
+        args = _untree(call[2], arrays)
         if not isinstance(args, tuple):
-            raise WireError("a shard operation's arguments must be a list")
-        out[_int(sid, "shard id", 0)] = (name, *(_value_of(a, arrays, "an argument") for a in args))
+            raise WireError("a shard call's arguments must be a list")
+        out[_int(call[0], "shard id", 0)] = (call[1], args)
     return out
 
 
 def pack_results(results: dict[int, Any]) -> list[bytes | memoryview]:
-    """Shard operations' results (shard id → an array or plain data) as one buffer's
-    parts (:func:`unpack_results` reads them joined)."""
+    """Shard calls' results (shard id → arrays and plain data, nested as
+    :func:`pack_calls` takes them) as one buffer's parts (:func:`unpack_results` reads
+    them joined)."""
     arrays: list[np.ndarray] = []
-    meta = [(int(sid), _plain_or_array(r, arrays)) for sid, r in results.items()]
+    meta = tuple((int(sid), _tree(r, arrays)) for sid, r in results.items())
     return pack_arrays_parts(("results", meta), arrays)
 
 
@@ -738,14 +753,14 @@ def unpack_results(blob: bytes) -> dict[int, Any]:
     """Invert :func:`pack_results` (:class:`WireError` if it does not fit)."""
     meta, arrays = unpack_arrays(blob)
     if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] == "results"):
-        raise WireError("not a shard operations reply")
+        raise WireError("not a shard calls reply")
     if not isinstance(meta[1], tuple):
-        raise WireError("a shard operations reply lists its results")
+        raise WireError("a shard calls reply lists its results")
     out: dict[int, Any] = {}
     for item in meta[1]:
         if not (isinstance(item, tuple) and len(item) == 2):
             raise WireError("a result is a shard id and its value")
-        out[_int(item[0], "shard id", 0)] = _value_of(item[1], arrays, "a result")
+        out[_int(item[0], "shard id", 0)] = _untree(item[1], arrays)
     return out
 
 

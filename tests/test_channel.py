@@ -221,11 +221,12 @@ def test_a_released_host_stops_its_channel():
     client.close()
 
 
-def test_shard_operations_travel_as_arrays_and_refuse_the_rest(tmp_path):
-    """Austerity's test trips on a host's channel (OPERATIONS): the diffs are the bits
-    the shard computes in place; an operation that is not one, a shard not held, or a
-    message not in the layout is refused before anything runs, and the connection goes
-    on."""
+def test_shard_calls_travel_as_arrays_and_refuse_the_rest(tmp_path):
+    """Austerity's test trips on a host's channel (CALLS): the diffs are the bits the
+    shard computes in place; a call that is not a shard operation, an operation that is
+    not one, a shard not held, or a message not in the layout is refused before anything
+    runs, and the connection goes on. The calls' layout carries nested lists, tuples,
+    dicts, arrays and plain values, and refuses what does not fit it."""
     from flymc_dist.austerity.shard import shard_batch
     from flymc_dist.protocol import (
         ShardConfig,
@@ -233,12 +234,31 @@ def test_shard_operations_travel_as_arrays_and_refuse_the_rest(tmp_path):
         WireError,
         operation_name,
         pack_arrays,
-        pack_operations,
-        unpack_operations,
+        pack_calls,
+        pack_results,
+        unpack_calls,
         unpack_results,
     )
-    from flymc_dist.transport.channel import OPERATIONS
+    from flymc_dist.transport.channel import CALLS
     from flymc_dist.transport.host import ShardHost
+
+    nested = (3, [None, (np.arange(4), b"x")], {"k": 2.5, 7: [np.ones((2, 2))]}, True)
+    ((method, back),) = unpack_calls(pack_calls({4: ("m", nested)})).values()
+    assert method == "m" and back[0] == 3 and back[1][0] is None and back[1][1][1] == b"x"
+    np.testing.assert_array_equal(back[1][1][0], np.arange(4))
+    assert back[2]["k"] == 2.5 and back[2][7][0].shape == (2, 2) and back[3] is True
+    got = unpack_results(b"".join(pack_results({1: [np.zeros(3), None], 2: {"n": 5}})))
+    assert got[1][1] is None and got[1][0].shape == (3,) and got[2] == {"n": 5}
+    for meta in (
+        ("calls", ((0, "m", ("a", 0)),)),  # an array no message carries
+        ("calls", ((0, "m", ("t", ("q", 1))),)),  # an unknown tag
+        ("calls", ((0, "m", ("v", 1)),)),  # arguments that are not a list
+        ("calls", ((-1, "m", ("t",)),)),  # a negative shard id
+        ("calls", ((0, "m", ("d", "k")),)),  # a dict without its value
+        ("results", ()),  # not calls
+    ):
+        with pytest.raises(WireError):
+            unpack_calls(pack_arrays(meta, []))
 
     rng = np.random.default_rng(3)
     X = np.column_stack([np.ones(40), rng.normal(size=(40, 2))])
@@ -257,34 +277,31 @@ def test_shard_operations_travel_as_arrays_and_refuse_the_rest(tmp_path):
     try:
         op = operation_name(shard_batch)
         thetas, proposals = rng.normal(size=(2, 3)), rng.normal(size=(2, 3))
-        calls = {
-            i: (op, thetas, proposals, rng.permutation(20)[:7], np.array([0, 3, 7]), False)
+        args = {
+            i: (thetas, proposals, rng.permutation(20)[:7], np.array([0, 3, 7]), False)
             for i in (0, 1)
         }
-        back = unpack_operations(pack_operations(calls))
-        assert back.keys() == calls.keys() and back[0][0] == op and back[0][5] is False
-        ok, bad = client.fanout(OPERATIONS, pack_operations(calls), ["w"], timeout=10)
+        calls = {i: ("operation", (op, *a)) for i, a in args.items()}
+        ok, bad = client.fanout(CALLS, pack_calls(calls), ["w"], timeout=10)
         assert not bad
         got = unpack_results(ok["w"])
-        for i, args in calls.items():
-            want = shard_batch(host.shards[i], *args[1:])
-            assert got[i].tobytes() == want.tobytes()
+        for i, a in args.items():
+            assert got[i].tobytes() == shard_batch(host.shards[i], *a).tobytes()
         marker = tmp_path / "ran"
+        rows_out = (*args[0][:2], np.array([0, 25]), np.array([0, 1, 2]), False)
         refused = {
-            "unknown shard operation": ({0: ("os:system", f"touch {marker}")}, ValueError),
-            "not held here": ({5: calls[0]}, ValueError),
-            "this shard's rows": (
-                {0: (*calls[0][:3], np.array([0, 25]), np.array([0, 1, 2]), False)},
-                ValueError,
-            ),
+            "unknown shard operation": {0: ("operation", ("os:system", f"touch {marker}"))},
+            "only shard operations": {0: ("close", ())},
+            "not held here": {5: calls[0]},
+            "this shard's rows": {0: ("operation", (op, *rows_out))},
         }
-        for name, (bad_calls, kind) in refused.items():
-            _, bad = client.fanout(OPERATIONS, pack_operations(bad_calls), ["w"], timeout=10)
-            assert isinstance(bad["w"], kind) and name in str(bad["w"]), bad["w"]
-        for blob in (pack_arrays(("operations", ((0, op, (("a", 9),)),)), []), b"junk"):
-            _, bad = client.fanout(OPERATIONS, blob, ["w"], timeout=10)
-            assert isinstance(bad["w"], WireError | ValueError)
-        assert not marker.exists()
+        for name, bad_calls in refused.items():
+            _, bad = client.fanout(CALLS, pack_calls(bad_calls), ["w"], timeout=10)
+            assert isinstance(bad["w"], ValueError) and name in str(bad["w"]), bad["w"]
+        for blob in (pack_arrays(("calls", ((0, "operation", ("a", 9)),)), []), b"junk"):
+            _, bad = client.fanout(CALLS, blob, ["w"], timeout=10)
+            assert isinstance(bad["w"], ValueError)
+        assert not marker.exists() and host.shards  # nothing ran, nothing closed
         ok, bad = client.fanout(ECHO, b"still here", ["w"], timeout=10)
         assert ok == {"w": b"still here"} and not bad
     finally:

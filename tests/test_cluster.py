@@ -157,7 +157,7 @@ def test_host_that_cannot_listen_falls_back_to_dask(store, local_client, monkeyp
     an address no machine has (TEST-NET-1), so the worker's bind fails for real."""
     import flymc_dist.transport.dask as cluster_mod
 
-    monkeypatch.setattr(cluster_mod, "_channel_host", lambda worker: "192.0.2.1")
+    monkeypatch.setattr(cluster_mod, "channel_host", lambda worker: "192.0.2.1")
     res = _run(store[0], local_client, num_warmup=10, num_samples=10)
     assert res.info["channel"] == "dask"
     with pytest.raises(Exception, match="cannot reach the round channel"):

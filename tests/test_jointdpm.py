@@ -34,7 +34,7 @@ from flymc_dist.jointdpm.sampler import (
     MovedLabels,
     shard_bounds,
 )
-from flymc_dist.jointdpm.shard import RANK_PURPOSE, MemberIndex, logit_loglik
+from flymc_dist.jointdpm.shard import RANK_PURPOSE, DPMShard, MemberIndex, logit_loglik
 from flymc_dist.jointdpm.splitmerge import LAPLACE_STEPS, allocate, gaussian_logpdf, laplace, sums
 from flymc_dist.jointdpm.transport import open_dpm_transport
 from flymc_dist.streams import permuted_rows, stream_key
@@ -522,6 +522,8 @@ def _final_state(client, n_shards, steps=10, kill_at=None):
     X, y = four_blobs(900, 5)
     bounds = shard_bounds(len(X), n_shards)
     tr = open_dpm_transport(client, X, y, bounds, [0, 1], 2, 11)
+    # on a Dask cluster an iteration's calls travel on the shards' channels
+    assert tr.channel == ("in-process" if client == "synchronous" else "socket")
     try:
         s = JointDPMSampler(
             fd.JointDPM(init_clusters=2, step_z=40, eps=0.3, split_merge=1),
@@ -578,6 +580,7 @@ def test_identical_draws_for_every_layout_and_on_two_workers(local_clusters):
     for _, _, stats_, z in ref[1][1:]:
         assert sorted(np.unique(np.frombuffer(z, np.int64)).tolist()) == sorted(stats_)
     assert b.info["transport"] == "dask" and b.info["n_shards"] == 2
+    assert b.info["channel"] == "socket"
     assert a.info["n_shards"] == 1 and c.info["n_shards"] == 3
     for key in ("alpha", "K", "sizes", "cocluster", "data_used", "accepted", "accuracy"):
         np.testing.assert_array_equal(a.draws[key], b.draws[key], err_msg=key)
@@ -608,6 +611,73 @@ def test_worker_killed_mid_run_completes_with_the_same_draws():
     assert len(recoveries) >= 1, recoveries
     assert recoveries[0]["lost_workers"] == [victim] and 1 in recoveries[0]["shards"]
     assert got == ref
+
+
+def _same_bits(a, b) -> bool:
+    """Whether ``a`` and ``b`` hold the same values, arrays bit for bit (lists and
+    tuples alike)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same_bits(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_bits(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def test_a_shard_serves_its_iteration_calls_on_its_channel_and_nothing_else(tmp_path):
+    """A JointDPM shard host's channel answers the iteration's calls with the shard's
+    own results (arrays and plain data, not pickled) and refuses, before anything runs,
+    any other method (set-up, restore, Python's own), another shard's id, and a message
+    that is not calls; the connection goes on."""
+    from flymc_dist.jointdpm.transport import CHANNEL_METHODS, DPMHost
+    from flymc_dist.protocol import pack_arrays, pack_calls, unpack_results
+    from flymc_dist.transport.channel import CALLS, ECHO, ChannelClient
+
+    X, y = four_blobs(200, 3)
+    host = DPMHost(4, 0, X, y, [0, 1], 1, 7)
+    host.init_labels(0, 3, 64, 4)
+    twin = DPMShard(4, 0, X, y, [0, 1], 1, 7)
+    twin.init_labels(0, 3, 64, 4)
+    client = ChannelClient()
+    address, _ = host.open_channel("127.0.0.1", client.secret)
+    client.connect("s", address, client.secret)  # TCP: every frame MAC'd
+    try:
+        w = np.array([0.5, -1.0, 0.2, 0.1])
+        calls = {
+            "rows": (0, np.array([3, 1, 150])),
+            "counts": (0,),
+            "batch": (0, [(1, np.array([0, 2]), w, w + 0.1, True), (2, None, w, w, False)]),
+            "clusters": (0, [0, 2]),
+            "move": (0, np.array([5]), np.array([1])),
+        }
+        assert set(calls) == CHANNEL_METHODS
+        for method, args in calls.items():
+            ok, bad = client.fanout(CALLS, pack_calls({4: (method, args)}), ["s"], timeout=10)
+            assert not bad, bad
+            got, want = unpack_results(ok["s"])[4], getattr(twin, method)(*args)
+            assert _same_bits(got, want), method
+        marker = tmp_path / "ran"
+        for method, args, text in (
+            ("restore", (0, np.zeros(200, dtype=np.int64)), "not served"),
+            ("init_labels", (0, 1, 64, 4), "not served"),
+            ("__init__", (0, 0, X, y, [0], 1, 0), "not served"),
+            ("counts", (0,), "this is shard 4"),
+        ):
+            sid = 5 if text.startswith("this") else 4
+            _, bad = client.fanout(CALLS, pack_calls({sid: (method, args)}), ["s"], timeout=10)
+            assert isinstance(bad["s"], ValueError) and text in str(bad["s"]), bad["s"]
+        for blob in (pack_arrays(("exec", f"touch {marker}"), []), b"junk"):
+            _, bad = client.fanout(CALLS, blob, ["s"], timeout=10)
+            assert isinstance(bad["s"], ValueError)
+        _, bad = client.fanout(ECHO, b"x", ["s"], timeout=10)
+        assert isinstance(bad["s"], ValueError)  # shard calls only
+        np.testing.assert_array_equal(host.z_of(0), twin.z_of(0))  # nothing else moved
+        assert not marker.exists()
+    finally:
+        client.close()
+        host.close_channel()
 
 
 # ------------------------------------------------------------------ trace and resume

@@ -1187,6 +1187,7 @@ def sample_jointdpm(
                 "n_features": int(X.shape[1]),
                 "n_shards": int(bounds.size - 1),
                 "transport": transport.name,
+                "channel": transport.channel,
                 "chains": chains,
                 "seed": seed,
                 "num_warmup": num_warmup,

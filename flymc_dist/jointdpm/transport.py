@@ -14,14 +14,23 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from flymc_dist.jointdpm.shard import DPMShard
-from flymc_dist.protocol import ShardLost
-from flymc_dist.transport.dask import live_workers, local_client
+from flymc_dist.protocol import (
+    ShardLost,
+    WireError,
+    pack_calls,
+    pack_results,
+    unpack_calls,
+    unpack_results,
+)
+from flymc_dist.transport.channel import CALLS, ChannelClient, ChannelServer
+from flymc_dist.transport.dask import channel_host, live_workers, local_client, plain_tcp
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +38,12 @@ log = logging.getLogger(__name__)
 MAX_RECOVERIES = 5
 #: seconds to wait for a live worker to recreate lost shards on
 LIVE_WAIT = 30.0
+#: the shard methods an iteration calls (label moves, weight tests, split–merge reads):
+#: on a plain ``tcp://`` cluster they travel on a socket of each shard's own
+#: (:mod:`flymc_dist.transport.channel`); set-up, recovery and checkpoints go through Dask
+CHANNEL_METHODS = frozenset({"rows", "move", "batch", "clusters", "counts"})
+#: seconds a call on the channel may take before its shard is treated as lost
+CHANNEL_TIMEOUT = 60.0
 
 
 def _is_lost_host(err: BaseException) -> bool:
@@ -43,7 +58,46 @@ def _is_lost_host(err: BaseException) -> bool:
     )
 
 
-__all__ = ["DPMTransport", "open_dpm_transport"]
+__all__ = ["CHANNEL_METHODS", "DPMHost", "DPMTransport", "open_dpm_transport"]
+
+
+class DPMHost(DPMShard):
+    """A :class:`DPMShard` as a Dask actor that also serves :data:`CHANNEL_METHODS` on a
+    socket of its own (:meth:`open_channel`): an actor call crosses Dask's RPC and two
+    event loops each way (a few milliseconds), a channel call is one authenticated frame
+    each way. Arguments and results travel as plain data and arrays
+    (:func:`~flymc_dist.protocol.pack_calls`, :func:`~flymc_dist.protocol.pack_results`),
+    never pickled; any other method, or another shard's id, is refused. The driver makes
+    one call at a time per shard, so a channel call never runs beside an actor call."""
+
+    _channel: ChannelServer | None = None
+
+    def open_channel(self, host: str, secret: bytes) -> tuple[tuple[str, int], str | None]:
+        """Serve :data:`CHANNEL_METHODS` on a socket of ``host`` to the driver holding the
+        run's key ``secret`` (handed over through Dask); returns its address and local
+        socket's name (as :meth:`flymc_dist.transport.host.ShardHost.open_channel`)."""
+        self.close_channel()
+        self._channel = ChannelServer(self._serve_channel, host, secret)
+        # the server holds this shard weakly: once Dask drops the actor, it stops
+        weakref.finalize(self, self._channel.close)
+        return self._channel.address, self._channel.local_name
+
+    def _serve_channel(self, code: int, payload: bytes) -> list[bytes | memoryview]:
+        if code != CALLS:
+            raise ValueError(f"a JointDPM shard serves shard calls only, not code {code}")
+        calls = unpack_calls(payload)
+        if list(calls) != [self.shard_id]:
+            raise WireError(f"calls for shards {sorted(calls)}, this is shard {self.shard_id}")
+        method, args = calls[self.shard_id]
+        if method not in CHANNEL_METHODS:
+            raise WireError(f"{method!r} is not served on the channel")
+        return pack_results({self.shard_id: getattr(self, method)(*args)})
+
+    def close_channel(self) -> None:
+        """Stop serving on the socket (if open)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
 
 class DPMTransport:
@@ -82,6 +136,36 @@ class DPMTransport:
         self.on_recreate: Callable[[int], list[tuple[str, tuple]]] | None = None
         #: one record per recovery: lost workers, shards, seconds, time
         self.recoveries: list[dict[str, Any]] = []
+        #: the channel to the shards (:class:`DPMHost`), on a plain ``tcp://`` cluster
+        self.chan: ChannelClient | None = None
+        if self.remote and plain_tcp(client, sorted(set(self.where.values()))):
+            self.chan = ChannelClient()
+            for i in self.shards:
+                self._connect(i)
+
+    @property
+    def channel(self) -> str:
+        """How an iteration's calls travel: ``"in-process"``, ``"socket"`` or ``"dask"``."""
+        if not self.remote:
+            return "in-process"
+        return "socket" if self.chan is not None else "dask"
+
+    def _connect(self, i: int) -> None:
+        """Open shard ``i``'s channel (through Dask, with the run's key) and connect to
+        it; if that fails, every call goes through Dask from now on."""
+        chan = self.chan
+        try:
+            address, local = (
+                self.shards[i].open_channel(channel_host(self.where[i]), chan.secret).result()
+            )
+            chan.drop(f"shard-{i}")
+            chan.connect(f"shard-{i}", address, chan.secret, timeout=10.0, local_name=local)
+        except OSError as e:
+            log.warning(
+                "cannot reach JointDPM shard %d's channel (%r): calls go through Dask", i, e
+            )
+            chan.close()
+            self.chan = None
 
     @property
     def name(self) -> str:
@@ -97,20 +181,54 @@ class DPMTransport:
         out: dict[int, Any] = {}
         pending = dict(per_shard)
         for _attempt in range(MAX_RECOVERIES + 1):
-            calls = {i: getattr(self.shards[i], method)(*a) for i, a in pending.items()}
-            failed = []
-            for i, f in calls.items():
-                try:
-                    out[i] = f.result()
-                except Exception as err:  # noqa: BLE001 - sorted by _is_lost_host
-                    if not _is_lost_host(err):
-                        raise
-                    failed.append(i)
-            if not failed:
+            if self.chan is not None and method in CHANNEL_METHODS:
+                got, errors = self._on_channel(method, pending)
+            else:
+                got, errors = self._on_dask(method, pending)
+            out.update(got)
+            for err in errors.values():
+                if not _is_lost_host(err):
+                    raise err
+            if not errors:
                 return out
-            self.recover(failed)
-            pending = {i: per_shard[i] for i in failed}
+            self.recover(sorted(errors))
+            pending = {i: per_shard[i] for i in errors}
         raise ShardLost(f"giving up after {MAX_RECOVERIES} recoveries during {method!r}")
+
+    def _on_dask(
+        self, method: str, per_shard: dict[int, tuple]
+    ) -> tuple[dict[int, Any], dict[int, BaseException]]:
+        """Actor calls, all sent before any is waited for: results and failures by id."""
+        calls = {i: getattr(self.shards[i], method)(*a) for i, a in per_shard.items()}
+        out: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        for i, f in calls.items():
+            try:
+                out[i] = f.result()
+            except Exception as err:  # noqa: BLE001 - sorted by the caller
+                errors[i] = err
+        return out, errors
+
+    def _on_channel(
+        self, method: str, per_shard: dict[int, tuple]
+    ) -> tuple[dict[int, Any], dict[int, BaseException]]:
+        """The same calls on the shards' channels: every request sent, then every reply
+        read (the shards compute concurrently)."""
+        chan = self.chan
+        sent: list[str] = []
+        errors: dict[int, BaseException] = {}
+        for i, a in per_shard.items():
+            ok, bad = chan.post(CALLS, pack_calls({i: (method, a)}), [f"shard-{i}"])
+            sent += ok
+            if bad:
+                errors[i] = next(iter(bad.values()))
+        got, late = chan.collect(sent, CHANNEL_TIMEOUT)
+        for key, e in late.items():
+            errors[int(key.removeprefix("shard-"))] = e
+        out = {}
+        for blob in got.values():
+            out.update(unpack_results(blob))
+        return out, errors
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """``<method>(*args)`` on every shard, in shard order."""
@@ -139,6 +257,8 @@ class DPMTransport:
             for method, a in self.on_recreate(i) if self.on_recreate else []:
                 getattr(actor, method)(*a).result()
             self.shards[i], self.where[i] = actor, target
+            if self.chan is not None:
+                self._connect(i)
         self.shards = dict(sorted(self.shards.items()))
         event = {
             "lost_workers": lost,
@@ -155,19 +275,21 @@ class DPMTransport:
         )
 
     def close(self) -> None:
-        """Drop the shards; close an embedded cluster."""
+        """Drop the shards (their channels stop with them); close an embedded cluster."""
+        if self.chan is not None:
+            self.chan.close()
         self.shards = {}
         for thing in self.owned:
             thing.close()
 
 
 def _submit(client: Any, args: tuple, worker: str) -> Any:
-    """A :class:`DPMShard` actor made from ``args`` on ``worker`` (its future); the rows
+    """A :class:`DPMHost` actor made from ``args`` on ``worker`` (its future); the rows
     are scattered to ``worker`` first, not sent inside the task."""
     j, start, X, y, *rest = args
     Xf, yf = client.scatter([X, y], workers=[worker], hash=False)
     where = {"workers": [worker], "allow_other_workers": False}
-    return client.submit(DPMShard, j, start, Xf, yf, *rest, actor=True, pure=False, **where)
+    return client.submit(DPMHost, j, start, Xf, yf, *rest, actor=True, pure=False, **where)
 
 
 def open_dpm_transport(

@@ -101,7 +101,7 @@ ROUND = 1
 ECHO = 2
 AHEAD = 3  # a read-ahead request (replica mode: the driver updates z)
 ROUND_TREE = 4  # a round relayed down the tree of hosts (see ShardHost.round_tree)
-OPERATIONS = 5  # shard operations (an add-on sampler's calls: austerity's test trips)
+CALLS = 5  # shard calls by name (austerity's test trips, JointDPM's shard methods)
 #: reply codes
 OK = 0
 ERROR = 1

@@ -47,7 +47,7 @@ from flymc_dist.protocol import (
     ShardLost,
     ShardSpec,
     pack_ahead,
-    pack_operations,
+    pack_calls,
     pack_round,
     unpack_proposals,
     unpack_reply,
@@ -55,8 +55,8 @@ from flymc_dist.protocol import (
 )
 from flymc_dist.transport.channel import (
     AHEAD,
+    CALLS,
     ECHO,
-    OPERATIONS,
     ROUND,
     ROUND_TREE,
     ChannelClient,
@@ -310,11 +310,18 @@ def relay_tree(hosts: list[str], fanout: int) -> tuple[list[str], dict[str, list
     return (split(list(hosts)) if hosts else []), children
 
 
-def _channel_host(worker: str) -> str:
+def channel_host(worker: str) -> str:
     """The interface a worker's round channel listens on: the host of its address."""
     from distributed.comm.addressing import get_address_host
 
     return get_address_host(worker)
+
+
+def plain_tcp(client: Any, workers: list[str]) -> bool:
+    """Whether the scheduler and ``workers`` are all reached over plain ``tcp://``: only
+    then may the round channel (plain TCP too) carry what Dask's comms would."""
+    addresses = [*workers, str(getattr(client.scheduler, "address", ""))]
+    return all(a.startswith("tcp://") for a in addresses)
 
 
 class DaskTransport:
@@ -421,10 +428,10 @@ class DaskTransport:
         ``channel`` says."""
         if self._channel_mode == "dask":
             return None
-        addresses = [*workers, str(getattr(self.client.scheduler, "address", ""))]
-        if all(a.startswith("tcp://") for a in addresses):
+        if plain_tcp(self.client, workers):
             return ChannelClient()
         if self._channel_mode in ("socket", "tcp"):
+            addresses = [*workers, str(getattr(self.client.scheduler, "address", ""))]
             log.warning(
                 "channel=%r on a cluster reached over %s: the rounds go through "
                 "Dask's comms instead (the socket channel is plain TCP)",
@@ -484,7 +491,7 @@ class DaskTransport:
     def _open_channel(self, worker: str) -> None:
         """Connect the round channel to the host on ``worker``."""
         secret = self._chan.secret  # the run's key: through Dask, never on the channel
-        ok, bad = self.fanout_calls({worker: ("open_channel", (_channel_host(worker), secret), {})})
+        ok, bad = self.fanout_calls({worker: ("open_channel", (channel_host(worker), secret), {})})
         self.round_trips -= 1  # set-up, not a protocol round trip
         try:
             if bad:  # e.g. the worker's contact address is not one it can listen on
@@ -669,7 +676,7 @@ class DaskTransport:
         """``Shard.<method>(*args)`` on the listed shards only, one request per worker
         involved: shard operations (``method == "operation"``: austerity's test trips)
         on the round channel when it is open, as packed arrays
-        (:func:`~flymc_dist.protocol.pack_operations`), anything else as an RPC."""
+        (:func:`~flymc_dist.protocol.pack_calls`), anything else as an RPC."""
         mine: dict[str, dict[int, tuple]] = {}
         for w, specs in self.placement.items():
             got = {s.shard_id: per_shard[s.shard_id] for s in specs if s.shard_id in per_shard}
@@ -698,7 +705,8 @@ class DaskTransport:
         pending: list[str] = []
         bad: dict[str, BaseException] = {}
         for w, c in calls.items():
-            sent, failed = self._chan.post(OPERATIONS, pack_operations(c), [w])
+            blob = pack_calls({i: ("operation", a) for i, a in c.items()})
+            sent, failed = self._chan.post(CALLS, blob, [w])
             pending += sent
             bad.update(failed)
         self._count(list(calls))

@@ -29,7 +29,7 @@ from flymc_dist.protocol import (
     partial_sum,
     resolve_operation,
     unpack_ahead,
-    unpack_operations,
+    unpack_calls,
     unpack_reply,
     unpack_round,
 )
@@ -38,8 +38,8 @@ from flymc_dist.shard.rowfile import worker_memory
 from flymc_dist.shard.state import Shard
 from flymc_dist.transport.channel import (
     AHEAD,
+    CALLS,
     ECHO,
-    OPERATIONS,
     ROUND,
     ROUND_TREE,
     ChannelClient,
@@ -146,20 +146,23 @@ class ShardHost:
         """Call ``Shard.<method>(*per_shard[id])`` on each listed shard."""
         return {i: self.group.on(i, method, *a) for i, a in per_shard.items()}
 
-    def operations_packed(self, blob: bytes) -> list[bytes | memoryview]:
+    def calls_packed(self, blob: bytes) -> list[bytes | memoryview]:
         """Shard operations on some shards here, their calls packed into one buffer
-        (:func:`~flymc_dist.protocol.pack_operations`) and their results into one
-        buffer's parts (:func:`~flymc_dist.protocol.pack_results`): how an add-on
-        sampler's calls (austerity's test trips) travel on the round channel. Every
-        shard named must be held here, and every name a shard operation
-        (:meth:`Shard.operation` refuses anything else), before any runs."""
-        calls = unpack_operations(blob)
+        (:func:`~flymc_dist.protocol.pack_calls`, each ``("operation", (name, *args))``)
+        and their results into one buffer's parts
+        (:func:`~flymc_dist.protocol.pack_results`): how an add-on sampler's calls
+        (austerity's test trips) travel on the round channel. Every call must be a shard
+        operation (:func:`~flymc_dist.protocol.resolve_operation`) on a shard held here,
+        checked for all before any runs."""
+        calls = unpack_calls(blob)
         unknown = sorted(set(calls) - set(self.shards))
         if unknown:
             raise WireError(f"shards {unknown} are not held here")
-        for name, *_ in calls.values():
-            resolve_operation(name)
-        return pack_results({i: self.group.on(i, "operation", *a) for i, a in calls.items()})
+        for method, args in calls.values():
+            if method != "operation" or not args:
+                raise WireError(f"only shard operations travel here, not {method!r}")
+            resolve_operation(args[0])
+        return pack_results({i: self.group.on(i, m, *a) for i, (m, a) in calls.items()})
 
     def round(self, msg: Round | ReplicaRound) -> dict[int, Reply | ReplicaReply]:
         """One round on every shard here (:meth:`ShardGroup.round`)."""
@@ -313,8 +316,8 @@ class ShardHost:
             return self.round_tree(payload)
         if code == AHEAD:
             return self._proposal_parts(payload)
-        if code == OPERATIONS:
-            return self.operations_packed(payload)
+        if code == CALLS:
+            return self.calls_packed(payload)
         if code == ECHO:
             return payload
         raise ValueError(f"unknown channel request code {code}")
