@@ -16,15 +16,21 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numba
 import numpy as np
-from scipy.special import gammaln, multigammaln
+from scipy.special import multigammaln
+
+from flymc_dist._compiled import JIT
 
 __all__ = [
     "ClusterStats",
     "NIWPrior",
-    "chol_downdate",
-    "chol_update",
+    "add_point",
     "log_marginal",
+    "log_t",
+    "predictive_head",
+    "remove_point",
+    "scaled_inverse",
 ]
 
 
@@ -44,41 +50,111 @@ class NIWPrior(NamedTuple):
         return cls(np.zeros(dim), float(k0), float(v0), v0 * np.eye(dim))
 
 
-def chol_update(L: np.ndarray, x: np.ndarray) -> None:
-    """In place: ``L`` becomes the Cholesky factor of ``L Lᵀ + x xᵀ`` (lower)."""
-    x = np.array(x, dtype=float)
-    n = x.size
-    for k in range(n):
-        r = math.hypot(L[k, k], x[k])
-        c = r / L[k, k]
-        s = x[k] / L[k, k]
-        L[k, k] = r
-        if k + 1 < n:
-            L[k + 1 :, k] = (L[k + 1 :, k] + s * x[k + 1 :]) / c
-            x[k + 1 :] = c * x[k + 1 :] - s * L[k + 1 :, k]
+@numba.njit(**JIT)
+def add_point(x: np.ndarray, m: np.ndarray, L: np.ndarray, k: float, tmp: np.ndarray) -> None:
+    """In place: NIW posterior ``(k, m, L Lᵀ)`` takes point ``x`` — ``m`` moves to ``(k m
+    + x)/(k + 1)`` and ``L`` becomes the Cholesky factor of ``L Lᵀ + k/(k + 1) (x − m)(x
+    − m)ᵀ`` (a rank-one update, lower); the caller adds 1 to ``k`` and ``v``. ``tmp``: ``D``
+    values of scratch."""
+    D = x.size
+    f = math.sqrt(k / (k + 1.0))
+    for a in range(D):
+        d = x[a] - m[a]
+        tmp[a] = d * f
+        m[a] += d / (k + 1.0)
+    for a in range(D):
+        r = math.hypot(L[a, a], tmp[a])
+        c = r / L[a, a]
+        s = tmp[a] / L[a, a]
+        L[a, a] = r
+        for b in range(a + 1, D):
+            L[b, a] = (L[b, a] + s * tmp[b]) / c
+            tmp[b] = c * tmp[b] - s * L[b, a]
 
 
-def chol_downdate(L: np.ndarray, x: np.ndarray) -> None:
-    """In place: ``L`` becomes the Cholesky factor of ``L Lᵀ − x xᵀ`` (lower).
-
-    Raises
-    ------
-    FloatingPointError
-        The result is not positive definite.
-    """
-    x = np.array(x, dtype=float)
-    n = x.size
-    for k in range(n):
-        d = L[k, k] * L[k, k] - x[k] * x[k]
+@numba.njit(**JIT)
+def remove_point(x: np.ndarray, m: np.ndarray, L: np.ndarray, k: float, tmp: np.ndarray) -> bool:
+    """In place: the inverse of :func:`add_point` (``k`` the count before, the caller
+    takes 1 from ``k`` and ``v``) — ``m`` back to ``(k m − x)/(k − 1)``, ``L`` downdated
+    by ``√((k − 1)/k) (x − m)``. False (``L`` then part-changed) if the result is not
+    positive definite."""
+    D = x.size
+    k2 = k - 1.0
+    f = math.sqrt(k2 / k)
+    for a in range(D):
+        m[a] = (k * m[a] - x[a]) / k2
+        tmp[a] = (x[a] - m[a]) * f
+    for a in range(D):
+        d = L[a, a] * L[a, a] - tmp[a] * tmp[a]
         if not d > 0.0:
-            raise FloatingPointError("Cholesky downdate: the matrix is no longer positive definite")
+            return False
         r = math.sqrt(d)
-        c = r / L[k, k]
-        s = x[k] / L[k, k]
-        L[k, k] = r
-        if k + 1 < n:
-            L[k + 1 :, k] = (L[k + 1 :, k] - s * x[k + 1 :]) / c
-            x[k + 1 :] = c * x[k + 1 :] - s * L[k + 1 :, k]
+        c = r / L[a, a]
+        s = tmp[a] / L[a, a]
+        L[a, a] = r
+        for b in range(a + 1, D):
+            L[b, a] = (L[b, a] - s * tmp[b]) / c
+            tmp[b] = c * tmp[b] - s * L[b, a]
+    return True
+
+
+@numba.njit(**JIT)
+def predictive_head(L: np.ndarray, k: float, v: float) -> float:
+    """The part of the Student-t log predictive under NIW posterior ``(k, v, ·, L Lᵀ)``
+    that does not depend on the point: ``log Γ((ν + D)/2) − log Γ(ν/2) − D/2 log(νπ) −
+    ½ log det(shape)``, ``ν = v − D + 1``, shape ``L Lᵀ (k + 1)/(k ν)``."""
+    D = L.shape[0]
+    nu = v - D + 1.0
+    c = (k + 1.0) / (k * nu)
+    logdiag = 0.0
+    for a in range(D):
+        logdiag += math.log(L[a, a])
+    return (
+        math.lgamma(0.5 * (nu + D))
+        - math.lgamma(0.5 * nu)
+        - 0.5 * D * math.log(nu * math.pi)
+        - 0.5 * (D * math.log(c) + 2.0 * logdiag)
+    )
+
+
+@numba.njit(**JIT)
+def log_t(
+    x: np.ndarray, m: np.ndarray, L: np.ndarray, k: float, v: float, head: float,
+    tmp: np.ndarray,
+) -> float:  # fmt: skip
+    """The Student-t log predictive of ``x`` under NIW posterior ``(k, v, m, L Lᵀ)``,
+    whose :func:`predictive_head` is ``head`` (``tmp``: ``D`` values of scratch)."""
+    D = x.size
+    nu = v - D + 1.0
+    c = (k + 1.0) / (k * nu)
+    maha = 0.0
+    for a in range(D):
+        s = x[a] - m[a]
+        for b in range(a):
+            s -= L[a, b] * tmp[b]
+        tmp[a] = s / L[a, a]
+        maha += tmp[a] * tmp[a]
+    return head - 0.5 * (nu + D) * math.log1p(maha / c / nu)
+
+
+@numba.njit(**JIT)
+def scaled_inverse(L: np.ndarray, k: float, v: float, A: np.ndarray) -> None:
+    """``A = L⁻¹ / √c`` (lower triangular, by forward substitution; ``c = (k + 1)/(k ν)``):
+    ``‖A (x − m)‖²`` is the Student-t predictive's Mahalanobis term."""
+    D = L.shape[0]
+    nu = v - D + 1.0
+    scale = 1.0 / math.sqrt((k + 1.0) / (k * nu))
+    for j in range(D):
+        for i in range(D):
+            A[i, j] = 0.0
+        for i in range(j, D):
+            s = 1.0 if i == j else 0.0
+            for b in range(j, i):
+                s -= L[i, b] * A[b, j]
+            A[i, j] = s / L[i, i]
+    for i in range(D):
+        for j in range(i + 1):
+            A[i, j] *= scale
 
 
 class ClusterStats:
@@ -118,43 +194,39 @@ class ClusterStats:
         return out
 
     def add(self, x: np.ndarray) -> None:
-        """Add one point: a rank-one update."""
-        d = np.asarray(x, float) - self.m
-        chol_update(self.L, d * math.sqrt(self.k / (self.k + 1.0)))
-        self.m = self.m + d / (self.k + 1.0)
+        """Add one point: a rank-one update (:func:`add_point`)."""
+        add_point(np.asarray(x, float), self.m, self.L, self.k, np.empty(self.D))
         self.k += 1.0
         self.v += 1.0
         self.n += 1
         self._terms = None
 
     def remove(self, x: np.ndarray) -> None:
-        """Remove one point (one that was added): a rank-one downdate."""
+        """Remove one point (one that was added): a rank-one downdate
+        (:func:`remove_point`).
+
+        Raises
+        ------
+        FloatingPointError
+            The result is not positive definite.
+        """
         if self.n < 1:
             raise ValueError("remove: the cluster is empty")
-        x = np.asarray(x, float)
-        k2 = self.k - 1.0
-        m2 = (self.k * self.m - x) / k2
-        d = x - m2
-        chol_downdate(self.L, d * math.sqrt(k2 / self.k))
-        self.m, self.k, self.v, self.n = m2, k2, self.v - 1.0, self.n - 1
+        if not remove_point(np.asarray(x, float), self.m, self.L, self.k, np.empty(self.D)):
+            raise FloatingPointError("Cholesky downdate: the matrix is no longer positive definite")
+        self.k -= 1.0
+        self.v -= 1.0
+        self.n -= 1
         self._terms = None
 
     def predictive_terms(self) -> tuple[np.ndarray, np.ndarray, float, float]:
         """The Student-t predictive as ``(m, A, const, ν)``: ``log t(x) = const −
         (ν + D)/2 · log1p(‖A(x − m)‖² / ν)`` (cached until the next add or remove)."""
         if self._terms is None:
-            D = self.D
-            nu = self.v - D + 1.0
-            c = (self.k + 1.0) / (self.k * nu)
-            A = np.linalg.inv(self.L) / math.sqrt(c)
-            logdet = D * math.log(c) + 2.0 * float(np.sum(np.log(np.diag(self.L))))
-            const = float(
-                gammaln(0.5 * (nu + D))
-                - gammaln(0.5 * nu)
-                - 0.5 * D * math.log(nu * math.pi)
-                - 0.5 * logdet
-            )
-            self._terms = (self.m.copy(), A, const, nu)
+            A = np.empty((self.D, self.D))
+            scaled_inverse(self.L, self.k, self.v, A)
+            const = predictive_head(self.L, self.k, self.v)
+            self._terms = (self.m.copy(), A, const, self.v - self.D + 1.0)
         return self._terms
 
     def log_predictive(self, x: np.ndarray) -> np.ndarray:
@@ -165,14 +237,8 @@ class ClusterStats:
         c = (self.k + 1.0) / (self.k * nu)
         y = np.linalg.solve(self.L, (x - self.m).T)  # L⁻¹ δ, (D, T)
         maha = np.sum(y * y, axis=0) / c
-        logdet = D * math.log(c) + 2.0 * float(np.sum(np.log(np.diag(self.L))))
-        return (
-            gammaln(0.5 * (nu + D))
-            - gammaln(0.5 * nu)
-            - 0.5 * D * math.log(nu * math.pi)
-            - 0.5 * logdet
-            - 0.5 * (nu + D) * np.log1p(maha / nu)
-        )
+        head = predictive_head(self.L, self.k, self.v)
+        return head - 0.5 * (nu + D) * np.log1p(maha / nu)
 
     def log_marginal(self) -> float:
         """``log p(x_1..x_n)`` of the cluster's points under the prior (closed form)."""

@@ -62,9 +62,11 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numba
 import numpy as np
 from scipy.special import gammaln
 
+from flymc_dist._compiled import JIT
 from flymc_dist.austerity.sampler import TRIP_ROWS, batch_stats, running_stats, stop_rule
 from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
@@ -206,6 +208,41 @@ class MovedLabels:
     def __len__(self) -> int:
         self._flush()
         return int(self._rows.size)
+
+
+@numba.njit(**JIT)
+def _gibbs_log_weights(
+    M: np.ndarray,
+    A: np.ndarray,
+    const: np.ndarray,
+    nu: np.ndarray,
+    W: np.ndarray,
+    n: np.ndarray,
+    xd: np.ndarray,
+    f: np.ndarray,
+    y: float,
+    out: np.ndarray,
+) -> None:
+    """``out[i] = log n_i + log t_i(xd) + log σ(±W_i·f)`` for each row ``i`` of a
+    :class:`GibbsTable` (``A`` lower triangular: ``log t_i(x) = const_i − (ν_i + D)/2 ·
+    log1p(‖A_i (x − M_i)‖² / ν_i)``; the logistic term ``−log(1 + e^(−s η))``, ``s = 2y
+    − 1``, summed feature by feature as :func:`~flymc_dist.jointdpm.shard.logit_loglik`)."""
+    D = xd.size
+    sign = 2.0 * y - 1.0
+    for i in range(out.size):
+        eta = W[i, 0] * f[0]
+        for p in range(1, f.size):
+            eta = eta + W[i, p] * f[p]
+        z = -sign * eta  # log σ(s η) = −logaddexp(0, z)
+        ll = -(max(z, 0.0) + math.log1p(math.exp(-abs(z))))
+        maha = 0.0
+        for a in range(D):
+            t = 0.0
+            for b in range(a + 1):
+                t += A[i, a, b] * (xd[b] - M[i, b])
+            maha += t * t
+        log_t = const[i] - 0.5 * (nu[i] + D) * math.log1p(maha / nu[i])
+        out[i] = math.log(n[i]) + log_t + ll
 
 
 class GibbsTable:
@@ -544,11 +581,9 @@ class JointDPMSampler:
         last)."""
         table = table.current()
         table.W[-1] = w_aux
-        ll = logit_loglik(f[None], np.array([y]), table.W)[:, 0]
-        y_ = np.einsum("kij,kj->ki", table.A, xd - table.M)
-        nu = table.nu
-        log_t = table.const - 0.5 * (nu + self.D) * np.log1p(np.sum(y_ * y_, axis=1) / nu)
-        return [*table.labels, NEW], np.log(table.n) + log_t + ll
+        out = np.empty(table.n.size)
+        _gibbs_log_weights(table.M, table.A, table.const, table.nu, table.W, table.n, xd, f, y, out)
+        return [*table.labels, NEW], out
 
     def _update_z(self, c: int, st: ChainState) -> int:
         """Collapsed Gibbs on ``step_z`` random rows; returns how many changed cluster."""

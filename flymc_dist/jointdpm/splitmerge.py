@@ -45,6 +45,7 @@ import numba
 import numpy as np
 
 from flymc_dist._compiled import JIT
+from flymc_dist.jointdpm.niw import add_point, log_t, predictive_head
 
 __all__ = [
     "LAPLACE_REFINE",
@@ -67,63 +68,9 @@ LAPLACE_REFINE = 2
 
 
 @numba.njit(inline="always", **JIT)
-def _head(L: np.ndarray, k: float, v: float) -> float:
-    """The part of the Student-t log predictive under NIW posterior ``(k, v, ·, L Lᵀ)``
-    that does not depend on the point
-    (:meth:`flymc_dist.jointdpm.niw.ClusterStats.log_predictive`)."""
-    D = L.shape[0]
-    nu = v - D + 1.0
-    c = (k + 1.0) / (k * nu)
-    logdiag = 0.0
-    for a in range(D):
-        logdiag += math.log(L[a, a])
-    return (
-        math.lgamma(0.5 * (nu + D))
-        - math.lgamma(0.5 * nu)
-        - 0.5 * D * math.log(nu * math.pi)
-        - 0.5 * (D * math.log(c) + 2.0 * logdiag)
-    )
-
-
-@numba.njit(inline="always", **JIT)
-def _log_t(
-    x: np.ndarray, m: np.ndarray, L: np.ndarray, k: float, v: float, head: float,
-    tmp: np.ndarray,
-) -> float:  # fmt: skip
-    """The Student-t log predictive of ``x`` under NIW posterior ``(k, v, m, L Lᵀ)``,
-    whose :func:`_head` is ``head``."""
-    D = x.size
-    nu = v - D + 1.0
-    c = (k + 1.0) / (k * nu)
-    maha = 0.0
-    for a in range(D):
-        s = x[a] - m[a]
-        for b in range(a):
-            s -= L[a, b] * tmp[b]
-        tmp[a] = s / L[a, a]
-        maha += tmp[a] * tmp[a]
-    return head - 0.5 * (nu + D) * math.log1p(maha / c / nu)
-
-
-@numba.njit(inline="always", **JIT)
 def _add(x: np.ndarray, m: np.ndarray, L: np.ndarray, kv: np.ndarray, tmp: np.ndarray) -> None:
-    """Add point ``x`` to NIW posterior ``(kv[0], kv[1], m, L)``: a rank-one update of
-    ``L`` (:meth:`flymc_dist.jointdpm.niw.ClusterStats.add`)."""
-    D = x.size
-    k = kv[0]
-    f = math.sqrt(k / (k + 1.0))
-    for a in range(D):
-        d = x[a] - m[a]
-        tmp[a] = d * f
-        m[a] += d / (k + 1.0)
-    for a in range(D):
-        r = math.hypot(L[a, a], tmp[a])
-        c = r / L[a, a]
-        s = tmp[a] / L[a, a]
-        L[a, a] = r
-        for b in range(a + 1, D):
-            L[b, a] = (L[b, a] + s * tmp[b]) / c
-            tmp[b] = c * tmp[b] - s * L[b, a]
+    """Add point ``x`` to NIW posterior ``(kv[0], kv[1], m, L)`` (:func:`add_point`)."""
+    add_point(x, m, L, kv[0], tmp)
     kv[0] += 1.0
     kv[1] += 1.0
 
@@ -179,15 +126,15 @@ def allocate(
         kv[s, 1] = v0
     _add(x_i, m[0], L[0], kv[0], tmp)
     _add(x_j, m[1], L[1], kv[1], tmp)
-    head = np.empty(2)  # each side's _head, recomputed when it takes a point
+    head = np.empty(2)  # each side's predictive_head, recomputed when it takes a point
     for s in range(2):
-        head[s] = _head(L[s], kv[s, 0], kv[s, 1])
+        head[s] = predictive_head(L[s], kv[s, 0], kv[s, 1])
     n0, n1 = 1.0, 1.0
     log_q = 0.0
     for r in range(X.shape[0]):
         x = X[r]
-        l0 = math.log(n0) + _log_t(x, m[0], L[0], kv[0, 0], kv[0, 1], head[0], tmp)
-        l1 = math.log(n1) + _log_t(x, m[1], L[1], kv[1, 0], kv[1, 1], head[1], tmp)
+        l0 = math.log(n0) + log_t(x, m[0], L[0], kv[0, 0], kv[0, 1], head[0], tmp)
+        l1 = math.log(n1) + log_t(x, m[1], L[1], kv[1, 0], kv[1, 1], head[1], tmp)
         # log P(side 0) and log P(side 1), stably
         hi = max(l0, l1)
         lz = hi + math.log(math.exp(l0 - hi) + math.exp(l1 - hi))
@@ -198,7 +145,7 @@ def allocate(
         side[r] = s
         log_q += lp0 if s == 0 else lp1
         _add(x, m[s], L[s], kv[s], tmp)
-        head[s] = _head(L[s], kv[s, 0], kv[s, 1])
+        head[s] = predictive_head(L[s], kv[s, 0], kv[s, 1])
         if s == 0:
             n0 += 1.0
         else:
