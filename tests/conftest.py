@@ -259,6 +259,10 @@ KERNEL_FILES = (
     "_compiled_loop.py",
     "shard/rows.py",
     "shard/rowfile.py",
+    "jointdpm/niw.py",
+    "jointdpm/shard.py",
+    "jointdpm/splitmerge.py",
+    "jointdpm/sampler.py",
 )
 #: the report header's and summary's lines on compiling the kernels ahead
 PRECOMPILED = pytest.StashKey[list[str]]()

@@ -34,8 +34,17 @@ def _rows(n: int = 200) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _replica() -> None:
-    """The default path: FlyMC with NUTS on the driver's replica of the bright rows."""
+    """The default path: FlyMC with NUTS on the driver's replica of the bright rows; and
+    JointDPM's (its label step, weight tests and split–merge moves)."""
     fd.sample(fd.LogisticRegression(), _rows(), **TINY)
+    X, y = _rows()
+    fd.sample_jointdpm(
+        (X[:, 1:], y),
+        fd.JointDPM(eps=0.3, init_clusters=2, split_merge=1),
+        num_samples=3,
+        chains=1,
+        client="synchronous",
+    )
 
 
 def _shards() -> None:
