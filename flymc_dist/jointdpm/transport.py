@@ -1,7 +1,9 @@
 """Where JointDPM's shards live: in this process (``client="synchronous"``) or as Dask
 actors, one shard per actor, placed round-robin on the workers. Results always come
 back keyed by shard id, so the driver combines them in shard order whatever the
-placement.
+placement. On a plain ``tcp://`` cluster an iteration's calls (:data:`CHANNEL_METHODS`)
+travel on a socket of each shard's own (:class:`DPMHost`), the way FlyMC's rounds do
+(:mod:`flymc_dist.transport.channel`); set-up, recovery and checkpoints go through Dask.
 
 A shard whose worker is lost (its calls fail with a broken connection) is recreated on a
 live worker from the rows the transport kept, and set back to its labels by the calls
@@ -141,6 +143,8 @@ class DPMTransport:
         if self.remote and plain_tcp(client, sorted(set(self.where.values()))):
             self.chan = ChannelClient()
             for i in self.shards:
+                if self.chan is None:  # a shard's channel failed: Dask for every call
+                    break
                 self._connect(i)
 
     @property
