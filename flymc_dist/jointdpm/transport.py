@@ -40,10 +40,15 @@ log = logging.getLogger(__name__)
 MAX_RECOVERIES = 5
 #: seconds to wait for a live worker to recreate lost shards on
 LIVE_WAIT = 30.0
-#: the shard methods an iteration calls (label moves, weight tests, split–merge reads):
+#: the shard methods an iteration calls with small messages (label moves, weight tests):
 #: on a plain ``tcp://`` cluster they travel on a socket of each shard's own
-#: (:mod:`flymc_dist.transport.channel`); set-up, recovery and checkpoints go through Dask
-CHANNEL_METHODS = frozenset({"rows", "move", "batch", "clusters", "counts"})
+#: (:mod:`flymc_dist.transport.channel`). Set-up, recovery, checkpoints and split–merge's
+#: reads of whole clusters (O(N_k) rows a reply, past the channel's frame limit at scale)
+#: go through Dask, as does a call whose request packs to more than
+#: :data:`CHANNEL_BYTES` (a split's relabelling of a large cluster)
+CHANNEL_METHODS = frozenset({"rows", "move", "batch", "counts"})
+#: the largest request sent on the channel (a larger one goes through Dask)
+CHANNEL_BYTES = 8 * 2**20
 #: seconds a call on the channel may take before its shard is treated as lost
 CHANNEL_TIMEOUT = 60.0
 
@@ -60,7 +65,7 @@ def _is_lost_host(err: BaseException) -> bool:
     )
 
 
-__all__ = ["CHANNEL_METHODS", "DPMHost", "DPMTransport", "open_dpm_transport"]
+__all__ = ["CHANNEL_BYTES", "CHANNEL_METHODS", "DPMHost", "DPMTransport", "open_dpm_transport"]
 
 
 class DPMHost(DPMShard):
@@ -185,8 +190,13 @@ class DPMTransport:
         out: dict[int, Any] = {}
         pending = dict(per_shard)
         for _attempt in range(MAX_RECOVERIES + 1):
+            blobs = None
             if self.chan is not None and method in CHANNEL_METHODS:
-                got, errors = self._on_channel(method, pending)
+                blobs = {i: pack_calls({i: (method, a)}) for i, a in pending.items()}
+                if max(map(len, blobs.values())) > CHANNEL_BYTES:
+                    blobs = None
+            if blobs is not None:
+                got, errors = self._on_channel(blobs)
             else:
                 got, errors = self._on_dask(method, pending)
             out.update(got)
@@ -202,7 +212,8 @@ class DPMTransport:
     def _on_dask(
         self, method: str, per_shard: dict[int, tuple]
     ) -> tuple[dict[int, Any], dict[int, BaseException]]:
-        """Actor calls, all sent before any is waited for: results and failures by id."""
+        """``<method>(*args)`` as actor calls, all sent before any is waited for: results
+        and failures by shard id."""
         calls = {i: getattr(self.shards[i], method)(*a) for i, a in per_shard.items()}
         out: dict[int, Any] = {}
         errors: dict[int, BaseException] = {}
@@ -214,15 +225,16 @@ class DPMTransport:
         return out, errors
 
     def _on_channel(
-        self, method: str, per_shard: dict[int, tuple]
+        self, blobs: dict[int, bytes]
     ) -> tuple[dict[int, Any], dict[int, BaseException]]:
-        """The same calls on the shards' channels: every request sent, then every reply
-        read (the shards compute concurrently)."""
+        """Calls packed by :func:`~flymc_dist.protocol.pack_calls` (shard id → request) on
+        the shards' channels: every request sent, then every reply read (the shards
+        compute concurrently). Results and failures by id, as :meth:`_on_dask`."""
         chan = self.chan
         sent: list[str] = []
         errors: dict[int, BaseException] = {}
-        for i, a in per_shard.items():
-            ok, bad = chan.post(CALLS, pack_calls({i: (method, a)}), [f"shard-{i}"])
+        for i, blob in blobs.items():
+            ok, bad = chan.post(CALLS, blob, [f"shard-{i}"])
             sent += ok
             if bad:
                 errors[i] = next(iter(bad.values()))
