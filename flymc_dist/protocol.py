@@ -706,7 +706,10 @@ def _untree(node: Any, arrays: list[np.ndarray]) -> Any:
         return tuple(_untree(x, arrays) for x in node[1:])
     if len(node) % 2 != 1:
         raise WireError("a dict is keys and values in pairs")
-    return {node[i]: _untree(node[i + 1], arrays) for i in range(1, len(node), 2)}
+    keys = node[1::2]
+    if not all(isinstance(k, int | str | bytes | bool | None) for k in keys):
+        raise WireError("a dict's keys must be plain values")
+    return {k: _untree(x, arrays) for k, x in zip(keys, node[2::2], strict=True)}
 
 
 def pack_calls(calls: dict[int, tuple[str, tuple]]) -> bytes:

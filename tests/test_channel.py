@@ -255,6 +255,7 @@ def test_shard_calls_travel_as_arrays_and_refuse_the_rest(tmp_path):
         ("calls", ((0, "m", ("v", 1)),)),  # arguments that are not a list
         ("calls", ((-1, "m", ("t",)),)),  # a negative shard id
         ("calls", ((0, "m", ("d", "k")),)),  # a dict without its value
+        ("calls", ((0, "m", ("t", ("d", ("v", 1), ("v", 2)))),)),  # a dict keyed by a tuple
         ("results", ()),  # not calls
     ):
         with pytest.raises(WireError):
