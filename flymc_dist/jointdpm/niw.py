@@ -9,6 +9,10 @@ gives ``k + 1``, ``(k m + x)/(k + 1)`` and ``S + k/(k + 1) (x − m)(x − m)ᵀ
 update of the Cholesky factor of ``S``; removing one is the matching downdate. The
 predictive of a new point is multivariate Student-t with ``ν = v_n − D + 1`` degrees of
 freedom, location ``m_n`` and shape ``S_n (k_n + 1) / (k_n ν)``.
+
+The updates and the predictive are compiled loops (:func:`add_point`, :func:`remove_point`,
+:func:`predictive_head`, :func:`log_t`, :func:`scaled_inverse`), shared by the Gibbs step
+(:class:`ClusterStats`) and the split–merge move (:mod:`flymc_dist.jointdpm.splitmerge`).
 """
 
 from __future__ import annotations
