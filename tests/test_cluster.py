@@ -16,6 +16,7 @@ import pytest
 from scipy.special import expit, logsumexp
 
 import flymc_dist as fd
+from flymc_dist.jointdpm.data import four_blobs
 from flymc_dist.options import READ_AHEAD
 
 pytestmark = pytest.mark.cluster
@@ -167,7 +168,8 @@ def test_host_that_cannot_listen_falls_back_to_dask(store, local_client, monkeyp
 @pytest.mark.slow
 def test_tls_cluster_keeps_rounds_on_dask(store):
     """On a TLS cluster (temporary self-signed credentials) the rounds stay on Dask's
-    encrypted, authenticated RPC with channel="auto"; the draws are the same."""
+    encrypted, authenticated RPC with channel="auto", as do austerity's test trips and
+    JointDPM's shard calls; the draws are the same as in process."""
     pytest.importorskip("cryptography")
     from distributed import Client, LocalCluster
     from distributed.security import Security
@@ -187,9 +189,21 @@ def test_tls_cluster_keeps_rounds_on_dask(store):
     ):
         assert all(w.startswith("tls://") for w in client.scheduler_info()["workers"])
         res = _run(path, client, num_warmup=30, num_samples=40)
+        # austerity's test trips and JointDPM's shard calls stay on Dask too
+        aus = fd.Austerity(eps=0.05, batch_size=50)
+        aus_tls = _run(path, client, algorithm=aus, num_warmup=10, num_samples=10)
+        X, y = four_blobs(300, 1)
+        dpm = {"num_samples": 4, "chains": 1, "seed": 2, "n_shards": 2}
+        dpm_tls = fd.sample_jointdpm((X, y), fd.JointDPM(eps=0.3), client=client, **dpm)
     assert res.info["channel"] == "dask" and res.info["n_workers"] == 2
+    assert aus_tls.info["channel"] == "dask" and dpm_tls.info["channel"] == "dask"
     sync = _run(path, "synchronous", num_warmup=30, num_samples=40)
     np.testing.assert_array_equal(res.samples, sync.samples)
+    aus_sync = _run(path, "synchronous", algorithm=aus, num_warmup=10, num_samples=10)
+    np.testing.assert_array_equal(aus_tls.samples, aus_sync.samples)
+    dpm_sync = fd.sample_jointdpm((X, y), fd.JointDPM(eps=0.3), client="synchronous", **dpm)
+    np.testing.assert_array_equal(dpm_tls.draws["alpha"], dpm_sync.draws["alpha"])
+    np.testing.assert_array_equal(dpm_tls.draws["sizes"], dpm_sync.draws["sizes"])
 
 
 def test_one_round_trip_per_rwmh_iteration(store, local_client):
