@@ -52,6 +52,22 @@ def test_table_compares_the_shard_evaluated_runs_per_round_among_themselves() ->
     assert "W=16 delay 0.0 ms read_ahead 0: 1.00x, 3.00x, 3.00x" in text
 
 
+def test_table_shows_austerity_runs_without_driver_figures() -> None:
+    aus = {"mode": "austerity", "read_ahead": 0, "cpu_ms_per_it": None, "theta_ms_per_it": None,
+           "z_ms_per_it": None, "per_theta": None, "theta_compute_ms_per_it": None,
+           "per_theta_compute": None, "n_bright": None, "round_trips_per_it": 1.9}  # fmt: skip
+    d = {
+        "rows": 400_000, "features": 20, "kernel": "nuts", "chains": 4, "num_warmup": 200,
+        "num_samples": 1000, "load": 3.2, "cpus": 2,
+        "runs": [_run(), _run(**aus, ms_per_it=6.5), _run(**aus, workers=4, ms_per_it=7.8)],
+    }  # fmt: skip
+    text = format_scaleout(d)
+    row = text.splitlines()[3].split()
+    assert row[1] == "austerity" and row[4] == "6.500" and row[5] == "-"
+    assert "austerity: against its first run" in text
+    assert "W=4 delay 0.0 ms read_ahead 0: 1.20x, -, -" in text
+
+
 def test_no_worker_count_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one worker count"):
         run_scaleout(workers=None)

@@ -18,7 +18,9 @@ iteration) runs every configuration, side by side; with ``shard_evaluated`` ever
 configuration also runs with ``bright_replica=False`` (mode ``shards``: the hosts
 evaluate every point the kernel asks for, a round to every host per evaluation, sent
 down a tree of hosts of ``fanout`` children each, :class:`~flymc_dist.options.Placement`'s
-option: 0 to compare with the driver sending to every host).
+option: 0 to compare with the driver sending to every host); with ``austerity`` it also
+runs with ``fd.Austerity()``'s defaults (mode ``austerity``: random-walk MH, approximate,
+its test trips on the same channel; no CPU or θ figures).
 
 Figures per run (post-warm-up iterations):
 
@@ -169,11 +171,17 @@ def _cpu_per_step() -> Iterator[list[tuple[int, float]]]:
 
 def _one(
     ds: Any, sched_file: str, workers: int, kernel: str, chains: int, warmup: int,
-    draws: int, seed: int, read_ahead: int, delay_ms: float, replica: bool, fanout: int,
+    draws: int, seed: int, read_ahead: int, delay_ms: float, mode: str, fanout: int,
     channel: str,
 ) -> dict[str, Any]:  # fmt: skip
     from distributed import Client
 
+    if mode == "austerity":  # its defaults, with the one kernel it takes
+        algorithm: Any = fd.Austerity()
+        kernel = "rwmh"
+    else:
+        replica = "auto" if mode == "replica" else False
+        algorithm = fd.FlyMC(read_ahead=read_ahead, bright_replica=replica)
     delay = delayed_channels(delay_ms / 1e3) if delay_ms > 0 else contextlib.nullcontext([])
     with Client(scheduler_file=sched_file, direct_to_workers=True) as client:
         client.wait_for_workers(workers, timeout=120)
@@ -181,7 +189,7 @@ def _one(
             res = fd.sample(
                 fd.LogisticRegression(),
                 ds,
-                fd.FlyMC(read_ahead=read_ahead, bright_replica="auto" if replica else False),
+                algorithm,
                 kernel,
                 num_warmup=warmup,
                 num_samples=draws,
@@ -195,11 +203,14 @@ def _one(
     info = res.info
     timing = info.get("timing", {})
     # from the first kept iteration's start to the last mark (the last one's start, or
-    # the end of the last block)
-    first = next(t for i, t in marks if i == warmup)
-    last_i, last_t = marks[-1]
-    cpu = (last_t - first) / max(last_i - warmup, 1)
+    # the end of the last block); austerity's iterations are not FlyMC's driver's: no marks
+    first = next((t for i, t in marks if i == warmup), None)
+    cpu = None
+    if first is not None:
+        last_i, last_t = marks[-1]
+        cpu = (last_t - first) / max(last_i - warmup, 1)
     wall = info["sampling_seconds"] / draws
+    replica = mode == "replica"
     theta = timing.get("theta_kernel")
     compute = timing.get("theta_compute")
     sent = info.get("host_messages") or {}
@@ -207,14 +218,14 @@ def _one(
     trips = float(np.sum(res.stats["round_trips"][0])) / draws
     return {
         "workers": int(info["n_workers"]),
-        "mode": "replica" if replica else "shards",
+        "mode": mode,
         "delay_ms": float(delay_ms),
         "read_ahead": int(info.get("read_ahead", 0)),
         "channel": info.get("channel"),
         "ms_per_it": 1e3 * wall,
-        "cpu_ms_per_it": 1e3 * cpu,
+        "cpu_ms_per_it": None if cpu is None else 1e3 * cpu,
         "round_trips_per_it": trips,
-        "cpu_ms_per_round": 1e3 * cpu / trips if trips and not replica else None,
+        "cpu_ms_per_round": 1e3 * cpu / trips if cpu and trips and mode == "shards" else None,
         "theta_ms_per_it": None if theta is None else 1e3 * theta,
         "z_ms_per_it": None if timing.get("z_update") is None else 1e3 * timing["z_update"],
         "per_theta": None if not theta else wall / theta,
@@ -223,7 +234,7 @@ def _one(
         "requests_per_100_it_per_host": (
             100.0 * max(sent.values()) / (warmup + draws) if sent else None
         ),
-        "n_bright": float(np.mean(res.stats["n_bright"])),
+        "n_bright": float(np.mean(res.stats["n_bright"])) if "n_bright" in res.stats else None,
         "rhat": float(np.max(rhat(x))),
         "min_ess": float(np.min(ess_bulk(x))),
     }
@@ -240,6 +251,7 @@ def run_scaleout(
     delays_ms: Sequence[float] = (1.0,),
     read_ahead: Sequence[int] = (fd.FlyMC().read_ahead,),
     shard_evaluated: bool = False,
+    austerity: bool = False,
     fanout: int = fd.Placement().fanout,
     channel: str = "tcp",
     seed: int = 0,
@@ -267,6 +279,9 @@ def run_scaleout(
         hosts every iteration).
     shard_evaluated
         Also run every configuration with ``bright_replica=False``.
+    austerity
+        Also run every configuration with ``fd.Austerity()`` (its defaults, random-walk
+        MH: approximate) instead of FlyMC.
     fanout
         The hosts the driver, and each host, sends a round to (0: the driver to every
         host; see :class:`~flymc_dist.options.Placement`).
@@ -299,12 +314,13 @@ def run_scaleout(
     plan = [(w, 0.0) for w in workers] + [(workers[0], float(d)) for d in delays_ms if d > 0]
     runs = []
     for w, d in plan:
+        modes = ["replica"] + ["shards"] * shard_evaluated + ["austerity"] * austerity
         with user_cluster(w, workdir) as sched_file:
-            for replica in (True, False) if shard_evaluated else (True,):
-                for depth in read_ahead if replica else read_ahead[:1]:
+            for mode in modes:
+                for depth in read_ahead if mode == "replica" else read_ahead[:1]:
                     run = _one(
                         ds, sched_file, w, kernel, chains, num_warmup, num_samples, seed, depth,
-                        d, replica, fanout, channel,
+                        d, mode, fanout, channel,
                     )  # fmt: skip
                     if run["workers"] != w:
                         raise RuntimeError(
@@ -337,37 +353,36 @@ def format_scaleout(d: dict[str, Any]) -> str:
         f"{d['kernel']}, {d['chains']} chains, {d['num_warmup']} + {d['num_samples']} "
         f"iterations, fanout {f(d.get('fanout'), 'd')}, channel {d.get('channel')}; load "
         f"average {f(d.get('load'), '.1f')} on {d.get('cpus')} CPUs",
-        f"{'W':>3}{'mode':>8}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}"
+        f"{'W':>3}{'mode':>10}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}"
         f"{'CPU ms/rd':>10}{'θ ms/it':>9}{'z ms/it':>8}{'ms/θ':>6}{'θc ms/it':>9}{'ms/θc':>6}"
         f"{'req/100it':>10}{'bright':>8}{'R-hat':>7}{'minESS':>8}",
     ]
     for r in d["runs"]:
         lines.append(
-            f"{r['workers']:>3}{r['mode']:>8}{r['delay_ms']:>5.1f}ms{r['read_ahead']:>6}"
-            f"{r['ms_per_it']:>8.3f}{r['cpu_ms_per_it']:>10.3f}"
+            f"{r['workers']:>3}{r['mode']:>10}{r['delay_ms']:>5.1f}ms{r['read_ahead']:>6}"
+            f"{r['ms_per_it']:>8.3f}{f(r['cpu_ms_per_it'], '.3f'):>10}"
             f"{f(r['cpu_ms_per_round'], '.3f'):>10}"
             f"{f(r['theta_ms_per_it'], '.3f'):>9}{f(r['z_ms_per_it'], '.3f'):>8}"
             f"{f(r['per_theta'], '.2f'):>6}"
             f"{f(r.get('theta_compute_ms_per_it'), '.3f'):>9}"
             f"{f(r.get('per_theta_compute'), '.2f'):>6}"
-            f"{f(r['requests_per_100_it_per_host'], '.1f'):>10}{r['n_bright']:>8.1f}"
+            f"{f(r['requests_per_100_it_per_host'], '.1f'):>10}{f(r['n_bright'], '.1f'):>8}"
             f"{r['rhat']:>7.3f}{r['min_ess']:>8.0f}"
         )
-    for mode in ("replica", "shards"):
+
+    def ratio(r: dict[str, Any], a: dict[str, Any], key: str) -> str:
+        return f"{r[key] / a[key]:.2f}x" if r.get(key) and a.get(key) else "-"
+
+    for mode in ("replica", "shards", "austerity"):
         runs = [r for r in d["runs"] if r["mode"] == mode]
         if len(runs) < 2:
             continue
         a = runs[0]
         lines.append(f"{mode}: against its first run (ms/it, CPU ms/it, CPU ms/round):")
         for r in runs[1:]:
-            per_round = (
-                f"{r['cpu_ms_per_round'] / a['cpu_ms_per_round']:.2f}x"
-                if r["cpu_ms_per_round"] and a["cpu_ms_per_round"]
-                else "-"
-            )
             lines.append(
                 f"  W={r['workers']} delay {r['delay_ms']:.1f} ms read_ahead {r['read_ahead']}: "
-                f"{r['ms_per_it'] / a['ms_per_it']:.2f}x, "
-                f"{r['cpu_ms_per_it'] / a['cpu_ms_per_it']:.2f}x, {per_round}"
+                f"{ratio(r, a, 'ms_per_it')}, {ratio(r, a, 'cpu_ms_per_it')}, "
+                f"{ratio(r, a, 'cpu_ms_per_round')}"
             )
     return "\n".join(lines)
