@@ -163,10 +163,14 @@ def _sample(call: Call) -> Result:
     if shown.enabled:
         shown.row_bytes = _row_bytes(data, n_features)
     sizes = dict(num_warmup=call.num_warmup, num_samples=call.num_samples, chains=call.chains)
+    layout = specs
+    if call.placement.n_shards is None and call.placement.rows_per_shard is None:
+        # one shard per worker of the cluster, whichever algorithm
+        layout = lambda n_workers: shard_layout(data, placement, n_workers)[0]  # noqa: E731
     if isinstance(alg, Austerity):
         return sample_austerity(
             call.model,
-            specs,
+            layout,
             mem,
             n_rows=n_rows,
             n_features=n_features,
@@ -197,9 +201,6 @@ def _sample(call: Call) -> Result:
         out_of_core=call.placement.out_of_core,
         memory_budget=call.placement.memory_budget,
     )
-    layout = specs
-    if call.placement.n_shards is None and call.placement.rows_per_shard is None:
-        layout = lambda n_workers: shard_layout(data, placement, n_workers)[0]  # noqa: E731
     with shown.phase("load", n_rows) as load:
         load.note = load_note(call.client, mem)
         transport = open_transport(call.client, layout, config, mem, placement)

@@ -1124,7 +1124,8 @@ def test_softmax_works():
 @pytest.mark.slow
 def test_same_draws_on_dask_cluster(tmp_path, local_clusters):
     """The same seed gives identical draws in-process and on Dask actors (2 workers),
-    the test trips on the round channel or as Dask RPCs."""
+    the test trips on the round channel or as Dask RPCs, and with the default layout
+    (one shard per worker: before, austerity put its one shard on one worker)."""
     from distributed import Client
 
     X, y, _ = _data(1200, seed=22)
@@ -1149,6 +1150,10 @@ def test_same_draws_on_dask_cluster(tmp_path, local_clusters):
             np.testing.assert_array_equal(local.samples, remote.samples)
             np.testing.assert_array_equal(local.stats["data_used"], remote.stats["data_used"])
             np.testing.assert_array_equal(local.stats["round_trips"], remote.stats["round_trips"])
+        # the default layout follows the cluster: one shard on each worker
+        default = fd.sample(MODEL, path, client=client, **{**kw, "placement": fd.Placement()})
+        assert default.info["n_shards"] == 2 and default.info["n_workers"] == 2
+        np.testing.assert_array_equal(local.samples, default.samples)
 
 
 def test_bench_sublinear_smoke():

@@ -124,7 +124,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -988,7 +988,7 @@ class AusteritySampler:
 
 def sample_austerity(
     model: Model,
-    specs: list[ShardSpec],
+    specs: list[ShardSpec] | Callable[[int], list[ShardSpec]],
     mem: dict | None,
     *,
     n_rows: int,
@@ -1014,7 +1014,8 @@ def sample_austerity(
     model
         The likelihood and prior.
     specs, mem
-        Shard layout and, for in-memory ``(X, y)``, the rows per shard.
+        Shard layout (or the layout for a number of workers: the default, one shard per
+        worker) and, for in-memory ``(X, y)``, the rows per shard.
     n_rows, n_features, path
         Data size and where it lives (for ``info``).
     kernel
@@ -1073,6 +1074,7 @@ def sample_austerity(
     with shown.phase("load", n_rows) as load:
         load.note = load_note(client, mem)
         transport = open_transport(client, specs, config, mem, placement)
+    specs = transport.specs  # as placed: one shard per worker by default
     try:
         sampler = AusteritySampler(
             model,
