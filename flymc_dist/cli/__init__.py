@@ -29,11 +29,13 @@ The subcommands live in :mod:`flymc_dist.cli.demo`, :mod:`flymc_dist.cli.command
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Iterator, Sequence
 from types import FrameType
 
@@ -94,6 +96,17 @@ def _dispatch(argv: list[str]) -> int:
     return int(args.func(args) or 0)
 
 
+def _drop_cut_short(err: BaseException) -> None:
+    """Free the work an interrupt cut short, quietly: its frames (``err``'s traceback)
+    may hold a store write that was never awaited (zarr's asynchronous calls), whose
+    RuntimeWarning would follow the two lines that say what happened. The trace keeps
+    what its last checkpoint wrote; nothing else is lost."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+        err.__traceback__ = None
+        gc.collect()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``flymc`` with ``argv`` (default ``sys.argv[1:]``).
 
@@ -122,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         terminated = isinstance(err, Terminated)
         usage_error("terminated (SIGTERM)" if terminated else "interrupted")
         resume_hint(err)
+        _drop_cut_short(err)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPT
     except BrokenPipeError:
         # stdout's reader went away (`flymc summary t.zarr | head -2`): stop quietly
