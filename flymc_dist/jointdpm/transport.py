@@ -193,7 +193,7 @@ class DPMTransport:
             blobs = None
             if self.chan is not None and method in CHANNEL_METHODS:
                 blobs = {i: pack_calls({i: (method, a)}) for i, a in pending.items()}
-                if max(map(len, blobs.values())) > CHANNEL_BYTES:
+                if max(map(len, blobs.values()), default=0) > CHANNEL_BYTES:
                     blobs = None
             if blobs is not None:
                 got, errors = self._on_channel(blobs)
