@@ -163,6 +163,7 @@ __all__ = [
     "Decisions",
     "TRIP_ROWS",
     "SequentialTester",
+    "Taken",
     "bound_difference",
     "decision_data_used",
     "expected_data_used",
@@ -172,6 +173,7 @@ __all__ = [
     "running_stats",
     "sample_austerity",
     "stop_rule",
+    "take_minibatches",
     "tight_bounds",
 ]
 
@@ -645,31 +647,17 @@ class SequentialTester:
             # until its test stops: the running (n, mean, M2) after each, and the test at
             # each of them in one call
             for c in active.tolist():
-                d = diffs[c]
-                pn, pmean, pm2 = running_stats(n[c], mean[c], m2[c], *batch_stats(d, B))
-                k = pn.size  # minibatches this trip
-                prounds = rounds[c] + np.arange(1, k + 1)
-                stop, acc, p = stop_rule(
-                    pn,
-                    pmean,
-                    pm2,
-                    np.full(k, mu0[c]),
-                    N,
-                    self.eps,
-                    tails=self.tails,
-                    rounds=prounds,
-                    min_batches=self.min_batches,
-                )
-                stops = np.flatnonzero(stop)
-                nans = np.flatnonzero(np.isnan(pmean))
-                if nans.size and (not stops.size or stops[0] >= nans[0]):
+                t = take_minibatches(
+                    diffs[c], B, n[c], mean[c], m2[c], rounds[c], mu0[c], N, self.eps,
+                    tails=self.tails, min_batches=self.min_batches,
+                )  # fmt: skip
+                if t.nan:
                     raise FloatingPointError("a log-likelihood difference is NaN")
-                j = int(stops[0]) if stops.size else k - 1
-                n[c], mean[c], m2[c], rounds[c] = pn[j], pmean[j], pm2[j], prounds[j]
+                n[c], mean[c], m2[c], rounds[c] = t.n, t.mean, t.m2, t.rounds
                 if rows_log is not None:
-                    rows_log[c].extend(drawn[c][i : i + B] for i in range(0, (j + 1) * B, B))
-                if stops.size:
-                    accept[c], p_val[c], done[c] = acc[j], p[j], True
+                    rows_log[c].extend(drawn[c][i : i + B] for i in range(0, t.taken * B, B))
+                if t.stopped:
+                    accept[c], p_val[c], done[c] = t.accept, t.p_value, True
             batches *= 2
         return Decisions(accept, n.copy(), rounds, trips, mean, p_val, rows_log, evaluated)
 
@@ -782,6 +770,67 @@ def running_stats(
         na, ma, m2a = tot, new_mean, new_m2
         out_n[i], out_mean[i], out_m2[i] = na, ma, m2a
     return out_n, out_mean, out_m2
+
+
+class Taken(NamedTuple):
+    """One decision after :func:`take_minibatches`: its running ``(n, mean, M2)`` and
+    minibatch count, how many of the trip's minibatches it took, whether its test stopped
+    (then ``accept`` and ``p_value`` are the decision), and whether a NaN mean came at or
+    before that stop (the caller reports it)."""
+
+    n: int
+    mean: float
+    m2: float
+    rounds: int
+    taken: int
+    stopped: bool
+    accept: bool
+    p_value: float
+    nan: bool
+
+
+def take_minibatches(
+    diffs: np.ndarray,
+    size: int,
+    n: int,
+    mean: float,
+    m2: float,
+    rounds: int,
+    mu0: float,
+    N: int,
+    eps: float,
+    *,
+    tails: str,
+    min_batches: int,
+) -> Taken:
+    """A decision takes a trip's differences ``diffs`` one minibatch of ``size`` at a
+    time, as if each had come alone, until its test stops: the running statistics after
+    each minibatch (:func:`batch_stats`, :func:`running_stats`), then :func:`stop_rule`
+    at each of them in one call; the state after the first minibatch at which it stops,
+    else after the last."""
+    pn, pmean, pm2 = running_stats(n, mean, m2, *batch_stats(diffs, size))
+    k = pn.size
+    prounds = rounds + np.arange(1, k + 1)
+    stop, acc, p = stop_rule(
+        pn,
+        pmean,
+        pm2,
+        np.full(k, mu0),
+        N,
+        eps,
+        tails=tails,
+        rounds=prounds,
+        min_batches=min_batches,
+    )
+    stops = np.flatnonzero(stop)
+    nans = np.flatnonzero(np.isnan(pmean))
+    stopped = bool(stops.size)
+    j = int(stops[0]) if stopped else k - 1
+    nan = bool(nans.size) and (not stopped or stops[0] >= nans[0])
+    return Taken(
+        int(pn[j]), float(pmean[j]), float(pm2[j]), int(prounds[j]), j + 1, stopped,
+        bool(acc[j]), float(p[j]), nan,
+    )  # fmt: skip
 
 
 def _check_eps(eps: Any) -> float:

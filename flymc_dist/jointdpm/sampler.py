@@ -67,7 +67,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from flymc_dist._compiled import JIT
-from flymc_dist.austerity.sampler import TRIP_ROWS, batch_stats, running_stats, stop_rule
+from flymc_dist.austerity.sampler import TRIP_ROWS, take_minibatches
 from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
 from flymc_dist.jointdpm.shard import (
@@ -955,24 +955,12 @@ class JointDPMSampler:
         them in one call. Returns the decision (accept?) if it stopped, else None."""
         o = self.options
         B = max(vals.size, 1) if eps == 0 else o.batch_size
-        pn, pmean, pm2 = running_stats(n[s], mean[s], m2[s], *batch_stats(vals, B))
-        k = pn.size  # minibatches
-        prounds = rounds[s] + np.arange(1, k + 1)
-        stop, acc, _ = stop_rule(
-            pn,
-            pmean,
-            pm2,
-            np.full(k, mu0[s]),
-            int(Nk[s]),
-            eps,
-            tails=o.tails,
-            rounds=prounds,
-            min_batches=o.min_batches,
-        )
-        stops = np.flatnonzero(stop)
-        j = int(stops[0]) if stops.size else k - 1
-        n[s], mean[s], m2[s], rounds[s] = pn[j], pmean[j], pm2[j], prounds[j]
-        return bool(acc[j]) if stops.size else None
+        t = take_minibatches(
+            vals, B, n[s], mean[s], m2[s], rounds[s], mu0[s], int(Nk[s]), eps,
+            tails=o.tails, min_batches=o.min_batches,
+        )  # fmt: skip
+        n[s], mean[s], m2[s], rounds[s] = t.n, t.mean, t.m2, t.rounds
+        return t.accept if t.stopped else None
 
     # ---------------------------------------------------------------- what a draw shows
     def predict(self, c: int, Xd: np.ndarray, F: np.ndarray) -> np.ndarray:
