@@ -911,10 +911,16 @@ class JointDPMSampler:
                     if rows is not None:
                         fetched.setdefault(s, []).append((at, rows))
             for s, parts in got.items():
+                # one minibatch at a time (all the members at once at eps = 0)
                 vals = _in_order(parts)
-                taken = self._test_minibatches(s, vals, n, mean, m2, rounds, mu0, Nk, eps)
-                if taken is not None:
-                    done[s], accept[s] = True, taken
+                t = take_minibatches(
+                    vals, max(vals.size, 1) if eps == 0 else B, n[s], mean[s], m2[s],
+                    rounds[s], mu0[s], int(Nk[s]), eps, tails=o.tails,
+                    min_batches=o.min_batches,
+                )  # fmt: skip
+                n[s], mean[s], m2[s], rounds[s] = t.n, t.mean, t.m2, t.rounds
+                if t.stopped:
+                    done[s], accept[s] = True, t.accept
                 if s in fetched:
                     used_rows[labels[s]].append(_in_order(fetched[s]))
         if self.record_rows:
@@ -936,31 +942,6 @@ class JointDPMSampler:
             "decision_proposal": Wp,
             "decision_log_u": log_u,
         }
-
-    def _test_minibatches(
-        self,
-        s: int,
-        vals: np.ndarray,
-        n: np.ndarray,
-        mean: np.ndarray,
-        m2: np.ndarray,
-        rounds: np.ndarray,
-        mu0: np.ndarray,
-        Nk: np.ndarray,
-        eps: float,
-    ) -> bool | None:
-        """Decision ``s`` takes ``vals`` one minibatch at a time (all of them at ``eps =
-        0``), its running ``(n, mean, M2)`` and minibatch count updated in place, until
-        its test stops: the statistics after each minibatch, then the test at each of
-        them in one call. Returns the decision (accept?) if it stopped, else None."""
-        o = self.options
-        B = max(vals.size, 1) if eps == 0 else o.batch_size
-        t = take_minibatches(
-            vals, B, n[s], mean[s], m2[s], rounds[s], mu0[s], int(Nk[s]), eps,
-            tails=o.tails, min_batches=o.min_batches,
-        )  # fmt: skip
-        n[s], mean[s], m2[s], rounds[s] = t.n, t.mean, t.m2, t.rounds
-        return t.accept if t.stopped else None
 
     # ---------------------------------------------------------------- what a draw shows
     def predict(self, c: int, Xd: np.ndarray, F: np.ndarray) -> np.ndarray:
