@@ -228,23 +228,14 @@ class DPMTransport:
         self, blobs: dict[int, bytes]
     ) -> tuple[dict[int, Any], dict[int, BaseException]]:
         """Calls packed by :func:`~flymc_dist.protocol.pack_calls` (shard id → request) on
-        the shards' channels: every request sent, then every reply read (the shards
-        compute concurrently). Results and failures by id, as :meth:`_on_dask`."""
-        chan = self.chan
-        sent: list[str] = []
-        errors: dict[int, BaseException] = {}
-        for i, blob in blobs.items():
-            ok, bad = chan.post(CALLS, blob, [f"shard-{i}"])
-            sent += ok
-            if bad:
-                errors[i] = next(iter(bad.values()))
-        got, late = chan.collect(sent, CHANNEL_TIMEOUT)
-        for key, e in late.items():
-            errors[int(key.removeprefix("shard-"))] = e
-        out = {}
+        the shards' channels (:meth:`ChannelClient.fanout_each`). Results and failures by
+        id, as :meth:`_on_dask`."""
+        payloads = {f"shard-{i}": blob for i, blob in blobs.items()}
+        got, bad = self.chan.fanout_each(CALLS, payloads, CHANNEL_TIMEOUT)
+        out: dict[int, Any] = {}
         for blob in got.values():
             out.update(unpack_results(blob))
-        return out, errors
+        return out, {int(key.removeprefix("shard-")): e for key, e in bad.items()}
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """``<method>(*args)`` on every shard, in shard order."""

@@ -650,6 +650,20 @@ class ChannelClient:
         ok, late = self.collect(pending, timeout)
         return ok, {**bad, **late}
 
+    def fanout_each(
+        self, code: int, payloads: dict[str, bytes], timeout: float
+    ) -> tuple[dict[str, bytes | memoryview], dict[str, BaseException]]:
+        """:meth:`fanout` with a payload of its own for each host (``key → payload``):
+        every request sent, then every reply read (the hosts compute concurrently)."""
+        pending: list[str] = []
+        bad: dict[str, BaseException] = {}
+        for key, payload in payloads.items():
+            sent, failed = self.post(code, payload, [key])
+            pending += sent
+            bad.update(failed)
+        ok, late = self.collect(pending, timeout)
+        return ok, {**bad, **late}
+
     def post(
         self, code: int, payload: bytes, keys: list[str]
     ) -> tuple[list[str], dict[str, BaseException]]:

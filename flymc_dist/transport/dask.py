@@ -699,20 +699,16 @@ class DaskTransport:
     def _operations(
         self, calls: dict[str, dict[int, tuple]]
     ) -> tuple[dict[str, dict[int, Any]], dict[str, BaseException]]:
-        """Shard operations (worker → shard id → ``(name, *args)``) on the round channel:
-        each worker's calls sent as one request, then every reply read (the hosts compute
-        concurrently). Results and failures by worker, as :meth:`fanout_calls`."""
-        pending: list[str] = []
-        bad: dict[str, BaseException] = {}
-        for w, c in calls.items():
-            blob = pack_calls({i: ("operation", a) for i, a in c.items()})
-            sent, failed = self._chan.post(CALLS, blob, [w])
-            pending += sent
-            bad.update(failed)
+        """Shard operations (worker → shard id → ``(name, *args)``) on the round channel,
+        each worker's calls as one request (:meth:`ChannelClient.fanout_each`). Results
+        and failures by worker, as :meth:`fanout_calls`."""
+        payloads = {
+            w: pack_calls({i: ("operation", a) for i, a in c.items()}) for w, c in calls.items()
+        }
         self._count(list(calls))
         self.round_trips += 1
-        got, late = self._chan.collect(pending, self.timeout)
-        return {w: unpack_results(r) for w, r in got.items()}, {**bad, **late}
+        got, bad = self._chan.fanout_each(CALLS, payloads, self.timeout)
+        return {w: unpack_results(r) for w, r in got.items()}, bad
 
     def round(self, msg: Round | ReplicaRound, positions: np.ndarray) -> list[Reply | ReplicaReply]:
         """One protocol round on every shard, recovering lost workers' shards.
