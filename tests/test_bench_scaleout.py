@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from flymc_dist.bench.scaleout import format_scaleout, run_scaleout
+from flymc_dist.bench.scaleout import (
+    format_scaleout,
+    run_scaleout,
+    split_cpus,
+    threads_on,
+    user_cluster,
+)
 from flymc_dist.streams import Z_DECIDE, stream_key, stream_keys
 
 
@@ -81,3 +91,35 @@ def test_stream_keys_are_stream_key_of_each_chain() -> None:
             assert got.dtype == np.uint64 and got.tolist() == want
     with pytest.raises(ValueError, match="step must be >= 0"):
         stream_keys(0, 0, 2, -1, Z_DECIDE)
+
+
+def test_driver_cpus_must_leave_the_cluster_one() -> None:
+    n = len(os.sched_getaffinity(0))
+    for bad in (-1, n, n + 3):
+        with pytest.raises(ValueError, match="driver_cpus must be between 1 and"):
+            split_cpus(bad)
+    with pytest.raises(ValueError, match="driver_cpus must be between"):
+        run_scaleout(workers=(2,), driver_cpus=n)  # refused before any store is written
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_the_cluster_runs_on_its_cpus_and_the_driver_keeps_its_own(tmp_path: Path) -> None:
+    from distributed import Client
+
+    mine, theirs = split_cpus(1)
+    before = os.sched_getaffinity(0)
+    with user_cluster(1, str(tmp_path), theirs) as sched_file:
+        assert os.sched_getaffinity(0) == before  # the driver's mask given back
+        with Client(scheduler_file=sched_file) as client:
+            client.wait_for_workers(1, timeout=60)
+            masks = client.run(os.sched_getaffinity, 0)
+            assert list(masks.values()) == [theirs]
+            assert client.run_on_scheduler(os.sched_getaffinity, 0) == theirs
+    # every thread of the process on the driver's CPUs in the block, its own mask after
+    seen: list[set[int]] = []
+    with threads_on(mine):
+        t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+        t.start()
+        t.join()
+        assert os.sched_getaffinity(0) == mine
+    assert seen == [mine] and os.sched_getaffinity(0) == before

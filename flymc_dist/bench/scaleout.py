@@ -20,7 +20,11 @@ evaluate every point the kernel asks for, a round to every host per evaluation, 
 down a tree of hosts of ``fanout`` children each, :class:`~flymc_dist.options.Placement`'s
 option: 0 to compare with the driver sending to every host); with ``austerity`` it also
 runs with ``fd.Austerity()``'s defaults (mode ``austerity``: random-walk MH, approximate,
-its test trips on the same channel; no CPU or θ figures).
+its test trips on the same channel; no CPU or θ figures). With ``driver_cpus`` = k the
+driver's threads run on k CPUs of their own and the cluster's processes on the others
+(Linux's CPU affinity), as when the workers are other machines: on a machine of few CPUs
+the W worker processes otherwise take CPU time from the driver's θ-steps, which then
+measure the machine rather than the sampler (the θc column shows it).
 
 Figures per run (post-warm-up iterations):
 
@@ -50,6 +54,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -64,7 +69,7 @@ from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.driver import Driver
 from flymc_dist.transport.channel import check_channel
 
-__all__ = ["format_scaleout", "run_scaleout", "user_cluster"]
+__all__ = ["format_scaleout", "run_scaleout", "split_cpus", "threads_on", "user_cluster"]
 
 
 def _dask() -> str:
@@ -75,15 +80,60 @@ def _dask() -> str:
     return path
 
 
+def split_cpus(driver_cpus: int) -> tuple[set[int], set[int]]:
+    """The first ``driver_cpus`` of the CPUs this process may use, and the others.
+
+    Raises
+    ------
+    ValueError
+        Without Linux's CPU affinity, or when no CPU would be left for the cluster.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        raise ValueError("driver_cpus needs Linux's CPU affinity (os.sched_setaffinity)")
+    cpus = sorted(os.sched_getaffinity(0))
+    if not 0 < driver_cpus < len(cpus):
+        raise ValueError(
+            f"driver_cpus must be between 1 and {len(cpus) - 1} (this process may use "
+            f"{len(cpus)} CPUs, and the cluster needs one), got {driver_cpus}"
+        )
+    return set(cpus[:driver_cpus]), set(cpus[driver_cpus:])
+
+
 @contextlib.contextmanager
-def user_cluster(workers: int, workdir: str) -> Iterator[str]:
+def threads_on(cpus: set[int] | None) -> Iterator[None]:
+    """Every thread of this process on ``cpus`` while in the block (threads started in
+    it inherit the mask); each thread's own mask back after. ``None``: nothing done."""
+    if cpus is None:
+        yield
+        return
+    tasks = "/proc/self/task"
+    before = {int(t): os.sched_getaffinity(int(t)) for t in os.listdir(tasks)}
+    try:
+        for tid in before:
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended
+                os.sched_setaffinity(tid, cpus)
+        yield
+    finally:
+        for tid in (int(t) for t in os.listdir(tasks)):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, before.get(tid, before[threading.get_native_id()]))
+
+
+@contextlib.contextmanager
+def user_cluster(workers: int, workdir: str, cpus: set[int] | None = None) -> Iterator[str]:
     """A ``dask scheduler`` and ``workers`` ``dask worker`` processes (one thread each)
-    on loopback, as a user starts them; yields the scheduler file; stops them after."""
+    on loopback, as a user starts them; yields the scheduler file; stops them after.
+    With ``cpus`` the processes (and any they start) run on those CPUs only."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     sched_file = os.path.join(workdir, f"scheduler-{os.getpid()}-{time.time_ns()}.json")
     procs: list[subprocess.Popen] = []
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    # a child takes the mask of the thread that forks it: this one's, on ``cpus`` while
+    # the processes start
+    mask = os.sched_getaffinity(0) if cpus is not None else None
     try:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
         procs.append(
             subprocess.Popen(
                 [
@@ -124,8 +174,13 @@ def user_cluster(workers: int, workdir: str) -> Iterator[str]:
                     **quiet,
                 )  # fmt: skip
             )
+        if mask is not None:
+            os.sched_setaffinity(0, mask)
+            mask = None
         yield sched_file
     finally:
+        if mask is not None:
+            os.sched_setaffinity(0, mask)
         for p in reversed(procs):
             p.terminate()
         for p in reversed(procs):
@@ -255,6 +310,7 @@ def run_scaleout(
     austerity: bool = False,
     fanout: int = fd.Placement().fanout,
     channel: str = "tcp",
+    driver_cpus: int = 0,
     seed: int = 0,
     workdir: str | None = None,
 ) -> dict[str, Any]:
@@ -289,6 +345,10 @@ def run_scaleout(
     channel
         How rounds travel (:class:`~flymc_dist.options.Placement`'s option): ``"tcp"``
         as to hosts on other machines, which these processes stand for.
+    driver_cpus
+        CPUs of the driver's own (the first of those this process may use; the cluster's
+        processes run on the others; Linux). 0: the driver and the cluster share every
+        CPU.
     seed
         The store's and the runs' seed.
     workdir
@@ -303,6 +363,7 @@ def run_scaleout(
     if not workers:
         raise ValueError("bench scaleout needs at least one worker count")
     channel = check_channel(channel)
+    driver_set, cluster_set = split_cpus(driver_cpus) if driver_cpus else (None, None)
     workdir = workdir or os.path.join(tempfile.gettempdir(), "flymc-bench-scaleout")
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, f"logistic-{rows}x{features}-seed{seed}.zarr")
@@ -316,7 +377,7 @@ def run_scaleout(
     runs = []
     for w, d in plan:
         modes = ["replica"] + ["shards"] * shard_evaluated + ["austerity"] * austerity
-        with user_cluster(w, workdir) as sched_file:
+        with user_cluster(w, workdir, cluster_set) as sched_file, threads_on(driver_set):
             for mode in modes:
                 for depth in read_ahead if mode == "replica" else read_ahead[:1]:
                     run = _one(
@@ -337,6 +398,8 @@ def run_scaleout(
         "num_samples": num_samples,
         "fanout": fanout,
         "channel": channel,
+        "driver_cpus": None if driver_set is None else sorted(driver_set),
+        "cluster_cpus": None if cluster_set is None else sorted(cluster_set),
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpus": os.cpu_count(),
         "runs": runs,
@@ -353,7 +416,12 @@ def format_scaleout(d: dict[str, Any]) -> str:
         f"flymc bench scaleout: {d['rows']:,} x {d['features']} logistic, FlyMC defaults, "
         f"{d['kernel']}, {d['chains']} chains, {d['num_warmup']} + {d['num_samples']} "
         f"iterations, fanout {f(d.get('fanout'), 'd')}, channel {d.get('channel')}; load "
-        f"average {f(d.get('load'), '.1f')} on {d.get('cpus')} CPUs",
+        f"average {f(d.get('load'), '.1f')} on {d.get('cpus')} CPUs"
+        + (
+            f"; the driver on CPUs {d['driver_cpus']}, the cluster on {d['cluster_cpus']}"
+            if d.get("driver_cpus")
+            else "; the driver and the cluster share them"
+        ),
         f"{'W':>3}{'mode':>10}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}"
         f"{'CPU ms/rd':>10}{'θ ms/it':>9}{'z ms/it':>8}{'ms/θ':>6}{'θc ms/it':>9}{'ms/θc':>6}"
         f"{'req/100it':>10}{'bright':>8}{'R-hat':>7}{'minESS':>8}",
