@@ -988,3 +988,7 @@ def test_bench_jointdpm_tall_reads_a_few_members_per_decision(tmp_path, capsys):
     assert [r["rows"] for r in runs] == [2000, 20000]
     big = runs[1]
     assert big["rows_per_decision"] < big["mean_cluster_size"] / 5, big
+    # exact MH beside it reads every member of every cluster
+    for r in runs:
+        assert r["exact_rows_per_decision"] == pytest.approx(r["mean_cluster_size"], rel=0.05)
+        assert r["speedup"] > 0
