@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -84,9 +83,8 @@ class DPMHost(DPMShard):
         run's key ``secret`` (handed over through Dask); returns its address and local
         socket's name (as :meth:`flymc_dist.transport.host.ShardHost.open_channel`)."""
         self.close_channel()
+        # held weakly by the server, which stops once Dask drops this actor
         self._channel = ChannelServer(self._serve_channel, host, secret)
-        # the server holds this shard weakly: once Dask drops the actor, it stops
-        weakref.finalize(self, self._channel.close)
         return self._channel.address, self._channel.local_name
 
     def _serve_channel(self, code: int, payload: bytes) -> list[bytes | memoryview]:

@@ -305,8 +305,9 @@ class ChannelServer:
     ----------
     handler
         Serves one request (see :data:`Handler`). Exceptions it raises are sent back
-        (:func:`encode_error`). A bound method is held weakly: once its object is gone,
-        connections are closed.
+        (:func:`encode_error`). A bound method is held weakly: once its object is gone
+        (Dask dropped the actor: its run released it, or the run's client went away),
+        the server stops and its port is freed.
     host
         The interface to listen on (the worker's own host).
     secret
@@ -366,6 +367,8 @@ class ChannelServer:
         ]
         for t in self._threads:
             t.start()
+        if self._handler_ref is not None:  # the handler's object gone, the server stops
+            weakref.finalize(handler.__self__, self.close)
 
     def _accept(self, listener: socket.socket, local: bool) -> None:
         while not self._closed.is_set():

@@ -303,10 +303,8 @@ class ShardHost:
         """
         self.close_channel()
         self._secret = secret
+        # held weakly by the server, which stops once Dask drops this actor
         self._channel = ChannelServer(self._serve_channel, host, secret, self._after_channel)
-        # the server holds this host weakly: once Dask drops the actor (its run released
-        # it, or the run's client went away), the server stops and its port is freed
-        weakref.finalize(self, self._channel.close)
         return self._channel.address, self._channel.local_name
 
     def _serve_channel(self, code: int, payload: bytes) -> bytes | list[bytes | memoryview]:
