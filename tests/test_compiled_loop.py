@@ -159,8 +159,10 @@ def test_a_nan_is_left_to_the_guard():
     block.seg, block.at = np.array([0, 2, 2], dtype=np.int64), np.array([1, 2], dtype=np.int64)
     block.rows = (replica.row_buffer([X], y, xi), y, xi)
     params = hamiltonian_params(0.1, np.ones(4))
-    nuts = nuts_inputs({}, [np.random.default_rng(0)], [0.1], [params.inv_metric],
-                       [params.momentum_factor])  # fmt: skip
+    # the generator and what holds its address kept alive: the compiled call draws from
+    # it by that address
+    rng, held = np.random.default_rng(0), {}
+    nuts = nuts_inputs(held, [rng], [0.1], [params.inv_metric], [params.momentum_factor])
     bound = model.suffstats(X, y, xi)
     args = ((1, 0, 0, 1), 0.1)
     nan = np.full((1, 4), np.nan)
