@@ -228,6 +228,20 @@ def in_sorted(values: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return ref[pos] == values
 
 
+def by_range(
+    starts: np.ndarray, stops: np.ndarray, rows: np.ndarray
+) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Global ``rows`` split among consecutive ranges ``[starts[j], stops[j])`` (in
+    order, each starting where the one before stopped; some may be empty): per range
+    holding any, in range order, ``(j, where they sit in rows, rows − starts[j])``."""
+    which = np.searchsorted(stops, rows, side="right")
+    out = []
+    for j in np.unique(which).tolist():
+        at = np.flatnonzero(which == j)
+        out.append((j, at, rows[at] - starts[j]))
+    return out
+
+
 def weighted_gram(X: ArrayLike, w: ArrayLike | None = None, chunk_rows: int = 32768) -> np.ndarray:
     """Symmetric ``sum_n w_n x_n x_n^T`` (or ``X^T X`` when ``w`` is None).
 

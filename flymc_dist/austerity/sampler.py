@@ -131,6 +131,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import stdtr, stdtrit
 
+from flymc_dist._numerics import by_range
 from flymc_dist.austerity.shard import shard_batch, shard_exact_diff
 from flymc_dist.kernels.base import KernelInfo
 from flymc_dist.kernels.rwmh import RandomWalkMH
@@ -669,12 +670,10 @@ class SequentialTester:
         order), each chain's part of them, and where those rows sit in its draw."""
         per: dict[int, tuple[list[int], list[np.ndarray], list[np.ndarray]]] = {}
         for c, rows in drawn.items():
-            shard = np.searchsorted(self.stops, rows, side="right")
-            for j in np.unique(shard):
-                at = np.flatnonzero(shard == j)
-                slots, local, where = per.setdefault(int(j), ([], [], []))
+            for j, at, local_rows in by_range(self.starts, self.stops, rows):
+                slots, local, where = per.setdefault(j, ([], [], []))
                 slots.append(c)
-                local.append(rows[at] - self.starts[j])
+                local.append(local_rows)
                 where.append(at)
         out = {}
         for j in sorted(per):

@@ -67,6 +67,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from flymc_dist._compiled import JIT
+from flymc_dist._numerics import by_range
 from flymc_dist.austerity.sampler import TRIP_ROWS, take_minibatches
 from flymc_dist.diagnostics import ess_bulk, rhat
 from flymc_dist.jointdpm.niw import ClusterStats, NIWPrior
@@ -859,7 +860,7 @@ class JointDPMSampler:
         Nk = np.array([st.stats[k].n for k in labels], dtype=np.int64)
         lp_diff = -0.5 * (np.sum(W * W, axis=1) - np.sum(Wp * Wp, axis=1)) / o.w_prior**2
         mu0 = (log_u + lp_diff) / Nk  # log p(w) − log p(w′) + log u, per member
-        # a global rank r of cluster k is the member of rank r − ends[j − 1] on shard j
+        # a global rank r of cluster k is the member of rank r − starts[j] on shard j
         ends = {k: np.cumsum(st.counts[k]) for k in labels}
         orders = [stream_key(self.seed, k, c, key, RANK_PURPOSE) for k in labels]
         n = np.zeros(S, dtype=np.int64)
@@ -890,10 +891,7 @@ class JointDPMSampler:
                 count = int(min(batches * B, Nk[s] - evaluated[s]))
                 g = permuted_rows(orders[s], int(Nk[s]), int(evaluated[s]), count)
                 evaluated[s] += count
-                sh = np.searchsorted(ends[k], g, side="right")
-                for j in np.unique(sh).tolist():
-                    at = np.flatnonzero(sh == j)
-                    local = g[at] - (ends[k][j - 1] if j else 0)
+                for j, at, local in by_range(ends[k] - st.counts[k], ends[k], g):
                     per_shard.setdefault(j, []).append((k, local, W[s], Wp[s], self.record_rows))
                     slots.setdefault(j, []).append((s, at))
             replies = self.transport.call_some(
