@@ -860,8 +860,9 @@ class JointDPMSampler:
         Nk = np.array([st.stats[k].n for k in labels], dtype=np.int64)
         lp_diff = -0.5 * (np.sum(W * W, axis=1) - np.sum(Wp * Wp, axis=1)) / o.w_prior**2
         mu0 = (log_u + lp_diff) / Nk  # log p(w) − log p(w′) + log u, per member
-        # a global rank r of cluster k is the member of rank r − starts[j] on shard j
-        ends = {k: np.cumsum(st.counts[k]) for k in labels}
+        # cluster k's members on shard j are its global ranks starts[j] .. stops[j] − 1
+        stops = {k: np.cumsum(st.counts[k]) for k in labels}
+        ranges = {k: (stops[k] - st.counts[k], stops[k]) for k in labels}
         orders = [stream_key(self.seed, k, c, key, RANK_PURPOSE) for k in labels]
         n = np.zeros(S, dtype=np.int64)
         evaluated = np.zeros(S, dtype=np.int64)
@@ -891,7 +892,7 @@ class JointDPMSampler:
                 count = int(min(batches * B, Nk[s] - evaluated[s]))
                 g = permuted_rows(orders[s], int(Nk[s]), int(evaluated[s]), count)
                 evaluated[s] += count
-                for j, at, local in by_range(ends[k] - st.counts[k], ends[k], g):
+                for j, at, local in by_range(*ranges[k], g):
                     per_shard.setdefault(j, []).append((k, local, W[s], Wp[s], self.record_rows))
                     slots.setdefault(j, []).append((s, at))
             replies = self.transport.call_some(
