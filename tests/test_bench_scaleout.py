@@ -93,6 +93,7 @@ def test_stream_keys_are_stream_key_of_each_chain() -> None:
         stream_keys(0, 0, 2, -1, Z_DECIDE)
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_driver_cpus_must_leave_the_cluster_one() -> None:
     n = len(os.sched_getaffinity(0))
     for bad in (-1, n, n + 3):
@@ -100,6 +101,13 @@ def test_driver_cpus_must_leave_the_cluster_one() -> None:
             split_cpus(bad)
     with pytest.raises(ValueError, match="driver_cpus must be between"):
         run_scaleout(workers=(2,), driver_cpus=n)  # refused before any store is written
+    mask = os.sched_getaffinity(0)
+    try:  # a process on one CPU: no split
+        os.sched_setaffinity(0, {min(mask)})
+        with pytest.raises(ValueError, match="two CPUs at least.*may use 1"):
+            split_cpus(1)
+    finally:
+        os.sched_setaffinity(0, mask)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")

@@ -91,6 +91,11 @@ def split_cpus(driver_cpus: int) -> tuple[set[int], set[int]]:
     if not hasattr(os, "sched_getaffinity"):
         raise ValueError("driver_cpus needs Linux's CPU affinity (os.sched_setaffinity)")
     cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise ValueError(
+            f"driver_cpus needs two CPUs at least (the driver's and the cluster's); this "
+            f"process may use {len(cpus)}"
+        )
     if not 0 < driver_cpus < len(cpus):
         raise ValueError(
             f"driver_cpus must be between 1 and {len(cpus) - 1} (this process may use "
