@@ -125,6 +125,21 @@ def threads_on(cpus: set[int] | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _forking_on(cpus: set[int] | None) -> Iterator[None]:
+    """This thread on ``cpus`` while in the block, its own mask back after: a process it
+    starts takes the mask of the thread that forks it. ``None``: nothing done."""
+    if cpus is None:
+        yield
+        return
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mask)
+
+
+@contextlib.contextmanager
 def user_cluster(workers: int, workdir: str, cpus: set[int] | None = None) -> Iterator[str]:
     """A ``dask scheduler`` and ``workers`` ``dask worker`` processes (one thread each)
     on loopback, as a user starts them; yields the scheduler file; stops them after.
@@ -133,59 +148,50 @@ def user_cluster(workers: int, workdir: str, cpus: set[int] | None = None) -> It
     sched_file = os.path.join(workdir, f"scheduler-{os.getpid()}-{time.time_ns()}.json")
     procs: list[subprocess.Popen] = []
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
-    # a child takes the mask of the thread that forks it: this one's, on ``cpus`` while
-    # the processes start
-    mask = os.sched_getaffinity(0) if cpus is not None else None
     try:
-        if cpus is not None:
-            os.sched_setaffinity(0, cpus)
-        procs.append(
-            subprocess.Popen(
-                [
-                    _dask(),
-                    "scheduler",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                    "--no-dashboard",
-                    "--scheduler-file",
-                    sched_file,
-                ],
-                **quiet,
-            )  # fmt: skip
-        )
-        deadline = time.monotonic() + 60
-        while not os.path.exists(sched_file):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the dask scheduler did not start within 60 s")
-            time.sleep(0.1)
-        for _ in range(workers):
+        with _forking_on(cpus):  # the processes start on ``cpus``
             procs.append(
                 subprocess.Popen(
                     [
                         _dask(),
-                        "worker",
-                        "--nthreads",
-                        "1",
+                        "scheduler",
                         "--host",
                         "127.0.0.1",
-                        "--no-dashboard",
-                        "--memory-limit",
+                        "--port",
                         "0",
+                        "--no-dashboard",
                         "--scheduler-file",
                         sched_file,
                     ],
                     **quiet,
                 )  # fmt: skip
             )
-        if mask is not None:
-            os.sched_setaffinity(0, mask)
-            mask = None
+            deadline = time.monotonic() + 60
+            while not os.path.exists(sched_file):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the dask scheduler did not start within 60 s")
+                time.sleep(0.1)
+            for _ in range(workers):
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            _dask(),
+                            "worker",
+                            "--nthreads",
+                            "1",
+                            "--host",
+                            "127.0.0.1",
+                            "--no-dashboard",
+                            "--memory-limit",
+                            "0",
+                            "--scheduler-file",
+                            sched_file,
+                        ],
+                        **quiet,
+                    )  # fmt: skip
+                )
         yield sched_file
     finally:
-        if mask is not None:
-            os.sched_setaffinity(0, mask)
         for p in reversed(procs):
             p.terminate()
         for p in reversed(procs):
