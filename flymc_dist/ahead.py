@@ -22,6 +22,7 @@ takes their draw (:meth:`~flymc_dist.shard.Shard.bright_rows`) and starts again 
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from typing import Any
 
@@ -75,7 +76,10 @@ class Block:
     """The proposals of steps ``first .. first + depth - 1`` of every chain, merged over
     the shards: pair ``p = (step - first) * C + c`` at ``ids[seg[p]:seg[p+1]]`` (sorted),
     each at ``at`` in the rows ``(buffer, y, xi)`` (the buffer in
-    :meth:`~flymc_dist.replica.BrightReplica.row_buffer`'s form)."""
+    :meth:`~flymc_dist.replica.BrightReplica.row_buffer`'s form). Built where the
+    hosts' answers are read (:meth:`~flymc_dist.protocol.Transport.post_ahead`'s
+    ``prepare``): on the round channel, a thread of the transport's own, while the
+    driver's thread runs the block before it."""
 
     __slots__ = ("first", "ids", "seg", "at", "rows")
 
@@ -213,7 +217,12 @@ class ReadAhead:
         nxt = self._pending[-1][0] + self.depth if self._pending else first
         while len(self._pending) < self.in_flight:
             ahead = Ahead(nxt, self.depth, self.generation)
-            self._pending.append((nxt, self.transport.post_ahead(ahead)))
+            # the block is built where the answers are read (a thread of the transport's
+            # own, while the driver computes): Block takes nothing the driver changes
+            prepare = functools.partial(
+                Block, nxt, n_pairs=self.depth * self.replica.chains, replica=self.replica
+            )
+            self._pending.append((nxt, self.transport.post_ahead(ahead, prepare)))
             self.requests += 1
             nxt += self.depth
 
@@ -237,9 +246,9 @@ class ReadAhead:
                 self._fill(first)
             _, handle = self._pending.popleft()
             t0 = time.perf_counter()
-            parts = self.transport.take_ahead(handle)
+            block = self.transport.take_ahead(handle)
             self.wait_seconds += time.perf_counter() - t0
-            if parts is not None:
+            if block is not None:
                 break
             # hosts were lost and their shards recreated: redraw every z, from step 0 (the
             # requests sent to the hosts as they were are read and dropped)
@@ -253,7 +262,7 @@ class ReadAhead:
                 "e.g. their memory limits)",
                 [],
             )
-        self._block = Block(first, parts, self.depth * self.replica.chains, self.replica)
+        self._block = block
         self._fill(first + self.depth)
         return self._block
 

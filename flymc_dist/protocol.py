@@ -810,13 +810,16 @@ class Transport(Protocol):
         A :class:`Round`'s replies may be partial sums of several shards' (a relay tree's,
         :func:`partial_sum`), in shard order."""
 
-    def post_ahead(self, msg: Ahead) -> Any:
+    def post_ahead(self, msg: Ahead, prepare: Callable[[list[Proposals]], Any]) -> Any:
         """Send a read-ahead request to every host without waiting: a handle for
-        :meth:`take_ahead`."""
+        :meth:`take_ahead`. ``prepare`` is applied to the answers (in shard order) once
+        every host has answered, on a thread of the transport's own where it reads them
+        on one (it must not touch the transport)."""
 
-    def take_ahead(self, handle: Any) -> list[Proposals] | None:
-        """The answers to :meth:`post_ahead`'s request, in shard order; None when hosts
-        were lost on the way and their shards recreated (the driver then redraws z)."""
+    def take_ahead(self, handle: Any) -> Any:
+        """What ``prepare`` made of the answers to :meth:`post_ahead`'s request; None when
+        hosts were lost on the way and their shards recreated (the driver then redraws
+        z)."""
 
     def drop_ahead(self, handle: Any) -> None:
         """Wait for the answers to :meth:`post_ahead`'s request and drop them (hosts lost

@@ -15,7 +15,7 @@ import pytest
 from scipy.special import expit
 
 import flymc_dist as fd
-from flymc_dist.ahead import BLOCK_BYTES, REPLY_BYTES, fitting_depth
+from flymc_dist.ahead import BLOCK_BYTES, REPLY_BYTES, Block, fitting_depth
 from flymc_dist.bench.delay import delayed_channels
 from flymc_dist.options import READ_AHEAD
 
@@ -206,6 +206,67 @@ def test_a_slow_host_changes_no_draw(ds, local_clusters):
             res = _run(ds, client)
         assert len(proxies) == 2 and res.info["channel"] == "socket"
     _same(ref, res)
+
+
+#: the read-ahead block's own constructor (before any test records it)
+_BLOCK_INIT = Block.__init__
+
+
+def _blocks_built(monkeypatch, fail_at: int | None = None) -> list[tuple[int, str]]:
+    """Record each read-ahead block built (its first step, the thread's name); the one
+    whose first step is ``fail_at`` raises instead."""
+    import threading
+
+    from flymc_dist import ahead
+
+    built: list[tuple[int, str]] = []
+    init = _BLOCK_INIT
+
+    def recording(self, first, parts, n_pairs, replica):
+        built.append((first, threading.current_thread().name))
+        if first == fail_at:
+            raise ValueError(f"no block at {first}")
+        init(self, first, parts, n_pairs, replica)
+
+    monkeypatch.setattr(ahead.Block, "__init__", recording)
+    return built
+
+
+@pytest.mark.cluster
+def test_blocks_are_built_off_the_drivers_thread(ds, local_clusters, monkeypatch):
+    """On the round channel each read-ahead block is built on the thread that reads the
+    hosts' answers, while the driver computes: never on the driver's thread, with the
+    same draws as in process (where it is built at once)."""
+    import threading
+
+    from distributed import Client
+
+    ref = _run(ds, "synchronous")
+    built = _blocks_built(monkeypatch)
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
+        res = _run(ds, client)
+    assert res.info["channel"] == "socket"
+    firsts = sorted({f for f, _ in built})
+    assert firsts[:3] == [0, res.info["read_ahead"], 2 * res.info["read_ahead"]]
+    assert all(t != threading.main_thread().name for _, t in built), built
+    _same(ref, res)
+
+
+@pytest.mark.cluster
+def test_a_block_that_cannot_be_built_fails_the_run_that_needs_it(ds, local_clusters, monkeypatch):
+    """A block's error (built on the reading thread) is raised where the driver takes the
+    block; the blocks read ahead past a run's end are dropped with their errors, and the
+    run ends as it would."""
+    from distributed import Client
+
+    with Client(local_clusters.get(2), direct_to_workers=True) as client:
+        T = _run(ds, client, warmup=5, draws=5).info["read_ahead"]
+        _blocks_built(monkeypatch, fail_at=T)
+        with pytest.raises(ValueError, match=f"no block at {T}"):
+            _run(ds, client, warmup=T - 10, draws=20)
+        built = _blocks_built(monkeypatch, fail_at=3 * T)  # in flight at the end: dropped
+        res = _run(ds, client, warmup=T, draws=T)
+    assert res.samples.shape[1] == T and (3 * T, "flymc-ahead_0") in built
 
 
 def _driver(kernel: str, budget: float = 2**30):

@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -67,6 +67,12 @@ from flymc_dist.transport.host import ShardHost
 from flymc_dist.transport.inprocess import InProcessTransport
 
 log = logging.getLogger("flymc_dist")
+
+
+class _Failed(NamedTuple):
+    """The error a read-ahead request's ``prepare`` raised on the reading thread."""
+
+    error: Exception
 
 
 def _scheduler_workers(client: Any) -> dict[str, dict]:
@@ -643,10 +649,20 @@ class DaskTransport:
 
     # ---------------------------------------------------------- the protocol
     def _per_shard(self, results: dict[str, dict[int, Any]]) -> list[Any]:
-        merged: dict[int, Any] = {}
-        for r in results.values():
-            merged.update(r)
-        return [merged[s.shard_id] for s in self.specs]
+        return self._per_shard_of(self.specs)(results)
+
+    @staticmethod
+    def _per_shard_of(specs: list[Any]) -> Callable[[dict[str, dict[int, Any]]], list[Any]]:
+        """Hosts' answers (each a dict by shard id) put in the order of ``specs``."""
+        ids = [s.shard_id for s in specs]
+
+        def per_shard(results: dict[str, dict[int, Any]]) -> list[Any]:
+            merged: dict[int, Any] = {}
+            for r in results.values():
+                merged.update(r)
+            return [merged[i] for i in ids]
+
+        return per_shard
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``Shard.<method>`` on every shard, in shard order (no recovery: set-up calls)."""
@@ -776,28 +792,36 @@ class DaskTransport:
         for w in workers:
             self.messages[w] = self.messages.get(w, 0) + 1
 
-    def post_ahead(self, msg: Ahead) -> Any:
+    def post_ahead(self, msg: Ahead, prepare: Callable[[list[Proposals]], Any]) -> Any:
         """Send a read-ahead request to every host, without waiting for the answers: on
-        the round channel, sent and its replies read and checked on a thread of its own
-        (each connection carries this one request until :meth:`take_ahead` has its
-        reply), else as an actor call run in the client's event loop. Returns the handle
-        :meth:`take_ahead` takes."""
+        the round channel, sent, its replies read, checked and unpacked and ``prepare``
+        applied to them on a thread of its own (each connection carries this one request
+        until :meth:`take_ahead` has its reply), else as an actor call run in the
+        client's event loop. Returns the handle :meth:`take_ahead` takes."""
         blob = pack_ahead(msg)
         workers = list(self.placement)
         self.round_trips += 1
+        self._count(workers)
         if self._chan is not None:
-            # sent and read on a thread of its own: the driver computes meanwhile (its
-            # compiled loop releases the GIL), and nothing else uses the channel until
-            # take_ahead has the answers (a connection carries one request at a time)
-            self._count(workers)
+            # sent, read and prepared on a thread of its own: the driver computes
+            # meanwhile (its compiled loop releases the GIL), and nothing else uses the
+            # channel until take_ahead has the answers (a connection carries one request
+            # at a time); the shards' order is this request's, whatever happens after
             if self._ahead_thread is None:
                 self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="flymc-ahead")
-            chan, timeout = self._chan, self.timeout
-            return (
-                "socket",
-                workers,
-                self._ahead_thread.submit(chan.fanout, AHEAD, blob, workers, timeout),
-            )
+            chan, timeout, per_shard = self._chan, self.timeout, self._per_shard_of(self.specs)
+
+            def answers() -> tuple[dict[str, Any], dict[str, BaseException], Any]:
+                ok, bad = chan.fanout(AHEAD, blob, workers, timeout)
+                if bad:
+                    return ok, bad, None
+                try:
+                    parts = per_shard({w: unpack_proposals(r) for w, r in ok.items()})
+                    return ok, bad, prepare(parts)
+                except Exception as e:  # noqa: BLE001 - raised by take_ahead, not by drop_ahead
+                    return ok, bad, _Failed(e)
+
+            return "socket", workers, self._ahead_thread.submit(answers), prepare
 
         async def run() -> list[Any]:
             return await asyncio.gather(
@@ -805,30 +829,36 @@ class DaskTransport:
                 return_exceptions=True,
             )
 
-        self._count(workers)
         future = asyncio.run_coroutine_threadsafe(run(), self.client.loop.asyncio_loop)
-        return "dask", workers, future
+        return "dask", workers, future, prepare
 
-    def take_ahead(self, handle: Any) -> list[Proposals] | None:
-        """The answers to :meth:`post_ahead`'s request, in shard order. A host lost on the
-        way (its connection fails, or no answer within ``timeout``) has its shards
-        recreated on live workers (:meth:`recover`): then None, and the driver redraws z."""
-        ok, bad = self._ahead_answers(handle)
+    def take_ahead(self, handle: Any) -> Any:
+        """What the ``prepare`` of :meth:`post_ahead` made of its request's answers (in
+        shard order). A host lost on the way (its connection fails, or no answer within
+        ``timeout``) has its shards recreated on live workers (:meth:`recover`): then
+        None, and the driver redraws z."""
+        ok, bad, prepared = self._ahead_answers(handle)
         if bad:
             if self._ahead_thread is not None:  # requests still in flight end first
                 self._ahead_thread.submit(lambda: None).result()
             self.recover(self._lost(bad))
             return None
-        return self._per_shard({w: unpack_proposals(r) for w, r in ok.items()})
+        if prepared is None:  # answered in the event loop: prepared here
+            prepared = handle[3](self._per_shard({w: unpack_proposals(r) for w, r in ok.items()}))
+        if isinstance(prepared, _Failed):
+            raise prepared.error
+        return prepared
 
     def drop_ahead(self, handle: Any) -> None:
-        """Wait for the answers to :meth:`post_ahead`'s request and drop them: hosts lost
-        on the way are not recovered here (the next call meets them)."""
+        """Wait for the answers to :meth:`post_ahead`'s request and drop them (and what
+        ``prepare`` made of them, or the error it raised): hosts lost on the way are not
+        recovered here (the next call meets them)."""
         self._ahead_answers(handle)
 
-    def _ahead_answers(self, handle: Any) -> tuple[dict[str, Any], dict[str, BaseException]]:
-        """The answers to :meth:`post_ahead`'s request, and the hosts that gave none."""
-        how, workers, extra = handle
+    def _ahead_answers(self, handle: Any) -> tuple[dict[str, Any], dict[str, BaseException], Any]:
+        """The answers to :meth:`post_ahead`'s request, the hosts that gave none, and
+        what ``prepare`` made of them (None: not prepared yet)."""
+        how, workers, extra, _ = handle
         if how == "socket":
             return extra.result()  # the channel's own timeout bounds it
         try:
@@ -838,7 +868,7 @@ class DaskTransport:
         ok, bad = {}, {}
         for w, r in zip(workers, out, strict=True):
             (bad if isinstance(r, BaseException) else ok)[w] = r
-        return ok, bad
+        return ok, bad, None
 
     def recover(self, lost: list[str]) -> None:
         """Recreate the shards of the ``lost`` workers on live ones, without positions.

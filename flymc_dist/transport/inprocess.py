@@ -7,6 +7,7 @@ them identically whatever the placement.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,17 +81,18 @@ class InProcessTransport:
         out = self.host.round(msg)
         return [out[s.shard_id] for s in self.specs]
 
-    def post_ahead(self, msg: Ahead) -> list[Proposals]:
-        """A read-ahead request, answered at once (one round trip)."""
+    def post_ahead(self, msg: Ahead, prepare: Callable[[list[Proposals]], Any]) -> Any:
+        """A read-ahead request, answered and ``prepare`` applied at once (one round
+        trip)."""
         self.round_trips += 1
         out = self.host.proposals(msg.first, msg.count, msg.generation)
-        return [out[s.shard_id] for s in self.specs]
+        return prepare([out[s.shard_id] for s in self.specs])
 
-    def take_ahead(self, handle: list[Proposals]) -> list[Proposals]:
-        """The answers of :meth:`post_ahead` (nothing is ever lost in-process)."""
+    def take_ahead(self, handle: Any) -> Any:
+        """What :meth:`post_ahead` prepared (nothing is ever lost in-process)."""
         return handle
 
-    def drop_ahead(self, handle: list[Proposals]) -> None:
+    def drop_ahead(self, handle: Any) -> None:
         """Nothing to wait for: :meth:`post_ahead` answered at once."""
 
     def timing(self) -> list[dict[str, float]]:
