@@ -24,7 +24,7 @@ def _run(**kw: object) -> dict:
         "workers": 2, "mode": "replica", "delay_ms": 0.0, "read_ahead": 16,
         "channel": "socket", "ms_per_it": 1.2, "cpu_ms_per_it": 1.0, "round_trips_per_it": 0.07,
         "cpu_ms_per_round": None, "theta_ms_per_it": 0.8, "z_ms_per_it": 0.3,
-        "per_theta": 1.5, "theta_compute_ms_per_it": 0.6, "per_theta_compute": 2.0,
+        "wait_ms_per_it": 0.05, "per_theta": 1.5, "theta_compute_ms_per_it": 0.6, "per_theta_compute": 2.0,
         "requests_per_100_it_per_host": 6.5, "n_bright": 2.8, "rhat": 1.004, "min_ess": 1677.0,
     }  # fmt: skip
     return {**base, **kw}
@@ -39,11 +39,12 @@ def test_table_shows_the_theta_kernels_compute_and_the_ratio_to_it() -> None:
     }  # fmt: skip
     text = format_scaleout(d)
     header = text.splitlines()[1]
-    assert "θc ms/it" in header and "ms/θc" in header
+    assert "θc ms/it" in header and "ms/θc" in header and "wait" in header
     first = text.splitlines()[2].split()
+    assert first[8:10] == ["0.300", "0.050"]  # the z-update, of which the wait
     assert "0.600" in first and "2.00" in first
     # a run without the compiled kernel's figure shows a dash there
-    assert text.splitlines()[3].split()[10:12] == ["-", "-"]
+    assert text.splitlines()[3].split()[11:13] == ["-", "-"]
     assert "W=16 delay 0.0 ms read_ahead 16: 1.25x" in text
 
 

@@ -35,6 +35,9 @@ Figures per run (post-warm-up iterations):
 * **θ ms/it**: the θ-kernel's wall time per iteration inside the run (the step less
   its z-update: ``info["timing"]["theta_kernel"]``), **z ms/it** the z-update's (with any
   wait for its rows), and **ms/θ**, the ratio of ms/it to θ ms/it;
+* **wait** (ms/it): of the step, the driver's wait for the hosts (``info["timing"]
+  ["round_trip"]``: its rounds, or in replica mode the read-ahead answers not there yet
+  when it needs them): above zero, the hosts rather than the driver set the pace;
 * **θc ms/it**: of θ ms/it, the compiled θ-kernel transitions alone (every chain's call,
   ``info["timing"]["theta_compute"]``: the kernel's own compute on the replica), and
   **ms/θc**, the ratio of ms/it to it (the floor is 1);
@@ -294,6 +297,7 @@ def _one(
         "cpu_ms_per_round": 1e3 * cpu / trips if cpu and trips and mode == "shards" else None,
         "theta_ms_per_it": None if theta is None else 1e3 * theta,
         "z_ms_per_it": None if timing.get("z_update") is None else 1e3 * timing["z_update"],
+        "wait_ms_per_it": None if timing.get("round_trip") is None else 1e3 * timing["round_trip"],
         "per_theta": None if not theta else wall / theta,
         "theta_compute_ms_per_it": None if compute is None else 1e3 * compute,
         "per_theta_compute": None if not compute else wall / compute,
@@ -434,7 +438,8 @@ def format_scaleout(d: dict[str, Any]) -> str:
             else "; the driver and the cluster share them"
         ),
         f"{'W':>3}{'mode':>10}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}"
-        f"{'CPU ms/rd':>10}{'θ ms/it':>9}{'z ms/it':>8}{'ms/θ':>6}{'θc ms/it':>9}{'ms/θc':>6}"
+        f"{'CPU ms/rd':>10}{'θ ms/it':>9}{'z ms/it':>8}{'wait':>7}{'ms/θ':>6}"
+        f"{'θc ms/it':>9}{'ms/θc':>6}"
         f"{'req/100it':>10}{'bright':>8}{'R-hat':>7}{'minESS':>8}",
     ]
     for r in d["runs"]:
@@ -443,6 +448,7 @@ def format_scaleout(d: dict[str, Any]) -> str:
             f"{r['ms_per_it']:>8.3f}{f(r['cpu_ms_per_it'], '.3f'):>10}"
             f"{f(r['cpu_ms_per_round'], '.3f'):>10}"
             f"{f(r['theta_ms_per_it'], '.3f'):>9}{f(r['z_ms_per_it'], '.3f'):>8}"
+            f"{f(r.get('wait_ms_per_it'), '.3f'):>7}"
             f"{f(r['per_theta'], '.2f'):>6}"
             f"{f(r.get('theta_compute_ms_per_it'), '.3f'):>9}"
             f"{f(r.get('per_theta_compute'), '.2f'):>6}"
