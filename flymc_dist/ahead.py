@@ -105,7 +105,9 @@ class Block:
                 self.seg,
             )
             X = [p.X for p in parts]  # copied once, into the buffer
-            y, xi = (np.concatenate([getattr(p, k) for p in parts]) for k in ("y", "xi"))
+            y, xi, consts = (
+                np.concatenate([getattr(p, k) for p in parts]) for k in ("y", "xi", "consts")
+            )
         else:
             labels = np.concatenate(
                 [np.repeat(np.arange(n_pairs), np.diff(p.seg)) for p in parts]
@@ -118,12 +120,13 @@ class Block:
             rows = np.concatenate([p.rows for p in parts]).astype(np.int64)
             sort = np.argsort(rows, kind="stable")
             rows = rows[sort]
-            X, y, xi = (
-                np.concatenate([getattr(p, k) for p in parts])[sort] for k in ("X", "y", "xi")
+            X, y, xi, consts = (
+                np.concatenate([getattr(p, k) for p in parts])[sort]
+                for k in ("X", "y", "xi", "consts")
             )
             X = [X]
             self.at = np.searchsorted(rows, self.ids)
-        self.rows = (replica.row_buffer(X, y, xi), y, xi)
+        self.rows = (replica.row_buffer(X, y, xi, consts), y, xi)
 
     def step(self, step: int, chains: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every chain's proposals at ``step``: ``(ids, seg, at)``."""

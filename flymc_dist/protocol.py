@@ -632,8 +632,9 @@ class Proposals(NamedTuple):
     """One shard's answer to an :class:`Ahead`: the rows each (step, chain) pair proposes,
     pair ``p = (step - first) * C + chain`` at ``ids[seg[p]:seg[p + 1]]`` (global ids,
     sorted), and the data of those rows once each (``rows``, sorted global ids, with their
-    features ``X`` — float32 when the data are stored so, float64 else —, targets ``y``
-    and tight points ``xi``); each id is ``rows[at]``."""
+    features ``X`` — float32 when the data are stored so, float64 else —, targets ``y``,
+    tight points ``xi`` and the model's row constants ``consts``, ``(n, K)`` float64, as
+    the shard's own z-update reads them); each id is ``rows[at]``."""
 
     ids: np.ndarray
     seg: np.ndarray
@@ -642,6 +643,7 @@ class Proposals(NamedTuple):
     X: np.ndarray
     y: np.ndarray
     xi: np.ndarray
+    consts: np.ndarray
 
 
 def pack_ahead(msg: Ahead) -> bytes:

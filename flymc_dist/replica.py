@@ -678,12 +678,20 @@ class BrightReplica:
             rows.buf = self.row_buffer([rows.X], rows.y, rows.xi)
         return rows.buf
 
-    def row_buffer(self, X: list[np.ndarray], y: np.ndarray, xi: np.ndarray) -> np.ndarray:
+    def row_buffer(
+        self,
+        X: list[np.ndarray],
+        y: np.ndarray,
+        xi: np.ndarray,
+        consts: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Rows as the compiled kernel reads them: the features (``X``: parts of the rows,
         in order, each copied once into the buffer), then the model's row constants (a
-        function of each row's target ``y`` and tight point ``xi`` alone)."""
+        function of each row's target ``y`` and tight point ``xi`` alone: ``consts``
+        where the shards gave them, else computed here)."""
         D = X[0].shape[1]
-        consts = self.model.row_constants(y, xi)
+        if consts is None:
+            consts = self.model.row_constants(y, xi)
         buf = np.empty((consts.shape[0], D + consts.shape[1]))
         np.concatenate(X, out=buf[:, :D])  # (a ValueError unless the rows add up)
         buf[:, D:] = consts

@@ -24,7 +24,8 @@ def _run(**kw: object) -> dict:
         "workers": 2, "mode": "replica", "delay_ms": 0.0, "read_ahead": 16,
         "channel": "socket", "ms_per_it": 1.2, "cpu_ms_per_it": 1.0, "round_trips_per_it": 0.07,
         "cpu_ms_per_round": None, "theta_ms_per_it": 0.8, "z_ms_per_it": 0.3,
-        "wait_ms_per_it": 0.05, "per_theta": 1.5, "theta_compute_ms_per_it": 0.6, "per_theta_compute": 2.0,
+        "wait_ms_per_it": 0.05, "per_theta": 1.5, "theta_compute_ms_per_it": 0.6,
+        "per_theta_compute": 2.0,
         "requests_per_100_it_per_host": 6.5, "n_bright": 2.8, "rhat": 1.004, "min_ess": 1677.0,
     }  # fmt: skip
     return {**base, **kw}

@@ -233,30 +233,49 @@ def _blocks_built(monkeypatch, fail_at: int | None = None) -> list[tuple[int, st
 
 
 @pytest.mark.cluster
-def test_blocks_are_built_off_the_drivers_thread(ds, local_clusters, monkeypatch):
-    """On the round channel each read-ahead block is built on the thread that reads the
-    hosts' answers, while the driver computes: never on the driver's thread, with the
-    same draws as in process (where it is built at once)."""
+@pytest.mark.parametrize("first", ["answers", "driver"])
+def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monkeypatch):
+    """On the round channel a read-ahead block is built off the driver's thread when the
+    hosts' answers come before the driver asks for them (here the driver sleeps 20 ms
+    before each block), and by the driver itself when it asks first (here every host's
+    replies come 50 ms late); the same draws as in process either way."""
     import threading
+    import time
 
     from distributed import Client
 
+    from flymc_dist.ahead import ReadAhead
+
     ref = _run(ds, "synchronous")
     built = _blocks_built(monkeypatch)
-    with Client(local_clusters.get(2), direct_to_workers=True) as client:
+    if first == "answers":
+        take = ReadAhead.block
+
+        def late(self, positions):
+            if self.held is None or self.step >= self.held.first + self.depth:
+                time.sleep(0.02)  # a new block is taken: its answers are in by now
+            return take(self, positions)
+
+        monkeypatch.setattr(ReadAhead, "block", late)
+    with (
+        Client(local_clusters.get(2), direct_to_workers=True) as client,
+        delayed_channels(lambda i: 0.05 if first == "driver" else 0.0),
+    ):
         res = _run(ds, client)
     assert res.info["channel"] == "socket"
-    firsts = sorted({f for f, _ in built})
-    assert firsts[:3] == [0, res.info["read_ahead"], 2 * res.info["read_ahead"]]
-    assert all(t != threading.main_thread().name for _, t in built), built
+    T = res.info["read_ahead"]
+    taken = [t for f, t in built if f < 60 + 90]  # the blocks the run took
+    assert sorted(f for f, _ in built if f < 150) == [0, T, 2 * T]
+    main = threading.main_thread().name
+    assert all((t == main) == (first == "driver") for t in taken), built
     _same(ref, res)
 
 
 @pytest.mark.cluster
 def test_a_block_that_cannot_be_built_fails_the_run_that_needs_it(ds, local_clusters, monkeypatch):
-    """A block's error (built on the reading thread) is raised where the driver takes the
-    block; the blocks read ahead past a run's end are dropped with their errors, and the
-    run ends as it would."""
+    """A block's error (wherever it is built) is raised where the driver takes the block;
+    the blocks read ahead past a run's end are dropped with their errors, and the run
+    ends as it would."""
     from distributed import Client
 
     with Client(local_clusters.get(2), direct_to_workers=True) as client:
@@ -266,7 +285,7 @@ def test_a_block_that_cannot_be_built_fails_the_run_that_needs_it(ds, local_clus
             _run(ds, client, warmup=T - 10, draws=20)
         built = _blocks_built(monkeypatch, fail_at=3 * T)  # in flight at the end: dropped
         res = _run(ds, client, warmup=T, draws=T)
-    assert res.samples.shape[1] == T and (3 * T, "flymc-ahead_0") in built
+    assert res.samples.shape[1] == T and 3 * T in {f for f, _ in built}
 
 
 def _driver(kernel: str, budget: float = 2**30):
@@ -366,7 +385,7 @@ def test_a_block_merges_the_shards_proposals_pair_by_pair():
     """:class:`~flymc_dist.ahead.Block` from three shards' answers (one with no row): each
     pair's ids shard after shard, at their rows in the joined rows — against the same
     merge written plainly; and parts out of row order take the general path (a stable
-    sort by pair, rows by id) to the same rows for every id."""
+    sort by pair, rows by id) to the same rows, with their constants, for every id."""
     from flymc_dist.ahead import Block
     from flymc_dist.protocol import Proposals
     from flymc_dist.replica import BrightReplica
@@ -381,7 +400,9 @@ def test_a_block_merges_the_shards_proposals_pair_by_pair():
         seg = np.r_[0, np.cumsum([a.size for a in per_pair])].astype(np.int64)
         rows, at = np.unique(ids, return_inverse=True)
         X = rng.normal(size=(rows.size, D))
-        parts.append(Proposals(ids, seg, rows, at, X, (rows % 2).astype(float), 0.1 * X[:, 0]))
+        y, xi = (rows % 2).astype(float), 0.1 * X[:, 0]
+        consts = fd.LogisticRegression().row_constants(y, xi)
+        parts.append(Proposals(ids, seg, rows, at, X, y, xi, consts))
     replica = BrightReplica(fd.LogisticRegression(), 3, [(0, 500), (500, 900), (900, 2000)])
     block = Block(5, parts, n_pairs, replica)
     X_all = np.concatenate([p.X for p in parts])
@@ -392,9 +413,7 @@ def test_a_block_merges_the_shards_proposals_pair_by_pair():
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(rows_all[block.at[block.seg[p] : block.seg[p + 1]]], want)
     np.testing.assert_array_equal(block.rows[0][:, :D], X_all)  # the features, then consts
-    np.testing.assert_array_equal(
-        block.rows[0][:, D:], replica.model.row_constants(block.rows[1], block.rows[2])
-    )
+    np.testing.assert_array_equal(block.rows[0][:, D:], np.concatenate([q.consts for q in parts]))
     assert block.first == 5 and block.seg[-1] == sum(q.ids.size for q in parts) > 0
     # out of row order: the general path, every id at its own row
     other = Block(5, parts[::-1], n_pairs, replica)
@@ -404,7 +423,9 @@ def test_a_block_merges_the_shards_proposals_pair_by_pair():
         X = b.rows[0][:, :D]
         for k, i in enumerate(b.ids):
             q = next(q for q in parts if i in q.rows)
-            np.testing.assert_array_equal(X[b.at[k]], q.X[np.searchsorted(q.rows, i)])
+            j = np.searchsorted(q.rows, i)
+            np.testing.assert_array_equal(X[b.at[k]], q.X[j])
+            np.testing.assert_array_equal(b.rows[0][b.at[k], D:], q.consts[j])
 
 
 @pytest.mark.parametrize("kernel", ["nuts", "rwmh"])

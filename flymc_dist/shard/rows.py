@@ -19,6 +19,7 @@ z-updates, evaluations and full passes are written once:
 - ``retune()``: tight points and row constants of the resident rows under the current
   rule; ``blocks(block)``: every row as read-only ``(X, y, xi)`` blocks (a full pass);
 - ``gather(rows)`` / ``rows_at(rows)``: resident rows / any rows;
+  ``rows_and_constants(rows)``: any rows with their constants (a read-ahead's);
 - ``state()``, ``close()``.
 
 ``prepare(X, y) -> (xi, consts)`` gives the tight points of rows and their constants under
@@ -277,6 +278,14 @@ class MemoryRows:
     def rows_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """:meth:`gather` of any rows, with None for unset tight points."""
         return self.X[rows], self.y[rows], None if self.xi is None else self.xi[rows]
+
+    def rows_and_constants(
+        self, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """:meth:`rows_at`, and the rows' constants ``(n, K)`` under the current rule as
+        the z-update reads them (K = 0: none)."""
+        consts = np.empty((rows.size, 0)) if self._consts is None else self._consts[rows]
+        return (*self.rows_at(rows), consts)
 
     def sweep(self, unit: int | None = None) -> Iterator[tuple[int, int]]:
         """Every row, resident: one range (a full pass)."""
@@ -678,13 +687,20 @@ class FileRows:
     def rows_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Any distinct ``rows``, in their order: read from the row file, with their tight
         points."""
+        return self.rows_and_constants(rows)[:3]
+
+    def rows_and_constants(
+        self, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """:meth:`rows_at`, and the rows' constants ``(n, K)`` (K = 0: none), prepared as
+        the z-update's rows are (:meth:`_prepared`)."""
         order = np.argsort(rows, kind="stable")
         X_s, y_s = self.file.read(rows[order])
         X = np.empty_like(X_s)
         y = np.empty_like(y_s)
         X[order], y[order] = X_s, y_s
-        xi, _ = self._prepare(X, y)
-        return X, y, xi
+        xi, consts = self._prepare(X, y)
+        return X, y, xi, np.empty((rows.size, 0)) if consts is None else consts
 
     def reset(self) -> None:
         """Chains placed anew: nothing stays resident."""

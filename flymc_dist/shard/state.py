@@ -1181,8 +1181,9 @@ class Shard:
         steps ``first .. first + count - 1`` of the streams of ``generation`` (its
         Bernoulli(q) process: known whatever θ and z are), with their data: what a driver
         that updates z itself reads ahead (:class:`~flymc_dist.protocol.Proposals`), the
-        features in the dtype they are stored in. Out of core the rows are read from the
-        row file by position."""
+        features in the dtype they are stored in, their row constants as this shard's own
+        z-update reads them. Out of core the rows are read from the row file by
+        position."""
         if not self.flymc or self.config.z_update != "implicit":
             raise ValueError("proposals are the implicit FlyMC z-update's")
         C = len(self.chains)
@@ -1192,11 +1193,11 @@ class Shard:
         ids, seg = bernoulli_rows_many(keys, self.q_db, self.n_total, lo, lo + self.n)
         # (sorted, the inverse with it: 4-5x faster here than numpy's hashed unique alone)
         rows, at = np.unique(ids, return_inverse=True)
-        X, y, xi = self.rows_at(rows - self.spec.start)
+        X, y, xi, consts = self.rows.rows_and_constants(rows - self.spec.start)
         if xi is None:
             raise ValueError("proposals need the tight points set (set_tight_points)")
         X = X.astype(self._stored, copy=False)  # float32 as stored: exact, half the bytes
-        return Proposals(ids, seg, rows, at.astype(np.int64, copy=False), X, y, xi)
+        return Proposals(ids, seg, rows, at.astype(np.int64, copy=False), X, y, xi, consts)
 
     def round_sums(self, requests: list[Request | None], queries: np.ndarray) -> Reply:
         """Step 3 of a round: the sums (and gradients where asked) at every chain's

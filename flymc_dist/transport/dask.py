@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import logging
 import os
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -73,6 +75,53 @@ class _Failed(NamedTuple):
     """The error a read-ahead request's ``prepare`` raised on the reading thread."""
 
     error: Exception
+
+
+class _Prepared:
+    """A read-ahead request's answers (``read``, a future) made into what the driver
+    takes (``finish``), once: on the transport's building thread when the answers come
+    before the driver asks (:meth:`unasked`: the driver computes meanwhile), else by the
+    driver itself as it asks (:meth:`result`: it would only wait, and its own CPU is
+    free then while the building thread's may be the hosts')."""
+
+    def __init__(self, read: Future, finish: Callable[[Any], Any]) -> None:
+        self._read, self._finish = read, finish
+        self._lock = threading.Lock()
+        self._claimed = self._asked = False
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def _claim(self) -> bool:
+        with self._lock:
+            claimed, self._claimed = self._claimed, True
+            return not claimed
+
+    def _build(self) -> None:
+        try:
+            self._value = self._finish(self._read.result())
+        except BaseException as e:  # noqa: BLE001 - raised where the driver asks
+            self._error = e
+        finally:
+            self._done.set()
+
+    def unasked(self) -> None:
+        """The building thread's part: once the answers are in, build unless the driver
+        has asked (then it builds)."""
+        with contextlib.suppress(BaseException):  # the driver meets it in result()
+            self._read.result()
+        if not self._asked and self._claim():
+            self._build()
+
+    def result(self) -> Any:
+        """``finish(answers)``: built here unless the building thread has begun."""
+        self._asked = True
+        if self._claim():
+            self._build()
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _scheduler_workers(client: Any) -> dict[str, dict]:
@@ -402,8 +451,9 @@ class DaskTransport:
         self.placement: dict[str, list[ShardSpec]] = {}
         self._replay: list[tuple[str, tuple, dict]] = []
         self._chan: ChannelClient | None = None
-        #: the thread read-ahead requests are sent and answered on (socket channel)
-        self._ahead_thread: ThreadPoolExecutor | None = None
+        #: the threads read-ahead requests are sent and answered on, and their answers
+        #: made into what the driver takes on (socket channel), in the order posted
+        self._ahead_threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         started: list[tuple[str, list[ShardSpec], str, Any]] = []
         try:
             workers = live_workers(self.client)
@@ -803,16 +853,25 @@ class DaskTransport:
         self.round_trips += 1
         self._count(workers)
         if self._chan is not None:
-            # sent, read and prepared on a thread of its own: the driver computes
-            # meanwhile (its compiled loop releases the GIL), and nothing else uses the
-            # channel until take_ahead has the answers (a connection carries one request
-            # at a time); the shards' order is this request's, whatever happens after
-            if self._ahead_thread is None:
-                self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="flymc-ahead")
+            # sent and read on a thread of its own, then prepared on another while the
+            # driver computes (its compiled loop releases the GIL; the next request goes
+            # out meanwhile), or by the driver itself when it asks first (_Prepared);
+            # nothing else uses the channel until take_ahead has the answers (a
+            # connection carries one request at a time); the shards' order is this
+            # request's, whatever happens after
+            if self._ahead_threads is None:
+                self._ahead_threads = (
+                    ThreadPoolExecutor(1, thread_name_prefix="flymc-ahead"),
+                    ThreadPoolExecutor(1, thread_name_prefix="flymc-block"),
+                )
+            reader, builder = self._ahead_threads
             chan, timeout, per_shard = self._chan, self.timeout, self._per_shard_of(self.specs)
+            read = reader.submit(chan.fanout, AHEAD, blob, workers, timeout)
 
-            def answers() -> tuple[dict[str, Any], dict[str, BaseException], Any]:
-                ok, bad = chan.fanout(AHEAD, blob, workers, timeout)
+            def answers(
+                read: tuple[dict[str, Any], dict[str, BaseException]],
+            ) -> tuple[dict[str, Any], dict[str, BaseException], Any]:
+                ok, bad = read
                 if bad:
                     return ok, bad, None
                 try:
@@ -821,7 +880,9 @@ class DaskTransport:
                 except Exception as e:  # noqa: BLE001 - raised by take_ahead, not by drop_ahead
                     return ok, bad, _Failed(e)
 
-            return "socket", workers, self._ahead_thread.submit(answers), prepare
+            job = _Prepared(read, answers)
+            builder.submit(job.unasked)
+            return "socket", workers, job, prepare
 
         async def run() -> list[Any]:
             return await asyncio.gather(
@@ -839,8 +900,8 @@ class DaskTransport:
         None, and the driver redraws z."""
         ok, bad, prepared = self._ahead_answers(handle)
         if bad:
-            if self._ahead_thread is not None:  # requests still in flight end first
-                self._ahead_thread.submit(lambda: None).result()
+            for thread in self._ahead_threads or ():  # requests still in flight end first
+                thread.submit(lambda: None).result()
             self.recover(self._lost(bad))
             return None
         if prepared is None:  # answered in the event loop: prepared here
@@ -968,9 +1029,9 @@ class DaskTransport:
 
     def close(self) -> None:
         """Release the actors; close the client and cluster if we started them."""
-        if self._ahead_thread is not None:
-            self._ahead_thread.shutdown(wait=True)
-            self._ahead_thread = None
+        for thread in self._ahead_threads or ():
+            thread.shutdown(wait=True)
+        self._ahead_threads = None
         if self._chan is not None:
             self._chan.close()
         try:  # stop the hosts' servers and drop their rows now (a live cluster keeps
