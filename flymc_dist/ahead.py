@@ -76,10 +76,10 @@ class Block:
     """The proposals of steps ``first .. first + depth - 1`` of every chain, merged over
     the shards: pair ``p = (step - first) * C + c`` at ``ids[seg[p]:seg[p+1]]`` (sorted),
     each at ``at`` in the rows ``(buffer, y, xi)`` (the buffer in
-    :meth:`~flymc_dist.replica.BrightReplica.row_buffer`'s form). Built where the
-    hosts' answers are read (:meth:`~flymc_dist.protocol.Transport.post_ahead`'s
-    ``prepare``): on the round channel, a thread of the transport's own, while the
-    driver's thread runs the block before it."""
+    :meth:`~flymc_dist.replica.BrightReplica.row_buffer`'s form, the row constants the
+    hosts sent). Built as :meth:`~flymc_dist.protocol.Transport.post_ahead`'s
+    ``prepare``: on the round channel on a thread of the transport's own while the
+    driver runs the block before it, or by the driver when it asks first."""
 
     __slots__ = ("first", "ids", "seg", "at", "rows")
 
@@ -220,8 +220,8 @@ class ReadAhead:
         nxt = self._pending[-1][0] + self.depth if self._pending else first
         while len(self._pending) < self.in_flight:
             ahead = Ahead(nxt, self.depth, self.generation)
-            # the block is built where the answers are read (a thread of the transport's
-            # own, while the driver computes): Block takes nothing the driver changes
+            # the block may be built on a thread of the transport's own while the driver
+            # computes: Block takes nothing the driver changes
             prepare = functools.partial(
                 Block, nxt, n_pairs=self.depth * self.replica.chains, replica=self.replica
             )

@@ -815,8 +815,8 @@ class Transport(Protocol):
     def post_ahead(self, msg: Ahead, prepare: Callable[[list[Proposals]], Any]) -> Any:
         """Send a read-ahead request to every host without waiting: a handle for
         :meth:`take_ahead`. ``prepare`` is applied to the answers (in shard order) once
-        every host has answered, on a thread of the transport's own where it reads them
-        on one (it must not touch the transport)."""
+        every host has answered: on a thread of the transport's own while the caller
+        computes, or in :meth:`take_ahead` (it must not touch the transport)."""
 
     def take_ahead(self, handle: Any) -> Any:
         """What ``prepare`` made of the answers to :meth:`post_ahead`'s request; None when

@@ -175,9 +175,7 @@ class Model(ABC):
         points, everything ``log L~_n = log(expm1(l_n - beta_n))`` needs besides
         ``eta_n`` (the label and the bound's coefficients), so that evaluating a few
         hundred scattered rows costs one gather and a handful of arithmetic operations
-        each. None (the default): shards use :meth:`loglik` and :meth:`logbound`. A
-        function of its arguments alone: the driver calls it on the thread that reads
-        the hosts' read-ahead answers, while its own thread samples.
+        each. None (the default): shards use :meth:`loglik` and :meth:`logbound`.
         """
         return None
 

@@ -72,9 +72,20 @@ log = logging.getLogger("flymc_dist")
 
 
 class _Failed(NamedTuple):
-    """The error a read-ahead request's ``prepare`` raised on the reading thread."""
+    """The error a read-ahead request's ``prepare`` raised (wherever it ran)."""
 
     error: Exception
+
+
+class _AheadHandle(NamedTuple):
+    """A read-ahead request posted (:meth:`DaskTransport.post_ahead`): how it travels
+    (``"socket"``: :class:`_Prepared`; ``"dask"``: a future of the actor calls'
+    answers), to which workers, and the ``prepare`` to apply to the answers."""
+
+    how: str
+    workers: list[str]
+    pending: Any
+    prepare: Callable[[list[Proposals]], Any]
 
 
 class _Prepared:
@@ -112,6 +123,12 @@ class _Prepared:
             self._read.result()
         if not self._asked and self._claim():
             self._build()
+
+    def drop(self) -> None:
+        """Wait for the answers (not for what is built of them) and build nothing more."""
+        self._asked = True
+        with contextlib.suppress(BaseException):  # dropped with the answers
+            self._read.result()
 
     def result(self) -> Any:
         """``finish(answers)``: built here unless the building thread has begun."""
@@ -844,10 +861,11 @@ class DaskTransport:
 
     def post_ahead(self, msg: Ahead, prepare: Callable[[list[Proposals]], Any]) -> Any:
         """Send a read-ahead request to every host, without waiting for the answers: on
-        the round channel, sent, its replies read, checked and unpacked and ``prepare``
-        applied to them on a thread of its own (each connection carries this one request
-        until :meth:`take_ahead` has its reply), else as an actor call run in the
-        client's event loop. Returns the handle :meth:`take_ahead` takes."""
+        the round channel, sent and its replies read and checked on a thread of its own
+        (each connection carries this one request until :meth:`take_ahead` has its
+        reply), then unpacked and ``prepare`` applied to them on another, or by
+        :meth:`take_ahead` when it asks first; else as an actor call run in the client's
+        event loop, prepared by :meth:`take_ahead`. Returns the handle it takes."""
         blob = pack_ahead(msg)
         workers = list(self.placement)
         self.round_trips += 1
@@ -882,7 +900,7 @@ class DaskTransport:
 
             job = _Prepared(read, answers)
             builder.submit(job.unasked)
-            return "socket", workers, job, prepare
+            return _AheadHandle("socket", workers, job, prepare)
 
         async def run() -> list[Any]:
             return await asyncio.gather(
@@ -891,9 +909,9 @@ class DaskTransport:
             )
 
         future = asyncio.run_coroutine_threadsafe(run(), self.client.loop.asyncio_loop)
-        return "dask", workers, future, prepare
+        return _AheadHandle("dask", workers, future, prepare)
 
-    def take_ahead(self, handle: Any) -> Any:
+    def take_ahead(self, handle: _AheadHandle) -> Any:
         """What the ``prepare`` of :meth:`post_ahead` made of its request's answers (in
         shard order). A host lost on the way (its connection fails, or no answer within
         ``timeout``) has its shards recreated on live workers (:meth:`recover`): then
@@ -905,25 +923,31 @@ class DaskTransport:
             self.recover(self._lost(bad))
             return None
         if prepared is None:  # answered in the event loop: prepared here
-            prepared = handle[3](self._per_shard({w: unpack_proposals(r) for w, r in ok.items()}))
+            parts = self._per_shard({w: unpack_proposals(r) for w, r in ok.items()})
+            prepared = handle.prepare(parts)
         if isinstance(prepared, _Failed):
             raise prepared.error
         return prepared
 
-    def drop_ahead(self, handle: Any) -> None:
-        """Wait for the answers to :meth:`post_ahead`'s request and drop them (and what
-        ``prepare`` made of them, or the error it raised): hosts lost on the way are not
-        recovered here (the next call meets them)."""
-        self._ahead_answers(handle)
+    def drop_ahead(self, handle: _AheadHandle) -> None:
+        """Wait for the answers to :meth:`post_ahead`'s request and drop them (nothing more
+        is prepared of them): hosts lost on the way are not recovered here (the next
+        call meets them)."""
+        if handle.how == "socket":
+            handle.pending.drop()
+        else:
+            self._ahead_answers(handle)
 
-    def _ahead_answers(self, handle: Any) -> tuple[dict[str, Any], dict[str, BaseException], Any]:
+    def _ahead_answers(
+        self, handle: _AheadHandle
+    ) -> tuple[dict[str, Any], dict[str, BaseException], Any]:
         """The answers to :meth:`post_ahead`'s request, the hosts that gave none, and
         what ``prepare`` made of them (None: not prepared yet)."""
-        how, workers, extra, _ = handle
+        how, workers, pending, _ = handle
         if how == "socket":
-            return extra.result()  # the channel's own timeout bounds it
+            return pending.result()  # the channel's own timeout bounds it
         try:
-            out = extra.result(self.timeout)
+            out = pending.result(self.timeout)
         except TimeoutError:
             out = [TimeoutError("no answer to a read-ahead request")] * len(workers)
         ok, bad = {}, {}
