@@ -71,12 +71,6 @@ from flymc_dist.transport.inprocess import InProcessTransport
 log = logging.getLogger("flymc_dist")
 
 
-class _Failed(NamedTuple):
-    """The error a read-ahead request's ``prepare`` raised (wherever it ran)."""
-
-    error: Exception
-
-
 class _AheadHandle(NamedTuple):
     """A read-ahead request posted (:meth:`DaskTransport.post_ahead`): how it travels
     (``"socket"``: :class:`_Prepared`; ``"dask"``: a future of the actor calls'
@@ -892,11 +886,9 @@ class DaskTransport:
                 ok, bad = read
                 if bad:
                     return ok, bad, None
-                try:
-                    parts = per_shard({w: unpack_proposals(r) for w, r in ok.items()})
-                    return ok, bad, prepare(parts)
-                except Exception as e:  # noqa: BLE001 - raised by take_ahead, not by drop_ahead
-                    return ok, bad, _Failed(e)
+                # an error here is raised where the driver takes the block, never by
+                # drop_ahead (_Prepared)
+                return ok, bad, prepare(per_shard({w: unpack_proposals(r) for w, r in ok.items()}))
 
             job = _Prepared(read, answers)
             builder.submit(job.unasked)
@@ -925,8 +917,6 @@ class DaskTransport:
         if prepared is None:  # answered in the event loop: prepared here
             parts = self._per_shard({w: unpack_proposals(r) for w, r in ok.items()})
             prepared = handle.prepare(parts)
-        if isinstance(prepared, _Failed):
-            raise prepared.error
         return prepared
 
     def drop_ahead(self, handle: _AheadHandle) -> None:
