@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from flymc_dist.bench.delay import DelayProxy
 from flymc_dist.bench.scaleout import (
     format_scaleout,
     run_scaleout,
@@ -133,3 +136,78 @@ def test_the_cluster_runs_on_its_cpus_and_the_driver_keeps_its_own(tmp_path: Pat
         t.join()
         assert os.sched_getaffinity(0) == mine
     assert seen == [mine] and os.sched_getaffinity(0) == before
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_lean_workers_have_no_nanny_and_no_profiler(lean: bool, tmp_path: Path) -> None:
+    import dask
+    from distributed import Client
+
+    with (
+        user_cluster(1, str(tmp_path), lean=lean) as sched_file,
+        Client(scheduler_file=sched_file) as client,
+    ):
+        client.wait_for_workers(1, timeout=60)
+        (worker,) = client.scheduler_info()["workers"].values()
+        assert (worker.get("nanny") is None) == lean
+        profiling = client.run(dask.config.get, "distributed.worker.profile.enabled")
+        assert list(profiling.values()) == [not lean]
+
+
+def _echo_server() -> tuple[socket.socket, list[float]]:
+    """A loopback server echoing each connection's bytes; the times they arrived."""
+    server = socket.create_server(("127.0.0.1", 0))
+    arrived: list[float] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while data := conn.recv(1 << 16):
+                arrived.append(time.monotonic())
+                conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, arrived
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n and (data := sock.recv(n - len(out))):
+        out += data
+    return out
+
+
+def test_the_delaying_proxy_delays_the_replies_only_in_a_process_of_its_own() -> None:
+    """Bytes both ways intact; each reply reaches the client no sooner than the delay
+    after the client sent what it answers, while what the client sends reaches the
+    target at once; the proxy is another process, on the CPUs asked for, and ends with
+    its close (and the connection with it)."""
+    server, arrived = _echo_server()
+    cpus = {min(os.sched_getaffinity(0))}
+    proxy = DelayProxy(server.getsockname()[:2], 0.2, cpus)
+    try:
+        pid = proxy._proc.pid
+        assert pid != os.getpid() and os.sched_getaffinity(pid) == cpus
+        with socket.create_connection(proxy.address) as client:
+            payload = bytes(range(256)) * 1000
+            sent = time.monotonic()
+            client.sendall(payload)
+            got = _read(client, len(payload))
+            came = time.monotonic()
+            assert got == payload
+            assert came - sent >= 0.2  # the delay, on the replies
+            assert arrived[0] - sent < 0.2  # not on the requests
+            proxy.close()
+            assert proxy._proc.returncode is not None
+            client.settimeout(10)
+            assert client.recv(1) == b""  # the forwarded connection went with it
+    finally:
+        proxy.close()
+        server.close()
+
+
+def test_a_negative_delay_is_refused_before_any_process_starts() -> None:
+    with pytest.raises(ValueError, match="delay must be >= 0 seconds, got -1"):
+        DelayProxy(("127.0.0.1", 9), -1.0)
+    with pytest.raises(ValueError, match="delay must be >= 0 seconds, got nan"):
+        DelayProxy(("127.0.0.1", 9), float("nan"))

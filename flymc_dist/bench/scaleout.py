@@ -12,8 +12,8 @@ as to workers on other machines, which the bench stands for; ``"socket"``, the d
 a run, would reach these workers by local sockets, which the delays below cannot be put
 in front of). Each W of ``workers`` runs without added latency; each
 ``delays_ms`` above 0 runs at the first W with that delay added to every reply of every
-host (a :class:`~flymc_dist.bench.delay.DelayProxy` in front of each host's round
-channel). Each ``read_ahead`` (the FlyMC option; 0: a round to the hosts every
+host (a :class:`~flymc_dist.bench.delay.DelayProxy`, a process of its own, in front of
+each host's round channel). Each ``read_ahead`` (the FlyMC option; 0: a round to the hosts every
 iteration) runs every configuration, side by side; with ``shard_evaluated`` every
 configuration also runs with ``bright_replica=False`` (mode ``shards``: the hosts
 evaluate every point the kernel asks for, a round to every host per evaluation, sent
@@ -24,7 +24,10 @@ its test trips on the same channel; no CPU or θ figures). With ``driver_cpus`` 
 driver's threads run on k CPUs of their own and the cluster's processes on the others
 (Linux's CPU affinity), as when the workers are other machines: on a machine of few CPUs
 the W worker processes otherwise take CPU time from the driver's θ-steps, which then
-measure the machine rather than the sampler (the θc column shows it).
+measure the machine rather than the sampler (the θc column shows it); the delaying
+proxies, standing for the network, run on the cluster's CPUs. With ``lean_workers`` each
+worker starts without a nanny and with Dask's profiler off: the upkeep of many idle
+worker processes, Dask's own, then takes less from a machine of few CPUs.
 
 Figures per run (post-warm-up iterations):
 
@@ -143,11 +146,16 @@ def _forking_on(cpus: set[int] | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def user_cluster(workers: int, workdir: str, cpus: set[int] | None = None) -> Iterator[str]:
+def user_cluster(
+    workers: int, workdir: str, cpus: set[int] | None = None, lean: bool = False
+) -> Iterator[str]:
     """A ``dask scheduler`` and ``workers`` ``dask worker`` processes (one thread each)
     on loopback, as a user starts them; yields the scheduler file; stops them after.
-    With ``cpus`` the processes (and any they start) run on those CPUs only."""
+    With ``cpus`` the processes (and any they start) run on those CPUs only; ``lean``
+    starts each worker without a nanny and with Dask's profiler off."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    if lean:
+        env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
     sched_file = os.path.join(workdir, f"scheduler-{os.getpid()}-{time.time_ns()}.json")
     procs: list[subprocess.Popen] = []
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
@@ -182,6 +190,7 @@ def user_cluster(workers: int, workdir: str, cpus: set[int] | None = None) -> It
                             "worker",
                             "--nthreads",
                             "1",
+                            *(["--no-nanny"] if lean else []),
                             "--host",
                             "127.0.0.1",
                             "--no-dashboard",
@@ -241,7 +250,7 @@ def _cpu_per_step() -> Iterator[list[tuple[int, float]]]:
 def _one(
     ds: Any, sched_file: str, workers: int, kernel: str, chains: int, warmup: int,
     draws: int, seed: int, read_ahead: int, delay_ms: float, mode: str, fanout: int,
-    channel: str,
+    channel: str, cluster_cpus: set[int] | None,
 ) -> dict[str, Any]:  # fmt: skip
     from distributed import Client
 
@@ -251,7 +260,12 @@ def _one(
     else:
         replica = "auto" if mode == "replica" else False
         algorithm = fd.FlyMC(read_ahead=read_ahead, bright_replica=replica)
-    delay = delayed_channels(delay_ms / 1e3) if delay_ms > 0 else contextlib.nullcontext([])
+    # the proxies stand for the network: on the cluster's CPUs, not the driver's
+    delay = (
+        delayed_channels(delay_ms / 1e3, cluster_cpus)
+        if delay_ms > 0
+        else contextlib.nullcontext([])
+    )
     with Client(scheduler_file=sched_file, direct_to_workers=True) as client:
         client.wait_for_workers(workers, timeout=120)
         with delay, _cpu_per_step() as marks:
@@ -326,6 +340,7 @@ def run_scaleout(
     fanout: int = fd.Placement().fanout,
     channel: str = "tcp",
     driver_cpus: int = 0,
+    lean_workers: bool = False,
     seed: int = 0,
     workdir: str | None = None,
 ) -> dict[str, Any]:
@@ -364,6 +379,11 @@ def run_scaleout(
         CPUs of the driver's own (the first of those this process may use; the cluster's
         processes run on the others; Linux). 0: the driver and the cluster share every
         CPU.
+    lean_workers
+        Start each ``dask worker`` without a nanny and with Dask's profiler off: on a
+        machine of few CPUs, the upkeep of many idle workers (measured on 2 CPUs: 0.84
+        of a CPU for 16 workers with nannies, 0.26 for 2) otherwise takes CPU time from
+        the run.
     seed
         The store's and the runs' seed.
     workdir
@@ -392,12 +412,13 @@ def run_scaleout(
     runs = []
     for w, d in plan:
         modes = ["replica"] + ["shards"] * shard_evaluated + ["austerity"] * austerity
-        with user_cluster(w, workdir, cluster_set) as sched_file, threads_on(driver_set):
+        cluster = user_cluster(w, workdir, cluster_set, lean_workers)
+        with cluster as sched_file, threads_on(driver_set):
             for mode in modes:
                 for depth in read_ahead if mode == "replica" else read_ahead[:1]:
                     run = _one(
                         ds, sched_file, w, kernel, chains, num_warmup, num_samples, seed, depth,
-                        d, mode, fanout, channel,
+                        d, mode, fanout, channel, cluster_set,
                     )  # fmt: skip
                     if run["workers"] != w:
                         raise RuntimeError(
@@ -415,6 +436,7 @@ def run_scaleout(
         "channel": channel,
         "driver_cpus": None if driver_set is None else sorted(driver_set),
         "cluster_cpus": None if cluster_set is None else sorted(cluster_set),
+        "lean_workers": lean_workers,
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpus": os.cpu_count(),
         "runs": runs,
@@ -436,7 +458,8 @@ def format_scaleout(d: dict[str, Any]) -> str:
             f"; the driver on CPUs {d['driver_cpus']}, the cluster on {d['cluster_cpus']}"
             if d.get("driver_cpus")
             else "; the driver and the cluster share them"
-        ),
+        )
+        + ("; workers without nannies or Dask's profiler" if d.get("lean_workers") else ""),
         f"{'W':>3}{'mode':>10}{'delay':>7}{'ahead':>6}{'ms/it':>8}{'CPU ms/it':>10}"
         f"{'CPU ms/rd':>10}{'θ ms/it':>9}{'z ms/it':>8}{'wait':>7}{'ms/θ':>6}"
         f"{'θc ms/it':>9}{'ms/θc':>6}"
