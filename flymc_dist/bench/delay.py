@@ -4,26 +4,22 @@ These machines' kernels have no ``netem``; a proxy in front of each host's chann
 adds a fixed delay to every byte the host sends back (its replies), so a run can be timed
 as if its hosts were that much further away. Each proxy runs in a process of its own, as
 a network in between would: its work takes no CPU time or interpreter lock from the
-driver's threads. :func:`delayed_channels` routes every round channel a run opens through
-a proxy of its own.
-
-Run as a script (``python delay.py HOST PORT DELAY``, standard library only), this module
-is that process: it prints the port it listens on and forwards until its standard input
-closes.
+driver's threads (:mod:`flymc_dist.bench.delay_server`, run as a script).
+:func:`delayed_channels` routes every round channel a run opens through a proxy of its
+own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from flymc_dist.transport.channel import ChannelClient
 
 __all__ = ["DelayProxy", "delayed_channels"]
 
@@ -50,13 +46,17 @@ class DelayProxy:
         host, port = target
         self.target = (str(host), int(port))
         self.delay = float(delay)
-        script = os.path.abspath(__file__)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "delay_server.py")
+        # its errors to a file, which a long run cannot fill as it would a pipe
+        self._err = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
             [sys.executable, "-I", script, *map(str, self.target), repr(self.delay)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
+            stderr=self._err,
+        )
+        #: the proxy's process id
+        self.pid = self._proc.pid
         if cpus is not None:
             os.sched_setaffinity(self._proc.pid, cpus)
         line = self._proc.stdout.readline() if self._proc.stdout else b""
@@ -71,100 +71,18 @@ class DelayProxy:
         if self._proc.returncode is not None:
             return ""
         try:
-            _, err = self._proc.communicate(timeout=5)
+            self._proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:
             self._proc.kill()
-            _, err = self._proc.communicate()
+            self._proc.communicate()
+        self._err.seek(0)
+        err = self._err.read()
+        self._err.close()
         return err.decode(errors="replace")
 
     def close(self) -> None:
         """Stop the process: every forwarded connection closes with it."""
         self._stop()
-
-
-def _serve(target: tuple[str, int], delay: float) -> None:
-    """The proxy process: listen, print the port, forward until standard input closes."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    threading.Thread(
-        target=_accept, args=(listener, target, delay), name="flymc-delay-accept", daemon=True
-    ).start()
-    print(listener.getsockname()[1], flush=True)
-    sys.stdin.buffer.read()  # until the parent closes it, or ends
-    os._exit(0)  # the forwarding threads die with the process
-
-
-def _accept(listener: socket.socket, target: tuple[str, int], delay: float) -> None:
-    """Forward each connection ``listener`` accepts to ``target``."""
-    while True:
-        down, _ = listener.accept()
-        try:
-            up = socket.create_connection(target)
-        except OSError:  # the target is gone: so is this connection
-            down.close()
-            continue
-        for s in (down, up):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_pump, args=(down, up), daemon=True).start()
-        threading.Thread(target=_delayed, args=(up, down, delay), daemon=True).start()
-
-
-def _delayed(src: socket.socket, dst: socket.socket, delay: float) -> None:
-    """Forward ``src`` to ``dst``, each chunk ``delay`` seconds after it arrived."""
-    queue: list[tuple[float, int, bytes]] = []
-    ready = threading.Condition()
-    done = threading.Event()
-
-    def writer() -> None:
-        while True:
-            with ready:
-                while not queue and not done.is_set():
-                    ready.wait()
-                if not queue:
-                    break
-                due, _, data = queue[0]
-                wait = due - time.monotonic()
-                if wait > 0:
-                    ready.wait(wait)
-                    continue
-                heapq.heappop(queue)
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    threading.Thread(target=writer, daemon=True).start()
-    n = 0
-    try:
-        while True:
-            data = src.recv(1 << 20)
-            if not data:
-                break
-            with ready:
-                heapq.heappush(queue, (time.monotonic() + delay, n, data))
-                n += 1
-                ready.notify()
-    except OSError:
-        pass
-    finally:
-        with ready:
-            done.set()
-            ready.notify()
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    """Forward ``src`` to ``dst`` as it comes; close ``dst``'s sending side at the end."""
-    try:
-        while True:
-            data = src.recv(1 << 20)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        dst.shutdown(socket.SHUT_WR)
 
 
 @contextlib.contextmanager
@@ -176,8 +94,6 @@ def delayed_channels(
     i-th channel connected) added to the host's replies, over TCP (a host's local socket,
     which would bypass the proxy, is not used); each proxy on ``cpus`` (``None``: those of
     the connecting thread). Yields the proxies started."""
-    from flymc_dist.transport.channel import ChannelClient
-
     original = ChannelClient.connect
     proxies: list[DelayProxy] = []
 
@@ -194,7 +110,3 @@ def delayed_channels(
         ChannelClient.connect = original  # type: ignore[method-assign]
         for p in proxies:
             p.close()
-
-
-if __name__ == "__main__":
-    _serve((sys.argv[1], int(sys.argv[2])), float(sys.argv[3]))
