@@ -63,7 +63,7 @@ def fitting_depth(want: int, step_bytes: list[float], hosts: list[list[int]]) ->
     themselves, a round per iteration.
 
     At the default ``q_db`` steps are small (400k × 20 on two hosts, 4 chains, q ≈ 5·10⁻⁵:
-    ~27 kB a step; the default 64 steps, 32 per host, ~1.7 MB). At 10⁶ × 10 on two hosts
+    ~27 kB a step; the default 512 steps, 256 per host, ~14 MB). At 10⁶ × 10 on two hosts
     with ``q_db=0.05`` one step counts ~38 MB a host: none (16 steps made replies of
     79-126 MB, more than the channel's frames, and the driver would evaluate 10⁵ proposed
     rows an iteration that the shards evaluate in parallel)."""

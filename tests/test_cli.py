@@ -858,8 +858,9 @@ def test_bench_mixing_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "flymc" in out and "regular" in out and "FlyMC / regular" in out
     d = json.loads(out_json.read_text())
     assert d["flymc"]["bright_replica"] is True
-    # the driver updates z itself: one request per READ_AHEAD iterations
-    assert 0 < d["flymc"]["round_trips_per_iteration"] <= math.ceil(30 / READ_AHEAD) / 30
+    # the driver updates z itself: one request per READ_AHEAD iterations at most (30
+    # iterations may need none beyond the warm-up's), never a round per iteration
+    assert 0 <= d["flymc"]["round_trips_per_iteration"] <= math.ceil(30 / READ_AHEAD) / 30
     assert d["regular"]["queries_per_iteration"] > d["flymc"]["queries_per_iteration"]
     assert d["setup"]["precondition"] == "laplace" and d["setup"]["adapt_metric"] is True
     # FlyMC's forecast of its own mixing, beside what it measured

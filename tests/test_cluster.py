@@ -17,9 +17,11 @@ from scipy.special import expit, logsumexp
 
 import flymc_dist as fd
 from flymc_dist.jointdpm.data import four_blobs
-from flymc_dist.options import READ_AHEAD
 
 pytestmark = pytest.mark.cluster
+
+#: read-ahead iterations per host where a test needs several requests in a short run
+AHEAD = 32
 
 
 def _logistic_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -656,6 +658,7 @@ def test_resume_recovery_resume_never_reuse_a_z_stream(
         return step
 
     kw = dict(
+        algorithm=fd.FlyMC(bounds="map", read_ahead=AHEAD),
         num_warmup=100,
         num_samples=600,
         trace=trace,
@@ -671,9 +674,9 @@ def test_resume_recovery_resume_never_reuse_a_z_stream(
             _run(path, client, **kw)
         assert Trace.open(trace).checkpoint["generation"] == 0
         # the resumed segment loses a worker 50 iterations in, then is interrupted in turn:
-        # a request covers READ_AHEAD iterations per host (2 hosts) and one more is in
+        # a request covers AHEAD iterations per host (2 hosts) and one more is in
         # flight, so a request meets the lost worker before the interruption
-        assert 50 + 2 * (2 * READ_AHEAD) < 300
+        assert 50 + 2 * (2 * AHEAD) < 300
         pids = client.run(os.getpid)
         monkeypatch.setattr(Driver, "step", stop_after(300, kill=(50, pids[sorted(pids)[-1]])))
         with pytest.raises(KeyboardInterrupt):
@@ -690,8 +693,8 @@ def test_replica_mode_deterministic_across_placements(
     store, local_client, local_clusters, kernel, force_exact_rows
 ):
     """Replica mode (the θ-kernel on the driver's copy of the bright rows): the same
-    draws in-process, on 1 and on 2 workers, one request per READ_AHEAD · W iterations
-    (also with exact rows)."""
+    draws in-process, on 1 and on 2 workers, one request per AHEAD · W iterations (also
+    with exact rows)."""
     from distributed import Client
 
     path = store[0]
@@ -700,7 +703,7 @@ def test_replica_mode_deterministic_across_placements(
         force_exact_rows(1, EXACT_X2)
     kernel = kernel.removesuffix("-exact-rows")
     kw = dict(
-        algorithm=fd.FlyMC(bounds="map", bright_replica=True),
+        algorithm=fd.FlyMC(bounds="map", bright_replica=True, read_ahead=AHEAD),
         kernel=kernel,
         num_warmup=50,
         num_samples=100,
@@ -719,7 +722,7 @@ def test_replica_mode_deterministic_across_placements(
             np.testing.assert_array_equal(sync.stats[k], other.stats[k])
         trips = other.stats["round_trips"]  # the driver's own z-update: one request a block
         depth = other.info["read_ahead"]  # read_ahead iterations per host
-        assert depth == READ_AHEAD * other.info["n_workers"]
+        assert depth == AHEAD * other.info["n_workers"]
         assert trips.max() == 1 and trips.sum(axis=1).max() <= trips.shape[1] // depth + 1
 
 

@@ -9,7 +9,6 @@ import pytest
 from rss import peak_rss, reset_peak_rss
 
 import flymc_dist as fd
-from flymc_dist.options import READ_AHEAD
 from flymc_dist.protocol import ShardConfig, ShardSpec
 from flymc_dist.shard import Shard
 from flymc_dist.shard.round import update_z
@@ -232,14 +231,14 @@ def test_a_q_that_cannot_fit_is_refused_before_any_row_file(store, monkeypatch):
 
 def test_the_replica_read_ahead_fits_the_budget(store):
     """Replica mode, out of core: the driver asks each host for no more steps of proposals
-    than fit in half its shards' budget (it asked for READ_AHEAD, one host's, whatever
-    the budget), and the draws do not change."""
+    than fit in half its shards' budget (it asked for 32, one host's, whatever the
+    budget), and the draws do not change."""
 
     def run(budget):
         return fd.sample(
             fd.LogisticRegression(),
             fd.open_dataset(store),
-            fd.FlyMC(q_db=0.2, bright_replica=True),
+            fd.FlyMC(q_db=0.2, bright_replica=True, read_ahead=32),
             "rwmh",
             placement=fd.Placement(n_shards=2, out_of_core=True, memory_budget=budget),
             client="synchronous",
@@ -253,5 +252,5 @@ def test_the_replica_read_ahead_fits_the_budget(store):
     per_step = 8 * (4 * 5 + 3 + 5) * 2 * 0.2 * 1500  # 2 chains, 1,500 rows a shard
     free, tight = run(None), run(int(2 * 3.5 * per_step))
     assert free.info["bright_replica"] and tight.info["bright_replica"]
-    assert free.info["read_ahead"] == READ_AHEAD and tight.info["read_ahead"] == 3
+    assert free.info["read_ahead"] == 32 and tight.info["read_ahead"] == 3
     np.testing.assert_array_equal(free.samples, tight.samples)

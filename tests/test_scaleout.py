@@ -246,7 +246,8 @@ def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monk
 
     from flymc_dist.ahead import ReadAhead
 
-    ref = _run(ds, "synchronous")
+    # three blocks in the run's 150 iterations: 32 iterations per host (2 hosts) a block
+    ref = _run(ds, "synchronous", read_ahead=32)
     built = _blocks_built(monkeypatch)
     if first == "answers":
         take = ReadAhead.block
@@ -261,7 +262,7 @@ def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monk
         Client(local_clusters.get(2), direct_to_workers=True) as client,
         delayed_channels(lambda i: 0.05 if first == "driver" else 0.0),
     ):
-        res = _run(ds, client)
+        res = _run(ds, client, read_ahead=32)
     assert res.info["channel"] == "socket"
     T = res.info["read_ahead"]
     taken = [t for f, t in built if f < 60 + 90]  # the blocks the run took
@@ -280,12 +281,12 @@ def test_a_block_that_cannot_be_built_fails_the_run_that_needs_it(ds, local_clus
     from distributed import Client
 
     with Client(local_clusters.get(2), direct_to_workers=True) as client:
-        T = _run(ds, client, warmup=5, draws=5).info["read_ahead"]
+        T = _run(ds, client, warmup=5, draws=5, read_ahead=32).info["read_ahead"]
         _blocks_built(monkeypatch, fail_at=T)
         with pytest.raises(ValueError, match=f"no block at {T}"):
-            _run(ds, client, warmup=T - 10, draws=20)
+            _run(ds, client, warmup=T - 10, draws=20, read_ahead=32)
         _blocks_built(monkeypatch, fail_at=3 * T)  # in flight at the end: dropped
-        res = _run(ds, client, warmup=T, draws=T)
+        res = _run(ds, client, warmup=T, draws=T, read_ahead=32)
     assert res.samples.shape == (3, T, 3)
 
 
