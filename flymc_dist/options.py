@@ -43,9 +43,10 @@ REPLICA_BUDGET = 256 * 2**20
 #: one request to the H hosts carries ``READ_AHEAD · H`` iterations' rows, so the driver
 #: sends about one message per ``READ_AHEAD`` iterations whatever H (see
 #: :mod:`flymc_dist.ahead`; the bytes per request are capped there). 256 rather than 32:
-#: random-walk MH at 2·10⁶ × 57 on 2 workers ran 0.044-0.051 ms an iteration against
-#: 0.054-0.088 (fewer requests and blocks, each with its fixed costs); NUTS at 4·10⁵ × 20
-#: the same
+#: fewer requests and blocks, each with its fixed costs on the hosts and the driver —
+#: random-walk MH at 2·10⁶ × 57 on 2 workers 0.037-0.058 ms an iteration against
+#: 0.067-0.086; NUTS at 4·10⁵ × 20 the same on 2 workers, and on 16 sharing 2 cores
+#: 1.06-1.16× the 2-worker iteration against 1.67-1.75×
 READ_AHEAD = 256
 #: how rounds travel to the shard hosts
 CHANNELS = ("auto", "socket", "tcp", "dask")

@@ -10,11 +10,11 @@ thread each; the executables beside ``sys.executable``) on loopback, the driver 
 process, one shard per worker, the rounds on ``channel`` (default ``"tcp"``: TCP sockets,
 as to workers on other machines, which the bench stands for; ``"socket"``, the default of
 a run, would reach these workers by local sockets, which the delays below cannot be put
-in front of). Each W of ``workers`` runs without added latency; each
-``delays_ms`` above 0 runs at the first W with that delay added to every reply of every
-host (a :class:`~flymc_dist.bench.delay.DelayProxy`, a process of its own, in front of
-each host's round channel). Each ``read_ahead`` (the FlyMC option; 0: a round to the hosts every
-iteration) runs every configuration, side by side; with ``shard_evaluated`` every
+in front of). Each W of ``workers`` runs without added latency; each ``delays_ms``
+above 0 runs at the first W with that delay added to every reply of every host (a
+:class:`~flymc_dist.bench.delay.DelayProxy`, a process of its own, in front of each
+host's round channel). Each ``read_ahead`` (the FlyMC option; 0: a round to the hosts
+every iteration) runs every configuration, side by side; with ``shard_evaluated`` every
 configuration also runs with ``bright_replica=False`` (mode ``shards``: the hosts
 evaluate every point the kernel asks for, a round to every host per evaluation, sent
 down a tree of hosts of ``fanout`` children each, :class:`~flymc_dist.options.Placement`'s
