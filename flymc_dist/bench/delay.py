@@ -57,9 +57,13 @@ class DelayProxy:
         )
         #: the proxy's process id
         self.pid = self._proc.pid
-        if cpus is not None:
-            os.sched_setaffinity(self._proc.pid, cpus)
-        line = self._proc.stdout.readline() if self._proc.stdout else b""
+        try:
+            if cpus is not None:
+                os.sched_setaffinity(self.pid, cpus)
+            line = self._proc.stdout.readline() if self._proc.stdout else b""
+        except BaseException:
+            self._stop()  # no process left behind
+            raise
         if not line.strip().isdigit():
             err = self._stop()
             raise RuntimeError(f"the delaying proxy did not start: {err.strip() or line!r}")
