@@ -120,7 +120,8 @@ def _interrupted_then_resumed(monkeypatch, data, trace: str, client, stop_at: in
     """A run stopped by Ctrl-C at step ``stop_at`` (past its second checkpoint, in the kept
     draws), then resumed from its trace."""
     opts = dict(
-        algorithm=fd.FlyMC(bounds="map"),
+        # several read-ahead requests in the run's 90 iterations (the default asks for 256)
+        algorithm=fd.FlyMC(bounds="map", read_ahead=32),
         kernel="rwmh",
         num_warmup=30,
         num_samples=60,
