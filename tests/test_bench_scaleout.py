@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from flymc_dist.bench.delay import DelayProxy
@@ -212,3 +213,10 @@ def test_a_negative_delay_is_refused_before_any_process_starts() -> None:
         DelayProxy(("127.0.0.1", 9), -1.0)
     with pytest.raises(ValueError, match="delay must be >= 0 seconds, got nan"):
         DelayProxy(("127.0.0.1", 9), float("nan"))
+
+
+def test_a_proxy_on_cpus_it_cannot_have_says_so_and_leaves_no_process() -> None:
+    before = {p.pid for p in psutil.Process().children()}
+    with pytest.raises(RuntimeError, match="the delaying proxy did not start: .*Invalid argument"):
+        DelayProxy(("127.0.0.1", 9), 0.1, {4096})
+    assert {p.pid for p in psutil.Process().children()} == before

@@ -47,10 +47,12 @@ class DelayProxy:
         self.target = (str(host), int(port))
         self.delay = float(delay)
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "delay_server.py")
-        # its errors to a file, which a long run cannot fill as it would a pipe
+        # its errors to a file, which a long run cannot fill as it would a pipe; it takes
+        # its CPUs itself, before it starts a thread
         self._err = tempfile.TemporaryFile()
+        mask = "" if cpus is None else ",".join(map(str, sorted(cpus)))
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", script, *map(str, self.target), repr(self.delay)],
+            [sys.executable, "-I", script, *map(str, self.target), repr(self.delay), mask],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._err,
@@ -58,11 +60,9 @@ class DelayProxy:
         #: the proxy's process id
         self.pid = self._proc.pid
         try:
-            if cpus is not None:
-                os.sched_setaffinity(self.pid, cpus)
             line = self._proc.stdout.readline() if self._proc.stdout else b""
-        except BaseException:
-            self._stop()  # no process left behind
+        except BaseException:  # an interrupt: no process left behind
+            self._stop()
             raise
         if not line.strip().isdigit():
             err = self._stop()

@@ -1,7 +1,8 @@
 """The delaying proxy's process (:class:`~flymc_dist.bench.delay.DelayProxy` starts it
-as a script: ``python delay_server.py HOST PORT DELAY``; the standard library only).
+as a script: ``python delay_server.py HOST PORT DELAY CPUS``; the standard library only).
 
-It listens on a loopback port, prints the port, and forwards each connection to
+It runs on ``CPUS`` (comma-separated; empty: those it was started on), listens on a
+loopback port, prints the port, and forwards each connection to
 ``HOST:PORT`` — bytes to it at once, bytes from it ``DELAY`` seconds after they arrived,
 in order — until its standard input closes.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import os
 import socket
 import sys
 import threading
@@ -18,8 +20,11 @@ import time
 __all__: list[str] = []
 
 
-def _serve(target: tuple[str, int], delay: float) -> None:
-    """The proxy process: listen, print the port, forward until standard input closes."""
+def _serve(target: tuple[str, int], delay: float, cpus: set[int]) -> None:
+    """The proxy process: on ``cpus`` (every thread: none is started yet), listen, print
+    the port, forward until standard input closes."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(
         target=_accept, args=(listener, target, delay), name="flymc-delay-accept", daemon=True
@@ -104,4 +109,8 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
 
 
 if __name__ == "__main__":
-    _serve((sys.argv[1], int(sys.argv[2])), float(sys.argv[3]))
+    _serve(
+        (sys.argv[1], int(sys.argv[2])),
+        float(sys.argv[3]),
+        {int(c) for c in sys.argv[4].split(",") if c},
+    )
