@@ -532,6 +532,36 @@ def apply(
 
 
 @numba.njit(**JIT)
+def _linear_predictors(
+    X: np.ndarray, at: np.ndarray, n: int, thetas: np.ndarray, c: int, D: int, out: np.ndarray
+) -> None:
+    """``out[k] = X[at[k], :D] · thetas[c]`` for ``k < n``: each sum in the order of
+    :func:`eval_rows` (``d = 0, 1, …``, from ``0.0``: the same bits), four rows at a
+    time. A row's sum is a chain of ``D`` dependent additions; four independent chains
+    run side by side on the processor (2.5-3× faster at ``D = 57``), where one row
+    after another would wait on each addition in turn."""
+    k = 0
+    while k + 4 <= n:
+        r0, r1, r2, r3 = at[k], at[k + 1], at[k + 2], at[k + 3]
+        e0 = e1 = e2 = e3 = 0.0
+        for d in range(D):
+            t = thetas[c, d]
+            e0 += X[r0, d] * t
+            e1 += X[r1, d] * t
+            e2 += X[r2, d] * t
+            e3 += X[r3, d] * t
+        out[k], out[k + 1], out[k + 2], out[k + 3] = e0, e1, e2, e3
+        k += 4
+    while k < n:
+        r = at[k]
+        e = 0.0
+        for d in range(D):
+            e += X[r, d] * thetas[c, d]
+        out[k] = e
+        k += 1
+
+
+@numba.njit(**JIT)
 def replica_z_propose(
     buf: np.ndarray,
     ids: np.ndarray,
@@ -574,36 +604,38 @@ def replica_z_propose(
     nan = False
     m = 0
     cand_seg[0] = 0
+    own = np.arange(ids.size)
+    etas = np.empty(max(ids.size, p_ids.size))
     for c in range(starts.size - 1):
         key = keys[c]
         s0, s1 = starts[c], starts[c + 1]
+        _linear_predictors(buf, own[s0:], s1 - s0, thetas, c, D, etas)
         for j in range(s0, s1):
-            eta = 0.0
-            for d in range(D):
-                eta += buf[j, d] * thetas[c, d]
-            v = _log_bright(kind, par, eta, buf[j, D], buf[j, D + 1], buf[j, D + 2])
+            v = _log_bright(kind, par, etas[j - s0], buf[j, D], buf[j, D + 1], buf[j, D + 2])
             b_vals[j] = v
             nan = nan or math.isnan(v)
             gone[j] = math.log1p(-uniform_at(key, ids[j])) < log_q - v
         bright = ids[s0:s1]
+        m0 = m
         for i in range(p_seg[c], p_seg[c + 1]):
             r = p_ids[i]
             k = np.searchsorted(bright, r)
             if k < bright.size and bright[k] == r:
                 continue
-            a = p_at[i]
-            eta = 0.0
-            for d in range(D):
-                eta += rows_buf[a, d] * thetas[c, d]
-            v = _log_bright(kind, par, eta, rows_buf[a, D], rows_buf[a, D + 1], rows_buf[a, D + 2])
-            nan = nan or math.isnan(v)
             cand[m] = r
-            cand_at[m] = a
-            cand_u[m] = uniform_at(key, r)
-            cand_vals[m] = v
+            cand_at[m] = p_at[i]
             m += 1
+        _linear_predictors(rows_buf, cand_at[m0:], m - m0, thetas, c, D, etas)
+        for i in range(m0, m):
+            a = cand_at[i]
+            v = _log_bright(
+                kind, par, etas[i - m0], rows_buf[a, D], rows_buf[a, D + 1], rows_buf[a, D + 2]
+            )
+            nan = nan or math.isnan(v)
+            cand_u[i] = uniform_at(key, cand[i])
+            cand_vals[i] = v
         cand_seg[c + 1] = m
-        queries[c] = s1 - s0 + m - cand_seg[c]
+        queries[c] = s1 - s0 + m - m0
     return nan
 
 

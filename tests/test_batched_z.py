@@ -490,6 +490,61 @@ def test_robust_compiled_log_bright_matches_reference(tuned):
     _assert_formula_equals_reference(model, y - xi, y, xi)
 
 
+def test_replica_z_values_are_the_shards_bits():
+    """The driver's z-update on its replica (:func:`replica_z_propose`, its linear
+    predictors four rows at a time) gives every bright row and every dark proposal the
+    ``log L~`` the shards' kernel (:func:`eval_segments`, one row after another) gives
+    it, bit for bit: 0 to 9 bright rows and proposals per chain (each count's remainder
+    after the rows taken four at a time), 57 features, one chain's proposals among its
+    bright rows skipped."""
+    from flymc_dist import _compiled
+
+    rng = np.random.default_rng(43)
+    model = fd.LogisticRegression()
+    kind, par = model.compiled_bright()
+    D, C = 57, 10
+    n_bright, n_prop = np.arange(C), np.arange(C)[::-1].copy()
+
+    def rows(n: int) -> np.ndarray:
+        X = rng.normal(size=(n, D)) / np.sqrt(D)
+        y = (rng.random(n) < 0.5).astype(float)
+        xi = model.tuned_xi(X @ rng.normal(size=D)[:, None], y)
+        return np.column_stack([X, model.row_constants(y, xi)])
+
+    buf, rows_buf = rows(int(n_bright.sum())), rows(int(n_prop.sum()) + 1)
+    starts = np.concatenate([[0], np.cumsum(n_bright)])
+    ids = np.concatenate([np.sort(rng.choice(1000, k, replace=False)) for k in n_bright])
+    p_seg = np.concatenate([[0], np.cumsum(n_prop)])
+    p_ids = np.concatenate([np.sort(rng.choice(1000, k, replace=False)) + 1000 for k in n_prop])
+    p_at = rng.permutation(p_ids.size)
+    # chain 8's one proposal is its first bright row: not a dark proposal, not evaluated
+    p_ids[p_seg[8]] = ids[starts[8]]
+    thetas = rng.normal(size=(C, D))
+    keys = np.arange(1, C + 1, dtype=np.uint64)
+    b_vals, gone = np.empty(ids.size), np.empty(ids.size, dtype=bool)
+    cand, cand_at = np.empty(p_ids.size, np.int64), np.empty(p_ids.size, np.int64)
+    cand_u, cand_vals = np.empty(p_ids.size), np.empty(p_ids.size)
+    cand_seg, queries = np.empty(C + 1, np.int64), np.empty(C, np.int64)
+    _compiled.replica_z_propose(
+        buf, ids, starts, D, thetas, keys, -3.0, p_ids, p_seg, p_at, rows_buf,
+        _compiled.KINDS[kind], np.asarray(par, float), b_vals, gone, cand, cand_seg, cand_at,
+        cand_u, cand_vals, queries,
+    )  # fmt: skip
+    n = int(cand_seg[-1])
+    assert n == p_ids.size - 1 and np.all(np.isfinite(cand_vals[:n]))
+    assert list(queries) == [n_bright[c] + n_prop[c] - (c == 8) for c in range(C)]
+    want = np.empty(ids.size)
+    _compiled.eval_segments(
+        buf, D, np.arange(ids.size), starts, thetas, _compiled.KINDS[kind], par, want
+    )
+    np.testing.assert_array_equal(b_vals.view(np.int64), want.view(np.int64))
+    want = np.empty(n)
+    _compiled.eval_segments(
+        rows_buf, D, cand_at[:n], cand_seg, thetas, _compiled.KINDS[kind], par, want
+    )
+    np.testing.assert_array_equal(cand_vals[:n].view(np.int64), want.view(np.int64))
+
+
 @pytest.mark.parametrize("replica", [False, True])
 def test_a_dropped_shard_is_freed_at_once(replica: bool) -> None:
     """No reference cycle through a shard (its cached typed lists, its rows' callback
