@@ -124,6 +124,23 @@ def _admit(
 
 
 @numba.njit(**JIT)
+def _split_rows(
+    XC: np.ndarray, D: int, rows: np.ndarray, X: np.ndarray, consts: np.ndarray
+) -> None:
+    """``XC[rows]`` split into its features ``X`` and constants ``consts``, each row read
+    once (two numpy gathers read it twice, each a pass of its own over scattered rows)."""
+    W = XC.shape[1]
+    for k in range(rows.size):
+        r = rows[k]
+        if not 0 <= r < XC.shape[0]:
+            raise IndexError("a row beyond the shard's rows")
+        for d in range(D):
+            X[k, d] = XC[r, d]
+        for d in range(D, W):
+            consts[k, d - D] = XC[r, d]
+
+
+@numba.njit(**JIT)
 def _bright_in_any(ids: np.ndarray, members: np.ndarray, seg: np.ndarray, out: np.ndarray) -> int:
     """Whether each of ``ids`` is among some chain's sorted bright rows
     (``members[seg[c]:seg[c + 1]]``), into ``out``; returns how many are."""
@@ -284,8 +301,11 @@ class MemoryRows:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
         """:meth:`rows_at`, and the rows' constants ``(n, K)`` under the current rule as
         the z-update reads them (K = 0: none)."""
-        consts = np.empty((rows.size, 0)) if self._consts is None else self._consts[rows]
-        return (*self.rows_at(rows), consts)
+        n, D = rows.size, self.n_features
+        X = np.empty((n, D), dtype=self.XC.dtype)
+        consts = np.empty((n, self.XC.shape[1] - D), dtype=self.XC.dtype)
+        _split_rows(self.XC, D, rows, X, consts)
+        return X, self.y[rows], None if self.xi is None else self.xi[rows], consts
 
     def sweep(self, unit: int | None = None) -> Iterator[tuple[int, int]]:
         """Every row, resident: one range (a full pass)."""
