@@ -162,10 +162,13 @@ def test_a_lost_shard_leaves_no_row_file_thread_or_descriptor(tmp_path, cluster,
         pids = client.run(os.getpid)
         # rounds to the shards every iteration (no replica), each given up after 3 s
         code = _driver_code(timeout=3.0, algorithm="fd.FlyMC(bright_replica=False)")
-        driver = subprocess.Popen(
-            [sys.executable, "-c", code, path, cluster.scheduler_address],
-            stderr=subprocess.PIPE,
-        )
+        # the driver's stderr to a file, shown if it does not recover (a pipe read only at
+        # the end would stop a driver that wrote more than a pipe holds)
+        said = tmp_path / "driver-stderr"
+        with open(said, "wb") as err:
+            driver = subprocess.Popen(
+                [sys.executable, "-c", code, path, cluster.scheduler_address], stderr=err
+            )
         try:
             _wait_for_shards(client)
             # sampling (set-up's full passes wait for a worker however long it takes)
@@ -184,6 +187,9 @@ def test_a_lost_shard_leaves_no_row_file_thread_or_descriptor(tmp_path, cluster,
                 )
                 if fault == "stalled":  # its actor is dropped meanwhile
                     time.sleep(2.0 * 3.0)
+            except AssertionError as e:  # what the driver said: why it did not recover
+                tail = said.read_bytes().decode(errors="replace")[-4000:]
+                raise AssertionError(f"{e}; the driver's stderr:\n{tail}") from None
             finally:
                 if fault == "stalled":
                     os.kill(pids[lost], signal.SIGCONT)
@@ -192,7 +198,7 @@ def test_a_lost_shard_leaves_no_row_file_thread_or_descriptor(tmp_path, cluster,
                 60,
                 f"the lost shard's resources to go (held: {client.run(_held, workers=[lost])})",
             )
-            assert driver.poll() is None, driver.stderr.read().decode()[-2000:]  # goes on
+            assert driver.poll() is None, said.read_text(errors="replace")[-2000:]  # goes on
             assert client.run(_held, workers=[live])[live]["files"] == 2
         finally:
             driver.kill()
