@@ -995,6 +995,8 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
     # FlyMC with its rounds on TCP sockets and on Dask's RPC: the same draws
     assert d["flymc_tcp"]["ess_mean"] == d["flymc"]["ess_mean"]
     assert d["flymc_dask_channel"]["ess_mean"] == d["flymc"]["ess_mean"]
+    assert d["flymc_tcp"]["r_hat_max"] == d["flymc"]["r_hat_max"]  # beside the speed, finite
+    assert math.isfinite(d["flymc"]["r_hat_max"])
     assert d["ratios"]["flymc_over_socket_echo"] > 0
     assert d["ratios"]["flymc_tcp_over_tcp_echo"] > 0
     text = format_overhead(d)
@@ -1002,6 +1004,7 @@ def test_bench_overhead_tiny(cluster_client: object) -> None:
     assert "echo on the socket channel" in text and "echo on TCP sockets" in text
     assert "Dask's RPC" in text
     assert "where FlyMC's time goes" in text
+    assert f"R-hat max {d['flymc']['r_hat_max']:.3f}" in text
     t = d["flymc"]["timing"]
     assert len(t["hosts"]) == d["flymc"]["n_workers"]
     # rounds are the shards' z-updates: with the driver's own, none while sampling

@@ -150,6 +150,7 @@ def _sampler_figures(res: Any) -> dict[str, Any]:
         "round_trips_per_iteration": eff["round_trips_per_iteration"],
         "ess_mean": eff["ess_mean"],
         "ess_min": eff["ess_min"],
+        "r_hat_max": eff["r_hat_max"],
         "ess_per_iteration": eff["ess_mean"] / (res.samples.shape[0] * res.samples.shape[1]),
         "ess_per_second": eff["ess_per_second"],
         "ess_per_query": eff["ess_per_query"],
@@ -484,7 +485,8 @@ def format_overhead(d: dict[str, Any]) -> str:
     lines.append(
         f"  FlyMC bright fraction {f['bright_fraction']:.3g}, acceptance "
         f"{f['acceptance']:.3f}, {f['round_trips_per_iteration']:.2f} round trips per "
-        f"iteration; ESS (bulk, mean) FlyMC {_sig(f['ess_mean'])}, regular "
+        f"iteration; ESS (bulk, mean) FlyMC {_sig(f['ess_mean'])} (min "
+        f"{_sig(f['ess_min'])}, R-hat max {f['r_hat_max']:.3f}), regular "
         f"{_sig(d['regular']['ess_mean'])} (from "
         f"{d['regular']['iterations']} × {s['chains']} draws: rough)"
     )
