@@ -538,8 +538,10 @@ def _linear_predictors(
     """``out[k] = X[at[k], :D] · thetas[c]`` for ``k < n``: each sum in the order of
     :func:`eval_rows` (``d = 0, 1, …``, from ``0.0``: the same bits), four rows at a
     time. A row's sum is a chain of ``D`` dependent additions; four independent chains
-    run side by side on the processor (2.5-3× faster at ``D = 57``), where one row
-    after another would wait on each addition in turn."""
+    run side by side on the processor, where one row after another would wait on each
+    addition in turn: 1.4× faster alone at ``D = 57``, and in :func:`replica_z_propose`,
+    where each row's sum was followed by its ``log L~``, random-walk MH's compiled
+    iterations at 2M × 57 went from 28–29 µs to 24."""
     k = 0
     while k + 4 <= n:
         r0, r1, r2, r3 = at[k], at[k + 1], at[k + 2], at[k + 3]
