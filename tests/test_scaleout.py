@@ -211,6 +211,9 @@ def test_a_slow_host_changes_no_draw(ds, local_clusters):
 #: the read-ahead block's own constructor (before any test records it)
 _BLOCK_INIT = Block.__init__
 
+#: read-ahead iterations per host for the block tests: several blocks in a short run
+AHEAD = 32
+
 
 def _blocks_built(monkeypatch, fail_at: int | None = None) -> list[tuple[int, str]]:
     """Record each read-ahead block built (its first step, the thread's name); the one
@@ -246,8 +249,8 @@ def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monk
 
     from flymc_dist.ahead import ReadAhead
 
-    # three blocks in the run's 150 iterations: 32 iterations per host (2 hosts) a block
-    ref = _run(ds, "synchronous", read_ahead=32)
+    # three blocks in the run's 150 iterations: AHEAD iterations per host (2 hosts) a block
+    ref = _run(ds, "synchronous", read_ahead=AHEAD)
     built = _blocks_built(monkeypatch)
     if first == "answers":
         take = ReadAhead.block
@@ -262,7 +265,7 @@ def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monk
         Client(local_clusters.get(2), direct_to_workers=True) as client,
         delayed_channels(lambda i: 0.05 if first == "driver" else 0.0),
     ):
-        res = _run(ds, client, read_ahead=32)
+        res = _run(ds, client, read_ahead=AHEAD)
     assert res.info["channel"] == "socket"
     T, its = res.info["read_ahead"], 60 + 90  # _run's warm-up and draws
     taken = [t for f, t in built if f < its]  # the blocks the run took
@@ -281,12 +284,12 @@ def test_a_block_that_cannot_be_built_fails_the_run_that_needs_it(ds, local_clus
     from distributed import Client
 
     with Client(local_clusters.get(2), direct_to_workers=True) as client:
-        T = _run(ds, client, warmup=5, draws=5, read_ahead=32).info["read_ahead"]
+        T = _run(ds, client, warmup=5, draws=5, read_ahead=AHEAD).info["read_ahead"]
         _blocks_built(monkeypatch, fail_at=T)
         with pytest.raises(ValueError, match=f"no block at {T}"):
-            _run(ds, client, warmup=T - 10, draws=20, read_ahead=32)
+            _run(ds, client, warmup=T - 10, draws=20, read_ahead=AHEAD)
         _blocks_built(monkeypatch, fail_at=3 * T)  # in flight at the end: dropped
-        res = _run(ds, client, warmup=T, draws=T, read_ahead=32)
+        res = _run(ds, client, warmup=T, draws=T, read_ahead=AHEAD)
     assert res.samples.shape == (3, T, 3)
 
 
