@@ -68,10 +68,11 @@ class ShardHost:
     sums whatever the placement).
 
     On a Dask worker the host holds a lease on its run: a thread checks every
-    :data:`LEASE_CHECK` seconds that the worker still holds it as an actor. Dask drops
-    the actor when the run lets it go — its driver's client disconnected (the driver
-    died, even by SIGKILL), or its transport gave the host up after a fault (a stalled
-    worker, a corrupt row file) — and the host then releases everything it placed at
+    :data:`LEASE_CHECK` seconds that the worker still holds it as its task's actor (or
+    is still making it). Dask drops the actor when the run lets it go — its driver's
+    client disconnected (the driver died, even by SIGKILL), its transport gave the host
+    up after a fault (a stalled worker, a corrupt row file), or another host refused its
+    shards while this one opened — and the host then releases everything it placed at
     once (:meth:`release`: its channel, its shards' rows, row files, reading threads and
     file descriptors), without waiting for the garbage collector.
     """
@@ -354,42 +355,45 @@ class ShardHost:
 
 
 def _hold_lease(host: ShardHost) -> None:
-    """On a Dask worker, start the thread that releases ``host`` once the worker no
-    longer holds it as an actor (see :class:`ShardHost`); elsewhere nothing."""
+    """In a Dask worker's task (the actor being made), start the thread that releases
+    ``host`` once the worker no longer holds it as that task's actor (see
+    :class:`ShardHost`); elsewhere nothing."""
     try:
         from distributed import get_worker
 
         worker = get_worker()
-    except (ImportError, ValueError):  # not on a worker
+        key = worker.get_current_task()
+    except (ImportError, ValueError, KeyError):  # not on a worker, or not in its task
         return
     _map_large()
     threading.Thread(
         target=_watch_lease,
-        args=(weakref.ref(host), worker, host._released),
+        args=(weakref.ref(host), worker, key, host._released),
         name="flymc-host-lease",
         daemon=True,
     ).start()
 
 
-def _watch_lease(ref: weakref.ref, worker: Any, released: threading.Event) -> None:
-    """The lease thread: holds the host weakly; once the worker has held it as an actor
-    and holds it no more, releases it."""
-    held = False
+def _watch_lease(ref: weakref.ref, worker: Any, key: Any, released: threading.Event) -> None:
+    """The lease thread: holds the host weakly and, once the worker is done with task
+    ``key`` without holding the host as its actor, releases it.
+
+    Done means the task is neither executing (the host being made, or made and not yet
+    handed to the worker) nor the worker's actor: its run let it go, before or after the
+    host was ready, and whether or not anything else still refers to the host (the
+    garbage collector is not waited for)."""
     while not released.wait(LEASE_CHECK):
         host = ref()
         if host is None:  # collected: its rows went with it
             return
-        try:
-            now = any(a is host for a in list(worker.state.actors.values()))
-        except RuntimeError:  # the dict changed while read: look again next time
-            continue
-        if now:
-            held = True
-        elif held:
+        actor = worker.state.actors.get(key)
+        task = worker.state.tasks.get(key)
+        making = actor is None and task is not None and task.state == "executing"
+        if actor is not host and not making:
             log.info("flymc: a shard host's run let it go (its driver left); releasing it")
             host.release()
             return
-        del host
+        del host, actor, task
 
 
 def _map_large() -> None:
