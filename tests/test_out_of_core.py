@@ -426,23 +426,28 @@ def test_shard_rows_at_reads_the_same_values_out_of_core(store):
     assert not Xm.flags.writeable and not ym.flags.writeable
 
 
-def test_read_ahead_proposals_are_the_rows_and_their_constants(store):
-    """What a shard sends a driver that reads ahead: every proposed row's features,
-    target, tight point and row constants, the same in memory and out of core, and the
-    values the model gives those rows; a row beyond the shard's is an error, not a read
-    of memory past it."""
-    ds, X, y = store
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_read_ahead_proposals_are_the_rows_and_their_constants(store, tmp_path, dtype):
+    """What a shard sends a driver that reads ahead: every proposed row's features (in
+    the dtype they are stored in), target, tight point and row constants, the same in
+    memory and out of core, and the values the model gives those rows; a row beyond the
+    shard's is an error, not a read of memory past it."""
+    _, X, y = store
+    ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=64, dtype=dtype)
+    X = X.astype(dtype)
     mem, ooc = _ooc_shard(ds, out_of_core=False), _ooc_shard(ds)
     a, b = mem.proposals(0, 40, 0), ooc.proposals(0, 40, 0)
     assert a.rows.size > 100  # several proposals per step: a gather with content
     for name in ("ids", "seg", "rows", "at", "X", "y", "xi", "consts"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+        assert getattr(a, name).dtype == getattr(b, name).dtype
+    assert a.X.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(a.X, X[a.rows])
     np.testing.assert_array_equal(a.y, y[a.rows])
     model = fd.LogisticRegression(prior_scale=3.0)
     np.testing.assert_array_equal(a.consts, model.row_constants(a.y, a.xi))
     with pytest.raises(IndexError, match="beyond the shard"):
-        mem.rows.rows_and_constants(np.array([0, 900]))
+        mem.rows.rows_and_constants(np.array([0, 900]), np.dtype(np.float64))
     mem.close()
     ooc.close()
 

@@ -19,7 +19,7 @@ z-updates, evaluations and full passes are written once:
 - ``retune()``: tight points and row constants of the resident rows under the current
   rule; ``blocks(block)``: every row as read-only ``(X, y, xi)`` blocks (a full pass);
 - ``gather(rows)`` / ``rows_at(rows)``: resident rows / any rows;
-  ``rows_and_constants(rows)``: any rows with their constants (a read-ahead's);
+  ``rows_and_constants(rows, dtype)``: any rows with their constants (a read-ahead's);
 - ``state()``, ``close()``.
 
 ``prepare(X, y) -> (xi, consts)`` gives the tight points of rows and their constants under
@@ -297,12 +297,13 @@ class MemoryRows:
         return self.X[rows], self.y[rows], None if self.xi is None else self.xi[rows]
 
     def rows_and_constants(
-        self, rows: np.ndarray
+        self, rows: np.ndarray, dtype: np.dtype
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
-        """:meth:`rows_at`, and the rows' constants ``(n, K)`` under the current rule as
-        the z-update reads them (K = 0: none)."""
+        """:meth:`rows_at`, the features as ``dtype`` (float32 where they were stored so:
+        exact, and no float64 copy made first), and the rows' constants ``(n, K)`` under
+        the current rule as the z-update reads them (K = 0: none)."""
         n, D = rows.size, self.n_features
-        X = np.empty((n, D), dtype=self.XC.dtype)
+        X = np.empty((n, D), dtype=dtype)
         consts = np.empty((n, self.XC.shape[1] - D), dtype=self.XC.dtype)
         _split_rows(self.XC, D, rows, X, consts)
         return X, self.y[rows], None if self.xi is None else self.xi[rows], consts
@@ -707,20 +708,21 @@ class FileRows:
     def rows_at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Any distinct ``rows``, in their order: read from the row file, with their tight
         points."""
-        return self.rows_and_constants(rows)[:3]
+        return self.rows_and_constants(rows, np.dtype(np.float64))[:3]
 
     def rows_and_constants(
-        self, rows: np.ndarray
+        self, rows: np.ndarray, dtype: np.dtype
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
-        """:meth:`rows_at`, and the rows' constants ``(n, K)`` (K = 0: none), prepared as
-        the z-update's rows are (:meth:`_prepared`)."""
+        """:meth:`rows_at` with the features then as ``dtype``, and the rows' constants
+        ``(n, K)`` (K = 0: none), prepared as the z-update's rows are (:meth:`_prepared`)."""
         order = np.argsort(rows, kind="stable")
         X_s, y_s = self.file.read(rows[order])
         X = np.empty_like(X_s)
         y = np.empty_like(y_s)
         X[order], y[order] = X_s, y_s
         xi, consts = self._prepare(X, y)
-        return X, y, xi, np.empty((rows.size, 0)) if consts is None else consts
+        consts = np.empty((rows.size, 0)) if consts is None else consts
+        return X.astype(dtype, copy=False), y, xi, consts
 
     def reset(self) -> None:
         """Chains placed anew: nothing stays resident."""
