@@ -390,7 +390,7 @@ def _watch_lease(ref: weakref.ref, worker: Any, key: Any, released: threading.Ev
         task = worker.state.tasks.get(key)
         making = actor is None and task is not None and task.state == "executing"
         if actor is not host and not making:
-            log.info("flymc: a shard host's run let it go (its driver left); releasing it")
+            log.info("flymc: a shard host's run let it go; releasing it")
             host.release()
             return
         del host, actor, task
