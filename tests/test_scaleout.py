@@ -235,13 +235,19 @@ def _blocks_built(monkeypatch, fail_at: int | None = None) -> list[tuple[int, st
     return built
 
 
+#: seconds every host's replies come late where the driver is to ask first: far more than
+#: a block's iterations take the driver even on a loaded machine (at 0.05 s, the driver
+#: under load was once the later one)
+LATE = 0.3
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("first", ["answers", "driver"])
 def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monkeypatch):
     """On the round channel a read-ahead block is built off the driver's thread when the
     hosts' answers come before the driver asks for them (here the driver sleeps 20 ms
     before each block), and by the driver itself when it asks first (here every host's
-    replies come 50 ms late); the same draws as in process either way."""
+    replies come LATE seconds late); the same draws as in process either way."""
     import threading
     import time
 
@@ -263,7 +269,7 @@ def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monk
         monkeypatch.setattr(ReadAhead, "block", late)
     with (
         Client(local_clusters.get(2), direct_to_workers=True) as client,
-        delayed_channels(lambda i: 0.05 if first == "driver" else 0.0),
+        delayed_channels(lambda i: LATE if first == "driver" else 0.0),
     ):
         res = _run(ds, client, read_ahead=AHEAD)
     assert res.info["channel"] == "socket"
