@@ -430,14 +430,17 @@ def test_shard_rows_at_reads_the_same_values_out_of_core(store):
 def test_read_ahead_proposals_are_the_rows_and_their_constants(store, tmp_path, dtype):
     """What a shard sends a driver that reads ahead: every proposed row's features (in
     the dtype they are stored in), target, tight point and row constants, the same in
-    memory and out of core, and the values the model gives those rows; a row beyond the
-    shard's is an error, not a read of memory past it."""
+    memory and out of core (where each is a row read by position, and counted), and the
+    values the model gives those rows; a row beyond the shard's is an error, not a read
+    of memory past it."""
     _, X, y = store
     ds = fd.from_numpy(X, y, tmp_path / "d.zarr", chunk_rows=64, dtype=dtype)
     X = X.astype(dtype)
     mem, ooc = _ooc_shard(ds, out_of_core=False), _ooc_shard(ds)
+    read = ooc.state()["rows_read"]
     a, b = mem.proposals(0, 40, 0), ooc.proposals(0, 40, 0)
     assert a.rows.size > 100  # several proposals per step: a gather with content
+    assert ooc.state()["rows_read"] == read + a.rows.size  # read by position, counted
     for name in ("ids", "seg", "rows", "at", "X", "y", "xi", "consts"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
         assert getattr(a, name).dtype == getattr(b, name).dtype

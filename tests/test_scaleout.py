@@ -235,8 +235,9 @@ def _blocks_built(monkeypatch, fail_at: int | None = None) -> list[tuple[int, st
     return built
 
 
-#: seconds every host's replies come late where the driver is to ask first: far more than
-#: a block's iterations take the driver even on a loaded machine (at 0.05 s, the driver
+#: seconds every host's replies come late where the driver is to ask first, and the
+#: driver waits before each block where the answers are to come first: far more than a
+#: block's iterations or a host's answer take on a loaded machine (at 0.05 s, the driver
 #: under load was once the later one)
 LATE = 0.3
 
@@ -245,8 +246,8 @@ LATE = 0.3
 @pytest.mark.parametrize("first", ["answers", "driver"])
 def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monkeypatch):
     """On the round channel a read-ahead block is built off the driver's thread when the
-    hosts' answers come before the driver asks for them (here the driver sleeps 20 ms
-    before each block), and by the driver itself when it asks first (here every host's
+    hosts' answers come before the driver asks for them (here the driver sleeps LATE
+    seconds before each block), and by the driver itself when it asks first (here every host's
     replies come LATE seconds late); the same draws as in process either way."""
     import threading
     import time
@@ -263,7 +264,7 @@ def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monk
 
         def late(self, positions):
             if self.held is None or self.step >= self.held.first + self.depth:
-                time.sleep(0.02)  # a new block is taken: its answers are in by now
+                time.sleep(LATE)  # a new block is taken: its answers are in by now
             return take(self, positions)
 
         monkeypatch.setattr(ReadAhead, "block", late)

@@ -716,6 +716,7 @@ class FileRows:
         """:meth:`rows_at` with the features then as ``dtype``, and the rows' constants
         ``(n, K)`` (K = 0: none), prepared as the z-update's rows are (:meth:`_prepared`)."""
         order = np.argsort(rows, kind="stable")
+        self.rows_read += rows.size
         X_s, y_s = self.file.read(rows[order])
         X = np.empty_like(X_s)
         y = np.empty_like(y_s)
