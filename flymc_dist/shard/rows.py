@@ -717,7 +717,12 @@ class FileRows:
         ``(n, K)`` (K = 0: none), prepared as the z-update's rows are (:meth:`_prepared`)."""
         order = np.argsort(rows, kind="stable")
         self.rows_read += rows.size
-        X_s, y_s = self.file.read(rows[order])
+        wanted = rows[order]
+        # every row asked of the disk at once, then read: scattered rows not in the page
+        # cache come in parallel, not one wait after another (34,000 rows of a 2.4 GB
+        # file, none cached: 1.3 s read as they come, 0.4 s so; all cached: +10 %)
+        self.file.advise(wanted)
+        X_s, y_s = self.file.read(wanted)
         X = np.empty_like(X_s)
         y = np.empty_like(y_s)
         X[order], y[order] = X_s, y_s
