@@ -247,8 +247,8 @@ LATE = 0.3
 def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monkeypatch):
     """On the round channel a read-ahead block is built off the driver's thread when the
     hosts' answers come before the driver asks for them (here the driver sleeps LATE
-    seconds before each block), and by the driver itself when it asks first (here every host's
-    replies come LATE seconds late); the same draws as in process either way."""
+    seconds before each block), and by the driver itself when it asks first (here every
+    host's replies come LATE seconds late); the same draws as in process either way."""
     import threading
     import time
 
