@@ -280,25 +280,32 @@ def _split(key: np.uint64, level: int, index: int, k: int) -> int:
 
 @numba.njit(**_JIT)
 def _process(
-    key: np.uint64, lam: float, depth: int, n_total: int, lo: int, hi: int, out: np.ndarray
+    key: np.uint64,
+    lam: float,
+    depth: int,
+    n_total: int,
+    lo: int,
+    hi: int,
+    out: np.ndarray,
+    stack: np.ndarray,
+    buf: np.ndarray,
 ) -> int:
     """The rows of ``[lo, hi)`` hit by the Poisson points (see the module notes), sorted
     and distinct, into ``out`` (grown as needed: returns the count; the caller reads
-    ``out`` after a call that returned ≤ its size, else calls again with a larger one)."""
+    ``out`` after a call that returned ≤ its size, else calls again with a larger one).
+    ``stack`` (3, ≥ 2 depth + 8) and ``buf`` (:data:`LEAF_POINTS`) are scratch, shared by
+    a caller's calls: a call allocates nothing."""
     hi = min(hi, n_total)
     if hi <= lo:
         return 0
     # an explicit stack of (level, index, count), right child pushed first
-    st_level = np.empty(2 * depth + 8, dtype=np.int64)
-    st_index = np.empty(2 * depth + 8, dtype=np.int64)
-    st_count = np.empty(2 * depth + 8, dtype=np.int64)
+    st_level, st_index, st_count = stack[0], stack[1], stack[2]
     root = _poisson(key, 0, lam * float(np.int64(1) << np.int64(depth)))
     sp = 0
     if root > 0:
         st_level[0], st_index[0], st_count[0] = 0, 0, root
         sp = 1
     n = 0
-    buf = np.empty(LEAF_POINTS, dtype=np.int64)
     while sp > 0:
         sp -= 1
         level, index, k = st_level[sp], st_index[sp], st_count[sp]
@@ -311,12 +318,16 @@ def _process(
                 n += 1
             continue
         if k <= LEAF_POINTS:
-            for j in range(k):
-                buf[j] = a + int(_uniform(key, index, level + 1, j) * size)
-            b = np.sort(buf[:k])
+            for j in range(k):  # placed, and sorted as they come (k is small)
+                r = a + int(_uniform(key, index, level + 1, j) * size)
+                i = j
+                while i > 0 and buf[i - 1] > r:
+                    buf[i] = buf[i - 1]
+                    i -= 1
+                buf[i] = r
             prev = -1
             for j in range(k):
-                r = b[j]
+                r = buf[j]
                 if r != prev and r >= lo and r < hi:
                     if n < out.size:
                         out[n] = r
@@ -356,9 +367,11 @@ def _process_many(
     (``seg`` its bounds); returns the size ``out`` needed (all written when it fits)."""
     n = 0
     seg[0] = 0
+    stack = np.empty((3, 2 * depth + 8), dtype=np.int64)
+    buf = np.empty(LEAF_POINTS, dtype=np.int64)
     for p in range(keys.size):
         room = out[n:] if n < out.size else out[:0]
-        n += _process(keys[p], lam, depth, n_total, los[p], his[p], room)
+        n += _process(keys[p], lam, depth, n_total, los[p], his[p], room, stack, buf)
         seg[p + 1] = n
     return n
 
