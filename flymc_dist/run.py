@@ -408,8 +408,9 @@ def describe_run(
 def storage_info(transport: Transport) -> dict[str, Any]:
     """Each shard's storage: ``out_of_core`` and ``memory_budget`` (lists, one per shard);
     ``bytes_read``, the bytes its out-of-core shards have read from their row files so
-    far; ``rows_read``, the rows they have read by position (z-update proposals, beside
-    the rows of full passes); ``passes``, the full passes over the rows so far (the most
+    far; ``rows_read``, the rows they have read by position, not in full passes
+    (z-update proposals, for a shard's own z-update or read ahead for the driver's;
+    austerity's minibatches); ``passes``, the full passes over the rows so far (the most
     any shard made: the read of the store counts as one); ``lost_rows``, the bright rows
     out-of-core shards found not resident and read back (none, but for a fault)."""
     states = transport.call("state")
