@@ -70,12 +70,16 @@ def _wait_for_shards(client) -> None:
     )
 
 
-def _rounds(dask_worker=None) -> int:
-    """On a worker: the rounds its shard hosts have served (sampling has begun)."""
+def _hosts(dask_worker) -> list:
+    """On a worker: the shard hosts it holds as actors."""
     from flymc_dist.transport.host import ShardHost
 
-    hosts = [a for a in list(dask_worker.state.actors.values()) if isinstance(a, ShardHost)]
-    return sum(h.timing()["rounds"] for h in hosts)
+    return [a for a in list(dask_worker.state.actors.values()) if isinstance(a, ShardHost)]
+
+
+def _rounds(dask_worker=None) -> int:
+    """On a worker: the rounds its shard hosts have served (sampling has begun)."""
+    return sum(h.timing()["rounds"] for h in _hosts(dask_worker))
 
 
 def _store(tmp_path) -> str:
@@ -224,9 +228,7 @@ _KEPT: list = []
 def _keep_hosts(dask_worker=None) -> int:
     """On a worker: hold a reference to each of its shard hosts (as a cycle or a frame
     kept alive by a traceback would); the number held."""
-    from flymc_dist.transport.host import ShardHost
-
-    _KEPT.extend(a for a in list(dask_worker.state.actors.values()) if isinstance(a, ShardHost))
+    _KEPT.extend(_hosts(dask_worker))
     return len(_KEPT)
 
 
