@@ -724,10 +724,13 @@ class Driver:
             **self.kernel.info_stats(infos),
         }
 
-    def steps(self, n: int, seconds: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def steps(
+        self, n: int, seconds: float, positions: np.ndarray, stats: dict[str, np.ndarray]
+    ) -> int:
         """Up to ``n`` iterations of every chain, after warm-up (no adaptation), as many
-        as end within about ``seconds`` (at least one): the positions ``(C, k, P)`` and
-        :meth:`step`'s statistics ``(C, k)``, the same as ``k`` calls of :meth:`step`.
+        as end within about ``seconds`` (at least one), written into ``positions`` ``(C,
+        n, P)`` and :meth:`step`'s statistics ``stats`` ``(C, n)`` (the run's own arrays:
+        nothing is copied after): the same as ``k`` calls of :meth:`step`. Returns ``k``.
 
         In replica mode with NUTS or random-walk MH, its proposals read ahead, the
         iterations of a read-ahead block run in one compiled call
@@ -736,13 +739,10 @@ class Driver:
         :meth:`step` by step. ``n = 0`` runs none and makes that call ready (the runner
         asks at the end of warm-up: loading the compiled loop from numba's cache takes
         ~20 ms, once per process)."""
-        C = self.chains
         t0 = time.perf_counter()
-        positions = np.empty((C, n, self.P))
-        stats = {k: np.empty((C, n), dtype=v) for k, v in self.stat_names.items()}
         if n == 0:  # none: the compiled loop made ready (numba loads it at its first call)
             self._block(0, positions, stats, 0, seconds)
-            return positions, stats
+            return 0
         i = 0
         while i < n and (i == 0 or time.perf_counter() - t0 < seconds):
             left = seconds - (time.perf_counter() - t0)
@@ -754,7 +754,7 @@ class Driver:
                     v[:, i] = st[k]
                 done = 1
             i += done
-        return positions[:, :i], {k: v[:, :i] for k, v in stats.items()}
+        return i
 
     def _block(
         self, n: int, positions: np.ndarray, stats: dict[str, np.ndarray], i0: int, seconds: float

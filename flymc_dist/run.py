@@ -33,11 +33,13 @@ __all__ = ["Sampler", "run"]
 class Sampler(Protocol):
     """What :func:`run` drives: one algorithm's chains.
 
-    A sampler may also have ``steps(n, seconds)``: after warm-up, up to ``n`` iterations
-    in one call, as many as end within about ``seconds`` (at least one), returning their
-    positions ``(chains, k, P)`` and :meth:`step`'s statistics ``(chains, k)`` — the same
-    as ``k`` calls of :meth:`step` (:meth:`flymc_dist.driver.Driver.steps`); with ``n =
-    0`` none, the calls after made ready (:func:`run` asks at the end of warm-up).
+    A sampler may also have ``steps(n, seconds, positions, stats)``: after warm-up, up to
+    ``n`` iterations in one call, as many as end within about ``seconds`` (at least one),
+    their positions written into ``positions`` ``(chains, n, P)`` and :meth:`step`'s
+    statistics into ``stats`` ``(chains, n)`` (views of the run's arrays), returning how
+    many ran — the same as that many calls of :meth:`step`
+    (:meth:`flymc_dist.driver.Driver.steps`); with ``n = 0`` none, the calls after made
+    ready (:func:`run` asks at the end of warm-up).
 
     Attributes
     ----------
@@ -248,9 +250,9 @@ def _iterate(
                 # as many iterations as the trace's next flush allows and end within the
                 # progress bar's interval (an interruption is taken between calls)
                 n = total - i if trace is None else min(total - i, checkpoint_every - len(buf))
-                pos_n, st_n = steps(n, progress.interval)
-                n = pos_n.shape[1]
-                draws.put_many(i, pos_n, st_n)
+                pos_n, st_n = draws.window(i, n)
+                n = steps(n, progress.interval, pos_n, st_n)
+                pos_n, st_n = pos_n[:, :n], {k: v[:, :n] for k, v in st_n.items()}
                 progress.update_many(st_n)
                 if trace is not None:
                     buf.extend(
@@ -266,8 +268,8 @@ def _iterate(
                 pos = sampler.positions.copy()
                 draws.put(i, pos, st)
                 if i == num_warmup - 1:
-                    if steps is not None:
-                        steps(0, 0.0)  # sampling's calls made ready, in warm-up's time
+                    if steps is not None:  # sampling's calls made ready, in warm-up's time
+                        steps(0, 0.0, *draws.window(num_warmup, 0))
                     snap = sampler.timing()
                     clock.end_warmup()
                 progress.update(st)
@@ -350,14 +352,11 @@ class _Draws:
                 self.wstats[k][:, : prev_w.shape[1]] = trace.warmup_stats[k]
                 self.stats[k][:, : prev.shape[1]] = trace.stats[k]
 
-    def put_many(self, i: int, pos: np.ndarray, st: dict[str, np.ndarray]) -> None:
-        """Keep post-warm-up iterations ``i, i + 1, …``: positions ``(C, n, P)`` and
-        statistics ``(C, n)``."""
-        n = pos.shape[1]
+    def window(self, i: int, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Where post-warm-up iterations ``i .. i + n - 1`` are kept: views of the
+        positions ``(C, n, P)`` and the statistics ``(C, n)``, written in place."""
         out = slice(i - self.num_warmup, i - self.num_warmup + n)
-        self.samples[:, out] = pos
-        for k, v in self.stats.items():
-            v[:, out] = st[k]
+        return self.samples[:, out], {k: v[:, out] for k, v in self.stats.items()}
 
     def put(self, i: int, pos: np.ndarray, st: dict[str, np.ndarray]) -> None:
         """Keep iteration ``i``'s positions and statistics."""

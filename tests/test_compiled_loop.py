@@ -77,7 +77,7 @@ def test_the_compiled_iterations_are_the_steps(monkeypatch, kernel):
     assert looped.stats["round_trips"].sum(axis=1).tolist() == [22, 22, 22]
     # out of time at once: every call returns after one iteration, the same draws
     steps = Driver.steps
-    monkeypatch.setattr(Driver, "steps", lambda self, n, seconds: steps(self, n, 0.0))
+    monkeypatch.setattr(Driver, "steps", lambda self, n, seconds, *out: steps(self, n, 0.0, *out))
     one_by_one, calls = _run(True, monkeypatch, kernel)
     assert calls == 1 + 150
     _same(one_by_one, stepped)

@@ -229,16 +229,18 @@ def _cpu_per_step() -> Iterator[list[tuple[int, float]]]:
         done[0] += 1
         return step(self, adapters)
 
-    def many(self: Driver, n: int, seconds: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def many(
+        self: Driver, n: int, seconds: float, positions: np.ndarray, stats: dict[str, np.ndarray]
+    ) -> int:
         marks.append((done[0], time.process_time()))
         Driver.step = step  # type: ignore[method-assign]  # its own steps: not marked
         try:
-            out = steps(self, n, seconds)
+            k = steps(self, n, seconds, positions, stats)
         finally:
             Driver.step = one  # type: ignore[method-assign]
-        done[0] += out[0].shape[1]
+        done[0] += k
         marks.append((done[0], time.process_time()))
-        return out
+        return k
 
     Driver.step, Driver.steps = one, many  # type: ignore[method-assign]
     try:
