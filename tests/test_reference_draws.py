@@ -103,6 +103,12 @@ the driver's replica (``bright_replica="auto"``), whose transition is now compil
 block at a time; no entry pinned that path before (the others run with the shards
 evaluating).
 
+Configurations added on 2026-11-30 (every other entry bit-identical): NUTS and random-walk
+MH on the replica of a wide logistic model (P = 20, :data:`MODELS`). Every other entry
+has P = 3, narrower than the blocks the compiled code takes at a time: a mat-vec
+rewritten eight rows at a time changed NUTS's draws at P = 20 while every entry here
+passed (and at P = 10 too the draws it changes were the same).
+
 The data sets are made here by numpy from fixed seeds and also stored in the
 file; :func:`test_reference_draws` first checks that they are regenerated
 identically, so that a change of numpy's random streams is reported as such,
@@ -137,6 +143,13 @@ N_ROWS, CHUNK_ROWS, N_SHARDS = 300, 50, 2
 #: 50 warm-up iterations: with 20, RWMH's dual averaging (which starts by trying 10× the
 #: initial step) left acceptance at 0.02-0.1 and the draws barely moving
 CHAINS, WARMUP, DRAWS = 2, 50, 40
+#: the models' data sets (:func:`make_data`): three of P = 3, and a logistic one of P =
+#: 20, wider than the blocks the compiled kernels' code runs in (the compiler's vectors
+#: take a sum 16 terms at a time, a hand-written block 4 or 8 rows), with a remainder: at
+#: P = 3, and up to P = 12, none of that code runs, and a change to it could change the
+#: draws of every wider model unseen
+MODELS = ("logistic", "robust", "softmax", "wide")
+WIDE_BETA = np.array([0.5, -1.0, 0.8, 0.3, -0.4, 0.6, 0.0, -0.7, 0.2, 0.5] * 2)
 #: kept draws that twins share before a resume or a fault
 SHARED_DRAWS = 10
 #: resumed runs: checkpoints every 10 iterations; the interruption comes before iteration
@@ -284,6 +297,26 @@ CONFIGS: tuple[Config, ...] = (
         data="zarr",
         options=(("bright_replica", "auto"),),
     ),
+    # the same two on the wide model (2026-11-30): NUTS's dense metric of 20 × 20, the
+    # z-update's linear predictors over 20 features
+    Config(
+        "wide-flymc-nuts-implicit-map-replica",
+        "wide",
+        "flymc",
+        "nuts",
+        "implicit",
+        "map",
+        options=(("bright_replica", "auto"),),
+    ),
+    Config(
+        "wide-flymc-rwmh-implicit-map-replica",
+        "wide",
+        "flymc",
+        "rwmh",
+        "implicit",
+        "map",
+        options=(("bright_replica", "auto"),),
+    ),
     # random-walk MH on the replica: its transition compiled too (2026-11-29)
     Config(
         "logistic-flymc-rwmh-implicit-map-replica",
@@ -425,10 +458,16 @@ if len(_BY_NAME) != len(CONFIGS):  # pragma: no cover - a typo in the table
 
 # ------------------------------------------------------------------- data and models
 def make_data(model: str) -> tuple[np.ndarray, np.ndarray]:
-    """The deterministic synthetic data set of ``model``: bias column + 2 features."""
-    rng = np.random.default_rng({"logistic": 101, "robust": 102, "softmax": 103}[model])
-    X = np.c_[np.ones(N_ROWS), rng.normal(size=(N_ROWS, 2))]
-    if model == "logistic":
+    """The deterministic synthetic data set of ``model``: bias column + 2 features (19
+    for ``"wide"``, a logistic model of :data:`WIDE_BETA`)."""
+    seed = {"logistic": 101, "robust": 102, "softmax": 103, "wide": 104}[model]
+    rng = np.random.default_rng(seed)
+    X = np.c_[
+        np.ones(N_ROWS), rng.normal(size=(N_ROWS, WIDE_BETA.size - 1 if model == "wide" else 2))
+    ]
+    if model == "wide":
+        y = (rng.random(N_ROWS) < expit(X @ WIDE_BETA)).astype(np.int64)
+    elif model == "logistic":
         y = (rng.random(N_ROWS) < expit(X @ np.array([0.5, -1.0, 0.8]))).astype(np.int64)
     elif model == "robust":
         y = X @ np.array([1.0, 2.0, -1.0]) + 0.5 * rng.standard_t(4.0, size=N_ROWS)
@@ -440,7 +479,7 @@ def make_data(model: str) -> tuple[np.ndarray, np.ndarray]:
 
 def make_model(model: str) -> Any:
     """A fresh model object."""
-    if model == "logistic":
+    if model in ("logistic", "wide"):
         return fd.LogisticRegression(prior="normal", prior_scale=2.0)
     if model == "robust":
         return fd.RobustRegression(nu=4.0, scale=1.0, prior="laplace", prior_scale=2.0)
@@ -849,7 +888,7 @@ def test_table_covers_every_combination() -> None:
 def record() -> None:
     """Run every configuration and write :data:`DATA_FILE`."""
     arrays: dict[str, np.ndarray] = {}
-    for m in ("logistic", "robust", "softmax"):
+    for m in MODELS:
         arrays[f"__data__{m}__X"], arrays[f"__data__{m}__y"] = make_data(m)
     try:
         commit = subprocess.run(
