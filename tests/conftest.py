@@ -285,6 +285,17 @@ def _stale_kernels(package: Path) -> bool:
     return False
 
 
+def _drop_kernel_caches(package: Path) -> None:
+    """Remove every kernel file's numba cache. Numba checks a cached function against
+    its own file only: a kernel that calls one of another file (the compiled loop calls
+    the transitions and the z-update) keeps the callee's old code, inlined, after only
+    the callee's file changed — the tests would run the old code and pass. Once one
+    kernel file is stale, all are compiled again."""
+    for folder in {(package / name).parent / "__pycache__" for name in KERNEL_FILES}:
+        for cached in (*folder.glob("*.nbi"), *folder.glob("*.nbc")):
+            cached.unlink(missing_ok=True)
+
+
 def _await_part(proc: subprocess.Popen, part: int, folder: Path, lines: list[str]) -> None:
     """Wait for part ``part`` of tests/precompile.py (``proc``), then say how it went in
     ``lines`` and leave ``folder/<part>`` for the workers waiting on it."""
@@ -300,7 +311,8 @@ def _await_part(proc: subprocess.Popen, part: int, folder: Path, lines: list[str
 
 def pytest_configure(config: pytest.Config) -> None:
     """On pytest-xdist's controller, where the kernels' cache is missing or older than
-    their files (a clean clone, an edited kernel): start compiling them once, in the two
+    their files (a clean clone, an edited kernel): drop it (:func:`_drop_kernel_caches`)
+    and start compiling them once, in the two
     parts of ``tests/precompile.py`` side by side, so that the workers and their Dask
     workers load them instead of each compiling them (measured: the tests' processes
     compiled each kernel up to four times on a clean clone). The workers start and collect
@@ -314,6 +326,7 @@ def pytest_configure(config: pytest.Config) -> None:
     package = Path(spec.origin).parent
     if not _stale_kernels(package):
         return
+    _drop_kernel_caches(package)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(package.parent), env.get("PYTHONPATH", "")])
     script = Path(__file__).with_name("precompile.py")
