@@ -204,6 +204,7 @@ class Config:
 
 
 _AUS = (("eps", 0.05), ("tails", "two"), ("batch_size", 40))
+_REPLICA = (("bright_replica", "auto"),)
 
 #: the table. FlyMC: 3 kernels × 4 (z_update, bounds), each kernel on every model;
 #: regular: every model × kernel; austerity: every model; then cluster, resume, fault.
@@ -297,25 +298,11 @@ CONFIGS: tuple[Config, ...] = (
         data="zarr",
         options=(("bright_replica", "auto"),),
     ),
-    # the same two on the wide model (2026-11-30): NUTS's dense metric of 20 × 20, the
-    # z-update's linear predictors over 20 features
-    Config(
-        "wide-flymc-nuts-implicit-map-replica",
-        "wide",
-        "flymc",
-        "nuts",
-        "implicit",
-        "map",
-        options=(("bright_replica", "auto"),),
-    ),
-    Config(
-        "wide-flymc-rwmh-implicit-map-replica",
-        "wide",
-        "flymc",
-        "rwmh",
-        "implicit",
-        "map",
-        options=(("bright_replica", "auto"),),
+    # NUTS and random-walk MH on the replica of the wide model (2026-11-30): NUTS's dense
+    # metric of 20 × 20, the z-update's linear predictors over 20 features
+    *(
+        Config(f"wide-flymc-{k}-implicit-map-replica", "wide", "flymc", k, options=_REPLICA)
+        for k in ("nuts", "rwmh")
     ),
     # random-walk MH on the replica: its transition compiled too (2026-11-29)
     Config(
