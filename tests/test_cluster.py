@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -855,3 +856,28 @@ def test_connect_timeout_is_scoped_to_the_run(store, local_client):
     with dask.config.set({"distributed.comm.timeouts.connect": "17s"}):
         _run(store[0], local_client, num_warmup=5, num_samples=5)
         assert dask.config.get("distributed.comm.timeouts.connect") == "17s"
+
+
+def _busy(seconds: float) -> None:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+
+
+def test_the_embedded_cluster_runs_no_profiler(local_client):
+    """The embedded cluster's workers (``local_cluster``) have Dask's statistical
+    profiler off: nothing samples their threads' stacks, even while a task keeps one
+    busy (with it on, 0.3 s of work left 12–25)."""
+    import dask
+
+    local_client.submit(_busy, 0.3, pure=False).result()
+    enabled = local_client.run(lambda: dask.config.get("distributed.worker.profile.enabled"))
+    assert set(enabled.values()) == {False}
+    samples = local_client.run(_profile_samples)
+    assert set(samples.values()) == {0}
+
+
+def _profile_samples(dask_worker: Any) -> int:
+    """The stack samples a worker's profiler holds, recent and past."""
+    past = sum(p["count"] for _, p in dask_worker.profile_history)
+    return int(dask_worker.profile_recent["count"] + past)
