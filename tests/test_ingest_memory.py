@@ -29,6 +29,8 @@ ROW_GROUP_BYTES = ROWS * (COLUMNS + 1) * 8
 #: ±25 MB on a loaded machine: in one process alone, the writer thread holds one to three
 #: buffers of four chunks, as it keeps up or not)
 FLAT = 0.35 * ROW_GROUP_BYTES
+#: fresh processes per measured ingest (:func:`_peak` keeps the least peak)
+TRIES = 2
 
 #: one measured ingest: argv = source, destination, "worker" or "alone", "control" or not;
 #: prints the peak resident bytes above the start (imports and cluster done)
@@ -71,16 +73,27 @@ def _write(path: Path, groups: int) -> Path:
 
 
 def _peak(src: Path, out: Path, mode: str, control: bool) -> int:
-    """Peak resident bytes above its start of a fresh process ingesting ``src``."""
-    args = [str(src), str(out), mode, "control" if control else "-", str(Path(__file__).parent)]
-    done = subprocess.run(
-        [sys.executable, "-c", _RUN, *args], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return int(json.loads(done.stdout.strip().splitlines()[-1]))
+    """Peak resident bytes above its start of a fresh process ingesting ``src``: the
+    least of :data:`TRIES` such processes. The noise is one-sided (a writer thread that
+    falls behind holds more buffers, never fewer than the ingest needs), and one process
+    alone once peaked 39 MB higher with one row group than with twenty, over
+    :data:`FLAT`."""
+    peaks = []
+    for i in range(TRIES):
+        dest = out.with_name(f"{out.stem}-{i}{out.suffix}")
+        args = [str(src), str(dest), mode, "control" if control else "-"]
+        done = subprocess.run(
+            [sys.executable, "-c", _RUN, *args, str(Path(__file__).parent)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        peaks.append(int(json.loads(done.stdout.strip().splitlines()[-1])))
+    return min(peaks)
 
 
-@pytest.mark.slow  # six fresh processes, each ingesting 4·10⁵ rows
+@pytest.mark.slow  # twelve fresh processes, each ingesting 4·10⁵ rows
 @pytest.mark.cluster
 def test_parquet_ingest_peak_does_not_grow_with_the_row_group(tmp_path) -> None:
     one = _write(tmp_path / "one.parquet", 1)
@@ -96,7 +109,7 @@ def test_parquet_ingest_peak_does_not_grow_with_the_row_group(tmp_path) -> None:
     # the negative control holds a row group: its growth is seen (the measure can fail)
     assert growth["worker", True] > 2 * FLAT, mb
     # the stores hold the same bytes of X and y whatever the row groups and the writer
-    stores = [tmp_path / "1workerFalse.zarr", tmp_path / "20aloneFalse.zarr"]
+    stores = [tmp_path / "1workerFalse-0.zarr", tmp_path / "20aloneFalse-1.zarr"]
     chunks = [
         {str(q.relative_to(d)): q.read_bytes() for q in d.rglob("c/**/*") if q.is_file()}
         for d in stores
