@@ -250,9 +250,8 @@ def _iterate(
                 # as many iterations as the trace's next flush allows and end within the
                 # progress bar's interval (an interruption is taken between calls)
                 n = total - i if trace is None else min(total - i, checkpoint_every - len(buf))
-                pos_n, st_n = draws.window(i, n)
-                n = steps(n, progress.interval, pos_n, st_n)
-                pos_n, st_n = pos_n[:, :n], {k: v[:, :n] for k, v in st_n.items()}
+                n = steps(n, progress.interval, *draws.window(i, n))
+                pos_n, st_n = draws.window(i, n)  # the iterations that ran
                 progress.update_many(st_n)
                 if trace is not None:
                     buf.extend(

@@ -312,12 +312,11 @@ def _await_part(proc: subprocess.Popen, part: int, folder: Path, lines: list[str
 def pytest_configure(config: pytest.Config) -> None:
     """On pytest-xdist's controller, where the kernels' cache is missing or older than
     their files (a clean clone, an edited kernel): drop it (:func:`_drop_kernel_caches`)
-    and start compiling them once, in the two
-    parts of ``tests/precompile.py`` side by side, so that the workers and their Dask
-    workers load them instead of each compiling them (measured: the tests' processes
-    compiled each kernel up to four times on a clean clone). The workers start and collect
-    the tests meanwhile, and wait for both parts before their first test
-    (:func:`pytest_runtestloop`)."""
+    and start compiling them once, in the two parts of ``tests/precompile.py`` side by
+    side, so that the workers and their Dask workers load them instead of each compiling
+    them (measured: the tests' processes compiled each kernel up to four times on a clean
+    clone). The workers start and collect the tests meanwhile, and wait for both parts
+    before their first test (:func:`pytest_runtestloop`)."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
     spec = importlib.util.find_spec("flymc_dist")
