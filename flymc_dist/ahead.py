@@ -185,7 +185,8 @@ class ReadAhead:
         self._block: Block | None = None
         #: the requests in flight, in the order sent: (first step, handle)
         self._pending: collections.deque[tuple[int, Any]] = collections.deque()
-        #: read-ahead requests sent (each to every host) and wall seconds spent waiting
+        #: read-ahead requests sent (each to every host that does not lend its rows) and
+        #: wall seconds spent waiting
         self.requests = 0
         self.wait_seconds = 0.0
 
@@ -194,8 +195,11 @@ class ReadAhead:
         the replica takes every chain's bright set, the steps restart at 0 of the
         transport's generation, the steps per request fit the hosts as they are now
         (the draws do not depend on them), and the first steps' proposals are asked for.
-        ``positions`` are unused here (the shards drew z there)."""
+        ``positions`` are unused here (the shards drew z there). Hosts on the driver's
+        machine lend it their rows anew (:meth:`~flymc_dist.protocol.Transport.borrow_rows`):
+        their proposals are then read here, not asked for."""
         self._drain()
+        self.transport.borrow_rows()
         self.replica.apply(self.transport.call("bright_rows"))
         self.generation = int(self.transport.generation)
         self.step = 0
@@ -226,7 +230,8 @@ class ReadAhead:
                 Block, nxt, n_pairs=self.depth * self.replica.chains, replica=self.replica
             )
             self._pending.append((nxt, self.transport.post_ahead(ahead, prepare)))
-            self.requests += 1
+            # sent unless every host lends its rows (then drawn and read here)
+            self.requests += self.transport.lending_hosts < len(self.transport.hosts)
             nxt += self.depth
 
     @property

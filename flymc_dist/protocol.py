@@ -798,6 +798,11 @@ class Transport(Protocol):
         """The shards each place holds, as positions in :attr:`specs` (a read-ahead
         request's reply carries every shard of its host)."""
 
+    @property
+    def lending_hosts(self) -> int:
+        """Hosts that lend the driver their rows (:meth:`borrow_rows`): a read-ahead
+        request travels to the others only."""
+
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``Shard.<method>(*args, **kwargs)`` on every shard, in shard order."""
 
@@ -817,6 +822,11 @@ class Transport(Protocol):
         :meth:`take_ahead`. ``prepare`` is applied to the answers (in shard order) once
         every host has answered: on a thread of the transport's own while the caller
         computes, or in :meth:`take_ahead` (it must not touch the transport)."""
+
+    def borrow_rows(self) -> None:
+        """Have the hosts that can lend the driver their rows do so (shared memory, on
+        its machine): their read-ahead answers are then drawn and read by the driver,
+        the same bits (:mod:`flymc_dist.shard.shared`). With no request in flight."""
 
     def take_ahead(self, handle: Any) -> Any:
         """What ``prepare`` made of the answers to :meth:`post_ahead`'s request; None when

@@ -35,7 +35,16 @@ def ds(tmp_path_factory):
     return fd.from_numpy(X, y, str(tmp_path_factory.mktemp("so") / "d.zarr"), chunk_rows=250)
 
 
-def _run(data, client, *, warmup: int = 60, draws: int = 90, kernel: str = "nuts", **fly):
+def _run(
+    data,
+    client,
+    *,
+    warmup: int = 60,
+    draws: int = 90,
+    kernel: str = "nuts",
+    channel: str = "auto",
+    **fly,
+):
     return fd.sample(
         fd.LogisticRegression(),
         data,
@@ -46,6 +55,7 @@ def _run(data, client, *, warmup: int = 60, draws: int = 90, kernel: str = "nuts
         chains=3,
         seed=5,
         client=client,
+        placement=fd.Placement(channel=channel),
         progress=False,
     )
 
@@ -171,20 +181,22 @@ def test_large_proposals_are_read_ahead_in_fewer_steps_or_by_rounds(
         monkeypatch.setattr("flymc_dist.ahead.REPLY_BYTES", REPLY_BYTES)
         monkeypatch.setattr("flymc_dist.transport.channel.MAX_FRAME", 100_000)
         with pytest.raises(ValueError, match=r"replied with [\d,]+ bytes, more than") as e:
-            _run(ds, client, q_db=0.05)
+            _run(ds, client, q_db=0.05, channel="tcp")  # asked (a local host lends)
         assert "\n" not in str(e.value)
 
 
 @pytest.mark.cluster
 def test_hot_path_sends_each_host_one_request_per_read_ahead(ds, local_clusters):
-    """1,000 iterations on 2 workers: each host is sent at most ⌈1000/T⌉ requests and a
-    few more (the timing reads of the run's end), counted where the transport sends
-    (``host_messages``); the per-iteration round trips add up to one per T."""
+    """1,000 iterations on 2 workers asked for their proposals (on TCP, as hosts on
+    other machines are: local ones lend their rows instead, test_lend.py): each host is
+    sent at most ⌈1000/T⌉ requests and a few more (the timing reads of the run's end),
+    counted where the transport sends (``host_messages``); the per-iteration round
+    trips add up to one per T."""
     from distributed import Client
 
     with Client(local_clusters.get(2), direct_to_workers=True) as client:
-        res = _run(ds, client, warmup=200, draws=800)
-    assert res.info["channel"] == "socket"
+        res = _run(ds, client, warmup=200, draws=800, channel="tcp")
+    assert res.info["channel"] == "socket" and res.info["lending_hosts"] == 0
     sent = res.info["host_messages"]
     assert len(sent) == 2
     assert res.info["read_ahead"] == 2 * READ_AHEAD  # read_ahead iterations per host

@@ -140,6 +140,37 @@ def _split_rows(
             consts[k, d - D] = XC[r, d]
 
 
+def xi_offset(n: int, y_dtype: np.dtype) -> int:
+    """Where the tight points start in a lent shard's second segment: after its ``n``
+    targets of ``y_dtype``, 8-byte aligned."""
+    return -(-n * np.dtype(y_dtype).itemsize // 8) * 8
+
+
+def tail_bytes(n: int, y_dtype: np.dtype) -> int:
+    """The bytes of a lent shard's second segment: ``n`` targets of ``y_dtype``, then
+    ``n`` float64 tight points."""
+    return xi_offset(n, y_dtype) + 8 * n
+
+
+def rows_and_constants(
+    XC: np.ndarray,
+    D: int,
+    y: np.ndarray,
+    xi: np.ndarray | None,
+    rows: np.ndarray,
+    dtype: np.dtype,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """Features (as ``dtype``), targets, tight points (None: none set) and row constants
+    ``(n, K)`` of ``rows`` of the buffer ``XC`` (features, then constants): what a
+    read-ahead reply carries, the same bits wherever the buffer is read (the host's own
+    memory, or the driver's view of it lent, :mod:`flymc_dist.shard.shared`)."""
+    n = rows.size
+    X = np.empty((n, D), dtype=dtype)
+    consts = np.empty((n, XC.shape[1] - D), dtype=XC.dtype)
+    _split_rows(XC, D, rows, X, consts)
+    return X, y[rows], None if xi is None else xi[rows], consts
+
+
 @numba.njit(**JIT)
 def _bright_in_any(ids: np.ndarray, members: np.ndarray, seg: np.ndarray, out: np.ndarray) -> int:
     """Whether each of ``ids`` is among some chain's sorted bright rows
@@ -245,16 +276,36 @@ class MemoryRows:
         The targets.
     prepare
         The tight points' and row constants' rule (see the module notes).
+    segments
+        Where ``XC`` lives in shared memory, and a second segment of at least
+        :func:`tail_bytes` for the targets and tight points: the rows can then be lent
+        to a driver on this machine (:meth:`lend`). None: private memory.
     """
 
     out_of_core = False
 
-    def __init__(self, XC: np.ndarray, n_features: int, y: np.ndarray, prepare: Prepare) -> None:
+    def __init__(
+        self,
+        XC: np.ndarray,
+        n_features: int,
+        y: np.ndarray,
+        prepare: Prepare,
+        segments: tuple[Any, Any] | None = None,
+    ) -> None:
         self.XC = XC
         self.n_features = int(n_features)
         self.X = XC[:, : self.n_features]
         self.y = np.asarray(y)
         self.n = int(XC.shape[0])
+        self._segments = segments
+        #: the tight points' place in shared memory (None: private memory)
+        self._xi_shared: np.ndarray | None = None
+        if segments is not None:
+            tail = segments[1]
+            y_shared = tail.array((self.n,), self.y.dtype)
+            y_shared[...] = self.y
+            self.y = y_shared
+            self._xi_shared = tail.array((self.n,), np.float64, xi_offset(self.n, self.y.dtype))
         self._consts = XC[:, self.n_features :] if XC.shape[1] > self.n_features else None
         self._prepare = prepare
         self.xi: np.ndarray | None = None
@@ -264,6 +315,15 @@ class MemoryRows:
     def retune(self) -> None:
         """Tight points and row constants of every row, under the current rule."""
         xi, consts = self._prepare(self.X, self.y)
+        shared = self._xi_shared
+        if (
+            shared is not None
+            and isinstance(xi, np.ndarray)
+            and xi.shape == shared.shape
+            and xi.dtype == shared.dtype
+        ):
+            shared[...] = xi  # where a driver this memory is lent to reads it
+            xi = shared
         self.xi = xi
         if self._consts is not None and consts is not None:
             if consts.shape != self._consts.shape:
@@ -301,12 +361,25 @@ class MemoryRows:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
         """:meth:`rows_at`, the features as ``dtype`` (float32 where they were stored so:
         exact, and no float64 copy made first), and the rows' constants ``(n, K)`` under
-        the current rule as the z-update reads them (K = 0: none)."""
-        n, D = rows.size, self.n_features
-        X = np.empty((n, D), dtype=dtype)
-        consts = np.empty((n, self.XC.shape[1] - D), dtype=self.XC.dtype)
-        _split_rows(self.XC, D, rows, X, consts)
-        return X, self.y[rows], None if self.xi is None else self.xi[rows], consts
+        the current rule as the z-update reads them (K = 0: none):
+        :func:`rows_and_constants`."""
+        return rows_and_constants(self.XC, self.n_features, self.y, self.xi, rows, dtype)
+
+    def lend(self) -> tuple[list[int], dict[str, Any]]:
+        """The descriptors of the shared memory the rows live in (:attr:`XC`; the targets
+        and tight points) and how they are laid out (see
+        :mod:`flymc_dist.shard.shared`); a ``ValueError`` when they are not in shared
+        memory or no tight points are set."""
+        if self._segments is None or self._xi_shared is None:
+            raise ValueError("these rows are not in shared memory")
+        if self.xi is not self._xi_shared:
+            raise ValueError("no tight points set: nothing to lend yet")
+        return [s.fd for s in self._segments], {
+            "n": self.n,
+            "width": int(self.XC.shape[1]),
+            "n_features": self.n_features,
+            "y_dtype": self.y.dtype.str,
+        }
 
     def sweep(self, unit: int | None = None) -> Iterator[tuple[int, int]]:
         """Every row, resident: one range (a full pass)."""
@@ -340,7 +413,10 @@ class MemoryRows:
         """Nothing to forget."""
 
     def close(self) -> None:
-        """Nothing to release but memory."""
+        """Close the shared memory's descriptors, if any (the memory itself goes with the
+        last array, or lent mapping, that holds it)."""
+        for segment in self._segments or ():
+            segment.close()
 
     def state(self) -> dict[str, Any]:
         """What the shard reports of its storage."""

@@ -32,6 +32,7 @@ from flymc_dist.brightness import (
 )
 from flymc_dist.data import open_dataset
 from flymc_dist.protocol import (
+    Ahead,
     Proposals,
     ReplicaReply,
     Reply,
@@ -42,7 +43,8 @@ from flymc_dist.protocol import (
 )
 from flymc_dist.reduce import BlockFold, BlockSums, block_rows, fold_blocks, tree_nodes
 from flymc_dist.shard.rowfile import local_directory
-from flymc_dist.shard.rows import FileRows, MemoryRows, weak_method
+from flymc_dist.shard.rows import FileRows, MemoryRows, tail_bytes, weak_method
+from flymc_dist.shard.shared import Segment, segment_or_none
 from flymc_dist.streams import Z_PROPOSE, RowStreams, bernoulli_rows_many, steps_keys
 from flymc_dist.terms import bright_terms, bright_terms_many, check_bounds_held
 
@@ -123,6 +125,9 @@ class Shard:
         # memory, not two (the z-update's cost is mostly such cache misses)
         K = self._n_row_constants() if self.flymc else 0
         self._K = K
+        #: whether in-memory rows go in shared memory, to be lent to a driver on this
+        #: machine that reads ahead its implicit z-update's proposals (:meth:`lend`)
+        self._lends = bool(K) and config.z_update == "implicit"
         self._theta_hat: np.ndarray | None = None  # None: untuned tight points
         #: :meth:`column_energy`, when summed as the rows were read from the store
         self._energy: BlockSums | None = None
@@ -154,14 +159,14 @@ class Shard:
                 _check_proposals(n, ds.n_features, K, config, config.q_db, budget)
                 self.rows = FileRows(ds, spec.start, spec.stop, K, prepare, local_directory(), each)
             else:
-                XC = np.empty((n, ds.n_features + K))
+                XC, segment = _row_buffer(n, ds.n_features + K, self._lends)
                 ys = []
                 for lo, hi, Xb, yb in ds.iter_chunks(spec.start, spec.stop):  # no 2nd copy
                     XC[lo - spec.start : hi - spec.start, : ds.n_features] = Xb
                     ys.append(yb)
                     each(lo, Xb)
                 y = np.concatenate(ys) if ys else np.empty(0)
-                self.rows = MemoryRows(XC, ds.n_features, y, prepare)
+                self.rows = _memory_rows(XC, segment, ds.n_features, y, prepare)
                 self.rows.passes = 1  # the store's, read into memory
             if spec.start % B == 0:  # whole blocks (else column_energy says why not)
                 self._energy = tree_nodes(energy, -(-self.n_total // B))
@@ -170,9 +175,9 @@ class Shard:
             if np.asarray(X).dtype == np.float32:
                 self._stored = np.dtype(np.float32)
             X = np.asarray(X, dtype=np.float64)
-            XC = np.empty((X.shape[0], X.shape[1] + K))
+            XC, segment = _row_buffer(X.shape[0], X.shape[1] + K, self._lends)
             XC[:, : X.shape[1]] = X
-            self.rows = MemoryRows(XC, X.shape[1], y, prepare)
+            self.rows = _memory_rows(XC, segment, X.shape[1], y, prepare)
         self.n, self.n_features = self.rows.n, self.rows.n_features
         self._use_compiled(K)
         self._init_common()
@@ -1186,18 +1191,36 @@ class Shard:
         position."""
         if not self.flymc or self.config.z_update != "implicit":
             raise ValueError("proposals are the implicit FlyMC z-update's")
-        C = len(self.chains)
-        seed = self.config.seed
-        keys = steps_keys(seed, generation, C, first, count, Z_PROPOSE)
-        lo = np.full(keys.size, self.spec.start, dtype=np.int64)
-        ids, seg = bernoulli_rows_many(keys, self.q_db, self.n_total, lo, lo + self.n)
-        # (sorted, the inverse with it: 4-5x faster here than numpy's hashed unique alone)
-        rows, at = np.unique(ids, return_inverse=True)
-        # the features as stored (float32: exact, and half the bytes of float64)
-        X, y, xi, consts = self.rows.rows_and_constants(rows - self.spec.start, self._stored)
-        if xi is None:
-            raise ValueError("proposals need the tight points set (set_tight_points)")
-        return Proposals(ids, seg, rows, at.astype(np.int64, copy=False), X, y, xi, consts)
+        return propose(
+            self.rows.rows_and_constants,
+            self.config.seed,
+            len(self.chains),
+            self.q_db,
+            self.n_total,
+            self.spec.start,
+            self.n,
+            self._stored,
+            Ahead(first, count, generation),
+        )
+
+    def lend(self) -> tuple[list[int], dict[str, Any]]:
+        """This shard's in-memory rows as a driver on this machine reads its proposals
+        from them (:mod:`flymc_dist.shard.shared`): the descriptors of the shared memory
+        they live in, and what :func:`propose` needs besides. A ``ValueError`` when the
+        rows are out of core or in private memory, or no tight points are set."""
+        if self.out_of_core or not self.flymc or self.config.z_update != "implicit":
+            raise ValueError("only an in-memory shard's implicit z-update lends its rows")
+        fds, meta = self.rows.lend()
+        meta.update(
+            shard_id=self.spec.shard_id,
+            start=self.spec.start,
+            n_total=self.n_total,
+            seed=self.config.seed,
+            chains=len(self.chains),
+            q=self.q_db,
+            stored=self._stored.str,
+        )
+        return fds, meta
 
     def round_sums(self, requests: list[Request | None], queries: np.ndarray) -> Reply:
         """Step 3 of a round: the sums (and gradients where asked) at every chain's
@@ -1368,3 +1391,52 @@ def _check_explicit(config: ShardConfig, nbytes: int, budget: int | None) -> Non
             f"{budget / 1e6:.0f} MB: use z_update='implicit' (the default) or a smaller "
             "resample_fraction"
         )
+
+
+def propose(
+    rows: Callable[[np.ndarray, np.dtype], tuple],
+    seed: int,
+    chains: int,
+    q: float,
+    n_total: int,
+    start: int,
+    n: int,
+    stored: np.dtype,
+    ahead: Ahead,
+) -> Proposals:
+    """The rows of the shard ``start .. start + n - 1`` each chain's implicit z-update
+    proposes dark→bright at the steps of ``ahead`` (its Bernoulli(``q``) process: known
+    whatever θ and z are), with their data as ``rows(local_rows, stored)`` gives them
+    (:func:`~flymc_dist.shard.rows.rows_and_constants`): :meth:`Shard.proposals`, and
+    the driver's own read of a shard lent to it (the same bits)."""
+    keys = steps_keys(seed, ahead.generation, chains, ahead.first, ahead.count, Z_PROPOSE)
+    lo = np.full(keys.size, start, dtype=np.int64)
+    ids, seg = bernoulli_rows_many(keys, q, n_total, lo, lo + n)
+    # (sorted, the inverse with it: 4-5x faster here than numpy's hashed unique alone)
+    found, at = np.unique(ids, return_inverse=True)
+    # the features as stored (float32: exact, and half the bytes of float64)
+    X, y, xi, consts = rows(found - start, stored)
+    if xi is None:
+        raise ValueError("proposals need the tight points set (set_tight_points)")
+    return Proposals(ids, seg, found, at.astype(np.int64, copy=False), X, y, xi, consts)
+
+
+def _row_buffer(n: int, width: int, shared: bool) -> tuple[np.ndarray, Segment | None]:
+    """An in-memory shard's ``(n, width)`` row buffer: in shared memory when ``shared``
+    and the platform lends (with its segment), else private."""
+    segment = segment_or_none(n * width * 8) if shared else None
+    if segment is None:
+        return np.empty((n, width)), None
+    return segment.array((n, width), np.float64), segment
+
+
+def _memory_rows(
+    XC: np.ndarray, segment: Segment | None, n_features: int, y: Any, prepare: Any
+) -> MemoryRows:
+    """:class:`MemoryRows` of ``XC``, lendable when it is in shared memory (``segment``)
+    and the targets and tight points find a segment too."""
+    y = np.asarray(y)
+    tail = None if segment is None else segment_or_none(tail_bytes(XC.shape[0], y.dtype))
+    if tail is None and segment is not None:
+        segment.close()
+    return MemoryRows(XC, n_features, y, prepare, None if tail is None else (segment, tail))

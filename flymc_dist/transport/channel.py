@@ -64,6 +64,7 @@ import hmac
 import logging
 import os
 import secrets
+import select
 import socket
 import struct
 import sys
@@ -71,7 +72,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from flymc_dist.options import CHANNELS, one_of
 
@@ -102,6 +103,7 @@ ECHO = 2
 AHEAD = 3  # a read-ahead request (replica mode: the driver updates z)
 ROUND_TREE = 4  # a round relayed down the tree of hosts (see ShardHost.round_tree)
 CALLS = 5  # shard calls by name (austerity's test trips, JointDPM's shard methods)
+LEND = 6  # the shards' rows in shared memory, lent to a driver on a local socket only
 #: reply codes
 OK = 0
 ERROR = 1
@@ -111,8 +113,20 @@ LOST = 2  # a relay lost hosts of its subtree: their worker addresses, one a lin
 #: the host's parent in the relay tree (one connection each at a time)
 ROLES = {"driver": b"", "parent": b"relay"}
 
-#: a reply: one buffer, or its parts in order (sent as they are, not joined first)
-Payload = bytes | list[bytes | memoryview]
+
+class WithFds(NamedTuple):
+    """A reply that carries open file descriptors besides its bytes (:data:`LEND`'s),
+    passed by the kernel (``SCM_RIGHTS``) on a local connection only."""
+
+    payload: bytes
+    fds: list[int]
+
+
+#: a reply: one buffer, or its parts in order (sent as they are, not joined first), or
+#: a buffer with descriptors
+Payload = bytes | list[bytes | memoryview] | WithFds
+#: descriptors one reply may carry at most
+MAX_FDS = 64
 
 #: ``handler(code, payload) -> reply``
 Handler = Callable[[int, bytes], Payload]
@@ -266,7 +280,16 @@ def _send_frame(
     local: bool = False,
 ) -> None:
     """:func:`_frame` of ``payload`` (its parts joined) sent on ``sock``: a large one part
-    by part, its MAC fed the same parts (the frame's bytes are the same)."""
+    by part, its MAC fed the same parts (the frame's bytes are the same); a
+    :class:`WithFds` in one message, its descriptors with its first byte (local only)."""
+    if isinstance(payload, WithFds):
+        if not local or len(payload.fds) > MAX_FDS:
+            raise ChannelError("descriptors travel on a local connection only, a few at a time")
+        frame = _frame(session, direction, code, seq, payload.payload, local)
+        sent = socket.send_fds(sock, [frame], payload.fds)
+        if sent < len(frame):
+            sock.sendall(frame[sent:])
+        return
     if isinstance(payload, bytes):
         sock.sendall(_frame(session, direction, code, seq, payload, local))
         return
@@ -465,6 +488,8 @@ class ChannelServer:
                 if handler is None:  # the host is gone
                     return
                 try:
+                    if code == LEND and not local:
+                        raise PermissionError("rows are lent on a local socket only")
                     reply = handler(code, payload)
                     status = OK
                 except HostsLost as e:  # a relay's subtree: named to the driver
@@ -630,6 +655,25 @@ class ChannelClient:
         conn = self._conns.get(key)
         return conn is not None and conn.local
 
+    def closed(self, key: str) -> bool:
+        """Whether the host ``key`` has gone, seen without waiting: no connection, or its
+        connection closed from the host's end (its process died) or holding bytes it
+        was never asked for. For a host asked nothing for a while (one that lends its
+        rows): a request would say so only when it is sent."""
+        conn = self._conns.get(key)
+        if conn is None:
+            return True
+        readable, _, _ = select.select([conn.sock], [], [], 0)
+        if not readable:
+            return False
+        try:
+            conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            pass
+        return True  # closed (b""), failed, or bytes unasked for
+
     def drop(self, key: str) -> None:
         """Close the connection to ``key`` (if any)."""
         conn = self._conns.pop(key, None)
@@ -742,6 +786,39 @@ class ChannelClient:
             else:
                 bad[k] = decode_error(bytes(body))
         return ok, bad
+
+    def borrow(self, key: str, timeout: float) -> tuple[bytes, list[int]]:
+        """Ask the host ``key`` for its rows' shared memory (:data:`LEND`): its reply's
+        bytes and the descriptors the kernel passed with them (the caller closes them).
+        A local connection only; :class:`ChannelError` if the connection fails (then it
+        is dropped), the host's error (of its type) if it lends nothing."""
+        conn = self._conns.get(key)
+        if conn is None or not conn.local:
+            raise ChannelError(f"no local channel to {key}")
+        sock, fds = conn.sock, []
+        try:
+            sock.settimeout(timeout)
+            sock.sendall(_frame(conn.session, b"Q", LEND, conn.seq, b"", True))
+            head, fds, _flags, _addr = socket.recv_fds(sock, HEADER.size, MAX_FDS)
+            if not head:
+                raise ChannelError("connection closed")
+            header = head + _recv_exact(sock, HEADER.size - len(head))
+            status, seq, n = HEADER.unpack(header)
+            if n > MAX_FRAME or seq != conn.seq:
+                raise ChannelError(f"a reply of {n} bytes numbered {seq}, expected {conn.seq}")
+            body = _recv_exact(sock, n)
+            sock.settimeout(None)
+        except (OSError, ChannelError) as e:
+            for fd in fds:
+                os.close(fd)
+            self.drop(key)
+            raise ChannelError(f"no reply from {key}: {e!r}") from e
+        conn.seq += 1
+        if status != OK:
+            for fd in fds:
+                os.close(fd)
+            raise decode_error(body)
+        return body, list(fds)
 
     def close(self) -> None:
         """Close every connection."""

@@ -48,13 +48,17 @@ from flymc_dist.protocol import (
     ShardConfig,
     ShardLost,
     ShardSpec,
+    WireError,
     pack_ahead,
     pack_calls,
     pack_round,
+    unpack_arrays,
     unpack_proposals,
     unpack_reply,
     unpack_results,
 )
+from flymc_dist.shard.shared import LENDING, LentRows
+from flymc_dist.shard.state import propose
 from flymc_dist.transport.channel import (
     AHEAD,
     CALLS,
@@ -62,6 +66,7 @@ from flymc_dist.transport.channel import (
     ROUND,
     ROUND_TREE,
     ChannelClient,
+    ChannelError,
     HostsLost,
     check_channel,
 )
@@ -397,6 +402,50 @@ def plain_tcp(client: Any, workers: list[str]) -> bool:
     return all(a.startswith("tcp://") for a in addresses)
 
 
+def _lent_rows(body: bytes, fds: list[int], specs: list[ShardSpec]) -> list[LentRows]:
+    """The rows a host lent (:meth:`~flymc_dist.transport.host.ShardHost.lend_rows`),
+    mapped here; a ``ValueError`` (every descriptor closed) unless they are the shards
+    ``specs`` it holds, two descriptors each."""
+    done: list[LentRows] = []
+    try:
+        meta, _ = unpack_arrays(body)
+        if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] == "lent"):
+            raise WireError("not a description of lent rows")
+        metas = meta[1]
+        if not isinstance(metas, (list, tuple)) or len(fds) != 2 * len(metas):
+            raise ValueError(f"{len(fds)} descriptors for the rows of {len(metas)} shards")
+        for k, m in enumerate(metas):
+            part, fds[2 * k : 2 * k + 2] = fds[2 * k : 2 * k + 2], [-1, -1]
+            done.append(LentRows(m, part))
+        held = sorted((s.shard_id, s.start, s.stop - s.start) for s in specs)
+        if sorted((r.shard_id, r.start, r.n) for r in done) != held:
+            raise ValueError("the rows lent are not the shards the host holds")
+        return done
+    except BaseException:
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+        for r in done:
+            r.close()
+        raise
+
+
+def _proposals_of(rows: LentRows, msg: Ahead) -> Proposals:
+    """A lent shard's answer to the read-ahead request ``msg``, drawn and gathered here
+    (:func:`~flymc_dist.shard.state.propose`: the host's own function, on its bytes)."""
+    return propose(
+        rows.rows_and_constants,
+        rows.seed,
+        rows.chains,
+        rows.q,
+        rows.n_total,
+        rows.start,
+        rows.n,
+        rows.stored,
+        msg,
+    )
+
+
 class DaskTransport:
     """Shard hosts as Dask actors, one per worker.
 
@@ -472,6 +521,8 @@ class DaskTransport:
         #: the threads read-ahead requests are sent and answered on, and their answers
         #: made into what the driver takes on (socket channel), in the order posted
         self._ahead_threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        #: the rows hosts on this machine lend the driver (:meth:`borrow_rows`), by worker
+        self._lent: dict[str, list[LentRows]] = {}
         started: list[tuple[str, list[ShardSpec], str, Any]] = []
         try:
             workers = live_workers(self.client)
@@ -601,6 +652,12 @@ class DaskTransport:
         """Hosts the round channel reaches by a local socket (on the driver's machine)."""
         chan = self._chan
         return 0 if chan is None else sum(chan.is_local(w) for w in self.placement)
+
+    @property
+    def lending_hosts(self) -> int:
+        """Hosts that lend the driver their rows (:meth:`borrow_rows`): none is sent a
+        read-ahead request."""
+        return len(self._lent)
 
     # ------------------------------------------------------------- raw calls
     async def _execute(self, worker: str, function: str, args: tuple, kwargs: dict) -> Any:
@@ -860,6 +917,43 @@ class DaskTransport:
         for w in workers:
             self.messages[w] = self.messages.get(w, 0) + 1
 
+    def borrow_rows(self) -> None:
+        """Have every host on this machine (reached by a local socket) lend the driver
+        its shards' rows (:mod:`flymc_dist.shard.shared`): read-ahead requests then go
+        only to the others, and the lenders' proposals are drawn and gathered here, the
+        same bits as they would send. Rows lent before are given back first. A host
+        that cannot lend (rows out of core, a platform without shared memory) is asked
+        as before. Call it with no read-ahead request in flight (nothing else uses the
+        channel meanwhile)."""
+        self._return_rows()
+        chan = self._chan
+        if chan is None or not LENDING:
+            return
+        for w, specs in self.placement.items():
+            if not chan.is_local(w):
+                continue
+            self._count([w])
+            try:
+                body, fds = chan.borrow(w, self.timeout)
+            except Exception as e:  # noqa: BLE001 - this host's proposals travel as ever
+                log.debug("the host on %s lends no rows (%r): it is asked for them", w, e)
+                continue
+            try:
+                self._lent[w] = _lent_rows(body, fds, specs)
+            except (WireError, ValueError, OSError) as e:
+                log.warning("refused the rows %s lent (%r): it is asked for them", w, e)
+
+    def _return_rows(self) -> None:
+        """Unmap every lent row, once no thread of the transport's reads them."""
+        if not self._lent:
+            return
+        for thread in self._ahead_threads or ():  # blocks still being built end first
+            thread.submit(lambda: None).result()
+        lent, self._lent = self._lent, {}
+        for rows in lent.values():
+            for r in rows:
+                r.close()
+
     def post_ahead(self, msg: Ahead, prepare: Callable[[list[Proposals]], Any]) -> Any:
         """Send a read-ahead request to every host, without waiting for the answers: on
         the round channel, sent and its replies read and checked on a thread of its own
@@ -869,8 +963,10 @@ class DaskTransport:
         event loop, prepared by :meth:`take_ahead`. Returns the handle it takes."""
         blob = pack_ahead(msg)
         workers = list(self.placement)
-        self.round_trips += 1
-        self._count(workers)
+        lent = self._lent
+        asked = [w for w in workers if w not in lent]
+        self.round_trips += bool(asked)
+        self._count(asked)
         if self._chan is not None:
             # sent and read on a thread of its own, then prepared on another while the
             # driver computes (its compiled loop releases the GIL; the next request goes
@@ -885,17 +981,26 @@ class DaskTransport:
                 )
             reader, builder = self._ahead_threads
             chan, timeout, per_shard = self._chan, self.timeout, self._per_shard_of(self.specs)
-            read = reader.submit(chan.fanout, AHEAD, blob, workers, timeout)
+            if asked:
+                read = reader.submit(chan.fanout, AHEAD, blob, asked, timeout)
+            else:  # every host lends its rows: nothing travels
+                read = Future()
+                read.set_result(({}, {}))
 
             def answers(
                 read: tuple[dict[str, Any], dict[str, BaseException]],
             ) -> tuple[dict[str, Any], dict[str, BaseException], Any]:
                 ok, bad = read
+                # a lending host is asked nothing: its death is seen on its connection
+                bad = {**bad, **{w: ChannelError(f"{w} closed") for w in lent if chan.closed(w)}}
                 if bad:
                     return ok, bad, None
                 # an error here is raised where the driver takes the block, never by
                 # drop_ahead (_Prepared)
-                return ok, bad, prepare(per_shard({w: unpack_proposals(r) for w, r in ok.items()}))
+                parts = {w: unpack_proposals(r) for w, r in ok.items()}
+                for w, rows in lent.items():
+                    parts[w] = {r.shard_id: _proposals_of(r, msg) for r in rows}
+                return ok, bad, prepare(per_shard(parts))
 
             job = _Prepared(read, answers)
             builder.submit(job.unasked)
@@ -963,6 +1068,7 @@ class DaskTransport:
 
     def _recover(self, lost: list[str], positions: np.ndarray | None) -> None:
         t0 = time.perf_counter()
+        self._return_rows()  # lent again, where they still are, when z is taken anew
         orphans = [s for w in lost for s in self.placement.pop(w)]
         for w in lost:
             self._futures.pop(w, None)
@@ -1050,6 +1156,7 @@ class DaskTransport:
 
     def close(self) -> None:
         """Release the actors; close the client and cluster if we started them."""
+        self._return_rows()
         for thread in self._ahead_threads or ():
             thread.shutdown(wait=True)
         self._ahead_threads = None

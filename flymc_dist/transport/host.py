@@ -23,6 +23,7 @@ from flymc_dist.protocol import (
     ShardSpec,
     WireError,
     check_round,
+    pack_arrays,
     pack_proposals,
     pack_reply,
     pack_results,
@@ -40,12 +41,14 @@ from flymc_dist.transport.channel import (
     AHEAD,
     CALLS,
     ECHO,
+    LEND,
     ROUND,
     ROUND_TREE,
     ChannelClient,
     ChannelError,
     ChannelServer,
     HostsLost,
+    WithFds,
 )
 
 log = logging.getLogger("flymc_dist")
@@ -183,6 +186,19 @@ class ShardHost:
         msg = unpack_ahead(blob)
         return pack_proposals(self.proposals(msg.first, msg.count, msg.generation))
 
+    def lend_rows(self) -> WithFds:
+        """Every shard's rows here, lent to the driver on this machine
+        (:meth:`Shard.lend`): their descriptors, and a description of each (one
+        ``pack_arrays`` meta: ``("lent", [meta, …])``, two descriptors a shard, in shard
+        order). A ``ValueError`` when some shard cannot lend (the driver then asks this
+        host for its proposals)."""
+        metas, fds = [], []
+        for i in self.group.ids():
+            f, meta = self.group.on(i, "lend")
+            metas.append(meta)
+            fds += f
+        return WithFds(pack_arrays(("lent", metas), []), fds)
+
     def settle(self) -> None:
         """Each shard's work left by the last round (:meth:`Shard.settle`), run after its
         reply has gone: out of core, the reads of the next z-update's rows, while the
@@ -319,6 +335,8 @@ class ShardHost:
             return self.calls_packed(payload)
         if code == ECHO:
             return payload
+        if code == LEND:
+            return self.lend_rows()
         raise ValueError(f"unknown channel request code {code}")
 
     def _after_channel(self, code: int) -> None:

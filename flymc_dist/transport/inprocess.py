@@ -53,6 +53,11 @@ class InProcessTransport:
         """Every shard, in this one place."""
         return [list(range(len(self.specs)))]
 
+    @property
+    def lending_hosts(self) -> int:
+        """None: the shards are in this process."""
+        return 0
+
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``Shard.<method>`` on every shard, in shard order."""
         self.round_trips += 1
@@ -87,6 +92,9 @@ class InProcessTransport:
         self.round_trips += 1
         out = self.host.proposals(msg.first, msg.count, msg.generation)
         return prepare([out[s.shard_id] for s in self.specs])
+
+    def borrow_rows(self) -> None:
+        """Nothing to borrow: the shards are in this process."""
 
     def take_ahead(self, handle: Any) -> Any:
         """What :meth:`post_ahead` prepared (nothing is ever lost in-process)."""
