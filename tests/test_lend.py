@@ -65,7 +65,7 @@ def _same(a, b) -> None:
 def _lent_maps() -> int:
     """Mappings of lent rows in this process."""
     with open("/proc/self/maps") as f:
-        return sum("flymc-rows" in line for line in f)
+        return sum("flymc-lent-rows" in line for line in f)
 
 
 def _lent_fds() -> int:
@@ -73,7 +73,7 @@ def _lent_fds() -> int:
     n = 0
     for fd_name in os.listdir("/proc/self/fd"):
         try:
-            n += "flymc-rows" in os.readlink(f"/proc/self/fd/{fd_name}")
+            n += "flymc-lent-rows" in os.readlink(f"/proc/self/fd/{fd_name}")
         except OSError:
             pass
     return n
@@ -194,7 +194,7 @@ def test_a_driver_refuses_rows_that_could_shrink_or_are_short():
                 out.append(os.dup(seg.fd))
                 seg.close()
             else:
-                fd = os.memfd_create("flymc-rows")
+                fd = os.memfd_create("flymc-lent-rows")
                 os.ftruncate(fd, size)
                 out.append(fd)
         return out

@@ -373,7 +373,7 @@ class MemoryRows:
         if self._segments is None or self._xi_shared is None:
             raise ValueError("these rows are not in shared memory")
         if self.xi is not self._xi_shared:
-            raise ValueError("no tight points set: nothing to lend yet")
+            raise ValueError("no tight points in shared memory (none set yet, or not one a row)")
         return [s.fd for s in self._segments], {
             "n": self.n,
             "width": int(self.XC.shape[1]),

@@ -60,7 +60,7 @@ class Segment:
 
     def __init__(self, nbytes: int) -> None:
         size = max(int(nbytes), 1)
-        self.fd = os.memfd_create("flymc-rows", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self.fd = os.memfd_create("flymc-lent-rows", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, size)
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)

@@ -1436,7 +1436,10 @@ def _memory_rows(
     """:class:`MemoryRows` of ``XC``, lendable when it is in shared memory (``segment``)
     and the targets and tight points find a segment too."""
     y = np.asarray(y)
-    tail = None if segment is None else segment_or_none(tail_bytes(XC.shape[0], y.dtype))
+    one_each = y.shape == (XC.shape[0],)  # (a target a row: what a driver reads)
+    tail = (
+        None if segment is None or not one_each else segment_or_none(tail_bytes(*y.shape, y.dtype))
+    )
     if tail is None and segment is not None:
         segment.close()
     return MemoryRows(XC, n_features, y, prepare, None if tail is None else (segment, tail))

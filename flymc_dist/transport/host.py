@@ -42,6 +42,7 @@ from flymc_dist.transport.channel import (
     CALLS,
     ECHO,
     LEND,
+    MAX_FDS,
     ROUND,
     ROUND_TREE,
     ChannelClient,
@@ -197,6 +198,8 @@ class ShardHost:
             f, meta = self.group.on(i, "lend")
             metas.append(meta)
             fds += f
+        if len(fds) > MAX_FDS:
+            raise ValueError(f"{len(metas)} shards are more than one reply lends")
         return WithFds(pack_arrays(("lent", metas), []), fds)
 
     def settle(self) -> None:
