@@ -148,6 +148,7 @@ def _sampler_figures(res: Any) -> dict[str, Any]:
         "bright_fraction": eff["bright_fraction"],
         "acceptance": eff["acceptance"],
         "round_trips_per_iteration": eff["round_trips_per_iteration"],
+        "lending_hosts": int(res.info.get("lending_hosts", 0)),
         "ess_mean": eff["ess_mean"],
         "ess_min": eff["ess_min"],
         "r_hat_max": eff["r_hat_max"],
@@ -485,7 +486,9 @@ def format_overhead(d: dict[str, Any]) -> str:
     lines.append(
         f"  FlyMC bright fraction {f['bright_fraction']:.3g}, acceptance "
         f"{f['acceptance']:.3f}, {f['round_trips_per_iteration']:.2f} round trips per "
-        f"iteration; ESS (bulk, mean) FlyMC {_sig(f['ess_mean'])} (min "
+        f"iteration, rows lent by {f.get('lending_hosts', 0)} of {f['n_workers']} hosts "
+        f"(TCP: {d.get('flymc_tcp', {}).get('lending_hosts', 0)}); ESS (bulk, mean) "
+        f"FlyMC {_sig(f['ess_mean'])} (min "
         f"{_sig(f['ess_min'])}, R-hat max {f['r_hat_max']:.3f}), regular "
         f"{_sig(d['regular']['ess_mean'])} (from "
         f"{d['regular']['iterations']} × {s['chains']} draws: rough)"

@@ -417,7 +417,7 @@ def format_scale(d: dict[str, Any]) -> str:
         f"{'N':>10}{lay_head}{'ooc':>8}{'load s':>8}{'setup s':>9}{'passes':>7}{'rows/s':>10}"
         f"{'MB/s/w':>8}"
         f"{'ms/it':>9}{'rows/it':>9}{'peak RSS MB':>14}{'bright':>10}{'q/it':>9}"
-        f"{'minESS/it':>10}{'ESS/s':>7}{'R-hat':>7}"
+        f"{'minESS/it':>10}{'ESS/s':>9}{'R-hat':>7}"
     )
     lines.append(head)
     for r, x_first in zip(d["rows"], _layout_ratios(d["rows"]), strict=True):
@@ -441,7 +441,7 @@ def format_scale(d: dict[str, Any]) -> str:
             f"{1000 * r['seconds_per_iteration']:>9.3f}"
             f"{r['rows_read_per_iteration']:>9.4g}{rss:>14}"
             f"{r['bright_fraction']:>10.2e}{r['queries_per_iteration']:>9.4g}"
-            f"{r['ess_min_per_iteration']:>10.4f}{r['ess_min_per_second']:>7.2f}"
+            f"{r['ess_min_per_iteration']:>10.4f}{r['ess_min_per_second']:>9.1f}"
             f"{r['r_hat_max']:>7.3f}"
         )
     sl = d.get("slope")
