@@ -499,7 +499,9 @@ KILL_DEFAULT = ("rwmh-relayed", "nuts-exact-rows", "rwmh-out-of-core")
         for k in ["rwmh", "rwmh-relayed", "nuts", "nuts-exact-rows", "rwmh-out-of-core"]
     ],
 )
-def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_exact_rows):
+def test_worker_killed_mid_run(
+    store, process_cluster, tmp_path, kernel, force_exact_rows, monkeypatch
+):
     """SIGKILL a worker mid-run: the run completes, the lost shards are recreated on the
     live worker with z redrawn exactly, and the posterior is still right. RWMH with the
     shards' own sums (``bright_replica=False``), the driver sending to every host, and
@@ -529,6 +531,19 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
     relayed = kernel.endswith("-relayed")
     for suffix in ("-out-of-core", "-exact-rows", "-relayed"):
         kernel = kernel.removesuffix(suffix)
+    # rows lent mapped here right after each recovery: none (the lost host's would pin
+    # its memory until the run's end; the live ones' are lent again as z is taken anew)
+    from flymc_dist.transport.dask import DaskTransport
+
+    mapped_after_recovery: list[int] = []
+    recover = DaskTransport._recover
+
+    def recording(self, *args):
+        recover(self, *args)
+        with open("/proc/self/maps") as f:
+            mapped_after_recovery.append(sum("flymc-lent-rows" in line for line in f))
+
+    monkeypatch.setattr(DaskTransport, "_recover", recording)
     with Client(process_cluster["address"], direct_to_workers=True) as client:
         th, killed = _kill_a_worker_once(client.run(os.getpid), trace, 100)
         res = _run(
@@ -564,6 +579,7 @@ def test_worker_killed_mid_run(store, process_cluster, tmp_path, kernel, force_e
         # the hosts on this machine lend their rows (asked nothing: the kill is seen on
         # the killed host's connection), before the kill and after the recovery
         assert res.info["lending_hosts"] >= 1
+        assert mapped_after_recovery and set(mapped_after_recovery) == {0}
         assert res.stats["round_trips"].sum() <= 4 * (
             1 + IN_FLIGHT + 2000 // res.info["read_ahead"]
         )

@@ -181,9 +181,9 @@ def _meta(n: int, width: int) -> dict:
 
 
 def test_a_driver_refuses_rows_that_could_shrink_or_are_short():
-    """A segment without the seals, or shorter than described, is refused (its
-    descriptors closed all the same); a sealed one of the right size is mapped
-    read-only."""
+    """A segment without the seals, shorter than described, or described with more
+    features than its rows hold, is refused (its descriptors closed all the same); a
+    sealed one of the right size is mapped read-only."""
     n, width = 100, 7
 
     def fds(xc_bytes: int, sealed: bool = True) -> list[int]:
@@ -205,7 +205,10 @@ def test_a_driver_refuses_rows_that_could_shrink_or_are_short():
     short = fds(n * width * 8 - 8)
     with pytest.raises(ValueError, match="bytes"):
         LentRows(_meta(n, width), short)
-    for d in bad + short:  # closed by LentRows
+    wide = fds(n * width * 8)  # more features than the rows' width: reads past them
+    with pytest.raises(ValueError, match="described"):
+        LentRows({**_meta(n, width), "n_features": width + 1}, wide)
+    for d in bad + short + wide:  # closed by LentRows
         with pytest.raises(OSError):
             os.fstat(d)
     good = LentRows(_meta(n, width), fds(n * width * 8))

@@ -129,7 +129,17 @@ class LentRows:
                 raise ValueError(f"a lent shard comes with 2 descriptors, got {len(fds)}")
             n, width = int(meta["n"]), int(meta["width"])
             y_dtype = np.dtype(str(meta["y_dtype"]))
-            if n < 0 or width < 1 or y_dtype.kind not in "biuf":
+            start, n_total = int(meta["start"]), int(meta["n_total"])
+            stored = np.dtype(str(meta["stored"]))
+            if not (
+                n >= 0
+                and 1 <= int(meta["n_features"]) <= width
+                and y_dtype.kind in "biuf"
+                and stored in (np.float32, np.float64)
+                and 0 <= start <= start + n <= n_total
+                and int(meta["chains"]) >= 1
+                and 0.0 < float(meta["q"]) <= 1.0
+            ):
                 raise ValueError(f"a lent shard described as {meta!r}")
             self._maps = (_mapped(fds[0], n * width * 8), _mapped(fds[1], tail_bytes(n, y_dtype)))
         finally:
