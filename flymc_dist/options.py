@@ -406,9 +406,10 @@ class Placement(_Options):
     channel: str = _option(
         "auto",
         "how rounds travel: 'socket' (a direct socket to each worker's shard host: a "
-        "local one on the driver's machine, TCP elsewhere), 'tcp' (the same, TCP to "
-        "every host), 'dask' (Dask's actor RPC), 'auto' (socket unless the cluster uses "
-        "TLS)",
+        "local one on the driver's machine, whose host then lends the driver its "
+        "in-memory rows through shared memory; TCP elsewhere), 'tcp' (the same, TCP to "
+        "every host: nothing lent), 'dask' (Dask's actor RPC), 'auto' (socket unless the "
+        "cluster uses TLS)",
         one_of(*CHANNELS),
     )
     fanout: int = _option(
