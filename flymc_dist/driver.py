@@ -941,7 +941,7 @@ class Driver:
             "host_messages": host_messages,
             "channel": self.transport.channel,
             "local_channels": getattr(self.transport, "local_hosts", 0),
-            "lending_hosts": getattr(self.transport, "lending_hosts", 0),
+            "lending_hosts": self.transport.lending_hosts,
             "bytes_read": storage["bytes_read"],
             "rows_read": storage["rows_read"],
             "lost_rows": storage["lost_rows"],

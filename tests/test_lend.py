@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from draws import same_draws
 from scipy.special import expit
 
 import flymc_dist as fd
@@ -26,8 +27,6 @@ from flymc_dist.transport.channel import (
 )
 
 pytestmark = pytest.mark.skipif(not LENDING, reason="rows are lent on Linux only")
-
-STATS = ("n_bright", "likelihood_queries", "lp", "accepted")
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +52,6 @@ def _run(data, client, kernel: str, **placement):
         placement=fd.Placement(**placement),
         progress=False,
     )
-
-
-def _same(a, b) -> None:
-    assert np.array_equal(a.samples, b.samples)
-    assert np.array_equal(a.warmup_samples, b.warmup_samples)
-    for k in STATS:
-        assert np.array_equal(a.stats[k], b.stats[k]), k
 
 
 def _lent_maps() -> int:
@@ -101,8 +93,8 @@ def test_local_hosts_lend_their_rows_with_the_same_draws(kernel, ds, local_clust
     # the hosts that were asked were sent a request every read_ahead iterations
     T = asked.info["read_ahead"]
     assert all(n >= 300 // T for n in asked.info["host_messages"].values()), asked.info
-    _same(lent, asked)
-    _same(lent, on_disk)
+    same_draws(lent, asked)
+    same_draws(lent, on_disk)
     assert lent.info["read_ahead"] == asked.info["read_ahead"] == T
 
 

@@ -12,14 +12,13 @@ import math
 
 import numpy as np
 import pytest
+from draws import same_draws
 from scipy.special import expit
 
 import flymc_dist as fd
 from flymc_dist.ahead import BLOCK_BYTES, REPLY_BYTES, Block, fitting_depth
 from flymc_dist.bench.delay import delayed_channels
 from flymc_dist.options import READ_AHEAD
-
-STATS = ("n_bright", "likelihood_queries", "lp", "accepted")
 
 
 def _data(n: int = 4000, seed: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -60,13 +59,6 @@ def _run(
     )
 
 
-def _same(a, b) -> None:
-    assert np.array_equal(a.samples, b.samples)
-    assert np.array_equal(a.warmup_samples, b.warmup_samples)
-    for k in STATS:
-        assert np.array_equal(a.stats[k], b.stats[k]), k
-
-
 @pytest.mark.parametrize(
     "fly",
     [{}, {"bounds": "untuned", "bright_replica": True}, {"q_db": 0.05}],
@@ -96,7 +88,7 @@ def test_driver_z_update_is_the_shards(kernel, fly):
             progress=False,
         )
         assert res.info["read_ahead"] == depth
-        _same(ref, res)
+        same_draws(ref, res)
         trips = res.stats["round_trips"][0].sum() + res.warmup_stats["round_trips"][0].sum()
         assert trips == math.ceil(150 / depth)  # the first block's asked for in set-up
 
@@ -136,9 +128,9 @@ def test_draws_identical_on_1_2_4_workers(ds, local_clusters):
             # read_ahead iterations per host in each request
             assert res.info["n_shards"] == workers
             assert res.info["read_ahead"] == READ_AHEAD * workers
-            _same(ref, res)
+            same_draws(ref, res)
             if workers == 2:
-                _same(plain, _run(ds, client, bright_replica=False))
+                same_draws(plain, _run(ds, client, bright_replica=False))
 
 
 def test_the_steps_per_request_fit_every_host():
@@ -177,7 +169,7 @@ def test_large_proposals_are_read_ahead_in_fewer_steps_or_by_rounds(
             monkeypatch.setattr("flymc_dist.ahead.REPLY_BYTES", cap)
             res = _run(ds, client, q_db=0.05)
             assert res.info["read_ahead"] == depth
-            _same(ref, res)
+            same_draws(ref, res)
         monkeypatch.setattr("flymc_dist.ahead.REPLY_BYTES", REPLY_BYTES)
         monkeypatch.setattr("flymc_dist.transport.channel.MAX_FRAME", 100_000)
         with pytest.raises(ValueError, match=r"replied with [\d,]+ bytes, more than") as e:
@@ -217,7 +209,7 @@ def test_a_slow_host_changes_no_draw(ds, local_clusters):
         with delayed_channels(lambda i: 0.05 if i == 0 else 0.0) as proxies:
             res = _run(ds, client)
         assert len(proxies) == 2 and res.info["channel"] == "socket"
-    _same(ref, res)
+    same_draws(ref, res)
 
 
 #: the read-ahead block's own constructor (before any test records it)
@@ -291,7 +283,7 @@ def test_a_block_is_built_by_whoever_comes_first(first, ds, local_clusters, monk
     assert sorted(f for f, _ in built if f < its) == [0, T, 2 * T]
     main = threading.main_thread().name
     assert all((t == main) == (first == "driver") for t in taken), built
-    _same(ref, res)
+    same_draws(ref, res)
 
 
 @pytest.mark.cluster
@@ -402,7 +394,7 @@ def test_out_of_core_shards_serve_the_read_ahead(ds):
 
     ref, res = run(0), run(8)
     assert res.info["out_of_core"] == [True, True] and res.info["rows_read"] > 0
-    _same(ref, res)
+    same_draws(ref, res)
 
 
 def test_a_block_merges_the_shards_proposals_pair_by_pair():
@@ -476,7 +468,7 @@ def test_float32_rows_travel_as_float32_with_the_same_draws(kernel, tmp_path, mo
     assert not seen  # no read-ahead: the shards update z
     res = _run(f32, "synchronous", kernel=kernel)
     assert seen and set(seen) == {np.dtype(np.float32)}
-    _same(ref, res)
+    same_draws(ref, res)
     seen.clear()
-    _same(ref, _run(f64, "synchronous", kernel=kernel))
+    same_draws(ref, _run(f64, "synchronous", kernel=kernel))
     assert seen and set(seen) == {np.dtype(np.float64)}

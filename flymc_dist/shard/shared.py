@@ -73,9 +73,7 @@ class Segment:
     def array(self, shape: tuple[int, ...], dtype: Any, offset: int = 0) -> np.ndarray:
         """A writable array of ``shape`` and ``dtype`` at ``offset`` bytes into the
         segment."""
-        dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        return np.frombuffer(self.map, dtype=dtype, count=count, offset=offset).reshape(shape)
+        return _view(self.map, shape, dtype, offset)
 
     def close(self) -> None:
         """Close the descriptor (the memory stays while an array or a lent mapping
@@ -94,6 +92,13 @@ def segment_or_none(nbytes: int) -> Segment | None:
         return Segment(nbytes)
     except OSError:
         return None
+
+
+def _view(buf: mmap.mmap, shape: tuple[int, ...], dtype: Any, offset: int = 0) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` over ``buf`` from ``offset`` bytes (writable
+    where ``buf`` is)."""
+    count = int(np.prod(shape, dtype=np.int64))
+    return np.frombuffer(buf, dtype=np.dtype(dtype), count=count, offset=offset).reshape(shape)
 
 
 def _mapped(fd: int, nbytes: int) -> mmap.mmap:
@@ -129,32 +134,29 @@ class LentRows:
                 raise ValueError(f"a lent shard comes with 2 descriptors, got {len(fds)}")
             n, width = int(meta["n"]), int(meta["width"])
             y_dtype = np.dtype(str(meta["y_dtype"]))
-            start, n_total = int(meta["start"]), int(meta["n_total"])
-            stored = np.dtype(str(meta["stored"]))
+            self.shard_id = int(meta["shard_id"])
+            self.start, self.n, self.n_total = int(meta["start"]), n, int(meta["n_total"])
+            self.n_features = int(meta["n_features"])
+            self.seed, self.chains = int(meta["seed"]), int(meta["chains"])
+            self.q = float(meta["q"])
+            self.stored = np.dtype(str(meta["stored"]))
             if not (
                 n >= 0
-                and 1 <= int(meta["n_features"]) <= width
+                and 1 <= self.n_features <= width
                 and y_dtype.kind in "biuf"
-                and stored in (np.float32, np.float64)
-                and 0 <= start <= start + n <= n_total
-                and int(meta["chains"]) >= 1
-                and 0.0 < float(meta["q"]) <= 1.0
+                and self.stored in (np.float32, np.float64)
+                and 0 <= self.start <= self.start + n <= self.n_total
+                and self.chains >= 1
+                and 0.0 < self.q <= 1.0
             ):
                 raise ValueError(f"a lent shard described as {meta!r}")
             self._maps = (_mapped(fds[0], n * width * 8), _mapped(fds[1], tail_bytes(n, y_dtype)))
         finally:
             for fd in fds:
                 os.close(fd)
-        self.shard_id = int(meta["shard_id"])
-        self.start, self.n, self.n_total = int(meta["start"]), n, int(meta["n_total"])
-        self.n_features = int(meta["n_features"])
-        self.seed, self.chains, self.q = int(meta["seed"]), int(meta["chains"]), float(meta["q"])
-        self.stored = np.dtype(str(meta["stored"]))
-        self.XC = np.frombuffer(self._maps[0], dtype=np.float64, count=n * width).reshape(n, width)
-        self.y = np.frombuffer(self._maps[1], dtype=y_dtype, count=n)
-        self.xi = np.frombuffer(
-            self._maps[1], dtype=np.float64, count=n, offset=xi_offset(n, y_dtype)
-        )
+        self.XC = _view(self._maps[0], (n, width), np.float64)
+        self.y = _view(self._maps[1], (n,), y_dtype)
+        self.xi = _view(self._maps[1], (n,), np.float64, xi_offset(n, y_dtype))
 
     def rows_and_constants(
         self, rows: np.ndarray, dtype: np.dtype
